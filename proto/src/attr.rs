@@ -1,0 +1,200 @@
+//! File attributes, attribute changes and file layouts as they cross the wire.
+
+use crate::ids::{InodeId, NodeId};
+use serde::{Deserialize, Serialize};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A point in time: seconds and nanoseconds since the Unix epoch.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct Timestamp {
+    /// Whole seconds since 1970-01-01T00:00:00Z (negative before it).
+    pub secs: i64,
+    /// Nanoseconds within the second, below 1e9.
+    pub nanos: u32,
+}
+
+impl Timestamp {
+    /// The current wall-clock time.
+    pub fn now() -> Timestamp {
+        Timestamp::from(SystemTime::now())
+    }
+}
+
+impl From<SystemTime> for Timestamp {
+    fn from(t: SystemTime) -> Self {
+        match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => Timestamp {
+                secs: d.as_secs() as i64,
+                nanos: d.subsec_nanos(),
+            },
+            Err(e) => {
+                let d = e.duration();
+                let (secs, nanos) = if d.subsec_nanos() == 0 {
+                    (-(d.as_secs() as i64), 0)
+                } else {
+                    (-(d.as_secs() as i64) - 1, 1_000_000_000 - d.subsec_nanos())
+                };
+                Timestamp { secs, nanos }
+            }
+        }
+    }
+}
+
+impl From<Timestamp> for SystemTime {
+    fn from(t: Timestamp) -> Self {
+        let nanos = Duration::from_nanos(u64::from(t.nanos.min(999_999_999)));
+        if t.secs >= 0 {
+            UNIX_EPOCH + Duration::from_secs(t.secs as u64) + nanos
+        } else {
+            UNIX_EPOCH - Duration::from_secs(t.secs.unsigned_abs()) + nanos
+        }
+    }
+}
+
+/// The kind of an inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FileKind {
+    /// A regular file whose bytes live in chunks on data servers.
+    Regular,
+    /// A directory.
+    Directory,
+    /// A symbolic link; its target is kept by the metadata server.
+    Symlink,
+    /// A named pipe (metadata only).
+    Fifo,
+    /// A Unix socket (metadata only).
+    Socket,
+    /// A character device node (metadata only).
+    CharDevice,
+    /// A block device node (metadata only).
+    BlockDevice,
+}
+
+/// Attributes of one inode, as `stat` shows them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attr {
+    /// The inode number.
+    pub ino: InodeId,
+    /// What kind of inode it is.
+    pub kind: FileKind,
+    /// Permission bits including setuid, setgid and sticky (`mode & 0o7777`).
+    pub perm: u32,
+    /// Number of hard links (directories: 2 + number of subdirectories).
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Device number of a device node, else 0.
+    pub rdev: u32,
+    /// Length in bytes (a symlink: length of its target).
+    pub size: u64,
+    /// Last access.
+    pub atime: Timestamp,
+    /// Last change of the contents.
+    pub mtime: Timestamp,
+    /// Last change of the inode.
+    pub ctime: Timestamp,
+}
+
+/// How a time stamp is to be set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TimeSet {
+    /// The server's clock at the time of the change.
+    Now,
+    /// An explicit time.
+    At(Timestamp),
+}
+
+/// A change of attributes (`chmod`, `chown`, `truncate`, `utimensat`); `None` keeps a field.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr {
+    /// New permission bits (`& 0o7777`).
+    pub perm: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New length; the client has already cut the chunks on the data servers.
+    pub size: Option<u64>,
+    /// New access time.
+    pub atime: Option<TimeSet>,
+    /// New modification time.
+    pub mtime: Option<TimeSet>,
+}
+
+/// Where a regular file's chunks live.
+///
+/// Chunk `i` is stored on `stripe[(first + i) % stripe.len()]`: round-robin over the data
+/// servers from a per-file start, so one large file is read from all of them at once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    /// Size of every chunk of the file in bytes (a power of two).
+    pub chunk_size_bytes: u32,
+    /// The data servers the chunks are spread over, in order.
+    pub stripe: Vec<NodeId>,
+    /// Position in `stripe` of chunk 0.
+    pub first: u32,
+}
+
+impl Layout {
+    /// The data server that holds chunk `index`, or `None` for an empty stripe.
+    pub fn node_for(&self, index: u64) -> Option<NodeId> {
+        if self.stripe.is_empty() {
+            return None;
+        }
+        let n = self.stripe.len() as u64;
+        let pos = (u64::from(self.first) + index) % n;
+        Some(self.stripe[pos as usize])
+    }
+
+    /// Index of the chunk that holds byte `offset`.
+    pub fn chunk_index(&self, offset: u64) -> u64 {
+        offset / u64::from(self.chunk_size_bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_round_trip_through_system_time() {
+        for t in [
+            Timestamp { secs: 0, nanos: 0 },
+            Timestamp {
+                secs: 1_700_000_000,
+                nanos: 123_456_789,
+            },
+            Timestamp {
+                secs: -1,
+                nanos: 500,
+            },
+            Timestamp {
+                secs: -86_400,
+                nanos: 0,
+            },
+        ] {
+            assert_eq!(Timestamp::from(SystemTime::from(t)), t);
+        }
+    }
+
+    #[test]
+    fn layout_places_chunks_round_robin_from_first() {
+        let l = Layout {
+            chunk_size_bytes: 4 << 20,
+            stripe: vec![NodeId(7), NodeId(8), NodeId(9)],
+            first: 2,
+        };
+        let nodes: Vec<_> = (0..4).map(|i| l.node_for(i).unwrap().0).collect();
+        assert_eq!(nodes, vec![9, 7, 8, 9]);
+        assert_eq!(l.chunk_index((4 << 20) + 1), 1);
+        let empty = Layout {
+            stripe: vec![],
+            ..l
+        };
+        assert_eq!(empty.node_for(0), None);
+    }
+}

@@ -1,0 +1,46 @@
+//! Tessera's wire vocabulary: typed ids, the messages exchanged with the metadata server
+//! and the data servers, stable numeric error codes, and the one codec that turns them
+//! into bytes.
+//!
+//! This crate does no I/O and knows nothing of tokio; the `transport` crate moves the
+//! bytes it produces.
+
+pub mod attr;
+pub mod codec;
+pub mod data;
+pub mod error;
+pub mod ids;
+pub mod meta;
+
+pub use attr::{Attr, FileKind, Layout, SetAttr, TimeSet, Timestamp};
+pub use error::{ErrorCode, ProtoError, WireError};
+pub use ids::{ChainId, ChunkId, ClientId, InodeId, MrKey, NodeId, SessionId, Version};
+
+/// Version of the Tessera application protocol (the messages in [`meta`] and [`data`]).
+///
+/// Both ends announce it in the connection handshake; a peer speaking another version is
+/// refused before any message is exchanged.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// Longest symlink target, in bytes (`PATH_MAX`).
+pub const MAX_SYMLINK_BYTES: usize = 4096;
+
+/// Largest extended attribute value, in bytes (Linux `XATTR_SIZE_MAX`).
+pub const MAX_XATTR_VALUE_BYTES: usize = 65536;
+
+/// A slice of a peer's registered memory that one-sided operations may target.
+///
+/// `addr` is the address inside the peer's address space (as with RDMA), `key` the key the
+/// peer granted for it on one connection. The owner checks both on every access.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct RemoteBuf {
+    /// Start address of the slice in the owner's address space.
+    pub addr: u64,
+    /// Length of the slice in bytes.
+    pub len: u64,
+    /// Remote key granted by the owner for this slice.
+    pub key: MrKey,
+}

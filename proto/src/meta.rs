@@ -1,0 +1,353 @@
+//! Messages between clients (and data servers) and the metadata server.
+//!
+//! Every request is answered by one [`MetaResult`]. Names are raw bytes: Unix names need
+//! not be UTF-8.
+
+use crate::attr::{Attr, FileKind, Layout, SetAttr, Timestamp};
+use crate::error::WireError;
+use crate::ids::{ClientId, InodeId, NodeId, SessionId};
+use serde::{Deserialize, Serialize};
+
+/// Who asks: the owner given to new inodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Caller {
+    /// Effective user id of the calling process.
+    pub uid: u32,
+    /// Effective group id of the calling process.
+    pub gid: u32,
+}
+
+/// What `rename` does when the target name exists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RenameMode {
+    /// Replace the target atomically (plain `rename(2)`).
+    Replace,
+    /// Fail with `AlreadyExists` (`RENAME_NOREPLACE`).
+    NoReplace,
+    /// Swap source and target atomically (`RENAME_EXCHANGE`).
+    Exchange,
+}
+
+/// What `setxattr` does when the attribute exists or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum XattrMode {
+    /// Create or replace.
+    Upsert,
+    /// Fail with `AlreadyExists` if it exists (`XATTR_CREATE`).
+    Create,
+    /// Fail with `NoData` if it does not exist (`XATTR_REPLACE`).
+    Replace,
+}
+
+/// The length and modification time a writer reports at close and fsync.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Commit {
+    /// End of the highest byte written through the session; the server keeps the maximum
+    /// of this and the current length.
+    pub size: u64,
+    /// Time of the last write.
+    pub mtime: Timestamp,
+}
+
+/// One entry returned by [`MetaRequest::ReadDir`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    /// The entry's name.
+    pub name: Vec<u8>,
+    /// The inode it names.
+    pub ino: InodeId,
+    /// The inode's kind.
+    pub kind: FileKind,
+    /// Its attributes, when asked for (`plus`).
+    pub attr: Option<Attr>,
+}
+
+/// A data server as the cluster map lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// The server's id.
+    pub node: NodeId,
+    /// Address its transport listens on (`host:port`).
+    pub addr: String,
+    /// Whether its heartbeat lease is current.
+    pub alive: bool,
+}
+
+/// A deletion the metadata server asks one data server to carry out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum GcTask {
+    /// Remove every chunk of this inode (the file is gone).
+    DeleteFile(InodeId),
+}
+
+/// A request to the metadata server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetaRequest {
+    /// A client introduces itself and gets an id for its sessions.
+    Hello {
+        /// Free-form description for logs (host, mount point).
+        name: String,
+    },
+    /// Finds `name` in directory `parent`.
+    Lookup {
+        /// The directory.
+        parent: InodeId,
+        /// The name to find.
+        name: Vec<u8>,
+    },
+    /// Reads an inode's attributes.
+    GetAttr {
+        /// The inode.
+        ino: InodeId,
+    },
+    /// Changes attributes.
+    SetAttr {
+        /// The inode.
+        ino: InodeId,
+        /// What to change.
+        set: SetAttr,
+    },
+    /// Creates a regular file (or opens an existing one unless `exclusive`) and opens it.
+    Create {
+        /// The directory.
+        parent: InodeId,
+        /// The new name.
+        name: Vec<u8>,
+        /// Permission bits.
+        perm: u32,
+        /// Owner of the new file.
+        caller: Caller,
+        /// Fail with `AlreadyExists` if the name exists (`O_EXCL`).
+        exclusive: bool,
+        /// The session's client.
+        client: ClientId,
+    },
+    /// Creates a special file: FIFO, socket or device node.
+    MkNod {
+        /// The directory.
+        parent: InodeId,
+        /// The new name.
+        name: Vec<u8>,
+        /// The kind (not `Regular`, `Directory` or `Symlink`).
+        kind: FileKind,
+        /// Permission bits.
+        perm: u32,
+        /// Device number for device nodes.
+        rdev: u32,
+        /// Owner of the new node.
+        caller: Caller,
+    },
+    /// Creates a directory.
+    Mkdir {
+        /// The parent directory.
+        parent: InodeId,
+        /// The new name.
+        name: Vec<u8>,
+        /// Permission bits.
+        perm: u32,
+        /// Owner of the new directory.
+        caller: Caller,
+    },
+    /// Creates a symbolic link.
+    Symlink {
+        /// The directory.
+        parent: InodeId,
+        /// The new name.
+        name: Vec<u8>,
+        /// What the link points to.
+        target: Vec<u8>,
+        /// Owner of the link.
+        caller: Caller,
+    },
+    /// Reads a symlink's target.
+    Readlink {
+        /// The symlink.
+        ino: InodeId,
+    },
+    /// Adds a hard link to an existing non-directory.
+    Link {
+        /// The inode to link.
+        ino: InodeId,
+        /// Directory of the new name.
+        new_parent: InodeId,
+        /// The new name.
+        new_name: Vec<u8>,
+    },
+    /// Removes a non-directory name.
+    Unlink {
+        /// The directory.
+        parent: InodeId,
+        /// The name.
+        name: Vec<u8>,
+    },
+    /// Removes an empty directory.
+    Rmdir {
+        /// The parent directory.
+        parent: InodeId,
+        /// The name.
+        name: Vec<u8>,
+    },
+    /// Renames atomically.
+    Rename {
+        /// Directory of the source.
+        parent: InodeId,
+        /// Source name.
+        name: Vec<u8>,
+        /// Directory of the target.
+        new_parent: InodeId,
+        /// Target name.
+        new_name: Vec<u8>,
+        /// What to do with an existing target.
+        mode: RenameMode,
+    },
+    /// Lists a directory, a page at a time, in name order.
+    ReadDir {
+        /// The directory.
+        ino: InodeId,
+        /// Resume strictly after this name (the stable cursor); `None` starts at the top.
+        after: Option<Vec<u8>>,
+        /// Most entries to return (the server may return fewer to fit the message).
+        max_entries: u32,
+        /// Include each entry's attributes (readdirplus).
+        plus: bool,
+    },
+    /// File system totals.
+    StatFs,
+    /// Opens an existing inode and starts a session on it.
+    Open {
+        /// The inode.
+        ino: InodeId,
+        /// The session's client.
+        client: ClientId,
+        /// Cut the file to zero length (`O_TRUNC`); the client has emptied its chunks.
+        truncate: bool,
+    },
+    /// Records a writer's length and mtime (at close and fsync); durable before the reply.
+    Commit {
+        /// The file.
+        ino: InodeId,
+        /// What was written.
+        commit: Commit,
+    },
+    /// Ends a session; frees the file if it was unlinked and this was its last session.
+    Release {
+        /// The session.
+        session: SessionId,
+        /// A final length commit, applied before the session ends.
+        commit: Option<Commit>,
+    },
+    /// Reads one extended attribute.
+    GetXattr {
+        /// The inode.
+        ino: InodeId,
+        /// Full name with namespace (`user.foo`).
+        name: Vec<u8>,
+    },
+    /// Sets one extended attribute.
+    SetXattr {
+        /// The inode.
+        ino: InodeId,
+        /// Full name with namespace.
+        name: Vec<u8>,
+        /// The value.
+        value: Vec<u8>,
+        /// Create, replace or either.
+        mode: XattrMode,
+    },
+    /// Lists extended attribute names.
+    ListXattr {
+        /// The inode.
+        ino: InodeId,
+    },
+    /// Removes one extended attribute.
+    RemoveXattr {
+        /// The inode.
+        ino: InodeId,
+        /// Full name with namespace.
+        name: Vec<u8>,
+    },
+    /// A data server announces itself (first start: `node` is `None`).
+    RegisterData {
+        /// The id it was given before, kept in its data directory.
+        node: Option<NodeId>,
+        /// Where its transport listens.
+        addr: String,
+        /// Bytes of disk it may use.
+        capacity_bytes: u64,
+        /// Bytes it uses.
+        used_bytes: u64,
+    },
+    /// A data server's lease renewal, carrying the deletions it has finished.
+    Heartbeat {
+        /// The server.
+        node: NodeId,
+        /// Bytes of disk it may use.
+        capacity_bytes: u64,
+        /// Bytes it uses.
+        used_bytes: u64,
+        /// Deletions finished since the last heartbeat.
+        done: Vec<GcTask>,
+    },
+    /// The list of data servers and their addresses.
+    ClusterMap,
+}
+
+/// A successful answer of the metadata server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetaReply {
+    /// Nothing to return.
+    Unit,
+    /// The welcome of a client.
+    Welcome {
+        /// The client's id for its sessions.
+        client: ClientId,
+    },
+    /// An inode's attributes (lookup, getattr, setattr, mkdir, mknod, symlink, link, commit).
+    Attr(Attr),
+    /// An open session (create, open).
+    Opened {
+        /// The file's attributes after the open (and truncation).
+        attr: Attr,
+        /// The new session.
+        session: SessionId,
+        /// Where the file's chunks live.
+        layout: Layout,
+    },
+    /// A symlink's target.
+    Target(Vec<u8>),
+    /// A page of a directory listing.
+    Dir {
+        /// Entries in name order.
+        entries: Vec<DirEntry>,
+        /// No entries follow the last one.
+        done: bool,
+    },
+    /// File system totals.
+    StatFs {
+        /// Bytes of capacity over all data servers.
+        total_bytes: u64,
+        /// Bytes free over all data servers.
+        free_bytes: u64,
+        /// Inodes in use.
+        files: u64,
+    },
+    /// An extended attribute's value.
+    Xattr(Vec<u8>),
+    /// Extended attribute names.
+    XattrNames(Vec<Vec<u8>>),
+    /// A data server's id.
+    Registered {
+        /// The id to keep.
+        node: NodeId,
+    },
+    /// Deletions for the heartbeating data server.
+    Gc(Vec<GcTask>),
+    /// The data servers.
+    Map {
+        /// Every data server ever registered.
+        nodes: Vec<NodeInfo>,
+    },
+}
+
+/// The answer to every [`MetaRequest`].
+pub type MetaResult = Result<MetaReply, WireError>;
