@@ -1,0 +1,115 @@
+//! The transport's error type.
+
+use proto::{ErrorCode, WireError};
+
+/// Everything that can go wrong moving bytes between two endpoints.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// The peer could not be reached.
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        /// The address tried.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The connection handshake failed (not a Tessera peer, or a broken one).
+    #[error("handshake with {peer} failed: {why}")]
+    Handshake {
+        /// The peer.
+        peer: String,
+        /// Why.
+        why: String,
+    },
+    /// The peer speaks another version of the transport or of the application protocol.
+    #[error(
+        "{peer} speaks transport v{their_transport}/protocol v{their_app}, \
+         we speak v{our_transport}/v{our_app}"
+    )]
+    VersionMismatch {
+        /// The peer.
+        peer: String,
+        /// Its transport version.
+        their_transport: u16,
+        /// Its application protocol version.
+        their_app: u16,
+        /// Our transport version.
+        our_transport: u16,
+        /// Our application protocol version.
+        our_app: u16,
+    },
+    /// The connection is closed (peer died, closed it, or broke the protocol).
+    #[error("connection to {peer} is closed: {why}")]
+    Disconnected {
+        /// The peer.
+        peer: String,
+        /// Why it closed.
+        why: String,
+    },
+    /// An operation did not complete in time.
+    #[error("{op} to {peer} timed out after {ms} ms")]
+    TimedOut {
+        /// The operation.
+        op: &'static str,
+        /// The peer.
+        peer: String,
+        /// The timeout.
+        ms: u64,
+    },
+    /// A message or transfer is larger than the configured limit.
+    #[error("{what} of {size} bytes exceeds the limit of {limit} bytes")]
+    TooBig {
+        /// What was too big.
+        what: &'static str,
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A one-sided access was refused: unknown or revoked key, out of bounds, wrong access.
+    #[error("access refused: {0}")]
+    AccessViolation(String),
+    /// The peer's engine refused a call (overloaded, no handler, unknown frame).
+    #[error("peer refused the request ({code:?}): {message}")]
+    Refused {
+        /// Why, as a stable code.
+        code: ErrorCode,
+        /// Why, for people.
+        message: String,
+    },
+    /// An invalid argument given to a local operation.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The requested backend cannot run on this host.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A local I/O error (socket set-up).
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl TransportError {
+    /// The stable code this error is reported with.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            TransportError::Connect { .. } | TransportError::Disconnected { .. } => {
+                ErrorCode::Unavailable
+            }
+            TransportError::Handshake { .. } => ErrorCode::Malformed,
+            TransportError::VersionMismatch { .. } => ErrorCode::VersionMismatch,
+            TransportError::TimedOut { .. } => ErrorCode::TimedOut,
+            TransportError::TooBig { .. } => ErrorCode::TooBig,
+            TransportError::AccessViolation(_) => ErrorCode::AccessViolation,
+            TransportError::Refused { code, .. } => *code,
+            TransportError::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            TransportError::Unsupported(_) => ErrorCode::NotSupported,
+            TransportError::Io(_) => ErrorCode::Io,
+        }
+    }
+}
+
+impl From<TransportError> for WireError {
+    fn from(e: TransportError) -> Self {
+        WireError::new(e.code(), e.to_string())
+    }
+}

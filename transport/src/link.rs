@@ -1,0 +1,47 @@
+//! A connection that re-establishes itself.
+
+use crate::{Connection, Endpoint, TransportError};
+use parking_lot::Mutex;
+use tokio::sync::Mutex as AsyncMutex;
+use tracing::debug;
+
+/// A connection to one server address that is made on first use and made again after
+/// it breaks. Callers decide whether a failed request may be repeated.
+pub struct Link {
+    addr: Mutex<String>,
+    conn: AsyncMutex<Option<Connection>>,
+}
+
+impl Link {
+    /// A link to `addr`; connects on first use.
+    pub fn new(addr: String) -> Link {
+        Link {
+            addr: Mutex::new(addr),
+            conn: AsyncMutex::new(None),
+        }
+    }
+
+    /// Points the link at another address (a server that restarted elsewhere); the
+    /// current connection is kept until it breaks.
+    pub fn set_addr(&self, addr: &str) {
+        *self.addr.lock() = addr.to_string();
+    }
+
+    /// The address the link connects to.
+    pub fn addr(&self) -> String {
+        self.addr.lock().clone()
+    }
+
+    /// The live connection, connecting if there is none or it closed.
+    pub async fn get(&self, ep: &Endpoint) -> Result<Connection, TransportError> {
+        let mut slot = self.conn.lock().await;
+        if let Some(c) = slot.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        let addr = self.addr();
+        let c = ep.connect(&addr).await?;
+        debug!(%addr, "connected");
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+}
