@@ -1,0 +1,98 @@
+//! The data server's configuration (`tessera-data --config FILE`).
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use transport::{Backend, TransportConfig};
+
+/// Everything a data server can be told; see `tessera-data.example.toml`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataConfig {
+    /// Address the transport listens on (port 0: any free port).
+    pub listen: String,
+    /// Address clients are told to use; empty: the address actually bound.
+    pub advertise: String,
+    /// Address of the metadata server.
+    pub meta_addr: String,
+    /// Directory holding the chunks and the node id.
+    pub data_dir: PathBuf,
+    /// Bytes of chunk data this server may hold; 0: the size of the file system under
+    /// `data_dir`.
+    pub capacity_bytes: u64,
+    /// Interval between heartbeats to the metadata server.
+    pub heartbeat_ms: u64,
+    /// Registered buffers for chunk transfers (bounds the bytes in flight).
+    pub io_buffers: usize,
+    /// Size of each transfer buffer; larger requests are moved in several steps.
+    pub io_buffer_bytes: usize,
+    /// Where to write the bound address once registered (for scripts); empty: nowhere.
+    pub addr_file: PathBuf,
+    /// Transport backend.
+    pub transport: Backend,
+    /// Transport limits and timeouts.
+    pub transport_limits: TransportConfig,
+}
+
+impl Default for DataConfig {
+    fn default() -> Self {
+        DataConfig {
+            listen: "127.0.0.1:7700".into(),
+            advertise: String::new(),
+            meta_addr: "127.0.0.1:7600".into(),
+            data_dir: PathBuf::from("/var/lib/tessera/data"),
+            capacity_bytes: 0,
+            heartbeat_ms: 1000,
+            io_buffers: 32,
+            io_buffer_bytes: 4 << 20,
+            addr_file: PathBuf::new(),
+            transport: Backend::Tcp,
+            transport_limits: TransportConfig::default(),
+        }
+    }
+}
+
+impl DataConfig {
+    /// Checks the values; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        self.transport_limits.validate()?;
+        if self.listen.is_empty() || self.meta_addr.is_empty() {
+            return Err("listen and meta_addr must be addresses (host:port)".into());
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err("data_dir must be set".into());
+        }
+        if !(50..=60_000).contains(&self.heartbeat_ms) {
+            return Err("heartbeat_ms must be between 50 and 60000".into());
+        }
+        if !(1..=1024).contains(&self.io_buffers) {
+            return Err("io_buffers must be between 1 and 1024".into());
+        }
+        if !(64 * 1024..=64 << 20).contains(&self.io_buffer_bytes) {
+            return Err("io_buffer_bytes must be between 64 KiB and 64 MiB".into());
+        }
+        if self.io_buffer_bytes > self.transport_limits.max_one_sided_bytes {
+            return Err("io_buffer_bytes must not exceed transport max_one_sided_bytes".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards against the example file drifting from the defaults it documents.
+    #[test]
+    fn example_file_equals_the_defaults() {
+        let text = include_str!("../tessera-data.example.toml");
+        let parsed: DataConfig = toml::from_str(text).expect("example parses");
+        assert_eq!(parsed, DataConfig::default());
+        parsed.validate().expect("defaults are valid");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let e = toml::from_str::<DataConfig>("lisen = \"x\"").unwrap_err();
+        assert!(e.to_string().contains("unknown field"), "{e}");
+    }
+}

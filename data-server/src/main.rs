@@ -1,0 +1,121 @@
+//! `tessera-data`: runs one data server until SIGINT or SIGTERM.
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use data_server::{DataConfig, DataServer};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Tessera data server: stores file chunks and moves them with one-sided transfers.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Configuration file (TOML); flags below override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Address to listen on (host:port; port 0 picks one).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Metadata server address.
+    #[arg(long)]
+    meta: Option<String>,
+    /// Directory for chunks.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Capacity in bytes (0: size of the file system).
+    #[arg(long)]
+    capacity_bytes: Option<u64>,
+    /// Write the bound address here once registered.
+    #[arg(long)]
+    addr_file: Option<PathBuf>,
+    /// Transport backend.
+    #[arg(long)]
+    transport: Option<String>,
+}
+
+fn load(args: &Args) -> anyhow::Result<DataConfig> {
+    let mut c: DataConfig = match &args.config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {p:?}"))?;
+            toml::from_str(&text).with_context(|| format!("parsing {p:?}"))?
+        }
+        None => DataConfig::default(),
+    };
+    if let Some(v) = &args.listen {
+        c.listen = v.clone();
+    }
+    if let Some(v) = &args.meta {
+        c.meta_addr = v.clone();
+    }
+    if let Some(v) = &args.data_dir {
+        c.data_dir = v.clone();
+    }
+    if let Some(v) = args.capacity_bytes {
+        c.capacity_bytes = v;
+    }
+    if let Some(v) = &args.addr_file {
+        c.addr_file = v.clone();
+    }
+    if let Some(v) = &args.transport {
+        c.transport = match v.as_str() {
+            "tcp" => transport::Backend::Tcp,
+            other => bail!("unknown transport {other:?}: this build supports \"tcp\""),
+        };
+    }
+    c.validate()
+        .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    Ok(c)
+}
+
+fn write_addr_file(path: &std::path::Path, addr: &str) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, addr).with_context(|| format!("writing {tmp:?}"))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {path:?}"))?;
+    Ok(())
+}
+
+async fn run(config: DataConfig) -> anyhow::Result<()> {
+    let server = DataServer::start(config.clone()).await?;
+    if !config.addr_file.as_os_str().is_empty() {
+        // Scripts wait for this file: write it only once the server is registered.
+        let node = loop {
+            if let Some(n) = server.wait_registered(Duration::from_secs(1)).await {
+                break n;
+            }
+        };
+        tracing::info!(%node, "ready");
+        write_addr_file(&config.addr_file, server.advertise())?;
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("stopping");
+    server.shutdown();
+    Ok(())
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = Args::try_parse()
+        .map_err(|e| e.exit())
+        .and_then(|args| load(&args))
+        .and_then(|config| {
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the runtime")?
+                .block_on(run(config))
+        });
+    if let Err(e) = result {
+        eprintln!("tessera-data: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,233 @@
+//! A running data server: the listener, its registration with the metadata server, and
+//! the heartbeat that carries garbage-collection work back.
+
+use crate::config::DataConfig;
+use crate::error::DataError;
+use crate::service::DataService;
+use crate::store::ChunkStore;
+use bytes::Bytes;
+use proto::meta::{GcTask, MetaReply, MetaRequest, MetaResult};
+use proto::{codec, NodeId, WireError, PROTOCOL_VERSION};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+use transport::{BufferPool, Endpoint, Link, Listener};
+
+/// Deletions one heartbeat round carries out at most (the rest wait for the next round).
+const MAX_GC_PER_HEARTBEAT: usize = 256;
+
+/// A data server running inside this process.
+pub struct DataServer {
+    listener: Listener,
+    advertise: String,
+    node: watch::Receiver<Option<NodeId>>,
+    heartbeat: JoinHandle<()>,
+    store: Arc<ChunkStore>,
+}
+
+fn startup(context: &str, e: impl std::fmt::Display) -> DataError {
+    DataError::io(context, std::io::Error::other(e.to_string()))
+}
+
+impl DataServer {
+    /// Opens the store, listens, and starts registering with the metadata server (which
+    /// may not be up yet: registration is retried until it answers).
+    pub async fn start(config: DataConfig) -> Result<DataServer, DataError> {
+        config.validate().map_err(DataError::InvalidArgument)?;
+        let dir = config.data_dir.clone();
+        let capacity = match config.capacity_bytes {
+            0 => fs_size(&dir)?,
+            n => n,
+        };
+        let store = tokio::task::spawn_blocking(move || ChunkStore::open(&dir, capacity))
+            .await
+            .map_err(|e| startup("opening the chunk store", e))??;
+        let store = Arc::new(store);
+        let limits = config.transport_limits.clone();
+        let ep = Endpoint::new(config.transport, limits.clone(), PROTOCOL_VERSION)
+            .map_err(|e| startup("transport", e))?;
+        let pool = BufferPool::new(&ep, config.io_buffers, config.io_buffer_bytes)
+            .map_err(|e| startup("registering buffers", e))?;
+        let service = DataService::new(store.clone(), pool, limits.max_msg_bytes);
+        let listener = ep
+            .listen(&config.listen, Arc::new(service))
+            .await
+            .map_err(|e| startup(&format!("listening on {}", config.listen), e))?;
+        let advertise = match config.advertise.as_str() {
+            "" => listener.local_addr().to_string(),
+            a => a.to_string(),
+        };
+        let (tx, rx) = watch::channel(None);
+        let beat = Heartbeat {
+            ep,
+            meta: Link::new(config.meta_addr.clone()),
+            store: store.clone(),
+            advertise: advertise.clone(),
+            interval: Duration::from_millis(config.heartbeat_ms),
+        };
+        let heartbeat = tokio::spawn(beat.run(tx));
+        info!(addr = %listener.local_addr(), %advertise, "data server started");
+        Ok(DataServer {
+            listener,
+            advertise,
+            node: rx,
+            heartbeat,
+            store,
+        })
+    }
+
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr()
+    }
+
+    /// The address clients are told to use.
+    pub fn advertise(&self) -> &str {
+        &self.advertise
+    }
+
+    /// The chunk store (for tests and tools).
+    pub fn store(&self) -> &Arc<ChunkStore> {
+        &self.store
+    }
+
+    /// Waits until the metadata server has registered this server, or `timeout` passes.
+    pub async fn wait_registered(&self, timeout: Duration) -> Option<NodeId> {
+        let mut rx = self.node.clone();
+        let wait = async { rx.wait_for(|n| n.is_some()).await.ok().and_then(|n| *n) };
+        tokio::time::timeout(timeout, wait).await.ok().flatten()
+    }
+
+    /// Stops serving: closes every connection and the heartbeat.
+    pub fn shutdown(&self) {
+        self.heartbeat.abort();
+        self.listener.shutdown();
+    }
+}
+
+impl Drop for DataServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn fs_size(dir: &std::path::Path) -> Result<u64, DataError> {
+    std::fs::create_dir_all(dir).map_err(|e| DataError::io(format!("creating {dir:?}"), e))?;
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .map_err(|_| DataError::InvalidArgument("data_dir contains a NUL byte".into()))?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable statvfs.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    if rc != 0 {
+        return Err(DataError::io("statvfs", std::io::Error::last_os_error()));
+    }
+    Ok(st.f_blocks as u64 * st.f_frsize as u64)
+}
+
+struct Heartbeat {
+    ep: Endpoint,
+    meta: Link,
+    store: Arc<ChunkStore>,
+    advertise: String,
+    interval: Duration,
+}
+
+impl Heartbeat {
+    async fn call(&self, req: &MetaRequest) -> Result<MetaReply, WireError> {
+        let bytes = codec::encode(req, self.ep.config().max_msg_bytes)?;
+        let conn = self.meta.get(&self.ep).await?;
+        let reply = conn.call(Bytes::from(bytes)).await?;
+        let result: MetaResult = codec::decode(&reply)?;
+        result
+    }
+
+    async fn usage(&self) -> (u64, u64) {
+        let store = self.store.clone();
+        match tokio::task::spawn_blocking(move || store.usage()).await {
+            Ok(Ok(u)) => (u.capacity_bytes, u.used_bytes),
+            _ => (0, 0),
+        }
+    }
+
+    async fn register(&self) -> Result<NodeId, WireError> {
+        let store = self.store.clone();
+        let known = tokio::task::spawn_blocking(move || store.load_node_id())
+            .await
+            .map_err(|e| WireError::new(proto::ErrorCode::Io, e.to_string()))??;
+        let (capacity_bytes, used_bytes) = self.usage().await;
+        let req = MetaRequest::RegisterData {
+            node: known,
+            addr: self.advertise.clone(),
+            capacity_bytes,
+            used_bytes,
+        };
+        let node = match self.call(&req).await? {
+            MetaReply::Registered { node } => node,
+            other => {
+                let msg = format!("unexpected reply to registration: {other:?}");
+                return Err(WireError::new(proto::ErrorCode::Malformed, msg));
+            }
+        };
+        if known != Some(node) {
+            let store = self.store.clone();
+            tokio::task::spawn_blocking(move || store.save_node_id(node))
+                .await
+                .map_err(|e| WireError::new(proto::ErrorCode::Io, e.to_string()))??;
+        }
+        Ok(node)
+    }
+
+    async fn run(self, registered: watch::Sender<Option<NodeId>>) {
+        let mut failures = 0u32;
+        let node = loop {
+            match self.register().await {
+                Ok(n) => break n,
+                Err(e) => {
+                    failures += 1;
+                    if failures % 20 == 1 {
+                        warn!(error = %e, meta = %self.meta.addr(), "registration failed, retrying");
+                    }
+                    tokio::time::sleep(self.interval.min(Duration::from_millis(200))).await;
+                }
+            }
+        };
+        info!(%node, "registered with the metadata server");
+        let _ = registered.send(Some(node));
+        let mut done: Vec<GcTask> = Vec::new();
+        loop {
+            tokio::time::sleep(self.interval).await;
+            let (capacity_bytes, used_bytes) = self.usage().await;
+            let req = MetaRequest::Heartbeat {
+                node,
+                capacity_bytes,
+                used_bytes,
+                done: done.clone(),
+            };
+            match self.call(&req).await {
+                Ok(MetaReply::Gc(tasks)) => {
+                    done = self.collect(tasks).await;
+                }
+                Ok(other) => warn!(reply = ?other, "unexpected heartbeat reply"),
+                Err(e) => warn!(error = %e, "heartbeat failed"),
+            }
+        }
+    }
+
+    /// Carries out deletions; returns those that succeeded (reported next heartbeat).
+    async fn collect(&self, tasks: Vec<GcTask>) -> Vec<GcTask> {
+        let mut done = Vec::new();
+        for task in tasks.into_iter().take(MAX_GC_PER_HEARTBEAT) {
+            let GcTask::DeleteFile(ino) = task;
+            let store = self.store.clone();
+            match tokio::task::spawn_blocking(move || store.delete_file(ino)).await {
+                Ok(Ok(())) => done.push(task),
+                Ok(Err(e)) => warn!(%ino, error = %e, "deleting chunks failed"),
+                Err(e) => warn!(%ino, error = %e, "deletion task failed"),
+            }
+        }
+        done
+    }
+}

@@ -1,0 +1,483 @@
+//! One open chunk file: verified reads, crash-safe updates of blocks, truncation.
+//!
+//! Nothing here locks: the store holds the chunk's lock around every call. The order of
+//! the steps of an update, and what a crash between them leaves, is in [`super`].
+
+use super::format::{
+    self, accounted_bytes, block_crc, block_start, decode_header, encode_entries, encode_header,
+    read_entries, read_full_at, Content, Entry, Geometry, BLOCK_SIZE_BYTES, HEADER_USED_BYTES,
+};
+use crate::error::{DataError, IoContext};
+use proto::ChunkId;
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+const BS: u64 = BLOCK_SIZE_BYTES as u64;
+
+/// What opening a chunk's file found.
+pub(crate) enum Opened {
+    /// No file.
+    Missing,
+    /// A zero-length file: a crash hit between creating it and writing its header.
+    Empty(File),
+    /// A chunk file with a valid header.
+    Chunk(ChunkFile),
+}
+
+/// An open chunk file with a verified header.
+pub(crate) struct ChunkFile {
+    pub chunk: ChunkId,
+    /// Shared with the store's cache of open files.
+    pub file: Arc<File>,
+    pub path: PathBuf,
+    pub geo: Geometry,
+    /// Bytes of chunk data: the file's length minus the data offset (0 if shorter).
+    pub data_len: u64,
+}
+
+/// Steps of an update at which the crash tests stop the store, as a kill -9 would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CrashPoint {
+    /// A write stored its intent entries, none of its data.
+    WriteIntent,
+    /// A write stored its data, not its final entries.
+    WriteData,
+    /// A truncation stored its intent entries, not the new file length.
+    TruncateIntent,
+    /// A truncation set the new file length, not its final entries.
+    TruncateLength,
+}
+
+/// Where the crash tests may stop an update; nothing outside tests.
+#[inline]
+fn crash_point(_at: CrashPoint) {
+    #[cfg(test)]
+    super::tests_crash::maybe_crash(_at);
+}
+
+/// Bytes to store at chunk offset `pos`.
+struct Edge {
+    pos: u64,
+    bytes: Vec<u8>,
+}
+
+/// A checked, not yet applied, write: everything is computed before the disk changes.
+pub(crate) struct WritePlan {
+    /// Bytes charged to the chunk before and after the write.
+    pub accounted_before: u64,
+    pub accounted_after: u64,
+    /// Entries of blocks `first_block..`: `intent` is stored before the data and lets each
+    /// block be read as its old or its new version, `done` after it.
+    first_block: u32,
+    intent: Vec<Entry>,
+    done: Vec<Entry>,
+    /// Partially covered blocks, merged, to store instead of `data`.
+    edges: Vec<Edge>,
+    /// The part of `data` made of whole blocks: (chunk offset, range in `data`).
+    middle: Option<(u64, Range<usize>)>,
+    new_len: u64,
+}
+
+impl ChunkFile {
+    /// Opens the chunk's file at `path` if there is one; `writable` opens it read-write.
+    pub fn open(path: &Path, chunk: ChunkId, writable: bool) -> Result<Opened, DataError> {
+        let file = match File::options().read(true).write(writable).open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Opened::Missing),
+            Err(e) => return Err(DataError::io(format!("open {}", path.display()), e)),
+        };
+        let len = file
+            .metadata()
+            .ctx(|| format!("stat {}", path.display()))?
+            .len();
+        if len == 0 {
+            return Ok(Opened::Empty(file));
+        }
+        let mut header = [0u8; HEADER_USED_BYTES];
+        read_full_at(&file, &mut header, 0).ctx(|| format!("read {}", path.display()))?;
+        let geo = if len < HEADER_USED_BYTES as u64 {
+            decode_header(chunk, &header[..len as usize])?
+        } else {
+            decode_header(chunk, &header)?
+        };
+        Ok(Opened::Chunk(ChunkFile {
+            chunk,
+            file: Arc::new(file),
+            path: path.to_owned(),
+            geo,
+            data_len: len.saturating_sub(geo.data_offset),
+        }))
+    }
+
+    /// A chunk file opened earlier, whose header was checked then: only its length, which
+    /// writes and truncations change, is read again.
+    pub fn reopen(
+        file: Arc<File>,
+        path: PathBuf,
+        chunk: ChunkId,
+        geo: Geometry,
+    ) -> Result<ChunkFile, DataError> {
+        let len = file
+            .metadata()
+            .ctx(|| format!("stat {}", path.display()))?
+            .len();
+        Ok(ChunkFile {
+            chunk,
+            file,
+            path,
+            geo,
+            data_len: len.saturating_sub(geo.data_offset),
+        })
+    }
+
+    /// Turns a new or empty file into an empty chunk: header, then a sparse (all zero,
+    /// hence all unwritten) table.
+    pub fn init(file: File, path: &Path, id: ChunkId, geo: Geometry) -> Result<Self, DataError> {
+        let what = || format!("initialise {}", path.display());
+        file.write_all_at(&encode_header(geo), 0).ctx(what)?;
+        file.set_len(geo.data_offset).ctx(what)?;
+        Ok(ChunkFile {
+            chunk: id,
+            file: Arc::new(file),
+            path: path.to_owned(),
+            geo,
+            data_len: 0,
+        })
+    }
+
+    /// Refuses a request whose chunk size differs from the one the chunk was written with.
+    pub fn check_chunk_size(&self, chunk_size: u32) -> Result<(), DataError> {
+        if self.geo.chunk_size == chunk_size {
+            return Ok(());
+        }
+        Err(DataError::InvalidArgument(format!(
+            "{}: request uses chunk size {chunk_size}, the chunk was written with {}",
+            self.chunk, self.geo.chunk_size
+        )))
+    }
+
+    /// Reads the whole checksum table.
+    pub fn table(&self) -> Result<Vec<Entry>, DataError> {
+        read_entries(&self.file, self.geo, (0, self.geo.blocks - 1), &self.path)
+    }
+
+    /// Bytes this chunk is charged against the store's capacity.
+    pub fn accounted(&self) -> Result<u64, DataError> {
+        Ok(accounted_bytes(self.geo, &self.table()?, self.data_len))
+    }
+
+    /// Stores entries `first..first + entries.len()` with one `pwrite`.
+    fn store_entries(&self, first: u32, entries: &[Entry]) -> Result<(), DataError> {
+        self.file
+            .write_all_at(&encode_entries(entries), self.geo.entry_pos(first))
+            .ctx(|| format!("write checksum table of {}", self.path.display()))
+    }
+
+    /// Reads the stored bytes of `block` into `dst` (a whole block; zeros past the end of
+    /// the file) and decides what they are; `dst` then holds what the block holds.
+    fn load_block(&self, block: u32, entry: Entry, dst: &mut [u8]) -> Result<Content, DataError> {
+        let pos = self.geo.data_offset + block_start(block);
+        read_full_at(&self.file, dst, pos).ctx(|| format!("read {}", self.path.display()))?;
+        self.check(block, entry, dst)
+    }
+
+    /// Decides what the stored bytes of `block` are: bytes that are not the chunk's are
+    /// zeroed, bytes that match no version the entry allows are an error.
+    fn check(&self, block: u32, entry: Entry, bytes: &mut [u8]) -> Result<Content, DataError> {
+        match entry.resolve(bytes) {
+            Content::Corrupt => Err(self.corrupt(block)),
+            Content::Zeros => {
+                bytes.fill(0);
+                Ok(Content::Zeros)
+            }
+            stored @ Content::Stored(_) => Ok(stored),
+        }
+    }
+
+    fn corrupt(&self, block: u32) -> DataError {
+        tracing::warn!(chunk = %self.chunk, block, path = %self.path.display(),
+            "block failed its checksum");
+        DataError::Corrupt {
+            chunk: self.chunk,
+            block,
+        }
+    }
+
+    /// Fills `buf` with chunk bytes `[offset, offset + buf.len())`, verifying every written
+    /// block it touches. The range must lie inside the chunk and `buf` must not be empty.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DataError> {
+        let end = offset + buf.len() as u64;
+        let (first, last) = ((offset / BS) as u32, ((end - 1) / BS) as u32);
+        // Only the entries of the blocks read: a 64 MiB chunk's table is 16 KiB.
+        let entries = read_entries(&self.file, self.geo, (first, last), &self.path)?;
+        let entry = |b: u32| entries[(b - first) as usize];
+        let mut block = first;
+        while block <= last {
+            let (lo, hi) = (
+                block_start(block).max(offset),
+                (block_start(block) + BS).min(end),
+            );
+            let dst = (lo - offset) as usize..(hi - offset) as usize;
+            if entry(block) == Entry::Unwritten {
+                // Whatever the disk holds there (a hole, or bytes of a write a crash cut
+                // short), an unwritten block reads as zeros.
+                buf[dst].fill(0);
+            } else if hi - lo == BS {
+                // Whole written blocks: read a run of them straight into the caller's
+                // buffer with one pread, then check each.
+                let mut run_end = block + 1;
+                while run_end <= last
+                    && block_start(run_end) + BS <= end
+                    && entry(run_end) != Entry::Unwritten
+                {
+                    run_end += 1;
+                }
+                let span = dst.start..dst.start + (run_end - block) as usize * BS as usize;
+                let pos = self.geo.data_offset + lo;
+                read_full_at(&self.file, &mut buf[span.clone()], pos)
+                    .ctx(|| format!("read {}", self.path.display()))?;
+                for (i, bytes) in buf[span].chunks_mut(BS as usize).enumerate() {
+                    let b = block + i as u32;
+                    self.check(b, entry(b), bytes)?;
+                }
+                block = run_end;
+                continue;
+            } else {
+                let mut scratch = vec![0u8; BS as usize];
+                self.load_block(block, entry(block), &mut scratch)?;
+                let from = (lo - block_start(block)) as usize;
+                buf[dst.clone()].copy_from_slice(&scratch[from..from + dst.len()]);
+            }
+            block += 1;
+        }
+        Ok(())
+    }
+
+    /// Plans a write of `data` at `offset` into this chunk, or into a chunk that does not
+    /// exist yet (`cf == None`). Partially covered blocks that hold data are read and
+    /// verified here: writing into a corrupt block is refused rather than laundering
+    /// its bad bytes under a fresh checksum.
+    pub fn plan_write(
+        cf: Option<&ChunkFile>,
+        geo: Geometry,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<WritePlan, DataError> {
+        let end = offset + data.len() as u64;
+        let (first, last) = ((offset / BS) as u32, ((end - 1) / BS) as u32);
+        let (mut table, old_len) = match cf {
+            Some(cf) => (cf.table()?, cf.data_len),
+            None => (vec![Entry::Unwritten; geo.blocks as usize], 0),
+        };
+        let mut plan = WritePlan {
+            accounted_before: cf.map_or(0, |_| accounted_bytes(geo, &table, old_len)),
+            accounted_after: 0,
+            first_block: first,
+            intent: Vec::new(),
+            done: Vec::new(),
+            edges: Vec::new(),
+            middle: None,
+            new_len: old_len.max(end),
+        };
+        for block in first..=last {
+            let (lo, hi) = (
+                block_start(block).max(offset),
+                (block_start(block) + BS).min(end),
+            );
+            let src = (lo - offset) as usize..(hi - offset) as usize;
+            let old = table[block as usize];
+            let (intent, crc) = if hi - lo == BS {
+                let crc = block_crc(&data[src.clone()]);
+                // Only the first and last blocks can be partial: whole ones are contiguous.
+                plan.middle = Some(match plan.middle.take() {
+                    Some((pos, range)) => (pos, range.start..src.end),
+                    None => (lo, src),
+                });
+                (whole_block_intent(cf, block, old, crc)?, crc)
+            } else {
+                let (edge, intent, crc) = plan_edge(cf, old, lo..hi, &data[src], old_len)?;
+                plan.edges.push(edge);
+                (intent, crc)
+            };
+            plan.intent.push(intent);
+            plan.done.push(Entry::Stable(crc));
+            table[block as usize] = Entry::Stable(crc);
+        }
+        plan.accounted_after = accounted_bytes(geo, &table, plan.new_len);
+        Ok(plan)
+    }
+
+    /// Stores a planned write: the intent entries, the data, then the final entries. Each
+    /// step is complete before the next starts, so a crash leaves every block readable as
+    /// its old or its new version (see [`super`]).
+    pub fn apply_write(&mut self, plan: &WritePlan, data: &[u8]) -> Result<(), DataError> {
+        self.store_entries(plan.first_block, &plan.intent)?;
+        crash_point(CrashPoint::WriteIntent);
+        let what = || format!("write {}", self.path.display());
+        let base = self.geo.data_offset;
+        if let Some((pos, range)) = &plan.middle {
+            self.file
+                .write_all_at(&data[range.clone()], base + pos)
+                .ctx(what)?;
+        }
+        for edge in &plan.edges {
+            self.file
+                .write_all_at(&edge.bytes, base + edge.pos)
+                .ctx(what)?;
+        }
+        crash_point(CrashPoint::WriteData);
+        self.store_entries(plan.first_block, &plan.done)?;
+        self.data_len = plan.new_len;
+        Ok(())
+    }
+
+    /// Cuts the chunk to `keep` bytes (`0 < keep`): later bytes read as zeros, also after
+    /// the chunk grows again. Returns the bytes charged before and after. Like a write it
+    /// goes in three steps: entries (the boundary block pending, later blocks unwritten),
+    /// the file length, the boundary block's final entry.
+    ///
+    /// Entries past `keep` are cleared even when the file is already short enough, so a
+    /// retried truncation also clears entries an earlier, interrupted one left behind.
+    pub fn truncate(&mut self, keep: u64) -> Result<(u64, u64), DataError> {
+        let table = self.table()?;
+        let before = accounted_bytes(self.geo, &table, self.data_len);
+        let new_len = keep.min(self.data_len);
+        let mut intent = table.clone();
+        intent
+            .iter_mut()
+            .skip(keep.div_ceil(BS) as usize)
+            .for_each(|e| *e = Entry::Unwritten);
+        let mut done = intent.clone();
+        let cut = (keep / BS) as u32;
+        if keep < self.data_len
+            && !keep.is_multiple_of(BS)
+            && table[cut as usize] != Entry::Unwritten
+        {
+            if let Some((pending, stable)) = self.plan_cut(cut, table[cut as usize], keep)? {
+                intent[cut as usize] = pending;
+                done[cut as usize] = stable;
+            }
+        }
+        if let Some(range) = changed(&table, &intent) {
+            self.store_entries(range.start as u32, &intent[range])?;
+        }
+        crash_point(CrashPoint::TruncateIntent);
+        if keep < self.data_len {
+            let what = || format!("truncate {}", self.path.display());
+            self.file.set_len(self.geo.data_offset + keep).ctx(what)?;
+            crash_point(CrashPoint::TruncateLength);
+        }
+        if let Some(range) = changed(&intent, &done) {
+            self.store_entries(range.start as u32, &done[range])?;
+        }
+        self.data_len = new_len;
+        Ok((before, accounted_bytes(self.geo, &done, new_len)))
+    }
+
+    /// The intent and final entries of boundary block `block` when the chunk is cut to
+    /// `keep` bytes. `None` leaves a corrupt block's entry alone, so it still reads as
+    /// corrupt instead of being re-checksummed around bad bytes.
+    fn plan_cut(
+        &self,
+        block: u32,
+        entry: Entry,
+        keep: u64,
+    ) -> Result<Option<(Entry, Entry)>, DataError> {
+        let mut bytes = vec![0u8; BS as usize];
+        match self.load_block(block, entry, &mut bytes) {
+            Err(DataError::Corrupt { .. }) => Ok(None),
+            Err(e) => Err(e),
+            // Its stored bytes were never the chunk's, so neither are the ones kept.
+            Ok(Content::Zeros) => Ok(Some((Entry::Unwritten, Entry::Unwritten))),
+            Ok(current) => {
+                bytes[(keep - block_start(block)) as usize..].fill(0);
+                let new = block_crc(&bytes);
+                Ok(Some((Entry::intent(current, new), Entry::Stable(new))))
+            }
+        }
+    }
+}
+
+/// The intent entry of a block that a write covers whole with data of crc `new`. A
+/// `Stable` entry's bytes match it (an update stores that entry only after its data), so
+/// only a block whose last update was interrupted is read, to learn which version it holds.
+fn whole_block_intent(
+    cf: Option<&ChunkFile>,
+    block: u32,
+    old: Entry,
+    new: u32,
+) -> Result<Entry, DataError> {
+    let current = match (old, cf) {
+        (Entry::Unwritten, _) | (_, None) => Content::Zeros,
+        (Entry::Stable(crc), _) => Content::Stored(crc),
+        (Entry::Damaged, _) => Content::Corrupt,
+        (Entry::Pending { .. } | Entry::PendingFirst(_), Some(cf)) => {
+            let mut bytes = vec![0u8; BS as usize];
+            match cf.load_block(block, old, &mut bytes) {
+                // The write replaces all of it: no version to keep.
+                Err(DataError::Corrupt { .. }) => Content::Corrupt,
+                other => other?,
+            }
+        }
+    };
+    Ok(Entry::intent(current, new))
+}
+
+/// Plans the write of `piece` at chunk bytes `range`, part of one block: merges it with
+/// what the block holds (verified) and returns the bytes to store, the block's intent
+/// entry and its new crc.
+fn plan_edge(
+    cf: Option<&ChunkFile>,
+    old: Entry,
+    range: Range<u64>,
+    piece: &[u8],
+    old_len: u64,
+) -> Result<(Edge, Entry, u32), DataError> {
+    let block = (range.start / BS) as u32;
+    let (start, stop) = (block_start(block), block_start(block) + BS);
+    let mut merged = vec![0u8; BS as usize];
+    let current = match (old, cf) {
+        (Entry::Unwritten, _) | (_, None) => Content::Zeros,
+        (_, Some(cf)) => cf.load_block(block, old, &mut merged)?,
+    };
+    merged[(range.start - start) as usize..(range.end - start) as usize].copy_from_slice(piece);
+    let crc = block_crc(&merged);
+    // A block without data may still hold stray bytes on disk (a write cut short by a
+    // crash), so store it whole up to the chunk's end; the disk then matches the new crc.
+    let (from, to) = match current {
+        Content::Stored(_) => (range.start, range.end),
+        _ => (start, stop.min(range.end.max(old_len))),
+    };
+    merged.truncate((to - start) as usize);
+    merged.drain(..(from - start) as usize);
+    let edge = Edge {
+        pos: from,
+        bytes: merged,
+    };
+    Ok((edge, Entry::intent(current, crc), crc))
+}
+
+/// The smallest range of indexes where `a` and `b` differ, if they do.
+fn changed(a: &[Entry], b: &[Entry]) -> Option<Range<usize>> {
+    let first = a.iter().zip(b).position(|(x, y)| x != y)?;
+    let last = a.iter().zip(b).rposition(|(x, y)| x != y)?;
+    Some(first..last + 1)
+}
+
+/// Bytes a chunk file on disk is charged against the capacity, as [`ChunkFile::accounted`]
+/// computes it; a file whose header cannot be read is charged its length in pages, so the
+/// charge at startup and at removal agree.
+pub(crate) fn measure(path: &Path, chunk: ChunkId) -> Result<u64, DataError> {
+    match ChunkFile::open(path, chunk, false) {
+        Ok(Opened::Chunk(cf)) => cf.accounted(),
+        Ok(Opened::Missing | Opened::Empty(_)) => Ok(0),
+        Err(DataError::CorruptHeader { .. } | DataError::UnsupportedFormat { .. }) => {
+            let meta = std::fs::metadata(path).ctx(|| format!("stat {}", path.display()))?;
+            Ok(format::round_up_page(meta.len()))
+        }
+        Err(e) => Err(e),
+    }
+}

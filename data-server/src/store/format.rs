@@ -1,0 +1,513 @@
+//! Constants, encodings and path names of the on-disk format described in [`super`].
+
+use crate::error::{DataError, IoContext};
+use proto::{ChunkId, InodeId};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// First bytes of every chunk file. It names the kind of file, not its format version, so
+/// a file of another version is recognised as such.
+pub(crate) const MAGIC: [u8; 8] = *b"TSRCHNK1";
+/// Version of the chunk file format; bump it on any incompatible change. Version 1 had one
+/// crc per block, which a crash between the data and the table write could strand.
+pub(crate) const FORMAT_VERSION: u32 = 2;
+/// Bytes covered by one checksum.
+pub const BLOCK_SIZE_BYTES: u32 = 64 * 1024;
+/// Smallest chunk size a file may use.
+pub const MIN_CHUNK_SIZE_BYTES: u32 = 64 * 1024;
+/// Largest chunk size a file may use.
+pub const MAX_CHUNK_SIZE_BYTES: u32 = 64 * 1024 * 1024;
+/// Size of the header area at the start of a chunk file.
+pub(crate) const HEADER_BYTES: u64 = 4096;
+/// Header bytes covered by the header crc: magic, version, block size, chunk size.
+const HEADER_FIELDS_BYTES: usize = 20;
+/// Alignment of the table and data areas, and the unit of space accounting.
+const PAGE_BYTES: u64 = 4096;
+/// Bytes of one checksum table entry: a power of two, so that no entry straddles a page
+/// (a `pwrite` cut short by a kill -9 stops at a page boundary) or a disk sector.
+pub(crate) const ENTRY_BYTES: usize = 16;
+/// Entry bytes covered by the entry's own crc: the two crc slots, the kind, reserved bytes.
+const ENTRY_FIELDS_BYTES: usize = 12;
+/// Entry kinds (byte 8 of an entry); see [`Entry`].
+const KIND_STABLE: u8 = 1;
+const KIND_PENDING: u8 = 2;
+const KIND_PENDING_FIRST: u8 = 3;
+
+/// Zeros to feed the crc for the part of a block past the end of the file.
+static ZEROS: [u8; BLOCK_SIZE_BYTES as usize] = [0; BLOCK_SIZE_BYTES as usize];
+
+/// Where things are inside a chunk file of one chunk size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Geometry {
+    /// Bytes of data a chunk may hold.
+    pub chunk_size: u32,
+    /// Blocks in a chunk (`chunk_size / BLOCK_SIZE_BYTES`, at least 1).
+    pub blocks: u32,
+    /// Offset of data byte 0 in the file.
+    pub data_offset: u64,
+}
+
+impl Geometry {
+    /// Checks a chunk size that came from a peer or from a header.
+    pub fn new(chunk_size: u32) -> Result<Geometry, DataError> {
+        if !chunk_size.is_power_of_two()
+            || !(MIN_CHUNK_SIZE_BYTES..=MAX_CHUNK_SIZE_BYTES).contains(&chunk_size)
+        {
+            return Err(DataError::InvalidArgument(format!(
+                "chunk size {chunk_size} is not a power of two between \
+                 {MIN_CHUNK_SIZE_BYTES} and {MAX_CHUNK_SIZE_BYTES}"
+            )));
+        }
+        let blocks = chunk_size / BLOCK_SIZE_BYTES;
+        let table = round_up_page(u64::from(blocks) * ENTRY_BYTES as u64);
+        Ok(Geometry {
+            chunk_size,
+            blocks,
+            data_offset: HEADER_BYTES + table,
+        })
+    }
+
+    /// Checks that `[offset, offset + len)` lies inside a chunk; returns its end.
+    pub fn check_range(&self, chunk: ChunkId, offset: u32, len: usize) -> Result<u64, DataError> {
+        let end = u64::try_from(len)
+            .ok()
+            .and_then(|l| l.checked_add(u64::from(offset)))
+            .filter(|&end| end <= u64::from(self.chunk_size));
+        end.ok_or_else(|| {
+            DataError::InvalidArgument(format!(
+                "{chunk}: range of {len} bytes at offset {offset} exceeds the chunk size {}",
+                self.chunk_size
+            ))
+        })
+    }
+
+    /// Offset in the file of table entry `block`.
+    pub fn entry_pos(&self, block: u32) -> u64 {
+        HEADER_BYTES + u64::from(block) * ENTRY_BYTES as u64
+    }
+}
+
+/// Start of block `block` in chunk (data) coordinates.
+pub(crate) fn block_start(block: u32) -> u64 {
+    u64::from(block) * u64::from(BLOCK_SIZE_BYTES)
+}
+
+/// Rounds up to a multiple of the page size, the unit disks allocate in.
+pub(crate) fn round_up_page(n: u64) -> u64 {
+    n.div_ceil(PAGE_BYTES) * PAGE_BYTES
+}
+
+/// The first page of a new chunk file.
+pub(crate) fn encode_header(geo: Geometry) -> Vec<u8> {
+    let mut page = vec![0u8; HEADER_BYTES as usize];
+    page[0..8].copy_from_slice(&MAGIC);
+    page[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    page[12..16].copy_from_slice(&BLOCK_SIZE_BYTES.to_le_bytes());
+    page[16..20].copy_from_slice(&geo.chunk_size.to_le_bytes());
+    let crc = crc32c::crc32c(&page[..HEADER_FIELDS_BYTES]);
+    page[20..24].copy_from_slice(&crc.to_le_bytes());
+    page
+}
+
+/// Number of header bytes [`decode_header`] needs.
+pub(crate) const HEADER_USED_BYTES: usize = HEADER_FIELDS_BYTES + 4;
+
+/// Checks a header and returns the geometry it records.
+pub(crate) fn decode_header(chunk: ChunkId, h: &[u8]) -> Result<Geometry, DataError> {
+    let bad = |reason: String| DataError::CorruptHeader { chunk, reason };
+    if h.len() < HEADER_USED_BYTES {
+        return Err(bad(format!("only {} header bytes", h.len())));
+    }
+    let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+    if h[0..8] != MAGIC {
+        return Err(bad("bad magic".into()));
+    }
+    let crc = crc32c::crc32c(&h[..HEADER_FIELDS_BYTES]);
+    if crc != u32_at(20) {
+        return Err(bad("header checksum mismatch".into()));
+    }
+    let version = u32_at(8);
+    if version != FORMAT_VERSION {
+        return Err(DataError::UnsupportedFormat { chunk, version });
+    }
+    let block_size = u32_at(12);
+    if block_size != BLOCK_SIZE_BYTES {
+        return Err(bad(format!("unsupported block size {block_size}")));
+    }
+    Geometry::new(u32_at(16)).map_err(|_| bad(format!("bad chunk size {}", u32_at(16))))
+}
+
+/// A decoded checksum table entry: which versions of its block the block may hold.
+///
+/// Encoding (16 bytes, little-endian): crc slot A at 0, crc slot B at 4, the kind at 8,
+/// three zero bytes, and the crc32c of bytes 0..12 at 12. A slot a kind does not use is 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Entry {
+    /// Never written: reads as zeros whatever the disk holds there. Sixteen zero bytes.
+    Unwritten,
+    /// Kind 1, slot A: the block holds the version with this crc.
+    Stable(u32),
+    /// Kind 2, slots A and B: an update of the block from version `old` to version `new`
+    /// was under way, so the block holds either (or, if the data write was cut short in
+    /// the middle of the block, neither: corrupt).
+    Pending {
+        /// crc of the version the block held before the update.
+        old: u32,
+        /// crc of the version the update stores.
+        new: u32,
+    },
+    /// Kind 3, slot A: the first write of a version with this crc into a block without
+    /// data was under way. Bytes that do not match are the ones the block had: none, so
+    /// the block reads as zeros.
+    PendingFirst(u32),
+    /// Any other bit pattern: the table itself is damaged.
+    Damaged,
+}
+
+/// What a block holds, decided from its entry and the crc of its stored bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Content {
+    /// No data: zeros, whatever the disk holds there.
+    Zeros,
+    /// The stored bytes, a version with this crc.
+    Stored(u32),
+    /// Stored bytes that match no version the entry allows, or a damaged entry.
+    Corrupt,
+}
+
+impl Entry {
+    /// Decodes one entry. Only the exact encoding of a valid entry is accepted (its crc,
+    /// kind, reserved bytes and unused slot all check), so that damage to the table is
+    /// caught rather than read as a hole or as another kind.
+    pub fn decode(bytes: &[u8; ENTRY_BYTES]) -> Entry {
+        if *bytes == [0; ENTRY_BYTES] {
+            return Entry::Unwritten;
+        }
+        let slot =
+            |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+        let entry = match bytes[8] {
+            KIND_STABLE => Entry::Stable(slot(0)),
+            KIND_PENDING => Entry::Pending {
+                old: slot(0),
+                new: slot(4),
+            },
+            KIND_PENDING_FIRST => Entry::PendingFirst(slot(0)),
+            _ => return Entry::Damaged,
+        };
+        if entry.encode() == *bytes {
+            entry
+        } else {
+            Entry::Damaged
+        }
+    }
+
+    /// The encoding of this entry. [`Entry::Damaged`] encodes as a pattern that decodes as
+    /// damaged again (an unknown kind), so that rewriting it launders nothing.
+    pub fn encode(self) -> [u8; ENTRY_BYTES] {
+        let (kind, a, b) = match self {
+            Entry::Unwritten => return [0; ENTRY_BYTES],
+            Entry::Damaged => return [0xFF; ENTRY_BYTES],
+            Entry::Stable(crc) => (KIND_STABLE, crc, 0),
+            Entry::Pending { old, new } => (KIND_PENDING, old, new),
+            Entry::PendingFirst(crc) => (KIND_PENDING_FIRST, crc, 0),
+        };
+        let mut e = [0u8; ENTRY_BYTES];
+        e[0..4].copy_from_slice(&a.to_le_bytes());
+        e[4..8].copy_from_slice(&b.to_le_bytes());
+        e[8] = kind;
+        let crc = crc32c::crc32c(&e[..ENTRY_FIELDS_BYTES]);
+        e[ENTRY_FIELDS_BYTES..].copy_from_slice(&crc.to_le_bytes());
+        e
+    }
+
+    /// What the block holds if its stored bytes are `bytes` (the rest of the block counts
+    /// as zeros). Their crc is computed only for entries that need it.
+    pub fn resolve(self, bytes: &[u8]) -> Content {
+        match self {
+            Entry::Unwritten => Content::Zeros,
+            Entry::Damaged => Content::Corrupt,
+            Entry::Stable(crc) if block_crc(bytes) == crc => Content::Stored(crc),
+            Entry::Stable(_) => Content::Corrupt,
+            Entry::Pending { old, new } => match block_crc(bytes) {
+                crc if crc == old || crc == new => Content::Stored(crc),
+                _ => Content::Corrupt,
+            },
+            Entry::PendingFirst(crc) if block_crc(bytes) == crc => Content::Stored(crc),
+            Entry::PendingFirst(_) => Content::Zeros,
+        }
+    }
+
+    /// The entry to store before the data of a block holding `current` is replaced by a
+    /// version with crc `new`: it allows both, so a crash at any point leaves the block
+    /// readable. A corrupt block has no version to keep; it stays corrupt until the data
+    /// with crc `new` is in place.
+    pub fn intent(current: Content, new: u32) -> Entry {
+        match current {
+            Content::Stored(old) => Entry::Pending { old, new },
+            Content::Zeros => Entry::PendingFirst(new),
+            Content::Corrupt => Entry::Stable(new),
+        }
+    }
+}
+
+/// Reads table entries from their encoding.
+pub(crate) fn decode_entries(bytes: &[u8]) -> Vec<Entry> {
+    bytes
+        .chunks_exact(ENTRY_BYTES)
+        .map(|e| Entry::decode(e.try_into().expect("chunks_exact yields whole entries")))
+        .collect()
+}
+
+/// The encoding of table entries.
+pub(crate) fn encode_entries(entries: &[Entry]) -> Vec<u8> {
+    entries.iter().flat_map(|e| e.encode()).collect()
+}
+
+/// crc32c of a block whose stored bytes are `bytes`; the rest of the block counts as zeros.
+pub(crate) fn block_crc(bytes: &[u8]) -> u32 {
+    let crc = crc32c::crc32c(bytes);
+    let pad = (BLOCK_SIZE_BYTES as usize).saturating_sub(bytes.len());
+    crc32c::crc32c_append(crc, &ZEROS[..pad])
+}
+
+/// Bytes a chunk file is charged against the capacity: the header and table, plus each
+/// written block up to the chunk's end, in whole pages (what a file system allocates).
+pub(crate) fn accounted_bytes(geo: Geometry, table: &[Entry], data_len: u64) -> u64 {
+    let data: u64 = (0u32..)
+        .zip(table)
+        .filter(|(_, &entry)| entry != Entry::Unwritten)
+        .map(|(b, _)| {
+            let in_block = data_len.saturating_sub(block_start(b));
+            round_up_page(in_block.min(u64::from(BLOCK_SIZE_BYTES)))
+        })
+        .sum();
+    geo.data_offset + data
+}
+
+/// Reads `dst.len()` bytes at `pos`, filling what lies past the end of the file with zeros.
+pub(crate) fn read_full_at(file: &File, mut dst: &mut [u8], mut pos: u64) -> std::io::Result<()> {
+    while !dst.is_empty() {
+        match file.read_at(dst, pos) {
+            Ok(0) => {
+                dst.fill(0);
+                return Ok(());
+            }
+            Ok(n) => {
+                dst = &mut dst[n..];
+                pos += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Reads table entries `first..=last` from a chunk file.
+pub(crate) fn read_entries(
+    file: &File,
+    geo: Geometry,
+    (first, last): (u32, u32),
+    path: &Path,
+) -> Result<Vec<Entry>, DataError> {
+    let mut bytes = vec![0u8; (last - first + 1) as usize * ENTRY_BYTES];
+    read_full_at(file, &mut bytes, geo.entry_pos(first))
+        .ctx(|| format!("read checksum table of {}", path.display()))?;
+    Ok(decode_entries(&bytes))
+}
+
+/// Directory holding every chunk.
+pub(crate) fn chunks_root(dir: &Path) -> PathBuf {
+    dir.join("chunks")
+}
+
+/// Bucket of an inode: spreads inode directories over 256 directories.
+pub(crate) fn bucket_of(inode: InodeId) -> u8 {
+    (inode.0 % 256) as u8
+}
+
+/// Directory of one bucket.
+pub(crate) fn bucket_dir(root: &Path, bucket: u8) -> PathBuf {
+    root.join(format!("{bucket:02x}"))
+}
+
+/// Directory holding the chunks of one inode.
+pub(crate) fn inode_dir(root: &Path, inode: InodeId) -> PathBuf {
+    bucket_dir(root, bucket_of(inode)).join(format!("{:016x}", inode.0))
+}
+
+/// File of one chunk.
+pub(crate) fn chunk_path(root: &Path, chunk: ChunkId) -> PathBuf {
+    inode_dir(root, chunk.inode).join(format!("{:016x}.chunk", chunk.index))
+}
+
+/// Parses 16 lowercase hex digits, as written by [`inode_dir`] and [`chunk_path`].
+pub(crate) fn parse_hex16(name: &str) -> Option<u64> {
+    let ok = name.len() == 16 && name.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
+    ok.then(|| u64::from_str_radix(name, 16).ok()).flatten()
+}
+
+/// The chunk index named by a chunk file name, or `None` for any other file.
+pub(crate) fn parse_chunk_name(name: &str) -> Option<u64> {
+    name.strip_suffix(".chunk").and_then(parse_hex16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHUNK: ChunkId = ChunkId {
+        inode: InodeId(0x1234),
+        index: 2,
+    };
+
+    #[test]
+    fn geometry_of_the_extreme_chunk_sizes() {
+        let small = Geometry::new(64 << 10).unwrap();
+        assert_eq!((small.blocks, small.data_offset), (1, 8192));
+        let large = Geometry::new(64 << 20).unwrap();
+        assert_eq!((large.blocks, large.data_offset), (1024, 4096 + 16384));
+        for bad in [0, 1, 32 << 10, (64 << 10) + 1, 3 << 20, 128 << 20, u32::MAX] {
+            assert!(matches!(
+                Geometry::new(bad),
+                Err(DataError::InvalidArgument(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn range_checks_do_not_overflow() {
+        let geo = Geometry::new(1 << 20).unwrap();
+        assert_eq!(geo.check_range(CHUNK, (1 << 20) - 10, 10).unwrap(), 1 << 20);
+        assert!(geo.check_range(CHUNK, (1 << 20) - 10, 11).is_err());
+        assert!(geo.check_range(CHUNK, u32::MAX, usize::MAX).is_err());
+        assert!(geo.check_range(CHUNK, u32::MAX, 0).is_err());
+    }
+
+    #[test]
+    fn header_round_trips_and_rejects_damage() {
+        let geo = Geometry::new(4 << 20).unwrap();
+        let page = encode_header(geo);
+        assert_eq!(decode_header(CHUNK, &page).unwrap(), geo);
+        for i in 0..HEADER_USED_BYTES {
+            let mut bad = page.clone();
+            bad[i] ^= 0x10;
+            let err = decode_header(CHUNK, &bad).unwrap_err();
+            assert!(
+                matches!(err, DataError::CorruptHeader { .. }),
+                "byte {i}: {err}"
+            );
+        }
+        assert!(decode_header(CHUNK, &page[..10]).is_err());
+    }
+
+    #[test]
+    fn a_version_1_chunk_file_is_refused_by_name() {
+        let mut page = encode_header(Geometry::new(1 << 20).unwrap());
+        page[8..12].copy_from_slice(&1u32.to_le_bytes());
+        let crc = crc32c::crc32c(&page[..HEADER_FIELDS_BYTES]);
+        page[20..24].copy_from_slice(&crc.to_le_bytes());
+        let err = decode_header(CHUNK, &page).unwrap_err();
+        assert!(
+            matches!(err, DataError::UnsupportedFormat { version: 1, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("format version 1"), "{err}");
+    }
+
+    const ALL_KINDS: [Entry; 5] = [
+        Entry::Unwritten,
+        Entry::Stable(0x1234_5678),
+        Entry::Pending {
+            old: 0xDEAD_BEEF,
+            new: 0x0BAD_F00D,
+        },
+        Entry::PendingFirst(0xCAFE_0001),
+        // A crc of 0 is a valid crc, not an empty slot.
+        Entry::Stable(0),
+    ];
+
+    #[test]
+    fn entries_round_trip_and_catch_any_flipped_bit() {
+        for entry in ALL_KINDS {
+            let bytes = entry.encode();
+            assert_eq!(Entry::decode(&bytes), entry);
+            for bit in 0..ENTRY_BYTES * 8 {
+                let mut bad = bytes;
+                bad[bit / 8] ^= 1 << (bit % 8);
+                assert_eq!(Entry::decode(&bad), Entry::Damaged, "{entry:?} bit {bit}");
+            }
+        }
+        assert_eq!(Entry::decode(&Entry::Damaged.encode()), Entry::Damaged);
+        // Reserved bytes and an unused slot must be zero even under a matching crc.
+        let mut e = Entry::Stable(9).encode();
+        e[4] = 1;
+        let crc = crc32c::crc32c(&e[..ENTRY_FIELDS_BYTES]);
+        e[ENTRY_FIELDS_BYTES..].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(Entry::decode(&e), Entry::Damaged);
+        let table = encode_entries(&ALL_KINDS);
+        assert_eq!(table.len(), ALL_KINDS.len() * ENTRY_BYTES);
+        assert_eq!(decode_entries(&table), ALL_KINDS);
+    }
+
+    #[test]
+    fn each_kind_accepts_exactly_its_versions() {
+        let (old, new, other) = (&b"old"[..], &b"new"[..], &b"torn"[..]);
+        let (c_old, c_new) = (block_crc(old), block_crc(new));
+        let pending = Entry::Pending {
+            old: c_old,
+            new: c_new,
+        };
+        assert_eq!(pending.resolve(old), Content::Stored(c_old));
+        assert_eq!(pending.resolve(new), Content::Stored(c_new));
+        assert_eq!(pending.resolve(other), Content::Corrupt);
+        let first = Entry::PendingFirst(c_new);
+        assert_eq!(first.resolve(new), Content::Stored(c_new));
+        assert_eq!(first.resolve(other), Content::Zeros);
+        assert_eq!(Entry::Stable(c_old).resolve(old), Content::Stored(c_old));
+        assert_eq!(Entry::Stable(c_old).resolve(new), Content::Corrupt);
+        assert_eq!(Entry::Unwritten.resolve(other), Content::Zeros);
+        assert_eq!(Entry::Damaged.resolve(old), Content::Corrupt);
+        assert_eq!(Entry::intent(Content::Stored(c_old), c_new), pending);
+        assert_eq!(Entry::intent(Content::Zeros, c_new), first);
+        assert_eq!(Entry::intent(Content::Corrupt, c_new), Entry::Stable(c_new));
+    }
+
+    #[test]
+    fn block_crc_pads_with_zeros() {
+        let mut full = vec![0u8; BLOCK_SIZE_BYTES as usize];
+        full[..3].copy_from_slice(b"abc");
+        assert_eq!(block_crc(b"abc"), crc32c::crc32c(&full));
+        assert_eq!(block_crc(&full), crc32c::crc32c(&full));
+    }
+
+    #[test]
+    fn accounting_counts_written_blocks_up_to_the_end() {
+        let geo = Geometry::new(1 << 20).unwrap();
+        let mut table = vec![Entry::Unwritten; geo.blocks as usize];
+        assert_eq!(accounted_bytes(geo, &table, 0), geo.data_offset);
+        table[0] = Entry::Stable(1);
+        assert_eq!(accounted_bytes(geo, &table, 1), geo.data_offset + 4096);
+        table[3] = Entry::PendingFirst(1);
+        let len = block_start(3) + 5000;
+        assert_eq!(
+            accounted_bytes(geo, &table, len),
+            geo.data_offset + 65536 + 8192
+        );
+    }
+
+    #[test]
+    fn paths_and_names() {
+        let p = chunk_path(Path::new("/d/chunks"), CHUNK);
+        assert_eq!(
+            p,
+            Path::new("/d/chunks/34/0000000000001234/0000000000000002.chunk")
+        );
+        assert_eq!(parse_chunk_name("0000000000000002.chunk"), Some(2));
+        assert_eq!(parse_chunk_name("000000000000000G.chunk"), None);
+        assert_eq!(parse_chunk_name("+000000000000002.chunk"), None);
+        assert_eq!(parse_chunk_name("0000000000000002.tmp"), None);
+        assert_eq!(parse_hex16("ffffffffffffffff"), Some(u64::MAX));
+    }
+}

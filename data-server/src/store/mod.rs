@@ -1,0 +1,589 @@
+//! The chunk store: file chunks as checksummed files on local disk.
+//!
+//! # On-disk format (version 2)
+//!
+//! ```text
+//! <dir>/LOCK                      held (flock) while a store has the directory open
+//! <dir>/node_id                   this server's node id (see `node_id.rs`)
+//! <dir>/chunks/<bb>/<inode>/<index>.chunk
+//!     bb    = inode % 256, 2 lowercase hex digits (all 256 made at open)
+//!     inode = inode number, 16 lowercase hex digits
+//!     index = chunk index, 16 lowercase hex digits
+//! ```
+//!
+//! A chunk file, all integers little-endian:
+//!
+//! | offset | size | contents |
+//! | --- | --- | --- |
+//! | 0 | 8 | magic `b"TSRCHNK1"` (the kind of file; the same in every version) |
+//! | 8 | 4 | format version, 2 |
+//! | 12 | 4 | block size in bytes, 65536 |
+//! | 16 | 4 | chunk size in bytes (a power of two, 64 KiB ..= 64 MiB) |
+//! | 20 | 4 | crc32c of bytes 0..20 |
+//! | 24 | 4072 | zero |
+//! | 4096 | 16 × blocks, padded with zeros to a multiple of 4096 | checksum table |
+//! | `data_offset` | chunk length | data: chunk byte `i` at `data_offset + i` |
+//!
+//! `blocks = chunk_size / block_size`, `data_offset = 4096 + round_up(16 × blocks, 4096)`.
+//! The chunk's length is the file length minus `data_offset` (0 if the file is shorter).
+//! A file of another version fails with [`DataError::UnsupportedFormat`]; version 1 (one
+//! crc per block, 8-byte entries) is not converted: there were no deployments.
+//!
+//! A table entry is 16 bytes: crc slot A (u32) at 0, crc slot B (u32) at 4, a kind (u8) at
+//! 8, three zero bytes, and the crc32c of bytes 0..12 at 12; a slot the kind does not use
+//! is 0. Sixteen zero bytes are a block never written.
+//!
+//! | kind | name | slots | the block reads as |
+//! | --- | --- | --- | --- |
+//! | – | unwritten | – | zeros, unchecked, whatever the disk holds there |
+//! | 1 | stable | A = crc | its bytes, if they match A |
+//! | 2 | pending | A = old crc, B = new crc | its bytes, if they match A or B |
+//! | 3 | pending first | A = new crc | its bytes if they match A, else zeros |
+//!
+//! Bytes that match no crc the entry allows, and any entry that is not exactly one of these
+//! encodings (a flipped bit anywhere), read as [`DataError::Corrupt`] and are never
+//! returned. A block's crc covers all `block_size` bytes, counting the bytes past the end
+//! of the file as zeros.
+//!
+//! # Updates and crashes
+//!
+//! A write changes the blocks it touches in three steps, each finished before the next
+//! starts:
+//!
+//! 1. *intent*: one `pwrite` of their entries. A block that holds data gets *pending*,
+//!    with the crc of the version it holds (a partially covered block is read and
+//!    verified first; writing into a corrupt block is refused) and the crc of its new
+//!    version. A block without data gets *pending first*.
+//! 2. the data, with `pwrite`. A partially covered block that holds data is merged and
+//!    only the new bytes are written; one without data is written whole up to the chunk's
+//!    end, over any stray bytes a crash left there.
+//! 3. *done*: one `pwrite` of their entries, now *stable* with the new crc.
+//!
+//! A truncation that cuts the file goes the same way: (1) the block holding the new end
+//! becomes pending (its old crc, and the crc of its bytes cut at the new end) and the
+//! entries past it become unwritten, (2) `ftruncate`, (3) the boundary entry becomes
+//! stable. It then fsyncs the file (see below). A crash before step 2 leaves the boundary
+//! block whole and the blocks past it reading as their old bytes or as zeros: the
+//! truncation had not returned, and its retry completes it.
+//!
+//! A kill -9 leaves the page cache as the completed steps made it, plus a prefix of the
+//! step under way (a `pwrite` copies page by page and stops at a fatal signal). Entries
+//! are 16-byte aligned and never straddle a page, so each one is old or new, and:
+//!
+//! - a crash during step 1 or before step 2: each block reads as its old version (its old
+//!   entry and its intent entry both accept it); the retried request succeeds;
+//! - during step 2, for a block whose bytes were all stored: its new version (the intent
+//!   entry accepts it); the retried request succeeds;
+//! - during step 2, in the middle of a block: that block holds neither version and reads
+//!   as corrupt (pending first: as zeros, its only old version); a partial write into it is
+//!   refused, a write of the whole block succeeds;
+//! - after step 2: the new version (the intent and the done entry accept it); the retried
+//!   request succeeds.
+//!
+//! So the bytes of a block that a write does not cover survive a crash of any step but
+//! one: a data `pwrite` interrupted in the middle of that very block. Covering that case
+//! too would need a crc per page or the written range in the entry.
+//!
+//! Which version a block holds is decided by its bytes, never assumed from an entry an
+//! interrupted update left pending: a write (also one covering a whole block) reads such a
+//! block to learn whether its bytes match the old or the new crc, and keeps that one as
+//! the old crc of its own intent entry. A stable entry's bytes are known to match it
+//! (step 3 follows step 2), so overwriting a whole stable block reads nothing. Reads leave
+//! pending entries as they are (they hold only a shared lock); the next write to the block
+//! settles it.
+//!
+//! Power loss is weaker than a kill -9: until an fsync the kernel writes table and data
+//! pages back in any order, so a block changed since the last fsync may read as corrupt
+//! afterwards (never as wrong bytes). Blocks not changed since their last fsync are not
+//! affected. Closing that gap would need an fsync between steps 1 and 2.
+//!
+//! Nothing here is durable until [`ChunkStore::fsync`]; `truncate_file` syncs itself
+//! because a truncation lost in a crash would bring old bytes back past the end of the
+//! file.
+//!
+//! Space accounting: a chunk file is charged its header and table plus, for each written
+//! block, its bytes up to the chunk's length rounded up to 4 KiB. It is recomputed from
+//! the files at [`ChunkStore::open`].
+//!
+//! Up to 256 chunk files (`MAX_OPEN_CHUNK_FILES`) stay open between requests (see
+//! `cache.rs`); a chunk's file is dropped from that cache before it is removed.
+
+mod cache;
+mod chunk;
+mod dirs;
+pub mod format;
+mod node_id;
+
+use crate::error::{DataError, IoContext};
+use cache::{OpenFiles, MAX_OPEN_CHUNK_FILES};
+use chunk::{measure, ChunkFile, Opened, WritePlan};
+use dirs::{DirKey, DirtyDirs, MAX_DIRTY_DIRS};
+use format::{bucket_of, chunk_path, chunks_root, inode_dir, Geometry};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use proto::{ChunkId, InodeId, NodeId};
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+mod scan;
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_crash;
+#[cfg(test)]
+mod tests_damage;
+
+/// Number of lock stripes: chunks hash onto them, so different chunks rarely wait on
+/// each other, while the lock table stays a fixed size however many chunks exist.
+const LOCK_STRIPES: usize = 256;
+
+/// Disk usage of a store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Usage {
+    /// Bytes this store may use.
+    pub capacity_bytes: u64,
+    /// Bytes charged to the chunks it holds (see the module docs).
+    pub used_bytes: u64,
+    /// Chunk files it holds.
+    pub chunks: u64,
+}
+
+/// The chunks of one data server, under one directory. `Send + Sync`: share it in an
+/// `Arc`; every method is synchronous file I/O, for a blocking thread pool.
+pub struct ChunkStore {
+    dir: PathBuf,
+    root: PathBuf,
+    capacity_bytes: u64,
+    used_bytes: AtomicU64,
+    chunks: AtomicU64,
+    /// Readers of a chunk share its stripe; writers, truncation and removal exclude.
+    stripes: Box<[RwLock<()>]>,
+    dirty: DirtyDirs,
+    /// Chunk files kept open between requests.
+    files: OpenFiles,
+    node_id_lock: Mutex<()>,
+    /// Holds the flock on `<dir>/LOCK` until the store is dropped.
+    _lock_file: File,
+}
+
+impl ChunkStore {
+    /// Opens (creating if needed) the store in `dir`, allowed to use `capacity_bytes`.
+    /// Recounts the space the existing chunks use; fails with [`DataError::Locked`] if
+    /// another store has `dir` open.
+    pub fn open(dir: &Path, capacity_bytes: u64) -> Result<ChunkStore, DataError> {
+        scan::create_dir_durably(dir)?;
+        let lock_path = dir.join("LOCK");
+        let lock_file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .ctx(|| format!("open {}", lock_path.display()))?;
+        match lock_file.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                return Err(DataError::Locked {
+                    path: dir.to_owned(),
+                })
+            }
+            Err(fs::TryLockError::Error(e)) => {
+                return Err(DataError::io(format!("lock {}", lock_path.display()), e))
+            }
+        }
+        let root = chunks_root(dir);
+        scan::create_tree(dir, &root)?;
+        node_id::remove_stale_tmp(dir)?;
+        let (used_bytes, chunks) = scan::count_usage(&root)?;
+        tracing::info!(dir = %dir.display(), used_bytes, chunks, capacity_bytes,
+            "chunk store open");
+        Ok(ChunkStore {
+            dir: dir.to_owned(),
+            dirty: DirtyDirs::new(&root, MAX_DIRTY_DIRS),
+            root,
+            capacity_bytes,
+            used_bytes: AtomicU64::new(used_bytes),
+            chunks: AtomicU64::new(chunks),
+            stripes: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+            files: OpenFiles::new(MAX_OPEN_CHUNK_FILES),
+            node_id_lock: Mutex::new(()),
+            _lock_file: lock_file,
+        })
+    }
+
+    /// Fills `buf` with bytes `[offset, offset + buf.len())` of the chunk. Holes, bytes
+    /// past the chunk's end and a missing chunk read as zeros. Every stored block touched
+    /// is verified; on a mismatch the result is [`DataError::Corrupt`] naming the chunk
+    /// and block, and `buf` is zeroed so that no unverified byte can leak.
+    pub fn read(
+        &self,
+        chunk: ChunkId,
+        chunk_size: u32,
+        offset: u32,
+        buf: &mut [u8],
+    ) -> Result<(), DataError> {
+        let result = self.read_checked(chunk, chunk_size, offset, buf);
+        if result.is_err() {
+            buf.fill(0);
+        }
+        result
+    }
+
+    fn read_checked(
+        &self,
+        chunk: ChunkId,
+        chunk_size: u32,
+        offset: u32,
+        buf: &mut [u8],
+    ) -> Result<(), DataError> {
+        let geo = Geometry::new(chunk_size)?;
+        geo.check_range(chunk, offset, buf.len())?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let _shared = self.read_lock(chunk);
+        match self.open_chunk(chunk)? {
+            Opened::Missing | Opened::Empty(_) => {
+                buf.fill(0);
+                Ok(())
+            }
+            Opened::Chunk(cf) => {
+                cf.check_chunk_size(chunk_size)?;
+                cf.read(u64::from(offset), buf)
+            }
+        }
+    }
+
+    /// Stores `data` at `offset` of the chunk, creating its file and directory as needed.
+    /// Not durable until [`ChunkStore::fsync`]. Fails with [`DataError::NoSpace`] if the
+    /// space charged would pass the capacity, or the disk is full.
+    pub fn write(
+        &self,
+        chunk: ChunkId,
+        chunk_size: u32,
+        offset: u32,
+        data: &[u8],
+    ) -> Result<(), DataError> {
+        let geo = Geometry::new(chunk_size)?;
+        geo.check_range(chunk, offset, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let _excl = self.write_lock(chunk);
+        let path = chunk_path(&self.root, chunk);
+        let (existing, empty) = match self.open_chunk(chunk)? {
+            Opened::Missing => (None, None),
+            Opened::Empty(f) => (None, Some(f)),
+            Opened::Chunk(cf) => {
+                cf.check_chunk_size(chunk_size)?;
+                (Some(cf), None)
+            }
+        };
+        let plan = ChunkFile::plan_write(existing.as_ref(), geo, u64::from(offset), data)?;
+        self.reserve(
+            chunk,
+            plan.accounted_after.saturating_sub(plan.accounted_before),
+        )?;
+        let created = existing.is_none() && empty.is_none();
+        let stored = match existing {
+            Some(mut cf) => cf.apply_write(&plan, data),
+            None => self.create_and_write(chunk, geo, empty, &plan, data),
+        };
+        match stored {
+            Ok(()) if created => {
+                self.chunks.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.undo_write(chunk, &path, created, &plan);
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes the chunk's file (or initialises an empty one a crash left) and writes.
+    fn create_and_write(
+        &self,
+        chunk: ChunkId,
+        geo: Geometry,
+        empty: Option<File>,
+        plan: &WritePlan,
+        data: &[u8],
+    ) -> Result<(), DataError> {
+        let path = chunk_path(&self.root, chunk);
+        let file = match empty {
+            Some(f) => f,
+            None => self.create_chunk_file(chunk, &path)?,
+        };
+        // Also for a leftover empty file: its directory entry may not be durable yet.
+        self.dirty.mark(DirKey::Inode(chunk.inode))?;
+        let mut cf = ChunkFile::init(file, &path, chunk, geo)?;
+        cf.apply_write(plan, data)?;
+        self.files.insert(chunk, Arc::clone(&cf.file), geo);
+        Ok(())
+    }
+
+    /// Opens the chunk's file, read-write, from the cache of open files if it is there;
+    /// a chunk file opened here is cached. Call with the chunk's lock held (either mode).
+    fn open_chunk(&self, chunk: ChunkId) -> Result<Opened, DataError> {
+        let path = chunk_path(&self.root, chunk);
+        if let Some((file, geo)) = self.files.get(chunk) {
+            return ChunkFile::reopen(file, path, chunk, geo).map(Opened::Chunk);
+        }
+        let opened = ChunkFile::open(&path, chunk, true)?;
+        if let Opened::Chunk(cf) = &opened {
+            self.files.insert(chunk, Arc::clone(&cf.file), cf.geo);
+        }
+        Ok(opened)
+    }
+
+    /// Creates the chunk's (empty) file and, if needed, its inode directory.
+    fn create_chunk_file(&self, chunk: ChunkId, path: &Path) -> Result<File, DataError> {
+        let dir = inode_dir(&self.root, chunk.inode);
+        let what = || format!("create {}", path.display());
+        let mut attempts = 0;
+        loop {
+            match fs::create_dir(&dir) {
+                Ok(()) => self.dirty.mark(DirKey::Bucket(bucket_of(chunk.inode)))?,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(DataError::io(what(), e)),
+            }
+            let opened = File::options()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(path);
+            match opened {
+                Ok(f) => return Ok(f),
+                // A concurrent delete_file of the inode removed the directory in between.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempts < 3 => {
+                    attempts += 1;
+                }
+                Err(e) => return Err(DataError::io(what(), e)),
+            }
+        }
+    }
+
+    /// After a failed write: drop a file this write created, and charge what the chunk
+    /// really holds now instead of what the write planned.
+    fn undo_write(&self, chunk: ChunkId, path: &Path, created: bool, plan: &WritePlan) {
+        if created {
+            self.files.remove(chunk);
+            // The directory stays marked dirty: other new chunks may share it.
+            if fs::remove_file(path).is_err() && path.exists() {
+                self.chunks.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        match measure(path, chunk) {
+            Ok(actual) => self.adjust(plan.accounted_after, actual),
+            // Keep the planned charge: over-counting only refuses writes early.
+            Err(e) => tracing::warn!(%chunk, error = %e, "cannot re-measure chunk"),
+        }
+    }
+
+    /// Cuts the file to `size` bytes: chunks starting at or past `size` are removed and
+    /// the chunk holding byte `size - 1` is cut, so bytes past the end read as zeros even
+    /// after the file grows again. Durable on return.
+    pub fn truncate_file(
+        &self,
+        inode: InodeId,
+        size: u64,
+        chunk_size: u32,
+    ) -> Result<(), DataError> {
+        let geo = Geometry::new(chunk_size)?;
+        let cs = u64::from(chunk_size);
+        let indexes = scan::list_chunks(&self.root, inode)?;
+        // The boundary chunk first: if it refuses the chunk size, nothing is removed yet.
+        if let Some(last) = size.checked_sub(1).map(|end| end / cs) {
+            let keep = size - last * cs;
+            if keep < cs && indexes.contains(&last) {
+                self.cut_chunk(ChunkId { inode, index: last }, geo, keep)?;
+            }
+        }
+        let mut removed = false;
+        for index in indexes {
+            // A chunk whose start does not fit in a u64 lies past any size.
+            if index.checked_mul(cs).is_none_or(|start| start >= size) {
+                removed |= self.remove_chunk(ChunkId { inode, index })?;
+            }
+        }
+        if removed {
+            self.dirty.sync(DirKey::Inode(inode), true)?;
+        }
+        Ok(())
+    }
+
+    /// Cuts one chunk to `keep` bytes and syncs it.
+    fn cut_chunk(&self, chunk: ChunkId, geo: Geometry, keep: u64) -> Result<(), DataError> {
+        let _excl = self.write_lock(chunk);
+        let path = chunk_path(&self.root, chunk);
+        let Opened::Chunk(mut cf) = self.open_chunk(chunk)? else {
+            return Ok(());
+        };
+        cf.check_chunk_size(geo.chunk_size)?;
+        let (before, after) = cf.truncate(keep)?;
+        self.adjust(before, after);
+        cf.file
+            .sync_data()
+            .ctx(|| format!("fsync {}", path.display()))
+    }
+
+    /// Removes one chunk file; returns whether there was one.
+    fn remove_chunk(&self, chunk: ChunkId) -> Result<bool, DataError> {
+        let _excl = self.write_lock(chunk);
+        let path = chunk_path(&self.root, chunk);
+        let charged = measure(&path, chunk)?;
+        // Under the exclusive lock, so no reader caches the file again before it goes.
+        self.files.remove(chunk);
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                self.adjust(charged, 0);
+                self.chunks.fetch_sub(1, Ordering::Relaxed);
+                Ok(true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(DataError::io(format!("remove {}", path.display()), e)),
+        }
+    }
+
+    /// Removes every chunk of the file. Deleting a file that has no chunks here is not
+    /// an error. Not synced: inode numbers are never reused, so a chunk a crash brings
+    /// back is never read, only space to collect.
+    pub fn delete_file(&self, inode: InodeId) -> Result<(), DataError> {
+        for index in scan::list_chunks(&self.root, inode)? {
+            self.remove_chunk(ChunkId { inode, index })?;
+        }
+        let dir = inode_dir(&self.root, inode);
+        match fs::remove_dir(&dir) {
+            Ok(()) => {
+                self.dirty.forget(DirKey::Inode(inode));
+                self.dirty.mark(DirKey::Bucket(bucket_of(inode)))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => {
+                // A write raced the delete, or a stray file: keep what is there.
+                tracing::warn!(%inode, dir = %dir.display(), "inode directory not empty");
+                Ok(())
+            }
+            Err(e) => Err(DataError::io(format!("remove {}", dir.display()), e)),
+        }
+    }
+
+    /// Puts the data of these chunks, and the directory entries that lead to them, on
+    /// stable storage. Chunks that do not exist are skipped.
+    pub fn fsync(&self, chunks: &[ChunkId]) -> Result<(), DataError> {
+        let mut list = chunks.to_vec();
+        list.sort_unstable();
+        list.dedup();
+        for &chunk in &list {
+            let path = chunk_path(&self.root, chunk);
+            let file = match File::open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(DataError::io(format!("open {}", path.display()), e)),
+            };
+            file.sync_data()
+                .ctx(|| format!("fsync {}", path.display()))?;
+        }
+        // Children before parents: a directory entry must not outlive what it names.
+        let mut inodes: Vec<InodeId> = list.iter().map(|c| c.inode).collect();
+        inodes.dedup();
+        for &inode in &inodes {
+            self.dirty.sync(DirKey::Inode(inode), false)?;
+        }
+        let mut buckets: Vec<u8> = inodes.iter().map(|&i| bucket_of(i)).collect();
+        buckets.sort_unstable();
+        buckets.dedup();
+        for b in buckets {
+            self.dirty.sync(DirKey::Bucket(b), false)?;
+        }
+        Ok(())
+    }
+
+    /// Capacity, bytes charged to chunks, and the number of chunk files.
+    pub fn usage(&self) -> Result<Usage, DataError> {
+        Ok(Usage {
+            capacity_bytes: self.capacity_bytes,
+            used_bytes: self.used_bytes.load(Ordering::Relaxed),
+            chunks: self.chunks.load(Ordering::Relaxed),
+        })
+    }
+
+    /// The node id saved by [`ChunkStore::save_node_id`], if any.
+    pub fn load_node_id(&self) -> Result<Option<NodeId>, DataError> {
+        let _one = self.node_id_lock.lock();
+        node_id::load(&self.dir)
+    }
+
+    /// Saves the node id durably (temporary file, fsync, rename, fsync of the directory).
+    pub fn save_node_id(&self, node: NodeId) -> Result<(), DataError> {
+        let _one = self.node_id_lock.lock();
+        node_id::save(&self.dir, node)
+    }
+
+    /// Charges `bytes` more, unless that passes the capacity.
+    fn reserve(&self, chunk: ChunkId, bytes: u64) -> Result<(), DataError> {
+        let cap = self.capacity_bytes;
+        self.used_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(bytes).filter(|&n| n <= cap)
+            })
+            .map(|_| ())
+            .map_err(|used| {
+                DataError::NoSpace(format!(
+                    "{chunk}: the write needs {bytes} more bytes, {used} of {cap} are in use"
+                ))
+            })
+    }
+
+    /// Replaces a charge of `from` bytes by one of `to` bytes, without a capacity check.
+    fn adjust(&self, from: u64, to: u64) {
+        let _ = self
+            .used_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                Some(used.saturating_sub(from).saturating_add(to))
+            });
+    }
+
+    fn stripe(&self, chunk: ChunkId) -> &RwLock<()> {
+        // Fibonacci hashing: the top byte of the product depends on every input bit.
+        let key = chunk.inode.0 ^ chunk.index.rotate_left(32);
+        let i = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize;
+        &self.stripes[i % LOCK_STRIPES]
+    }
+
+    fn read_lock(&self, chunk: ChunkId) -> RwLockReadGuard<'_, ()> {
+        self.stripe(chunk).read()
+    }
+
+    fn write_lock(&self, chunk: ChunkId) -> RwLockWriteGuard<'_, ()> {
+        self.stripe(chunk).write()
+    }
+}
+
+/// Paths used by the tests to reach into the files.
+#[cfg(test)]
+impl ChunkStore {
+    fn chunk_file_path(&self, chunk: ChunkId) -> PathBuf {
+        chunk_path(&self.root, chunk)
+    }
+
+    fn inode_path(&self, inode: InodeId) -> PathBuf {
+        inode_dir(&self.root, inode)
+    }
+
+    fn dirty_dirs(&self) -> usize {
+        self.dirty.len()
+    }
+
+    fn open_files(&self) -> usize {
+        self.files.len()
+    }
+}
+
+// The network layer shares one store between threads.
+const _: fn() = || {
+    fn is<T: Send + Sync>() {}
+    is::<ChunkStore>();
+};

@@ -1,0 +1,407 @@
+//! Behaviour of the store on healthy disks: reads, writes, holes, truncation, deletion,
+//! durability bookkeeping and restarts, partly checked against an in-memory model.
+
+use super::*;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+pub(super) const MIB: u32 = 1 << 20;
+pub(super) const KIB64: u32 = 64 << 10;
+pub(super) const BIG: u64 = 1 << 40;
+
+pub(super) fn chunk(inode: u64, index: u64) -> ChunkId {
+    ChunkId {
+        inode: InodeId(inode),
+        index,
+    }
+}
+
+/// A small deterministic PRNG (splitmix64), so a failing seed can be replayed.
+pub(super) struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A value in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+pub(super) fn read_vec(s: &ChunkStore, c: ChunkId, cs: u32, off: u32, len: usize) -> Vec<u8> {
+    // Pre-filled with a pattern, so that bytes the store forgot to set show up.
+    let mut buf = vec![0xA5; len];
+    s.read(c, cs, off, &mut buf).unwrap();
+    buf
+}
+
+/// The whole file as the model expects it, one chunk at a time: chunk `i` covers file
+/// bytes `[i * cs, (i + 1) * cs)`.
+struct Model {
+    cs: u32,
+    files: HashMap<u64, Vec<u8>>,
+    chunks: BTreeSet<ChunkId>,
+}
+
+impl Model {
+    fn write(&mut self, c: ChunkId, off: u32, data: &[u8]) {
+        let file = self.files.entry(c.inode.0).or_default();
+        let start = (c.index * u64::from(self.cs) + u64::from(off)) as usize;
+        if file.len() < start + data.len() {
+            file.resize(start + data.len(), 0);
+        }
+        file[start..start + data.len()].copy_from_slice(data);
+        self.chunks.insert(c);
+    }
+
+    fn expect(&self, c: ChunkId, off: u32, len: usize) -> Vec<u8> {
+        let empty = Vec::new();
+        let file = self.files.get(&c.inode.0).unwrap_or(&empty);
+        let start = (c.index * u64::from(self.cs) + u64::from(off)) as usize;
+        (start..start + len)
+            .map(|i| file.get(i).copied().unwrap_or(0))
+            .collect()
+    }
+
+    fn truncate(&mut self, inode: u64, size: u64) {
+        if let Some(file) = self.files.get_mut(&inode) {
+            file.truncate(file.len().min(size as usize));
+        }
+        let cs = u64::from(self.cs);
+        self.chunks
+            .retain(|c| c.inode.0 != inode || c.index * cs < size);
+    }
+}
+
+/// A random range inside a chunk, often starting or ending near a block boundary.
+fn random_range(rng: &mut Rng, cs: u32) -> (u32, usize) {
+    let bs = u64::from(format::BLOCK_SIZE_BYTES);
+    let off = match rng.below(3) {
+        0 => rng.below(u64::from(cs)),
+        1 => (rng.below(u64::from(cs) / bs) * bs + rng.below(16)).min(u64::from(cs) - 1),
+        _ => (rng.below(u64::from(cs) / bs) * bs).saturating_sub(rng.below(16)),
+    };
+    let room = u64::from(cs) - off;
+    let len = match rng.below(3) {
+        0 => rng.below(room.min(64)) + 1,
+        1 => rng.below(room.min(3 * bs)) + 1,
+        _ => rng.below(room) + 1,
+    };
+    (off as u32, len as usize)
+}
+
+#[test]
+fn random_writes_reads_and_truncates_match_a_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cs = 4 * KIB64;
+    let mut store = ChunkStore::open(tmp.path(), BIG).unwrap();
+    let mut model = Model {
+        cs,
+        files: HashMap::new(),
+        chunks: BTreeSet::new(),
+    };
+    let mut rng = Rng(0x7E55_E7A5);
+    for step in 0..400 {
+        let c = chunk(1 + rng.below(3), rng.below(4));
+        match rng.below(10) {
+            0..=4 => {
+                let (off, len) = random_range(&mut rng, cs);
+                let data = rng.bytes(len);
+                store.write(c, cs, off, &data).unwrap();
+                model.write(c, off, &data);
+            }
+            5..=7 => {
+                let (off, len) = random_range(&mut rng, cs);
+                let got = read_vec(&store, c, cs, off, len);
+                assert!(
+                    got == model.expect(c, off, len),
+                    "step {step}: {c} {off}+{len}"
+                );
+            }
+            8 => {
+                let size = rng.below(5 * u64::from(cs));
+                store.truncate_file(c.inode, size, cs).unwrap();
+                model.truncate(c.inode.0, size);
+                assert_eq!(store.usage().unwrap().chunks, model.chunks.len() as u64);
+            }
+            _ => {
+                // Restart: the usage recounted from disk must equal the running count.
+                let before = store.usage().unwrap();
+                drop(store);
+                store = ChunkStore::open(tmp.path(), BIG).unwrap();
+                assert_eq!(store.usage().unwrap(), before, "step {step}");
+            }
+        }
+    }
+    for c in model.chunks.clone() {
+        assert_eq!(
+            read_vec(&store, c, cs, 0, cs as usize),
+            model.expect(c, 0, cs as usize)
+        );
+    }
+    assert_eq!(store.usage().unwrap().chunks, model.chunks.len() as u64);
+}
+
+#[test]
+fn holes_and_missing_chunks_read_as_zeros() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    let c = chunk(5, 0);
+    assert_eq!(read_vec(&s, c, MIB, 0, 4096), vec![0; 4096]);
+    assert_eq!(s.usage().unwrap().chunks, 0, "a read creates nothing");
+    s.write(c, MIB, 200_000, &[7; 1000]).unwrap();
+    let got = read_vec(&s, c, MIB, 0, 300_000);
+    assert!(got[..200_000].iter().all(|&b| b == 0));
+    assert!(got[200_000..201_000].iter().all(|&b| b == 7));
+    assert!(got[201_000..].iter().all(|&b| b == 0));
+    // A hole left between two written blocks.
+    s.write(c, MIB, 900_000, &[9; 10]).unwrap();
+    assert_eq!(read_vec(&s, c, MIB, 500_000, 4), vec![0; 4]);
+    // Empty reads and writes are fine and create nothing.
+    s.write(chunk(6, 0), MIB, 10, &[]).unwrap();
+    assert_eq!(read_vec(&s, chunk(6, 0), MIB, 10, 0), Vec::<u8>::new());
+    assert_eq!(s.usage().unwrap().chunks, 1);
+}
+
+#[test]
+fn partial_block_writes_merge_with_what_is_stored() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    let c = chunk(9, 3);
+    s.write(c, MIB, 0, &vec![1; 3 * KIB64 as usize]).unwrap();
+    // Straddles the boundary of blocks 0 and 1, then a few bytes inside block 2.
+    s.write(c, MIB, KIB64 - 5, &[2; 10]).unwrap();
+    s.write(c, MIB, 2 * KIB64 + 100, &[3; 3]).unwrap();
+    let got = read_vec(&s, c, MIB, 0, 3 * KIB64 as usize);
+    let mut want = vec![1u8; 3 * KIB64 as usize];
+    want[KIB64 as usize - 5..KIB64 as usize + 5].fill(2);
+    want[2 * KIB64 as usize + 100..2 * KIB64 as usize + 103].fill(3);
+    assert!(got == want);
+    // Reads that start and end inside blocks.
+    assert_eq!(read_vec(&s, c, MIB, KIB64 - 6, 3), vec![1, 2, 2]);
+}
+
+#[test]
+fn reads_past_the_chunk_end_are_zeros() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    let c = chunk(2, 0);
+    s.write(c, MIB, 0, &[4; 100]).unwrap();
+    let got = read_vec(&s, c, MIB, 50, 2 * KIB64 as usize);
+    assert_eq!(&got[..50], &[4; 50]);
+    assert!(got[50..].iter().all(|&b| b == 0));
+    // Up to the last byte of the chunk.
+    assert_eq!(read_vec(&s, c, MIB, MIB - 1, 1), vec![0]);
+}
+
+#[test]
+fn truncate_down_then_extend_reads_zeros() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    let c = chunk(3, 0);
+    for keep in [70_000u32, KIB64, 1] {
+        s.write(c, MIB, 0, &vec![0xFF; 200_000]).unwrap();
+        s.truncate_file(c.inode, u64::from(keep), MIB).unwrap();
+        s.write(c, MIB, 300_000, &[8]).unwrap();
+        let got = read_vec(&s, c, MIB, 0, 400_000);
+        let k = keep as usize;
+        assert!(got[..k].iter().all(|&b| b == 0xFF), "keep {keep}");
+        assert!(got[k..300_000].iter().all(|&b| b == 0), "keep {keep}");
+        assert_eq!(got[300_000], 8);
+        assert!(got[300_001..].iter().all(|&b| b == 0));
+    }
+}
+
+#[test]
+fn truncate_across_chunks_removes_later_chunks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    let ino = 77;
+    for i in 0..5 {
+        s.write(chunk(ino, i), KIB64, 0, &vec![i as u8 + 1; KIB64 as usize])
+            .unwrap();
+    }
+    s.truncate_file(InodeId(ino), 2 * u64::from(KIB64) + 10, KIB64)
+        .unwrap();
+    assert_eq!(s.usage().unwrap().chunks, 3);
+    assert!(!s.chunk_file_path(chunk(ino, 3)).exists());
+    assert!(!s.chunk_file_path(chunk(ino, 4)).exists());
+    assert_eq!(read_vec(&s, chunk(ino, 1), KIB64, 0, 3), vec![2; 3]);
+    let tail = read_vec(&s, chunk(ino, 2), KIB64, 0, 20);
+    assert_eq!(&tail[..10], &[3; 10]);
+    assert_eq!(&tail[10..], &[0; 10]);
+    assert_eq!(read_vec(&s, chunk(ino, 4), KIB64, 0, 3), vec![0; 3]);
+    // Exactly at a chunk boundary: chunk 1 stays whole, chunk 2 goes.
+    s.truncate_file(InodeId(ino), u64::from(KIB64) * 2, KIB64)
+        .unwrap();
+    assert_eq!(s.usage().unwrap().chunks, 2);
+    assert_eq!(read_vec(&s, chunk(ino, 1), KIB64, KIB64 - 1, 1), vec![2]);
+    s.truncate_file(InodeId(ino), 0, KIB64).unwrap();
+    assert_eq!(s.usage().unwrap().chunks, 0);
+    // Offsets near u64::MAX overflow nothing: the last chunk a u64 size can reach is cut
+    // to the bytes below u64::MAX, a chunk past it (start > u64::MAX) is dropped.
+    let last = u64::MAX / u64::from(KIB64);
+    s.write(chunk(ino, last), KIB64, KIB64 - 2, &[1, 2])
+        .unwrap();
+    s.write(chunk(ino, u64::MAX), KIB64, 0, &[1]).unwrap();
+    s.truncate_file(InodeId(ino), u64::MAX, KIB64).unwrap();
+    assert_eq!(
+        read_vec(&s, chunk(ino, last), KIB64, KIB64 - 2, 2),
+        vec![1, 0]
+    );
+    assert_eq!(s.usage().unwrap().chunks, 1);
+    s.truncate_file(InodeId(ino), 1, KIB64).unwrap();
+    assert_eq!(s.usage().unwrap().chunks, 0);
+}
+
+#[test]
+fn delete_file_is_idempotent_and_frees_space() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    for i in 0..3 {
+        s.write(chunk(10, i), MIB, 0, &[1; 5000]).unwrap();
+    }
+    s.write(chunk(11, 0), MIB, 0, &[2; 5000]).unwrap();
+    let one_chunk = s.usage().unwrap().used_bytes / 4;
+    s.delete_file(InodeId(10)).unwrap();
+    assert!(!s.inode_path(InodeId(10)).exists());
+    let u = s.usage().unwrap();
+    assert_eq!((u.chunks, u.used_bytes), (1, one_chunk));
+    assert_eq!(read_vec(&s, chunk(10, 1), MIB, 0, 4), vec![0; 4]);
+    s.delete_file(InodeId(10)).unwrap();
+    s.delete_file(InodeId(12345)).unwrap();
+    assert_eq!(s.usage().unwrap().chunks, 1);
+    assert_eq!(read_vec(&s, chunk(11, 0), MIB, 0, 2), vec![2; 2]);
+    // The file can be written again after its deletion.
+    s.write(chunk(10, 0), MIB, 0, &[3]).unwrap();
+    assert_eq!(read_vec(&s, chunk(10, 0), MIB, 0, 1), vec![3]);
+}
+
+#[test]
+fn reopen_keeps_data_and_usage() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = Rng(11).bytes(3 * KIB64 as usize + 123);
+    let usage = {
+        let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+        s.write(chunk(4, 1), MIB, 777, &data).unwrap();
+        s.fsync(&[chunk(4, 1)]).unwrap();
+        s.usage().unwrap()
+    };
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    assert_eq!(s.usage().unwrap(), usage);
+    assert!(read_vec(&s, chunk(4, 1), MIB, 777, data.len()) == data);
+}
+
+#[test]
+fn a_directory_is_opened_by_one_store_at_a_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    let second = ChunkStore::open(tmp.path(), BIG);
+    assert!(matches!(second, Err(DataError::Locked { .. })));
+    drop(s);
+    ChunkStore::open(tmp.path(), BIG).unwrap();
+}
+
+#[test]
+fn node_id_survives_reopen() {
+    let tmp = tempfile::tempdir().unwrap();
+    {
+        let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+        assert_eq!(s.load_node_id().unwrap(), None);
+        s.save_node_id(NodeId(3)).unwrap();
+    }
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    assert_eq!(s.load_node_id().unwrap(), Some(NodeId(3)));
+}
+
+#[test]
+fn fsync_syncs_the_directories_that_changed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    let (a, b) = (chunk(300, 0), chunk(300, 1));
+    s.write(a, MIB, 0, &[1]).unwrap();
+    // The new inode directory (in its bucket) and the new file (in the inode directory).
+    assert_eq!(s.dirty_dirs(), 2);
+    s.write(b, MIB, 0, &[1]).unwrap();
+    assert_eq!(s.dirty_dirs(), 2);
+    s.fsync(&[a, b, a, chunk(300, 9), chunk(999, 0)]).unwrap();
+    assert_eq!(s.dirty_dirs(), 0);
+    // Overwrites change no directory.
+    s.write(a, MIB, 0, &[2]).unwrap();
+    assert_eq!(s.dirty_dirs(), 0);
+}
+
+#[test]
+fn concurrent_writes_into_one_block_lose_nothing() {
+    // Guards against a read-modify-write race: two writers merging into the same block
+    // must not overwrite each other's bytes or checksums.
+    let tmp = tempfile::tempdir().unwrap();
+    let s = Arc::new(ChunkStore::open(tmp.path(), BIG).unwrap());
+    let c = chunk(42, 0);
+    let threads: Vec<_> = (0..8u8)
+        .map(|t| {
+            let s = Arc::clone(&s);
+            std::thread::spawn(move || {
+                for round in 0..16u32 {
+                    let off = (round * 8 + u32::from(t)) * 500;
+                    s.write(c, MIB, off, &[t + 1; 500]).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let got = read_vec(&s, c, MIB, 0, 128 * 500);
+    for (i, piece) in got.chunks(500).enumerate() {
+        assert!(piece.iter().all(|&b| b == (i % 8) as u8 + 1), "piece {i}");
+    }
+}
+
+#[test]
+fn a_removed_chunk_file_is_not_written_through_the_cache() {
+    // Guards against a stale cached descriptor: a write after a delete or a truncation
+    // would go to the removed file and vanish with its last close.
+    let tmp = tempfile::tempdir().unwrap();
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    let (a, b) = (chunk(50, 0), chunk(50, 1));
+    s.write(a, MIB, 0, &[1; 10]).unwrap();
+    s.write(b, MIB, 0, &[1; 10]).unwrap();
+    assert_eq!(read_vec(&s, a, MIB, 0, 1), vec![1]);
+    s.delete_file(InodeId(50)).unwrap();
+    s.write(a, MIB, 0, &[2]).unwrap();
+    s.write(b, MIB, 0, &[2]).unwrap();
+    s.truncate_file(InodeId(50), 1, MIB).unwrap();
+    s.write(b, MIB, 1, &[3]).unwrap();
+    assert_eq!(s.open_files(), 2);
+    drop(s);
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    assert_eq!(read_vec(&s, a, MIB, 0, 2), vec![2, 0]);
+    assert_eq!(read_vec(&s, b, MIB, 0, 2), vec![0, 3]);
+    assert_eq!(s.usage().unwrap().chunks, 2);
+}
+
+#[test]
+fn open_files_are_bounded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    let n = cache::MAX_OPEN_CHUNK_FILES as u64 + 20;
+    for i in 0..n {
+        s.write(chunk(60, i), KIB64, 0, &i.to_le_bytes()).unwrap();
+    }
+    assert_eq!(s.open_files(), cache::MAX_OPEN_CHUNK_FILES);
+    for i in (0..n).rev() {
+        assert_eq!(read_vec(&s, chunk(60, i), KIB64, 0, 8), i.to_le_bytes());
+    }
+    assert_eq!(s.open_files(), cache::MAX_OPEN_CHUNK_FILES);
+}
