@@ -1,0 +1,75 @@
+//! The namespace's part of the metadata server configuration.
+
+use crate::error::MetaError;
+use serde::{Deserialize, Serialize};
+
+/// Settings of the namespace; the binary's config embeds this under its own section.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NamespaceConfig {
+    /// Chunk size given to new regular files, in bytes: a power of two from 64 KiB to
+    /// 64 MiB. Existing files keep the chunk size they were created with.
+    pub chunk_size_bytes: u32,
+    /// A data server counts as alive in the cluster map while its last heartbeat is at
+    /// most this old, in milliseconds.
+    pub node_lease_ms: u64,
+}
+
+impl Default for NamespaceConfig {
+    fn default() -> Self {
+        NamespaceConfig {
+            chunk_size_bytes: 4 << 20,
+            node_lease_ms: 5000,
+        }
+    }
+}
+
+impl NamespaceConfig {
+    /// Smallest chunk size accepted: smaller chunks only multiply per-chunk overhead.
+    pub const MIN_CHUNK_SIZE_BYTES: u32 = 64 << 10;
+    /// Largest chunk size accepted: the data servers' chunk format holds at most 64 MiB.
+    pub const MAX_CHUNK_SIZE_BYTES: u32 = 64 << 20;
+
+    /// Checks every field; `Namespace::open` refuses an invalid configuration.
+    pub fn validate(&self) -> Result<(), MetaError> {
+        let c = self.chunk_size_bytes;
+        if !c.is_power_of_two()
+            || !(Self::MIN_CHUNK_SIZE_BYTES..=Self::MAX_CHUNK_SIZE_BYTES).contains(&c)
+        {
+            return Err(MetaError::InvalidArgument(format!(
+                "chunk_size_bytes {c} must be a power of two from {} to {}",
+                Self::MIN_CHUNK_SIZE_BYTES,
+                Self::MAX_CHUNK_SIZE_BYTES
+            )));
+        }
+        if !(100..=3_600_000).contains(&self.node_lease_ms) {
+            return Err(MetaError::InvalidArgument(format!(
+                "node_lease_ms {} must be from 100 to 3600000",
+                self.node_lease_ms
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_values_are_refused() {
+        NamespaceConfig::default().validate().unwrap();
+        for chunk_size_bytes in [0, 3 << 20, 4096, u32::MAX] {
+            let c = NamespaceConfig {
+                chunk_size_bytes,
+                ..NamespaceConfig::default()
+            };
+            assert!(c.validate().is_err(), "{chunk_size_bytes}");
+        }
+        let c = NamespaceConfig {
+            node_lease_ms: 0,
+            ..NamespaceConfig::default()
+        };
+        assert!(c.validate().is_err());
+    }
+}

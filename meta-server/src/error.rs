@@ -1,0 +1,142 @@
+//! The metadata server's one error type, and how it crosses the wire.
+
+use crate::kv::KvError;
+use proto::{ErrorCode, WireError};
+
+/// Everything a namespace operation can fail with.
+///
+/// Each variant carries a sentence for logs; [`MetaError::code`] gives the stable wire
+/// code that the client maps to an errno.
+#[derive(Debug, thiserror::Error)]
+pub enum MetaError {
+    /// No such inode, entry, node or session.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The name exists already.
+    #[error("already exists: {0}")]
+    AlreadyExists(String),
+    /// A directory was needed.
+    #[error("not a directory: {0}")]
+    NotADirectory(String),
+    /// A non-directory was needed.
+    #[error("is a directory: {0}")]
+    IsADirectory(String),
+    /// The directory still has entries.
+    #[error("directory not empty: {0}")]
+    NotEmpty(String),
+    /// An argument is malformed or contradicts another.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A name, xattr name or symlink target exceeds its limit.
+    #[error("name too long: {0}")]
+    NameTooLong(String),
+    /// The operation is never allowed on this object (hard link to a directory).
+    #[error("not permitted: {0}")]
+    NotPermitted(String),
+    /// Out of data servers, store space, or per-inode room.
+    #[error("no space: {0}")]
+    NoSpace(String),
+    /// The session is unknown (ended, or from before a restart).
+    #[error("stale: {0}")]
+    Stale(String),
+    /// A value exceeds its size limit.
+    #[error("too big: {0}")]
+    TooBig(String),
+    /// The extended attribute does not exist.
+    #[error("no such attribute: {0}")]
+    NoData(String),
+    /// The operation or namespace is not supported.
+    #[error("not supported: {0}")]
+    NotSupported(String),
+    /// The link count would exceed its limit.
+    #[error("too many links: {0}")]
+    TooManyLinks(String),
+    /// The object is in use and cannot be removed.
+    #[error("busy: {0}")]
+    Busy(String),
+    /// A stored record could not be decoded, or records contradict each other.
+    #[error("corrupt metadata: {0}")]
+    Corrupt(String),
+    /// The store was written by a build with another on-disk format.
+    #[error("metadata store has format version {found}; this build reads version {expected}")]
+    FormatVersion {
+        /// The version found in the superblock.
+        found: u32,
+        /// The version this build writes and reads.
+        expected: u32,
+    },
+    /// The key-value store failed.
+    #[error(transparent)]
+    Store(#[from] KvError),
+}
+
+impl MetaError {
+    /// The stable wire code of this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            MetaError::NotFound(_) => ErrorCode::NotFound,
+            MetaError::AlreadyExists(_) => ErrorCode::AlreadyExists,
+            MetaError::NotADirectory(_) => ErrorCode::NotADirectory,
+            MetaError::IsADirectory(_) => ErrorCode::IsADirectory,
+            MetaError::NotEmpty(_) => ErrorCode::NotEmpty,
+            MetaError::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            MetaError::NameTooLong(_) => ErrorCode::NameTooLong,
+            MetaError::NotPermitted(_) => ErrorCode::NotPermitted,
+            MetaError::NoSpace(_) => ErrorCode::NoSpace,
+            MetaError::Stale(_) => ErrorCode::Stale,
+            MetaError::TooBig(_) => ErrorCode::TooBig,
+            MetaError::NoData(_) => ErrorCode::NoData,
+            MetaError::NotSupported(_) => ErrorCode::NotSupported,
+            MetaError::TooManyLinks(_) => ErrorCode::TooManyLinks,
+            MetaError::Busy(_) => ErrorCode::Busy,
+            MetaError::Corrupt(_) => ErrorCode::Corrupt,
+            MetaError::FormatVersion { .. } => ErrorCode::NotSupported,
+            MetaError::Store(KvError::NoSpace { .. }) => ErrorCode::NoSpace,
+            MetaError::Store(KvError::Corruption { .. }) => ErrorCode::Corrupt,
+            MetaError::Store(KvError::Engine { .. }) => ErrorCode::Io,
+        }
+    }
+}
+
+impl From<MetaError> for WireError {
+    fn from(e: MetaError) -> WireError {
+        WireError::new(e.code(), e.to_string())
+    }
+}
+
+/// A name for an error message: lossy UTF-8, cut short so a 10 KB name stays readable.
+pub(crate) fn show(name: &[u8]) -> String {
+    const MAX_SHOWN_BYTES: usize = 64;
+    let cut = &name[..name.len().min(MAX_SHOWN_BYTES)];
+    let mut s = format!("{:?}", String::from_utf8_lossy(cut));
+    if name.len() > MAX_SHOWN_BYTES {
+        s.push_str(&format!("... ({} bytes)", name.len()));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_errors_keep_their_kind_on_the_wire() {
+        let full = MetaError::from(KvError::NoSpace {
+            engine: "redb",
+            message: "disk full".into(),
+        });
+        assert_eq!(WireError::from(full).code, ErrorCode::NoSpace);
+        let io = MetaError::from(KvError::Engine {
+            engine: "sled",
+            message: "EIO".into(),
+        });
+        assert_eq!(io.code(), ErrorCode::Io);
+    }
+
+    #[test]
+    fn long_names_are_cut_in_messages() {
+        let s = show(&[b'a'; 10_000]);
+        assert!(s.len() < 100, "{s}");
+        assert!(s.contains("10000 bytes"));
+    }
+}

@@ -1,0 +1,18 @@
+//! Tessera's metadata server, without its network wiring: the embedded key-value store
+//! ([`kv`]) and the namespace that answers every [`proto::meta::MetaRequest`]
+//! ([`namespace`]).
+//!
+//! The network layer owns connections: it numbers each one with a [`ConnId`], passes
+//! every request to [`Namespace::handle`], and calls [`Namespace::connection_closed`]
+//! when a connection ends, so the sessions it opened end too.
+
+pub mod config;
+pub mod error;
+pub mod kv;
+pub mod namespace;
+pub mod server;
+
+pub use config::NamespaceConfig;
+pub use error::MetaError;
+pub use kv::{open_store, KvError, KvPair, KvStore, StoreKind, WriteBatch};
+pub use namespace::{ConnId, DirPage, FsStats, Namespace, Opened, SessionOwner};

@@ -1,0 +1,109 @@
+//! `tessera-meta`: runs the metadata server until SIGINT or SIGTERM.
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use meta_server::server::{MetaConfig, MetaServer};
+use meta_server::StoreKind;
+use std::path::PathBuf;
+
+/// Tessera metadata server: the namespace, file layouts and data-server membership.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Configuration file (TOML); flags below override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Address to listen on (host:port; port 0 picks one).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Directory of the embedded store.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Store engine: sled or redb.
+    #[arg(long)]
+    store: Option<String>,
+    /// Write the bound address here once serving.
+    #[arg(long)]
+    addr_file: Option<PathBuf>,
+    /// Transport backend.
+    #[arg(long)]
+    transport: Option<String>,
+}
+
+fn load(args: &Args) -> anyhow::Result<MetaConfig> {
+    let mut c: MetaConfig = match &args.config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {p:?}"))?;
+            toml::from_str(&text).with_context(|| format!("parsing {p:?}"))?
+        }
+        None => MetaConfig::default(),
+    };
+    if let Some(v) = &args.listen {
+        c.listen = v.clone();
+    }
+    if let Some(v) = &args.data_dir {
+        c.data_dir = v.clone();
+    }
+    if let Some(v) = &args.store {
+        c.store = match v.as_str() {
+            "sled" => StoreKind::Sled,
+            "redb" => StoreKind::Redb,
+            other => bail!("unknown store {other:?}: choose \"sled\" or \"redb\""),
+        };
+    }
+    if let Some(v) = &args.addr_file {
+        c.addr_file = v.clone();
+    }
+    if let Some(v) = &args.transport {
+        c.transport = match v.as_str() {
+            "tcp" => transport::Backend::Tcp,
+            other => bail!("unknown transport {other:?}: this build supports \"tcp\""),
+        };
+    }
+    c.validate()
+        .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    Ok(c)
+}
+
+async fn run(config: MetaConfig) -> anyhow::Result<()> {
+    let server = MetaServer::start(config.clone()).await?;
+    if !config.addr_file.as_os_str().is_empty() {
+        let path = &config.addr_file;
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, server.local_addr().to_string())
+            .with_context(|| format!("writing {tmp:?}"))?;
+        std::fs::rename(&tmp, path).with_context(|| format!("renaming to {path:?}"))?;
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("stopping");
+    server.shutdown();
+    Ok(())
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = Args::try_parse()
+        .map_err(|e| e.exit())
+        .and_then(|args| load(&args))
+        .and_then(|config| {
+            tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the runtime")?
+                .block_on(run(config))
+        });
+    if let Err(e) = result {
+        eprintln!("tessera-meta: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,178 @@
+//! Clients and data servers: hello, registration, heartbeats with their garbage
+//! collection tasks, the cluster map, and statfs over the registered capacity.
+
+use super::records::{decode, encode, NodeRecord, Superblock};
+use super::txn::Reads;
+use super::{keys, FsStats, Namespace, ID_BLOCK, MAX_ADDR_BYTES, MAX_GC_TASKS_PER_HEARTBEAT};
+use super::{Txn, MAX_NODES};
+use crate::error::MetaError;
+use proto::meta::{GcTask, NodeInfo};
+use proto::{ClientId, InodeId, NodeId};
+use std::time::{Duration, Instant};
+
+impl Namespace {
+    /// Welcomes a client with a new id. `name` only goes to the log.
+    pub fn hello(&self, name: &str) -> Result<ClientId, MetaError> {
+        let mut st = self.state.lock();
+        let id = st.next_client;
+        if id >= st.sb.client_ceiling {
+            // Same scheme as sessions: ids come from blocks recorded in the superblock,
+            // so they are never reused across restarts.
+            let mut txn = Txn::new(&*self.store, &st.sb);
+            txn.sb.client_ceiling = id + ID_BLOCK;
+            Self::commit_txn(&mut st, txn)?;
+        }
+        st.next_client = id + 1;
+        let client = ClientId(id);
+        let shown: String = name.chars().take(128).collect();
+        tracing::info!(%client, name = %shown, "client connected");
+        Ok(client)
+    }
+
+    /// Registers a data server: a new id when `node` is `None`, else an update of a
+    /// known one (`NotFound` if the store does not know it, e.g. after a wipe).
+    pub fn register_data(
+        &self,
+        node: Option<NodeId>,
+        addr: &str,
+        capacity_bytes: u64,
+        used_bytes: u64,
+    ) -> Result<NodeId, MetaError> {
+        if addr.is_empty() || addr.len() > MAX_ADDR_BYTES {
+            return Err(MetaError::InvalidArgument(format!(
+                "data server address of {} bytes (1 to {MAX_ADDR_BYTES})",
+                addr.len()
+            )));
+        }
+        let rec = NodeRecord {
+            addr: addr.to_string(),
+            capacity_bytes,
+            used_bytes,
+        };
+        let node = self.mutate(|txn, _| {
+            let node = match node {
+                Some(node) => {
+                    load_node(txn, node)?;
+                    node
+                }
+                None => new_node_id(txn)?,
+            };
+            txn.put(keys::node(node), encode(&rec)?);
+            Ok(node)
+        })?;
+        self.liveness.lock().insert(node, Instant::now());
+        tracing::info!(%node, addr, "data server registered");
+        Ok(node)
+    }
+
+    /// Renews `node`'s lease, records its usage, forgets the deletions it has done, and
+    /// returns up to [`MAX_GC_TASKS_PER_HEARTBEAT`] pending ones.
+    ///
+    /// Tasks stay pending until reported done, so a lost reply only repeats them; data
+    /// servers must treat a repeated deletion as done.
+    pub fn heartbeat(
+        &self,
+        node: NodeId,
+        capacity_bytes: u64,
+        used_bytes: u64,
+        done: &[GcTask],
+    ) -> Result<Vec<GcTask>, MetaError> {
+        self.mutate(|txn, _| {
+            let mut rec = load_node(txn, node)?;
+            for GcTask::DeleteFile(ino) in done {
+                txn.delete(keys::gc(node, *ino));
+            }
+            // Usage rarely changes between beats; skip the durable write when it did not.
+            if (rec.capacity_bytes, rec.used_bytes) != (capacity_bytes, used_bytes) {
+                rec.capacity_bytes = capacity_bytes;
+                rec.used_bytes = used_bytes;
+                txn.put(keys::node(node), encode(&rec)?);
+            }
+            Ok(())
+        })?;
+        self.liveness.lock().insert(node, Instant::now());
+        let prefix = keys::gc_prefix(node);
+        let end = keys::prefix_end(&prefix);
+        let rows = self.store.scan(&prefix, &end, MAX_GC_TASKS_PER_HEARTBEAT)?;
+        rows.into_iter()
+            .map(|(k, _)| match keys::u64_at(&k, prefix.len()) {
+                Some(ino) => Ok(GcTask::DeleteFile(InodeId(ino))),
+                None => Err(MetaError::Corrupt(format!("gc key {k:x?}"))),
+            })
+            .collect()
+    }
+
+    /// Every registered data server, with whether its lease is current.
+    pub fn cluster_map(&self) -> Result<Vec<NodeInfo>, MetaError> {
+        let lease = Duration::from_millis(self.config.node_lease_ms);
+        let nodes = self.nodes()?;
+        let liveness = self.liveness.lock();
+        Ok(nodes
+            .into_iter()
+            .map(|(node, rec)| NodeInfo {
+                node,
+                addr: rec.addr,
+                alive: liveness.get(&node).is_some_and(|t| t.elapsed() <= lease),
+            })
+            .collect())
+    }
+
+    /// Capacity and free space over the registered data servers, and the inode count.
+    pub fn statfs(&self) -> Result<FsStats, MetaError> {
+        let sb_bytes = self
+            .store
+            .get(&keys::superblock())?
+            .ok_or_else(|| MetaError::Corrupt("superblock missing".into()))?;
+        let sb: Superblock = decode(&sb_bytes, "superblock")?;
+        let mut stats = FsStats {
+            total_bytes: 0,
+            free_bytes: 0,
+            files: sb.inode_count,
+        };
+        for (_, rec) in self.nodes()? {
+            stats.total_bytes = stats.total_bytes.saturating_add(rec.capacity_bytes);
+            let free = rec.capacity_bytes.saturating_sub(rec.used_bytes);
+            stats.free_bytes = stats.free_bytes.saturating_add(free);
+        }
+        Ok(stats)
+    }
+
+    /// Every node record, by id.
+    fn nodes(&self) -> Result<Vec<(NodeId, NodeRecord)>, MetaError> {
+        let prefix = keys::node_prefix();
+        let rows = self
+            .store
+            .scan(&prefix, &keys::prefix_end(&prefix), MAX_NODES)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for (k, v) in rows {
+            let node = keys::u32_at(&k, prefix.len())
+                .ok_or_else(|| MetaError::Corrupt(format!("node key {k:x?}")))?;
+            out.push((NodeId(node), decode(&v, "node record")?));
+        }
+        Ok(out)
+    }
+}
+
+/// Node `node`'s record, or `NotFound`.
+fn load_node(txn: &Txn<'_>, node: NodeId) -> Result<NodeRecord, MetaError> {
+    match txn.raw(&keys::node(node))? {
+        Some(v) => decode(&v, "node record"),
+        None => Err(MetaError::NotFound(format!("unknown data server {node}"))),
+    }
+}
+
+/// A new data server id, refused past [`MAX_NODES`].
+fn new_node_id(txn: &mut Txn<'_>) -> Result<NodeId, MetaError> {
+    let prefix = keys::node_prefix();
+    let known = txn
+        .scan(&prefix, &keys::prefix_end(&prefix), MAX_NODES)?
+        .len();
+    if known >= MAX_NODES || txn.sb.next_node == u32::MAX {
+        return Err(MetaError::NoSpace(format!(
+            "{known} data servers, the limit"
+        )));
+    }
+    let node = NodeId(txn.sb.next_node);
+    txn.sb.next_node += 1;
+    Ok(node)
+}

@@ -1,0 +1,296 @@
+//! Names in directories: lookup, the creation of directories, special files and
+//! symlinks, hard links, unlink and rmdir, and the link counting they share with rename.
+
+use super::keys;
+use super::names::{check_name, check_target};
+use super::records::{DirentRecord, InodeRecord};
+use super::txn::{Reads, StoreReads, Txn};
+use super::{now, Namespace, State, MAX_LINKS};
+use crate::error::{show, MetaError};
+use proto::meta::Caller;
+use proto::{Attr, FileKind, InodeId, NodeId, Timestamp};
+
+impl Namespace {
+    /// Finds `name` in directory `parent` and returns its attributes.
+    pub fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr, MetaError> {
+        check_name(name)?;
+        let r = StoreReads(&*self.store);
+        r.dir(parent)?;
+        let ino = InodeId(r.entry(parent, name)?.ino);
+        // The inode may vanish between the two reads (an unlink that does not wait for
+        // us): that is a plain NotFound, as if the lookup had come a moment later.
+        Ok(r.inode(ino)?.attr(ino))
+    }
+
+    /// The attributes of `ino`.
+    pub fn getattr(&self, ino: InodeId) -> Result<Attr, MetaError> {
+        Ok(StoreReads(&*self.store).inode(ino)?.attr(ino))
+    }
+
+    /// Creates directory `name` in `parent`.
+    pub fn mkdir(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        perm: u32,
+        caller: Caller,
+    ) -> Result<Attr, MetaError> {
+        check_name(name)?;
+        let now = now();
+        let mut rec = InodeRecord::new(FileKind::Directory, perm, caller.uid, caller.gid, now);
+        rec.nlink = 2;
+        rec.parent = parent.0;
+        self.mutate(|txn, _| make_node(txn, parent, name, rec))
+    }
+
+    /// Creates a FIFO, socket or device node `name` in `parent`.
+    pub fn mknod(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        kind: FileKind,
+        perm: u32,
+        rdev: u32,
+        caller: Caller,
+    ) -> Result<Attr, MetaError> {
+        let rdev = match kind {
+            FileKind::Fifo | FileKind::Socket => 0,
+            FileKind::CharDevice | FileKind::BlockDevice => rdev,
+            FileKind::Regular | FileKind::Directory | FileKind::Symlink => {
+                return Err(MetaError::InvalidArgument(format!("mknod of a {kind:?}")));
+            }
+        };
+        check_name(name)?;
+        let mut rec = InodeRecord::new(kind, perm, caller.uid, caller.gid, now());
+        rec.rdev = rdev;
+        self.mutate(|txn, _| make_node(txn, parent, name, rec))
+    }
+
+    /// Creates symlink `name` in `parent` pointing to `target`.
+    pub fn symlink(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        target: &[u8],
+        caller: Caller,
+    ) -> Result<Attr, MetaError> {
+        check_name(name)?;
+        check_target(target)?;
+        let mut rec = InodeRecord::new(FileKind::Symlink, 0o777, caller.uid, caller.gid, now());
+        rec.target = target.to_vec();
+        rec.size = target.len() as u64;
+        self.mutate(|txn, _| make_node(txn, parent, name, rec))
+    }
+
+    /// The target of symlink `ino`.
+    pub fn readlink(&self, ino: InodeId) -> Result<Vec<u8>, MetaError> {
+        let rec = StoreReads(&*self.store).inode(ino)?;
+        if rec.kind != FileKind::Symlink {
+            return Err(MetaError::InvalidArgument(format!(
+                "{ino} is not a symlink"
+            )));
+        }
+        Ok(rec.target)
+    }
+
+    /// Adds the hard link `new_name` in `new_parent` to non-directory `ino`.
+    pub fn link(
+        &self,
+        ino: InodeId,
+        new_parent: InodeId,
+        new_name: &[u8],
+    ) -> Result<Attr, MetaError> {
+        check_name(new_name)?;
+        self.mutate(|txn, _| {
+            let now = now();
+            txn.dir(new_parent)?;
+            let mut rec = txn.inode(ino)?;
+            if rec.is_dir() {
+                return Err(MetaError::NotPermitted(format!(
+                    "hard link to directory {ino}"
+                )));
+            }
+            if rec.nlink == 0 {
+                // Unlinked while open: Linux refuses to bring such a file back (ENOENT).
+                return Err(MetaError::NotFound(format!("{ino} has been unlinked")));
+            }
+            ensure_absent(txn, new_parent, new_name)?;
+            if rec.nlink >= MAX_LINKS {
+                return Err(MetaError::TooManyLinks(format!(
+                    "{ino} has {} links",
+                    rec.nlink
+                )));
+            }
+            add_entry(txn, new_parent, new_name, ino, rec.kind, now)?;
+            rec.nlink += 1;
+            rec.ctime = now;
+            txn.put_inode(ino, &rec)?;
+            Ok(rec.attr(ino))
+        })
+    }
+
+    /// Removes non-directory entry `name` from `parent`.
+    pub fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
+        check_name(name)?;
+        self.mutate(|txn, st| {
+            let now = now();
+            txn.dir(parent)?;
+            let d = txn.entry(parent, name)?;
+            if d.kind == FileKind::Directory {
+                return Err(MetaError::IsADirectory(format!("unlink of {}", show(name))));
+            }
+            remove_entry(txn, parent, name, d.kind, now)?;
+            drop_link(txn, st, InodeId(d.ino), now)
+        })
+    }
+
+    /// Removes empty directory `name` from `parent`.
+    pub fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
+        check_name(name)?;
+        self.mutate(|txn, st| {
+            let now = now();
+            txn.dir(parent)?;
+            let d = txn.entry(parent, name)?;
+            let ino = InodeId(d.ino);
+            if d.kind != FileKind::Directory {
+                return Err(MetaError::NotADirectory(format!("rmdir of {}", show(name))));
+            }
+            if ino == InodeId::ROOT {
+                return Err(MetaError::Busy("rmdir of the root directory".into()));
+            }
+            if !is_empty_dir(txn, ino)? {
+                return Err(MetaError::NotEmpty(format!("rmdir of {}", show(name))));
+            }
+            remove_entry(txn, parent, name, d.kind, now)?;
+            drop_link(txn, st, ino, now)
+        })
+    }
+}
+
+/// Creates inode `rec` under `name` in `parent` and returns its attributes.
+fn make_node(
+    txn: &mut Txn<'_>,
+    parent: InodeId,
+    name: &[u8],
+    rec: InodeRecord,
+) -> Result<Attr, MetaError> {
+    let parent_rec = txn.dir(parent)?;
+    ensure_absent(txn, parent, name)?;
+    if rec.is_dir() && parent_rec.nlink >= u32::MAX - 1 {
+        return Err(MetaError::TooManyLinks(format!(
+            "{parent} has too many subdirectories"
+        )));
+    }
+    let ino = txn.alloc_inode();
+    txn.put_inode(ino, &rec)?;
+    add_entry(txn, parent, name, ino, rec.kind, rec.ctime)?;
+    Ok(rec.attr(ino))
+}
+
+/// `AlreadyExists` if `parent` has an entry `name`.
+pub(super) fn ensure_absent(txn: &Txn<'_>, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
+    match txn.dirent(parent, name)? {
+        Some(_) => Err(MetaError::AlreadyExists(format!(
+            "{} in {parent}",
+            show(name)
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Whether directory `ino` has no entries.
+pub(super) fn is_empty_dir(txn: &Txn<'_>, ino: InodeId) -> Result<bool, MetaError> {
+    let prefix = keys::dirent_prefix(ino);
+    Ok(txn.scan(&prefix, &keys::prefix_end(&prefix), 1)?.is_empty())
+}
+
+/// Writes entry `name` -> `ino` into `parent` and updates the parent: times, and the
+/// `..` link a new subdirectory adds.
+pub(super) fn add_entry(
+    txn: &mut Txn<'_>,
+    parent: InodeId,
+    name: &[u8],
+    ino: InodeId,
+    kind: FileKind,
+    now: Timestamp,
+) -> Result<(), MetaError> {
+    txn.put_dirent(parent, name, &DirentRecord { ino: ino.0, kind })?;
+    txn.update_inode(parent, |p| {
+        p.mtime = now;
+        p.ctime = now;
+        if kind == FileKind::Directory {
+            p.nlink += 1;
+        }
+    })?;
+    Ok(())
+}
+
+/// Deletes entry `name` from `parent` and updates the parent, the reverse of [`add_entry`].
+pub(super) fn remove_entry(
+    txn: &mut Txn<'_>,
+    parent: InodeId,
+    name: &[u8],
+    kind: FileKind,
+    now: Timestamp,
+) -> Result<(), MetaError> {
+    txn.delete(keys::dirent(parent, name));
+    txn.update_inode(parent, |p| {
+        p.mtime = now;
+        p.ctime = now;
+        if kind == FileKind::Directory {
+            p.nlink = p.nlink.saturating_sub(1);
+        }
+    })?;
+    Ok(())
+}
+
+/// Drops one link of `ino`, whose entry the caller has removed.
+///
+/// A directory (empty, as the caller checked) goes at once. Another inode loses one
+/// link; at zero it goes too, unless a session has it open: then it stays, marked as an
+/// orphan, until the last session ends (or the next start, when no session survives).
+pub(super) fn drop_link(
+    txn: &mut Txn<'_>,
+    st: &State,
+    ino: InodeId,
+    now: Timestamp,
+) -> Result<(), MetaError> {
+    let mut rec = txn.inode(ino)?;
+    if !rec.is_dir() {
+        rec.nlink = rec.nlink.saturating_sub(1);
+        rec.ctime = now;
+        if rec.nlink > 0 || st.is_open(ino) {
+            txn.put_inode(ino, &rec)?;
+            if rec.nlink == 0 {
+                txn.put(keys::orphan(ino), super::records::encode(&())?);
+            }
+            return Ok(());
+        }
+    }
+    delete_inode(txn, ino, &rec)
+}
+
+/// Deletes inode `ino` with its xattrs and orphan mark, and queues the deletion of a
+/// regular file's chunks on every data server of its stripe.
+pub(super) fn delete_inode(
+    txn: &mut Txn<'_>,
+    ino: InodeId,
+    rec: &InodeRecord,
+) -> Result<(), MetaError> {
+    txn.delete(keys::inode(ino));
+    txn.delete(keys::orphan(ino));
+    let prefix = keys::xattr_prefix(ino);
+    // xattr_count bounds the scan; the slack guards against a count gone wrong.
+    let limit = rec.xattr_count as usize + super::MAX_XATTRS_PER_INODE as usize;
+    for (k, _) in txn.scan(&prefix, &keys::prefix_end(&prefix), limit)? {
+        txn.delete(k);
+    }
+    if let Some(layout) = &rec.layout {
+        let gc_mark = super::records::encode(&())?;
+        for &node in &layout.stripe {
+            txn.put(keys::gc(NodeId(node), ino), gc_mark.clone());
+        }
+    }
+    txn.sb.inode_count = txn.sb.inode_count.saturating_sub(1);
+    Ok(())
+}

@@ -1,0 +1,361 @@
+//! Open-file sessions and what goes with them: create, open, the writer's length
+//! commits, release, setattr, and the freeing of files unlinked while open.
+
+use super::entries::{add_entry, delete_inode};
+use super::names::check_name;
+use super::records::{InodeRecord, StoredLayout};
+use super::txn::{Reads, Txn};
+use super::{keys, now, ConnId, Namespace, Opened, Session, State, ID_BLOCK, MAX_NODES};
+use crate::error::{show, MetaError};
+use proto::attr::TimeSet;
+use proto::meta::{Caller, Commit};
+use proto::{Attr, ClientId, FileKind, InodeId, Layout, SessionId, SetAttr};
+use std::collections::HashMap;
+
+/// Who a new session belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionOwner {
+    /// The client (mount) that asked, from its `Hello`.
+    pub client: ClientId,
+    /// The connection it asked on; the session ends when that connection closes.
+    pub conn: ConnId,
+}
+
+impl Namespace {
+    /// Creates regular file `name` in `parent` and opens it; opens an existing regular
+    /// file of that name instead, unless `exclusive`.
+    pub fn create(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        perm: u32,
+        caller: Caller,
+        exclusive: bool,
+        owner: SessionOwner,
+    ) -> Result<Opened, MetaError> {
+        check_name(name)?;
+        let mut st = self.state.lock();
+        let mut txn = Txn::new(&*self.store, &st.sb);
+        txn.dir(parent)?;
+        let (ino, rec) = match txn.dirent(parent, name)? {
+            Some(_) if exclusive => {
+                return Err(MetaError::AlreadyExists(format!(
+                    "{} in {parent}",
+                    show(name)
+                )));
+            }
+            Some(d) if d.kind == FileKind::Directory => {
+                return Err(MetaError::IsADirectory(format!("create of {}", show(name))));
+            }
+            Some(d) if d.kind != FileKind::Regular => {
+                return Err(MetaError::AlreadyExists(format!(
+                    "{} is a {:?}",
+                    show(name),
+                    d.kind
+                )));
+            }
+            Some(d) => (InodeId(d.ino), txn.inode(InodeId(d.ino))?),
+            None => self.new_file(&mut txn, parent, name, perm, caller)?,
+        };
+        let session = reserve_session(&st, &mut txn);
+        Self::commit_txn(&mut st, txn)?;
+        Ok(self.start_session(&mut st, session, ino, &rec, owner))
+    }
+
+    /// Writes a new regular file with its layout; the caller commits.
+    fn new_file(
+        &self,
+        txn: &mut Txn<'_>,
+        parent: InodeId,
+        name: &[u8],
+        perm: u32,
+        caller: Caller,
+    ) -> Result<(InodeId, InodeRecord), MetaError> {
+        let stripe = self.stripe()?;
+        if stripe.is_empty() {
+            return Err(MetaError::NoSpace("no data servers registered".into()));
+        }
+        let now = now();
+        let ino = txn.alloc_inode();
+        let mut rec = InodeRecord::new(FileKind::Regular, perm, caller.uid, caller.gid, now);
+        rec.layout = Some(StoredLayout {
+            chunk_size_bytes: self.config.chunk_size_bytes,
+            first: (ino.0 % stripe.len() as u64) as u32,
+            stripe,
+        });
+        txn.put_inode(ino, &rec)?;
+        add_entry(txn, parent, name, ino, FileKind::Regular, now)?;
+        Ok((ino, rec))
+    }
+
+    /// Every registered data server, sorted by id (the key order).
+    fn stripe(&self) -> Result<Vec<u32>, MetaError> {
+        let prefix = keys::node_prefix();
+        let rows = self
+            .store
+            .scan(&prefix, &keys::prefix_end(&prefix), MAX_NODES)?;
+        let mut stripe = Vec::with_capacity(rows.len());
+        for (k, _) in rows {
+            let node = keys::u32_at(&k, prefix.len())
+                .ok_or_else(|| MetaError::Corrupt(format!("node key {k:x?}")))?;
+            stripe.push(node);
+        }
+        Ok(stripe)
+    }
+
+    /// Opens `ino` and starts a session; `truncate` empties a regular file first.
+    pub fn open_inode(
+        &self,
+        ino: InodeId,
+        truncate: bool,
+        owner: SessionOwner,
+    ) -> Result<Opened, MetaError> {
+        let mut st = self.state.lock();
+        let mut txn = Txn::new(&*self.store, &st.sb);
+        let mut rec = txn.inode(ino)?;
+        if truncate {
+            match rec.kind {
+                FileKind::Directory => {
+                    return Err(MetaError::IsADirectory(format!("truncating open of {ino}")));
+                }
+                // As Linux: O_TRUNC on a regular file sets mtime and ctime even when it
+                // is empty already; on FIFOs, devices and sockets it is ignored.
+                FileKind::Regular => {
+                    let now = now();
+                    rec.size = 0;
+                    rec.mtime = now;
+                    rec.ctime = now;
+                    txn.put_inode(ino, &rec)?;
+                }
+                _ => {}
+            }
+        }
+        let session = reserve_session(&st, &mut txn);
+        Self::commit_txn(&mut st, txn)?;
+        Ok(self.start_session(&mut st, session, ino, &rec, owner))
+    }
+
+    /// Records a session whose batch has committed, and builds the reply.
+    fn start_session(
+        &self,
+        st: &mut State,
+        session: SessionId,
+        ino: InodeId,
+        rec: &InodeRecord,
+        owner: SessionOwner,
+    ) -> Opened {
+        st.next_session = session.0 + 1;
+        let s = Session {
+            ino,
+            conn: owner.conn,
+            client: owner.client,
+        };
+        st.sessions.insert(session, s);
+        *st.open_counts.entry(ino).or_insert(0) += 1;
+        tracing::debug!(%session, %ino, client = %owner.client, "session opened");
+        let layout = match &rec.layout {
+            Some(l) => Layout::from(l),
+            None => Layout {
+                chunk_size_bytes: self.config.chunk_size_bytes,
+                stripe: Vec::new(),
+                first: 0,
+            },
+        };
+        Opened {
+            attr: rec.attr(ino),
+            session,
+            layout,
+        }
+    }
+
+    /// Records a writer's length and mtime for regular file `ino`.
+    pub fn commit(&self, ino: InodeId, commit: Commit) -> Result<Attr, MetaError> {
+        self.mutate(|txn, _| {
+            let rec = apply_commit(txn, ino, commit)?;
+            Ok(rec.attr(ino))
+        })
+    }
+
+    /// Ends `session`, applying a last length commit first; frees the file if it was
+    /// unlinked while open and this was its last session.
+    pub fn release(&self, session: SessionId, commit: Option<Commit>) -> Result<(), MetaError> {
+        let mut st = self.state.lock();
+        let s = *st
+            .sessions
+            .get(&session)
+            .ok_or_else(|| MetaError::Stale(format!("no {session}")))?;
+        let mut txn = Txn::new(&*self.store, &st.sb);
+        // A directory removed while open has no inode left to commit to; nothing is lost.
+        if let Some(commit) = commit {
+            if txn.try_inode(s.ino)?.is_some() {
+                apply_commit(&mut txn, s.ino, commit)?;
+            }
+        }
+        if st.open_counts.get(&s.ino) == Some(&1) {
+            purge_if_orphan(&mut txn, s.ino)?;
+        }
+        Self::commit_txn(&mut st, txn)?;
+        end_session(&mut st, session);
+        Ok(())
+    }
+
+    /// Ends every session opened over connection `conn` (it closed), freeing the files
+    /// that were unlinked while open and have no session left.
+    pub fn connection_closed(&self, conn: ConnId) {
+        let mut st = self.state.lock();
+        let ended: Vec<(SessionId, InodeId)> = st
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.conn == conn)
+            .map(|(&id, s)| (id, s.ino))
+            .collect();
+        if ended.is_empty() {
+            return;
+        }
+        let mut closing: HashMap<InodeId, u32> = HashMap::new();
+        for (_, ino) in &ended {
+            *closing.entry(*ino).or_insert(0) += 1;
+        }
+        let mut txn = Txn::new(&*self.store, &st.sb);
+        // The sessions end either way: the connection is gone. An orphan whose purge
+        // failed keeps its `O` key and is purged at the next start.
+        let freed =
+            purge_closing(&mut txn, &st, &closing).and_then(|()| Self::commit_txn(&mut st, txn));
+        if let Err(e) = freed {
+            tracing::warn!(conn = conn.0, error = %e, "freeing orphans failed");
+        }
+        for (session, _) in ended {
+            end_session(&mut st, session);
+        }
+        tracing::debug!(conn = conn.0, "connection's sessions ended");
+    }
+
+    /// Changes attributes of `ino`; ctime is always set to now.
+    pub fn setattr(&self, ino: InodeId, set: &SetAttr) -> Result<Attr, MetaError> {
+        self.mutate(|txn, _| {
+            let now = now();
+            let mut rec = txn.inode(ino)?;
+            if let Some(size) = set.size {
+                match rec.kind {
+                    FileKind::Regular => {
+                        rec.size = size;
+                        rec.mtime = now;
+                    }
+                    FileKind::Directory => {
+                        return Err(MetaError::IsADirectory(format!("size of {ino}")));
+                    }
+                    kind => {
+                        return Err(MetaError::InvalidArgument(format!("size of a {kind:?}")));
+                    }
+                }
+            }
+            if let Some(perm) = set.perm {
+                rec.perm = perm & 0o7777;
+            }
+            rec.uid = set.uid.unwrap_or(rec.uid);
+            rec.gid = set.gid.unwrap_or(rec.gid);
+            let at = |t: TimeSet| match t {
+                TimeSet::Now => now,
+                TimeSet::At(t) => t,
+            };
+            rec.atime = set.atime.map_or(rec.atime, at);
+            rec.mtime = set.mtime.map_or(rec.mtime, at);
+            rec.ctime = now;
+            txn.put_inode(ino, &rec)?;
+            Ok(rec.attr(ino))
+        })
+    }
+
+    /// Frees every orphan left by the previous run.
+    ///
+    /// Sessions live in memory only, so after a restart no orphan (a file unlinked while
+    /// open) has a session any more, and nothing else would ever free it.
+    pub(super) fn purge_orphans(&self) -> Result<(), MetaError> {
+        const PAGE: usize = 256;
+        let prefix = keys::orphan_prefix();
+        let end = keys::prefix_end(&prefix);
+        loop {
+            let page = self.store.scan(&prefix, &end, PAGE)?;
+            if page.is_empty() {
+                return Ok(());
+            }
+            let mut st = self.state.lock();
+            let mut txn = Txn::new(&*self.store, &st.sb);
+            for (k, _) in &page {
+                match keys::u64_at(k, prefix.len()).map(InodeId) {
+                    Some(ino) => purge_if_orphan(&mut txn, ino)?,
+                    // A key we cannot read is of no use: drop it rather than loop on it.
+                    None => txn.delete(k.clone()),
+                }
+            }
+            tracing::info!(count = page.len(), "purged orphans of the previous run");
+            Self::commit_txn(&mut st, txn)?;
+        }
+    }
+}
+
+/// Applies a writer's commit to regular file `ino`: length grows to `commit.size`.
+fn apply_commit(txn: &mut Txn<'_>, ino: InodeId, c: Commit) -> Result<InodeRecord, MetaError> {
+    let mut rec = txn.inode(ino)?;
+    match rec.kind {
+        FileKind::Regular => {}
+        FileKind::Directory => return Err(MetaError::IsADirectory(format!("commit to {ino}"))),
+        kind => return Err(MetaError::InvalidArgument(format!("commit to a {kind:?}"))),
+    }
+    rec.size = rec.size.max(c.size);
+    rec.mtime = c.mtime;
+    rec.ctime = now();
+    txn.put_inode(ino, &rec)?;
+    Ok(rec)
+}
+
+/// Purges the orphans among `closing` (inode -> sessions ending) left with no session.
+fn purge_closing(
+    txn: &mut Txn<'_>,
+    st: &State,
+    closing: &HashMap<InodeId, u32>,
+) -> Result<(), MetaError> {
+    for (ino, n) in closing {
+        if st.open_counts.get(ino) == Some(n) {
+            purge_if_orphan(txn, *ino)?;
+        }
+    }
+    Ok(())
+}
+
+/// Deletes `ino` (and queues its chunks' deletion) if it carries an orphan mark.
+fn purge_if_orphan(txn: &mut Txn<'_>, ino: InodeId) -> Result<(), MetaError> {
+    if txn.raw(&keys::orphan(ino))?.is_none() {
+        return Ok(());
+    }
+    match txn.try_inode(ino)? {
+        Some(rec) => delete_inode(txn, ino, &rec),
+        None => {
+            txn.delete(keys::orphan(ino));
+            Ok(())
+        }
+    }
+}
+
+/// The id of the next session; reserves a new block in the superblock (written with the
+/// caller's batch) when the current one is used up.
+fn reserve_session(st: &State, txn: &mut Txn<'_>) -> SessionId {
+    let id = st.next_session;
+    if id >= txn.sb.session_ceiling {
+        txn.sb.session_ceiling = id + ID_BLOCK;
+    }
+    SessionId(id)
+}
+
+fn end_session(st: &mut State, session: SessionId) {
+    let Some(s) = st.sessions.remove(&session) else {
+        return;
+    };
+    if let Some(n) = st.open_counts.get_mut(&s.ino) {
+        *n -= 1;
+        if *n == 0 {
+            st.open_counts.remove(&s.ino);
+        }
+    }
+    tracing::debug!(%session, ino = %s.ino, client = %s.client, "session ended");
+}

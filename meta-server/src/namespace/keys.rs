@@ -1,0 +1,150 @@
+//! The key schema. Integers are big-endian so that a scan visits them in numeric order.
+//!
+//! | key                  | value                                  |
+//! | -------------------- | -------------------------------------- |
+//! | `S`                  | superblock                             |
+//! | `I` ino              | inode record                           |
+//! | `D` parent name      | directory entry                        |
+//! | `X` ino name         | extended attribute value               |
+//! | `N` node             | data server record                     |
+//! | `G` node ino         | pending "delete all chunks of ino"     |
+//! | `O` ino              | orphan: unlinked while open            |
+
+use proto::{InodeId, NodeId};
+
+const SUPERBLOCK: u8 = b'S';
+const INODE: u8 = b'I';
+const DIRENT: u8 = b'D';
+const XATTR: u8 = b'X';
+const NODE: u8 = b'N';
+const GC: u8 = b'G';
+const ORPHAN: u8 = b'O';
+
+fn with(tag: u8, parts: &[&[u8]]) -> Vec<u8> {
+    let len = 1 + parts.iter().map(|p| p.len()).sum::<usize>();
+    let mut k = Vec::with_capacity(len);
+    k.push(tag);
+    for p in parts {
+        k.extend_from_slice(p);
+    }
+    k
+}
+
+/// The superblock's key.
+pub(crate) fn superblock() -> Vec<u8> {
+    vec![SUPERBLOCK]
+}
+
+/// An inode record's key.
+pub(crate) fn inode(ino: InodeId) -> Vec<u8> {
+    with(INODE, &[&ino.0.to_be_bytes()])
+}
+
+/// Prefix of every entry of directory `parent`.
+pub(crate) fn dirent_prefix(parent: InodeId) -> Vec<u8> {
+    with(DIRENT, &[&parent.0.to_be_bytes()])
+}
+
+/// The key of entry `name` in directory `parent`.
+pub(crate) fn dirent(parent: InodeId, name: &[u8]) -> Vec<u8> {
+    with(DIRENT, &[&parent.0.to_be_bytes(), name])
+}
+
+/// Prefix of every extended attribute of `ino`.
+pub(crate) fn xattr_prefix(ino: InodeId) -> Vec<u8> {
+    with(XATTR, &[&ino.0.to_be_bytes()])
+}
+
+/// The key of extended attribute `name` of `ino`.
+pub(crate) fn xattr(ino: InodeId, name: &[u8]) -> Vec<u8> {
+    with(XATTR, &[&ino.0.to_be_bytes(), name])
+}
+
+/// Prefix of every data server record.
+pub(crate) fn node_prefix() -> Vec<u8> {
+    vec![NODE]
+}
+
+/// A data server record's key.
+pub(crate) fn node(node: NodeId) -> Vec<u8> {
+    with(NODE, &[&node.0.to_be_bytes()])
+}
+
+/// Prefix of every pending deletion on data server `node`.
+pub(crate) fn gc_prefix(node: NodeId) -> Vec<u8> {
+    with(GC, &[&node.0.to_be_bytes()])
+}
+
+/// The key of the pending deletion of `ino`'s chunks on `node`.
+pub(crate) fn gc(node: NodeId, ino: InodeId) -> Vec<u8> {
+    with(GC, &[&node.0.to_be_bytes(), &ino.0.to_be_bytes()])
+}
+
+/// Prefix of every orphan key.
+pub(crate) fn orphan_prefix() -> Vec<u8> {
+    vec![ORPHAN]
+}
+
+/// The orphan key of `ino`.
+pub(crate) fn orphan(ino: InodeId) -> Vec<u8> {
+    with(ORPHAN, &[&ino.0.to_be_bytes()])
+}
+
+/// The smallest key greater than every key that starts with `prefix`: the scan end.
+pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Only a prefix of all 0xff bytes gets here; no key of ours has one, and a key of
+    // 0xff bytes longer than any we write bounds it.
+    vec![0xff; prefix.len() + 64]
+}
+
+/// The smallest key strictly greater than `key`: where a scan resumes after it.
+pub(crate) fn successor(key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(key.len() + 1);
+    k.extend_from_slice(key);
+    k.push(0);
+    k
+}
+
+/// Reads a big-endian u64 at `at` of `key`, for ids embedded in keys.
+pub(crate) fn u64_at(key: &[u8], at: usize) -> Option<u64> {
+    let bytes = key.get(at..at + 8)?;
+    Some(u64::from_be_bytes(bytes.try_into().ok()?))
+}
+
+/// Reads a big-endian u32 at `at` of `key`.
+pub(crate) fn u32_at(key: &[u8], at: usize) -> Option<u32> {
+    let bytes = key.get(at..at + 4)?;
+    Some(u32::from_be_bytes(bytes.try_into().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_order_by_number_then_name() {
+        assert!(inode(InodeId(255)) < inode(InodeId(256)));
+        assert!(dirent(InodeId(1), b"zz") < dirent(InodeId(2), b""));
+        assert!(dirent(InodeId(1), b"a") < dirent(InodeId(1), b"a\0"));
+        assert!(dirent(InodeId(1), &[0xff; 300]) < prefix_end(&dirent_prefix(InodeId(1))));
+        assert!(gc(NodeId(1), InodeId(u64::MAX)) < gc_prefix(NodeId(2)));
+    }
+
+    #[test]
+    fn prefix_end_and_successor_bound_scans() {
+        assert_eq!(prefix_end(&[1, 2, 0xff]), vec![1, 3]);
+        assert_eq!(prefix_end(&[0xff, 0xff]).len(), 66);
+        assert_eq!(successor(b"ab"), b"ab\0".to_vec());
+        let k = gc(NodeId(7), InodeId(9));
+        assert_eq!(u32_at(&k, 1), Some(7));
+        assert_eq!(u64_at(&k, 5), Some(9));
+        assert_eq!(u64_at(&k, 6), None);
+    }
+}

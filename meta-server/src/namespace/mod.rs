@@ -1,0 +1,331 @@
+//! The namespace: inodes, directory entries, attributes, xattrs, links, file layouts,
+//! open-file sessions and data server membership, on a [`KvStore`].
+//!
+//! Every mutation runs under one mutex and ends in one durable [`crate::kv::WriteBatch`]
+//! committed before the method returns, so a reply is never sent for a change that a
+//! crash could take back, and no two mutations interleave. Reads go to the store without
+//! the mutex: each key read is consistent, and the store orders commits.
+
+mod cluster;
+mod entries;
+mod files;
+mod keys;
+mod names;
+mod readdir;
+mod records;
+mod rename;
+mod txn;
+mod xattr;
+
+#[cfg(test)]
+mod tests;
+
+use crate::config::NamespaceConfig;
+use crate::error::MetaError;
+use crate::kv::KvStore;
+use parking_lot::Mutex;
+use proto::meta::{DirEntry, MetaReply, MetaRequest, MetaResult};
+use proto::{Attr, ClientId, InodeId, Layout, NodeId, SessionId, Timestamp};
+use records::{decode, encode, InodeRecord, Superblock, FORMAT_VERSION};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+use txn::Txn;
+
+pub use files::SessionOwner;
+
+/// Most entries one `ReadDir` returns, whatever the client asks for.
+pub const MAX_READDIR_ENTRIES: u32 = 1024;
+/// Encoded size of the entries of one `ReadDir` page, so the reply fits a 128 KiB message.
+pub const READDIR_BUDGET_BYTES: usize = 48 << 10;
+/// Most hard links to one inode (as ext4).
+pub const MAX_LINKS: u32 = 65_000;
+/// Most extended attributes on one inode; keeps `ListXattr` inside one message.
+pub const MAX_XATTRS_PER_INODE: u32 = 256;
+/// Most data servers the cluster may have.
+pub const MAX_NODES: usize = 1024;
+/// Most pending deletions returned to one heartbeat.
+pub const MAX_GC_TASKS_PER_HEARTBEAT: usize = 256;
+/// Longest data server address accepted, in bytes.
+pub const MAX_ADDR_BYTES: usize = 256;
+/// Session and client ids reserved per superblock write; see [`Namespace::open`].
+const ID_BLOCK: u64 = 1 << 20;
+
+/// The connection a request came in on, as the network layer numbers them.
+///
+/// Sessions belong to the connection that opened them: when it closes, they end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConnId(pub u64);
+
+/// An open file as `create` and `open` return it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Opened {
+    /// Attributes after the open (and truncation).
+    pub attr: Attr,
+    /// The new session; the client ends it with `Release`.
+    pub session: SessionId,
+    /// Where the chunks live (an empty stripe for non-regular files).
+    pub layout: Layout,
+}
+
+/// One page of a directory listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirPage {
+    /// Entries in name order, all after the cursor.
+    pub entries: Vec<DirEntry>,
+    /// No entry follows the last one.
+    pub done: bool,
+}
+
+/// File system totals for `statfs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FsStats {
+    /// Capacity over all registered data servers.
+    pub total_bytes: u64,
+    /// Free bytes over all registered data servers.
+    pub free_bytes: u64,
+    /// Inodes in use.
+    pub files: u64,
+}
+
+/// An open-file session, kept in memory only: sessions do not survive a restart.
+#[derive(Clone, Copy, Debug)]
+struct Session {
+    ino: InodeId,
+    conn: ConnId,
+    /// Kept for logs: which mount opened it.
+    client: ClientId,
+}
+
+/// What the mutation mutex guards.
+struct State {
+    /// The superblock as committed.
+    sb: Superblock,
+    sessions: HashMap<SessionId, Session>,
+    /// Number of sessions per inode, so unlink can tell "still open" in O(1).
+    open_counts: HashMap<InodeId, u32>,
+    next_session: u64,
+    next_client: u64,
+}
+
+impl State {
+    fn is_open(&self, ino: InodeId) -> bool {
+        self.open_counts.get(&ino).is_some_and(|&n| n > 0)
+    }
+}
+
+/// The metadata server's namespace over a key-value store.
+pub struct Namespace {
+    store: Arc<dyn KvStore>,
+    config: NamespaceConfig,
+    state: Mutex<State>,
+    /// Last heartbeat of each data server; in memory because liveness after a restart
+    /// must be earned again.
+    liveness: Mutex<HashMap<NodeId, Instant>>,
+}
+
+/// The server's clock, for every time stamp the server sets.
+fn now() -> Timestamp {
+    Timestamp::now()
+}
+
+impl Namespace {
+    /// Opens the namespace on `store`: formats an empty store (root directory and
+    /// superblock), checks the format version of an existing one, and purges orphans.
+    pub fn open(store: Arc<dyn KvStore>, config: NamespaceConfig) -> Result<Namespace, MetaError> {
+        config.validate()?;
+        let sb = load_or_format(&*store)?;
+        // Sessions and client ids live in memory, but a client may still hold one from
+        // before a restart. Ids come from a block reserved in the superblock above every
+        // block used before, so an old id is answered `Stale` instead of being taken for
+        // someone else's session; one write per million ids keeps opens write-free.
+        let (next_session, next_client) = (sb.session_ceiling, sb.client_ceiling);
+        let mut txn = Txn::new(&*store, &sb);
+        txn.sb.session_ceiling += ID_BLOCK;
+        txn.sb.client_ceiling += ID_BLOCK;
+        let sb = txn.commit()?;
+        let ns = Namespace {
+            store,
+            config,
+            state: Mutex::new(State {
+                sb,
+                sessions: HashMap::new(),
+                open_counts: HashMap::new(),
+                next_session,
+                next_client,
+            }),
+            liveness: Mutex::new(HashMap::new()),
+        };
+        ns.purge_orphans()?;
+        tracing::info!(engine = ns.store.engine(), "namespace open");
+        Ok(ns)
+    }
+
+    /// The configuration the namespace runs with.
+    pub fn config(&self) -> &NamespaceConfig {
+        &self.config
+    }
+
+    /// Answers one request that arrived on connection `conn`.
+    pub fn handle(&self, req: MetaRequest, conn: ConnId) -> MetaResult {
+        let (op, id) = describe(&req);
+        let span = tracing::debug_span!("meta", op, id, conn = conn.0);
+        let _entered = span.enter();
+        let result = self.dispatch(req, conn);
+        if let Err(e) = &result {
+            tracing::debug!(error = %e, "request failed");
+        }
+        result.map_err(Into::into)
+    }
+
+    /// Routes a request to its method. A flat table reads best on one screen, so rustfmt
+    /// is told not to spread each pattern over several lines.
+    #[rustfmt::skip]
+    fn dispatch(&self, req: MetaRequest, conn: ConnId) -> Result<MetaReply, MetaError> {
+        use MetaRequest as R;
+        let attr = MetaReply::Attr;
+        let unit = |()| MetaReply::Unit;
+        let opened = |o: Opened| MetaReply::Opened {
+            attr: o.attr, session: o.session, layout: o.layout,
+        };
+        match req {
+            R::Hello { name } => self.hello(&name).map(|client| MetaReply::Welcome { client }),
+            R::Lookup { parent, name } => self.lookup(parent, &name).map(attr),
+            R::GetAttr { ino } => self.getattr(ino).map(attr),
+            R::SetAttr { ino, set } => self.setattr(ino, &set).map(attr),
+            R::Create { parent, name, perm, caller, exclusive, client } => {
+                let owner = SessionOwner { client, conn };
+                self.create(parent, &name, perm, caller, exclusive, owner).map(opened)
+            }
+            R::MkNod { parent, name, kind, perm, rdev, caller } =>
+                self.mknod(parent, &name, kind, perm, rdev, caller).map(attr),
+            R::Mkdir { parent, name, perm, caller } =>
+                self.mkdir(parent, &name, perm, caller).map(attr),
+            R::Symlink { parent, name, target, caller } =>
+                self.symlink(parent, &name, &target, caller).map(attr),
+            R::Readlink { ino } => self.readlink(ino).map(MetaReply::Target),
+            R::Link { ino, new_parent, new_name } =>
+                self.link(ino, new_parent, &new_name).map(attr),
+            R::Unlink { parent, name } => self.unlink(parent, &name).map(unit),
+            R::Rmdir { parent, name } => self.rmdir(parent, &name).map(unit),
+            R::Rename { parent, name, new_parent, new_name, mode } =>
+                self.rename(parent, &name, new_parent, &new_name, mode).map(unit),
+            R::ReadDir { ino, after, max_entries, plus } => self
+                .readdir(ino, after.as_deref(), max_entries, plus)
+                .map(|p| MetaReply::Dir { entries: p.entries, done: p.done }),
+            R::StatFs => self.statfs().map(|s| MetaReply::StatFs {
+                total_bytes: s.total_bytes, free_bytes: s.free_bytes, files: s.files,
+            }),
+            R::Open { ino, client, truncate } =>
+                self.open_inode(ino, truncate, SessionOwner { client, conn }).map(opened),
+            R::Commit { ino, commit } => self.commit(ino, commit).map(attr),
+            R::Release { session, commit } => self.release(session, commit).map(unit),
+            R::GetXattr { ino, name } => self.getxattr(ino, &name).map(MetaReply::Xattr),
+            R::SetXattr { ino, name, value, mode } =>
+                self.setxattr(ino, &name, &value, mode).map(unit),
+            R::ListXattr { ino } => self.listxattr(ino).map(MetaReply::XattrNames),
+            R::RemoveXattr { ino, name } => self.removexattr(ino, &name).map(unit),
+            R::RegisterData { node, addr, capacity_bytes, used_bytes } => self
+                .register_data(node, &addr, capacity_bytes, used_bytes)
+                .map(|node| MetaReply::Registered { node }),
+            R::Heartbeat { node, capacity_bytes, used_bytes, done } => self
+                .heartbeat(node, capacity_bytes, used_bytes, &done)
+                .map(MetaReply::Gc),
+            R::ClusterMap => self.cluster_map().map(|nodes| MetaReply::Map { nodes }),
+        }
+    }
+
+    /// Commits `txn` and records the superblock it leaves, under the held state lock.
+    fn commit_txn(st: &mut State, txn: Txn<'_>) -> Result<(), MetaError> {
+        st.sb = txn.commit()?;
+        Ok(())
+    }
+
+    /// Runs a mutation that needs no in-memory change beyond the superblock.
+    fn mutate<T>(
+        &self,
+        f: impl FnOnce(&mut Txn<'_>, &State) -> Result<T, MetaError>,
+    ) -> Result<T, MetaError> {
+        let mut st = self.state.lock();
+        let mut txn = Txn::new(&*self.store, &st.sb);
+        let out = f(&mut txn, &st)?;
+        Self::commit_txn(&mut st, txn)?;
+        Ok(out)
+    }
+}
+
+/// Reads the superblock, or formats an empty store: root directory plus superblock.
+fn load_or_format(store: &dyn KvStore) -> Result<Superblock, MetaError> {
+    if let Some(bytes) = store.get(&keys::superblock())? {
+        // The first byte of every record is the format version: check it before decoding,
+        // so a store from another format reports its version instead of garbage.
+        let found = u32::from(bytes.first().copied().unwrap_or(0));
+        if found != FORMAT_VERSION {
+            return Err(MetaError::FormatVersion {
+                found,
+                expected: FORMAT_VERSION,
+            });
+        }
+        let sb: Superblock = decode(&bytes, "superblock")?;
+        if sb.format_version != FORMAT_VERSION {
+            let found = sb.format_version;
+            return Err(MetaError::FormatVersion {
+                found,
+                expected: FORMAT_VERSION,
+            });
+        }
+        return Ok(sb);
+    }
+    // Formatting over existing keys would silently drop a namespace whose superblock was
+    // lost: refuse instead.
+    if !store.scan(&[], &[0xff; 2], 1)?.is_empty() {
+        return Err(MetaError::Corrupt(
+            "store has keys but no superblock".into(),
+        ));
+    }
+    let now = now();
+    let mut root = InodeRecord::new(proto::FileKind::Directory, 0o755, 0, 0, now);
+    root.nlink = 2;
+    root.parent = InodeId::ROOT.0;
+    let sb = Superblock::initial();
+    let mut batch = crate::kv::WriteBatch::new();
+    batch.put(keys::inode(InodeId::ROOT), encode(&root)?);
+    batch.put(keys::superblock(), encode(&sb)?);
+    store.commit(batch)?;
+    tracing::info!("formatted an empty metadata store");
+    Ok(sb)
+}
+
+/// The request's name and the id it is about (inode, or node, or session), for the
+/// tracing span; 0 when it names none.
+#[rustfmt::skip]
+fn describe(req: &MetaRequest) -> (&'static str, u64) {
+    use MetaRequest as R;
+    match req {
+        R::Hello { .. } => ("hello", 0),
+        R::Lookup { parent, .. } => ("lookup", parent.0),
+        R::GetAttr { ino } => ("getattr", ino.0),
+        R::SetAttr { ino, .. } => ("setattr", ino.0),
+        R::Create { parent, .. } => ("create", parent.0),
+        R::MkNod { parent, .. } => ("mknod", parent.0),
+        R::Mkdir { parent, .. } => ("mkdir", parent.0),
+        R::Symlink { parent, .. } => ("symlink", parent.0),
+        R::Readlink { ino } => ("readlink", ino.0),
+        R::Link { ino, .. } => ("link", ino.0),
+        R::Unlink { parent, .. } => ("unlink", parent.0),
+        R::Rmdir { parent, .. } => ("rmdir", parent.0),
+        R::Rename { parent, .. } => ("rename", parent.0),
+        R::ReadDir { ino, .. } => ("readdir", ino.0),
+        R::StatFs => ("statfs", 0),
+        R::Open { ino, .. } => ("open", ino.0),
+        R::Commit { ino, .. } => ("commit", ino.0),
+        R::Release { session, .. } => ("release", session.0),
+        R::GetXattr { ino, .. } => ("getxattr", ino.0),
+        R::SetXattr { ino, .. } => ("setxattr", ino.0),
+        R::ListXattr { ino } => ("listxattr", ino.0),
+        R::RemoveXattr { ino, .. } => ("removexattr", ino.0),
+        R::RegisterData { node, .. } => ("register_data", node.map_or(0, |n| u64::from(n.0))),
+        R::Heartbeat { node, .. } => ("heartbeat", u64::from(node.0)),
+        R::ClusterMap => ("cluster_map", 0),
+    }
+}

@@ -1,0 +1,71 @@
+//! Directory listings, a page at a time, resumable after any name.
+
+use super::records::DirentRecord;
+use super::txn::{Reads, StoreReads};
+use super::{keys, DirPage, Namespace, MAX_READDIR_ENTRIES, READDIR_BUDGET_BYTES};
+use crate::error::MetaError;
+use proto::meta::DirEntry;
+use proto::InodeId;
+
+impl Namespace {
+    /// Lists directory `ino` in name order, starting strictly after `after`.
+    ///
+    /// The cursor is a name, not a position, so entries added or removed between pages
+    /// never make the listing repeat or skip an entry that stayed. A page holds at most
+    /// `max_entries` (1 to [`MAX_READDIR_ENTRIES`]) entries and [`READDIR_BUDGET_BYTES`]
+    /// of them encoded. `.` and `..` are not listed: the client adds them.
+    pub fn readdir(
+        &self,
+        ino: InodeId,
+        after: Option<&[u8]>,
+        max_entries: u32,
+        plus: bool,
+    ) -> Result<DirPage, MetaError> {
+        let r = StoreReads(&*self.store);
+        r.dir(ino)?;
+        // Zero would make a client that pages until `done` loop forever: return one.
+        let want = max_entries.clamp(1, MAX_READDIR_ENTRIES) as usize;
+        let prefix = keys::dirent_prefix(ino);
+        let start = match after {
+            Some(name) => keys::successor(&keys::dirent(ino, name)),
+            None => prefix.clone(),
+        };
+        // One row more than wanted tells whether anything follows the page.
+        let rows = self
+            .store
+            .scan(&start, &keys::prefix_end(&prefix), want + 1)?;
+        let mut done = rows.len() <= want;
+        let mut entries = Vec::with_capacity(rows.len().min(want));
+        let mut budget = READDIR_BUDGET_BYTES;
+        for (k, v) in rows.into_iter().take(want) {
+            let d: DirentRecord = super::records::decode(&v, "directory entry")?;
+            let child = InodeId(d.ino);
+            let attr = if plus {
+                // An inode gone since the scan was unlinked meanwhile: leave it out.
+                match r.try_inode(child)? {
+                    Some(rec) => Some(rec.attr(child)),
+                    None => continue,
+                }
+            } else {
+                None
+            };
+            let entry = DirEntry {
+                name: k[prefix.len()..].to_vec(),
+                ino: child,
+                kind: d.kind,
+                attr,
+            };
+            let size = proto::codec::encode(&entry, usize::MAX)
+                .map_err(|e| MetaError::Corrupt(format!("cannot encode an entry: {e}")))?
+                .len();
+            // The first entry always goes in, so every page makes progress.
+            if size > budget && !entries.is_empty() {
+                done = false;
+                break;
+            }
+            budget = budget.saturating_sub(size);
+            entries.push(entry);
+        }
+        Ok(DirPage { entries, done })
+    }
+}

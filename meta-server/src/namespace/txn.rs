@@ -1,0 +1,223 @@
+//! Reads of records, and the write transaction every mutation builds.
+//!
+//! A mutation reads records, changes them and writes them back into a [`Txn`], which
+//! keeps its writes in an overlay so that later reads in the same mutation see them (a
+//! rename that touches one directory twice must not lose the first change). The overlay
+//! becomes one [`WriteBatch`] at the end: all of the mutation is committed, or none.
+
+use super::keys;
+use super::records::{decode, encode, DirentRecord, InodeRecord, Superblock};
+use crate::error::{show, MetaError};
+use crate::kv::{KvPair, KvStore, WriteBatch};
+use proto::InodeId;
+use std::collections::BTreeMap;
+
+/// Typed reads over anything that can read a raw key.
+pub(crate) trait Reads {
+    /// The raw value under `key`.
+    fn raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>, MetaError>;
+
+    /// Inode `ino`, if it exists.
+    fn try_inode(&self, ino: InodeId) -> Result<Option<InodeRecord>, MetaError> {
+        match self.raw(&keys::inode(ino))? {
+            Some(v) => Ok(Some(decode(&v, "inode record")?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Inode `ino`, or `NotFound`.
+    fn inode(&self, ino: InodeId) -> Result<InodeRecord, MetaError> {
+        self.try_inode(ino)?
+            .ok_or_else(|| MetaError::NotFound(format!("no inode {ino}")))
+    }
+
+    /// Directory `ino`, or `NotFound` / `NotADirectory`.
+    fn dir(&self, ino: InodeId) -> Result<InodeRecord, MetaError> {
+        let rec = self.inode(ino)?;
+        if !rec.is_dir() {
+            return Err(MetaError::NotADirectory(format!(
+                "{ino} is a {:?}",
+                rec.kind
+            )));
+        }
+        Ok(rec)
+    }
+
+    /// Entry `name` of directory `parent`, if it exists.
+    fn dirent(&self, parent: InodeId, name: &[u8]) -> Result<Option<DirentRecord>, MetaError> {
+        match self.raw(&keys::dirent(parent, name))? {
+            Some(v) => Ok(Some(decode(&v, "directory entry")?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Entry `name` of directory `parent`, or `NotFound`.
+    fn entry(&self, parent: InodeId, name: &[u8]) -> Result<DirentRecord, MetaError> {
+        self.dirent(parent, name)?
+            .ok_or_else(|| MetaError::NotFound(format!("no {} in {parent}", show(name))))
+    }
+}
+
+/// Reads straight from the store, for operations that change nothing.
+pub(crate) struct StoreReads<'a>(pub &'a dyn KvStore);
+
+impl Reads for StoreReads<'_> {
+    fn raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
+        Ok(self.0.get(key)?)
+    }
+}
+
+/// The writes of one mutation, over a store, with a working copy of the superblock.
+pub(crate) struct Txn<'a> {
+    store: &'a dyn KvStore,
+    /// `None` marks a delete.
+    writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// The superblock as this mutation leaves it; written if it differs from `base`.
+    pub(crate) sb: Superblock,
+    base: Superblock,
+}
+
+impl<'a> Txn<'a> {
+    /// A transaction starting from superblock `sb`.
+    pub(crate) fn new(store: &'a dyn KvStore, sb: &Superblock) -> Txn<'a> {
+        Txn {
+            store,
+            writes: BTreeMap::new(),
+            sb: sb.clone(),
+            base: sb.clone(),
+        }
+    }
+
+    /// Sets `key` to `value`.
+    pub(crate) fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.writes.insert(key, Some(value));
+    }
+
+    /// Deletes `key`.
+    pub(crate) fn delete(&mut self, key: Vec<u8>) {
+        self.writes.insert(key, None);
+    }
+
+    /// Up to `limit` pairs in `[start, end)` as this transaction sees them.
+    pub(crate) fn scan(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+    ) -> Result<Vec<KvPair>, MetaError> {
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        let overlay = self.writes.range(start.to_vec()..end.to_vec());
+        // Ask the store for enough keys that deletes in the overlay cannot starve the page:
+        // any store key past those returned sorts after `limit` surviving ones.
+        let deletes = overlay.clone().filter(|(_, v)| v.is_none()).count();
+        let base = self.store.scan(start, end, limit.saturating_add(deletes))?;
+        let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = base.into_iter().collect();
+        for (k, v) in overlay {
+            match v {
+                Some(v) => merged.insert(k.clone(), v.clone()),
+                None => merged.remove(k),
+            };
+        }
+        Ok(merged.into_iter().take(limit).collect())
+    }
+
+    /// Writes inode `ino`.
+    pub(crate) fn put_inode(&mut self, ino: InodeId, rec: &InodeRecord) -> Result<(), MetaError> {
+        let value = encode(rec)?;
+        self.put(keys::inode(ino), value);
+        Ok(())
+    }
+
+    /// Reads inode `ino` (`NotFound` if missing), lets `f` change it, writes it back.
+    pub(crate) fn update_inode(
+        &mut self,
+        ino: InodeId,
+        f: impl FnOnce(&mut InodeRecord),
+    ) -> Result<InodeRecord, MetaError> {
+        let mut rec = self.inode(ino)?;
+        f(&mut rec);
+        self.put_inode(ino, &rec)?;
+        Ok(rec)
+    }
+
+    /// Writes entry `name` of `parent`.
+    pub(crate) fn put_dirent(
+        &mut self,
+        parent: InodeId,
+        name: &[u8],
+        d: &DirentRecord,
+    ) -> Result<(), MetaError> {
+        let value = encode(d)?;
+        self.put(keys::dirent(parent, name), value);
+        Ok(())
+    }
+
+    /// Hands out the next inode number and counts the inode in the superblock.
+    pub(crate) fn alloc_inode(&mut self) -> InodeId {
+        let ino = InodeId(self.sb.next_inode);
+        self.sb.next_inode += 1;
+        self.sb.inode_count += 1;
+        ino
+    }
+
+    /// Commits every write (and the superblock if it changed) in one durable batch, and
+    /// returns the superblock as it now is on disk.
+    pub(crate) fn commit(self) -> Result<Superblock, MetaError> {
+        let mut batch = WriteBatch::new();
+        if self.sb != self.base {
+            batch.put(keys::superblock(), encode(&self.sb)?);
+        }
+        for (k, v) in self.writes {
+            match v {
+                Some(v) => batch.put(k, v),
+                None => batch.delete(k),
+            }
+        }
+        if !batch.is_empty() {
+            self.store.commit(batch)?;
+        }
+        Ok(self.sb)
+    }
+}
+
+impl Reads for Txn<'_> {
+    fn raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
+        match self.writes.get(key) {
+            Some(v) => Ok(v.clone()),
+            None => Ok(self.store.get(key)?),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{open_store, StoreKind};
+
+    #[test]
+    fn scan_merges_overlay_puts_and_deletes_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_store(StoreKind::Redb, dir.path()).unwrap();
+        let mut b = WriteBatch::new();
+        for k in [b"a", b"b", b"c", b"d"] {
+            b.put(k.to_vec(), k.to_vec());
+        }
+        store.commit(b).unwrap();
+        let mut txn = Txn::new(&*store, &Superblock::initial());
+        txn.delete(b"a".to_vec());
+        txn.delete(b"b".to_vec());
+        txn.put(b"bb".to_vec(), b"new".to_vec());
+        let got: Vec<_> = txn
+            .scan(b"a", b"z", 2)
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(got, vec![b"bb".to_vec(), b"c".to_vec()]);
+        assert_eq!(txn.raw(b"a").unwrap(), None);
+        assert_eq!(txn.raw(b"d").unwrap(), Some(b"d".to_vec()));
+        assert!(txn.scan(b"z", b"a", 5).unwrap().is_empty());
+    }
+}

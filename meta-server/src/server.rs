@@ -1,0 +1,221 @@
+//! The metadata server's network side: its configuration, the request handler that runs
+//! namespace operations on the blocking pool, and [`MetaServer`], which ties them to a
+//! listener.
+
+use crate::config::NamespaceConfig;
+use crate::kv::{open_store, StoreKind};
+use crate::namespace::{ConnId, Namespace};
+use crate::MetaError;
+use bytes::Bytes;
+use proto::meta::{MetaRequest, MetaResult};
+use proto::{codec, ErrorCode, WireError, PROTOCOL_VERSION};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tracing::{info, warn, Instrument};
+use transport::{Backend, Connection, Endpoint, Handler, HandlerFuture, Listener, TransportConfig};
+
+/// Everything the metadata server can be told; see `tessera-meta.example.toml`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetaConfig {
+    /// Address the transport listens on (port 0: any free port).
+    pub listen: String,
+    /// Directory of the embedded store.
+    pub data_dir: PathBuf,
+    /// Embedded store engine.
+    pub store: StoreKind,
+    /// Where to write the bound address once serving (for scripts); empty: nowhere.
+    pub addr_file: PathBuf,
+    /// Transport backend.
+    pub transport: Backend,
+    /// Transport limits and timeouts.
+    pub transport_limits: TransportConfig,
+    /// Namespace settings.
+    pub namespace: NamespaceConfig,
+}
+
+impl Default for MetaConfig {
+    fn default() -> Self {
+        MetaConfig {
+            listen: "127.0.0.1:7600".into(),
+            data_dir: PathBuf::from("/var/lib/tessera/meta"),
+            store: StoreKind::default(),
+            addr_file: PathBuf::new(),
+            transport: Backend::Tcp,
+            transport_limits: TransportConfig::default(),
+            namespace: NamespaceConfig::default(),
+        }
+    }
+}
+
+impl MetaConfig {
+    /// Checks the values; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        self.transport_limits.validate()?;
+        self.namespace.validate().map_err(|e| e.to_string())?;
+        if self.listen.is_empty() {
+            return Err("listen must be an address (host:port)".into());
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err("data_dir must be set".into());
+        }
+        Ok(())
+    }
+}
+
+/// Answers [`MetaRequest`]s from the namespace.
+struct MetaService {
+    ns: Arc<Namespace>,
+    max_msg_bytes: usize,
+}
+
+fn op_name(req: &MetaRequest) -> &'static str {
+    use MetaRequest as R;
+    match req {
+        R::Hello { .. } => "hello",
+        R::Lookup { .. } => "lookup",
+        R::GetAttr { .. } => "getattr",
+        R::SetAttr { .. } => "setattr",
+        R::Create { .. } => "create",
+        R::MkNod { .. } => "mknod",
+        R::Mkdir { .. } => "mkdir",
+        R::Symlink { .. } => "symlink",
+        R::Readlink { .. } => "readlink",
+        R::Link { .. } => "link",
+        R::Unlink { .. } => "unlink",
+        R::Rmdir { .. } => "rmdir",
+        R::Rename { .. } => "rename",
+        R::ReadDir { .. } => "readdir",
+        R::StatFs => "statfs",
+        R::Open { .. } => "open",
+        R::Commit { .. } => "commit",
+        R::Release { .. } => "release",
+        R::GetXattr { .. } => "getxattr",
+        R::SetXattr { .. } => "setxattr",
+        R::ListXattr { .. } => "listxattr",
+        R::RemoveXattr { .. } => "removexattr",
+        R::RegisterData { .. } => "register",
+        R::Heartbeat { .. } => "heartbeat",
+        R::ClusterMap => "cluster_map",
+    }
+}
+
+impl Handler for MetaService {
+    fn handle(&self, conn: Connection, request: Bytes) -> HandlerFuture {
+        let (ns, limit) = (self.ns.clone(), self.max_msg_bytes);
+        Box::pin(async move {
+            let result: MetaResult = match codec::decode::<MetaRequest>(&request) {
+                Ok(req) => {
+                    let span = tracing::debug_span!("meta", op = op_name(&req), conn = conn.id().0);
+                    let id = ConnId(conn.id().0);
+                    // Store commits fsync: keep them off the async workers.
+                    let work = tokio::task::spawn_blocking(move || ns.handle(req, id));
+                    match work.instrument(span).await {
+                        Ok(r) => r,
+                        Err(e) => Err(WireError::new(
+                            ErrorCode::Io,
+                            format!("request failed: {e}"),
+                        )),
+                    }
+                }
+                Err(e) => {
+                    warn!(peer = conn.peer(), error = %e, "undecodable request");
+                    Err(WireError::from(e))
+                }
+            };
+            let bytes = codec::encode(&result, limit).or_else(|e| {
+                let err: MetaResult = Err(WireError::new(ErrorCode::TooBig, e.to_string()));
+                codec::encode(&err, usize::MAX)
+            });
+            Bytes::from(bytes.unwrap_or_default())
+        })
+    }
+
+    fn disconnected(&self, conn: transport::ConnId) {
+        let ns = self.ns.clone();
+        let id = ConnId(conn.0);
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(move || ns.connection_closed(id))),
+            Err(_) => ns.connection_closed(id),
+        }
+    }
+}
+
+/// A metadata server running inside this process.
+pub struct MetaServer {
+    listener: Listener,
+    ns: Arc<Namespace>,
+}
+
+impl MetaServer {
+    /// Opens the store and the namespace and starts serving.
+    pub async fn start(config: MetaConfig) -> Result<MetaServer, MetaError> {
+        config.validate().map_err(MetaError::InvalidArgument)?;
+        let (dir, kind, ns_config) = (
+            config.data_dir.clone(),
+            config.store,
+            config.namespace.clone(),
+        );
+        let ns = tokio::task::spawn_blocking(move || -> Result<Namespace, MetaError> {
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| MetaError::InvalidArgument(format!("creating {dir:?}: {e}")))?;
+            let store = open_store(kind, &dir)?;
+            Namespace::open(store, ns_config)
+        })
+        .await
+        .map_err(|e| MetaError::InvalidArgument(format!("opening the namespace: {e}")))??;
+        let ns = Arc::new(ns);
+        let limits = config.transport_limits.clone();
+        let ep = Endpoint::new(config.transport, limits.clone(), PROTOCOL_VERSION)
+            .map_err(|e| MetaError::InvalidArgument(e.to_string()))?;
+        let service = MetaService {
+            ns: ns.clone(),
+            max_msg_bytes: limits.max_msg_bytes,
+        };
+        let listener = ep
+            .listen(&config.listen, Arc::new(service))
+            .await
+            .map_err(|e| {
+                MetaError::InvalidArgument(format!("listening on {}: {e}", config.listen))
+            })?;
+        info!(addr = %listener.local_addr(), store = kind.name(), "metadata server started");
+        Ok(MetaServer { listener, ns })
+    }
+
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr()
+    }
+
+    /// The namespace (for tests and tools).
+    pub fn namespace(&self) -> &Arc<Namespace> {
+        &self.ns
+    }
+
+    /// Stops serving and closes every connection.
+    pub fn shutdown(&self) {
+        self.listener.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards against the example file drifting from the defaults it documents.
+    #[test]
+    fn example_file_equals_the_defaults() {
+        let text = include_str!("../tessera-meta.example.toml");
+        let parsed: MetaConfig = toml::from_str(text).expect("example parses");
+        assert_eq!(parsed, MetaConfig::default());
+        parsed.validate().expect("defaults are valid");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let e = toml::from_str::<MetaConfig>("[namespace]\nchunk_size = 1").unwrap_err();
+        assert!(e.to_string().contains("unknown field"), "{e}");
+    }
+}
