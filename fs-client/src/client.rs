@@ -1,0 +1,459 @@
+//! The `Client` API: the namespace operations of one mount, over the transport.
+
+use crate::config::ClientConfig;
+use crate::error::{ClientError, Result};
+use crate::file::{FileHandle, FileState};
+use crate::rpc::{self, expect_reply, DataLinks};
+use parking_lot::Mutex;
+use proto::meta::{Caller, DirEntry, MetaReply, MetaRequest, RenameMode, XattrMode};
+use proto::{Attr, ClientId, FileKind, InodeId, Layout, NodeId, SetAttr, PROTOCOL_VERSION};
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use transport::BufferPool;
+use transport::{Connection, Endpoint, Link};
+
+/// Layouts remembered for files that are not open (for truncation); more are forgotten.
+const MAX_CACHED_LAYOUTS: usize = 65_536;
+
+/// File system totals, as `statfs` reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FsStats {
+    /// Capacity of all data servers, in bytes.
+    pub total_bytes: u64,
+    /// Free bytes over all data servers.
+    pub free_bytes: u64,
+    /// Inodes in use.
+    pub files: u64,
+}
+
+/// A connection to one Tessera cluster: what a mount uses, and what tests and tools use
+/// without a mount.
+pub struct Client {
+    pub(crate) ep: Endpoint,
+    pub(crate) config: ClientConfig,
+    meta: Link,
+    data: DataLinks,
+    pub(crate) pool: BufferPool,
+    pub(crate) id: ClientId,
+    pub(crate) files: Mutex<HashMap<InodeId, Weak<FileState>>>,
+    layouts: Mutex<HashMap<InodeId, Layout>>,
+}
+
+impl Client {
+    /// Connects to the metadata server named in `config` and learns the data servers.
+    pub async fn connect(config: ClientConfig) -> Result<Arc<Client>> {
+        config.validate().map_err(ClientError::Config)?;
+        let ep = Endpoint::new(
+            config.transport,
+            config.transport_limits.clone(),
+            PROTOCOL_VERSION,
+        )?;
+        let pool = BufferPool::new(&ep, config.io_buffers, config.io_buffer_bytes)?;
+        let meta = Link::new(config.meta_addr.clone());
+        let name = format!("fs-client pid {}", std::process::id());
+        let hello = rpc::meta_call(&ep, &meta, &MetaRequest::Hello { name }).await?;
+        let id = expect_reply!(hello, MetaReply::Welcome { client } => client)?;
+        let client = Client {
+            ep,
+            config,
+            meta,
+            data: DataLinks::default(),
+            pool,
+            id,
+            files: Mutex::new(HashMap::new()),
+            layouts: Mutex::new(HashMap::new()),
+        };
+        client.refresh_map().await?;
+        Ok(Arc::new(client))
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    pub(crate) async fn meta(&self, req: MetaRequest) -> Result<MetaReply> {
+        rpc::meta_call(&self.ep, &self.meta, &req).await
+    }
+
+    /// Re-reads the list of data servers.
+    pub(crate) async fn refresh_map(&self) -> Result<()> {
+        let map = self.meta(MetaRequest::ClusterMap).await?;
+        let nodes = expect_reply!(map, MetaReply::Map { nodes } => nodes)?;
+        self.data.update(&nodes);
+        Ok(())
+    }
+
+    /// A live connection to data server `node`, refreshing the map if it is unknown.
+    pub(crate) async fn data_conn(&self, node: NodeId) -> Result<Connection> {
+        let link = match self.data.get(node) {
+            Some(l) => l,
+            None => {
+                self.refresh_map().await?;
+                self.data.get(node).ok_or_else(|| {
+                    ClientError::Remote(proto::WireError::new(
+                        proto::ErrorCode::Unavailable,
+                        format!("{node} is not in the cluster map"),
+                    ))
+                })?
+            }
+        };
+        Ok(link.get(&self.ep).await?)
+    }
+
+    fn remember_layout(&self, ino: InodeId, layout: &Layout) {
+        let mut l = self.layouts.lock();
+        if l.len() >= MAX_CACHED_LAYOUTS {
+            l.clear();
+        }
+        l.insert(ino, layout.clone());
+    }
+
+    /// Applies what this client knows and the server does not yet (uncommitted writes).
+    pub(crate) fn overlay(&self, mut attr: Attr) -> Attr {
+        if let Some(st) = self.live_file(attr.ino) {
+            st.overlay(&mut attr);
+        }
+        attr
+    }
+
+    pub(crate) fn live_file(&self, ino: InodeId) -> Option<Arc<FileState>> {
+        self.files.lock().get(&ino).and_then(Weak::upgrade)
+    }
+
+    /// Finds `name` in `parent`.
+    pub async fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr> {
+        let req = MetaRequest::Lookup {
+            parent,
+            name: name.to_vec(),
+        };
+        let attr = expect_reply!(self.meta(req).await?, MetaReply::Attr(a) => a)?;
+        Ok(self.overlay(attr))
+    }
+
+    /// Reads attributes.
+    pub async fn getattr(&self, ino: InodeId) -> Result<Attr> {
+        let attr = expect_reply!(
+            self.meta(MetaRequest::GetAttr { ino }).await?,
+            MetaReply::Attr(a) => a
+        )?;
+        Ok(self.overlay(attr))
+    }
+
+    /// Changes attributes; a new size first cuts the chunks on the data servers.
+    pub async fn setattr(&self, ino: InodeId, set: SetAttr) -> Result<Attr> {
+        if let Some(st) = self.live_file(ino) {
+            // Earlier writes are committed first, so that their mtime cannot later
+            // override a time set here (`cp -a`, `touch -d` on an open file).
+            self.commit_pending(&st).await?;
+        }
+        if let Some(size) = set.size {
+            if let Some(layout) = self.layout_of(ino).await? {
+                self.truncate_data(ino, &layout, size).await?;
+            }
+            if let Some(st) = self.live_file(ino) {
+                st.truncated(size);
+            }
+        }
+        let attr = expect_reply!(
+            self.meta(MetaRequest::SetAttr { ino, set }).await?,
+            MetaReply::Attr(a) => a
+        )?;
+        Ok(self.overlay(attr))
+    }
+
+    /// The layout of a regular file (`None` for other kinds), opening it briefly if this
+    /// client has not seen it.
+    async fn layout_of(&self, ino: InodeId) -> Result<Option<Layout>> {
+        if let Some(st) = self.live_file(ino) {
+            return Ok(Some(st.layout.clone()));
+        }
+        if let Some(l) = self.layouts.lock().get(&ino) {
+            return Ok(Some(l.clone()));
+        }
+        let req = MetaRequest::Open {
+            ino,
+            client: self.id,
+            truncate: false,
+        };
+        let (attr, session, layout) = expect_reply!(
+            self.meta(req).await?,
+            MetaReply::Opened { attr, session, layout } => (attr, session, layout)
+        )?;
+        self.meta(MetaRequest::Release {
+            session,
+            commit: None,
+        })
+        .await?;
+        if attr.kind != FileKind::Regular {
+            return Ok(None);
+        }
+        self.remember_layout(ino, &layout);
+        Ok(Some(layout))
+    }
+
+    async fn entry(&self, req: MetaRequest) -> Result<Attr> {
+        expect_reply!(self.meta(req).await?, MetaReply::Attr(a) => a)
+    }
+
+    /// Creates a directory.
+    pub async fn mkdir(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        perm: u32,
+        caller: Caller,
+    ) -> Result<Attr> {
+        let name = name.to_vec();
+        self.entry(MetaRequest::Mkdir {
+            parent,
+            name,
+            perm,
+            caller,
+        })
+        .await
+    }
+
+    /// Creates a FIFO, socket or device node.
+    pub async fn mknod(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        kind: FileKind,
+        perm: u32,
+        rdev: u32,
+        caller: Caller,
+    ) -> Result<Attr> {
+        let name = name.to_vec();
+        self.entry(MetaRequest::MkNod {
+            parent,
+            name,
+            kind,
+            perm,
+            rdev,
+            caller,
+        })
+        .await
+    }
+
+    /// Creates a symbolic link.
+    pub async fn symlink(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        target: &[u8],
+        caller: Caller,
+    ) -> Result<Attr> {
+        let (name, target) = (name.to_vec(), target.to_vec());
+        self.entry(MetaRequest::Symlink {
+            parent,
+            name,
+            target,
+            caller,
+        })
+        .await
+    }
+
+    /// Reads a symlink's target.
+    pub async fn readlink(&self, ino: InodeId) -> Result<Vec<u8>> {
+        expect_reply!(self.meta(MetaRequest::Readlink { ino }).await?, MetaReply::Target(t) => t)
+    }
+
+    /// Adds a hard link.
+    pub async fn link(&self, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> Result<Attr> {
+        let new_name = new_name.to_vec();
+        let attr = self
+            .entry(MetaRequest::Link {
+                ino,
+                new_parent,
+                new_name,
+            })
+            .await?;
+        Ok(self.overlay(attr))
+    }
+
+    /// Removes a name of a non-directory.
+    pub async fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<()> {
+        let name = name.to_vec();
+        self.meta(MetaRequest::Unlink { parent, name })
+            .await
+            .map(drop)
+    }
+
+    /// Removes an empty directory.
+    pub async fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<()> {
+        let name = name.to_vec();
+        self.meta(MetaRequest::Rmdir { parent, name })
+            .await
+            .map(drop)
+    }
+
+    /// Renames atomically.
+    pub async fn rename(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        new_parent: InodeId,
+        new_name: &[u8],
+        mode: RenameMode,
+    ) -> Result<()> {
+        let req = MetaRequest::Rename {
+            parent,
+            name: name.to_vec(),
+            new_parent,
+            new_name: new_name.to_vec(),
+            mode,
+        };
+        self.meta(req).await.map(drop)
+    }
+
+    /// One page of a directory listing after the name `after`; `true` when it is the last.
+    pub async fn readdir_page(
+        &self,
+        ino: InodeId,
+        after: Option<Vec<u8>>,
+        max_entries: u32,
+        plus: bool,
+    ) -> Result<(Vec<DirEntry>, bool)> {
+        let req = MetaRequest::ReadDir {
+            ino,
+            after,
+            max_entries,
+            plus,
+        };
+        expect_reply!(self.meta(req).await?, MetaReply::Dir { entries, done } => (entries, done))
+    }
+
+    /// The whole listing of a directory (for tools and tests; the mount pages).
+    pub async fn readdir_all(&self, ino: InodeId) -> Result<Vec<DirEntry>> {
+        let mut all: Vec<DirEntry> = Vec::new();
+        loop {
+            let after = all.last().map(|e| e.name.clone());
+            let (page, done) = self.readdir_page(ino, after, 1024, false).await?;
+            all.extend(page);
+            if done {
+                return Ok(all);
+            }
+        }
+    }
+
+    /// File system totals.
+    pub async fn statfs(&self) -> Result<FsStats> {
+        expect_reply!(
+            self.meta(MetaRequest::StatFs).await?,
+            MetaReply::StatFs { total_bytes, free_bytes, files } =>
+                FsStats { total_bytes, free_bytes, files }
+        )
+    }
+
+    /// Reads an extended attribute.
+    pub async fn getxattr(&self, ino: InodeId, name: &[u8]) -> Result<Vec<u8>> {
+        let req = MetaRequest::GetXattr {
+            ino,
+            name: name.to_vec(),
+        };
+        expect_reply!(self.meta(req).await?, MetaReply::Xattr(v) => v)
+    }
+
+    /// Sets an extended attribute.
+    pub async fn setxattr(
+        &self,
+        ino: InodeId,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+    ) -> Result<()> {
+        let req = MetaRequest::SetXattr {
+            ino,
+            name: name.to_vec(),
+            value: value.to_vec(),
+            mode,
+        };
+        self.meta(req).await.map(drop)
+    }
+
+    /// Lists extended attribute names.
+    pub async fn listxattr(&self, ino: InodeId) -> Result<Vec<Vec<u8>>> {
+        expect_reply!(
+            self.meta(MetaRequest::ListXattr { ino }).await?,
+            MetaReply::XattrNames(n) => n
+        )
+    }
+
+    /// Removes an extended attribute.
+    pub async fn removexattr(&self, ino: InodeId, name: &[u8]) -> Result<()> {
+        let req = MetaRequest::RemoveXattr {
+            ino,
+            name: name.to_vec(),
+        };
+        self.meta(req).await.map(drop)
+    }
+
+    /// Creates (or, unless `exclusive`, opens an existing) regular file and opens it.
+    pub async fn create(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        perm: u32,
+        caller: Caller,
+        exclusive: bool,
+    ) -> Result<(Attr, FileHandle)> {
+        let req = MetaRequest::Create {
+            parent,
+            name: name.to_vec(),
+            perm,
+            caller,
+            exclusive,
+            client: self.id,
+        };
+        self.opened(self.meta(req).await?)
+    }
+
+    /// Opens an existing inode; `truncate` empties it first (`O_TRUNC`).
+    pub async fn open(&self, ino: InodeId, truncate: bool) -> Result<(Attr, FileHandle)> {
+        let req = MetaRequest::Open {
+            ino,
+            client: self.id,
+            truncate: false,
+        };
+        let (attr, fh) = self.opened(self.meta(req).await?)?;
+        if !truncate || attr.kind != FileKind::Regular {
+            return Ok((attr, fh));
+        }
+        let set = SetAttr {
+            size: Some(0),
+            ..SetAttr::default()
+        };
+        let attr = self.setattr(ino, set).await?;
+        Ok((attr, fh))
+    }
+
+    fn opened(&self, reply: MetaReply) -> Result<(Attr, FileHandle)> {
+        let (attr, session, layout) = expect_reply!(
+            reply,
+            MetaReply::Opened { attr, session, layout } => (attr, session, layout)
+        )?;
+        if attr.kind == FileKind::Regular {
+            self.remember_layout(attr.ino, &layout);
+        }
+        let mut files = self.files.lock();
+        let state = match files.get(&attr.ino).and_then(Weak::upgrade) {
+            Some(st) => {
+                st.opened(&attr);
+                st
+            }
+            None => {
+                let st = Arc::new(FileState::new(&attr, layout));
+                files.insert(attr.ino, Arc::downgrade(&st));
+                st
+            }
+        };
+        if files.len() > 4096 {
+            files.retain(|_, w| w.strong_count() > 0);
+        }
+        drop(files);
+        let mut attr = attr;
+        state.overlay(&mut attr);
+        Ok((attr, FileHandle::new(state, session)))
+    }
+}

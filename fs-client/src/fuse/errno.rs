@@ -1,0 +1,52 @@
+//! The one place where Tessera error codes become errno values.
+
+use fuser::Errno;
+use proto::ErrorCode;
+
+/// The errno an application sees for `code`. Exhaustive on purpose: a new code does not
+/// compile until someone decides what applications see for it.
+pub fn errno(code: ErrorCode) -> Errno {
+    match code {
+        ErrorCode::NotFound => Errno::ENOENT,
+        ErrorCode::AlreadyExists => Errno::EEXIST,
+        ErrorCode::NotADirectory => Errno::ENOTDIR,
+        ErrorCode::IsADirectory => Errno::EISDIR,
+        ErrorCode::NotEmpty => Errno::ENOTEMPTY,
+        ErrorCode::InvalidArgument => Errno::EINVAL,
+        ErrorCode::NameTooLong => Errno::ENAMETOOLONG,
+        ErrorCode::PermissionDenied => Errno::EACCES,
+        ErrorCode::NotPermitted => Errno::EPERM,
+        ErrorCode::NoSpace => Errno::ENOSPC,
+        ErrorCode::Io => Errno::EIO,
+        // Never hand out bytes that failed their checksum: the read fails instead.
+        ErrorCode::Corrupt => Errno::EIO,
+        ErrorCode::Stale => Errno::ESTALE,
+        ErrorCode::VersionMismatch => Errno::EPROTO,
+        ErrorCode::Malformed => Errno::EPROTO,
+        ErrorCode::UnknownMessage => Errno::EPROTO,
+        ErrorCode::Unavailable => Errno::EIO,
+        ErrorCode::TimedOut => Errno::ETIMEDOUT,
+        ErrorCode::TooBig => Errno::EFBIG,
+        ErrorCode::NoData => Errno::ENODATA,
+        ErrorCode::Range => Errno::ERANGE,
+        ErrorCode::NotSupported => Errno::EOPNOTSUPP,
+        ErrorCode::TooManyLinks => Errno::EMLINK,
+        ErrorCode::Busy => Errno::EBUSY,
+        ErrorCode::AccessViolation => Errno::EIO,
+        ErrorCode::Overloaded => Errno::EAGAIN,
+        ErrorCode::Unknown => Errno::EIO,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_codes_map_to_the_errno_applications_expect() {
+        assert_eq!(errno(ErrorCode::NotFound), Errno::ENOENT);
+        assert_eq!(errno(ErrorCode::NotEmpty), Errno::ENOTEMPTY);
+        assert_eq!(errno(ErrorCode::Corrupt), Errno::EIO);
+        assert_eq!(errno(ErrorCode::NoData), Errno::ENODATA);
+    }
+}

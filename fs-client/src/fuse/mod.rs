@@ -1,0 +1,219 @@
+//! The FUSE mount: kernel requests in, `Client` calls out.
+//!
+//! Each callback hands its work to the tokio runtime with the reply object and returns at
+//! once, so no event loop ever waits on the network. Several event loops read
+//! `/dev/fuse` (`fuse_threads`).
+
+mod attr;
+mod dir;
+mod errno;
+mod ops;
+
+pub use errno::errno;
+
+use crate::client::Client;
+use crate::error::ClientError;
+use crate::file::FileHandle;
+use dir::DirHandle;
+use parking_lot::Mutex;
+use proto::{InodeId, Timestamp};
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tracing::{info, warn};
+
+/// Attributes last shown to the kernel per inode, to decide at open whether its page
+/// cache is still valid; bounded, forgotten wholesale when full.
+const MAX_SEEN: usize = 262_144;
+
+/// The mounted file system.
+pub struct TesseraFs {
+    inner: Arc<Inner>,
+    rt: tokio::runtime::Handle,
+}
+
+struct Inner {
+    client: Arc<Client>,
+    attr_ttl: Duration,
+    entry_ttl: Duration,
+    blksize: u32,
+    files: Mutex<HashMap<u64, Arc<FileHandle>>>,
+    dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirHandle>>>>,
+    next_fh: AtomicU64,
+    /// (mtime, size) of each file when it was last opened or looked at.
+    seen: Mutex<HashMap<InodeId, (Timestamp, u64)>>,
+    /// Sends cache invalidations to the kernel; set once the session exists.
+    notifier: OnceLock<fuser::Notifier>,
+}
+
+/// What an open found compared with what this mount saw of the file before.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Freshness {
+    /// Never seen (or forgotten): nothing cached can be trusted or needs dropping.
+    New,
+    /// Same mtime and size: the kernel's cached pages are still the file's bytes.
+    Same,
+    /// Changed elsewhere: drop the cached pages and the cached attributes.
+    Changed,
+}
+
+impl TesseraFs {
+    /// A file system over `client`, running its work on `rt`.
+    pub fn new(client: Arc<Client>, rt: tokio::runtime::Handle) -> TesseraFs {
+        let c = client.config();
+        let inner = Inner {
+            attr_ttl: Duration::from_millis(c.attr_ttl_ms),
+            entry_ttl: Duration::from_millis(c.entry_ttl_ms),
+            blksize: c.io_buffer_bytes as u32,
+            client,
+            files: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            seen: Mutex::new(HashMap::new()),
+            notifier: OnceLock::new(),
+        };
+        TesseraFs {
+            inner: Arc::new(inner),
+            rt,
+        }
+    }
+
+    fn spawn(&self, f: impl Future<Output = ()> + Send + 'static) {
+        self.rt.spawn(f);
+    }
+}
+
+impl Inner {
+    fn new_fh(&self) -> u64 {
+        self.next_fh.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn file(&self, fh: u64) -> Result<Arc<FileHandle>, ClientError> {
+        self.files
+            .lock()
+            .get(&fh)
+            .cloned()
+            .ok_or_else(|| ClientError::Invalid(format!("unknown file handle {fh}")))
+    }
+
+    /// Close-to-open: compares `attr` with what this mount saw of the file before. The
+    /// kernel keeps its cached pages only for `Same`; for `Changed`, its cached attributes
+    /// (the length above all) are dropped too, so reads see the new end of the file.
+    fn freshness(&self, attr: &proto::Attr) -> Freshness {
+        let now = (attr.mtime, attr.size);
+        let before = {
+            let mut seen = self.seen.lock();
+            if seen.len() >= MAX_SEEN {
+                seen.clear();
+            }
+            seen.insert(attr.ino, now)
+        };
+        match before {
+            None => Freshness::New,
+            Some(b) if b == now => Freshness::Same,
+            Some(_) => {
+                if let Some(n) = self.notifier.get() {
+                    // Offset -1: attributes only; the pages go because KEEP_CACHE is unset.
+                    if let Err(e) = n.inval_inode(fuser::INodeNo(attr.ino.0), -1, 0) {
+                        tracing::debug!(error = %e, "attribute invalidation refused");
+                    }
+                }
+                Freshness::Changed
+            }
+        }
+    }
+}
+
+/// Mount options and the event-loop count for `client`'s configuration.
+fn session_config(client: &Client) -> fuser::Config {
+    use fuser::MountOption as O;
+    let c = client.config();
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        O::FSName("tessera".into()),
+        O::Subtype("tessera".into()),
+        // The kernel checks permission bits against the attributes we return.
+        O::DefaultPermissions,
+        O::NoAtime,
+    ];
+    if c.allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(c.fuse_threads);
+    config.clone_fd = true;
+    config
+}
+
+/// Mounts `client` on `mountpoint` and serves it until it is unmounted, or until SIGINT
+/// or SIGTERM arrive (then it unmounts cleanly first).
+pub fn mount_and_serve(
+    client: Arc<Client>,
+    mountpoint: &Path,
+    rt: &tokio::runtime::Runtime,
+) -> std::io::Result<()> {
+    let config = session_config(&client);
+    let fs = TesseraFs::new(client, rt.handle().clone());
+    let inner = fs.inner.clone();
+    let session = fuser::Session::new(fs, mountpoint, &config)?;
+    let _ = inner.notifier.set(session.notifier());
+    info!(mountpoint = %mountpoint.display(), "mounted");
+    let target = mountpoint.to_path_buf();
+    rt.spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(e) => return warn!(error = %e, "cannot watch SIGTERM"),
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        info!("signal received, unmounting");
+        if let Err(e) = unmount(&target) {
+            warn!(error = %e, "unmount failed");
+        }
+    });
+    session.run()?;
+    info!("unmounted");
+    Ok(())
+}
+
+/// Unmounts a FUSE mount: a plain unmount, or a lazy one if files are still open (the
+/// session then ends when the last of them closes).
+pub fn unmount(mountpoint: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::other("mount point contains a NUL byte"))?;
+    for flags in [0, libc::MNT_DETACH] {
+        // SAFETY: `c` is a valid NUL-terminated path.
+        if unsafe { libc::umount2(c.as_ptr(), flags) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EBUSY) => continue,
+            Some(libc::EPERM) => return fusermount_unmount(mountpoint),
+            _ => return Err(e),
+        }
+    }
+    Err(std::io::Error::other("unmount failed"))
+}
+
+/// Unprivileged users unmount through the setuid helper.
+fn fusermount_unmount(mountpoint: &Path) -> std::io::Result<()> {
+    let status = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg("-z")
+        .arg(mountpoint)
+        .status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "fusermount3 -u failed: {status}"
+        )))
+    }
+}

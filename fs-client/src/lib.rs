@@ -1,0 +1,15 @@
+//! Tessera's client: the [`Client`] API over the transport, the FUSE mount built on it,
+//! and the local-cluster commands behind `tessera up` and `tessera down`.
+
+mod client;
+pub mod cluster;
+pub mod config;
+pub mod error;
+mod file;
+pub mod fuse;
+mod rpc;
+
+pub use client::{Client, FsStats};
+pub use config::ClientConfig;
+pub use error::{ClientError, Result};
+pub use file::{FileHandle, ReadBuf};

@@ -1,0 +1,146 @@
+//! `tessera`: mount a cluster, or start and stop a local one.
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use fs_client::cluster::{self, UpOptions};
+use fs_client::{Client, ClientConfig};
+use std::path::PathBuf;
+
+/// Tessera: a distributed file system for AI clusters.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Mount a cluster and serve the mount in the foreground until unmounted, SIGINT or
+    /// SIGTERM.
+    Mount {
+        /// Where to mount.
+        mountpoint: PathBuf,
+        /// Client configuration file (TOML); flags override it.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Metadata server address (host:port).
+        #[arg(long)]
+        meta: Option<String>,
+    },
+    /// Start a local cluster (one metadata server, data servers on 127.0.0.1) and mount
+    /// it; returns once the mount is usable.
+    Up {
+        /// Where to mount.
+        mountpoint: PathBuf,
+        /// State directory (default: derived from the mount point).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Number of data servers.
+        #[arg(long, default_value_t = 3)]
+        data_servers: usize,
+        /// Metadata store engine: sled or redb.
+        #[arg(long)]
+        store: Option<String>,
+    },
+    /// Unmount and stop everything `tessera up` started for a mount point.
+    Down {
+        /// The mount point given to `up`.
+        mountpoint: PathBuf,
+        /// State directory, if `up` was given one.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+}
+
+fn client_config(path: &Option<PathBuf>, meta: &Option<String>) -> anyhow::Result<ClientConfig> {
+    let mut c: ClientConfig = match path {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {p:?}"))?;
+            toml::from_str(&text).with_context(|| format!("parsing {p:?}"))?
+        }
+        None => ClientConfig::default(),
+    };
+    if let Some(m) = meta {
+        c.meta_addr = m.clone();
+    }
+    c.validate()
+        .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    Ok(c)
+}
+
+fn mount(mountpoint: PathBuf, config: ClientConfig) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let meta = config.meta_addr.clone();
+    let client = rt
+        .block_on(Client::connect(config))
+        .with_context(|| format!("connecting to the metadata server at {meta}"))?;
+    fs_client::fuse::mount_and_serve(client, &mountpoint, &rt)
+        .with_context(|| format!("mounting {}", mountpoint.display()))?;
+    Ok(())
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    match args.cmd {
+        Cmd::Mount {
+            mountpoint,
+            config,
+            meta,
+        } => mount(mountpoint, client_config(&config, &meta)?),
+        Cmd::Up {
+            mountpoint,
+            state_dir,
+            data_servers,
+            store,
+        } => {
+            if !(1..=64).contains(&data_servers) {
+                bail!("--data-servers must be between 1 and 64");
+            }
+            let opts = UpOptions {
+                mountpoint: mountpoint.clone(),
+                state_dir,
+                data_servers,
+                store,
+                bin_dir: None,
+            };
+            let state = cluster::up(&opts)?;
+            println!(
+                "Tessera is mounted at {} (state in {}). Stop it with: tessera down {}",
+                mountpoint.display(),
+                state.display(),
+                mountpoint.display()
+            );
+            Ok(())
+        }
+        Cmd::Down {
+            mountpoint,
+            state_dir,
+        } => {
+            let state = cluster::down(&mountpoint, state_dir.as_deref())?;
+            println!(
+                "Tessera at {} is down (state kept in {}).",
+                mountpoint.display(),
+                state.display()
+            );
+            Ok(())
+        }
+    }
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::try_parse().unwrap_or_else(|e| e.exit());
+    if let Err(e) = run(args) {
+        eprintln!("tessera: {e:#}");
+        std::process::exit(1);
+    }
+}

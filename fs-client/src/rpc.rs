@@ -1,0 +1,113 @@
+//! Calls to the metadata server and the data servers: encoding, decoding, reconnecting.
+
+use crate::error::Result;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use proto::codec;
+use proto::data::{DataReply, DataRequest, DataResult};
+use proto::meta::{MetaReply, MetaRequest, MetaResult, NodeInfo};
+use proto::NodeId;
+use std::collections::HashMap;
+use tracing::info;
+use transport::{Connection, Endpoint, Link, TransportError};
+
+fn is_disconnect(e: &TransportError) -> bool {
+    matches!(e, TransportError::Disconnected { .. })
+}
+
+/// Sends a metadata request. When the connection breaks, a request that is safe to
+/// repeat is sent once more on a new connection; one that might have been applied already
+/// (create, rename, unlink...) fails instead of risking being applied twice.
+pub async fn meta_call(ep: &Endpoint, link: &Link, req: &MetaRequest) -> Result<MetaReply> {
+    let bytes = Bytes::from(codec::encode(req, ep.config().max_msg_bytes)?);
+    let conn = link.get(ep).await?;
+    let reply = match conn.call(bytes.clone()).await {
+        Err(e) if is_disconnect(&e) && idempotent(req) => {
+            info!(error = %e, "metadata connection lost, reconnecting");
+            link.get(ep).await?.call(bytes).await?
+        }
+        r => r?,
+    };
+    let result: MetaResult = codec::decode(&reply)?;
+    Ok(result?)
+}
+
+/// Whether applying the request twice has the effect of applying it once.
+fn idempotent(req: &MetaRequest) -> bool {
+    use MetaRequest as R;
+    match req {
+        R::Hello { .. }
+        | R::Lookup { .. }
+        | R::GetAttr { .. }
+        | R::SetAttr { .. }
+        | R::Readlink { .. }
+        | R::ReadDir { .. }
+        | R::StatFs
+        | R::Open { .. }
+        | R::Commit { .. }
+        | R::GetXattr { .. }
+        | R::ListXattr { .. }
+        | R::SetXattr { .. }
+        | R::RegisterData { .. }
+        | R::Heartbeat { .. }
+        | R::ClusterMap => true,
+        R::Create { .. }
+        | R::MkNod { .. }
+        | R::Mkdir { .. }
+        | R::Symlink { .. }
+        | R::Link { .. }
+        | R::Unlink { .. }
+        | R::Rmdir { .. }
+        | R::Rename { .. }
+        | R::Release { .. }
+        | R::RemoveXattr { .. } => false,
+    }
+}
+
+/// Sends a data-server request (all are idempotent: safe to retry once on a new
+/// connection when the old one broke).
+pub async fn data_call(ep: &Endpoint, conn: &Connection, req: &DataRequest) -> Result<DataReply> {
+    let bytes = Bytes::from(codec::encode(req, ep.config().max_msg_bytes)?);
+    let reply = conn.call(bytes).await?;
+    let result: DataResult = codec::decode(&reply)?;
+    Ok(result?)
+}
+
+/// Links to every data server, by node id, refreshed from the cluster map.
+#[derive(Default)]
+pub struct DataLinks {
+    links: Mutex<HashMap<NodeId, std::sync::Arc<Link>>>,
+}
+
+impl DataLinks {
+    /// Installs the addresses of a cluster map.
+    pub fn update(&self, nodes: &[NodeInfo]) {
+        let mut links = self.links.lock();
+        for n in nodes {
+            match links.get(&n.node) {
+                Some(l) => l.set_addr(&n.addr),
+                None => {
+                    links.insert(n.node, std::sync::Arc::new(Link::new(n.addr.clone())));
+                }
+            }
+        }
+    }
+
+    /// The link to `node`, if the map names it.
+    pub fn get(&self, node: NodeId) -> Option<std::sync::Arc<Link>> {
+        self.links.lock().get(&node).cloned()
+    }
+}
+
+/// Unwraps an expected reply variant or reports a protocol error.
+macro_rules! expect_reply {
+    ($reply:expr, $pat:pat => $out:expr) => {
+        match $reply {
+            $pat => Ok($out),
+            other => Err($crate::error::ClientError::Protocol(format!(
+                "unexpected reply {other:?}"
+            ))),
+        }
+    };
+}
+pub(crate) use expect_reply;
