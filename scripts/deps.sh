@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Tessera's build, mount and tests need, if any is missing.
+#   fuse3        fusermount3 (unprivileged mounts and unmounts) and /etc/fuse.conf
+#   python3      the checkpoint test
+#   git, rsync   tools the tests drive on the mount
+#   procps       ps/pgrep for scripts that look at processes
+set -euo pipefail
+packages=(fuse3 python3 git rsync procps)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ "${#missing[@]}" -eq 0 ] && exit 0
+echo "installing: ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  SUDO=sudo
+fi
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null

@@ -1,0 +1,86 @@
+//! A metadata server and data servers running inside the test process.
+
+use data_server::{DataConfig, DataServer};
+use fs_client::{Client, ClientConfig};
+use meta_server::server::{MetaConfig, MetaServer};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tempfile::TempDir;
+
+/// How long servers may take to start and register.
+const READY: Duration = Duration::from_secs(30);
+
+/// A cluster inside the test process, on 127.0.0.1 with temporary directories.
+pub struct InProcessCluster {
+    /// The metadata server.
+    pub meta: MetaServer,
+    /// The data servers, in start order.
+    pub data: Vec<DataServer>,
+    /// Each data server's directory.
+    pub data_dirs: Vec<PathBuf>,
+    dir: TempDir,
+}
+
+impl InProcessCluster {
+    /// Starts one metadata server and `n` data servers and waits until all registered.
+    pub async fn start(n: usize) -> InProcessCluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let meta = MetaServer::start(MetaConfig {
+            listen: "127.0.0.1:0".into(),
+            data_dir: dir.path().join("meta"),
+            ..MetaConfig::default()
+        })
+        .await
+        .expect("metadata server starts");
+        let mut data = Vec::new();
+        let mut data_dirs = Vec::new();
+        for i in 0..n {
+            let d = dir.path().join(format!("data-{i}"));
+            data.push(Self::start_data(&meta, d.clone()).await);
+            data_dirs.push(d);
+        }
+        InProcessCluster {
+            meta,
+            data,
+            data_dirs,
+            dir,
+        }
+    }
+
+    async fn start_data(meta: &MetaServer, data_dir: PathBuf) -> DataServer {
+        let s = DataServer::start(DataConfig {
+            listen: "127.0.0.1:0".into(),
+            meta_addr: meta.local_addr().to_string(),
+            data_dir,
+            capacity_bytes: 8 << 30,
+            heartbeat_ms: 100,
+            ..DataConfig::default()
+        })
+        .await
+        .expect("data server starts");
+        s.wait_registered(READY)
+            .await
+            .expect("data server registers");
+        s
+    }
+
+    /// The metadata server's address.
+    pub fn meta_addr(&self) -> String {
+        self.meta.local_addr().to_string()
+    }
+
+    /// A client connected to this cluster.
+    pub async fn client(&self) -> Arc<Client> {
+        let config = ClientConfig {
+            meta_addr: self.meta_addr(),
+            ..ClientConfig::default()
+        };
+        Client::connect(config).await.expect("client connects")
+    }
+
+    /// The cluster's temporary directory.
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}

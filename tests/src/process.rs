@@ -1,0 +1,248 @@
+//! A cluster of real processes (`tessera-meta`, `tessera-data`) and real FUSE mounts
+//! (`tessera mount`), started from the workspace's built binaries.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tempfile::TempDir;
+
+/// How long a process may take to become ready.
+const READY: Duration = Duration::from_secs(60);
+/// How long a process may take to exit after SIGTERM.
+const STOP: Duration = Duration::from_secs(20);
+
+/// The directory holding the workspace's binaries (next to the test's `deps/`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target directory")
+        .to_path_buf();
+    for b in ["tessera", "tessera-meta", "tessera-data"] {
+        assert!(
+            dir.join(b).is_file(),
+            "{} is missing: build the binaries first (`cargo build --workspace --bins`, \
+             as scripts/test.sh does)",
+            dir.join(b).display()
+        );
+    }
+    dir
+}
+
+/// Panics unless the test can mount FUSE file systems: CI runs these tests as root.
+pub fn require_fuse() {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    assert!(
+        root && Path::new("/dev/fuse").exists(),
+        "FUSE tests need root and /dev/fuse (CI runs them as root)"
+    );
+}
+
+fn spawn(bin: &Path, args: &[&str], log: &Path) -> Child {
+    let out = fs::File::create(log).expect("log file");
+    let err = out.try_clone().expect("log file");
+    Command::new(bin)
+        .args(args)
+        .env("TESSERA_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()))
+}
+
+fn wait_for(what: &str, child: &mut Child, log: &Path, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + READY;
+    while Instant::now() < deadline {
+        if ready() {
+            return;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "{what} exited with {status}:\n{}",
+                fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!(
+        "{what} not ready in {READY:?}:\n{}",
+        fs::read_to_string(log).unwrap_or_default()
+    );
+}
+
+/// Stops a child: SIGTERM, then SIGKILL after a grace period; always reaps it.
+fn stop(child: &mut Child) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    // SAFETY: signalling our own child by its PID.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + STOP;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn read_addr(file: &Path) -> Option<String> {
+    fs::read_to_string(file)
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().into())
+}
+
+/// Real server processes on 127.0.0.1.
+pub struct ProcessCluster {
+    dir: TempDir,
+    bin: PathBuf,
+    meta: Child,
+    data: Vec<Child>,
+    meta_addr: String,
+}
+
+impl ProcessCluster {
+    /// Starts `tessera-meta` and `n` `tessera-data` processes and waits until every data
+    /// server has registered.
+    pub fn start(n: usize) -> ProcessCluster {
+        let bin = bin_dir();
+        let dir = tempfile::Builder::new()
+            .prefix("tessera-test")
+            .tempdir()
+            .expect("temp dir");
+        let d = dir.path();
+        let meta_addr_file = d.join("meta.addr");
+        let log = d.join("meta.log");
+        let args = [
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &d.join("meta").to_string_lossy(),
+            "--addr-file",
+            &meta_addr_file.to_string_lossy(),
+        ]
+        .map(String::from);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let meta = spawn(&bin.join("tessera-meta"), &args, &log);
+        // Built before any wait, so whatever was started is stopped if a wait fails.
+        let mut cluster = ProcessCluster {
+            dir,
+            bin,
+            meta,
+            data: Vec::new(),
+            meta_addr: String::new(),
+        };
+        wait_for("tessera-meta", &mut cluster.meta, &log, || {
+            read_addr(&meta_addr_file).is_some()
+        });
+        cluster.meta_addr = read_addr(&meta_addr_file).expect("meta address");
+        for i in 0..n {
+            cluster.start_data(i);
+        }
+        cluster
+    }
+
+    fn start_data(&mut self, i: usize) {
+        let d = self.dir.path();
+        let addr_file = d.join(format!("data-{i}.addr"));
+        let _ = fs::remove_file(&addr_file);
+        let log = d.join(format!("data-{i}.log"));
+        let owned = [
+            "--listen".to_string(),
+            "127.0.0.1:0".into(),
+            "--meta".into(),
+            self.meta_addr.clone(),
+            "--data-dir".into(),
+            d.join(format!("data-{i}")).to_string_lossy().into(),
+            "--addr-file".into(),
+            addr_file.to_string_lossy().into(),
+            "--capacity-bytes".into(),
+            (16u64 << 30).to_string(),
+        ];
+        let args: Vec<&str> = owned.iter().map(String::as_str).collect();
+        self.data
+            .push(spawn(&self.bin.join("tessera-data"), &args, &log));
+        let child = self.data.last_mut().expect("just pushed");
+        wait_for("tessera-data", child, &log, || {
+            read_addr(&addr_file).is_some()
+        });
+    }
+
+    /// The metadata server's address.
+    pub fn meta_addr(&self) -> &str {
+        &self.meta_addr
+    }
+
+    /// The cluster's scratch directory (logs, server state).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Mounts the cluster at `<dir>/<name>` with a new `tessera mount` process.
+    pub fn mount(&self, name: &str) -> Mount {
+        require_fuse();
+        let path = self.dir.path().join(name);
+        fs::create_dir_all(&path).expect("mount point");
+        let log = self.dir.path().join(format!("{name}.log"));
+        let args = ["mount", "--meta", &self.meta_addr, &path.to_string_lossy()].map(String::from);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let child = spawn(&self.bin.join("tessera"), &args, &log);
+        // The guard exists before the wait, so a mount that never becomes ready is still
+        // unmounted and stopped.
+        let mut m = Mount { path, child, log };
+        let (p, l) = (m.path.clone(), m.log.clone());
+        wait_for("tessera mount", &mut m.child, &l, || {
+            fs_client::cluster::is_mounted(&p)
+        });
+        m
+    }
+}
+
+impl Drop for ProcessCluster {
+    fn drop(&mut self) {
+        for c in &mut self.data {
+            stop(c);
+        }
+        stop(&mut self.meta);
+    }
+}
+
+/// A FUSE mount served by a `tessera mount` process; unmounted and stopped on drop.
+pub struct Mount {
+    /// Where it is mounted.
+    pub path: PathBuf,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Mount {
+    /// Unmounts and waits for the mount process to exit; returns its log.
+    pub fn unmount(mut self) -> String {
+        self.stop();
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn stop(&mut self) {
+        // SIGTERM makes the mount process unmount itself; unmount here too in case it
+        // is stuck, lazily if files are still open.
+        if fs_client::cluster::is_mounted(&self.path) {
+            let _ = fs_client::fuse::unmount(&self.path);
+        }
+        stop(&mut self.child);
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,194 @@
+//! Bad input to real servers: each gets a clear error, nothing panics, and the servers
+//! keep serving the connection and everyone else.
+
+use bytes::Bytes;
+use proto::data::{DataRequest, DataResult};
+use proto::meta::{MetaRequest, MetaResult};
+use proto::{codec, ChunkId, ErrorCode, InodeId, MrKey, RemoteBuf, PROTOCOL_VERSION};
+use tessera_tests::InProcessCluster;
+use transport::{Access, Backend, Endpoint, TransportConfig};
+
+fn endpoint() -> Endpoint {
+    Endpoint::new(Backend::Tcp, TransportConfig::default(), PROTOCOL_VERSION).unwrap()
+}
+
+fn meta_error(reply: &[u8]) -> ErrorCode {
+    match codec::decode::<MetaResult>(reply).expect("a well-formed reply") {
+        Err(e) => e.code,
+        Ok(r) => panic!("expected an error, got {r:?}"),
+    }
+}
+
+fn data_error(reply: &[u8]) -> ErrorCode {
+    match codec::decode::<DataResult>(reply).expect("a well-formed reply") {
+        Err(e) => e.code,
+        Ok(r) => panic!("expected an error, got {r:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn malformed_and_unknown_messages_get_clear_errors() {
+    let cluster = InProcessCluster::start(1).await;
+    let ep = endpoint();
+    let meta = ep.connect(&cluster.meta_addr()).await.unwrap();
+    // A message type that does not exist.
+    let reply = meta.call(Bytes::from_static(&[100, 1, 2])).await.unwrap();
+    assert_eq!(meta_error(&reply), ErrorCode::UnknownMessage);
+    // A truncated message.
+    let good = codec::encode(
+        &MetaRequest::Lookup {
+            parent: InodeId::ROOT,
+            name: b"x".to_vec(),
+        },
+        4096,
+    )
+    .unwrap();
+    let reply = meta.call(Bytes::copy_from_slice(&good[..2])).await.unwrap();
+    assert_eq!(meta_error(&reply), ErrorCode::Malformed);
+    // An empty message, and trailing garbage.
+    let reply = meta.call(Bytes::new()).await.unwrap();
+    assert_eq!(meta_error(&reply), ErrorCode::Malformed);
+    let mut long = good.clone();
+    long.extend_from_slice(b"junk");
+    assert_eq!(
+        meta_error(&meta.call(Bytes::from(long)).await.unwrap()),
+        ErrorCode::Malformed
+    );
+    // Names no file system accepts.
+    for name in [
+        b"".to_vec(),
+        b"a/b".to_vec(),
+        vec![b'x'; 300],
+        b"..".to_vec(),
+    ] {
+        let req = MetaRequest::Mkdir {
+            parent: InodeId::ROOT,
+            name,
+            perm: 0o755,
+            caller: proto::meta::Caller { uid: 0, gid: 0 },
+        };
+        let reply = meta
+            .call(Bytes::from(codec::encode(&req, 4096).unwrap()))
+            .await
+            .unwrap();
+        let code = meta_error(&reply);
+        assert!(
+            matches!(code, ErrorCode::InvalidArgument | ErrorCode::NameTooLong),
+            "{code:?}"
+        );
+    }
+    // Inodes that do not exist.
+    let req = MetaRequest::GetAttr {
+        ino: InodeId(u64::MAX),
+    };
+    let reply = meta
+        .call(Bytes::from(codec::encode(&req, 4096).unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(meta_error(&reply), ErrorCode::NotFound);
+
+    // The same connection, and a new client, are still served.
+    let reply = meta.call(Bytes::from(good)).await.unwrap();
+    assert_eq!(meta_error(&reply), ErrorCode::NotFound);
+    let client = cluster.client().await;
+    client
+        .mkdir(
+            InodeId::ROOT,
+            b"still-alive",
+            0o755,
+            proto::meta::Caller { uid: 0, gid: 0 },
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_sided_accesses_with_bad_keys_or_bounds_are_refused_by_the_data_server() {
+    let cluster = InProcessCluster::start(1).await;
+    let ep = endpoint();
+    let data = ep.connect(cluster.data[0].advertise()).await.unwrap();
+    let mr = ep.register(1 << 20).unwrap();
+    let grant = data.grant(&mr, 0, 4096, Access::RemoteReadWrite).unwrap();
+    let good = grant.remote();
+    let chunk = ChunkId {
+        inode: InodeId(777),
+        index: 0,
+    };
+    let read = |dest: RemoteBuf, len: u32| DataRequest::ReadChunk {
+        chunk,
+        chunk_size_bytes: 4 << 20,
+        offset: 0,
+        len,
+        dest,
+    };
+    let cases = [
+        (
+            "wrong key",
+            read(
+                RemoteBuf {
+                    key: MrKey(good.key.0 ^ 0xffff),
+                    ..good
+                },
+                4096,
+            ),
+        ),
+        (
+            "past the grant",
+            read(RemoteBuf { len: 8192, ..good }, 8192),
+        ),
+        (
+            "before the grant",
+            read(
+                RemoteBuf {
+                    addr: good.addr - 4096,
+                    ..good
+                },
+                4096,
+            ),
+        ),
+    ];
+    for (what, req) in cases {
+        let reply = data
+            .call(Bytes::from(codec::encode(&req, 4096).unwrap()))
+            .await
+            .unwrap();
+        assert_eq!(data_error(&reply), ErrorCode::AccessViolation, "{what}");
+    }
+    let write = DataRequest::WriteChunk {
+        chunk,
+        chunk_size_bytes: 4 << 20,
+        offset: 0,
+        src: RemoteBuf {
+            key: MrKey(good.key.0 ^ 1),
+            ..good
+        },
+    };
+    let reply = data
+        .call(Bytes::from(codec::encode(&write, 4096).unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(data_error(&reply), ErrorCode::AccessViolation);
+    // Bad chunk geometry is refused before any transfer.
+    let bad = DataRequest::ReadChunk {
+        chunk,
+        chunk_size_bytes: 12345,
+        offset: 0,
+        len: 16,
+        dest: good,
+    };
+    let reply = data
+        .call(Bytes::from(codec::encode(&bad, 4096).unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(data_error(&reply), ErrorCode::InvalidArgument);
+    let reply = data.call(Bytes::from_static(&[99])).await.unwrap();
+    assert_eq!(data_error(&reply), ErrorCode::UnknownMessage);
+    // A correct read on the same connection works: an unwritten chunk reads as zeros.
+    mr.lock()[..4096].fill(0xee);
+    let reply = data
+        .call(Bytes::from(codec::encode(&read(good, 4096), 4096).unwrap()))
+        .await
+        .unwrap();
+    assert!(codec::decode::<DataResult>(&reply).unwrap().is_ok());
+    assert!(mr.lock()[..4096].iter().all(|&b| b == 0));
+}

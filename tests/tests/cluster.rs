@@ -1,0 +1,158 @@
+//! Whole-cluster tests in one process, through the `Client` API.
+
+use proto::meta::Caller;
+use proto::{ErrorCode, InodeId};
+use std::path::{Path, PathBuf};
+use tessera_tests::{pseudo_random, sha256_hex, InProcessCluster};
+
+const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
+
+fn chunk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "chunk") {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn write_and_read_back_100_mib_spread_over_all_data_servers() {
+    let cluster = InProcessCluster::start(3).await;
+    let client = cluster.client().await;
+    let data = pseudo_random(100 << 20, 42);
+    let (attr, fh) = client
+        .create(InodeId::ROOT, b"big.bin", 0o644, ROOT_CALLER, true)
+        .await
+        .unwrap();
+    assert_eq!(attr.size, 0);
+    assert_eq!(client.write(&fh, 0, &data).await.unwrap(), data.len());
+    client.fsync(&fh).await.unwrap();
+    client.release(&fh).await.unwrap();
+
+    // A second client sees the committed length and the same bytes.
+    let other = cluster.client().await;
+    let attr = other.lookup(InodeId::ROOT, b"big.bin").await.unwrap();
+    assert_eq!(attr.size, data.len() as u64);
+    let (_, fh) = other.open(attr.ino, false).await.unwrap();
+    let back = other.read(&fh, 0, data.len() + 4096).await.unwrap();
+    assert_eq!(back.len(), data.len(), "reads stop at the end of the file");
+    assert_eq!(sha256_hex(&back), sha256_hex(&data));
+    other.release(&fh).await.unwrap();
+
+    // 25 chunks of 4 MiB, round-robin: every data server holds some.
+    for dir in &cluster.data_dirs {
+        let n = chunk_files(dir).len();
+        assert!(n >= 8, "{} holds {n} chunks", dir.display());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_corrupted_block_on_disk_is_an_error_on_read_never_wrong_bytes() {
+    let cluster = InProcessCluster::start(3).await;
+    let client = cluster.client().await;
+    let data = pseudo_random(3 << 20, 7);
+    let (_, fh) = client
+        .create(InodeId::ROOT, b"c.bin", 0o644, ROOT_CALLER, true)
+        .await
+        .unwrap();
+    client.write(&fh, 0, &data).await.unwrap();
+    client.fsync(&fh).await.unwrap();
+    client.release(&fh).await.unwrap();
+
+    let files: Vec<PathBuf> = cluster
+        .data_dirs
+        .iter()
+        .flat_map(|d| chunk_files(d))
+        .collect();
+    assert_eq!(files.len(), 1, "a 3 MiB file is one chunk");
+    // Flip one byte of the last stored data byte (the chunk file ends with the data area).
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x5a;
+    std::fs::write(&files[0], &bytes).unwrap();
+
+    let (_, fh) = client
+        .open(
+            client.lookup(InodeId::ROOT, b"c.bin").await.unwrap().ino,
+            false,
+        )
+        .await
+        .unwrap();
+    let err = client.read(&fh, 0, data.len()).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Corrupt, "{err}");
+    // The first MiB is in untouched blocks and still reads correctly.
+    let head = client.read(&fh, 0, 1 << 20).await.unwrap();
+    assert_eq!(head, data[..1 << 20]);
+    client.release(&fh).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn truncate_unlink_rename_and_sizes_through_the_client() {
+    let cluster = InProcessCluster::start(3).await;
+    let c = cluster.client().await;
+    let dir = c
+        .mkdir(InodeId::ROOT, b"d", 0o755, ROOT_CALLER)
+        .await
+        .unwrap();
+    let (a, fh) = c
+        .create(dir.ino, b"f", 0o600, ROOT_CALLER, true)
+        .await
+        .unwrap();
+    let data = pseudo_random(9 << 20, 3);
+    c.write(&fh, 0, &data).await.unwrap();
+    // Uncommitted writes already show in this client's attributes.
+    assert_eq!(c.getattr(a.ino).await.unwrap().size, data.len() as u64);
+    c.flush(&fh).await.unwrap();
+    // Shrink then grow: the cut-off bytes come back as zeros.
+    let set = |size| proto::SetAttr {
+        size: Some(size),
+        ..Default::default()
+    };
+    c.setattr(a.ino, set(5 << 20)).await.unwrap();
+    c.setattr(a.ino, set(6 << 20)).await.unwrap();
+    let back = c.read(&fh, 0, 6 << 20).await.unwrap();
+    assert_eq!(back[..5 << 20], data[..5 << 20]);
+    assert!(
+        back[5 << 20..].iter().all(|&b| b == 0),
+        "truncated bytes read as zeros"
+    );
+    c.release(&fh).await.unwrap();
+
+    let (_, fh2) = c
+        .create(dir.ino, b"g", 0o600, ROOT_CALLER, true)
+        .await
+        .unwrap();
+    c.write(&fh2, 0, b"replacement").await.unwrap();
+    c.release(&fh2).await.unwrap();
+    c.rename(
+        dir.ino,
+        b"g",
+        dir.ino,
+        b"f",
+        proto::meta::RenameMode::Replace,
+    )
+    .await
+    .unwrap();
+    let f = c.lookup(dir.ino, b"f").await.unwrap();
+    assert_eq!(f.size, 11);
+    let names: Vec<_> = c
+        .readdir_all(dir.ino)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names, vec![b"f".to_vec()]);
+    c.unlink(dir.ino, b"f").await.unwrap();
+    let err = c.lookup(dir.ino, b"f").await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound);
+    c.rmdir(InodeId::ROOT, b"d").await.unwrap();
+}

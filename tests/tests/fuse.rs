@@ -1,0 +1,248 @@
+//! Real FUSE mounts of a cluster of real processes, driven by the tools users run.
+//! They need root and /dev/fuse, as CI has.
+
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::Command;
+use tessera_tests::{pseudo_random, sha256_hex, ProcessCluster};
+
+fn sh(cmd: &str, cwd: &Path) -> String {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .current_dir(cwd)
+        .output()
+        .expect("sh runs");
+    assert!(
+        out.status.success(),
+        "`{cmd}` failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn sha256_file(p: &Path) -> String {
+    let out = sh(&format!("sha256sum '{}'", p.display()), Path::new("/"));
+    out.split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn mkdir_p_dd_100_mib_and_sha256_after_a_remount() {
+    let cluster = ProcessCluster::start(3);
+    let m = cluster.mount("mnt");
+    sh("mkdir -p a/b/c/d && mkdir -p a/b/e", &m.path);
+    assert!(m.path.join("a/b/c/d").is_dir() && m.path.join("a/b/e").is_dir());
+    let src = cluster.dir().join("src.bin");
+    fs::write(&src, pseudo_random(100 << 20, 9)).unwrap();
+    let want = sha256_file(&src);
+    sh(
+        &format!(
+            "dd if='{}' of=a/b/c/d/big bs=1M status=none conv=fsync",
+            src.display()
+        ),
+        &m.path,
+    );
+    assert_eq!(sha256_file(&m.path.join("a/b/c/d/big")), want);
+    let path = m.path.clone();
+    let log = m.unmount();
+    assert!(
+        !fs_client::cluster::is_mounted(&path),
+        "unmounted; log:\n{log}"
+    );
+    let m = cluster.mount("mnt");
+    assert_eq!(
+        fs::metadata(m.path.join("a/b/c/d/big")).unwrap().len(),
+        100 << 20
+    );
+    assert_eq!(sha256_file(&m.path.join("a/b/c/d/big")), want);
+}
+
+#[test]
+fn ls_l_shows_sizes_and_mtimes_and_rename_replaces_a_file() {
+    let cluster = ProcessCluster::start(3);
+    let m = cluster.mount("mnt");
+    let p = &m.path;
+    let before = std::time::SystemTime::now();
+    fs::write(p.join("five"), b"12345").unwrap();
+    fs::write(p.join("big"), vec![7u8; 5 << 20]).unwrap();
+    sh("touch -d @1600000000 old", p);
+    let ls = sh("ls -l --time-style=+%s five big old", p);
+    let fields: Vec<Vec<&str>> = ls.lines().map(|l| l.split_whitespace().collect()).collect();
+    let row = |name: &str| {
+        fields
+            .iter()
+            .find(|f| f.last() == Some(&name))
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(row("five")[4], "5");
+    assert_eq!(row("big")[4], (5u64 << 20).to_string());
+    assert_eq!(row("old")[4], "0");
+    assert_eq!(row("old")[5], "1600000000");
+    let mtime: i64 = row("five")[5].parse().unwrap();
+    let start = before
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(
+        (start - 2..=start + 60).contains(&mtime),
+        "mtime {mtime} vs start {start}"
+    );
+    assert!(row("five")[0].starts_with("-rw-"), "{:?}", row("five"));
+
+    // Rename over an existing file: the target is replaced atomically.
+    fs::write(p.join("target"), b"old contents").unwrap();
+    fs::write(p.join("new"), b"new contents").unwrap();
+    fs::rename(p.join("new"), p.join("target")).unwrap();
+    assert_eq!(fs::read(p.join("target")).unwrap(), b"new contents");
+    assert!(!p.join("new").exists());
+    let names = sh("ls -a", p);
+    assert_eq!(names.lines().filter(|l| *l == "target").count(), 1);
+    // Renaming a directory over an empty one works; over a non-empty one fails.
+    sh("mkdir d1 d2 d3 && touch d3/x && mv -T d1 d2", p);
+    assert!(p.join("d2").is_dir() && !p.join("d1").exists());
+    let e = fs::rename(p.join("d2"), p.join("d3")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
+}
+
+#[test]
+fn an_unlinked_open_file_stays_readable_until_closed() {
+    let cluster = ProcessCluster::start(3);
+    let m = cluster.mount("mnt");
+    let data = pseudo_random(6 << 20, 5);
+    let path = m.path.join("doomed");
+    fs::write(&path, &data).unwrap();
+    let mut f = File::open(&path).unwrap();
+    let mut head = vec![0u8; 4096];
+    f.read_exact(&mut head).unwrap();
+    fs::remove_file(&path).unwrap();
+    assert!(!path.exists(), "the name is gone");
+    assert_eq!(f.metadata().unwrap().len(), data.len() as u64);
+    let mut rest = Vec::new();
+    f.read_to_end(&mut rest).unwrap();
+    head.extend_from_slice(&rest);
+    assert_eq!(sha256_hex(&head), sha256_hex(&data));
+    // A writer keeps writing to its unlinked file, and reads its bytes back.
+    let wpath = m.path.join("doomed-rw");
+    let mut w = fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&wpath)
+        .unwrap();
+    fs::remove_file(&wpath).unwrap();
+    w.write_all(b"still here").unwrap();
+    w.sync_all().unwrap();
+    let mut back = String::new();
+    std::io::Seek::seek(&mut w, std::io::SeekFrom::Start(0)).unwrap();
+    w.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "still here");
+}
+
+#[test]
+fn cp_a_a_tree_in_and_out_is_identical() {
+    let cluster = ProcessCluster::start(3);
+    let m = cluster.mount("mnt");
+    let src = cluster.dir().join("tree");
+    fs::create_dir_all(src.join("sub/deeper")).unwrap();
+    fs::write(src.join("a.txt"), b"alpha\n").unwrap();
+    fs::write(src.join("sub/b.bin"), pseudo_random(3 << 20, 1)).unwrap();
+    fs::write(src.join("sub/deeper/empty"), b"").unwrap();
+    sh(
+        "ln -s ../a.txt sub/link && chmod 600 sub/b.bin && touch -d @1500000000 a.txt",
+        &src,
+    );
+    sh(&format!("cp -a '{}' tree", src.display()), &m.path);
+    let out = cluster.dir().join("back");
+    sh(&format!("cp -a tree '{}'", out.display()), &m.path);
+    sh(
+        &format!("diff -r '{}' '{}'", src.display(), out.display()),
+        Path::new("/"),
+    );
+    sh(&format!("diff -r '{}' tree", src.display()), &m.path);
+    let meta = fs::metadata(out.join("a.txt")).unwrap();
+    assert_eq!(
+        meta.mtime(),
+        1_500_000_000,
+        "cp -a kept the mtime through the mount"
+    );
+    assert_eq!(
+        fs::metadata(out.join("sub/b.bin")).unwrap().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(
+        fs::read_link(m.path.join("tree/sub/link")).unwrap(),
+        Path::new("../a.txt")
+    );
+}
+
+#[test]
+fn python_checkpoint_write_fsync_rename_and_read_back() {
+    let cluster = ProcessCluster::start(3);
+    let m = cluster.mount("mnt");
+    let script = r#"
+import hashlib, os, sys
+d = sys.argv[1]
+data = os.urandom(1 << 20) * 256
+tmp = os.path.join(d, "ckpt.pt.tmp")
+with open(tmp, "wb") as f:
+    for i in range(0, len(data), 8 << 20):
+        f.write(data[i:i + (8 << 20)])
+    f.flush()
+    os.fsync(f.fileno())
+os.rename(tmp, os.path.join(d, "ckpt.pt"))
+dfd = os.open(d, os.O_RDONLY)
+os.fsync(dfd)
+os.close(dfd)
+with open(os.path.join(d, "ckpt.pt"), "rb") as f:
+    back = f.read()
+assert not os.path.exists(tmp)
+assert len(back) == len(data), (len(back), len(data))
+assert hashlib.sha256(back).digest() == hashlib.sha256(data).digest()
+print(hashlib.sha256(data).hexdigest())
+"#;
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&m.path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let digest = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    // The bytes are there for a fresh mount too.
+    drop(m);
+    let m = cluster.mount("again");
+    assert_eq!(sha256_file(&m.path.join("ckpt.pt")), digest);
+}
+
+#[test]
+fn two_mounts_see_each_others_files_after_close() {
+    let cluster = ProcessCluster::start(3);
+    let a = cluster.mount("a");
+    let b = cluster.mount("b");
+    fs::write(a.path.join("from-a"), b"written by a").unwrap();
+    assert_eq!(fs::read(b.path.join("from-a")).unwrap(), b"written by a");
+    // b reads it first, then a rewrites it longer: b's next open sees the new bytes.
+    fs::write(a.path.join("shared"), b"v1").unwrap();
+    assert_eq!(fs::read(b.path.join("shared")).unwrap(), b"v1");
+    fs::write(a.path.join("shared"), b"version two").unwrap();
+    assert_eq!(fs::read(b.path.join("shared")).unwrap(), b"version two");
+    fs::create_dir(b.path.join("dir-from-b")).unwrap();
+    fs::write(b.path.join("dir-from-b/f"), pseudo_random(5 << 20, 2)).unwrap();
+    assert_eq!(
+        sha256_file(&a.path.join("dir-from-b/f")),
+        sha256_hex(&pseudo_random(5 << 20, 2))
+    );
+}
