@@ -159,6 +159,9 @@ pub fn mount_and_serve(
     let inner = fs.inner.clone();
     let session = fuser::Session::new(fs, mountpoint, &config)?;
     let _ = inner.notifier.set(session.notifier());
+    let (target, ra_bytes) = (mountpoint.to_path_buf(), inner.blksize as u64);
+    // Stat answers only once the session runs: do it off this thread.
+    std::thread::spawn(move || set_readahead(&target, ra_bytes));
     info!(mountpoint = %mountpoint.display(), "mounted");
     let target = mountpoint.to_path_buf();
     rt.spawn(async move {
@@ -179,6 +182,23 @@ pub fn mount_and_serve(
     session.run()?;
     info!("unmounted");
     Ok(())
+}
+
+/// Sets the kernel's readahead window of the mount (root only; best effort). The default
+/// window is smaller than one request, so sequential reads would arrive in pieces smaller
+/// than the 1 MiB the session allows.
+fn set_readahead(mountpoint: &Path, bytes: u64) {
+    use std::os::unix::fs::MetadataExt;
+    let dev = match std::fs::metadata(mountpoint) {
+        Ok(m) => m.dev(),
+        Err(e) => return warn!(error = %e, "cannot stat the mount to set readahead"),
+    };
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let path = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    match std::fs::write(&path, (bytes / 1024).to_string()) {
+        Ok(()) => info!(kib = bytes / 1024, "readahead window set"),
+        Err(e) => tracing::debug!(%path, error = %e, "readahead window left as is"),
+    }
 }
 
 /// Unmounts a FUSE mount: a plain unmount, or a lazy one if files are still open (the
