@@ -6,6 +6,9 @@
 #   procps       ps/pgrep for scripts that look at processes
 set -euo pipefail
 packages=(fuse3 python3 git rsync procps)
+#   libibverbs-dev, librdmacm-dev, libclang-dev, clang, pkg-config: the `rdma` build feature
+#   (rdma-sys generates its bindings with bindgen); the default build needs none of them
+packages+=(libibverbs-dev librdmacm-dev libclang-dev clang pkg-config)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

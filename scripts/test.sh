@@ -11,6 +11,22 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo build (binaries used by the tests)"
 cargo build --workspace --bins
+echo "== the default binaries do not link libibverbs"
+for bin in tessera tessera-meta tessera-data; do
+  if readelf -d "${CARGO_TARGET_DIR:-target}/debug/$bin" | grep -q 'NEEDED.*libibverbs'; then
+    echo "$bin links libibverbs in the default build" >&2; exit 1
+  fi
+done
 echo "== cargo test"
 cargo test --workspace -- --test-threads="${TEST_THREADS:-2}"
+echo "== rdma feature: clippy, build, device-free unit tests, conformance (skipped: no device)"
+# A separate target directory keeps the default binaries above as they were built.
+rdma_target="${CARGO_TARGET_DIR:-target}/rdma"
+cargo clippy --workspace --all-targets --features transport/rdma --target-dir "$rdma_target" \
+  -- -D warnings
+cargo build --workspace --features transport/rdma --target-dir "$rdma_target"
+cargo test -p transport --features rdma --target-dir "$rdma_target" \
+  -- --test-threads="${TEST_THREADS:-2}"
+readelf -d "$rdma_target/debug/tessera" | grep -q 'NEEDED.*libibverbs' \
+  || { echo "the rdma build of tessera does not link libibverbs" >&2; exit 1; }
 echo "== all checks passed"

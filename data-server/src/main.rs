@@ -1,6 +1,6 @@
 //! `tessera-data`: runs one data server until SIGINT or SIGTERM.
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::Parser;
 use data_server::{DataConfig, DataServer};
 use std::path::PathBuf;
@@ -28,7 +28,7 @@ struct Args {
     /// Write the bound address here once registered.
     #[arg(long)]
     addr_file: Option<PathBuf>,
-    /// Transport backend.
+    /// Transport backend: tcp, rdma, or auto (rdma when a device is usable, else tcp).
     #[arg(long)]
     transport: Option<String>,
 }
@@ -57,11 +57,11 @@ fn load(args: &Args) -> anyhow::Result<DataConfig> {
         c.addr_file = v.clone();
     }
     if let Some(v) = &args.transport {
-        c.transport = match v.as_str() {
-            "tcp" => transport::Backend::Tcp,
-            other => bail!("unknown transport {other:?}: this build supports \"tcp\""),
-        };
+        c.transport = v.parse().map_err(anyhow::Error::msg)?;
     }
+    // Resolve `auto` and check `rdma` now, so a host without RDMA gets one clear
+    // sentence before anything starts.
+    c.transport = c.transport.resolve_for_process(&c.transport_limits)?;
     c.validate()
         .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
     Ok(c)

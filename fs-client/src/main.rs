@@ -27,6 +27,16 @@ enum Cmd {
         /// Metadata server address (host:port).
         #[arg(long)]
         meta: Option<String>,
+        /// Transport backend: tcp, rdma, or auto (rdma when a device is usable, else tcp).
+        #[arg(long)]
+        transport: Option<String>,
+    },
+    /// Show the RDMA devices, ports, link layers and GIDs of this host, and the
+    /// transport that `auto` would pick.
+    TransportInfo {
+        /// Client configuration file (TOML) whose `[transport_limits.rdma]` to apply.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Start a local cluster (one metadata server, data servers on 127.0.0.1) and mount
     /// it; returns once the mount is usable.
@@ -53,7 +63,11 @@ enum Cmd {
     },
 }
 
-fn client_config(path: &Option<PathBuf>, meta: &Option<String>) -> anyhow::Result<ClientConfig> {
+fn client_config(
+    path: &Option<PathBuf>,
+    meta: &Option<String>,
+    transport: &Option<String>,
+) -> anyhow::Result<ClientConfig> {
     let mut c: ClientConfig = match path {
         Some(p) => {
             let text = std::fs::read_to_string(p).with_context(|| format!("reading {p:?}"))?;
@@ -63,6 +77,9 @@ fn client_config(path: &Option<PathBuf>, meta: &Option<String>) -> anyhow::Resul
     };
     if let Some(m) = meta {
         c.meta_addr = m.clone();
+    }
+    if let Some(t) = transport {
+        c.transport = t.parse().map_err(anyhow::Error::msg)?;
     }
     c.validate()
         .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
@@ -89,7 +106,19 @@ fn run(args: Args) -> anyhow::Result<()> {
             mountpoint,
             config,
             meta,
-        } => mount(mountpoint, client_config(&config, &meta)?),
+            transport,
+        } => {
+            let mut c = client_config(&config, &meta, &transport)?;
+            // Resolve `auto` and check `rdma` before mounting: one clear sentence on a
+            // host without RDMA.
+            c.transport = c.transport.resolve_for_process(&c.transport_limits)?;
+            mount(mountpoint, c)
+        }
+        Cmd::TransportInfo { config } => {
+            let c = client_config(&config, &None, &None)?;
+            print!("{}", transport::info::report(&c.transport_limits));
+            Ok(())
+        }
         Cmd::Up {
             mountpoint,
             state_dir,

@@ -23,6 +23,58 @@ pub struct TransportConfig {
     pub connect_timeout_ms: u64,
     /// Connections one listener accepts at once; more are refused.
     pub max_connections: usize,
+    /// Settings of the `rdma` backend (ignored by the others).
+    pub rdma: RdmaConfig,
+}
+
+/// Which RDMA device, port and address the `rdma` backend uses, and how it waits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RdmaConfig {
+    /// Device name (`mlx5_0`); empty: the first device with an active port.
+    pub device: String,
+    /// Port number on the device (ports count from 1).
+    pub port: u8,
+    /// GID index for RoCE; -1: the first RoCE v2 GID of the port (from sysfs
+    /// `gid_attrs/types`). InfiniBand ports address by LID and ignore it.
+    pub gid_index: i32,
+    /// Largest path MTU to use, in bytes (256 to 4096); the smaller of both ports'
+    /// active MTUs and this one is used.
+    pub max_mtu_bytes: u32,
+    /// Spin on the completion queue this long before sleeping on the completion
+    /// channel; 0: never spin (no busy polling, the default).
+    pub busy_poll_us: u64,
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        RdmaConfig {
+            device: String::new(),
+            port: 1,
+            gid_index: -1,
+            max_mtu_bytes: 4096,
+            busy_poll_us: 0,
+        }
+    }
+}
+
+impl RdmaConfig {
+    /// Checks the values; returns a sentence naming the bad field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.port == 0 {
+            return Err("rdma.port must be at least 1".into());
+        }
+        if !(-1..=255).contains(&self.gid_index) {
+            return Err("rdma.gid_index must be -1 (auto) or 0 to 255".into());
+        }
+        if ![256, 512, 1024, 2048, 4096].contains(&self.max_mtu_bytes) {
+            return Err("rdma.max_mtu_bytes must be 256, 512, 1024, 2048 or 4096".into());
+        }
+        if self.busy_poll_us > 1_000_000 {
+            return Err("rdma.busy_poll_us must be at most 1000000".into());
+        }
+        Ok(())
+    }
 }
 
 impl Default for TransportConfig {
@@ -36,6 +88,7 @@ impl Default for TransportConfig {
             one_sided_timeout_ms: 30_000,
             connect_timeout_ms: 5_000,
             max_connections: 1024,
+            rdma: RdmaConfig::default(),
         }
     }
 }
@@ -75,7 +128,7 @@ impl TransportConfig {
         ];
         match checks.iter().find(|(ok, _)| !ok) {
             Some((_, why)) => Err(why.to_string()),
-            None => Ok(()),
+            None => self.rdma.validate(),
         }
     }
 }

@@ -1,33 +1,19 @@
-//! Endpoints: register memory, connect to peers, listen for them.
+//! Endpoints: register memory, connect to peers, listen for them, on the chosen backend.
 
+use crate::backend::Backend;
 use crate::config::TransportConfig;
-use crate::conn::{ConnCore, ConnId, Connection, Handler, Streams};
+use crate::conn::{ConnCore, ConnId, Connection, Handler};
 use crate::error::TransportError;
-use crate::frame::{Hello, HELLO_LEN, TRANSPORT_VERSION};
 use crate::mr::MemoryRegion;
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
-use tracing::{debug, info, warn};
 
 /// Largest single memory registration.
-const MAX_REGION_BYTES: usize = 1 << 30;
-
-/// Which wire a transport endpoint uses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
-    /// One TCP stream per connection; one-sided operations are served by the peer's
-    /// transport engine. Runs everywhere.
-    #[default]
-    Tcp,
-}
+pub const MAX_REGION_BYTES: usize = 1 << 30;
 
 /// A transport endpoint (like an RDMA device context plus protection domain): it
 /// registers memory and makes connections that share its limits.
@@ -36,24 +22,46 @@ pub struct Endpoint {
     backend: Backend,
     config: Arc<TransportConfig>,
     app_version: u16,
+    /// How `mem` fault filters name this endpoint: its listen address once it listens.
+    local_name: Arc<Mutex<String>>,
+    #[cfg(feature = "rdma")]
+    rdma: Option<Arc<crate::rdma::Device>>,
 }
+
+static NEXT_ENDPOINT: AtomicU64 = AtomicU64::new(1);
 
 impl Endpoint {
     /// An endpoint on `backend` speaking application protocol `app_version`.
+    ///
+    /// `Backend::Auto` becomes `rdma` when a usable device exists and `tcp` otherwise
+    /// (logging why); `Backend::Rdma` on a host without RDMA is an
+    /// [`TransportError::Unsupported`] error whose message names the `tcp` transport.
     pub fn new(
         backend: Backend,
         config: TransportConfig,
         app_version: u16,
     ) -> Result<Endpoint, TransportError> {
         config.validate().map_err(TransportError::InvalidArgument)?;
+        let backend = backend.resolve(&config)?;
+        #[cfg(feature = "rdma")]
+        let rdma = match backend {
+            Backend::Rdma => Some(crate::rdma::Device::open(&config)?),
+            _ => None,
+        };
         Ok(Endpoint {
             backend,
             config: Arc::new(config),
             app_version,
+            local_name: Arc::new(Mutex::new(format!(
+                "mem-client-{}",
+                NEXT_ENDPOINT.fetch_add(1, Ordering::Relaxed)
+            ))),
+            #[cfg(feature = "rdma")]
+            rdma,
         })
     }
 
-    /// The backend in use.
+    /// The backend in use (never `Auto`: that is resolved when the endpoint is made).
     pub fn backend(&self) -> Backend {
         self.backend
     }
@@ -61,6 +69,27 @@ impl Endpoint {
     /// The limits every connection of this endpoint obeys.
     pub fn config(&self) -> &TransportConfig {
         &self.config
+    }
+
+    pub(crate) fn config_arc(&self) -> Arc<TransportConfig> {
+        self.config.clone()
+    }
+
+    pub(crate) fn app_version(&self) -> u16 {
+        self.app_version
+    }
+
+    pub(crate) fn local_name(&self) -> String {
+        self.local_name.lock().clone()
+    }
+
+    pub(crate) fn set_local_name(&self, name: &str) {
+        *self.local_name.lock() = name.to_string();
+    }
+
+    #[cfg(feature = "rdma")]
+    pub(crate) fn rdma_device(&self) -> Option<&Arc<crate::rdma::Device>> {
+        self.rdma.as_ref()
     }
 
     /// Allocates and registers `len` zeroed bytes.
@@ -72,92 +101,21 @@ impl Endpoint {
                 limit: MAX_REGION_BYTES,
             });
         }
+        #[cfg(feature = "rdma")]
+        if let Some(dev) = &self.rdma {
+            return dev.register(len);
+        }
         Ok(MemoryRegion::new(len))
-    }
-
-    fn hello(&self, status: u32) -> Hello {
-        Hello {
-            transport_version: TRANSPORT_VERSION,
-            app_version: self.app_version,
-            max_msg_bytes: self.config.max_msg_bytes as u32,
-            status,
-        }
-    }
-
-    fn mismatch(&self, peer: &str, theirs: &Hello) -> TransportError {
-        TransportError::VersionMismatch {
-            peer: peer.to_string(),
-            their_transport: theirs.transport_version,
-            their_app: theirs.app_version,
-            our_transport: TRANSPORT_VERSION,
-            our_app: self.app_version,
-        }
     }
 
     /// Connects to a listening peer at `addr` (`host:port`).
     pub async fn connect(&self, addr: &str) -> Result<Connection, TransportError> {
-        let ms = self.config.connect_timeout_ms;
-        let attempt = async {
-            let stream =
-                TcpStream::connect(addr)
-                    .await
-                    .map_err(|source| TransportError::Connect {
-                        addr: addr.to_string(),
-                        source,
-                    })?;
-            tune(&stream);
-            self.client_handshake(stream, addr).await
-        };
-        match tokio::time::timeout(Duration::from_millis(ms), attempt).await {
-            Ok(r) => r,
-            Err(_) => Err(TransportError::TimedOut {
-                op: "connect",
-                peer: addr.to_string(),
-                ms,
-            }),
+        match self.backend {
+            Backend::Mem => crate::mem::connect(self, addr).await,
+            #[cfg(feature = "rdma")]
+            Backend::Rdma => crate::rdma::connect(self, addr).await,
+            _ => crate::tcp::connect(self, addr).await,
         }
-    }
-
-    async fn client_handshake(
-        &self,
-        mut stream: TcpStream,
-        addr: &str,
-    ) -> Result<Connection, TransportError> {
-        let fail = |why: String| TransportError::Handshake {
-            peer: addr.to_string(),
-            why,
-        };
-        stream
-            .write_all(&self.hello(0).encode())
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        let mut buf = [0u8; HELLO_LEN];
-        stream
-            .read_exact(&mut buf)
-            .await
-            .map_err(|e| fail(format!("no handshake answer: {e}")))?;
-        let theirs =
-            Hello::decode(&buf).ok_or_else(|| fail("not a Tessera endpoint (bad magic)".into()))?;
-        if theirs.status != 0
-            || theirs.transport_version != TRANSPORT_VERSION
-            || theirs.app_version != self.app_version
-        {
-            return Err(self.mismatch(addr, &theirs));
-        }
-        let (r, w) = stream.into_split();
-        let streams = Streams {
-            reader: Box::new(r),
-            writer: Box::new(w),
-        };
-        let peer_max = theirs.max_msg_bytes as usize;
-        Ok(Connection::start(
-            streams,
-            addr.to_string(),
-            peer_max,
-            self.config.clone(),
-            None,
-            true,
-        ))
     }
 
     /// Listens on `addr` (port 0 picks a free port); every call that arrives is handed to
@@ -167,130 +125,73 @@ impl Endpoint {
         addr: &str,
         handler: Arc<dyn Handler>,
     ) -> Result<Listener, TransportError> {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| TransportError::Connect {
-                addr: addr.to_string(),
-                source,
-            })?;
-        let local_addr = listener.local_addr()?;
-        let conns: Arc<Mutex<HashMap<ConnId, Weak<ConnCore>>>> = Arc::default();
-        let ep = self.clone();
-        let task = tokio::spawn(accept_loop(ep, listener, handler, conns.clone()));
-        info!(%local_addr, backend = ?self.backend, "listening");
-        Ok(Listener {
-            local_addr,
-            accept: task.abort_handle(),
-            conns,
-        })
-    }
-
-    async fn server_handshake(
-        &self,
-        stream: &mut TcpStream,
-        peer: &str,
-    ) -> Result<usize, TransportError> {
-        let fail = |why: String| TransportError::Handshake {
-            peer: peer.to_string(),
-            why,
-        };
-        let mut buf = [0u8; HELLO_LEN];
-        stream
-            .read_exact(&mut buf)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        let theirs =
-            Hello::decode(&buf).ok_or_else(|| fail("not a Tessera peer (bad magic)".into()))?;
-        let ok =
-            theirs.transport_version == TRANSPORT_VERSION && theirs.app_version == self.app_version;
-        let answer = self.hello(if ok { 0 } else { 1 });
-        stream
-            .write_all(&answer.encode())
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        if !ok {
-            return Err(self.mismatch(peer, &theirs));
+        match self.backend {
+            Backend::Mem => crate::mem::listen(self, addr, handler),
+            #[cfg(feature = "rdma")]
+            Backend::Rdma => crate::rdma::listen(self, addr, handler).await,
+            _ => crate::tcp::listen(self, addr, handler).await,
         }
-        Ok(theirs.max_msg_bytes as usize)
     }
 }
 
-fn tune(stream: &TcpStream) {
-    // Small calls must not wait for Nagle; dead peers are found by the operation
-    // timeouts, keepalive only reclaims idle sockets whose peer vanished.
-    let _ = stream.set_nodelay(true);
-    let ka = socket2::TcpKeepalive::new()
-        .with_time(Duration::from_secs(30))
-        .with_interval(Duration::from_secs(10));
-    let _ = socket2::SockRef::from(stream).set_tcp_keepalive(&ka);
-}
-
-async fn accept_loop(
-    ep: Endpoint,
-    listener: TcpListener,
-    handler: Arc<dyn Handler>,
-    conns: Arc<Mutex<HashMap<ConnId, Weak<ConnCore>>>>,
-) {
-    loop {
-        let (mut stream, peer) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                // Usually EMFILE: back off rather than spin.
-                warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        tune(&stream);
-        let (ep, handler, conns) = (ep.clone(), handler.clone(), conns.clone());
-        tokio::spawn(async move {
-            let peer = peer.to_string();
-            {
-                let mut c = conns.lock();
-                c.retain(|_, w| w.strong_count() > 0);
-                if c.len() >= ep.config.max_connections {
-                    warn!(%peer, limit = ep.config.max_connections, "too many connections");
-                    return;
-                }
-            }
-            let ms = ep.config.connect_timeout_ms;
-            let hs = tokio::time::timeout(
-                Duration::from_millis(ms),
-                ep.server_handshake(&mut stream, &peer),
-            )
-            .await;
-            let peer_max = match hs {
-                Ok(Ok(m)) => m,
-                Ok(Err(e)) => return debug!(%peer, error = %e, "handshake refused"),
-                Err(_) => return debug!(%peer, "handshake timed out"),
-            };
-            let (r, w) = stream.into_split();
-            let streams = Streams {
-                reader: Box::new(r),
-                writer: Box::new(w),
-            };
-            let conn = Connection::start(
-                streams,
-                peer,
-                peer_max,
-                ep.config.clone(),
-                Some(handler),
-                false,
-            );
-            conns.lock().insert(conn.id(), Arc::downgrade(conn.core()));
-        });
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Endpoint({})", self.backend)
     }
 }
+
+/// The connections a listener accepted, so it can bound and close them.
+#[derive(Clone, Default)]
+pub(crate) struct ConnSet(Arc<Mutex<HashMap<ConnId, Weak<ConnCore>>>>);
+
+impl ConnSet {
+    /// Whether another connection fits under `limit` (forgetting closed ones first).
+    pub(crate) fn has_room(&self, limit: usize) -> bool {
+        let mut c = self.0.lock();
+        c.retain(|_, w| w.upgrade().is_some_and(|c| !c.is_closed()));
+        c.len() < limit
+    }
+
+    pub(crate) fn insert(&self, core: &Arc<ConnCore>) {
+        self.0.lock().insert(core.id, Arc::downgrade(core));
+    }
+
+    fn close_all(&self, why: &str) {
+        let conns: Vec<_> = self.0.lock().drain().collect();
+        for (_, c) in conns {
+            if let Some(c) = c.upgrade() {
+                c.shutdown(why.to_string());
+            }
+        }
+    }
+}
+
+type OnShutdown = Box<dyn FnOnce() + Send>;
 
 /// A listening endpoint. Dropping it stops accepting and closes every connection it
 /// accepted.
 pub struct Listener {
     local_addr: SocketAddr,
-    accept: AbortHandle,
-    conns: Arc<Mutex<HashMap<ConnId, Weak<ConnCore>>>>,
+    accept: Option<AbortHandle>,
+    conns: ConnSet,
+    on_shutdown: Mutex<Option<OnShutdown>>,
 }
 
 impl Listener {
+    pub(crate) fn new(
+        local_addr: SocketAddr,
+        accept: Option<AbortHandle>,
+        conns: ConnSet,
+        on_shutdown: Option<OnShutdown>,
+    ) -> Listener {
+        Listener {
+            local_addr,
+            accept,
+            conns,
+            on_shutdown: Mutex::new(on_shutdown),
+        }
+    }
+
     /// The address it listens on (with the port chosen for port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
@@ -298,13 +199,13 @@ impl Listener {
 
     /// Stops accepting and closes every accepted connection.
     pub fn shutdown(&self) {
-        self.accept.abort();
-        let conns: Vec<_> = self.conns.lock().drain().collect();
-        for (_, c) in conns {
-            if let Some(c) = c.upgrade() {
-                c.shutdown("listener shut down".into());
-            }
+        if let Some(a) = &self.accept {
+            a.abort();
         }
+        if let Some(f) = self.on_shutdown.lock().take() {
+            f();
+        }
+        self.conns.close_all("listener shut down");
     }
 }
 

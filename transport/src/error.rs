@@ -83,9 +83,21 @@ pub enum TransportError {
     /// The requested backend cannot run on this host.
     #[error("{0}")]
     Unsupported(String),
+    /// A verbs call failed (the `rdma` backend): its name and the errno it set.
+    #[error("{call} failed: {} ({})", os_error(*errno), crate::rdma_common::errno_name(*errno))]
+    Verbs {
+        /// The verbs function (`ibv_create_qp`, ...).
+        call: &'static str,
+        /// The errno it reported.
+        errno: i32,
+    },
     /// A local I/O error (socket set-up).
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
+}
+
+fn os_error(errno: i32) -> std::io::Error {
+    std::io::Error::from_raw_os_error(errno)
 }
 
 impl TransportError {
@@ -103,6 +115,7 @@ impl TransportError {
             TransportError::Refused { code, .. } => *code,
             TransportError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             TransportError::Unsupported(_) => ErrorCode::NotSupported,
+            TransportError::Verbs { .. } => ErrorCode::Io,
             TransportError::Io(_) => ErrorCode::Io,
         }
     }

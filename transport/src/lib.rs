@@ -6,25 +6,39 @@
 //! - two-sided [`Connection::call`]s carry small messages, with a bounded size and a
 //!   bounded number in flight (credits);
 //! - one-sided [`Connection::read`] and [`Connection::write`] move bulk bytes between local
-//!   registered memory and a peer's granted slice; the peer's *transport engine* serves
-//!   them, its application is not involved.
+//!   registered memory and a peer's granted slice; the peer's *transport engine* (or its
+//!   NIC) serves them, its application is not involved.
 //!
-//! The `tcp` backend emulates this with frames on one TCP stream per connection.
+//! Backends ([`Backend`], chosen at run time): `tcp` emulates this with frames on one TCP
+//! stream per connection; `rdma` (build feature `rdma`) uses verbs on InfiniBand or RoCE
+//! v2; `mem` runs peers inside one process with fault injection ([`mem`]); `auto` picks
+//! `rdma` when a device is usable and `tcp` otherwise.
 
+mod backend;
 mod config;
 mod conn;
 mod endpoint;
 mod error;
 pub mod frame;
+pub mod info;
 mod link;
+pub mod mem;
 mod mr;
 mod pool;
+pub mod rdma_common;
+mod tcp;
+mod window;
 
-pub use config::TransportConfig;
-pub use conn::{Access, ConnId, Connection, Grant, Handler, HandlerFuture};
-pub use endpoint::{Backend, Endpoint, Listener};
+#[cfg(feature = "rdma")]
+mod rdma;
+
+pub use backend::{rdma_probe, Backend, BACKENDS};
+pub use config::{RdmaConfig, TransportConfig};
+pub use conn::{ConnId, Connection, Handler, HandlerFuture};
+pub use endpoint::{Endpoint, Listener, MAX_REGION_BYTES};
 pub use error::TransportError;
 pub use link::Link;
 pub use mr::MemoryRegion;
 pub use pool::{BufferPool, PooledBuf};
 pub use proto::{MrKey, RemoteBuf};
+pub use window::{Access, Grant};

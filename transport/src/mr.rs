@@ -17,25 +17,57 @@ pub struct MemoryRegion {
 }
 
 pub(crate) struct MrInner {
+    /// The device's registration (rdma); declared first so it is dropped, and the NIC's
+    /// access revoked, before the bytes are freed.
+    #[allow(dead_code)]
+    pub(crate) hw: Option<HwMr>,
     pub(crate) buf: Mutex<Box<[u8]>>,
     pub(crate) addr: u64,
     pub(crate) len: usize,
     pub(crate) lkey: MrKey,
 }
 
+/// A registration with a device: its local key and the handle whose drop deregisters.
+#[allow(dead_code)]
+pub(crate) struct HwMr {
+    pub(crate) lkey: u32,
+    pub(crate) handle: Box<dyn std::any::Any + Send + Sync>,
+}
+
 impl MemoryRegion {
     /// Allocates and registers `len` zeroed bytes.
     pub(crate) fn new(len: usize) -> MemoryRegion {
-        let buf = vec![0u8; len].into_boxed_slice();
+        let r = Self::with_hw(vec![0u8; len].into_boxed_slice(), |_| {
+            Ok::<_, std::convert::Infallible>(None)
+        });
+        match r {
+            Ok(mr) => mr,
+            Err(never) => match never {},
+        }
+    }
+
+    /// Wraps `buf`, registering it with `register` first (with a device, if any).
+    pub(crate) fn with_hw<E>(
+        buf: Box<[u8]>,
+        register: impl FnOnce(&mut [u8]) -> Result<Option<HwMr>, E>,
+    ) -> Result<MemoryRegion, E> {
+        let mut buf = buf;
+        let hw = register(&mut buf)?;
         let addr = buf.as_ptr() as u64;
-        MemoryRegion {
+        let len = buf.len();
+        let lkey = match &hw {
+            Some(h) => MrKey(h.lkey),
+            None => MrKey(NEXT_LKEY.fetch_add(1, Ordering::Relaxed)),
+        };
+        Ok(MemoryRegion {
             inner: Arc::new(MrInner {
+                hw,
                 buf: Mutex::new(buf),
                 addr,
                 len,
-                lkey: MrKey(NEXT_LKEY.fetch_add(1, Ordering::Relaxed)),
+                lkey,
             }),
-        }
+        })
     }
 
     /// Length in bytes.
