@@ -3,7 +3,7 @@
 use crate::config::ClientConfig;
 use crate::error::{ClientError, Result};
 use crate::file::{FileHandle, FileState};
-use crate::rpc::{self, expect_reply, DataLinks};
+use crate::rpc::{self, expect_reply, DataLinks, RpcCounts, RpcEndpoint};
 use parking_lot::Mutex;
 use proto::meta::{Caller, DirEntry, MetaReply, MetaRequest, RenameMode, XattrMode};
 use proto::{Attr, ClientId, FileKind, InodeId, Layout, NodeId, SetAttr, PROTOCOL_VERSION};
@@ -29,7 +29,7 @@ pub struct FsStats {
 /// A connection to one Tessera cluster: what a mount uses, and what tests and tools use
 /// without a mount.
 pub struct Client {
-    pub(crate) ep: Endpoint,
+    pub(crate) ep: RpcEndpoint,
     pub(crate) config: ClientConfig,
     meta: Link,
     data: DataLinks,
@@ -43,11 +43,11 @@ impl Client {
     /// Connects to the metadata server named in `config` and learns the data servers.
     pub async fn connect(config: ClientConfig) -> Result<Arc<Client>> {
         config.validate().map_err(ClientError::Config)?;
-        let ep = Endpoint::new(
+        let ep = RpcEndpoint::new(Endpoint::new(
             config.transport,
             config.transport_limits.clone(),
             PROTOCOL_VERSION,
-        )?;
+        )?);
         let pool = BufferPool::new(&ep, config.io_buffers, config.io_buffer_bytes)?;
         let meta = Link::new(config.meta_addr.clone());
         let name = format!("fs-client pid {}", std::process::id());
@@ -70,6 +70,12 @@ impl Client {
     /// The configuration in use.
     pub fn config(&self) -> &ClientConfig {
         &self.config
+    }
+
+    /// Calls sent so far to the metadata server and to data servers (the round trips
+    /// that `tests/tests/round_trips.rs` bounds).
+    pub fn rpc_counts(&self) -> RpcCounts {
+        self.ep.counts()
     }
 
     pub(crate) async fn meta(&self, req: MetaRequest) -> Result<MetaReply> {

@@ -13,3 +13,4 @@ pub use client::{Client, FsStats};
 pub use config::ClientConfig;
 pub use error::{ClientError, Result};
 pub use file::{FileHandle, ReadBuf};
+pub use rpc::RpcCounts;

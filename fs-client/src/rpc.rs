@@ -8,8 +8,68 @@ use proto::data::{DataReply, DataRequest, DataResult};
 use proto::meta::{MetaReply, MetaRequest, MetaResult, NodeInfo};
 use proto::NodeId;
 use std::collections::HashMap;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tracing::info;
 use transport::{Connection, Endpoint, Link, TransportError};
+
+/// Round trips sent by one client so far, by server kind: what the regression guard in
+/// `tests/tests/round_trips.rs` bounds. A retry on a new connection counts again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RpcCounts {
+    /// Calls to the metadata server.
+    pub meta_calls: u64,
+    /// Calls to data servers (each moves its bytes with one-sided operations, which are
+    /// part of the call and not counted apart).
+    pub data_calls: u64,
+}
+
+impl std::ops::Sub for RpcCounts {
+    type Output = RpcCounts;
+
+    /// The calls made between two readings.
+    fn sub(self, earlier: RpcCounts) -> RpcCounts {
+        RpcCounts {
+            meta_calls: self.meta_calls - earlier.meta_calls,
+            data_calls: self.data_calls - earlier.data_calls,
+        }
+    }
+}
+
+/// A client's endpoint with counters of the calls sent through it. Relaxed atomic
+/// increments: one uncontended add per round trip, cheap beside the round trip itself.
+pub struct RpcEndpoint {
+    ep: Endpoint,
+    meta_calls: AtomicU64,
+    data_calls: AtomicU64,
+}
+
+impl RpcEndpoint {
+    /// Wraps `ep` with counters at zero.
+    pub fn new(ep: Endpoint) -> RpcEndpoint {
+        RpcEndpoint {
+            ep,
+            meta_calls: AtomicU64::new(0),
+            data_calls: AtomicU64::new(0),
+        }
+    }
+
+    /// The calls sent so far.
+    pub fn counts(&self) -> RpcCounts {
+        RpcCounts {
+            meta_calls: self.meta_calls.load(Ordering::Relaxed),
+            data_calls: self.data_calls.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Deref for RpcEndpoint {
+    type Target = Endpoint;
+
+    fn deref(&self) -> &Endpoint {
+        &self.ep
+    }
+}
 
 fn is_disconnect(e: &TransportError) -> bool {
     matches!(e, TransportError::Disconnected { .. })
@@ -18,13 +78,16 @@ fn is_disconnect(e: &TransportError) -> bool {
 /// Sends a metadata request. When the connection breaks, a request that is safe to
 /// repeat is sent once more on a new connection; one that might have been applied already
 /// (create, rename, unlink...) fails instead of risking being applied twice.
-pub async fn meta_call(ep: &Endpoint, link: &Link, req: &MetaRequest) -> Result<MetaReply> {
+pub async fn meta_call(ep: &RpcEndpoint, link: &Link, req: &MetaRequest) -> Result<MetaReply> {
     let bytes = Bytes::from(codec::encode(req, ep.config().max_msg_bytes)?);
     let conn = link.get(ep).await?;
+    ep.meta_calls.fetch_add(1, Ordering::Relaxed);
     let reply = match conn.call(bytes.clone()).await {
         Err(e) if is_disconnect(&e) && idempotent(req) => {
             info!(error = %e, "metadata connection lost, reconnecting");
-            link.get(ep).await?.call(bytes).await?
+            let conn = link.get(ep).await?;
+            ep.meta_calls.fetch_add(1, Ordering::Relaxed);
+            conn.call(bytes).await?
         }
         r => r?,
     };
@@ -66,8 +129,13 @@ fn idempotent(req: &MetaRequest) -> bool {
 
 /// Sends a data-server request (all are idempotent: safe to retry once on a new
 /// connection when the old one broke).
-pub async fn data_call(ep: &Endpoint, conn: &Connection, req: &DataRequest) -> Result<DataReply> {
+pub async fn data_call(
+    ep: &RpcEndpoint,
+    conn: &Connection,
+    req: &DataRequest,
+) -> Result<DataReply> {
     let bytes = Bytes::from(codec::encode(req, ep.config().max_msg_bytes)?);
+    ep.data_calls.fetch_add(1, Ordering::Relaxed);
     let reply = conn.call(bytes).await?;
     let result: DataResult = codec::decode(&reply)?;
     Ok(result?)

@@ -1,0 +1,414 @@
+#!/usr/bin/env bash
+# Tessera beside the local disk, a FUSE passthrough of it (bindfs: the FUSE ceiling),
+# MooseFS, GlusterFS and JuiceFS, on this machine, in one run (issue 5, item 7):
+#
+#   scripts/bench.sh [--quick] [--only SYSTEM[,SYSTEM...]] [--workloads a,b,c,d,e]
+#
+#   SYSTEM: local, bindfs, tessera, moosefs, glusterfs, juicefs (default: all, in this order)
+#   (a) data-set read: DATASET_FILES files of DATASET_MIN..MAX bytes, READERS readers
+#   (b) sequential read of a SEQ_MIB file in 1 MiB blocks (its 1-writer write is shown too)
+#   (c) checkpoint write: CKPT_JOBS writers x CKPT_MIB in 1 MiB blocks, fsync at the end;
+#       then CKPT_JOBS writers into disjoint ranges of one file, fsync at the end
+#   (d) 4 KiB random read, RAND_JOBS jobs, RAND_S seconds, on the file of (b)
+#   (e) metadata: create, stat and remove META_FILES empty files from META_PROCS processes
+#
+# It builds a release (target/release), installs what is missing (fio, bindfs, a Python
+# venv with matplotlib; the peers install their own), then for each system: checks free
+# disk space, starts it (`tessera up`; the peers by ../shared/peers/*.sh with COPIES
+# copies), runs the workloads with caches dropped before every measured phase, stops it
+# and deletes its data. Everything it started is stopped in a trap, also on failure, by
+# recorded PID or by the peer scripts' `down`. Output: bench/results/DATE.md (table,
+# ratios, machine, settings) and DATE.png (chart); raw fio/JSON output under bench/tmp/.
+# Needs root (drop_caches, FUSE mounts, network namespaces of the peers).
+set -euo pipefail
+
+# ---------------------------------------------------------------- settings (full run)
+# Copies of each chunk: Tessera writes one today (no replication yet), so every system is
+# run with one. When Tessera replicates, change it here (and in start_tessera).
+COPIES=${BENCH_COPIES:-1}
+TESSERA_DATA_SERVERS=3        # `tessera up --data-servers`
+MOOSEFS_CHUNKSERVERS=3        # GlusterFS always has 3 bricks (its script)
+DATASET_FILES=20000           # (a)
+DATASET_MIN_BYTES=$((100 * 1024))
+DATASET_MAX_BYTES=$((1024 * 1024))
+READERS=4
+DATASET_READ_MAX_S=900        # (a) stops reading after this (the table says so)
+SEQ_MIB=4096                  # (b), (d)
+CKPT_JOBS=4                   # (c)
+CKPT_MIB=1024                 # per writer
+RAND_JOBS=4                   # (d)
+RAND_S=30
+META_FILES=10000              # (e)
+META_PROCS=2
+STEP_TIMEOUT_S=1800           # bound on any one step (fio, a Python phase)
+BENCH_DIR=${BENCH_DIR:-/var/tmp/tessera-bench}   # scratch data, mounts, peer state, venv
+ALL_SYSTEMS="local bindfs tessera moosefs glusterfs juicefs"
+ALL_WORKLOADS="a b c d e"
+
+quick_settings() {            # --quick: a smoke run of every path in a few minutes
+  DATASET_FILES=400; DATASET_READ_MAX_S=120; SEQ_MIB=256; CKPT_MIB=64; RAND_S=5
+  META_FILES=1000
+}
+
+# ---------------------------------------------------------------- options
+usage() { sed -n '5,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+ARGS="$*"
+QUICK=0; SYSTEMS=$ALL_SYSTEMS; WORKLOADS=$ALL_WORKLOADS
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1; shift ;;
+    --only) [ $# -ge 2 ] || usage; SYSTEMS=${2//,/ }; shift 2 ;;
+    --workloads) [ $# -ge 2 ] || usage; WORKLOADS=${2//,/ }; shift 2 ;;
+    -h|--help) usage ;;
+    *) echo "unknown option: $1" >&2; usage ;;
+  esac
+done
+for s in $SYSTEMS; do [[ " $ALL_SYSTEMS " == *" $s "* ]] || { echo "unknown system: $s" >&2; usage; }; done
+for w in $WORKLOADS; do [[ " $ALL_WORKLOADS " == *" $w "* ]] || { echo "unknown workload: $w" >&2; usage; }; done
+[ "$QUICK" = 1 ] && quick_settings
+[ "$(id -u)" = 0 ] || { echo "bench.sh needs root (drop_caches, mounts, peers)" >&2; exit 1; }
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PEERS=${PEERS_DIR:-$ROOT/../shared/peers}
+HELPER=$ROOT/scripts/bench/bench.py
+VENV=$BENCH_DIR/venv
+STAMP=$(date -u +%Y-%m-%d-%H%M)
+SUFFIX=""; [ "$QUICK" = 1 ] && SUFFIX="-quick"
+[ "$SYSTEMS" != "$ALL_SYSTEMS" ] || [ "$WORKLOADS" != "$ALL_WORKLOADS" ] && SUFFIX="$SUFFIX-partial"
+RUN=$ROOT/bench/tmp/$STAMP$SUFFIX      # raw output (git-ignored)
+OUT=$ROOT/bench/results/$STAMP$SUFFIX  # .md and .png
+# The peers' state, network namespaces and Redis port are the benchmark's own, so that a
+# peer someone else started by hand is neither measured nor stopped.
+export PEERS_STATE=$BENCH_DIR/peers JFS_REDIS_PORT=${JFS_REDIS_PORT:-6399}
+MFS_NS=tessera-bench-mfs; GL_NS=tessera-bench-gl
+mkdir -p "$RUN" "$ROOT/bench/results" "$BENCH_DIR/mnt"
+exec > >(tee -a "$RUN/bench.log") 2>&1
+
+log() { echo "[$(date +%H:%M:%S)] $*"; }
+record() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$RUN/results.tsv"; }
+note() { log "NOTE $1: $2"; record "$1" note "$2"; }
+jval() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
+drop_caches() {
+  timeout 300 sync || log "sync did not finish in 300 s"
+  echo 3 > /proc/sys/vm/drop_caches
+}
+wait_mounted() { for _ in $(seq 200); do mountpoint -q "$1" && return 0; sleep 0.1; done; return 1; }
+
+# ---------------------------------------------------------------- installs and build
+install_debs() {
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ "${#missing[@]}" -eq 0 ] && return 0
+  log "installing: ${missing[*]}"
+  apt-get -o DPkg::Lock::Timeout=600 update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+    "${missing[@]}" >/dev/null
+}
+
+setup() {
+  "$ROOT/scripts/deps.sh"
+  install_debs fio bindfs
+  if ! "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
+    log "creating $VENV with matplotlib"
+    python3 -m venv "$VENV" 2>/dev/null || { install_debs python3-venv; python3 -m venv "$VENV"; }
+    "$VENV/bin/pip" install -q matplotlib
+  fi
+  if [[ " $SYSTEMS " == *" tessera "* ]]; then
+    log "cargo build --release --bins"
+    (cd "$ROOT" && CARGO_TARGET_DIR="$ROOT/target" cargo build --release --bins)
+  fi
+}
+
+# ---------------------------------------------------------------- systems
+# start_X sets MNT (where the workloads run); stop_X is safe to call twice.
+BINDFS_PID=""
+TESSERA_STATE=$BENCH_DIR/tessera-state
+
+start_local() { MNT=$BENCH_DIR/local; mkdir -p "$MNT"; }
+stop_local() { rm -rf "$BENCH_DIR/local"; }
+
+start_bindfs() {
+  MNT=$BENCH_DIR/mnt/bindfs; mkdir -p "$BENCH_DIR/bindfs-src" "$MNT" || return 1
+  # Multithreaded: the best a FUSE passthrough does (single-threaded bindfs serializes).
+  bindfs -f --multithreaded "$BENCH_DIR/bindfs-src" "$MNT" > "$RUN/bindfs.log" 2>&1 &
+  BINDFS_PID=$!
+  wait_mounted "$MNT" || { echo "bindfs did not mount" >&2; return 1; }
+}
+stop_bindfs() {
+  local m=$BENCH_DIR/mnt/bindfs
+  if mountpoint -q "$m"; then umount "$m" 2>/dev/null || umount -l "$m"; fi
+  if [ -n "$BINDFS_PID" ]; then
+    for _ in $(seq 100); do kill -0 "$BINDFS_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -TERM "$BINDFS_PID" 2>/dev/null || true
+    BINDFS_PID=""
+  fi
+  rm -rf "$BENCH_DIR/bindfs-src"
+}
+
+# The start functions run as `if` conditions, where `set -e` does not act: each step
+# says `|| return 1`.
+start_tessera() {
+  MNT=$BENCH_DIR/mnt/tessera
+  # One copy per chunk is all Tessera does today; a replication flag goes here.
+  [ "$COPIES" = 1 ] || { echo "tessera up has no replication setting yet (COPIES=$COPIES)" >&2; return 1; }
+  "$ROOT/target/release/tessera" up "$MNT" --state-dir "$TESSERA_STATE" \
+    --data-servers "$TESSERA_DATA_SERVERS"
+}
+stop_tessera() {
+  local m=$BENCH_DIR/mnt/tessera
+  if [ -d "$TESSERA_STATE" ]; then
+    "$ROOT/target/release/tessera" down "$m" --state-dir "$TESSERA_STATE" || true
+  fi
+  rm -rf "$TESSERA_STATE"
+}
+
+start_moosefs() {
+  MNT=$BENCH_DIR/mnt/moosefs
+  COPIES=$COPIES NS=$MFS_NS "$PEERS/moosefs.sh" up "$MNT" "$MOOSEFS_CHUNKSERVERS" || return 1
+  # Deleted files go to MooseFS's trash for a day by default: make deletes real, as on the
+  # other systems (and give the space back during the run).
+  nsenter --net="/run/netns/$MFS_NS" mfssettrashtime -r 0 "$MNT" >/dev/null
+}
+stop_moosefs() { NS=$MFS_NS "$PEERS/moosefs.sh" down "$BENCH_DIR/mnt/moosefs" || true; }
+
+start_glusterfs() {
+  MNT=$BENCH_DIR/mnt/glusterfs
+  COPIES=$COPIES NS=$GL_NS "$PEERS/glusterfs.sh" up "$MNT"
+}
+stop_glusterfs() { NS=$GL_NS "$PEERS/glusterfs.sh" down "$BENCH_DIR/mnt/glusterfs" || true; }
+
+start_juicefs() {
+  MNT=$BENCH_DIR/mnt/juicefs
+  [ "$COPIES" = 1 ] || log "JuiceFS keeps one copy (redundancy is its object store's job)"
+  "$PEERS/juicefs.sh" up "$MNT" || return 1
+  # Its trash keeps deleted files for a day by default: make deletes real, as elsewhere.
+  "$PEERS_STATE/juicefs-venv/bin/juicefs" config "redis://127.0.0.1:$JFS_REDIS_PORT/1" \
+    --trash-days 0 --yes >/dev/null 2>&1 || log "juicefs config --trash-days 0 failed"
+}
+stop_juicefs() { "$PEERS/juicefs.sh" down "$BENCH_DIR/mnt/juicefs" || true; }
+
+CURRENT=""
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if [ -n "$CURRENT" ]; then log "stopping $CURRENT"; "stop_$CURRENT" || true; fi
+  rmdir "$BENCH_DIR"/mnt/* "$BENCH_DIR/mnt" 2>/dev/null || true   # never rm -r a mount
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ---------------------------------------------------------------- workloads
+FIO_COMMON=(--ioengine=psync --fallocate=none --group_reporting --output-format=json)
+
+# fio_step SYSTEM NAME fio-args...: runs one fio job into $RUN/SYSTEM-NAME.json.
+fio_step() {
+  local sys=$1 name=$2; shift 2
+  log "$sys: fio $name"
+  timeout "$STEP_TIMEOUT_S" fio "${FIO_COMMON[@]}" --output="$RUN/$sys-$name.json" "$@"
+}
+
+# py_step SYSTEM NAME bench.py-args...: runs one helper phase into $RUN/SYSTEM-NAME.json.
+py_step() {
+  local sys=$1 name=$2; shift 2
+  log "$sys: $name"
+  timeout "$STEP_TIMEOUT_S" python3 "$HELPER" "$@" > "$RUN/$sys-$name.json"
+}
+
+fio_val() { python3 "$HELPER" fio-value "$RUN/$1-$2.json" "$3"; }
+
+# The workloads run as `if` conditions or before `||`, where `set -e` does not act: each
+# step that can fail says `|| return 1`, and a value is read before it is recorded.
+workload_a() {
+  local sys=$1 d=$2/dataset v
+  drop_caches
+  py_step "$sys" a-write dataset-create "$d" "$DATASET_FILES" "$DATASET_MIN_BYTES" \
+    "$DATASET_MAX_BYTES" "$READERS" || return 1
+  v=$(jval "$RUN/$sys-a-write.json" files_s) || return 1
+  record "$sys" dataset_write_files_s "$v"
+  drop_caches
+  py_step "$sys" a-read dataset-read "$d" "$READERS" "$DATASET_READ_MAX_S" || return 1
+  v=$(jval "$RUN/$sys-a-read.json" mibs) || return 1
+  record "$sys" dataset_mibs "$v"
+  record "$sys" dataset_files_s "$(jval "$RUN/$sys-a-read.json" files_s)"
+  [ "$(jval "$RUN/$sys-a-read.json" complete)" = True ] ||
+    note "$sys" "(a) stopped after ${DATASET_READ_MAX_S} s before reading every file"
+  rm -rf "$d"
+}
+
+seq_file_write() {
+  local sys=$1 f=$2/seq.bin v
+  drop_caches
+  fio_step "$sys" b-write --name=seq --filename="$f" --rw=write --bs=1m --size="${SEQ_MIB}m" \
+    --end_fsync=1 || return 1
+  v=$(fio_val "$sys" b-write write-mibs) || return 1
+  record "$sys" seq_write_mibs "$v"
+}
+
+workload_b() {
+  local sys=$1 f=$2/seq.bin v
+  drop_caches
+  fio_step "$sys" b-read --name=seq --filename="$f" --rw=read --bs=1m --size="${SEQ_MIB}m" \
+    --readonly || return 1
+  v=$(fio_val "$sys" b-read read-mibs) || return 1
+  record "$sys" seq_read_mibs "$v"
+}
+
+workload_d() {
+  local sys=$1 f=$2/seq.bin v
+  drop_caches
+  fio_step "$sys" d-randread --name=rand --filename="$f" --rw=randread --bs=4k \
+    --size="${SEQ_MIB}m" --numjobs="$RAND_JOBS" --time_based --runtime="$RAND_S" \
+    --randrepeat=0 --norandommap --readonly || return 1
+  v=$(fio_val "$sys" d-randread read-iops) || return 1
+  record "$sys" rand_read_iops "$v"
+}
+
+workload_c() {
+  local sys=$1 d=$2 v
+  mkdir -p "$d/ckpt" || return 1
+  drop_caches
+  fio_step "$sys" c-files --name=ckpt --directory="$d/ckpt" --rw=write --bs=1m \
+    --size="${CKPT_MIB}m" --numjobs="$CKPT_JOBS" --end_fsync=1 || return 1
+  v=$(fio_val "$sys" c-files write-mibs) || return 1
+  record "$sys" ckpt_write_mibs "$v"
+  rm -rf "$d/ckpt"
+  drop_caches
+  # Job i writes [i x CKPT_MIB, (i+1) x CKPT_MIB) of one file, as sharded savers do.
+  fio_step "$sys" c-shared --name=shard --filename="$d/shard.bin" --rw=write --bs=1m \
+    --filesize="$((CKPT_JOBS * CKPT_MIB))m" --io_size="${CKPT_MIB}m" \
+    --offset_increment="${CKPT_MIB}m" --numjobs="$CKPT_JOBS" --end_fsync=1 || return 1
+  v=$(fio_val "$sys" c-shared write-mibs) || return 1
+  record "$sys" shard_write_mibs "$v"
+  rm -f "$d/shard.bin"
+}
+
+workload_e() {
+  local sys=$1 d=$2/meta phase key v
+  for phase in create stat remove; do
+    drop_caches
+    py_step "$sys" "e-$phase" meta "$d" "$META_FILES" "$META_PROCS" "$phase" || return 1
+    case $phase in create) key=creates_s ;; stat) key=stats_s ;; remove) key=removes_s ;; esac
+    v=$(jval "$RUN/$sys-e-$phase.json" ops_s) || return 1
+    record "$sys" "$key" "$v"
+  done
+  rmdir "$d"
+}
+
+has() { [[ " $WORKLOADS " == *" $1 "* ]]; }
+
+run_workloads() {
+  local sys=$1 d=$2
+  mkdir -p "$d"
+  if has a; then workload_a "$sys" "$d" || note "$sys" "(a) failed"; fi
+  if has b || has d; then
+    if seq_file_write "$sys" "$d"; then
+      if has b; then workload_b "$sys" "$d" || note "$sys" "(b) failed"; fi
+      if has d; then workload_d "$sys" "$d" || note "$sys" "(d) failed"; fi
+    else
+      note "$sys" "writing the file of (b) and (d) failed"
+    fi
+    rm -f "$d/seq.bin"
+  fi
+  if has c; then workload_c "$sys" "$d" || note "$sys" "(c) failed"; fi
+  if has e; then workload_e "$sys" "$d" || note "$sys" "(e) failed"; fi
+  rm -rf "$d"
+}
+
+# Peak bytes one system holds: the largest workload's data (each is deleted before the
+# next), twice for JuiceFS's block cache, plus 5 GiB of slack (MooseFS keeps 1 GiB free).
+need_bytes() {
+  local ds=$((DATASET_FILES * (DATASET_MIN_BYTES + DATASET_MAX_BYTES) / 2))
+  local seq=$((SEQ_MIB << 20)) ck=$((CKPT_JOBS * CKPT_MIB << 20)) max
+  max=$ds; [ $seq -gt $max ] && max=$seq; [ $ck -gt $max ] && max=$ck
+  echo $((2 * max + (5 << 30)))
+}
+
+run_system() {
+  local sys=$1 t0 avail need
+  need=$(need_bytes)
+  avail=$(df -B1 --output=avail "$BENCH_DIR" | tail -1)
+  if [ "$avail" -lt "$need" ]; then
+    note "$sys" "skipped: $((avail >> 30)) GiB free in $BENCH_DIR, $((need >> 30)) GiB needed"
+    return 0
+  fi
+  record "$sys" load_start "$(cut -d' ' -f1 /proc/loadavg)"
+  log "== $sys (load $(cut -d' ' -f1-3 /proc/loadavg), $((avail >> 30)) GiB free)"
+  t0=$(date +%s)
+  CURRENT=$sys
+  if "start_$sys"; then
+    run_workloads "$sys" "$MNT/tessera-bench"
+  else
+    note "$sys" "did not start"
+  fi
+  "stop_$sys" || true
+  CURRENT=""
+  record "$sys" load_end "$(cut -d' ' -f1 /proc/loadavg)"
+  record "$sys" seconds "$(($(date +%s) - t0))"
+  log "== $sys done in $(($(date +%s) - t0)) s"
+}
+
+# ---------------------------------------------------------------- run
+human() { if (($1 % 1048576 == 0)); then echo "$(($1 >> 20)) MiB"; else echo "$(($1 >> 10)) KiB"; fi; }
+
+write_info() {
+  local dev fs dirty=""
+  [ -z "$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null)" ] ||
+    dirty=" (with uncommitted changes)"
+  dev=$(findmnt -no SOURCE -T "$BENCH_DIR"); fs=$(findmnt -no FSTYPE -T "$BENCH_DIR")
+  local cpu cores ram
+  cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
+  cores=$(nproc); ram=$(awk '/MemTotal/{printf "%.0f", $2/1048576}' /proc/meminfo)
+  local size="" rota=""
+  if lsblk -dno SIZE,ROTA "$dev" >/dev/null 2>&1; then
+    read -r size rota < <(lsblk -dno SIZE,ROTA "$dev")
+  fi
+  local settings="COPIES=$COPIES; Tessera: $TESSERA_DATA_SERVERS data servers, default config"
+  settings+=" (4 MiB chunks, redb); MooseFS: $MOOSEFS_CHUNKSERVERS chunkservers, trash time 0"
+  settings+="; GlusterFS: 3 bricks ($([ "$COPIES" = 1 ] && echo distribute || echo "replica $COPIES"))"
+  settings+="; JuiceFS: Redis + local file store, trash days 0; bindfs --multithreaded"
+  settings+="; (a) $DATASET_FILES files of $DATASET_MIN_BYTES-$DATASET_MAX_BYTES bytes (seeded)"
+  settings+=", $READERS readers, 1 MiB reads, at most $DATASET_READ_MAX_S s; (b) $SEQ_MIB MiB"
+  settings+=", bs 1 MiB; (c) $CKPT_JOBS x $CKPT_MIB MiB, bs 1 MiB, end_fsync; (d) bs 4 KiB,"
+  settings+=" $RAND_JOBS jobs, $RAND_S s, norandommap; (e) $META_FILES files, $META_PROCS"
+  settings+=" processes, one folder; quick=$QUICK"
+  {
+    echo "DATE=$(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "COMMAND=scripts/bench.sh${ARGS:+ $ARGS}"
+    echo "COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "DIRTY=$dirty"
+    echo "MACHINE=$cores cores ($cpu), $ram GiB RAM, kernel $(uname -r)"
+    echo "MACHINE_SHORT=$cores cores, $ram GiB RAM"
+    echo "DISK=$BENCH_DIR on $dev ($fs${size:+, $size}${rota:+, rotational=$rota}), shared by every system"
+    echo "SETTINGS=$settings"
+    echo "DATASET=$DATASET_FILES files of $(human "$DATASET_MIN_BYTES") to $(human "$DATASET_MAX_BYTES")"
+    echo "READERS=$READERS"
+    echo "SEQ=$SEQ_MIB MiB"
+    echo "CKPT_JOBS=$CKPT_JOBS"
+    echo "CKPT=$CKPT_MIB MiB"
+    echo "RAND_JOBS=$RAND_JOBS"
+    echo "RAND_S=$RAND_S"
+    echo "META_PROCS=$META_PROCS"
+    echo "NOTE=other work ran on this machine during the run; the load average at each system's start is in the table"
+  } > "$RUN/info.env"
+}
+
+write_versions() {
+  local v jfs=""
+  v=$(dpkg-query -W -f='${Package} ${Version}, ' fio bindfs moosefs-master glusterfs-server \
+    redis-server 2>/dev/null || true)
+  [ -x "$PEERS_STATE/juicefs-venv/bin/juicefs" ] &&
+    jfs=$("$PEERS_STATE/juicefs-venv/bin/juicefs" version 2>/dev/null | head -1)
+  echo "VERSIONS=${v}${jfs:-juicefs not installed}" >> "$RUN/info.env"
+}
+
+log "bench: systems [$SYSTEMS], workloads [$WORKLOADS], quick=$QUICK, raw output in $RUN"
+T_START=$(date +%s)
+setup
+write_info
+for s in $SYSTEMS; do run_system "$s"; done
+write_versions
+"$VENV/bin/python" "$HELPER" report "$RUN" "$OUT"
+log "done in $(($(date +%s) - T_START)) s: $OUT.md and $OUT.png"

@@ -1,0 +1,361 @@
+#!/usr/bin/env python3
+"""Helpers of scripts/bench.sh (standard library only, except `report`, which needs
+matplotlib for the chart).
+
+  bench.py dataset-create DIR FILES MIN_BYTES MAX_BYTES READERS
+      FILES files of uniformly random sizes (seeded), spread over READERS folders
+      DIR/r0 .. DIR/rN-1, written by READERS processes in parallel.
+  bench.py dataset-read DIR READERS MAX_SECONDS
+      READERS processes each open, read whole (1 MiB reads) and close every file of its
+      folder, in a seeded shuffled order, as a data loader does. Prints JSON.
+  bench.py meta DIR FILES PROCS PHASE       PHASE: create | stat | remove
+      PROCS processes create (O_CREAT|O_EXCL, then close), stat or remove FILES empty
+      files in total in one shared folder. Prints JSON.
+  bench.py fio-value FILE.json KIND         KIND: read-mibs | write-mibs | read-iops
+  bench.py report RUN_DIR OUT_BASE          Markdown table OUT_BASE.md, chart OUT_BASE.png
+"""
+
+import json
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+
+MIB = 1 << 20
+SEED = 20240605
+
+
+# ---------------------------------------------------------------- data set (a)
+
+def dataset_sizes(files, lo, hi):
+    rng = random.Random(SEED)
+    return [rng.randint(lo, hi) for _ in range(files)]
+
+
+def _create_part(args):
+    d, names_sizes = args
+    os.makedirs(d, exist_ok=True)
+    block = os.urandom(MIB)
+    for name, size in names_sizes:
+        fd = os.open(os.path.join(d, name), os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        try:
+            done = 0
+            while done < size:
+                done += os.write(fd, block[: min(MIB, size - done)])
+        finally:
+            os.close(fd)
+    return len(names_sizes)
+
+
+def dataset_create(d, files, lo, hi, readers):
+    sizes = dataset_sizes(files, lo, hi)
+    parts = [[] for _ in range(readers)]
+    for i, s in enumerate(sizes):
+        parts[i % readers].append((f"f{i:06d}.bin", s))
+    t = time.monotonic()
+    with mp.Pool(readers) as pool:
+        n = sum(pool.map(_create_part, [(os.path.join(d, f"r{r}"), p) for r, p in enumerate(parts)]))
+    secs = time.monotonic() - t
+    print(json.dumps({"files": n, "bytes": sum(sizes), "seconds": secs, "files_s": n / secs,
+                      "mibs": sum(sizes) / MIB / secs}))
+
+
+def _read_part(args):
+    d, index, deadline, barrier = args
+    names = sorted(os.listdir(d))
+    random.Random(SEED + index).shuffle(names)
+    buf = bytearray(MIB)
+    view = memoryview(buf)
+    nbytes = nfiles = 0
+    barrier.wait()
+    for name in names:
+        if time.monotonic() > deadline:
+            break
+        fd = os.open(os.path.join(d, name), os.O_RDONLY)
+        try:
+            while True:
+                n = os.readv(fd, [view])
+                if n == 0:
+                    break
+                nbytes += n
+        finally:
+            os.close(fd)
+        nfiles += 1
+    return nbytes, nfiles, len(names), time.monotonic()
+
+
+def dataset_read(d, readers, max_seconds):
+    with mp.Manager() as m:
+        barrier = m.Barrier(readers + 1)
+        deadline = time.monotonic() + max_seconds
+        args = [(os.path.join(d, f"r{r}"), r, deadline, barrier) for r in range(readers)]
+        with mp.Pool(readers) as pool:
+            res = pool.map_async(_read_part, args)
+            barrier.wait()
+            t = time.monotonic()
+            out = res.get(max_seconds + 600)
+    secs = max(o[3] for o in out) - t
+    nbytes = sum(o[0] for o in out)
+    nfiles = sum(o[1] for o in out)
+    print(json.dumps({"files": nfiles, "bytes": nbytes, "seconds": secs,
+                      "mibs": nbytes / MIB / secs, "files_s": nfiles / secs,
+                      "complete": nfiles == sum(o[2] for o in out)}))
+
+
+# ---------------------------------------------------------------- metadata (e)
+
+def _meta_part(args):
+    d, proc, count, phase, barrier = args
+    names = [os.path.join(d, f"p{proc}.{i:06d}") for i in range(count)]
+    barrier.wait()
+    if phase == "create":
+        flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
+        for p in names:
+            os.close(os.open(p, flags, 0o644))
+    elif phase == "stat":
+        for p in names:
+            os.stat(p)
+    else:
+        for p in names:
+            os.unlink(p)
+    return time.monotonic()
+
+
+def meta(d, files, procs, phase):
+    os.makedirs(d, exist_ok=True)
+    per = files // procs
+    with mp.Manager() as m:
+        barrier = m.Barrier(procs + 1)
+        with mp.Pool(procs) as pool:
+            res = pool.map_async(_meta_part, [(d, p, per, phase, barrier) for p in range(procs)])
+            barrier.wait()
+            t = time.monotonic()
+            ends = res.get(3600)
+    secs = max(ends) - t
+    print(json.dumps({"phase": phase, "ops": per * procs, "seconds": secs,
+                      "ops_s": per * procs / secs}))
+
+
+# ---------------------------------------------------------------- fio
+
+def fio_value(path, kind):
+    with open(path) as f:
+        text = f.read()
+    # fio may print notes before the JSON document.
+    j = json.loads(text[text.index("{"):])
+    read = sum(job["read"]["bw_bytes"] for job in j["jobs"])
+    write = sum(job["write"]["bw_bytes"] for job in j["jobs"])
+    iops = sum(job["read"]["iops"] for job in j["jobs"])
+    errors = sum(job.get("error", 0) for job in j["jobs"])
+    if errors:
+        raise SystemExit(f"{path}: fio reported errors")
+    value = {"read-mibs": read / MIB, "write-mibs": write / MIB, "read-iops": iops}[kind]
+    print(f"{value:.1f}")
+
+
+# ---------------------------------------------------------------- report
+
+SYSTEMS = [
+    ("local", "local disk"),
+    ("bindfs", "bindfs (FUSE passthrough)"),
+    ("tessera", "Tessera"),
+    ("moosefs", "MooseFS"),
+    ("glusterfs", "GlusterFS"),
+    ("juicefs", "JuiceFS"),
+]
+
+# (key, table label, chart label, unit)
+METRICS = [
+    ("dataset_mibs", "(a) data-set read, {DATASET}, {READERS} readers", "(a) data-set read", "MiB/s"),
+    ("dataset_files_s", "(a) data-set read, files/s", "(a) data-set files/s", "files/s"),
+    ("dataset_write_files_s", "(a) writing the data set (create, write, close), {READERS} writers",
+     "(a) data-set write", "files/s"),
+    ("seq_read_mibs", "(b) sequential read of {SEQ} in 1 MiB", "(b) seq read", "MiB/s"),
+    ("seq_write_mibs", "(b) writing that file: 1 writer, 1 MiB, + fsync", "(b) seq write, 1 writer",
+     "MiB/s"),
+    ("ckpt_write_mibs", "(c) checkpoint write, {CKPT_JOBS} x {CKPT} + fsync", "(c) checkpoint write",
+     "MiB/s"),
+    ("shard_write_mibs", "(c) {CKPT_JOBS} writers, disjoint ranges of one file, + fsync",
+     "(c) one shared file", "MiB/s"),
+    ("rand_read_iops", "(d) 4 KiB random read, {RAND_JOBS} jobs, {RAND_S} s", "(d) 4 KiB rand read",
+     "IOPS"),
+    ("creates_s", "(e) create empty files, {META_PROCS} processes", "(e) creates", "ops/s"),
+    ("stats_s", "(e) stat", "(e) stats", "ops/s"),
+    ("removes_s", "(e) remove", "(e) removes", "ops/s"),
+]
+
+# (metric, peer, target) from issue 5.
+TARGETS = [
+    ("seq_read_mibs", "moosefs", 3.0, "sequential read"),
+    ("seq_read_mibs", "glusterfs", 3.0, "sequential read"),
+    ("ckpt_write_mibs", "moosefs", 3.0, "checkpoint write"),
+    ("ckpt_write_mibs", "glusterfs", 3.0, "checkpoint write"),
+    ("dataset_mibs", "moosefs", 3.0, "data-set read"),
+    ("creates_s", "moosefs", 10.0, "creates"),
+    ("rand_read_iops", "moosefs", 2.0, "4 KiB random read"),
+    ("seq_read_mibs", "bindfs", 0.6, "sequential read"),
+]
+
+
+def read_kv(path):
+    out = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                if "=" in line:
+                    k, v = line.rstrip("\n").split("=", 1)
+                    out[k] = v
+    return out
+
+
+def read_results(run):
+    res = {}
+    path = os.path.join(run, "results.tsv")
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                s, k, v = line.rstrip("\n").split("\t")
+                res.setdefault(s, {})[k] = v
+    return res
+
+
+def fmt(v):
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return v if v else "-"
+    if x >= 100:
+        return f"{x:,.0f}"
+    return f"{x:.1f}"
+
+
+def ratio(res, metric, a, b):
+    try:
+        return float(res[a][metric]) / float(res[b][metric])
+    except (KeyError, ValueError, ZeroDivisionError):
+        return None
+
+
+def report(run, out_base):
+    info = read_kv(os.path.join(run, "info.env"))
+    res = read_results(run)
+    systems = [(k, n) for k, n in SYSTEMS if k in res]
+    lines = [f"# Tessera beside local disk, FUSE passthrough and peers: {info.get('DATE', '?')}", ""]
+    lines += [
+        f"- command: `{info.get('COMMAND', '')}`",
+        f"- commit: `{info.get('COMMIT', '?')}`{info.get('DIRTY', '')}",
+        f"- machine: {info.get('MACHINE', '?')}",
+        f"- disk: {info.get('DISK', '?')}",
+        f"- settings: {info.get('SETTINGS', '?')}",
+        f"- versions: {info.get('VERSIONS', '?')}",
+        "- method: each system is started, measured and stopped in turn, on the same disk; "
+        "caches are dropped (`sync; echo 3 > /proc/sys/vm/drop_caches`) before every "
+        "measured phase, so reads are cold in the kernel (JuiceFS keeps its own block cache on "
+        "disk and MooseFS's client its own read cache: neither is dropped). (a) and (e) are "
+        "`scripts/bench/bench.py` (a data loader's open/read whole/close; create, stat, remove "
+        "with `os` calls), (b)-(d) are fio with the `psync` engine, buffered.",
+        f"- note: {info.get('NOTE', '')}",
+        "",
+        "## Results",
+        "",
+    ]
+    head = "| workload | unit | " + " | ".join(n for _, n in systems) + " |"
+    lines += [head, "| --- | --- |" + " --- |" * len(systems)]
+    for key, label, _, unit in METRICS:
+        label = label.format(**info) if "{" in label else label
+        cells = [fmt(res[s].get(key)) for s, _ in systems]
+        lines.append(f"| {label} | {unit} | " + " | ".join(cells) + " |")
+    lines.append("| load average (1 min) at start | | " +
+                 " | ".join(res[s].get("load_start", "-") for s, _ in systems) + " |")
+    lines.append("| load average (1 min) at end | | " +
+                 " | ".join(res[s].get("load_end", "-") for s, _ in systems) + " |")
+    lines.append("| time taken, start to stop | s | " +
+                 " | ".join(fmt(res[s].get("seconds")) for s, _ in systems) + " |")
+    notes = [(s, res[s]["note"]) for s, _ in systems if res[s].get("note")]
+    if notes:
+        lines += [""] + [f"- {dict(SYSTEMS)[s]}: {n}" for s, n in notes]
+    lines += ["", "## Ratios named by issue 5's targets", "",
+              "| ratio | target | measured | met |", "| --- | --- | --- | --- |"]
+    for metric, peer, target, what in TARGETS:
+        r = ratio(res, metric, "tessera", peer)
+        peer_name = dict(SYSTEMS)[peer].split(" (")[0]
+        if r is None:
+            shown = "-"
+        else:
+            shown = f"{r:.2f}x" if target >= 1 else f"{r * 100:.0f}%"
+        met = "-" if r is None else ("yes" if r >= target else "no")
+        tgt = f">= {target:g}x" if target >= 1 else f">= {target * 100:.0f}%"
+        lines.append(f"| {what}, Tessera / {peer_name} | {tgt} | {shown} | {met} |")
+    refs = []
+    for key, _, short, _ in METRICS:
+        if key in ("dataset_files_s", "dataset_write_files_s"):
+            continue
+        r = ratio(res, key, "tessera", "juicefs")
+        if r is not None:
+            refs.append(f"{short}: {r:.2f}x")
+    if refs:
+        lines += ["", "Tessera / JuiceFS, for reference (no target): " + "; ".join(refs) + "."]
+    lines.append("")
+    with open(out_base + ".md", "w") as f:
+        f.write("\n".join(lines))
+    chart(res, systems, info, out_base + ".png")
+
+
+def chart(res, systems, info, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [m for m in METRICS if m[0] not in ("dataset_files_s", "dataset_write_files_s")]
+    colors = {"local": "#9e9e9e", "bindfs": "#616161", "tessera": "#d84315",
+              "moosefs": "#1565c0", "glusterfs": "#2e7d32", "juicefs": "#6a1b9a"}
+    fig, axes = plt.subplots(3, 3, figsize=(16, 13))
+    for ax, (key, _, title, unit) in zip(axes.flat, metrics):
+        names, vals, cols = [], [], []
+        for s, n in systems:
+            try:
+                v = float(res[s].get(key))
+            except (TypeError, ValueError):
+                continue
+            names.append(n.split(" (")[0].replace("local disk", "local"))
+            vals.append(v)
+            cols.append(colors[s])
+        bars = ax.bar(range(len(vals)), vals, color=cols)
+        ax.set_xticks(range(len(vals)))
+        ax.set_xticklabels(names, rotation=30, ha="right", fontsize=10)
+        ax.set_title(f"{title} ({unit})", fontsize=12)
+        ax.tick_params(axis="y", labelsize=9)
+        top = max(vals) if vals else 1
+        ax.set_ylim(0, top * 1.18)
+        for b, v in zip(bars, vals):
+            ax.text(b.get_x() + b.get_width() / 2, b.get_height() + top * 0.01, fmt(v),
+                    ha="center", va="bottom", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"Tessera benchmark {info.get('DATE', '')}, commit {info.get('COMMIT', '?')}"
+                 f"{info.get('DIRTY', '')}: {info.get('MACHINE_SHORT', '')}; higher is better",
+                 fontsize=13)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(path, dpi=90)
+
+
+def main(argv):
+    if len(argv) < 2:
+        raise SystemExit(__doc__)
+    cmd, a = argv[1], argv[2:]
+    if cmd == "dataset-create":
+        dataset_create(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]))
+    elif cmd == "dataset-read":
+        dataset_read(a[0], int(a[1]), float(a[2]))
+    elif cmd == "meta":
+        meta(a[0], int(a[1]), int(a[2]), a[3])
+    elif cmd == "fio-value":
+        fio_value(a[0], a[1])
+    elif cmd == "report":
+        report(a[0], a[1])
+    else:
+        raise SystemExit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

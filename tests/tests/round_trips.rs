@@ -1,0 +1,125 @@
+//! Round-trip counts of the two paths that issue 5 makes fast: a regression guard that is
+//! not timed, so it holds on a busy machine. Each test counts the calls one client sends
+//! (`Client::rpc_counts`) and fails if they grow beyond what the code needs today.
+//!
+//! Counts measured on commit 9993b2d (one 4 MiB chunk size, three data servers):
+//!
+//! | path | metadata calls | data calls |
+//! | --- | --- | --- |
+//! | lookup, open, 64 x 1 MiB sequential reads of a 64 MiB file, release | 3 | 64 |
+//! | create, write 4 KiB, release | 2 | 1 |
+//!
+//! When a change lowers a count, lower its bound here too, so that the gain is kept.
+
+use fs_client::{Client, RpcCounts};
+use proto::meta::Caller;
+use proto::InodeId;
+use tessera_tests::{pseudo_random, sha256_hex, InProcessCluster};
+
+const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
+const MIB: usize = 1 << 20;
+
+/// Reading 64 MiB sequentially: a lookup, an open and a release, and one `ReadChunk`
+/// per 1 MiB read (each read lies inside one 4 MiB chunk). Readahead of whole chunks
+/// would bring the data calls down to 16.
+const READ_64_MIB_META_CALLS: u64 = 3;
+/// See [`READ_64_MIB_META_CALLS`].
+const READ_64_MIB_DATA_CALLS: u64 = 64;
+
+/// Creating a 4 KiB file: `Create`, one `WriteChunk`, and `Release` carrying the length.
+/// Keeping small files' bytes with their metadata would bring the data call to 0.
+const SMALL_FILE_META_CALLS: u64 = 2;
+/// See [`SMALL_FILE_META_CALLS`].
+const SMALL_FILE_DATA_CALLS: u64 = 1;
+
+fn assert_within(what: &str, got: RpcCounts, meta_bound: u64, data_bound: u64) {
+    eprintln!(
+        "{what}: {} metadata calls (bound {meta_bound}), {} data calls (bound {data_bound})",
+        got.meta_calls, got.data_calls
+    );
+    assert!(
+        got.meta_calls <= meta_bound,
+        "{what}: {} metadata calls, more than the {meta_bound} of today",
+        got.meta_calls
+    );
+    assert!(
+        got.data_calls <= data_bound,
+        "{what}: {} data calls, more than the {data_bound} of today",
+        got.data_calls
+    );
+}
+
+async fn write_file(client: &Client, name: &[u8], data: &[u8]) {
+    let (_, fh) = client
+        .create(InodeId::ROOT, name, 0o644, ROOT_CALLER, true)
+        .await
+        .unwrap();
+    assert_eq!(client.write(&fh, 0, data).await.unwrap(), data.len());
+    client.fsync(&fh).await.unwrap();
+    client.release(&fh).await.unwrap();
+}
+
+/// Guards against the sequential read path sending more calls per MiB (for example a
+/// read split into several pieces, or an attribute fetch per read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reading_a_64_mib_file_sequentially_does_not_take_more_round_trips() {
+    let cluster = InProcessCluster::start(3).await;
+    let data = pseudo_random(64 * MIB, 64);
+    write_file(&*cluster.client().await, b"seq.bin", &data).await;
+
+    // A fresh client: nothing cached from the write.
+    let client = cluster.client().await;
+    let before = client.rpc_counts();
+    let attr = client.lookup(InodeId::ROOT, b"seq.bin").await.unwrap();
+    let (_, fh) = client.open(attr.ino, false).await.unwrap();
+    let mut back = Vec::with_capacity(data.len());
+    for offset in (0..data.len()).step_by(MIB) {
+        let part = client.read(&fh, offset as u64, MIB).await.unwrap();
+        assert_eq!(part.len(), MIB, "short read at {offset}");
+        back.extend_from_slice(&part);
+    }
+    client.release(&fh).await.unwrap();
+    let used = client.rpc_counts() - before;
+
+    assert_eq!(sha256_hex(&back), sha256_hex(&data));
+    assert!(used.data_calls > 0, "the counter counts data calls");
+    assert_within(
+        "sequential read of 64 MiB",
+        used,
+        READ_64_MIB_META_CALLS,
+        READ_64_MIB_DATA_CALLS,
+    );
+}
+
+/// Guards against creating a small file taking more calls (for example a separate open
+/// after the create, or a commit before the release).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn creating_a_4_kib_file_does_not_take_more_round_trips() {
+    let cluster = InProcessCluster::start(3).await;
+    let client = cluster.client().await;
+    let data = pseudo_random(4096, 4);
+
+    let before = client.rpc_counts();
+    let (_, fh) = client
+        .create(InodeId::ROOT, b"small.bin", 0o644, ROOT_CALLER, true)
+        .await
+        .unwrap();
+    assert_eq!(client.write(&fh, 0, &data).await.unwrap(), data.len());
+    client.release(&fh).await.unwrap();
+    let used = client.rpc_counts() - before;
+    assert!(used.meta_calls > 0, "the counter counts metadata calls");
+    assert_within(
+        "create, write and release of 4 KiB",
+        used,
+        SMALL_FILE_META_CALLS,
+        SMALL_FILE_DATA_CALLS,
+    );
+
+    // The file is whole for another client.
+    let other = cluster.client().await;
+    let attr = other.lookup(InodeId::ROOT, b"small.bin").await.unwrap();
+    assert_eq!(attr.size, 4096);
+    let (_, fh) = other.open(attr.ino, false).await.unwrap();
+    assert_eq!(other.read(&fh, 0, 8192).await.unwrap(), data);
+    other.release(&fh).await.unwrap();
+}
