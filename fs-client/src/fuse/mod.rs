@@ -45,6 +45,9 @@ struct Inner {
     next_fh: AtomicU64,
     /// (mtime, size) of each file when it was last opened or looked at.
     seen: Mutex<HashMap<InodeId, (Timestamp, u64)>>,
+    /// Files on which this mount ever took a lock: only their closes need to tell the
+    /// metadata server to drop locks (every other close skips that round trip).
+    locked: Mutex<std::collections::HashSet<InodeId>>,
     /// Sends cache invalidations to the kernel; set once the session exists.
     notifier: OnceLock<fuser::Notifier>,
 }
@@ -74,6 +77,7 @@ impl TesseraFs {
             next_fh: AtomicU64::new(1),
             seen: Mutex::new(HashMap::new()),
             notifier: OnceLock::new(),
+            locked: Mutex::new(std::collections::HashSet::new()),
         };
         TesseraFs {
             inner: Arc::new(inner),
@@ -97,6 +101,14 @@ impl Inner {
             .get(&fh)
             .cloned()
             .ok_or_else(|| ClientError::Invalid(format!("unknown file handle {fh}")))
+    }
+
+    /// Drops the locks of a kernel lock owner on `ino`, if this mount ever locked it.
+    async fn unlock_owner(&self, ino: InodeId, owner: u64) -> Result<(), ClientError> {
+        if !self.locked.lock().contains(&ino) {
+            return Ok(());
+        }
+        self.client.release_locks(ino, owner).await
     }
 
     /// Close-to-open: compares `attr` with what this mount saw of the file before. The

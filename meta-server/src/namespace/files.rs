@@ -199,9 +199,55 @@ impl Namespace {
         Ok(())
     }
 
+    /// Reserves `len` bytes at the end of regular file `ino` for an `O_APPEND` write and
+    /// returns where they start; the new length is durable before the reply.
+    pub fn append(&self, ino: InodeId, len: u64) -> Result<u64, MetaError> {
+        self.mutate(|txn, _| {
+            let mut rec = txn.inode(ino)?;
+            if rec.kind != FileKind::Regular {
+                return Err(MetaError::InvalidArgument(format!(
+                    "append to a {:?}",
+                    rec.kind
+                )));
+            }
+            let offset = rec.size;
+            rec.size = offset
+                .checked_add(len)
+                .filter(|&e| e <= i64::MAX as u64)
+                .ok_or_else(|| MetaError::TooBig(format!("append of {len} bytes to {ino}")))?;
+            let now = now();
+            rec.mtime = now;
+            rec.ctime = now;
+            txn.put_inode(ino, &rec)?;
+            Ok(offset)
+        })
+    }
+
+    /// Records a read of `ino` the way `relatime` does: the access time moves to now only
+    /// if it is older than the last change or more than a day old, and the change time
+    /// stays (reading is not a change). Returns the attributes either way.
+    pub fn accessed(&self, ino: InodeId) -> Result<Attr, MetaError> {
+        const DAY_SECS: i64 = 24 * 3600;
+        let rec = self.getattr(ino)?;
+        let now = now();
+        let due = rec.atime <= rec.mtime
+            || rec.atime <= rec.ctime
+            || rec.atime.secs + DAY_SECS <= now.secs;
+        if !due {
+            return Ok(rec);
+        }
+        self.mutate(|txn, _| {
+            let mut rec = txn.inode(ino)?;
+            rec.atime = now;
+            txn.put_inode(ino, &rec)?;
+            Ok(rec.attr(ino))
+        })
+    }
+
     /// Ends every session opened over connection `conn` (it closed), freeing the files
     /// that were unlinked while open and have no session left.
     pub fn connection_closed(&self, conn: ConnId) {
+        self.locks.lock().release_conn(conn);
         let mut st = self.state.lock();
         let ended: Vec<(SessionId, InodeId)> = st
             .sessions

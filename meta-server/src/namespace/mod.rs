@@ -10,6 +10,7 @@ mod cluster;
 mod entries;
 mod files;
 mod keys;
+mod locks;
 mod names;
 mod readdir;
 mod records;
@@ -122,6 +123,8 @@ pub struct Namespace {
     /// Last heartbeat of each data server; in memory because liveness after a restart
     /// must be earned again.
     liveness: Mutex<HashMap<NodeId, Instant>>,
+    /// Locks of every client (in memory; see `locks`).
+    locks: Mutex<locks::LockTable>,
 }
 
 /// The server's clock, for every time stamp the server sets.
@@ -155,6 +158,7 @@ impl Namespace {
                 next_client,
             }),
             liveness: Mutex::new(HashMap::new()),
+            locks: Mutex::new(locks::LockTable::default()),
         };
         ns.purge_orphans()?;
         tracing::info!(engine = ns.store.engine(), "namespace open");
@@ -232,6 +236,18 @@ impl Namespace {
                 .heartbeat(node, capacity_bytes, used_bytes, &done)
                 .map(MetaReply::Gc),
             R::ClusterMap => self.cluster_map().map(|nodes| MetaReply::Map { nodes }),
+            R::Append { ino, len } => self.append(ino, len).map(MetaReply::Offset),
+            R::Accessed { ino } => self.accessed(ino).map(attr),
+            R::SetLock { ino, client, lock } => {
+                self.locks.lock().set(ino, client, conn, lock).map(unit)
+            }
+            R::GetLock { ino, client, lock } => {
+                Ok(MetaReply::Lock(self.locks.lock().conflict(ino, client, &lock)))
+            }
+            R::ReleaseLocks { ino, client, owner } => {
+                self.locks.lock().release_owner(ino, client, owner);
+                Ok(MetaReply::Unit)
+            }
         }
     }
 
@@ -327,5 +343,10 @@ fn describe(req: &MetaRequest) -> (&'static str, u64) {
         R::RegisterData { node, .. } => ("register_data", node.map_or(0, |n| u64::from(n.0))),
         R::Heartbeat { node, .. } => ("heartbeat", u64::from(node.0)),
         R::ClusterMap => ("cluster_map", 0),
+        R::Append { ino, .. } => ("append", ino.0),
+        R::Accessed { ino } => ("accessed", ino.0),
+        R::SetLock { ino, .. } => ("setlock", ino.0),
+        R::GetLock { ino, .. } => ("getlock", ino.0),
+        R::ReleaseLocks { ino, .. } => ("release_locks", ino.0),
     }
 }
