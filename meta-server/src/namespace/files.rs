@@ -1,7 +1,7 @@
 //! Open-file sessions and what goes with them: create, open, the writer's length
 //! commits, release, setattr, and the freeing of files unlinked while open.
 
-use super::entries::{add_entry, delete_inode};
+use super::entries::{add_entry, delete_inode, inherit_setgid};
 use super::names::check_name;
 use super::records::{InodeRecord, StoredLayout};
 use super::txn::{Reads, Txn};
@@ -36,7 +36,7 @@ impl Namespace {
         check_name(name)?;
         let mut st = self.state.lock();
         let mut txn = Txn::new(&*self.store, &st.sb);
-        txn.dir(parent)?;
+        let parent_rec = txn.dir(parent)?;
         let (ino, rec) = match txn.dirent(parent, name)? {
             Some(_) if exclusive => {
                 return Err(MetaError::AlreadyExists(format!(
@@ -55,7 +55,7 @@ impl Namespace {
                 )));
             }
             Some(d) => (InodeId(d.ino), txn.inode(InodeId(d.ino))?),
-            None => self.new_file(&mut txn, parent, name, perm, caller)?,
+            None => self.new_file(&mut txn, parent, &parent_rec, name, perm, caller)?,
         };
         let session = reserve_session(&st, &mut txn);
         Self::commit_txn(&mut st, txn)?;
@@ -67,6 +67,7 @@ impl Namespace {
         &self,
         txn: &mut Txn<'_>,
         parent: InodeId,
+        parent_rec: &InodeRecord,
         name: &[u8],
         perm: u32,
         caller: Caller,
@@ -78,6 +79,7 @@ impl Namespace {
         let now = now();
         let ino = txn.alloc_inode();
         let mut rec = InodeRecord::new(FileKind::Regular, perm, caller.uid, caller.gid, now);
+        inherit_setgid(parent_rec, &mut rec);
         rec.layout = Some(StoredLayout {
             chunk_size_bytes: self.config.chunk_size_bytes,
             first: (ino.0 % stripe.len() as u64) as u32,
