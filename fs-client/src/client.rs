@@ -163,6 +163,30 @@ impl Client {
         Ok(self.overlay(attr))
     }
 
+    /// Clears setuid, and setgid if group-exec is set, before an unprivileged process
+    /// writes `ino`, as ext4's `file_remove_privs` does: otherwise anyone allowed to
+    /// write a setuid-root program could change what it runs as root. A read and a
+    /// conditional change: a chmod racing with the write may be undone, as it may be by
+    /// the kernel's own getattr-then-setattr on the page cache path.
+    pub async fn kill_suid(&self, ino: InodeId) -> Result<()> {
+        const S_ISUID: u32 = 0o4000;
+        const S_ISGID: u32 = 0o2000;
+        const S_IXGRP: u32 = 0o0010;
+        let perm = self.getattr(ino).await?.perm;
+        let mut kill = perm & S_ISUID;
+        if perm & (S_ISGID | S_IXGRP) == S_ISGID | S_IXGRP {
+            kill |= S_ISGID;
+        }
+        if kill == 0 {
+            return Ok(());
+        }
+        let set = SetAttr {
+            perm: Some(perm & !kill),
+            ..SetAttr::default()
+        };
+        self.setattr(ino, set).await.map(drop)
+    }
+
     /// The layout of a regular file (`None` for other kinds), opening it briefly if this
     /// client has not seen it.
     async fn layout_of(&self, ino: InodeId) -> Result<Option<Layout>> {

@@ -414,15 +414,26 @@ impl fuser::Filesystem for TesseraFs {
         fh: Fh,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let (inner, data) = (self.inner.clone(), data.to_vec());
         let append = flags.0 & libc::O_APPEND != 0;
+        // The kernel clears setuid/setgid itself before writes through the page cache,
+        // but leaves it to us for direct I/O (O_DIRECT and, here, O_APPEND files) by an
+        // unprivileged writer.
+        let kill_suid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         self.spawn(async move {
-            let r = match inner.file(fh.0) {
+            let file = match inner.file(fh.0) {
+                Ok(file) if kill_suid => match inner.client.kill_suid(file.ino()).await {
+                    Ok(()) => Ok(file),
+                    Err(e) => Err(e),
+                },
+                r => r,
+            };
+            let r = match file {
                 Ok(file) if append => inner.client.append(&file, &data).await.map(|_| data.len()),
                 Ok(file) => inner.client.write(&file, offset, &data).await,
                 Err(e) => Err(e),
