@@ -446,6 +446,7 @@ impl fuser::Filesystem for TesseraFs {
         let inner = self.inner.clone();
         self.spawn(async move {
             // Closing any descriptor drops the process's POSIX locks on the file.
+            inner.forget_lock_owner(fh.0, owner.0);
             if let Err(e) = inner.unlock_owner(ino(i), owner.0).await {
                 return reply.error(errno(e.code()));
             }
@@ -469,10 +470,13 @@ impl fuser::Filesystem for TesseraFs {
     ) {
         let inner = self.inner.clone();
         self.spawn(async move {
-            // The last close of an open file drops its flock (the kernel names the owner).
-            if let Some(owner) = lock_owner {
-                if let Err(e) = inner.unlock_owner(ino(i), owner.0).await {
-                    debug!(error = %e, "releasing flock locks failed");
+            // The last close of an open file drops its flock (the kernel names the owner)
+            // and its OFD locks (the kernel does not: see `Inner::lock_owners`).
+            let mut owners = inner.lock_owners.lock().remove(&fh.0).unwrap_or_default();
+            owners.extend(lock_owner.map(|o| o.0));
+            for owner in owners {
+                if let Err(e) = inner.unlock_owner(ino(i), owner).await {
+                    debug!(error = %e, "releasing flock and OFD locks failed");
                 }
             }
             let file = inner.files.lock().remove(&fh.0);
@@ -668,7 +672,7 @@ impl fuser::Filesystem for TesseraFs {
         &self,
         _req: &Request,
         i: INodeNo,
-        _fh: Fh,
+        fh: Fh,
         owner: LockOwner,
         start: u64,
         end: u64,
@@ -684,6 +688,8 @@ impl fuser::Filesystem for TesseraFs {
         self.spawn(async move {
             if lock.kind != LockKind::Unlock {
                 inner.locked.lock().insert(ino(i));
+                let mut owners = inner.lock_owners.lock();
+                owners.entry(fh.0).or_default().insert(lock.owner);
             }
             let r = inner.client.setlk(ino(i), lock, sleep).await;
             finish(reply, r, |reply, ()| reply.ok())
