@@ -163,6 +163,15 @@ impl Client {
         Ok(self.overlay(attr))
     }
 
+    /// Reports a read of `ino` (file bytes or a directory listing) for its access time;
+    /// the metadata server moves it as `relatime` says. Best effort, as a lazily
+    /// written atime is: a failure is logged, never returned.
+    pub async fn accessed(&self, ino: InodeId) {
+        if let Err(e) = self.meta(MetaRequest::Accessed { ino }).await {
+            tracing::debug!(%ino, error = %e, "atime update failed");
+        }
+    }
+
     /// Clears setuid, and setgid if group-exec is set, before an unprivileged process
     /// writes `ino`, as ext4's `file_remove_privs` does: otherwise anyone allowed to
     /// write a setuid-root program could change what it runs as root. A read and a

@@ -293,10 +293,7 @@ impl Client {
             len.min((size - offset) as usize)
         };
         if fh.atime_due.swap(false, Ordering::Relaxed) {
-            // Best effort, like a lazily written atime: a failure must not fail the read.
-            if let Err(e) = self.meta(MetaRequest::Accessed { ino: fh.ino() }).await {
-                debug!(error = %e, "atime update failed");
-            }
+            self.accessed(fh.ino()).await;
         }
         let buf = self.pool.take().await;
         if len > 0 {

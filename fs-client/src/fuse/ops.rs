@@ -509,7 +509,7 @@ impl fuser::Filesystem for TesseraFs {
         reply.opened(Fh(n), FopenFlags::empty());
     }
 
-    fn readdir(&self, _req: &Request, _i: INodeNo, fh: Fh, offset: u64, reply: ReplyDirectory) {
+    fn readdir(&self, _req: &Request, i: INodeNo, fh: Fh, offset: u64, reply: ReplyDirectory) {
         let inner = self.inner.clone();
         self.spawn(async move {
             let Some(dir) = inner.dirs.lock().get(&fh.0).cloned() else {
@@ -517,7 +517,14 @@ impl fuser::Filesystem for TesseraFs {
             };
             let mut dir = dir.lock().await;
             // The reply buffer holds a few hundred names; ask for a page-sized slice.
-            let r = dir.entries_from(&inner.client, offset, 256).await;
+            let page = dir.entries_from(&inner.client, offset, 256);
+            // A listing from the top reads the directory: its atime moves as `relatime`
+            // says (ext4 does this on every readdir; once per listing is what shows).
+            let r = if offset == 0 {
+                tokio::join!(page, inner.client.accessed(ino(i))).0
+            } else {
+                page.await
+            };
             finish(reply, r, |mut reply, entries| {
                 for e in entries {
                     let name = OsStr::from_bytes(&e.name);
