@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every check and test, on a fresh machine: installs what is missing, then formatting,
 # clippy with -D warnings, a build of every binary (the FUSE and process tests run them),
-# and every test of the workspace. FUSE tests need root and /dev/fuse, as CI has.
+# every test of the workspace, the same with the `rdma` transport feature (build, clippy
+# and its device-free tests), and the public POSIX suite pjdfstest on a fresh mount.
+# FUSE tests need root and /dev/fuse, as CI has.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -29,4 +31,6 @@ cargo test -p transport --features rdma --target-dir "$rdma_target" \
   -- --test-threads="${TEST_THREADS:-2}"
 readelf -d "$rdma_target/debug/tessera" | grep -q 'NEEDED.*libibverbs' \
   || { echo "the rdma build of tessera does not link libibverbs" >&2; exit 1; }
+echo "== pjdfstest (public POSIX suite) on a fresh mount"
+scripts/pjdfstest.sh
 echo "== all checks passed"

@@ -63,6 +63,7 @@ impl DataServer {
         let (tx, rx) = watch::channel(None);
         let beat = Heartbeat {
             ep,
+            data_dir: config.data_dir.clone(),
             meta: Link::new(config.meta_addr.clone()),
             store: store.clone(),
             advertise: advertise.clone(),
@@ -115,6 +116,11 @@ impl Drop for DataServer {
 }
 
 fn fs_size(dir: &std::path::Path) -> Result<u64, DataError> {
+    fs_space(dir).map(|(total, _)| total)
+}
+
+/// Total and available bytes of the file system holding `dir`.
+fn fs_space(dir: &std::path::Path) -> Result<(u64, u64), DataError> {
     std::fs::create_dir_all(dir).map_err(|e| DataError::io(format!("creating {dir:?}"), e))?;
     let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
         .map_err(|_| DataError::InvalidArgument("data_dir contains a NUL byte".into()))?;
@@ -124,11 +130,13 @@ fn fs_size(dir: &std::path::Path) -> Result<u64, DataError> {
     if rc != 0 {
         return Err(DataError::io("statvfs", std::io::Error::last_os_error()));
     }
-    Ok(st.f_blocks as u64 * st.f_frsize as u64)
+    let frsize = st.f_frsize as u64;
+    Ok((st.f_blocks as u64 * frsize, st.f_bavail as u64 * frsize))
 }
 
 struct Heartbeat {
     ep: Endpoint,
+    data_dir: std::path::PathBuf,
     meta: Link,
     store: Arc<ChunkStore>,
     advertise: String,
@@ -144,10 +152,19 @@ impl Heartbeat {
         result
     }
 
+    /// Capacity and use as `statfs` should see them: the capacity is cut to what the
+    /// disk can still take, so a disk filled by something else shows as full.
     async fn usage(&self) -> (u64, u64) {
         let store = self.store.clone();
-        match tokio::task::spawn_blocking(move || store.usage()).await {
-            Ok(Ok(u)) => (u.capacity_bytes, u.used_bytes),
+        let dir = self.data_dir.clone();
+        let r = tokio::task::spawn_blocking(move || -> Result<(u64, u64), DataError> {
+            let u = store.usage()?;
+            let (_, avail) = fs_space(&dir)?;
+            let room = u.capacity_bytes.saturating_sub(u.used_bytes).min(avail);
+            Ok((u.used_bytes + room, u.used_bytes))
+        });
+        match r.await {
+            Ok(Ok(u)) => u,
             _ => (0, 0),
         }
     }

@@ -5,10 +5,11 @@ use crate::error::{ClientError, Result};
 use crate::file::{FileHandle, FileState};
 use crate::rpc::{self, expect_reply, DataLinks, RpcCounts, RpcEndpoint};
 use parking_lot::Mutex;
-use proto::meta::{Caller, DirEntry, MetaReply, MetaRequest, RenameMode, XattrMode};
+use proto::meta::{Caller, DirEntry, LockSpec, MetaReply, MetaRequest, RenameMode, XattrMode};
 use proto::{Attr, ClientId, FileKind, InodeId, Layout, NodeId, SetAttr, PROTOCOL_VERSION};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 use transport::BufferPool;
 use transport::{Connection, Endpoint, Link};
 
@@ -166,6 +167,39 @@ impl Client {
             MetaReply::Attr(a) => a
         )?;
         Ok(self.overlay(attr))
+    }
+
+    /// Reports a read of `ino` (file bytes or a directory listing) for its access time;
+    /// the metadata server moves it as `relatime` says. Best effort, as a lazily
+    /// written atime is: a failure is logged, never returned.
+    pub async fn accessed(&self, ino: InodeId) {
+        if let Err(e) = self.meta(MetaRequest::Accessed { ino }).await {
+            tracing::debug!(%ino, error = %e, "atime update failed");
+        }
+    }
+
+    /// Clears setuid, and setgid if group-exec is set, before an unprivileged process
+    /// writes `ino`, as ext4's `file_remove_privs` does: otherwise anyone allowed to
+    /// write a setuid-root program could change what it runs as root. A read and a
+    /// conditional change: a chmod racing with the write may be undone, as it may be by
+    /// the kernel's own getattr-then-setattr on the page cache path.
+    pub async fn kill_suid(&self, ino: InodeId) -> Result<()> {
+        const S_ISUID: u32 = 0o4000;
+        const S_ISGID: u32 = 0o2000;
+        const S_IXGRP: u32 = 0o0010;
+        let perm = self.getattr(ino).await?.perm;
+        let mut kill = perm & S_ISUID;
+        if perm & (S_ISGID | S_IXGRP) == S_ISGID | S_IXGRP {
+            kill |= S_ISGID;
+        }
+        if kill == 0 {
+            return Ok(());
+        }
+        let set = SetAttr {
+            perm: Some(perm & !kill),
+            ..SetAttr::default()
+        };
+        self.setattr(ino, set).await.map(drop)
     }
 
     /// The layout of a regular file (`None` for other kinds), opening it briefly if this
@@ -395,6 +429,57 @@ impl Client {
         self.meta(req).await.map(drop)
     }
 
+    /// Takes or releases a lock. With `wait`, a conflicting lock is waited out (polling
+    /// with backoff) for as long as process `pid` lives; without, it is `WouldBlock`.
+    pub async fn setlk(&self, ino: InodeId, lock: LockSpec, wait: bool) -> Result<()> {
+        const FIRST_WAIT: Duration = Duration::from_millis(5);
+        const LONGEST_WAIT: Duration = Duration::from_millis(200);
+        let mut pause = FIRST_WAIT;
+        loop {
+            let req = MetaRequest::SetLock {
+                ino,
+                client: self.id,
+                lock,
+            };
+            match self.meta(req).await {
+                Ok(_) => return Ok(()),
+                Err(e) if wait && e.code() == proto::ErrorCode::WouldBlock => {
+                    // fuser does not pass FUSE_INTERRUPT on: look for a signal ourselves,
+                    // or a waiter that was killed would hang in the kernel for good.
+                    if signal_pending(lock.pid) {
+                        return Err(ClientError::Remote(proto::WireError::new(
+                            proto::ErrorCode::Interrupted,
+                            format!("pid {} got a signal while waiting for a lock", lock.pid),
+                        )));
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(LONGEST_WAIT);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The lock of another owner that would conflict with `lock`, if any (`F_GETLK`).
+    pub async fn getlk(&self, ino: InodeId, lock: LockSpec) -> Result<Option<LockSpec>> {
+        let req = MetaRequest::GetLock {
+            ino,
+            client: self.id,
+            lock,
+        };
+        expect_reply!(self.meta(req).await?, MetaReply::Lock(l) => l)
+    }
+
+    /// Drops every lock the kernel's lock owner `owner` holds on `ino`.
+    pub async fn release_locks(&self, ino: InodeId, owner: u64) -> Result<()> {
+        let req = MetaRequest::ReleaseLocks {
+            ino,
+            client: self.id,
+            owner,
+        };
+        self.meta(req).await.map(drop)
+    }
+
     /// Creates (or, unless `exclusive`, opens an existing) regular file and opens it.
     pub async fn create(
         &self,
@@ -460,6 +545,40 @@ impl Client {
         drop(files);
         let mut attr = attr;
         state.overlay(&mut attr);
-        Ok((attr, FileHandle::new(state, session)))
+        let fh = FileHandle::new(state, session, &attr);
+        Ok((attr, fh))
+    }
+}
+
+/// Whether process `pid` has a signal pending that it neither blocks nor ignores (or is
+/// gone): a lock wait must then end with EINTR, as `F_SETLKW` does on a local file.
+fn signal_pending(pid: u32) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return true;
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
+    let pending = field("SigPnd:") | field("ShdPnd:");
+    pending & SIGKILL_BIT != 0 || pending & !field("SigBlk:") & !field("SigIgn:") != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::signal_pending;
+
+    #[test]
+    fn a_live_quiet_process_has_no_signal_pending_and_a_dead_one_counts_as_signalled() {
+        assert!(!signal_pending(std::process::id()));
+        assert!(signal_pending(u32::MAX - 1));
+        assert!(!signal_pending(0));
     }
 }

@@ -10,6 +10,7 @@ use proto::data::{DataReply, DataRequest};
 use proto::meta::{Commit, MetaReply, MetaRequest};
 use proto::{Attr, ChunkId, ErrorCode, InodeId, Layout, NodeId, SessionId, Timestamp, WireError};
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tracing::debug;
 use transport::{Access, MemoryRegion, PooledBuf, TransportError};
@@ -65,7 +66,9 @@ impl FileState {
         let mut i = self.inner.lock();
         if i.write_gen != i.committed_gen {
             attr.size = attr.size.max(i.size);
+            // A write changes the contents and the inode: both times move.
             attr.mtime = i.mtime;
+            attr.ctime = attr.ctime.max(i.mtime);
         } else {
             i.size = attr.size;
         }
@@ -113,11 +116,26 @@ impl FileState {
 pub struct FileHandle {
     pub(crate) state: Arc<FileState>,
     pub(crate) session: SessionId,
+    /// The first read through this open must move the access time (relatime).
+    atime_due: AtomicBool,
+}
+
+/// Whether a read now should move the access time, as `relatime` decides: the access
+/// time is older than the last change, or more than a day old.
+fn atime_due(attr: &Attr) -> bool {
+    const DAY_SECS: i64 = 24 * 3600;
+    let now = Timestamp::now();
+    attr.atime <= attr.mtime || attr.atime <= attr.ctime || attr.atime.secs + DAY_SECS <= now.secs
 }
 
 impl FileHandle {
-    pub(crate) fn new(state: Arc<FileState>, session: SessionId) -> FileHandle {
-        FileHandle { state, session }
+    pub(crate) fn new(state: Arc<FileState>, session: SessionId, attr: &Attr) -> FileHandle {
+        let due = attr.kind == proto::FileKind::Regular && atime_due(attr);
+        FileHandle {
+            state,
+            session,
+            atime_due: AtomicBool::new(due),
+        }
     }
 
     /// The open file's inode.
@@ -274,6 +292,9 @@ impl Client {
         } else {
             len.min((size - offset) as usize)
         };
+        if fh.atime_due.swap(false, Ordering::Relaxed) {
+            self.accessed(fh.ino()).await;
+        }
         let buf = self.pool.take().await;
         if len > 0 {
             let layout = &fh.state.layout;
@@ -398,6 +419,80 @@ impl Client {
         if let Some((_, generation)) = pending {
             fh.state.committed(generation);
         }
+        Ok(())
+    }
+
+    /// Appends `data` at the end of the file as the metadata server sees it (`O_APPEND`):
+    /// the range is reserved there first, so appenders on several clients never overlap.
+    /// Returns where the bytes went.
+    pub async fn append(&self, fh: &FileHandle, data: &[u8]) -> Result<u64> {
+        self.commit_pending(&fh.state).await?;
+        let req = MetaRequest::Append {
+            ino: fh.ino(),
+            len: data.len() as u64,
+        };
+        let offset = expect_reply!(self.meta(req).await?, MetaReply::Offset(o) => o)?;
+        self.write(fh, offset, data).await?;
+        // The reservation already committed the length: nothing is left to report.
+        if let Some((_, generation)) = fh.state.pending_commit() {
+            fh.state.committed(generation);
+        }
+        Ok(offset)
+    }
+
+    /// `fallocate(2)`: mode 0 grows the file to cover the range; `KEEP_SIZE` alone
+    /// changes nothing visible; `PUNCH_HOLE | KEEP_SIZE` makes the range read as zeros.
+    /// Other modes are not supported.
+    pub async fn fallocate(&self, fh: &FileHandle, offset: u64, len: u64, mode: i32) -> Result<()> {
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= i64::MAX as u64)
+            .ok_or_else(|| {
+                ClientError::Remote(WireError::new(ErrorCode::TooBig, "range too large"))
+            })?;
+        let keep = libc::FALLOC_FL_KEEP_SIZE;
+        let punch = libc::FALLOC_FL_PUNCH_HOLE | keep;
+        match mode {
+            0 => {
+                if end > fh.state.size() {
+                    let set = proto::SetAttr {
+                        size: Some(end),
+                        ..Default::default()
+                    };
+                    self.setattr(fh.ino(), set).await?;
+                }
+                Ok(())
+            }
+            m if m == keep => Ok(()),
+            m if m == punch => self.punch(fh, offset, end).await,
+            m => Err(ClientError::Remote(WireError::new(
+                ErrorCode::NotSupported,
+                format!("fallocate mode {m:#x}"),
+            ))),
+        }
+    }
+
+    /// Zeroes `[offset, end)` (clamped to the file's length) on the data servers.
+    async fn punch(&self, fh: &FileHandle, offset: u64, end: u64) -> Result<()> {
+        let end = end.min(fh.state.size());
+        if offset >= end {
+            return Ok(());
+        }
+        let layout = &fh.state.layout;
+        let ps = pieces(layout, fh.ino(), offset, (end - offset) as usize)?;
+        let zero = ps.iter().map(|p| async move {
+            let conn = self.data_conn(p.node).await?;
+            let req = DataRequest::WriteZeros {
+                chunk: p.chunk,
+                chunk_size_bytes: layout.chunk_size_bytes,
+                offset: p.offset_in_chunk,
+                len: p.len,
+            };
+            rpc::data_call(&self.ep, &conn, &req).await
+        });
+        futures::future::try_join_all(zero).await?;
+        let chunks: Vec<_> = ps.iter().map(|p| (p.node, p.chunk)).collect();
+        fh.state.wrote(0, &chunks);
         Ok(())
     }
 

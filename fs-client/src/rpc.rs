@@ -113,7 +113,11 @@ fn idempotent(req: &MetaRequest) -> bool {
         | R::SetXattr { .. }
         | R::RegisterData { .. }
         | R::Heartbeat { .. }
-        | R::ClusterMap => true,
+        | R::ClusterMap
+        | R::Accessed { .. }
+        | R::SetLock { .. }
+        | R::GetLock { .. }
+        | R::ReleaseLocks { .. } => true,
         R::Create { .. }
         | R::MkNod { .. }
         | R::Mkdir { .. }
@@ -123,7 +127,8 @@ fn idempotent(req: &MetaRequest) -> bool {
         | R::Rmdir { .. }
         | R::Rename { .. }
         | R::Release { .. }
-        | R::RemoveXattr { .. } => false,
+        | R::RemoveXattr { .. }
+        | R::Append { .. } => false,
     }
 }
 

@@ -54,6 +54,9 @@ pub enum MetaError {
     /// The object is in use and cannot be removed.
     #[error("busy: {0}")]
     Busy(String),
+    /// A lock is held by another owner.
+    #[error("would block: {0}")]
+    WouldBlock(String),
     /// A stored record could not be decoded, or records contradict each other.
     #[error("corrupt metadata: {0}")]
     Corrupt(String),
@@ -89,6 +92,7 @@ impl MetaError {
             MetaError::NotSupported(_) => ErrorCode::NotSupported,
             MetaError::TooManyLinks(_) => ErrorCode::TooManyLinks,
             MetaError::Busy(_) => ErrorCode::Busy,
+            MetaError::WouldBlock(_) => ErrorCode::WouldBlock,
             MetaError::Corrupt(_) => ErrorCode::Corrupt,
             MetaError::FormatVersion { .. } => ErrorCode::NotSupported,
             MetaError::Store(KvError::NoSpace { .. }) => ErrorCode::NoSpace,

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use tracing::{info, warn, Instrument};
+use tracing::{info, warn};
 use transport::{Backend, Connection, Endpoint, Handler, HandlerFuture, Listener, TransportConfig};
 
 /// Everything the metadata server can be told; see `tessera-meta.example.toml`.
@@ -71,48 +71,17 @@ struct MetaService {
     max_msg_bytes: usize,
 }
 
-fn op_name(req: &MetaRequest) -> &'static str {
-    use MetaRequest as R;
-    match req {
-        R::Hello { .. } => "hello",
-        R::Lookup { .. } => "lookup",
-        R::GetAttr { .. } => "getattr",
-        R::SetAttr { .. } => "setattr",
-        R::Create { .. } => "create",
-        R::MkNod { .. } => "mknod",
-        R::Mkdir { .. } => "mkdir",
-        R::Symlink { .. } => "symlink",
-        R::Readlink { .. } => "readlink",
-        R::Link { .. } => "link",
-        R::Unlink { .. } => "unlink",
-        R::Rmdir { .. } => "rmdir",
-        R::Rename { .. } => "rename",
-        R::ReadDir { .. } => "readdir",
-        R::StatFs => "statfs",
-        R::Open { .. } => "open",
-        R::Commit { .. } => "commit",
-        R::Release { .. } => "release",
-        R::GetXattr { .. } => "getxattr",
-        R::SetXattr { .. } => "setxattr",
-        R::ListXattr { .. } => "listxattr",
-        R::RemoveXattr { .. } => "removexattr",
-        R::RegisterData { .. } => "register",
-        R::Heartbeat { .. } => "heartbeat",
-        R::ClusterMap => "cluster_map",
-    }
-}
-
 impl Handler for MetaService {
     fn handle(&self, conn: Connection, request: Bytes) -> HandlerFuture {
         let (ns, limit) = (self.ns.clone(), self.max_msg_bytes);
         Box::pin(async move {
             let result: MetaResult = match codec::decode::<MetaRequest>(&request) {
                 Ok(req) => {
-                    let span = tracing::debug_span!("meta", op = op_name(&req), conn = conn.id().0);
                     let id = ConnId(conn.id().0);
-                    // Store commits fsync: keep them off the async workers.
+                    // Store commits fsync: keep them off the async workers. The namespace
+                    // opens the request's span (operation and ids).
                     let work = tokio::task::spawn_blocking(move || ns.handle(req, id));
-                    match work.instrument(span).await {
+                    match work.await {
                         Ok(r) => r,
                         Err(e) => Err(WireError::new(
                             ErrorCode::Io,

@@ -36,6 +36,18 @@ pub enum DataRequest {
         /// Where to READ the bytes from; `offset + src.len <= chunk_size_bytes`.
         src: RemoteBuf,
     },
+    /// Writes `len` zero bytes at `offset` of a chunk (a punched hole), without moving
+    /// any bytes over the network.
+    WriteZeros {
+        /// The chunk.
+        chunk: ChunkId,
+        /// The file's chunk size.
+        chunk_size_bytes: u32,
+        /// Offset within the chunk.
+        offset: u32,
+        /// Bytes to zero; `offset + len <= chunk_size_bytes`.
+        len: u32,
+    },
     /// Cuts a file's chunks held here to `size` bytes: drops whole chunks past it and
     /// zeroes the tail of the chunk that holds the new end.
     TruncateFile {

@@ -63,12 +63,16 @@ pub enum ErrorCode {
     AccessViolation = 25,
     /// Too many requests in flight on one connection.
     Overloaded = 26,
+    /// A lock is held by someone else and the caller asked not to wait (EAGAIN).
+    WouldBlock = 27,
+    /// The waiting process was sent a signal (EINTR).
+    Interrupted = 28,
     /// A code this build does not know (sent by a newer peer).
     Unknown = 65535,
 }
 
 impl ErrorCode {
-    const ALL: [ErrorCode; 26] = [
+    const ALL: [ErrorCode; 28] = [
         ErrorCode::NotFound,
         ErrorCode::AlreadyExists,
         ErrorCode::NotADirectory,
@@ -95,6 +99,8 @@ impl ErrorCode {
         ErrorCode::Busy,
         ErrorCode::AccessViolation,
         ErrorCode::Overloaded,
+        ErrorCode::WouldBlock,
+        ErrorCode::Interrupted,
     ];
 
     /// The stable number of this code.

@@ -80,6 +80,33 @@ pub enum GcTask {
     DeleteFile(InodeId),
 }
 
+/// What a byte-range lock does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LockKind {
+    /// A shared lock (`F_RDLCK`, `LOCK_SH`).
+    Read,
+    /// An exclusive lock (`F_WRLCK`, `LOCK_EX`).
+    Write,
+    /// Removes the owner's locks in the range (`F_UNLCK`).
+    Unlock,
+}
+
+/// A byte-range lock (`fcntl`) or a whole-file lock (`flock`), as held or asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LockSpec {
+    /// The kernel's lock owner (a process's file table for `fcntl`, an open file for
+    /// `flock`), unique within one client.
+    pub owner: u64,
+    /// The process that holds or asks, for `F_GETLK` answers.
+    pub pid: u32,
+    /// First byte covered.
+    pub start: u64,
+    /// Last byte covered, inclusive (`u64::MAX`: to the end of the file and beyond).
+    pub end: u64,
+    /// Shared, exclusive, or unlock.
+    pub kind: LockKind,
+}
+
 /// A request to the metadata server.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaRequest {
@@ -266,6 +293,49 @@ pub enum MetaRequest {
         /// Full name with namespace.
         name: Vec<u8>,
     },
+    /// Reserves `len` bytes at the end of a file for an `O_APPEND` write: the file grows by
+    /// `len` at once (durably) and the reply names where the bytes go, so appenders on
+    /// different clients never overwrite each other.
+    Append {
+        /// The file.
+        ino: InodeId,
+        /// Bytes to append.
+        len: u64,
+    },
+    /// A read happened: moves the access time to now if `relatime` asks for it (older
+    /// than the last change, or a day old); the change time does not move.
+    Accessed {
+        /// The file or directory read.
+        ino: InodeId,
+    },
+    /// Takes or releases a lock; a conflicting lock held by another owner is `WouldBlock`.
+    SetLock {
+        /// The file.
+        ino: InodeId,
+        /// The asking client.
+        client: ClientId,
+        /// The lock.
+        lock: LockSpec,
+    },
+    /// Finds a lock of another owner that conflicts with `lock` (`F_GETLK`).
+    GetLock {
+        /// The file.
+        ino: InodeId,
+        /// The asking client.
+        client: ClientId,
+        /// The lock that would be asked for.
+        lock: LockSpec,
+    },
+    /// Drops every lock `owner` of `client` holds on the file (close, or the last close
+    /// of an open file that held a `flock`).
+    ReleaseLocks {
+        /// The file.
+        ino: InodeId,
+        /// The client.
+        client: ClientId,
+        /// The kernel's lock owner.
+        owner: u64,
+    },
     /// A data server announces itself (first start: `node` is `None`).
     RegisterData {
         /// The id it was given before, kept in its data directory.
@@ -342,6 +412,10 @@ pub enum MetaReply {
     },
     /// Deletions for the heartbeating data server.
     Gc(Vec<GcTask>),
+    /// Where an appended range starts.
+    Offset(u64),
+    /// A conflicting lock (`None`: the lock could be taken).
+    Lock(Option<LockSpec>),
     /// The data servers.
     Map {
         /// Every data server ever registered.

@@ -13,8 +13,7 @@ const READY: Duration = Duration::from_secs(30);
 
 /// A cluster inside the test process, on 127.0.0.1 with temporary directories.
 pub struct InProcessCluster {
-    /// The metadata server.
-    pub meta: MetaServer,
+    meta: Option<MetaServer>,
     /// The data servers, in start order.
     pub data: Vec<DataServer>,
     /// Each data server's directory.
@@ -41,7 +40,7 @@ impl InProcessCluster {
             data_dirs.push(d);
         }
         InProcessCluster {
-            meta,
+            meta: Some(meta),
             data,
             data_dirs,
             dir,
@@ -65,9 +64,41 @@ impl InProcessCluster {
         s
     }
 
+    /// Stops the metadata server and starts it again on the same address and store, as
+    /// after a crash of its process: sessions and locks are gone, every committed change
+    /// stays. Retries while the old instance still holds its store (an exclusive lock
+    /// released once its last connection task has ended).
+    pub async fn restart_meta(&mut self) {
+        let old = self.meta.take().expect("metadata server running");
+        let addr = old.local_addr();
+        old.shutdown();
+        drop(old);
+        let config = MetaConfig {
+            listen: addr.to_string(),
+            data_dir: self.dir.path().join("meta"),
+            ..MetaConfig::default()
+        };
+        let deadline = tokio::time::Instant::now() + READY;
+        loop {
+            match MetaServer::start(config.clone()).await {
+                Ok(m) => return self.meta = Some(m),
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    let _ = e; // typically "store already open": the old one is closing
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("metadata server did not restart: {e}"),
+            }
+        }
+    }
+
+    /// The running metadata server.
+    pub fn meta(&self) -> &MetaServer {
+        self.meta.as_ref().expect("metadata server running")
+    }
+
     /// The metadata server's address.
     pub fn meta_addr(&self) -> String {
-        self.meta.local_addr().to_string()
+        self.meta().local_addr().to_string()
     }
 
     /// A client connected to this cluster.

@@ -3,9 +3,12 @@
 //! 127.0.0.1 port 0, wait on readiness with deadlines, and stop everything they started
 //! when dropped, also when a test fails.
 
+pub mod agent;
 mod inprocess;
+pub mod posix;
 pub mod process;
 
+pub use agent::Agent;
 pub use inprocess::InProcessCluster;
 pub use process::{Mount, ProcessCluster};
 

@@ -231,6 +231,20 @@ impl Mount {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Crashes the client: kills the mount process with SIGKILL (it unmounts nothing and
+    /// says goodbye to no server), reaps it, then detaches the dead mount lazily, since
+    /// processes may still hold files open on it. Dropping the `Mount` afterwards is a
+    /// no-op; if the detach failed here, the drop tries again.
+    pub fn kill_client(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if fs_client::cluster::is_mounted(&self.path) {
+            if let Err(e) = fs_client::fuse::unmount(&self.path) {
+                eprintln!("detaching {} after a kill: {e}", self.path.display());
+            }
+        }
+    }
+
     fn stop(&mut self) {
         // SIGTERM makes the mount process unmount itself; unmount here too in case it
         // is stuck, lazily if files are still open.

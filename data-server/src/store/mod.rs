@@ -254,6 +254,15 @@ impl ChunkStore {
         }
     }
 
+    /// Bytes stored in the chunk (0 for a missing chunk); bytes past it read as zeros.
+    pub fn chunk_len(&self, chunk: ChunkId) -> Result<u64, DataError> {
+        let _shared = self.read_lock(chunk);
+        Ok(match self.open_chunk(chunk)? {
+            Opened::Missing | Opened::Empty(_) => 0,
+            Opened::Chunk(cf) => cf.data_len,
+        })
+    }
+
     /// Stores `data` at `offset` of the chunk, creating its file and directory as needed.
     /// Not durable until [`ChunkStore::fsync`]. Fails with [`DataError::NoSpace`] if the
     /// space charged would pass the capacity, or the disk is full.

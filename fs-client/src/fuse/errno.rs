@@ -34,6 +34,8 @@ pub fn errno(code: ErrorCode) -> Errno {
         ErrorCode::Busy => Errno::EBUSY,
         ErrorCode::AccessViolation => Errno::EIO,
         ErrorCode::Overloaded => Errno::EAGAIN,
+        ErrorCode::WouldBlock => Errno::EAGAIN,
+        ErrorCode::Interrupted => Errno::EINTR,
         ErrorCode::Unknown => Errno::EIO,
     }
 }

@@ -17,7 +17,7 @@ use crate::file::FileHandle;
 use dir::DirHandle;
 use parking_lot::Mutex;
 use proto::{InodeId, Timestamp};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,6 +45,16 @@ struct Inner {
     next_fh: AtomicU64,
     /// (mtime, size) of each file when it was last opened or looked at.
     seen: Mutex<HashMap<InodeId, (Timestamp, u64)>>,
+    /// Files on which this mount ever took a lock: only their closes need to tell the
+    /// metadata server to drop locks (every other close skips that round trip).
+    locked: Mutex<HashSet<InodeId>>,
+    /// Per open file handle, the lock owners that took locks through it and have not
+    /// flushed it since. A process's POSIX locks go at its flush (every close flushes
+    /// with the process as owner); what is left at release are OFD locks
+    /// (`F_OFD_SETLK`), whose owner is the open file itself and which the kernel never
+    /// asks to drop: without this they would outlive their last close until the
+    /// mount's connection ends.
+    lock_owners: Mutex<HashMap<u64, HashSet<u64>>>,
     /// Sends cache invalidations to the kernel; set once the session exists.
     notifier: OnceLock<fuser::Notifier>,
 }
@@ -74,6 +84,8 @@ impl TesseraFs {
             next_fh: AtomicU64::new(1),
             seen: Mutex::new(HashMap::new()),
             notifier: OnceLock::new(),
+            locked: Mutex::new(HashSet::new()),
+            lock_owners: Mutex::new(HashMap::new()),
         };
         TesseraFs {
             inner: Arc::new(inner),
@@ -97,6 +109,22 @@ impl Inner {
             .get(&fh)
             .cloned()
             .ok_or_else(|| ClientError::Invalid(format!("unknown file handle {fh}")))
+    }
+
+    /// Forgets `owner` among the lock owners of handle `fh`: it flushed, so its POSIX
+    /// locks are being dropped and the release has nothing more to drop for it.
+    fn forget_lock_owner(&self, fh: u64, owner: u64) {
+        if let Some(owners) = self.lock_owners.lock().get_mut(&fh) {
+            owners.remove(&owner);
+        }
+    }
+
+    /// Drops the locks of a kernel lock owner on `ino`, if this mount ever locked it.
+    async fn unlock_owner(&self, ino: InodeId, owner: u64) -> Result<(), ClientError> {
+        if !self.locked.lock().contains(&ino) {
+            return Ok(());
+        }
+        self.client.release_locks(ino, owner).await
     }
 
     /// Close-to-open: compares `attr` with what this mount saw of the file before. The

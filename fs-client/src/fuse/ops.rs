@@ -8,9 +8,10 @@ use crate::error::ClientError;
 use fuser::{
     AccessFlags, Errno, FileHandle as Fh, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
     OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
-use proto::meta::{Caller, RenameMode, XattrMode};
+use proto::meta::{Caller, LockKind, LockSpec, RenameMode, XattrMode};
 use proto::{Attr, FileKind, InodeId, SetAttr, TimeSet, Timestamp};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -34,6 +35,7 @@ impl_fail!(
     ReplyDirectory,
     ReplyEmpty,
     ReplyEntry,
+    ReplyLock,
     ReplyOpen,
     ReplyStatfs,
     ReplyWrite,
@@ -83,6 +85,31 @@ impl Inner {
     }
 }
 
+/// A lock request from the kernel's fields; `None` for an unknown type.
+fn lock_spec(owner: LockOwner, start: u64, end: u64, typ: i32, pid: u32) -> Option<LockSpec> {
+    let kind = match typ {
+        libc::F_RDLCK => LockKind::Read,
+        libc::F_WRLCK => LockKind::Write,
+        libc::F_UNLCK => LockKind::Unlock,
+        _ => return None,
+    };
+    Some(LockSpec {
+        owner: owner.0,
+        pid,
+        start,
+        end,
+        kind,
+    })
+}
+
+fn lock_type(kind: LockKind) -> i32 {
+    match kind {
+        LockKind::Read => libc::F_RDLCK,
+        LockKind::Write => libc::F_WRLCK,
+        LockKind::Unlock => libc::F_UNLCK,
+    }
+}
+
 fn xattr_reply(reply: ReplyXattr, size: u32, data: Vec<u8>) {
     if size == 0 {
         reply.size(data.len() as u32);
@@ -102,11 +129,15 @@ impl fuser::Filesystem for TesseraFs {
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
         use fuser::InitFlags as F;
-        for cap in [
+        // POSIX and flock locks come to us, so that they hold across mounts.
+        let caps = [
             F::FUSE_PARALLEL_DIROPS,
             F::FUSE_AUTO_INVAL_DATA,
             F::FUSE_CACHE_SYMLINKS,
-        ] {
+            F::FUSE_POSIX_LOCKS,
+            F::FUSE_FLOCK_LOCKS,
+        ];
+        for cap in caps {
             let _ = config.add_capabilities(cap);
         }
         Ok(())
@@ -300,7 +331,9 @@ impl fuser::Filesystem for TesseraFs {
     fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let inner = self.inner.clone();
         let truncate = flags.0 & libc::O_TRUNC != 0;
-        let direct = flags.0 & libc::O_DIRECT != 0;
+        // Appends go to where the metadata server says the end is, not where this
+        // kernel thinks it is: keep the page cache out of such files.
+        let direct = flags.0 & (libc::O_DIRECT | libc::O_APPEND) != 0;
         self.spawn(async move {
             let r = inner.client.open(ino(i), truncate).await;
             finish(reply, r, |reply, (attr, fh)| {
@@ -381,14 +414,27 @@ impl fuser::Filesystem for TesseraFs {
         fh: Fh,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        write_flags: WriteFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let (inner, data) = (self.inner.clone(), data.to_vec());
+        let append = flags.0 & libc::O_APPEND != 0;
+        // The kernel clears setuid/setgid itself before writes through the page cache,
+        // but leaves it to us for direct I/O (O_DIRECT and, here, O_APPEND files) by an
+        // unprivileged writer.
+        let kill_suid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         self.spawn(async move {
-            let r = match inner.file(fh.0) {
+            let file = match inner.file(fh.0) {
+                Ok(file) if kill_suid => match inner.client.kill_suid(file.ino()).await {
+                    Ok(()) => Ok(file),
+                    Err(e) => Err(e),
+                },
+                r => r,
+            };
+            let r = match file {
+                Ok(file) if append => inner.client.append(&file, &data).await.map(|_| data.len()),
                 Ok(file) => inner.client.write(&file, offset, &data).await,
                 Err(e) => Err(e),
             };
@@ -396,9 +442,14 @@ impl fuser::Filesystem for TesseraFs {
         });
     }
 
-    fn flush(&self, _req: &Request, _i: INodeNo, fh: Fh, _owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, _req: &Request, i: INodeNo, fh: Fh, owner: LockOwner, reply: ReplyEmpty) {
         let inner = self.inner.clone();
         self.spawn(async move {
+            // Closing any descriptor drops the process's POSIX locks on the file.
+            inner.forget_lock_owner(fh.0, owner.0);
+            if let Err(e) = inner.unlock_owner(ino(i), owner.0).await {
+                return reply.error(errno(e.code()));
+            }
             let r = match inner.file(fh.0) {
                 Ok(file) => inner.client.flush(&file).await,
                 Err(e) => Err(e),
@@ -410,15 +461,24 @@ impl fuser::Filesystem for TesseraFs {
     fn release(
         &self,
         _req: &Request,
-        _i: INodeNo,
+        i: INodeNo,
         fh: Fh,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
         let inner = self.inner.clone();
         self.spawn(async move {
+            // The last close of an open file drops its flock (the kernel names the owner)
+            // and its OFD locks (the kernel does not: see `Inner::lock_owners`).
+            let mut owners = inner.lock_owners.lock().remove(&fh.0).unwrap_or_default();
+            owners.extend(lock_owner.map(|o| o.0));
+            for owner in owners {
+                if let Err(e) = inner.unlock_owner(ino(i), owner).await {
+                    debug!(error = %e, "releasing flock and OFD locks failed");
+                }
+            }
             let file = inner.files.lock().remove(&fh.0);
             let r = match file {
                 Some(file) => inner.client.release(&file).await,
@@ -449,7 +509,7 @@ impl fuser::Filesystem for TesseraFs {
         reply.opened(Fh(n), FopenFlags::empty());
     }
 
-    fn readdir(&self, _req: &Request, _i: INodeNo, fh: Fh, offset: u64, reply: ReplyDirectory) {
+    fn readdir(&self, _req: &Request, i: INodeNo, fh: Fh, offset: u64, reply: ReplyDirectory) {
         let inner = self.inner.clone();
         self.spawn(async move {
             let Some(dir) = inner.dirs.lock().get(&fh.0).cloned() else {
@@ -457,7 +517,14 @@ impl fuser::Filesystem for TesseraFs {
             };
             let mut dir = dir.lock().await;
             // The reply buffer holds a few hundred names; ask for a page-sized slice.
-            let r = dir.entries_from(&inner.client, offset, 256).await;
+            let page = dir.entries_from(&inner.client, offset, 256);
+            // A listing from the top reads the directory: its atime moves as `relatime`
+            // says (ext4 does this on every readdir; once per listing is what shows).
+            let r = if offset == 0 {
+                tokio::join!(page, inner.client.accessed(ino(i))).0
+            } else {
+                page.await
+            };
             finish(reply, r, |mut reply, entries| {
                 for e in entries {
                     let name = OsStr::from_bytes(&e.name);
@@ -559,6 +626,79 @@ impl fuser::Filesystem for TesseraFs {
         let (inner, name) = (self.inner.clone(), name.as_bytes().to_vec());
         self.spawn(async move {
             let r = inner.client.removexattr(ino(i), &name).await;
+            finish(reply, r, |reply, ()| reply.ok())
+        });
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: Fh,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let inner = self.inner.clone();
+        self.spawn(async move {
+            let r = match inner.file(fh.0) {
+                Ok(file) => inner.client.fallocate(&file, offset, length, mode).await,
+                Err(e) => Err(e),
+            };
+            finish(reply, r, |reply, ()| reply.ok())
+        });
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        _fh: Fh,
+        owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let Some(lock) = lock_spec(owner, start, end, typ, pid) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let inner = self.inner.clone();
+        self.spawn(async move {
+            let r = inner.client.getlk(ino(i), lock).await;
+            finish(reply, r, |reply, held| match held {
+                Some(h) => reply.locked(h.start, h.end, lock_type(h.kind), h.pid),
+                None => reply.locked(start, end, libc::F_UNLCK, 0),
+            })
+        });
+    }
+
+    fn setlk(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        fh: Fh,
+        owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(lock) = lock_spec(owner, start, end, typ, pid) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let inner = self.inner.clone();
+        self.spawn(async move {
+            if lock.kind != LockKind::Unlock {
+                inner.locked.lock().insert(ino(i));
+                let mut owners = inner.lock_owners.lock();
+                owners.entry(fh.0).or_default().insert(lock.owner);
+            }
+            let r = inner.client.setlk(ino(i), lock, sleep).await;
             finish(reply, r, |reply, ()| reply.ok())
         });
     }

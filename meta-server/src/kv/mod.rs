@@ -4,12 +4,14 @@
 //! so that is all [`KvStore`] offers. Both engines pass one conformance suite
 //! (`conformance`), which is what lets the configuration choose between them.
 
+mod group;
 mod redb;
 mod sled;
 
 #[cfg(test)]
 mod conformance;
 
+pub use self::group::{take_pending, GroupCommit};
 pub use self::redb::RedbStore;
 pub use self::sled::SledStore;
 
@@ -109,6 +111,21 @@ impl WriteBatch {
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }
+
+    /// Appends every operation of `other`, after this batch's own.
+    pub fn extend(&mut self, other: WriteBatch) {
+        self.ops.extend(other.ops);
+    }
+}
+
+impl BatchOp {
+    /// The key, and the value a put stores (`None` for a delete).
+    pub fn key_value(&self) -> (&[u8], Option<&[u8]>) {
+        match self {
+            BatchOp::Put(k, v) => (k, Some(v)),
+            BatchOp::Delete(k) => (k, None),
+        }
+    }
 }
 
 /// A sorted, durable key-value store of byte strings.
@@ -128,6 +145,18 @@ pub trait KvStore: Send + Sync + 'static {
     /// storage, surviving kill -9 and power loss as far as the engine allows) before
     /// returning.
     fn commit(&self, batch: WriteBatch) -> Result<(), KvError>;
+
+    /// Applies the batch so that every later read sees it, and returns a ticket to
+    /// [`KvStore::wait`] on for its durability; `None` when it is durable already. Engines
+    /// commit synchronously; [`GroupCommit`] stages and commits in groups.
+    fn stage(&self, batch: WriteBatch) -> Result<Option<u64>, KvError> {
+        self.commit(batch).map(|()| None)
+    }
+
+    /// Waits until the batch of `ticket` (and every batch staged before it) is durable.
+    fn wait(&self, _ticket: u64) -> Result<(), KvError> {
+        Ok(())
+    }
 
     /// The engine's name, for logs.
     fn engine(&self) -> &'static str;

@@ -172,10 +172,11 @@ fn make_node(
     txn: &mut Txn<'_>,
     parent: InodeId,
     name: &[u8],
-    rec: InodeRecord,
+    mut rec: InodeRecord,
 ) -> Result<Attr, MetaError> {
     let parent_rec = txn.dir(parent)?;
     ensure_absent(txn, parent, name)?;
+    inherit_setgid(&parent_rec, &mut rec);
     if rec.is_dir() && parent_rec.nlink >= u32::MAX - 1 {
         return Err(MetaError::TooManyLinks(format!(
             "{parent} has too many subdirectories"
@@ -185,6 +186,22 @@ fn make_node(
     txn.put_inode(ino, &rec)?;
     add_entry(txn, parent, name, ino, rec.kind, rec.ctime)?;
     Ok(rec.attr(ino))
+}
+
+/// The setgid bit of a directory's mode.
+const S_ISGID: u32 = 0o2000;
+
+/// A new inode in a setgid directory takes the directory's group, and a new directory
+/// there keeps the bit, as ext4 does (the kernel leaves both to the file system; it has
+/// already dropped setgid from the mode of a file made by a non-member). Without this,
+/// files in a shared project directory get the creator's group and others lose access.
+pub(super) fn inherit_setgid(parent: &InodeRecord, rec: &mut InodeRecord) {
+    if parent.perm & S_ISGID != 0 {
+        rec.gid = parent.gid;
+        if rec.is_dir() {
+            rec.perm |= S_ISGID;
+        }
+    }
 }
 
 /// `AlreadyExists` if `parent` has an entry `name`.

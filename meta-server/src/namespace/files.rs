@@ -1,7 +1,7 @@
 //! Open-file sessions and what goes with them: create, open, the writer's length
 //! commits, release, setattr, and the freeing of files unlinked while open.
 
-use super::entries::{add_entry, delete_inode};
+use super::entries::{add_entry, delete_inode, inherit_setgid};
 use super::names::check_name;
 use super::records::{InodeRecord, StoredLayout};
 use super::txn::{Reads, Txn};
@@ -36,7 +36,7 @@ impl Namespace {
         check_name(name)?;
         let mut st = self.state.lock();
         let mut txn = Txn::new(&*self.store, &st.sb);
-        txn.dir(parent)?;
+        let parent_rec = txn.dir(parent)?;
         let (ino, rec) = match txn.dirent(parent, name)? {
             Some(_) if exclusive => {
                 return Err(MetaError::AlreadyExists(format!(
@@ -55,7 +55,7 @@ impl Namespace {
                 )));
             }
             Some(d) => (InodeId(d.ino), txn.inode(InodeId(d.ino))?),
-            None => self.new_file(&mut txn, parent, name, perm, caller)?,
+            None => self.new_file(&mut txn, parent, &parent_rec, name, perm, caller)?,
         };
         let session = reserve_session(&st, &mut txn);
         Self::commit_txn(&mut st, txn)?;
@@ -67,6 +67,7 @@ impl Namespace {
         &self,
         txn: &mut Txn<'_>,
         parent: InodeId,
+        parent_rec: &InodeRecord,
         name: &[u8],
         perm: u32,
         caller: Caller,
@@ -78,6 +79,7 @@ impl Namespace {
         let now = now();
         let ino = txn.alloc_inode();
         let mut rec = InodeRecord::new(FileKind::Regular, perm, caller.uid, caller.gid, now);
+        inherit_setgid(parent_rec, &mut rec);
         rec.layout = Some(StoredLayout {
             chunk_size_bytes: self.config.chunk_size_bytes,
             first: (ino.0 % stripe.len() as u64) as u32,
@@ -199,9 +201,55 @@ impl Namespace {
         Ok(())
     }
 
+    /// Reserves `len` bytes at the end of regular file `ino` for an `O_APPEND` write and
+    /// returns where they start; the new length is durable before the reply.
+    pub fn append(&self, ino: InodeId, len: u64) -> Result<u64, MetaError> {
+        self.mutate(|txn, _| {
+            let mut rec = txn.inode(ino)?;
+            if rec.kind != FileKind::Regular {
+                return Err(MetaError::InvalidArgument(format!(
+                    "append to a {:?}",
+                    rec.kind
+                )));
+            }
+            let offset = rec.size;
+            rec.size = offset
+                .checked_add(len)
+                .filter(|&e| e <= i64::MAX as u64)
+                .ok_or_else(|| MetaError::TooBig(format!("append of {len} bytes to {ino}")))?;
+            let now = now();
+            rec.mtime = now;
+            rec.ctime = now;
+            txn.put_inode(ino, &rec)?;
+            Ok(offset)
+        })
+    }
+
+    /// Records a read of `ino` the way `relatime` does: the access time moves to now only
+    /// if it is older than the last change or more than a day old, and the change time
+    /// stays (reading is not a change). Returns the attributes either way.
+    pub fn accessed(&self, ino: InodeId) -> Result<Attr, MetaError> {
+        const DAY_SECS: i64 = 24 * 3600;
+        let rec = self.getattr(ino)?;
+        let now = now();
+        let due = rec.atime <= rec.mtime
+            || rec.atime <= rec.ctime
+            || rec.atime.secs + DAY_SECS <= now.secs;
+        if !due {
+            return Ok(rec);
+        }
+        self.mutate(|txn, _| {
+            let mut rec = txn.inode(ino)?;
+            rec.atime = now;
+            txn.put_inode(ino, &rec)?;
+            Ok(rec.attr(ino))
+        })
+    }
+
     /// Ends every session opened over connection `conn` (it closed), freeing the files
     /// that were unlinked while open and have no session left.
     pub fn connection_closed(&self, conn: ConnId) {
+        self.locks.lock().release_conn(conn);
         let mut st = self.state.lock();
         let ended: Vec<(SessionId, InodeId)> = st
             .sessions

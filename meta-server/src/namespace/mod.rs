@@ -10,6 +10,7 @@ mod cluster;
 mod entries;
 mod files;
 mod keys;
+mod locks;
 mod names;
 mod readdir;
 mod records;
@@ -22,7 +23,7 @@ mod tests;
 
 use crate::config::NamespaceConfig;
 use crate::error::MetaError;
-use crate::kv::KvStore;
+use crate::kv::{take_pending, GroupCommit, KvStore};
 use parking_lot::Mutex;
 use proto::meta::{DirEntry, MetaReply, MetaRequest, MetaResult};
 use proto::{Attr, ClientId, InodeId, Layout, NodeId, SessionId, Timestamp};
@@ -116,12 +117,16 @@ impl State {
 
 /// The metadata server's namespace over a key-value store.
 pub struct Namespace {
+    /// The store behind group commit: reads see staged changes.
     store: Arc<dyn KvStore>,
+    group: Arc<GroupCommit>,
     config: NamespaceConfig,
     state: Mutex<State>,
     /// Last heartbeat of each data server; in memory because liveness after a restart
     /// must be earned again.
     liveness: Mutex<HashMap<NodeId, Instant>>,
+    /// Locks of every client (in memory; see `locks`).
+    locks: Mutex<locks::LockTable>,
 }
 
 /// The server's clock, for every time stamp the server sets.
@@ -134,6 +139,8 @@ impl Namespace {
     /// superblock), checks the format version of an existing one, and purges orphans.
     pub fn open(store: Arc<dyn KvStore>, config: NamespaceConfig) -> Result<Namespace, MetaError> {
         config.validate()?;
+        let group = Arc::new(GroupCommit::new(store));
+        let store: Arc<dyn KvStore> = group.clone();
         let sb = load_or_format(&*store)?;
         // Sessions and client ids live in memory, but a client may still hold one from
         // before a restart. Ids come from a block reserved in the superblock above every
@@ -146,6 +153,7 @@ impl Namespace {
         let sb = txn.commit()?;
         let ns = Namespace {
             store,
+            group,
             config,
             state: Mutex::new(State {
                 sb,
@@ -155,8 +163,10 @@ impl Namespace {
                 next_client,
             }),
             liveness: Mutex::new(HashMap::new()),
+            locks: Mutex::new(locks::LockTable::default()),
         };
         ns.purge_orphans()?;
+        ns.wait_pending()?;
         tracing::info!(engine = ns.store.engine(), "namespace open");
         Ok(ns)
     }
@@ -171,7 +181,9 @@ impl Namespace {
         let (op, id) = describe(&req);
         let span = tracing::debug_span!("meta", op, id, conn = conn.0);
         let _entered = span.enter();
-        let result = self.dispatch(req, conn);
+        // Durable before the reply: wait for the group holding this request's changes,
+        // now that the namespace lock is free for the next request to stage its own.
+        let result = self.dispatch(req, conn).and_then(|r| self.wait_pending().map(|()| r));
         if let Err(e) = &result {
             tracing::debug!(error = %e, "request failed");
         }
@@ -232,10 +244,36 @@ impl Namespace {
                 .heartbeat(node, capacity_bytes, used_bytes, &done)
                 .map(MetaReply::Gc),
             R::ClusterMap => self.cluster_map().map(|nodes| MetaReply::Map { nodes }),
+            R::Append { ino, len } => self.append(ino, len).map(MetaReply::Offset),
+            R::Accessed { ino } => self.accessed(ino).map(attr),
+            R::SetLock { ino, client, lock } => {
+                self.locks.lock().set(ino, client, conn, lock).map(unit)
+            }
+            R::GetLock { ino, client, lock } => {
+                Ok(MetaReply::Lock(self.locks.lock().conflict(ino, client, &lock)))
+            }
+            R::ReleaseLocks { ino, client, owner } => {
+                self.locks.lock().release_owner(ino, client, owner);
+                Ok(MetaReply::Unit)
+            }
         }
     }
 
-    /// Commits `txn` and records the superblock it leaves, under the held state lock.
+    /// Waits until every change made so far is durable (requests wait for their own
+    /// changes by themselves; this is for tools and tests that look at the store).
+    pub fn sync(&self) -> Result<(), MetaError> {
+        Ok(self.group.sync()?)
+    }
+
+    /// Waits until what this thread staged is durable.
+    fn wait_pending(&self) -> Result<(), MetaError> {
+        match take_pending() {
+            Some(t) => Ok(self.store.wait(t)?),
+            None => Ok(()),
+        }
+    }
+
+    /// Stages `txn` and records the superblock it leaves, under the held state lock.
     fn commit_txn(st: &mut State, txn: Txn<'_>) -> Result<(), MetaError> {
         st.sb = txn.commit()?;
         Ok(())
@@ -327,5 +365,10 @@ fn describe(req: &MetaRequest) -> (&'static str, u64) {
         R::RegisterData { node, .. } => ("register_data", node.map_or(0, |n| u64::from(n.0))),
         R::Heartbeat { node, .. } => ("heartbeat", u64::from(node.0)),
         R::ClusterMap => ("cluster_map", 0),
+        R::Append { ino, .. } => ("append", ino.0),
+        R::Accessed { ino } => ("accessed", ino.0),
+        R::SetLock { ino, .. } => ("setlock", ino.0),
+        R::GetLock { ino, .. } => ("getlock", ino.0),
+        R::ReleaseLocks { ino, .. } => ("release_locks", ino.0),
     }
 }

@@ -44,8 +44,11 @@ pub(crate) fn check_target(target: &[u8]) -> Result<(), MetaError> {
     Ok(())
 }
 
-/// Namespaces an extended attribute name may start with (as Linux knows them).
-const XATTR_PREFIXES: [&[u8]; 4] = [b"user.", b"trusted.", b"security.", b"system."];
+/// Namespaces an extended attribute name may start with. `system.` is left out: its
+/// names (POSIX ACLs above all) are enforced by the kernel only for file systems that
+/// ask for it, so storing them would pretend to a protection nobody applies; refusing
+/// them makes `cp -a` and `rsync -A` report "not supported" instead.
+const XATTR_PREFIXES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
 
 /// Checks an extended attribute name: a known namespace prefix and a non-empty rest,
 /// at most `MAX_NAME_BYTES` bytes, no NUL.
@@ -63,7 +66,7 @@ pub(crate) fn check_xattr_name(name: &[u8]) -> Result<(), MetaError> {
     }
     let Some(prefix) = XATTR_PREFIXES.iter().find(|p| name.starts_with(p)) else {
         return Err(MetaError::NotSupported(format!(
-            "xattr {}: only user., trusted., security. and system. names",
+            "xattr {}: only user., trusted. and security. names",
             show(name)
         )));
     };

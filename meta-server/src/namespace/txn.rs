@@ -162,8 +162,8 @@ impl<'a> Txn<'a> {
         ino
     }
 
-    /// Commits every write (and the superblock if it changed) in one durable batch, and
-    /// returns the superblock as it now is on disk.
+    /// Stages every write (and the superblock if it changed) as one atomic batch, and
+    /// returns the superblock as it now is; see `kv::GroupCommit` for when it is durable.
     pub(crate) fn commit(self) -> Result<Superblock, MetaError> {
         let mut batch = WriteBatch::new();
         if self.sb != self.base {
@@ -176,7 +176,9 @@ impl<'a> Txn<'a> {
             }
         }
         if !batch.is_empty() {
-            self.store.commit(batch)?;
+            // Staged, not yet durable: `Namespace::handle` waits for it before replying,
+            // after the namespace lock is released (group commit).
+            self.store.stage(batch)?;
         }
         Ok(self.sb)
     }

@@ -95,6 +95,8 @@ impl H {
 
     /// The raw store, to look at keys the API does not show.
     pub fn store(&self) -> &dyn KvStore {
+        // Direct method calls stage their changes; make them durable before peeking.
+        self.ns().sync().unwrap();
         &**self.store.as_ref().unwrap()
     }
 

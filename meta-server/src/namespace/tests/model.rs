@@ -132,6 +132,10 @@ impl Model {
         if let Some(mut n) = node {
             if n.is_dir() {
                 n.parent = parent;
+                // A new directory in a setgid directory keeps the bit (as on ext4).
+                if self.nodes[&parent].perm & 0o2000 != 0 {
+                    n.perm |= 0o2000;
+                }
             }
             self.nodes.insert(ino, n);
         }

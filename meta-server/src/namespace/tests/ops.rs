@@ -289,6 +289,39 @@ fn create_over_existing_names(kind: StoreKind) {
     assert_eq!(code(in_file), ErrorCode::NotADirectory);
 }
 
+fn setgid_directories_pass_on_their_group(kind: StoreKind) {
+    // Guards against entries in a setgid directory taking the creator's group (ext4
+    // gives them the directory's, and the setgid bit to subdirectories).
+    let h = H::with_nodes(kind, 1);
+    let ns = h.ns();
+    let team = ns.mkdir(ROOT, b"team", 0o2775, caller()).unwrap();
+    let team = ns
+        .setattr(
+            team.ino,
+            &SetAttr {
+                gid: Some(4444),
+                ..SetAttr::default()
+            },
+        )
+        .unwrap();
+    assert_eq!((team.perm, team.gid), (0o2775, 4444));
+    let d = ns.mkdir(team.ino, b"d", 0o755, caller()).unwrap();
+    assert_eq!((d.perm, d.uid, d.gid), (0o2755, 1000, 4444));
+    let f = touch(ns, d.ino, "f");
+    assert_eq!(
+        (f.perm, f.uid, f.gid),
+        (0o644, 1000, 4444),
+        "files keep their mode"
+    );
+    let fifo = ns
+        .mknod(team.ino, b"p", FileKind::Fifo, 0o644, 0, caller())
+        .unwrap();
+    let link = ns.symlink(team.ino, b"l", b"f", caller()).unwrap();
+    assert_eq!((fifo.gid, link.gid), (4444, 4444));
+    // Without the bit, the creator's group.
+    assert_eq!(touch(ns, ROOT, "plain").gid, caller().gid);
+}
+
 fn mknod_makes_special_files_only(kind: StoreKind) {
     let h = H::new(kind);
     let ns = h.ns();
@@ -685,6 +718,7 @@ engine_tests!(
     create_needs_data_servers,
     create_places_chunks_round_robin,
     create_over_existing_names,
+    setgid_directories_pass_on_their_group,
     mknod_makes_special_files_only,
     symlink_and_readlink,
     link_counts_and_refuses,

@@ -1,0 +1,227 @@
+//! Byte-range and whole-file locks, held for every client in one table so that they
+//! hold across mounts.
+//!
+//! Locks live in memory: like NFS locks they do not survive a restart of the metadata
+//! server, and they are dropped when the connection of the client that took them closes
+//! (the client died or was cut off), so a dead holder never blocks anyone for good.
+
+use super::ConnId;
+use crate::error::MetaError;
+use proto::meta::{LockKind, LockSpec};
+use proto::{ClientId, InodeId};
+use std::collections::HashMap;
+
+/// Most locks held on one file at once; more are refused with `NoSpace` (ENOLCK-like).
+pub const MAX_LOCKS_PER_FILE: usize = 4096;
+
+/// One held lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Held {
+    client: ClientId,
+    conn: ConnId,
+    spec: LockSpec,
+}
+
+impl Held {
+    fn same_owner(&self, client: ClientId, owner: u64) -> bool {
+        self.client == client && self.spec.owner == owner
+    }
+}
+
+fn overlaps(a: &LockSpec, b: &LockSpec) -> bool {
+    a.start <= b.end && b.start <= a.end
+}
+
+fn conflicts(a: &LockSpec, b: &LockSpec) -> bool {
+    overlaps(a, b) && (a.kind == LockKind::Write || b.kind == LockKind::Write)
+}
+
+/// All locks of all files.
+#[derive(Default)]
+pub struct LockTable {
+    files: HashMap<InodeId, Vec<Held>>,
+}
+
+impl LockTable {
+    /// The first lock of another owner that conflicts with `want`, if any.
+    pub fn conflict(&self, ino: InodeId, client: ClientId, want: &LockSpec) -> Option<LockSpec> {
+        self.files
+            .get(&ino)?
+            .iter()
+            .find(|h| !h.same_owner(client, want.owner) && conflicts(&h.spec, want))
+            .map(|h| h.spec)
+    }
+
+    /// Takes, converts or releases (`Unlock`) a range for one owner, POSIX style: the
+    /// owner's own locks in the range are replaced, split where they stick out.
+    pub fn set(
+        &mut self,
+        ino: InodeId,
+        client: ClientId,
+        conn: ConnId,
+        want: LockSpec,
+    ) -> Result<(), MetaError> {
+        if want.start > want.end {
+            return Err(MetaError::InvalidArgument(
+                "lock range ends before it starts".into(),
+            ));
+        }
+        if want.kind != LockKind::Unlock {
+            if let Some(c) = self.conflict(ino, client, &want) {
+                return Err(MetaError::WouldBlock(format!(
+                    "{ino} bytes {}..={} are locked by pid {}",
+                    c.start, c.end, c.pid
+                )));
+            }
+        }
+        let held = self.files.entry(ino).or_default();
+        let mut kept = Vec::with_capacity(held.len() + 2);
+        for h in held.drain(..) {
+            if !h.same_owner(client, want.owner) || !overlaps(&h.spec, &want) {
+                kept.push(h);
+                continue;
+            }
+            // Keep the parts of the old lock outside the new range.
+            if h.spec.start < want.start {
+                let mut left = h;
+                left.spec.end = want.start - 1;
+                kept.push(left);
+            }
+            if h.spec.end > want.end {
+                let mut right = h;
+                right.spec.start = want.end + 1;
+                kept.push(right);
+            }
+        }
+        if want.kind != LockKind::Unlock {
+            kept.push(Held {
+                client,
+                conn,
+                spec: want,
+            });
+        }
+        if kept.len() > MAX_LOCKS_PER_FILE {
+            return Err(MetaError::NoSpace(format!(
+                "more than {MAX_LOCKS_PER_FILE} locks on {ino}"
+            )));
+        }
+        if kept.is_empty() {
+            self.files.remove(&ino);
+        } else {
+            *held = kept;
+        }
+        Ok(())
+    }
+
+    /// Drops every lock of one owner on one file.
+    pub fn release_owner(&mut self, ino: InodeId, client: ClientId, owner: u64) {
+        if let Some(held) = self.files.get_mut(&ino) {
+            held.retain(|h| !h.same_owner(client, owner));
+            if held.is_empty() {
+                self.files.remove(&ino);
+            }
+        }
+    }
+
+    /// Drops every lock taken over a connection that closed.
+    pub fn release_conn(&mut self, conn: ConnId) {
+        self.files.retain(|_, held| {
+            held.retain(|h| h.conn != conn);
+            !held.is_empty()
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: ClientId = ClientId(1);
+    const B: ClientId = ClientId(2);
+    const F: InodeId = InodeId(9);
+
+    fn spec(owner: u64, start: u64, end: u64, kind: LockKind) -> LockSpec {
+        LockSpec {
+            owner,
+            pid: owner as u32,
+            start,
+            end,
+            kind,
+        }
+    }
+
+    #[test]
+    fn shared_locks_coexist_and_exclusive_ones_conflict_across_owners() {
+        let mut t = LockTable::default();
+        t.set(F, A, ConnId(1), spec(1, 0, 99, LockKind::Read))
+            .unwrap();
+        t.set(F, B, ConnId(2), spec(1, 50, 60, LockKind::Read))
+            .unwrap();
+        let e = t
+            .set(F, B, ConnId(2), spec(1, 90, 200, LockKind::Write))
+            .unwrap_err();
+        assert!(matches!(e, MetaError::WouldBlock(_)), "{e}");
+        // Past the first client's range the write lock is free.
+        t.set(F, B, ConnId(2), spec(1, 100, u64::MAX, LockKind::Write))
+            .unwrap();
+        assert_eq!(
+            t.conflict(F, A, &spec(1, 150, 150, LockKind::Read))
+                .unwrap()
+                .start,
+            100
+        );
+        // The same owner on another client is another owner.
+        assert!(t
+            .conflict(F, A, &spec(1, 55, 55, LockKind::Write))
+            .is_some());
+    }
+
+    #[test]
+    fn unlock_splits_an_owners_range_and_upgrades_replace_in_place() {
+        let mut t = LockTable::default();
+        t.set(F, A, ConnId(1), spec(7, 0, 99, LockKind::Write))
+            .unwrap();
+        t.set(F, A, ConnId(1), spec(7, 40, 59, LockKind::Unlock))
+            .unwrap();
+        assert!(t
+            .conflict(F, B, &spec(1, 45, 50, LockKind::Write))
+            .is_none());
+        assert!(t.conflict(F, B, &spec(1, 39, 39, LockKind::Read)).is_some());
+        assert!(t.conflict(F, B, &spec(1, 60, 60, LockKind::Read)).is_some());
+        // Downgrading its own range never conflicts with itself.
+        t.set(F, A, ConnId(1), spec(7, 0, 99, LockKind::Read))
+            .unwrap();
+        assert!(t.conflict(F, B, &spec(1, 10, 10, LockKind::Read)).is_none());
+        assert!(t
+            .conflict(F, B, &spec(1, 10, 10, LockKind::Write))
+            .is_some());
+    }
+
+    #[test]
+    fn closing_an_owner_or_a_connection_releases_its_locks() {
+        let mut t = LockTable::default();
+        t.set(F, A, ConnId(1), spec(7, 0, 9, LockKind::Write))
+            .unwrap();
+        t.set(F, A, ConnId(1), spec(8, 10, 19, LockKind::Write))
+            .unwrap();
+        t.release_owner(F, A, 7);
+        assert!(t.conflict(F, B, &spec(1, 0, 9, LockKind::Write)).is_none());
+        assert!(t
+            .conflict(F, B, &spec(1, 10, 10, LockKind::Write))
+            .is_some());
+        t.release_conn(ConnId(1));
+        assert!(t
+            .conflict(F, B, &spec(1, 0, u64::MAX, LockKind::Write))
+            .is_none());
+        assert!(t.files.is_empty());
+    }
+
+    #[test]
+    fn a_range_ending_before_it_starts_is_refused() {
+        let mut t = LockTable::default();
+        let e = t
+            .set(F, A, ConnId(1), spec(1, 10, 9, LockKind::Read))
+            .unwrap_err();
+        assert!(matches!(e, MetaError::InvalidArgument(_)));
+    }
+}

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Runs the public POSIX conformance suite pjdfstest (the Rust rewrite from crates.io)
+# against a fresh Tessera mount, as root, and compares its failures with the list of known
+# ones in tests/pjdfstest-known-failures.txt (one "test::name  # reason" per line).
+#   scripts/pjdfstest.sh            uses target/debug binaries (scripts/test.sh builds them)
+#   BIN_DIR=target/release scripts/pjdfstest.sh
+# Exits non-zero on any failure that is not listed as known.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PJD_VERSION=0.2.2
+PJD_ROOT=${PJD_ROOT:-$HOME/.cache/tessera/pjdfstest-$PJD_VERSION}
+BIN_DIR=${BIN_DIR:-target/debug}
+KNOWN=tests/pjdfstest-known-failures.txt
+
+[ "$(id -u)" -eq 0 ] || { echo "pjdfstest needs root (it switches users and makes devices)" >&2; exit 1; }
+if [ ! -x "$PJD_ROOT/bin/pjdfstest" ]; then
+  echo "== installing pjdfstest $PJD_VERSION into $PJD_ROOT"
+  cargo install --quiet --locked pjdfstest --version "$PJD_VERSION" --root "$PJD_ROOT"
+fi
+# The suite switches to these users; "nobody"/"nogroup" exist on Debian already.
+id tests >/dev/null 2>&1 || useradd -M -U -s /usr/sbin/nologin tests
+
+work=$(mktemp -d /tmp/tessera-pjdfstest.XXXXXX)
+mnt=$work/mnt
+state=$work/state
+cleanup() {
+  "$BIN_DIR/tessera" down "$mnt" --state-dir "$state" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+chmod 755 "$work"   # the suite's unprivileged users must reach the mount
+mkdir -p "$work/secondary"
+"$BIN_DIR/tessera" up "$mnt" --state-dir "$state" >/dev/null
+mkdir "$mnt/pjd"
+cat > "$work/pjdfstest.toml" <<'TOML'
+[features]
+posix_fallocate = {}
+rename_ctime = {}
+utime_now = {}
+utimensat = {}
+
+[settings]
+naptime = 0.01
+allow_remount = false
+
+[dummy_auth]
+entries = [["nobody", "nogroup"], ["tests", "tests"]]
+TOML
+
+log=$work/pjdfstest.log
+set +e
+timeout 1800 "$PJD_ROOT/bin/pjdfstest" -c "$work/pjdfstest.toml" -p "$mnt/pjd" \
+  -s "$work/secondary" > "$log" 2>&1
+status=$?
+set -e
+results=$(grep -E '^[a-z0-9_]+::[^ ]+ +(ok|FAILED|skipped)$' "$log" || true)
+passed=$(grep -cE ' ok$' <<<"$results" || true)
+skipped=$(grep -cE ' skipped$' <<<"$results" || true)
+failed=$(grep -E ' FAILED$' <<<"$results" | awk '{print $1}' || true)
+known=$(grep -vE '^\s*(#|$)' "$KNOWN" | awk '{print $1}' || true)
+unexpected=$(comm -23 <(sort <<<"$failed" | sed '/^$/d') <(sort <<<"$known" | sed '/^$/d'))
+nfailed=$(sed '/^$/d' <<<"$failed" | wc -l)
+nknown=$(comm -12 <(sort <<<"$failed" | sed '/^$/d') <(sort <<<"$known" | sed '/^$/d') | wc -l)
+echo "pjdfstest $PJD_VERSION: $passed passed, $nfailed failed ($nknown known), $skipped skipped"
+if [ "$passed" -eq 0 ]; then
+  echo "pjdfstest ran no test (exit $status); its output ends with:" >&2
+  tail -20 "$log" >&2
+  exit 1
+fi
+if [ -n "$unexpected" ]; then
+  echo "unexpected failures:" >&2
+  sed 's/^/  /' <<<"$unexpected" >&2
+  grep -A3 -E "^($(paste -sd'|' <<<"$unexpected")) " "$log" >&2 || true
+  exit 1
+fi

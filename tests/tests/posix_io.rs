@@ -1,0 +1,257 @@
+//! POSIX point 3 on real mounts, continued: O_DIRECT with aligned buffers, shared
+//! writable mmap seen by another mount, and SEEK_DATA/SEEK_HOLE answers.
+//! They need root and /dev/fuse, as CI has.
+
+use std::alloc::{self, Layout};
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use tessera_tests::posix::{errno_of, lseek, times};
+use tessera_tests::{pseudo_random, sha256_hex, ProcessCluster};
+
+const MIB: usize = 1 << 20;
+
+/// A buffer aligned for O_DIRECT (4 KiB), freed on drop.
+struct Aligned {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Aligned {
+        let layout = Layout::from_size_align(len, 4096).unwrap();
+        // SAFETY: a non-zero size with a valid alignment.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null(), "allocation of {len} bytes");
+        Aligned { ptr, layout }
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` holds `layout.size()` initialised bytes we own exclusively.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// Guards against O_DIRECT opens being refused or bypassing nothing: aligned writes
+/// and reads straight to the data servers, across a chunk boundary and past a hole,
+/// read back by O_DIRECT, by the page cache and by another mount.
+#[test]
+fn o_direct_reads_and_writes_with_aligned_buffers() {
+    let cluster = ProcessCluster::start(3);
+    let (a, b) = (cluster.mount("a"), cluster.mount("b"));
+    let p = a.path.join("direct");
+    let open = |create: bool| {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .custom_flags(libc::O_DIRECT)
+            .open(&p)
+            .unwrap()
+    };
+    let f = open(true);
+    let first = pseudo_random(4 * MIB + 8192, 21);
+    let second = pseudo_random(64 << 10, 22);
+    let mut buf = Aligned::new(first.len());
+    buf.bytes().copy_from_slice(&first);
+    f.write_all_at(buf.bytes(), 0).unwrap();
+    let mut buf2 = Aligned::new(second.len());
+    buf2.bytes().copy_from_slice(&second);
+    f.write_all_at(buf2.bytes(), 8 * MIB as u64).unwrap();
+    drop(f);
+    let mut want = first.clone();
+    want.resize(8 * MIB, 0);
+    want.extend_from_slice(&second);
+    let f = open(false);
+    assert_eq!(f.metadata().unwrap().len(), want.len() as u64);
+    let mut back = Aligned::new(want.len());
+    f.read_exact_at(back.bytes(), 0).unwrap();
+    assert_eq!(sha256_hex(back.bytes()), sha256_hex(&want), "O_DIRECT read");
+    assert_eq!(
+        sha256_hex(&fs::read(&p).unwrap()),
+        sha256_hex(&want),
+        "buffered read"
+    );
+    let other = fs::read(b.path.join("direct")).unwrap();
+    assert_eq!(sha256_hex(&other), sha256_hex(&want), "other mount");
+}
+
+/// Maps `len` bytes of `f` shared and writable, runs `edit` on them, optionally
+/// msyncs, and unmaps.
+fn with_shared_map(f: &File, len: usize, sync: bool, edit: impl FnOnce(&mut [u8])) {
+    // SAFETY: a fresh shared mapping of an open file; unmapped below, never aliased.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(
+        addr,
+        libc::MAP_FAILED,
+        "{}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: the mapping is `len` bytes long and only this slice uses it.
+    edit(unsafe { std::slice::from_raw_parts_mut(addr.cast::<u8>(), len) });
+    if sync {
+        // SAFETY: the mapping made above.
+        let r = unsafe { libc::msync(addr, len, libc::MS_SYNC) };
+        assert_eq!(r, 0, "msync: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: the mapping made above, no longer used.
+    assert_eq!(unsafe { libc::munmap(addr, len) }, 0);
+}
+
+/// Guards against stores through a shared writable mapping that never reach the data
+/// servers, or that another mount does not see after close (databases and
+/// numpy.memmap write this way), with msync and with a bare munmap before close; the
+/// other mount had the old bytes cached and must drop them.
+#[test]
+fn shared_writable_mmap_reaches_another_mount() {
+    let cluster = ProcessCluster::start(3);
+    let (a, b) = (cluster.mount("a"), cluster.mount("b"));
+    let len = 6 * MIB + 123;
+    let mut want = pseudo_random(len, 31);
+    let p = a.path.join("mapped");
+    fs::write(&p, &want).unwrap();
+    assert_eq!(
+        fs::read(b.path.join("mapped")).unwrap(),
+        want,
+        "b caches the old bytes"
+    );
+    let before = times(&b.path.join("mapped"));
+    let spots = [0, 100, 4 * MIB - 2, 4 * MIB + 1, len - 1];
+    let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    with_shared_map(&f, len, true, |m| {
+        for &s in &spots {
+            m[s] = !m[s];
+        }
+    });
+    drop(f);
+    for &s in &spots {
+        want[s] = !want[s];
+    }
+    let seen = fs::read(b.path.join("mapped")).unwrap();
+    assert_eq!(
+        sha256_hex(&seen),
+        sha256_hex(&want),
+        "after msync, munmap and close"
+    );
+    let after = times(&b.path.join("mapped"));
+    assert!(
+        after.mtime > before.mtime,
+        "stores through a mapping move mtime"
+    );
+    // No msync: munmap writes the dirty pages back, close commits them.
+    let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    with_shared_map(&f, len, false, |m| {
+        m[2 * MIB..2 * MIB + 4].copy_from_slice(b"MMAP")
+    });
+    drop(f);
+    want[2 * MIB..2 * MIB + 4].copy_from_slice(b"MMAP");
+    let seen = fs::read(b.path.join("mapped")).unwrap();
+    assert_eq!(
+        sha256_hex(&seen),
+        sha256_hex(&want),
+        "after munmap and close"
+    );
+    assert_eq!(
+        sha256_hex(&fs::read(&p).unwrap()),
+        sha256_hex(&want),
+        "and on a itself"
+    );
+}
+
+/// Checks the SEEK_DATA/SEEK_HOLE answers at `off` against POSIX and the bytes: a data
+/// offset is at or after `off` and inside the file, a hole offset at or after `off`
+/// and at most the size, and whatever is reported as a hole reads as zeros.
+fn check_seek(f: &File, bytes: &[u8], off: u64, in_data: bool) {
+    let size = bytes.len() as u64;
+    let data = lseek(f, off as i64, libc::SEEK_DATA).unwrap();
+    assert!(
+        off <= data && data < size,
+        "SEEK_DATA({off}) = {data}, size {size}"
+    );
+    let skipped = &bytes[off as usize..data as usize];
+    assert!(
+        skipped.iter().all(|&x| x == 0),
+        "SEEK_DATA({off}) skipped non-zero bytes"
+    );
+    let hole = lseek(f, off as i64, libc::SEEK_HOLE).unwrap();
+    assert!(
+        off <= hole && hole <= size,
+        "SEEK_HOLE({off}) = {hole}, size {size}"
+    );
+    if in_data {
+        assert_eq!(data, off, "{off} holds data");
+        assert!(hole > off, "SEEK_HOLE({off}) = {hole} inside data");
+    }
+    if hole < size {
+        let end = lseek(f, hole as i64, libc::SEEK_DATA).map_or(size, |d| d);
+        let gap = &bytes[hole as usize..end as usize];
+        assert!(
+            gap.iter().all(|&x| x == 0),
+            "reported hole {hole}..{end} is not zeros"
+        );
+    }
+}
+
+/// Guards against SEEK_DATA/SEEK_HOLE answers that break sparse-aware copies (`cp`,
+/// `tar -S`, qemu-img): every answer must be one POSIX allows and consistent with the
+/// bytes (a reported hole reads as zeros), and seeking at or past the end is ENXIO.
+#[test]
+fn seek_data_and_seek_hole_answers_are_valid() {
+    let cluster = ProcessCluster::start(3);
+    let m = cluster.mount("mnt");
+    let p = m.path.join("sparse");
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&p)
+        .unwrap();
+    let head = pseudo_random(MIB, 41);
+    f.write_all_at(&head, 0).unwrap();
+    f.write_all_at(b"tail bytes", 9 * MIB as u64).unwrap();
+    let mut bytes = head.clone();
+    bytes.resize(9 * MIB, 0);
+    bytes.extend_from_slice(b"tail bytes");
+    let size = bytes.len() as u64;
+    let m1 = MIB as u64;
+    for (off, in_data) in [
+        (0, true),
+        (1000, true),
+        (m1 - 1, true),
+        (m1, false),
+        (2 * m1, false),
+        (5 * m1 + 7, false),
+        (9 * m1 - 1, false),
+        (9 * m1, true),
+        (size - 1, true),
+    ] {
+        check_seek(&f, &bytes, off, in_data);
+    }
+    for whence in [libc::SEEK_DATA, libc::SEEK_HOLE] {
+        for off in [size, size + 100] {
+            let e = lseek(&f, off as i64, whence);
+            assert_eq!(errno_of("seek at or past the end", e), libc::ENXIO);
+        }
+    }
+    let empty = File::create(m.path.join("empty")).unwrap();
+    let e = lseek(&empty, 0, libc::SEEK_DATA);
+    assert_eq!(errno_of("SEEK_DATA in an empty file", e), libc::ENXIO);
+    assert_eq!(lseek(&f, 0, libc::SEEK_END).unwrap(), size);
+}

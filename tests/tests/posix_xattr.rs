@@ -1,0 +1,271 @@
+//! POSIX point 4 on real mounts: extended attributes in the user, trusted and security
+//! namespaces, their size limits and errors as on ext4, what an unprivileged user may
+//! do, and `cp -a` and `rsync -X` keeping them in and out of the mount.
+//! They need root and /dev/fuse, as CI has.
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+use tessera_tests::posix::{
+    check_output, errno_of, file_owned, getxattr, getxattr_sized, listxattr, listxattr_sized,
+    open_to_all, removexattr, setxattr, User, ALICE_UID,
+};
+use tessera_tests::{pseudo_random, ProcessCluster};
+
+const CREATE: i32 = libc::XATTR_CREATE;
+const REPLACE: i32 = libc::XATTR_REPLACE;
+
+/// The errno of a failed xattr call, for terse assertions.
+fn err<T: std::fmt::Debug>(what: &str, r: std::io::Result<T>) -> i32 {
+    errno_of(what, r)
+}
+
+/// Guards against xattrs lost or mixed up between namespaces, inodes and mounts, or
+/// answered with other errors than ext4's (tools branch on ENODATA and EEXIST): the
+/// three supported namespaces on files and directories, trusted names on symlinks,
+/// create/replace flags, removal, and xattrs following a rename.
+#[test]
+fn xattrs_in_three_namespaces_with_flags_and_removal() {
+    let cluster = ProcessCluster::start(1);
+    let (a, b) = (cluster.mount("a"), cluster.mount("b"));
+    let p = a.path.as_path();
+    let (f, d, l) = (p.join("f"), p.join("d"), p.join("l"));
+    fs::write(&f, b"f").unwrap();
+    fs::create_dir(&d).unwrap();
+    std::os::unix::fs::symlink("f", &l).unwrap();
+    for (name, value) in [("user.a", "1"), ("trusted.b", "22"), ("security.c", "333")] {
+        setxattr(&f, name, value.as_bytes(), 0).unwrap();
+        setxattr(&d, name, value.as_bytes(), 0).unwrap();
+    }
+    let three = ["security.c", "trusted.b", "user.a"]
+        .map(String::from)
+        .to_vec();
+    assert_eq!(listxattr(&f).unwrap(), three);
+    assert_eq!(listxattr(&d).unwrap(), three);
+    assert_eq!(getxattr(&f, "trusted.b").unwrap(), b"22");
+    // Symlinks take trusted names; user names only go on files and directories.
+    setxattr(&l, "trusted.on-link", b"l", 0).unwrap();
+    let e = setxattr(&l, "user.on-link", b"l", 0);
+    assert_eq!(err("user xattr on a symlink", e), libc::EPERM);
+    assert_eq!(listxattr(&l).unwrap(), ["trusted.on-link"]);
+    assert_eq!(
+        listxattr(&f).unwrap(),
+        three,
+        "the link's xattr is not its target's"
+    );
+    let e = setxattr(&f, "user.a", b"x", CREATE);
+    assert_eq!(err("create existing", e), libc::EEXIST);
+    let e = setxattr(&f, "user.none", b"x", REPLACE);
+    assert_eq!(err("replace missing", e), libc::ENODATA);
+    setxattr(&f, "user.a", b"replaced", REPLACE).unwrap();
+    setxattr(&f, "user.new", b"", CREATE).unwrap();
+    assert_eq!(getxattr(&f, "user.new").unwrap(), b"", "an empty value");
+    assert_eq!(err("get missing", getxattr(&f, "user.none")), libc::ENODATA);
+    removexattr(&f, "user.new").unwrap();
+    assert_eq!(
+        err("remove missing", removexattr(&f, "user.new")),
+        libc::ENODATA
+    );
+    // The other mount sees the same, and the xattrs follow a rename.
+    fs::rename(&f, d.join("moved")).unwrap();
+    let q = b.path.join("d/moved");
+    assert_eq!(getxattr(&q, "user.a").unwrap(), b"replaced");
+    assert_eq!(listxattr(&q).unwrap(), three);
+}
+
+/// Guards against size limits and buffer errors that differ from ext4's (callers size
+/// their buffers by the size query and retry on ERANGE): values up to 64 KiB, E2BIG
+/// past it, ERANGE for small buffers and 256-byte names, and `system.*` and unknown
+/// namespaces refused as unsupported rather than stored with no meaning.
+#[test]
+fn xattr_sizes_buffers_and_unsupported_namespaces() {
+    let cluster = ProcessCluster::start(1);
+    let (a, b) = (cluster.mount("a"), cluster.mount("b"));
+    let f = a.path.join("f");
+    fs::write(&f, b"f").unwrap();
+    setxattr(&f, "user.a", b"8 bytes!", 0).unwrap();
+    let big = pseudo_random(65_536, 5);
+    setxattr(&f, "user.big", &big, 0).unwrap();
+    assert_eq!(getxattr(&f, "user.big").unwrap(), big);
+    assert_eq!(
+        getxattr(&b.path.join("f"), "user.big").unwrap(),
+        big,
+        "other mount"
+    );
+    let e = setxattr(&f, "user.huge", &pseudo_random(65_537, 6), 0);
+    assert_eq!(err("65537-byte value", e), libc::E2BIG);
+    assert_eq!(getxattr_sized(&f, "user.a", 0).unwrap().0, 8, "size query");
+    assert_eq!(
+        err("small buffer", getxattr_sized(&f, "user.a", 3)),
+        libc::ERANGE
+    );
+    let (list_len, _) = listxattr_sized(&f, 0).unwrap();
+    assert_eq!(list_len, "user.a user.big ".len(), "list size query");
+    assert_eq!(
+        err("small list buffer", listxattr_sized(&f, 5)),
+        libc::ERANGE
+    );
+    let long_name = format!("user.{}", "n".repeat(250));
+    setxattr(&f, &long_name, b"v", 0).unwrap();
+    assert_eq!(getxattr(&f, &long_name).unwrap(), b"v");
+    let e = setxattr(&f, &format!("user.{}", "n".repeat(251)), b"v", 0);
+    assert_eq!(err("256-byte name", e), libc::ERANGE);
+    for name in ["system.posix_acl_access", "system.foo", "other.x"] {
+        let e = setxattr(&f, name, b"\x02\0\0\0", 0);
+        assert_eq!(err(name, e), libc::EOPNOTSUPP, "{name}");
+        assert_eq!(
+            err(name, getxattr(&f, name)),
+            libc::EOPNOTSUPP,
+            "get {name}"
+        );
+    }
+    assert_eq!(listxattr(&f).unwrap().len(), 3);
+}
+
+/// Guards against the xattr count limit failing with something else than ENOSPC (what
+/// ext4 gives when an inode's xattr space is full), or counting wrongly after removals.
+#[test]
+fn the_xattr_count_limit_is_enospc() {
+    let cluster = ProcessCluster::start(1);
+    let m = cluster.mount("mnt");
+    let f = m.path.join("many");
+    fs::write(&f, b"").unwrap();
+    for i in 0..256 {
+        setxattr(&f, &format!("user.k{i:03}"), b"v", 0).unwrap();
+    }
+    let e = setxattr(&f, "user.one-more", b"v", 0);
+    assert_eq!(errno_of("257th xattr", e), libc::ENOSPC);
+    setxattr(&f, "user.k000", b"replacing is fine", 0).unwrap();
+    removexattr(&f, "user.k255").unwrap();
+    setxattr(&f, "user.one-more", b"v", 0).unwrap();
+    assert_eq!(listxattr(&f).unwrap().len(), 256);
+}
+
+const USER_XATTR_SCRIPT: &str = r#"
+p = sys.argv[1]
+t("set_own", os.setxattr, p + "/mine", "user.x", b"mine")
+t("get_own", lambda: os.getxattr(p + "/mine", "user.x").decode())
+t("set_roots", os.setxattr, p + "/roots", "user.x", b"no")
+t("get_roots", lambda: os.getxattr(p + "/roots", "user.r").decode())
+t("get_secret", os.getxattr, p + "/secret", "user.r")
+t("set_trusted", os.setxattr, p + "/mine", "trusted.x", b"no")
+t("get_trusted", os.getxattr, p + "/roots", "trusted.t")
+t("remove_roots", os.removexattr, p + "/roots", "user.r")
+"#;
+
+/// Guards against xattrs that bypass permissions: an unprivileged user reads and writes
+/// user.* as the mode bits allow, and never sets or reads trusted.*.
+#[test]
+fn an_unprivileged_user_gets_only_what_mode_bits_allow() {
+    let cluster = ProcessCluster::start(1);
+    open_to_all(cluster.dir());
+    let m = cluster.mount("mnt");
+    let p = m.path.as_path();
+    file_owned(&p.join("mine"), b"", 0o644, ALICE_UID, ALICE_UID);
+    file_owned(&p.join("roots"), b"", 0o644, 0, 0);
+    file_owned(&p.join("secret"), b"", 0o600, 0, 0);
+    for f in ["roots", "secret"] {
+        setxattr(&p.join(f), "user.r", b"root's", 0).unwrap();
+    }
+    setxattr(&p.join("roots"), "trusted.t", b"t", 0).unwrap();
+    User::plain(ALICE_UID).py(USER_XATTR_SCRIPT, &[p]).expect(&[
+        ("set_own", "OK"),
+        ("get_own", "OK mine"),
+        ("set_roots", "EACCES"),
+        ("get_roots", "OK root's"),
+        ("get_secret", "EACCES"),
+        ("set_trusted", "EPERM"),
+        ("get_trusted", "ENODATA"),
+        ("remove_roots", "EACCES"),
+    ]);
+    assert_eq!(getxattr(&p.join("mine"), "user.x").unwrap(), b"mine");
+    assert_eq!(getxattr(&p.join("roots"), "user.r").unwrap(), b"root's");
+}
+
+/// `getfattr -R -d -m -` of `dir` from inside it, with base64 values: the same text
+/// for two trees with the same xattrs on the same relative paths.
+fn xattr_dump(dir: &Path) -> String {
+    let out = Command::new("getfattr")
+        .args(["-R", "-d", "-m", "-", "-e", "base64", "."])
+        .current_dir(dir)
+        .output()
+        .expect("getfattr runs");
+    let text = check_output("getfattr", &out);
+    let mut blocks: Vec<&str> = text
+        .split("\n\n")
+        .filter(|b| !b.trim().is_empty())
+        .collect();
+    blocks.sort();
+    blocks.join("\n\n")
+}
+
+fn run(cmd: &str, args: &[&str]) {
+    let out = Command::new(cmd).args(args).output().expect("command runs");
+    check_output(&format!("{cmd} {args:?}"), &out);
+}
+
+/// Guards against copies that silently drop xattrs (capabilities, SELinux-style labels,
+/// user metadata): `cp -a` and `rsync -aX` into the mount, within it and back out keep
+/// every user., trusted. and security. attribute, a 64 KiB value included.
+#[test]
+fn cp_a_and_rsync_x_keep_xattrs_both_ways() {
+    let cluster = ProcessCluster::start(2);
+    let m = cluster.mount("mnt");
+    let src = cluster.dir().join("src");
+    fs::create_dir_all(src.join("sub")).unwrap();
+    fs::write(src.join("a"), b"alpha").unwrap();
+    fs::write(src.join("sub/b"), pseudo_random(300_000, 2)).unwrap();
+    setxattr(&src.join("a"), "user.mime_type", b"text/plain", 0).unwrap();
+    setxattr(&src.join("a"), "trusted.origin", b"test", 0).unwrap();
+    setxattr(&src.join("a"), "security.label", b"lbl", 0).unwrap();
+    // ext4 without `ea_inode` keeps values within one block: 3 KiB here, 64 KiB below.
+    setxattr(&src.join("sub/b"), "user.big", &pseudo_random(3000, 3), 0).unwrap();
+    setxattr(&src.join("sub"), "user.dir", b"on a directory", 0).unwrap();
+    let want = xattr_dump(&src);
+    assert!(
+        want.contains("user.big") && want.contains("trusted.origin"),
+        "{want}"
+    );
+    let (s, mp, out) = (
+        src.to_str().unwrap(),
+        m.path.to_str().unwrap(),
+        cluster.dir(),
+    );
+    run("cp", &["-a", s, &format!("{mp}/cp")]);
+    run("cp", &["-a", &format!("{mp}/cp"), &format!("{mp}/cp2")]);
+    let back = out.join("cp-back");
+    run("cp", &["-a", &format!("{mp}/cp2"), back.to_str().unwrap()]);
+    run("rsync", &["-aX", &format!("{s}/"), &format!("{mp}/rs/")]);
+    let rs_back = out.join("rs-back");
+    run(
+        "rsync",
+        &[
+            "-aX",
+            &format!("{mp}/rs/"),
+            &format!("{}/", rs_back.display()),
+        ],
+    );
+    for (what, dir) in [
+        ("cp -a in", m.path.join("cp")),
+        ("cp -a within", m.path.join("cp2")),
+        ("cp -a out", back),
+        ("rsync -X in", m.path.join("rs")),
+        ("rsync -X out", rs_back),
+    ] {
+        assert_eq!(xattr_dump(&dir), want, "{what}");
+    }
+    assert_eq!(fs::read(m.path.join("rs/a")).unwrap(), b"alpha");
+    // The largest value, copied inside the mount by both tools.
+    let huge = pseudo_random(65_536, 4);
+    fs::write(m.path.join("h"), b"h").unwrap();
+    setxattr(&m.path.join("h"), "user.huge", &huge, 0).unwrap();
+    run("cp", &["-a", &format!("{mp}/h"), &format!("{mp}/h-cp")]);
+    run("rsync", &["-aX", &format!("{mp}/h"), &format!("{mp}/h-rs")]);
+    for copy in ["h-cp", "h-rs"] {
+        assert_eq!(
+            getxattr(&m.path.join(copy), "user.huge").unwrap(),
+            huge,
+            "{copy}"
+        );
+    }
+}
