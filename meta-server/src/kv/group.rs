@@ -156,7 +156,10 @@ impl KvStore for GroupCommit {
             .collect();
         // Deletes in the overlay may hide store keys: ask for that many more.
         let deletes = staged.iter().filter(|(_, v)| v.is_none()).count();
-        let base = self.shared.inner.scan(start, end, limit.saturating_add(deletes))?;
+        let base = self
+            .shared
+            .inner
+            .scan(start, end, limit.saturating_add(deletes))?;
         let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = base.into_iter().collect();
         for (k, v) in staged {
             match v {
@@ -243,12 +246,20 @@ mod tests {
         let mut del = WriteBatch::new();
         del.delete(b"k1".to_vec());
         let t2 = g.stage(del).unwrap().unwrap();
-        assert_eq!(g.get(b"k1").unwrap(), None, "a staged delete hides the value");
+        assert_eq!(
+            g.get(b"k1").unwrap(),
+            None,
+            "a staged delete hides the value"
+        );
         assert!(t2 > t);
         g.wait(t2).unwrap();
         assert_eq!(inner.get(b"k1").unwrap(), None);
         g.commit(put(b"k2", b"v2")).unwrap();
-        assert_eq!(inner.get(b"k2").unwrap(), Some(b"v2".to_vec()), "commit is durable");
+        assert_eq!(
+            inner.get(b"k2").unwrap(),
+            Some(b"v2".to_vec()),
+            "commit is durable"
+        );
     }
 
     #[test]

@@ -183,7 +183,9 @@ impl Namespace {
         let _entered = span.enter();
         // Durable before the reply: wait for the group holding this request's changes,
         // now that the namespace lock is free for the next request to stage its own.
-        let result = self.dispatch(req, conn).and_then(|r| self.wait_pending().map(|()| r));
+        let result = self
+            .dispatch(req, conn)
+            .and_then(|r| self.wait_pending().map(|()| r));
         if let Err(e) = &result {
             tracing::debug!(error = %e, "request failed");
         }
