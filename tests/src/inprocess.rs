@@ -71,8 +71,19 @@ impl InProcessCluster {
     pub async fn restart_meta(&mut self) {
         let old = self.meta.take().expect("metadata server running");
         let addr = old.local_addr();
+        let ns = Arc::downgrade(old.namespace());
         old.shutdown();
         drop(old);
+        // The store closes when the last request task lets go of the namespace.
+        let deadline = tokio::time::Instant::now() + READY;
+        while ns.strong_count() > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the stopped metadata server's namespace is still held {} times",
+                ns.strong_count()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let config = MetaConfig {
             listen: addr.to_string(),
             data_dir: self.dir.path().join("meta"),

@@ -142,22 +142,43 @@ impl std::fmt::Debug for Endpoint {
 
 /// The connections a listener accepted, so it can bound and close them.
 #[derive(Clone, Default)]
-pub(crate) struct ConnSet(Arc<Mutex<HashMap<ConnId, Weak<ConnCore>>>>);
+pub(crate) struct ConnSet(Arc<Mutex<ConnSetInner>>);
+
+#[derive(Default)]
+struct ConnSetInner {
+    conns: HashMap<ConnId, Weak<ConnCore>>,
+    /// Set by the listener's shutdown. A handshake that was already under way then must
+    /// not add a live connection: its task would keep the handler (and whatever the
+    /// handler owns, such as an open store) alive after the listener is gone.
+    closed: bool,
+}
 
 impl ConnSet {
     /// Whether another connection fits under `limit` (forgetting closed ones first).
     pub(crate) fn has_room(&self, limit: usize) -> bool {
         let mut c = self.0.lock();
-        c.retain(|_, w| w.upgrade().is_some_and(|c| !c.is_closed()));
-        c.len() < limit
+        c.conns
+            .retain(|_, w| w.upgrade().is_some_and(|c| !c.is_closed()));
+        !c.closed && c.conns.len() < limit
     }
 
+    /// Adds an accepted connection, or closes it at once if the listener has shut down.
     pub(crate) fn insert(&self, core: &Arc<ConnCore>) {
-        self.0.lock().insert(core.id, Arc::downgrade(core));
+        let mut c = self.0.lock();
+        if c.closed {
+            drop(c);
+            core.shutdown("listener shut down".to_string());
+            return;
+        }
+        c.conns.insert(core.id, Arc::downgrade(core));
     }
 
     fn close_all(&self, why: &str) {
-        let conns: Vec<_> = self.0.lock().drain().collect();
+        let conns: Vec<_> = {
+            let mut c = self.0.lock();
+            c.closed = true;
+            c.conns.drain().collect()
+        };
         for (_, c) in conns {
             if let Some(c) = c.upgrade() {
                 c.shutdown(why.to_string());

@@ -275,6 +275,9 @@ impl Namespace {
         for (session, _) in ended {
             end_session(&mut st, session);
         }
+        // Nobody waits for a reply here, and a ticket left behind would make the next
+        // request served by this thread wait for it; the flusher commits it soon anyway.
+        let _ = crate::kv::take_pending();
         tracing::debug!(conn = conn.0, "connection's sessions ended");
     }
 
