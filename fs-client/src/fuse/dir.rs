@@ -4,6 +4,7 @@
 use crate::client::Client;
 use crate::error::Result;
 use proto::meta::DirEntry;
+use proto::Attr;
 use proto::InodeId;
 
 /// Entries asked for per page.
@@ -14,12 +15,21 @@ const PAGE_ENTRIES: u32 = 512;
 /// Offsets given to the kernel: 1 is ".", 2 is "..", and `3 + i` the i-th entry of the
 /// listing. The handle keeps one page: sequential reads page forward by name cursor; a
 /// rewind (an offset before the page) restarts from the top.
+///
+/// The kernel asks with `readdirplus` (entries with attributes, which spares `ls -l` a
+/// lookup per name) or with plain `readdir` (`ls -f`, `find`), and may switch between
+/// them within one listing. A page is fetched in the mode asked for; on a switch the rest
+/// of the page is fetched again, from the last name handed out, in the new mode.
 pub struct DirHandle {
     ino: InodeId,
     parent: InodeId,
     /// Listing position of `page[0]`.
     base: u64,
     page: Vec<DirEntry>,
+    /// The name `page` was fetched after (`None`: from the top).
+    page_after: Option<Vec<u8>>,
+    /// Whether `page` carries attributes.
+    page_plus: bool,
     done: bool,
 }
 
@@ -33,6 +43,8 @@ pub struct Listed {
     pub kind: proto::FileKind,
     /// Its name.
     pub name: Vec<u8>,
+    /// Its attributes, in a `plus` listing (not for "." and "..").
+    pub attr: Option<Attr>,
 }
 
 impl DirHandle {
@@ -43,16 +55,20 @@ impl DirHandle {
             parent,
             base: 0,
             page: Vec::new(),
+            page_after: None,
+            page_plus: false,
             done: false,
         }
     }
 
-    /// Entries from listing position `offset` on, at most `max` of them.
+    /// Entries from listing position `offset` on, at most `max` of them; with their
+    /// attributes if `plus`.
     pub async fn entries_from(
         &mut self,
         client: &Client,
         offset: u64,
         max: usize,
+        plus: bool,
     ) -> Result<Vec<Listed>> {
         let mut out = Vec::new();
         let mut pos = offset;
@@ -68,17 +84,22 @@ impl DirHandle {
                 ino,
                 kind: proto::FileKind::Directory,
                 name,
+                attr: None,
             });
         }
         let mut index = pos - 2;
         if index < self.base {
             self.base = 0;
             self.page.clear();
+            self.page_after = None;
             self.done = false;
+        }
+        if self.page_plus != plus && index < self.base + self.page.len() as u64 {
+            self.refetch_from(client, index, plus).await?;
         }
         while out.len() < max {
             if index >= self.base + self.page.len() as u64 {
-                if !self.next_page(client).await? {
+                if !self.next_page(client, plus).await? {
                     break;
                 }
                 continue;
@@ -90,24 +111,55 @@ impl DirHandle {
                 ino: e.ino,
                 kind: e.kind,
                 name: e.name.clone(),
+                attr: e.attr.clone().map(|a| client.overlay(a)),
             });
         }
         Ok(out)
     }
 
     /// Replaces the page by the next one; `false` at the end of the listing.
-    async fn next_page(&mut self, client: &Client) -> Result<bool> {
+    async fn next_page(&mut self, client: &Client, plus: bool) -> Result<bool> {
         if self.done {
             return Ok(false);
         }
-        let after = self.page.last().map(|e| e.name.clone());
+        let after = self
+            .page
+            .last()
+            .map(|e| e.name.clone())
+            .or(self.page_after.take());
+        let base = self.base + self.page.len() as u64;
+        self.fetch(client, base, after, plus).await?;
+        Ok(!self.page.is_empty())
+    }
+
+    /// Fetches the page again from listing position `index` (inside the page) in the
+    /// other mode: what follows the last name handed out, so nothing is skipped or
+    /// repeated even if entries changed meanwhile.
+    async fn refetch_from(&mut self, client: &Client, index: u64, plus: bool) -> Result<()> {
+        let i = (index - self.base) as usize;
+        let after = match i {
+            0 => self.page_after.clone(),
+            _ => Some(self.page[i - 1].name.clone()),
+        };
+        self.fetch(client, index, after, plus).await
+    }
+
+    async fn fetch(
+        &mut self,
+        client: &Client,
+        base: u64,
+        after: Option<Vec<u8>>,
+        plus: bool,
+    ) -> Result<()> {
         let (page, done) = client
-            .readdir_page(self.ino, after, PAGE_ENTRIES, false)
+            .readdir_page(self.ino, after.clone(), PAGE_ENTRIES, plus)
             .await?;
-        self.base += self.page.len() as u64;
+        self.base = base;
+        self.page_after = after;
+        self.page_plus = plus;
         // An empty page ends the listing even if the server did not say so: never spin.
         self.done = done || page.is_empty();
         self.page = page;
-        Ok(!self.page.is_empty())
+        Ok(())
     }
 }
