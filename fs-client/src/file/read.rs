@@ -214,9 +214,20 @@ impl Client {
                 break;
             }
         }
-        // Segments behind the reader are done with: the kernel holds their bytes now.
+        // Segments just behind the reader are done with: the kernel holds their bytes
+        // now. Only those this stream can have passed since its last read go (it moves
+        // at most a window and a read per read): other handles of the file may be
+        // reading further back, and their prefetched segments stay.
         let keep_from = first.saturating_sub(SEGMENTS_KEPT_BEHIND);
-        io.cache = io.cache.split_off(&keep_from);
+        let passed_from = keep_from.saturating_sub(window / seg + 2);
+        let passed: Vec<u64> = io
+            .cache
+            .range(passed_from..keep_from)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in passed {
+            io.cache.remove(&k);
+        }
         Ok(Plan::Cached(needed))
     }
 

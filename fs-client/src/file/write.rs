@@ -21,7 +21,12 @@ use crate::segpool::SegBuf;
 use parking_lot::Mutex;
 use proto::WireError;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
+
+/// How long a writer waiting for write-buffer memory waits before it sends the
+/// half-filled segments of all files again.
+const MOUNT_FULL_RESEND: Duration = Duration::from_millis(20);
 
 /// One aligned segment of a file with buffered bytes.
 pub(crate) struct WriteSeg {
@@ -173,15 +178,26 @@ impl Client {
                     sent.await;
                 }
                 Step::MountFull => {
-                    // Buffers may sit in half-filled segments of other files: send those,
-                    // or a writer here could wait for memory nobody will free.
-                    self.send_all_buffered();
-                    let buf = self.write_pool.take().await?;
+                    let buf = self.take_write_buffer().await?;
                     let mut io = st.io.lock();
                     if !io.dirty.contains_key(&k) && io.dirty.len() < self.max_segments_per_file() {
                         io.dirty.insert(k, new_segment(k, buf));
                     }
                 }
+            }
+        }
+    }
+
+    /// Waits for a buffer of the mount's write pool. Buffers may sit in half-filled
+    /// segments of idle writers: those are sent first, or a writer here could wait for
+    /// memory nobody will free. They are sent again on every tick of the wait, as a
+    /// buffer that came back may have gone to another writer's new segment meanwhile.
+    async fn take_write_buffer(&self) -> Result<SegBuf> {
+        loop {
+            self.send_all_buffered();
+            let wait = tokio::time::timeout(MOUNT_FULL_RESEND, self.write_pool.take());
+            if let Ok(buf) = wait.await {
+                return buf;
             }
         }
     }
