@@ -179,6 +179,11 @@ impl FileState {
         ))
     }
 
+    /// The generation of the last accepted write.
+    fn write_gen(&self) -> u64 {
+        self.inner.lock().write_gen
+    }
+
     fn committed(&self, generation: u64) {
         let mut i = self.inner.lock();
         i.committed_gen = i.committed_gen.max(generation);
@@ -418,6 +423,10 @@ impl Client {
     pub async fn release(&self, fh: &FileHandle) -> Result<()> {
         let pending = fh.state.pending_commit();
         let flushed = self.flush_writes(&fh.state).await;
+        // The length and mtime are committed even when a write failed (as a local file
+        // system keeps the size of a write whose page failed to reach the disk): the
+        // bytes that did arrive become visible, and the changed mtime tells every other
+        // client's next open that its cached bytes are stale. The failure is returned.
         let req = MetaRequest::Release {
             session: fh.session,
             commit: pending.map(|(c, _)| c),
@@ -435,15 +444,19 @@ impl Client {
     /// where the bytes went.
     pub async fn append(&self, fh: &FileHandle, data: &[u8]) -> Result<u64> {
         self.commit_pending(&fh.state).await?;
+        let before = fh.state.write_gen();
         let req = MetaRequest::Append {
             ino: fh.ino(),
             len: data.len() as u64,
         };
         let offset = expect_reply!(self.meta(req).await?, MetaReply::Offset(o) => o)?;
         self.write_through(fh, offset, data).await?;
-        // The reservation already committed the length: nothing is left to report.
+        // The reservation already committed this write's length. Writes through other
+        // handles that landed meanwhile were not: then the commit stays due.
         if let Some((_, generation)) = fh.state.pending_commit() {
-            fh.state.committed(generation);
+            if generation == before + 1 {
+                fh.state.committed(generation);
+            }
         }
         Ok(offset)
     }
