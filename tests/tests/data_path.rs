@@ -344,3 +344,103 @@ async fn interleaved_writes_reads_truncates_and_punches_match_a_model() {
     assert_eq!(sha256_hex(&back), sha256_hex(&model));
     other.release(&fh).await.unwrap();
 }
+
+/// Guards against a deadlock, or lost bytes, when the mount's write buffers are all in
+/// use: writers of six files, with a budget of two segments for the whole mount and
+/// writers that pause with half-filled segments, all finish, and every byte lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writers_of_many_files_finish_when_the_mount_write_budget_is_full() {
+    let cluster = InProcessCluster::start(3).await;
+    let config = fs_client::ClientConfig {
+        meta_addr: cluster.meta_addr(),
+        write_buffer_file_bytes: 4 << 20,
+        write_buffer_mount_bytes: 8 << 20,
+        ..fs_client::ClientConfig::default()
+    };
+    let client = Client::connect(config).await.unwrap();
+    let writers: Vec<_> = (0..6u64)
+        .map(|w| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let name = format!("budget-{w}");
+                let fh = create(&client, name.as_bytes()).await;
+                let mut model = vec![0u8; 12 * MIB];
+                let mut rng = Rng(w + 1);
+                for i in 0..120 {
+                    let at = rng.below((12 * MIB - 65_536) as u64) as usize;
+                    let bytes = pseudo_random(1 + rng.below(65_536) as usize, w * 1000 + i);
+                    client.write(&fh, at as u64, &bytes).await.unwrap();
+                    model[at..at + bytes.len()].copy_from_slice(&bytes);
+                    if rng.below(8) == 0 {
+                        // A pause with a half-filled segment held.
+                        tokio::time::sleep(Duration::from_millis(30)).await;
+                    }
+                }
+                // The last byte, so that the length is the model's.
+                client
+                    .write(&fh, (12 * MIB - 1) as u64, &model[12 * MIB - 1..])
+                    .await
+                    .unwrap();
+                client.release(&fh).await.unwrap();
+                (name, model)
+            })
+        })
+        .collect();
+    let mut files = Vec::new();
+    let all = async {
+        for w in writers {
+            files.push(w.await.unwrap());
+        }
+    };
+    tokio::time::timeout(DEADLINE, all)
+        .await
+        .expect("no writer waits forever");
+
+    let other = cluster.client().await;
+    for (name, model) in files {
+        let (size, fh) = open(&other, name.as_bytes()).await;
+        assert_eq!(size, model.len() as u64, "{name}");
+        let back = other.read(&fh, 0, model.len()).await.unwrap();
+        assert!(back == model, "{name} differs");
+        other.release(&fh).await.unwrap();
+    }
+}
+
+/// Guards against a writer waiting forever for write-buffer memory held by an idle
+/// writer: with one segment for the whole mount, two writers wait for it at once; the
+/// one that gets it writes a few bytes and goes quiet, and the other must still finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_writer_never_waits_forever_for_a_buffer_an_idle_writer_holds() {
+    let cluster = InProcessCluster::start(3).await;
+    let config = fs_client::ClientConfig {
+        meta_addr: cluster.meta_addr(),
+        write_buffer_file_bytes: 4 << 20,
+        write_buffer_mount_bytes: 4 << 20,
+        ..fs_client::ClientConfig::default()
+    };
+    let client = Client::connect(config).await.unwrap();
+    let a = create(&client, b"idle-a").await;
+    // Almost a whole segment: held, not yet sent, and slow enough to send that both
+    // writers below are waiting before it is gone.
+    let big = pseudo_random(4 * MIB - 1, 7);
+    client.write(&a, 0, &big).await.unwrap();
+    let (b, c) = (
+        create(&client, b"idle-b").await,
+        create(&client, b"idle-c").await,
+    );
+    let writes = async {
+        let (rb, rc) = tokio::join!(client.write(&b, 0, b"bee"), client.write(&c, 0, b"sea"));
+        rb.unwrap();
+        rc.unwrap();
+    };
+    tokio::time::timeout(Duration::from_secs(10), writes)
+        .await
+        .expect("a writer waited for a buffer nobody was going to free");
+    for (fh, want) in [(&a, &big[..]), (&b, &b"bee"[..]), (&c, &b"sea"[..])] {
+        client.release(fh).await.unwrap();
+        let other = cluster.client().await;
+        let (_, fh2) = other.open(fh.ino(), false).await.unwrap();
+        assert!(other.read(&fh2, 0, want.len() + 1).await.unwrap() == want);
+        other.release(&fh2).await.unwrap();
+    }
+}
