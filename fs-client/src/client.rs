@@ -4,6 +4,7 @@ use crate::config::ClientConfig;
 use crate::error::{ClientError, Result};
 use crate::file::{FileHandle, FileState};
 use crate::rpc::{self, expect_reply, DataLinks, RpcCounts, RpcEndpoint};
+use crate::segpool::SegPool;
 use parking_lot::Mutex;
 use proto::meta::{Caller, DirEntry, LockSpec, MetaReply, MetaRequest, RenameMode, XattrMode};
 use proto::{Attr, ClientId, FileKind, InodeId, Layout, NodeId, SetAttr, PROTOCOL_VERSION};
@@ -34,7 +35,16 @@ pub struct Client {
     pub(crate) config: ClientConfig,
     meta: Link,
     data: DataLinks,
+    /// Buffers for reads that are not prefetched and for writes that are not buffered.
     pub(crate) pool: BufferPool,
+    /// Segment buffers of prefetched reads (`readahead_mount_bytes`).
+    pub(crate) read_pool: Arc<SegPool>,
+    /// Segment buffers of buffered writes (`write_buffer_mount_bytes`).
+    pub(crate) write_pool: Arc<SegPool>,
+    /// This client, for the background tasks it starts (fetches, segment sends).
+    me: Weak<Client>,
+    /// The runtime those tasks run on; FUSE threads are not part of it.
+    pub(crate) rt: tokio::runtime::Handle,
     pub(crate) id: ClientId,
     pub(crate) files: Mutex<HashMap<InodeId, Weak<FileState>>>,
     layouts: Mutex<HashMap<InodeId, Layout>>,
@@ -50,22 +60,45 @@ impl Client {
             PROTOCOL_VERSION,
         )?);
         let pool = BufferPool::new(&ep, config.io_buffers, config.io_buffer_bytes)?;
+        let seg = config.segment_bytes;
+        let read_pool = SegPool::new((*ep).clone(), seg, config.readahead_mount_bytes);
+        let write_pool = SegPool::new((*ep).clone(), seg, config.write_buffer_mount_bytes);
         let meta = Link::new(config.meta_addr.clone());
         let name = format!("fs-client pid {}", std::process::id());
         let hello = rpc::meta_call(&ep, &meta, &MetaRequest::Hello { name }).await?;
         let id = expect_reply!(hello, MetaReply::Welcome { client } => client)?;
-        let client = Client {
+        let client = Arc::new_cyclic(|me| Client {
             ep,
             config,
             meta,
             data: DataLinks::default(),
             pool,
+            read_pool,
+            write_pool,
+            me: me.clone(),
+            rt: tokio::runtime::Handle::current(),
             id,
             files: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
-        };
+        });
         client.refresh_map().await?;
-        Ok(Arc::new(client))
+        Ok(client)
+    }
+
+    /// This client as an `Arc`, for a task that outlives the call starting it.
+    pub(crate) fn arc(&self) -> Arc<Client> {
+        self.me
+            .upgrade()
+            .expect("a Client is only used through the Arc that `connect` returns")
+    }
+
+    /// The files this client has open.
+    pub(crate) fn open_files(&self) -> Vec<Arc<FileState>> {
+        self.files
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect()
     }
 
     /// The configuration in use.

@@ -21,6 +21,33 @@ pub struct ClientConfig {
     pub io_buffers: usize,
     /// Size of each registered I/O buffer; also the largest FUSE read and write.
     pub io_buffer_bytes: usize,
+    /// Size of one readahead or write-behind buffer (a registered region), in bytes: the
+    /// unit files are prefetched and written back in, aligned in the file. A power of two
+    /// from `io_buffer_bytes` to 64 MiB.
+    pub segment_bytes: usize,
+    /// Largest readahead window of one open file, in bytes: prefetching starts at one
+    /// segment once reads are sequential and doubles per segment read, up to this.
+    /// 0: no prefetching (every read asks the data servers for just its range).
+    pub readahead_max_bytes: u64,
+    /// Registered memory for prefetched segments of the whole mount, in bytes. When it
+    /// is in use, reads go straight to the data servers instead.
+    pub readahead_mount_bytes: u64,
+    /// Bytes of one file that may be buffered or in flight to data servers before its
+    /// writers wait. 0: no write buffering (each write reaches the data servers before
+    /// it returns).
+    pub write_buffer_file_bytes: u64,
+    /// Registered memory for buffered writes of the whole mount, in bytes; writers wait
+    /// while it is in use.
+    pub write_buffer_mount_bytes: u64,
+    /// The kernel's readahead for the mount (`read_ahead_kb` of its backing device), in
+    /// bytes: how far ahead of a sequential reader the kernel asks, in requests of
+    /// `io_buffer_bytes` that are served in parallel. Set when the mount starts, as root.
+    pub kernel_readahead_bytes: u64,
+    /// Let the kernel cache writes in its page cache and send them later
+    /// (`FUSE_WRITEBACK_CACHE`). The kernel then keeps its own length and mtime of files
+    /// this mount writes and stops taking them from the server, so a file grown by
+    /// another mount can show its old length here: off unless one mount owns the files.
+    pub writeback_cache: bool,
     /// FUSE event loops (threads reading `/dev/fuse`).
     pub fuse_threads: usize,
     /// Let users other than the mounting one use the mount (`allow_other`).
@@ -37,6 +64,13 @@ impl Default for ClientConfig {
             entry_ttl_ms: 1000,
             io_buffers: 64,
             io_buffer_bytes: 1 << 20,
+            segment_bytes: 4 << 20,
+            readahead_max_bytes: 32 << 20,
+            readahead_mount_bytes: 256 << 20,
+            write_buffer_file_bytes: 64 << 20,
+            write_buffer_mount_bytes: 256 << 20,
+            kernel_readahead_bytes: 8 << 20,
+            writeback_cache: false,
             fuse_threads: 4,
             allow_other: true,
         }
@@ -61,8 +95,41 @@ impl ClientConfig {
         if self.io_buffer_bytes > self.transport_limits.max_one_sided_bytes {
             return Err("io_buffer_bytes must not exceed transport max_one_sided_bytes".into());
         }
+        self.validate_buffers()?;
         if !(1..=64).contains(&self.fuse_threads) {
             return Err("fuse_threads must be between 1 and 64".into());
+        }
+        Ok(())
+    }
+
+    /// Checks the readahead and write-buffer sizes.
+    fn validate_buffers(&self) -> Result<(), String> {
+        const MAX_SEGMENT_BYTES: usize = 64 << 20;
+        const MAX_KERNEL_READAHEAD_BYTES: u64 = 1 << 30;
+        let seg = self.segment_bytes;
+        if !seg.is_power_of_two() || !(self.io_buffer_bytes..=MAX_SEGMENT_BYTES).contains(&seg) {
+            return Err(
+                "segment_bytes must be a power of two from io_buffer_bytes to 64 MiB".into(),
+            );
+        }
+        if seg > self.transport_limits.max_one_sided_bytes {
+            return Err("segment_bytes must not exceed transport max_one_sided_bytes".into());
+        }
+        let seg = seg as u64;
+        if self.readahead_max_bytes > 0 && self.readahead_mount_bytes < seg {
+            return Err("readahead_mount_bytes must hold at least one segment".into());
+        }
+        if self.readahead_max_bytes > self.readahead_mount_bytes {
+            return Err("readahead_max_bytes must not exceed readahead_mount_bytes".into());
+        }
+        if self.write_buffer_file_bytes > 0 && self.write_buffer_file_bytes < seg {
+            return Err("write_buffer_file_bytes must be 0 or at least one segment".into());
+        }
+        if self.write_buffer_file_bytes > self.write_buffer_mount_bytes {
+            return Err("write_buffer_file_bytes must not exceed write_buffer_mount_bytes".into());
+        }
+        if self.kernel_readahead_bytes > MAX_KERNEL_READAHEAD_BYTES {
+            return Err("kernel_readahead_bytes must be at most 1 GiB".into());
         }
         Ok(())
     }

@@ -8,6 +8,7 @@ pub mod error;
 mod file;
 pub mod fuse;
 mod rpc;
+mod segpool;
 
 pub use client::{Client, FsStats};
 pub use config::ClientConfig;

@@ -187,7 +187,8 @@ pub fn mount_and_serve(
     let inner = fs.inner.clone();
     let session = fuser::Session::new(fs, mountpoint, &config)?;
     let _ = inner.notifier.set(session.notifier());
-    let (target, ra_bytes) = (mountpoint.to_path_buf(), inner.blksize as u64);
+    let ra_bytes = inner.client.config().kernel_readahead_bytes;
+    let target = mountpoint.to_path_buf();
     // Stat answers only once the session runs: do it off this thread.
     std::thread::spawn(move || set_readahead(&target, ra_bytes));
     info!(mountpoint = %mountpoint.display(), "mounted");
@@ -214,7 +215,8 @@ pub fn mount_and_serve(
 
 /// Sets the kernel's readahead window of the mount (root only; best effort). The default
 /// window is smaller than one request, so sequential reads would arrive in pieces smaller
-/// than the 1 MiB the session allows.
+/// than the 1 MiB the session allows; a window of several requests keeps several in
+/// flight, which the client serves in parallel.
 fn set_readahead(mountpoint: &Path, bytes: u64) {
     use std::os::unix::fs::MetadataExt;
     let dev = match std::fs::metadata(mountpoint) {

@@ -162,6 +162,11 @@ impl fuser::Filesystem for TesseraFs {
         for cap in caps {
             let _ = config.add_capabilities(cap);
         }
+        if self.inner.client.config().writeback_cache
+            && config.add_capabilities(F::FUSE_WRITEBACK_CACHE).is_err()
+        {
+            tracing::warn!("the kernel refused the writeback cache; writes go through");
+        }
         Ok(())
     }
 
@@ -441,12 +446,21 @@ impl fuser::Filesystem for TesseraFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let (inner, data) = (self.inner.clone(), data.to_vec());
         let append = flags.0 & libc::O_APPEND != 0;
         // The kernel clears setuid/setgid itself before writes through the page cache,
         // but leaves it to us for direct I/O (O_DIRECT and, here, O_APPEND files) by an
         // unprivileged writer.
         let kill_suid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        if !append && !kill_suid {
+            // Most writes fit the buffers at once: answer here, sparing a copy and a task.
+            let file = self.inner.files.lock().get(&fh.0).cloned();
+            if let Some(file) = file {
+                if let Some(r) = self.inner.client.try_write_now(&file, offset, data) {
+                    return finish(reply, r, |reply, n| reply.written(n as u32));
+                }
+            }
+        }
+        let (inner, data) = (self.inner.clone(), data.to_vec());
         self.spawn(async move {
             let file = match inner.file(fh.0) {
                 Ok(file) if kill_suid => match inner.client.kill_suid(file.ino()).await {

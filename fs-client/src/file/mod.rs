@@ -1,28 +1,48 @@
-//! Open files: reads and writes of chunk bytes with one-sided transfers, length commits,
-//! fsync and truncation.
+//! Open files: what one client knows of each, reads through a readahead cache, writes
+//! through per-file buffers, length commits, fsync and truncation.
+//!
+//! Reads and writes move whole segments (`segment_bytes`, aligned in the file) between
+//! registered buffers and the data servers with one-sided transfers: `read` prefetches
+//! segments while a handle reads sequentially, `write` copies into segment buffers that
+//! are sent in the background. One short lock per file ([`FileState`]'s `io`) covers
+//! both maps and is never held across a network call; the ordering rules that keep
+//! cached bytes correct are in `read.rs` and `write.rs`.
+
+mod extents;
+mod read;
+mod readahead;
+mod write;
+
+pub use read::ReadBuf;
 
 use crate::client::Client;
 use crate::error::{ClientError, Result};
 use crate::rpc::{self, expect_reply};
-use futures::stream::{self, StreamExt, TryStreamExt};
 use parking_lot::Mutex;
 use proto::data::{DataReply, DataRequest};
 use proto::meta::{Commit, MetaReply, MetaRequest};
 use proto::{Attr, ChunkId, ErrorCode, InodeId, Layout, NodeId, SessionId, Timestamp, WireError};
-use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use read::CacheSeg;
+use readahead::Readahead;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use tokio::sync::Notify;
 use tracing::debug;
-use transport::{Access, MemoryRegion, PooledBuf, TransportError};
-
-/// Buffer-sized windows of one large read or write kept in flight at once.
-const WINDOWS_IN_FLIGHT: usize = 4;
+use transport::{Access, MemoryRegion, TransportError};
+use write::WriteSeg;
 
 /// What one client knows of a file that it has open, shared by all its handles.
 pub struct FileState {
     pub(crate) ino: InodeId,
     pub(crate) layout: Layout,
     inner: Mutex<FileInner>,
+    /// The segments cached for reading and buffered for writing. Taken briefly, never
+    /// across a network call; never taken while `inner` is held.
+    io: Mutex<IoState>,
+    /// Woken whenever a write segment has been sent (or failed): writers waiting for room
+    /// under the per-file bound look again.
+    sent: Notify,
 }
 
 struct FileInner {
@@ -34,7 +54,24 @@ struct FileInner {
     write_gen: u64,
     committed_gen: u64,
     /// Chunks written since the last fsync, per data server.
-    dirty: HashMap<NodeId, BTreeSet<ChunkId>>,
+    unsynced: HashMap<NodeId, BTreeSet<ChunkId>>,
+}
+
+/// The segments of one file held in registered buffers, by segment index.
+#[derive(Default)]
+struct IoState {
+    /// Read segments: prefetched, or being fetched.
+    cache: BTreeMap<u64, Arc<CacheSeg>>,
+    /// Write segments: buffered, or being sent. A segment index is never in both maps
+    /// for long: a write drops the cached segment it lands in, and no fetch starts for
+    /// a segment while it has buffered writes.
+    dirty: BTreeMap<u64, Arc<WriteSeg>>,
+    /// The first failure of a background write: every later flush, fsync, close and
+    /// write of the file returns it, so no lost byte goes unreported.
+    error: Option<WireError>,
+    /// (mtime, size) of the server's attributes when the file was last opened: a new
+    /// open that finds them changed drops the cache (close-to-open).
+    opened_as: Option<(Timestamp, u64)>,
 }
 
 impl FileState {
@@ -47,17 +84,31 @@ impl FileState {
                 mtime: attr.mtime,
                 write_gen: 0,
                 committed_gen: 0,
-                dirty: HashMap::new(),
+                unsynced: HashMap::new(),
             }),
+            io: Mutex::new(IoState {
+                opened_as: Some((attr.mtime, attr.size)),
+                ..IoState::default()
+            }),
+            sent: Notify::new(),
         }
     }
 
     /// Another open of the same file: take the server's length unless local writes are
-    /// still uncommitted (they can only have grown it).
+    /// still uncommitted (they can only have grown it), and drop cached bytes if the
+    /// file changed since the last open (close-to-open).
     pub(crate) fn opened(&self, attr: &Attr) {
-        let mut i = self.inner.lock();
-        if i.write_gen == i.committed_gen {
-            i.size = attr.size;
+        {
+            let mut i = self.inner.lock();
+            if i.write_gen == i.committed_gen {
+                i.size = attr.size;
+            }
+        }
+        let mut io = self.io.lock();
+        let now = Some((attr.mtime, attr.size));
+        if io.opened_as != now {
+            io.cache.clear();
+            io.opened_as = now;
         }
     }
 
@@ -74,7 +125,9 @@ impl FileState {
         }
     }
 
+    /// The file was cut or grown to `size`: cached bytes past or around it are stale.
     pub(crate) fn truncated(&self, size: u64) {
+        self.drop_cache();
         let mut i = self.inner.lock();
         i.size = size;
         i.mtime = Timestamp::now();
@@ -84,13 +137,33 @@ impl FileState {
         self.inner.lock().size
     }
 
-    fn wrote(&self, end: u64, chunks: &[(NodeId, ChunkId)]) {
+    /// Drops every cached read segment (fetches in flight finish into nothing).
+    fn drop_cache(&self) {
+        self.io.lock().cache.clear();
+    }
+
+    /// A local write ending at `end` was accepted: the length and mtime this client
+    /// shows move now, and a commit is due.
+    fn wrote(&self, end: u64) {
         let mut i = self.inner.lock();
         i.size = i.size.max(end);
         i.mtime = Timestamp::now();
         i.write_gen += 1;
+    }
+
+    /// Bytes reached these chunks: the next fsync must sync them.
+    fn stored(&self, chunks: &[(NodeId, ChunkId)]) {
+        let mut i = self.inner.lock();
         for (node, chunk) in chunks {
-            i.dirty.entry(*node).or_default().insert(*chunk);
+            i.unsynced.entry(*node).or_default().insert(*chunk);
+        }
+    }
+
+    /// The error of an earlier background write, if one failed.
+    fn write_error(&self) -> Result<()> {
+        match &self.io.lock().error {
+            Some(e) => Err(ClientError::Remote(e.clone())),
+            None => Ok(()),
         }
     }
 
@@ -106,6 +179,11 @@ impl FileState {
         ))
     }
 
+    /// The generation of the last accepted write.
+    fn write_gen(&self) -> u64 {
+        self.inner.lock().write_gen
+    }
+
     fn committed(&self, generation: u64) {
         let mut i = self.inner.lock();
         i.committed_gen = i.committed_gen.max(generation);
@@ -118,6 +196,8 @@ pub struct FileHandle {
     pub(crate) session: SessionId,
     /// The first read through this open must move the access time (relatime).
     atime_due: AtomicBool,
+    /// This open's sequential-read detector and readahead window.
+    readahead: Mutex<Readahead>,
 }
 
 /// Whether a read now should move the access time, as `relatime` decides: the access
@@ -135,40 +215,13 @@ impl FileHandle {
             state,
             session,
             atime_due: AtomicBool::new(due),
+            readahead: Mutex::new(Readahead::default()),
         }
     }
 
     /// The open file's inode.
     pub fn ino(&self) -> InodeId {
         self.state.ino
-    }
-}
-
-/// Bytes read into a registered buffer; the buffer returns to the pool when dropped.
-pub struct ReadBuf<'a> {
-    buf: PooledBuf<'a>,
-    len: usize,
-}
-
-impl ReadBuf<'_> {
-    /// Number of bytes read.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether nothing was read (end of file).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Runs `f` on the bytes, without copying them.
-    pub fn with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
-        f(&self.buf.mr().lock()[..self.len])
-    }
-
-    /// The bytes, copied.
-    pub fn to_vec(&self) -> Vec<u8> {
-        self.with(|b| b.to_vec())
     }
 }
 
@@ -182,7 +235,15 @@ struct Piece {
     buf_offset: usize,
 }
 
-fn pieces(layout: &Layout, ino: InodeId, offset: u64, len: usize) -> Result<Vec<Piece>> {
+/// Cuts `len` file bytes at `offset` at chunk boundaries; the bytes sit in a buffer
+/// from `buf_base` on.
+fn pieces(
+    layout: &Layout,
+    ino: InodeId,
+    offset: u64,
+    len: usize,
+    buf_base: usize,
+) -> Result<Vec<Piece>> {
     let cs = u64::from(layout.chunk_size_bytes);
     let mut out = Vec::new();
     let mut pos = offset;
@@ -202,7 +263,7 @@ fn pieces(layout: &Layout, ino: InodeId, offset: u64, len: usize) -> Result<Vec<
             node,
             offset_in_chunk: in_chunk as u32,
             len: n as u32,
-            buf_offset: (pos - offset) as usize,
+            buf_offset: buf_base + (pos - offset) as usize,
         });
         pos += n;
     }
@@ -215,6 +276,14 @@ fn retryable(e: &ClientError) -> bool {
         ClientError::Transport(TransportError::Disconnected { .. })
             | ClientError::Transport(TransportError::Connect { .. })
     )
+}
+
+/// Refuses ranges whose end does not fit a file offset.
+fn check_range(offset: u64, len: u64) -> Result<u64> {
+    offset
+        .checked_add(len)
+        .filter(|&e| e <= i64::MAX as u64)
+        .ok_or_else(|| ClientError::Remote(WireError::new(ErrorCode::TooBig, "offset too large")))
 }
 
 impl Client {
@@ -282,99 +351,38 @@ impl Client {
         }
     }
 
-    /// Reads up to one buffer of bytes at `offset`, stopping at the end of the file. The
-    /// bytes stay in the registered buffer, so a FUSE reply can copy them straight out.
-    pub async fn read_buf(&self, fh: &FileHandle, offset: u64, len: usize) -> Result<ReadBuf<'_>> {
-        let size = fh.state.size();
-        let len = len.min(self.pool.buffer_bytes());
-        let len = if offset >= size {
-            0
-        } else {
-            len.min((size - offset) as usize)
-        };
-        if fh.atime_due.swap(false, Ordering::Relaxed) {
-            self.accessed(fh.ino()).await;
-        }
-        let buf = self.pool.take().await;
-        if len > 0 {
-            let layout = &fh.state.layout;
-            let ps = pieces(layout, fh.ino(), offset, len)?;
-            let mr = buf.mr();
-            futures::future::try_join_all(ps.iter().map(|p| self.transfer(layout, *p, mr, false)))
-                .await?;
-        }
-        Ok(ReadBuf { buf, len })
-    }
-
-    /// Reads up to `len` bytes at `offset` (fewer at the end of the file).
-    pub async fn read(&self, fh: &FileHandle, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let step = self.pool.buffer_bytes();
-        let windows: Vec<(u64, usize)> = (0..len)
-            .step_by(step)
-            .map(|o| (offset + o as u64, step.min(len - o)))
-            .collect();
-        let parts: Vec<Vec<u8>> =
-            stream::iter(windows)
-                .map(|(o, n)| async move {
-                    Ok::<_, ClientError>(self.read_buf(fh, o, n).await?.to_vec())
-                })
-                .buffered(WINDOWS_IN_FLIGHT)
-                .try_collect()
-                .await?;
-        let mut out = Vec::with_capacity(len);
-        for p in parts {
-            let short = p.len() < step;
-            out.extend_from_slice(&p);
-            if short {
-                break;
-            }
-        }
-        Ok(out)
-    }
-
-    /// Writes `data` at `offset`; the bytes are on the data servers (not yet durable)
-    /// when it returns.
-    pub async fn write(&self, fh: &FileHandle, offset: u64, data: &[u8]) -> Result<usize> {
-        offset
-            .checked_add(data.len() as u64)
-            .filter(|&e| e <= i64::MAX as u64)
-            .ok_or_else(|| {
-                ClientError::Remote(WireError::new(ErrorCode::TooBig, "offset too large"))
-            })?;
-        let step = self.pool.buffer_bytes();
-        let windows: Vec<usize> = (0..data.len()).step_by(step).collect();
-        stream::iter(windows)
-            .map(|o| {
-                let n = step.min(data.len() - o);
-                self.write_window(fh, offset + o as u64, &data[o..o + n])
-            })
-            .buffered(WINDOWS_IN_FLIGHT)
-            .try_collect::<Vec<()>>()
+    /// Moves `len` file bytes at `offset` between `mr` (from `buf_base` on) and the data
+    /// servers, every chunk's piece in parallel; returns the chunks touched.
+    async fn transfer_range(
+        &self,
+        state: &FileState,
+        offset: u64,
+        len: usize,
+        mr: &MemoryRegion,
+        buf_base: usize,
+        write: bool,
+    ) -> Result<Vec<(NodeId, ChunkId)>> {
+        let layout = &state.layout;
+        let ps = pieces(layout, state.ino, offset, len, buf_base)?;
+        futures::future::try_join_all(ps.iter().map(|p| self.transfer(layout, *p, mr, write)))
             .await?;
-        Ok(data.len())
+        Ok(ps.iter().map(|p| (p.node, p.chunk)).collect())
     }
 
-    async fn write_window(&self, fh: &FileHandle, offset: u64, data: &[u8]) -> Result<()> {
-        let buf = self.pool.take().await;
-        let mr = buf.mr();
-        mr.lock()[..data.len()].copy_from_slice(data);
-        let layout = &fh.state.layout;
-        let ps = pieces(layout, fh.ino(), offset, data.len())?;
-        futures::future::try_join_all(ps.iter().map(|p| self.transfer(layout, *p, mr, true)))
-            .await?;
-        let chunks: Vec<_> = ps.iter().map(|p| (p.node, p.chunk)).collect();
-        fh.state.wrote(offset + data.len() as u64, &chunks);
-        Ok(())
-    }
-
-    /// Reports the length and mtime of uncommitted writes to the metadata server.
+    /// Sends buffered writes, then reports the length and mtime of uncommitted writes to
+    /// the metadata server; fails if any write of the file failed.
     pub async fn flush(&self, fh: &FileHandle) -> Result<()> {
         self.commit_pending(&fh.state).await
     }
 
-    /// Commits what this client wrote to a file and has not yet reported.
-    pub(crate) async fn commit_pending(&self, state: &FileState) -> Result<()> {
-        let Some((commit, generation)) = state.pending_commit() else {
+    /// Commits what this client wrote to a file and has not yet reported, after its
+    /// buffered writes reached the data servers.
+    pub(crate) async fn commit_pending(&self, state: &Arc<FileState>) -> Result<()> {
+        // Taken before the writes are sent: every write it covers was buffered before,
+        // so it is sent first and the length never runs ahead of the bytes.
+        let pending = state.pending_commit();
+        self.flush_writes(state).await?;
+        let Some((commit, generation)) = pending else {
             return Ok(());
         };
         let req = MetaRequest::Commit {
@@ -387,10 +395,12 @@ impl Client {
     }
 
     /// Makes every byte written through this client durable on the data servers, then
-    /// commits the length (steps 1 and 2 of the fsync order in ARCHITECTURE.md).
+    /// commits the length (the fsync order in ARCHITECTURE.md): buffered writes are
+    /// sent first, and a write that failed in the background fails the fsync.
     pub async fn fsync(&self, fh: &FileHandle) -> Result<()> {
-        let dirty = std::mem::take(&mut fh.state.inner.lock().dirty);
-        let syncs = dirty.iter().map(|(node, chunks)| async move {
+        self.flush_writes(&fh.state).await?;
+        let unsynced = std::mem::take(&mut fh.state.inner.lock().unsynced);
+        let syncs = unsynced.iter().map(|(node, chunks)| async move {
             let conn = self.data_conn(*node).await?;
             let req = DataRequest::Fsync {
                 chunks: chunks.iter().copied().collect(),
@@ -398,19 +408,25 @@ impl Client {
             rpc::data_call(&self.ep, &conn, &req).await
         });
         if let Err(e) = futures::future::try_join_all(syncs).await {
-            // Keep the chunks dirty so that the next fsync tries again.
+            // Keep the chunks unsynced so that the next fsync tries again.
             let mut i = fh.state.inner.lock();
-            for (node, chunks) in dirty {
-                i.dirty.entry(node).or_default().extend(chunks);
+            for (node, chunks) in unsynced {
+                i.unsynced.entry(node).or_default().extend(chunks);
             }
             return Err(e);
         }
         self.flush(fh).await
     }
 
-    /// Ends the open: commits what is uncommitted and closes the session.
+    /// Ends the open: sends buffered writes, commits what is uncommitted and closes the
+    /// session. The session is closed even when a write failed; the failure is returned.
     pub async fn release(&self, fh: &FileHandle) -> Result<()> {
         let pending = fh.state.pending_commit();
+        let flushed = self.flush_writes(&fh.state).await;
+        // The length and mtime are committed even when a write failed (as a local file
+        // system keeps the size of a write whose page failed to reach the disk): the
+        // bytes that did arrive become visible, and the changed mtime tells every other
+        // client's next open that its cached bytes are stale. The failure is returned.
         let req = MetaRequest::Release {
             session: fh.session,
             commit: pending.map(|(c, _)| c),
@@ -419,23 +435,28 @@ impl Client {
         if let Some((_, generation)) = pending {
             fh.state.committed(generation);
         }
-        Ok(())
+        flushed
     }
 
     /// Appends `data` at the end of the file as the metadata server sees it (`O_APPEND`):
     /// the range is reserved there first, so appenders on several clients never overlap.
-    /// Returns where the bytes went.
+    /// Earlier buffered writes go first; the append itself is written through. Returns
+    /// where the bytes went.
     pub async fn append(&self, fh: &FileHandle, data: &[u8]) -> Result<u64> {
         self.commit_pending(&fh.state).await?;
+        let before = fh.state.write_gen();
         let req = MetaRequest::Append {
             ino: fh.ino(),
             len: data.len() as u64,
         };
         let offset = expect_reply!(self.meta(req).await?, MetaReply::Offset(o) => o)?;
-        self.write(fh, offset, data).await?;
-        // The reservation already committed the length: nothing is left to report.
+        self.write_through(fh, offset, data).await?;
+        // The reservation already committed this write's length. Writes through other
+        // handles that landed meanwhile were not: then the commit stays due.
         if let Some((_, generation)) = fh.state.pending_commit() {
-            fh.state.committed(generation);
+            if generation == before + 1 {
+                fh.state.committed(generation);
+            }
         }
         Ok(offset)
     }
@@ -472,14 +493,16 @@ impl Client {
         }
     }
 
-    /// Zeroes `[offset, end)` (clamped to the file's length) on the data servers.
+    /// Zeroes `[offset, end)` (clamped to the file's length) on the data servers, after
+    /// the buffered writes (which may cover the range) went out.
     async fn punch(&self, fh: &FileHandle, offset: u64, end: u64) -> Result<()> {
+        self.flush_writes(&fh.state).await?;
         let end = end.min(fh.state.size());
         if offset >= end {
             return Ok(());
         }
         let layout = &fh.state.layout;
-        let ps = pieces(layout, fh.ino(), offset, (end - offset) as usize)?;
+        let ps = pieces(layout, fh.ino(), offset, (end - offset) as usize, 0)?;
         let zero = ps.iter().map(|p| async move {
             let conn = self.data_conn(p.node).await?;
             let req = DataRequest::WriteZeros {
@@ -490,9 +513,13 @@ impl Client {
             };
             rpc::data_call(&self.ep, &conn, &req).await
         });
-        futures::future::try_join_all(zero).await?;
+        let zeroed = futures::future::try_join_all(zero).await;
+        // Dropped after the zeros are stored, so no fetch can cache the old bytes.
+        fh.state.drop_cache();
+        zeroed?;
         let chunks: Vec<_> = ps.iter().map(|p| (p.node, p.chunk)).collect();
-        fh.state.wrote(0, &chunks);
+        fh.state.stored(&chunks);
+        fh.state.wrote(0);
         Ok(())
     }
 

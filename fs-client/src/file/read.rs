@@ -1,0 +1,348 @@
+//! Reads: through the readahead cache while a handle reads sequentially, straight into
+//! a pooled buffer otherwise.
+//!
+//! Rules that keep cached bytes correct, all decided under the file's `io` lock:
+//! - a read whose segment has buffered writes sends them and waits first (the bytes on
+//!   the data servers are then the newest), and no fetch starts for such a segment;
+//! - a write drops the cached segment it lands in (see `write.rs`), so a segment fetched
+//!   before the write is never served after it;
+//! - a segment fetched while the file was shorter is not used for bytes past what it
+//!   holds;
+//! - a new open that finds the file changed on the server drops the whole cache
+//!   (`FileState::opened`), and so do truncation and hole punching.
+
+use super::readahead::RaParams;
+use super::{FileHandle, FileState};
+use crate::client::Client;
+use crate::error::{ClientError, Result};
+use crate::segpool::SegBuf;
+use futures::stream::{self, StreamExt, TryStreamExt};
+use proto::WireError;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::sync::watch;
+use transport::PooledBuf;
+
+/// Buffer-sized windows of one large `Client::read` kept in flight at once.
+const WINDOWS_IN_FLIGHT: usize = 4;
+
+/// Read segments a handle keeps behind the segment it reads: reads that the kernel
+/// sends in parallel arrive a little out of order, and should not fetch twice.
+const SEGMENTS_KEPT_BEHIND: u64 = 1;
+
+/// One aligned segment of a file, fetched (or being fetched) into a registered buffer.
+pub(crate) struct CacheSeg {
+    /// File offset of its first byte.
+    start: u64,
+    /// Bytes fetched: the segment, or less where the file ended when it was fetched.
+    len: usize,
+    buf: SegBuf,
+    /// `None` while the fetch runs, then its outcome.
+    done: watch::Sender<Option<std::result::Result<(), WireError>>>,
+}
+
+impl CacheSeg {
+    /// Whether it holds file bytes `[offset, end)`.
+    fn holds(&self, offset: u64, end: u64) -> bool {
+        self.start <= offset && end <= self.start + self.len as u64
+    }
+
+    /// Waits until the fetch ends.
+    async fn wait(&self) -> Result<()> {
+        let mut rx = self.done.subscribe();
+        let outcome = rx.wait_for(Option::is_some).await;
+        match outcome.as_deref() {
+            Ok(Some(Ok(()))) => Ok(()),
+            Ok(Some(Err(e))) => Err(ClientError::Remote(e.clone())),
+            // The sender lives in `self`: it cannot be gone while we wait on it.
+            Ok(None) | Err(_) => Err(ClientError::Protocol("fetch abandoned".into())),
+        }
+    }
+}
+
+/// Bytes read, held where they landed; dropping it releases the buffer.
+pub struct ReadBuf<'a> {
+    held: Held<'a>,
+    len: usize,
+}
+
+enum Held<'a> {
+    /// A buffer of the mount's I/O pool, bytes from its start.
+    Pooled(PooledBuf<'a>),
+    /// A cached segment, bytes from this offset in it.
+    Segment(Arc<CacheSeg>, usize),
+    /// Bytes assembled from several segments.
+    Owned(Vec<u8>),
+}
+
+impl ReadBuf<'_> {
+    /// Number of bytes read.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing was read (end of file).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Runs `f` on the bytes, without copying them.
+    pub fn with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        match &self.held {
+            Held::Pooled(buf) => f(&buf.mr().lock()[..self.len]),
+            Held::Segment(seg, at) => f(&seg.buf.mr().lock()[*at..*at + self.len]),
+            Held::Owned(v) => f(&v[..self.len]),
+        }
+    }
+
+    /// The bytes, copied.
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.with(|b| b.to_vec())
+    }
+}
+
+/// What a read does, decided under the file's lock.
+enum Plan {
+    /// Buffered writes cover part of the range: send these, then decide again.
+    SendWrites(Vec<Arc<super::WriteSeg>>),
+    /// Serve from these segments (in order), fetched or being fetched.
+    Cached(Vec<Arc<CacheSeg>>),
+    /// Read exactly the range into a pooled buffer.
+    Direct,
+}
+
+impl Client {
+    fn ra_params(&self) -> RaParams {
+        RaParams {
+            seg_bytes: self.read_pool.seg_bytes() as u64,
+            max_bytes: self.config.readahead_max_bytes,
+        }
+    }
+
+    /// Reads up to one I/O buffer of bytes at `offset`, stopping at the end of the file.
+    /// The bytes stay in a registered buffer, so a FUSE reply copies them straight out.
+    pub async fn read_buf(&self, fh: &FileHandle, offset: u64, len: usize) -> Result<ReadBuf<'_>> {
+        let size = fh.state.size();
+        let len = len.min(self.pool.buffer_bytes());
+        let len = if offset >= size {
+            0
+        } else {
+            len.min((size - offset) as usize)
+        };
+        if fh.atime_due.swap(false, Ordering::Relaxed) {
+            self.accessed(fh.ino()).await;
+        }
+        if len == 0 {
+            return Ok(ReadBuf {
+                held: Held::Owned(Vec::new()),
+                len: 0,
+            });
+        }
+        let window = fh
+            .readahead
+            .lock()
+            .observe(offset, len as u64, self.ra_params());
+        loop {
+            match self.plan_read(&fh.state, offset, len, window, size)? {
+                Plan::SendWrites(segs) => self.send_and_wait(&fh.state, &segs).await,
+                Plan::Cached(segs) => match self.serve_segments(&segs, offset, len).await {
+                    Ok(buf) => return Ok(buf),
+                    // A failed prefetch (a corrupt block somewhere in the segment, a
+                    // lost connection) must not fail reads of good bytes: read the range.
+                    Err(e) => {
+                        tracing::debug!(error = %e, "segment fetch failed, reading directly");
+                        return self.read_direct(&fh.state, offset, len).await;
+                    }
+                },
+                Plan::Direct => return self.read_direct(&fh.state, offset, len).await,
+            }
+        }
+    }
+
+    /// Decides how to serve `[offset, offset + len)` with `window` bytes of readahead,
+    /// starting the fetches it needs.
+    fn plan_read(
+        &self,
+        st: &Arc<FileState>,
+        offset: u64,
+        len: usize,
+        window: u64,
+        size: u64,
+    ) -> Result<Plan> {
+        let seg = self.read_pool.seg_bytes() as u64;
+        let end = offset + len as u64;
+        let (first, last) = (offset / seg, (end - 1) / seg);
+        let mut io = st.io.lock();
+        let writes: Vec<_> = io
+            .dirty
+            .range(first..=last)
+            .map(|(_, s)| s.clone())
+            .collect();
+        if !writes.is_empty() {
+            return Ok(Plan::SendWrites(writes));
+        }
+        if window == 0 {
+            // Random access: use what is cached or on its way, fetch nothing more.
+            let cached: Option<Vec<_>> = (first..=last)
+                .map(|k| {
+                    io.cache
+                        .get(&k)
+                        .filter(|c| c.holds(offset.max(k * seg), end.min((k + 1) * seg)))
+                        .cloned()
+                })
+                .collect();
+            return Ok(cached.map_or(Plan::Direct, Plan::Cached));
+        }
+        let mut needed = Vec::new();
+        for k in first..=last {
+            let wanted = (offset.max(k * seg), end.min((k + 1) * seg));
+            match io.cache.get(&k).filter(|c| c.holds(wanted.0, wanted.1)) {
+                Some(c) => needed.push(c.clone()),
+                None => match self.start_fetch(st, &mut io.cache, k, size)? {
+                    Some(c) => needed.push(c),
+                    // The mount's readahead memory is in use: read just the range.
+                    None => return Ok(Plan::Direct),
+                },
+            }
+        }
+        let ahead_end = end.saturating_add(window).min(size);
+        for k in last + 1..ahead_end.div_ceil(seg) {
+            if io.dirty.contains_key(&k) || io.cache.contains_key(&k) {
+                continue;
+            }
+            if self.start_fetch(st, &mut io.cache, k, size)?.is_none() {
+                break;
+            }
+        }
+        // Segments just behind the reader are done with: the kernel holds their bytes
+        // now. Only those this stream can have passed since its last read go (it moves
+        // at most a window and a read per read): other handles of the file may be
+        // reading further back, and their prefetched segments stay.
+        let keep_from = first.saturating_sub(SEGMENTS_KEPT_BEHIND);
+        let passed_from = keep_from.saturating_sub(window / seg + 2);
+        let passed: Vec<u64> = io
+            .cache
+            .range(passed_from..keep_from)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in passed {
+            io.cache.remove(&k);
+        }
+        Ok(Plan::Cached(needed))
+    }
+
+    /// Starts fetching segment `k` into a buffer of the readahead pool and records it in
+    /// `cache`; `None` when the pool has no buffer free.
+    fn start_fetch(
+        &self,
+        st: &Arc<FileState>,
+        cache: &mut std::collections::BTreeMap<u64, Arc<CacheSeg>>,
+        k: u64,
+        size: u64,
+    ) -> Result<Option<Arc<CacheSeg>>> {
+        let seg = self.read_pool.seg_bytes() as u64;
+        let start = k * seg;
+        if start >= size {
+            return Ok(None);
+        }
+        let Some(buf) = self.read_pool.try_take()? else {
+            return Ok(None);
+        };
+        let len = (size - start).min(seg) as usize;
+        let (done, _) = watch::channel(None);
+        let c = Arc::new(CacheSeg {
+            start,
+            len,
+            buf,
+            done,
+        });
+        cache.insert(k, c.clone());
+        let (client, st, fetch) = (self.arc(), st.clone(), c.clone());
+        self.rt.spawn(async move {
+            let r = client
+                .transfer_range(&st, fetch.start, fetch.len, fetch.buf.mr(), 0, false)
+                .await;
+            if r.is_err() {
+                // Forget it, so that a later read tries again.
+                let mut io = st.io.lock();
+                if io.cache.get(&k).is_some_and(|c| Arc::ptr_eq(c, &fetch)) {
+                    io.cache.remove(&k);
+                }
+            }
+            let outcome = r
+                .map(drop)
+                .map_err(|e| WireError::new(e.code(), e.to_string()));
+            fetch.done.send_replace(Some(outcome));
+        });
+        Ok(Some(c))
+    }
+
+    /// Waits for `segs` and returns `[offset, offset + len)` from them.
+    async fn serve_segments(
+        &self,
+        segs: &[Arc<CacheSeg>],
+        offset: u64,
+        len: usize,
+    ) -> Result<ReadBuf<'_>> {
+        for s in segs {
+            s.wait().await?;
+        }
+        if let [only] = segs {
+            let at = (offset - only.start) as usize;
+            return Ok(ReadBuf {
+                held: Held::Segment(only.clone(), at),
+                len,
+            });
+        }
+        // A read across a segment boundary: one copy to make the bytes contiguous.
+        let mut out = Vec::with_capacity(len);
+        let end = offset + len as u64;
+        for s in segs {
+            let from = offset.max(s.start);
+            let to = end.min(s.start + s.len as u64);
+            let r = (from - s.start) as usize..(to - s.start) as usize;
+            out.extend_from_slice(&s.buf.mr().lock()[r]);
+        }
+        Ok(ReadBuf {
+            held: Held::Owned(out),
+            len,
+        })
+    }
+
+    /// Reads exactly `[offset, offset + len)` into a buffer of the I/O pool.
+    async fn read_direct(&self, st: &FileState, offset: u64, len: usize) -> Result<ReadBuf<'_>> {
+        let buf = self.pool.take().await;
+        self.transfer_range(st, offset, len, buf.mr(), 0, false)
+            .await?;
+        Ok(ReadBuf {
+            held: Held::Pooled(buf),
+            len,
+        })
+    }
+
+    /// Reads up to `len` bytes at `offset` (fewer at the end of the file).
+    pub async fn read(&self, fh: &FileHandle, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let step = self.pool.buffer_bytes();
+        let windows: Vec<(u64, usize)> = (0..len)
+            .step_by(step)
+            .map(|o| (offset + o as u64, step.min(len - o)))
+            .collect();
+        let parts: Vec<Vec<u8>> =
+            stream::iter(windows)
+                .map(|(o, n)| async move {
+                    Ok::<_, ClientError>(self.read_buf(fh, o, n).await?.to_vec())
+                })
+                .buffered(WINDOWS_IN_FLIGHT)
+                .try_collect()
+                .await?;
+        let mut out = Vec::with_capacity(len);
+        for p in parts {
+            let short = p.len() < step;
+            out.extend_from_slice(&p);
+            if short {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}

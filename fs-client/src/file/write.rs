@@ -1,0 +1,334 @@
+//! Writes: copied into per-file segment buffers and acknowledged; segments go to the
+//! data servers in the background, many at once, as large chunk writes.
+//!
+//! - A segment is sent when its last byte is written (a sequential writer filled it),
+//!   when it holds too many separate ranges, when the file or the mount runs out of
+//!   write-buffer room, and before anything that must see the bytes on the data
+//!   servers: a read of the segment, flush (close), fsync, truncation, hole punching,
+//!   an `O_APPEND` write. Once sent, it is sealed: a later write to it waits until the
+//!   transfer ended and starts a new segment, so two versions of the same bytes are
+//!   never in flight at once and the newest always lands last.
+//! - Writers of different segments share only the file's short `io` lock; each copies
+//!   under its segment's own lock. Nothing is held across a network call.
+//! - A failed transfer is kept in the file's state: the next write, flush, fsync and
+//!   close return it (as an errno through FUSE).
+
+use super::extents::Extents;
+use super::{check_range, FileHandle, FileState};
+use crate::client::Client;
+use crate::error::{ClientError, Result};
+use crate::segpool::SegBuf;
+use parking_lot::Mutex;
+use proto::WireError;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// How long a writer waiting for write-buffer memory waits before it sends the
+/// half-filled segments of all files again.
+const MOUNT_FULL_RESEND: Duration = Duration::from_millis(20);
+
+/// One aligned segment of a file with buffered bytes.
+pub(crate) struct WriteSeg {
+    index: u64,
+    buf: SegBuf,
+    state: Mutex<SegState>,
+    /// Set once the segment was sent (or failed) and left the file's map.
+    done: watch::Sender<bool>,
+}
+
+struct SegState {
+    extents: Extents,
+    /// Being sent: the bytes must not change any more.
+    sealed: bool,
+}
+
+impl WriteSeg {
+    async fn wait_done(&self) {
+        let mut rx = self.done.subscribe();
+        // The sender lives in `self`, so the wait ends only when the flag is set.
+        let _ = rx.wait_for(|d| *d).await;
+    }
+}
+
+/// What one attempt to buffer a piece of a write found.
+enum Step {
+    /// The bytes are in the buffer.
+    Done,
+    /// The segment is being sent: wait for it, then try again.
+    WaitSent(Arc<WriteSeg>),
+    /// The file has as many segments as its budget allows: send these, wait for any
+    /// to finish, try again.
+    FileFull(Vec<Arc<WriteSeg>>),
+    /// The mount's write-buffer memory is in use.
+    MountFull,
+}
+
+impl Client {
+    /// Whether writes are buffered (else each goes to the data servers before returning).
+    fn buffers_writes(&self) -> bool {
+        self.config.write_buffer_file_bytes > 0
+    }
+
+    /// Segments one file may hold buffered or in flight.
+    fn max_segments_per_file(&self) -> usize {
+        (self.config.write_buffer_file_bytes / self.write_pool.seg_bytes() as u64).max(1) as usize
+    }
+
+    /// Writes `data` at `offset`. With write buffering (the default) the bytes are in
+    /// this client's buffers when it returns, on their way to the data servers; a
+    /// failure to store them is returned by a later write, flush, fsync or close.
+    pub async fn write(&self, fh: &FileHandle, offset: u64, data: &[u8]) -> Result<usize> {
+        let end = check_range(offset, data.len() as u64)?;
+        if !self.buffers_writes() {
+            return self.write_through(fh, offset, data).await;
+        }
+        let seg = self.write_pool.seg_bytes();
+        let mut done = 0;
+        while done < data.len() {
+            let at = offset + done as u64;
+            let (k, in_seg) = (at / seg as u64, (at % seg as u64) as usize);
+            let n = (seg - in_seg).min(data.len() - done);
+            self.buffer_piece(&fh.state, k, in_seg, &data[done..done + n])
+                .await?;
+            done += n;
+        }
+        fh.state.wrote(end);
+        Ok(data.len())
+    }
+
+    /// Buffers a write at once if that needs no waiting (room in the file's budget and
+    /// the mount's, the segment not being sent) and it lies in one segment: then a FUSE
+    /// write is answered on the thread that read it, with no copy besides the one into
+    /// the buffer. `None`: use [`Client::write`].
+    pub fn try_write_now(
+        &self,
+        fh: &FileHandle,
+        offset: u64,
+        data: &[u8],
+    ) -> Option<Result<usize>> {
+        if !self.buffers_writes() || data.is_empty() {
+            return None;
+        }
+        let end = match check_range(offset, data.len() as u64) {
+            Ok(end) => end,
+            Err(e) => return Some(Err(e)),
+        };
+        let seg = self.write_pool.seg_bytes() as u64;
+        if offset / seg != (end - 1) / seg {
+            return None;
+        }
+        let in_seg = (offset % seg) as usize;
+        match self.try_buffer(&fh.state, offset / seg, in_seg, data) {
+            Ok(Step::Done) => {
+                fh.state.wrote(end);
+                Some(Ok(data.len()))
+            }
+            Ok(_) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// Writes `data` at `offset` straight to the data servers (no buffering).
+    pub(crate) async fn write_through(
+        &self,
+        fh: &FileHandle,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<usize> {
+        let end = check_range(offset, data.len() as u64)?;
+        fh.state.write_error()?;
+        let step = self.pool.buffer_bytes();
+        for o in (0..data.len()).step_by(step) {
+            let part = &data[o..data.len().min(o + step)];
+            let buf = self.pool.take().await;
+            buf.mr().lock()[..part.len()].copy_from_slice(part);
+            let at = offset + o as u64;
+            let sent = self
+                .transfer_range(&fh.state, at, part.len(), buf.mr(), 0, true)
+                .await;
+            // After the bytes are stored, so that no fetch can cache the old ones.
+            fh.state.drop_cache();
+            fh.state.stored(&sent?);
+        }
+        fh.state.wrote(end);
+        Ok(data.len())
+    }
+
+    /// Copies `bytes` to offset `in_seg` of segment `k`, waiting for room as needed.
+    async fn buffer_piece(
+        &self,
+        st: &Arc<FileState>,
+        k: u64,
+        in_seg: usize,
+        bytes: &[u8],
+    ) -> Result<()> {
+        loop {
+            let sent = st.sent.notified();
+            tokio::pin!(sent);
+            // Registered before looking, so a segment sent meanwhile still wakes us.
+            sent.as_mut().enable();
+            match self.try_buffer(st, k, in_seg, bytes)? {
+                Step::Done => return Ok(()),
+                Step::WaitSent(seg) => seg.wait_done().await,
+                Step::FileFull(idle) => {
+                    for seg in &idle {
+                        self.send_segment(st, seg);
+                    }
+                    sent.await;
+                }
+                Step::MountFull => {
+                    let buf = self.take_write_buffer().await?;
+                    let mut io = st.io.lock();
+                    if !io.dirty.contains_key(&k) && io.dirty.len() < self.max_segments_per_file() {
+                        io.dirty.insert(k, new_segment(k, buf));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits for a buffer of the mount's write pool. Buffers may sit in half-filled
+    /// segments of idle writers: those are sent first, or a writer here could wait for
+    /// memory nobody will free. They are sent again on every tick of the wait, as a
+    /// buffer that came back may have gone to another writer's new segment meanwhile.
+    async fn take_write_buffer(&self) -> Result<SegBuf> {
+        loop {
+            self.send_all_buffered();
+            let wait = tokio::time::timeout(MOUNT_FULL_RESEND, self.write_pool.take());
+            if let Ok(buf) = wait.await {
+                return buf;
+            }
+        }
+    }
+
+    /// One attempt to buffer `bytes` at `in_seg` of segment `k`, without waiting.
+    fn try_buffer(&self, st: &Arc<FileState>, k: u64, in_seg: usize, bytes: &[u8]) -> Result<Step> {
+        let seg = {
+            let mut io = st.io.lock();
+            if let Some(e) = &io.error {
+                return Err(ClientError::Remote(e.clone()));
+            }
+            // Whatever was fetched of this segment is older than this write.
+            io.cache.remove(&k);
+            match io.dirty.get(&k) {
+                Some(seg) => seg.clone(),
+                None if io.dirty.len() >= self.max_segments_per_file() => {
+                    let idle = io.dirty.values().filter(|s| !s.state.lock().sealed);
+                    return Ok(Step::FileFull(idle.cloned().collect()));
+                }
+                None => match self.write_pool.try_take()? {
+                    Some(buf) => {
+                        let seg = new_segment(k, buf);
+                        io.dirty.insert(k, seg.clone());
+                        seg
+                    }
+                    None => return Ok(Step::MountFull),
+                },
+            }
+        };
+        let range = in_seg as u32..(in_seg + bytes.len()) as u32;
+        let full = {
+            let mut s = seg.state.lock();
+            if s.sealed {
+                return Ok(Step::WaitSent(seg.clone()));
+            }
+            if s.extents.would_overflow(&range) {
+                drop(s);
+                self.send_segment(st, &seg);
+                return Ok(Step::WaitSent(seg));
+            }
+            seg.buf.mr().lock()[range.start as usize..range.end as usize].copy_from_slice(bytes);
+            s.extents.add(range.clone());
+            // A sequential writer has moved past it: no reason to wait any longer.
+            range.end as usize == self.write_pool.seg_bytes()
+        };
+        if full {
+            self.send_segment(st, &seg);
+        }
+        Ok(Step::Done)
+    }
+
+    /// Seals `seg` and sends its ranges in the background (nothing if already sent).
+    fn send_segment(&self, st: &Arc<FileState>, seg: &Arc<WriteSeg>) {
+        let extents = {
+            let mut s = seg.state.lock();
+            if s.sealed {
+                return;
+            }
+            s.sealed = true;
+            s.extents.clone()
+        };
+        let (client, st, seg) = (self.arc(), st.clone(), seg.clone());
+        self.rt.spawn(async move {
+            let base = seg.index * client.write_pool.seg_bytes() as u64;
+            let sends = extents.ranges().iter().map(|r| {
+                let (at, len) = (base + u64::from(r.start), (r.end - r.start) as usize);
+                client.transfer_range(&st, at, len, seg.buf.mr(), r.start as usize, true)
+            });
+            let r = futures::future::try_join_all(sends).await;
+            match r {
+                Ok(chunks) => st.stored(&chunks.concat()),
+                Err(e) => {
+                    tracing::warn!(ino = %st.ino, error = %e, "a buffered write failed");
+                    st.io
+                        .lock()
+                        .error
+                        .get_or_insert(WireError::new(e.code(), e.to_string()));
+                }
+            }
+            {
+                let mut io = st.io.lock();
+                if io
+                    .dirty
+                    .get(&seg.index)
+                    .is_some_and(|s| Arc::ptr_eq(s, &seg))
+                {
+                    io.dirty.remove(&seg.index);
+                }
+            }
+            seg.done.send_replace(true);
+            st.sent.notify_waiters();
+        });
+    }
+
+    /// Sends `segs` and waits until each has been stored or failed.
+    pub(super) async fn send_and_wait(&self, st: &Arc<FileState>, segs: &[Arc<WriteSeg>]) {
+        for seg in segs {
+            self.send_segment(st, seg);
+        }
+        for seg in segs {
+            seg.wait_done().await;
+        }
+    }
+
+    /// Sends every write buffered for the file so far and waits for them; fails if any
+    /// write of the file ever failed.
+    pub(crate) async fn flush_writes(&self, st: &Arc<FileState>) -> Result<()> {
+        let segs: Vec<_> = st.io.lock().dirty.values().cloned().collect();
+        self.send_and_wait(st, &segs).await;
+        st.write_error()
+    }
+
+    /// Starts sending the buffered segments of every open file of this client.
+    fn send_all_buffered(&self) {
+        for st in self.open_files() {
+            let segs: Vec<_> = st.io.lock().dirty.values().cloned().collect();
+            for seg in &segs {
+                self.send_segment(&st, seg);
+            }
+        }
+    }
+}
+
+fn new_segment(index: u64, buf: SegBuf) -> Arc<WriteSeg> {
+    Arc::new(WriteSeg {
+        index,
+        buf,
+        state: Mutex::new(SegState {
+            extents: Extents::default(),
+            sealed: false,
+        }),
+        done: watch::channel(false).0,
+    })
+}
