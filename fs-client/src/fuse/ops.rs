@@ -2,7 +2,7 @@
 //! the task.
 
 use super::attr::{file_type, fuse_attr, kind_of_mode};
-use super::dir::DirHandle;
+use super::dir::{DirHandle, Listed};
 use super::{errno, Freshness, Inner, TesseraFs};
 use crate::error::ClientError;
 use fuser::{
@@ -83,6 +83,28 @@ impl Inner {
     fn attr(&self, reply: ReplyAttr, r: Result<Attr, ClientError>) {
         let (ttl, blk) = (self.attr_ttl, self.blksize);
         finish(reply, r, |reply, a| reply.attr(&ttl, &fuse_attr(&a, blk)));
+    }
+
+    /// Entries of open directory `fh` from `offset` on: at most `max`, with attributes if
+    /// `plus`; `None` if `fh` is not an open directory.
+    async fn list(
+        &self,
+        i: INodeNo,
+        fh: Fh,
+        offset: u64,
+        max: usize,
+        plus: bool,
+    ) -> Option<Result<Vec<Listed>, ClientError>> {
+        let dir = self.dirs.lock().get(&fh.0).cloned()?;
+        let mut dir = dir.lock().await;
+        let page = dir.entries_from(&self.client, offset, max, plus);
+        // A listing from the top reads the directory: its atime moves as `relatime` says
+        // (ext4 does this on every readdir; once per listing is what shows).
+        Some(if offset == 0 {
+            tokio::join!(page, self.client.accessed(ino(i))).0
+        } else {
+            page.await
+        })
     }
 }
 
@@ -548,18 +570,9 @@ impl fuser::Filesystem for TesseraFs {
     fn readdir(&self, _req: &Request, i: INodeNo, fh: Fh, offset: u64, reply: ReplyDirectory) {
         let inner = self.inner.clone();
         self.spawn(async move {
-            let Some(dir) = inner.dirs.lock().get(&fh.0).cloned() else {
-                return reply.error(Errno::EBADF);
-            };
-            let mut dir = dir.lock().await;
             // The reply buffer holds a few hundred names; ask for a page-sized slice.
-            let page = dir.entries_from(&inner.client, offset, 256, false);
-            // A listing from the top reads the directory: its atime moves as `relatime`
-            // says (ext4 does this on every readdir; once per listing is what shows).
-            let r = if offset == 0 {
-                tokio::join!(page, inner.client.accessed(ino(i))).0
-            } else {
-                page.await
+            let Some(r) = inner.list(i, fh, offset, 256, false).await else {
+                return reply.error(Errno::EBADF);
             };
             finish(reply, r, |mut reply, entries| {
                 for e in entries {
@@ -583,16 +596,9 @@ impl fuser::Filesystem for TesseraFs {
     ) {
         let inner = self.inner.clone();
         self.spawn(async move {
-            let Some(dir) = inner.dirs.lock().get(&fh.0).cloned() else {
-                return reply.error(Errno::EBADF);
-            };
-            let mut dir = dir.lock().await;
             // Entries with attributes are about three times larger: a smaller slice.
-            let page = dir.entries_from(&inner.client, offset, 96, true);
-            let r = if offset == 0 {
-                tokio::join!(page, inner.client.accessed(ino(i))).0
-            } else {
-                page.await
+            let Some(r) = inner.list(i, fh, offset, 96, true).await else {
+                return reply.error(Errno::EBADF);
             };
             let (ttl, blk) = (inner.entry_ttl, inner.blksize);
             finish(reply, r, |mut reply, entries| {
