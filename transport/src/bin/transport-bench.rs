@@ -27,6 +27,8 @@ const APP: u16 = 0xbe;
 const MAX_BULK_BYTES: usize = 16 << 20;
 const CALL_SIZES: [usize; 6] = [64, 256, 1024, 4096, 16384, 65536];
 const BULK_SIZES: [usize; 5] = [4096, 65536, 1 << 20, 4 << 20, 16 << 20];
+/// Untimed calls before each latency row (the same for the plain ping-pong).
+const WARM_UP: Duration = Duration::from_millis(250);
 /// Most calls timed per size (bounds a run when calls are fast).
 const MAX_SAMPLES: usize = 200_000;
 
@@ -123,7 +125,10 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 
 async fn call_latency(conn: &Connection, size: usize, secs: f64) -> Result<Vec<Duration>, String> {
     let msg = Bytes::from(vec![7u8; size]);
-    for _ in 0..100 {
+    // Untimed warm-up: the first row would otherwise also time the runtimes' threads
+    // waking from their idle parking and cold caches on both sides.
+    let warm = Instant::now() + WARM_UP;
+    while Instant::now() < warm {
         conn.call(msg.clone()).await.map_err(|e| e.to_string())?;
     }
     let mut samples = Vec::new();
@@ -198,6 +203,11 @@ fn plain_pingpong(secs: f64) -> std::io::Result<Vec<Duration>> {
     let mut c = std::net::TcpStream::connect(addr)?;
     c.set_nodelay(true)?;
     let mut b = [7u8; 64];
+    let warm = Instant::now() + WARM_UP;
+    while Instant::now() < warm {
+        c.write_all(&b)?;
+        c.read_exact(&mut b)?;
+    }
     let mut samples = Vec::new();
     let end = Instant::now() + Duration::from_secs_f64(secs);
     while Instant::now() < end && samples.len() < MAX_SAMPLES {
@@ -209,7 +219,7 @@ fn plain_pingpong(secs: f64) -> std::io::Result<Vec<Duration>> {
     drop(c);
     let _ = echo.join();
     samples.sort();
-    Ok(samples.split_off(samples.len().min(100)))
+    Ok(samples)
 }
 
 fn human(size: usize) -> String {
