@@ -6,6 +6,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
+use tessera_tests::posix::check_output;
 use tessera_tests::{pseudo_random, sha256_hex, ProcessCluster};
 
 fn sh(cmd: &str, cwd: &Path) -> String {
@@ -15,14 +16,7 @@ fn sh(cmd: &str, cwd: &Path) -> String {
         .current_dir(cwd)
         .output()
         .expect("sh runs");
-    assert!(
-        out.status.success(),
-        "`{cmd}` failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    check_output(cmd, &out)
 }
 
 fn sha256_file(p: &Path) -> String {

@@ -4,6 +4,7 @@
 use std::fs;
 use std::path::Path;
 use std::process::Command;
+use tessera_tests::posix::check_output;
 use tessera_tests::{pseudo_random, ProcessCluster};
 
 fn run(cmd: &str, cwd: &Path) -> String {
@@ -15,14 +16,7 @@ fn run(cmd: &str, cwd: &Path) -> String {
         .env("HOME", cwd)
         .output()
         .expect("sh runs");
-    assert!(
-        out.status.success(),
-        "`{cmd}` failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    check_output(cmd, &out)
 }
 
 /// A source tree with nested directories, text and binary files, a symlink, an
