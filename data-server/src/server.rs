@@ -1,9 +1,10 @@
 //! A running data server: the listener, its registration with the metadata server, and
 //! the heartbeat that carries garbage-collection work back.
 
+use crate::cluster::ClusterView;
 use crate::config::DataConfig;
 use crate::error::DataError;
-use crate::service::DataService;
+use crate::service::{DataService, Pools, Resync};
 use crate::store::ChunkStore;
 use bytes::Bytes;
 use proto::meta::{GcTask, MetaReply, MetaRequest, MetaResult};
@@ -25,6 +26,7 @@ pub struct DataServer {
     advertise: String,
     node: watch::Receiver<Option<NodeId>>,
     heartbeat: JoinHandle<()>,
+    resync: JoinHandle<()>,
     store: Arc<ChunkStore>,
 }
 
@@ -49,9 +51,19 @@ impl DataServer {
         let limits = config.transport_limits.clone();
         let ep = Endpoint::new(config.transport, limits.clone(), PROTOCOL_VERSION)
             .map_err(|e| startup("transport", e))?;
-        let pool = BufferPool::new(&ep, config.io_buffers, config.io_buffer_bytes)
-            .map_err(|e| startup("registering buffers", e))?;
-        let service = DataService::new(store.clone(), pool, limits.max_msg_bytes);
+        let buffers = |count| {
+            BufferPool::new(&ep, count, config.io_buffer_bytes)
+                .map_err(|e| startup("registering buffers", e))
+        };
+        let pools = Pools {
+            io: buffers(config.io_buffers)?,
+            relay: buffers(config.io_buffers.div_ceil(2))?,
+            tail: buffers(config.io_buffers.div_ceil(2))?,
+        };
+        let view = Arc::new(ClusterView::new(ep.clone(), config.meta_addr.clone()));
+        let service = DataService::new(store.clone(), pools, limits.max_msg_bytes, view.clone());
+        let interval = Duration::from_millis(config.heartbeat_ms);
+        let resync_task = service.resync(interval);
         let listener = ep
             .listen(&config.listen, Arc::new(service))
             .await
@@ -67,15 +79,19 @@ impl DataServer {
             meta: Link::new(config.meta_addr.clone()),
             store: store.clone(),
             advertise: advertise.clone(),
-            interval: Duration::from_millis(config.heartbeat_ms),
+            interval,
+            view,
+            resync: resync_task.clone(),
         };
         let heartbeat = tokio::spawn(beat.run(tx));
+        let resync = tokio::spawn(resync_task.run());
         info!(addr = %listener.local_addr(), %advertise, "data server started");
         Ok(DataServer {
             listener,
             advertise,
             node: rx,
             heartbeat,
+            resync,
             store,
         })
     }
@@ -88,6 +104,11 @@ impl DataServer {
     /// The address clients are told to use.
     pub fn advertise(&self) -> &str {
         &self.advertise
+    }
+
+    /// The id the metadata server gave this server, once registered.
+    pub fn node_id(&self) -> Option<NodeId> {
+        *self.node.borrow()
     }
 
     /// The chunk store (for tests and tools).
@@ -105,6 +126,7 @@ impl DataServer {
     /// Stops serving: closes every connection and the heartbeat.
     pub fn shutdown(&self) {
         self.heartbeat.abort();
+        self.resync.abort();
         self.listener.shutdown();
     }
 }
@@ -141,6 +163,8 @@ struct Heartbeat {
     store: Arc<ChunkStore>,
     advertise: String,
     interval: Duration,
+    view: Arc<ClusterView>,
+    resync: Resync,
 }
 
 impl Heartbeat {
@@ -212,6 +236,7 @@ impl Heartbeat {
             }
         };
         info!(%node, "registered with the metadata server");
+        self.view.set_me(node);
         let _ = registered.send(Some(node));
         let mut done: Vec<GcTask> = Vec::new();
         loop {
@@ -222,10 +247,15 @@ impl Heartbeat {
                 capacity_bytes,
                 used_bytes,
                 done: done.clone(),
+                map_version: self.view.current().version,
+                resync: self.resync.report(),
             };
             match self.call(&req).await {
-                Ok(MetaReply::Gc(tasks)) => {
-                    done = self.collect(tasks).await;
+                Ok(MetaReply::Beat { gc, map }) => {
+                    if let Some(map) = map {
+                        self.view.offer(map);
+                    }
+                    done = self.collect(gc).await;
                 }
                 Ok(other) => warn!(reply = ?other, "unexpected heartbeat reply"),
                 Err(e) => warn!(error = %e, "heartbeat failed"),

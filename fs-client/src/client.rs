@@ -6,7 +6,9 @@ use crate::file::{FileHandle, FileState};
 use crate::rpc::{self, expect_reply, DataLinks, RpcCounts, RpcEndpoint};
 use crate::segpool::SegPool;
 use parking_lot::Mutex;
-use proto::meta::{Caller, DirEntry, LockSpec, MetaReply, MetaRequest, RenameMode, XattrMode};
+use proto::meta::{
+    Caller, ClusterMap, DirEntry, LockSpec, MetaReply, MetaRequest, RenameMode, XattrMode,
+};
 use proto::{Attr, ClientId, FileKind, InodeId, Layout, NodeId, SetAttr, PROTOCOL_VERSION};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -48,6 +50,8 @@ pub struct Client {
     pub(crate) id: ClientId,
     pub(crate) files: Mutex<HashMap<InodeId, Weak<FileState>>>,
     layouts: Mutex<HashMap<InodeId, Layout>>,
+    /// The cluster map last fetched.
+    pub(crate) map: parking_lot::RwLock<Arc<ClusterMap>>,
 }
 
 impl Client {
@@ -80,6 +84,7 @@ impl Client {
             id,
             files: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
+            map: parking_lot::RwLock::new(Arc::new(ClusterMap::default())),
         });
         client.refresh_map().await?;
         Ok(client)
@@ -119,9 +124,19 @@ impl Client {
     /// Re-reads the list of data servers.
     pub(crate) async fn refresh_map(&self) -> Result<()> {
         let map = self.meta(MetaRequest::ClusterMap).await?;
-        let nodes = expect_reply!(map, MetaReply::Map { nodes } => nodes)?;
-        self.data.update(&nodes);
+        let map = expect_reply!(map, MetaReply::Map(m) => m)?;
+        self.data.update(&map.nodes);
+        let mut current = self.map.write();
+        if map.version >= current.version {
+            *current = Arc::new(map);
+        }
         Ok(())
+    }
+
+    /// The cluster map, fresh from the metadata server.
+    pub async fn cluster_map(&self) -> Result<Arc<ClusterMap>> {
+        self.refresh_map().await?;
+        Ok(self.map.read().clone())
     }
 
     /// A live connection to data server `node`, refreshing the map if it is unknown.

@@ -52,6 +52,10 @@ pub struct ClientConfig {
     pub fuse_threads: usize,
     /// Let users other than the mounting one use the mount (`allow_other`).
     pub allow_other: bool,
+    /// How long a read, write, fsync or truncation keeps retrying while a data server is
+    /// unreachable, waiting for the metadata server to take it out of its chains (its
+    /// `node_lease_ms` plus a heartbeat), in milliseconds.
+    pub failover_timeout_ms: u64,
 }
 
 impl Default for ClientConfig {
@@ -73,6 +77,7 @@ impl Default for ClientConfig {
             writeback_cache: false,
             fuse_threads: 4,
             allow_other: true,
+            failover_timeout_ms: 30_000,
         }
     }
 }
@@ -98,6 +103,9 @@ impl ClientConfig {
         self.validate_buffers()?;
         if !(1..=64).contains(&self.fuse_threads) {
             return Err("fuse_threads must be between 1 and 64".into());
+        }
+        if !(100..=600_000).contains(&self.failover_timeout_ms) {
+            return Err("failover_timeout_ms must be between 100 and 600000".into());
         }
         Ok(())
     }

@@ -114,6 +114,10 @@ fn idempotent(req: &MetaRequest) -> bool {
         | R::RegisterData { .. }
         | R::Heartbeat { .. }
         | R::ClusterMap
+        | R::Status
+        | R::ListFiles { .. }
+        | R::CheckNamespace
+        | R::InodesExist { .. }
         | R::Accessed { .. }
         | R::SetLock { .. }
         | R::GetLock { .. }

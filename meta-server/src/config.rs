@@ -13,6 +13,12 @@ pub struct NamespaceConfig {
     /// A data server counts as alive in the cluster map while its last heartbeat is at
     /// most this old, in milliseconds.
     pub node_lease_ms: u64,
+    /// Copies of each chunk new files ask for (the replication factor), 1 to 8; capped
+    /// by the number of data servers.
+    pub replicas: u8,
+    /// A chain member down this long (milliseconds) leaves its chain, and another server
+    /// takes its place and copies its chunks.
+    pub replace_after_ms: u64,
 }
 
 impl Default for NamespaceConfig {
@@ -20,6 +26,8 @@ impl Default for NamespaceConfig {
         NamespaceConfig {
             chunk_size_bytes: 4 << 20,
             node_lease_ms: 5000,
+            replicas: 3,
+            replace_after_ms: 600_000,
         }
     }
 }
@@ -46,6 +54,18 @@ impl NamespaceConfig {
             return Err(MetaError::InvalidArgument(format!(
                 "node_lease_ms {} must be from 100 to 3600000",
                 self.node_lease_ms
+            )));
+        }
+        if !(1..=8).contains(&self.replicas) {
+            return Err(MetaError::InvalidArgument(format!(
+                "replicas {} must be from 1 to 8",
+                self.replicas
+            )));
+        }
+        if self.replace_after_ms < self.node_lease_ms {
+            return Err(MetaError::InvalidArgument(format!(
+                "replace_after_ms {} must be at least node_lease_ms {}",
+                self.replace_after_ms, self.node_lease_ms
             )));
         }
         Ok(())

@@ -1,6 +1,6 @@
 //! File attributes, attribute changes and file layouts as they cross the wire.
 
-use crate::ids::{InodeId, NodeId};
+use crate::ids::{ChainId, InodeId};
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -127,27 +127,31 @@ pub struct SetAttr {
 
 /// Where a regular file's chunks live.
 ///
-/// Chunk `i` is stored on `stripe[(first + i) % stripe.len()]`: round-robin over the data
-/// servers from a per-file start, so one large file is read from all of them at once.
+/// Chunk `i` belongs to replication chain `chains[(first + i) % chains.len()]`:
+/// round-robin over the chains from a per-file start, so one large file is read from
+/// every data server at once. The chain's members come from the cluster map; the file
+/// uses the first `replicas` of them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Layout {
     /// Size of every chunk of the file in bytes (a power of two).
     pub chunk_size_bytes: u32,
-    /// The data servers the chunks are spread over, in order.
-    pub stripe: Vec<NodeId>,
-    /// Position in `stripe` of chunk 0.
+    /// The replication chains the chunks are spread over, in order.
+    pub chains: Vec<ChainId>,
+    /// Position in `chains` of chunk 0.
     pub first: u32,
+    /// Copies of each chunk the file asks for (capped by each chain's length).
+    pub replicas: u8,
 }
 
 impl Layout {
-    /// The data server that holds chunk `index`, or `None` for an empty stripe.
-    pub fn node_for(&self, index: u64) -> Option<NodeId> {
-        if self.stripe.is_empty() {
+    /// The chain that holds chunk `index`, or `None` for a layout without chains.
+    pub fn chain_for(&self, index: u64) -> Option<ChainId> {
+        if self.chains.is_empty() {
             return None;
         }
-        let n = self.stripe.len() as u64;
+        let n = self.chains.len() as u64;
         let pos = (u64::from(self.first) + index) % n;
-        Some(self.stripe[pos as usize])
+        Some(self.chains[pos as usize])
     }
 
     /// Index of the chunk that holds byte `offset`.
@@ -185,16 +189,17 @@ mod tests {
     fn layout_places_chunks_round_robin_from_first() {
         let l = Layout {
             chunk_size_bytes: 4 << 20,
-            stripe: vec![NodeId(7), NodeId(8), NodeId(9)],
+            chains: vec![ChainId(7), ChainId(8), ChainId(9)],
             first: 2,
+            replicas: 3,
         };
-        let nodes: Vec<_> = (0..4).map(|i| l.node_for(i).unwrap().0).collect();
-        assert_eq!(nodes, vec![9, 7, 8, 9]);
+        let chains: Vec<_> = (0..4).map(|i| l.chain_for(i).unwrap().0).collect();
+        assert_eq!(chains, vec![9, 7, 8, 9]);
         assert_eq!(l.chunk_index((4 << 20) + 1), 1);
         let empty = Layout {
-            stripe: vec![],
+            chains: vec![],
             ..l
         };
-        assert_eq!(empty.node_for(0), None);
+        assert_eq!(empty.chain_for(0), None);
     }
 }

@@ -5,7 +5,7 @@
 
 use crate::attr::{Attr, FileKind, Layout, SetAttr, Timestamp};
 use crate::error::WireError;
-use crate::ids::{ClientId, InodeId, NodeId, SessionId};
+use crate::ids::{ChainId, ClientId, InodeId, NodeId, SessionId};
 use serde::{Deserialize, Serialize};
 
 /// Who asks: the owner given to new inodes.
@@ -62,6 +62,15 @@ pub struct DirEntry {
     pub attr: Option<Attr>,
 }
 
+/// Whether a data server's heartbeat lease is current.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum NodeState {
+    /// Heartbeats arrive within the lease.
+    Up,
+    /// The lease ran out: the server is out of every chain until it comes back.
+    Down,
+}
+
 /// A data server as the cluster map lists it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeInfo {
@@ -70,7 +79,130 @@ pub struct NodeInfo {
     /// Address its transport listens on (`host:port`).
     pub addr: String,
     /// Whether its heartbeat lease is current.
-    pub alive: bool,
+    pub state: NodeState,
+}
+
+impl NodeInfo {
+    /// Whether the server's lease is current.
+    pub fn alive(&self) -> bool {
+        self.state == NodeState::Up
+    }
+}
+
+/// What one member of a replication chain may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum MemberState {
+    /// Holds every committed version: takes writes and serves reads.
+    Serving,
+    /// Being brought up to date from a serving member: takes writes (at the end of the
+    /// chain), serves no reads.
+    Syncing,
+    /// Down: neither writes nor reads reach it; it resyncs when it comes back.
+    Offline,
+}
+
+/// One member of a chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// The data server.
+    pub node: NodeId,
+    /// What it may do in this chain.
+    pub state: MemberState,
+}
+
+/// A replication chain: its members in chain order (the head first).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainInfo {
+    /// The chain.
+    pub chain: ChainId,
+    /// Its members, head first.
+    pub members: Vec<Member>,
+}
+
+impl ChainInfo {
+    /// Who takes a write of a file asking for `replicas` copies, in chain order: the
+    /// serving members, then the syncing ones (so a syncing member is always a tail).
+    pub fn write_order(&self, replicas: u8) -> Vec<NodeId> {
+        let used = &self.members[..self.members.len().min(usize::from(replicas.max(1)))];
+        let serving = used.iter().filter(|m| m.state == MemberState::Serving);
+        let syncing = used.iter().filter(|m| m.state == MemberState::Syncing);
+        serving.chain(syncing).map(|m| m.node).collect()
+    }
+
+    /// Who may serve a read of a file asking for `replicas` copies.
+    pub fn readers(&self, replicas: u8) -> Vec<NodeId> {
+        let used = &self.members[..self.members.len().min(usize::from(replicas.max(1)))];
+        used.iter()
+            .filter(|m| m.state == MemberState::Serving)
+            .map(|m| m.node)
+            .collect()
+    }
+}
+
+/// The cluster map: data servers, chains, and the version that changes with either.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterMap {
+    /// Bumped by every change of a server's state or a chain's membership.
+    pub version: u64,
+    /// Every data server ever registered.
+    pub nodes: Vec<NodeInfo>,
+    /// Every chain.
+    pub chains: Vec<ChainInfo>,
+}
+
+impl ClusterMap {
+    /// The chain `chain`, if the map knows it.
+    pub fn chain(&self, chain: ChainId) -> Option<&ChainInfo> {
+        self.chains.iter().find(|c| c.chain == chain)
+    }
+
+    /// The address of data server `node`.
+    pub fn addr(&self, node: NodeId) -> Option<&str> {
+        self.nodes
+            .iter()
+            .find(|n| n.node == node)
+            .map(|n| n.addr.as_str())
+    }
+}
+
+/// What a data server reports about bringing its chains up to date.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResyncReport {
+    /// Map version at which the finished pass started.
+    pub pass_version: u64,
+    /// Chains that pass found (and left) identical to a serving member.
+    pub synced: Vec<ChainId>,
+    /// Chunks the resync under way has compared so far.
+    pub checked: u64,
+    /// Chunks it has copied so far.
+    pub copied: u64,
+}
+
+/// The cluster's health, as `tessera status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// The map.
+    pub map: ClusterMap,
+    /// Copies each chain should have (the configured replication factor, capped by the
+    /// number of data servers).
+    pub target_replicas: u8,
+    /// Chunks whose chain has fewer serving members than the file asks for.
+    pub under_replicated_chunks: u64,
+    /// Chunks counted over every file.
+    pub chunks: u64,
+    /// Resyncs under way: node, chunks compared, chunks copied.
+    pub resync: Vec<(NodeId, u64, u64)>,
+}
+
+/// A regular file and its layout, as `tessera fsck` walks them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileLayout {
+    /// The file.
+    pub ino: InodeId,
+    /// Its length.
+    pub size: u64,
+    /// Where its chunks live.
+    pub layout: Layout,
 }
 
 /// A deletion the metadata server asks one data server to carry out.
@@ -357,9 +489,31 @@ pub enum MetaRequest {
         used_bytes: u64,
         /// Deletions finished since the last heartbeat.
         done: Vec<GcTask>,
+        /// The version of the cluster map the server knows.
+        map_version: u64,
+        /// How its resync goes.
+        resync: ResyncReport,
     },
-    /// The list of data servers and their addresses.
+    /// The cluster map: data servers, chains and their states.
     ClusterMap,
+    /// The map, the number of under-replicated chunks and the resyncs under way.
+    Status,
+    /// Up to `limit` regular files with an inode number above `after`, in order.
+    ListFiles {
+        /// Start after this inode.
+        after: InodeId,
+        /// At most this many files.
+        limit: u32,
+    },
+    /// Checks the namespace's own consistency (entries, link counts, orphans); returns
+    /// one line per problem found.
+    CheckNamespace,
+    /// Whether each of these inodes still exists (a data server looking for chunks no
+    /// file points to).
+    InodesExist {
+        /// The inodes to check.
+        inodes: Vec<InodeId>,
+    },
 }
 
 /// A successful answer of the metadata server.
@@ -410,17 +564,33 @@ pub enum MetaReply {
         /// The id to keep.
         node: NodeId,
     },
-    /// Deletions for the heartbeating data server.
-    Gc(Vec<GcTask>),
+    /// The answer to a heartbeat: deletions to carry out, and the cluster map when the
+    /// server's version is not the current one.
+    Beat {
+        /// Deletions for the heartbeating data server.
+        gc: Vec<GcTask>,
+        /// The current map, when the server's is older.
+        map: Option<ClusterMap>,
+    },
     /// Where an appended range starts.
     Offset(u64),
     /// A conflicting lock (`None`: the lock could be taken).
     Lock(Option<LockSpec>),
-    /// The data servers.
-    Map {
-        /// Every data server ever registered.
-        nodes: Vec<NodeInfo>,
+    /// The cluster map.
+    Map(ClusterMap),
+    /// The cluster's health.
+    Status(ClusterStatus),
+    /// Regular files and their layouts.
+    Files {
+        /// In inode order.
+        files: Vec<FileLayout>,
+        /// No files follow the last one.
+        done: bool,
     },
+    /// Problems found; empty when the namespace is consistent.
+    Problems(Vec<String>),
+    /// One answer per inode asked about, in order.
+    Exist(Vec<bool>),
 }
 
 /// The answer to every [`MetaRequest`].

@@ -14,6 +14,7 @@ const READY: Duration = Duration::from_secs(30);
 /// A cluster inside the test process, on 127.0.0.1 with temporary directories.
 pub struct InProcessCluster {
     meta: Option<MetaServer>,
+    namespace: meta_server::NamespaceConfig,
     /// The data servers, in start order.
     pub data: Vec<DataServer>,
     /// Each data server's directory.
@@ -24,10 +25,16 @@ pub struct InProcessCluster {
 impl InProcessCluster {
     /// Starts one metadata server and `n` data servers and waits until all registered.
     pub async fn start(n: usize) -> InProcessCluster {
+        Self::start_with(n, Self::namespace_config()).await
+    }
+
+    /// As [`InProcessCluster::start`], with these namespace settings.
+    pub async fn start_with(n: usize, namespace: meta_server::NamespaceConfig) -> InProcessCluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let meta = MetaServer::start(MetaConfig {
             listen: "127.0.0.1:0".into(),
             data_dir: dir.path().join("meta"),
+            namespace: namespace.clone(),
             ..MetaConfig::default()
         })
         .await
@@ -39,25 +46,89 @@ impl InProcessCluster {
             data.push(Self::start_data(&meta, d.clone()).await);
             data_dirs.push(d);
         }
-        InProcessCluster {
+        let cluster = InProcessCluster {
             meta: Some(meta),
+            namespace,
             data,
             data_dirs,
             dir,
+        };
+        cluster.wait_healthy().await;
+        cluster
+    }
+
+    /// Waits until every chain has `min(3, servers up)` members, all serving.
+    pub async fn wait_healthy(&self) {
+        let deadline = tokio::time::Instant::now() + READY;
+        loop {
+            let map = self.meta().namespace().cluster_map().expect("cluster map");
+            if crate::healthy(&map) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "cluster not healthy: {map:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
-    async fn start_data(meta: &MetaServer, data_dir: PathBuf) -> DataServer {
-        let s = DataServer::start(DataConfig {
+    /// Stops data server `i` as a crash would: its connections close, heartbeats stop.
+    pub fn stop_data(&self, i: usize) {
+        self.data[i].shutdown();
+    }
+
+    /// Starts data server `i` again on its directory (on a new port), once the stopped
+    /// instance has let go of its store.
+    pub async fn restart_data(&mut self, i: usize) {
+        let old = self.data.remove(i);
+        old.shutdown();
+        drop(old);
+        let deadline = tokio::time::Instant::now() + READY;
+        loop {
+            let config = Self::data_config(self.meta(), self.data_dirs[i].clone());
+            match DataServer::start(config).await {
+                Ok(s) => {
+                    s.wait_registered(READY)
+                        .await
+                        .expect("data server registers");
+                    self.data.insert(i, s);
+                    return;
+                }
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    let _ = e; // the stopped instance still holds the store lock
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("data server did not restart: {e}"),
+            }
+        }
+    }
+
+    /// Leases short enough that a stopped server leaves its chains within a second
+    /// (data servers beat every 100 ms here).
+    pub fn namespace_config() -> meta_server::NamespaceConfig {
+        meta_server::NamespaceConfig {
+            node_lease_ms: 1000,
+            replace_after_ms: 600_000,
+            ..Default::default()
+        }
+    }
+
+    fn data_config(meta: &MetaServer, data_dir: PathBuf) -> DataConfig {
+        DataConfig {
             listen: "127.0.0.1:0".into(),
             meta_addr: meta.local_addr().to_string(),
             data_dir,
             capacity_bytes: 8 << 30,
             heartbeat_ms: 100,
             ..DataConfig::default()
-        })
-        .await
-        .expect("data server starts");
+        }
+    }
+
+    async fn start_data(meta: &MetaServer, data_dir: PathBuf) -> DataServer {
+        let s = DataServer::start(Self::data_config(meta, data_dir))
+            .await
+            .expect("data server starts");
         s.wait_registered(READY)
             .await
             .expect("data server registers");
@@ -87,6 +158,7 @@ impl InProcessCluster {
         let config = MetaConfig {
             listen: addr.to_string(),
             data_dir: self.dir.path().join("meta"),
+            namespace: self.namespace.clone(),
             ..MetaConfig::default()
         };
         let deadline = tokio::time::Instant::now() + READY;
@@ -114,11 +186,17 @@ impl InProcessCluster {
 
     /// A client connected to this cluster.
     pub async fn client(&self) -> Arc<Client> {
-        let config = ClientConfig {
+        Client::connect(self.client_config())
+            .await
+            .expect("client connects")
+    }
+
+    /// The configuration [`InProcessCluster::client`] uses, to change before connecting.
+    pub fn client_config(&self) -> ClientConfig {
+        ClientConfig {
             meta_addr: self.meta_addr(),
             ..ClientConfig::default()
-        };
-        Client::connect(config).await.expect("client connects")
+        }
     }
 
     /// The cluster's temporary directory.

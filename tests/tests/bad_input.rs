@@ -105,6 +105,12 @@ async fn malformed_and_unknown_messages_get_clear_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_sided_accesses_with_bad_keys_or_bounds_are_refused_by_the_data_server() {
     let cluster = InProcessCluster::start(1).await;
+    let map = cluster.client().await.cluster_map().await.unwrap();
+    let place = proto::data::Placement {
+        chain: map.chains[0].chain,
+        map_version: map.version,
+        replicas: 1,
+    };
     let ep = endpoint();
     let data = ep.connect(cluster.data[0].advertise()).await.unwrap();
     let mr = ep.register(1 << 20).unwrap();
@@ -116,6 +122,7 @@ async fn one_sided_accesses_with_bad_keys_or_bounds_are_refused_by_the_data_serv
     };
     let read = |dest: RemoteBuf, len: u32| DataRequest::ReadChunk {
         chunk,
+        place,
         chunk_size_bytes: 4 << 20,
         offset: 0,
         len,
@@ -156,6 +163,7 @@ async fn one_sided_accesses_with_bad_keys_or_bounds_are_refused_by_the_data_serv
     }
     let write = DataRequest::WriteChunk {
         chunk,
+        place,
         chunk_size_bytes: 4 << 20,
         offset: 0,
         src: RemoteBuf {
@@ -171,6 +179,7 @@ async fn one_sided_accesses_with_bad_keys_or_bounds_are_refused_by_the_data_serv
     // Bad chunk geometry is refused before any transfer.
     let bad = DataRequest::ReadChunk {
         chunk,
+        place,
         chunk_size_bytes: 12345,
         offset: 0,
         len: 16,

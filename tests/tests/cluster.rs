@@ -47,15 +47,15 @@ async fn write_and_read_back_100_mib_spread_over_all_data_servers() {
     assert_eq!(sha256_hex(&back), sha256_hex(&data));
     other.release(&fh).await.unwrap();
 
-    // 25 chunks of 4 MiB, round-robin: every data server holds some.
+    // 25 chunks of 4 MiB, three copies each: every data server holds every chunk.
     for dir in &cluster.data_dirs {
         let n = chunk_files(dir).len();
-        assert!(n >= 8, "{} holds {n} chunks", dir.display());
+        assert_eq!(n, 25, "{} holds {n} chunks", dir.display());
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_corrupted_block_on_disk_is_an_error_on_read_never_wrong_bytes() {
+async fn a_corrupted_copy_is_read_from_another_replica_and_never_returned() {
     let cluster = InProcessCluster::start(3).await;
     let client = cluster.client().await;
     let data = pseudo_random(3 << 20, 7);
@@ -72,26 +72,34 @@ async fn a_corrupted_block_on_disk_is_an_error_on_read_never_wrong_bytes() {
         .iter()
         .flat_map(|d| chunk_files(d))
         .collect();
-    assert_eq!(files.len(), 1, "a 3 MiB file is one chunk");
-    // Flip one byte of the last stored data byte (the chunk file ends with the data area).
-    let mut bytes = std::fs::read(&files[0]).unwrap();
-    let last = bytes.len() - 1;
-    bytes[last] ^= 0x5a;
-    std::fs::write(&files[0], &bytes).unwrap();
-
-    let (_, fh) = client
-        .open(
-            client.lookup(InodeId::ROOT, b"c.bin").await.unwrap().ino,
-            false,
-        )
-        .await
-        .unwrap();
-    let err = client.read(&fh, 0, data.len()).await.unwrap_err();
-    assert_eq!(err.code(), ErrorCode::Corrupt, "{err}");
-    // The first MiB is in untouched blocks and still reads correctly.
-    let head = client.read(&fh, 0, 1 << 20).await.unwrap();
-    assert_eq!(head, data[..1 << 20]);
-    client.release(&fh).await.unwrap();
+    assert_eq!(
+        files.len(),
+        3,
+        "a 3 MiB file is one chunk, on three servers"
+    );
+    let ino = client.lookup(InodeId::ROOT, b"c.bin").await.unwrap().ino;
+    // Flip one byte of the last stored data byte (the chunk file ends with the data
+    // area) of one copy after another: while a good copy is left, reads use it.
+    for (i, file) in files.iter().enumerate() {
+        let mut bytes = std::fs::read(file).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x5a;
+        std::fs::write(file, &bytes).unwrap();
+        // A new client each time: a client's cache keeps bytes of an unchanged file.
+        let client = cluster.client().await;
+        let (_, fh) = client.open(ino, false).await.unwrap();
+        let read = client.read(&fh, 0, data.len()).await;
+        if i + 1 < files.len() {
+            assert!(read.unwrap() == data, "{} bad copies of 3", i + 1);
+        } else {
+            let err = read.unwrap_err();
+            assert_eq!(err.code(), ErrorCode::Corrupt, "{err}");
+        }
+        // The first MiB is in untouched blocks and still reads correctly.
+        let head = client.read(&fh, 0, 1 << 20).await.unwrap();
+        assert_eq!(head, data[..1 << 20]);
+        client.release(&fh).await.unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

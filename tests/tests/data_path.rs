@@ -123,16 +123,22 @@ async fn four_concurrent_writers_of_disjoint_ranges_build_one_file() {
     other.release(&fh).await.unwrap();
 }
 
-/// Guards against a write that failed in the background being lost silently: with a
+/// Guards against a write that failed in the background being lost silently: with every
 /// data server gone, fsync and close report the failure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_background_write_failure_is_returned_by_fsync_and_close() {
     let cluster = InProcessCluster::start(3).await;
-    let client = cluster.client().await;
+    let config = fs_client::ClientConfig {
+        failover_timeout_ms: 2000,
+        ..cluster.client_config()
+    };
+    let client = Client::connect(config).await.unwrap();
     let data = pseudo_random(24 * MIB, 24);
     let fh = create(&client, b"lost.bin").await;
     client.write(&fh, 0, &data[..2 * MIB]).await.unwrap();
-    cluster.data[1].shutdown();
+    for i in 0..3 {
+        cluster.stop_data(i);
+    }
     // Later writes are buffered (and may already report the failure of earlier ones).
     let mut write_failed = false;
     for (i, part) in data[2 * MIB..].chunks(MIB).enumerate() {
@@ -144,7 +150,10 @@ async fn a_background_write_failure_is_returned_by_fsync_and_close() {
     }
     let fsync = tokio::time::timeout(DEADLINE, client.fsync(&fh)).await;
     let fsync = fsync.expect("fsync ends");
-    assert!(fsync.is_err(), "fsync succeeded with a data server down");
+    assert!(
+        fsync.is_err(),
+        "fsync succeeded with every data server down"
+    );
     let flush = tokio::time::timeout(DEADLINE, client.flush(&fh)).await;
     assert!(
         flush.expect("flush ends").is_err(),

@@ -126,7 +126,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+mod replica;
 mod scan;
+pub use replica::ReplicaFields;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

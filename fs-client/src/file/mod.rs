@@ -11,25 +11,24 @@
 mod extents;
 mod read;
 mod readahead;
+mod replicas;
 mod write;
 
 pub use read::ReadBuf;
 
 use crate::client::Client;
 use crate::error::{ClientError, Result};
-use crate::rpc::{self, expect_reply};
+use crate::rpc::expect_reply;
 use parking_lot::Mutex;
-use proto::data::{DataReply, DataRequest};
 use proto::meta::{Commit, MetaReply, MetaRequest};
-use proto::{Attr, ChunkId, ErrorCode, InodeId, Layout, NodeId, SessionId, Timestamp, WireError};
+use proto::{Attr, ChainId, ChunkId, ErrorCode, InodeId, Layout, SessionId, Timestamp, WireError};
 use read::CacheSeg;
 use readahead::Readahead;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use tokio::sync::Notify;
-use tracing::debug;
-use transport::{Access, MemoryRegion, TransportError};
+use transport::MemoryRegion;
 use write::WriteSeg;
 
 /// What one client knows of a file that it has open, shared by all its handles.
@@ -53,8 +52,8 @@ struct FileInner {
     /// Writes not yet committed to the metadata server; bumped by every write.
     write_gen: u64,
     committed_gen: u64,
-    /// Chunks written since the last fsync, per data server.
-    unsynced: HashMap<NodeId, BTreeSet<ChunkId>>,
+    /// Chunks written since the last fsync, per chain.
+    unsynced: BTreeMap<ChainId, BTreeSet<ChunkId>>,
 }
 
 /// The segments of one file held in registered buffers, by segment index.
@@ -84,7 +83,7 @@ impl FileState {
                 mtime: attr.mtime,
                 write_gen: 0,
                 committed_gen: 0,
-                unsynced: HashMap::new(),
+                unsynced: BTreeMap::new(),
             }),
             io: Mutex::new(IoState {
                 opened_as: Some((attr.mtime, attr.size)),
@@ -152,10 +151,10 @@ impl FileState {
     }
 
     /// Bytes reached these chunks: the next fsync must sync them.
-    fn stored(&self, chunks: &[(NodeId, ChunkId)]) {
+    fn stored(&self, chunks: &[(ChainId, ChunkId)]) {
         let mut i = self.inner.lock();
-        for (node, chunk) in chunks {
-            i.unsynced.entry(*node).or_default().insert(*chunk);
+        for (chain, chunk) in chunks {
+            i.unsynced.entry(*chain).or_default().insert(*chunk);
         }
     }
 
@@ -229,7 +228,7 @@ impl FileHandle {
 #[derive(Clone, Copy, Debug)]
 struct Piece {
     chunk: ChunkId,
-    node: NodeId,
+    chain: ChainId,
     offset_in_chunk: u32,
     len: u32,
     buf_offset: usize,
@@ -252,7 +251,7 @@ fn pieces(
         let index = pos / cs;
         let in_chunk = pos % cs;
         let n = (cs - in_chunk).min(end - pos);
-        let node = layout.node_for(index).ok_or_else(|| {
+        let chain = layout.chain_for(index).ok_or_else(|| {
             ClientError::Remote(WireError::new(
                 ErrorCode::NoSpace,
                 "file has no data servers",
@@ -260,7 +259,7 @@ fn pieces(
         })?;
         out.push(Piece {
             chunk: ChunkId { inode: ino, index },
-            node,
+            chain,
             offset_in_chunk: in_chunk as u32,
             len: n as u32,
             buf_offset: buf_base + (pos - offset) as usize,
@@ -268,14 +267,6 @@ fn pieces(
         pos += n;
     }
     Ok(out)
-}
-
-fn retryable(e: &ClientError) -> bool {
-    matches!(
-        e,
-        ClientError::Transport(TransportError::Disconnected { .. })
-            | ClientError::Transport(TransportError::Connect { .. })
-    )
 }
 
 /// Refuses ranges whose end does not fit a file offset.
@@ -287,8 +278,7 @@ fn check_range(offset: u64, len: u64) -> Result<u64> {
 }
 
 impl Client {
-    /// Moves one piece between `mr` and its data server; retried once on a new
-    /// connection (and a fresh cluster map) if the old one broke.
+    /// Moves one piece between `mr` and its chain.
     async fn transfer(
         &self,
         layout: &Layout,
@@ -296,58 +286,10 @@ impl Client {
         mr: &MemoryRegion,
         write: bool,
     ) -> Result<()> {
-        let mut attempt = 0;
-        loop {
-            let r = self.transfer_once(layout, p, mr, write).await;
-            match r {
-                Err(e) if attempt == 0 && retryable(&e) => {
-                    debug!(error = %e, node = %p.node, "data server connection lost, retrying");
-                    attempt += 1;
-                    let _ = self.refresh_map().await;
-                }
-                r => return r,
-            }
-        }
-    }
-
-    async fn transfer_once(
-        &self,
-        layout: &Layout,
-        p: Piece,
-        mr: &MemoryRegion,
-        write: bool,
-    ) -> Result<()> {
-        let conn = self.data_conn(p.node).await?;
-        let access = if write {
-            Access::RemoteRead
+        if write {
+            self.chain_write(layout, p, Some(mr)).await
         } else {
-            Access::RemoteWrite
-        };
-        let grant = conn.grant(mr, p.buf_offset, p.len as usize, access)?;
-        let chunk_size_bytes = layout.chunk_size_bytes;
-        let req = if write {
-            DataRequest::WriteChunk {
-                chunk: p.chunk,
-                chunk_size_bytes,
-                offset: p.offset_in_chunk,
-                src: grant.remote(),
-            }
-        } else {
-            DataRequest::ReadChunk {
-                chunk: p.chunk,
-                chunk_size_bytes,
-                offset: p.offset_in_chunk,
-                len: p.len,
-                dest: grant.remote(),
-            }
-        };
-        let reply = rpc::data_call(&self.ep, &conn, &req).await?;
-        drop(grant);
-        match reply {
-            DataReply::Read { len } | DataReply::Written { len } if len == p.len => Ok(()),
-            other => Err(ClientError::Protocol(format!(
-                "unexpected reply {other:?} to {req:?}"
-            ))),
+            self.chain_read(layout, p, mr).await
         }
     }
 
@@ -361,12 +303,12 @@ impl Client {
         mr: &MemoryRegion,
         buf_base: usize,
         write: bool,
-    ) -> Result<Vec<(NodeId, ChunkId)>> {
+    ) -> Result<Vec<(ChainId, ChunkId)>> {
         let layout = &state.layout;
         let ps = pieces(layout, state.ino, offset, len, buf_base)?;
         futures::future::try_join_all(ps.iter().map(|p| self.transfer(layout, *p, mr, write)))
             .await?;
-        Ok(ps.iter().map(|p| (p.node, p.chunk)).collect())
+        Ok(ps.iter().map(|p| (p.chain, p.chunk)).collect())
     }
 
     /// Sends buffered writes, then reports the length and mtime of uncommitted writes to
@@ -400,18 +342,11 @@ impl Client {
     pub async fn fsync(&self, fh: &FileHandle) -> Result<()> {
         self.flush_writes(&fh.state).await?;
         let unsynced = std::mem::take(&mut fh.state.inner.lock().unsynced);
-        let syncs = unsynced.iter().map(|(node, chunks)| async move {
-            let conn = self.data_conn(*node).await?;
-            let req = DataRequest::Fsync {
-                chunks: chunks.iter().copied().collect(),
-            };
-            rpc::data_call(&self.ep, &conn, &req).await
-        });
-        if let Err(e) = futures::future::try_join_all(syncs).await {
+        if let Err(e) = self.sync_chains(&fh.state.layout, &unsynced).await {
             // Keep the chunks unsynced so that the next fsync tries again.
             let mut i = fh.state.inner.lock();
-            for (node, chunks) in unsynced {
-                i.unsynced.entry(node).or_default().extend(chunks);
+            for (chain, chunks) in unsynced {
+                i.unsynced.entry(chain).or_default().extend(chunks);
             }
             return Err(e);
         }
@@ -503,44 +438,14 @@ impl Client {
         }
         let layout = &fh.state.layout;
         let ps = pieces(layout, fh.ino(), offset, (end - offset) as usize, 0)?;
-        let zero = ps.iter().map(|p| async move {
-            let conn = self.data_conn(p.node).await?;
-            let req = DataRequest::WriteZeros {
-                chunk: p.chunk,
-                chunk_size_bytes: layout.chunk_size_bytes,
-                offset: p.offset_in_chunk,
-                len: p.len,
-            };
-            rpc::data_call(&self.ep, &conn, &req).await
-        });
+        let zero = ps.iter().map(|p| self.chain_write(layout, *p, None));
         let zeroed = futures::future::try_join_all(zero).await;
         // Dropped after the zeros are stored, so no fetch can cache the old bytes.
         fh.state.drop_cache();
         zeroed?;
-        let chunks: Vec<_> = ps.iter().map(|p| (p.node, p.chunk)).collect();
+        let chunks: Vec<_> = ps.iter().map(|p| (p.chain, p.chunk)).collect();
         fh.state.stored(&chunks);
         fh.state.wrote(0);
-        Ok(())
-    }
-
-    /// Cuts a file's chunks to `size` on every data server of its layout.
-    pub(crate) async fn truncate_data(
-        &self,
-        ino: InodeId,
-        layout: &Layout,
-        size: u64,
-    ) -> Result<()> {
-        let nodes: BTreeSet<NodeId> = layout.stripe.iter().copied().collect();
-        let cuts = nodes.into_iter().map(|node| async move {
-            let conn = self.data_conn(node).await?;
-            let req = DataRequest::TruncateFile {
-                inode: ino,
-                size,
-                chunk_size_bytes: layout.chunk_size_bytes,
-            };
-            rpc::data_call(&self.ep, &conn, &req).await
-        });
-        futures::future::try_join_all(cuts).await?;
         Ok(())
     }
 }

@@ -6,9 +6,9 @@ use super::txn::Reads;
 use super::{keys, FsStats, Namespace, ID_BLOCK, MAX_ADDR_BYTES, MAX_GC_TASKS_PER_HEARTBEAT};
 use super::{Txn, MAX_NODES};
 use crate::error::MetaError;
-use proto::meta::{GcTask, NodeInfo};
+use proto::meta::{ClusterMap, GcTask, ResyncReport};
 use proto::{ClientId, InodeId, NodeId};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 impl Namespace {
     /// Welcomes a client with a new id. `name` only goes to the log.
@@ -62,11 +62,13 @@ impl Namespace {
         })?;
         self.liveness.lock().insert(node, Instant::now());
         tracing::info!(%node, addr, "data server registered");
+        self.reconcile()?;
         Ok(node)
     }
 
-    /// Renews `node`'s lease, records its usage, forgets the deletions it has done, and
-    /// returns up to [`MAX_GC_TASKS_PER_HEARTBEAT`] pending ones.
+    /// Renews `node`'s lease, records its usage and resync progress, forgets the
+    /// deletions it has done, and returns up to [`MAX_GC_TASKS_PER_HEARTBEAT`] pending
+    /// ones, with the cluster map if the server's is not current.
     ///
     /// Tasks stay pending until reported done, so a lost reply only repeats them; data
     /// servers must treat a repeated deletion as done.
@@ -76,7 +78,9 @@ impl Namespace {
         capacity_bytes: u64,
         used_bytes: u64,
         done: &[GcTask],
-    ) -> Result<Vec<GcTask>, MetaError> {
+        map_version: u64,
+        resync: ResyncReport,
+    ) -> Result<(Vec<GcTask>, Option<ClusterMap>), MetaError> {
         self.mutate(|txn, _| {
             let mut rec = load_node(txn, node)?;
             for GcTask::DeleteFile(ino) in done {
@@ -91,30 +95,25 @@ impl Namespace {
             Ok(())
         })?;
         self.liveness.lock().insert(node, Instant::now());
+        self.resync_report(node, resync)?;
+        let map = self.reconcile()?;
         let prefix = keys::gc_prefix(node);
         let end = keys::prefix_end(&prefix);
         let rows = self.store.scan(&prefix, &end, MAX_GC_TASKS_PER_HEARTBEAT)?;
-        rows.into_iter()
+        let gc = rows
+            .into_iter()
             .map(|(k, _)| match keys::u64_at(&k, prefix.len()) {
                 Some(ino) => Ok(GcTask::DeleteFile(InodeId(ino))),
                 None => Err(MetaError::Corrupt(format!("gc key {k:x?}"))),
             })
-            .collect()
+            .collect::<Result<Vec<_>, _>>()?;
+        let map = (map.version != map_version).then(|| (*map).clone());
+        Ok((gc, map))
     }
 
-    /// Every registered data server, with whether its lease is current.
-    pub fn cluster_map(&self) -> Result<Vec<NodeInfo>, MetaError> {
-        let lease = Duration::from_millis(self.config.node_lease_ms);
-        let nodes = self.nodes()?;
-        let liveness = self.liveness.lock();
-        Ok(nodes
-            .into_iter()
-            .map(|(node, rec)| NodeInfo {
-                node,
-                addr: rec.addr,
-                alive: liveness.get(&node).is_some_and(|t| t.elapsed() <= lease),
-            })
-            .collect())
+    /// The cluster map: every registered data server with its state, and the chains.
+    pub fn cluster_map(&self) -> Result<ClusterMap, MetaError> {
+        Ok((*self.reconcile()?).clone())
     }
 
     /// Capacity and free space over the registered data servers, and the inode count.
@@ -138,7 +137,7 @@ impl Namespace {
     }
 
     /// Every node record, by id.
-    fn nodes(&self) -> Result<Vec<(NodeId, NodeRecord)>, MetaError> {
+    pub(crate) fn nodes(&self) -> Result<Vec<(NodeId, NodeRecord)>, MetaError> {
         let prefix = keys::node_prefix();
         let rows = self
             .store

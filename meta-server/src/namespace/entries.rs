@@ -288,7 +288,7 @@ pub(super) fn drop_link(
 }
 
 /// Deletes inode `ino` with its xattrs and orphan mark, and queues the deletion of a
-/// regular file's chunks on every data server of its stripe.
+/// regular file's chunks on every member of its chains.
 pub(super) fn delete_inode(
     txn: &mut Txn<'_>,
     ino: InodeId,
@@ -304,7 +304,14 @@ pub(super) fn delete_inode(
     }
     if let Some(layout) = &rec.layout {
         let gc_mark = super::records::encode(&())?;
-        for &node in &layout.stripe {
+        let mut nodes = std::collections::BTreeSet::new();
+        for &chain in &layout.chains {
+            if let Some(v) = txn.raw(&keys::chain(proto::ChainId(chain)))? {
+                let c: super::records::ChainRecord = super::records::decode(&v, "chain record")?;
+                nodes.extend(c.members.iter().map(|m| m.node));
+            }
+        }
+        for node in nodes {
             txn.put(keys::gc(NodeId(node), ino), gc_mark.clone());
         }
     }

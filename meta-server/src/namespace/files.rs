@@ -5,7 +5,7 @@ use super::entries::{add_entry, delete_inode, inherit_setgid};
 use super::names::check_name;
 use super::records::{InodeRecord, StoredLayout};
 use super::txn::{Reads, Txn};
-use super::{keys, now, ConnId, Namespace, Opened, Session, State, ID_BLOCK, MAX_NODES};
+use super::{keys, now, ConnId, Namespace, Opened, Session, State, ID_BLOCK};
 use crate::error::{show, MetaError};
 use proto::attr::TimeSet;
 use proto::meta::{Caller, Commit};
@@ -72,8 +72,8 @@ impl Namespace {
         perm: u32,
         caller: Caller,
     ) -> Result<(InodeId, InodeRecord), MetaError> {
-        let stripe = self.stripe()?;
-        if stripe.is_empty() {
+        let chains = self.chain_ids();
+        if chains.is_empty() {
             return Err(MetaError::NoSpace("no data servers registered".into()));
         }
         let now = now();
@@ -82,27 +82,13 @@ impl Namespace {
         inherit_setgid(parent_rec, &mut rec);
         rec.layout = Some(StoredLayout {
             chunk_size_bytes: self.config.chunk_size_bytes,
-            first: (ino.0 % stripe.len() as u64) as u32,
-            stripe,
+            first: (ino.0 % chains.len() as u64) as u32,
+            chains,
+            replicas: self.config.replicas,
         });
         txn.put_inode(ino, &rec)?;
         add_entry(txn, parent, name, ino, FileKind::Regular, now)?;
         Ok((ino, rec))
-    }
-
-    /// Every registered data server, sorted by id (the key order).
-    fn stripe(&self) -> Result<Vec<u32>, MetaError> {
-        let prefix = keys::node_prefix();
-        let rows = self
-            .store
-            .scan(&prefix, &keys::prefix_end(&prefix), MAX_NODES)?;
-        let mut stripe = Vec::with_capacity(rows.len());
-        for (k, _) in rows {
-            let node = keys::u32_at(&k, prefix.len())
-                .ok_or_else(|| MetaError::Corrupt(format!("node key {k:x?}")))?;
-            stripe.push(node);
-        }
-        Ok(stripe)
     }
 
     /// Opens `ino` and starts a session; `truncate` empties a regular file first.
@@ -159,8 +145,9 @@ impl Namespace {
             Some(l) => Layout::from(l),
             None => Layout {
                 chunk_size_bytes: self.config.chunk_size_bytes,
-                stripe: Vec::new(),
+                chains: Vec::new(),
                 first: 0,
+                replicas: self.config.replicas,
             },
         };
         Opened {

@@ -9,8 +9,10 @@
 //! | `N` node             | data server record                     |
 //! | `G` node ino         | pending "delete all chunks of ino"     |
 //! | `O` ino              | orphan: unlinked while open            |
+//! | `C` chain            | replication chain: members and states  |
+//! | `V`                  | cluster map version                    |
 
-use proto::{InodeId, NodeId};
+use proto::{ChainId, InodeId, NodeId};
 
 const SUPERBLOCK: u8 = b'S';
 const INODE: u8 = b'I';
@@ -19,6 +21,8 @@ const XATTR: u8 = b'X';
 const NODE: u8 = b'N';
 const GC: u8 = b'G';
 const ORPHAN: u8 = b'O';
+const CHAIN: u8 = b'C';
+const MAP_VERSION: u8 = b'V';
 
 fn with(tag: u8, parts: &[&[u8]]) -> Vec<u8> {
     let len = 1 + parts.iter().map(|p| p.len()).sum::<usize>();
@@ -78,6 +82,31 @@ pub(crate) fn gc_prefix(node: NodeId) -> Vec<u8> {
 /// The key of the pending deletion of `ino`'s chunks on `node`.
 pub(crate) fn gc(node: NodeId, ino: InodeId) -> Vec<u8> {
     with(GC, &[&node.0.to_be_bytes(), &ino.0.to_be_bytes()])
+}
+
+/// Prefix of every inode record.
+pub(crate) fn inode_prefix() -> Vec<u8> {
+    vec![INODE]
+}
+
+/// Prefix of every directory entry.
+pub(crate) fn dirent_all_prefix() -> Vec<u8> {
+    vec![DIRENT]
+}
+
+/// Prefix of every chain record.
+pub(crate) fn chain_prefix() -> Vec<u8> {
+    vec![CHAIN]
+}
+
+/// A chain record's key.
+pub(crate) fn chain(chain: ChainId) -> Vec<u8> {
+    with(CHAIN, &[&chain.0.to_be_bytes()])
+}
+
+/// The cluster map version's key.
+pub(crate) fn map_version() -> Vec<u8> {
+    vec![MAP_VERSION]
 }
 
 /// Prefix of every orphan key.

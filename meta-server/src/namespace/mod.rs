@@ -6,11 +6,13 @@
 //! crash could take back, and no two mutations interleave. Reads go to the store without
 //! the mutex: each key read is consistent, and the store orders commits.
 
+mod check;
 mod cluster;
 mod entries;
 mod files;
 mod keys;
 mod locks;
+mod membership;
 mod names;
 mod readdir;
 mod records;
@@ -25,7 +27,7 @@ use crate::config::NamespaceConfig;
 use crate::error::MetaError;
 use crate::kv::{take_pending, GroupCommit, KvStore};
 use parking_lot::Mutex;
-use proto::meta::{DirEntry, MetaReply, MetaRequest, MetaResult};
+use proto::meta::{ClusterMap, DirEntry, MetaReply, MetaRequest, MetaResult};
 use proto::{Attr, ClientId, InodeId, Layout, NodeId, SessionId, Timestamp};
 use records::{decode, encode, InodeRecord, Superblock, FORMAT_VERSION};
 use std::collections::HashMap;
@@ -125,6 +127,10 @@ pub struct Namespace {
     /// Last heartbeat of each data server; in memory because liveness after a restart
     /// must be earned again.
     liveness: Mutex<HashMap<NodeId, Instant>>,
+    /// Chains and member states (see `membership`). Taken before `state`, never after.
+    members: Mutex<membership::Members>,
+    /// The last map built, for readers that must not wait for `members`.
+    map: parking_lot::RwLock<Arc<ClusterMap>>,
     /// Locks of every client (in memory; see `locks`).
     locks: Mutex<locks::LockTable>,
 }
@@ -163,9 +169,12 @@ impl Namespace {
                 next_client,
             }),
             liveness: Mutex::new(HashMap::new()),
+            members: Mutex::new(membership::Members::default()),
+            map: parking_lot::RwLock::new(Arc::new(ClusterMap::default())),
             locks: Mutex::new(locks::LockTable::default()),
         };
         ns.purge_orphans()?;
+        ns.reconcile()?;
         ns.wait_pending()?;
         tracing::info!(engine = ns.store.engine(), "namespace open");
         Ok(ns)
@@ -242,10 +251,16 @@ impl Namespace {
             R::RegisterData { node, addr, capacity_bytes, used_bytes } => self
                 .register_data(node, &addr, capacity_bytes, used_bytes)
                 .map(|node| MetaReply::Registered { node }),
-            R::Heartbeat { node, capacity_bytes, used_bytes, done } => self
-                .heartbeat(node, capacity_bytes, used_bytes, &done)
-                .map(MetaReply::Gc),
-            R::ClusterMap => self.cluster_map().map(|nodes| MetaReply::Map { nodes }),
+            R::Heartbeat { node, capacity_bytes, used_bytes, done, map_version, resync } => self
+                .heartbeat(node, capacity_bytes, used_bytes, &done, map_version, resync)
+                .map(|(gc, map)| MetaReply::Beat { gc, map }),
+            R::ClusterMap => self.cluster_map().map(MetaReply::Map),
+            R::Status => self.status().map(MetaReply::Status),
+            R::ListFiles { after, limit } => self
+                .list_files(after, limit)
+                .map(|(files, done)| MetaReply::Files { files, done }),
+            R::CheckNamespace => self.check_namespace().map(MetaReply::Problems),
+            R::InodesExist { inodes } => self.inodes_exist(&inodes).map(MetaReply::Exist),
             R::Append { ino, len } => self.append(ino, len).map(MetaReply::Offset),
             R::Accessed { ino } => self.accessed(ino).map(attr),
             R::SetLock { ino, client, lock } => {
@@ -367,6 +382,10 @@ fn describe(req: &MetaRequest) -> (&'static str, u64) {
         R::RegisterData { node, .. } => ("register_data", node.map_or(0, |n| u64::from(n.0))),
         R::Heartbeat { node, .. } => ("heartbeat", u64::from(node.0)),
         R::ClusterMap => ("cluster_map", 0),
+        R::Status => ("status", 0),
+        R::ListFiles { after, .. } => ("list_files", after.0),
+        R::CheckNamespace => ("check_namespace", 0),
+        R::InodesExist { inodes } => ("inodes_exist", inodes.len() as u64),
         R::Append { ino, .. } => ("append", ino.0),
         R::Accessed { ino } => ("accessed", ino.0),
         R::SetLock { ino, .. } => ("setlock", ino.0),

@@ -5,7 +5,7 @@
 //! explicit number for the same reason.
 
 use crate::error::MetaError;
-use proto::{Attr, FileKind, InodeId, Layout, NodeId, Timestamp};
+use proto::{Attr, ChainId, FileKind, InodeId, Layout, Timestamp};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 /// Version of the on-disk format, kept in the superblock; a mismatch refuses to open.
@@ -70,16 +70,19 @@ impl Superblock {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct StoredLayout {
     pub chunk_size_bytes: u32,
-    pub stripe: Vec<u32>,
+    /// Replication chains, by id.
+    pub chains: Vec<u32>,
     pub first: u32,
+    pub replicas: u8,
 }
 
 impl From<&StoredLayout> for Layout {
     fn from(l: &StoredLayout) -> Layout {
         Layout {
             chunk_size_bytes: l.chunk_size_bytes,
-            stripe: l.stripe.iter().map(|&n| NodeId(n)).collect(),
+            chains: l.chains.iter().map(|&c| ChainId(c)).collect(),
             first: l.first,
+            replicas: l.replicas,
         }
     }
 }
@@ -161,6 +164,23 @@ pub(crate) struct DirentRecord {
     pub kind: FileKind,
 }
 
+/// One member of a chain record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct MemberRecord {
+    pub node: u32,
+    /// 1 serving, 2 syncing, 3 offline.
+    pub state: u8,
+    /// Map version at which it started syncing (0 otherwise).
+    pub since: u64,
+}
+
+/// One replication chain, under key `C`+chain.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ChainRecord {
+    /// Head first.
+    pub members: Vec<MemberRecord>,
+}
+
 /// One data server, under key `N`+node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct NodeRecord {
@@ -209,8 +229,9 @@ mod tests {
         rec.target = b"/x".to_vec();
         rec.layout = Some(StoredLayout {
             chunk_size_bytes: 1 << 22,
-            stripe: vec![1, 2],
+            chains: vec![1, 2],
             first: 1,
+            replicas: 3,
         });
         assert_eq!(rec.perm, 0o7777);
         let bytes = encode(&rec).unwrap();

@@ -1,12 +1,50 @@
-//! Data server registration, heartbeats, the cluster map and statfs.
+//! Data server registration, heartbeats, membership of chains, the cluster map and statfs.
 
 use super::{code, engine_tests, H};
 use crate::kv::StoreKind;
 use crate::namespace::ConnId;
 use crate::NamespaceConfig;
-use proto::meta::{MetaReply, MetaRequest};
-use proto::{ErrorCode, NodeId};
+use proto::meta::{ClusterMap, MemberState, MetaReply, MetaRequest, ResyncReport};
+use proto::{ChainId, ErrorCode, NodeId};
 use std::time::{Duration, Instant};
+
+fn beat(h: &H, node: NodeId) -> ClusterMap {
+    h.ns()
+        .heartbeat(node, 1, 0, &[], 0, ResyncReport::default())
+        .unwrap();
+    h.ns().cluster_map().unwrap()
+}
+
+/// Reports a finished resync pass of every chain `node` syncs in, at `map`'s version.
+fn synced(h: &H, node: NodeId, map: &ClusterMap) -> ClusterMap {
+    let chains = map
+        .chains
+        .iter()
+        .filter(|c| {
+            c.members
+                .iter()
+                .any(|m| m.node == node && m.state == MemberState::Syncing)
+        })
+        .map(|c| c.chain)
+        .collect();
+    let report = ResyncReport {
+        pass_version: map.version,
+        synced: chains,
+        checked: 0,
+        copied: 0,
+    };
+    h.ns().heartbeat(node, 1, 0, &[], 0, report).unwrap();
+    h.ns().cluster_map().unwrap()
+}
+
+fn states(map: &ClusterMap, chain: u32) -> Vec<(u32, MemberState)> {
+    map.chain(ChainId(chain))
+        .unwrap()
+        .members
+        .iter()
+        .map(|m| (m.node.0, m.state))
+        .collect()
+}
 
 fn register_assigns_and_updates(kind: StoreKind) {
     let mut h = H::new(kind);
@@ -20,9 +58,13 @@ fn register_assigns_and_updates(kind: StoreKind) {
         a
     );
     let map = ns.cluster_map().unwrap();
-    assert_eq!(map.len(), 2);
+    assert_eq!(map.nodes.len(), 2);
     assert_eq!(
-        (map[0].node, map[0].addr.as_str(), map[0].alive),
+        (
+            map.nodes[0].node,
+            map.nodes[0].addr.as_str(),
+            map.nodes[0].alive()
+        ),
         (a, "10.0.0.9:7001", true)
     );
     assert_eq!(
@@ -42,16 +84,18 @@ fn register_assigns_and_updates(kind: StoreKind) {
         (stats.total_bytes, stats.free_bytes, stats.files),
         (3000, 2500, 1)
     );
-    // A restart keeps registrations but not liveness: a node must heartbeat again.
+    // A restart keeps registrations and chains; every server gets one lease to report.
+    let before = ns.cluster_map().unwrap();
     h.restart();
     let ns = h.ns();
-    assert!(ns.cluster_map().unwrap().iter().all(|n| !n.alive));
-    ns.heartbeat(b, 4000, 4500, &[]).unwrap();
-    let map = ns.cluster_map().unwrap();
+    let after = ns.cluster_map().unwrap();
+    assert!(after.nodes.iter().all(|n| n.alive()));
     assert_eq!(
-        map.iter().map(|n| n.alive).collect::<Vec<_>>(),
-        vec![false, true]
+        (after.version, &after.chains),
+        (before.version, &before.chains)
     );
+    ns.heartbeat(b, 4000, 4500, &[], 0, ResyncReport::default())
+        .unwrap();
     let stats = ns.statfs().unwrap();
     assert_eq!(
         (stats.total_bytes, stats.free_bytes),
@@ -64,7 +108,10 @@ fn register_assigns_and_updates(kind: StoreKind) {
 fn heartbeat_of_unknown_node_is_not_found(kind: StoreKind) {
     let h = H::new(kind);
     assert_eq!(
-        code(h.ns().heartbeat(NodeId(1), 1, 1, &[])),
+        code(
+            h.ns()
+                .heartbeat(NodeId(1), 1, 1, &[], 0, ResyncReport::default())
+        ),
         ErrorCode::NotFound
     );
     let reply = h.ns().handle(
@@ -73,33 +120,149 @@ fn heartbeat_of_unknown_node_is_not_found(kind: StoreKind) {
             capacity_bytes: 0,
             used_bytes: 0,
             done: vec![],
+            map_version: 0,
+            resync: ResyncReport::default(),
         },
         ConnId(1),
     );
     assert_eq!(reply.unwrap_err().code, ErrorCode::NotFound);
 }
 
-fn lease_expires_without_heartbeats(kind: StoreKind) {
+fn chains_fill_up_and_members_sync(kind: StoreKind) {
+    let h = H::new(kind);
+    let a = h.ns().register_data(None, "a:1", 1, 0).unwrap();
+    let map = h.ns().cluster_map().unwrap();
+    assert_eq!(states(&map, 1), vec![(1, MemberState::Serving)]);
+    let b = h.ns().register_data(None, "b:1", 1, 0).unwrap();
+    let c = h.ns().register_data(None, "c:1", 1, 0).unwrap();
+    let map = h.ns().cluster_map().unwrap();
+    assert_eq!(map.chains.len(), 3, "one chain per server");
+    for chain in &map.chains {
+        assert_eq!(chain.members.len(), 3, "{chain:?}");
+        assert_eq!(
+            chain.members[0].node.0, chain.chain.0,
+            "each server heads its chain"
+        );
+    }
+    // A report of a pass that started before the member joined does not count.
+    let old = ResyncReport {
+        pass_version: 1,
+        synced: vec![ChainId(1)],
+        ..ResyncReport::default()
+    };
+    h.ns().heartbeat(b, 1, 0, &[], 0, old).unwrap();
+    assert_eq!(
+        states(&h.ns().cluster_map().unwrap(), 1)[1].1,
+        MemberState::Syncing
+    );
+    let map = synced(&h, b, &map);
+    let map = synced(&h, c, &map);
+    let map = synced(&h, a, &map);
+    for chain in &map.chains {
+        assert!(
+            chain
+                .members
+                .iter()
+                .all(|m| m.state == MemberState::Serving),
+            "{chain:?}"
+        );
+        assert_eq!(chain.write_order(3).len(), 3);
+        assert_eq!(
+            chain.readers(2).len(),
+            2,
+            "a file asking for 2 copies uses 2"
+        );
+    }
+}
+
+fn a_lost_lease_takes_a_server_out_and_it_resyncs_back(kind: StoreKind) {
     let config = NamespaceConfig {
-        node_lease_ms: 100,
+        node_lease_ms: 300,
+        replace_after_ms: 600_000,
         ..NamespaceConfig::default()
     };
     let h = H::with_config(kind, config);
-    let node = h.ns().register_data(None, "a:1", 1, 0).unwrap();
-    assert!(h.ns().cluster_map().unwrap()[0].alive);
-    // Wait on the condition with a deadline rather than a fixed sleep.
+    let nodes: Vec<NodeId> = ["a:1", "b:1", "c:1"]
+        .iter()
+        .map(|a| h.ns().register_data(None, a, 1, 0).unwrap())
+        .collect();
+    let mut map = h.ns().cluster_map().unwrap();
+    for &n in &nodes {
+        map = synced(&h, n, &map);
+    }
+    // Node 3 stops beating; the others keep theirs.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while h.ns().cluster_map().unwrap()[0].alive {
+    loop {
+        map = beat(&h, nodes[0]);
+        beat(&h, nodes[1]);
+        if states(&map, 1)[2].1 == MemberState::Offline {
+            break;
+        }
         assert!(Instant::now() < deadline, "lease never expired");
         std::thread::sleep(Duration::from_millis(20));
     }
-    h.ns().heartbeat(node, 1, 0, &[]).unwrap();
+    assert!(!map.nodes[2].alive());
+    assert_eq!(
+        map.chain(ChainId(1)).unwrap().write_order(3),
+        vec![nodes[0], nodes[1]]
+    );
+    // Back: syncing (writes reach it, reads do not), then serving after a pass.
+    map = beat(&h, nodes[2]);
+    assert_eq!(states(&map, 1)[2].1, MemberState::Syncing);
+    assert_eq!(
+        map.chain(ChainId(1)).unwrap().readers(3),
+        vec![nodes[0], nodes[1]]
+    );
+    assert_eq!(
+        map.chain(ChainId(3)).unwrap().write_order(3)[2],
+        nodes[2],
+        "syncing goes last"
+    );
+    map = synced(&h, nodes[2], &map);
+    assert!(map.chains.iter().all(|c| c.readers(3).len() == 3));
     let reply = h.ns().handle(MetaRequest::ClusterMap, ConnId(1)).unwrap();
-    assert!(matches!(reply, MetaReply::Map { nodes } if nodes[0].alive));
+    assert!(matches!(reply, MetaReply::Map(m) if m.version == map.version));
+}
+
+fn a_server_away_too_long_is_replaced(kind: StoreKind) {
+    let config = NamespaceConfig {
+        node_lease_ms: 200,
+        replace_after_ms: 400,
+        replicas: 2,
+        ..NamespaceConfig::default()
+    };
+    let h = H::with_config(kind, config);
+    let nodes: Vec<NodeId> = ["a:1", "b:1", "c:1"]
+        .iter()
+        .map(|a| h.ns().register_data(None, a, 1, 0).unwrap())
+        .collect();
+    let mut map = h.ns().cluster_map().unwrap();
+    for &n in &nodes {
+        map = synced(&h, n, &map);
+    }
+    let holding = |m: &ClusterMap, n: NodeId| {
+        m.chains
+            .iter()
+            .filter(|c| c.members.iter().any(|x| x.node == n))
+            .count()
+    };
+    assert!(holding(&map, nodes[2]) > 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while holding(&map, nodes[2]) > 0 {
+        assert!(Instant::now() < deadline, "never replaced");
+        map = beat(&h, nodes[0]);
+        beat(&h, nodes[1]);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for chain in &map.chains {
+        assert_eq!(chain.members.len(), 2, "{chain:?} back to two members");
+    }
 }
 
 engine_tests!(
     register_assigns_and_updates,
     heartbeat_of_unknown_node_is_not_found,
-    lease_expires_without_heartbeats,
+    chains_fill_up_and_members_sync,
+    a_lost_lease_takes_a_server_out_and_it_resyncs_back,
+    a_server_away_too_long_is_replaced,
 );

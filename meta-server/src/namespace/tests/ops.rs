@@ -252,8 +252,9 @@ fn create_places_chunks_round_robin(kind: StoreKind) {
             .create(ROOT, name.as_bytes(), 0o640, caller(), true, owner(1));
         let o = o.unwrap();
         assert_eq!(o.layout.chunk_size_bytes, 1 << 20);
-        let stripe: Vec<u32> = o.layout.stripe.iter().map(|n| n.0).collect();
-        assert_eq!(stripe, vec![1, 2, 3]);
+        let chains: Vec<u32> = o.layout.chains.iter().map(|n| n.0).collect();
+        assert_eq!(chains, vec![1, 2, 3]);
+        assert_eq!(o.layout.replicas, 3);
         assert_eq!(u64::from(o.layout.first), o.attr.ino.0 % 3);
         assert_eq!(
             (o.attr.kind, o.attr.perm, o.attr.nlink, o.attr.size),
@@ -278,7 +279,7 @@ fn create_over_existing_names(kind: StoreKind) {
         again.attr.perm, 0o644,
         "opening an existing file keeps its mode"
     );
-    assert_eq!(again.layout.stripe.len(), 2);
+    assert_eq!(again.layout.chains.len(), 2);
     let excl = ns.create(ROOT, b"f", 0o600, caller(), true, owner(1));
     assert_eq!(code(excl), ErrorCode::AlreadyExists);
     let dir = ns.create(ROOT, b"d", 0o600, caller(), false, owner(1));
@@ -415,10 +416,14 @@ fn unlink_frees_at_last_link(kind: StoreKind) {
     ns.unlink(d.ino, b"f").unwrap();
     assert_eq!(ns.getattr(f.ino).unwrap().nlink, 1);
     assert!(ns.getattr(d.ino).unwrap().mtime >= dir_before.mtime);
-    assert!(ns
-        .heartbeat(proto::NodeId(1), 1000, 10, &[])
-        .unwrap()
-        .is_empty());
+    let gc = |ns: &crate::namespace::Namespace, node: u32| {
+        let none = proto::meta::ResyncReport::default();
+        let (tasks, _) = ns
+            .heartbeat(proto::NodeId(node), 1000, 10, &[], 0, none)
+            .unwrap();
+        tasks
+    };
+    assert!(gc(ns, 1).is_empty());
     ns.unlink(ROOT, b"g").unwrap();
     assert_eq!(code(ns.getattr(f.ino)), ErrorCode::NotFound);
     assert!(
@@ -427,17 +432,13 @@ fn unlink_frees_at_last_link(kind: StoreKind) {
     );
     assert_eq!(ns.statfs().unwrap().files, files - 1);
     for node in [1, 2] {
-        let tasks = ns.heartbeat(proto::NodeId(node), 1000, 10, &[]).unwrap();
-        assert_eq!(tasks, vec![proto::meta::GcTask::DeleteFile(f.ino)]);
+        assert_eq!(gc(ns, node), vec![proto::meta::GcTask::DeleteFile(f.ino)]);
     }
     // Special files have no chunks and queue nothing.
     ns.mknod(ROOT, b"p", FileKind::Fifo, 0o600, 0, caller())
         .unwrap();
     ns.unlink(ROOT, b"p").unwrap();
-    assert_eq!(
-        ns.heartbeat(proto::NodeId(1), 1000, 10, &[]).unwrap().len(),
-        1
-    );
+    assert_eq!(gc(ns, 1).len(), 1);
 }
 
 fn rmdir_refuses_and_unlinks(kind: StoreKind) {
@@ -675,18 +676,12 @@ fn restart_keeps_everything(kind: StoreKind) {
         .collect();
     assert_eq!(again, attrs, "time stamps too");
     assert_eq!(ns.statfs().unwrap(), stats);
-    let nodes: Vec<_> = ns
-        .cluster_map()
-        .unwrap()
-        .into_iter()
-        .map(|n| (n.node, n.addr))
-        .collect();
-    assert_eq!(
-        nodes,
-        map.into_iter()
-            .map(|n| (n.node, n.addr))
-            .collect::<Vec<_>>()
-    );
+    let again = ns.cluster_map().unwrap();
+    let nodes = |m: &proto::meta::ClusterMap| -> Vec<_> {
+        m.nodes.iter().map(|n| (n.node, n.addr.clone())).collect()
+    };
+    assert_eq!(nodes(&again), nodes(&map));
+    assert_eq!((again.version, &again.chains), (map.version, &map.chains));
     // Counters continue where they were.
     assert!(mkdir(ns, ROOT, "new").ino.0 > sub.ino.0);
     assert_eq!(ns.register_data(None, "x:1", 1, 0).unwrap().0, 4);

@@ -50,7 +50,10 @@ fn rename_over_existing_file(kind: StoreKind) {
     assert_eq!(code(ns.getattr(old.ino)), ErrorCode::NotFound);
     assert_eq!(ns.statfs().unwrap().files, files - 1);
     for node in [1, 2] {
-        let tasks = ns.heartbeat(NodeId(node), 1, 0, &[]).unwrap();
+        let tasks = ns
+            .heartbeat(NodeId(node), 1, 0, &[], 0, Default::default())
+            .unwrap()
+            .0;
         assert_eq!(tasks, vec![GcTask::DeleteFile(old.ino)]);
     }
     // A replaced file that is still open lives on as an orphan until release.

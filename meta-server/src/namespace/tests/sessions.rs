@@ -7,7 +7,10 @@ use proto::meta::{Commit, GcTask};
 use proto::{ErrorCode, FileKind, InodeId, NodeId, SessionId, Timestamp};
 
 fn gc_tasks(h: &H, node: u32) -> Vec<GcTask> {
-    h.ns().heartbeat(NodeId(node), 1000, 0, &[]).unwrap()
+    h.ns()
+        .heartbeat(NodeId(node), 1000, 0, &[], 0, Default::default())
+        .unwrap()
+        .0
 }
 
 fn open_and_release(kind: StoreKind) {
@@ -25,7 +28,7 @@ fn open_and_release(kind: StoreKind) {
     let a = ns.open_inode(f.ino, false, owner(1)).unwrap();
     let b = ns.open_inode(f.ino, false, owner(2)).unwrap();
     assert_ne!(a.session, b.session);
-    assert_eq!((a.attr.size, a.layout.stripe.len()), (10, 2));
+    assert_eq!((a.attr.size, a.layout.chains.len()), (10, 2));
     let t = Timestamp {
         secs: 1_800_000_000,
         nanos: 1,
@@ -71,7 +74,7 @@ fn open_truncate_and_directories(kind: StoreKind) {
     let d = mkdir(ns, ROOT, "d");
     let od = ns.open_inode(d.ino, false, owner(1)).unwrap();
     assert_eq!(
-        (od.attr.kind, od.layout.stripe.len()),
+        (od.attr.kind, od.layout.chains.len()),
         (FileKind::Directory, 0)
     );
     assert_eq!(
@@ -215,9 +218,15 @@ fn heartbeat_done_tasks_are_forgotten(kind: StoreKind) {
     let first = gc_tasks(&h, 1);
     assert_eq!(first.len(), crate::namespace::MAX_GC_TASKS_PER_HEARTBEAT);
     assert_eq!(gc_tasks(&h, 1), first, "tasks repeat until done");
-    let rest = ns.heartbeat(NodeId(1), 1000, 0, &first).unwrap();
+    let rest = ns
+        .heartbeat(NodeId(1), 1000, 0, &first, 0, Default::default())
+        .unwrap()
+        .0;
     assert_eq!(rest.len(), 300 - first.len());
-    let none = ns.heartbeat(NodeId(1), 1000, 0, &rest).unwrap();
+    let none = ns
+        .heartbeat(NodeId(1), 1000, 0, &rest, 0, Default::default())
+        .unwrap()
+        .0;
     assert!(none.is_empty());
     let all: Vec<_> = first.iter().chain(&rest).copied().collect();
     let want: Vec<_> = inos.into_iter().map(GcTask::DeleteFile).collect();

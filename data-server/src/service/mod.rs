@@ -3,15 +3,30 @@
 //! A read: the store fills a registered buffer, then the engine WRITEs it into the
 //! client's granted slice. A write: the engine READs the client's slice into a registered
 //! buffer, then the store writes it. Requests larger than one buffer move in steps.
+//! Writes go down the chunk's replication chain (`chain.rs`); copies that missed writes
+//! are brought up to date from a serving member (`resync.rs`).
 
+mod chain;
+mod locks;
+mod resync;
+
+pub use resync::Resync;
+
+use crate::cluster::ClusterView;
 use crate::error::DataError;
-use crate::store::ChunkStore;
+use crate::store::{ChunkStore, ReplicaFields};
 use bytes::Bytes;
-use proto::data::{DataReply, DataRequest, DataResult};
+use chain::{ChainWrite, Source};
+use locks::ChunkLocks;
+use proto::data::{DataReply, DataRequest, DataResult, ReplicaData};
 use proto::{codec, ChunkId, ErrorCode, RemoteBuf, WireError};
 use std::sync::Arc;
+use tokio::sync::Notify;
 use tracing::{debug, warn, Instrument};
 use transport::{BufferPool, Connection, Handler, HandlerFuture, MemoryRegion};
+
+/// Chunks one `ListChunks` answer carries at most.
+pub const MAX_LIST_CHUNKS: u32 = 1024;
 
 /// Serves [`DataRequest`]s against a [`ChunkStore`].
 #[derive(Clone)]
@@ -21,20 +36,55 @@ pub struct DataService {
 
 struct Inner {
     store: Arc<ChunkStore>,
+    /// Buffers of requests from clients (reads, and writes at the head).
     pool: BufferPool,
+    /// Buffers of replicated writes at members with a successor.
+    relay_pool: BufferPool,
+    /// Buffers of replicated writes at the tail.
+    tail_pool: BufferPool,
     max_msg_bytes: usize,
+    view: Arc<ClusterView>,
+    locks: ChunkLocks,
+    /// Woken when a copy here was marked stale: the resync task repairs it.
+    stale_found: Arc<Notify>,
+}
+
+/// The registered buffers of a data service.
+pub struct Pools {
+    /// Client requests.
+    pub io: BufferPool,
+    /// Replicated writes at relaying members.
+    pub relay: BufferPool,
+    /// Replicated writes at tails.
+    pub tail: BufferPool,
 }
 
 impl DataService {
-    /// A service over `store`, moving bytes through `pool`.
-    pub fn new(store: Arc<ChunkStore>, pool: BufferPool, max_msg_bytes: usize) -> DataService {
+    /// A service over `store`, moving bytes through `pools`, knowing the cluster through
+    /// `view`.
+    pub fn new(
+        store: Arc<ChunkStore>,
+        pools: Pools,
+        max_msg_bytes: usize,
+        view: Arc<ClusterView>,
+    ) -> DataService {
         DataService {
             inner: Arc::new(Inner {
                 store,
-                pool,
+                pool: pools.io,
+                relay_pool: pools.relay,
+                tail_pool: pools.tail,
                 max_msg_bytes,
+                view,
+                locks: ChunkLocks::default(),
+                stale_found: Arc::new(Notify::new()),
             }),
         }
+    }
+
+    /// The background task that brings this server's copies up to date.
+    pub fn resync(&self, interval: std::time::Duration) -> Resync {
+        Resync::new(self.inner.clone(), interval)
     }
 }
 
@@ -73,6 +123,11 @@ fn op_name(req: &DataRequest) -> &'static str {
         DataRequest::ReadChunk { .. } => "read",
         DataRequest::WriteChunk { .. } => "write",
         DataRequest::WriteZeros { .. } => "write_zeros",
+        DataRequest::Replicate { .. } => "replicate",
+        DataRequest::ChunkInfo { .. } => "chunk_info",
+        DataRequest::ListChunks { .. } => "list_chunks",
+        DataRequest::FetchChunk { .. } => "fetch_chunk",
+        DataRequest::Repair { .. } => "repair",
         DataRequest::TruncateFile { .. } => "truncate",
         DataRequest::DeleteFile { .. } => "delete",
         DataRequest::Fsync { .. } => "fsync",
@@ -99,41 +154,133 @@ impl Inner {
         match req {
             DataRequest::ReadChunk {
                 chunk,
+                place,
                 chunk_size_bytes,
                 offset,
                 len,
                 dest,
             } => {
+                self.check_readable(chunk, &place).await?;
+                let _lock = self.locks.read(chunk).await;
                 self.read(conn, chunk, chunk_size_bytes, offset, len, dest)
                     .await?;
                 Ok(DataReply::Read { len })
             }
             DataRequest::WriteChunk {
                 chunk,
+                place,
                 chunk_size_bytes,
                 offset,
                 src,
             } => {
-                let len = self
-                    .write(conn, chunk, chunk_size_bytes, offset, src)
-                    .await?;
+                let w = ChainWrite {
+                    chunk,
+                    place,
+                    chunk_size: chunk_size_bytes,
+                    offset,
+                    src: Source::Remote(src),
+                };
+                let len = self.head_write(conn, w).await?;
+                debug!(%chunk, offset, len, "written");
                 Ok(DataReply::Written { len })
             }
             DataRequest::WriteZeros {
                 chunk,
+                place,
                 chunk_size_bytes,
                 offset,
                 len,
             } => {
-                blocking(move || write_zeros(&store, chunk, chunk_size_bytes, offset, len)).await?;
+                let w = ChainWrite {
+                    chunk,
+                    place,
+                    chunk_size: chunk_size_bytes,
+                    offset,
+                    src: Source::Zeros(len),
+                };
+                let len = self.head_write(conn, w).await?;
                 Ok(DataReply::Written { len })
+            }
+            DataRequest::Replicate {
+                chunk,
+                place,
+                chunk_size_bytes,
+                offset,
+                version,
+                base_version,
+                data,
+            } => {
+                let src = match data {
+                    ReplicaData::Bytes(b) => Source::Remote(b),
+                    ReplicaData::Zeros(n) => Source::Zeros(n),
+                };
+                let w = ChainWrite {
+                    chunk,
+                    place,
+                    chunk_size: chunk_size_bytes,
+                    offset,
+                    src,
+                };
+                let len = self.replicate(conn, w, version, base_version).await?;
+                Ok(DataReply::Written { len })
+            }
+            DataRequest::ChunkInfo { chunk, verify } => {
+                let _lock = self.locks.read(chunk).await;
+                let info = if verify {
+                    blocking(move || Ok(store.fetch(chunk)?.map(|(m, _)| m))).await?
+                } else {
+                    blocking(move || store.chunk_meta(chunk)).await?
+                };
+                Ok(DataReply::Info(info))
+            }
+            DataRequest::ListChunks {
+                chain,
+                after,
+                limit,
+            } => {
+                let limit = limit.clamp(1, MAX_LIST_CHUNKS) as usize;
+                let list = blocking(move || {
+                    let mut out = Vec::new();
+                    let mut cursor = after;
+                    loop {
+                        let page = store.list_after(cursor, limit)?;
+                        let Some(&last) = page.last() else { break };
+                        for c in page {
+                            match store.chunk_meta(c) {
+                                Ok(Some(m)) if m.chain == chain => out.push(m),
+                                Ok(_) => {}
+                                // A damaged header lists as a stale copy of version 0.
+                                Err(_) => out.push(proto::data::ChunkMeta {
+                                    chunk: c,
+                                    chain,
+                                    version: 0,
+                                    len: 0,
+                                    chunk_size_bytes: 0,
+                                    stale: true,
+                                }),
+                            }
+                            if out.len() >= limit {
+                                return Ok(out);
+                            }
+                        }
+                        cursor = Some(last);
+                    }
+                    Ok(out)
+                })
+                .await?;
+                Ok(DataReply::Chunks(list))
+            }
+            DataRequest::FetchChunk { chunk, dest } => self.fetch(conn, chunk, dest).await,
+            DataRequest::Repair { chunk, chain, from } => {
+                self.repair_from(&from, chunk, chain).await?;
+                Ok(DataReply::Unit)
             }
             DataRequest::TruncateFile {
                 inode,
                 size,
                 chunk_size_bytes,
             } => {
-                blocking(move || store.truncate_file(inode, size, chunk_size_bytes)).await?;
+                self.truncate(inode, size, chunk_size_bytes).await?;
                 Ok(DataReply::Unit)
             }
             DataRequest::DeleteFile { inode } => {
@@ -199,33 +346,33 @@ impl Inner {
         Ok(())
     }
 
-    async fn write(
-        &self,
-        conn: &Connection,
-        chunk: ChunkId,
-        chunk_size: u32,
-        offset: u32,
-        src: RemoteBuf,
-    ) -> Result<u32, WireError> {
-        let len = u32::try_from(src.len)
-            .ok()
-            .filter(|l| u64::from(offset) + u64::from(*l) <= u64::from(chunk_size))
-            .ok_or_else(|| range_error(offset, src.len.min(u64::from(u32::MAX)) as u32))?;
-        for (at, n) in self.steps(len) {
-            let buf = self.pool.take().await;
-            let mr: MemoryRegion = buf.mr().clone();
-            let part = RemoteBuf {
-                addr: src.addr + u64::from(at),
-                len: u64::from(n),
-                key: src.key,
-            };
-            conn.read(part, &mr, 0).await.map_err(WireError::from)?;
-            let store = self.store.clone();
-            let off = offset + at;
-            blocking(move || store.write(chunk, chunk_size, off, &mr.lock()[..n as usize])).await?;
-        }
-        debug!(%chunk, offset, len, "written");
-        Ok(len)
+    /// Cuts a file here. The chunk holding the new end changes without a chain write,
+    /// so its version moves by one on every member: copies that missed the cut differ.
+    async fn truncate(&self, inode: proto::InodeId, size: u64, cs: u32) -> Result<(), WireError> {
+        let boundary = size.checked_sub(1).map(|end| ChunkId {
+            inode,
+            index: end / u64::from(cs.max(1)),
+        });
+        let _lock = match boundary {
+            Some(c) => Some(self.locks.write(c).await),
+            None => None,
+        };
+        let store = self.store.clone();
+        blocking(move || {
+            store.truncate_file(inode, size, cs)?;
+            if let Some(c) = boundary {
+                if let Some(m) = store.chunk_meta(c)? {
+                    let f = ReplicaFields {
+                        chain: m.chain,
+                        version: m.version + 1,
+                        stale: m.stale,
+                    };
+                    store.set_replica(c, f)?;
+                }
+            }
+            Ok(())
+        })
+        .await
     }
 }
 

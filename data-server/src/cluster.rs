@@ -1,0 +1,152 @@
+//! What a data server knows of the cluster: its own id, the cluster map (from heartbeat
+//! replies, or fetched when a request names a newer one), and connections to its peers.
+
+use bytes::Bytes;
+use parking_lot::{Mutex, RwLock};
+use proto::meta::{ClusterMap, MemberState, MetaReply, MetaRequest, MetaResult};
+use proto::{codec, ChainId, ErrorCode, NodeId, WireError};
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use transport::{Connection, Endpoint, Link};
+
+/// Peer links kept at most; past it the table is cleared (links reconnect on use).
+const MAX_PEER_LINKS: usize = 1024;
+
+/// The cluster as one data server sees it.
+pub struct ClusterView {
+    ep: Endpoint,
+    meta: Link,
+    me: OnceLock<NodeId>,
+    map: RwLock<Arc<ClusterMap>>,
+    /// One fetch of the map at a time; the others wait and use its result.
+    refreshing: tokio::sync::Mutex<()>,
+    peers: Mutex<HashMap<String, Arc<Link>>>,
+}
+
+impl ClusterView {
+    /// A view that knows nothing yet.
+    pub fn new(ep: Endpoint, meta_addr: String) -> ClusterView {
+        ClusterView {
+            ep,
+            meta: Link::new(meta_addr),
+            me: OnceLock::new(),
+            map: RwLock::new(Arc::new(ClusterMap::default())),
+            refreshing: tokio::sync::Mutex::new(()),
+            peers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The endpoint connections go out from.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.ep
+    }
+
+    /// This server's id, once registered.
+    pub fn me(&self) -> Option<NodeId> {
+        self.me.get().copied()
+    }
+
+    pub(crate) fn set_me(&self, node: NodeId) {
+        let _ = self.me.set(node);
+    }
+
+    /// The map as known now.
+    pub fn current(&self) -> Arc<ClusterMap> {
+        self.map.read().clone()
+    }
+
+    /// Takes `map` if it is newer than the one known.
+    pub fn offer(&self, map: ClusterMap) {
+        let mut m = self.map.write();
+        if map.version > m.version {
+            tracing::info!(version = map.version, "cluster map updated");
+            *m = Arc::new(map);
+        }
+    }
+
+    /// Calls the metadata server.
+    pub async fn meta_call(&self, req: &MetaRequest) -> Result<MetaReply, WireError> {
+        let bytes = codec::encode(req, self.ep.config().max_msg_bytes)?;
+        let conn = self.meta.get(&self.ep).await?;
+        let reply = conn.call(Bytes::from(bytes)).await?;
+        let result: MetaResult = codec::decode(&reply)?;
+        result
+    }
+
+    /// A map at least as new as `version`: the known one, or a fresh one from the
+    /// metadata server. A request made with an older map gets `Stale`, so that its
+    /// sender refreshes and retries.
+    pub async fn at(&self, version: u64) -> Result<Arc<ClusterMap>, WireError> {
+        let known = self.current();
+        if version < known.version {
+            return Err(WireError::new(
+                ErrorCode::Stale,
+                format!("cluster map {version} is older than {}", known.version),
+            ));
+        }
+        if version == known.version {
+            return Ok(known);
+        }
+        let _one = self.refreshing.lock().await;
+        if self.current().version < version {
+            match self.meta_call(&MetaRequest::ClusterMap).await? {
+                MetaReply::Map(map) => self.offer(map),
+                other => {
+                    return Err(WireError::new(
+                        ErrorCode::Malformed,
+                        format!("unexpected reply to ClusterMap: {other:?}"),
+                    ))
+                }
+            }
+        }
+        let map = self.current();
+        if map.version < version {
+            return Err(WireError::new(
+                ErrorCode::Stale,
+                format!("cluster map {version} is unknown to the metadata server"),
+            ));
+        }
+        Ok(map)
+    }
+
+    /// A connection to data server `node`.
+    pub async fn peer(&self, map: &ClusterMap, node: NodeId) -> Result<Connection, WireError> {
+        let addr = map.addr(node).ok_or_else(|| {
+            WireError::new(
+                ErrorCode::Stale,
+                format!("{node} is not in the cluster map"),
+            )
+        })?;
+        self.peer_at(addr).await
+    }
+
+    /// A connection to the data server listening at `addr`.
+    pub async fn peer_at(&self, addr: &str) -> Result<Connection, WireError> {
+        let link = {
+            let mut peers = self.peers.lock();
+            if peers.len() >= MAX_PEER_LINKS && !peers.contains_key(addr) {
+                peers.clear();
+            }
+            peers
+                .entry(addr.to_string())
+                .or_insert_with(|| Arc::new(Link::new(addr.to_string())))
+                .clone()
+        };
+        link.get(&self.ep).await.map_err(|e| {
+            WireError::new(
+                ErrorCode::Unavailable,
+                format!("data server {addr} unreachable: {e}"),
+            )
+        })
+    }
+
+    /// This server's state in `chain`, per `map`.
+    pub fn my_state(&self, map: &ClusterMap, chain: ChainId) -> Option<MemberState> {
+        let me = self.me()?;
+        map.chain(chain)?
+            .members
+            .iter()
+            .find(|m| m.node == me)
+            .map(|m| m.state)
+    }
+}

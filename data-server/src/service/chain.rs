@@ -1,0 +1,313 @@
+//! Chain replication of chunk writes.
+//!
+//! A write enters at the head of its chunk's chain (the first member in
+//! [`ChainInfo::write_order`]: serving members, then syncing ones). Each member, holding
+//! the chunk's lock, stores the bytes and passes them to its successor, which READs them
+//! from the member's registered buffer; a member answers only after its successor did, so
+//! the head's answer means every member has the bytes. The head gives the write a new
+//! version (its own plus one) and names the version it had before (`base_version`): a
+//! member holding another one missed a write, stores this one anyway and marks its copy
+//! stale, to be copied whole from a serving member before it serves a read again.
+//!
+//! Every member checks the sender's cluster map version: an older one is refused with
+//! `Stale` (the client refreshes its map and retries), a newer one makes the member fetch
+//! the map first. Reads take the same lock, so they never see a write that has not yet
+//! reached every member.
+
+use super::{blocking, range_error, write_zeros, Inner};
+use crate::store::ReplicaFields;
+use proto::data::{DataReply, DataRequest, Placement, ReplicaData};
+use proto::meta::{ClusterMap, MemberState};
+use proto::{codec, ChunkId, ErrorCode, NodeId, RemoteBuf, WireError};
+use transport::{Access, BufferPool, Connection, MemoryRegion};
+
+/// Where a write's bytes come from at one member.
+#[derive(Clone, Copy)]
+pub(super) enum Source {
+    /// READ them from this connection's peer (the client, or the predecessor).
+    Remote(RemoteBuf),
+    /// Zeros.
+    Zeros(u32),
+}
+
+impl Source {
+    fn len(&self) -> u64 {
+        match self {
+            Source::Remote(b) => b.len,
+            Source::Zeros(n) => u64::from(*n),
+        }
+    }
+}
+
+/// One chain write as a member sees it.
+pub(super) struct ChainWrite {
+    pub chunk: ChunkId,
+    pub place: Placement,
+    pub chunk_size: u32,
+    pub offset: u32,
+    pub src: Source,
+}
+
+impl Inner {
+    /// The chain order of `place` per `map`, and this server's position in it.
+    fn position(
+        &self,
+        map: &ClusterMap,
+        place: &Placement,
+    ) -> Result<(Vec<NodeId>, usize), WireError> {
+        let chain = map.chain(place.chain).ok_or_else(|| {
+            WireError::new(
+                ErrorCode::Stale,
+                format!("{} is not in cluster map {}", place.chain, map.version),
+            )
+        })?;
+        let order = chain.write_order(place.replicas);
+        let me = self.view.me();
+        let pos = order.iter().position(|n| Some(*n) == me).ok_or_else(|| {
+            WireError::new(
+                ErrorCode::Stale,
+                format!(
+                    "this server is not a writable member of {} in map {}",
+                    place.chain, map.version
+                ),
+            )
+        })?;
+        Ok((order, pos))
+    }
+
+    /// A write at the head: new version, store, pass down. Returns the bytes stored.
+    pub(super) async fn head_write(
+        &self,
+        conn: &Connection,
+        w: ChainWrite,
+    ) -> Result<u32, WireError> {
+        let len = check_len(&w)?;
+        let map = self.view.at(w.place.map_version).await?;
+        let (order, pos) = self.position(&map, &w.place)?;
+        if pos != 0 {
+            return Err(WireError::new(
+                ErrorCode::Stale,
+                format!("not the head of {} in map {}", w.place.chain, map.version),
+            ));
+        }
+        let _lock = self.locks.write(w.chunk).await;
+        let base = self.local_fields(w.chunk).await?.version;
+        let version = base + 1;
+        self.apply(
+            conn, &map, &order, pos, &w, len, version, base, false, &self.pool,
+        )
+        .await?;
+        Ok(len)
+    }
+
+    /// A write passed down by the predecessor.
+    pub(super) async fn replicate(
+        &self,
+        conn: &Connection,
+        w: ChainWrite,
+        version: u64,
+        base: u64,
+    ) -> Result<u32, WireError> {
+        let len = check_len(&w)?;
+        let map = self.view.at(w.place.map_version).await?;
+        let (order, pos) = self.position(&map, &w.place)?;
+        let _lock = self.locks.write(w.chunk).await;
+        let have = self.local_fields(w.chunk).await?;
+        // The same write arrives in several steps: the first moves the version from
+        // `base` to `version`, the others find `version` already.
+        let stale = have.stale || (have.version != base && have.version != version);
+        if stale && !have.stale {
+            tracing::info!(chunk = %w.chunk, have = have.version, base, "copy missed a write, marked stale");
+        }
+        // Relaying members and tails draw on separate pools, so that members waiting on
+        // their successors can never hold every buffer a tail needs.
+        let pool = if pos + 1 < order.len() {
+            &self.relay_pool
+        } else {
+            &self.tail_pool
+        };
+        self.apply(conn, &map, &order, pos, &w, len, version, base, stale, pool)
+            .await?;
+        if stale {
+            self.stale_found.notify_one();
+        }
+        Ok(len)
+    }
+
+    /// Stores the write here and passes it to the successor, step by step; then records
+    /// the new version. Called with the chunk's lock held.
+    #[allow(clippy::too_many_arguments)]
+    async fn apply(
+        &self,
+        conn: &Connection,
+        map: &ClusterMap,
+        order: &[NodeId],
+        pos: usize,
+        w: &ChainWrite,
+        len: u32,
+        version: u64,
+        base: u64,
+        stale: bool,
+        pool: &BufferPool,
+    ) -> Result<(), WireError> {
+        let next = match order.get(pos + 1) {
+            Some(&n) => Some(self.view.peer(map, n).await?),
+            None => None,
+        };
+        let step = pool.buffer_bytes() as u32;
+        let mut done = 0u32;
+        let mut result = Ok(());
+        while done < len.max(1) && result.is_ok() {
+            let n = step.min(len - done);
+            let at = w.offset + done;
+            let buf = pool.take().await;
+            let mr: MemoryRegion = buf.mr().clone();
+            let data = match w.src {
+                Source::Remote(src) => {
+                    let part = RemoteBuf {
+                        addr: src.addr + u64::from(done),
+                        len: u64::from(n),
+                        key: src.key,
+                    };
+                    conn.read(part, &mr, 0).await.map_err(WireError::from)?;
+                    Some(mr.clone())
+                }
+                Source::Zeros(_) => None,
+            };
+            let local = self.store_step(w, at, n, data.clone());
+            let forward = async {
+                match &next {
+                    Some(next) => {
+                        let d = data.as_ref().map(|mr| (mr, n));
+                        forward(next, w, at, version, base, d, n).await
+                    }
+                    None => Ok(()),
+                }
+            };
+            let (l, f) = tokio::join!(local, forward);
+            result = l.and(f);
+            done += n;
+            if len == 0 {
+                break;
+            }
+        }
+        // The bytes changed here even if the successor failed: the version moves, so a
+        // later comparison sees this copy differ from one that missed the write.
+        let fields = ReplicaFields {
+            chain: w.place.chain,
+            version,
+            stale,
+        };
+        let store = self.store.clone();
+        let chunk = w.chunk;
+        blocking(move || store.set_replica(chunk, fields)).await?;
+        result
+    }
+
+    /// Stores one step of a write locally.
+    async fn store_step(
+        &self,
+        w: &ChainWrite,
+        at: u32,
+        n: u32,
+        data: Option<MemoryRegion>,
+    ) -> Result<(), WireError> {
+        let store = self.store.clone();
+        let (chunk, cs) = (w.chunk, w.chunk_size);
+        match data {
+            Some(mr) => {
+                blocking(move || store.write(chunk, cs, at, &mr.lock()[..n as usize])).await
+            }
+            None => blocking(move || write_zeros(&store, chunk, cs, at, n)).await,
+        }
+    }
+
+    /// The replica fields of a local chunk (zero for a chunk this server lacks).
+    pub(super) async fn local_fields(&self, chunk: ChunkId) -> Result<ReplicaFields, WireError> {
+        let store = self.store.clone();
+        let meta = blocking(move || store.chunk_meta(chunk)).await?;
+        Ok(meta.map_or(ReplicaFields::default(), |m| ReplicaFields {
+            chain: m.chain,
+            version: m.version,
+            stale: m.stale,
+        }))
+    }
+
+    /// Refuses a read of a copy that may miss committed writes: a stale copy, or a chain
+    /// this server only syncs (per its own map).
+    pub(super) async fn check_readable(
+        &self,
+        chunk: ChunkId,
+        place: &Placement,
+    ) -> Result<(), WireError> {
+        let map = self.view.at(place.map_version).await?;
+        let f = self.local_fields(chunk).await?;
+        let syncing = !matches!(
+            self.view.my_state(&map, place.chain),
+            Some(MemberState::Serving)
+        );
+        if f.stale || syncing {
+            return Err(WireError::new(
+                ErrorCode::Stale,
+                format!("{chunk}: this copy is being brought up to date"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Length of the write, within the chunk.
+fn check_len(w: &ChainWrite) -> Result<u32, WireError> {
+    u32::try_from(w.src.len())
+        .ok()
+        .filter(|l| u64::from(w.offset) + u64::from(*l) <= u64::from(w.chunk_size))
+        .ok_or_else(|| range_error(w.offset, w.src.len().min(u64::from(u32::MAX)) as u32))
+}
+
+/// Passes one step to the successor: it READs the bytes from `data` (or writes zeros).
+async fn forward(
+    next: &Connection,
+    w: &ChainWrite,
+    at: u32,
+    version: u64,
+    base: u64,
+    data: Option<(&MemoryRegion, u32)>,
+    n: u32,
+) -> Result<(), WireError> {
+    let grant = match data {
+        Some((mr, len)) => Some(
+            next.grant(mr, 0, len as usize, Access::RemoteRead)
+                .map_err(WireError::from)?,
+        ),
+        None => None,
+    };
+    let payload = match &grant {
+        Some(g) => ReplicaData::Bytes(g.remote()),
+        None => ReplicaData::Zeros(n),
+    };
+    let req = DataRequest::Replicate {
+        chunk: w.chunk,
+        place: w.place,
+        chunk_size_bytes: w.chunk_size,
+        offset: at,
+        version,
+        base_version: base,
+        data: payload,
+    };
+    let bytes = codec::encode(&req, usize::MAX)?;
+    let reply = next.call(bytes.into()).await.map_err(|e| {
+        WireError::new(
+            ErrorCode::Unavailable,
+            format!("successor {} failed: {e}", next.peer()),
+        )
+    })?;
+    drop(grant);
+    match codec::decode::<proto::data::DataResult>(&reply)? {
+        Ok(DataReply::Written { .. }) => Ok(()),
+        Ok(other) => Err(WireError::new(
+            ErrorCode::Malformed,
+            format!("unexpected reply {other:?} from successor"),
+        )),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,379 @@
+//! Bringing copies up to date: serving whole chunks to a peer, copying one from a peer,
+//! and the background task that resyncs the chains this server is syncing in, repairs
+//! copies marked stale, and drops chunks of chains it is no longer a member of.
+
+use super::{blocking, Inner, MAX_LIST_CHUNKS};
+use crate::store::ReplicaFields;
+use parking_lot::Mutex;
+use proto::data::{ChunkMeta, DataReply, DataRequest, DataResult};
+use proto::meta::{ClusterMap, MemberState, ResyncReport};
+use proto::{codec, ChainId, ChunkId, ErrorCode, NodeId, RemoteBuf, WireError};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{info, warn};
+use transport::{Access, Connection};
+
+/// Copies of one chunk a repair tries before giving up until the next pass (the source
+/// may change the chunk while it is copied).
+const REPAIR_ATTEMPTS: u32 = 3;
+
+impl Inner {
+    /// Serves `FetchChunk`: the whole chunk into the caller's buffer, with its state.
+    pub(super) async fn fetch(
+        &self,
+        conn: &Connection,
+        chunk: ChunkId,
+        dest: RemoteBuf,
+    ) -> DataResult {
+        let _lock = self.locks.read(chunk).await;
+        let store = self.store.clone();
+        let Some((meta, bytes)) = blocking(move || store.fetch(chunk)).await? else {
+            return Err(WireError::new(
+                ErrorCode::NotFound,
+                format!("{chunk} is not here"),
+            ));
+        };
+        if meta.len > dest.len {
+            return Err(WireError::new(
+                ErrorCode::TooBig,
+                format!("{chunk} holds {} bytes, the buffer {}", meta.len, dest.len),
+            ));
+        }
+        let step = self.pool.buffer_bytes();
+        for (i, part) in bytes.chunks(step).enumerate() {
+            let buf = self.pool.take().await;
+            let mr = buf.mr().clone();
+            mr.lock()[..part.len()].copy_from_slice(part);
+            let at = (i * step) as u64;
+            let target = RemoteBuf {
+                addr: dest.addr + at,
+                len: part.len() as u64,
+                key: dest.key,
+            };
+            conn.write(target, &mr, 0).await.map_err(WireError::from)?;
+        }
+        Ok(DataReply::Fetched(meta))
+    }
+
+    /// Replaces the local copy of `chunk` by the one at `from`. A source without the
+    /// chunk makes the local copy go too. Returns whether anything changed.
+    pub(super) async fn repair_from(
+        &self,
+        from: &str,
+        chunk: ChunkId,
+        chain: ChainId,
+    ) -> Result<bool, WireError> {
+        let conn = self.view.peer_at(from).await?;
+        for _ in 0..REPAIR_ATTEMPTS {
+            let Some(info) = info(&conn, chunk).await? else {
+                let _lock = self.locks.write(chunk).await;
+                let store = self.store.clone();
+                return blocking(move || store.delete_chunk(chunk)).await;
+            };
+            if info.stale {
+                return Err(WireError::new(
+                    ErrorCode::Stale,
+                    format!("{chunk}: the copy at {from} is stale too"),
+                ));
+            }
+            // Room for some growth while the copy is under way.
+            let room = (info.len + (1 << 20))
+                .min(u64::from(info.chunk_size_bytes))
+                .max(1);
+            let mr = self
+                .view
+                .endpoint()
+                .register(room as usize)
+                .map_err(WireError::from)?;
+            let grant = conn
+                .grant(&mr, 0, room as usize, Access::RemoteWrite)
+                .map_err(WireError::from)?;
+            let req = DataRequest::FetchChunk {
+                chunk,
+                dest: grant.remote(),
+            };
+            let got = match call(&conn, &req).await {
+                Ok(DataReply::Fetched(m)) => m,
+                Ok(other) => {
+                    return Err(WireError::new(
+                        ErrorCode::Malformed,
+                        format!("unexpected reply {other:?} to FetchChunk"),
+                    ))
+                }
+                // It grew past the room: measure again.
+                Err(e) if e.code == ErrorCode::TooBig => continue,
+                Err(e) => return Err(e),
+            };
+            drop(grant);
+            let _lock = self.locks.write(chunk).await;
+            let have = self.local_fields(chunk).await?;
+            if !have.stale && have.version > got.version && have.chain == chain {
+                // A newer write arrived here meanwhile: fetch again.
+                continue;
+            }
+            let fields = ReplicaFields {
+                chain,
+                version: got.version,
+                stale: false,
+            };
+            let store = self.store.clone();
+            let cs = got.chunk_size_bytes;
+            let len = got.len as usize;
+            blocking(move || store.install(chunk, cs, &mr.lock()[..len], fields)).await?;
+            return Ok(true);
+        }
+        Err(WireError::new(
+            ErrorCode::Unavailable,
+            format!("{chunk}: kept changing while copied from {from}"),
+        ))
+    }
+}
+
+async fn call(conn: &Connection, req: &DataRequest) -> Result<DataReply, WireError> {
+    let bytes = codec::encode(req, usize::MAX)?;
+    let reply = conn.call(bytes.into()).await.map_err(WireError::from)?;
+    codec::decode::<DataResult>(&reply)?
+}
+
+async fn info(conn: &Connection, chunk: ChunkId) -> Result<Option<ChunkMeta>, WireError> {
+    match call(
+        conn,
+        &DataRequest::ChunkInfo {
+            chunk,
+            verify: false,
+        },
+    )
+    .await?
+    {
+        DataReply::Info(i) => Ok(i),
+        other => Err(WireError::new(
+            ErrorCode::Malformed,
+            format!("unexpected reply {other:?} to ChunkInfo"),
+        )),
+    }
+}
+
+/// The background resync of one data server; its progress goes out with heartbeats.
+#[derive(Clone)]
+pub struct Resync {
+    inner: Arc<Inner>,
+    interval: Duration,
+    report: Arc<Mutex<ResyncReport>>,
+}
+
+impl Resync {
+    pub(super) fn new(inner: Arc<Inner>, interval: Duration) -> Resync {
+        Resync {
+            inner,
+            interval,
+            report: Arc::new(Mutex::new(ResyncReport::default())),
+        }
+    }
+
+    /// What the next heartbeat reports.
+    pub fn report(&self) -> ResyncReport {
+        self.report.lock().clone()
+    }
+
+    /// Runs until the task is aborted.
+    pub async fn run(self) {
+        let mut last_seen = 0u64;
+        loop {
+            let woken = self.inner.stale_found.notified();
+            let _ = tokio::time::timeout(self.interval, woken).await;
+            let map = self.inner.view.current();
+            let Some(me) = self.inner.view.me() else {
+                continue;
+            };
+            if map.version == 0 {
+                continue;
+            }
+            let syncing: Vec<ChainId> = chains_where(&map, me, MemberState::Syncing);
+            if !syncing.is_empty() && map.version != last_seen {
+                // Let every head learn the map that makes this server a member before
+                // the pass starts: writes sent with an older map miss this server.
+                last_seen = map.version;
+                tokio::time::sleep(self.interval * 2).await;
+                continue;
+            }
+            if let Err(e) = self.pass(&map, me, &syncing).await {
+                warn!(error = %e, "resync pass failed");
+            }
+        }
+    }
+
+    /// One pass: every syncing chain compared with a serving member, stale copies of
+    /// serving chains repaired, chunks of foreign chains dropped.
+    async fn pass(
+        &self,
+        map: &ClusterMap,
+        me: NodeId,
+        syncing: &[ChainId],
+    ) -> Result<(), WireError> {
+        let mut synced = Vec::new();
+        for &chain in syncing {
+            let Some(src) = source(map, chain, me) else {
+                continue;
+            };
+            match self.sync_chain(map, chain, src).await {
+                Ok(()) => synced.push(chain),
+                Err(e) => warn!(%chain, error = %e, "resync of chain failed, retrying"),
+            }
+        }
+        {
+            let mut r = self.report.lock();
+            r.pass_version = map.version;
+            r.synced = synced.clone();
+        }
+        if !synced.is_empty() {
+            info!(chains = ?synced, version = map.version, "resync pass complete");
+        }
+        self.sweep(map, me).await
+    }
+
+    /// Copies every chunk of `chain` whose version here differs from `src`'s, and drops
+    /// chunks `src` does not have.
+    async fn sync_chain(
+        &self,
+        map: &ClusterMap,
+        chain: ChainId,
+        src: NodeId,
+    ) -> Result<(), WireError> {
+        let addr = map
+            .addr(src)
+            .ok_or_else(|| WireError::new(ErrorCode::Stale, format!("{src} has no address")))?
+            .to_string();
+        let conn = self.inner.view.peer(map, src).await?;
+        let mut theirs = HashSet::new();
+        let mut after = None;
+        let mut clean = true;
+        loop {
+            let req = DataRequest::ListChunks {
+                chain,
+                after,
+                limit: MAX_LIST_CHUNKS,
+            };
+            let page = match call(&conn, &req).await? {
+                DataReply::Chunks(p) => p,
+                other => {
+                    return Err(WireError::new(
+                        ErrorCode::Malformed,
+                        format!("unexpected reply {other:?} to ListChunks"),
+                    ))
+                }
+            };
+            let Some(last) = page.last().map(|m| m.chunk) else {
+                break;
+            };
+            for m in page {
+                theirs.insert(m.chunk);
+                self.report.lock().checked += 1;
+                if m.stale {
+                    clean = false;
+                    continue;
+                }
+                let have = self.inner.local_fields(m.chunk).await?;
+                if have.version == m.version && !have.stale && have.chain == chain {
+                    continue;
+                }
+                self.inner.repair_from(&addr, m.chunk, chain).await?;
+                self.report.lock().copied += 1;
+            }
+            after = Some(last);
+        }
+        // Ours that the source lacks were deleted or cut away while this server was out.
+        for c in self.own_chunks(Some(chain)).await? {
+            if !theirs.contains(&c.chunk) {
+                self.inner.repair_from(&addr, c.chunk, chain).await?;
+            }
+        }
+        if clean {
+            Ok(())
+        } else {
+            Err(WireError::new(
+                ErrorCode::Stale,
+                format!("{chain}: the source has stale copies"),
+            ))
+        }
+    }
+
+    /// Repairs stale copies of chains this server serves, and removes chunks of chains it
+    /// is not a member of any more.
+    async fn sweep(&self, map: &ClusterMap, me: NodeId) -> Result<(), WireError> {
+        for c in self.own_chunks(None).await? {
+            let Some(info) = map.chain(c.chain) else {
+                continue;
+            };
+            let member = info.members.iter().find(|m| m.node == me);
+            match member {
+                None if c.chain != ChainId(0) => {
+                    let _lock = self.inner.locks.write(c.chunk).await;
+                    // A write under a newer map may have made this server a member.
+                    let now = self.inner.view.current();
+                    let member_now = now
+                        .chain(c.chain)
+                        .is_some_and(|i| i.members.iter().any(|m| m.node == me));
+                    if member_now {
+                        continue;
+                    }
+                    let store = self.inner.store.clone();
+                    let chunk = c.chunk;
+                    blocking(move || store.delete_chunk(chunk)).await?;
+                    info!(chunk = %c.chunk, chain = %c.chain, "dropped a chunk of a chain this server left");
+                }
+                Some(m) if m.state == MemberState::Serving && c.stale => {
+                    if let Some(src) = source(map, c.chain, me) {
+                        let addr = map.addr(src).unwrap_or_default().to_string();
+                        if let Err(e) = self.inner.repair_from(&addr, c.chunk, c.chain).await {
+                            warn!(chunk = %c.chunk, error = %e, "repair of a stale copy failed");
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// This server's chunks (of one chain, or all).
+    async fn own_chunks(&self, chain: Option<ChainId>) -> Result<Vec<ChunkMeta>, WireError> {
+        let store = self.inner.store.clone();
+        blocking(move || {
+            let mut out = Vec::new();
+            let mut after = None;
+            loop {
+                let page = store.list_after(after, 4096)?;
+                let Some(&last) = page.last() else { break };
+                for c in page {
+                    if let Ok(Some(m)) = store.chunk_meta(c) {
+                        if chain.is_none_or(|ch| ch == m.chain) {
+                            out.push(m);
+                        }
+                    }
+                }
+                after = Some(last);
+            }
+            Ok(out)
+        })
+        .await
+    }
+}
+
+/// Chains in which `me` has `state`.
+fn chains_where(map: &ClusterMap, me: NodeId, state: MemberState) -> Vec<ChainId> {
+    map.chains
+        .iter()
+        .filter(|c| c.members.iter().any(|m| m.node == me && m.state == state))
+        .map(|c| c.chain)
+        .collect()
+}
+
+/// A serving member of `chain` other than `me`.
+fn source(map: &ClusterMap, chain: ChainId, me: NodeId) -> Option<NodeId> {
+    map.chain(chain)?
+        .members
+        .iter()
+        .find(|m| m.node != me && m.state == MemberState::Serving)
+        .map(|m| m.node)
+}

@@ -1,0 +1,294 @@
+//! Talking to chains instead of single servers: writes to the head with retries across
+//! map changes, reads from any serving member with failover, fsync and truncation on
+//! every member.
+//!
+//! A request that fails because the sender's map is old (`Stale`) is retried at once
+//! with a fresh map. One that fails because a server is unreachable is retried once the
+//! metadata server has noticed (its map version moves: the server's lease ran out and it
+//! left its chains), waiting at most `failover_timeout_ms` in all. A read tries every
+//! serving member before it waits.
+
+use super::Piece;
+use crate::client::Client;
+use crate::error::{ClientError, Result};
+use crate::rpc;
+use proto::data::{DataReply, DataRequest, Placement};
+use proto::meta::ClusterMap;
+use proto::{ChainId, ChunkId, ErrorCode, InodeId, Layout, NodeId, WireError};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::debug;
+use transport::{Access, MemoryRegion, TransportError};
+
+/// Tries of one request across map changes.
+const MAX_ATTEMPTS: u32 = 8;
+/// How often a client waiting for a map change asks the metadata server.
+const MAP_POLL: Duration = Duration::from_millis(200);
+
+/// What a failure calls for.
+enum Next {
+    /// Our map is old: refresh and retry now.
+    Refresh,
+    /// A server is unreachable: wait for the map to change, then retry.
+    Wait,
+    /// Nothing to retry.
+    Fail,
+}
+
+fn classify(e: &ClientError) -> Next {
+    match e {
+        ClientError::Remote(w) => match w.code {
+            ErrorCode::Stale => Next::Refresh,
+            ErrorCode::Unavailable | ErrorCode::TimedOut | ErrorCode::Overloaded => Next::Wait,
+            _ => Next::Fail,
+        },
+        ClientError::Transport(
+            TransportError::Disconnected { .. }
+            | TransportError::Connect { .. }
+            | TransportError::Handshake { .. }
+            | TransportError::TimedOut { .. },
+        ) => Next::Wait,
+        _ => Next::Fail,
+    }
+}
+
+fn unavailable(msg: String) -> ClientError {
+    ClientError::Remote(WireError::new(ErrorCode::Unavailable, msg))
+}
+
+impl Client {
+    /// The cluster map in use.
+    pub(crate) fn map(&self) -> Arc<ClusterMap> {
+        self.map.read().clone()
+    }
+
+    /// Refreshes the map until its version passes `seen` or `deadline` comes.
+    async fn await_change(&self, seen: u64, deadline: Instant) {
+        loop {
+            if self.refresh_map().await.is_ok() && self.map().version > seen {
+                return;
+            }
+            if Instant::now() + MAP_POLL >= deadline {
+                return;
+            }
+            tokio::time::sleep(MAP_POLL).await;
+        }
+    }
+
+    fn placement(map: &ClusterMap, layout: &Layout, chain: ChainId) -> Placement {
+        Placement {
+            chain,
+            map_version: map.version,
+            replicas: layout.replicas,
+        }
+    }
+
+    /// Runs `op` against the current map, retrying across map changes.
+    async fn with_failover<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T>
+    where
+        F: FnMut(Arc<ClusterMap>) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let deadline = Instant::now() + Duration::from_millis(self.config.failover_timeout_ms);
+        let mut attempt = 0;
+        loop {
+            let map = self.map();
+            let err = match op(map.clone()).await {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            attempt += 1;
+            if attempt >= MAX_ATTEMPTS || Instant::now() >= deadline {
+                return Err(err);
+            }
+            match classify(&err) {
+                Next::Fail => return Err(err),
+                Next::Refresh => {
+                    debug!(error = %err, what, "stale map, refreshing");
+                    let _ = self.refresh_map().await;
+                }
+                Next::Wait => {
+                    debug!(error = %err, what, "server unreachable, waiting for the map to change");
+                    self.await_change(map.version, deadline).await;
+                }
+            }
+        }
+    }
+
+    /// Writes one piece (bytes from `mr`, or zeros) through the head of its chain.
+    pub(super) async fn chain_write(
+        &self,
+        layout: &Layout,
+        p: Piece,
+        mr: Option<&MemoryRegion>,
+    ) -> Result<()> {
+        self.with_failover("write", |map| async move {
+            let chain = map
+                .chain(p.chain)
+                .ok_or_else(|| unavailable(format!("{} is not in the cluster map", p.chain)))?;
+            let head = *chain
+                .write_order(layout.replicas)
+                .first()
+                .ok_or_else(|| unavailable(format!("{} has no member up", p.chain)))?;
+            let conn = self.data_conn(head).await?;
+            let place = Self::placement(&map, layout, p.chain);
+            let chunk_size_bytes = layout.chunk_size_bytes;
+            let grant = match mr {
+                Some(mr) => {
+                    Some(conn.grant(mr, p.buf_offset, p.len as usize, Access::RemoteRead)?)
+                }
+                None => None,
+            };
+            let req = match &grant {
+                Some(g) => DataRequest::WriteChunk {
+                    chunk: p.chunk,
+                    place,
+                    chunk_size_bytes,
+                    offset: p.offset_in_chunk,
+                    src: g.remote(),
+                },
+                None => DataRequest::WriteZeros {
+                    chunk: p.chunk,
+                    place,
+                    chunk_size_bytes,
+                    offset: p.offset_in_chunk,
+                    len: p.len,
+                },
+            };
+            let reply = rpc::data_call(&self.ep, &conn, &req).await?;
+            drop(grant);
+            match reply {
+                DataReply::Written { len } if len == p.len => Ok(()),
+                other => Err(ClientError::Protocol(format!(
+                    "unexpected reply {other:?} to a write"
+                ))),
+            }
+        })
+        .await
+    }
+
+    /// Reads one piece into `mr` from a serving member of its chain, trying the others
+    /// when one fails.
+    pub(super) async fn chain_read(
+        &self,
+        layout: &Layout,
+        p: Piece,
+        mr: &MemoryRegion,
+    ) -> Result<()> {
+        self.with_failover("read", |map| async move {
+            let chain = map
+                .chain(p.chain)
+                .ok_or_else(|| unavailable(format!("{} is not in the cluster map", p.chain)))?;
+            let readers = chain.readers(layout.replicas);
+            if readers.is_empty() {
+                return Err(unavailable(format!("{} has no serving member", p.chain)));
+            }
+            // Spread the chunks of a file over the members.
+            let start = (p.chunk.index as usize) % readers.len();
+            let mut last = None;
+            for i in 0..readers.len() {
+                let node = readers[(start + i) % readers.len()];
+                match self.read_from(&map, layout, p, mr, node).await {
+                    Ok(()) => return Ok(()),
+                    Err(e) => {
+                        debug!(error = %e, %node, chunk = %p.chunk, "read failed, trying another member");
+                        last = Some(e);
+                    }
+                }
+            }
+            Err(last.unwrap_or_else(|| unavailable("no member answered".into())))
+        })
+        .await
+    }
+
+    async fn read_from(
+        &self,
+        map: &ClusterMap,
+        layout: &Layout,
+        p: Piece,
+        mr: &MemoryRegion,
+        node: NodeId,
+    ) -> Result<()> {
+        let conn = self.data_conn(node).await?;
+        let grant = conn.grant(mr, p.buf_offset, p.len as usize, Access::RemoteWrite)?;
+        let req = DataRequest::ReadChunk {
+            chunk: p.chunk,
+            place: Self::placement(map, layout, p.chain),
+            chunk_size_bytes: layout.chunk_size_bytes,
+            offset: p.offset_in_chunk,
+            len: p.len,
+            dest: grant.remote(),
+        };
+        let reply = rpc::data_call(&self.ep, &conn, &req).await?;
+        drop(grant);
+        match reply {
+            DataReply::Read { len } if len == p.len => Ok(()),
+            other => Err(ClientError::Protocol(format!(
+                "unexpected reply {other:?} to a read"
+            ))),
+        }
+    }
+
+    /// Makes `chunks` durable on every member of their chains that takes writes.
+    pub(super) async fn sync_chains(
+        &self,
+        layout: &Layout,
+        chunks: &BTreeMap<ChainId, BTreeSet<ChunkId>>,
+    ) -> Result<()> {
+        self.with_failover("fsync", |map| async move {
+            let mut per_node: BTreeMap<NodeId, Vec<ChunkId>> = BTreeMap::new();
+            for (chain, set) in chunks {
+                let info = map
+                    .chain(*chain)
+                    .ok_or_else(|| unavailable(format!("{chain} is not in the cluster map")))?;
+                let members = info.write_order(layout.replicas);
+                if members.is_empty() {
+                    return Err(unavailable(format!("{chain} has no member up")));
+                }
+                for node in members {
+                    per_node
+                        .entry(node)
+                        .or_default()
+                        .extend(set.iter().copied());
+                }
+            }
+            let syncs = per_node.into_iter().map(|(node, chunks)| async move {
+                let conn = self.data_conn(node).await?;
+                rpc::data_call(&self.ep, &conn, &DataRequest::Fsync { chunks }).await
+            });
+            futures::future::try_join_all(syncs).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Cuts a file's chunks to `size` on every member of its chains that takes writes.
+    pub(crate) async fn truncate_data(
+        &self,
+        ino: InodeId,
+        layout: &Layout,
+        size: u64,
+    ) -> Result<()> {
+        self.with_failover("truncate", |map| async move {
+            let mut nodes = BTreeSet::new();
+            for chain in &layout.chains {
+                if let Some(info) = map.chain(*chain) {
+                    nodes.extend(info.write_order(layout.replicas));
+                }
+            }
+            let cuts = nodes.into_iter().map(|node| async move {
+                let conn = self.data_conn(node).await?;
+                let req = DataRequest::TruncateFile {
+                    inode: ino,
+                    size,
+                    chunk_size_bytes: layout.chunk_size_bytes,
+                };
+                rpc::data_call(&self.ep, &conn, &req).await
+            });
+            futures::future::try_join_all(cuts).await?;
+            Ok(())
+        })
+        .await
+    }
+}

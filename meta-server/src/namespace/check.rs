@@ -1,0 +1,259 @@
+//! What `tessera status` and `tessera fsck` ask: the cluster's health, the files and
+//! their layouts, the namespace's own consistency, and which inodes still exist.
+
+use super::keys;
+use super::records::{decode, DirentRecord, InodeRecord, Superblock};
+use super::Namespace;
+use crate::error::MetaError;
+use proto::meta::{ClusterStatus, FileLayout, MemberState};
+use proto::{ChainId, FileKind, InodeId, Layout};
+use std::collections::HashMap;
+
+/// Keys one scan step reads.
+const PAGE: usize = 4096;
+/// Most files one `ListFiles` answer carries (each carries its chain list).
+pub const MAX_LIST_FILES: u32 = 256;
+/// Most inodes one `InodesExist` asks about.
+pub const MAX_EXIST_QUERY: usize = 4096;
+/// Most problems one `CheckNamespace` reports (the count of the rest is added).
+const MAX_PROBLEMS: usize = 1000;
+
+impl Namespace {
+    /// Calls `f` on every key and value under `prefix`, in order, a page at a time.
+    fn for_each(
+        &self,
+        prefix: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<(), MetaError>,
+    ) -> Result<(), MetaError> {
+        let end = keys::prefix_end(prefix);
+        let mut start = prefix.to_vec();
+        loop {
+            let rows = self.store.scan(&start, &end, PAGE)?;
+            let full = rows.len() == PAGE;
+            for (k, v) in &rows {
+                f(k, v)?;
+            }
+            match rows.last() {
+                Some((k, _)) if full => {
+                    start = k.clone();
+                    start.push(0);
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    /// The map, counts of chunks and under-replicated chunks, resyncs under way.
+    pub fn status(&self) -> Result<ClusterStatus, MetaError> {
+        let map = self.reconcile()?;
+        let serving: HashMap<ChainId, Vec<MemberState>> = map
+            .chains
+            .iter()
+            .map(|c| (c.chain, c.members.iter().map(|m| m.state).collect()))
+            .collect();
+        let target = self.config.replicas.min(map.nodes.len().max(1) as u8);
+        let (mut chunks, mut under) = (0u64, 0u64);
+        self.for_each(&keys::inode_prefix(), |_, v| {
+            let rec: InodeRecord = decode(v, "inode record")?;
+            let Some(l) = rec
+                .layout
+                .as_ref()
+                .filter(|_| rec.kind == FileKind::Regular)
+            else {
+                return Ok(());
+            };
+            let layout = Layout::from(l);
+            let n = rec.size.div_ceil(u64::from(layout.chunk_size_bytes.max(1)));
+            let want = usize::from(layout.replicas.min(target).max(1));
+            // Per chain: how many chunks of this file it holds.
+            let k = layout.chains.len() as u64;
+            for (pos, chain) in layout.chains.iter().enumerate() {
+                let start = (pos as u64 + k - u64::from(layout.first) % k.max(1)) % k.max(1);
+                let count = if n > start {
+                    (n - start).div_ceil(k)
+                } else {
+                    0
+                };
+                chunks += count;
+                let members = serving.get(chain).map_or(&[][..], |v| v.as_slice());
+                let good = members
+                    .iter()
+                    .take(usize::from(layout.replicas.max(1)))
+                    .filter(|s| **s == MemberState::Serving)
+                    .count();
+                if good < want {
+                    under += count;
+                }
+            }
+            Ok(())
+        })?;
+        let resync = self.resyncs(&map);
+        Ok(ClusterStatus {
+            map: (*map).clone(),
+            target_replicas: target,
+            under_replicated_chunks: under,
+            chunks,
+            resync,
+        })
+    }
+
+    /// Up to `limit` regular files after `after`, with their layouts.
+    pub fn list_files(
+        &self,
+        after: InodeId,
+        limit: u32,
+    ) -> Result<(Vec<FileLayout>, bool), MetaError> {
+        let limit = limit.clamp(1, MAX_LIST_FILES) as usize;
+        let start = keys::inode(InodeId(after.0.saturating_add(1)));
+        let end = keys::prefix_end(&keys::inode_prefix());
+        let mut out = Vec::new();
+        let mut cursor = start;
+        loop {
+            let rows = self.store.scan(&cursor, &end, PAGE)?;
+            let full = rows.len() == PAGE;
+            for (k, v) in &rows {
+                let rec: InodeRecord = decode(v, "inode record")?;
+                if let (FileKind::Regular, Some(l)) = (rec.kind, rec.layout.as_ref()) {
+                    let ino = keys::u64_at(k, 1)
+                        .ok_or_else(|| MetaError::Corrupt(format!("inode key {k:x?}")))?;
+                    out.push(FileLayout {
+                        ino: InodeId(ino),
+                        size: rec.size,
+                        layout: Layout::from(l),
+                    });
+                    if out.len() >= limit {
+                        return Ok((out, false));
+                    }
+                }
+            }
+            match rows.last() {
+                Some((k, _)) if full => {
+                    cursor = k.clone();
+                    cursor.push(0);
+                }
+                _ => return Ok((out, true)),
+            }
+        }
+    }
+
+    /// Whether each inode exists.
+    pub fn inodes_exist(&self, inodes: &[InodeId]) -> Result<Vec<bool>, MetaError> {
+        if inodes.len() > MAX_EXIST_QUERY {
+            return Err(MetaError::InvalidArgument(format!(
+                "{} inodes asked about, at most {MAX_EXIST_QUERY}",
+                inodes.len()
+            )));
+        }
+        inodes
+            .iter()
+            .map(|&i| Ok(self.store.get(&keys::inode(i))?.is_some()))
+            .collect()
+    }
+
+    /// Checks entries against inodes under the namespace lock (no change runs meanwhile):
+    /// every entry names an inode of its kind, link counts match the entries, every
+    /// directory's parent holds it, every inode is reachable or an open orphan, and the
+    /// superblock's inode count is right. One line per problem.
+    pub fn check_namespace(&self) -> Result<Vec<String>, MetaError> {
+        let st = self.state.lock();
+        let mut inodes: HashMap<u64, InodeRecord> = HashMap::new();
+        self.for_each(&keys::inode_prefix(), |k, v| {
+            let ino = keys::u64_at(k, 1).ok_or_else(|| MetaError::Corrupt(format!("{k:x?}")))?;
+            inodes.insert(ino, decode(v, "inode record")?);
+            Ok(())
+        })?;
+        let mut problems = Vec::new();
+        let mut note = |p: String| {
+            if problems.len() <= MAX_PROBLEMS {
+                problems.push(p);
+            }
+        };
+        let mut links: HashMap<u64, u32> = HashMap::new();
+        let mut subdirs: HashMap<u64, u32> = HashMap::new();
+        let mut parent_of: HashMap<u64, u64> = HashMap::new();
+        self.for_each(&keys::dirent_all_prefix(), |k, v| {
+            let parent = keys::u64_at(k, 1).ok_or_else(|| MetaError::Corrupt(format!("{k:x?}")))?;
+            let name = String::from_utf8_lossy(&k[9..]).into_owned();
+            let d: DirentRecord = decode(v, "directory entry")?;
+            match inodes.get(&d.ino) {
+                None => note(format!(
+                    "entry {parent}/{name} names missing inode {}",
+                    d.ino
+                )),
+                Some(rec) if rec.kind != d.kind => note(format!(
+                    "entry {parent}/{name} says {:?}, inode {} is {:?}",
+                    d.kind, d.ino, rec.kind
+                )),
+                Some(_) => {}
+            }
+            if !inodes
+                .get(&parent)
+                .is_some_and(|r| r.kind == FileKind::Directory)
+            {
+                note(format!(
+                    "entry {parent}/{name} is in a missing or non-directory inode"
+                ));
+            }
+            *links.entry(d.ino).or_default() += 1;
+            if d.kind == FileKind::Directory {
+                *subdirs.entry(parent).or_default() += 1;
+                parent_of.insert(d.ino, parent);
+            }
+            Ok(())
+        })?;
+        let mut orphans = std::collections::HashSet::new();
+        self.for_each(&keys::orphan_prefix(), |k, _| {
+            if let Some(ino) = keys::u64_at(k, 1) {
+                orphans.insert(ino);
+            }
+            Ok(())
+        })?;
+        let root = InodeId::ROOT.0;
+        for (&ino, rec) in &inodes {
+            let named = links.get(&ino).copied().unwrap_or(0);
+            if rec.kind == FileKind::Directory {
+                let want = 2 + subdirs.get(&ino).copied().unwrap_or(0);
+                if rec.nlink != want {
+                    note(format!(
+                        "directory {ino} has nlink {}, expected {want}",
+                        rec.nlink
+                    ));
+                }
+                if ino != root {
+                    match parent_of.get(&ino) {
+                        Some(&p) if p == rec.parent => {}
+                        Some(&p) => note(format!(
+                            "directory {ino} records parent {}, is in {p}",
+                            rec.parent
+                        )),
+                        None => note(format!("directory {ino} is in no directory")),
+                    }
+                }
+            } else if rec.nlink != named {
+                note(format!(
+                    "inode {ino} has nlink {}, {named} entries name it",
+                    rec.nlink
+                ));
+            }
+            if named == 0 && ino != root && !orphans.contains(&ino) {
+                note(format!("inode {ino} is unreachable and not an orphan"));
+            }
+        }
+        let sb: Superblock = decode(
+            &self
+                .store
+                .get(&keys::superblock())?
+                .ok_or_else(|| MetaError::Corrupt("superblock missing".into()))?,
+            "superblock",
+        )?;
+        if sb.inode_count != inodes.len() as u64 {
+            note(format!(
+                "superblock counts {} inodes, {} exist",
+                sb.inode_count,
+                inodes.len()
+            ));
+        }
+        drop(st);
+        Ok(problems)
+    }
+}
