@@ -53,6 +53,35 @@ enum Cmd {
         #[arg(long)]
         store: Option<String>,
     },
+    /// Show the data servers, the chains and their members' states, the number of
+    /// under-replicated chunks and the resyncs under way.
+    Status {
+        /// Metadata server address (host:port).
+        #[arg(long)]
+        meta: Option<String>,
+        /// Client configuration file (TOML).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Refresh every second until no chunk is under-replicated (or --timeout).
+        #[arg(long)]
+        watch: bool,
+        /// Seconds `--watch` waits at most.
+        #[arg(long, default_value_t = 3600)]
+        timeout: u64,
+    },
+    /// Check the namespace and every chunk copy (present, checksums valid, same version
+    /// on every replica); exits 1 if anything is wrong.
+    Fsck {
+        /// Metadata server address (host:port).
+        #[arg(long)]
+        meta: Option<String>,
+        /// Client configuration file (TOML).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Replace each bad copy by a good one.
+        #[arg(long)]
+        repair: bool,
+    },
     /// Unmount and stop everything `tessera up` started for a mount point.
     Down {
         /// The mount point given to `up`.
@@ -100,6 +129,49 @@ fn mount(mountpoint: PathBuf, config: ClientConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs `f` with a client on a new runtime.
+fn with_client<T, F, Fut>(config: ClientConfig, f: F) -> anyhow::Result<T>
+where
+    F: FnOnce(std::sync::Arc<Client>) -> Fut,
+    Fut: std::future::Future<Output = fs_client::Result<T>>,
+{
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let meta = config.meta_addr.clone();
+    rt.block_on(async move {
+        let client = Client::connect(config)
+            .await
+            .with_context(|| format!("connecting to the metadata server at {meta}"))?;
+        Ok(f(client).await?)
+    })
+}
+
+/// Prints the status once, or until nothing is under-replicated with `watch`; on a
+/// terminal the progress bar is redrawn in place.
+async fn status(client: &Client, watch: bool, timeout: u64) -> fs_client::Result<()> {
+    use std::io::IsTerminal;
+    let tty = std::io::stdout().is_terminal();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout);
+    let mut last_lines = 0;
+    loop {
+        let s = client.status().await?;
+        let text = fs_client::admin::render_status(&s, watch || tty);
+        if tty && last_lines > 0 {
+            // Move up over the previous report and clear it.
+            print!("\x1b[{last_lines}A\x1b[J");
+        }
+        print!("{text}");
+        last_lines = text.lines().count();
+        if !watch || s.under_replicated_chunks == 0 || std::time::Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
 fn run(args: Args) -> anyhow::Result<()> {
     match args.cmd {
         Cmd::Mount {
@@ -142,6 +214,43 @@ fn run(args: Args) -> anyhow::Result<()> {
                 state.display(),
                 mountpoint.display()
             );
+            Ok(())
+        }
+        Cmd::Status {
+            meta,
+            config,
+            watch,
+            timeout,
+        } => {
+            let c = client_config(&config, &meta, &None)?;
+            with_client(
+                c,
+                |client| async move { status(&client, watch, timeout).await },
+            )
+        }
+        Cmd::Fsck {
+            meta,
+            config,
+            repair,
+        } => {
+            let c = client_config(&config, &meta, &None)?;
+            let clean = with_client(c, |client| async move {
+                let report = client.fsck(repair).await?;
+                for p in &report.problems {
+                    println!("{p}");
+                }
+                println!(
+                    "fsck: {} files, {} chunk copies checked, {} problems, {} copies repaired",
+                    report.files,
+                    report.copies,
+                    report.problems.len(),
+                    report.repaired
+                );
+                Ok(report.clean())
+            })?;
+            if !clean {
+                std::process::exit(1);
+            }
             Ok(())
         }
         Cmd::Down {

@@ -10,7 +10,7 @@ pub mod process;
 
 pub use agent::Agent;
 pub use inprocess::InProcessCluster;
-pub use process::{Mount, ProcessCluster};
+pub use process::{ClusterOptions, Mount, ProcessCluster};
 
 use sha2::{Digest, Sha256};
 

@@ -9,7 +9,7 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -393,34 +393,37 @@ pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool)
     }
 }
 
-/// Chunk files on every data server of the cluster in `cluster_dir`; with `ino`, only
-/// that inode's (its chunks live in a directory named by the inode in 16 hex digits).
+/// Chunks held by the data servers of the cluster in `cluster_dir`, each counted once
+/// however many servers hold a copy (0 means no copy anywhere); with `ino`, only that
+/// inode's (its chunks live in a directory named by the inode in 16 hex digits).
 pub fn chunk_files(cluster_dir: &Path, ino: Option<u64>) -> usize {
-    fn walk(dir: &Path, ino_dir: Option<&str>, n: &mut usize) {
+    fn walk(dir: &Path, ino_dir: Option<&str>, seen: &mut std::collections::BTreeSet<PathBuf>) {
         let Ok(entries) = fs::read_dir(dir) else {
             return;
         };
         for e in entries.flatten() {
             let p = e.path();
             if p.is_dir() {
-                walk(&p, ino_dir, n);
+                walk(&p, ino_dir, seen);
             } else if p.extension().is_some_and(|x| x == "chunk") {
                 let parent = p.parent().and_then(Path::file_name);
                 if ino_dir.is_none_or(|d| parent.is_some_and(|f| f == d)) {
-                    *n += 1;
+                    // inode directory + chunk file name: the same on every server.
+                    let key = p.iter().rev().take(2).collect::<PathBuf>();
+                    seen.insert(key);
                 }
             }
         }
     }
     let ino_dir = ino.map(|i| format!("{i:016x}"));
-    let mut n = 0;
+    let mut seen = std::collections::BTreeSet::new();
     for e in fs::read_dir(cluster_dir).expect("cluster dir").flatten() {
         let name = e.file_name();
         if name.to_string_lossy().starts_with("data-") && e.path().is_dir() {
-            walk(&e.path(), ino_dir.as_deref(), &mut n);
+            walk(&e.path(), ino_dir.as_deref(), &mut seen);
         }
     }
-    n
+    seen.len()
 }
 
 /// How long chunk deletions may take: they travel in heartbeat replies (one a second).

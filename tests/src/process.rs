@@ -41,11 +41,24 @@ pub fn require_fuse() {
     );
 }
 
-fn spawn(bin: &Path, args: &[&str], log: &Path) -> Child {
-    let out = fs::File::create(log).expect("log file");
+/// Starts `bin` with `args` (after the command `prefix`, if any), its output appended
+/// to `log`.
+fn spawn(prefix: &[&str], bin: &Path, args: &[&str], log: &Path) -> Child {
+    let out = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log file");
     let err = out.try_clone().expect("log file");
-    Command::new(bin)
-        .args(args)
+    let mut cmd = match prefix.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
+    cmd.args(args)
         .env("TESSERA_LOG", "info")
         .stdin(Stdio::null())
         .stdout(out)
@@ -101,10 +114,39 @@ fn read_addr(file: &Path) -> Option<String> {
         .map(|s| s.trim().into())
 }
 
-/// Real server processes on 127.0.0.1.
+/// How a [`ProcessCluster`] is set up.
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    /// Data servers to start.
+    pub data_servers: usize,
+    /// Lines of the metadata server's `[namespace]` configuration section.
+    pub namespace_toml: String,
+    /// The data servers' heartbeat interval, in milliseconds.
+    pub heartbeat_ms: u64,
+    /// Address the metadata server and the data servers listen on.
+    pub host: String,
+    /// Data servers started another way: index -> (command prefix, listen host), e.g.
+    /// `ip netns exec NS` and an address inside that namespace.
+    pub data_hosts: std::collections::BTreeMap<usize, (Vec<String>, String)>,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions {
+            data_servers: 3,
+            namespace_toml: String::new(),
+            heartbeat_ms: 1000,
+            host: "127.0.0.1".into(),
+            data_hosts: Default::default(),
+        }
+    }
+}
+
+/// Real server processes (on 127.0.0.1 unless told otherwise).
 pub struct ProcessCluster {
     dir: TempDir,
     bin: PathBuf,
+    opts: ClusterOptions,
     meta: Child,
     data: Vec<Child>,
     meta_addr: String,
@@ -114,51 +156,86 @@ impl ProcessCluster {
     /// Starts `tessera-meta` and `n` `tessera-data` processes and waits until every data
     /// server has registered.
     pub fn start(n: usize) -> ProcessCluster {
+        Self::start_with(ClusterOptions {
+            data_servers: n,
+            ..ClusterOptions::default()
+        })
+    }
+
+    /// Starts a cluster as `opts` says.
+    pub fn start_with(opts: ClusterOptions) -> ProcessCluster {
         let bin = bin_dir();
         let dir = tempfile::Builder::new()
             .prefix("tessera-test")
             .tempdir()
             .expect("temp dir");
         let d = dir.path();
-        let meta_addr_file = d.join("meta.addr");
-        let log = d.join("meta.log");
-        let args = [
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            &d.join("meta").to_string_lossy(),
-            "--addr-file",
-            &meta_addr_file.to_string_lossy(),
-        ]
-        .map(String::from);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let meta = spawn(&bin.join("tessera-meta"), &args, &log);
+        fs::write(
+            d.join("meta.toml"),
+            format!("[namespace]\n{}\n", opts.namespace_toml),
+        )
+        .expect("meta config");
+        fs::write(
+            d.join("data.toml"),
+            format!("heartbeat_ms = {}\n", opts.heartbeat_ms),
+        )
+        .expect("data config");
+        let listen = format!("{}:0", opts.host);
+        let meta = Self::spawn_meta(&bin, d, &listen);
         // Built before any wait, so whatever was started is stopped if a wait fails.
         let mut cluster = ProcessCluster {
             dir,
             bin,
+            opts,
             meta,
             data: Vec::new(),
             meta_addr: String::new(),
         };
+        let addr_file = cluster.dir.path().join("meta.addr");
+        let log = cluster.dir.path().join("meta.log");
         wait_for("tessera-meta", &mut cluster.meta, &log, || {
-            read_addr(&meta_addr_file).is_some()
+            read_addr(&addr_file).is_some()
         });
-        cluster.meta_addr = read_addr(&meta_addr_file).expect("meta address");
-        for i in 0..n {
-            cluster.start_data(i);
+        cluster.meta_addr = read_addr(&addr_file).expect("meta address");
+        for i in 0..cluster.opts.data_servers {
+            let child = cluster.spawn_data(i);
+            cluster.data.push(child);
+            cluster.wait_data(i);
         }
         cluster
     }
 
-    fn start_data(&mut self, i: usize) {
+    fn spawn_meta(bin: &Path, d: &Path, listen: &str) -> Child {
+        let _ = fs::remove_file(d.join("meta.addr"));
+        let args = [
+            "--config",
+            &d.join("meta.toml").to_string_lossy(),
+            "--listen",
+            listen,
+            "--data-dir",
+            &d.join("meta").to_string_lossy(),
+            "--addr-file",
+            &d.join("meta.addr").to_string_lossy(),
+        ]
+        .map(String::from);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        spawn(&[], &bin.join("tessera-meta"), &args, &d.join("meta.log"))
+    }
+
+    fn spawn_data(&self, i: usize) -> Child {
         let d = self.dir.path();
         let addr_file = d.join(format!("data-{i}.addr"));
         let _ = fs::remove_file(&addr_file);
         let log = d.join(format!("data-{i}.log"));
+        let (prefix, host) = match self.opts.data_hosts.get(&i) {
+            Some((p, h)) => (p.clone(), h.clone()),
+            None => (Vec::new(), self.opts.host.clone()),
+        };
         let owned = [
-            "--listen".to_string(),
-            "127.0.0.1:0".into(),
+            "--config".to_string(),
+            d.join("data.toml").to_string_lossy().into(),
+            "--listen".into(),
+            format!("{host}:0"),
             "--meta".into(),
             self.meta_addr.clone(),
             "--data-dir".into(),
@@ -169,12 +246,68 @@ impl ProcessCluster {
             (16u64 << 30).to_string(),
         ];
         let args: Vec<&str> = owned.iter().map(String::as_str).collect();
-        self.data
-            .push(spawn(&self.bin.join("tessera-data"), &args, &log));
-        let child = self.data.last_mut().expect("just pushed");
-        wait_for("tessera-data", child, &log, || {
+        let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
+        spawn(&prefix, &self.bin.join("tessera-data"), &args, &log)
+    }
+
+    fn wait_data(&mut self, i: usize) {
+        let d = self.dir.path().to_path_buf();
+        let addr_file = d.join(format!("data-{i}.addr"));
+        let log = d.join(format!("data-{i}.log"));
+        wait_for("tessera-data", &mut self.data[i], &log, || {
             read_addr(&addr_file).is_some()
         });
+    }
+
+    /// Kills data server `i` with SIGKILL and reaps it.
+    pub fn kill_data(&mut self, i: usize) {
+        let _ = self.data[i].kill();
+        let _ = self.data[i].wait();
+    }
+
+    /// Starts data server `i` again on its directory (a new port); returns once it
+    /// listens.
+    pub fn restart_data(&mut self, i: usize) {
+        stop(&mut self.data[i]);
+        self.data[i] = self.spawn_data(i);
+        self.wait_data(i);
+    }
+
+    /// Kills the metadata server with SIGKILL and reaps it.
+    pub fn kill_meta(&mut self) {
+        let _ = self.meta.kill();
+        let _ = self.meta.wait();
+    }
+
+    /// Starts the metadata server again on the same address and store.
+    pub fn restart_meta(&mut self) {
+        stop(&mut self.meta);
+        let d = self.dir.path().to_path_buf();
+        self.meta = Self::spawn_meta(&self.bin, &d, &self.meta_addr);
+        let addr_file = d.join("meta.addr");
+        wait_for("tessera-meta", &mut self.meta, &d.join("meta.log"), || {
+            read_addr(&addr_file).is_some()
+        });
+    }
+
+    /// Runs the `tessera` command with `args` and `--meta` of this cluster; returns its
+    /// exit code and standard output.
+    pub fn tessera(&self, args: &[&str]) -> (i32, String) {
+        let out = Command::new(self.bin.join("tessera"))
+            .args(args)
+            .args(["--meta", &self.meta_addr])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("running tessera {args:?}: {e}"));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            eprintln!(
+                "tessera {args:?}: {}\n{text}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        (out.status.code().unwrap_or(-1), text)
     }
 
     /// The metadata server's address.
@@ -195,7 +328,7 @@ impl ProcessCluster {
         let log = self.dir.path().join(format!("{name}.log"));
         let args = ["mount", "--meta", &self.meta_addr, &path.to_string_lossy()].map(String::from);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let child = spawn(&self.bin.join("tessera"), &args, &log);
+        let child = spawn(&[], &self.bin.join("tessera"), &args, &log);
         // The guard exists before the wait, so a mount that never becomes ready is still
         // unmounted and stopped.
         let mut m = Mount { path, child, log };

@@ -263,3 +263,54 @@ async fn a_server_that_stays_away_is_replaced_and_its_chunks_copied_elsewhere() 
     let back = read_all(&reader, b"f.bin", data.len(), |_| {}).await;
     assert_eq!(sha256_hex(&back), sha256_hex(&data));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fsck_finds_a_damaged_and_a_missing_copy_and_repairs_them() {
+    let cluster = InProcessCluster::start(3).await;
+    let client = cluster.client().await;
+    let data = pseudo_random(9 * MIB, 11);
+    write_file(&client, b"f.bin", &data).await;
+    let report = client.fsck(false).await.unwrap();
+    assert!(report.clean(), "{:?}", report.problems);
+    assert_eq!((report.files, report.copies), (1, 9), "3 chunks x 3 copies");
+
+    // Damage one copy's data and remove another chunk's copy elsewhere.
+    let ino = client.lookup(InodeId::ROOT, b"f.bin").await.unwrap().ino;
+    let chunk = |dir: &std::path::Path, index: u64| {
+        dir.join("chunks")
+            .join(format!("{:02x}", ino.0 % 256))
+            .join(format!("{:016x}", ino.0))
+            .join(format!("{index:016x}.chunk"))
+    };
+    let damaged = chunk(&cluster.data_dirs[0], 0);
+    let mut bytes = std::fs::read(&damaged).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x77;
+    std::fs::write(&damaged, &bytes).unwrap();
+    // Through the store, which also drops the file from its cache of open files.
+    let lost = proto::ChunkId {
+        inode: ino,
+        index: 1,
+    };
+    assert!(cluster.data[1].store().delete_chunk(lost).unwrap());
+
+    let report = client.fsck(false).await.unwrap();
+    assert_eq!(report.problems.len(), 2, "{:?}", report.problems);
+    assert!(
+        report.problems.iter().any(|p| p.contains("Corrupt")),
+        "{:?}",
+        report.problems
+    );
+    assert!(
+        report.problems.iter().any(|p| p.contains("missing")),
+        "{:?}",
+        report.problems
+    );
+    let fixed = client.fsck(true).await.unwrap();
+    assert_eq!(fixed.repaired, 2, "{:?}", fixed.problems);
+    let report = client.fsck(false).await.unwrap();
+    assert!(report.clean(), "after repair: {:?}", report.problems);
+    let reader = cluster.client().await;
+    let back = read_all(&reader, b"f.bin", data.len(), |_| {}).await;
+    assert!(back == data);
+}

@@ -17,6 +17,12 @@ use transport::{Access, Connection};
 /// Copies of one chunk a repair tries before giving up until the next pass (the source
 /// may change the chunk while it is copied).
 const REPAIR_ATTEMPTS: u32 = 3;
+/// How often, at the latest, a server walks all its chunks looking for chunks of
+/// chains it left, stale copies and chunks of files that no longer exist (also after
+/// every map change and every copy found stale).
+const SWEEP_EVERY: Duration = Duration::from_secs(300);
+/// Inodes asked about in one `InodesExist` call.
+const EXIST_BATCH: usize = 1024;
 
 impl Inner {
     /// Serves `FetchChunk`: the whole chunk into the caller's buffer, with its state.
@@ -179,9 +185,10 @@ impl Resync {
     /// Runs until the task is aborted.
     pub async fn run(self) {
         let mut last_seen = 0u64;
+        let mut swept: Option<(u64, std::time::Instant)> = None;
         loop {
             let woken = self.inner.stale_found.notified();
-            let _ = tokio::time::timeout(self.interval, woken).await;
+            let stale = tokio::time::timeout(self.interval, woken).await.is_ok();
             let map = self.inner.view.current();
             let Some(me) = self.inner.view.me() else {
                 continue;
@@ -197,20 +204,21 @@ impl Resync {
                 tokio::time::sleep(self.interval * 2).await;
                 continue;
             }
-            if let Err(e) = self.pass(&map, me, &syncing).await {
-                warn!(error = %e, "resync pass failed");
+            self.sync_pass(&map, me, &syncing).await;
+            let due = stale
+                || swept.is_none_or(|(v, at)| v != map.version || at.elapsed() >= SWEEP_EVERY);
+            if due {
+                let orphans = swept.is_none_or(|(_, at)| at.elapsed() >= SWEEP_EVERY);
+                if let Err(e) = self.sweep(&map, me, orphans).await {
+                    warn!(error = %e, "sweep of the chunk store failed");
+                }
+                swept = Some((map.version, std::time::Instant::now()));
             }
         }
     }
 
-    /// One pass: every syncing chain compared with a serving member, stale copies of
-    /// serving chains repaired, chunks of foreign chains dropped.
-    async fn pass(
-        &self,
-        map: &ClusterMap,
-        me: NodeId,
-        syncing: &[ChainId],
-    ) -> Result<(), WireError> {
+    /// Compares every syncing chain with a serving member and reports which are equal.
+    async fn sync_pass(&self, map: &ClusterMap, me: NodeId, syncing: &[ChainId]) {
         let mut synced = Vec::new();
         for &chain in syncing {
             let Some(src) = source(map, chain, me) else {
@@ -221,15 +229,12 @@ impl Resync {
                 Err(e) => warn!(%chain, error = %e, "resync of chain failed, retrying"),
             }
         }
-        {
-            let mut r = self.report.lock();
-            r.pass_version = map.version;
-            r.synced = synced.clone();
-        }
         if !synced.is_empty() {
             info!(chains = ?synced, version = map.version, "resync pass complete");
         }
-        self.sweep(map, me).await
+        let mut r = self.report.lock();
+        r.pass_version = map.version;
+        r.synced = synced;
     }
 
     /// Copies every chunk of `chain` whose version here differs from `src`'s, and drops
@@ -298,10 +303,15 @@ impl Resync {
         }
     }
 
-    /// Repairs stale copies of chains this server serves, and removes chunks of chains it
-    /// is not a member of any more.
-    async fn sweep(&self, map: &ClusterMap, me: NodeId) -> Result<(), WireError> {
-        for c in self.own_chunks(None).await? {
+    /// Repairs stale copies of chains this server serves, removes chunks of chains it
+    /// is not a member of any more and, with `orphans`, chunks of files that are gone
+    /// (a deletion that a crash kept from reaching this server).
+    async fn sweep(&self, map: &ClusterMap, me: NodeId, orphans: bool) -> Result<(), WireError> {
+        let own = self.own_chunks(None).await?;
+        if orphans {
+            self.drop_orphans(&own).await?;
+        }
+        for c in own {
             let Some(info) = map.chain(c.chain) else {
                 continue;
             };
@@ -331,6 +341,32 @@ impl Resync {
                     }
                 }
                 _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the chunks of inodes the metadata server no longer has.
+    async fn drop_orphans(&self, own: &[ChunkMeta]) -> Result<(), WireError> {
+        let mut inodes: Vec<proto::InodeId> = own.iter().map(|c| c.chunk.inode).collect();
+        inodes.dedup();
+        for batch in inodes.chunks(EXIST_BATCH) {
+            let req = proto::meta::MetaRequest::InodesExist {
+                inodes: batch.to_vec(),
+            };
+            let exist = match self.inner.view.meta_call(&req).await? {
+                proto::meta::MetaReply::Exist(e) if e.len() == batch.len() => e,
+                other => {
+                    return Err(WireError::new(
+                        ErrorCode::Malformed,
+                        format!("unexpected reply {other:?} to InodesExist"),
+                    ))
+                }
+            };
+            for (&inode, _) in batch.iter().zip(exist).filter(|(_, e)| !e) {
+                let store = self.inner.store.clone();
+                blocking(move || store.delete_file(inode)).await?;
+                info!(%inode, "dropped the chunks of a file that no longer exists");
             }
         }
         Ok(())

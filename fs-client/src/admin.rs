@@ -1,0 +1,263 @@
+//! `tessera status` and `tessera fsck`: the cluster's health, and a check that every
+//! chunk the metadata points to is on its replicas, whole, and the same everywhere.
+
+use crate::client::Client;
+use crate::error::{ClientError, Result};
+use crate::rpc::{self, expect_reply};
+use proto::data::{ChunkMeta, DataReply, DataRequest};
+use proto::meta::{ClusterMap, ClusterStatus, MemberState, MetaReply, MetaRequest, NodeState};
+use proto::{ChainId, ChunkId, InodeId, NodeId};
+use std::fmt::Write as _;
+
+/// Files one `ListFiles` call asks for.
+const FILES_PER_PAGE: u32 = 256;
+
+impl Client {
+    /// The cluster's health from the metadata server.
+    pub async fn status(&self) -> Result<ClusterStatus> {
+        expect_reply!(self.meta(MetaRequest::Status).await?, MetaReply::Status(s) => s)
+    }
+}
+
+/// `status` as text, one line per server and chain; `bar` adds a progress bar of the
+/// replicated share of the chunks.
+pub fn render_status(s: &ClusterStatus, bar: bool) -> String {
+    let mut out = String::new();
+    let map = &s.map;
+    let up = map
+        .nodes
+        .iter()
+        .filter(|n| n.state == NodeState::Up)
+        .count();
+    let _ = writeln!(
+        out,
+        "cluster map v{}: {} data servers ({up} up), {} chains, {} copies per chunk",
+        map.version,
+        map.nodes.len(),
+        map.chains.len(),
+        s.target_replicas
+    );
+    for n in &map.nodes {
+        let state = match n.state {
+            NodeState::Up => "up",
+            NodeState::Down => "DOWN",
+        };
+        let _ = writeln!(out, "  {:<10} {:<24} {state}", n.node.to_string(), n.addr);
+    }
+    for c in &map.chains {
+        let members: Vec<String> = c
+            .members
+            .iter()
+            .map(|m| {
+                let st = match m.state {
+                    MemberState::Serving => "serving",
+                    MemberState::Syncing => "syncing",
+                    MemberState::Offline => "OFFLINE",
+                };
+                format!("{} {st}", m.node)
+            })
+            .collect();
+        let _ = writeln!(out, "  {:<10} {}", c.chain.to_string(), members.join(", "));
+    }
+    let _ = writeln!(
+        out,
+        "under-replicated chunks: {} of {}",
+        s.under_replicated_chunks, s.chunks
+    );
+    for (node, checked, copied) in &s.resync {
+        let _ = writeln!(
+            out,
+            "resync {node}: {checked} chunks compared, {copied} copied"
+        );
+    }
+    if bar {
+        let done = s.chunks.saturating_sub(s.under_replicated_chunks);
+        let _ = writeln!(out, "{}", progress_bar(done, s.chunks, 40));
+    }
+    out
+}
+
+/// `[#####.....] 50%`
+pub fn progress_bar(done: u64, total: u64, width: usize) -> String {
+    let frac = if total == 0 {
+        1.0
+    } else {
+        done as f64 / total as f64
+    };
+    let filled = ((frac * width as f64).round() as usize).min(width);
+    format!(
+        "[{}{}] {:>3}% replicated",
+        "#".repeat(filled),
+        ".".repeat(width - filled),
+        (frac * 100.0).floor() as u64
+    )
+}
+
+/// What `fsck` found.
+#[derive(Debug, Default)]
+pub struct FsckReport {
+    /// Regular files walked.
+    pub files: u64,
+    /// Chunk copies checked.
+    pub copies: u64,
+    /// One line per problem.
+    pub problems: Vec<String>,
+    /// Copies replaced from a good one (with `repair`).
+    pub repaired: u64,
+}
+
+impl FsckReport {
+    /// Nothing wrong.
+    pub fn clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// One copy's state as fsck sees it.
+enum Copy {
+    Good(ChunkMeta),
+    Missing,
+    Bad(String),
+}
+
+impl Client {
+    /// Checks the namespace, then every chunk of every regular file on every member of
+    /// its chain: present where any copy exists, every block's checksum valid, the same
+    /// version everywhere, not stale. With `repair`, a bad copy is replaced by a good
+    /// one (the serving member with the highest version).
+    pub async fn fsck(&self, repair: bool) -> Result<FsckReport> {
+        let mut report = FsckReport::default();
+        let problems = expect_reply!(
+            self.meta(MetaRequest::CheckNamespace).await?,
+            MetaReply::Problems(p) => p
+        )?;
+        report
+            .problems
+            .extend(problems.into_iter().map(|p| format!("namespace: {p}")));
+        let map = self.cluster_map().await?;
+        let mut after = InodeId(0);
+        loop {
+            let req = MetaRequest::ListFiles {
+                after,
+                limit: FILES_PER_PAGE,
+            };
+            let (files, done) = expect_reply!(
+                self.meta(req).await?,
+                MetaReply::Files { files, done } => (files, done)
+            )?;
+            for f in &files {
+                report.files += 1;
+                let cs = u64::from(f.layout.chunk_size_bytes.max(1));
+                for index in 0..f.size.div_ceil(cs) {
+                    let Some(chain) = f.layout.chain_for(index) else {
+                        report
+                            .problems
+                            .push(format!("{}: no chains in its layout", f.ino));
+                        break;
+                    };
+                    let chunk = ChunkId {
+                        inode: f.ino,
+                        index,
+                    };
+                    self.check_chunk(&map, chain, f.layout.replicas, chunk, repair, &mut report)
+                        .await?;
+                }
+            }
+            match files.last() {
+                Some(last) if !done => after = last.ino,
+                _ => break,
+            }
+        }
+        Ok(report)
+    }
+
+    async fn check_chunk(
+        &self,
+        map: &ClusterMap,
+        chain: ChainId,
+        replicas: u8,
+        chunk: ChunkId,
+        repair: bool,
+        report: &mut FsckReport,
+    ) -> Result<()> {
+        let Some(info) = map.chain(chain) else {
+            report
+                .problems
+                .push(format!("{chunk}: {chain} is not in the cluster map"));
+            return Ok(());
+        };
+        let members = &info.members[..info.members.len().min(usize::from(replicas.max(1)))];
+        let mut copies: Vec<(NodeId, Copy)> = Vec::new();
+        for m in members {
+            if m.state != MemberState::Serving {
+                report
+                    .problems
+                    .push(format!("{chunk}: {} is {:?} in {chain}", m.node, m.state));
+                continue;
+            }
+            report.copies += 1;
+            copies.push((m.node, self.probe(m.node, chunk).await));
+        }
+        let best = copies
+            .iter()
+            .filter_map(|(n, c)| match c {
+                Copy::Good(meta) => Some((*n, meta.version)),
+                _ => None,
+            })
+            .max_by_key(|(_, v)| *v);
+        let any_copy = copies.iter().any(|(_, c)| !matches!(c, Copy::Missing));
+        if !any_copy {
+            return Ok(()); // a hole: no member holds it, and none should.
+        }
+        for (node, copy) in &copies {
+            let wrong = match (copy, best) {
+                (Copy::Good(m), Some((_, v))) if m.version == v && !m.stale => None,
+                (Copy::Good(m), Some((_, v))) => Some(format!(
+                    "version {}{}, the best copy has {v}",
+                    m.version,
+                    if m.stale { " (stale)" } else { "" }
+                )),
+                (Copy::Good(_), None) => None,
+                (Copy::Missing, _) => Some("missing".to_string()),
+                (Copy::Bad(e), _) => Some(e.clone()),
+            };
+            let Some(what) = wrong else { continue };
+            report.problems.push(format!("{chunk} on {node}: {what}"));
+            if let (true, Some((from, _))) = (repair, best) {
+                let from_addr = map.addr(from).unwrap_or_default().to_string();
+                let conn = self.data_conn(*node).await?;
+                let req = DataRequest::Repair {
+                    chunk,
+                    chain,
+                    from: from_addr,
+                };
+                match rpc::data_call(&self.ep, &conn, &req).await {
+                    Ok(_) => report.repaired += 1,
+                    Err(e) => report
+                        .problems
+                        .push(format!("{chunk} on {node}: repair failed: {e}")),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One copy, read whole and verified by its server.
+    async fn probe(&self, node: NodeId, chunk: ChunkId) -> Copy {
+        let conn = match self.data_conn(node).await {
+            Ok(c) => c,
+            Err(e) => return Copy::Bad(format!("unreachable: {e}")),
+        };
+        let req = DataRequest::ChunkInfo {
+            chunk,
+            verify: true,
+        };
+        match rpc::data_call(&self.ep, &conn, &req).await {
+            Ok(DataReply::Info(Some(m))) => Copy::Good(m),
+            Ok(DataReply::Info(None)) => Copy::Missing,
+            Ok(other) => Copy::Bad(format!("unexpected reply {other:?}")),
+            Err(ClientError::Remote(e)) => Copy::Bad(format!("{:?}: {}", e.code, e.message)),
+            Err(e) => Copy::Bad(e.to_string()),
+        }
+    }
+}
