@@ -123,6 +123,8 @@ pub struct ClusterOptions {
     pub namespace_toml: String,
     /// The data servers' heartbeat interval, in milliseconds.
     pub heartbeat_ms: u64,
+    /// More lines of the data servers' configuration (after `heartbeat_ms`).
+    pub data_toml: String,
     /// Address the metadata server and the data servers listen on.
     pub host: String,
     /// Data servers started another way: index -> (command prefix, listen host), e.g.
@@ -136,6 +138,7 @@ impl Default for ClusterOptions {
             data_servers: 3,
             namespace_toml: String::new(),
             heartbeat_ms: 1000,
+            data_toml: String::new(),
             host: "127.0.0.1".into(),
             data_hosts: Default::default(),
         }
@@ -177,7 +180,7 @@ impl ProcessCluster {
         .expect("meta config");
         fs::write(
             d.join("data.toml"),
-            format!("heartbeat_ms = {}\n", opts.heartbeat_ms),
+            format!("heartbeat_ms = {}\n{}\n", opts.heartbeat_ms, opts.data_toml),
         )
         .expect("data config");
         let listen = format!("{}:0", opts.host);
