@@ -314,3 +314,46 @@ async fn fsck_finds_a_damaged_and_a_missing_copy_and_repairs_them() {
     let back = read_all(&reader, b"f.bin", data.len(), |_| {}).await;
     assert!(back == data);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_directory_asking_for_one_copy_gets_one_copy_of_each_chunk() {
+    let cluster = InProcessCluster::start(3).await;
+    let client = cluster.client().await;
+    let d = client
+        .mkdir(InodeId::ROOT, b"scratch", 0o755, ROOT_CALLER)
+        .await
+        .unwrap();
+    let mode = proto::meta::XattrMode::Upsert;
+    client
+        .setxattr(d.ino, b"user.tessera.replicas", b"1", mode)
+        .await
+        .unwrap();
+    let (attr, fh) = client
+        .create(d.ino, b"tmp.bin", 0o644, ROOT_CALLER, true)
+        .await
+        .unwrap();
+    let data = pseudo_random(24 * MIB, 3);
+    client.write(&fh, 0, &data).await.unwrap();
+    client.fsync(&fh).await.unwrap();
+    client.release(&fh).await.unwrap();
+    let copies: u64 = cluster
+        .data
+        .iter()
+        .map(|s| {
+            (0..6)
+                .filter(|&index| {
+                    let c = proto::ChunkId {
+                        inode: attr.ino,
+                        index,
+                    };
+                    s.store().chunk_meta(c).unwrap().is_some()
+                })
+                .count() as u64
+        })
+        .sum();
+    assert_eq!(copies, 6, "six chunks, one copy each");
+    let reader = cluster.client().await;
+    let attr = reader.lookup(d.ino, b"tmp.bin").await.unwrap();
+    let (_, fh) = reader.open(attr.ino, false).await.unwrap();
+    assert!(reader.read(&fh, 0, data.len()).await.unwrap() == data);
+}

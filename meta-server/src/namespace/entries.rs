@@ -183,6 +183,9 @@ fn make_node(
         )));
     }
     let ino = txn.alloc_inode();
+    if rec.is_dir() {
+        super::dirlayout::inherit(txn, parent, ino, &mut rec)?;
+    }
     txn.put_inode(ino, &rec)?;
     add_entry(txn, parent, name, ino, rec.kind, rec.ctime)?;
     Ok(rec.attr(ino))

@@ -5,7 +5,7 @@ use super::entries::{add_entry, delete_inode, inherit_setgid};
 use super::names::check_name;
 use super::records::{InodeRecord, StoredLayout};
 use super::txn::{Reads, Txn};
-use super::{keys, now, ConnId, Namespace, Opened, Session, State, ID_BLOCK};
+use super::{dirlayout, keys, now, ConnId, Namespace, Opened, Session, State, ID_BLOCK};
 use crate::error::{show, MetaError};
 use proto::attr::TimeSet;
 use proto::meta::{Caller, Commit};
@@ -76,15 +76,16 @@ impl Namespace {
         if chains.is_empty() {
             return Err(MetaError::NoSpace("no data servers registered".into()));
         }
+        let (replicas, chunk_size_bytes) = dirlayout::for_new_file(txn, parent, &self.config)?;
         let now = now();
         let ino = txn.alloc_inode();
         let mut rec = InodeRecord::new(FileKind::Regular, perm, caller.uid, caller.gid, now);
         inherit_setgid(parent_rec, &mut rec);
         rec.layout = Some(StoredLayout {
-            chunk_size_bytes: self.config.chunk_size_bytes,
+            chunk_size_bytes,
             first: (ino.0 % chains.len() as u64) as u32,
             chains,
-            replicas: self.config.replicas,
+            replicas,
         });
         txn.put_inode(ino, &rec)?;
         add_entry(txn, parent, name, ino, FileKind::Regular, now)?;

@@ -8,6 +8,7 @@
 
 mod check;
 mod cluster;
+mod dirlayout;
 mod entries;
 mod files;
 mod keys;

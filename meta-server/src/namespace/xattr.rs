@@ -30,6 +30,7 @@ impl Namespace {
     ) -> Result<(), MetaError> {
         check_xattr_name(name)?;
         check_xattr_value(value)?;
+        super::dirlayout::check(name, value)?;
         self.mutate(|txn, _| {
             let mut rec = txn.inode(ino)?;
             let key = keys::xattr(ino, name);

@@ -259,7 +259,53 @@ fn a_server_away_too_long_is_replaced(kind: StoreKind) {
     }
 }
 
+fn directory_layout_settings_reach_new_files_and_subdirectories(kind: StoreKind) {
+    use super::{caller, mkdir, owner};
+    use proto::meta::XattrMode;
+    let h = H::with_nodes(kind, 3);
+    let ns = h.ns();
+    let root = proto::InodeId::ROOT;
+    let d = mkdir(ns, root, "ckpt");
+    for (name, bad) in [
+        (&b"user.tessera.replicas"[..], &b"9"[..]),
+        (b"user.tessera.replicas", b"two"),
+        (b"user.tessera.chunk_size", b"100000"),
+        (b"user.tessera.chunk_size", b"1024"),
+    ] {
+        assert_eq!(
+            code(ns.setxattr(d.ino, name, bad, XattrMode::Upsert)),
+            ErrorCode::InvalidArgument,
+            "{bad:?}"
+        );
+    }
+    ns.setxattr(d.ino, b"user.tessera.replicas", b"2", XattrMode::Upsert)
+        .unwrap();
+    ns.setxattr(
+        d.ino,
+        b"user.tessera.chunk_size",
+        b"1048576",
+        XattrMode::Upsert,
+    )
+    .unwrap();
+    let sub = mkdir(ns, d.ino, "sub");
+    for dir in [d.ino, sub.ino] {
+        let o = ns
+            .create(dir, b"f", 0o644, caller(), true, owner(1))
+            .unwrap();
+        assert_eq!((o.layout.replicas, o.layout.chunk_size_bytes), (2, 1 << 20));
+    }
+    let o = ns
+        .create(root, b"f", 0o644, caller(), true, owner(1))
+        .unwrap();
+    assert_eq!((o.layout.replicas, o.layout.chunk_size_bytes), (3, 4 << 20));
+    assert_eq!(
+        ns.getxattr(sub.ino, b"user.tessera.replicas").unwrap(),
+        b"2"
+    );
+}
+
 engine_tests!(
+    directory_layout_settings_reach_new_files_and_subdirectories,
     register_assigns_and_updates,
     heartbeat_of_unknown_node_is_not_found,
     chains_fill_up_and_members_sync,
