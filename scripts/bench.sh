@@ -23,9 +23,9 @@
 set -euo pipefail
 
 # ---------------------------------------------------------------- settings (full run)
-# Copies of each chunk: Tessera writes one today (no replication yet), so every system is
-# run with one. When Tessera replicates, change it here (and in start_tessera).
-COPIES=${BENCH_COPIES:-1}
+# Copies of each chunk, the same for every system: Tessera's default is 3 (chain
+# replication); BENCH_COPIES=1 compares single-copy setups.
+COPIES=${BENCH_COPIES:-3}
 TESSERA_DATA_SERVERS=3        # `tessera up --data-servers`
 MOOSEFS_CHUNKSERVERS=3        # GlusterFS always has 3 bricks (its script)
 DATASET_FILES=20000           # (a)
@@ -151,10 +151,8 @@ stop_bindfs() {
 # says `|| return 1`.
 start_tessera() {
   MNT=$BENCH_DIR/mnt/tessera
-  # One copy per chunk is all Tessera does today; a replication flag goes here.
-  [ "$COPIES" = 1 ] || { echo "tessera up has no replication setting yet (COPIES=$COPIES)" >&2; return 1; }
   "$ROOT/target/release/tessera" up "$MNT" --state-dir "$TESSERA_STATE" \
-    --data-servers "$TESSERA_DATA_SERVERS"
+    --data-servers "$TESSERA_DATA_SERVERS" --replicas "$COPIES"
 }
 stop_tessera() {
   local m=$BENCH_DIR/mnt/tessera

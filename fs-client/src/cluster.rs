@@ -29,6 +29,8 @@ pub struct UpOptions {
     pub store: Option<String>,
     /// Directory holding `tessera-meta` and `tessera-data`; `None`: next to this program.
     pub bin_dir: Option<PathBuf>,
+    /// Copies of each chunk; `None`: the metadata server's default (3).
+    pub replicas: Option<u8>,
 }
 
 /// Errors of `up` and `down`: one sentence for the user.
@@ -235,6 +237,41 @@ fn wait_ready(
     )))
 }
 
+/// Waits until all `n` data servers have registered and every chain has its copies
+/// serving, so that files created on the new mount spread over every server at once.
+fn wait_healthy(meta_addr: &str, n: usize, replicas: u8) -> Result<(), ClusterError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(io_err("starting a runtime"))?;
+    let config = crate::ClientConfig {
+        meta_addr: meta_addr.to_string(),
+        ..crate::ClientConfig::default()
+    };
+    rt.block_on(async {
+        let client = crate::Client::connect(config)
+            .await
+            .map_err(|e| ClusterError::Other(format!("connecting to {meta_addr}: {e}")))?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let map = client
+                .cluster_map()
+                .await
+                .map_err(|e| ClusterError::Other(format!("reading the cluster map: {e}")))?;
+            if map.nodes.len() >= n && map.healthy(replicas) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(ClusterError::Other(format!(
+                    "the data servers did not all join their chains within {}s: {map:?}",
+                    READY_TIMEOUT.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+}
+
 fn read_addr(file: &Path) -> Option<String> {
     fs::read_to_string(file)
         .ok()
@@ -302,6 +339,9 @@ fn start_all(
     if let Some(s) = &opts.store {
         cmd.arg("--store").arg(s);
     }
+    if let Some(r) = opts.replicas {
+        cmd.arg("--replicas").arg(r.to_string());
+    }
     let log = logs.join("meta.log");
     let mut meta = spawn(cmd, &log)?;
     pids.push("meta", meta.id())?;
@@ -325,6 +365,7 @@ fn start_all(
         let what = format!("data server {i}");
         wait_ready(&mut child, &what, &log, || read_addr(&addr_file).is_some())?;
     }
+    wait_healthy(&meta_addr, opts.data_servers, opts.replicas.unwrap_or(3))?;
     let mut cmd = Command::new(std::env::current_exe().map_err(io_err("finding this program"))?);
     cmd.arg("mount").arg("--meta").arg(&meta_addr).arg(mnt);
     let log = logs.join("mount.log");

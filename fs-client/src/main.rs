@@ -52,6 +52,9 @@ enum Cmd {
         /// Metadata store engine: sled or redb.
         #[arg(long)]
         store: Option<String>,
+        /// Copies of each chunk (1 to 8, capped by the data servers; default 3).
+        #[arg(long)]
+        replicas: Option<u8>,
     },
     /// Show the data servers, the chains and their members' states, the number of
     /// under-replicated chunks and the resyncs under way.
@@ -196,6 +199,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             state_dir,
             data_servers,
             store,
+            replicas,
         } => {
             if !(1..=64).contains(&data_servers) {
                 bail!("--data-servers must be between 1 and 64");
@@ -206,6 +210,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 data_servers,
                 store,
                 bin_dir: None,
+                replicas,
             };
             let state = cluster::up(&opts)?;
             println!(

@@ -28,6 +28,9 @@ struct Args {
     /// Transport backend: tcp, rdma, or auto (rdma when a device is usable, else tcp).
     #[arg(long)]
     transport: Option<String>,
+    /// Copies of each chunk of new files (1 to 8; `namespace.replicas`).
+    #[arg(long)]
+    replicas: Option<u8>,
 }
 
 fn load(args: &Args) -> anyhow::Result<MetaConfig> {
@@ -56,6 +59,9 @@ fn load(args: &Args) -> anyhow::Result<MetaConfig> {
     }
     if let Some(v) = &args.transport {
         c.transport = v.parse().map_err(anyhow::Error::msg)?;
+    }
+    if let Some(v) = args.replicas {
+        c.namespace.replicas = v;
     }
     // Resolve `auto` and check `rdma` now, so a host without RDMA gets one clear
     // sentence before anything starts.

@@ -156,6 +156,16 @@ impl ClusterMap {
         self.chains.iter().find(|c| c.chain == chain)
     }
 
+    /// Whether every chain has `min(replicas, servers up)` members, all serving.
+    pub fn healthy(&self, replicas: u8) -> bool {
+        let up = self.nodes.iter().filter(|n| n.alive()).count();
+        let want = up.min(usize::from(replicas));
+        !self.chains.is_empty()
+            && self.chains.iter().all(|c| {
+                c.members.len() >= want && c.members.iter().all(|m| m.state == MemberState::Serving)
+            })
+    }
+
     /// The address of data server `node`.
     pub fn addr(&self, node: NodeId) -> Option<&str> {
         self.nodes

@@ -38,13 +38,5 @@ pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
 
 /// Whether every chain of `map` has `min(3, servers up)` members, all serving.
 pub fn healthy(map: &proto::meta::ClusterMap) -> bool {
-    let up = map.nodes.iter().filter(|n| n.alive()).count();
-    let want = up.min(3);
-    !map.chains.is_empty()
-        && map.chains.iter().all(|c| {
-            c.members.len() >= want
-                && c.members
-                    .iter()
-                    .all(|m| m.state == proto::meta::MemberState::Serving)
-        })
+    map.healthy(3)
 }
