@@ -4,6 +4,7 @@
 //! when dropped, also when a test fails.
 
 pub mod agent;
+pub mod client_io;
 mod inprocess;
 pub mod posix;
 pub mod process;

@@ -9,6 +9,7 @@ use proto::InodeId;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tessera_tests::client_io::{read_whole, seed_from_env, write_fsync};
 use tessera_tests::{pseudo_random, sha256_hex, ClusterOptions, ProcessCluster};
 
 const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
@@ -21,18 +22,7 @@ struct Rng(u64);
 
 impl Rng {
     fn from_env(var: &str) -> Rng {
-        let seed = std::env::var(var)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_nanos() as u64
-                    | 1
-            });
-        eprintln!("seed {seed} ({var}={seed} replays it)");
-        Rng(seed)
+        Rng(seed_from_env(var))
     }
 
     fn next(&mut self) -> u64 {
@@ -82,33 +72,6 @@ fn fsck_clean(cluster: &ProcessCluster) {
     let (code, out) = cluster.tessera(&["fsck"]);
     assert_eq!(code, 0, "tessera fsck found problems:\n{out}");
     assert!(out.contains(" 0 problems"), "{out}");
-}
-
-/// Writes a whole file and fsyncs it; `Ok` means acknowledged.
-async fn write_fsync(c: &Client, name: &str, data: &[u8]) -> fs_client::Result<()> {
-    let (_, fh) = c
-        .create(InodeId::ROOT, name.as_bytes(), 0o644, ROOT_CALLER, true)
-        .await?;
-    let mut r = Ok(());
-    for (i, part) in data.chunks(MIB).enumerate() {
-        r = c.write(&fh, (i * MIB) as u64, part).await.map(|_| ());
-        if r.is_err() {
-            break;
-        }
-    }
-    if r.is_ok() {
-        r = c.fsync(&fh).await;
-    }
-    let closed = c.release(&fh).await;
-    r.and(closed)
-}
-
-async fn read_whole(c: &Client, name: &str) -> fs_client::Result<Vec<u8>> {
-    let attr = c.lookup(InodeId::ROOT, name.as_bytes()).await?;
-    let (_, fh) = c.open(attr.ino, false).await?;
-    let data = c.read(&fh, 0, attr.size as usize).await;
-    c.release(&fh).await?;
-    data
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -7,14 +7,13 @@
 //! Needs root and `ip` (iproute2), as CI has.
 
 use fs_client::{Client, ClientConfig};
-use proto::meta::{Caller, MemberState};
-use proto::InodeId;
+use proto::meta::MemberState;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tessera_tests::client_io::{read_whole, write_fsync};
 use tessera_tests::{pseudo_random, ClusterOptions, ProcessCluster};
 
-const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
 const MIB: usize = 1 << 20;
 const HEAL: Duration = Duration::from_secs(120);
 
@@ -115,26 +114,6 @@ impl Drop for Netns {
     }
 }
 
-async fn write_fsync(c: &Client, name: &str, data: &[u8]) {
-    let (_, fh) = c
-        .create(InodeId::ROOT, name.as_bytes(), 0o644, ROOT_CALLER, true)
-        .await
-        .unwrap();
-    for (i, part) in data.chunks(MIB).enumerate() {
-        c.write(&fh, (i * MIB) as u64, part).await.unwrap();
-    }
-    c.fsync(&fh).await.unwrap();
-    c.release(&fh).await.unwrap();
-}
-
-async fn read_whole(c: &Client, name: &str) -> Vec<u8> {
-    let attr = c.lookup(InodeId::ROOT, name.as_bytes()).await.unwrap();
-    let (_, fh) = c.open(attr.ino, false).await.unwrap();
-    let data = c.read(&fh, 0, attr.size as usize).await.unwrap();
-    c.release(&fh).await.unwrap();
-    data
-}
-
 /// Waits until `node`'s memberships are all in `state` (and, for serving, every chain
 /// is whole again).
 async fn wait_member(c: &Client, node: proto::NodeId, state: MemberState) {
@@ -186,16 +165,16 @@ async fn a_partitioned_data_server_is_taken_out_and_back_while_the_cluster_serve
         .node;
     wait_member(&c, inner, MemberState::Serving).await;
     let before = pseudo_random(12 * MIB, 1);
-    write_fsync(&c, "before.bin", &before).await;
+    write_fsync(&c, "before.bin", &before).await.unwrap();
 
     ns.partition();
     eprintln!("partitioned {inner}");
     wait_member(&c, inner, MemberState::Offline).await;
     // The cluster keeps serving: reads of old data, new writes.
-    assert!(read_whole(&c, "before.bin").await == before);
+    assert!(read_whole(&c, "before.bin").await.unwrap() == before);
     let during = pseudo_random(12 * MIB, 2);
-    write_fsync(&c, "during.bin", &during).await;
-    assert!(read_whole(&c, "during.bin").await == during);
+    write_fsync(&c, "during.bin", &during).await.unwrap();
+    assert!(read_whole(&c, "during.bin").await.unwrap() == during);
 
     ns.heal();
     eprintln!("healed");
@@ -208,8 +187,8 @@ async fn a_partitioned_data_server_is_taken_out_and_back_while_the_cluster_serve
     })
     .await
     .unwrap();
-    assert!(read_whole(&fresh, "before.bin").await == before);
-    assert!(read_whole(&fresh, "during.bin").await == during);
+    assert!(read_whole(&fresh, "before.bin").await.unwrap() == before);
+    assert!(read_whole(&fresh, "during.bin").await.unwrap() == during);
     drop(cluster);
     drop(ns);
 }

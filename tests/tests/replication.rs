@@ -14,29 +14,14 @@ const MIB: usize = 1 << 20;
 const DEADLINE: Duration = Duration::from_secs(120);
 
 fn seed() -> u64 {
-    let seed = std::env::var("TESSERA_REPLICATION_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("seed {seed} (TESSERA_REPLICATION_SEED={seed} replays it)");
-    seed
+    tessera_tests::client_io::seed_from_env("TESSERA_REPLICATION_SEED")
 }
 
 async fn write_file(client: &Client, name: &[u8], data: &[u8]) {
-    let (_, fh) = client
-        .create(InodeId::ROOT, name, 0o644, ROOT_CALLER, true)
+    let name = std::str::from_utf8(name).expect("test names are text");
+    tessera_tests::client_io::write_fsync(client, name, data)
         .await
         .unwrap();
-    for (i, part) in data.chunks(MIB).enumerate() {
-        client.write(&fh, (i * MIB) as u64, part).await.unwrap();
-    }
-    client.fsync(&fh).await.unwrap();
-    client.release(&fh).await.unwrap();
 }
 
 async fn open(client: &Client, name: &[u8]) -> FileHandle {

@@ -48,6 +48,24 @@ pub(super) struct ChainWrite {
     pub src: Source,
 }
 
+impl ChainWrite {
+    pub fn new(
+        chunk: ChunkId,
+        place: Placement,
+        chunk_size: u32,
+        offset: u32,
+        src: Source,
+    ) -> Self {
+        ChainWrite {
+            chunk,
+            place,
+            chunk_size,
+            offset,
+            src,
+        }
+    }
+}
+
 impl Inner {
     /// The chain order of `place` per `map`, and this server's position in it.
     fn position(

@@ -173,13 +173,8 @@ impl Inner {
                 offset,
                 src,
             } => {
-                let w = ChainWrite {
-                    chunk,
-                    place,
-                    chunk_size: chunk_size_bytes,
-                    offset,
-                    src: Source::Remote(src),
-                };
+                let w =
+                    ChainWrite::new(chunk, place, chunk_size_bytes, offset, Source::Remote(src));
                 let len = self.head_write(conn, w).await?;
                 debug!(%chunk, offset, len, "written");
                 Ok(DataReply::Written { len })
@@ -191,13 +186,7 @@ impl Inner {
                 offset,
                 len,
             } => {
-                let w = ChainWrite {
-                    chunk,
-                    place,
-                    chunk_size: chunk_size_bytes,
-                    offset,
-                    src: Source::Zeros(len),
-                };
+                let w = ChainWrite::new(chunk, place, chunk_size_bytes, offset, Source::Zeros(len));
                 let len = self.head_write(conn, w).await?;
                 Ok(DataReply::Written { len })
             }
@@ -214,13 +203,7 @@ impl Inner {
                     ReplicaData::Bytes(b) => Source::Remote(b),
                     ReplicaData::Zeros(n) => Source::Zeros(n),
                 };
-                let w = ChainWrite {
-                    chunk,
-                    place,
-                    chunk_size: chunk_size_bytes,
-                    offset,
-                    src,
-                };
+                let w = ChainWrite::new(chunk, place, chunk_size_bytes, offset, src);
                 let len = self.replicate(conn, w, version, base_version).await?;
                 Ok(DataReply::Written { len })
             }

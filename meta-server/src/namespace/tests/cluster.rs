@@ -37,6 +37,19 @@ fn synced(h: &H, node: NodeId, map: &ClusterMap) -> ClusterMap {
     h.ns().cluster_map().unwrap()
 }
 
+/// Registers three servers and lets each report a finished resync: every member serves.
+fn three_serving(h: &H) -> (Vec<NodeId>, ClusterMap) {
+    let nodes: Vec<NodeId> = ["a:1", "b:1", "c:1"]
+        .iter()
+        .map(|a| h.ns().register_data(None, a, 1, 0).unwrap())
+        .collect();
+    let mut map = h.ns().cluster_map().unwrap();
+    for &n in &nodes {
+        map = synced(h, n, &map);
+    }
+    (nodes, map)
+}
+
 fn states(map: &ClusterMap, chain: u32) -> Vec<(u32, MemberState)> {
     map.chain(ChainId(chain))
         .unwrap()
@@ -182,16 +195,10 @@ fn a_lost_lease_takes_a_server_out_and_it_resyncs_back(kind: StoreKind) {
         ..NamespaceConfig::default()
     };
     let h = H::with_config(kind, config);
-    let nodes: Vec<NodeId> = ["a:1", "b:1", "c:1"]
-        .iter()
-        .map(|a| h.ns().register_data(None, a, 1, 0).unwrap())
-        .collect();
-    let mut map = h.ns().cluster_map().unwrap();
-    for &n in &nodes {
-        map = synced(&h, n, &map);
-    }
+    let (nodes, _) = three_serving(&h);
     // Node 3 stops beating; the others keep theirs.
     let deadline = Instant::now() + Duration::from_secs(10);
+    let mut map;
     loop {
         map = beat(&h, nodes[0]);
         beat(&h, nodes[1]);
@@ -232,14 +239,7 @@ fn a_server_away_too_long_is_replaced(kind: StoreKind) {
         ..NamespaceConfig::default()
     };
     let h = H::with_config(kind, config);
-    let nodes: Vec<NodeId> = ["a:1", "b:1", "c:1"]
-        .iter()
-        .map(|a| h.ns().register_data(None, a, 1, 0).unwrap())
-        .collect();
-    let mut map = h.ns().cluster_map().unwrap();
-    for &n in &nodes {
-        map = synced(&h, n, &map);
-    }
+    let (nodes, mut map) = three_serving(&h);
     let holding = |m: &ClusterMap, n: NodeId| {
         m.chains
             .iter()
