@@ -342,3 +342,74 @@ async fn a_directory_asking_for_one_copy_gets_one_copy_of_each_chunk() {
     let (_, fh) = reader.open(attr.ino, false).await.unwrap();
     assert!(reader.read(&fh, 0, data.len()).await.unwrap() == data);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copy_that_missed_a_write_is_marked_stale_and_copied_whole() {
+    let cluster = InProcessCluster::start(3).await;
+    let client = cluster.client().await;
+    let mut data = pseudo_random(4 * MIB, 8);
+    write_file(&client, b"one.bin", &data).await;
+    let ino = client.lookup(InodeId::ROOT, b"one.bin").await.unwrap().ino;
+    let chunk = proto::ChunkId {
+        inode: ino,
+        index: 0,
+    };
+    let meta = cluster.data[0].store().chunk_meta(chunk).unwrap().unwrap();
+    let map = client.cluster_map().await.unwrap();
+    let tail_node = map.chain(meta.chain).unwrap().members[2].node;
+    let tail = cluster
+        .data
+        .iter()
+        .position(|s| s.node_id() == Some(tail_node))
+        .unwrap();
+    // The tail "missed" the write: other bytes, an older version.
+    let store = cluster.data[tail].store();
+    store.write(chunk, 4 << 20, 0, &vec![0xee; MIB]).unwrap();
+    let old = data_server::store::ReplicaFields {
+        chain: meta.chain,
+        version: meta.version - 1,
+        stale: false,
+    };
+    store.set_replica(chunk, old).unwrap();
+    // The next write finds it on another version: stale, then copied whole.
+    let (_, fh) = client.open(ino, false).await.unwrap();
+    let patch = pseudo_random(MIB, 9);
+    client.write(&fh, MIB as u64, &patch).await.unwrap();
+    client.fsync(&fh).await.unwrap();
+    client.release(&fh).await.unwrap();
+    data[MIB..2 * MIB].copy_from_slice(&patch);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let m = store.chunk_meta(chunk).unwrap().unwrap();
+        if m.version == meta.version + 1 && !m.stale {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never repaired: {m:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for i in (0..3).filter(|&i| i != tail) {
+        cluster.stop_data(i);
+    }
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let ns = cluster.meta().namespace().clone();
+    while ns
+        .cluster_map()
+        .unwrap()
+        .chain(meta.chain)
+        .unwrap()
+        .readers(3)
+        != vec![tail_node]
+    {
+        assert!(tokio::time::Instant::now() < deadline, "others never left");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let reader = cluster.client().await;
+    let back = read_all(&reader, b"one.bin", data.len(), |_| {}).await;
+    assert!(
+        back == data,
+        "the repaired copy holds every acknowledged byte"
+    );
+}

@@ -109,7 +109,17 @@ impl Inner {
             ));
         }
         let _lock = self.locks.write(w.chunk).await;
-        let base = self.local_fields(w.chunk).await?.version;
+        let have = self.local_fields(w.chunk).await?;
+        if have.stale {
+            // A head whose copy missed a write would hand out versions the others hold
+            // with other bytes: refuse until the sweep (woken now) has copied it whole.
+            self.stale_found.notify_one();
+            return Err(WireError::new(
+                ErrorCode::Busy,
+                format!("{}: the head's copy is being repaired", w.chunk),
+            ));
+        }
+        let base = have.version;
         let version = base + 1;
         self.apply(
             conn, &map, &order, pos, &w, len, version, base, false, &self.pool,
@@ -187,7 +197,11 @@ impl Inner {
                         len: u64::from(n),
                         key: src.key,
                     };
-                    conn.read(part, &mr, 0).await.map_err(WireError::from)?;
+                    if let Err(e) = conn.read(part, &mr, 0).await {
+                        // Earlier steps may have been stored: the version still moves.
+                        result = Err(WireError::from(e));
+                        break;
+                    }
                     Some(mr.clone())
                 }
                 Source::Zeros(_) => None,

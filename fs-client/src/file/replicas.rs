@@ -32,6 +32,8 @@ enum Next {
     Refresh,
     /// A server is unreachable: wait for the map to change, then retry.
     Wait,
+    /// The server is busy with this chunk (its copy is being repaired): retry shortly.
+    Pause,
     /// Nothing to retry.
     Fail,
 }
@@ -40,7 +42,8 @@ fn classify(e: &ClientError) -> Next {
     match e {
         ClientError::Remote(w) => match w.code {
             ErrorCode::Stale => Next::Refresh,
-            ErrorCode::Unavailable | ErrorCode::TimedOut | ErrorCode::Overloaded => Next::Wait,
+            ErrorCode::Unavailable | ErrorCode::TimedOut => Next::Wait,
+            ErrorCode::Busy | ErrorCode::Overloaded => Next::Pause,
             _ => Next::Fail,
         },
         ClientError::Transport(
@@ -107,6 +110,10 @@ impl Client {
                 Next::Refresh => {
                     debug!(error = %err, what, "stale map, refreshing");
                     let _ = self.refresh_map().await;
+                }
+                Next::Pause => {
+                    debug!(error = %err, what, "server busy, retrying");
+                    tokio::time::sleep(MAP_POLL).await;
                 }
                 Next::Wait => {
                     debug!(error = %err, what, "server unreachable, waiting for the map to change");
