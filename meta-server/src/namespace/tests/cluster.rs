@@ -304,7 +304,32 @@ fn directory_layout_settings_reach_new_files_and_subdirectories(kind: StoreKind)
     );
 }
 
+fn check_namespace_reports_a_damaged_store(kind: StoreKind) {
+    use super::{mkdir, touch};
+    let mut h = H::with_nodes(kind, 1);
+    let root = proto::InodeId::ROOT;
+    let d = mkdir(h.ns(), root, "d");
+    let f = touch(h.ns(), d.ino, "f");
+    touch(h.ns(), d.ino, "g");
+    assert!(h.ns().check_namespace().unwrap().is_empty());
+    // A crash-free store never looks like this: an entry without its inode.
+    let mut batch = crate::kv::WriteBatch::default();
+    batch.delete(crate::namespace::keys::inode(f.ino));
+    h.store().commit(batch).unwrap();
+    h.restart();
+    let problems = h.ns().check_namespace().unwrap();
+    assert!(
+        problems.iter().any(|p| p.contains("names missing inode")),
+        "{problems:?}"
+    );
+    assert!(
+        problems.iter().any(|p| p.contains("superblock counts")),
+        "{problems:?}"
+    );
+}
+
 engine_tests!(
+    check_namespace_reports_a_damaged_store,
     directory_layout_settings_reach_new_files_and_subdirectories,
     register_assigns_and_updates,
     heartbeat_of_unknown_node_is_not_found,

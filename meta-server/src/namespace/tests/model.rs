@@ -648,6 +648,12 @@ impl Run {
         if real != model {
             panic!("tree after {after} differs:\n{}", diff(&real, &model));
         }
+        // The namespace's own consistency check (what `tessera fsck` runs) agrees.
+        let problems = self.ns().check_namespace().unwrap();
+        assert!(
+            problems.is_empty(),
+            "check_namespace after {after}: {problems:?}"
+        );
         for (&ino, n) in &self.m.nodes {
             let attr = self.ns().getattr(InodeId(ino)).unwrap();
             assert_eq!(
