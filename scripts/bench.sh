@@ -316,12 +316,14 @@ run_workloads() {
 }
 
 # Peak bytes one system holds: the largest workload's data (each is deleted before the
-# next), twice for JuiceFS's block cache, plus 5 GiB of slack (MooseFS keeps 1 GiB free).
+# next) times COPIES (all copies land on this one disk), at least twice for JuiceFS's
+# block cache, plus 5 GiB of slack (MooseFS keeps 1 GiB free).
 need_bytes() {
   local ds=$((DATASET_FILES * (DATASET_MIN_BYTES + DATASET_MAX_BYTES) / 2))
   local seq=$((SEQ_MIB << 20)) ck=$((CKPT_JOBS * CKPT_MIB << 20)) max
   max=$ds; [ $seq -gt $max ] && max=$seq; [ $ck -gt $max ] && max=$ck
-  echo $((2 * max + (5 << 30)))
+  local copies=$COPIES; [ "$copies" -lt 2 ] && copies=2
+  echo $((copies * max + (5 << 30)))
 }
 
 run_system() {
