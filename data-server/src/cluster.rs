@@ -36,6 +36,11 @@ impl ClusterView {
         }
     }
 
+    /// The metadata server's address.
+    pub fn meta_addr(&self) -> String {
+        self.meta.addr()
+    }
+
     /// The endpoint connections go out from.
     pub fn endpoint(&self) -> &Endpoint {
         &self.ep
@@ -64,7 +69,7 @@ impl ClusterView {
         }
     }
 
-    /// Calls the metadata server.
+    /// Calls the metadata server (heartbeats, registration, map fetches: one link).
     pub async fn meta_call(&self, req: &MetaRequest) -> Result<MetaReply, WireError> {
         let bytes = codec::encode(req, self.ep.config().max_msg_bytes)?;
         let conn = self.meta.get(&self.ep).await?;

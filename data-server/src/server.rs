@@ -6,16 +6,15 @@ use crate::config::DataConfig;
 use crate::error::DataError;
 use crate::service::{DataService, Pools, Resync};
 use crate::store::ChunkStore;
-use bytes::Bytes;
-use proto::meta::{GcTask, MetaReply, MetaRequest, MetaResult};
-use proto::{codec, NodeId, WireError, PROTOCOL_VERSION};
+use proto::meta::{GcTask, MetaReply, MetaRequest};
+use proto::{NodeId, WireError, PROTOCOL_VERSION};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
-use transport::{BufferPool, Endpoint, Link, Listener};
+use transport::{BufferPool, Endpoint, Listener};
 
 /// Deletions one heartbeat round carries out at most (the rest wait for the next round).
 const MAX_GC_PER_HEARTBEAT: usize = 256;
@@ -74,9 +73,7 @@ impl DataServer {
         };
         let (tx, rx) = watch::channel(None);
         let beat = Heartbeat {
-            ep,
             data_dir: config.data_dir.clone(),
-            meta: Link::new(config.meta_addr.clone()),
             store: store.clone(),
             advertise: advertise.clone(),
             interval,
@@ -157,9 +154,7 @@ fn fs_space(dir: &std::path::Path) -> Result<(u64, u64), DataError> {
 }
 
 struct Heartbeat {
-    ep: Endpoint,
     data_dir: std::path::PathBuf,
-    meta: Link,
     store: Arc<ChunkStore>,
     advertise: String,
     interval: Duration,
@@ -168,14 +163,6 @@ struct Heartbeat {
 }
 
 impl Heartbeat {
-    async fn call(&self, req: &MetaRequest) -> Result<MetaReply, WireError> {
-        let bytes = codec::encode(req, self.ep.config().max_msg_bytes)?;
-        let conn = self.meta.get(&self.ep).await?;
-        let reply = conn.call(Bytes::from(bytes)).await?;
-        let result: MetaResult = codec::decode(&reply)?;
-        result
-    }
-
     /// Capacity and use as `statfs` should see them: the capacity is cut to what the
     /// disk can still take, so a disk filled by something else shows as full.
     async fn usage(&self) -> (u64, u64) {
@@ -205,7 +192,7 @@ impl Heartbeat {
             capacity_bytes,
             used_bytes,
         };
-        let node = match self.call(&req).await? {
+        let node = match self.view.meta_call(&req).await? {
             MetaReply::Registered { node } => node,
             other => {
                 let msg = format!("unexpected reply to registration: {other:?}");
@@ -229,7 +216,7 @@ impl Heartbeat {
                 Err(e) => {
                     failures += 1;
                     if failures % 20 == 1 {
-                        warn!(error = %e, meta = %self.meta.addr(), "registration failed, retrying");
+                        warn!(error = %e, meta = %self.view.meta_addr(), "registration failed, retrying");
                     }
                     tokio::time::sleep(self.interval.min(Duration::from_millis(200))).await;
                 }
@@ -250,7 +237,7 @@ impl Heartbeat {
                 map_version: self.view.current().version,
                 resync: self.resync.report(),
             };
-            match self.call(&req).await {
+            match self.view.meta_call(&req).await {
                 Ok(MetaReply::Beat { gc, map }) => {
                     if let Some(map) = map {
                         self.view.offer(map);

@@ -14,11 +14,11 @@
 //! the map first. Reads take the same lock, so they never see a write that has not yet
 //! reached every member.
 
-use super::{blocking, range_error, write_zeros, Inner};
+use super::{blocking, call_peer, range_error, write_zeros, Inner};
 use crate::store::ReplicaFields;
 use proto::data::{DataReply, DataRequest, Placement, ReplicaData};
 use proto::meta::{ClusterMap, MemberState};
-use proto::{codec, ChunkId, ErrorCode, NodeId, RemoteBuf, WireError};
+use proto::{ChunkId, ErrorCode, NodeId, RemoteBuf, WireError};
 use transport::{Access, BufferPool, Connection, MemoryRegion};
 
 /// Where a write's bytes come from at one member.
@@ -209,10 +209,7 @@ impl Inner {
             let local = self.store_step(w, at, n, data.clone());
             let forward = async {
                 match &next {
-                    Some(next) => {
-                        let d = data.as_ref().map(|mr| (mr, n));
-                        forward(next, w, at, version, base, d, n).await
-                    }
+                    Some(next) => forward(next, w, at, version, base, data.as_ref(), n).await,
                     None => Ok(()),
                 }
             };
@@ -303,12 +300,12 @@ async fn forward(
     at: u32,
     version: u64,
     base: u64,
-    data: Option<(&MemoryRegion, u32)>,
+    data: Option<&MemoryRegion>,
     n: u32,
 ) -> Result<(), WireError> {
     let grant = match data {
-        Some((mr, len)) => Some(
-            next.grant(mr, 0, len as usize, Access::RemoteRead)
+        Some(mr) => Some(
+            next.grant(mr, 0, n as usize, Access::RemoteRead)
                 .map_err(WireError::from)?,
         ),
         None => None,
@@ -326,20 +323,13 @@ async fn forward(
         base_version: base,
         data: payload,
     };
-    let bytes = codec::encode(&req, usize::MAX)?;
-    let reply = next.call(bytes.into()).await.map_err(|e| {
-        WireError::new(
-            ErrorCode::Unavailable,
-            format!("successor {} failed: {e}", next.peer()),
-        )
-    })?;
+    let reply = call_peer(next, &req).await;
     drop(grant);
-    match codec::decode::<proto::data::DataResult>(&reply)? {
-        Ok(DataReply::Written { .. }) => Ok(()),
-        Ok(other) => Err(WireError::new(
+    match reply? {
+        DataReply::Written { .. } => Ok(()),
+        other => Err(WireError::new(
             ErrorCode::Malformed,
             format!("unexpected reply {other:?} from successor"),
         )),
-        Err(e) => Err(e),
     }
 }

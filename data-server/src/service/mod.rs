@@ -135,6 +135,19 @@ fn op_name(req: &DataRequest) -> &'static str {
     }
 }
 
+/// Calls another data server (a successor in a chain, or the source of a copy). A
+/// connection that fails is `Unavailable`, naming the peer.
+async fn call_peer(conn: &Connection, req: &DataRequest) -> Result<DataReply, WireError> {
+    let bytes = codec::encode(req, usize::MAX)?;
+    let reply = conn.call(bytes.into()).await.map_err(|e| {
+        WireError::new(
+            ErrorCode::Unavailable,
+            format!("data server {} failed: {e}", conn.peer()),
+        )
+    })?;
+    codec::decode::<DataResult>(&reply)?
+}
+
 /// Runs blocking store work on tokio's blocking pool.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, DataError> + Send + 'static,
@@ -222,35 +235,22 @@ impl Inner {
                 limit,
             } => {
                 let limit = limit.clamp(1, MAX_LIST_CHUNKS) as usize;
-                let list = blocking(move || {
-                    let mut out = Vec::new();
-                    let mut cursor = after;
-                    loop {
-                        let page = store.list_after(cursor, limit)?;
-                        let Some(&last) = page.last() else { break };
-                        for c in page {
-                            match store.chunk_meta(c) {
-                                Ok(Some(m)) if m.chain == chain => out.push(m),
-                                Ok(_) => {}
-                                // A damaged header lists as a stale copy of version 0.
-                                Err(_) => out.push(proto::data::ChunkMeta {
-                                    chunk: c,
-                                    chain,
-                                    version: 0,
-                                    len: 0,
-                                    chunk_size_bytes: 0,
-                                    stale: true,
-                                }),
-                            }
-                            if out.len() >= limit {
-                                return Ok(out);
-                            }
-                        }
-                        cursor = Some(last);
-                    }
-                    Ok(out)
-                })
-                .await?;
+                let list = blocking(move || store.chain_chunks(Some(chain), after, limit)).await?;
+                // A chunk whose header cannot be read lists as a stale copy of version 0:
+                // a syncing member then neither copies it nor drops its own.
+                let list = list
+                    .into_iter()
+                    .map(|c| {
+                        c.unwrap_or_else(|chunk| proto::data::ChunkMeta {
+                            chunk,
+                            chain,
+                            version: 0,
+                            len: 0,
+                            chunk_size_bytes: 0,
+                            stale: true,
+                        })
+                    })
+                    .collect();
                 Ok(DataReply::Chunks(list))
             }
             DataRequest::FetchChunk { chunk, dest } => self.fetch(conn, chunk, dest).await,

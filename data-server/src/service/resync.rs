@@ -2,12 +2,12 @@
 //! and the background task that resyncs the chains this server is syncing in, repairs
 //! copies marked stale, and drops chunks of chains it is no longer a member of.
 
-use super::{blocking, Inner, MAX_LIST_CHUNKS};
+use super::{blocking, call_peer, Inner, MAX_LIST_CHUNKS};
 use crate::store::ReplicaFields;
 use parking_lot::Mutex;
 use proto::data::{ChunkMeta, DataReply, DataRequest, DataResult};
 use proto::meta::{ClusterMap, MemberState, ResyncReport};
-use proto::{codec, ChainId, ChunkId, ErrorCode, NodeId, RemoteBuf, WireError};
+use proto::{ChainId, ChunkId, ErrorCode, NodeId, RemoteBuf, WireError};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -99,7 +99,7 @@ impl Inner {
                 chunk,
                 dest: grant.remote(),
             };
-            let got = match call(&conn, &req).await {
+            let got = match call_peer(&conn, &req).await {
                 Ok(DataReply::Fetched(m)) => m,
                 Ok(other) => {
                     return Err(WireError::new(
@@ -136,14 +136,8 @@ impl Inner {
     }
 }
 
-async fn call(conn: &Connection, req: &DataRequest) -> Result<DataReply, WireError> {
-    let bytes = codec::encode(req, usize::MAX)?;
-    let reply = conn.call(bytes.into()).await.map_err(WireError::from)?;
-    codec::decode::<DataResult>(&reply)?
-}
-
 async fn info(conn: &Connection, chunk: ChunkId) -> Result<Option<ChunkMeta>, WireError> {
-    match call(
+    match call_peer(
         conn,
         &DataRequest::ChunkInfo {
             chunk,
@@ -259,7 +253,7 @@ impl Resync {
                 after,
                 limit: MAX_LIST_CHUNKS,
             };
-            let page = match call(&conn, &req).await? {
+            let page = match call_peer(&conn, &req).await? {
                 DataReply::Chunks(p) => p,
                 other => {
                     return Err(WireError::new(
@@ -375,24 +369,9 @@ impl Resync {
     /// This server's chunks (of one chain, or all).
     async fn own_chunks(&self, chain: Option<ChainId>) -> Result<Vec<ChunkMeta>, WireError> {
         let store = self.inner.store.clone();
-        blocking(move || {
-            let mut out = Vec::new();
-            let mut after = None;
-            loop {
-                let page = store.list_after(after, 4096)?;
-                let Some(&last) = page.last() else { break };
-                for c in page {
-                    if let Ok(Some(m)) = store.chunk_meta(c) {
-                        if chain.is_none_or(|ch| ch == m.chain) {
-                            out.push(m);
-                        }
-                    }
-                }
-                after = Some(last);
-            }
-            Ok(out)
-        })
-        .await
+        let all = blocking(move || store.chain_chunks(chain, None, usize::MAX)).await?;
+        // Unreadable headers are left to fsck: their chain is unknown.
+        Ok(all.into_iter().filter_map(Result::ok).collect())
     }
 }
 

@@ -17,7 +17,7 @@
 //! inside one page, so a crash leaves them old or new.
 
 use super::chunk::Opened;
-use super::format::{bucket_dir, bucket_of, chunk_path, inode_dir, parse_hex16, read_full_at};
+use super::format::{bucket_dir, bucket_of, inode_dir, parse_hex16, read_full_at};
 use super::{scan, ChunkStore};
 use crate::error::{DataError, IoContext};
 use proto::data::ChunkMeta;
@@ -196,9 +196,34 @@ impl ChunkStore {
         Ok(out)
     }
 
-    /// Whether a file exists for the chunk (for tests and fsck messages).
-    pub fn has_chunk_file(&self, chunk: ChunkId) -> bool {
-        chunk_path(&self.root, chunk).exists()
+    /// Up to `limit` chunks after `after` in store order that belong to `chain` (to any
+    /// chain with `None`). A chunk whose replica fields cannot be read comes back as
+    /// `Err(chunk)`: its chain is unknown, so it is listed whatever chain was asked for.
+    pub fn chain_chunks(
+        &self,
+        chain: Option<ChainId>,
+        after: Option<ChunkId>,
+        limit: usize,
+    ) -> Result<Vec<Result<ChunkMeta, ChunkId>>, DataError> {
+        const PAGE: usize = 4096;
+        let mut out = Vec::new();
+        let mut cursor = after;
+        while out.len() < limit {
+            let page = self.list_after(cursor, PAGE)?;
+            let Some(&last) = page.last() else { break };
+            for c in page {
+                match self.chunk_meta(c) {
+                    Ok(Some(m)) if chain.is_none_or(|ch| ch == m.chain) => out.push(Ok(m)),
+                    Ok(_) => {}
+                    Err(_) => out.push(Err(c)),
+                }
+                if out.len() >= limit {
+                    break;
+                }
+            }
+            cursor = Some(last);
+        }
+        Ok(out)
     }
 }
 
@@ -265,6 +290,32 @@ mod tests {
         let page1 = store.list_after(None, 2).unwrap();
         let page2 = store.list_after(Some(page1[1]), 2).unwrap();
         assert_eq!([page1, page2].concat(), all);
+        let elsewhere = ChunkId {
+            inode: InodeId(301),
+            index: 0,
+        };
+        let f5 = ReplicaFields {
+            chain: ChainId(5),
+            ..f
+        };
+        store.install(elsewhere, cs, b"x", f5).unwrap();
+        let of = |chain| store.chain_chunks(chain, None, usize::MAX).unwrap().len();
+        assert_eq!(
+            (of(Some(ChainId(4))), of(Some(ChainId(5))), of(None)),
+            (3, 1, 4)
+        );
+        let first = store.chain_chunks(Some(ChainId(4)), None, 2).unwrap();
+        let last = match first[1] {
+            Ok(ref m) => m.chunk,
+            Err(c) => c,
+        };
+        assert_eq!(
+            store
+                .chain_chunks(Some(ChainId(4)), Some(last), 9)
+                .unwrap()
+                .len(),
+            1
+        );
         assert!(store.delete_chunk(C).unwrap());
         assert_eq!(store.chunk_meta(C).unwrap(), None);
     }
