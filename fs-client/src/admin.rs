@@ -186,9 +186,8 @@ impl Client {
                 .push(format!("{chunk}: {chain} is not in the cluster map"));
             return Ok(());
         };
-        let members = &info.members[..info.members.len().min(usize::from(replicas.max(1)))];
         let mut copies: Vec<(NodeId, Copy)> = Vec::new();
-        for m in members {
+        for m in info.used(replicas) {
             if m.state != MemberState::Serving {
                 report
                     .problems

@@ -120,10 +120,15 @@ pub struct ChainInfo {
 }
 
 impl ChainInfo {
+    /// The members a file asking for `replicas` copies uses: the first `replicas`.
+    pub fn used(&self, replicas: u8) -> &[Member] {
+        &self.members[..self.members.len().min(usize::from(replicas.max(1)))]
+    }
+
     /// Who takes a write of a file asking for `replicas` copies, in chain order: the
     /// serving members, then the syncing ones (so a syncing member is always a tail).
     pub fn write_order(&self, replicas: u8) -> Vec<NodeId> {
-        let used = &self.members[..self.members.len().min(usize::from(replicas.max(1)))];
+        let used = self.used(replicas);
         let serving = used.iter().filter(|m| m.state == MemberState::Serving);
         let syncing = used.iter().filter(|m| m.state == MemberState::Syncing);
         serving.chain(syncing).map(|m| m.node).collect()
@@ -131,8 +136,8 @@ impl ChainInfo {
 
     /// Who may serve a read of a file asking for `replicas` copies.
     pub fn readers(&self, replicas: u8) -> Vec<NodeId> {
-        let used = &self.members[..self.members.len().min(usize::from(replicas.max(1)))];
-        used.iter()
+        self.used(replicas)
+            .iter()
             .filter(|m| m.state == MemberState::Serving)
             .map(|m| m.node)
             .collect()

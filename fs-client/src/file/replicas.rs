@@ -60,6 +60,13 @@ fn unavailable(msg: String) -> ClientError {
     ClientError::Remote(WireError::new(ErrorCode::Unavailable, msg))
 }
 
+/// `chain` as `map` knows it; a chain the map lacks is `Unavailable` (retried once the
+/// map changes).
+fn chain_in(map: &ClusterMap, chain: ChainId) -> Result<&proto::meta::ChainInfo> {
+    map.chain(chain)
+        .ok_or_else(|| unavailable(format!("{chain} is not in cluster map {}", map.version)))
+}
+
 impl Client {
     /// The cluster map in use.
     pub(crate) fn map(&self) -> Arc<ClusterMap> {
@@ -131,10 +138,7 @@ impl Client {
         mr: Option<&MemoryRegion>,
     ) -> Result<()> {
         self.with_failover("write", |map| async move {
-            let chain = map
-                .chain(p.chain)
-                .ok_or_else(|| unavailable(format!("{} is not in the cluster map", p.chain)))?;
-            let head = *chain
+            let head = *chain_in(&map, p.chain)?
                 .write_order(layout.replicas)
                 .first()
                 .ok_or_else(|| unavailable(format!("{} has no member up", p.chain)))?;
@@ -184,10 +188,7 @@ impl Client {
         mr: &MemoryRegion,
     ) -> Result<()> {
         self.with_failover("read", |map| async move {
-            let chain = map
-                .chain(p.chain)
-                .ok_or_else(|| unavailable(format!("{} is not in the cluster map", p.chain)))?;
-            let readers = chain.readers(layout.replicas);
+            let readers = chain_in(&map, p.chain)?.readers(layout.replicas);
             if readers.is_empty() {
                 return Err(unavailable(format!("{} has no serving member", p.chain)));
             }
@@ -246,10 +247,7 @@ impl Client {
         self.with_failover("fsync", |map| async move {
             let mut per_node: BTreeMap<NodeId, Vec<ChunkId>> = BTreeMap::new();
             for (chain, set) in chunks {
-                let info = map
-                    .chain(*chain)
-                    .ok_or_else(|| unavailable(format!("{chain} is not in the cluster map")))?;
-                let members = info.write_order(layout.replicas);
+                let members = chain_in(&map, *chain)?.write_order(layout.replicas);
                 if members.is_empty() {
                     return Err(unavailable(format!("{chain} has no member up")));
                 }
@@ -280,9 +278,7 @@ impl Client {
         self.with_failover("truncate", |map| async move {
             let mut nodes = BTreeSet::new();
             for chain in &layout.chains {
-                if let Some(info) = map.chain(*chain) {
-                    nodes.extend(info.write_order(layout.replicas));
-                }
+                nodes.extend(chain_in(&map, *chain)?.write_order(layout.replicas));
             }
             let cuts = nodes.into_iter().map(|node| async move {
                 let conn = self.data_conn(node).await?;

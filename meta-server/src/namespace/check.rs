@@ -5,7 +5,7 @@ use super::keys;
 use super::records::{decode, DirentRecord, InodeRecord, Superblock};
 use super::Namespace;
 use crate::error::MetaError;
-use proto::meta::{ClusterStatus, FileLayout, MemberState};
+use proto::meta::{ChainInfo, ClusterStatus, FileLayout};
 use proto::{ChainId, FileKind, InodeId, Layout};
 use std::collections::HashMap;
 
@@ -26,19 +26,31 @@ impl Namespace {
         mut f: impl FnMut(&[u8], &[u8]) -> Result<(), MetaError>,
     ) -> Result<(), MetaError> {
         let end = keys::prefix_end(prefix);
-        let mut start = prefix.to_vec();
+        self.scan_while(prefix.to_vec(), &end, |k, v| f(k, v).map(|()| true))?;
+        Ok(())
+    }
+
+    /// Calls `f` on the keys from `start` to `end`, in order, a page at a time, while it
+    /// returns true; returns whether it stopped before the end.
+    fn scan_while(
+        &self,
+        mut start: Vec<u8>,
+        end: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<bool, MetaError>,
+    ) -> Result<bool, MetaError> {
         loop {
-            let rows = self.store.scan(&start, &end, PAGE)?;
-            let full = rows.len() == PAGE;
+            let rows = self.store.scan(&start, end, PAGE)?;
             for (k, v) in &rows {
-                f(k, v)?;
+                if !f(k, v)? {
+                    return Ok(true);
+                }
             }
             match rows.last() {
-                Some((k, _)) if full => {
+                Some((k, _)) if rows.len() == PAGE => {
                     start = k.clone();
                     start.push(0);
                 }
-                _ => return Ok(()),
+                _ => return Ok(false),
             }
         }
     }
@@ -46,11 +58,8 @@ impl Namespace {
     /// The map, counts of chunks and under-replicated chunks, resyncs under way.
     pub fn status(&self) -> Result<ClusterStatus, MetaError> {
         let map = self.reconcile()?;
-        let serving: HashMap<ChainId, Vec<MemberState>> = map
-            .chains
-            .iter()
-            .map(|c| (c.chain, c.members.iter().map(|m| m.state).collect()))
-            .collect();
+        let chains: HashMap<ChainId, &ChainInfo> =
+            map.chains.iter().map(|c| (c.chain, c)).collect();
         let target = self.config.replicas.min(map.nodes.len().max(1) as u8);
         let (mut chunks, mut under) = (0u64, 0u64);
         self.for_each(&keys::inode_prefix(), |_, v| {
@@ -75,12 +84,9 @@ impl Namespace {
                     0
                 };
                 chunks += count;
-                let members = serving.get(chain).map_or(&[][..], |v| v.as_slice());
-                let good = members
-                    .iter()
-                    .take(usize::from(layout.replicas.max(1)))
-                    .filter(|s| **s == MemberState::Serving)
-                    .count();
+                let good = chains
+                    .get(chain)
+                    .map_or(0, |c| c.readers(layout.replicas).len());
                 if good < want {
                     under += count;
                 }
@@ -107,33 +113,20 @@ impl Namespace {
         let start = keys::inode(InodeId(after.0.saturating_add(1)));
         let end = keys::prefix_end(&keys::inode_prefix());
         let mut out = Vec::new();
-        let mut cursor = start;
-        loop {
-            let rows = self.store.scan(&cursor, &end, PAGE)?;
-            let full = rows.len() == PAGE;
-            for (k, v) in &rows {
-                let rec: InodeRecord = decode(v, "inode record")?;
-                if let (FileKind::Regular, Some(l)) = (rec.kind, rec.layout.as_ref()) {
-                    let ino = keys::u64_at(k, 1)
-                        .ok_or_else(|| MetaError::Corrupt(format!("inode key {k:x?}")))?;
-                    out.push(FileLayout {
-                        ino: InodeId(ino),
-                        size: rec.size,
-                        layout: Layout::from(l),
-                    });
-                    if out.len() >= limit {
-                        return Ok((out, false));
-                    }
-                }
+        let stopped = self.scan_while(start, &end, |k, v| {
+            let rec: InodeRecord = decode(v, "inode record")?;
+            if let (FileKind::Regular, Some(l)) = (rec.kind, rec.layout.as_ref()) {
+                let ino = keys::u64_at(k, 1)
+                    .ok_or_else(|| MetaError::Corrupt(format!("inode key {k:x?}")))?;
+                out.push(FileLayout {
+                    ino: InodeId(ino),
+                    size: rec.size,
+                    layout: Layout::from(l),
+                });
             }
-            match rows.last() {
-                Some((k, _)) if full => {
-                    cursor = k.clone();
-                    cursor.push(0);
-                }
-                _ => return Ok((out, true)),
-            }
-        }
+            Ok(out.len() < limit)
+        })?;
+        Ok((out, !stopped))
     }
 
     /// Whether each inode exists.

@@ -39,10 +39,8 @@ pub(crate) struct Members {
     loaded: bool,
     version: u64,
     chains: BTreeMap<u32, ChainRecord>,
-    /// When each server was found down.
-    down_since: HashMap<u32, Instant>,
     /// The last resync report of each server.
-    pub(crate) resync: HashMap<u32, ResyncReport>,
+    resync: HashMap<u32, ResyncReport>,
 }
 
 fn member_state(code: u8) -> MemberState {
@@ -88,21 +86,17 @@ impl Namespace {
         let nodes = self.nodes()?;
         let lease = Duration::from_millis(self.config.node_lease_ms);
         let replace_after = Duration::from_millis(self.config.replace_after_ms);
-        let alive: HashMap<u32, bool> = {
+        // Time since each server's last heartbeat: up within the lease, gone for good
+        // once down for `replace_after` more.
+        let silent: HashMap<u32, Duration> = {
             let live = self.liveness.lock();
             nodes
                 .iter()
-                .map(|(n, _)| (n.0, live.get(n).is_some_and(|t| t.elapsed() <= lease)))
+                .map(|(n, _)| (n.0, live.get(n).map_or(Duration::MAX, Instant::elapsed)))
                 .collect()
         };
-        let now = Instant::now();
-        for (&n, &up) in &alive {
-            if up {
-                m.down_since.remove(&n);
-            } else {
-                m.down_since.entry(n).or_insert(now);
-            }
-        }
+        let alive: HashMap<u32, bool> = silent.iter().map(|(&n, &t)| (n, t <= lease)).collect();
+        let gone_after = lease.saturating_add(replace_after);
         let next = m.version + 1;
         let mut changed: Vec<u32> = Vec::new();
         // Every server heads a chain of its own.
@@ -124,7 +118,6 @@ impl Namespace {
                 *load.entry(mem.node).or_default() += 1;
             }
         }
-        let down_since = m.down_since.clone();
         for (&id, chain) in m.chains.iter_mut() {
             let before = chain.clone();
             for mem in chain.members.iter_mut() {
@@ -139,10 +132,8 @@ impl Namespace {
             }
             // Members away too long leave, so that another server can take their place.
             chain.members.retain(|mem| {
-                let gone = mem.state == OFFLINE
-                    && down_since
-                        .get(&mem.node)
-                        .is_some_and(|t| t.elapsed() >= replace_after);
+                let gone =
+                    mem.state == OFFLINE && silent.get(&mem.node).is_some_and(|t| *t >= gone_after);
                 if gone {
                     tracing::warn!(
                         chain = id,
@@ -252,7 +243,7 @@ impl Namespace {
         Ok(())
     }
 
-    /// The chains a new file is spread over, and whether there are any.
+    /// The chains a new file is spread over (none before any data server registered).
     pub(crate) fn chain_ids(&self) -> Vec<u32> {
         self.map.read().chains.iter().map(|c| c.chain.0).collect()
     }
