@@ -3,7 +3,7 @@
 //! being replaced.
 
 use fs_client::{Client, FileHandle};
-use proto::meta::{Caller, MemberState};
+use proto::meta::Caller;
 use proto::InodeId;
 use std::time::Duration;
 use tessera_tests::{pseudo_random, sha256_hex, InProcessCluster};
@@ -51,6 +51,28 @@ async fn read_all(
     }
     client.release(&fh).await.unwrap();
     out
+}
+
+/// Stops every data server but `survivor` and waits until it is the only serving member
+/// of every chain: reads then come from its copies alone.
+async fn serve_alone(cluster: &InProcessCluster, survivor: usize) {
+    for i in (0..cluster.data.len()).filter(|&i| i != survivor) {
+        cluster.stop_data(i);
+    }
+    let node = cluster.data[survivor].node_id().expect("registered");
+    let ns = cluster.meta().namespace().clone();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let map = ns.cluster_map().unwrap();
+        if map.chains.iter().all(|c| c.readers(3) == vec![node]) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "others never left: {map:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -157,29 +179,7 @@ async fn a_server_that_comes_back_resyncs_before_it_serves_alone() {
         .await
         .expect("the cluster heals");
     // Now the others go: the returned server alone serves every read.
-    for i in (0..3).filter(|&i| i != victim) {
-        cluster.stop_data(i);
-    }
-    let ns = cluster.meta().namespace().clone();
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let map = ns.cluster_map().unwrap();
-        let only = map.chains.iter().all(|c| {
-            c.members
-                .iter()
-                .filter(|m| m.state == MemberState::Serving)
-                .count()
-                == 1
-        });
-        if only {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "others never left: {map:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    serve_alone(&cluster, victim).await;
     let reader = cluster.client().await;
     let back = read_all(&reader, b"old.bin", changed.len(), |_| {}).await;
     assert!(
@@ -390,22 +390,7 @@ async fn a_copy_that_missed_a_write_is_marked_stale_and_copied_whole() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    for i in (0..3).filter(|&i| i != tail) {
-        cluster.stop_data(i);
-    }
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    let ns = cluster.meta().namespace().clone();
-    while ns
-        .cluster_map()
-        .unwrap()
-        .chain(meta.chain)
-        .unwrap()
-        .readers(3)
-        != vec![tail_node]
-    {
-        assert!(tokio::time::Instant::now() < deadline, "others never left");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    serve_alone(&cluster, tail).await;
     let reader = cluster.client().await;
     let back = read_all(&reader, b"one.bin", data.len(), |_| {}).await;
     assert!(
