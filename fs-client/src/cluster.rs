@@ -244,8 +244,10 @@ fn wait_healthy(meta_addr: &str, n: usize, replicas: u8) -> Result<(), ClusterEr
         .enable_all()
         .build()
         .map_err(io_err("starting a runtime"))?;
+    // Only the map is read: one I/O buffer is enough.
     let config = crate::ClientConfig {
         meta_addr: meta_addr.to_string(),
+        io_buffers: 1,
         ..crate::ClientConfig::default()
     };
     rt.block_on(async {
