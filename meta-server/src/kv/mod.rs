@@ -7,6 +7,7 @@
 mod group;
 mod redb;
 mod sled;
+mod wal;
 
 #[cfg(test)]
 mod conformance;
@@ -14,6 +15,7 @@ mod conformance;
 pub use self::group::{take_pending, GroupCommit};
 pub use self::redb::RedbStore;
 pub use self::sled::SledStore;
+pub use self::wal::{Engine, LoggedStore};
 
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -171,10 +173,11 @@ pub trait KvStore: Send + Sync + 'static {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
-    /// sled 0.34: a log-structured tree; each commit is `apply_batch`, `flush`, fdatasync.
+    /// sled 0.34: a log-structured tree. Behind the redo log each commit is `apply_batch`;
+    /// a checkpoint is `flush` and fdatasync.
     Sled,
-    /// redb 4: a copy-on-write B-tree file; each commit is one write transaction with
-    /// immediate durability.
+    /// redb 4: a copy-on-write B-tree file. Behind the redo log each commit is one write
+    /// transaction without durability; a checkpoint is one with immediate durability.
     #[default]
     Redb,
 }
@@ -195,13 +198,19 @@ impl StoreKind {
 /// Opens (creating if needed) the store of engine `kind` inside directory `dir`.
 ///
 /// Each engine keeps its files under its own name in `dir` (`dir/sled/`,
-/// `dir/meta.redb`), so switching the engine in the configuration never feeds one
+/// `dir/meta.redb`, each with its log `dir/<name>.wal`), so switching the engine in the configuration never feeds one
 /// engine's files to the other.
 pub fn open_store(kind: StoreKind, dir: &Path) -> Result<Arc<dyn KvStore>, KvError> {
     std::fs::create_dir_all(dir).map_err(|e| KvError::from_io(kind.name(), &e))?;
     Ok(match kind {
-        StoreKind::Sled => Arc::new(SledStore::open(&dir.join("sled"))?),
-        StoreKind::Redb => Arc::new(RedbStore::open(&dir.join("meta.redb"))?),
+        StoreKind::Sled => Arc::new(LoggedStore::open(
+            SledStore::open(&dir.join("sled"))?,
+            &dir.join("sled.wal"),
+        )?),
+        StoreKind::Redb => Arc::new(LoggedStore::open(
+            RedbStore::open(&dir.join("meta.redb"))?,
+            &dir.join("meta.redb.wal"),
+        )?),
     })
 }
 

@@ -1,5 +1,6 @@
 //! The redb 4 engine.
 
+use super::wal::Engine;
 use super::{BatchOp, KvError, KvPair, KvStore, WriteBatch};
 use ::redb::{Database, Durability, ReadableDatabase, TableDefinition};
 use std::path::Path;
@@ -24,6 +25,44 @@ impl RedbStore {
         txn.open_table(TABLE).map_err(engine_err)?;
         txn.commit().map_err(engine_err)?;
         Ok(RedbStore { db })
+    }
+}
+
+impl RedbStore {
+    /// One write transaction with the batch; `Immediate` syncs it before returning.
+    fn write(&self, batch: &WriteBatch, durability: Durability) -> Result<(), KvError> {
+        let mut txn = self.db.begin_write().map_err(engine_err)?;
+        txn.set_durability(durability).map_err(engine_err)?;
+        {
+            let mut table = txn.open_table(TABLE).map_err(engine_err)?;
+            for op in batch.ops() {
+                match op {
+                    BatchOp::Put(k, v) => {
+                        table
+                            .insert(k.as_slice(), v.as_slice())
+                            .map_err(engine_err)?;
+                    }
+                    BatchOp::Delete(k) => {
+                        table.remove(k.as_slice()).map_err(engine_err)?;
+                    }
+                }
+            }
+        }
+        // Dropping an uncommitted transaction aborts it, so an error above leaves no trace.
+        txn.commit().map_err(engine_err)?;
+        Ok(())
+    }
+}
+
+/// Behind the log ([`super::wal`]), batches are applied without redb's own sync; an
+/// empty transaction with immediate durability persists every earlier one.
+impl Engine for RedbStore {
+    fn apply(&self, batch: &WriteBatch) -> Result<(), KvError> {
+        self.write(batch, Durability::None)
+    }
+
+    fn persist(&self) -> Result<(), KvError> {
+        self.write(&WriteBatch::new(), Durability::Immediate)
     }
 }
 
@@ -66,29 +105,7 @@ impl KvStore for RedbStore {
     }
 
     fn commit(&self, batch: WriteBatch) -> Result<(), KvError> {
-        let mut txn = self.db.begin_write().map_err(engine_err)?;
-        // Immediate is redb's default; set it anyway because durability before the reply
-        // is the contract of commit, not a default we happen to get.
-        txn.set_durability(Durability::Immediate)
-            .map_err(engine_err)?;
-        {
-            let mut table = txn.open_table(TABLE).map_err(engine_err)?;
-            for op in &batch.ops {
-                match op {
-                    BatchOp::Put(k, v) => {
-                        table
-                            .insert(k.as_slice(), v.as_slice())
-                            .map_err(engine_err)?;
-                    }
-                    BatchOp::Delete(k) => {
-                        table.remove(k.as_slice()).map_err(engine_err)?;
-                    }
-                }
-            }
-        }
-        // Dropping an uncommitted transaction aborts it, so an error above leaves no trace.
-        txn.commit().map_err(engine_err)?;
-        Ok(())
+        self.write(&batch, Durability::Immediate)
     }
 
     fn engine(&self) -> &'static str {

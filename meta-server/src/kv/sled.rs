@@ -1,5 +1,6 @@
 //! The sled 0.34 engine.
 
+use super::wal::Engine;
 use super::{BatchOp, KvError, KvPair, KvStore, WriteBatch};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -48,6 +49,31 @@ impl SledStore {
     }
 }
 
+impl Engine for SledStore {
+    fn apply(&self, batch: &WriteBatch) -> Result<(), KvError> {
+        // sled's Batch keeps one entry per key, the last one inserted: the order rule of
+        // WriteBatch holds. apply_batch is atomic across crashes.
+        let mut b = ::sled::Batch::default();
+        for op in batch.ops() {
+            match op {
+                BatchOp::Put(k, v) => b.insert(k.as_slice(), v.as_slice()),
+                BatchOp::Delete(k) => b.remove(k.as_slice()),
+            }
+        }
+        self.db.apply_batch(b).map_err(map_err)
+    }
+
+    fn persist(&self) -> Result<(), KvError> {
+        // flush writes the log out, but on Linux sled 0.34 ends it with sync_file_range,
+        // which neither flushes the disk's write cache nor the file's metadata: enough
+        // for kill -9, not for power loss. fdatasync on the same file closes that gap.
+        self.db.flush().map_err(map_err)?;
+        self.log
+            .sync_data()
+            .map_err(|e| KvError::from_io(ENGINE, &e))
+    }
+}
+
 fn map_err(e: ::sled::Error) -> KvError {
     match e {
         ::sled::Error::Io(io) => KvError::from_io(ENGINE, &io),
@@ -81,24 +107,8 @@ impl KvStore for SledStore {
     }
 
     fn commit(&self, batch: WriteBatch) -> Result<(), KvError> {
-        // sled's Batch keeps one entry per key, the last one inserted: the order rule of
-        // WriteBatch holds. apply_batch is atomic across crashes.
-        let mut b = ::sled::Batch::default();
-        for op in batch.ops {
-            match op {
-                BatchOp::Put(k, v) => b.insert(k, v),
-                BatchOp::Delete(k) => b.remove(k),
-            }
-        }
-        self.db.apply_batch(b).map_err(map_err)?;
-        // flush writes the log out, but on Linux sled 0.34 ends it with sync_file_range,
-        // which neither flushes the disk's write cache nor the file's metadata: enough
-        // for kill -9, not for power loss. fdatasync on the same file closes that gap.
-        self.db.flush().map_err(map_err)?;
-        self.log
-            .sync_data()
-            .map_err(|e| KvError::from_io(ENGINE, &e))?;
-        Ok(())
+        self.apply(&batch)?;
+        self.persist()
     }
 
     fn engine(&self) -> &'static str {
