@@ -43,6 +43,8 @@ struct State {
     staged: u64,
     /// Every batch up to this sequence number is durable.
     durable: u64,
+    /// Every batch up to this sequence number is visible in the inner store itself.
+    applied: u64,
     failed: Option<String>,
     stop: bool,
 }
@@ -79,10 +81,18 @@ impl GroupCommit {
         }
     }
 
-    /// Waits until everything staged before this call is durable.
+    /// Waits until everything staged before this call is durable and visible in the
+    /// inner store (tools and tests read it directly).
     pub fn sync(&self) -> Result<(), KvError> {
-        let last = self.shared.state.lock().staged;
-        self.wait(last)
+        let mut st = self.shared.state.lock();
+        let last = st.staged;
+        while st.applied < last && st.failed.is_none() {
+            self.shared.flushed.wait(&mut st);
+        }
+        match &st.failed {
+            Some(why) if st.applied < last => Err(self.failed(why)),
+            _ => Ok(()),
+        }
     }
 
     fn failed(&self, why: &str) -> KvError {
@@ -110,11 +120,17 @@ impl Shared {
             for b in group {
                 merged.extend(b);
             }
-            let result = self.inner.commit(merged);
+            // Waiters are released as soon as the group is durable; its values stay in
+            // the overlay until the store's own reads see them.
+            let result = self.inner.commit_early(merged, &mut || {
+                self.state.lock().durable = last;
+                self.flushed.notify_all();
+            });
             let mut st = self.state.lock();
             match result {
                 Ok(()) => {
                     st.durable = last;
+                    st.applied = last;
                     st.overlay.retain(|_, (seq, _)| *seq > last);
                 }
                 Err(e) => {
@@ -253,8 +269,10 @@ mod tests {
         );
         assert!(t2 > t);
         g.wait(t2).unwrap();
+        g.sync().unwrap();
         assert_eq!(inner.get(b"k1").unwrap(), None);
         g.commit(put(b"k2", b"v2")).unwrap();
+        g.sync().unwrap();
         assert_eq!(
             inner.get(b"k2").unwrap(),
             Some(b"v2".to_vec()),

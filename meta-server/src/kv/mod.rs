@@ -148,6 +148,17 @@ pub trait KvStore: Send + Sync + 'static {
     /// returning.
     fn commit(&self, batch: WriteBatch) -> Result<(), KvError>;
 
+    /// Commits like [`KvStore::commit`], and calls `durable` as soon as the batch is
+    /// durable, which may be before reads of this store see it: the caller keeps the
+    /// batch visible itself until this returns ([`GroupCommit`] does, in its overlay).
+    /// An error after `durable` was called means the batch is durable but the store
+    /// refuses further changes.
+    fn commit_early(&self, batch: WriteBatch, durable: &mut dyn FnMut()) -> Result<(), KvError> {
+        self.commit(batch)?;
+        durable();
+        Ok(())
+    }
+
     /// Applies the batch so that every later read sees it, and returns a ticket to
     /// [`KvStore::wait`] on for its durability; `None` when it is durable already. Engines
     /// commit synchronously; [`GroupCommit`] stages and commits in groups.

@@ -268,7 +268,14 @@ impl<E: Engine> KvStore for LoggedStore<E> {
     }
 
     fn commit(&self, batch: WriteBatch) -> Result<(), KvError> {
+        self.commit_early(batch, &mut || ())
+    }
+
+    /// `durable` runs right after the record is synced, before the engine applies it:
+    /// a waiter need not also wait for the engine's (non-durable) transaction.
+    fn commit_early(&self, batch: WriteBatch, durable: &mut dyn FnMut()) -> Result<(), KvError> {
         if batch.is_empty() {
+            durable();
             return Ok(());
         }
         let mut log = self.log.lock();
@@ -285,9 +292,12 @@ impl<E: Engine> KvStore for LoggedStore<E> {
             // Everything logged before it reaches the engine's disk first.
             log.checkpoint(&self.engine)?;
             self.engine.apply(&batch)?;
-            return self.engine.persist();
+            self.engine.persist()?;
+            durable();
+            return Ok(());
         }
         log.append(&body)?;
+        durable();
         if let Err(e) = self.engine.apply(&batch) {
             // The change is in the log and would come back on a restart although its
             // caller hears it failed: stop taking changes until that restart.
