@@ -1,6 +1,7 @@
 //! The `Client` API: the namespace operations of one mount, over the transport.
 
 use crate::config::ClientConfig;
+use crate::dirattrs::DirAttrs;
 use crate::error::{ClientError, Result};
 use crate::file::{FileHandle, FileState};
 use crate::rpc::{self, expect_reply, DataLinks, RpcCounts, RpcEndpoint};
@@ -50,6 +51,8 @@ pub struct Client {
     pub(crate) id: ClientId,
     pub(crate) files: Mutex<HashMap<InodeId, Weak<FileState>>>,
     layouts: Mutex<HashMap<InodeId, Layout>>,
+    /// Directory attributes sent with create and unlink replies.
+    dir_attrs: DirAttrs,
     /// The cluster map last fetched.
     pub(crate) map: parking_lot::RwLock<Arc<ClusterMap>>,
 }
@@ -68,6 +71,7 @@ impl Client {
         let read_pool = SegPool::new((*ep).clone(), seg, config.readahead_mount_bytes);
         let write_pool = SegPool::new((*ep).clone(), seg, config.write_buffer_mount_bytes);
         let meta = Link::new(config.meta_addr.clone());
+        let dir_ttl = Duration::from_millis(config.attr_ttl_ms);
         let name = format!("fs-client pid {}", std::process::id());
         let hello = rpc::meta_call(&ep, &meta, &MetaRequest::Hello { name }).await?;
         let id = expect_reply!(hello, MetaReply::Welcome { client } => client)?;
@@ -84,6 +88,7 @@ impl Client {
             id,
             files: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
+            dir_attrs: DirAttrs::new(dir_ttl),
             map: parking_lot::RwLock::new(Arc::new(ClusterMap::default())),
         });
         client.refresh_map().await?;
@@ -118,6 +123,7 @@ impl Client {
     }
 
     pub(crate) async fn meta(&self, req: MetaRequest) -> Result<MetaReply> {
+        self.dir_attrs.before(&req);
         rpc::meta_call(&self.ep, &self.meta, &req).await
     }
 
@@ -188,6 +194,9 @@ impl Client {
 
     /// Reads attributes.
     pub async fn getattr(&self, ino: InodeId) -> Result<Attr> {
+        if let Some(dir) = self.dir_attrs.take(ino) {
+            return Ok(dir);
+        }
         let attr = expect_reply!(
             self.meta(MetaRequest::GetAttr { ino }).await?,
             MetaReply::Attr(a) => a
@@ -266,7 +275,7 @@ impl Client {
         };
         let (attr, session, layout) = expect_reply!(
             self.meta(req).await?,
-            MetaReply::Opened { attr, session, layout } => (attr, session, layout)
+            MetaReply::Opened { attr, session, layout, .. } => (attr, session, layout)
         )?;
         self.meta(MetaRequest::Release {
             session,
@@ -363,9 +372,12 @@ impl Client {
     /// Removes a name of a non-directory.
     pub async fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<()> {
         let name = name.to_vec();
-        self.meta(MetaRequest::Unlink { parent, name })
-            .await
-            .map(drop)
+        if let MetaReply::Removed { parent } =
+            self.meta(MetaRequest::Unlink { parent, name }).await?
+        {
+            self.dir_attrs.put(parent);
+        }
+        Ok(())
     }
 
     /// Removes an empty directory.
@@ -568,10 +580,13 @@ impl Client {
     }
 
     fn opened(&self, reply: MetaReply) -> Result<(Attr, FileHandle)> {
-        let (attr, session, layout) = expect_reply!(
+        let (attr, session, layout, parent) = expect_reply!(
             reply,
-            MetaReply::Opened { attr, session, layout } => (attr, session, layout)
+            MetaReply::Opened { attr, session, layout, parent } => (attr, session, layout, parent)
         )?;
+        if let Some(parent) = parent {
+            self.dir_attrs.put(parent);
+        }
         if attr.kind == FileKind::Regular {
             self.remember_layout(attr.ino, &layout);
         }

@@ -5,6 +5,7 @@ pub mod admin;
 mod client;
 pub mod cluster;
 pub mod config;
+mod dirattrs;
 pub mod error;
 mod file;
 pub mod fuse;

@@ -551,6 +551,10 @@ pub enum MetaReply {
         session: SessionId,
         /// Where the file's chunks live.
         layout: Layout,
+        /// After a create, the directory's attributes with the new entry (its times
+        /// moved): the kernel asks for them before the next change in that directory,
+        /// and the client answers from this copy instead of asking again.
+        parent: Option<Attr>,
     },
     /// A symlink's target.
     Target(Vec<u8>),
@@ -606,6 +610,12 @@ pub enum MetaReply {
     Problems(Vec<String>),
     /// One answer per inode asked about, in order.
     Exist(Vec<bool>),
+    /// An entry was removed (unlink): the directory's attributes after it, for the same
+    /// reason as `Opened::parent`.
+    Removed {
+        /// The directory's attributes after the removal.
+        parent: Attr,
+    },
 }
 
 /// The answer to every [`MetaRequest`].

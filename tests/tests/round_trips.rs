@@ -35,7 +35,9 @@ const READ_64_MIB_META_CALLS: u64 = 4;
 const READ_64_MIB_DATA_CALLS: u64 = 16;
 
 /// Creating a 4 KiB file: `Create`, one `WriteChunk`, and `Release` carrying the length.
-/// Keeping small files' bytes with their metadata would bring the data call to 0.
+/// The directory's attributes, which the kernel asks for before the next change in the
+/// directory, come with the create's reply. Keeping small files'
+/// bytes with their metadata would bring the data call to 0.
 const SMALL_FILE_META_CALLS: u64 = 2;
 /// See [`SMALL_FILE_META_CALLS`].
 const SMALL_FILE_DATA_CALLS: u64 = 1;
@@ -112,12 +114,15 @@ async fn creating_a_4_kib_file_does_not_take_more_round_trips() {
         .create(InodeId::ROOT, b"small.bin", 0o644, ROOT_CALLER, true)
         .await
         .unwrap();
+    // The kernel asks for the directory's attributes before its next change there; the
+    // create's reply brought them.
+    let dir_after_create = client.getattr(InodeId::ROOT).await.unwrap();
     assert_eq!(client.write(&fh, 0, &data).await.unwrap(), data.len());
     client.release(&fh).await.unwrap();
     let used = client.rpc_counts() - before;
     assert!(used.meta_calls > 0, "the counter counts metadata calls");
     assert_within(
-        "create, write and release of 4 KiB",
+        "create, the directory's getattr, write and release of 4 KiB",
         used,
         SMALL_FILE_META_CALLS,
         SMALL_FILE_DATA_CALLS,
@@ -130,4 +135,20 @@ async fn creating_a_4_kib_file_does_not_take_more_round_trips() {
     let (_, fh) = other.open(attr.ino, false).await.unwrap();
     assert_eq!(other.read(&fh, 0, 8192).await.unwrap(), data);
     other.release(&fh).await.unwrap();
+    // What the create's reply brought is what the server has.
+    let root = other.getattr(InodeId::ROOT).await.unwrap();
+    assert_eq!(
+        (root.mtime, root.ctime),
+        (dir_after_create.mtime, dir_after_create.ctime)
+    );
+
+    // An unlink and the directory's getattr after it: one call, and the times it
+    // brought are the server's.
+    let before = client.rpc_counts();
+    client.unlink(InodeId::ROOT, b"small.bin").await.unwrap();
+    let dir_after_unlink = client.getattr(InodeId::ROOT).await.unwrap();
+    let used = client.rpc_counts() - before;
+    assert_within("unlink and the directory's getattr", used, 1, 0);
+    let root = other.getattr(InodeId::ROOT).await.unwrap();
+    assert_eq!(root, dir_after_unlink);
 }

@@ -209,8 +209,11 @@ impl Namespace {
         use MetaRequest as R;
         let attr = MetaReply::Attr;
         let unit = |()| MetaReply::Unit;
-        let opened = |o: Opened| MetaReply::Opened {
-            attr: o.attr, session: o.session, layout: o.layout,
+        // After a create or unlink the client is sent the directory's new attributes,
+        // read after the change (a change by another client in between only makes them
+        // newer).
+        let opened = |o: Opened, parent| MetaReply::Opened {
+            attr: o.attr, session: o.session, layout: o.layout, parent,
         };
         match req {
             R::Hello { name } => self.hello(&name).map(|client| MetaReply::Welcome { client }),
@@ -219,7 +222,8 @@ impl Namespace {
             R::SetAttr { ino, set } => self.setattr(ino, &set).map(attr),
             R::Create { parent, name, perm, caller, exclusive, client } => {
                 let owner = SessionOwner { client, conn };
-                self.create(parent, &name, perm, caller, exclusive, owner).map(opened)
+                let o = self.create(parent, &name, perm, caller, exclusive, owner)?;
+                Ok(opened(o, self.getattr(parent).ok()))
             }
             R::MkNod { parent, name, kind, perm, rdev, caller } =>
                 self.mknod(parent, &name, kind, perm, rdev, caller).map(attr),
@@ -230,7 +234,12 @@ impl Namespace {
             R::Readlink { ino } => self.readlink(ino).map(MetaReply::Target),
             R::Link { ino, new_parent, new_name } =>
                 self.link(ino, new_parent, &new_name).map(attr),
-            R::Unlink { parent, name } => self.unlink(parent, &name).map(unit),
+            R::Unlink { parent, name } => {
+                // The unlink is done: a directory gone since (removed by another
+                // client) only costs the client its shortcut.
+                self.unlink(parent, &name)?;
+                Ok(self.getattr(parent).map_or(MetaReply::Unit, |parent| MetaReply::Removed { parent }))
+            }
             R::Rmdir { parent, name } => self.rmdir(parent, &name).map(unit),
             R::Rename { parent, name, new_parent, new_name, mode } =>
                 self.rename(parent, &name, new_parent, &new_name, mode).map(unit),
@@ -241,7 +250,7 @@ impl Namespace {
                 total_bytes: s.total_bytes, free_bytes: s.free_bytes, files: s.files,
             }),
             R::Open { ino, client, truncate } =>
-                self.open_inode(ino, truncate, SessionOwner { client, conn }).map(opened),
+                self.open_inode(ino, truncate, SessionOwner { client, conn }).map(|o| opened(o, None)),
             R::Commit { ino, commit } => self.commit(ino, commit).map(attr),
             R::Release { session, commit } => self.release(session, commit).map(unit),
             R::GetXattr { ino, name } => self.getxattr(ino, &name).map(MetaReply::Xattr),

@@ -1,0 +1,157 @@
+//! Directory attributes the metadata server sent with a create or an unlink.
+//!
+//! After a create or unlink the kernel drops its copy of the directory's attributes
+//! (the directory's times moved) and asks for them again before the next change in that
+//! directory, to check the caller's permission: one more round trip per file for
+//! `tar x`, a data-set writer or `rm -r`. The server now sends the directory's attributes
+//! with those replies; the next `getattr` of the directory takes them from here instead.
+//!
+//! A copy is used at most once and only within the attribute TTL, the time the kernel
+//! itself would have trusted it. Any other request that may change a directory (mkdir,
+//! rename, setattr, xattrs, a listing's atime, ...) empties the whole cache, so this
+//! client never answers with attributes older than one of its own changes.
+
+use parking_lot::Mutex;
+use proto::meta::MetaRequest;
+use proto::{Attr, InodeId};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// Directories remembered at most; a full cache drops its expired copies, then all.
+const MAX_DIRS: usize = 1024;
+
+pub(crate) struct DirAttrs {
+    ttl: Duration,
+    map: Mutex<HashMap<InodeId, (Attr, Instant)>>,
+}
+
+impl DirAttrs {
+    pub(crate) fn new(ttl: Duration) -> DirAttrs {
+        DirAttrs {
+            ttl,
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Remembers `attr`, just received from the metadata server.
+    pub(crate) fn put(&self, attr: Attr) {
+        if self.ttl.is_zero() {
+            return;
+        }
+        let mut map = self.map.lock();
+        if map.len() >= MAX_DIRS {
+            let ttl = self.ttl;
+            map.retain(|_, (_, at)| at.elapsed() < ttl);
+            if map.len() >= MAX_DIRS {
+                map.clear();
+            }
+        }
+        map.insert(attr.ino, (attr, Instant::now()));
+    }
+
+    /// The remembered attributes of `ino`, if still within the TTL; each copy is
+    /// handed out once.
+    pub(crate) fn take(&self, ino: InodeId) -> Option<Attr> {
+        let (attr, at) = self.map.lock().remove(&ino)?;
+        (at.elapsed() < self.ttl).then_some(attr)
+    }
+
+    /// Forgets everything if `req` may change a directory's attributes. Create and
+    /// unlink are left to their callers, which replace the copy with the new one.
+    pub(crate) fn before(&self, req: &MetaRequest) {
+        use MetaRequest as R;
+        let keeps = matches!(
+            req,
+            R::Hello { .. }
+                | R::Lookup { .. }
+                | R::GetAttr { .. }
+                | R::Readlink { .. }
+                | R::ReadDir { .. }
+                | R::StatFs
+                | R::Open { .. }
+                | R::Commit { .. }
+                | R::Release { .. }
+                | R::GetXattr { .. }
+                | R::ListXattr { .. }
+                | R::Append { .. }
+                | R::SetLock { .. }
+                | R::GetLock { .. }
+                | R::ReleaseLocks { .. }
+                | R::ClusterMap
+                | R::Status
+                | R::ListFiles { .. }
+                | R::CheckNamespace
+                | R::InodesExist { .. }
+        );
+        if let R::Create { parent, .. } | R::Unlink { parent, .. } = req {
+            self.map.lock().remove(parent);
+        } else if !keeps {
+            self.map.lock().clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::{FileKind, Timestamp};
+
+    fn dir(ino: u64, perm: u32) -> Attr {
+        Attr {
+            ino: InodeId(ino),
+            kind: FileKind::Directory,
+            perm,
+            nlink: 2,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            size: 0,
+            atime: Timestamp::default(),
+            mtime: Timestamp::default(),
+            ctime: Timestamp::default(),
+        }
+    }
+
+    #[test]
+    fn a_copy_is_used_once_and_changes_forget_it() {
+        let c = DirAttrs::new(Duration::from_secs(60));
+        c.put(dir(5, 0o755));
+        assert_eq!(c.take(InodeId(5)).map(|a| a.perm), Some(0o755));
+        assert_eq!(c.take(InodeId(5)), None, "used once");
+        c.put(dir(5, 0o755));
+        c.before(&MetaRequest::GetAttr { ino: InodeId(9) });
+        assert!(c.take(InodeId(5)).is_some(), "a read keeps it");
+        c.put(dir(5, 0o755));
+        c.before(&MetaRequest::Rmdir {
+            parent: InodeId(5),
+            name: b"x".to_vec(),
+        });
+        assert_eq!(c.take(InodeId(5)), None, "a change forgets it");
+        c.put(dir(5, 0o755));
+        c.before(&MetaRequest::Unlink {
+            parent: InodeId(5),
+            name: b"x".to_vec(),
+        });
+        assert_eq!(c.take(InodeId(5)), None, "an unlink in it replaces it");
+    }
+
+    #[test]
+    fn copies_expire_and_a_zero_ttl_keeps_none() {
+        let c = DirAttrs::new(Duration::from_millis(20));
+        c.put(dir(5, 0o755));
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(c.take(InodeId(5)), None);
+        let c = DirAttrs::new(Duration::ZERO);
+        c.put(dir(5, 0o755));
+        assert_eq!(c.take(InodeId(5)), None);
+    }
+
+    #[test]
+    fn the_cache_stays_bounded() {
+        let c = DirAttrs::new(Duration::from_secs(60));
+        for i in 0..(3 * MAX_DIRS as u64) {
+            c.put(dir(i, 0o755));
+            assert!(c.map.lock().len() <= MAX_DIRS);
+        }
+    }
+}
