@@ -78,15 +78,22 @@ impl Handler for MetaService {
             let result: MetaResult = match codec::decode::<MetaRequest>(&request) {
                 Ok(req) => {
                     let id = ConnId(conn.id().0);
-                    // Store commits fsync: keep them off the async workers. The namespace
-                    // opens the request's span (operation and ids).
-                    let work = tokio::task::spawn_blocking(move || ns.handle(req, id));
-                    match work.await {
-                        Ok(r) => r,
-                        Err(e) => Err(WireError::new(
-                            ErrorCode::Io,
-                            format!("request failed: {e}"),
-                        )),
+                    if is_point_read(&req) {
+                        // A few cached reads under the namespace lock: handing them to
+                        // the blocking pool would cost more than they take.
+                        ns.handle(req, id)
+                    } else {
+                        // Store commits fsync and scans may be long: keep them off the
+                        // async workers. The namespace opens the request's span
+                        // (operation and ids).
+                        let work = tokio::task::spawn_blocking(move || ns.handle(req, id));
+                        match work.await {
+                            Ok(r) => r,
+                            Err(e) => Err(WireError::new(
+                                ErrorCode::Io,
+                                format!("request failed: {e}"),
+                            )),
+                        }
                     }
                 }
                 Err(e) => {
@@ -110,6 +117,18 @@ impl Handler for MetaService {
             Err(_) => ns.connection_closed(id),
         }
     }
+}
+
+/// Requests that read a few keys and change nothing: the lookups and attribute reads
+/// of every path walk and `stat`. They run on the async worker that received them.
+fn is_point_read(req: &MetaRequest) -> bool {
+    matches!(
+        req,
+        MetaRequest::Lookup { .. }
+            | MetaRequest::GetAttr { .. }
+            | MetaRequest::Readlink { .. }
+            | MetaRequest::GetXattr { .. }
+    )
 }
 
 /// A metadata server running inside this process.
