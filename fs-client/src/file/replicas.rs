@@ -192,11 +192,12 @@ impl Client {
             if readers.is_empty() {
                 return Err(unavailable(format!("{} has no serving member", p.chain)));
             }
-            // Spread the chunks of a file over the members.
-            let start = (p.chunk.index as usize) % readers.len();
+            // The first serving member first: consecutive chunks lie on consecutive
+            // chains, and every server heads one chain, so this spreads a file's
+            // chunks evenly over the servers. (Picking the member by chunk index too,
+            // as before, sent two thirds of a file's reads to one of three servers.)
             let mut last = None;
-            for i in 0..readers.len() {
-                let node = readers[(start + i) % readers.len()];
+            for &node in &readers {
                 match self.read_from(&map, layout, p, mr, node).await {
                     Ok(()) => return Ok(()),
                     Err(e) => {
