@@ -37,6 +37,46 @@ pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
+/// A small deterministic generator (xorshift64*), so that a seed replays a test's
+/// operations exactly.
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator started from `seed` (0 is moved to 1: xorshift stays at 0).
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+
+    /// A generator seeded from environment variable `var` (see
+    /// [`client_io::seed_from_env`]).
+    pub fn from_env(var: &str) -> Rng {
+        Rng::new(client_io::seed_from_env(var))
+    }
+
+    /// The next value.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A value in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+
+    /// An index in `0..n` (0 when `n` is 0).
+    pub fn index(&mut self, n: usize) -> usize {
+        self.below(n as u64) as usize
+    }
+
+    /// One element of a non-empty slice.
+    pub fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
+        &v[self.index(v.len())]
+    }
+}
+
 /// Whether every chain of `map` has `min(3, servers up)` members, all serving.
 pub fn healthy(map: &proto::meta::ClusterMap) -> bool {
     map.healthy(3)

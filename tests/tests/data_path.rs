@@ -7,7 +7,7 @@ use proto::meta::Caller;
 use proto::{InodeId, SetAttr};
 use std::sync::Arc;
 use std::time::Duration;
-use tessera_tests::{pseudo_random, sha256_hex, InProcessCluster};
+use tessera_tests::{pseudo_random, sha256_hex, InProcessCluster, Rng};
 
 const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
 const MIB: usize = 1 << 20;
@@ -26,18 +26,6 @@ async fn open(client: &Client, name: &[u8]) -> (u64, FileHandle) {
     let attr = client.lookup(InodeId::ROOT, name).await.unwrap();
     let (attr, fh) = client.open(attr.ino, false).await.unwrap();
     (attr.size, fh)
-}
-
-/// A small xorshift generator, so that every run does the same operations.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
 }
 
 /// Guards against buffered writes being lost or reordered on their way out, and against
@@ -222,7 +210,7 @@ async fn readahead_serves_the_right_bytes_sequentially_backward_randomly_and_at_
 
     // Random, with short sequential runs mixed in, and reads across the end of the file.
     let (_, fh) = open(&client, b"ra.bin").await;
-    let mut rng = Rng(0x5EED);
+    let mut rng = Rng::new(0x5EED);
     for _ in 0..200 {
         let at = rng.below(data.len() as u64 + MIB as u64) as usize;
         let len = 1 + rng.below(2 * MIB as u64) as usize;
@@ -300,7 +288,7 @@ async fn interleaved_writes_reads_truncates_and_punches_match_a_model() {
     let client = cluster.client().await;
     let fh = create(&client, b"model.bin").await;
     let mut model: Vec<u8> = Vec::new();
-    let mut rng = Rng(0xC0FFEE);
+    let mut rng = Rng::new(0xC0FFEE);
     const SPAN: u64 = 24 << 20;
     for step in 0..300u64 {
         match rng.below(10) {
@@ -374,7 +362,7 @@ async fn writers_of_many_files_finish_when_the_mount_write_budget_is_full() {
                 let name = format!("budget-{w}");
                 let fh = create(&client, name.as_bytes()).await;
                 let mut model = vec![0u8; 12 * MIB];
-                let mut rng = Rng(w + 1);
+                let mut rng = Rng::new(w + 1);
                 for i in 0..120 {
                     let at = rng.below((12 * MIB - 65_536) as u64) as usize;
                     let bytes = pseudo_random(1 + rng.below(65_536) as usize, w * 1000 + i);

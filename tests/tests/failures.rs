@@ -9,33 +9,13 @@ use proto::InodeId;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tessera_tests::client_io::{read_whole, seed_from_env, write_fsync};
-use tessera_tests::{pseudo_random, sha256_hex, ClusterOptions, ProcessCluster};
+use tessera_tests::client_io::{read_whole, write_fsync};
+use tessera_tests::{pseudo_random, sha256_hex, ClusterOptions, ProcessCluster, Rng};
 
 const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
 const MIB: usize = 1 << 20;
 /// How long the cluster may take to heal after a restart.
 const HEAL: Duration = Duration::from_secs(120);
-
-/// A small deterministic generator (xorshift64*), so that a seed replays a run.
-struct Rng(u64);
-
-impl Rng {
-    fn from_env(var: &str) -> Rng {
-        Rng(seed_from_env(var))
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 /// Short leases and beats, so that a killed server leaves its chains within seconds.
 fn fast(data_servers: usize, extra: &str) -> ClusterOptions {
@@ -87,7 +67,7 @@ async fn kill_9_of_random_data_servers_during_writes_fsyncs_and_reads_loses_noth
         let victim = rng.below(3) as usize;
         let kill_after = Duration::from_millis(rng.below(1500));
         let files = 2 + rng.below(4) as usize;
-        let seed = rng.next();
+        let seed = rng.next_u64();
         // The workload runs while the victim is killed at a random moment.
         let worker = {
             let c = c.clone();

@@ -6,29 +6,11 @@
 use proto::meta::{Caller, RenameMode, XattrMode};
 use proto::{Attr, ErrorCode, FileKind, InodeId, SetAttr};
 use std::collections::{BTreeMap, HashMap};
-use tessera_tests::InProcessCluster;
+use tessera_tests::{InProcessCluster, Rng};
 
 const ROOT: Caller = Caller { uid: 0, gid: 0 };
 const NAMES: [&str; 5] = ["a", "b", "c", "dd", "e"];
 const STEPS: usize = 300;
-
-/// A tiny deterministic generator (xorshift), so a seed replays exactly.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
-        &v[self.below(v.len())]
-    }
-}
 
 #[derive(Clone, Debug, PartialEq)]
 enum Node {
@@ -182,7 +164,7 @@ async fn step(c: &fs_client::Client, m: &mut Model, rng: &mut Rng) -> (String, b
         rng.pick(&paths).clone()
     };
     let pino = resolve(c, &parent).await.expect("model dirs exist").ino;
-    let op = rng.below(11);
+    let op = rng.index(11);
     let (what, got, want): (String, Result<(), ErrorCode>, Result<(), ErrorCode>) = match op {
         0 => {
             let got = match c.create(pino, name.as_bytes(), 0o640, ROOT, true).await {
@@ -216,7 +198,7 @@ async fn step(c: &fs_client::Client, m: &mut Model, rng: &mut Rng) -> (String, b
             (format!("mkdir {path}"), got, want)
         }
         2 => {
-            let target = format!("t-{}", rng.below(100));
+            let target = format!("t-{}", rng.index(100));
             let got = outcome(
                 c.symlink(pino, name.as_bytes(), target.as_bytes(), ROOT)
                     .await,
@@ -318,7 +300,7 @@ async fn file_step(
     let ino = resolve(c, path).await.expect("exists").ino;
     let f = m.files.get_mut(&tag).expect("file data");
     if chmod {
-        let perm = 0o600 | (rng.below(8) as u32) << 3;
+        let perm = 0o600 | (rng.index(8) as u32) << 3;
         f.perm = perm;
         let set = SetAttr {
             perm: Some(perm),
@@ -331,13 +313,13 @@ async fn file_step(
         );
     }
     let (_, fh) = c.open(ino, false).await.expect("open");
-    let got = if rng.below(2) == 0 {
-        let at = rng.below(70_000) as u64;
-        let data = vec![7u8; 1 + rng.below(5000)];
+    let got = if rng.index(2) == 0 {
+        let at = rng.index(70_000) as u64;
+        let data = vec![7u8; 1 + rng.index(5000)];
         f.size = f.size.max(at + data.len() as u64);
         outcome(c.write(&fh, at, &data).await)
     } else {
-        let size = rng.below(90_000) as u64;
+        let size = rng.index(90_000) as u64;
         f.size = size;
         outcome(
             c.setattr(
@@ -364,14 +346,14 @@ async fn xattr_step(
         return (format!("skip {path}"), Ok(()), Ok(()));
     };
     let ino = resolve(c, path).await.expect("exists").ino;
-    let key = format!("user.k{}", rng.below(3));
+    let key = format!("user.k{}", rng.index(3));
     let f = m.files.get_mut(&tag).expect("file data");
-    if rng.below(3) == 0 {
+    if rng.index(3) == 0 {
         let got = outcome(c.removexattr(ino, key.as_bytes()).await);
         let want = f.xattrs.remove(&key).map(drop).ok_or(ErrorCode::NoData);
         return (format!("removexattr {path} {key}"), got, want);
     }
-    let value = vec![rng.below(256) as u8; rng.below(300)];
+    let value = vec![rng.index(256) as u8; rng.index(300)];
     f.xattrs.insert(key.clone(), value.clone());
     let got = outcome(
         c.setxattr(ino, key.as_bytes(), &value, XattrMode::Upsert)
@@ -471,7 +453,7 @@ async fn random_namespace_operations_match_the_model_across_metadata_restarts() 
     eprintln!("model test seed {seed} (rerun with TESSERA_MODEL_SEED={seed})");
     let mut cluster = InProcessCluster::start(2).await;
     let client = cluster.client().await;
-    let (mut model, mut rng) = (Model::new(), Rng(seed));
+    let (mut model, mut rng) = (Model::new(), Rng::new(seed));
     let (mut restarts, mut succeeded) = (0, 0);
     let trace = std::env::var_os("TESSERA_MODEL_TRACE").is_some();
     for i in 0..STEPS {
@@ -480,7 +462,7 @@ async fn random_namespace_operations_match_the_model_across_metadata_restarts() 
         if trace {
             eprintln!("{i}: {what} -> {}", if ok { "ok" } else { "error" });
         }
-        if rng.below(25) == 0 {
+        if rng.index(25) == 0 {
             cluster.restart_meta().await;
             restarts += 1;
             if trace {
