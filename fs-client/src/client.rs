@@ -216,6 +216,7 @@ impl Client {
                 self.truncate_data(ino, &layout, size).await?;
             }
             if let Some(st) = self.live_file(ino) {
+                st.gate.changed().await;
                 st.truncated(size);
             }
         }

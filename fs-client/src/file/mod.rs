@@ -8,6 +8,7 @@
 //! both maps and is never held across a network call; the ordering rules that keep
 //! cached bytes correct are in `read.rs` and `write.rs`.
 
+mod around;
 mod extents;
 mod read;
 mod readahead;
@@ -25,7 +26,7 @@ use proto::{Attr, ChainId, ChunkId, ErrorCode, InodeId, Layout, SessionId, Times
 use read::CacheSeg;
 use readahead::Readahead;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::sync::Notify;
 use transport::MemoryRegion;
@@ -42,6 +43,8 @@ pub struct FileState {
     /// Woken whenever a write segment has been sent (or failed): writers waiting for room
     /// under the per-file bound look again.
     sent: Notify,
+    /// Writable opens and truncations, which decide whether read-around may store.
+    pub(crate) gate: around::StoreGate,
 }
 
 struct FileInner {
@@ -90,6 +93,7 @@ impl FileState {
                 ..IoState::default()
             }),
             sent: Notify::new(),
+            gate: around::StoreGate::default(),
         }
     }
 
@@ -108,6 +112,9 @@ impl FileState {
         if io.opened_as != now {
             io.cache.clear();
             io.opened_as = now;
+            drop(io);
+            // Changed elsewhere: a block read before this open must not be stored.
+            self.gate.changed_elsewhere();
         }
     }
 
@@ -197,6 +204,16 @@ pub struct FileHandle {
     atime_due: AtomicBool,
     /// This open's sequential-read detector and readahead window.
     readahead: Mutex<Readahead>,
+    /// Open for writing (counted in the file's `gate` until dropped).
+    writer: AtomicBool,
+}
+
+impl Drop for FileHandle {
+    fn drop(&mut self) {
+        if self.writer.load(Ordering::Relaxed) {
+            self.state.gate.writer_closed();
+        }
+    }
 }
 
 /// Whether a read now should move the access time, as `relatime` decides: the access
@@ -215,6 +232,15 @@ impl FileHandle {
             session,
             atime_due: AtomicBool::new(due),
             readahead: Mutex::new(Readahead::default()),
+            writer: AtomicBool::new(false),
+        }
+    }
+
+    /// Records that this open may write (the mount's open flags say so): no read-around
+    /// store into the page cache while it lasts.
+    pub async fn mark_writer(&self) {
+        if !self.writer.swap(true, Ordering::Relaxed) {
+            self.state.gate.writer_opened().await;
         }
     }
 

@@ -64,6 +64,11 @@ impl CacheSeg {
 pub struct ReadBuf<'a> {
     held: Held<'a>,
     len: usize,
+    /// Where the bytes start in a pooled buffer that holds more (read-around).
+    skip: usize,
+    /// The whole block a read-around fetched: its file offset, length in the pooled
+    /// buffer, and the store gate's stamp taken before the read.
+    around: Option<(u64, usize, u64)>,
 }
 
 enum Held<'a> {
@@ -89,7 +94,7 @@ impl ReadBuf<'_> {
     /// Runs `f` on the bytes, without copying them.
     pub fn with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
         match &self.held {
-            Held::Pooled(buf) => f(&buf.mr().lock()[..self.len]),
+            Held::Pooled(buf) => f(&buf.mr().lock()[self.skip..self.skip + self.len]),
             Held::Segment(seg, at) => f(&seg.buf.mr().lock()[*at..*at + self.len]),
             Held::Owned(v) => f(&v[..self.len]),
         }
@@ -98,6 +103,27 @@ impl ReadBuf<'_> {
     /// The bytes, copied.
     pub fn to_vec(&self) -> Vec<u8> {
         self.with(|b| b.to_vec())
+    }
+
+    /// For a read-around: the block's file offset, its bytes and the store gate's stamp
+    /// (see `around.rs`), given to `f`.
+    pub(crate) fn with_block<R>(&self, f: impl FnOnce(u64, &[u8], u64) -> R) -> Option<R> {
+        match (&self.held, self.around) {
+            (Held::Pooled(buf), Some((start, len, stamp))) => {
+                Some(f(start, &buf.mr().lock()[..len], stamp))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A read of `len` bytes from a buffer at its start, nothing around it.
+fn plain(held: Held<'_>, len: usize) -> ReadBuf<'_> {
+    ReadBuf {
+        held,
+        len,
+        skip: 0,
+        around: None,
     }
 }
 
@@ -122,6 +148,27 @@ impl Client {
     /// Reads up to one I/O buffer of bytes at `offset`, stopping at the end of the file.
     /// The bytes stay in a registered buffer, so a FUSE reply copies them straight out.
     pub async fn read_buf(&self, fh: &FileHandle, offset: u64, len: usize) -> Result<ReadBuf<'_>> {
+        self.read_buf_with(fh, offset, len, false).await
+    }
+
+    /// [`Client::read_buf`] for the kernel: a small random read fetches its whole
+    /// checksum block, for the page cache (see `around.rs`).
+    pub(crate) async fn read_buf_around(
+        &self,
+        fh: &FileHandle,
+        offset: u64,
+        len: usize,
+    ) -> Result<ReadBuf<'_>> {
+        self.read_buf_with(fh, offset, len, true).await
+    }
+
+    async fn read_buf_with(
+        &self,
+        fh: &FileHandle,
+        offset: u64,
+        len: usize,
+        around: bool,
+    ) -> Result<ReadBuf<'_>> {
         let size = fh.state.size();
         let len = len.min(self.pool.buffer_bytes());
         let len = if offset >= size {
@@ -133,10 +180,7 @@ impl Client {
             self.accessed(fh.ino()).await;
         }
         if len == 0 {
-            return Ok(ReadBuf {
-                held: Held::Owned(Vec::new()),
-                len: 0,
-            });
+            return Ok(plain(Held::Owned(Vec::new()), 0));
         }
         let window = fh
             .readahead
@@ -154,6 +198,9 @@ impl Client {
                         return self.read_direct(&fh.state, offset, len).await;
                     }
                 },
+                Plan::Direct if around && window == 0 => {
+                    return self.read_around(&fh.state, offset, len, size).await
+                }
                 Plan::Direct => return self.read_direct(&fh.state, offset, len).await,
             }
         }
@@ -289,10 +336,7 @@ impl Client {
         }
         if let [only] = segs {
             let at = (offset - only.start) as usize;
-            return Ok(ReadBuf {
-                held: Held::Segment(only.clone(), at),
-                len,
-            });
+            return Ok(plain(Held::Segment(only.clone(), at), len));
         }
         // A read across a segment boundary: one copy to make the bytes contiguous.
         let mut out = Vec::with_capacity(len);
@@ -303,9 +347,31 @@ impl Client {
             let r = (from - s.start) as usize..(to - s.start) as usize;
             out.extend_from_slice(&s.buf.mr().lock()[r]);
         }
+        Ok(plain(Held::Owned(out), len))
+    }
+
+    /// Reads the block around `[offset, offset + len)` (up to the file's `size`) into a
+    /// buffer of the I/O pool, or just the range when it cannot be read around.
+    async fn read_around(
+        &self,
+        st: &FileState,
+        offset: u64,
+        len: usize,
+        size: u64,
+    ) -> Result<ReadBuf<'_>> {
+        let (Some(start), Some(stamp)) = (super::around::block_of(offset, len), st.gate.stamp())
+        else {
+            return self.read_direct(st, offset, len).await;
+        };
+        let block_len = (size.min(start + super::around::AROUND_BYTES) - start) as usize;
+        let buf = self.pool.take().await;
+        self.transfer_range(st, start, block_len, buf.mr(), 0, false)
+            .await?;
         Ok(ReadBuf {
-            held: Held::Owned(out),
+            held: Held::Pooled(buf),
             len,
+            skip: (offset - start) as usize,
+            around: Some((start, block_len, stamp)),
         })
     }
 
@@ -314,10 +380,7 @@ impl Client {
         let buf = self.pool.take().await;
         self.transfer_range(st, offset, len, buf.mr(), 0, false)
             .await?;
-        Ok(ReadBuf {
-            held: Held::Pooled(buf),
-            len,
-        })
+        Ok(plain(Held::Pooled(buf), len))
     }
 
     /// Reads up to `len` bytes at `offset` (fewer at the end of the file).

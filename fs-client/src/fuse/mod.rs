@@ -127,6 +127,28 @@ impl Inner {
         self.client.release_locks(ino, owner).await
     }
 
+    /// Hands a block read around a small random read to the kernel's page cache, if no
+    /// writable open or truncation of the file came in between (`file/around.rs`).
+    ///
+    /// The store may wait for a page that a read in flight holds locked, so it runs on a
+    /// blocking thread with its own copy of the block.
+    fn store_around(self: &Arc<Self>, fh: &Arc<FileHandle>, start: u64, block: &[u8], stamp: u64) {
+        if self.notifier.get().is_none() {
+            return;
+        }
+        let (inner, fh, block) = (self.clone(), fh.clone(), block.to_vec());
+        drop(tokio::task::spawn_blocking(move || {
+            let Some(n) = inner.notifier.get() else {
+                return;
+            };
+            fh.state.gate.store_if_unchanged(stamp, || {
+                if let Err(e) = n.store(fuser::INodeNo(fh.ino().0), start, &block) {
+                    tracing::debug!(error = %e, "page cache store refused");
+                }
+            });
+        }));
+    }
+
     /// Close-to-open: compares `attr` with what this mount saw of the file before. The
     /// kernel keeps its cached pages only for `Same`; for `Changed`, its cached attributes
     /// (the length above all) are dropped too, so reads see the new end of the file.

@@ -54,6 +54,11 @@ fn finish<R: Fail, T>(reply: R, r: Result<T, ClientError>, ok: impl FnOnce(R, T)
     }
 }
 
+/// Whether open flags allow writing (no read-around store while such an open lasts).
+fn writable(flags: i32) -> bool {
+    flags & libc::O_ACCMODE != libc::O_RDONLY
+}
+
 fn ino(i: INodeNo) -> InodeId {
     InodeId(i.0)
 }
@@ -385,6 +390,9 @@ impl fuser::Filesystem for TesseraFs {
         let direct = flags.0 & (libc::O_DIRECT | libc::O_APPEND) != 0;
         self.spawn(async move {
             let r = inner.client.open(ino(i), truncate).await;
+            if let (Ok((_, fh)), true) = (&r, writable(flags.0)) {
+                fh.mark_writer().await;
+            }
             finish(reply, r, |reply, (attr, fh)| {
                 let mut fopen = FopenFlags::empty();
                 if inner.freshness(&attr) == Freshness::Same {
@@ -418,6 +426,9 @@ impl fuser::Filesystem for TesseraFs {
                 .client
                 .create(ino(parent), &name, perm, who, exclusive)
                 .await;
+            if let (Ok((_, fh)), true) = (&r, writable(flags)) {
+                fh.mark_writer().await;
+            }
             finish(reply, r, |reply, (attr, fh)| {
                 inner.freshness(&attr);
                 let n = inner.new_fh();
@@ -451,7 +462,18 @@ impl fuser::Filesystem for TesseraFs {
                 Ok(f) => f,
                 Err(e) => return reply.error(errno(e.code())),
             };
-            let r = inner.client.read_buf(&file, offset, size as usize).await;
+            let r = inner
+                .client
+                .read_buf_around(&file, offset, size as usize)
+                .await;
+            if let Ok(buf) = &r {
+                buf.with(|b| reply.data(b));
+                // After the answer, so that the reader does not wait for it.
+                buf.with_block(|start, block, stamp| {
+                    inner.store_around(&file, start, block, stamp)
+                });
+                return;
+            }
             finish(reply, r, |reply, buf| buf.with(|b| reply.data(b)))
         });
     }

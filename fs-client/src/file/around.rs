@@ -1,0 +1,138 @@
+//! Read-around for small random reads: the rest of the checksum block goes into the
+//! kernel's page cache.
+//!
+//! A data server reads and verifies a whole 64 KiB checksum block to answer a 4 KiB read,
+//! so answering with only the 4 KiB throws 60 KiB of read disk away, and the kernel asks
+//! again for each neighbouring page. When the kernel reads less than a block at a random
+//! offset, the client reads the whole block (clamped to the file's end), answers the
+//! kernel's range, and hands the block to the kernel's page cache with a FUSE store
+//! notification, as a local file system's fault-around would. Sequential reads have
+//! their own readahead and are left alone.
+//!
+//! Pushing bytes into the page cache is only right if nobody wrote them since they were
+//! read: the kernel fills a writer's pages *before* the write reaches this client, so a
+//! store racing with a write could put old bytes over new ones. Hence [`StoreGate`]: a
+//! block is read around only while no handle of the file is open for writing on this
+//! mount, and stored only if no writable open, truncation or close of one happened
+//! since the read started; the check and the store happen under one lock, which every
+//! writable open and truncation also takes, so a writer's first page fill (and the
+//! kernel's new length after a truncation) comes after any store. Other clients'
+//! writes are seen at the next open (close-to-open), as for any page the kernel
+//! caches; a store already checked when such an open arrives may still land.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Size of the block read around a small random read: the data server's checksum
+/// block (`data-server`'s `store::format::BLOCK_SIZE_BYTES`), which it reads whole anyway.
+pub(crate) const AROUND_BYTES: u64 = 64 << 10;
+
+/// Whether `[offset, offset + len)` is small enough to read around and lies in one
+/// block; returns the block's start.
+pub(crate) fn block_of(offset: u64, len: usize) -> Option<u64> {
+    let start = offset - offset % AROUND_BYTES;
+    (len > 0 && (len as u64) < AROUND_BYTES && offset + len as u64 <= start + AROUND_BYTES)
+        .then_some(start)
+}
+
+/// Writable opens and changes of one file on this mount; see the module documentation.
+///
+/// The store runs on a blocking thread and holds `lock` while it checks and stores:
+/// the kernel may make it wait for a page that a read in flight holds locked, and that
+/// read needs the async workers, so a writable open waits for the lock asynchronously
+/// (never blocking a worker), and closes and other changes only bump counters.
+#[derive(Default)]
+pub(crate) struct StoreGate {
+    lock: tokio::sync::Mutex<()>,
+    /// Handles open for writing.
+    writers: AtomicU32,
+    /// Bumped by every writable open and close and every truncation.
+    changes: AtomicU64,
+}
+
+impl StoreGate {
+    /// A stamp to read around with, or `None` while a handle is open for writing.
+    pub(crate) fn stamp(&self) -> Option<u64> {
+        let changes = self.changes.load(Ordering::SeqCst);
+        (self.writers.load(Ordering::SeqCst) == 0).then_some(changes)
+    }
+
+    /// Runs `store` if nothing changed since `stamp`, holding the gate so that no
+    /// writable open can complete between the check and the store. Blocking: call it
+    /// off the async workers.
+    pub(crate) fn store_if_unchanged(&self, stamp: u64, store: impl FnOnce()) -> bool {
+        let _held = self.lock.blocking_lock();
+        let unchanged = self.writers.load(Ordering::SeqCst) == 0
+            && self.changes.load(Ordering::SeqCst) == stamp;
+        if unchanged {
+            store();
+        }
+        unchanged
+    }
+
+    /// A handle opens for writing: waits for a store under way, then counts it.
+    pub(crate) async fn writer_opened(&self) {
+        let _held = self.lock.lock().await;
+        self.writers.fetch_add(1, Ordering::SeqCst);
+        self.changes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A writable handle closed. No store can be under way while it was open.
+    pub(crate) fn writer_closed(&self) {
+        // A close without a matching open would be a bug; never wrap below zero.
+        let _ = self
+            .writers
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| w.checked_sub(1));
+        self.changes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The file's length changes other than by a write (truncation): waits for a store
+    /// under way, which must not grow the kernel's length back after it.
+    pub(crate) async fn changed(&self) {
+        let _held = self.lock.lock().await;
+        self.changes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The file changed on another client (seen at an open): later stores are refused.
+    pub(crate) fn changed_elsewhere(&self) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_small_reads_inside_one_block_are_read_around() {
+        assert_eq!(block_of(0, 4096), Some(0));
+        assert_eq!(block_of(70_000, 4096), Some(65_536));
+        assert_eq!(block_of(65_536 - 4096, 4096), Some(65_536 - 65_536));
+        assert_eq!(block_of(65_536 - 2048, 4096), None, "straddles two blocks");
+        assert_eq!(block_of(0, 65_536), None, "a whole block gains nothing");
+        assert_eq!(block_of(0, 0), None);
+    }
+
+    #[tokio::test]
+    async fn any_writable_open_or_change_since_the_stamp_stops_the_store() {
+        let g = std::sync::Arc::new(StoreGate::default());
+        let check = |g: &std::sync::Arc<StoreGate>, s: u64| {
+            let g = g.clone();
+            std::thread::spawn(move || g.store_if_unchanged(s, || ()))
+                .join()
+                .unwrap()
+        };
+        let s = g.stamp().unwrap();
+        assert!(check(&g, s));
+        g.writer_opened().await;
+        assert_eq!(g.stamp(), None, "no read-around while a writer is open");
+        assert!(!check(&g, s), "stored under a writer");
+        g.writer_closed();
+        assert!(!check(&g, s), "stored over a closed writer's bytes");
+        let s = g.stamp().unwrap();
+        g.changed().await;
+        assert!(!check(&g, s), "stored across a truncation");
+        let s = g.stamp().unwrap();
+        g.changed_elsewhere();
+        assert!(!check(&g, s), "stored across a change elsewhere");
+    }
+}
