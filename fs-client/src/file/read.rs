@@ -176,9 +176,23 @@ impl Client {
         } else {
             len.min((size - offset) as usize)
         };
+        let bytes = self.read_bytes(fh, offset, len, size, around);
         if fh.atime_due.swap(false, Ordering::Relaxed) {
-            self.accessed(fh.ino()).await;
+            // The access time moves while the bytes travel, not before: both are done
+            // when the read returns, so a stat after it sees the new atime.
+            return tokio::join!(self.accessed(fh.ino()), bytes).1;
         }
+        bytes.await
+    }
+
+    async fn read_bytes(
+        &self,
+        fh: &FileHandle,
+        offset: u64,
+        len: usize,
+        size: u64,
+        around: bool,
+    ) -> Result<ReadBuf<'_>> {
         if len == 0 {
             return Ok(plain(Held::Owned(Vec::new()), 0));
         }
