@@ -9,8 +9,11 @@ use crate::segpool::SegPool;
 use parking_lot::Mutex;
 use proto::meta::{
     Caller, ClusterMap, DirEntry, LockSpec, MetaReply, MetaRequest, RenameMode, XattrMode,
+    MAX_RELEASES,
 };
-use proto::{Attr, ClientId, FileKind, InodeId, Layout, NodeId, SetAttr, PROTOCOL_VERSION};
+use proto::{
+    Attr, ClientId, FileKind, InodeId, Layout, NodeId, SessionId, SetAttr, PROTOCOL_VERSION,
+};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -30,6 +33,9 @@ pub struct FsStats {
     /// Inodes in use.
     pub files: u64,
 }
+
+/// How long a close without a commit waits for others to share its `ReleaseMany`.
+const RELEASE_DELAY: Duration = Duration::from_millis(2);
 
 /// A connection to one Tessera cluster: what a mount uses, and what tests and tools use
 /// without a mount.
@@ -53,6 +59,8 @@ pub struct Client {
     layouts: Mutex<HashMap<InodeId, Layout>>,
     /// Directory attributes sent with create and unlink replies.
     dir_attrs: DirAttrs,
+    /// Sessions whose close carries no commit, waiting to be ended in one call.
+    releases: Mutex<Vec<SessionId>>,
     /// The cluster map last fetched.
     pub(crate) map: parking_lot::RwLock<Arc<ClusterMap>>,
 }
@@ -89,6 +97,7 @@ impl Client {
             files: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
             dir_attrs: DirAttrs::new(dir_ttl),
+            releases: Mutex::new(Vec::new()),
             map: parking_lot::RwLock::new(Arc::new(ClusterMap::default())),
         });
         client.refresh_map().await?;
@@ -125,6 +134,50 @@ impl Client {
     pub(crate) async fn meta(&self, req: MetaRequest) -> Result<MetaReply> {
         self.dir_attrs.before(&req);
         rpc::meta_call(&self.ep, &self.meta, &req).await
+    }
+
+    /// Ends `session` a moment later, in one `ReleaseMany` with the other closes of
+    /// that moment: a data loader or `tar x` closes a file per few hundred microseconds,
+    /// and each close was a round trip of its own. Only closes without a commit wait
+    /// (the length of a written file is committed at its close, as before), so no
+    /// other client can tell: a session only keeps an unlinked file's inode and chunks
+    /// alive, for at most [`RELEASE_DELAY`] longer.
+    pub(crate) fn release_later(&self, session: SessionId) {
+        let (first, full) = {
+            let mut q = self.releases.lock();
+            q.push(session);
+            (q.len() == 1, q.len() >= MAX_RELEASES)
+        };
+        if !first && !full {
+            return;
+        }
+        let me = self.me.clone();
+        let delay = if full { Duration::ZERO } else { RELEASE_DELAY };
+        self.rt.spawn(async move {
+            tokio::time::sleep(delay).await;
+            if let Some(client) = me.upgrade() {
+                client.send_releases().await;
+            }
+        });
+    }
+
+    /// Ends every session `release_later` holds. Failures are logged: the sessions end
+    /// with the connection anyway.
+    pub(crate) async fn send_releases(&self) {
+        loop {
+            let sessions: Vec<SessionId> = {
+                let mut q = self.releases.lock();
+                let n = q.len().min(MAX_RELEASES);
+                q.drain(..n).collect()
+            };
+            if sessions.is_empty() {
+                return;
+            }
+            let count = sessions.len();
+            if let Err(e) = self.meta(MetaRequest::ReleaseMany { sessions }).await {
+                tracing::warn!(error = %e, count, "ending sessions failed");
+            }
+        }
     }
 
     /// Re-reads the list of data servers.

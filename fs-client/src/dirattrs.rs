@@ -71,6 +71,7 @@ impl DirAttrs {
                 | R::Open { .. }
                 | R::Commit { .. }
                 | R::Release { .. }
+                | R::ReleaseMany { .. }
                 | R::GetXattr { .. }
                 | R::ListXattr { .. }
                 | R::Append { .. }

@@ -121,7 +121,9 @@ fn idempotent(req: &MetaRequest) -> bool {
         | R::Accessed { .. }
         | R::SetLock { .. }
         | R::GetLock { .. }
-        | R::ReleaseLocks { .. } => true,
+        | R::ReleaseLocks { .. }
+        // Sessions of a lost connection ended with it; a retry finds them gone.
+        | R::ReleaseMany { .. } => true,
         R::Create { .. }
         | R::MkNod { .. }
         | R::Mkdir { .. }

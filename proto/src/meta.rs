@@ -254,6 +254,9 @@ pub struct LockSpec {
     pub kind: LockKind,
 }
 
+/// Most sessions one [`MetaRequest::ReleaseMany`] ends.
+pub const MAX_RELEASES: usize = 1024;
+
 /// A request to the metadata server.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaRequest {
@@ -409,6 +412,12 @@ pub enum MetaRequest {
         session: SessionId,
         /// A final length commit, applied before the session ends.
         commit: Option<Commit>,
+    },
+    /// Ends several sessions that carry no commit (closes batched by the client); a
+    /// session already gone is skipped. At most [`MAX_RELEASES`] per call.
+    ReleaseMany {
+        /// The sessions.
+        sessions: Vec<SessionId>,
     },
     /// Reads one extended attribute.
     GetXattr {

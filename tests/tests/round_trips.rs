@@ -23,7 +23,9 @@ const MIB: usize = 1 << 20;
 
 /// Reading 64 MiB sequentially: a lookup, an open, one `Accessed` (the file was just
 /// written, so `relatime` moves its access time on the first read, as ext4 writes the
-/// inode) and a release, and one `ReadChunk` per 4 MiB chunk: readahead prefetches whole
+/// inode) and a release (since it carries no commit, batched with other closes in a
+/// `ReleaseMany` a moment later, which may fall outside the count), and one
+/// `ReadChunk` per 4 MiB chunk: readahead prefetches whole
 /// 4 MiB segments (one chunk each), and the three other 1 MiB reads of a segment are
 /// served from it.
 ///

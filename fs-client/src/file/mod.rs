@@ -388,9 +388,14 @@ impl Client {
         // system keeps the size of a write whose page failed to reach the disk): the
         // bytes that did arrive become visible, and the changed mtime tells every other
         // client's next open that its cached bytes are stale. The failure is returned.
+        let Some((commit, _)) = pending else {
+            // Nothing to commit: the close is batched with others (`release_later`).
+            self.release_later(fh.session);
+            return flushed;
+        };
         let req = MetaRequest::Release {
             session: fh.session,
-            commit: pending.map(|(c, _)| c),
+            commit: Some(commit),
         };
         self.meta(req).await?;
         if let Some((_, generation)) = pending {

@@ -189,6 +189,29 @@ impl Namespace {
         Ok(())
     }
 
+    /// Ends sessions without a commit (the client batches such closes). A session that
+    /// is already gone (its connection closed meanwhile) is skipped; the first other
+    /// failure is returned after every session was tried.
+    pub fn release_many(&self, sessions: &[SessionId]) -> Result<(), MetaError> {
+        if sessions.len() > proto::meta::MAX_RELEASES {
+            return Err(MetaError::InvalidArgument(format!(
+                "{} sessions in one release, at most {}",
+                sessions.len(),
+                proto::meta::MAX_RELEASES
+            )));
+        }
+        let mut first_error = None;
+        for &s in sessions {
+            match self.release(s, None) {
+                Ok(()) | Err(MetaError::Stale(_)) => {}
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
     /// Reserves `len` bytes at the end of regular file `ino` for an `O_APPEND` write and
     /// returns where they start; the new length is durable before the reply.
     pub fn append(&self, ino: InodeId, len: u64) -> Result<u64, MetaError> {

@@ -271,6 +271,7 @@ impl Namespace {
                 .map(|(files, done)| MetaReply::Files { files, done }),
             R::CheckNamespace => self.check_namespace().map(MetaReply::Problems),
             R::InodesExist { inodes } => self.inodes_exist(&inodes).map(MetaReply::Exist),
+            R::ReleaseMany { sessions } => self.release_many(&sessions).map(unit),
             R::Append { ino, len } => self.append(ino, len).map(MetaReply::Offset),
             R::Accessed { ino } => self.accessed(ino).map(attr),
             R::SetLock { ino, client, lock } => {
@@ -396,6 +397,7 @@ fn describe(req: &MetaRequest) -> (&'static str, u64) {
         R::ListFiles { after, .. } => ("list_files", after.0),
         R::CheckNamespace => ("check_namespace", 0),
         R::InodesExist { inodes } => ("inodes_exist", inodes.len() as u64),
+        R::ReleaseMany { sessions } => ("release_many", sessions.len() as u64),
         R::Append { ino, .. } => ("append", ino.0),
         R::Accessed { ino } => ("accessed", ino.0),
         R::SetLock { ino, .. } => ("setlock", ino.0),

@@ -233,7 +233,35 @@ fn heartbeat_done_tasks_are_forgotten(kind: StoreKind) {
     assert_eq!(all, want);
 }
 
+/// Batched closes: every session ends, one already gone is skipped, the last session
+/// of an unlinked file frees it, and a batch over the limit is refused whole.
+fn release_many_ends_sessions_and_skips_gone_ones(kind: StoreKind) {
+    let h = H::with_nodes(kind, 1);
+    let ns = h.ns();
+    let f = touch(ns, ROOT, "f");
+    let a = ns.open_inode(f.ino, false, owner(1)).unwrap();
+    let b = ns.open_inode(f.ino, false, owner(1)).unwrap();
+    ns.unlink(ROOT, b"f").unwrap();
+    ns.release(a.session, None).unwrap();
+    assert!(h.has_key(&keys::orphan(f.ino)), "b still holds it");
+    ns.release_many(&[a.session, b.session, SessionId(u64::MAX)])
+        .unwrap();
+    assert!(
+        !h.has_key(&keys::orphan(f.ino)),
+        "freed by its last session"
+    );
+    assert_eq!(code(ns.getattr(f.ino)), ErrorCode::NotFound);
+    assert_eq!(code(ns.release(b.session, None)), ErrorCode::Stale);
+
+    let g = touch(ns, ROOT, "g");
+    let c = ns.open_inode(g.ino, false, owner(1)).unwrap();
+    let too_many = vec![c.session; proto::meta::MAX_RELEASES + 1];
+    assert_eq!(code(ns.release_many(&too_many)), ErrorCode::InvalidArgument);
+    ns.release(c.session, None).unwrap();
+}
+
 engine_tests!(
+    release_many_ends_sessions_and_skips_gone_ones,
     open_and_release,
     open_truncate_and_directories,
     unlink_while_open_keeps_inode_until_release,
