@@ -245,6 +245,11 @@ impl Client {
         Ok(self.overlay(attr))
     }
 
+    /// The directory attributes a create or unlink reply brought, if fresh (taken).
+    pub(crate) fn take_dir_attr(&self, ino: InodeId) -> Option<Attr> {
+        self.dir_attrs.take(ino)
+    }
+
     /// Reads attributes.
     pub async fn getattr(&self, ino: InodeId) -> Result<Attr> {
         if let Some(dir) = self.dir_attrs.take(ino) {

@@ -165,6 +165,16 @@ impl FileState {
         }
     }
 
+    /// Nothing to send, commit or report: no buffered write, no uncommitted length, no
+    /// failed background write. A flush or close of such a file needs no round trip.
+    pub(crate) fn settled(&self) -> bool {
+        let io_quiet = {
+            let io = self.io.lock();
+            io.dirty.is_empty() && io.error.is_none()
+        };
+        io_quiet && self.pending_commit().is_none()
+    }
+
     /// The error of an earlier background write, if one failed.
     fn write_error(&self) -> Result<()> {
         match &self.io.lock().error {

@@ -206,6 +206,11 @@ impl fuser::Filesystem for TesseraFs {
     }
 
     fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<Fh>, reply: ReplyAttr) {
+        // Answered here when a create or unlink brought the attributes (`dirattrs.rs`):
+        // no task, no hand-off to another thread.
+        if let Some(a) = self.inner.client.take_dir_attr(ino(i)) {
+            return self.inner.attr(reply, Ok(a));
+        }
         let inner = self.inner.clone();
         self.spawn(async move {
             let r = inner.client.getattr(ino(i)).await;
@@ -523,6 +528,16 @@ impl fuser::Filesystem for TesseraFs {
     }
 
     fn flush(&self, _req: &Request, i: INodeNo, fh: Fh, owner: LockOwner, reply: ReplyEmpty) {
+        // Nothing to send and no lock ever taken on the file through this mount: answer
+        // here (every close of a file read, or created and left empty).
+        if !self.inner.locked.lock().contains(&ino(i)) {
+            if let Ok(file) = self.inner.file(fh.0) {
+                if file.state.settled() {
+                    self.inner.forget_lock_owner(fh.0, owner.0);
+                    return reply.ok();
+                }
+            }
+        }
         let inner = self.inner.clone();
         self.spawn(async move {
             // Closing any descriptor drops the process's POSIX locks on the file.
@@ -548,6 +563,18 @@ impl fuser::Filesystem for TesseraFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        // No lock ever taken on the file through this mount and nothing to send or
+        // commit: the session ends in the next batch (`Client::release_later`), and the
+        // answer goes from here.
+        if !self.inner.locked.lock().contains(&ino(i)) {
+            let file = self.inner.files.lock().get(&fh.0).cloned();
+            if let Some(file) = file.filter(|f| f.state.settled()) {
+                self.inner.lock_owners.lock().remove(&fh.0);
+                self.inner.files.lock().remove(&fh.0);
+                self.inner.client.release_later(file.session);
+                return reply.ok();
+            }
+        }
         let inner = self.inner.clone();
         self.spawn(async move {
             // The last close of an open file drops its flock (the kernel names the owner)
