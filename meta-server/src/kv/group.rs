@@ -299,6 +299,8 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
+        // Durable is not yet applied: the engine's own reads see a group a moment later.
+        g.sync().unwrap();
         let all = inner.scan(b"k", b"l", 1000).unwrap();
         assert_eq!(all.len(), 400);
         let merged = g.scan(b"k0-", b"k0-\xff", 10).unwrap();

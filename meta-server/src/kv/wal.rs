@@ -1,5 +1,5 @@
 //! A redo log in front of an engine: a commit is durable after one small sequential write
-//! and one fdatasync, instead of the engine's own durable commit.
+//! that is durable when it returns (`O_DSYNC`), instead of the engine's own durable commit.
 //!
 //! Why: a durable redb commit rewrites a handful of B-tree pages scattered over its file
 //! and syncs them (about 0.7 ms on the benchmark machine's disk), while appending a few
@@ -8,8 +8,8 @@
 //! serialized by the kernel, so group commit cannot share it), so this is most of a
 //! create's time on the server.
 //!
-//! How: [`LoggedStore::commit`] appends the batch as one record to `<engine>.wal`,
-//! fdatasyncs it, then applies it to the engine *without* the engine's durability
+//! How: [`LoggedStore::commit`] appends the batch as one record to `<engine>.wal`
+//! (opened `O_DSYNC`, so the write returns once the record is durable), then applies it to the engine *without* the engine's durability
 //! ([`Engine::apply`]). A checkpoint ([`Engine::persist`], then the log's header moved
 //! past the last record) runs when the log holds [`CHECKPOINT_BYTES`] or its oldest
 //! unpersisted record is [`CHECKPOINT_AFTER`] old, and on close; after it the log is
@@ -29,7 +29,7 @@
 use super::{BatchOp, KvError, KvPair, KvStore, WriteBatch};
 use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -98,11 +98,14 @@ impl<E: Engine> LoggedStore<E> {
     /// the engine may lack, and checkpoints.
     pub fn open(engine: E, path: &Path) -> Result<LoggedStore<E>, KvError> {
         let existed = path.exists();
+        // O_DSYNC: each write returns once its bytes are on stable storage, one system
+        // call instead of a write and an fdatasync (about 150 against 195 us here).
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .custom_flags(libc::O_DSYNC)
             .open(path)
             .map_err(|e| io_err(&e))?;
         let mut log = Log {
@@ -209,10 +212,7 @@ impl Log {
         slot[16..24].copy_from_slice(&self.seq.to_le_bytes());
         let crc = crc32c::crc32c(&slot[..24]);
         slot[24..28].copy_from_slice(&crc.to_le_bytes());
-        let result = self
-            .file
-            .write_all_at(&slot, (generation % 2) * SLOT_BYTES)
-            .and_then(|()| self.file.sync_data());
+        let result = self.file.write_all_at(&slot, (generation % 2) * SLOT_BYTES);
         if let Err(e) = result {
             self.failed = Some(e.to_string());
             return Err(io_err(&e));
@@ -231,10 +231,7 @@ impl Log {
         rec.extend_from_slice(&crc.to_le_bytes());
         rec.extend_from_slice(&seq.to_le_bytes());
         rec.extend_from_slice(body);
-        let result = self
-            .file
-            .write_all_at(&rec, self.end)
-            .and_then(|()| self.file.sync_data());
+        let result = self.file.write_all_at(&rec, self.end);
         match result {
             Ok(()) => {
                 self.seq = seq;
