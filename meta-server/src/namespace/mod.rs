@@ -191,11 +191,19 @@ impl Namespace {
         let (op, id) = describe(&req);
         let span = tracing::debug_span!("meta", op, id, conn = conn.0);
         let _entered = span.enter();
+        // An access time is written lazily, as a local file system writes it back with
+        // the inode some time later: the reply does not wait for the sync (the group
+        // commits it within a moment; a crash before may lose it, nothing else).
+        let lazy = matches!(req, MetaRequest::Accessed { .. });
         // Durable before the reply: wait for the group holding this request's changes,
         // now that the namespace lock is free for the next request to stage its own.
-        let result = self
-            .dispatch(req, conn)
-            .and_then(|r| self.wait_pending().map(|()| r));
+        let result = self.dispatch(req, conn).and_then(|r| {
+            if lazy {
+                let _ = take_pending();
+                return Ok(r);
+            }
+            self.wait_pending().map(|()| r)
+        });
         if let Err(e) = &result {
             tracing::debug!(error = %e, "request failed");
         }
