@@ -14,7 +14,7 @@
 //! past the last record) runs when the log holds [`CHECKPOINT_BYTES`] or its oldest
 //! unpersisted record is [`CHECKPOINT_AFTER`] old, and on close; after it the log is
 //! rewritten from its start, so the file never grows beyond [`CHECKPOINT_BYTES`] plus one
-//! record. Opening replays every record newer than the header's checkpoint, in order.
+//! record and [`GROW_BYTES`] of zeros written ahead. Opening replays every record newer than the header's checkpoint, in order.
 //! Replaying a record the engine already has is harmless: a record holds whole values
 //! (puts and deletes), so applying the tail again in order ends in the same state.
 //!
@@ -48,6 +48,8 @@ pub const CHECKPOINT_BYTES: u64 = 4 << 20;
 /// ... or once its oldest record is this old, so that the engine's non-durable commits
 /// (which redb cannot reuse the space of until a durable one) do not pile up.
 pub const CHECKPOINT_AFTER: Duration = Duration::from_secs(2);
+/// The file grows by at least this much at a time, zero-filled; see [`Log::grow_to`].
+const GROW_BYTES: u64 = 1 << 20;
 /// A batch bigger than this is not logged: the engine commits it durably itself (after
 /// a checkpoint, so the order of changes holds). No namespace change comes near it.
 const MAX_RECORD_BODY: usize = 1 << 20;
@@ -71,6 +73,9 @@ struct Log {
     path: PathBuf,
     /// Where the next record goes.
     end: u64,
+    /// Bytes of the file already written (records or zeros): writes below this are
+    /// overwrites, which change no file-system metadata.
+    written: u64,
     /// Sequence number of the last record written (or of the checkpoint, when none).
     seq: u64,
     /// Header generation last written.
@@ -112,12 +117,14 @@ impl<E: Engine> LoggedStore<E> {
             file,
             path: path.to_path_buf(),
             end: RECORDS_AT,
+            written: 0,
             seq: 0,
             generation: 0,
             oldest: None,
             failed: None,
         };
-        if existed && log.file.metadata().map_err(|e| io_err(&e))?.len() > 0 {
+        log.written = log.file.metadata().map_err(|e| io_err(&e))?.len();
+        if existed && log.written > 0 {
             let (generation, checkpoint) = log.read_header()?;
             log.generation = generation;
             log.seq = checkpoint;
@@ -231,7 +238,9 @@ impl Log {
         rec.extend_from_slice(&crc.to_le_bytes());
         rec.extend_from_slice(&seq.to_le_bytes());
         rec.extend_from_slice(body);
-        let result = self.file.write_all_at(&rec, self.end);
+        let result = self
+            .grow_to(self.end + rec.len() as u64)
+            .and_then(|()| self.file.write_all_at(&rec, self.end));
         match result {
             Ok(()) => {
                 self.seq = seq;
@@ -247,6 +256,26 @@ impl Log {
                 Err(io_err(&e))
             }
         }
+    }
+
+    /// Makes sure the file has bytes up to `needed`, writing zeros [`GROW_BYTES`] at a
+    /// time. An append that grows the file changes its length, and its synchronous write
+    /// then waits for a journal commit of the file system, which is slow while the disk
+    /// is busy (a data server deleting gigabytes of chunks); an overwrite of written
+    /// blocks waits for its own bytes only. The log rewinds after a checkpoint, so after
+    /// its first pass every append is an overwrite. Zeros end a replay (no record has
+    /// sequence number 0).
+    fn grow_to(&mut self, needed: u64) -> std::io::Result<()> {
+        if needed <= self.written {
+            return Ok(());
+        }
+        // Never below the records: the header slots are written in place, by checkpoints.
+        let from = self.written.max(RECORDS_AT);
+        let target = needed.max(from + GROW_BYTES).next_multiple_of(4096);
+        let zeros = vec![0u8; (target - from) as usize];
+        self.file.write_all_at(&zeros, from)?;
+        self.written = target;
+        Ok(())
     }
 
     fn due(&self) -> bool {
@@ -457,12 +486,16 @@ mod tests {
         let db = dir.path().join("meta.redb");
         let wal = dir.path().join("meta.redb.wal");
         let store = LoggedStore::open(RedbStore::open(&db).unwrap(), &wal).unwrap();
-        store.commit(batch(&[("a", Some("1"))])).unwrap();
-        store.commit(batch(&[("b", Some("2"))])).unwrap();
+        let (first, second) = (batch(&[("a", Some("1"))]), batch(&[("b", Some("2"))]));
+        store.commit(first.clone()).unwrap();
+        store.commit(second.clone()).unwrap();
         store.abandon();
-        let len = std::fs::metadata(&wal).unwrap().len();
+        // The second record's last byte never reached the disk (zeros follow the
+        // records, so cutting the file would cut only zeros).
+        let records = 2 * RECORD_HEAD + encode(&first).len() + encode(&second).len();
         let f = OpenOptions::new().write(true).open(&wal).unwrap();
-        f.set_len(len - 1).unwrap();
+        f.write_all_at(&[0x5a], RECORDS_AT + records as u64 - 1)
+            .unwrap();
         drop(f);
         std::fs::remove_file(&db).unwrap();
         let store = LoggedStore::open(RedbStore::open(&db).unwrap(), &wal).unwrap();
@@ -495,7 +528,7 @@ mod tests {
         store.abandon();
         let len = std::fs::metadata(&wal).unwrap().len();
         assert!(
-            len <= RECORDS_AT + CHECKPOINT_BYTES + (70 << 10),
+            len <= RECORDS_AT + CHECKPOINT_BYTES + (70 << 10) + GROW_BYTES,
             "log of {len} bytes"
         );
         let store = LoggedStore::open(RedbStore::open(&db).unwrap(), &wal).unwrap();
