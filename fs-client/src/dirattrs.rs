@@ -95,22 +95,12 @@ impl DirAttrs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proto::{FileKind, Timestamp};
+    use proto::FileKind;
 
     fn dir(ino: u64, perm: u32) -> Attr {
-        Attr {
-            ino: InodeId(ino),
-            kind: FileKind::Directory,
-            perm,
-            nlink: 2,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-            size: 0,
-            atime: Timestamp::default(),
-            mtime: Timestamp::default(),
-            ctime: Timestamp::default(),
-        }
+        let mut a = crate::fuse::dot_attr(InodeId(ino), FileKind::Directory);
+        a.perm = perm;
+        a
     }
 
     #[test]

@@ -9,6 +9,9 @@ mod dir;
 mod errno;
 mod ops;
 
+#[cfg(test)]
+pub(crate) use ops::dot_attr;
+
 pub use errno::errno;
 
 use crate::client::Client;

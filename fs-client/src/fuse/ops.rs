@@ -114,7 +114,7 @@ impl Inner {
 }
 
 /// Attributes for "." and ".." in a `readdirplus` reply, which the kernel skips.
-fn dot_attr(ino: InodeId, kind: FileKind) -> Attr {
+pub(crate) fn dot_attr(ino: InodeId, kind: FileKind) -> Attr {
     Attr {
         ino,
         kind,

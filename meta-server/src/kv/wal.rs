@@ -428,6 +428,20 @@ mod tests {
     use super::*;
     use crate::kv::RedbStore;
 
+    /// A fresh directory and the paths of a redb store and its log in it.
+    fn paths() -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, wal) = (
+            dir.path().join("meta.redb"),
+            dir.path().join("meta.redb.wal"),
+        );
+        (dir, db, wal)
+    }
+
+    fn open(db: &Path, wal: &Path) -> LoggedStore<RedbStore> {
+        LoggedStore::open(RedbStore::open(db).unwrap(), wal).unwrap()
+    }
+
     fn batch(ops: &[(&str, Option<&str>)]) -> WriteBatch {
         let mut b = WriteBatch::new();
         for (k, v) in ops {
@@ -455,11 +469,9 @@ mod tests {
     /// checkpointed): reopening replays the log into it.
     #[test]
     fn reopen_replays_what_the_engine_did_not_persist() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("meta.redb");
-        let wal = dir.path().join("meta.redb.wal");
+        let (_dir, db, wal) = paths();
         {
-            let store = LoggedStore::open(RedbStore::open(&db).unwrap(), &wal).unwrap();
+            let store = open(&db, &wal);
             store
                 .commit(batch(&[("k1", Some("v1")), ("k2", Some("v2"))]))
                 .unwrap();
@@ -472,7 +484,7 @@ mod tests {
         // harshest case is an engine that has none of them: recreate it empty, and the
         // log alone must rebuild the state.
         std::fs::remove_file(&db).unwrap();
-        let store = LoggedStore::open(RedbStore::open(&db).unwrap(), &wal).unwrap();
+        let store = open(&db, &wal);
         assert_eq!(store.get(b"k1").unwrap(), None);
         assert_eq!(store.get(b"k2").unwrap(), Some(b"v2".to_vec()));
         assert_eq!(store.get(b"k3").unwrap(), Some(b"v3".to_vec()));
@@ -482,10 +494,8 @@ mod tests {
     /// records before it are, and new commits go on after a restart.
     #[test]
     fn a_torn_record_ends_the_replay() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("meta.redb");
-        let wal = dir.path().join("meta.redb.wal");
-        let store = LoggedStore::open(RedbStore::open(&db).unwrap(), &wal).unwrap();
+        let (_dir, db, wal) = paths();
+        let store = open(&db, &wal);
         let (first, second) = (batch(&[("a", Some("1"))]), batch(&[("b", Some("2"))]));
         store.commit(first.clone()).unwrap();
         store.commit(second.clone()).unwrap();
@@ -498,12 +508,12 @@ mod tests {
             .unwrap();
         drop(f);
         std::fs::remove_file(&db).unwrap();
-        let store = LoggedStore::open(RedbStore::open(&db).unwrap(), &wal).unwrap();
+        let store = open(&db, &wal);
         assert_eq!(store.get(b"a").unwrap(), Some(b"1".to_vec()));
         assert_eq!(store.get(b"b").unwrap(), None);
         store.commit(batch(&[("c", Some("3"))])).unwrap();
         drop(store);
-        let store = LoggedStore::open(RedbStore::open(&db).unwrap(), &wal).unwrap();
+        let store = open(&db, &wal);
         assert_eq!(store.get(b"c").unwrap(), Some(b"3".to_vec()));
         assert_eq!(store.get(b"b").unwrap(), None);
     }
@@ -512,10 +522,8 @@ mod tests {
     /// further in the file are never replayed, and the file stays small.
     #[test]
     fn records_of_an_earlier_pass_are_not_replayed() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("meta.redb");
-        let wal = dir.path().join("meta.redb.wal");
-        let store = LoggedStore::open(RedbStore::open(&db).unwrap(), &wal).unwrap();
+        let (_dir, db, wal) = paths();
+        let store = open(&db, &wal);
         let big = "x".repeat(64 << 10);
         // Enough to pass CHECKPOINT_BYTES at least once.
         let rounds = (CHECKPOINT_BYTES / (64 << 10)) as usize + 8;
@@ -531,15 +539,13 @@ mod tests {
             len <= RECORDS_AT + CHECKPOINT_BYTES + (70 << 10) + GROW_BYTES,
             "log of {len} bytes"
         );
-        let store = LoggedStore::open(RedbStore::open(&db).unwrap(), &wal).unwrap();
+        let store = open(&db, &wal);
         assert_eq!(store.get(b"n").unwrap(), Some(b"last".to_vec()));
     }
 
     #[test]
     fn a_log_without_a_valid_header_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("meta.redb");
-        let wal = dir.path().join("meta.redb.wal");
+        let (_dir, db, wal) = paths();
         std::fs::write(&wal, vec![7u8; 8192]).unwrap();
         match LoggedStore::open(RedbStore::open(&db).unwrap(), &wal) {
             Err(KvError::Corruption { message, .. }) => {
