@@ -378,14 +378,12 @@ impl Client {
             return self.read_direct(st, offset, len).await;
         };
         let block_len = (size.min(start + super::around::AROUND_BYTES) - start) as usize;
-        let buf = self.pool.take().await;
-        self.transfer_range(st, start, block_len, buf.mr(), 0, false)
-            .await?;
+        let block = self.read_direct(st, start, block_len).await?;
         Ok(ReadBuf {
-            held: Held::Pooled(buf),
             len,
             skip: (offset - start) as usize,
             around: Some((start, block_len, stamp)),
+            ..block
         })
     }
 

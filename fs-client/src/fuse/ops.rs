@@ -471,15 +471,13 @@ impl fuser::Filesystem for TesseraFs {
                 .client
                 .read_buf_around(&file, offset, size as usize)
                 .await;
-            if let Ok(buf) = &r {
+            finish(reply, r, |reply, buf| {
                 buf.with(|b| reply.data(b));
                 // After the answer, so that the reader does not wait for it.
                 buf.with_block(|start, block, stamp| {
                     inner.store_around(&file, start, block, stamp)
                 });
-                return;
-            }
-            finish(reply, r, |reply, buf| buf.with(|b| reply.data(b)))
+            })
         });
     }
 

@@ -84,13 +84,18 @@ impl GroupCommit {
     /// Waits until everything staged before this call is durable and visible in the
     /// inner store (tools and tests read it directly).
     pub fn sync(&self) -> Result<(), KvError> {
+        let last = self.shared.state.lock().staged;
+        self.wait_until(|st| st.applied >= last)
+    }
+
+    /// Waits until `done` holds; fails if a commit failed before it did.
+    fn wait_until(&self, done: impl Fn(&State) -> bool) -> Result<(), KvError> {
         let mut st = self.shared.state.lock();
-        let last = st.staged;
-        while st.applied < last && st.failed.is_none() {
+        while !done(&st) && st.failed.is_none() {
             self.shared.flushed.wait(&mut st);
         }
         match &st.failed {
-            Some(why) if st.applied < last => Err(self.failed(why)),
+            Some(why) if !done(&st) => Err(self.failed(why)),
             _ => Ok(()),
         }
     }
@@ -215,14 +220,7 @@ impl KvStore for GroupCommit {
     }
 
     fn wait(&self, ticket: u64) -> Result<(), KvError> {
-        let mut st = self.shared.state.lock();
-        while st.durable < ticket && st.failed.is_none() {
-            self.shared.flushed.wait(&mut st);
-        }
-        match &st.failed {
-            Some(why) if st.durable < ticket => Err(self.failed(why)),
-            _ => Ok(()),
-        }
+        self.wait_until(|st| st.durable >= ticket)
     }
 
     fn engine(&self) -> &'static str {
