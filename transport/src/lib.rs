@@ -38,7 +38,7 @@ pub use conn::{ConnId, Connection, Handler, HandlerFuture};
 pub use endpoint::{Endpoint, Listener, MAX_REGION_BYTES};
 pub use error::TransportError;
 pub use link::Link;
-pub use mr::MemoryRegion;
+pub use mr::{AlignedBuf, MemoryRegion, REGION_ALIGN_BYTES};
 pub use pool::{BufferPool, PooledBuf};
 pub use proto::{MrKey, RemoteBuf};
 pub use window::{Access, Grant};

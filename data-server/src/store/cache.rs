@@ -15,9 +15,12 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::sync::Arc;
 
-/// Chunk files the store keeps open at most (one descriptor each), well under the usual
-/// limit of 1024 descriptors per process.
+/// Chunk files the store keeps open at most (two descriptors each: buffered and
+/// `O_DIRECT`), well under the usual limit of 1024 descriptors per process.
 pub(crate) const MAX_OPEN_CHUNK_FILES: usize = 256;
+
+/// A chunk file's descriptors: the read-write one, and the `O_DIRECT` one if any.
+pub(crate) type Fds = (Arc<File>, Option<Arc<File>>);
 
 /// The cache. Every operation takes one short lock; opening a file, the slow part of a
 /// miss, happens outside it.
@@ -33,7 +36,7 @@ struct Inner {
 }
 
 struct Cached {
-    file: Arc<File>,
+    fds: Fds,
     geo: Geometry,
     used: u64,
 }
@@ -51,17 +54,17 @@ impl OpenFiles {
     }
 
     /// The open file of `chunk` and its geometry, if cached.
-    pub fn get(&self, chunk: ChunkId) -> Option<(Arc<File>, Geometry)> {
+    pub fn get(&self, chunk: ChunkId) -> Option<(Fds, Geometry)> {
         let mut inner = self.inner.lock();
         inner.clock += 1;
         let now = inner.clock;
         let cached = inner.map.get_mut(&chunk)?;
         cached.used = now;
-        Some((Arc::clone(&cached.file), cached.geo))
+        Some((cached.fds.clone(), cached.geo))
     }
 
     /// Caches the open file of `chunk`, evicting the least recently used one when full.
-    pub fn insert(&self, chunk: ChunkId, file: Arc<File>, geo: Geometry) {
+    pub fn insert(&self, chunk: ChunkId, fds: Fds, geo: Geometry) {
         if self.limit == 0 {
             return;
         }
@@ -78,7 +81,7 @@ impl OpenFiles {
                 .map(|(&k, _)| k);
             evicted = oldest.and_then(|k| inner.map.remove(&k));
         }
-        inner.map.insert(chunk, Cached { file, geo, used });
+        inner.map.insert(chunk, Cached { fds, geo, used });
         drop(inner);
         // Closed outside the lock: a close can be slow on some file systems.
         drop(evicted);
@@ -115,18 +118,19 @@ mod tests {
         let file = Arc::new(tmp);
         let geo = Geometry::new(1 << 20).unwrap();
         let cache = OpenFiles::new(2);
-        cache.insert(chunk(0), Arc::clone(&file), geo);
-        cache.insert(chunk(1), Arc::clone(&file), geo);
+        let fds = || (Arc::clone(&file), None);
+        cache.insert(chunk(0), fds(), geo);
+        cache.insert(chunk(1), fds(), geo);
         assert!(
             cache.get(chunk(0)).is_some(),
             "chunk 0 is now the most recent"
         );
-        cache.insert(chunk(2), Arc::clone(&file), geo);
+        cache.insert(chunk(2), fds(), geo);
         assert_eq!(cache.len(), 2);
         assert!(cache.get(chunk(1)).is_none());
         assert_eq!(cache.get(chunk(0)).unwrap().1, geo);
         // Inserting a cached chunk again evicts nothing.
-        cache.insert(chunk(2), Arc::clone(&file), geo);
+        cache.insert(chunk(2), fds(), geo);
         assert!(cache.get(chunk(0)).is_some() && cache.get(chunk(2)).is_some());
         cache.remove(chunk(2));
         cache.remove(chunk(7));
@@ -134,7 +138,7 @@ mod tests {
         // Evicted and removed entries close their descriptors: only ours and chunk 0's.
         assert_eq!(Arc::strong_count(&file), 2);
         let off = OpenFiles::new(0);
-        off.insert(chunk(0), file, geo);
+        off.insert(chunk(0), (file, None), geo);
         assert_eq!(off.len(), 0);
     }
 }

@@ -3,6 +3,7 @@
 //! Nothing here locks: the store holds the chunk's lock around every call. The order of
 //! the steps of an update, and what a crash between them leaves, is in [`super`].
 
+use super::cache::Fds;
 use super::format::{
     self, accounted_bytes, block_crc, block_start, decode_header, encode_entries, encode_header,
     read_entries, read_full_at, Content, Entry, Geometry, BLOCK_SIZE_BYTES, HEADER_USED_BYTES,
@@ -16,6 +17,48 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 const BS: u64 = BLOCK_SIZE_BYTES as u64;
+
+/// Alignment of buffer address, file position and length for an `O_DIRECT` read: the
+/// page size, a multiple of every disk's logical block size. Block runs start and end on
+/// multiples of it (the data offset is page-rounded, blocks are 64 KiB).
+const DIRECT_ALIGN: usize = 4096;
+
+/// Opens `path` with `O_DIRECT` (read-write if `writable`); `None` where the file system
+/// refuses it (some do, with `EINVAL`) or the open fails otherwise: the buffered
+/// descriptor then serves every read and write.
+fn open_direct(path: &Path, writable: bool) -> Option<Arc<File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match File::options()
+        .read(true)
+        .write(writable)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
+        Ok(f) => Some(Arc::new(f)),
+        Err(e) => {
+            tracing::debug!(path = %path.display(), error = %e, "no O_DIRECT reads");
+            None
+        }
+    }
+}
+
+/// Reads `dst` from `file` (opened with `O_DIRECT`) at `pos`. A short read means the
+/// file ends there (the next position would not be aligned): the rest reads as zeros.
+fn read_direct_at(file: &File, dst: &mut [u8], pos: u64) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < dst.len() {
+        match file.read_at(&mut dst[done..], pos + done as u64) {
+            Ok(n) if n > 0 && n.is_multiple_of(DIRECT_ALIGN) => done += n,
+            Ok(n) => {
+                dst[done + n..].fill(0);
+                return Ok(());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
 
 /// What opening a chunk's file found.
 pub(crate) enum Opened {
@@ -32,6 +75,13 @@ pub(crate) struct ChunkFile {
     pub chunk: ChunkId,
     /// Shared with the store's cache of open files.
     pub file: Arc<File>,
+    /// The same file opened with `O_DIRECT`, if the file system allows it: runs of whole
+    /// blocks are read and written through it straight between the disk and the caller's
+    /// (page-aligned) buffer, without a copy through the page cache, which on this path
+    /// costs more CPU than the checksums. The client keeps the bytes in its own page
+    /// cache, so the server keeping a second copy would only cost memory. Durability is
+    /// unchanged: a direct write is not durable before the store's `fdatasync` either.
+    pub direct: Option<Arc<File>>,
     pub path: PathBuf,
     pub geo: Geometry,
     /// Bytes of chunk data: the file's length minus the data offset (0 if shorter).
@@ -106,6 +156,7 @@ impl ChunkFile {
         Ok(Opened::Chunk(ChunkFile {
             chunk,
             file: Arc::new(file),
+            direct: open_direct(path, writable),
             path: path.to_owned(),
             geo,
             data_len: len.saturating_sub(geo.data_offset),
@@ -115,7 +166,7 @@ impl ChunkFile {
     /// A chunk file opened earlier, whose header was checked then: only its length, which
     /// writes and truncations change, is read again.
     pub fn reopen(
-        file: Arc<File>,
+        (file, direct): Fds,
         path: PathBuf,
         chunk: ChunkId,
         geo: Geometry,
@@ -127,6 +178,7 @@ impl ChunkFile {
         Ok(ChunkFile {
             chunk,
             file,
+            direct,
             path,
             geo,
             data_len: len.saturating_sub(geo.data_offset),
@@ -142,6 +194,7 @@ impl ChunkFile {
         Ok(ChunkFile {
             chunk: id,
             file: Arc::new(file),
+            direct: open_direct(path, true),
             path: path.to_owned(),
             geo,
             data_len: 0,
@@ -237,7 +290,7 @@ impl ChunkFile {
                 }
                 let span = dst.start..dst.start + (run_end - block) as usize * BS as usize;
                 let pos = self.geo.data_offset + lo;
-                read_full_at(&self.file, &mut buf[span.clone()], pos)
+                self.read_run(&mut buf[span.clone()], pos)
                     .ctx(|| format!("read {}", self.path.display()))?;
                 for (i, bytes) in buf[span].chunks_mut(BS as usize).enumerate() {
                     let b = block + i as u32;
@@ -254,6 +307,42 @@ impl ChunkFile {
             block += 1;
         }
         Ok(())
+    }
+
+    /// Its descriptors, for the store's cache of open files.
+    pub fn fds(&self) -> Fds {
+        (Arc::clone(&self.file), self.direct.clone())
+    }
+
+    /// Reads whole blocks at file position `pos` (block-aligned): with `O_DIRECT` when the
+    /// buffer is page-aligned, else (or if the file system refuses it) through the page
+    /// cache. Zeros past the end of the file, as [`read_full_at`].
+    fn read_run(&self, dst: &mut [u8], pos: u64) -> std::io::Result<()> {
+        if let Some(direct) = &self.direct {
+            if (dst.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN) {
+                match read_direct_at(direct, dst, pos) {
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                    done => return done,
+                }
+            }
+        }
+        read_full_at(&self.file, dst, pos)
+    }
+
+    /// Writes whole blocks at file position `pos` (block-aligned), with `O_DIRECT` when the
+    /// buffer is page-aligned, else (or if the file system refuses it) through the page
+    /// cache. A direct write that fails part way is written again whole, buffered: the
+    /// same bytes to the same place.
+    fn write_run(&self, src: &[u8], pos: u64) -> std::io::Result<()> {
+        if let Some(direct) = &self.direct {
+            if (src.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN) {
+                match direct.write_all_at(src, pos) {
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                    done => return done,
+                }
+            }
+        }
+        self.file.write_all_at(src, pos)
     }
 
     /// Plans a write of `data` at `offset` into this chunk, or into a chunk that does not
@@ -319,9 +408,7 @@ impl ChunkFile {
         let what = || format!("write {}", self.path.display());
         let base = self.geo.data_offset;
         if let Some((pos, range)) = &plan.middle {
-            self.file
-                .write_all_at(&data[range.clone()], base + pos)
-                .ctx(what)?;
+            self.write_run(&data[range.clone()], base + pos).ctx(what)?;
         }
         for edge in &plan.edges {
             self.file

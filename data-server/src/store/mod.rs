@@ -124,7 +124,6 @@ use proto::{ChunkId, InodeId, NodeId};
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
 mod replica;
 mod scan;
@@ -331,7 +330,7 @@ impl ChunkStore {
         self.dirty.mark(DirKey::Inode(chunk.inode))?;
         let mut cf = ChunkFile::init(file, &path, chunk, geo)?;
         cf.apply_write(plan, data)?;
-        self.files.insert(chunk, Arc::clone(&cf.file), geo);
+        self.files.insert(chunk, cf.fds(), geo);
         Ok(())
     }
 
@@ -339,12 +338,12 @@ impl ChunkStore {
     /// a chunk file opened here is cached. Call with the chunk's lock held (either mode).
     fn open_chunk(&self, chunk: ChunkId) -> Result<Opened, DataError> {
         let path = chunk_path(&self.root, chunk);
-        if let Some((file, geo)) = self.files.get(chunk) {
-            return ChunkFile::reopen(file, path, chunk, geo).map(Opened::Chunk);
+        if let Some((fds, geo)) = self.files.get(chunk) {
+            return ChunkFile::reopen(fds, path, chunk, geo).map(Opened::Chunk);
         }
         let opened = ChunkFile::open(&path, chunk, true)?;
         if let Opened::Chunk(cf) = &opened {
-            self.files.insert(chunk, Arc::clone(&cf.file), cf.geo);
+            self.files.insert(chunk, cf.fds(), cf.geo);
         }
         Ok(opened)
     }

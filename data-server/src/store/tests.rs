@@ -39,10 +39,37 @@ impl Rng {
 }
 
 pub(super) fn read_vec(s: &ChunkStore, c: ChunkId, cs: u32, off: u32, len: usize) -> Vec<u8> {
-    // Pre-filled with a pattern, so that bytes the store forgot to set show up.
-    let mut buf = vec![0xA5; len];
-    s.read(c, cs, off, &mut buf).unwrap();
-    buf
+    // Pre-filled with a pattern, so that bytes the store forgot to set show up. Page-aligned
+    // as a transport's buffer is, so block-aligned reads take the O_DIRECT path.
+    let mut buf = Aligned::new(len, 0xA5);
+    s.read(c, cs, off, buf.bytes()).unwrap();
+    buf.bytes().to_vec()
+}
+
+/// A page-aligned buffer, as the transport's registered regions are: whole-block runs in
+/// it are read and written with `O_DIRECT` (on file systems that allow it).
+pub(super) struct Aligned {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl Aligned {
+    pub fn new(len: usize, fill: u8) -> Aligned {
+        let raw = vec![fill; len + 4095];
+        let start = (raw.as_ptr() as usize).next_multiple_of(4096) - raw.as_ptr() as usize;
+        Aligned { raw, start, len }
+    }
+
+    pub fn copy_of(data: &[u8]) -> Aligned {
+        let mut a = Aligned::new(data.len(), 0);
+        a.bytes().copy_from_slice(data);
+        a
+    }
+
+    pub fn bytes(&mut self) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + self.len]
+    }
 }
 
 /// The whole file as the model expects it, one chunk at a time: chunk `i` covers file
@@ -117,7 +144,9 @@ fn random_writes_reads_and_truncates_match_a_model() {
             0..=4 => {
                 let (off, len) = random_range(&mut rng, cs);
                 let data = rng.bytes(len);
-                store.write(c, cs, off, &data).unwrap();
+                store
+                    .write(c, cs, off, Aligned::copy_of(&data).bytes())
+                    .unwrap();
                 model.write(c, off, &data);
             }
             5..=7 => {

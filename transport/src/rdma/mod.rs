@@ -126,7 +126,7 @@ impl Device {
     /// Allocates `len` bytes and registers them for local access and window binding.
     pub(crate) fn register(self: &Arc<Self>, len: usize) -> Result<MemoryRegion, TransportError> {
         let dev = self.clone();
-        MemoryRegion::with_hw(vec![0u8; len].into_boxed_slice(), move |buf| {
+        MemoryRegion::with_hw(len, move |buf| {
             if buf.is_empty() {
                 return Ok(None); // verbs refuses empty registrations; nothing to reach
             }
