@@ -49,19 +49,22 @@ impl Namespace {
             capacity_bytes,
             used_bytes,
         };
-        let node = self.mutate(|txn, _| {
-            let node = match node {
-                Some(node) => {
-                    load_node(txn, node)?;
-                    node
-                }
-                None => new_node_id(txn)?,
+        let (node, moved) = self.mutate(|txn, _| {
+            let (node, moved) = match node {
+                Some(node) => (node, load_node(txn, node)?.addr != addr),
+                None => (new_node_id(txn)?, false),
             };
             txn.put(keys::node(node), encode(&rec)?);
-            Ok(node)
+            Ok((node, moved))
         })?;
         self.liveness.lock().insert(node, Instant::now());
         tracing::info!(%node, addr, "data server registered");
+        if moved {
+            // Peers compare map versions only: a server back on a new port (a restart
+            // with port 0) must be a new version, or those holding the old map keep
+            // forwarding chain writes to its old address.
+            self.bump_map_version()?;
+        }
         self.reconcile()?;
         Ok(node)
     }

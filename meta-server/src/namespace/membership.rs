@@ -193,6 +193,13 @@ impl Namespace {
         Ok(map)
     }
 
+    /// A new map version with no chain changed: a server's address changed.
+    pub(crate) fn bump_map_version(&self) -> Result<(), MetaError> {
+        let mut m = self.members.lock();
+        self.load_members(&mut m)?;
+        self.persist(&mut m, &[])
+    }
+
     /// Stores the changed chains and a new map version.
     fn persist(&self, m: &mut Members, changed: &[u32]) -> Result<(), MetaError> {
         let version = m.version + 1;

@@ -65,12 +65,24 @@ fn register_assigns_and_updates(kind: StoreKind) {
     let a = ns.register_data(None, "10.0.0.1:7000", 1000, 100).unwrap();
     let b = ns.register_data(None, "10.0.0.2:7000", 2000, 0).unwrap();
     assert_eq!((a, b), (NodeId(1), NodeId(2)));
+    let first = ns.cluster_map().unwrap().version;
+    ns.register_data(Some(b), "10.0.0.2:7000", 2000, 0).unwrap();
+    assert_eq!(
+        ns.cluster_map().unwrap().version,
+        first,
+        "the same address again is the same map"
+    );
     assert_eq!(
         ns.register_data(Some(a), "10.0.0.9:7001", 1000, 500)
             .unwrap(),
         a
     );
     let map = ns.cluster_map().unwrap();
+    // Servers holding the old map learn the new address only from a new version.
+    assert!(
+        map.version > first,
+        "a moved server makes a new map version"
+    );
     assert_eq!(map.nodes.len(), 2);
     assert_eq!(
         (
