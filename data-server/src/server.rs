@@ -43,9 +43,12 @@ impl DataServer {
             0 => fs_size(&dir)?,
             n => n,
         };
-        let store = tokio::task::spawn_blocking(move || ChunkStore::open(&dir, capacity))
-            .await
-            .map_err(|e| startup("opening the chunk store", e))??;
+        let direct_io = config.direct_io;
+        let store = tokio::task::spawn_blocking(move || {
+            ChunkStore::open(&dir, capacity).map(|s| s.direct_io(direct_io))
+        })
+        .await
+        .map_err(|e| startup("opening the chunk store", e))??;
         let store = Arc::new(store);
         let limits = config.transport_limits.clone();
         let ep = Endpoint::new(config.transport, limits.clone(), PROTOCOL_VERSION)

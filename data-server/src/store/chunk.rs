@@ -23,20 +23,20 @@ const BS: u64 = BLOCK_SIZE_BYTES as u64;
 /// multiples of it (the data offset is page-rounded, blocks are 64 KiB).
 const DIRECT_ALIGN: usize = 4096;
 
-/// Opens `path` with `O_DIRECT` (read-write if `writable`); `None` where the file system
-/// refuses it (some do, with `EINVAL`) or the open fails otherwise: the buffered
-/// descriptor then serves every read and write.
-fn open_direct(path: &Path, writable: bool) -> Option<Arc<File>> {
+/// Opens `path` read-write with `O_DIRECT`; `None` where the file system refuses it
+/// (some do, with `EINVAL`) or the open fails otherwise: the buffered descriptor then
+/// serves every read and write.
+fn open_direct(path: &Path) -> Option<Arc<File>> {
     use std::os::unix::fs::OpenOptionsExt;
     match File::options()
         .read(true)
-        .write(writable)
+        .write(true)
         .custom_flags(libc::O_DIRECT)
         .open(path)
     {
         Ok(f) => Some(Arc::new(f)),
         Err(e) => {
-            tracing::debug!(path = %path.display(), error = %e, "no O_DIRECT reads");
+            tracing::debug!(path = %path.display(), error = %e, "no O_DIRECT: buffered I/O only");
             None
         }
     }
@@ -75,7 +75,8 @@ pub(crate) struct ChunkFile {
     pub chunk: ChunkId,
     /// Shared with the store's cache of open files.
     pub file: Arc<File>,
-    /// The same file opened with `O_DIRECT`, if the file system allows it: runs of whole
+    /// The same file opened with `O_DIRECT`, if the store's `direct_io` is on and the file
+    /// system allows it: runs of whole
     /// blocks are read and written through it straight between the disk and the caller's
     /// (page-aligned) buffer, without a copy through the page cache, which on this path
     /// costs more CPU than the checksums. The client keeps the bytes in its own page
@@ -156,7 +157,7 @@ impl ChunkFile {
         Ok(Opened::Chunk(ChunkFile {
             chunk,
             file: Arc::new(file),
-            direct: open_direct(path, writable),
+            direct: None,
             path: path.to_owned(),
             geo,
             data_len: len.saturating_sub(geo.data_offset),
@@ -194,7 +195,7 @@ impl ChunkFile {
         Ok(ChunkFile {
             chunk: id,
             file: Arc::new(file),
-            direct: open_direct(path, true),
+            direct: None,
             path: path.to_owned(),
             geo,
             data_len: 0,
@@ -307,6 +308,12 @@ impl ChunkFile {
             block += 1;
         }
         Ok(())
+    }
+
+    /// Opens the file's `O_DIRECT` descriptor (read-write; none where the file system
+    /// refuses it).
+    pub fn open_direct(&mut self) {
+        self.direct = open_direct(&self.path);
     }
 
     /// Its descriptors, for the store's cache of open files.

@@ -163,6 +163,8 @@ pub struct ChunkStore {
     dirty: DirtyDirs,
     /// Chunk files kept open between requests.
     files: OpenFiles,
+    /// Whether chunk files get an `O_DIRECT` descriptor (see [`ChunkFile::direct`]).
+    direct_io: bool,
     node_id_lock: Mutex<()>,
     /// Holds the flock on `<dir>/LOCK` until the store is dropped.
     _lock_file: File,
@@ -207,9 +209,16 @@ impl ChunkStore {
             chunks: AtomicU64::new(chunks),
             stripes: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
             files: OpenFiles::new(MAX_OPEN_CHUNK_FILES),
+            direct_io: true,
             node_id_lock: Mutex::new(()),
             _lock_file: lock_file,
         })
+    }
+
+    /// Turns `O_DIRECT` for whole-block runs on (the default) or off.
+    pub fn direct_io(mut self, on: bool) -> ChunkStore {
+        self.direct_io = on;
+        self
     }
 
     /// Fills `buf` with bytes `[offset, offset + buf.len())` of the chunk. Holes, bytes
@@ -329,6 +338,9 @@ impl ChunkStore {
         // Also for a leftover empty file: its directory entry may not be durable yet.
         self.dirty.mark(DirKey::Inode(chunk.inode))?;
         let mut cf = ChunkFile::init(file, &path, chunk, geo)?;
+        if self.direct_io {
+            cf.open_direct();
+        }
         cf.apply_write(plan, data)?;
         self.files.insert(chunk, cf.fds(), geo);
         Ok(())
@@ -341,8 +353,11 @@ impl ChunkStore {
         if let Some((fds, geo)) = self.files.get(chunk) {
             return ChunkFile::reopen(fds, path, chunk, geo).map(Opened::Chunk);
         }
-        let opened = ChunkFile::open(&path, chunk, true)?;
-        if let Opened::Chunk(cf) = &opened {
+        let mut opened = ChunkFile::open(&path, chunk, true)?;
+        if let Opened::Chunk(cf) = &mut opened {
+            if self.direct_io {
+                cf.open_direct();
+            }
             self.files.insert(chunk, cf.fds(), cf.geo);
         }
         Ok(opened)
