@@ -82,13 +82,43 @@ OUT=$ROOT/bench/results/$STAMP$SUFFIX  # .md and .png
 export PEERS_STATE=$BENCH_DIR/peers JFS_REDIS_PORT=${JFS_REDIS_PORT:-6399}
 MFS_NS=tessera-bench-mfs; GL_NS=tessera-bench-gl
 mkdir -p "$RUN" "$ROOT/bench/results" "$BENCH_DIR/mnt"
+DISK_DEV=$(lsblk -no KNAME "$(findmnt -no SOURCE -T "$BENCH_DIR")" 2>/dev/null | head -1)
 exec > >(tee -a "$RUN/bench.log") 2>&1
 
 log() { echo "[$(date +%H:%M:%S)] $*"; }
 record() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$RUN/results.tsv"; }
 note() { log "NOTE $1: $2"; record "$1" note "$2"; }
 jval() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
+# The bench disk's device name in /proc/diskstats (set once the disk is known).
+DISK_DEV=""
+# settle: waits (at most SETTLE_MAX_S) until the machine is quiet for 2 s in a row: under
+# 4 MiB/s written to the bench disk and under half a core busy. Background work a
+# system left from the previous phase (deleting files, writing back) then counts in
+# neither phase: each system gets the same wait, up to the same bound.
+SETTLE_MAX_S=60
+disk_sectors_written() { awk -v d="$DISK_DEV" '$3 == d { print $10 }' /proc/diskstats; }
+cpu_busy_ticks() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
+settle() {
+  [ -n "$DISK_DEV" ] || return 0
+  local quiet=0 waited=0 w0 w1 c0 c1 hz
+  hz=$(getconf CLK_TCK)
+  w0=$(disk_sectors_written); c0=$(cpu_busy_ticks)
+  while [ "$quiet" -lt 2 ] && [ "$waited" -lt "$SETTLE_MAX_S" ]; do
+    sleep 1; waited=$((waited + 1))
+    w1=$(disk_sectors_written); c1=$(cpu_busy_ticks)
+    if [ $(((w1 - w0) * 512)) -lt $((4 << 20)) ] && [ $((c1 - c0)) -lt $((hz / 2)) ]; then
+      quiet=$((quiet + 1))
+    else
+      quiet=0
+    fi
+    w0=$w1; c0=$c1
+  done
+  [ "$quiet" -ge 2 ] || log "the machine did not settle within ${SETTLE_MAX_S} s; measuring anyway"
+  [ "$waited" -le 2 ] || log "settled after ${waited} s"
+}
 drop_caches() {
+  timeout 300 sync || log "sync did not finish in 300 s"
+  settle
   timeout 300 sync || log "sync did not finish in 300 s"
   echo 3 > /proc/sys/vm/drop_caches
 }
