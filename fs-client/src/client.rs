@@ -63,6 +63,9 @@ pub struct Client {
     releases: Mutex<Vec<SessionId>>,
     /// The cluster map last fetched.
     pub(crate) map: parking_lot::RwLock<Arc<ClusterMap>>,
+    /// The machine's memory: files that fit a quarter of it are read around in larger
+    /// blocks (`file::around`).
+    pub(crate) memory_bytes: u64,
 }
 
 impl Client {
@@ -99,6 +102,7 @@ impl Client {
             dir_attrs: DirAttrs::new(dir_ttl),
             releases: Mutex::new(Vec::new()),
             map: parking_lot::RwLock::new(Arc::new(ClusterMap::default())),
+            memory_bytes: crate::file::around::machine_memory(),
         });
         client.refresh_map().await?;
         Ok(client)

@@ -8,7 +8,7 @@
 //! both maps and is never held across a network call; the ordering rules that keep
 //! cached bytes correct are in `read.rs` and `write.rs`.
 
-mod around;
+pub(crate) mod around;
 mod extents;
 mod read;
 mod readahead;

@@ -373,11 +373,13 @@ impl Client {
         len: usize,
         size: u64,
     ) -> Result<ReadBuf<'_>> {
-        let (Some(start), Some(stamp)) = (super::around::block_of(offset, len), st.gate.stamp())
+        let unit = super::around::around_bytes(size, self.memory_bytes);
+        let (Some(start), Some(stamp)) =
+            (super::around::block_of(offset, len, unit), st.gate.stamp())
         else {
             return self.read_direct(st, offset, len).await;
         };
-        let block_len = (size.min(start + super::around::AROUND_BYTES) - start) as usize;
+        let block_len = (size.min(start + unit) - start) as usize;
         let block = self.read_direct(st, start, block_len).await?;
         Ok(ReadBuf {
             len,
