@@ -117,7 +117,6 @@ settle() {
   [ "$waited" -le 2 ] || log "settled after ${waited} s"
 }
 drop_caches() {
-  timeout 300 sync || log "sync did not finish in 300 s"
   settle
   timeout 300 sync || log "sync did not finish in 300 s"
   echo 3 > /proc/sys/vm/drop_caches

@@ -110,7 +110,9 @@ pub struct AlignedBuf {
 }
 
 impl AlignedBuf {
-    fn zeroed(len: usize) -> AlignedBuf {
+    /// `len` zeroed bytes starting on a page boundary (also for tests of code that reads
+    /// into regions).
+    pub fn zeroed(len: usize) -> AlignedBuf {
         let raw = vec![0u8; len + REGION_ALIGN_BYTES - 1].into_boxed_slice();
         let start =
             (raw.as_ptr() as usize).next_multiple_of(REGION_ALIGN_BYTES) - raw.as_ptr() as usize;

@@ -18,9 +18,10 @@ use std::sync::Arc;
 
 const BS: u64 = BLOCK_SIZE_BYTES as u64;
 
-/// Alignment of buffer address, file position and length for an `O_DIRECT` read: the
-/// page size, a multiple of every disk's logical block size. Block runs start and end on
-/// multiples of it (the data offset is page-rounded, blocks are 64 KiB).
+/// Alignment of buffer address, file position and length for `O_DIRECT`: the page size,
+/// a multiple of every disk's logical block size. Block runs start and end on multiples
+/// of it (the data offset is page-rounded, blocks are 64 KiB), and transport regions
+/// start on one (`transport::REGION_ALIGN_BYTES`).
 const DIRECT_ALIGN: usize = 4096;
 
 /// Chunks up to this size are read and written through the page cache even with

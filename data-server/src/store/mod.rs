@@ -338,9 +338,7 @@ impl ChunkStore {
         // Also for a leftover empty file: its directory entry may not be durable yet.
         self.dirty.mark(DirKey::Inode(chunk.inode))?;
         let mut cf = ChunkFile::init(file, &path, chunk, geo)?;
-        if self.direct_io {
-            cf.open_direct();
-        }
+        self.attach_direct(&mut cf);
         cf.apply_write(plan, data)?;
         self.files.insert(chunk, cf.fds(), geo);
         Ok(())
@@ -355,12 +353,17 @@ impl ChunkStore {
         }
         let mut opened = ChunkFile::open(&path, chunk, true)?;
         if let Opened::Chunk(cf) = &mut opened {
-            if self.direct_io {
-                cf.open_direct();
-            }
+            self.attach_direct(cf);
             self.files.insert(chunk, cf.fds(), cf.geo);
         }
         Ok(opened)
+    }
+
+    /// Gives a chunk file about to be cached its `O_DIRECT` descriptor, if enabled.
+    fn attach_direct(&self, cf: &mut ChunkFile) {
+        if self.direct_io {
+            cf.open_direct();
+        }
     }
 
     /// Creates the chunk's (empty) file and, if needed, its inode directory.

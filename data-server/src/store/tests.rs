@@ -4,6 +4,7 @@
 use super::*;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+use transport::{AlignedBuf, REGION_ALIGN_BYTES};
 
 pub(super) const MIB: u32 = 1 << 20;
 pub(super) const KIB64: u32 = 64 << 10;
@@ -40,41 +41,20 @@ impl Rng {
 
 pub(super) fn read_vec(s: &ChunkStore, c: ChunkId, cs: u32, off: u32, len: usize) -> Vec<u8> {
     // Pre-filled with a pattern, so that bytes the store forgot to set show up. Page-aligned
-    // as a transport's buffer is, so block-aligned reads take the O_DIRECT path.
-    let mut buf = Aligned::new(len, 0xA5);
-    s.read(c, cs, off, buf.bytes()).unwrap();
-    buf.bytes().to_vec()
+    // as a transport's region is, so block-aligned reads of large chunks take O_DIRECT.
+    let mut buf = AlignedBuf::zeroed(len);
+    buf.fill(0xA5);
+    s.read(c, cs, off, &mut buf).unwrap();
+    buf.to_vec()
 }
 
-/// A page-aligned buffer, as the transport's registered regions are: whole-block runs in
-/// it are read and written with `O_DIRECT` (on file systems that allow it).
-pub(super) struct Aligned {
-    raw: Vec<u8>,
-    start: usize,
-    len: usize,
-}
-
-impl Aligned {
-    pub fn new(len: usize, fill: u8) -> Aligned {
-        let raw = vec![fill; len + 4095];
-        let start = (raw.as_ptr() as usize).next_multiple_of(4096) - raw.as_ptr() as usize;
-        Aligned { raw, start, len }
-    }
-
-    /// `data` placed for a write at chunk offset `off`: its bytes at page boundaries of
-    /// the chunk sit at page boundaries of memory, so whole blocks in it are aligned.
-    pub fn copy_at(data: &[u8], off: u32) -> Aligned {
-        let shift = off as usize % 4096;
-        let mut a = Aligned::new(data.len() + shift, 0);
-        a.start += shift;
-        a.len -= shift;
-        a.bytes().copy_from_slice(data);
-        a
-    }
-
-    pub fn bytes(&mut self) -> &mut [u8] {
-        &mut self.raw[self.start..self.start + self.len]
-    }
+/// Writes `data` at `off` from a region placed as the client's would be: the chunk's page
+/// boundaries fall on page boundaries of memory, so its whole blocks can go O_DIRECT.
+fn write_aligned(s: &ChunkStore, c: ChunkId, cs: u32, off: u32, data: &[u8]) {
+    let shift = off as usize % REGION_ALIGN_BYTES;
+    let mut buf = AlignedBuf::zeroed(shift + data.len());
+    buf[shift..].copy_from_slice(data);
+    s.write(c, cs, off, &buf[shift..]).unwrap();
 }
 
 /// The whole file as the model expects it, one chunk at a time: chunk `i` covers file
@@ -159,9 +139,7 @@ fn model_run(cs: u32, seed: u64) {
             0..=4 => {
                 let (off, len) = random_range(&mut rng, cs);
                 let data = rng.bytes(len);
-                store
-                    .write(c, cs, off, Aligned::copy_at(&data, off).bytes())
-                    .unwrap();
+                write_aligned(&store, c, cs, off, &data);
                 model.write(c, off, &data);
             }
             5..=7 => {
