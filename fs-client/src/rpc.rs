@@ -22,6 +22,12 @@ pub struct RpcCounts {
     /// Calls to data servers (each moves its bytes with one-sided operations, which are
     /// part of the call and not counted apart).
     pub data_calls: u64,
+    /// Requests tried again after a failure: a stale map, a busy or unreachable server,
+    /// another member of the chain, a direct read after a failed prefetch, a metadata
+    /// call repeated on a new connection. The calls a retry sends are in the counts
+    /// above (one that fails to connect sends none): counts taken with no retry are
+    /// those of the path alone.
+    pub retries: u64,
 }
 
 impl std::ops::Sub for RpcCounts {
@@ -32,6 +38,7 @@ impl std::ops::Sub for RpcCounts {
         RpcCounts {
             meta_calls: self.meta_calls - earlier.meta_calls,
             data_calls: self.data_calls - earlier.data_calls,
+            retries: self.retries - earlier.retries,
         }
     }
 }
@@ -42,6 +49,7 @@ pub struct RpcEndpoint {
     ep: Endpoint,
     meta_calls: AtomicU64,
     data_calls: AtomicU64,
+    retries: AtomicU64,
 }
 
 impl RpcEndpoint {
@@ -51,6 +59,7 @@ impl RpcEndpoint {
             ep,
             meta_calls: AtomicU64::new(0),
             data_calls: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
         }
     }
 
@@ -59,7 +68,13 @@ impl RpcEndpoint {
         RpcCounts {
             meta_calls: self.meta_calls.load(Ordering::Relaxed),
             data_calls: self.data_calls.load(Ordering::Relaxed),
+            retries: self.retries.load(Ordering::Relaxed),
         }
+    }
+
+    /// Records that a failed request is about to be tried again.
+    pub(crate) fn count_retry(&self) {
+        self.retries.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -86,6 +101,7 @@ pub async fn meta_call(ep: &RpcEndpoint, link: &Link, req: &MetaRequest) -> Resu
         Err(e) if is_disconnect(&e) && idempotent(req) => {
             info!(error = %e, "metadata connection lost, reconnecting");
             let conn = link.get(ep).await?;
+            ep.count_retry();
             ep.meta_calls.fetch_add(1, Ordering::Relaxed);
             conn.call(bytes).await?
         }

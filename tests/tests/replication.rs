@@ -95,6 +95,47 @@ async fn a_data_server_dying_during_a_sequential_read_is_invisible_to_the_reader
     assert_eq!(sha256_hex(&back), sha256_hex(&data));
 }
 
+/// A client holding an old map is refused (`Stale`) by servers that know a newer one;
+/// it fetches the new map and reads again, and counts the retries (which the round-trip
+/// guard in `round_trips.rs` tells apart from the calls the path itself makes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_with_an_old_map_fetches_the_new_one_and_counts_its_retries() {
+    let cluster = InProcessCluster::start(3).await;
+    let client = cluster.client().await;
+    let data = pseudo_random(12 * MIB, 12);
+    write_file(&client, b"old-map.bin", &data).await;
+    let old = client.rpc_counts();
+    let held = cluster.meta().namespace().cluster_map().unwrap().version;
+
+    cluster.stop_data(2);
+    let gone = cluster.data[2].node_id().expect("registered");
+    let ns = cluster.meta().namespace().clone();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let newer = loop {
+        let map = ns.cluster_map().unwrap();
+        if map.chains.iter().all(|c| !c.readers(3).contains(&gone)) {
+            break map.version;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "server 2 never left"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(newer > held);
+    // The survivors learn the new map with their next heartbeats (every 100 ms here).
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+
+    let back = read_all(&client, b"old-map.bin", data.len(), |_| {}).await;
+    assert_eq!(sha256_hex(&back), sha256_hex(&data));
+    let used = client.rpc_counts() - old;
+    assert!(
+        used.retries > 0,
+        "reads with map {held} were not retried: {used:?}"
+    );
+    assert!(client.cluster_map().await.unwrap().version >= newer);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_data_server_dying_during_a_write_loses_nothing_that_fsync_acknowledged() {
     let seed = seed();

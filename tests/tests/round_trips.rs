@@ -1,6 +1,8 @@
 //! Round-trip counts of the two paths that issue 5 makes fast: a regression guard that is
 //! not timed, so it holds on a busy machine. Each test counts the calls one client sends
-//! (`Client::rpc_counts`) and fails if they grow beyond what the code needs today.
+//! (`Client::rpc_counts`) and fails if they grow beyond what the code needs today. A run
+//! in which a failure made the client retry (a server's lease ran out on a loaded
+//! machine) is measured again: the bounds are for the path, not for the failures.
 //!
 //! Counts measured on commit 9993b2d (one 4 MiB chunk size, three data servers); the
 //! read gained one metadata call with `relatime` (commit 9af8daf), and readahead of whole
@@ -46,8 +48,9 @@ const SMALL_FILE_DATA_CALLS: u64 = 1;
 
 fn assert_within(what: &str, got: RpcCounts, meta_bound: u64, data_bound: u64) {
     eprintln!(
-        "{what}: {} metadata calls (bound {meta_bound}), {} data calls (bound {data_bound})",
-        got.meta_calls, got.data_calls
+        "{what}: {} metadata calls (bound {meta_bound}), {} data calls (bound {data_bound}), \
+         {} retries",
+        got.meta_calls, got.data_calls, got.retries
     );
     assert!(
         got.meta_calls <= meta_bound,
@@ -59,6 +62,47 @@ fn assert_within(what: &str, got: RpcCounts, meta_bound: u64, data_bound: u64) {
         "{what}: {} data calls, more than the {data_bound} of today",
         got.data_calls
     );
+}
+
+/// Runs of a measurement before giving up on one without retries.
+const RUNS: u32 = 3;
+
+/// Runs `measure` (run number in, the calls it counted out, with what else it returns)
+/// until a run needs no retry, at most [`RUNS`] times. A retry is a failure the cluster
+/// caused, not the path: a server whose lease ran out on a loaded machine leaves its
+/// chains, and a reader holding the old map is refused once. (CI once counted 4
+/// metadata and 17 data calls for the sequential read, where 3 and 16 are the rule; the
+/// cause went unrecorded, so retries are now counted apart.) Such a run is printed and
+/// measured again once the cluster is whole; every run retrying fails the test, as the
+/// path itself then retries.
+async fn measure_without_retries<T, F, Fut>(
+    cluster: &InProcessCluster,
+    what: &str,
+    mut measure: F,
+) -> (RpcCounts, T)
+where
+    F: FnMut(u32) -> Fut,
+    Fut: std::future::Future<Output = (RpcCounts, T)>,
+{
+    for run in 0..RUNS {
+        let (used, out) = measure(run).await;
+        if used.retries == 0 {
+            return (used, out);
+        }
+        eprintln!(
+            "{what}, run {run}: {used:?} with {} retries; map version now {}, measuring again",
+            used.retries,
+            cluster
+                .meta()
+                .namespace()
+                .cluster_map()
+                .expect("map")
+                .version
+        );
+        cluster.wait_healthy().await;
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    panic!("{what}: every one of {RUNS} runs retried a call");
 }
 
 async fn write_file(client: &Client, name: &[u8], data: &[u8]) {
@@ -79,22 +123,25 @@ async fn reading_a_64_mib_file_sequentially_does_not_take_more_round_trips() {
     let data = pseudo_random(64 * MIB, 64);
     write_file(&*cluster.client().await, b"seq.bin", &data).await;
 
-    // A fresh client: nothing cached from the write.
-    let client = cluster.client().await;
-    let before = client.rpc_counts();
-    let attr = client.lookup(InodeId::ROOT, b"seq.bin").await.unwrap();
-    let (_, fh) = client.open(attr.ino, false).await.unwrap();
-    let mut back = Vec::with_capacity(data.len());
-    for offset in (0..data.len()).step_by(MIB) {
-        let part = client.read(&fh, offset as u64, MIB).await.unwrap();
-        assert_eq!(part.len(), MIB, "short read at {offset}");
-        back.extend_from_slice(&part);
-    }
-    client.release(&fh).await.unwrap();
-    let used = client.rpc_counts() - before;
-
-    assert_eq!(sha256_hex(&back), sha256_hex(&data));
-    assert!(used.data_calls > 0, "the counter counts data calls");
+    let (used, ()) = measure_without_retries(&cluster, "sequential read", |_| async {
+        // A fresh client: nothing cached from the write.
+        let client = cluster.client().await;
+        let before = client.rpc_counts();
+        let attr = client.lookup(InodeId::ROOT, b"seq.bin").await.unwrap();
+        let (_, fh) = client.open(attr.ino, false).await.unwrap();
+        let mut back = Vec::with_capacity(data.len());
+        for offset in (0..data.len()).step_by(MIB) {
+            let part = client.read(&fh, offset as u64, MIB).await.unwrap();
+            assert_eq!(part.len(), MIB, "short read at {offset}");
+            back.extend_from_slice(&part);
+        }
+        client.release(&fh).await.unwrap();
+        let used = client.rpc_counts() - before;
+        assert_eq!(sha256_hex(&back), sha256_hex(&data));
+        assert!(used.data_calls > 0, "the counter counts data calls");
+        (used, ())
+    })
+    .await;
     assert_within(
         "sequential read of 64 MiB",
         used,
@@ -111,18 +158,26 @@ async fn creating_a_4_kib_file_does_not_take_more_round_trips() {
     let client = cluster.client().await;
     let data = pseudo_random(4096, 4);
 
-    let before = client.rpc_counts();
-    let (_, fh) = client
-        .create(InodeId::ROOT, b"small.bin", 0o644, ROOT_CALLER, true)
-        .await
-        .unwrap();
-    // The kernel asks for the directory's attributes before its next change there; the
-    // create's reply brought them.
-    let dir_after_create = client.getattr(InodeId::ROOT).await.unwrap();
-    assert_eq!(client.write(&fh, 0, &data).await.unwrap(), data.len());
-    client.release(&fh).await.unwrap();
-    let used = client.rpc_counts() - before;
-    assert!(used.meta_calls > 0, "the counter counts metadata calls");
+    let (used, (name, dir_after_create)) = measure_without_retries(&cluster, "small file", |run| {
+        let (client, data) = (&client, &data);
+        async move {
+            let name = format!("small-{run}.bin").into_bytes();
+            let before = client.rpc_counts();
+            let (_, fh) = client
+                .create(InodeId::ROOT, &name, 0o644, ROOT_CALLER, true)
+                .await
+                .unwrap();
+            // The kernel asks for the directory's attributes before its next change
+            // there; the create's reply brought them.
+            let dir_after_create = client.getattr(InodeId::ROOT).await.unwrap();
+            assert_eq!(client.write(&fh, 0, data).await.unwrap(), data.len());
+            client.release(&fh).await.unwrap();
+            let used = client.rpc_counts() - before;
+            assert!(used.meta_calls > 0, "the counter counts metadata calls");
+            (used, (name, dir_after_create))
+        }
+    })
+    .await;
     assert_within(
         "create, the directory's getattr, write and release of 4 KiB",
         used,
@@ -132,7 +187,7 @@ async fn creating_a_4_kib_file_does_not_take_more_round_trips() {
 
     // The file is whole for another client.
     let other = cluster.client().await;
-    let attr = other.lookup(InodeId::ROOT, b"small.bin").await.unwrap();
+    let attr = other.lookup(InodeId::ROOT, &name).await.unwrap();
     assert_eq!(attr.size, 4096);
     let (_, fh) = other.open(attr.ino, false).await.unwrap();
     assert_eq!(other.read(&fh, 0, 8192).await.unwrap(), data);
@@ -147,7 +202,7 @@ async fn creating_a_4_kib_file_does_not_take_more_round_trips() {
     // An unlink and the directory's getattr after it: one call, and the times it
     // brought are the server's.
     let before = client.rpc_counts();
-    client.unlink(InodeId::ROOT, b"small.bin").await.unwrap();
+    client.unlink(InodeId::ROOT, &name).await.unwrap();
     let dir_after_unlink = client.getattr(InodeId::ROOT).await.unwrap();
     let used = client.rpc_counts() - before;
     assert_within("unlink and the directory's getattr", used, 1, 0);

@@ -209,6 +209,7 @@ impl Client {
                     // lost connection) must not fail reads of good bytes: read the range.
                     Err(e) => {
                         tracing::debug!(error = %e, "segment fetch failed, reading directly");
+                        self.ep.count_retry();
                         return self.read_direct(&fh.state, offset, len).await;
                     }
                 },

@@ -112,7 +112,11 @@ impl Client {
             if attempt >= MAX_ATTEMPTS || Instant::now() >= deadline {
                 return Err(err);
             }
-            match classify(&err) {
+            let next = classify(&err);
+            if !matches!(next, Next::Fail) {
+                self.ep.count_retry();
+            }
+            match next {
                 Next::Fail => return Err(err),
                 Next::Refresh => {
                     debug!(error = %err, what, "stale map, refreshing");
@@ -198,6 +202,9 @@ impl Client {
             // as before, sent two thirds of a file's reads to one of three servers.)
             let mut last = None;
             for &node in &readers {
+                if last.is_some() {
+                    self.ep.count_retry();
+                }
                 match self.read_from(&map, layout, p, mr, node).await {
                     Ok(()) => return Ok(()),
                     Err(e) => {

@@ -84,6 +84,9 @@ impl Namespace {
         map_version: u64,
         resync: ResyncReport,
     ) -> Result<(Vec<GcTask>, Option<ClusterMap>), MetaError> {
+        // Alive as of the beat's arrival: a slow commit below (the disk busy with chunk
+        // writes) must not count against the server's lease.
+        self.liveness.lock().insert(node, Instant::now());
         self.mutate(|txn, _| {
             let mut rec = load_node(txn, node)?;
             for GcTask::DeleteFile(ino) in done {
@@ -97,7 +100,6 @@ impl Namespace {
             }
             Ok(())
         })?;
-        self.liveness.lock().insert(node, Instant::now());
         self.resync_report(node, resync)?;
         let map = self.reconcile()?;
         let prefix = keys::gc_prefix(node);
