@@ -38,7 +38,8 @@ impl DataServer {
     /// may not be up yet: registration is retried until it answers).
     pub async fn start(config: DataConfig) -> Result<DataServer, DataError> {
         config.validate().map_err(DataError::InvalidArgument)?;
-        raise_open_file_limit();
+        // Two descriptors per cached chunk file (512 files) come on top of connections.
+        transport::raise_open_file_limit();
         let dir = config.data_dir.clone();
         let capacity = match config.capacity_bytes {
             0 => fs_size(&dir)?,
@@ -135,32 +136,6 @@ impl DataServer {
 impl Drop for DataServer {
     fn drop(&mut self) {
         self.shutdown();
-    }
-}
-
-/// Raises this process's soft limit on open descriptors to its hard limit. The server
-/// holds up to two per cached chunk file (512) plus one per connection (up to the
-/// transport's `max_connections`, 1024), above the usual soft limit of 1024; the hard
-/// limit is what the administrator allows, so taking it needs no privilege.
-fn raise_open_file_limit() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a writable rlimit for the call's duration.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0
-        || lim.rlim_cur >= lim.rlim_max
-    {
-        return;
-    }
-    let was = lim.rlim_cur;
-    lim.rlim_cur = lim.rlim_max;
-    // SAFETY: `lim` is a valid rlimit read just above.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } == 0 {
-        tracing::debug!(from = was, to = lim.rlim_cur, "raised the open-file limit");
-    } else {
-        tracing::warn!(limit = was, error = %std::io::Error::last_os_error(),
-            "could not raise the open-file limit");
     }
 }
 

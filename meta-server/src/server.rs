@@ -141,6 +141,9 @@ impl MetaServer {
     /// Opens the store and the namespace and starts serving.
     pub async fn start(config: MetaConfig) -> Result<MetaServer, MetaError> {
         config.validate().map_err(MetaError::InvalidArgument)?;
+        // Every client and data server holds a connection: more than 1024 of them need
+        // more than the usual soft limit.
+        transport::raise_open_file_limit();
         let (dir, kind, ns_config) = (
             config.data_dir.clone(),
             config.store,
