@@ -255,3 +255,27 @@ fn seek_data_and_seek_hole_answers_are_valid() {
     assert_eq!(errno_of("SEEK_DATA in an empty file", e), libc::ENXIO);
     assert_eq!(lseek(&f, 0, libc::SEEK_END).unwrap(), size);
 }
+
+/// File ioctls (here `FS_IOC_GETFLAGS`, as `lsattr` sends it) fail with ENOTTY, and
+/// quietly: fuser's default answer logged a warning per call, and a stress run filled
+/// the mount's log with 135,000 of them.
+#[test]
+fn unsupported_ioctls_fail_with_enotty_and_leave_no_trace_in_the_log() {
+    const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
+    const CALLS: usize = 200;
+    let cluster = ProcessCluster::start(1);
+    let m = cluster.mount("mnt");
+    let f = File::create(m.path.join("plain")).unwrap();
+    for _ in 0..CALLS {
+        let mut flags: libc::c_long = 0;
+        // SAFETY: the descriptor is open and `flags` outlives the call.
+        let rc = unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_GETFLAGS, &mut flags) };
+        assert_eq!(rc, -1, "FS_IOC_GETFLAGS answered");
+        let e = std::io::Error::last_os_error().raw_os_error();
+        assert_eq!(e, Some(libc::ENOTTY));
+    }
+    drop(f);
+    let log = m.unmount();
+    let lines = log.lines().filter(|l| l.contains("ioctl")).count();
+    assert!(lines < CALLS / 10, "{lines} log lines about ioctl:\n{log}");
+}

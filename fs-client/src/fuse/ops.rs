@@ -6,10 +6,10 @@ use super::dir::{DirHandle, Listed};
 use super::{errno, Freshness, Inner, TesseraFs};
 use crate::error::ClientError;
 use fuser::{
-    AccessFlags, Errno, FileHandle as Fh, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
-    TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileHandle as Fh, FopenFlags, Generation, INodeNo, IoctlFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use proto::meta::{Caller, LockKind, LockSpec, RenameMode, XattrMode};
 use proto::{Attr, FileKind, InodeId, SetAttr, TimeSet, Timestamp};
@@ -761,6 +761,25 @@ impl fuser::Filesystem for TesseraFs {
             let r = inner.client.removexattr(ino(i), &name).await;
             finish(reply, r, |reply, ()| reply.ok())
         });
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        _fh: Fh,
+        _flags: IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // No file ioctls (attribute flags, reflink...): ENOTTY, what a file that does
+        // not know the request answers. Not fuser's default, which logs a warning per
+        // call: `lsattr`, `cp` and stress tools send them by the thousand.
+        debug!(ino = i.0, cmd, "ioctl not supported");
+        reply.error(Errno::ENOTTY);
     }
 
     fn fallocate(
