@@ -8,9 +8,10 @@ mod attr;
 mod dir;
 mod errno;
 mod ops;
+mod replies;
 
 #[cfg(test)]
-pub(crate) use ops::dot_attr;
+pub(crate) use replies::dot_attr;
 
 pub use errno::errno;
 

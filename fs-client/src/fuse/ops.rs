@@ -2,8 +2,11 @@
 //! the task.
 
 use super::attr::{file_type, fuse_attr, kind_of_mode};
-use super::dir::{DirHandle, Listed};
-use super::{errno, Freshness, Inner, TesseraFs};
+use super::dir::DirHandle;
+use super::replies::{
+    caller, dot_attr, finish, ino, lock_spec, lock_type, time_set, writable, xattr_reply,
+};
+use super::{errno, Freshness, TesseraFs};
 use crate::error::ClientError;
 use fuser::{
     AccessFlags, Errno, FileHandle as Fh, FopenFlags, Generation, INodeNo, IoctlFlags,
@@ -11,159 +14,14 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyOpen,
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use proto::meta::{Caller, LockKind, LockSpec, RenameMode, XattrMode};
-use proto::{Attr, FileKind, InodeId, SetAttr, TimeSet, Timestamp};
+use proto::meta::{LockKind, RenameMode, XattrMode};
+use proto::{FileKind, SetAttr};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
 use tracing::debug;
-
-/// Reply types that can carry an errno.
-trait Fail {
-    fn fail(self, e: Errno);
-}
-
-macro_rules! impl_fail {
-    ($($t:ty),*) => { $(impl Fail for $t { fn fail(self, e: Errno) { self.error(e) } })* };
-}
-impl_fail!(
-    ReplyAttr,
-    ReplyCreate,
-    ReplyData,
-    ReplyDirectory,
-    ReplyDirectoryPlus,
-    ReplyEmpty,
-    ReplyEntry,
-    ReplyLock,
-    ReplyOpen,
-    ReplyStatfs,
-    ReplyWrite,
-    ReplyXattr
-);
-
-/// Sends `ok`'s reply on success, the mapped errno on failure.
-fn finish<R: Fail, T>(reply: R, r: Result<T, ClientError>, ok: impl FnOnce(R, T)) {
-    match r {
-        Ok(v) => ok(reply, v),
-        Err(e) => {
-            debug!(error = %e, "request failed");
-            reply.fail(errno(e.code()))
-        }
-    }
-}
-
-/// Whether open flags allow writing (no read-around store while such an open lasts).
-fn writable(flags: i32) -> bool {
-    flags & libc::O_ACCMODE != libc::O_RDONLY
-}
-
-fn ino(i: INodeNo) -> InodeId {
-    InodeId(i.0)
-}
-
-fn caller(req: &Request) -> Caller {
-    Caller {
-        uid: req.uid(),
-        gid: req.gid(),
-    }
-}
-
-fn time_set(t: TimeOrNow) -> TimeSet {
-    match t {
-        TimeOrNow::Now => TimeSet::Now,
-        TimeOrNow::SpecificTime(t) => TimeSet::At(Timestamp::from(t)),
-    }
-}
-
-impl Inner {
-    fn entry(&self, reply: ReplyEntry, r: Result<Attr, ClientError>) {
-        let (ttl, blk) = (self.entry_ttl, self.blksize);
-        finish(reply, r, |reply, a| {
-            reply.entry(&ttl, &fuse_attr(&a, blk), Generation(0))
-        });
-    }
-
-    fn attr(&self, reply: ReplyAttr, r: Result<Attr, ClientError>) {
-        let (ttl, blk) = (self.attr_ttl, self.blksize);
-        finish(reply, r, |reply, a| reply.attr(&ttl, &fuse_attr(&a, blk)));
-    }
-
-    /// Entries of open directory `fh` from `offset` on: at most `max`, with attributes if
-    /// `plus`; `None` if `fh` is not an open directory.
-    async fn list(
-        &self,
-        i: INodeNo,
-        fh: Fh,
-        offset: u64,
-        max: usize,
-        plus: bool,
-    ) -> Option<Result<Vec<Listed>, ClientError>> {
-        let dir = self.dirs.lock().get(&fh.0).cloned()?;
-        let mut dir = dir.lock().await;
-        let page = dir.entries_from(&self.client, offset, max, plus);
-        // A listing from the top reads the directory: its atime moves as `relatime` says
-        // (ext4 does this on every readdir; once per listing is what shows).
-        Some(if offset == 0 {
-            tokio::join!(page, self.client.accessed(ino(i))).0
-        } else {
-            page.await
-        })
-    }
-}
-
-/// Attributes for "." and ".." in a `readdirplus` reply, which the kernel skips.
-pub(crate) fn dot_attr(ino: InodeId, kind: FileKind) -> Attr {
-    Attr {
-        ino,
-        kind,
-        perm: 0o755,
-        nlink: 2,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        size: 0,
-        atime: Timestamp::default(),
-        mtime: Timestamp::default(),
-        ctime: Timestamp::default(),
-    }
-}
-
-/// A lock request from the kernel's fields; `None` for an unknown type.
-fn lock_spec(owner: LockOwner, start: u64, end: u64, typ: i32, pid: u32) -> Option<LockSpec> {
-    let kind = match typ {
-        libc::F_RDLCK => LockKind::Read,
-        libc::F_WRLCK => LockKind::Write,
-        libc::F_UNLCK => LockKind::Unlock,
-        _ => return None,
-    };
-    Some(LockSpec {
-        owner: owner.0,
-        pid,
-        start,
-        end,
-        kind,
-    })
-}
-
-fn lock_type(kind: LockKind) -> i32 {
-    match kind {
-        LockKind::Read => libc::F_RDLCK,
-        LockKind::Write => libc::F_WRLCK,
-        LockKind::Unlock => libc::F_UNLCK,
-    }
-}
-
-fn xattr_reply(reply: ReplyXattr, size: u32, data: Vec<u8>) {
-    if size == 0 {
-        reply.size(data.len() as u32);
-    } else if data.len() > size as usize {
-        reply.error(Errno::ERANGE);
-    } else {
-        reply.data(&data);
-    }
-}
 
 impl fuser::Filesystem for TesseraFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
