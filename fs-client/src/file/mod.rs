@@ -26,7 +26,7 @@ use proto::{Attr, ChainId, ChunkId, ErrorCode, InodeId, Layout, SessionId, Times
 use read::CacheSeg;
 use readahead::Readahead;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::Notify;
 use transport::MemoryRegion;
@@ -68,9 +68,13 @@ struct IoState {
     /// for long: a write drops the cached segment it lands in, and no fetch starts for
     /// a segment while it has buffered writes.
     dirty: BTreeMap<u64, Arc<WriteSeg>>,
-    /// The first failure of a background write: every later flush, fsync, close and
-    /// write of the file returns it, so no lost byte goes unreported.
-    error: Option<WireError>,
+    /// Background writes of the file that failed so far, and the last failure. Each
+    /// handle's next fsync or close (flush) after a failure reports it, once, as Linux
+    /// reports a writeback error once per open file; writes fail early until then. No
+    /// lost byte goes unreported, and a writer that was told can go on (after freeing
+    /// space, say) instead of failing until it closes.
+    errors: u64,
+    last_error: Option<WireError>,
     /// (mtime, size) of the server's attributes when the file was last opened: a new
     /// open that finds them changed drops the cache (close-to-open).
     opened_as: Option<(Timestamp, u64)>,
@@ -165,22 +169,23 @@ impl FileState {
         }
     }
 
-    /// Nothing to send, commit or report: no buffered write, no uncommitted length, no
-    /// failed background write. A flush or close of such a file needs no round trip.
-    pub(crate) fn settled(&self) -> bool {
-        let io_quiet = {
-            let io = self.io.lock();
-            io.dirty.is_empty() && io.error.is_none()
-        };
+    /// Nothing to send or commit: no buffered write, no uncommitted length.
+    fn settled(&self) -> bool {
+        let io_quiet = self.io.lock().dirty.is_empty();
         io_quiet && self.pending_commit().is_none()
     }
 
-    /// The error of an earlier background write, if one failed.
-    fn write_error(&self) -> Result<()> {
-        match &self.io.lock().error {
-            Some(e) => Err(ClientError::Remote(e.clone())),
-            None => Ok(()),
-        }
+    /// Records a failed background write.
+    fn write_failed(&self, e: WireError) {
+        let mut io = self.io.lock();
+        io.errors += 1;
+        io.last_error = Some(e);
+    }
+
+    /// Failures recorded so far, and the last one.
+    fn errors(&self) -> (u64, Option<WireError>) {
+        let io = self.io.lock();
+        (io.errors, io.last_error.clone())
     }
 
     /// The commit to send, with the write generation it covers; `None` if nothing is new.
@@ -216,6 +221,9 @@ pub struct FileHandle {
     readahead: Mutex<Readahead>,
     /// Open for writing (counted in the file's `gate` until dropped).
     writer: AtomicBool,
+    /// The file's failed background writes this handle has reported (see
+    /// `IoState::errors`); failures from before the open are not its to report.
+    errors_reported: AtomicU64,
 }
 
 impl Drop for FileHandle {
@@ -238,11 +246,49 @@ impl FileHandle {
     pub(crate) fn new(state: Arc<FileState>, session: SessionId, attr: &Attr) -> FileHandle {
         let due = attr.kind == proto::FileKind::Regular && atime_due(attr);
         FileHandle {
-            state,
             session,
             atime_due: AtomicBool::new(due),
             readahead: Mutex::new(Readahead::default()),
             writer: AtomicBool::new(false),
+            errors_reported: AtomicU64::new(state.errors().0),
+            state,
+        }
+    }
+
+    /// Nothing to send, commit or report: no buffered write, no uncommitted length, no
+    /// failed background write this handle has yet to report. A flush or close of such
+    /// a file needs no round trip.
+    pub(crate) fn settled(&self) -> bool {
+        self.state.settled() && !self.has_unreported_error()
+    }
+
+    /// Whether a background write failed since this handle last reported one.
+    pub(crate) fn has_unreported_error(&self) -> bool {
+        self.state.errors().0 != self.errors_reported.load(Ordering::SeqCst)
+    }
+
+    /// Fails with the last failed background write if one failed since this handle last
+    /// reported one (or opened), without reporting it: a write or fallocate fails early,
+    /// and the fsync or close after it still reports the failure (a write's error names
+    /// no byte range, so it must not stand in for the fsync's).
+    pub(crate) fn check_write_error(&self) -> Result<()> {
+        if !self.has_unreported_error() {
+            return Ok(());
+        }
+        match self.state.errors().1 {
+            Some(e) => Err(ClientError::Remote(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// As [`FileHandle::check_write_error`], and reports it: fsync and close (flush) fail
+    /// once per failure, as Linux reports a writeback error once per open file.
+    pub(crate) fn take_write_error(&self) -> Result<()> {
+        let (count, last) = self.state.errors();
+        let before = self.errors_reported.swap(count, Ordering::SeqCst);
+        match last {
+            Some(e) if count > before => Err(ClientError::Remote(e)),
+            _ => Ok(()),
         }
     }
 
@@ -350,7 +396,8 @@ impl Client {
     /// Sends buffered writes, then reports the length and mtime of uncommitted writes to
     /// the metadata server; fails if any write of the file failed.
     pub async fn flush(&self, fh: &FileHandle) -> Result<()> {
-        self.commit_pending(&fh.state).await
+        self.commit_pending(&fh.state).await?;
+        fh.take_write_error()
     }
 
     /// Commits what this client wrote to a file and has not yet reported, after its
@@ -359,7 +406,7 @@ impl Client {
         // Taken before the writes are sent: every write it covers was buffered before,
         // so it is sent first and the length never runs ahead of the bytes.
         let pending = state.pending_commit();
-        self.flush_writes(state).await?;
+        self.flush_writes(state).await;
         let Some((commit, generation)) = pending else {
             return Ok(());
         };
@@ -376,7 +423,7 @@ impl Client {
     /// commits the length (the fsync order in ARCHITECTURE.md): buffered writes are
     /// sent first, and a write that failed in the background fails the fsync.
     pub async fn fsync(&self, fh: &FileHandle) -> Result<()> {
-        self.flush_writes(&fh.state).await?;
+        self.flush_writes(&fh.state).await;
         let unsynced = std::mem::take(&mut fh.state.inner.lock().unsynced);
         if let Err(e) = self.sync_chains(&fh.state.layout, &unsynced).await {
             // Keep the chunks unsynced so that the next fsync tries again.
@@ -393,7 +440,8 @@ impl Client {
     /// session. The session is closed even when a write failed; the failure is returned.
     pub async fn release(&self, fh: &FileHandle) -> Result<()> {
         let pending = fh.state.pending_commit();
-        let flushed = self.flush_writes(&fh.state).await;
+        self.flush_writes(&fh.state).await;
+        let flushed = fh.take_write_error();
         // The length and mtime are committed even when a write failed (as a local file
         // system keeps the size of a write whose page failed to reach the disk): the
         // bytes that did arrive become visible, and the changed mtime tells every other
@@ -420,6 +468,7 @@ impl Client {
     /// where the bytes went.
     pub async fn append(&self, fh: &FileHandle, data: &[u8]) -> Result<u64> {
         self.commit_pending(&fh.state).await?;
+        fh.check_write_error()?;
         let before = fh.state.write_gen();
         let req = MetaRequest::Append {
             ino: fh.ino(),
@@ -472,7 +521,8 @@ impl Client {
     /// Zeroes `[offset, end)` (clamped to the file's length) on the data servers, after
     /// the buffered writes (which may cover the range) went out.
     async fn punch(&self, fh: &FileHandle, offset: u64, end: u64) -> Result<()> {
-        self.flush_writes(&fh.state).await?;
+        self.flush_writes(&fh.state).await;
+        fh.check_write_error()?;
         let end = end.min(fh.state.size());
         if offset >= end {
             return Ok(());

@@ -10,13 +10,13 @@
 //!   never in flight at once and the newest always lands last.
 //! - Writers of different segments share only the file's short `io` lock; each copies
 //!   under its segment's own lock. Nothing is held across a network call.
-//! - A failed transfer is kept in the file's state: the next write, flush, fsync and
-//!   close return it (as an errno through FUSE).
+//! - A failed transfer is counted in the file's state: each handle's writes fail with it
+//!   until its next fsync or close (flush) reports it, once (as an errno through FUSE).
 
 use super::extents::Extents;
 use super::{check_range, FileHandle, FileState};
 use crate::client::Client;
-use crate::error::{ClientError, Result};
+use crate::error::Result;
 use crate::segpool::SegBuf;
 use parking_lot::Mutex;
 use proto::WireError;
@@ -80,6 +80,7 @@ impl Client {
     /// failure to store them is returned by a later write, flush, fsync or close.
     pub async fn write(&self, fh: &FileHandle, offset: u64, data: &[u8]) -> Result<usize> {
         let end = check_range(offset, data.len() as u64)?;
+        fh.check_write_error()?;
         if !self.buffers_writes() {
             return self.write_through(fh, offset, data).await;
         }
@@ -107,7 +108,8 @@ impl Client {
         offset: u64,
         data: &[u8],
     ) -> Option<Result<usize>> {
-        if !self.buffers_writes() || data.is_empty() {
+        // A failure to report goes the slow way, through `Client::write`.
+        if !self.buffers_writes() || data.is_empty() || fh.has_unreported_error() {
             return None;
         }
         let end = match check_range(offset, data.len() as u64) {
@@ -137,7 +139,6 @@ impl Client {
         data: &[u8],
     ) -> Result<usize> {
         let end = check_range(offset, data.len() as u64)?;
-        fh.state.write_error()?;
         let step = self.pool.buffer_bytes();
         for o in (0..data.len()).step_by(step) {
             let part = &data[o..data.len().min(o + step)];
@@ -206,9 +207,6 @@ impl Client {
     fn try_buffer(&self, st: &Arc<FileState>, k: u64, in_seg: usize, bytes: &[u8]) -> Result<Step> {
         let seg = {
             let mut io = st.io.lock();
-            if let Some(e) = &io.error {
-                return Err(ClientError::Remote(e.clone()));
-            }
             // Whatever was fetched of this segment is older than this write.
             io.cache.remove(&k);
             match io.dirty.get(&k) {
@@ -271,10 +269,7 @@ impl Client {
                 Ok(chunks) => st.stored(&chunks.concat()),
                 Err(e) => {
                     tracing::warn!(ino = %st.ino, error = %e, "a buffered write failed");
-                    st.io
-                        .lock()
-                        .error
-                        .get_or_insert(WireError::new(e.code(), e.to_string()));
+                    st.write_failed(WireError::new(e.code(), e.to_string()));
                 }
             }
             {
@@ -302,12 +297,11 @@ impl Client {
         }
     }
 
-    /// Sends every write buffered for the file so far and waits for them; fails if any
-    /// write of the file ever failed.
-    pub(crate) async fn flush_writes(&self, st: &Arc<FileState>) -> Result<()> {
+    /// Sends every write buffered for the file so far and waits for them. Failures are
+    /// counted in the file's state, for its handles to report.
+    pub(crate) async fn flush_writes(&self, st: &Arc<FileState>) {
         let segs: Vec<_> = st.io.lock().dirty.values().cloned().collect();
         self.send_and_wait(st, &segs).await;
-        st.write_error()
     }
 
     /// Starts sending the buffered segments of every open file of this client.

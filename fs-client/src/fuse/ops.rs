@@ -388,7 +388,7 @@ impl fuser::Filesystem for TesseraFs {
         // here (every close of a file read, or created and left empty).
         if !self.inner.locked.lock().contains(&ino(i)) {
             if let Ok(file) = self.inner.file(fh.0) {
-                if file.state.settled() {
+                if file.settled() {
                     self.inner.forget_lock_owner(fh.0, owner.0);
                     return reply.ok();
                 }
@@ -424,7 +424,7 @@ impl fuser::Filesystem for TesseraFs {
         // answer goes from here.
         if !self.inner.locked.lock().contains(&ino(i)) {
             let file = self.inner.files.lock().get(&fh.0).cloned();
-            if let Some(file) = file.filter(|f| f.state.settled()) {
+            if let Some(file) = file.filter(|f| f.settled()) {
                 self.inner.lock_owners.lock().remove(&fh.0);
                 self.inner.files.lock().remove(&fh.0);
                 self.inner.client.release_later(file.session);
