@@ -28,6 +28,15 @@ async fn open(client: &Client, name: &[u8]) -> (u64, FileHandle) {
     (attr.size, fh)
 }
 
+/// Opens `name` with `client`, which holds nothing of it, and checks it holds `want`.
+async fn reads_back(client: &Client, name: &[u8], want: &[u8]) {
+    let (size, fh) = open(client, name).await;
+    assert_eq!(size, want.len() as u64);
+    let back = client.read(&fh, 0, want.len()).await.unwrap();
+    assert_eq!(sha256_hex(&back), sha256_hex(want));
+    client.release(&fh).await.unwrap();
+}
+
 /// Guards against buffered writes being lost or reordered on their way out, and against
 /// a read of the writing handle missing bytes still in the client's buffers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -172,12 +181,7 @@ async fn a_background_write_failure_is_reported_once_per_handle_and_the_handle_g
         .expect("the rewrite ends")
         .expect("the handle goes on once the servers are back");
     client.release(&fh).await.unwrap();
-    let reader = cluster.client().await;
-    let (size, rh) = open(&reader, b"lost.bin").await;
-    assert_eq!(size, data.len() as u64);
-    let back = reader.read(&rh, 0, data.len()).await.unwrap();
-    assert_eq!(sha256_hex(&back), sha256_hex(&data));
-    reader.release(&rh).await.unwrap();
+    reads_back(&*cluster.client().await, b"lost.bin", &data).await;
 }
 
 /// Reads `len` at `offset` and compares with the expected file bytes.
@@ -362,12 +366,7 @@ async fn interleaved_writes_reads_truncates_and_punches_match_a_model() {
     check(&client, &fh, &model, 0, model.len()).await;
     client.release(&fh).await.unwrap();
 
-    let other = cluster.client().await;
-    let (size, fh) = open(&other, b"model.bin").await;
-    assert_eq!(size, model.len() as u64);
-    let back = other.read(&fh, 0, model.len()).await.unwrap();
-    assert_eq!(sha256_hex(&back), sha256_hex(&model));
-    other.release(&fh).await.unwrap();
+    reads_back(&*cluster.client().await, b"model.bin", &model).await;
 }
 
 /// Guards against a deadlock, or lost bytes, when the mount's write buffers are all in
