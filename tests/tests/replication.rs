@@ -421,8 +421,8 @@ async fn a_copy_that_missed_a_write_is_marked_stale_and_copied_whole() {
     data[MIB..2 * MIB].copy_from_slice(&patch);
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
-        // The repair replaces the file (remove, then write) under the service's chunk
-        // lock, which this look at the store does not take: it may find no file.
+        // The repair rewrites the file in place under the service's chunk lock, which
+        // this look at the store does not take: it may see the repair half done.
         let m = store.chunk_meta(chunk).unwrap();
         if m.as_ref()
             .is_some_and(|m| m.version == meta.version + 1 && !m.stale)

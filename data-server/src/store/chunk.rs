@@ -109,11 +109,15 @@ pub(crate) enum CrashPoint {
     TruncateIntent,
     /// A truncation set the new file length, not its final entries.
     TruncateLength,
+    /// A repair marked the old copy stale and cut it, wrote nothing new.
+    InstallCut,
+    /// A repair wrote the new bytes, not the new replica fields.
+    InstallData,
 }
 
 /// Where the crash tests may stop an update; nothing outside tests.
 #[inline]
-fn crash_point(_at: CrashPoint) {
+pub(crate) fn crash_point(_at: CrashPoint) {
     #[cfg(test)]
     super::tests_crash::maybe_crash(_at);
 }

@@ -16,7 +16,7 @@
 //! head hands out, so a resync copies such a chunk. The fields are one 20-byte `pwrite`
 //! inside one page, so a crash leaves them old or new.
 
-use super::chunk::Opened;
+use super::chunk::{crash_point, CrashPoint, Opened};
 use super::format::{bucket_dir, bucket_of, inode_dir, parse_hex16, read_full_at};
 use super::{scan, ChunkStore};
 use crate::error::{DataError, IoContext};
@@ -120,6 +120,12 @@ impl ChunkStore {
     }
 
     /// Replaces this store's copy of a chunk by `data` with the given state.
+    ///
+    /// In place, never through a moment without the chunk's file: a crash between a
+    /// removal and the new bytes left a member without the chunk, which reads as a hole
+    /// (zeros) and carries no stale mark for the sweep to find. The copy is marked stale
+    /// (and synced) first, then cut and rewritten: until the new fields are in, a crash
+    /// leaves a stale copy, which reads refuse and the sweep copies again.
     pub fn install(
         &self,
         chunk: ChunkId,
@@ -127,7 +133,24 @@ impl ChunkStore {
         data: &[u8],
         fields: ReplicaFields,
     ) -> Result<(), DataError> {
-        self.remove_chunk(chunk)?;
+        match self.chunk_meta(chunk)? {
+            Some(m) if m.chunk_size_bytes == chunk_size => {
+                let stale = ReplicaFields {
+                    chain: m.chain,
+                    version: m.version,
+                    stale: true,
+                };
+                self.set_replica(chunk, stale)?;
+                self.fsync(&[chunk])?;
+                self.cut(chunk, chunk_size)?;
+                crash_point(CrashPoint::InstallCut);
+            }
+            // Another chunk size (not written by this file's layout): start afresh.
+            Some(_) => {
+                self.remove_chunk(chunk)?;
+            }
+            None => {}
+        }
         // An empty chunk still gets a file, so that its version is recorded.
         if data.is_empty() {
             self.write(chunk, chunk_size, 0, &[0u8])?;
@@ -135,6 +158,7 @@ impl ChunkStore {
         } else {
             self.write(chunk, chunk_size, 0, data)?;
         }
+        crash_point(CrashPoint::InstallData);
         self.set_replica(chunk, fields)?;
         self.fsync(&[chunk])
     }

@@ -319,3 +319,39 @@ fn a_retried_truncation_clears_entries_left_past_the_end() {
     want[3 * KIB64 as usize + 1] = 1;
     restart_keeps(tmp.path(), s, c, &want);
 }
+
+#[test]
+fn a_repair_that_crashes_leaves_a_stale_copy_never_a_missing_one() {
+    // Guards against a repair (install of a whole copy) that removed the old file first:
+    // a crash before the new bytes left the member without the chunk, read as zeros.
+    for at in [CrashPoint::InstallCut, CrashPoint::InstallData] {
+        let tmp = tempfile::tempdir().unwrap();
+        let c = chunk(9, 0);
+        let s = synced_store(tmp.path(), c, &Rng(21).bytes(3 * KIB64 as usize));
+        let chain = proto::ChainId(1);
+        let missed = ReplicaFields {
+            chain,
+            version: 4,
+            stale: true,
+        };
+        s.set_replica(c, missed).unwrap();
+        let new = Rng(22).bytes(2 * KIB64 as usize + 100);
+        let fields = ReplicaFields {
+            chain,
+            version: 7,
+            stale: false,
+        };
+        kill_at(s, at, |s| drop(s.install(c, MIB, &new, fields)));
+        let s = restart(tmp.path());
+        let m = s.chunk_meta(c).unwrap().expect("the chunk keeps its file");
+        assert!(
+            m.stale,
+            "{at:?}: a copy without its new fields reads as stale"
+        );
+        // The sweep copies it again.
+        s.install(c, MIB, &new, fields).unwrap();
+        let m = s.chunk_meta(c).unwrap().unwrap();
+        assert_eq!((m.version, m.stale, m.len), (7, false, new.len() as u64));
+        restart_keeps(tmp.path(), s, c, &new);
+    }
+}
