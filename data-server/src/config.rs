@@ -4,6 +4,10 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use transport::{Backend, TransportConfig};
 
+/// Default of [`DataConfig::disk_reserve_bytes`]: four times the metadata server's own
+/// reserve, so that on a shared disk data stops first.
+pub const DEFAULT_DISK_RESERVE_BYTES: u64 = 64 << 20;
+
 /// Everything a data server can be told; see `tessera-data.example.toml`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -29,6 +33,10 @@ pub struct DataConfig {
     /// copy through the page cache: less CPU per byte, but this server caches no chunk
     /// data, so bytes read again come from the disk again). Off: buffered I/O.
     pub direct_io: bool,
+    /// Bytes of the disk under `data_dir` this server leaves free: a write that would
+    /// leave less fails with ENOSPC, so the metadata store (on the same disk in a local
+    /// cluster) and deletions still have room when the disk is otherwise full.
+    pub disk_reserve_bytes: u64,
     /// Where to write the bound address once registered (for scripts); empty: nowhere.
     pub addr_file: PathBuf,
     /// Transport backend.
@@ -49,6 +57,7 @@ impl Default for DataConfig {
             io_buffers: 32,
             io_buffer_bytes: 4 << 20,
             direct_io: true,
+            disk_reserve_bytes: DEFAULT_DISK_RESERVE_BYTES,
             addr_file: PathBuf::new(),
             transport: Backend::Tcp,
             transport_limits: TransportConfig::default(),

@@ -45,9 +45,10 @@ impl DataServer {
             0 => fs_size(&dir)?,
             n => n,
         };
-        let direct_io = config.direct_io;
+        let (direct_io, disk_reserve) = (config.direct_io, config.disk_reserve_bytes);
         let store = tokio::task::spawn_blocking(move || {
-            ChunkStore::open(&dir, capacity).map(|s| s.direct_io(direct_io))
+            ChunkStore::open(&dir, capacity)
+                .map(|s| s.direct_io(direct_io).disk_reserve(disk_reserve))
         })
         .await
         .map_err(|e| startup("opening the chunk store", e))??;
@@ -79,6 +80,7 @@ impl DataServer {
         let (tx, rx) = watch::channel(None);
         let beat = Heartbeat {
             data_dir: config.data_dir.clone(),
+            disk_reserve: config.disk_reserve_bytes,
             store: store.clone(),
             advertise: advertise.clone(),
             interval,
@@ -146,20 +148,12 @@ fn fs_size(dir: &std::path::Path) -> Result<u64, DataError> {
 /// Total and available bytes of the file system holding `dir`.
 fn fs_space(dir: &std::path::Path) -> Result<(u64, u64), DataError> {
     std::fs::create_dir_all(dir).map_err(|e| DataError::io(format!("creating {dir:?}"), e))?;
-    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-        .map_err(|_| DataError::InvalidArgument("data_dir contains a NUL byte".into()))?;
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable statvfs.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
-    if rc != 0 {
-        return Err(DataError::io("statvfs", std::io::Error::last_os_error()));
-    }
-    let frsize = st.f_frsize as u64;
-    Ok((st.f_blocks as u64 * frsize, st.f_bavail as u64 * frsize))
+    transport::disk_space(dir).map_err(|e| DataError::io(format!("statvfs of {dir:?}"), e))
 }
 
 struct Heartbeat {
     data_dir: std::path::PathBuf,
+    disk_reserve: u64,
     store: Arc<ChunkStore>,
     advertise: String,
     interval: Duration,
@@ -169,14 +163,18 @@ struct Heartbeat {
 
 impl Heartbeat {
     /// Capacity and use as `statfs` should see them: the capacity is cut to what the
-    /// disk can still take, so a disk filled by something else shows as full.
+    /// disk can still take (less the reserve), so a disk filled by something else shows
+    /// as full.
     async fn usage(&self) -> (u64, u64) {
         let store = self.store.clone();
-        let dir = self.data_dir.clone();
+        let (dir, reserve) = (self.data_dir.clone(), self.disk_reserve);
         let r = tokio::task::spawn_blocking(move || -> Result<(u64, u64), DataError> {
             let u = store.usage()?;
             let (_, avail) = fs_space(&dir)?;
-            let room = u.capacity_bytes.saturating_sub(u.used_bytes).min(avail);
+            let room = u
+                .capacity_bytes
+                .saturating_sub(u.used_bytes)
+                .min(avail.saturating_sub(reserve));
             Ok((u.used_bytes + room, u.used_bytes))
         });
         match r.await {

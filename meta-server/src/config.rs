@@ -19,6 +19,10 @@ pub struct NamespaceConfig {
     /// A chain member down this long (milliseconds) leaves its chain, and another server
     /// takes its place and copies its chunks.
     pub replace_after_ms: u64,
+    /// Bytes of the store's disk kept free for deletions: while less is free, requests
+    /// that add records (create, mkdir, mknod, symlink, link, setxattr) fail with ENOSPC.
+    /// 0: no check.
+    pub disk_reserve_bytes: u64,
 }
 
 impl Default for NamespaceConfig {
@@ -28,6 +32,7 @@ impl Default for NamespaceConfig {
             node_lease_ms: 5000,
             replicas: 3,
             replace_after_ms: 600_000,
+            disk_reserve_bytes: 16 << 20,
         }
     }
 }

@@ -153,7 +153,7 @@ impl MetaServer {
             std::fs::create_dir_all(&dir)
                 .map_err(|e| MetaError::InvalidArgument(format!("creating {dir:?}: {e}")))?;
             let store = open_store(kind, &dir)?;
-            Namespace::open(store, ns_config)
+            Ok(Namespace::open(store, ns_config)?.with_disk_guard(dir))
         })
         .await
         .map_err(|e| MetaError::InvalidArgument(format!("opening the namespace: {e}")))??;

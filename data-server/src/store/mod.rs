@@ -165,6 +165,8 @@ pub struct ChunkStore {
     files: OpenFiles,
     /// Whether chunk files get an `O_DIRECT` descriptor (see [`ChunkFile::direct`]).
     direct_io: bool,
+    /// Bytes of the disk that writes leave free (see `DataConfig::disk_reserve_bytes`).
+    disk_reserve: u64,
     node_id_lock: Mutex<()>,
     /// Holds the flock on `<dir>/LOCK` until the store is dropped.
     _lock_file: File,
@@ -210,9 +212,17 @@ impl ChunkStore {
             stripes: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
             files: OpenFiles::new(MAX_OPEN_CHUNK_FILES),
             direct_io: true,
+            disk_reserve: 0,
             node_id_lock: Mutex::new(()),
             _lock_file: lock_file,
         })
+    }
+
+    /// Leaves `bytes` of the disk free: a write that needs more room fails with
+    /// [`DataError::NoSpace`] (0, the default of a bare store: no check).
+    pub fn disk_reserve(mut self, bytes: u64) -> ChunkStore {
+        self.disk_reserve = bytes;
+        self
     }
 
     /// Turns `O_DIRECT` for whole-block runs on (the default) or off.
@@ -550,8 +560,23 @@ impl ChunkStore {
         node_id::save(&self.dir, node)
     }
 
-    /// Charges `bytes` more, unless that passes the capacity.
+    /// Charges `bytes` more, unless that passes the capacity or eats into the disk's
+    /// reserve.
     fn reserve(&self, chunk: ChunkId, bytes: u64) -> Result<(), DataError> {
+        if bytes > 0 && self.disk_reserve > 0 {
+            // One statvfs per growing write: a few microseconds beside the write. A
+            // failed statvfs does not stop writes (the write itself reports a full disk).
+            if let Ok((_, avail)) = transport::disk_space(&self.dir) {
+                if avail < bytes.saturating_add(self.disk_reserve) {
+                    return Err(DataError::NoSpace(format!(
+                        "{chunk}: the disk under {} has {avail} bytes free, and {} are kept \
+                         free for the metadata store and deletions",
+                        self.dir.display(),
+                        self.disk_reserve
+                    )));
+                }
+            }
+        }
         let cap = self.capacity_bytes;
         self.used_bytes
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {

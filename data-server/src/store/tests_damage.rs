@@ -219,3 +219,26 @@ fn an_empty_chunk_file_left_by_a_crash_is_reused() {
         used
     );
 }
+
+#[test]
+fn writes_that_would_eat_the_disk_reserve_fail_with_no_space() {
+    // Guards against data servers filling the disk to the last byte, which left the
+    // metadata store (same disk in a local cluster) unable to commit even a deletion.
+    let tmp = tempfile::tempdir().unwrap();
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    s.write(chunk(1, 0), MIB, 0, &[1; KIB64 as usize]).unwrap();
+    // More than any disk has free: always short of room.
+    let s = s.disk_reserve(u64::MAX / 2);
+    let grow = s.write(chunk(2, 0), MIB, 0, &[2]);
+    assert!(matches!(grow, Err(DataError::NoSpace(_))), "{grow:?}");
+    assert!(
+        !s.chunk_file_path(chunk(2, 0)).exists(),
+        "no file left behind"
+    );
+    // Overwriting stored bytes takes no new room; deleting gives room back.
+    s.write(chunk(1, 0), MIB, 10, &[4; 100]).unwrap();
+    assert_eq!(read_vec(&s, chunk(1, 0), MIB, 9, 3), vec![1, 4, 4]);
+    s.delete_file(InodeId(1)).unwrap();
+    let s = s.disk_reserve(0);
+    s.write(chunk(2, 0), MIB, 0, &[2]).unwrap();
+}

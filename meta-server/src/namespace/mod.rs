@@ -18,6 +18,7 @@ mod names;
 mod readdir;
 mod records;
 mod rename;
+mod space;
 mod txn;
 mod xattr;
 
@@ -134,6 +135,8 @@ pub struct Namespace {
     map: parking_lot::RwLock<Arc<ClusterMap>>,
     /// Locks of every client (in memory; see `locks`).
     locks: Mutex<locks::LockTable>,
+    /// Refuses new records while the store's disk is short of room (see `space`).
+    disk: space::DiskGuard,
 }
 
 /// The server's clock, for every time stamp the server sets.
@@ -173,12 +176,20 @@ impl Namespace {
             members: Mutex::new(membership::Members::default()),
             map: parking_lot::RwLock::new(Arc::new(ClusterMap::default())),
             locks: Mutex::new(locks::LockTable::default()),
+            disk: space::DiskGuard::default(),
         };
         ns.purge_orphans()?;
         ns.reconcile()?;
         ns.wait_pending()?;
         tracing::info!(engine = ns.store.engine(), "namespace open");
         Ok(ns)
+    }
+
+    /// Guards the disk holding the store, in `dir` (see `space`): requests that add
+    /// records fail with ENOSPC while less than `disk_reserve_bytes` is free there.
+    pub fn with_disk_guard(mut self, dir: std::path::PathBuf) -> Namespace {
+        self.disk = space::DiskGuard::new(dir, self.config.disk_reserve_bytes);
+        self
     }
 
     /// The configuration the namespace runs with.
@@ -195,6 +206,10 @@ impl Namespace {
         // the inode some time later: the reply does not wait for the sync (the group
         // commits it within a moment; a crash before may lose it, nothing else).
         let lazy = matches!(req, MetaRequest::Accessed { .. });
+        if let Err(e) = self.disk.check(&req) {
+            tracing::debug!(error = %e, "refused: disk short of room");
+            return Err(e.into());
+        }
         // Durable before the reply: wait for the group holding this request's changes,
         // now that the namespace lock is free for the next request to stage its own.
         let result = self.dispatch(req, conn).and_then(|r| {

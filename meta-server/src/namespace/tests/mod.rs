@@ -6,6 +6,7 @@ mod ops;
 mod readdir;
 mod rename;
 mod sessions;
+mod space;
 
 use super::{ConnId, Namespace, SessionOwner};
 use crate::config::NamespaceConfig;

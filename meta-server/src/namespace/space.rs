@@ -1,0 +1,82 @@
+//! The disk guard: while the disk holding the store has less than
+//! `disk_reserve_bytes` free, requests that add records (create, mkdir, mknod, symlink,
+//! link, setxattr) fail with ENOSPC before they touch the store. Deletions, renames and
+//! attribute changes still go through: they too need a little room in the store (its
+//! pages are copied on write), and they are how a full disk gets space back. Without
+//! it, a disk filled by file data made a store commit fail, and a failed commit stops
+//! every later change until a restart, deletions included.
+
+use crate::error::MetaError;
+use parking_lot::Mutex;
+use proto::meta::MetaRequest;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How long a reading of the free space is trusted: one `statvfs` per this interval at
+/// most, whatever the request rate.
+const RECHECK: Duration = Duration::from_millis(100);
+
+#[derive(Default)]
+pub(super) struct DiskGuard {
+    /// The store's directory; `None`: no guard (a store not on a local disk, tests).
+    dir: Option<PathBuf>,
+    reserve: u64,
+    /// The last reading: when, and the bytes free then.
+    last: Mutex<Option<(Instant, u64)>>,
+}
+
+/// Whether the request adds records to the store (what the guard refuses).
+fn adds_records(req: &MetaRequest) -> bool {
+    use MetaRequest as R;
+    matches!(
+        req,
+        R::Create { .. }
+            | R::MkNod { .. }
+            | R::Mkdir { .. }
+            | R::Symlink { .. }
+            | R::Link { .. }
+            | R::SetXattr { .. }
+    )
+}
+
+impl DiskGuard {
+    pub(super) fn new(dir: PathBuf, reserve: u64) -> DiskGuard {
+        DiskGuard {
+            dir: Some(dir),
+            reserve,
+            last: Mutex::new(None),
+        }
+    }
+
+    /// Refuses `req` with `NoSpace` if it adds records and the disk is short of room.
+    pub(super) fn check(&self, req: &MetaRequest) -> Result<(), MetaError> {
+        let Some(dir) = &self.dir else {
+            return Ok(());
+        };
+        if self.reserve == 0 || !adds_records(req) {
+            return Ok(());
+        }
+        let free = {
+            let mut last = self.last.lock();
+            match *last {
+                Some((at, free)) if at.elapsed() < RECHECK => free,
+                _ => match transport::disk_space(dir) {
+                    Ok((_, free)) => {
+                        *last = Some((Instant::now(), free));
+                        free
+                    }
+                    // Unknown: let the store's own write tell.
+                    Err(_) => return Ok(()),
+                },
+            }
+        };
+        if free < self.reserve {
+            return Err(MetaError::NoSpace(format!(
+                "the disk holding the metadata store has {free} bytes free, under the \
+                 {} kept for deletions; remove files to make room",
+                self.reserve
+            )));
+        }
+        Ok(())
+    }
+}
