@@ -7,7 +7,12 @@
 //! cost of an fsync is shared by all the mutations that arrived during the previous one.
 //!
 //! Batches are committed in staging order, so a mutation that read another's staged
-//! change is never durable without it. If a commit fails, the store refuses every later
+//! change is never durable without it.
+//!
+//! A batch staged inside [`lazily`] (an access time) waits for the next group that
+//! someone waits for, or for [`LAZY_DELAY`], whichever comes first: nobody waits for
+//! it, and a read-mostly load (a data set read once, each first read moving an access
+//! time) would otherwise cost one synchronous log write per file. If a commit fails, the store refuses every later
 //! one: memory and disk may disagree from then on, and only a restart (which reads the
 //! disk) is safe.
 
@@ -17,6 +22,11 @@ use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Longest a lazily staged batch waits for company before it is committed alone; what
+/// a crash may lose of lazy changes (ext4 writes its journal every 5 s).
+pub const LAZY_DELAY: Duration = Duration::from_secs(1);
 
 /// A [`KvStore`] whose commits are staged in memory and made durable in groups.
 pub struct GroupCommit {
@@ -41,6 +51,10 @@ struct State {
     queue: Vec<WriteBatch>,
     /// Sequence number of the last staged batch.
     staged: u64,
+    /// A batch in `queue` has a waiter (or `sync` was called): commit it now.
+    eager: bool,
+    /// When the oldest lazy batch in `queue` was staged.
+    lazy_since: Option<Instant>,
     /// Every batch up to this sequence number is durable.
     durable: u64,
     /// Every batch up to this sequence number is visible in the inner store itself.
@@ -53,6 +67,22 @@ thread_local! {
     /// The newest ticket staged by this thread and not yet waited for; see
     /// [`take_pending`].
     static PENDING: Cell<Option<u64>> = const { Cell::new(None) };
+    /// Set while this thread stages batches nobody will wait for; see [`lazily`].
+    static LAZY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f`, whose staged batches nobody waits for: they are committed with the next
+/// group someone waits for, or after [`LAZY_DELAY`].
+pub fn lazily<T>(f: impl FnOnce() -> T) -> T {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            LAZY.with(|l| l.set(false));
+        }
+    }
+    LAZY.with(|l| l.set(true));
+    let _reset = Reset;
+    f()
 }
 
 /// Takes the newest ticket this thread staged since the last call. The namespace stages
@@ -84,7 +114,14 @@ impl GroupCommit {
     /// Waits until everything staged before this call is durable and visible in the
     /// inner store (tools and tests read it directly).
     pub fn sync(&self) -> Result<(), KvError> {
-        let last = self.shared.state.lock().staged;
+        let last = {
+            let mut st = self.shared.state.lock();
+            if !st.queue.is_empty() {
+                st.eager = true;
+            }
+            st.staged
+        };
+        self.shared.staged.notify_one();
         self.wait_until(|st| st.applied >= last)
     }
 
@@ -113,12 +150,26 @@ impl Shared {
         loop {
             let (group, last) = {
                 let mut st = self.state.lock();
-                while st.queue.is_empty() && !st.stop {
-                    self.staged.wait(&mut st);
+                loop {
+                    if st.queue.is_empty() {
+                        if st.stop {
+                            return;
+                        }
+                        self.staged.wait(&mut st);
+                        continue;
+                    }
+                    if st.eager || st.stop {
+                        break;
+                    }
+                    // Only lazy batches: wait for company, at most until the delay.
+                    let waited = st.lazy_since.map_or(LAZY_DELAY, |t| t.elapsed());
+                    if waited >= LAZY_DELAY {
+                        break;
+                    }
+                    self.staged.wait_for(&mut st, LAZY_DELAY - waited);
                 }
-                if st.queue.is_empty() {
-                    return;
-                }
+                st.eager = false;
+                st.lazy_since = None;
                 (std::mem::take(&mut st.queue), st.staged)
             };
             let mut merged = WriteBatch::new();
@@ -213,6 +264,11 @@ impl KvStore for GroupCommit {
             st.overlay.insert(k.to_vec(), (seq, v.map(<[u8]>::to_vec)));
         }
         st.queue.push(batch);
+        if LAZY.with(|l| l.get()) {
+            st.lazy_since.get_or_insert_with(Instant::now);
+        } else {
+            st.eager = true;
+        }
         drop(st);
         self.shared.staged.notify_one();
         PENDING.with(|p| p.set(Some(seq)));
@@ -304,6 +360,41 @@ mod tests {
         let merged = g.scan(b"k0-", b"k0-\xff", 10).unwrap();
         assert_eq!(merged.len(), 10);
         assert_eq!(merged[0].0, b"k0-000".to_vec());
+    }
+
+    #[test]
+    fn a_lazy_batch_goes_with_the_next_eager_one_or_alone_after_the_delay() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = open_store(StoreKind::Redb, dir.path()).unwrap();
+        let g = GroupCommit::new(inner.clone());
+        let durable = |g: &GroupCommit| g.shared.state.lock().durable;
+        let lazy = lazily(|| g.stage(put(b"atime", b"1"))).unwrap().unwrap();
+        assert_eq!(
+            g.get(b"atime").unwrap(),
+            Some(b"1".to_vec()),
+            "visible at once"
+        );
+        assert!(durable(&g) < lazy, "a lazy batch alone waits");
+        let eager = g.stage(put(b"name", b"2")).unwrap().unwrap();
+        g.wait(eager).unwrap();
+        assert!(durable(&g) >= lazy, "it went with the eager one, before it");
+        // Alone, it is committed after the delay.
+        let start = Instant::now();
+        let alone = lazily(|| g.stage(put(b"atime", b"3"))).unwrap().unwrap();
+        while durable(&g) < alone {
+            assert!(start.elapsed() < 10 * LAZY_DELAY, "never committed");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            start.elapsed() >= LAZY_DELAY / 2,
+            "committed without waiting"
+        );
+        // `sync` does not wait for the delay.
+        let start = Instant::now();
+        lazily(|| g.stage(put(b"atime", b"4"))).unwrap();
+        g.sync().unwrap();
+        assert!(start.elapsed() < LAZY_DELAY, "sync waited for the delay");
+        assert_eq!(inner.get(b"atime").unwrap(), Some(b"4".to_vec()));
     }
 
     #[test]

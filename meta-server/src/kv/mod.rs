@@ -12,7 +12,7 @@ mod wal;
 #[cfg(test)]
 mod conformance;
 
-pub use self::group::{take_pending, GroupCommit};
+pub use self::group::{lazily, take_pending, GroupCommit, LAZY_DELAY};
 pub use self::redb::RedbStore;
 pub use self::sled::SledStore;
 pub use self::wal::{Engine, LoggedStore};

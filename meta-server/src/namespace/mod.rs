@@ -203,8 +203,9 @@ impl Namespace {
         let span = tracing::debug_span!("meta", op, id, conn = conn.0);
         let _entered = span.enter();
         // An access time is written lazily, as a local file system writes it back with
-        // the inode some time later: the reply does not wait for the sync (the group
-        // commits it within a moment; a crash before may lose it, nothing else).
+        // the inode some time later: the reply does not wait for the sync, and the batch
+        // goes with the next group someone waits for, or alone after `LAZY_DELAY` (a
+        // crash before may lose it, nothing else).
         let lazy = matches!(req, MetaRequest::Accessed { .. });
         if let Err(e) = self.disk.check(&req) {
             tracing::debug!(error = %e, "refused: disk short of room");
@@ -212,13 +213,14 @@ impl Namespace {
         }
         // Durable before the reply: wait for the group holding this request's changes,
         // now that the namespace lock is free for the next request to stage its own.
-        let result = self.dispatch(req, conn).and_then(|r| {
-            if lazy {
-                let _ = take_pending();
-                return Ok(r);
-            }
-            self.wait_pending().map(|()| r)
-        });
+        let result = if lazy {
+            let r = crate::kv::lazily(|| self.dispatch(req, conn));
+            let _ = take_pending();
+            r
+        } else {
+            self.dispatch(req, conn)
+                .and_then(|r| self.wait_pending().map(|()| r))
+        };
         if let Err(e) = &result {
             tracing::debug!(error = %e, "request failed");
         }
