@@ -82,6 +82,7 @@ OUT=$ROOT/bench/results/$STAMP$SUFFIX  # .md and .png
 export PEERS_STATE=$BENCH_DIR/peers JFS_REDIS_PORT=${JFS_REDIS_PORT:-6399}
 MFS_NS=tessera-bench-mfs; GL_NS=tessera-bench-gl
 mkdir -p "$RUN" "$ROOT/bench/results" "$BENCH_DIR/mnt"
+# The bench disk's device name in /proc/diskstats, for `settle`.
 DISK_DEV=$(lsblk -no KNAME "$(findmnt -no SOURCE -T "$BENCH_DIR")" 2>/dev/null | head -1)
 exec > >(tee -a "$RUN/bench.log") 2>&1
 
@@ -89,8 +90,6 @@ log() { echo "[$(date +%H:%M:%S)] $*"; }
 record() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$RUN/results.tsv"; }
 note() { log "NOTE $1: $2"; record "$1" note "$2"; }
 jval() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
-# The bench disk's device name in /proc/diskstats (set once the disk is known).
-DISK_DEV=""
 # settle: waits (at most SETTLE_MAX_S) until the machine is quiet for 2 s in a row: under
 # 4 MiB/s written to the bench disk and under half a core busy. Background work a
 # system left from the previous phase (deleting files, writing back) then counts in
