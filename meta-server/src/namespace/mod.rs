@@ -202,15 +202,15 @@ impl Namespace {
         let (op, id) = describe(&req);
         let span = tracing::debug_span!("meta", op, id, conn = conn.0);
         let _entered = span.enter();
+        if let Err(e) = self.disk.check(&req) {
+            tracing::debug!(error = %e, "refused: disk short of room");
+            return Err(e.into());
+        }
         // An access time is written lazily, as a local file system writes it back with
         // the inode some time later: the reply does not wait for the sync, and the batch
         // goes with the next group someone waits for, or alone after `LAZY_DELAY` (a
         // crash before may lose it, nothing else).
         let lazy = matches!(req, MetaRequest::Accessed { .. });
-        if let Err(e) = self.disk.check(&req) {
-            tracing::debug!(error = %e, "refused: disk short of room");
-            return Err(e.into());
-        }
         // Durable before the reply: wait for the group holding this request's changes,
         // now that the namespace lock is free for the next request to stage its own.
         let result = if lazy {
