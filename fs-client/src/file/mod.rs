@@ -272,12 +272,12 @@ impl FileHandle {
     /// and the fsync or close after it still reports the failure (a write's error names
     /// no byte range, so it must not stand in for the fsync's).
     pub(crate) fn check_write_error(&self) -> Result<()> {
-        if !self.has_unreported_error() {
-            return Ok(());
-        }
-        match self.state.errors().1 {
-            Some(e) => Err(ClientError::Remote(e)),
-            None => Ok(()),
+        let (count, last) = self.state.errors();
+        match last {
+            Some(e) if count != self.errors_reported.load(Ordering::SeqCst) => {
+                Err(ClientError::Remote(e))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -394,7 +394,8 @@ impl Client {
     }
 
     /// Sends buffered writes, then reports the length and mtime of uncommitted writes to
-    /// the metadata server; fails if any write of the file failed.
+    /// the metadata server; fails with a write that failed since this handle last
+    /// reported one.
     pub async fn flush(&self, fh: &FileHandle) -> Result<()> {
         self.commit_pending(&fh.state).await?;
         fh.take_write_error()
@@ -421,7 +422,7 @@ impl Client {
 
     /// Makes every byte written through this client durable on the data servers, then
     /// commits the length (the fsync order in ARCHITECTURE.md): buffered writes are
-    /// sent first, and a write that failed in the background fails the fsync.
+    /// sent first, and a write that failed in the background fails the fsync, once.
     pub async fn fsync(&self, fh: &FileHandle) -> Result<()> {
         self.flush_writes(&fh.state).await;
         let unsynced = std::mem::take(&mut fh.state.inner.lock().unsynced);
