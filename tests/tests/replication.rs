@@ -3,7 +3,7 @@
 //! being replaced.
 
 use fs_client::{Client, FileHandle};
-use proto::meta::Caller;
+use proto::meta::{Caller, ClusterMap};
 use proto::InodeId;
 use std::time::Duration;
 use tessera_tests::{pseudo_random, sha256_hex, InProcessCluster};
@@ -60,17 +60,26 @@ async fn serve_alone(cluster: &InProcessCluster, survivor: usize) {
         cluster.stop_data(i);
     }
     let node = cluster.data[survivor].node_id().expect("registered");
+    await_map(cluster, "others never left", |map| {
+        map.chains.iter().all(|c| c.readers(3) == vec![node])
+    })
+    .await;
+}
+
+/// Waits until the metadata server's cluster map satisfies `done`, and returns it.
+async fn await_map(
+    cluster: &InProcessCluster,
+    what: &str,
+    done: impl Fn(&ClusterMap) -> bool,
+) -> ClusterMap {
     let ns = cluster.meta().namespace().clone();
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
         let map = ns.cluster_map().unwrap();
-        if map.chains.iter().all(|c| c.readers(3) == vec![node]) {
-            return;
+        if done(&map) {
+            return map;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "others never left: {map:?}"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {map:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -109,19 +118,11 @@ async fn a_client_with_an_old_map_fetches_the_new_one_and_counts_its_retries() {
 
     cluster.stop_data(2);
     let gone = cluster.data[2].node_id().expect("registered");
-    let ns = cluster.meta().namespace().clone();
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    let newer = loop {
-        let map = ns.cluster_map().unwrap();
-        if map.chains.iter().all(|c| !c.readers(3).contains(&gone)) {
-            break map.version;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "server 2 never left"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let newer = await_map(&cluster, "server 2 never left", |map| {
+        map.chains.iter().all(|c| !c.readers(3).contains(&gone))
+    })
+    .await
+    .version;
     assert!(newer > held);
     // The survivors learn the new map with their next heartbeats (every 100 ms here).
     tokio::time::sleep(Duration::from_millis(1000)).await;
