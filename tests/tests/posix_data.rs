@@ -84,7 +84,7 @@ fn truncate_down_and_up_reads_zeros_and_frees_chunks() {
 /// Guards against fallocate modes that change the wrong thing: the default mode grows
 /// the file (never shrinks it), KEEP_SIZE keeps the length, PUNCH_HOLE|KEEP_SIZE zeroes
 /// exactly its range (across chunk boundaries, clamped at the end of the file) and is
-/// seen by another mount; modes that are not implemented fail with EOPNOTSUPP instead of
+/// seen by another mount, ZERO_RANGE zeroes and grows unless KEEP_SIZE; modes that are not implemented fail with EOPNOTSUPP instead of
 /// pretending.
 #[test]
 fn fallocate_modes_grow_keep_and_punch() {
@@ -128,8 +128,27 @@ fn fallocate_modes_grow_keep_and_punch() {
         sha256_hex(&want),
         "this mount reads the holes"
     );
+    // ZERO_RANGE zeroes like a punch; without KEEP_SIZE it also grows the file.
+    let zero = libc::FALLOC_FL_ZERO_RANGE;
+    fallocate(&h, zero, 100, 4 * MIB).unwrap();
+    want[100..(4 * MIB + 100) as usize].fill(0);
+    fallocate(&h, zero | libc::FALLOC_FL_KEEP_SIZE, 10 * MIB - 10, MIB).unwrap();
+    assert_eq!(
+        h.metadata().unwrap().len(),
+        10 * MIB,
+        "ZERO_RANGE|KEEP_SIZE"
+    );
+    fallocate(&h, zero, 10 * MIB - 10, MIB).unwrap();
+    want.resize((11 * MIB - 10) as usize, 0);
+    assert_eq!(
+        h.metadata().unwrap().len(),
+        11 * MIB - 10,
+        "ZERO_RANGE grows"
+    );
+    let mut back = vec![0u8; want.len()];
+    h.read_exact_at(&mut back, 0).unwrap();
+    assert_eq!(sha256_hex(&back), sha256_hex(&want), "zeroed ranges");
     for (name, mode) in [
-        ("ZERO_RANGE", libc::FALLOC_FL_ZERO_RANGE),
         ("COLLAPSE_RANGE", libc::FALLOC_FL_COLLAPSE_RANGE),
         ("INSERT_RANGE", libc::FALLOC_FL_INSERT_RANGE),
         ("PUNCH_HOLE alone", libc::FALLOC_FL_PUNCH_HOLE),

@@ -488,8 +488,10 @@ impl Client {
     }
 
     /// `fallocate(2)`: mode 0 grows the file to cover the range; `KEEP_SIZE` alone
-    /// changes nothing visible; `PUNCH_HOLE | KEEP_SIZE` makes the range read as zeros.
-    /// Other modes are not supported.
+    /// changes nothing visible; `PUNCH_HOLE | KEEP_SIZE` makes the range read as zeros;
+    /// `ZERO_RANGE` does too and, without `KEEP_SIZE`, grows the file to cover it (there
+    /// is no space to reserve, so zeroing and punching are the same here). Other modes
+    /// (collapse, insert, unshare) are not supported.
     pub async fn fallocate(&self, fh: &FileHandle, offset: u64, len: u64, mode: i32) -> Result<()> {
         let end = offset
             .checked_add(len)
@@ -512,6 +514,17 @@ impl Client {
             }
             m if m == keep => Ok(()),
             m if m == punch => self.punch(fh, offset, end).await,
+            m if m == libc::FALLOC_FL_ZERO_RANGE || m == libc::FALLOC_FL_ZERO_RANGE | keep => {
+                self.punch(fh, offset, end).await?;
+                if m & keep == 0 && end > fh.state.size() {
+                    let set = proto::SetAttr {
+                        size: Some(end),
+                        ..Default::default()
+                    };
+                    self.setattr(fh.ino(), set).await?;
+                }
+                Ok(())
+            }
             m => Err(ClientError::Remote(WireError::new(
                 ErrorCode::NotSupported,
                 format!("fallocate mode {m:#x}"),
