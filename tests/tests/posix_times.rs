@@ -203,8 +203,8 @@ fn link_counts_of_files_and_directories() {
 }
 
 /// Guards against `statfs` answers made up or zero (`df`, installers and trainers check
-/// free space before writing): blocks are the data servers' capacity, free space falls
-/// as data is written and comes back when it is deleted, and the inode count follows
+/// free space before writing): blocks are the data servers' capacity divided by the
+/// copies each chunk gets, free space falls by what is written (not by its copies) and comes back when it is deleted, and the inode count follows
 /// creates and unlinks.
 #[test]
 fn statfs_reports_capacity_free_space_and_inodes() {
@@ -213,10 +213,11 @@ fn statfs_reports_capacity_free_space_and_inodes() {
     let m = cluster.mount("mnt");
     let s = statvfs(&m.path);
     assert!(s.f_frsize > 0 && s.f_bsize > 0, "{}", s.f_frsize);
+    // Three copies by default, capped at the two servers: every byte is stored twice.
     assert_eq!(
         s.f_blocks * s.f_frsize,
-        SERVERS * (16 << 30),
-        "capacity of the data servers"
+        16 << 30,
+        "capacity of the data servers over the copies"
     );
     assert!(s.f_bfree > 0 && s.f_bfree <= s.f_blocks && s.f_bavail <= s.f_bfree);
     assert!(s.f_files > 0 && s.f_ffree > 0 && s.f_ffree <= s.f_files);
@@ -233,6 +234,10 @@ fn statfs_reports_capacity_free_space_and_inodes() {
         "free space to fall by 32 MiB",
         Duration::from_secs(30),
         || free_bytes(&statvfs(&m.path)) + (32 << 20) <= free_bytes(&s),
+    );
+    assert!(
+        free_bytes(&statvfs(&m.path)) + (40 << 20) > free_bytes(&s),
+        "32 MiB of file data counted once, not per copy"
     );
     fs::remove_file(m.path.join("big")).unwrap();
     for i in 0..10 {

@@ -121,7 +121,9 @@ impl Namespace {
         Ok((*self.reconcile()?).clone())
     }
 
-    /// Capacity and free space over the registered data servers, and the inode count.
+    /// Capacity and free space over the registered data servers, divided by the default
+    /// number of copies (capped by the servers, as chains are), so `df` shows what files
+    /// can hold rather than the raw disks; and the inode count.
     pub fn statfs(&self) -> Result<FsStats, MetaError> {
         let sb_bytes = self
             .store
@@ -133,11 +135,17 @@ impl Namespace {
             free_bytes: 0,
             files: sb.inode_count,
         };
-        for (_, rec) in self.nodes()? {
+        let nodes = self.nodes()?;
+        for (_, rec) in &nodes {
             stats.total_bytes = stats.total_bytes.saturating_add(rec.capacity_bytes);
             let free = rec.capacity_bytes.saturating_sub(rec.used_bytes);
             stats.free_bytes = stats.free_bytes.saturating_add(free);
         }
+        let copies = u64::from(self.config.replicas)
+            .min(nodes.len() as u64)
+            .max(1);
+        stats.total_bytes /= copies;
+        stats.free_bytes /= copies;
         Ok(stats)
     }
 
