@@ -369,6 +369,48 @@ async fn interleaved_writes_reads_truncates_and_punches_match_a_model() {
     reads_back(&*cluster.client().await, b"model.bin", &model).await;
 }
 
+/// Guards against an in-place rewrite (read a block, write it back changed, read the
+/// next: databases, bonnie++'s rewrite, tools that patch files) sending its buffered
+/// writes before every read and fetching the segment again after each: a read beside
+/// buffered bytes reads from the servers as they are, one call each, and still returns
+/// the right bytes; a read over buffered bytes returns them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reads_beside_buffered_writes_do_not_send_them() {
+    const BLOCK: usize = 8 << 10;
+    const ROUNDS: usize = 64;
+    let cluster = InProcessCluster::start(3).await;
+    let client = cluster.client().await;
+    let mut model = pseudo_random(8 * MIB, 7);
+    let fh = create(&client, b"rewrite.bin").await;
+    client.write(&fh, 0, &model).await.unwrap();
+    client.release(&fh).await.unwrap();
+
+    let (_, fh) = open(&client, b"rewrite.bin").await;
+    let before = client.rpc_counts();
+    for i in 0..ROUNDS {
+        let at = i * BLOCK;
+        let got = client.read(&fh, at as u64, BLOCK).await.unwrap();
+        assert!(got == model[at..at + BLOCK], "block {i} read back wrong");
+        let changed: Vec<u8> = got.iter().map(|b| b ^ 0x5a).collect();
+        client.write(&fh, at as u64, &changed).await.unwrap();
+        model[at..at + BLOCK].copy_from_slice(&changed);
+    }
+    let calls = client.rpc_counts() - before;
+    // One read call per block, and the first read's readahead (this file's two
+    // segments); sending the writes before each read took at least two per block.
+    assert!(
+        calls.data_calls <= (ROUNDS + 2) as u64,
+        "{ROUNDS} rewritten blocks took {} data calls ({} retries)",
+        calls.data_calls,
+        calls.retries
+    );
+    // A read over buffered bytes still sees them.
+    check(&client, &fh, &model, BLOCK / 2, 4 * BLOCK).await;
+    check(&client, &fh, &model, 0, model.len()).await;
+    client.release(&fh).await.unwrap();
+    reads_back(&*cluster.client().await, b"rewrite.bin", &model).await;
+}
+
 /// Guards against a deadlock, or lost bytes, when the mount's write buffers are all in
 /// use: writers of six files, with a budget of two segments for the whole mount and
 /// writers that pause with half-filled segments, all finish, and every byte lands.

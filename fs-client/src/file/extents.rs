@@ -38,6 +38,12 @@ impl Extents {
         &self.ranges
     }
 
+    /// Whether any written byte lies in `r`.
+    pub(crate) fn overlaps(&self, r: &Range<u32>) -> bool {
+        let i = self.ranges.partition_point(|x| x.end <= r.start);
+        self.ranges.get(i).is_some_and(|x| x.start < r.end)
+    }
+
     /// Number of disjoint ranges.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
@@ -117,6 +123,18 @@ mod tests {
         e.add(30..30);
         assert_eq!(e.ranges(), &[0..100]);
         assert_eq!(e.len(), 1);
+    }
+
+    #[test]
+    fn overlaps_finds_a_written_byte_in_a_range_and_nothing_beside_or_between() {
+        let e = of(&[10..20, 40..50]);
+        for hit in [0..11, 19..30, 15..16, 30..41, 0..100, 49..50] {
+            assert!(e.overlaps(&hit), "{hit:?}");
+        }
+        for miss in [0..10, 20..40, 50..60, 25..26, 5..5] {
+            assert!(!e.overlaps(&miss), "{miss:?}");
+        }
+        assert!(!of(&[]).overlaps(&(0..u32::MAX)));
     }
 
     #[test]

@@ -135,6 +135,8 @@ enum Plan {
     Cached(Vec<Arc<CacheSeg>>),
     /// Read exactly the range into a pooled buffer.
     Direct,
+    /// Read exactly the range, never around it: buffered writes lie beside it.
+    Exact,
 }
 
 impl Client {
@@ -216,7 +218,9 @@ impl Client {
                 Plan::Direct if around && window == 0 => {
                     return self.read_around(&fh.state, offset, len, size).await
                 }
-                Plan::Direct => return self.read_direct(&fh.state, offset, len).await,
+                Plan::Direct | Plan::Exact => {
+                    return self.read_direct(&fh.state, offset, len).await
+                }
             }
         }
     }
@@ -235,13 +239,25 @@ impl Client {
         let end = offset + len as u64;
         let (first, last) = (offset / seg, (end - 1) / seg);
         let mut io = st.io.lock();
-        let writes: Vec<_> = io
-            .dirty
-            .range(first..=last)
-            .map(|(_, s)| s.clone())
-            .collect();
+        let mut beside_writes = false;
+        let mut writes = Vec::new();
+        for (_, w) in io.dirty.range(first..=last) {
+            if w.overlaps(seg, offset, end) {
+                writes.push(w.clone());
+            } else {
+                beside_writes = true;
+            }
+        }
         if !writes.is_empty() {
             return Ok(Plan::SendWrites(writes));
+        }
+        if beside_writes {
+            // The servers hold every byte of the range (the buffered ones lie beside
+            // it), so it is read from them as it is: a program rewriting a file in
+            // place reads just ahead of its writes, and sending them first made each
+            // read wait for a transfer and a fetch. Nothing is cached or prefetched:
+            // a cached copy of the segment would miss the buffered bytes.
+            return Ok(Plan::Exact);
         }
         if window == 0 {
             // Random access: use what is cached or on its way, fetch nothing more.

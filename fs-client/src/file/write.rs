@@ -4,7 +4,8 @@
 //! - A segment is sent when its last byte is written (a sequential writer filled it),
 //!   when it holds too many separate ranges, when the file or the mount runs out of
 //!   write-buffer room, and before anything that must see the bytes on the data
-//!   servers: a read of the segment, flush (close), fsync, truncation, hole punching,
+//!   servers: a read of its buffered bytes (a read beside them reads the servers'
+//!   copy, uncached), flush (close), fsync, truncation, hole punching,
 //!   an `O_APPEND` write. Once sent, it is sealed: a later write to it waits until the
 //!   transfer ended and starts a new segment, so two versions of the same bytes are
 //!   never in flight at once and the newest always lands last.
@@ -44,6 +45,14 @@ struct SegState {
 }
 
 impl WriteSeg {
+    /// Whether buffered bytes of this segment (of `seg_bytes`) lie in the file range
+    /// `[from, to)`.
+    pub(crate) fn overlaps(&self, seg_bytes: u64, from: u64, to: u64) -> bool {
+        let start = self.index * seg_bytes;
+        let (a, b) = (from.max(start), to.min(start + seg_bytes));
+        a < b && (self.state.lock().extents).overlaps(&((a - start) as u32..(b - start) as u32))
+    }
+
     async fn wait_done(&self) {
         let mut rx = self.done.subscribe();
         // The sender lives in `self`, so the wait ends only when the flag is set.
