@@ -4,6 +4,7 @@ use crate::config::ClientConfig;
 use crate::dirattrs::DirAttrs;
 use crate::error::{ClientError, Result};
 use crate::file::{FileHandle, FileState};
+use crate::nocaps::{NoCaps, CAPABILITY};
 use crate::rpc::{self, expect_reply, DataLinks, RpcCounts, RpcEndpoint};
 use crate::segpool::SegPool;
 use parking_lot::Mutex;
@@ -12,7 +13,8 @@ use proto::meta::{
     MAX_RELEASES,
 };
 use proto::{
-    Attr, ClientId, FileKind, InodeId, Layout, NodeId, SessionId, SetAttr, PROTOCOL_VERSION,
+    Attr, ClientId, ErrorCode, FileKind, InodeId, Layout, NodeId, SessionId, SetAttr, WireError,
+    PROTOCOL_VERSION,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -59,6 +61,8 @@ pub struct Client {
     layouts: Mutex<HashMap<InodeId, Layout>>,
     /// Directory attributes sent with create and unlink replies.
     dir_attrs: DirAttrs,
+    /// Files known to have no file capabilities (asked before every write).
+    no_caps: NoCaps,
     /// Sessions whose close carries no commit, waiting to be ended in one call.
     releases: Mutex<Vec<SessionId>>,
     /// The cluster map last fetched.
@@ -100,6 +104,7 @@ impl Client {
             files: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
             dir_attrs: DirAttrs::new(dir_ttl),
+            no_caps: NoCaps::new(dir_ttl),
             releases: Mutex::new(Vec::new()),
             map: parking_lot::RwLock::new(Arc::new(ClusterMap::default())),
             memory_bytes: crate::file::around::machine_memory(),
@@ -252,6 +257,12 @@ impl Client {
     /// The directory attributes a create or unlink reply brought, if fresh (taken).
     pub(crate) fn take_dir_attr(&self, ino: InodeId) -> Option<Attr> {
         self.dir_attrs.take(ino)
+    }
+
+    /// Whether `name` of `ino` is known to be absent without asking: the kernel's check
+    /// for file capabilities before each write (see `nocaps.rs`).
+    pub(crate) fn xattr_known_absent(&self, ino: InodeId, name: &[u8]) -> bool {
+        name == CAPABILITY && self.no_caps.known(ino)
     }
 
     /// Reads attributes.
@@ -511,11 +522,24 @@ impl Client {
 
     /// Reads an extended attribute.
     pub async fn getxattr(&self, ino: InodeId, name: &[u8]) -> Result<Vec<u8>> {
+        let caps = name == CAPABILITY;
+        if self.xattr_known_absent(ino, name) {
+            return Err(ClientError::Remote(WireError::new(
+                ErrorCode::NoData,
+                "no file capabilities",
+            )));
+        }
         let req = MetaRequest::GetXattr {
             ino,
             name: name.to_vec(),
         };
-        expect_reply!(self.meta(req).await?, MetaReply::Xattr(v) => v)
+        match self.meta(req).await {
+            Err(e) if caps && e.code() == ErrorCode::NoData => {
+                self.no_caps.put(ino);
+                Err(e)
+            }
+            r => expect_reply!(r?, MetaReply::Xattr(v) => v),
+        }
     }
 
     /// Sets an extended attribute.
@@ -526,13 +550,22 @@ impl Client {
         value: &[u8],
         mode: XattrMode,
     ) -> Result<()> {
+        let caps = name == CAPABILITY;
+        if caps {
+            self.no_caps.forget(ino);
+        }
         let req = MetaRequest::SetXattr {
             ino,
             name: name.to_vec(),
             value: value.to_vec(),
             mode,
         };
-        self.meta(req).await.map(drop)
+        let r = self.meta(req).await.map(drop);
+        if caps {
+            // Again: a lookup that raced with the set may have recorded "none".
+            self.no_caps.forget(ino);
+        }
+        r
     }
 
     /// Lists extended attribute names.

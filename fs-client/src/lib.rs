@@ -9,6 +9,7 @@ mod dirattrs;
 pub mod error;
 mod file;
 pub mod fuse;
+mod nocaps;
 mod rpc;
 mod segpool;
 

@@ -182,6 +182,48 @@ fn an_unprivileged_user_gets_only_what_mode_bits_allow() {
     assert_eq!(getxattr(&p.join("roots"), "user.r").unwrap(), b"root's");
 }
 
+/// A valid `security.capability` value (revision 2, effective, `CAP_NET_BIND_SERVICE`
+/// permitted): the kernel checks the format when it is set.
+fn capability_blob() -> Vec<u8> {
+    [0x0200_0001u32, 1 << 10, 0, 0, 0]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect()
+}
+
+fn write_at_start(f: &Path, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let h = fs::OpenOptions::new().write(true).open(f).unwrap();
+    h.write_all_at(bytes, 0).unwrap();
+}
+
+/// Guards against file capabilities surviving a write, as they do not on ext4 (the
+/// kernel asks for them before every write and removes them): the client remembers that
+/// a file has none, so that check costs no metadata call per write, and must not go on
+/// believing it once a capability is set, through this mount at once, through another
+/// one within the attribute TTL (1 s).
+#[test]
+fn a_write_drops_file_capabilities_set_after_earlier_writes() {
+    let cluster = ProcessCluster::start(1);
+    let (a, b) = (cluster.mount("a"), cluster.mount("b"));
+    let f = a.path.join("tool");
+    fs::write(&f, b"#!/bin/sh\n").unwrap();
+    write_at_start(&f, b"#");
+    let cap = capability_blob();
+    setxattr(&f, "security.capability", &cap, 0).unwrap();
+    assert_eq!(getxattr(&f, "security.capability").unwrap(), cap);
+    write_at_start(&f, b"#");
+    let e = getxattr(&f, "security.capability");
+    assert_eq!(err("set here, then written", e), libc::ENODATA);
+
+    let fb = b.path.join("tool");
+    setxattr(&fb, "security.capability", &cap, 0).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    write_at_start(&f, b"#");
+    let e = getxattr(&fb, "security.capability");
+    assert_eq!(err("set on another mount, then written", e), libc::ENODATA);
+}
+
 /// `getfattr -R -d -m -` of `dir` from inside it, with base64 values: the same text
 /// for two trees with the same xattrs on the same relative paths.
 fn xattr_dump(dir: &Path) -> String {

@@ -591,6 +591,14 @@ impl fuser::Filesystem for TesseraFs {
     }
 
     fn getxattr(&self, _req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        // The check before every write: answered here, with no hand-off to a task.
+        if self
+            .inner
+            .client
+            .xattr_known_absent(ino(i), name.as_bytes())
+        {
+            return reply.error(fuser::Errno::ENODATA);
+        }
         let (inner, name) = (self.inner.clone(), name.as_bytes().to_vec());
         self.spawn(async move {
             let r = inner.client.getxattr(ino(i), &name).await;
