@@ -104,10 +104,11 @@ fn register_assigns_and_updates(kind: StoreKind) {
         code(ns.register_data(None, &"a".repeat(300), 1, 0)),
         ErrorCode::InvalidArgument
     );
+    // Space over the copies: three by default, capped at the two servers.
     let stats = ns.statfs().unwrap();
     assert_eq!(
         (stats.total_bytes, stats.free_bytes, stats.files),
-        (3000, 2500, 1)
+        (1500, 1250, 1)
     );
     // A restart keeps registrations and chains; every server gets one lease to report.
     let before = ns.cluster_map().unwrap();
@@ -124,7 +125,7 @@ fn register_assigns_and_updates(kind: StoreKind) {
     let stats = ns.statfs().unwrap();
     assert_eq!(
         (stats.total_bytes, stats.free_bytes),
-        (5000, 500),
+        (2500, 250),
         "used > capacity counts 0"
     );
     assert_eq!(ns.register_data(None, "c:1", 1, 0).unwrap(), NodeId(3));
