@@ -653,7 +653,13 @@ impl Client {
             exclusive,
             client: self.id,
         };
-        self.opened(self.meta(req).await?)
+        let (attr, fh) = self.opened(self.meta(req).await?)?;
+        if exclusive {
+            // A new file has no xattrs: its first write need not ask for capabilities.
+            // (A create without O_EXCL may have opened a file that has some.)
+            self.no_caps.put(attr.ino);
+        }
+        Ok((attr, fh))
     }
 
     /// Opens an existing inode; `truncate` empties it first (`O_TRUNC`).

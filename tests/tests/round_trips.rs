@@ -11,13 +11,13 @@
 //! | path | metadata calls | data calls |
 //! | --- | --- | --- |
 //! | lookup, open, 64 x 1 MiB sequential reads of a 64 MiB file, release | 4 | 16 |
-//! | create, write 4 KiB, release | 2 | 1 |
+//! | create, capability check, write 4 KiB, release | 2 | 1 |
 //!
 //! When a change lowers a count, lower its bound here too, so that the gain is kept.
 
 use fs_client::{Client, RpcCounts};
 use proto::meta::Caller;
-use proto::InodeId;
+use proto::{ErrorCode, InodeId};
 use tessera_tests::{pseudo_random, sha256_hex, InProcessCluster};
 
 const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
@@ -40,7 +40,8 @@ const READ_64_MIB_DATA_CALLS: u64 = 16;
 
 /// Creating a 4 KiB file: `Create`, one `WriteChunk`, and `Release` carrying the length.
 /// The directory's attributes, which the kernel asks for before the next change in the
-/// directory, come with the create's reply. Keeping small files'
+/// directory, come with the create's reply; the kernel's check for file capabilities
+/// before the write is answered by the client (an `O_EXCL` create made the file). Keeping small files'
 /// bytes with their metadata would bring the data call to 0.
 const SMALL_FILE_META_CALLS: u64 = 2;
 /// See [`SMALL_FILE_META_CALLS`].
@@ -163,13 +164,17 @@ async fn creating_a_4_kib_file_does_not_take_more_round_trips() {
         async move {
             let name = format!("small-{run}.bin").into_bytes();
             let before = client.rpc_counts();
-            let (_, fh) = client
+            let (attr, fh) = client
                 .create(InodeId::ROOT, &name, 0o644, ROOT_CALLER, true)
                 .await
                 .unwrap();
             // The kernel asks for the directory's attributes before its next change
             // there; the create's reply brought them.
             let dir_after_create = client.getattr(InodeId::ROOT).await.unwrap();
+            // Before the write it asks for the file's capabilities: a file just made
+            // with O_EXCL has none, and the client knows it without asking.
+            let caps = client.getxattr(attr.ino, b"security.capability").await;
+            assert_eq!(caps.map_err(|e| e.code()), Err(ErrorCode::NoData));
             assert_eq!(client.write(&fh, 0, data).await.unwrap(), data.len());
             client.release(&fh).await.unwrap();
             let used = client.rpc_counts() - before;
