@@ -254,9 +254,15 @@ impl Client {
         Ok(self.overlay(attr))
     }
 
-    /// The directory attributes a create or unlink reply brought, if fresh (taken).
+    /// The attributes a create, unlink or commit reply brought, if fresh (taken), with
+    /// this client's later writes laid over them.
     pub(crate) fn take_dir_attr(&self, ino: InodeId) -> Option<Attr> {
-        self.dir_attrs.take(ino)
+        self.dir_attrs.take(ino).map(|a| self.overlay(a))
+    }
+
+    /// Keeps a file's attributes from a commit reply for the next `getattr`.
+    pub(crate) fn keep_attr(&self, attr: Attr) {
+        self.dir_attrs.put(attr);
     }
 
     /// Whether `name` of `ino` is known to be absent without asking: the kernel's check
@@ -267,8 +273,8 @@ impl Client {
 
     /// Reads attributes.
     pub async fn getattr(&self, ino: InodeId) -> Result<Attr> {
-        if let Some(dir) = self.dir_attrs.take(ino) {
-            return Ok(dir);
+        if let Some(attr) = self.take_dir_attr(ino) {
+            return Ok(attr);
         }
         let attr = expect_reply!(
             self.meta(MetaRequest::GetAttr { ino }).await?,

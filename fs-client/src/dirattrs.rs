@@ -1,10 +1,14 @@
-//! Directory attributes the metadata server sent with a create or an unlink.
+//! Attributes the metadata server sent with a reply: a directory's with a create or an
+//! unlink, a file's with a length commit.
 //!
 //! After a create or unlink the kernel drops its copy of the directory's attributes
 //! (the directory's times moved) and asks for them again before the next change in that
 //! directory, to check the caller's permission: one more round trip per file for
 //! `tar x`, a data-set writer or `rm -r`. The server now sends the directory's attributes
 //! with those replies; the next `getattr` of the directory takes them from here instead.
+//! Likewise after a file was written and closed, the kernel asks for its attributes
+//! before the `utime`, `chmod` or `chown` that `tar x` and `cp -a` send next; the
+//! commit's reply carries them (this client's later writes are laid over them).
 //!
 //! A copy is used at most once and only within the attribute TTL, the time the kernel
 //! itself would have trusted it. Any other request that may change a directory (mkdir,
@@ -56,8 +60,9 @@ impl DirAttrs {
         (at.elapsed() < self.ttl).then_some(attr)
     }
 
-    /// Forgets everything if `req` may change a directory's attributes. Create and
-    /// unlink are left to their callers, which replace the copy with the new one.
+    /// Forgets everything if `req` may change a directory's attributes (or a file's
+    /// after its commit: a release carrying a later commit). Create, unlink and commit
+    /// are left to their callers, which replace the copy with the new one.
     pub(crate) fn before(&self, req: &MetaRequest) {
         use MetaRequest as R;
         let keeps = matches!(
@@ -70,7 +75,7 @@ impl DirAttrs {
                 | R::StatFs
                 | R::Open { .. }
                 | R::Commit { .. }
-                | R::Release { .. }
+                | R::Release { commit: None, .. }
                 | R::ReleaseMany { .. }
                 | R::GetXattr { .. }
                 | R::ListXattr { .. }

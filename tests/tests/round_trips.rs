@@ -214,3 +214,42 @@ async fn creating_a_4_kib_file_does_not_take_more_round_trips() {
     let root = other.getattr(InodeId::ROOT).await.unwrap();
     assert_eq!(root, dir_after_unlink);
 }
+
+/// Guards against the attributes after a close costing a call of their own: the kernel
+/// asks for them before the `utime` or `chmod` that `tar x` and `cp -a` send after
+/// writing a file, and the close's length commit brought them. What it brought is what
+/// the server has, and a write after it is laid over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_attributes_after_a_close_come_with_its_commit() {
+    let cluster = InProcessCluster::start(3).await;
+    let client = cluster.client().await;
+    let data = pseudo_random(3000, 5);
+    let (attr, fh) = client
+        .create(InodeId::ROOT, b"closed.bin", 0o644, ROOT_CALLER, true)
+        .await
+        .unwrap();
+    client.write(&fh, 0, &data).await.unwrap();
+
+    let (used, after_close) = measure_without_retries(&cluster, "close and getattr", |_| {
+        let client = &client;
+        let fh = &fh;
+        async move {
+            let before = client.rpc_counts();
+            client.flush(fh).await.unwrap();
+            let after_close = client.getattr(attr.ino).await.unwrap();
+            (client.rpc_counts() - before, after_close)
+        }
+    })
+    .await;
+    // The commit, and the data call sending the buffered bytes.
+    assert_within("close (flush) and getattr after it", used, 1, 1);
+    assert_eq!(after_close.size, data.len() as u64);
+    let other = cluster.client().await;
+    assert_eq!(other.getattr(attr.ino).await.unwrap(), after_close);
+
+    // A write after the commit shows in the next getattr.
+    client.write(&fh, 3000, b"more").await.unwrap();
+    let again = client.getattr(attr.ino).await.unwrap();
+    assert_eq!(again.size, 3004);
+    client.release(&fh).await.unwrap();
+}

@@ -415,8 +415,11 @@ impl Client {
             ino: state.ino,
             commit,
         };
-        expect_reply!(self.meta(req).await?, MetaReply::Attr(_) => ())?;
+        let attr = expect_reply!(self.meta(req).await?, MetaReply::Attr(a) => a)?;
         state.committed(generation);
+        // After a close the kernel asks for the attributes again before the next
+        // `utime`, `chmod` or `chown` (`tar x`, `cp -a`): this reply has them.
+        self.keep_attr(attr);
         Ok(())
     }
 
