@@ -129,6 +129,26 @@ mod tests {
             name: b"x".to_vec(),
         });
         assert_eq!(c.take(InodeId(5)), None, "an unlink in it replaces it");
+        // A release without a commit changes nothing; one with a commit may change
+        // a file whose commit reply is kept here.
+        c.put(dir(5, 0o755));
+        let release = |commit| MetaRequest::Release {
+            session: proto::SessionId(1),
+            commit,
+        };
+        c.before(&release(None));
+        assert!(c.take(InodeId(5)).is_some(), "a plain release keeps it");
+        c.put(dir(5, 0o755));
+        let commit = proto::meta::Commit {
+            size: 1,
+            mtime: proto::Timestamp::now(),
+        };
+        c.before(&release(Some(commit)));
+        assert_eq!(
+            c.take(InodeId(5)),
+            None,
+            "a release with a commit forgets it"
+        );
     }
 
     #[test]
