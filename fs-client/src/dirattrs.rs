@@ -15,49 +15,34 @@
 //! rename, setattr, xattrs, a listing's atime, ...) empties the whole cache, so this
 //! client never answers with attributes older than one of its own changes.
 
-use parking_lot::Mutex;
+use crate::ttlmap::TtlMap;
 use proto::meta::MetaRequest;
 use proto::{Attr, InodeId};
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Directories remembered at most; a full cache drops its expired copies, then all.
+/// Inodes remembered at most.
 const MAX_DIRS: usize = 1024;
 
 pub(crate) struct DirAttrs {
-    ttl: Duration,
-    map: Mutex<HashMap<InodeId, (Attr, Instant)>>,
+    map: TtlMap<Attr>,
 }
 
 impl DirAttrs {
     pub(crate) fn new(ttl: Duration) -> DirAttrs {
         DirAttrs {
-            ttl,
-            map: Mutex::new(HashMap::new()),
+            map: TtlMap::new(ttl, MAX_DIRS),
         }
     }
 
     /// Remembers `attr`, just received from the metadata server.
     pub(crate) fn put(&self, attr: Attr) {
-        if self.ttl.is_zero() {
-            return;
-        }
-        let mut map = self.map.lock();
-        if map.len() >= MAX_DIRS {
-            let ttl = self.ttl;
-            map.retain(|_, (_, at)| at.elapsed() < ttl);
-            if map.len() >= MAX_DIRS {
-                map.clear();
-            }
-        }
-        map.insert(attr.ino, (attr, Instant::now()));
+        self.map.put(attr.ino, attr);
     }
 
     /// The remembered attributes of `ino`, if still within the TTL; each copy is
     /// handed out once.
     pub(crate) fn take(&self, ino: InodeId) -> Option<Attr> {
-        let (attr, at) = self.map.lock().remove(&ino)?;
-        (at.elapsed() < self.ttl).then_some(attr)
+        self.map.take(ino)
     }
 
     /// Forgets everything if `req` may change a directory's attributes (or a file's
@@ -90,9 +75,9 @@ impl DirAttrs {
                 | R::InodesExist { .. }
         );
         if let R::Create { parent, .. } | R::Unlink { parent, .. } = req {
-            self.map.lock().remove(parent);
+            self.map.remove(*parent);
         } else if !keeps {
-            self.map.lock().clear();
+            self.map.clear();
         }
     }
 }
@@ -149,25 +134,5 @@ mod tests {
             None,
             "a release with a commit forgets it"
         );
-    }
-
-    #[test]
-    fn copies_expire_and_a_zero_ttl_keeps_none() {
-        let c = DirAttrs::new(Duration::from_millis(20));
-        c.put(dir(5, 0o755));
-        std::thread::sleep(Duration::from_millis(40));
-        assert_eq!(c.take(InodeId(5)), None);
-        let c = DirAttrs::new(Duration::ZERO);
-        c.put(dir(5, 0o755));
-        assert_eq!(c.take(InodeId(5)), None);
-    }
-
-    #[test]
-    fn the_cache_stays_bounded() {
-        let c = DirAttrs::new(Duration::from_secs(60));
-        for i in 0..(3 * MAX_DIRS as u64) {
-            c.put(dir(i, 0o755));
-            assert!(c.map.lock().len() <= MAX_DIRS);
-        }
     }
 }

@@ -12,6 +12,7 @@ pub mod fuse;
 mod nocaps;
 mod rpc;
 mod segpool;
+mod ttlmap;
 
 pub use client::{Client, FsStats};
 pub use config::ClientConfig;

@@ -8,57 +8,36 @@
 //! trusts attributes it was sent; a `setxattr` of that name through this client forgets
 //! it at once. A capability set through another client is seen once the copy expires.
 
-use parking_lot::Mutex;
+use crate::ttlmap::TtlMap;
 use proto::InodeId;
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The attribute the kernel asks for before writes.
 pub(crate) const CAPABILITY: &[u8] = b"security.capability";
 
-/// Files remembered at most; a full cache drops its expired entries, then all.
+/// Files remembered at most.
 const MAX_FILES: usize = 4096;
 
-pub(crate) struct NoCaps {
-    ttl: Duration,
-    map: Mutex<HashMap<InodeId, Instant>>,
-}
+pub(crate) struct NoCaps(TtlMap<()>);
 
 impl NoCaps {
     pub(crate) fn new(ttl: Duration) -> NoCaps {
-        NoCaps {
-            ttl,
-            map: Mutex::new(HashMap::new()),
-        }
+        NoCaps(TtlMap::new(ttl, MAX_FILES))
     }
 
-    /// The metadata server just said `ino` has no capability attribute.
+    /// The metadata server just said `ino` has no capability attribute (or made it).
     pub(crate) fn put(&self, ino: InodeId) {
-        if self.ttl.is_zero() {
-            return;
-        }
-        let mut map = self.map.lock();
-        if map.len() >= MAX_FILES {
-            let ttl = self.ttl;
-            map.retain(|_, at| at.elapsed() < ttl);
-            if map.len() >= MAX_FILES {
-                map.clear();
-            }
-        }
-        map.insert(ino, Instant::now());
+        self.0.put(ino, ());
     }
 
     /// Whether `ino` is known, within the TTL, to have no capability attribute.
     pub(crate) fn known(&self, ino: InodeId) -> bool {
-        self.map
-            .lock()
-            .get(&ino)
-            .is_some_and(|at| at.elapsed() < self.ttl)
+        self.0.get(ino).is_some()
     }
 
     /// `ino` may carry one now.
     pub(crate) fn forget(&self, ino: InodeId) {
-        self.map.lock().remove(&ino);
+        self.0.remove(ino);
     }
 }
 
@@ -66,8 +45,9 @@ impl NoCaps {
 mod tests {
     use super::*;
 
+    // Expiry, the zero TTL and the bound are `TtlMap`'s, tested there.
     #[test]
-    fn an_answer_is_kept_for_the_ttl_and_forgotten_on_demand() {
+    fn an_answer_is_kept_until_forgotten() {
         let c = NoCaps::new(Duration::from_secs(60));
         assert!(!c.known(InodeId(5)));
         c.put(InodeId(5));
@@ -77,21 +57,5 @@ mod tests {
         );
         c.forget(InodeId(5));
         assert!(!c.known(InodeId(5)));
-        let c = NoCaps::new(Duration::from_millis(20));
-        c.put(InodeId(5));
-        std::thread::sleep(Duration::from_millis(40));
-        assert!(!c.known(InodeId(5)), "expired");
-        let c = NoCaps::new(Duration::ZERO);
-        c.put(InodeId(5));
-        assert!(!c.known(InodeId(5)), "a zero TTL keeps nothing");
-    }
-
-    #[test]
-    fn the_cache_stays_bounded() {
-        let c = NoCaps::new(Duration::from_secs(60));
-        for i in 0..(3 * MAX_FILES as u64) {
-            c.put(InodeId(i));
-            assert!(c.map.lock().len() <= MAX_FILES);
-        }
     }
 }

@@ -1,0 +1,101 @@
+//! A small per-inode cache of answers the metadata server gave, each trusted for the
+//! attribute TTL (the time the kernel itself trusts what it was sent) and bounded in
+//! size: a full map drops its expired entries, then everything.
+
+use parking_lot::Mutex;
+use proto::InodeId;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+pub(crate) struct TtlMap<V> {
+    ttl: Duration,
+    max: usize,
+    map: Mutex<HashMap<InodeId, (V, Instant)>>,
+}
+
+impl<V: Clone> TtlMap<V> {
+    /// A map of at most `max` entries, each valid for `ttl` (zero keeps nothing).
+    pub(crate) fn new(ttl: Duration, max: usize) -> TtlMap<V> {
+        TtlMap {
+            ttl,
+            max,
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Remembers `v` for `ino`, as of now.
+    pub(crate) fn put(&self, ino: InodeId, v: V) {
+        if self.ttl.is_zero() {
+            return;
+        }
+        let mut map = self.map.lock();
+        if map.len() >= self.max {
+            let ttl = self.ttl;
+            map.retain(|_, (_, at)| at.elapsed() < ttl);
+            if map.len() >= self.max {
+                map.clear();
+            }
+        }
+        map.insert(ino, (v, Instant::now()));
+    }
+
+    /// The entry of `ino` if still within the TTL, removed.
+    pub(crate) fn take(&self, ino: InodeId) -> Option<V> {
+        let (v, at) = self.map.lock().remove(&ino)?;
+        (at.elapsed() < self.ttl).then_some(v)
+    }
+
+    /// The entry of `ino` if still within the TTL, kept.
+    pub(crate) fn get(&self, ino: InodeId) -> Option<V> {
+        let map = self.map.lock();
+        let (v, at) = map.get(&ino)?;
+        (at.elapsed() < self.ttl).then(|| v.clone())
+    }
+
+    pub(crate) fn remove(&self, ino: InodeId) {
+        self.map.lock().remove(&ino);
+    }
+
+    pub(crate) fn clear(&self) {
+        self.map.lock().clear();
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.map.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_expire_are_taken_once_and_a_zero_ttl_keeps_none() {
+        let m = TtlMap::new(Duration::from_secs(60), 8);
+        m.put(InodeId(5), 'a');
+        assert_eq!(m.get(InodeId(5)), Some('a'));
+        assert_eq!(m.get(InodeId(5)), Some('a'), "get keeps it");
+        assert_eq!(m.take(InodeId(5)), Some('a'));
+        assert_eq!(m.take(InodeId(5)), None, "take removes it");
+        m.put(InodeId(6), 'b');
+        m.remove(InodeId(6));
+        assert_eq!(m.get(InodeId(6)), None);
+        let m = TtlMap::new(Duration::from_millis(20), 8);
+        m.put(InodeId(5), 'a');
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!((m.get(InodeId(5)), m.take(InodeId(5))), (None, None));
+        let m = TtlMap::new(Duration::ZERO, 8);
+        m.put(InodeId(5), 'a');
+        assert_eq!(m.get(InodeId(5)), None);
+    }
+
+    #[test]
+    fn the_map_stays_bounded() {
+        let m = TtlMap::new(Duration::from_secs(60), 100);
+        for i in 0..300 {
+            m.put(InodeId(i), ());
+            assert!(m.len() <= 100);
+        }
+    }
+}
