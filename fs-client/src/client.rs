@@ -659,13 +659,7 @@ impl Client {
             exclusive,
             client: self.id,
         };
-        let (attr, fh) = self.opened(self.meta(req).await?)?;
-        if exclusive {
-            // A new file has no xattrs: its first write need not ask for capabilities.
-            // (A create without O_EXCL may have opened a file that has some.)
-            self.no_caps.put(attr.ino);
-        }
-        Ok((attr, fh))
+        self.opened(self.meta(req).await?)
     }
 
     /// Opens an existing inode; `truncate` empties it first (`O_TRUNC`).
@@ -688,12 +682,17 @@ impl Client {
     }
 
     fn opened(&self, reply: MetaReply) -> Result<(Attr, FileHandle)> {
-        let (attr, session, layout, parent) = expect_reply!(
+        let (attr, session, layout, parent, created) = expect_reply!(
             reply,
-            MetaReply::Opened { attr, session, layout, parent } => (attr, session, layout, parent)
+            MetaReply::Opened { attr, session, layout, parent, created } =>
+                (attr, session, layout, parent, created)
         )?;
         if let Some(parent) = parent {
             self.dir_attrs.put(parent);
+        }
+        if created {
+            // A new file has no xattrs: its first write need not ask for capabilities.
+            self.no_caps.put(attr.ino);
         }
         if attr.kind == FileKind::Regular {
             self.remember_layout(attr.ino, &layout);

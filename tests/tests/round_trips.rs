@@ -41,7 +41,7 @@ const READ_64_MIB_DATA_CALLS: u64 = 16;
 /// Creating a 4 KiB file: `Create`, one `WriteChunk`, and `Release` carrying the length.
 /// The directory's attributes, which the kernel asks for before the next change in the
 /// directory, come with the create's reply; the kernel's check for file capabilities
-/// before the write is answered by the client (an `O_EXCL` create made the file). Keeping small files'
+/// before the write is answered by the client (the create's reply says it made the file). Keeping small files'
 /// bytes with their metadata would bring the data call to 0.
 const SMALL_FILE_META_CALLS: u64 = 2;
 /// See [`SMALL_FILE_META_CALLS`].
@@ -164,15 +164,16 @@ async fn creating_a_4_kib_file_does_not_take_more_round_trips() {
         async move {
             let name = format!("small-{run}.bin").into_bytes();
             let before = client.rpc_counts();
+            // Without O_EXCL, as Python's `open(path, "w")` creates.
             let (attr, fh) = client
-                .create(InodeId::ROOT, &name, 0o644, ROOT_CALLER, true)
+                .create(InodeId::ROOT, &name, 0o644, ROOT_CALLER, false)
                 .await
                 .unwrap();
             // The kernel asks for the directory's attributes before its next change
             // there; the create's reply brought them.
             let dir_after_create = client.getattr(InodeId::ROOT).await.unwrap();
-            // Before the write it asks for the file's capabilities: a file just made
-            // with O_EXCL has none, and the client knows it without asking.
+            // Before the write it asks for the file's capabilities: a file the create
+            // made has none, and the reply says it made it.
             let caps = client.getxattr(attr.ino, b"security.capability").await;
             assert_eq!(caps.map_err(|e| e.code()), Err(ErrorCode::NoData));
             assert_eq!(client.write(&fh, 0, data).await.unwrap(), data.len());

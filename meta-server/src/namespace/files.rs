@@ -37,6 +37,7 @@ impl Namespace {
         let mut st = self.state.lock();
         let mut txn = Txn::new(&*self.store, &st.sb);
         let parent_rec = txn.dir(parent)?;
+        let mut created = false;
         let (ino, rec) = match txn.dirent(parent, name)? {
             Some(_) if exclusive => {
                 return Err(MetaError::AlreadyExists(format!(
@@ -55,11 +56,15 @@ impl Namespace {
                 )));
             }
             Some(d) => (InodeId(d.ino), txn.inode(InodeId(d.ino))?),
-            None => self.new_file(&mut txn, parent, &parent_rec, name, perm, caller)?,
+            None => {
+                created = true;
+                self.new_file(&mut txn, parent, &parent_rec, name, perm, caller)?
+            }
         };
         let session = reserve_session(&st, &mut txn);
         Self::commit_txn(&mut st, txn)?;
-        Ok(self.start_session(&mut st, session, ino, &rec, owner))
+        let opened = self.start_session(&mut st, session, ino, &rec, owner);
+        Ok(Opened { created, ..opened })
     }
 
     /// Writes a new regular file with its layout; the caller commits.
@@ -155,6 +160,7 @@ impl Namespace {
             attr: rec.attr(ino),
             session,
             layout,
+            created: false,
         }
     }
 

@@ -71,6 +71,8 @@ pub struct Opened {
     pub session: SessionId,
     /// Where the chunks live (an empty stripe for non-regular files).
     pub layout: Layout,
+    /// A create made the file (it did not open an existing one).
+    pub created: bool,
 }
 
 /// One page of a directory listing.
@@ -238,7 +240,7 @@ impl Namespace {
         // read after the change (a change by another client in between only makes them
         // newer).
         let opened = |o: Opened, parent| MetaReply::Opened {
-            attr: o.attr, session: o.session, layout: o.layout, parent,
+            attr: o.attr, session: o.session, layout: o.layout, parent, created: o.created,
         };
         match req {
             R::Hello { name } => self.hello(&name).map(|client| MetaReply::Welcome { client }),
