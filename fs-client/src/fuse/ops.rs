@@ -648,6 +648,39 @@ impl fuser::Filesystem for TesseraFs {
         reply.error(Errno::ENOTTY);
     }
 
+    fn poll(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        _fh: Fh,
+        _ph: fuser::PollNotifier,
+        _events: fuser::PollEvents,
+        _flags: fuser::PollFlags,
+        reply: fuser::ReplyPoll,
+    ) {
+        // ENOSYS, quietly (fuser's default logs a warning): the kernel stops asking and
+        // answers "always ready" itself, which is right for regular files.
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        _fh_in: Fh,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: Fh,
+        _offset_out: u64,
+        _len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        // ENOSYS, quietly: the kernel stops asking and copies through reads and writes
+        // of the mount (no server-side copy yet).
+        reply.error(Errno::ENOSYS);
+    }
+
     fn fallocate(
         &self,
         _req: &Request,
