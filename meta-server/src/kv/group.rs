@@ -12,9 +12,10 @@
 //! A batch staged inside [`lazily`] (an access time) waits for the next group that
 //! someone waits for, or for [`LAZY_DELAY`], whichever comes first: nobody waits for
 //! it, and a read-mostly load (a data set read once, each first read moving an access
-//! time) would otherwise cost one synchronous log write per file. If a commit fails, the store refuses every later
-//! one: memory and disk may disagree from then on, and only a restart (which reads the
-//! disk) is safe.
+//! time) would otherwise cost one synchronous log write per file.
+//!
+//! If a commit fails, the store refuses every later one: memory and disk may disagree
+//! from then on, and only a restart (which reads the disk) is safe.
 
 use super::{KvError, KvPair, KvStore, WriteBatch};
 use parking_lot::{Condvar, Mutex};

@@ -60,7 +60,7 @@ impl Namespace {
         let map = self.reconcile()?;
         let chains: HashMap<ChainId, &ChainInfo> =
             map.chains.iter().map(|c| (c.chain, c)).collect();
-        let target = self.config.replicas.min(map.nodes.len().max(1) as u8);
+        let target = self.target_copies(map.nodes.len());
         let (mut chunks, mut under) = (0u64, 0u64);
         self.for_each(&keys::inode_prefix(), |_, v| {
             let rec: InodeRecord = decode(v, "inode record")?;

@@ -141,12 +141,17 @@ impl Namespace {
             let free = rec.capacity_bytes.saturating_sub(rec.used_bytes);
             stats.free_bytes = stats.free_bytes.saturating_add(free);
         }
-        let copies = u64::from(self.config.replicas)
-            .min(nodes.len() as u64)
-            .max(1);
+        let copies = u64::from(self.target_copies(nodes.len()));
         stats.total_bytes /= copies;
         stats.free_bytes /= copies;
         Ok(stats)
+    }
+
+    /// Copies each chunk gets by default with `nodes` data servers: the configured
+    /// number, capped by the servers (chains have no more members), at least one.
+    pub(crate) fn target_copies(&self, nodes: usize) -> u8 {
+        let servers = u8::try_from(nodes).unwrap_or(u8::MAX);
+        self.config.replicas.min(servers).max(1)
     }
 
     /// Every node record, by id.

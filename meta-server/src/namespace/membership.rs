@@ -111,7 +111,7 @@ impl Namespace {
                 changed.push(n.0);
             }
         }
-        let target = usize::from(self.config.replicas).min(nodes.len()).max(1);
+        let target = usize::from(self.target_copies(nodes.len()));
         let mut load: HashMap<u32, usize> = HashMap::new();
         for c in m.chains.values() {
             for mem in &c.members {
