@@ -79,8 +79,6 @@ impl DataServer {
         };
         let (tx, rx) = watch::channel(None);
         let beat = Heartbeat {
-            data_dir: config.data_dir.clone(),
-            disk_reserve: config.disk_reserve_bytes,
             store: store.clone(),
             advertise: advertise.clone(),
             interval,
@@ -141,19 +139,15 @@ impl Drop for DataServer {
     }
 }
 
+/// Size of the file system holding `dir` (created if missing).
 fn fs_size(dir: &std::path::Path) -> Result<u64, DataError> {
-    fs_space(dir).map(|(total, _)| total)
-}
-
-/// Total and available bytes of the file system holding `dir`.
-fn fs_space(dir: &std::path::Path) -> Result<(u64, u64), DataError> {
     std::fs::create_dir_all(dir).map_err(|e| DataError::io(format!("creating {dir:?}"), e))?;
-    transport::disk_space(dir).map_err(|e| DataError::io(format!("statvfs of {dir:?}"), e))
+    transport::disk_space(dir)
+        .map(|(total, _)| total)
+        .map_err(|e| DataError::io(format!("statvfs of {dir:?}"), e))
 }
 
 struct Heartbeat {
-    data_dir: std::path::PathBuf,
-    disk_reserve: u64,
     store: Arc<ChunkStore>,
     advertise: String,
     interval: Duration,
@@ -162,21 +156,10 @@ struct Heartbeat {
 }
 
 impl Heartbeat {
-    /// Capacity and use as `statfs` should see them: the capacity is cut to what the
-    /// disk can still take (less the reserve), so a disk filled by something else shows
-    /// as full.
+    /// Capacity and use as `statfs` should see them ([`ChunkStore::reported_usage`]).
     async fn usage(&self) -> (u64, u64) {
         let store = self.store.clone();
-        let (dir, reserve) = (self.data_dir.clone(), self.disk_reserve);
-        let r = tokio::task::spawn_blocking(move || -> Result<(u64, u64), DataError> {
-            let u = store.usage()?;
-            let (_, avail) = fs_space(&dir)?;
-            let room = u
-                .capacity_bytes
-                .saturating_sub(u.used_bytes)
-                .min(avail.saturating_sub(reserve));
-            Ok((u.used_bytes + room, u.used_bytes))
-        });
+        let r = tokio::task::spawn_blocking(move || store.reported_usage());
         match r.await {
             Ok(Ok(u)) => u,
             _ => (0, 0),

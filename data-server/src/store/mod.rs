@@ -548,6 +548,20 @@ impl ChunkStore {
         })
     }
 
+    /// Capacity and bytes used as the cluster should see them (`statfs`): the capacity
+    /// is cut to what the disk can still take, less the reserve, so a disk filled by
+    /// something else shows as full.
+    pub fn reported_usage(&self) -> Result<(u64, u64), DataError> {
+        let used = self.used_bytes.load(Ordering::Relaxed);
+        let (_, avail) = transport::disk_space(&self.dir)
+            .map_err(|e| DataError::io(format!("statvfs of {}", self.dir.display()), e))?;
+        let room = self
+            .capacity_bytes
+            .saturating_sub(used)
+            .min(avail.saturating_sub(self.disk_reserve));
+        Ok((used + room, used))
+    }
+
     /// The node id saved by [`ChunkStore::save_node_id`], if any.
     pub fn load_node_id(&self) -> Result<Option<NodeId>, DataError> {
         let _one = self.node_id_lock.lock();
