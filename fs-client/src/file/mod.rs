@@ -503,36 +503,33 @@ impl Client {
                 ClientError::Remote(WireError::new(ErrorCode::TooBig, "range too large"))
             })?;
         let keep = libc::FALLOC_FL_KEEP_SIZE;
-        let punch = libc::FALLOC_FL_PUNCH_HOLE | keep;
+        let (punch, zero) = (libc::FALLOC_FL_PUNCH_HOLE, libc::FALLOC_FL_ZERO_RANGE);
         match mode {
-            0 => {
-                if end > fh.state.size() {
-                    let set = proto::SetAttr {
-                        size: Some(end),
-                        ..Default::default()
-                    };
-                    self.setattr(fh.ino(), set).await?;
-                }
-                Ok(())
-            }
+            0 => self.grow_to(fh, end).await,
             m if m == keep => Ok(()),
-            m if m == punch => self.punch(fh, offset, end).await,
-            m if m == libc::FALLOC_FL_ZERO_RANGE || m == libc::FALLOC_FL_ZERO_RANGE | keep => {
+            m if m == punch | keep => self.punch(fh, offset, end).await,
+            m if m == zero | keep => self.punch(fh, offset, end).await,
+            m if m == zero => {
                 self.punch(fh, offset, end).await?;
-                if m & keep == 0 && end > fh.state.size() {
-                    let set = proto::SetAttr {
-                        size: Some(end),
-                        ..Default::default()
-                    };
-                    self.setattr(fh.ino(), set).await?;
-                }
-                Ok(())
+                self.grow_to(fh, end).await
             }
             m => Err(ClientError::Remote(WireError::new(
                 ErrorCode::NotSupported,
                 format!("fallocate mode {m:#x}"),
             ))),
         }
+    }
+
+    /// Makes the file at least `end` bytes long (never shorter).
+    async fn grow_to(&self, fh: &FileHandle, end: u64) -> Result<()> {
+        if end > fh.state.size() {
+            let set = proto::SetAttr {
+                size: Some(end),
+                ..Default::default()
+            };
+            self.setattr(fh.ino(), set).await?;
+        }
+        Ok(())
     }
 
     /// Zeroes `[offset, end)` (clamped to the file's length) on the data servers, after
