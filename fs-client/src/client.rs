@@ -59,7 +59,8 @@ pub struct Client {
     pub(crate) id: ClientId,
     pub(crate) files: Mutex<HashMap<InodeId, Weak<FileState>>>,
     layouts: Mutex<HashMap<InodeId, Layout>>,
-    /// Directory attributes sent with create and unlink replies.
+    /// Attributes sent with replies: a directory's with create and unlink, a file's
+    /// with a length commit.
     dir_attrs: DirAttrs,
     /// Files known to have no file capabilities (asked before every write).
     no_caps: NoCaps,
@@ -256,7 +257,7 @@ impl Client {
 
     /// The attributes a create, unlink or commit reply brought, if fresh (taken), with
     /// this client's later writes laid over them.
-    pub(crate) fn take_dir_attr(&self, ino: InodeId) -> Option<Attr> {
+    pub(crate) fn take_kept_attr(&self, ino: InodeId) -> Option<Attr> {
         self.dir_attrs.take(ino).map(|a| self.overlay(a))
     }
 
@@ -273,7 +274,7 @@ impl Client {
 
     /// Reads attributes.
     pub async fn getattr(&self, ino: InodeId) -> Result<Attr> {
-        if let Some(attr) = self.take_dir_attr(ino) {
+        if let Some(attr) = self.take_kept_attr(ino) {
             return Ok(attr);
         }
         let attr = expect_reply!(

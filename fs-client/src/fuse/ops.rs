@@ -64,9 +64,9 @@ impl fuser::Filesystem for TesseraFs {
     }
 
     fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<Fh>, reply: ReplyAttr) {
-        // Answered here when a create or unlink brought the attributes (`dirattrs.rs`):
+        // Answered here when a create, unlink or commit brought them (`dirattrs.rs`):
         // no task, no hand-off to another thread.
-        if let Some(a) = self.inner.client.take_dir_attr(ino(i)) {
+        if let Some(a) = self.inner.client.take_kept_attr(ino(i)) {
             return self.inner.attr(reply, Ok(a));
         }
         let inner = self.inner.clone();
