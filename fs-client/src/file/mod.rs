@@ -182,10 +182,20 @@ impl FileState {
         io.last_error = Some(e);
     }
 
-    /// Failures recorded so far, and the last one.
-    fn errors(&self) -> (u64, Option<WireError>) {
+    /// Failures recorded so far.
+    fn error_count(&self) -> u64 {
+        self.io.lock().errors
+    }
+
+    /// The failure count and the last failure, if there were failures past `reported`
+    /// (the failure is cloned only then: writes check on every call).
+    fn errors_since(&self, reported: u64) -> Option<(u64, WireError)> {
         let io = self.io.lock();
-        (io.errors, io.last_error.clone())
+        let count = io.errors;
+        io.last_error
+            .as_ref()
+            .filter(|_| count != reported)
+            .map(|e| (count, e.clone()))
     }
 
     /// The commit to send, with the write generation it covers; `None` if nothing is new.
@@ -250,7 +260,7 @@ impl FileHandle {
             atime_due: AtomicBool::new(due),
             readahead: Mutex::new(Readahead::default()),
             writer: AtomicBool::new(false),
-            errors_reported: AtomicU64::new(state.errors().0),
+            errors_reported: AtomicU64::new(state.error_count()),
             state,
         }
     }
@@ -264,7 +274,7 @@ impl FileHandle {
 
     /// Whether a background write failed since this handle last reported one.
     pub(crate) fn has_unreported_error(&self) -> bool {
-        self.state.errors().0 != self.errors_reported.load(Ordering::SeqCst)
+        self.state.error_count() != self.errors_reported.load(Ordering::SeqCst)
     }
 
     /// Fails with the last failed background write if one failed since this handle last
@@ -272,23 +282,29 @@ impl FileHandle {
     /// and the fsync or close after it still reports the failure (a write's error names
     /// no byte range, so it must not stand in for the fsync's).
     pub(crate) fn check_write_error(&self) -> Result<()> {
-        let (count, last) = self.state.errors();
-        match last {
-            Some(e) if count != self.errors_reported.load(Ordering::SeqCst) => {
-                Err(ClientError::Remote(e))
-            }
-            _ => Ok(()),
+        let reported = self.errors_reported.load(Ordering::SeqCst);
+        match self.state.errors_since(reported) {
+            Some((_, e)) => Err(ClientError::Remote(e)),
+            None => Ok(()),
         }
     }
 
     /// As [`FileHandle::check_write_error`], and reports it: fsync and close (flush) fail
     /// once per failure, as Linux reports a writeback error once per open file.
     pub(crate) fn take_write_error(&self) -> Result<()> {
-        let (count, last) = self.state.errors();
-        let before = self.errors_reported.swap(count, Ordering::SeqCst);
-        match last {
-            Some(e) if count > before => Err(ClientError::Remote(e)),
-            _ => Ok(()),
+        let reported = self.errors_reported.load(Ordering::SeqCst);
+        let Some((count, e)) = self.state.errors_since(reported) else {
+            return Ok(());
+        };
+        // Once, also when two calls of this handle race.
+        match self.errors_reported.compare_exchange(
+            reported,
+            count,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        ) {
+            Ok(_) => Err(ClientError::Remote(e)),
+            Err(_) => Ok(()),
         }
     }
 
