@@ -1,12 +1,29 @@
 //! Messages between clients and data servers.
 //!
 //! Bulk bytes never travel inside these messages: a read names the client buffer the
-//! server WRITEs into, a write names the client buffer the server READs from.
+//! server WRITEs into, a write names the client buffer the server READs from. The one
+//! exception is a small write (at most [`MAX_INLINE_WRITE_BYTES`]): its bytes ride in
+//! the request, as RDMA stacks send small payloads inline, because fetching them with
+//! a one-sided READ costs a round trip per chain member for a few KiB.
 
 use crate::error::WireError;
 use crate::ids::{ChainId, ChunkId, InodeId};
 use crate::RemoteBuf;
 use serde::{Deserialize, Serialize};
+
+/// Largest write whose bytes travel inside the request ([`DataRequest::WriteInline`],
+/// [`ReplicaData::Inline`]) instead of being READ from the sender's buffer.
+pub const MAX_INLINE_WRITE_BYTES: usize = 64 * 1024;
+
+/// Room left in a request for everything but an inline write's bytes (ids, placement,
+/// offsets: under a hundred bytes encoded).
+const INLINE_HEADROOM_BYTES: usize = 1024;
+
+/// Whether a write of `len` bytes may travel inline on a connection whose peer takes
+/// requests of at most `max_request_bytes`.
+pub fn fits_inline(len: usize, max_request_bytes: usize) -> bool {
+    len <= MAX_INLINE_WRITE_BYTES && len + INLINE_HEADROOM_BYTES <= max_request_bytes
+}
 
 /// A request to a data server.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +57,21 @@ pub enum DataRequest {
         offset: u32,
         /// Where to READ the bytes from; `offset + src.len <= chunk_size_bytes`.
         src: RemoteBuf,
+    },
+    /// Writes the bytes carried in the request (at most [`MAX_INLINE_WRITE_BYTES`]) at
+    /// `offset` of a chunk. Sent to the head, like `WriteChunk`.
+    WriteInline {
+        /// The chunk.
+        chunk: ChunkId,
+        /// Where the chunk lives and how many copies the file asks for.
+        place: Placement,
+        /// The file's chunk size.
+        chunk_size_bytes: u32,
+        /// Offset within the chunk.
+        offset: u32,
+        /// The bytes; `offset + data.len() <= chunk_size_bytes`.
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
     },
     /// Writes `len` zero bytes at `offset` of a chunk (a punched hole), without moving
     /// any bytes over the network. Sent to the head, like `WriteChunk`.
@@ -144,12 +176,14 @@ pub struct Placement {
 }
 
 /// The bytes of a replicated write.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ReplicaData {
     /// READ them from the predecessor's buffer.
     Bytes(RemoteBuf),
     /// This many zeros.
     Zeros(u32),
+    /// The bytes themselves (at most [`MAX_INLINE_WRITE_BYTES`]).
+    Inline(#[serde(with = "serde_bytes")] Vec<u8>),
 }
 
 /// What a data server knows of one of its chunks.
@@ -203,3 +237,56 @@ pub enum DataReply {
 
 /// The answer to every [`DataRequest`].
 pub type DataResult = Result<DataReply, WireError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec;
+
+    #[test]
+    fn an_inline_write_round_trips_and_fits_its_limit() {
+        let data = vec![7u8; MAX_INLINE_WRITE_BYTES];
+        let req = DataRequest::WriteInline {
+            chunk: ChunkId {
+                inode: InodeId(u64::MAX),
+                index: u64::MAX,
+            },
+            place: Placement {
+                chain: ChainId(u32::MAX),
+                map_version: u64::MAX,
+                replicas: u8::MAX,
+            },
+            chunk_size_bytes: u32::MAX,
+            offset: u32::MAX,
+            data,
+        };
+        // The largest inline write, with every other field at its widest, stays within
+        // the headroom `fits_inline` leaves.
+        let bytes = codec::encode(&req, MAX_INLINE_WRITE_BYTES + INLINE_HEADROOM_BYTES).unwrap();
+        assert_eq!(codec::decode::<DataRequest>(&bytes).unwrap(), req);
+        let rep = DataRequest::Replicate {
+            chunk: ChunkId {
+                inode: InodeId(1),
+                index: 2,
+            },
+            place: Placement {
+                chain: ChainId(3),
+                map_version: 4,
+                replicas: 3,
+            },
+            chunk_size_bytes: 1 << 22,
+            offset: 5,
+            version: u64::MAX,
+            base_version: u64::MAX - 1,
+            data: ReplicaData::Inline(b"abc".to_vec()),
+        };
+        let bytes = codec::encode(&rep, 4096).unwrap();
+        assert_eq!(codec::decode::<DataRequest>(&bytes).unwrap(), rep);
+
+        assert!(fits_inline(MAX_INLINE_WRITE_BYTES, 128 * 1024));
+        assert!(!fits_inline(MAX_INLINE_WRITE_BYTES + 1, 1 << 24));
+        // A peer taking only 4 KiB requests gets small writes inline, not 4 KiB ones.
+        assert!(fits_inline(3000, 4096));
+        assert!(!fits_inline(4096, 4096));
+    }
+}

@@ -1,12 +1,15 @@
 //! Chain replication in one process: a data server dying mid-read and mid-write, a
-//! server coming back and resyncing before it serves, and a server that stays away
-//! being replaced.
+//! server coming back and resyncing before it serves, a server that stays away being
+//! replaced, and small writes carried inline down the chain.
 
+use bytes::Bytes;
 use fs_client::{Client, FileHandle};
+use proto::data::{DataReply, DataRequest, DataResult, Placement, MAX_INLINE_WRITE_BYTES};
 use proto::meta::{Caller, ClusterMap};
-use proto::InodeId;
+use proto::{codec, ErrorCode, InodeId, PROTOCOL_VERSION};
 use std::time::Duration;
 use tessera_tests::{pseudo_random, sha256_hex, InProcessCluster};
+use transport::{Backend, Endpoint, TransportConfig};
 
 const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
 const MIB: usize = 1 << 20;
@@ -439,6 +442,147 @@ async fn a_copy_that_missed_a_write_is_marked_stale_and_copied_whole() {
     serve_alone(&cluster, tail).await;
     let reader = cluster.client().await;
     let back = read_all(&reader, b"one.bin", data.len(), |_| {}).await;
+    assert!(
+        back == data,
+        "the repaired copy holds every acknowledged byte"
+    );
+}
+
+/// The chunk's state and bytes at every data server, in `cluster.data` order.
+fn copies(cluster: &InProcessCluster, chunk: proto::ChunkId) -> Vec<(u64, bool, Vec<u8>)> {
+    cluster
+        .data
+        .iter()
+        .map(|s| {
+            let (m, bytes) = s
+                .store()
+                .fetch(chunk)
+                .unwrap()
+                .expect("every server has a copy");
+            (m.version, m.stale, bytes)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn small_writes_travel_inline_down_the_chain_and_a_copy_that_missed_one_is_caught() {
+    let cluster = InProcessCluster::start(3).await;
+    let client = cluster.client().await;
+    let mut data = pseudo_random(3000, 11);
+    write_file(&client, b"small.bin", &data).await;
+    let ino = client
+        .lookup(InodeId::ROOT, b"small.bin")
+        .await
+        .unwrap()
+        .ino;
+    let chunk = proto::ChunkId {
+        inode: ino,
+        index: 0,
+    };
+    let before = copies(&cluster, chunk);
+    for (version, stale, bytes) in &before {
+        assert_eq!((*version, *stale), (before[0].0, false));
+        assert!(bytes[..] == data[..], "every copy holds the file");
+    }
+
+    // A request with the bytes inside, on a connection that grants nothing: the head
+    // has nothing to READ, so the bytes it stores and passes on are the request's.
+    let meta = cluster.data[0].store().chunk_meta(chunk).unwrap().unwrap();
+    let map = client.cluster_map().await.unwrap();
+    let order = map.chain(meta.chain).unwrap().write_order(3);
+    let index_of = |node| {
+        cluster
+            .data
+            .iter()
+            .position(|s| s.node_id() == Some(node))
+            .unwrap()
+    };
+    let ep = Endpoint::new(Backend::Tcp, TransportConfig::default(), PROTOCOL_VERSION).unwrap();
+    let head = ep
+        .connect(cluster.data[index_of(order[0])].advertise())
+        .await
+        .unwrap();
+    let patch = pseudo_random(500, 12);
+    let req = DataRequest::WriteInline {
+        chunk,
+        place: Placement {
+            chain: meta.chain,
+            map_version: map.version,
+            replicas: 3,
+        },
+        chunk_size_bytes: meta.chunk_size_bytes,
+        offset: 1000,
+        data: patch.clone(),
+    };
+    let reply = head
+        .call(Bytes::from(codec::encode(&req, 4096).unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(
+        codec::decode::<DataResult>(&reply).unwrap().unwrap(),
+        DataReply::Written { len: 500 }
+    );
+    data[1000..1500].copy_from_slice(&patch);
+    for (version, stale, bytes) in copies(&cluster, chunk) {
+        assert_eq!((version, stale), (before[0].0 + 1, false));
+        assert!(bytes == data, "every copy took the inline write");
+    }
+    // More than the limit inline is refused, and nothing changes.
+    let big = DataRequest::WriteInline {
+        chunk,
+        place: Placement {
+            chain: meta.chain,
+            map_version: map.version,
+            replicas: 3,
+        },
+        chunk_size_bytes: meta.chunk_size_bytes,
+        offset: 0,
+        data: vec![1; MAX_INLINE_WRITE_BYTES + 1],
+    };
+    let reply = head
+        .call(Bytes::from(codec::encode(&big, 1 << 20).unwrap()))
+        .await
+        .unwrap();
+    let err = codec::decode::<DataResult>(&reply).unwrap().unwrap_err();
+    assert_eq!(err.code, ErrorCode::TooBig);
+    assert!(copies(&cluster, chunk).iter().all(|c| c.2 == data));
+
+    // The tail "missed" a write: other bytes, an older version. The next small write
+    // (inline, stored and recorded in one step at the tail) finds it stale, and the
+    // copy is brought back whole.
+    let tail = index_of(order[2]);
+    let store = cluster.data[tail].store();
+    store
+        .write(chunk, meta.chunk_size_bytes, 0, &[0xee; 64])
+        .unwrap();
+    let old = data_server::store::ReplicaFields {
+        chain: meta.chain,
+        version: before[0].0,
+        stale: false,
+    };
+    store.set_replica(chunk, old).unwrap();
+    let (_, fh) = client.open(ino, false).await.unwrap();
+    client.write(&fh, 2000, b"tail").await.unwrap();
+    client.fsync(&fh).await.unwrap();
+    client.release(&fh).await.unwrap();
+    data[2000..2004].copy_from_slice(b"tail");
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let m = store.chunk_meta(chunk).unwrap();
+        if m.as_ref()
+            .is_some_and(|m| m.version == before[0].0 + 2 && !m.stale)
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never repaired: {m:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    serve_alone(&cluster, tail).await;
+    let reader = cluster.client().await;
+    let back = read_all(&reader, b"small.bin", data.len(), |_| {}).await;
     assert!(
         back == data,
         "the repaired copy holds every acknowledged byte"

@@ -158,6 +158,11 @@ impl Connection {
         &self.core.peer
     }
 
+    /// Largest request the peer takes (its receive buffers, as agreed at the handshake).
+    pub fn max_request_bytes(&self) -> usize {
+        self.core.peer_max_msg_bytes
+    }
+
     /// Whether the connection has closed; every operation on it fails from then on.
     pub fn is_closed(&self) -> bool {
         self.core.state.lock().closed.is_some()

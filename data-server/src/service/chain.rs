@@ -16,18 +16,22 @@
 
 use super::{blocking, call_peer, range_error, write_zeros, Inner};
 use crate::store::ReplicaFields;
+use bytes::Bytes;
+use proto::data::fits_inline;
 use proto::data::{DataReply, DataRequest, Placement, ReplicaData};
 use proto::meta::{ClusterMap, MemberState};
 use proto::{ChunkId, ErrorCode, NodeId, RemoteBuf, WireError};
 use transport::{Access, BufferPool, Connection, MemoryRegion};
 
 /// Where a write's bytes come from at one member.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(super) enum Source {
     /// READ them from this connection's peer (the client, or the predecessor).
     Remote(RemoteBuf),
     /// Zeros.
     Zeros(u32),
+    /// Carried in the request (a small write).
+    Inline(Bytes),
 }
 
 impl Source {
@@ -35,6 +39,7 @@ impl Source {
         match self {
             Source::Remote(b) => b.len,
             Source::Zeros(n) => u64::from(*n),
+            Source::Inline(b) => b.len() as u64,
         }
     }
 }
@@ -190,7 +195,7 @@ impl Inner {
             let at = w.offset + done;
             let buf = pool.take().await;
             let mr: MemoryRegion = buf.mr().clone();
-            let data = match w.src {
+            let data = match &w.src {
                 Source::Remote(src) => {
                     let part = RemoteBuf {
                         addr: src.addr + u64::from(done),
@@ -205,6 +210,13 @@ impl Inner {
                     Some(mr.clone())
                 }
                 Source::Zeros(_) => None,
+                // Copied into a registered buffer like a READ would: the store and a
+                // successor too large for inline bytes then take it the same way.
+                Source::Inline(bytes) => {
+                    let part = &bytes[done as usize..(done + n) as usize];
+                    mr.lock()[..n as usize].copy_from_slice(part);
+                    Some(mr.clone())
+                }
             };
             let local = self.store_step(w, at, n, data.clone());
             let forward = async {
@@ -293,7 +305,8 @@ fn check_len(w: &ChainWrite) -> Result<u32, WireError> {
         .ok_or_else(|| range_error(w.offset, w.src.len().min(u64::from(u32::MAX)) as u32))
 }
 
-/// Passes one step to the successor: it READs the bytes from `data` (or writes zeros).
+/// Passes one step to the successor: with the bytes inline when they are few, else it
+/// READs them from `data` (or writes zeros).
 async fn forward(
     next: &Connection,
     w: &ChainWrite,
@@ -303,16 +316,18 @@ async fn forward(
     data: Option<&MemoryRegion>,
     n: u32,
 ) -> Result<(), WireError> {
+    let inline = fits_inline(n as usize, next.max_request_bytes());
     let grant = match data {
-        Some(mr) => Some(
+        Some(mr) if !inline => Some(
             next.grant(mr, 0, n as usize, Access::RemoteRead)
                 .map_err(WireError::from)?,
         ),
-        None => None,
+        _ => None,
     };
-    let payload = match &grant {
-        Some(g) => ReplicaData::Bytes(g.remote()),
-        None => ReplicaData::Zeros(n),
+    let payload = match (&grant, data) {
+        (Some(g), _) => ReplicaData::Bytes(g.remote()),
+        (None, Some(mr)) => ReplicaData::Inline(mr.lock()[..n as usize].to_vec()),
+        (None, None) => ReplicaData::Zeros(n),
     };
     let req = DataRequest::Replicate {
         chunk: w.chunk,

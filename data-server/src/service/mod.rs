@@ -18,7 +18,7 @@ use crate::store::{ChunkStore, ReplicaFields};
 use bytes::Bytes;
 use chain::{ChainWrite, Source};
 use locks::ChunkLocks;
-use proto::data::{DataReply, DataRequest, DataResult, ReplicaData};
+use proto::data::{DataReply, DataRequest, DataResult, ReplicaData, MAX_INLINE_WRITE_BYTES};
 use proto::{codec, ChunkId, ErrorCode, RemoteBuf, WireError};
 use std::sync::Arc;
 use tokio::sync::Notify;
@@ -121,7 +121,7 @@ fn encode_reply(result: &DataResult, limit: usize) -> Bytes {
 fn op_name(req: &DataRequest) -> &'static str {
     match req {
         DataRequest::ReadChunk { .. } => "read",
-        DataRequest::WriteChunk { .. } => "write",
+        DataRequest::WriteChunk { .. } | DataRequest::WriteInline { .. } => "write",
         DataRequest::WriteZeros { .. } => "write_zeros",
         DataRequest::Replicate { .. } => "replicate",
         DataRequest::ChunkInfo { .. } => "chunk_info",
@@ -146,6 +146,21 @@ async fn call_peer(conn: &Connection, req: &DataRequest) -> Result<DataReply, Wi
         )
     })?;
     codec::decode::<DataResult>(&reply)?
+}
+
+/// The bytes of an inline write, refused past [`MAX_INLINE_WRITE_BYTES`] (a sender
+/// that does not keep the limit could otherwise make steps larger than a buffer).
+fn check_inline(data: Vec<u8>) -> Result<Bytes, WireError> {
+    if data.len() > MAX_INLINE_WRITE_BYTES {
+        return Err(WireError::new(
+            ErrorCode::TooBig,
+            format!(
+                "inline write of {} bytes, limit {MAX_INLINE_WRITE_BYTES}",
+                data.len()
+            ),
+        ));
+    }
+    Ok(Bytes::from(data))
 }
 
 /// Runs blocking store work on tokio's blocking pool.
@@ -192,6 +207,19 @@ impl Inner {
                 debug!(%chunk, offset, len, "written");
                 Ok(DataReply::Written { len })
             }
+            DataRequest::WriteInline {
+                chunk,
+                place,
+                chunk_size_bytes,
+                offset,
+                data,
+            } => {
+                let src = Source::Inline(check_inline(data)?);
+                let w = ChainWrite::new(chunk, place, chunk_size_bytes, offset, src);
+                let len = self.head_write(conn, w).await?;
+                debug!(%chunk, offset, len, "written inline");
+                Ok(DataReply::Written { len })
+            }
             DataRequest::WriteZeros {
                 chunk,
                 place,
@@ -215,6 +243,7 @@ impl Inner {
                 let src = match data {
                     ReplicaData::Bytes(b) => Source::Remote(b),
                     ReplicaData::Zeros(n) => Source::Zeros(n),
+                    ReplicaData::Inline(v) => Source::Inline(check_inline(v)?),
                 };
                 let w = ChainWrite::new(chunk, place, chunk_size_bytes, offset, src);
                 let len = self.replicate(conn, w, version, base_version).await?;

@@ -12,7 +12,7 @@ use super::Piece;
 use crate::client::Client;
 use crate::error::{ClientError, Result};
 use crate::rpc;
-use proto::data::{DataReply, DataRequest, Placement};
+use proto::data::{fits_inline, DataReply, DataRequest, Placement};
 use proto::meta::ClusterMap;
 use proto::{ChainId, ChunkId, ErrorCode, InodeId, Layout, NodeId, WireError};
 use std::collections::{BTreeMap, BTreeSet};
@@ -149,25 +149,36 @@ impl Client {
             let conn = self.data_conn(head).await?;
             let place = Self::placement(&map, layout, p.chain);
             let chunk_size_bytes = layout.chunk_size_bytes;
+            // A few KiB go inside the request: a READ of them would cost each chain
+            // member a round trip.
+            let inline = fits_inline(p.len as usize, conn.max_request_bytes());
             let grant = match mr {
-                Some(mr) => {
+                Some(mr) if !inline => {
                     Some(conn.grant(mr, p.buf_offset, p.len as usize, Access::RemoteRead)?)
                 }
-                None => None,
+                _ => None,
             };
-            let req = match &grant {
-                Some(g) => DataRequest::WriteChunk {
+            let offset = p.offset_in_chunk;
+            let req = match (&grant, mr) {
+                (Some(g), _) => DataRequest::WriteChunk {
                     chunk: p.chunk,
                     place,
                     chunk_size_bytes,
-                    offset: p.offset_in_chunk,
+                    offset,
                     src: g.remote(),
                 },
-                None => DataRequest::WriteZeros {
+                (None, Some(mr)) => DataRequest::WriteInline {
                     chunk: p.chunk,
                     place,
                     chunk_size_bytes,
-                    offset: p.offset_in_chunk,
+                    offset,
+                    data: mr.lock()[p.buf_offset..p.buf_offset + p.len as usize].to_vec(),
+                },
+                (None, None) => DataRequest::WriteZeros {
+                    chunk: p.chunk,
+                    place,
+                    chunk_size_bytes,
+                    offset,
                     len: p.len,
                 },
             };
