@@ -18,7 +18,7 @@ use super::{blocking, call_peer, range_error, write_zeros, Inner};
 use crate::store::ReplicaFields;
 use bytes::Bytes;
 use proto::data::fits_inline;
-use proto::data::{DataReply, DataRequest, Placement, ReplicaData};
+use proto::data::{ChunkMeta, DataReply, DataRequest, Placement, ReplicaData};
 use proto::meta::{ClusterMap, MemberState};
 use proto::{ChunkId, ErrorCode, NodeId, RemoteBuf, WireError};
 use transport::{Access, BufferPool, Connection, MemoryRegion};
@@ -67,6 +67,57 @@ impl ChainWrite {
             chunk_size,
             offset,
             src,
+        }
+    }
+}
+
+/// The versions a write gives a member's copy.
+#[derive(Clone, Copy)]
+struct Stamp {
+    /// The chunk's version after the write.
+    version: u64,
+    /// The version the head had before it.
+    base: u64,
+    /// Whether this copy is stale, if known before storing (at the head: never).
+    stale: Option<bool>,
+}
+
+impl Stamp {
+    /// Whether a copy holding `have` before this write is stale after it. The same
+    /// write arrives in several steps: the first moves the version from `base` to
+    /// `version`, the others find `version` already.
+    fn judge(&self, have: ReplicaFields, chunk: ChunkId) -> bool {
+        let stale = have.stale || (have.version != self.base && have.version != self.version);
+        if stale && !have.stale {
+            tracing::info!(%chunk, have = have.version, base = self.base, "copy missed a write, marked stale");
+        }
+        stale
+    }
+}
+
+/// One chain write at one member: where it goes next and what it carries.
+struct Step<'a> {
+    map: &'a ClusterMap,
+    order: &'a [NodeId],
+    pos: usize,
+    w: &'a ChainWrite,
+    len: u32,
+}
+
+impl<'a> Step<'a> {
+    fn new(
+        map: &'a ClusterMap,
+        order: &'a [NodeId],
+        pos: usize,
+        w: &'a ChainWrite,
+        len: u32,
+    ) -> Self {
+        Step {
+            map,
+            order,
+            pos,
+            w,
+            len,
         }
     }
 }
@@ -124,12 +175,13 @@ impl Inner {
                 format!("{}: the head's copy is being repaired", w.chunk),
             ));
         }
-        let base = have.version;
-        let version = base + 1;
-        self.apply(
-            conn, &map, &order, pos, &w, len, version, base, false, &self.pool,
-        )
-        .await?;
+        let stamp = Stamp {
+            version: have.version + 1,
+            base: have.version,
+            stale: Some(false),
+        };
+        let step = Step::new(&map, &order, pos, &w, len);
+        self.apply(conn, step, stamp, &self.pool).await?;
         Ok(len)
     }
 
@@ -145,13 +197,6 @@ impl Inner {
         let map = self.view.at(w.place.map_version).await?;
         let (order, pos) = self.position(&map, &w.place)?;
         let _lock = self.locks.write(w.chunk).await;
-        let have = self.local_fields(w.chunk).await?;
-        // The same write arrives in several steps: the first moves the version from
-        // `base` to `version`, the others find `version` already.
-        let stale = have.stale || (have.version != base && have.version != version);
-        if stale && !have.stale {
-            tracing::info!(chunk = %w.chunk, have = have.version, base, "copy missed a write, marked stale");
-        }
         // Relaying members and tails draw on separate pools, so that members waiting on
         // their successors can never hold every buffer a tail needs.
         let pool = if pos + 1 < order.len() {
@@ -159,8 +204,14 @@ impl Inner {
         } else {
             &self.tail_pool
         };
-        self.apply(conn, &map, &order, pos, &w, len, version, base, stale, pool)
-            .await?;
+        // Whether this copy missed a write is found when the write is stored.
+        let stamp = Stamp {
+            version,
+            base,
+            stale: None,
+        };
+        let step = Step::new(&map, &order, pos, &w, len);
+        let stale = self.apply(conn, step, stamp, pool).await?;
         if stale {
             self.stale_found.notify_one();
         }
@@ -168,28 +219,37 @@ impl Inner {
     }
 
     /// Stores the write here and passes it to the successor, step by step; then records
-    /// the new version. Called with the chunk's lock held.
-    #[allow(clippy::too_many_arguments)]
+    /// the new version and returns whether this copy is stale. Called with the chunk's
+    /// lock held.
     async fn apply(
         &self,
         conn: &Connection,
-        map: &ClusterMap,
-        order: &[NodeId],
-        pos: usize,
-        w: &ChainWrite,
-        len: u32,
-        version: u64,
-        base: u64,
-        stale: bool,
+        s: Step<'_>,
+        mut stamp: Stamp,
         pool: &BufferPool,
-    ) -> Result<(), WireError> {
+    ) -> Result<bool, WireError> {
+        let Step {
+            map,
+            order,
+            pos,
+            w,
+            len,
+        } = s;
         let next = match order.get(pos + 1) {
             Some(&n) => Some(self.view.peer(map, n).await?),
             None => None,
         };
         let step = pool.buffer_bytes() as u32;
+        // A write of one step (every small file) is checked, stored and recorded in one
+        // call to the blocking pool instead of three: on a busy machine each hand-off
+        // cost about as much as the store itself.
+        let single = len <= step;
+        if !single && stamp.stale.is_none() {
+            stamp.stale = Some(stamp.judge(self.local_fields(w.chunk).await?, w.chunk));
+        }
         let mut done = 0u32;
         let mut result = Ok(());
+        let mut recorded = None;
         while done < len.max(1) && result.is_ok() {
             let n = step.min(len - done);
             let at = w.offset + done;
@@ -218,48 +278,83 @@ impl Inner {
                     Some(mr.clone())
                 }
             };
-            let local = self.store_step(w, at, n, data.clone());
+            let record = single.then_some(stamp);
+            let local = self.store_step(w, at, n, data.clone(), record);
             let forward = async {
                 match &next {
-                    Some(next) => forward(next, w, at, version, base, data.as_ref(), n).await,
+                    Some(next) => forward(next, w, at, stamp, data.as_ref(), n).await,
                     None => Ok(()),
                 }
             };
             let (l, f) = tokio::join!(local, forward);
-            result = l.and(f);
+            let (stored, rec) = l;
+            recorded = rec;
+            result = stored.and(f);
             done += n;
             if len == 0 {
                 break;
             }
         }
-        // The bytes changed here even if the successor failed: the version moves, so a
-        // later comparison sees this copy differ from one that missed the write.
-        let fields = ReplicaFields {
-            chain: w.place.chain,
-            version,
-            stale,
-        };
-        let store = self.store.clone();
-        let chunk = w.chunk;
-        blocking(move || store.set_replica(chunk, fields)).await?;
-        result
+        match recorded {
+            Some(stale) => result.map(|()| stale),
+            None => {
+                // The bytes changed here even if the successor failed: the version
+                // moves, so a later comparison sees this copy differ from one that
+                // missed the write.
+                let stale = match stamp.stale {
+                    Some(s) => s,
+                    None => stamp.judge(self.local_fields(w.chunk).await?, w.chunk),
+                };
+                let fields = ReplicaFields {
+                    chain: w.place.chain,
+                    version: stamp.version,
+                    stale,
+                };
+                let store = self.store.clone();
+                let chunk = w.chunk;
+                blocking(move || store.set_replica(chunk, fields)).await?;
+                result.map(|()| stale)
+            }
+        }
     }
 
-    /// Stores one step of a write locally.
+    /// Stores one step of a write locally; with `record`, also decides whether the copy
+    /// is stale (if not known) and records the new version, in the same blocking call.
+    /// Returns the store's result and, once recorded, whether the copy is stale.
     async fn store_step(
         &self,
         w: &ChainWrite,
         at: u32,
         n: u32,
         data: Option<MemoryRegion>,
-    ) -> Result<(), WireError> {
+        record: Option<Stamp>,
+    ) -> (Result<(), WireError>, Option<bool>) {
         let store = self.store.clone();
-        let (chunk, cs) = (w.chunk, w.chunk_size);
-        match data {
-            Some(mr) => {
-                blocking(move || store.write(chunk, cs, at, &mr.lock()[..n as usize])).await
+        let (chunk, cs, chain) = (w.chunk, w.chunk_size, w.place.chain);
+        let work = move || {
+            let stale = match record {
+                Some(Stamp { stale: Some(s), .. }) => Some(s),
+                Some(stamp) => Some(stamp.judge(fields_of(store.chunk_meta(chunk)?), chunk)),
+                None => None,
+            };
+            let stored = match &data {
+                Some(mr) => store.write(chunk, cs, at, &mr.lock()[..n as usize]),
+                None => write_zeros(&store, chunk, cs, at, n),
+            };
+            // Recorded even when storing failed: the bytes may have changed in part.
+            if let (Some(stamp), Some(stale)) = (record, stale) {
+                let fields = ReplicaFields {
+                    chain,
+                    version: stamp.version,
+                    stale,
+                };
+                store.set_replica(chunk, fields)?;
             }
-            None => blocking(move || write_zeros(&store, chunk, cs, at, n)).await,
+            Ok((stored, stale))
+        };
+        match blocking(work).await {
+            Ok((stored, stale)) => (stored.map_err(WireError::from), stale),
+            Err(e) => (Err(e), None),
         }
     }
 
@@ -267,11 +362,7 @@ impl Inner {
     pub(super) async fn local_fields(&self, chunk: ChunkId) -> Result<ReplicaFields, WireError> {
         let store = self.store.clone();
         let meta = blocking(move || store.chunk_meta(chunk)).await?;
-        Ok(meta.map_or(ReplicaFields::default(), |m| ReplicaFields {
-            chain: m.chain,
-            version: m.version,
-            stale: m.stale,
-        }))
+        Ok(fields_of(meta))
     }
 
     /// Refuses a read of a copy that may miss committed writes: a stale copy, or a chain
@@ -297,6 +388,15 @@ impl Inner {
     }
 }
 
+/// The replica fields of a chunk's state (zero for a chunk this server lacks).
+fn fields_of(meta: Option<ChunkMeta>) -> ReplicaFields {
+    meta.map_or(ReplicaFields::default(), |m| ReplicaFields {
+        chain: m.chain,
+        version: m.version,
+        stale: m.stale,
+    })
+}
+
 /// Length of the write, within the chunk.
 fn check_len(w: &ChainWrite) -> Result<u32, WireError> {
     u32::try_from(w.src.len())
@@ -311,8 +411,7 @@ async fn forward(
     next: &Connection,
     w: &ChainWrite,
     at: u32,
-    version: u64,
-    base: u64,
+    stamp: Stamp,
     data: Option<&MemoryRegion>,
     n: u32,
 ) -> Result<(), WireError> {
@@ -334,8 +433,8 @@ async fn forward(
         place: w.place,
         chunk_size_bytes: w.chunk_size,
         offset: at,
-        version,
-        base_version: base,
+        version: stamp.version,
+        base_version: stamp.base,
         data: payload,
     };
     let reply = call_peer(next, &req).await;
