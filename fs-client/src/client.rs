@@ -130,6 +130,11 @@ impl Client {
             .collect()
     }
 
+    /// The state of `ino` if this client has it open.
+    pub(crate) fn open_file(&self, ino: InodeId) -> Option<Arc<FileState>> {
+        self.files.lock().get(&ino).and_then(Weak::upgrade)
+    }
+
     /// The configuration in use.
     pub fn config(&self) -> &ClientConfig {
         &self.config

@@ -1,5 +1,6 @@
 //! POSIX point 3 on real mounts, continued: O_DIRECT with aligned buffers, shared
-//! writable mmap seen by another mount, and SEEK_DATA/SEEK_HOLE answers.
+//! writable mmap seen by another mount, SEEK_DATA/SEEK_HOLE answers, and the page
+//! cache following writes that bypass it and changes made on another mount.
 //! They need root and /dev/fuse, as CI has.
 
 use std::alloc::{self, Layout};
@@ -317,4 +318,121 @@ fn unsupported_ioctls_fail_with_enotty_and_leave_no_trace_in_the_log() {
     let lines = log.lines().filter(|l| l.contains("ioctl")).count();
     assert!(lines < CALLS / 10, "{lines} log lines about ioctl:\n{log}");
     assert!(!log.contains("Not Implemented"), "{log}");
+}
+
+/// Guards the page-cache rules of `FUSE_EXPLICIT_INVAL_DATA` (`Inner::revalidate`): a
+/// descriptor holding cached pages sees writes that bypass the cache on its own mount
+/// (O_DIRECT, O_APPEND, hole punching, zeroing), sees another mount's rewrite once a
+/// `stat` past the attribute TTL finds it (kernel pages and the client's own cached
+/// segments both dropped), and reads back what it wrote itself.
+#[test]
+fn cached_pages_follow_writes_that_bypass_them_and_changes_on_another_mount() {
+    let cluster = ProcessCluster::start(3);
+    let (a, b) = (cluster.mount("a"), cluster.mount("b"));
+    let p = a.path.join("cached");
+    let len = 256 * 1024;
+    let mut want = vec![b'a'; len];
+    fs::write(&p, &want).unwrap();
+    let reader = File::open(&p).unwrap();
+    let mut got = vec![0u8; len + 200];
+    let mut check = |want: &[u8], what: &str| {
+        reader.read_exact_at(&mut got[..want.len()], 0).unwrap();
+        assert!(got[..want.len()] == *want, "{what}");
+    };
+    check(&want, "first read");
+
+    let direct = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&p)
+        .unwrap();
+    let mut buf = Aligned::new(4096);
+    buf.bytes().fill(b'D');
+    direct.write_all_at(buf.bytes(), 8192).unwrap();
+    drop(direct);
+    want[8192..12288].fill(b'D');
+    check(&want, "an O_DIRECT write through another descriptor");
+
+    let mut append = OpenOptions::new().append(true).open(&p).unwrap();
+    std::io::Write::write_all(&mut append, &[b'T'; 100]).unwrap();
+    drop(append);
+    want.extend_from_slice(&[b'T'; 100]);
+    check(&want, "an append through another descriptor");
+
+    let w = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    let fd = w.as_raw_fd();
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: a valid descriptor and a range inside the file.
+    assert_eq!(unsafe { libc::fallocate(fd, punch, 0, 4096) }, 0);
+    want[..4096].fill(0);
+    check(&want, "a hole punched through another descriptor");
+    let zero = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::fallocate(fd, zero, 65536, 4096) }, 0);
+    want[65536..69632].fill(0);
+    check(&want, "a range zeroed through another descriptor");
+    drop(w);
+
+    // Appends through handles whose writes the kernel sends through the page cache,
+    // holding the written pages locked until the mount answers: a new file created
+    // with O_APPEND, and O_APPEND set by fcntl after the open. Bounded, so that a
+    // mount waiting for those pages fails here instead of hanging.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let (fresh, old) = (a.path.join("appended"), p.clone());
+    std::thread::spawn(move || {
+        let mut f = OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .open(&fresh)
+            .unwrap();
+        for _ in 0..50 {
+            std::io::Write::write_all(&mut f, &[b'N'; 1000]).unwrap();
+        }
+        let mut g = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&old)
+            .unwrap();
+        // SAFETY: a valid descriptor; F_SETFL with file status flags.
+        let r = unsafe { libc::fcntl(g.as_raw_fd(), libc::F_SETFL, libc::O_APPEND) };
+        assert_eq!(r, 0);
+        std::io::Write::write_all(&mut g, &[b'F'; 100]).unwrap();
+        done_tx.send(()).unwrap();
+    });
+    done_rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("appends through cached handles finish");
+    assert_eq!(
+        fs::read(a.path.join("appended")).unwrap(),
+        vec![b'N'; 50_000]
+    );
+    want.extend_from_slice(&[b'F'; 100]);
+    check(&want, "an append through a handle made O_APPEND by fcntl");
+
+    // Another mount rewrites the file (same length) while this one holds it open.
+    let other = OpenOptions::new()
+        .write(true)
+        .open(b.path.join("cached"))
+        .unwrap();
+    other.write_all_at(&vec![b'B'; len], 0).unwrap();
+    drop(other);
+    want[..len].fill(b'B');
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    reader.metadata().unwrap();
+    check(
+        &want,
+        "another mount's rewrite, after a stat past the attribute TTL",
+    );
+
+    // Written and read back through one descriptor, and seen by the other mount.
+    let rw = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+    rw.write_all_at(&[b'E'; 8192], 4096).unwrap();
+    let mut back = vec![0u8; 8192];
+    rw.read_exact_at(&mut back, 4096).unwrap();
+    assert!(back == [b'E'; 8192], "own write read back");
+    drop(rw);
+    want[4096..12288].fill(b'E');
+    check(&want, "own write through another descriptor");
+    let seen = fs::read(b.path.join("cached")).unwrap();
+    assert_eq!(sha256_hex(&seen), sha256_hex(&want), "the other mount");
 }

@@ -105,6 +105,11 @@ impl StoreGate {
         unchanged
     }
 
+    /// Whether a handle is open for writing.
+    pub(crate) fn has_writers(&self) -> bool {
+        self.writers.load(Ordering::SeqCst) > 0
+    }
+
     /// A handle opens for writing: waits for a store under way, then counts it.
     pub(crate) async fn writer_opened(&self) {
         let _held = self.lock.lock().await;

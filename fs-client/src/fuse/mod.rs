@@ -61,6 +61,10 @@ struct Inner {
     lock_owners: Mutex<HashMap<u64, HashSet<u64>>>,
     /// Sends cache invalidations to the kernel; set once the session exists.
     notifier: OnceLock<fuser::Notifier>,
+    /// Handles opened with `FOPEN_DIRECT_IO`: the kernel holds no page locked while
+    /// their writes wait for us, so a write through one may wait for a page
+    /// invalidation (through any other, the kernel may hold the very pages).
+    direct: Mutex<HashSet<u64>>,
 }
 
 /// What an open found compared with what this mount saw of the file before.
@@ -88,6 +92,7 @@ impl TesseraFs {
             next_fh: AtomicU64::new(1),
             seen: Mutex::new(HashMap::new()),
             notifier: OnceLock::new(),
+            direct: Mutex::new(HashSet::new()),
             locked: Mutex::new(HashSet::new()),
             lock_owners: Mutex::new(HashMap::new()),
         };
@@ -151,6 +156,83 @@ impl Inner {
                 }
             });
         }));
+    }
+
+    /// Attributes from the metadata server for a file: the kernel (told
+    /// `FUSE_EXPLICIT_INVAL_DATA`) keeps its cached pages when the mtime or length
+    /// moves, so that this mount's own writes do not throw away what it just wrote
+    /// (`FUSE_AUTO_INVAL_DATA` dropped the whole cache at the first `getattr` after a
+    /// write). A change seen here of a file this mount opened before drops the pages,
+    /// before the reply, unless it is this mount's own: `own` (a commit reply), or a
+    /// handle of this mount has the file open for writing (writers on two mounts at
+    /// once get no coherence, as on NFS).
+    async fn revalidate(self: &Arc<Self>, attr: &proto::Attr) {
+        if let Some(ino) = self.changed_elsewhere(attr, false) {
+            self.drop_pages(ino, 0, 0).await;
+        }
+    }
+
+    /// Records `attr` as seen; returns the inode if its cached pages must go.
+    fn changed_elsewhere(&self, attr: &proto::Attr, own: bool) -> Option<InodeId> {
+        let now = (attr.mtime, attr.size);
+        {
+            let mut seen = self.seen.lock();
+            // Never opened through this mount (or forgotten): no pages to drop, and an
+            // open decides anew.
+            let before = seen.get_mut(&attr.ino)?;
+            if *before == now {
+                return None;
+            }
+            *before = now;
+        }
+        let state = self.client.open_file(attr.ino);
+        if own || state.as_ref().is_some_and(|s| s.gate.has_writers()) {
+            return None;
+        }
+        if let Some(s) = state {
+            // The client's own cached segments go as at an open that finds a change.
+            s.opened(attr);
+        }
+        Some(attr.ino)
+    }
+
+    /// Drops the kernel's cached pages of `ino` from `offset`, `len` bytes (0: to the
+    /// end), and its cached attributes; returns once the kernel has. On a blocking
+    /// thread: the kernel may wait for a page that a read in flight holds locked, and
+    /// that read needs the async workers. Never awaited while the kernel may hold a page
+    /// of the file locked for the request being answered (see `drop_pages_later`).
+    async fn drop_pages(self: &Arc<Self>, ino: InodeId, offset: u64, len: u64) {
+        if let Some(done) = self.start_dropping(ino, offset, len) {
+            let _ = done.await;
+        }
+    }
+
+    /// `drop_pages` without waiting: for a write through a handle whose writes go
+    /// through the page cache (`fuse_perform_write` holds the written pages locked
+    /// until we answer, so waiting here would wait for ourselves).
+    fn drop_pages_later(self: &Arc<Self>, ino: InodeId, offset: u64, len: u64) {
+        drop(self.start_dropping(ino, offset, len));
+    }
+
+    fn start_dropping(
+        self: &Arc<Self>,
+        ino: InodeId,
+        offset: u64,
+        len: u64,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        self.notifier.get()?;
+        let inner = self.clone();
+        let (offset, len) = (
+            offset.min(i64::MAX as u64) as i64,
+            len.min(i64::MAX as u64) as i64,
+        );
+        Some(tokio::task::spawn_blocking(move || {
+            if let Some(n) = inner.notifier.get() {
+                if let Err(e) = n.inval_inode(fuser::INodeNo(ino.0), offset, len) {
+                    tracing::debug!(error = %e, "page invalidation refused");
+                }
+            }
+        }))
     }
 
     /// Close-to-open: compares `attr` with what this mount saw of the file before. The

@@ -35,7 +35,9 @@ impl fuser::Filesystem for TesseraFs {
         // POSIX and flock locks come to us, so that they hold across mounts.
         let caps = [
             F::FUSE_PARALLEL_DIROPS,
-            F::FUSE_AUTO_INVAL_DATA,
+            // The page cache is dropped by this mount when another one changed the
+            // file (`Inner::revalidate`), not by the kernel at every mtime change.
+            F::FUSE_EXPLICIT_INVAL_DATA,
             F::FUSE_CACHE_SYMLINKS,
             F::FUSE_POSIX_LOCKS,
             F::FUSE_FLOCK_LOCKS,
@@ -59,6 +61,9 @@ impl fuser::Filesystem for TesseraFs {
         let (inner, name) = (self.inner.clone(), name.as_bytes().to_vec());
         self.spawn(async move {
             let r = inner.client.lookup(ino(parent), &name).await;
+            if let Ok(a) = &r {
+                inner.revalidate(a).await;
+            }
             inner.entry(reply, r)
         });
     }
@@ -67,11 +72,16 @@ impl fuser::Filesystem for TesseraFs {
         // Answered here when a create, unlink or commit brought them (`dirattrs.rs`):
         // no task, no hand-off to another thread.
         if let Some(a) = self.inner.client.take_kept_attr(ino(i)) {
+            // This mount's own change: recorded, nothing to drop.
+            self.inner.changed_elsewhere(&a, true);
             return self.inner.attr(reply, Ok(a));
         }
         let inner = self.inner.clone();
         self.spawn(async move {
             let r = inner.client.getattr(ino(i)).await;
+            if let Ok(a) = &r {
+                inner.revalidate(a).await;
+            }
             inner.attr(reply, r)
         });
     }
@@ -102,9 +112,19 @@ impl fuser::Filesystem for TesseraFs {
             atime: atime.map(time_set),
             mtime: mtime.map(time_set),
         };
+        // A new mtime or length is this mount's own change (`utime` after `tar x`
+        // wrote the file); a chmod or chown shows the file as the server has it.
+        let own = set.mtime.is_some() || set.size.is_some();
         let inner = self.inner.clone();
         self.spawn(async move {
             let r = inner.client.setattr(ino(i), set).await;
+            match &r {
+                Ok(a) if own => {
+                    let _ = inner.changed_elsewhere(a, true);
+                }
+                Ok(a) => inner.revalidate(a).await,
+                Err(_) => {}
+            }
             inner.attr(reply, r)
         });
     }
@@ -261,10 +281,11 @@ impl fuser::Filesystem for TesseraFs {
                 if inner.freshness(&attr) == Freshness::Same {
                     fopen |= FopenFlags::FOPEN_KEEP_CACHE;
                 }
+                let n = inner.new_fh();
                 if direct {
                     fopen |= FopenFlags::FOPEN_DIRECT_IO;
+                    inner.direct.lock().insert(n);
                 }
-                let n = inner.new_fh();
                 inner.files.lock().insert(n, Arc::new(fh));
                 reply.opened(Fh(n), fopen)
             })
@@ -284,6 +305,8 @@ impl fuser::Filesystem for TesseraFs {
         let (inner, name, who) = (self.inner.clone(), name.as_bytes().to_vec(), caller(req));
         let perm = mode & !umask & 0o7777;
         let exclusive = flags & libc::O_EXCL != 0;
+        // As at `open`: appends and O_DIRECT stay out of the page cache.
+        let direct = flags & (libc::O_DIRECT | libc::O_APPEND) != 0;
         self.spawn(async move {
             let r = inner
                 .client
@@ -296,14 +319,13 @@ impl fuser::Filesystem for TesseraFs {
                 inner.freshness(&attr);
                 let n = inner.new_fh();
                 inner.files.lock().insert(n, Arc::new(fh));
+                let mut fopen = FopenFlags::empty();
+                if direct {
+                    fopen |= FopenFlags::FOPEN_DIRECT_IO;
+                    inner.direct.lock().insert(n);
+                }
                 let (ttl, blk) = (inner.entry_ttl, inner.blksize);
-                reply.created(
-                    &ttl,
-                    &fuse_attr(&attr, blk),
-                    Generation(0),
-                    Fh(n),
-                    FopenFlags::empty(),
-                )
+                reply.created(&ttl, &fuse_attr(&attr, blk), Generation(0), Fh(n), fopen)
             })
         });
     }
@@ -352,11 +374,14 @@ impl fuser::Filesystem for TesseraFs {
         reply: ReplyWrite,
     ) {
         let append = flags.0 & libc::O_APPEND != 0;
+        // Written past the page cache (`FOPEN_DIRECT_IO`): cached pages of the range
+        // that other handles read are dropped after it (for an append, where it landed).
+        let direct = flags.0 & libc::O_DIRECT != 0;
         // The kernel clears setuid/setgid itself before writes through the page cache,
         // but leaves it to us for direct I/O (O_DIRECT and, here, O_APPEND files) by an
         // unprivileged writer.
         let kill_suid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        if !append && !kill_suid {
+        if !append && !kill_suid && !direct {
             // Most writes fit the buffers at once: answer here, sparing a copy and a task.
             let file = self.inner.files.lock().get(&fh.0).cloned();
             if let Some(file) = file {
@@ -375,11 +400,28 @@ impl fuser::Filesystem for TesseraFs {
                 r => r,
             };
             let r = match file {
-                Ok(file) if append => inner.client.append(&file, &data).await.map(|_| data.len()),
-                Ok(file) => inner.client.write(&file, offset, &data).await,
+                Ok(file) => {
+                    let r = if append {
+                        let n = data.len();
+                        inner.client.append(&file, &data).await.map(|at| (at, n))
+                    } else {
+                        let r = inner.client.write(&file, offset, &data).await;
+                        r.map(|n| (offset, n))
+                    };
+                    if let (Ok((at, n)), true) = (&r, append || direct) {
+                        if inner.direct.lock().contains(&fh.0) {
+                            inner.drop_pages(file.ino(), *at, *n as u64).await;
+                        } else {
+                            // O_APPEND or O_DIRECT set after the open (fcntl): the
+                            // kernel holds the written pages locked until this reply.
+                            inner.drop_pages_later(file.ino(), *at, *n as u64);
+                        }
+                    }
+                    r
+                }
                 Err(e) => Err(e),
             };
-            finish(reply, r, |reply, n| reply.written(n as u32))
+            finish(reply, r, |reply, (_, n)| reply.written(n as u32))
         });
     }
 
@@ -427,6 +469,7 @@ impl fuser::Filesystem for TesseraFs {
             if let Some(file) = file.filter(|f| f.settled()) {
                 self.inner.lock_owners.lock().remove(&fh.0);
                 self.inner.files.lock().remove(&fh.0);
+                self.inner.direct.lock().remove(&fh.0);
                 self.inner.client.release_later(file.session);
                 return reply.ok();
             }
@@ -443,6 +486,7 @@ impl fuser::Filesystem for TesseraFs {
                 }
             }
             let file = inner.files.lock().remove(&fh.0);
+            inner.direct.lock().remove(&fh.0);
             let r = match file {
                 Some(file) => inner.client.release(&file).await,
                 None => Ok(()),
@@ -505,6 +549,11 @@ impl fuser::Filesystem for TesseraFs {
             let Some(r) = inner.list(i, fh, offset, 96, true).await else {
                 return reply.error(Errno::EBADF);
             };
+            if let Ok(entries) = &r {
+                for a in entries.iter().filter_map(|e| e.attr.as_ref()) {
+                    inner.revalidate(a).await;
+                }
+            }
             let (ttl, blk) = (inner.entry_ttl, inner.blksize);
             finish(reply, r, |mut reply, entries| {
                 for e in entries {
@@ -694,7 +743,14 @@ impl fuser::Filesystem for TesseraFs {
         let inner = self.inner.clone();
         self.spawn(async move {
             let r = match inner.file(fh.0) {
-                Ok(file) => inner.client.fallocate(&file, offset, length, mode).await,
+                Ok(file) => {
+                    let r = inner.client.fallocate(&file, offset, length, mode).await;
+                    let zeroed = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+                    if r.is_ok() && mode & zeroed != 0 {
+                        inner.drop_pages(file.ino(), offset, length).await;
+                    }
+                    r
+                }
                 Err(e) => Err(e),
             };
             finish(reply, r, |reply, ()| reply.ok())
