@@ -423,14 +423,26 @@ async fn a_copy_that_missed_a_write_is_marked_stale_and_copied_whole() {
     client.fsync(&fh).await.unwrap();
     client.release(&fh).await.unwrap();
     data[MIB..2 * MIB].copy_from_slice(&patch);
+    repaired_copy_holds(&cluster, tail, chunk, meta.version + 1, b"one.bin", &data).await;
+}
+
+/// Waits until server `tail`'s copy of `chunk` is at `version` and no longer stale,
+/// then checks that it alone serves `name` as `data`.
+async fn repaired_copy_holds(
+    cluster: &InProcessCluster,
+    tail: usize,
+    chunk: proto::ChunkId,
+    version: u64,
+    name: &[u8],
+    data: &[u8],
+) {
+    let store = cluster.data[tail].store();
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
         // The repair rewrites the file in place under the service's chunk lock, which
         // this look at the store does not take: it may see the repair half done.
         let m = store.chunk_meta(chunk).unwrap();
-        if m.as_ref()
-            .is_some_and(|m| m.version == meta.version + 1 && !m.stale)
-        {
+        if m.as_ref().is_some_and(|m| m.version == version && !m.stale) {
             break;
         }
         assert!(
@@ -439,9 +451,9 @@ async fn a_copy_that_missed_a_write_is_marked_stale_and_copied_whole() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    serve_alone(&cluster, tail).await;
+    serve_alone(cluster, tail).await;
     let reader = cluster.client().await;
-    let back = read_all(&reader, b"one.bin", data.len(), |_| {}).await;
+    let back = read_all(&reader, name, data.len(), |_| {}).await;
     assert!(
         back == data,
         "the repaired copy holds every acknowledged byte"
@@ -566,25 +578,6 @@ async fn small_writes_travel_inline_down_the_chain_and_a_copy_that_missed_one_is
     client.fsync(&fh).await.unwrap();
     client.release(&fh).await.unwrap();
     data[2000..2004].copy_from_slice(b"tail");
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let m = store.chunk_meta(chunk).unwrap();
-        if m.as_ref()
-            .is_some_and(|m| m.version == before[0].0 + 2 && !m.stale)
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never repaired: {m:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    serve_alone(&cluster, tail).await;
-    let reader = cluster.client().await;
-    let back = read_all(&reader, b"small.bin", data.len(), |_| {}).await;
-    assert!(
-        back == data,
-        "the repaired copy holds every acknowledged byte"
-    );
+    let version = before[0].0 + 2;
+    repaired_copy_holds(&cluster, tail, chunk, version, b"small.bin", &data).await;
 }
