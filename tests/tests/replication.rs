@@ -514,8 +514,7 @@ async fn small_writes_travel_inline_down_the_chain_and_a_copy_that_missed_one_is
         .connect(cluster.data[index_of(order[0])].advertise())
         .await
         .unwrap();
-    let patch = pseudo_random(500, 12);
-    let req = DataRequest::WriteInline {
+    let inline = |offset, data| DataRequest::WriteInline {
         chunk,
         place: Placement {
             chain: meta.chain,
@@ -523,9 +522,11 @@ async fn small_writes_travel_inline_down_the_chain_and_a_copy_that_missed_one_is
             replicas: 3,
         },
         chunk_size_bytes: meta.chunk_size_bytes,
-        offset: 1000,
-        data: patch.clone(),
+        offset,
+        data,
     };
+    let patch = pseudo_random(500, 12);
+    let req = inline(1000, patch.clone());
     let reply = head
         .call(Bytes::from(codec::encode(&req, 4096).unwrap()))
         .await
@@ -540,17 +541,7 @@ async fn small_writes_travel_inline_down_the_chain_and_a_copy_that_missed_one_is
         assert!(bytes == data, "every copy took the inline write");
     }
     // More than the limit inline is refused, and nothing changes.
-    let big = DataRequest::WriteInline {
-        chunk,
-        place: Placement {
-            chain: meta.chain,
-            map_version: map.version,
-            replicas: 3,
-        },
-        chunk_size_bytes: meta.chunk_size_bytes,
-        offset: 0,
-        data: vec![1; MAX_INLINE_WRITE_BYTES + 1],
-    };
+    let big = inline(0, vec![1; MAX_INLINE_WRITE_BYTES + 1]);
     let reply = head
         .call(Bytes::from(codec::encode(&big, 1 << 20).unwrap()))
         .await
