@@ -11,7 +11,7 @@ pub mod process;
 
 pub use agent::Agent;
 pub use inprocess::InProcessCluster;
-pub use process::{ClusterOptions, Mount, ProcessCluster};
+pub use process::{ClusterOptions, Mount, ProcessCluster, Watchdog};
 
 use sha2::{Digest, Sha256};
 

@@ -381,6 +381,43 @@ impl Mount {
         }
     }
 
+    /// Aborts this mount's FUSE connection if the returned guard is still alive after
+    /// `limit`: a request that never gets its answer (a deadlock in the mount) then
+    /// fails with ENOTCONN and the test fails, instead of hanging the whole suite in a
+    /// process no signal can end.
+    pub fn watchdog(&self, limit: Duration) -> Watchdog {
+        use std::os::unix::fs::MetadataExt;
+        let dev = fs::metadata(&self.path).map(|m| m.dev()).ok();
+        let path = self.path.clone();
+        let (cancel, expired) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if expired.recv_timeout(limit).is_ok() {
+                return;
+            }
+            let Some(dev) = dev else { return };
+            eprintln!(
+                "watchdog: {} still busy after {limit:?}: aborting its FUSE connection",
+                path.display()
+            );
+            let conns = Path::new("/sys/fs/fuse/connections");
+            // The control file system, mounted here if it is not (and unmounted after).
+            let mounted = fs::read_dir(conns).is_ok_and(|mut d| d.next().is_none())
+                && Command::new("mount")
+                    .args(["-t", "fusectl", "none"])
+                    .arg(conns)
+                    .status()
+                    .is_ok_and(|s| s.success());
+            let abort = conns.join(libc::minor(dev).to_string()).join("abort");
+            if let Err(e) = fs::write(&abort, "1") {
+                eprintln!("watchdog: cannot write {}: {e}", abort.display());
+            }
+            if mounted {
+                let _ = Command::new("umount").arg(conns).status();
+            }
+        });
+        Watchdog { _cancel: cancel }
+    }
+
     fn stop(&mut self) {
         // SIGTERM makes the mount process unmount itself; unmount here too in case it
         // is stuck, lazily if files are still open.
@@ -389,6 +426,11 @@ impl Mount {
         }
         stop(&mut self.child);
     }
+}
+
+/// Cancels a [`Mount::watchdog`] when dropped.
+pub struct Watchdog {
+    _cancel: std::sync::mpsc::Sender<()>,
 }
 
 impl Drop for Mount {

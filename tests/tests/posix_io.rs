@@ -329,6 +329,8 @@ fn unsupported_ioctls_fail_with_enotty_and_leave_no_trace_in_the_log() {
 fn cached_pages_follow_writes_that_bypass_them_and_changes_on_another_mount() {
     let cluster = ProcessCluster::start(3);
     let (a, b) = (cluster.mount("a"), cluster.mount("b"));
+    // A write waiting for its own pages would hang this test in an unkillable state.
+    let _dog = a.watchdog(std::time::Duration::from_secs(90));
     let p = a.path.join("cached");
     let len = 256 * 1024;
     let mut want = vec![b'a'; len];

@@ -4,8 +4,12 @@
 use std::fs;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 use tessera_tests::posix::check_output;
 use tessera_tests::{pseudo_random, ProcessCluster};
+
+/// Far above what either test takes (a few seconds): past it the mount is deadlocked.
+const LIMIT: Duration = Duration::from_secs(300);
 
 fn run(cmd: &str, cwd: &Path) -> String {
     let out = Command::new("sh")
@@ -46,6 +50,7 @@ fn make_tree(root: &Path) {
 fn git_clone_onto_the_mount_then_fsck_and_status_are_clean() {
     let cluster = ProcessCluster::start(3);
     let m = cluster.mount("mnt");
+    let _dog = m.watchdog(LIMIT);
     let origin = cluster.dir().join("origin");
     fs::create_dir_all(&origin).unwrap();
     make_tree(&origin);
@@ -92,6 +97,7 @@ fn git_clone_onto_the_mount_then_fsck_and_status_are_clean() {
 fn tar_of_a_source_tree_out_and_back_is_identical() {
     let cluster = ProcessCluster::start(3);
     let m = cluster.mount("mnt");
+    let _dog = m.watchdog(LIMIT);
     let src = cluster.dir().join("src-tree");
     fs::create_dir_all(&src).unwrap();
     make_tree(&src);
