@@ -163,37 +163,52 @@ impl Inner {
     /// moves, so that this mount's own writes do not throw away what it just wrote
     /// (`FUSE_AUTO_INVAL_DATA` dropped the whole cache at the first `getattr` after a
     /// write). A change seen here of a file this mount opened before drops the pages,
-    /// before the reply, unless it is this mount's own: `own` (a commit reply), or a
-    /// handle of this mount has the file open for writing (writers on two mounts at
-    /// once get no coherence, as on NFS).
+    /// before the reply, unless a handle of this mount has the file open for writing
+    /// (writers on two mounts at once get no coherence, as on NFS). This mount's own
+    /// changes go through [`Inner::note_own`] instead.
     async fn revalidate(self: &Arc<Self>, attr: &proto::Attr) {
-        if let Some(ino) = self.changed_elsewhere(attr, false) {
-            self.drop_pages(ino, 0, 0).await;
-        }
-    }
-
-    /// Records `attr` as seen; returns the inode if its cached pages must go.
-    fn changed_elsewhere(&self, attr: &proto::Attr, own: bool) -> Option<InodeId> {
-        let now = (attr.mtime, attr.size);
-        {
-            let mut seen = self.seen.lock();
-            // Never opened through this mount (or forgotten): no pages to drop, and an
-            // open decides anew.
-            let before = seen.get_mut(&attr.ino)?;
-            if *before == now {
-                return None;
-            }
-            *before = now;
+        if self.note_seen(attr, false) != Freshness::Changed {
+            return;
         }
         let state = self.client.open_file(attr.ino);
-        if own || state.as_ref().is_some_and(|s| s.gate.has_writers()) {
-            return None;
+        if state.as_ref().is_some_and(|s| s.gate.has_writers()) {
+            return;
         }
         if let Some(s) = state {
             // The client's own cached segments go as at an open that finds a change.
             s.opened(attr);
         }
-        Some(attr.ino)
+        self.drop_pages(attr.ino, 0, 0).await;
+    }
+
+    /// Attributes after this mount's own change (a commit, a new mtime or length):
+    /// recorded, nothing to drop.
+    fn note_own(&self, attr: &proto::Attr) {
+        self.note_seen(attr, false);
+    }
+
+    /// Records `attr`'s mtime and length as what this mount last saw of the file, and
+    /// compares them with the previous ones. Without `insert`, a file not seen before
+    /// (never opened through this mount, or forgotten) stays unrecorded: `New`.
+    fn note_seen(&self, attr: &proto::Attr, insert: bool) -> Freshness {
+        let now = (attr.mtime, attr.size);
+        let mut seen = self.seen.lock();
+        let before = match seen.get_mut(&attr.ino) {
+            Some(b) => std::mem::replace(b, now),
+            None if insert => {
+                if seen.len() >= MAX_SEEN {
+                    seen.clear();
+                }
+                seen.insert(attr.ino, now);
+                return Freshness::New;
+            }
+            None => return Freshness::New,
+        };
+        if before == now {
+            Freshness::Same
+        } else {
+            Freshness::Changed
+        }
     }
 
     /// Drops the kernel's cached pages of `ino` from `offset`, `len` bytes (0: to the
@@ -239,27 +254,16 @@ impl Inner {
     /// kernel keeps its cached pages only for `Same`; for `Changed`, its cached attributes
     /// (the length above all) are dropped too, so reads see the new end of the file.
     fn freshness(&self, attr: &proto::Attr) -> Freshness {
-        let now = (attr.mtime, attr.size);
-        let before = {
-            let mut seen = self.seen.lock();
-            if seen.len() >= MAX_SEEN {
-                seen.clear();
-            }
-            seen.insert(attr.ino, now)
-        };
-        match before {
-            None => Freshness::New,
-            Some(b) if b == now => Freshness::Same,
-            Some(_) => {
-                if let Some(n) = self.notifier.get() {
-                    // Offset -1: attributes only; the pages go because KEEP_CACHE is unset.
-                    if let Err(e) = n.inval_inode(fuser::INodeNo(attr.ino.0), -1, 0) {
-                        tracing::debug!(error = %e, "attribute invalidation refused");
-                    }
+        let f = self.note_seen(attr, true);
+        if f == Freshness::Changed {
+            if let Some(n) = self.notifier.get() {
+                // Offset -1: attributes only; the pages go because KEEP_CACHE is unset.
+                if let Err(e) = n.inval_inode(fuser::INodeNo(attr.ino.0), -1, 0) {
+                    tracing::debug!(error = %e, "attribute invalidation refused");
                 }
-                Freshness::Changed
             }
         }
+        f
     }
 }
 

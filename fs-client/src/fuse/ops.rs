@@ -72,8 +72,7 @@ impl fuser::Filesystem for TesseraFs {
         // Answered here when a create, unlink or commit brought them (`dirattrs.rs`):
         // no task, no hand-off to another thread.
         if let Some(a) = self.inner.client.take_kept_attr(ino(i)) {
-            // This mount's own change: recorded, nothing to drop.
-            self.inner.changed_elsewhere(&a, true);
+            self.inner.note_own(&a);
             return self.inner.attr(reply, Ok(a));
         }
         let inner = self.inner.clone();
@@ -119,9 +118,7 @@ impl fuser::Filesystem for TesseraFs {
         self.spawn(async move {
             let r = inner.client.setattr(ino(i), set).await;
             match &r {
-                Ok(a) if own => {
-                    let _ = inner.changed_elsewhere(a, true);
-                }
+                Ok(a) if own => inner.note_own(a),
                 Ok(a) => inner.revalidate(a).await,
                 Err(_) => {}
             }
