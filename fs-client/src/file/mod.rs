@@ -523,8 +523,7 @@ impl Client {
         match mode {
             0 => self.grow_to(fh, end).await,
             m if m == keep => Ok(()),
-            m if m == punch | keep => self.punch(fh, offset, end).await,
-            m if m == zero | keep => self.punch(fh, offset, end).await,
+            m if m == punch | keep || m == zero | keep => self.punch(fh, offset, end).await,
             m if m == zero => {
                 self.punch(fh, offset, end).await?;
                 self.grow_to(fh, end).await
