@@ -37,8 +37,9 @@ impl Namespace {
         let mut st = self.state.lock();
         let mut txn = Txn::new(&*self.store, &st.sb);
         let parent_rec = txn.dir(parent)?;
-        let mut created = false;
-        let (ino, rec) = match txn.dirent(parent, name)? {
+        let existing = txn.dirent(parent, name)?;
+        let created = existing.is_none();
+        let (ino, rec) = match existing {
             Some(_) if exclusive => {
                 return Err(MetaError::AlreadyExists(format!(
                     "{} in {parent}",
@@ -56,10 +57,7 @@ impl Namespace {
                 )));
             }
             Some(d) => (InodeId(d.ino), txn.inode(InodeId(d.ino))?),
-            None => {
-                created = true;
-                self.new_file(&mut txn, parent, &parent_rec, name, perm, caller)?
-            }
+            None => self.new_file(&mut txn, parent, &parent_rec, name, perm, caller)?,
         };
         let session = reserve_session(&st, &mut txn);
         Self::commit_txn(&mut st, txn)?;
