@@ -104,6 +104,24 @@ struct Step<'a> {
     len: u32,
 }
 
+impl<'a> Step<'a> {
+    fn new(
+        map: &'a ClusterMap,
+        order: &'a [NodeId],
+        pos: usize,
+        w: &'a ChainWrite,
+        len: u32,
+    ) -> Self {
+        Step {
+            map,
+            order,
+            pos,
+            w,
+            len,
+        }
+    }
+}
+
 impl Inner {
     /// The chain order of `place` per `map`, and this server's position in it.
     fn position(
@@ -162,13 +180,7 @@ impl Inner {
             base: have.version,
             stale: Some(false),
         };
-        let step = Step {
-            map: &map,
-            order: &order,
-            pos,
-            w: &w,
-            len,
-        };
+        let step = Step::new(&map, &order, pos, &w, len);
         self.apply(conn, step, stamp, &self.pool).await?;
         Ok(len)
     }
@@ -198,13 +210,7 @@ impl Inner {
             base,
             stale: None,
         };
-        let step = Step {
-            map: &map,
-            order: &order,
-            pos,
-            w: &w,
-            len,
-        };
+        let step = Step::new(&map, &order, pos, &w, len);
         let stale = self.apply(conn, step, stamp, pool).await?;
         if stale {
             self.stale_found.notify_one();
