@@ -11,6 +11,10 @@ use tempfile::TempDir;
 const READY: Duration = Duration::from_secs(60);
 /// How long a process may take to exit after SIGTERM.
 const STOP: Duration = Duration::from_secs(20);
+/// How long any test may keep a mount before its [`Mount::watchdog`] aborts it: far
+/// above the slowest test (a few minutes on CI), far below CI's 90-minute limit, so a
+/// deadlocked mount fails its test instead of the whole run.
+pub const MOUNT_LIMIT: Duration = Duration::from_secs(20 * 60);
 
 /// The directory holding the workspace's binaries (next to the test's `deps/`).
 pub fn bin_dir() -> PathBuf {
@@ -334,11 +338,17 @@ impl ProcessCluster {
         let child = spawn(&[], &self.bin.join("tessera"), &args, &log);
         // The guard exists before the wait, so a mount that never becomes ready is still
         // unmounted and stopped.
-        let mut m = Mount { path, child, log };
+        let mut m = Mount {
+            path,
+            child,
+            log,
+            _dog: None,
+        };
         let (p, l) = (m.path.clone(), m.log.clone());
         wait_for("tessera mount", &mut m.child, &l, || {
             fs_client::cluster::is_mounted(&p)
         });
+        m._dog = Some(m.watchdog(MOUNT_LIMIT));
         m
     }
 }
@@ -352,12 +362,15 @@ impl Drop for ProcessCluster {
     }
 }
 
-/// A FUSE mount served by a `tessera mount` process; unmounted and stopped on drop.
+/// A FUSE mount served by a `tessera mount` process; unmounted and stopped on drop,
+/// aborted if a test keeps it longer than [`MOUNT_LIMIT`].
 pub struct Mount {
     /// Where it is mounted.
     pub path: PathBuf,
     child: Child,
     log: PathBuf,
+    /// Dropped after `Drop::drop` unmounted, so it never aborts a mount being taken down.
+    _dog: Option<Watchdog>,
 }
 
 impl Mount {
@@ -391,7 +404,12 @@ impl Mount {
         let path = self.path.clone();
         let (cancel, expired) = std::sync::mpsc::channel::<()>();
         std::thread::spawn(move || {
-            if expired.recv_timeout(limit).is_ok() {
+            // The guard sends nothing: its drop disconnects the channel, which ends
+            // the wait early with `Disconnected`. Only the limit passing aborts.
+            if !matches!(
+                expired.recv_timeout(limit),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+            ) {
                 return;
             }
             let Some(dev) = dev else { return };

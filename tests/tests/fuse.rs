@@ -6,6 +6,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
 use tessera_tests::posix::check_output;
 use tessera_tests::{pseudo_random, sha256_hex, ProcessCluster};
 
@@ -25,6 +26,37 @@ fn sha256_file(p: &Path) -> String {
         .next()
         .unwrap_or_default()
         .to_string()
+}
+
+/// The harness's watchdog, which keeps a deadlocked mount from hanging the whole suite:
+/// it aborts the mount's FUSE connection once its limit passes, and never when its
+/// guard is dropped in time (it once did, at every drop).
+#[test]
+fn a_test_watchdog_aborts_its_mount_at_the_limit_and_not_when_dropped() {
+    let cluster = ProcessCluster::start(1);
+    let m = cluster.mount("mnt");
+    let dev = fs::metadata(&m.path).unwrap().dev();
+    fs::write(m.path.join("before"), b"x").unwrap();
+    drop(m.watchdog(Duration::from_secs(1)));
+    std::thread::sleep(Duration::from_secs(2));
+    let now = fs::metadata(&m.path).map(|a| a.dev());
+    assert_eq!(
+        now.ok(),
+        Some(dev),
+        "a dropped watchdog took the mount down"
+    );
+    // A create always reaches the mount process: no kernel cache answers it.
+    fs::write(m.path.join("after-drop"), b"y").unwrap();
+    assert_eq!(fs::read(m.path.join("before")).unwrap(), b"x");
+    // Once aborted, the mount's requests fail and the mount process unmounts itself:
+    // the path then names the directory underneath.
+    let _dog = m.watchdog(Duration::from_secs(1));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fs::metadata(&m.path).map(|a| a.dev()).ok() == Some(dev) {
+        assert!(Instant::now() < deadline, "the watchdog never fired");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!m.path.join("before").exists());
 }
 
 #[test]
