@@ -30,25 +30,18 @@ const DIRECT_ALIGN: usize = 4096;
 /// direct read would fetch the bytes a second time (reading files of 100 KiB to 1 MiB
 /// took ~20% longer that way). Small files are the data sets read whole; larger chunks
 /// are the streams and the random reads, where the copy and the wasted read-ahead cost.
-const DIRECT_MIN_CHUNK_BYTES: u64 = 1 << 20;
+pub(crate) const DIRECT_MIN_CHUNK_BYTES: u64 = 1 << 20;
 
-/// Opens `path` read-write with `O_DIRECT`; `None` where the file system refuses it
-/// (some do, with `EINVAL`) or the open fails otherwise: the buffered descriptor then
-/// serves every read and write.
-fn open_direct(path: &Path) -> Option<Arc<File>> {
+/// Opens `path` read-write with `O_DIRECT`. Some file systems refuse it (`EINVAL`);
+/// the buffered descriptor then serves every read and write.
+fn open_direct(path: &Path) -> std::io::Result<Arc<File>> {
     use std::os::unix::fs::OpenOptionsExt;
-    match File::options()
+    File::options()
         .read(true)
         .write(true)
         .custom_flags(libc::O_DIRECT)
         .open(path)
-    {
-        Ok(f) => Some(Arc::new(f)),
-        Err(e) => {
-            tracing::debug!(path = %path.display(), error = %e, "no O_DIRECT: buffered I/O only");
-            None
-        }
-    }
+        .map(Arc::new)
 }
 
 /// Reads `dst` from `file` (opened with `O_DIRECT`) at `pos`. A short read means the
@@ -142,7 +135,7 @@ pub(crate) struct WritePlan {
     edges: Vec<Edge>,
     /// The part of `data` made of whole blocks: (chunk offset, range in `data`).
     middle: Option<(u64, Range<usize>)>,
-    new_len: u64,
+    pub new_len: u64,
 }
 
 impl ChunkFile {
@@ -323,10 +316,19 @@ impl ChunkFile {
         Ok(())
     }
 
-    /// Opens the file's `O_DIRECT` descriptor (read-write; none where the file system
-    /// refuses it).
-    pub fn open_direct(&mut self) {
-        self.direct = open_direct(&self.path);
+    /// Opens the file's `O_DIRECT` descriptor (read-write). False if the file system
+    /// refuses `O_DIRECT` (then no other chunk file will get one either); any other
+    /// failure leaves the file without one, buffered.
+    pub fn open_direct(&mut self) -> bool {
+        match open_direct(&self.path) {
+            Ok(f) => self.direct = Some(f),
+            Err(e) => {
+                tracing::debug!(path = %self.path.display(), error = %e,
+                    "no O_DIRECT: buffered I/O only");
+                return e.raw_os_error() != Some(libc::EINVAL);
+            }
+        }
+        true
     }
 
     /// Its descriptors, for the store's cache of open files.

@@ -116,14 +116,14 @@ mod node_id;
 
 use crate::error::{DataError, IoContext};
 use cache::{OpenFiles, MAX_OPEN_CHUNK_FILES};
-use chunk::{measure, ChunkFile, Opened, WritePlan};
+use chunk::{measure, ChunkFile, Opened, WritePlan, DIRECT_MIN_CHUNK_BYTES};
 use dirs::{DirKey, DirtyDirs, MAX_DIRTY_DIRS};
 use format::{bucket_of, chunk_path, chunks_root, inode_dir, Geometry};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use proto::{ChunkId, InodeId, NodeId};
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 mod replica;
 mod scan;
@@ -163,8 +163,9 @@ pub struct ChunkStore {
     dirty: DirtyDirs,
     /// Chunk files kept open between requests.
     files: OpenFiles,
-    /// Whether chunk files get an `O_DIRECT` descriptor (see [`ChunkFile::direct`]).
-    direct_io: bool,
+    /// Whether chunk files get an `O_DIRECT` descriptor (see [`ChunkFile::direct`]);
+    /// turned off for good when the file system refuses one.
+    direct_io: AtomicBool,
     /// Bytes of the disk that writes leave free (see `DataConfig::disk_reserve_bytes`).
     disk_reserve: u64,
     node_id_lock: Mutex<()>,
@@ -211,7 +212,7 @@ impl ChunkStore {
             chunks: AtomicU64::new(chunks),
             stripes: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
             files: OpenFiles::new(MAX_OPEN_CHUNK_FILES),
-            direct_io: true,
+            direct_io: AtomicBool::new(true),
             disk_reserve: 0,
             node_id_lock: Mutex::new(()),
             _lock_file: lock_file,
@@ -226,8 +227,8 @@ impl ChunkStore {
     }
 
     /// Turns `O_DIRECT` for whole-block runs on (the default) or off.
-    pub fn direct_io(mut self, on: bool) -> ChunkStore {
-        self.direct_io = on;
+    pub fn direct_io(self, on: bool) -> ChunkStore {
+        self.direct_io.store(on, Ordering::Relaxed);
         self
     }
 
@@ -348,7 +349,7 @@ impl ChunkStore {
         // Also for a leftover empty file: its directory entry may not be durable yet.
         self.dirty.mark(DirKey::Inode(chunk.inode))?;
         let mut cf = ChunkFile::init(file, &path, chunk, geo)?;
-        self.attach_direct(&mut cf);
+        self.attach_direct(&mut cf, plan.new_len);
         cf.apply_write(plan, data)?;
         self.files.insert(chunk, cf.fds(), geo);
         Ok(())
@@ -359,21 +360,36 @@ impl ChunkStore {
     fn open_chunk(&self, chunk: ChunkId) -> Result<Opened, DataError> {
         let path = chunk_path(&self.root, chunk);
         if let Some((fds, geo)) = self.files.get(chunk) {
-            return ChunkFile::reopen(fds, path, chunk, geo).map(Opened::Chunk);
+            let mut cf = ChunkFile::reopen(fds, path, chunk, geo)?;
+            // A small chunk that has grown since it was cached.
+            let len = cf.data_len;
+            if self.attach_direct(&mut cf, len) {
+                self.files.insert(chunk, cf.fds(), cf.geo);
+            }
+            return Ok(Opened::Chunk(cf));
         }
         let mut opened = ChunkFile::open(&path, chunk, true)?;
         if let Opened::Chunk(cf) = &mut opened {
-            self.attach_direct(cf);
+            let len = cf.data_len;
+            self.attach_direct(cf, len);
             self.files.insert(chunk, cf.fds(), cf.geo);
         }
         Ok(opened)
     }
 
-    /// Gives a chunk file about to be cached its `O_DIRECT` descriptor, if enabled.
-    fn attach_direct(&self, cf: &mut ChunkFile) {
-        if self.direct_io {
-            cf.open_direct();
+    /// Gives a chunk file holding `len` bytes its `O_DIRECT` descriptor if it has none,
+    /// `direct_io` is on and the chunk is large enough to use it: a small file's chunk
+    /// would only pay a second open (~50-300 us, on each member of a chain, for every
+    /// small file created or first read). True if it got one.
+    fn attach_direct(&self, cf: &mut ChunkFile, len: u64) -> bool {
+        let on = self.direct_io.load(Ordering::Relaxed);
+        if !on || cf.direct.is_some() || len <= DIRECT_MIN_CHUNK_BYTES {
+            return false;
         }
+        if !cf.open_direct() {
+            self.direct_io.store(false, Ordering::Relaxed);
+        }
+        cf.direct.is_some()
     }
 
     /// Creates the chunk's (empty) file and, if needed, its inode directory.

@@ -427,3 +427,28 @@ fn open_files_are_bounded() {
     }
     assert_eq!(s.open_files(), cache::MAX_OPEN_CHUNK_FILES);
 }
+
+#[test]
+fn only_chunks_over_a_mebibyte_get_an_o_direct_descriptor() {
+    // A small file's chunk is read and written buffered anyway: a second (O_DIRECT) open
+    // of it would only cost time on every member of every small file's chain.
+    let tmp = tempfile::tempdir().unwrap();
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    let direct = |c: ChunkId| s.files.get(c).expect("cached").0 .1.is_some();
+    let (small, large) = (chunk(70, 0), chunk(71, 0));
+    let cs = 4 * MIB;
+    write_aligned(&s, small, cs, 0, &Rng(1).bytes(100_000));
+    write_aligned(&s, large, cs, 0, &Rng(2).bytes(2 * MIB as usize));
+    assert!(!direct(small));
+    // Where the file system refuses O_DIRECT, no chunk gets one, and nothing else changes.
+    let supported = direct(large);
+    // Grown past the threshold, the cached file gets one at its next open.
+    let more = Rng(3).bytes(MIB as usize);
+    write_aligned(&s, small, cs, MIB, &more);
+    assert_eq!(read_vec(&s, small, cs, MIB, more.len()), more);
+    assert_eq!(direct(small), supported);
+    drop(s);
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    assert_eq!(read_vec(&s, small, cs, MIB, more.len()), more);
+    assert_eq!(s.files.get(small).unwrap().0 .1.is_some(), supported);
+}
