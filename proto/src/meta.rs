@@ -161,6 +161,16 @@ impl ClusterMap {
         self.chains.iter().find(|c| c.chain == chain)
     }
 
+    /// Whether every chain has a serving member: every file can be read and written,
+    /// though some copies may still be resyncing (see [`ClusterMap::healthy`]).
+    pub fn usable(&self) -> bool {
+        !self.chains.is_empty()
+            && self
+                .chains
+                .iter()
+                .all(|c| c.members.iter().any(|m| m.state == MemberState::Serving))
+    }
+
     /// Whether every chain has `min(replicas, servers up)` members, all serving.
     pub fn healthy(&self, replicas: u8) -> bool {
         let up = self.nodes.iter().filter(|n| n.alive()).count();
@@ -632,3 +642,40 @@ pub enum MetaReply {
 
 /// The answer to every [`MetaRequest`].
 pub type MetaResult = Result<MetaReply, WireError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_map_with_a_resyncing_copy_is_usable_but_not_healthy() {
+        let node = |n| NodeInfo {
+            node: NodeId(n),
+            addr: format!("127.0.0.1:{n}"),
+            state: NodeState::Up,
+        };
+        let member = |n, state| Member {
+            node: NodeId(n),
+            state,
+        };
+        let chain = |members| ChainInfo {
+            chain: ChainId(1),
+            members,
+        };
+        let mut map = ClusterMap {
+            version: 1,
+            nodes: vec![node(1), node(2)],
+            chains: vec![],
+        };
+        assert!(!map.usable() && !map.healthy(2));
+        map.chains = vec![chain(vec![
+            member(1, MemberState::Serving),
+            member(2, MemberState::Serving),
+        ])];
+        assert!(map.usable() && map.healthy(2));
+        map.chains[0].members[1].state = MemberState::Syncing;
+        assert!(map.usable() && !map.healthy(2));
+        map.chains[0].members[0].state = MemberState::Offline;
+        assert!(!map.usable() && !map.healthy(2));
+    }
+}
