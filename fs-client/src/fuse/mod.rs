@@ -44,7 +44,7 @@ struct Inner {
     attr_ttl: Duration,
     entry_ttl: Duration,
     blksize: u32,
-    files: Mutex<HashMap<u64, Arc<FileHandle>>>,
+    files: Mutex<HashMap<u64, OpenFile>>,
     dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirHandle>>>>,
     next_fh: AtomicU64,
     /// (mtime, size) of each file when it was last opened or looked at.
@@ -61,10 +61,15 @@ struct Inner {
     lock_owners: Mutex<HashMap<u64, HashSet<u64>>>,
     /// Sends cache invalidations to the kernel; set once the session exists.
     notifier: OnceLock<fuser::Notifier>,
-    /// Handles opened with `FOPEN_DIRECT_IO`: the kernel holds no page locked while
-    /// their writes wait for us, so a write through one may wait for a page
-    /// invalidation (through any other, the kernel may hold the very pages).
-    direct: Mutex<HashSet<u64>>,
+}
+
+/// An open file handle of the mount.
+struct OpenFile {
+    file: Arc<FileHandle>,
+    /// Opened with `FOPEN_DIRECT_IO`: the kernel holds no page locked while its writes
+    /// wait for us, so a write through it may wait for a page invalidation (through any
+    /// other handle, the kernel may hold the very pages).
+    direct_io: bool,
 }
 
 /// What an open found compared with what this mount saw of the file before.
@@ -92,7 +97,6 @@ impl TesseraFs {
             next_fh: AtomicU64::new(1),
             seen: Mutex::new(HashMap::new()),
             notifier: OnceLock::new(),
-            direct: Mutex::new(HashSet::new()),
             locked: Mutex::new(HashSet::new()),
             lock_owners: Mutex::new(HashMap::new()),
         };
@@ -112,12 +116,25 @@ impl Inner {
         self.next_fh.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Records an open file handle; returns its number.
+    fn add_file(&self, file: FileHandle, direct_io: bool) -> u64 {
+        let n = self.new_fh();
+        let file = Arc::new(file);
+        self.files.lock().insert(n, OpenFile { file, direct_io });
+        n
+    }
+
     fn file(&self, fh: u64) -> Result<Arc<FileHandle>, ClientError> {
         self.files
             .lock()
             .get(&fh)
-            .cloned()
+            .map(|o| o.file.clone())
             .ok_or_else(|| ClientError::Invalid(format!("unknown file handle {fh}")))
+    }
+
+    /// Whether handle `fh` was opened with `FOPEN_DIRECT_IO`.
+    fn direct_io(&self, fh: u64) -> bool {
+        self.files.lock().get(&fh).is_some_and(|o| o.direct_io)
     }
 
     /// Forgets `owner` among the lock owners of handle `fh`: it flushed, so its POSIX

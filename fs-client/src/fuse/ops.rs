@@ -278,13 +278,10 @@ impl fuser::Filesystem for TesseraFs {
                 if inner.freshness(&attr) == Freshness::Same {
                     fopen |= FopenFlags::FOPEN_KEEP_CACHE;
                 }
-                let n = inner.new_fh();
                 if direct {
                     fopen |= FopenFlags::FOPEN_DIRECT_IO;
-                    inner.direct.lock().insert(n);
                 }
-                inner.files.lock().insert(n, Arc::new(fh));
-                reply.opened(Fh(n), fopen)
+                reply.opened(Fh(inner.add_file(fh, direct)), fopen)
             })
         });
     }
@@ -314,12 +311,10 @@ impl fuser::Filesystem for TesseraFs {
             }
             finish(reply, r, |reply, (attr, fh)| {
                 inner.freshness(&attr);
-                let n = inner.new_fh();
-                inner.files.lock().insert(n, Arc::new(fh));
+                let n = inner.add_file(fh, direct);
                 let mut fopen = FopenFlags::empty();
                 if direct {
                     fopen |= FopenFlags::FOPEN_DIRECT_IO;
-                    inner.direct.lock().insert(n);
                 }
                 let (ttl, blk) = (inner.entry_ttl, inner.blksize);
                 reply.created(&ttl, &fuse_attr(&attr, blk), Generation(0), Fh(n), fopen)
@@ -380,8 +375,7 @@ impl fuser::Filesystem for TesseraFs {
         let kill_suid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         if !append && !kill_suid && !direct {
             // Most writes fit the buffers at once: answer here, sparing a copy and a task.
-            let file = self.inner.files.lock().get(&fh.0).cloned();
-            if let Some(file) = file {
+            if let Ok(file) = self.inner.file(fh.0) {
                 if let Some(r) = self.inner.client.try_write_now(&file, offset, data) {
                     return finish(reply, r, |reply, n| reply.written(n as u32));
                 }
@@ -406,7 +400,7 @@ impl fuser::Filesystem for TesseraFs {
                         r.map(|n| (offset, n))
                     };
                     if let (Ok((at, n)), true) = (&r, append || direct) {
-                        if inner.direct.lock().contains(&fh.0) {
+                        if inner.direct_io(fh.0) {
                             inner.drop_pages(file.ino(), *at, *n as u64).await;
                         } else {
                             // O_APPEND or O_DIRECT set after the open (fcntl): the
@@ -462,11 +456,9 @@ impl fuser::Filesystem for TesseraFs {
         // commit: the session ends in the next batch (`Client::release_later`), and the
         // answer goes from here.
         if !self.inner.locked.lock().contains(&ino(i)) {
-            let file = self.inner.files.lock().get(&fh.0).cloned();
-            if let Some(file) = file.filter(|f| f.settled()) {
+            if let Some(file) = self.inner.file(fh.0).ok().filter(|f| f.settled()) {
                 self.inner.lock_owners.lock().remove(&fh.0);
                 self.inner.files.lock().remove(&fh.0);
-                self.inner.direct.lock().remove(&fh.0);
                 self.inner.client.release_later(file.session);
                 return reply.ok();
             }
@@ -482,8 +474,7 @@ impl fuser::Filesystem for TesseraFs {
                     debug!(error = %e, "releasing flock and OFD locks failed");
                 }
             }
-            let file = inner.files.lock().remove(&fh.0);
-            inner.direct.lock().remove(&fh.0);
+            let file = inner.files.lock().remove(&fh.0).map(|o| o.file);
             let r = match file {
                 Some(file) => inner.client.release(&file).await,
                 None => Ok(()),
