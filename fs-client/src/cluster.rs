@@ -269,15 +269,15 @@ fn wait_healthy(meta_addr: &str, n: usize, replicas: u8) -> Result<(), ClusterEr
             if map.nodes.len() >= n && map.healthy(replicas) {
                 return Ok(());
             }
-            if Instant::now() >= deadline && map.nodes.len() >= n && map.usable() {
-                eprintln!(
-                    "tessera: some copies are still resyncing after {}s; mounting anyway \
-                     (they catch up in the background: `tessera status --meta {meta_addr}`)",
-                    HEALTHY_TIMEOUT.as_secs()
-                );
-                return Ok(());
-            }
             if Instant::now() >= deadline {
+                if map.nodes.len() >= n && map.usable() {
+                    eprintln!(
+                        "tessera: some copies are still resyncing after {}s; mounting anyway \
+                         (they catch up in the background: `tessera status --meta {meta_addr}`)",
+                        HEALTHY_TIMEOUT.as_secs()
+                    );
+                    return Ok(());
+                }
                 return Err(ClusterError::Other(format!(
                     "the data servers did not all join their chains within {}s: {map:?}",
                     HEALTHY_TIMEOUT.as_secs()
