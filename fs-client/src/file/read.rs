@@ -11,14 +11,14 @@
 //! - a new open that finds the file changed on the server drops the whole cache
 //!   (`FileState::opened`), and so do truncation and hole punching.
 
-use super::readahead::RaParams;
+use super::readahead::{Advice, RaParams};
 use super::{FileHandle, FileState};
 use crate::client::Client;
 use crate::error::{ClientError, Result};
 use crate::segpool::SegBuf;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use proto::WireError;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::watch;
 use transport::PooledBuf;
@@ -26,9 +26,11 @@ use transport::PooledBuf;
 /// Buffer-sized windows of one large `Client::read` kept in flight at once.
 const WINDOWS_IN_FLIGHT: usize = 4;
 
-/// Read segments a handle keeps behind the segment it reads: reads that the kernel
-/// sends in parallel arrive a little out of order, and should not fetch twice.
-const SEGMENTS_KEPT_BEHIND: u64 = 1;
+/// Fewest read segments a stream keeps behind the segment it reads, for reads of them
+/// still on their way. A segment goes as soon as all its bytes are served; one that is
+/// never served whole (the reader skipped part of it) goes once the stream is this many
+/// segments, or its window's worth of segments if more, past it.
+const MIN_SEGMENTS_KEPT_BEHIND: u64 = 1;
 
 /// One aligned segment of a file, fetched (or being fetched) into a registered buffer.
 pub(crate) struct CacheSeg {
@@ -39,6 +41,9 @@ pub(crate) struct CacheSeg {
     buf: SegBuf,
     /// `None` while the fetch runs, then its outcome.
     done: watch::Sender<Option<std::result::Result<(), WireError>>>,
+    /// Bytes served from it so far: once they reach `len` the kernel holds them all and
+    /// the segment leaves the cache.
+    served: AtomicUsize,
 }
 
 impl CacheSeg {
@@ -198,23 +203,26 @@ impl Client {
         if len == 0 {
             return Ok(plain(Held::Owned(Vec::new()), 0));
         }
-        let window = fh
+        let advice = fh
             .readahead
             .lock()
             .observe(offset, len as u64, self.ra_params());
+        let window = advice.ahead;
         loop {
-            match self.plan_read(&fh.state, offset, len, window, size)? {
+            match self.plan_read(&fh.state, offset, len, advice, size)? {
                 Plan::SendWrites(segs) => self.send_and_wait(&fh.state, &segs).await,
-                Plan::Cached(segs) => match self.serve_segments(&segs, offset, len).await {
-                    Ok(buf) => return Ok(buf),
-                    // A failed prefetch (a corrupt block somewhere in the segment, a
-                    // lost connection) must not fail reads of good bytes: read the range.
-                    Err(e) => {
-                        tracing::debug!(error = %e, "segment fetch failed, reading directly");
-                        self.ep.count_retry();
-                        return self.read_direct(&fh.state, offset, len).await;
+                Plan::Cached(segs) => {
+                    match self.serve_segments(&fh.state, &segs, offset, len).await {
+                        Ok(buf) => return Ok(buf),
+                        // A failed prefetch (a corrupt block somewhere in the segment, a
+                        // lost connection) must not fail reads of good bytes: read the range.
+                        Err(e) => {
+                            tracing::debug!(error = %e, "segment fetch failed, reading directly");
+                            self.ep.count_retry();
+                            return self.read_direct(&fh.state, offset, len).await;
+                        }
                     }
-                },
+                }
                 Plan::Direct if around && window == 0 => {
                     return self.read_around(&fh.state, offset, len, size).await
                 }
@@ -225,16 +233,17 @@ impl Client {
         }
     }
 
-    /// Decides how to serve `[offset, offset + len)` with `window` bytes of readahead,
-    /// starting the fetches it needs.
+    /// Decides how to serve `[offset, offset + len)` as `advice` says, starting the
+    /// fetches it needs.
     fn plan_read(
         &self,
         st: &Arc<FileState>,
         offset: u64,
         len: usize,
-        window: u64,
+        advice: Advice,
         size: u64,
     ) -> Result<Plan> {
+        let window = advice.ahead;
         let seg = self.read_pool.seg_bytes() as u64;
         let end = offset + len as u64;
         let (first, last) = (offset / seg, (end - 1) / seg);
@@ -276,12 +285,22 @@ impl Client {
             let wanted = (offset.max(k * seg), end.min((k + 1) * seg));
             match io.cache.get(&k).filter(|c| c.holds(wanted.0, wanted.1)) {
                 Some(c) => needed.push(c.clone()),
+                // A late read whose segment has gone: the rest of the segment was served
+                // and the stream is past it, so fetching it whole again (as the kernel's
+                // wide readahead windows made happen for a third of the segments of a
+                // stream) would read from the disks bytes nobody asks for.
+                None if advice.late => return Ok(Plan::Direct),
                 None => match self.start_fetch(st, &mut io.cache, k, size)? {
                     Some(c) => needed.push(c),
                     // The mount's readahead memory is in use: read just the range.
                     None => return Ok(Plan::Direct),
                 },
             }
+        }
+        if advice.late {
+            // The read that passed it prefetched ahead and let go of what lies behind;
+            // from here, the same would fetch again segments already served and gone.
+            return Ok(Plan::Cached(needed));
         }
         let ahead_end = end.saturating_add(window).min(size);
         for k in last + 1..ahead_end.div_ceil(seg) {
@@ -292,11 +311,11 @@ impl Client {
                 break;
             }
         }
-        // Segments just behind the reader are done with: the kernel holds their bytes
-        // now. Only those this stream can have passed since its last read go (it moves
+        // Segments far enough behind the reader are done with: the kernel holds their
+        // bytes. Only those this stream can have passed since its last read go (it moves
         // at most a window and a read per read): other handles of the file may be
         // reading further back, and their prefetched segments stay.
-        let keep_from = first.saturating_sub(SEGMENTS_KEPT_BEHIND);
+        let keep_from = first.saturating_sub((window / seg).max(MIN_SEGMENTS_KEPT_BEHIND));
         let passed_from = keep_from.saturating_sub(window / seg + 2);
         let passed: Vec<u64> = io
             .cache
@@ -333,6 +352,7 @@ impl Client {
             len,
             buf,
             done,
+            served: AtomicUsize::new(0),
         });
         cache.insert(k, c.clone());
         let (client, st, fetch) = (self.arc(), st.clone(), c.clone());
@@ -355,9 +375,12 @@ impl Client {
         Ok(Some(c))
     }
 
-    /// Waits for `segs` and returns `[offset, offset + len)` from them.
+    /// Waits for `segs` and returns `[offset, offset + len)` from them; a segment all
+    /// of whose bytes are then served leaves `st`'s cache (a reply that holds it keeps
+    /// it alive until sent).
     async fn serve_segments(
         &self,
+        st: &FileState,
         segs: &[Arc<CacheSeg>],
         offset: u64,
         len: usize,
@@ -365,13 +388,26 @@ impl Client {
         for s in segs {
             s.wait().await?;
         }
+        let end = offset + len as u64;
+        for s in segs {
+            let here = end
+                .min(s.start + s.len as u64)
+                .saturating_sub(offset.max(s.start));
+            let served = s.served.fetch_add(here as usize, Ordering::Relaxed) + here as usize;
+            if served >= s.len {
+                let mut io = st.io.lock();
+                let k = s.start / self.read_pool.seg_bytes() as u64;
+                if io.cache.get(&k).is_some_and(|c| Arc::ptr_eq(c, s)) {
+                    io.cache.remove(&k);
+                }
+            }
+        }
         if let [only] = segs {
             let at = (offset - only.start) as usize;
             return Ok(plain(Held::Segment(only.clone(), at), len));
         }
         // A read across a segment boundary: one copy to make the bytes contiguous.
         let mut out = Vec::with_capacity(len);
-        let end = offset + len as u64;
         for s in segs {
             let from = offset.max(s.start);
             let to = end.min(s.start + s.len as u64);

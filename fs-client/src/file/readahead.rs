@@ -9,14 +9,26 @@ pub(crate) struct RaParams {
     pub max_bytes: u64,
 }
 
+/// What [`Readahead::observe`] advises for one read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Advice {
+    /// Bytes past the read's end to prefetch (0: none, read only the range).
+    pub ahead: u64,
+    /// The read lies wholly before the end of a later read of the same stream that
+    /// arrived first: whatever it would prefetch is already asked for, and a segment it
+    /// misses is not worth fetching whole any more.
+    pub late: bool,
+}
+
 /// Sequential-access detection and the window it earns.
 ///
 /// A read continuing where the last one ended opens a window of one segment; each read
 /// that enters a new segment while the stream goes on doubles it, up to the maximum.
 /// Once a window is open, reads may arrive out of order (the kernel keeps several
 /// readahead requests in flight and they are served in parallel), so any read within
-/// the window's distance of the stream's end still counts as sequential. Any other read
-/// closes the window: random access never prefetches, and reads just what it asks for.
+/// the window's distance of the stream's end still counts as sequential; one that ends
+/// before the stream's end is late. Any other read closes the window: random access
+/// never prefetches, and reads just what it asks for.
 #[derive(Clone, Debug)]
 pub(crate) struct Readahead {
     /// End of the furthest read of the current stream.
@@ -40,9 +52,8 @@ impl Default for Readahead {
 }
 
 impl Readahead {
-    /// Records a read of `len` bytes at `offset` and returns how many bytes past its end
-    /// to prefetch (0: none, read only the range).
-    pub(crate) fn observe(&mut self, offset: u64, len: u64, p: RaParams) -> u64 {
+    /// Records a read of `len` bytes at `offset` and returns what to prefetch for it.
+    pub(crate) fn observe(&mut self, offset: u64, len: u64, p: RaParams) -> Advice {
         let end = offset.saturating_add(len);
         let seg = offset / p.seg_bytes.max(1);
         let sequential = if self.window_bytes == 0 {
@@ -56,8 +67,12 @@ impl Readahead {
                 window_bytes: 0,
                 last_seg: seg,
             };
-            return 0;
+            return Advice {
+                ahead: 0,
+                late: false,
+            };
         }
+        let late = self.window_bytes > 0 && end <= self.last_end;
         self.last_end = self.last_end.max(end);
         if self.window_bytes == 0 {
             self.window_bytes = p.seg_bytes.min(p.max_bytes);
@@ -65,7 +80,10 @@ impl Readahead {
             self.window_bytes = self.window_bytes.saturating_mul(2).min(p.max_bytes);
         }
         self.last_seg = seg;
-        self.window_bytes
+        Advice {
+            ahead: self.window_bytes,
+            late,
+        }
     }
 }
 
@@ -82,7 +100,12 @@ mod tests {
     #[test]
     fn a_sequential_stream_opens_one_segment_and_doubles_per_segment_to_the_max() {
         let mut ra = Readahead::default();
-        let windows: Vec<u64> = (0..24).map(|i| ra.observe(i * MIB, MIB, P) / MIB).collect();
+        let advice: Vec<Advice> = (0..24).map(|i| ra.observe(i * MIB, MIB, P)).collect();
+        assert!(
+            advice.iter().all(|a| !a.late),
+            "reads in order are never late"
+        );
+        let windows: Vec<u64> = advice.iter().map(|a| a.ahead / MIB).collect();
         assert_eq!(
             windows,
             [
@@ -102,15 +125,15 @@ mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             let offset = (x % (1 << 20)) * 4096 + 4096;
-            assert_eq!(ra.observe(offset, 4096, P), 0, "read at {offset}");
+            assert_eq!(ra.observe(offset, 4096, P).ahead, 0, "read at {offset}");
         }
     }
 
     #[test]
     fn a_seek_then_sequential_reads_opens_a_window_on_the_second_read() {
         let mut ra = Readahead::default();
-        assert_eq!(ra.observe(100 * MIB, MIB, P), 0);
-        assert_eq!(ra.observe(101 * MIB, MIB, P), 4 * MIB);
+        assert_eq!(ra.observe(100 * MIB, MIB, P).ahead, 0);
+        assert_eq!(ra.observe(101 * MIB, MIB, P).ahead, 4 * MIB);
     }
 
     #[test]
@@ -120,11 +143,18 @@ mod tests {
             ra.observe(i * MIB, MIB, P);
         }
         let w = ra.observe(11 * MIB, MIB, P);
-        assert_eq!(w, 16 * MIB, "ahead of the stream's end, inside the window");
-        assert_eq!(ra.observe(9 * MIB, MIB, P), 16 * MIB, "behind it, inside");
-        assert_eq!(ra.observe(500 * MIB, MIB, P), 0, "far away: random");
         assert_eq!(
-            ra.observe(12 * MIB, MIB, P),
+            w.ahead,
+            16 * MIB,
+            "ahead of the stream's end, inside the window"
+        );
+        assert!(!w.late, "the furthest read is not late");
+        let behind = ra.observe(9 * MIB, MIB, P);
+        assert_eq!(behind.ahead, 16 * MIB, "behind it, inside");
+        assert!(behind.late, "a read the stream has passed is late");
+        assert_eq!(ra.observe(500 * MIB, MIB, P).ahead, 0, "far away: random");
+        assert_eq!(
+            ra.observe(12 * MIB, MIB, P).ahead,
             0,
             "the old stream is forgotten"
         );
@@ -137,7 +167,7 @@ mod tests {
             max_bytes: 0,
         };
         let mut ra = Readahead::default();
-        assert_eq!(ra.observe(0, MIB, off), 0);
-        assert_eq!(ra.observe(MIB, MIB, off), 0);
+        assert_eq!(ra.observe(0, MIB, off).ahead, 0);
+        assert_eq!(ra.observe(MIB, MIB, off).ahead, 0);
     }
 }
