@@ -58,6 +58,12 @@ pub enum DataError {
         /// The data directory.
         path: PathBuf,
     },
+    /// The store was closed (the server is stopping): it takes no more changes.
+    #[error("chunk store in {} is closed: the server is stopping", path.display())]
+    Closed {
+        /// The data directory.
+        path: PathBuf,
+    },
     /// An operating system error on the local disk.
     #[error("{context}: {source}")]
     Io {
@@ -82,6 +88,7 @@ impl DataError {
             DataError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             DataError::NoSpace(_) => ErrorCode::NoSpace,
             DataError::Locked { .. } => ErrorCode::Busy,
+            DataError::Closed { .. } => ErrorCode::Unavailable,
             DataError::Io { .. } => ErrorCode::Io,
         }
     }

@@ -93,6 +93,14 @@ async fn run(config: DataConfig) -> anyhow::Result<()> {
     }
     tracing::info!("stopping");
     server.shutdown();
+    // Saves the store's usage, so the next start need not count every chunk. A failure
+    // only costs that count.
+    let store = server.store().clone();
+    match tokio::task::spawn_blocking(move || store.close()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "usage not saved: the next start counts"),
+        Err(e) => tracing::warn!(error = %e, "usage not saved: the next start counts"),
+    }
     Ok(())
 }
 

@@ -73,8 +73,16 @@ fn up_down_up_keeps_every_file() {
             .is_some_and(|r| !r.trim_start().starts_with('Z'));
         assert!(stat.is_empty() || !running, "pid {pid} stopped");
     }
+    // A data server stopped by SIGTERM saves its usage for its next start, which takes it.
+    let usage_files = || -> Vec<bool> {
+        (0..3)
+            .map(|i| state.join(format!("data-{i}/usage")).exists())
+            .collect()
+    };
+    assert_eq!(usage_files(), [true; 3], "usage saved at the stop");
 
     tessera(&["up", &m, "--state-dir", &s]);
+    assert_eq!(usage_files(), [false; 3], "usage taken at the start");
     assert_eq!(fs::read(mnt.join("dir/file")).unwrap(), data);
     // The servers came back on new ports: writes after the restart (every chain gets
     // some) must succeed and read back. (That peers learn the new addresses at all is

@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use proto::InodeId;
 use std::collections::HashSet;
 use std::fs::File;
+use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -100,8 +101,36 @@ pub(crate) fn fsync_dir(path: &Path) -> Result<(), DataError> {
     File::open(path).ctx(what)?.sync_all().ctx(what)
 }
 
+/// Writes `bytes` to `dir/name` durably and atomically: into `dir/tmp_name` first,
+/// fsynced, renamed over `name`, then the directory fsynced, so a crash leaves the old
+/// file or the new one (and perhaps the temporary file, for the caller to remove).
+pub(crate) fn save_atomically(
+    dir: &Path,
+    name: &str,
+    tmp_name: &str,
+    bytes: &[u8],
+) -> Result<(), DataError> {
+    let (tmp, path) = (dir.join(tmp_name), dir.join(name));
+    let what = || format!("save {}", path.display());
+    let mut f = File::create(&tmp).ctx(what)?;
+    f.write_all(bytes).ctx(what)?;
+    f.sync_all().ctx(what)?;
+    std::fs::rename(&tmp, &path).ctx(what)?;
+    fsync_dir(dir)
+}
+
+/// Removes `path` if it exists.
+pub(crate) fn remove_if_present(path: &Path) -> Result<(), DataError> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(DataError::io(format!("remove {}", path.display()), e))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Flushes every dirty page and inode of the file system holding `path`.
-fn syncfs(path: &Path) -> Result<(), DataError> {
+pub(crate) fn syncfs(path: &Path) -> Result<(), DataError> {
     let what = || format!("syncfs {}", path.display());
     let dir = File::open(path).ctx(what)?;
     // SAFETY: `dir` is an open descriptor for the duration of the call.

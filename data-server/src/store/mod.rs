@@ -5,6 +5,7 @@
 //! ```text
 //! <dir>/LOCK                      held (flock) while a store has the directory open
 //! <dir>/node_id                   this server's node id (see `node_id.rs`)
+//! <dir>/usage                     the usage a clean shutdown saved (see `saved_usage.rs`)
 //! <dir>/chunks/<bb>/<inode>/<index>.chunk
 //!     bb    = inode % 256, 2 lowercase hex digits (all 256 made at open)
 //!     inode = inode number, 16 lowercase hex digits
@@ -103,7 +104,8 @@
 //!
 //! Space accounting: a chunk file is charged its header and table plus, for each written
 //! block, its bytes up to the chunk's length rounded up to 4 KiB. It is recomputed from
-//! the files at [`ChunkStore::open`].
+//! the files at [`ChunkStore::open`], unless [`ChunkStore::close`] saved it at a clean
+//! shutdown.
 //!
 //! Up to 256 chunk files (`MAX_OPEN_CHUNK_FILES`) stay open between requests (see
 //! `cache.rs`); a chunk's file is dropped from that cache before it is removed.
@@ -113,6 +115,7 @@ mod chunk;
 mod dirs;
 pub mod format;
 mod node_id;
+mod saved_usage;
 
 use crate::error::{DataError, IoContext};
 use cache::{OpenFiles, MAX_OPEN_CHUNK_FILES};
@@ -168,6 +171,8 @@ pub struct ChunkStore {
     direct_io: AtomicBool,
     /// Bytes of the disk that writes leave free (see `DataConfig::disk_reserve_bytes`).
     disk_reserve: u64,
+    /// Set by [`ChunkStore::close`]: changes are refused from then on.
+    closed: AtomicBool,
     node_id_lock: Mutex<()>,
     /// Holds the flock on `<dir>/LOCK` until the store is dropped.
     _lock_file: File,
@@ -200,7 +205,10 @@ impl ChunkStore {
         let root = chunks_root(dir);
         scan::create_tree(dir, &root)?;
         node_id::remove_stale_tmp(dir)?;
-        let (used_bytes, chunks) = scan::count_usage(&root)?;
+        let (used_bytes, chunks) = match saved_usage::take(dir)? {
+            Some(saved) => (saved.used_bytes, saved.chunks),
+            None => scan::count_usage(&root)?,
+        };
         tracing::info!(dir = %dir.display(), used_bytes, chunks, capacity_bytes,
             "chunk store open");
         Ok(ChunkStore {
@@ -214,6 +222,7 @@ impl ChunkStore {
             files: OpenFiles::new(MAX_OPEN_CHUNK_FILES),
             direct_io: AtomicBool::new(true),
             disk_reserve: 0,
+            closed: AtomicBool::new(false),
             node_id_lock: Mutex::new(()),
             _lock_file: lock_file,
         })
@@ -300,6 +309,7 @@ impl ChunkStore {
             return Ok(());
         }
         let _excl = self.write_lock(chunk);
+        self.check_open()?;
         let path = chunk_path(&self.root, chunk);
         let (existing, empty) = match self.open_chunk(chunk)? {
             Opened::Missing => (None, None),
@@ -471,6 +481,7 @@ impl ChunkStore {
     /// Cuts one chunk to `keep` bytes and syncs it.
     fn cut_chunk(&self, chunk: ChunkId, geo: Geometry, keep: u64) -> Result<(), DataError> {
         let _excl = self.write_lock(chunk);
+        self.check_open()?;
         let path = chunk_path(&self.root, chunk);
         let Opened::Chunk(mut cf) = self.open_chunk(chunk)? else {
             return Ok(());
@@ -486,6 +497,7 @@ impl ChunkStore {
     /// Removes one chunk file; returns whether there was one.
     fn remove_chunk(&self, chunk: ChunkId) -> Result<bool, DataError> {
         let _excl = self.write_lock(chunk);
+        self.check_open()?;
         let path = chunk_path(&self.root, chunk);
         let charged = measure(&path, chunk)?;
         // Under the exclusive lock, so no reader caches the file again before it goes.
@@ -551,6 +563,36 @@ impl ChunkStore {
         buckets.dedup();
         for b in buckets {
             self.dirty.sync(DirKey::Bucket(b), false)?;
+        }
+        Ok(())
+    }
+
+    /// Ends the store's changes and saves its usage for the next [`ChunkStore::open`],
+    /// which then need not count every chunk. Changes under way finish first; later ones
+    /// fail with [`DataError::Closed`]. Reads still work. Syncs the file system first
+    /// (a clean shutdown writes back what it holds), so it can take a while.
+    pub fn close(&self) -> Result<(), DataError> {
+        self.closed.store(true, Ordering::SeqCst);
+        // Every change holds its chunk's stripe exclusively and checks the flag under
+        // it: once each stripe has been taken here, none is under way or can start.
+        for stripe in self.stripes.iter() {
+            drop(stripe.write());
+        }
+        let saved = saved_usage::Saved {
+            used_bytes: self.used_bytes.load(Ordering::SeqCst),
+            chunks: self.chunks.load(Ordering::SeqCst),
+        };
+        saved_usage::save(&self.dir, saved)?;
+        tracing::info!(dir = %self.dir.display(), used_bytes = saved.used_bytes,
+            chunks = saved.chunks, "chunk store closed, usage saved");
+        Ok(())
+    }
+
+    pub(super) fn check_open(&self) -> Result<(), DataError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(DataError::Closed {
+                path: self.dir.clone(),
+            });
         }
         Ok(())
     }

@@ -4,11 +4,10 @@
 //! bytes u32 (all little-endian). Saved by writing a temporary file, fsyncing it, renaming
 //! it over the old one and fsyncing the directory, so a crash leaves the old id or the new.
 
-use super::dirs::fsync_dir;
-use crate::error::{DataError, IoContext};
+use super::dirs::{remove_if_present, save_atomically};
+use crate::error::DataError;
 use proto::NodeId;
-use std::fs::{self, File};
-use std::io::Write;
+use std::fs;
 use std::path::Path;
 
 const FILE_NAME: &str = "node_id";
@@ -60,25 +59,12 @@ pub(crate) fn load(dir: &Path) -> Result<Option<NodeId>, DataError> {
 
 /// Saves the node id durably, replacing any earlier one atomically.
 pub(crate) fn save(dir: &Path, node: NodeId) -> Result<(), DataError> {
-    let tmp = dir.join(TMP_NAME);
-    let path = dir.join(FILE_NAME);
-    let what = || format!("save node id to {}", path.display());
-    let mut f = File::create(&tmp).ctx(what)?;
-    f.write_all(&encode(node)).ctx(what)?;
-    f.sync_all().ctx(what)?;
-    fs::rename(&tmp, &path).ctx(what)?;
-    fsync_dir(dir)
+    save_atomically(dir, FILE_NAME, TMP_NAME, &encode(node))
 }
 
 /// Removes a temporary file a crash during [`save`] left behind.
 pub(crate) fn remove_stale_tmp(dir: &Path) -> Result<(), DataError> {
-    let tmp = dir.join(TMP_NAME);
-    match fs::remove_file(&tmp) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(DataError::io(format!("remove {}", tmp.display()), e))
-        }
-        _ => Ok(()),
-    }
+    remove_if_present(&dir.join(TMP_NAME))
 }
 
 #[cfg(test)]

@@ -97,6 +97,7 @@ impl ChunkStore {
     /// hole never written) has nothing to record.
     pub fn set_replica(&self, chunk: ChunkId, fields: ReplicaFields) -> Result<(), DataError> {
         let _excl = self.write_lock(chunk);
+        self.check_open()?;
         let Opened::Chunk(cf) = self.open_chunk(chunk)? else {
             return Ok(());
         };

@@ -325,6 +325,42 @@ fn reopen_keeps_data_and_usage() {
 }
 
 #[test]
+fn a_close_saves_the_usage_for_one_open_and_refuses_changes_after_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let saved = {
+        let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+        for i in 0..3 {
+            s.write(chunk(7, i), MIB, 0, &[7; 5000]).unwrap();
+        }
+        s.close().unwrap();
+        let refused = |r: Result<(), DataError>| matches!(r, Err(DataError::Closed { .. }));
+        assert!(refused(s.write(chunk(7, 3), MIB, 0, &[1])));
+        assert!(refused(s.truncate_file(InodeId(7), 100, MIB)));
+        assert!(refused(s.delete_file(InodeId(7))));
+        assert_eq!(
+            read_vec(&s, chunk(7, 0), MIB, 0, 2),
+            vec![7; 2],
+            "reads go on"
+        );
+        s.usage().unwrap()
+    };
+    assert_eq!((saved.chunks, saved.used_bytes > 0), (3, true));
+    assert!(tmp.path().join("usage").exists());
+    // A chunk file removed while the server is down shows which count an open uses: the
+    // saved one the first time (nothing read the chunks), a fresh count after that (the
+    // first open took the file away).
+    fs::remove_file(chunk_path(&chunks_root(tmp.path()), chunk(7, 2))).unwrap();
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    assert_eq!(s.usage().unwrap(), saved, "the saved usage");
+    assert!(!tmp.path().join("usage").exists(), "taken at open");
+    drop(s);
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    let counted = s.usage().unwrap();
+    assert_eq!(counted.chunks, 2, "counted after a stop without close");
+    assert_eq!(counted.used_bytes, saved.used_bytes / 3 * 2);
+}
+
+#[test]
 fn a_directory_is_opened_by_one_store_at_a_time() {
     let tmp = tempfile::tempdir().unwrap();
     let s = ChunkStore::open(tmp.path(), BIG).unwrap();
