@@ -588,6 +588,8 @@ impl ChunkStore {
         Ok(())
     }
 
+    /// Refuses a change once [`ChunkStore::close`] began; call it under the chunk's
+    /// exclusive stripe lock, which is what makes the refusal and the close agree.
     pub(super) fn check_open(&self) -> Result<(), DataError> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(DataError::Closed {
