@@ -365,8 +365,9 @@ fn start_all(
         read_addr(&meta_addr_file).is_some()
     })?;
     let meta_addr = read_addr(&meta_addr_file).unwrap_or_default();
-    // All started before any is waited for: each counts its store's chunks before it is
-    // ready (about 6 s per 20,000 chunks on a cold disk), and they count at once.
+    // All started before any is waited for: after a crash each counts its store's
+    // chunks before it is ready (about 6 s per 20,000 chunks on a cold disk), and they
+    // count at once.
     let mut started = Vec::new();
     for i in 0..opts.data_servers {
         let addr_file = state.join(format!("data-{i}.addr"));
