@@ -52,6 +52,15 @@ impl CacheSeg {
         self.start <= offset && end <= self.start + self.len as u64
     }
 
+    /// Removes this segment, index `k`, from `st`'s cache if it is still the one cached
+    /// there (a write or a newer fetch may have replaced it).
+    fn uncache(self: &Arc<Self>, st: &FileState, k: u64) {
+        let mut io = st.io.lock();
+        if io.cache.get(&k).is_some_and(|c| Arc::ptr_eq(c, self)) {
+            io.cache.remove(&k);
+        }
+    }
+
     /// Waits until the fetch ends.
     async fn wait(&self) -> Result<()> {
         let mut rx = self.done.subscribe();
@@ -362,10 +371,7 @@ impl Client {
                 .await;
             if r.is_err() {
                 // Forget it, so that a later read tries again.
-                let mut io = st.io.lock();
-                if io.cache.get(&k).is_some_and(|c| Arc::ptr_eq(c, &fetch)) {
-                    io.cache.remove(&k);
-                }
+                fetch.uncache(&st, k);
             }
             let outcome = r
                 .map(drop)
@@ -395,11 +401,7 @@ impl Client {
                 .saturating_sub(offset.max(s.start));
             let served = s.served.fetch_add(here as usize, Ordering::Relaxed) + here as usize;
             if served >= s.len {
-                let mut io = st.io.lock();
-                let k = s.start / self.read_pool.seg_bytes() as u64;
-                if io.cache.get(&k).is_some_and(|c| Arc::ptr_eq(c, s)) {
-                    io.cache.remove(&k);
-                }
+                s.uncache(st, s.start / self.read_pool.seg_bytes() as u64);
             }
         }
         if let [only] = segs {
