@@ -148,14 +148,19 @@ pub trait KvStore: Send + Sync + 'static {
     /// returning.
     fn commit(&self, batch: WriteBatch) -> Result<(), KvError>;
 
-    /// Commits like [`KvStore::commit`], and calls `durable` as soon as the batch is
-    /// durable, which may be before reads of this store see it: the caller keeps the
-    /// batch visible itself until this returns ([`GroupCommit`] does, in its overlay).
-    /// An error after `durable` was called means the batch is durable but the store
-    /// refuses further changes.
-    fn commit_early(&self, batch: WriteBatch, durable: &mut dyn FnMut()) -> Result<(), KvError> {
-        self.commit(batch)?;
-        durable();
+    /// Makes the batch durable, and applies it too unless the store has a log to put it
+    /// in first. Returns whether [`KvStore::apply_logged`] must still be called before
+    /// reads of this store see it; until then the caller keeps the batch visible itself
+    /// ([`GroupCommit`] does, in its overlay). The caller logs one batch at a time and
+    /// applies logged batches in the order they were logged.
+    fn log(&self, batch: &WriteBatch) -> Result<bool, KvError> {
+        self.commit(batch.clone())?;
+        Ok(false)
+    }
+
+    /// Applies a batch that [`KvStore::log`] made durable but did not apply. An error
+    /// means the batch is durable but the store refuses further changes.
+    fn apply_logged(&self, _batch: &WriteBatch) -> Result<(), KvError> {
         Ok(())
     }
 

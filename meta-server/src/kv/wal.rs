@@ -8,9 +8,10 @@
 //! serialized by the kernel, so group commit cannot share it), so this is most of a
 //! create's time on the server.
 //!
-//! How: [`LoggedStore::commit`] appends the batch as one record to `<engine>.wal`
-//! (opened `O_DSYNC`, so the write returns once the record is durable), then applies it to the engine *without* the engine's durability
-//! ([`Engine::apply`]). A checkpoint ([`Engine::persist`], then the log's header moved
+//! How: [`KvStore::log`] appends the batch as one record to `<engine>.wal` (opened
+//! `O_DSYNC`, so the write returns once the record is durable); [`KvStore::apply_logged`]
+//! then applies it to the engine *without* the engine's durability ([`Engine::apply`]),
+//! which group commit does after the waiters are answered ([`KvStore::commit`] does both). A checkpoint ([`Engine::persist`], then the log's header moved
 //! past the last record) runs when the log holds [`CHECKPOINT_BYTES`] or its oldest
 //! unpersisted record is [`CHECKPOINT_AFTER`] old, and on close; after it the log is
 //! rewritten from its start, so the file never grows beyond [`CHECKPOINT_BYTES`] plus one
@@ -66,6 +67,8 @@ pub trait Engine: KvStore {
 pub struct LoggedStore<E: Engine> {
     engine: E,
     log: Mutex<Log>,
+    /// Held by [`KvStore::commit`] from logging to applying.
+    order: Mutex<()>,
 }
 
 struct Log {
@@ -78,6 +81,9 @@ struct Log {
     written: u64,
     /// Sequence number of the last record written (or of the checkpoint, when none).
     seq: u64,
+    /// Sequence number of the last record the engine has applied: a checkpoint waits
+    /// until it is `seq`, or it would skip records the engine lacks.
+    applied: u64,
     /// Header generation last written.
     generation: u64,
     /// When the oldest record not yet checkpointed was written.
@@ -119,6 +125,7 @@ impl<E: Engine> LoggedStore<E> {
             end: RECORDS_AT,
             written: 0,
             seq: 0,
+            applied: 0,
             generation: 0,
             oldest: None,
             failed: None,
@@ -138,10 +145,12 @@ impl<E: Engine> LoggedStore<E> {
                 .and_then(|d| d.sync_all())
                 .map_err(|e| io_err(&e))?;
         }
+        log.applied = log.seq;
         log.checkpoint(&engine)?;
         Ok(LoggedStore {
             engine,
             log: Mutex::new(log),
+            order: Mutex::new(()),
         })
     }
 }
@@ -294,15 +303,21 @@ impl<E: Engine> KvStore for LoggedStore<E> {
     }
 
     fn commit(&self, batch: WriteBatch) -> Result<(), KvError> {
-        self.commit_early(batch, &mut || ())
+        // Logging and applying are two steps: one commit at a time keeps the engine's
+        // order the log's.
+        let _one = self.order.lock();
+        if self.log(&batch)? {
+            self.apply_logged(&batch)?;
+        }
+        Ok(())
     }
 
-    /// `durable` runs right after the record is synced, before the engine applies it:
-    /// a waiter need not also wait for the engine's (non-durable) transaction.
-    fn commit_early(&self, batch: WriteBatch, durable: &mut dyn FnMut()) -> Result<(), KvError> {
+    /// Appends the batch as one synced record; the engine applies it at
+    /// [`KvStore::apply_logged`]. The caller logs and applies one batch at a time, in
+    /// order, and applies every logged batch before logging one too big for a record.
+    fn log(&self, batch: &WriteBatch) -> Result<bool, KvError> {
         if batch.is_empty() {
-            durable();
-            return Ok(());
+            return Ok(false);
         }
         let mut log = self.log.lock();
         if let Some(why) = &log.failed {
@@ -313,24 +328,37 @@ impl<E: Engine> KvStore for LoggedStore<E> {
                 ),
             });
         }
-        let body = encode(&batch);
+        let body = encode(batch);
         if body.len() > MAX_RECORD_BODY {
-            // Everything logged before it reaches the engine's disk first.
+            // Everything logged before it reaches the engine's disk first, which needs
+            // the engine to have applied it.
+            if log.applied != log.seq {
+                return Err(KvError::Engine {
+                    engine: ENGINE,
+                    message: "a batch too big for the log came before the ones logged were applied"
+                        .into(),
+                });
+            }
             log.checkpoint(&self.engine)?;
-            self.engine.apply(&batch)?;
+            self.engine.apply(batch)?;
             self.engine.persist()?;
-            durable();
-            return Ok(());
+            return Ok(false);
         }
         log.append(&body)?;
-        durable();
-        if let Err(e) = self.engine.apply(&batch) {
+        Ok(true)
+    }
+
+    fn apply_logged(&self, batch: &WriteBatch) -> Result<(), KvError> {
+        let applied = self.engine.apply(batch);
+        let mut log = self.log.lock();
+        if let Err(e) = applied {
             // The change is in the log and would come back on a restart although its
-            // caller hears it failed: stop taking changes until that restart.
+            // caller may hear it failed: stop taking changes until that restart.
             log.failed = Some(e.to_string());
             return Err(e);
         }
-        if log.due() {
+        log.applied += 1;
+        if log.applied == log.seq && log.due() {
             log.checkpoint(&self.engine)?;
         }
         Ok(())
@@ -353,7 +381,7 @@ impl<E: Engine> Drop for LoggedStore<E> {
     /// A clean close leaves nothing to replay.
     fn drop(&mut self) {
         let log = self.log.get_mut();
-        if log.failed.is_none() && log.oldest.is_some() {
+        if log.failed.is_none() && log.oldest.is_some() && log.applied == log.seq {
             if let Err(e) = log.checkpoint(&self.engine) {
                 tracing::warn!(error = %e, "checkpoint of the metadata log on close failed; the next start replays it");
             }

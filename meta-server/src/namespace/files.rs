@@ -290,9 +290,14 @@ impl Namespace {
         for (session, _) in ended {
             end_session(&mut st, session);
         }
-        // Nobody waits for a reply here, and a ticket left behind would make the next
-        // request served by this thread wait for it; the flusher commits it soon anyway.
-        let _ = crate::kv::take_pending();
+        drop(st);
+        // Nobody waits for a reply here, but a staged change is committed by the thread
+        // that waits for it (this one is off the async workers).
+        if let Some(t) = crate::kv::take_pending() {
+            if let Err(e) = self.store.wait(t) {
+                tracing::warn!(conn = conn.0, error = %e, "committing the ended sessions failed");
+            }
+        }
         tracing::debug!(conn = conn.0, "connection's sessions ended");
     }
 

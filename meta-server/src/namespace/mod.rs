@@ -220,8 +220,11 @@ impl Namespace {
             let _ = take_pending();
             r
         } else {
-            self.dispatch(req, conn)
-                .and_then(|r| self.wait_pending().map(|()| r))
+            // A request that failed may have staged changes before it did (they are
+            // visible already): it waits for them too, as nobody else would.
+            let r = self.dispatch(req, conn);
+            let durable = self.wait_pending();
+            r.and_then(|r| durable.map(|()| r))
         };
         if let Err(e) = &result {
             tracing::debug!(error = %e, "request failed");
