@@ -232,7 +232,9 @@ impl Shared {
                 return;
             }
             if st.busy {
-                self.work.wait(&mut st);
+                // The committer tells it when it leaves something to apply; a lazy
+                // batch staged meanwhile is looked at again in a moment.
+                self.work.wait_for(&mut st, ORPHAN_DELAY);
                 continue;
             }
             let delay = match (st.stop, st.eager) {
