@@ -64,7 +64,6 @@ impl DirAttrs {
                 | R::ReleaseMany { .. }
                 | R::GetXattr { .. }
                 | R::ListXattr { .. }
-                | R::Append { .. }
                 | R::SetLock { .. }
                 | R::GetLock { .. }
                 | R::ReleaseLocks { .. }
@@ -74,10 +73,13 @@ impl DirAttrs {
                 | R::CheckNamespace
                 | R::InodesExist { .. }
         );
-        if let R::Create { parent, .. } | R::Unlink { parent, .. } = req {
-            self.map.remove(*parent);
-        } else if !keeps {
-            self.map.clear();
+        match req {
+            R::Create { parent, .. } | R::Unlink { parent, .. } => self.map.remove(*parent),
+            // An append moves the file's length on the server: a copy kept from the
+            // commit before it would show the old one.
+            R::Append { ino, .. } => self.map.remove(*ino),
+            _ if !keeps => self.map.clear(),
+            _ => {}
         }
     }
 }
@@ -134,5 +136,18 @@ mod tests {
             None,
             "a release with a commit forgets it"
         );
+        // An append forgets the file's copy (from the commit before it), not others.
+        c.put(dir(5, 0o755));
+        c.put(dir(6, 0o644));
+        c.before(&MetaRequest::Append {
+            ino: InodeId(6),
+            len: 10,
+        });
+        assert_eq!(
+            c.take(InodeId(6)),
+            None,
+            "an append forgets the file's copy"
+        );
+        assert!(c.take(InodeId(5)).is_some(), "and keeps the others");
     }
 }

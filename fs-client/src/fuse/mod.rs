@@ -24,7 +24,7 @@ use proto::{InodeId, Timestamp};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tracing::{info, warn};
@@ -61,6 +61,9 @@ struct Inner {
     lock_owners: Mutex<HashMap<u64, HashSet<u64>>>,
     /// Sends cache invalidations to the kernel; set once the session exists.
     notifier: OnceLock<fuser::Notifier>,
+    /// The kernel took `FUSE_WRITEBACK_CACHE` at init: it owns the length of the files
+    /// this mount writes and holds their written bytes in its page cache for a while.
+    writeback: AtomicBool,
 }
 
 /// An open file handle of the mount.
@@ -99,6 +102,7 @@ impl TesseraFs {
             notifier: OnceLock::new(),
             locked: Mutex::new(HashSet::new()),
             lock_owners: Mutex::new(HashMap::new()),
+            writeback: AtomicBool::new(false),
         };
         TesseraFs {
             inner: Arc::new(inner),
@@ -133,6 +137,28 @@ impl Inner {
     }
 
     /// Whether handle `fh` was opened with `FOPEN_DIRECT_IO`.
+    /// Whether opens with these flags get `FOPEN_DIRECT_IO`. Without the writeback
+    /// cache, O_APPEND and O_DIRECT handles stay out of the page cache: an append goes
+    /// where the metadata server says the end is. With it, the kernel's page cache may
+    /// hold written bytes we have not seen, and its length is the file's: it must see
+    /// every read and write, so that an O_DIRECT read writes those bytes back first
+    /// and an append lands at the end it knows (as on a local file system).
+    fn direct_open(&self, flags: i32) -> bool {
+        !self.writeback_on() && flags & (libc::O_DIRECT | libc::O_APPEND) != 0
+    }
+
+    /// Whether a write with these open flags appends where the metadata server says the
+    /// end is (not with the writeback cache: the kernel chose the offset; see
+    /// [`Inner::direct_open`]).
+    fn server_append(&self, flags: i32) -> bool {
+        !self.writeback_on() && flags & libc::O_APPEND != 0
+    }
+
+    /// See [`Inner::writeback`].
+    fn writeback_on(&self) -> bool {
+        self.writeback.load(Ordering::Relaxed)
+    }
+
     fn direct_io(&self, fh: u64) -> bool {
         self.files.lock().get(&fh).is_some_and(|o| o.direct_io)
     }

@@ -49,10 +49,14 @@ impl fuser::Filesystem for TesseraFs {
         for cap in caps {
             let _ = config.add_capabilities(cap);
         }
-        if self.inner.client.config().writeback_cache
-            && config.add_capabilities(F::FUSE_WRITEBACK_CACHE).is_err()
-        {
-            tracing::warn!("the kernel refused the writeback cache; writes go through");
+        if self.inner.client.config().writeback_cache {
+            if config.add_capabilities(F::FUSE_WRITEBACK_CACHE).is_ok() {
+                self.inner
+                    .writeback
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                tracing::warn!("the kernel refused the writeback cache; writes go through");
+            }
         }
         Ok(())
     }
@@ -265,9 +269,7 @@ impl fuser::Filesystem for TesseraFs {
     fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let inner = self.inner.clone();
         let truncate = flags.0 & libc::O_TRUNC != 0;
-        // Appends go to where the metadata server says the end is, not where this
-        // kernel thinks it is: keep the page cache out of such files.
-        let direct = flags.0 & (libc::O_DIRECT | libc::O_APPEND) != 0;
+        let direct = inner.direct_open(flags.0);
         self.spawn(async move {
             let r = inner.client.open(ino(i), truncate).await;
             if let (Ok((_, fh)), true) = (&r, writable(flags.0)) {
@@ -299,8 +301,7 @@ impl fuser::Filesystem for TesseraFs {
         let (inner, name, who) = (self.inner.clone(), name.as_bytes().to_vec(), caller(req));
         let perm = mode & !umask & 0o7777;
         let exclusive = flags & libc::O_EXCL != 0;
-        // As at `open`: appends and O_DIRECT stay out of the page cache.
-        let direct = flags & (libc::O_DIRECT | libc::O_APPEND) != 0;
+        let direct = inner.direct_open(flags);
         self.spawn(async move {
             let r = inner
                 .client
@@ -365,10 +366,11 @@ impl fuser::Filesystem for TesseraFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let append = flags.0 & libc::O_APPEND != 0;
+        let append = self.inner.server_append(flags.0);
         // Written past the page cache (`FOPEN_DIRECT_IO`): cached pages of the range
         // that other handles read are dropped after it (for an append, where it landed).
-        let direct = flags.0 & libc::O_DIRECT != 0;
+        // With the writeback cache the kernel does that itself (`Inner::direct_open`).
+        let direct = flags.0 & libc::O_DIRECT != 0 && !self.inner.writeback_on();
         // The kernel clears setuid/setgid itself before writes through the page cache,
         // but leaves it to us for direct I/O (O_DIRECT and, here, O_APPEND files) by an
         // unprivileged writer.
