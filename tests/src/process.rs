@@ -329,11 +329,27 @@ impl ProcessCluster {
 
     /// Mounts the cluster at `<dir>/<name>` with a new `tessera mount` process.
     pub fn mount(&self, name: &str) -> Mount {
+        self.mount_with_config(name, "")
+    }
+
+    /// Mounts like [`ProcessCluster::mount`], with `config` (client configuration TOML,
+    /// e.g. `writeback_cache = true`) as the mount's `--config` file.
+    pub fn mount_with_config(&self, name: &str, config: &str) -> Mount {
         require_fuse();
         let path = self.dir.path().join(name);
         fs::create_dir_all(&path).expect("mount point");
         let log = self.dir.path().join(format!("{name}.log"));
-        let args = ["mount", "--meta", &self.meta_addr, &path.to_string_lossy()].map(String::from);
+        let conf = self.dir.path().join(format!("{name}.toml"));
+        fs::write(&conf, config).expect("mount config file");
+        let args = [
+            "mount",
+            "--config",
+            &conf.to_string_lossy(),
+            "--meta",
+            &self.meta_addr,
+            &path.to_string_lossy(),
+        ]
+        .map(String::from);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let child = spawn(&[], &self.bin.join("tessera"), &args, &log);
         // The guard exists before the wait, so a mount that never becomes ready is still
