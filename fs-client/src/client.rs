@@ -266,9 +266,15 @@ impl Client {
         self.dir_attrs.take(ino).map(|a| self.overlay(a))
     }
 
-    /// Keeps a file's attributes from a commit reply for the next `getattr`.
-    pub(crate) fn keep_attr(&self, attr: Attr) {
-        self.dir_attrs.put(attr);
+    /// Keeps a file's attributes, from the reply to a request sent when
+    /// [`Client::attr_epoch`] was `since`, for the next `getattr`.
+    pub(crate) fn keep_attr(&self, attr: Attr, since: u64) {
+        self.dir_attrs.put_since(attr, since);
+    }
+
+    /// Read before sending a request whose reply's attributes may be kept.
+    pub(crate) fn attr_epoch(&self) -> u64 {
+        self.dir_attrs.epoch()
     }
 
     /// Whether `name` of `ino` is known to be absent without asking: the kernel's check

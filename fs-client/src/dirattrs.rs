@@ -18,6 +18,7 @@
 use crate::ttlmap::TtlMap;
 use proto::meta::MetaRequest;
 use proto::{Attr, InodeId};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Inodes remembered at most.
@@ -25,18 +26,37 @@ const MAX_DIRS: usize = 1024;
 
 pub(crate) struct DirAttrs {
     map: TtlMap<Attr>,
+    /// Moves at every request that forgets copies: a reply to a request sent before
+    /// may carry attributes older than that change (a commit answered just before an
+    /// append through another handle) and is not kept.
+    epoch: AtomicU64,
 }
 
 impl DirAttrs {
     pub(crate) fn new(ttl: Duration) -> DirAttrs {
         DirAttrs {
             map: TtlMap::new(ttl, MAX_DIRS),
+            epoch: AtomicU64::new(0),
         }
     }
 
     /// Remembers `attr`, just received from the metadata server.
     pub(crate) fn put(&self, attr: Attr) {
         self.map.put(attr.ino, attr);
+    }
+
+    /// Where [`DirAttrs::put_since`] counts from: read before sending the request whose
+    /// reply is to be kept.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Remembers `attr`, received in reply to a request sent at `epoch`, unless a
+    /// request that forgets copies went out since.
+    pub(crate) fn put_since(&self, attr: Attr, epoch: u64) {
+        self.map.put_if(attr.ino, attr, || {
+            self.epoch.load(Ordering::SeqCst) == epoch
+        });
     }
 
     /// The remembered attributes of `ino`, if still within the TTL; each copy is
@@ -73,12 +93,23 @@ impl DirAttrs {
                 | R::CheckNamespace
                 | R::InodesExist { .. }
         );
+        // The epoch moves before the copies go, so a `put_since` checking it under the
+        // map's lock either sees it moved or puts a copy that is then removed.
         match req {
-            R::Create { parent, .. } | R::Unlink { parent, .. } => self.map.remove(*parent),
+            R::Create { parent, .. } | R::Unlink { parent, .. } => {
+                self.epoch.fetch_add(1, Ordering::SeqCst);
+                self.map.remove(*parent)
+            }
             // An append moves the file's length on the server: a copy kept from the
             // commit before it would show the old one.
-            R::Append { ino, .. } => self.map.remove(*ino),
-            _ if !keeps => self.map.clear(),
+            R::Append { ino, .. } => {
+                self.epoch.fetch_add(1, Ordering::SeqCst);
+                self.map.remove(*ino)
+            }
+            _ if !keeps => {
+                self.epoch.fetch_add(1, Ordering::SeqCst);
+                self.map.clear()
+            }
             _ => {}
         }
     }
@@ -149,5 +180,27 @@ mod tests {
             "an append forgets the file's copy"
         );
         assert!(c.take(InodeId(5)).is_some(), "and keeps the others");
+    }
+
+    #[test]
+    fn a_reply_to_a_request_sent_before_a_change_is_not_kept() {
+        let c = DirAttrs::new(Duration::from_secs(60));
+        // A commit goes out, an append through another handle follows, then the
+        // commit's reply (with the length from before the append) comes back.
+        let since = c.epoch();
+        c.before(&MetaRequest::Append {
+            ino: InodeId(6),
+            len: 10,
+        });
+        c.put_since(dir(6, 0o644), since);
+        assert_eq!(c.take(InodeId(6)), None, "the older reply is not kept");
+        // Reads in between change nothing.
+        let since = c.epoch();
+        c.before(&MetaRequest::GetAttr { ino: InodeId(9) });
+        c.put_since(dir(6, 0o644), since);
+        assert!(
+            c.take(InodeId(6)).is_some(),
+            "a reply with no change since is kept"
+        );
     }
 }

@@ -25,10 +25,19 @@ impl<V: Clone> TtlMap<V> {
 
     /// Remembers `v` for `ino`, as of now.
     pub(crate) fn put(&self, ino: InodeId, v: V) {
+        self.put_if(ino, v, || true)
+    }
+
+    /// Remembers `v` for `ino` like [`TtlMap::put`] if `still` holds, checked under the
+    /// map's lock (a remove waiting for the lock comes after).
+    pub(crate) fn put_if(&self, ino: InodeId, v: V, still: impl FnOnce() -> bool) {
         if self.ttl.is_zero() {
             return;
         }
         let mut map = self.map.lock();
+        if !still() {
+            return;
+        }
         if map.len() >= self.max {
             let ttl = self.ttl;
             map.retain(|_, (_, at)| at.elapsed() < ttl);

@@ -5,7 +5,9 @@
 //! within the file, fsync, and closing and opening again (sometimes with the kernel's
 //! caches dropped). After every operation the length `fstat` reports must be the
 //! model's; the whole file is compared regularly and, caches dropped, at the end.
-//! Once on a default mount and once with the kernel's writeback cache.
+//! Once on a default mount and once with the kernel's writeback cache; and once from
+//! two mounts in turn, each operation between an open and a close, where every open
+//! must see the file as the last close on either mount left it (close-to-open).
 //! The seed is printed; rerun one with `TESSERA_FSX_SEED=<n>`. Needs root and /dev/fuse.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
@@ -184,12 +186,7 @@ impl Run {
     }
 
     fn bytes(&mut self, len: usize) -> Vec<u8> {
-        let mut v = vec![0u8; len];
-        for c in v.chunks_mut(8) {
-            let x = self.rng.next_u64().to_le_bytes();
-            c.copy_from_slice(&x[..c.len()]);
-        }
-        v
+        random_bytes(&mut self.rng, len)
     }
 
     fn step(&mut self, i: usize) {
@@ -404,4 +401,121 @@ fn random_file_operations_match_the_model_with_the_writeback_cache() {
     let cluster = ProcessCluster::start(3);
     let m = cluster.mount_with_config("a", "writeback_cache = true\n");
     run(&m.path, seed());
+}
+
+fn random_bytes(rng: &mut Rng, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    for c in v.chunks_mut(8) {
+        c.copy_from_slice(&rng.next_u64().to_le_bytes()[..c.len()]);
+    }
+    v
+}
+
+/// One step of the two-mount run: open the file on one mount, change or check it,
+/// close it.
+fn two_mount_step(
+    rng: &mut Rng,
+    model: &mut Vec<u8>,
+    path: &Path,
+    i: usize,
+    mount: &str,
+) -> String {
+    use std::io::Write;
+    let size = model.len() as u64;
+    let what;
+    match i % 7 {
+        0 | 1 => {
+            let off = rng.below(MAX_LEN / 2);
+            let len = 1 + rng.index(300_000);
+            let data = random_bytes(rng, len);
+            what = format!("write {off} +{}", data.len());
+            open_rw(path, 0).write_all_at(&data, off).unwrap();
+            let end = off as usize + data.len();
+            if end > model.len() {
+                model.resize(end, 0);
+            }
+            model[off as usize..end].copy_from_slice(&data);
+        }
+        2 => {
+            let len = 1 + rng.index(100_000);
+            let data = random_bytes(rng, len);
+            what = format!("append +{}", data.len());
+            let mut f = OpenOptions::new().append(true).open(path).unwrap();
+            f.write_all(&data).unwrap();
+            model.extend_from_slice(&data);
+        }
+        3 => {
+            let len = rng.below(MAX_LEN / 2);
+            what = format!("truncate to {len}");
+            open_rw(path, 0).set_len(len).unwrap();
+            model.resize(len as usize, 0);
+        }
+        4 if size > 0 => {
+            let off = rng.below(size) as usize;
+            let len = (1 + rng.index(100_000)).min(size as usize - off);
+            let data = random_bytes(rng, len);
+            what = format!("map write {off} +{}", data.len());
+            let f = open_rw(path, 0);
+            // Checked before mapping: a shorter file would fault, not fail.
+            let len = f.metadata().unwrap().len();
+            assert_eq!(
+                len, size,
+                "fstat length at the open of {i}: {what} on {mount}"
+            );
+            with_map(&f, size as usize, |m| {
+                m[off..off + data.len()].copy_from_slice(&data)
+            });
+            model[off..off + data.len()].copy_from_slice(&data);
+        }
+        _ => what = "read".into(),
+    }
+    // Every open sees the last close's file: length by fstat, then every byte.
+    let f = File::open(path).unwrap();
+    let len = f.metadata().unwrap().len();
+    let mut got = vec![0u8; model.len() + 4096];
+    let mut n = 0;
+    while n < got.len() {
+        let r = f.read_at(&mut got[n..], n as u64).unwrap();
+        if r == 0 {
+            break;
+        }
+        n += r;
+    }
+    got.truncate(n);
+    let step = format!("{i}: {what} on {mount}");
+    assert_eq!(len, model.len() as u64, "fstat length after {step}");
+    assert!(
+        got == *model,
+        "bytes after {step}: read {}, model {}",
+        got.len(),
+        model.len()
+    );
+    step
+}
+
+/// Guards against an open that shows attributes or bytes older than the last close on
+/// another mount: a length kept from this mount's own earlier commit, a `stat` from
+/// before the other mount's append, pages cached from before its write.
+#[test]
+fn operations_from_two_mounts_in_turn_match_the_model_at_every_open() {
+    let cluster = ProcessCluster::start(3);
+    let (a, b) = (cluster.mount("a"), cluster.mount("b"));
+    let mut rng = Rng::new(seed());
+    let name = "shared";
+    File::create(a.path.join(name)).unwrap();
+    let mut model = Vec::new();
+    for i in 0..300 {
+        // Each mount looks at the file now and then between its turns, as `ls -l`
+        // would, so that its kernel holds attributes from before the other's change.
+        let (m, other) = if rng.below(2) == 0 {
+            (&a, &b)
+        } else {
+            (&b, &a)
+        };
+        if rng.below(3) == 0 {
+            let _ = std::fs::metadata(other.path.join(name)).unwrap();
+        }
+        let label = if std::ptr::eq(m, &a) { "a" } else { "b" };
+        two_mount_step(&mut rng, &mut model, &m.path.join(name), i, label);
+    }
 }

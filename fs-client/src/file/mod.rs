@@ -431,11 +431,12 @@ impl Client {
             ino: state.ino,
             commit,
         };
+        let since = self.attr_epoch();
         let attr = expect_reply!(self.meta(req).await?, MetaReply::Attr(a) => a)?;
         state.committed(generation);
         // After a close the kernel asks for the attributes again before the next
         // `utime`, `chmod` or `chown` (`tar x`, `cp -a`): this reply has them.
-        self.keep_attr(attr);
+        self.keep_attr(attr, since);
         Ok(())
     }
 

@@ -294,11 +294,17 @@ impl Inner {
     }
 
     /// Close-to-open: compares `attr` with what this mount saw of the file before. The
-    /// kernel keeps its cached pages only for `Same`; for `Changed`, its cached attributes
-    /// (the length above all) are dropped too, so reads see the new end of the file.
-    fn freshness(&self, attr: &proto::Attr) -> Freshness {
+    /// kernel keeps its cached pages only for `Same`. Otherwise its cached attributes
+    /// (the length above all) go too, so that `fstat` and reads see the file as the
+    /// open found it: for `Changed`, and also for `New`, since a `stat` or lookup may
+    /// have left attributes in the kernel from before another mount changed the file.
+    /// The kernel's next `getattr` then takes these from the kept copy, without a round
+    /// trip, and no copy kept from an earlier commit of this mount is handed out.
+    /// `since`: `Client::attr_epoch` before the open was sent.
+    fn freshness(&self, attr: &proto::Attr, since: u64) -> Freshness {
         let f = self.note_seen(attr, true);
-        if f == Freshness::Changed {
+        if f != Freshness::Same {
+            self.client.keep_attr(attr.clone(), since);
             if let Some(n) = self.notifier.get() {
                 // Offset -1: attributes only; the pages go because KEEP_CACHE is unset.
                 if let Err(e) = n.inval_inode(fuser::INodeNo(attr.ino.0), -1, 0) {
@@ -307,6 +313,12 @@ impl Inner {
             }
         }
         f
+    }
+
+    /// Records a file this mount just created (or opened in a create that found it):
+    /// the kernel's attributes come from this reply, nothing older to drop.
+    fn note_created(&self, attr: &proto::Attr) {
+        self.note_seen(attr, true);
     }
 }
 

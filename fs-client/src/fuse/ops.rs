@@ -271,13 +271,14 @@ impl fuser::Filesystem for TesseraFs {
         let truncate = flags.0 & libc::O_TRUNC != 0;
         let direct = inner.direct_open(flags.0);
         self.spawn(async move {
+            let since = inner.client.attr_epoch();
             let r = inner.client.open(ino(i), truncate).await;
             if let (Ok((_, fh)), true) = (&r, writable(flags.0)) {
                 fh.mark_writer().await;
             }
             finish(reply, r, |reply, (attr, fh)| {
                 let mut fopen = FopenFlags::empty();
-                if inner.freshness(&attr) == Freshness::Same {
+                if inner.freshness(&attr, since) == Freshness::Same {
                     fopen |= FopenFlags::FOPEN_KEEP_CACHE;
                 }
                 if direct {
@@ -311,7 +312,7 @@ impl fuser::Filesystem for TesseraFs {
                 fh.mark_writer().await;
             }
             finish(reply, r, |reply, (attr, fh)| {
-                inner.freshness(&attr);
+                inner.note_created(&attr);
                 let n = inner.add_file(fh, direct);
                 let mut fopen = FopenFlags::empty();
                 if direct {
