@@ -136,7 +136,6 @@ impl Inner {
             .ok_or_else(|| ClientError::Invalid(format!("unknown file handle {fh}")))
     }
 
-    /// Whether handle `fh` was opened with `FOPEN_DIRECT_IO`.
     /// Whether opens with these flags get `FOPEN_DIRECT_IO`. Without the writeback
     /// cache, O_APPEND and O_DIRECT handles stay out of the page cache: an append goes
     /// where the metadata server says the end is. With it, the kernel's page cache may
@@ -159,6 +158,7 @@ impl Inner {
         self.writeback.load(Ordering::Relaxed)
     }
 
+    /// Whether handle `fh` was opened with `FOPEN_DIRECT_IO`.
     fn direct_io(&self, fh: u64) -> bool {
         self.files.lock().get(&fh).is_some_and(|o| o.direct_io)
     }
