@@ -31,7 +31,9 @@ pub struct DataConfig {
     pub io_buffer_bytes: usize,
     /// Whole 64 KiB blocks move between disk and transfer buffers with `O_DIRECT` (no
     /// copy through the page cache: less CPU per byte, but this server caches no chunk
-    /// data, so bytes read again come from the disk again). Off: buffered I/O.
+    /// data, so bytes read again come from the disk again), and bytes read from small
+    /// chunks, which stay buffered, leave the page cache after the read. Off: buffered
+    /// I/O, and what is read stays cached for other clients.
     pub direct_io: bool,
     /// Bytes of the disk under `data_dir` this server leaves free: a write that would
     /// leave less fails with ENOSPC, so the metadata store (on the same disk in a local

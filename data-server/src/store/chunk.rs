@@ -13,6 +13,7 @@ use proto::ChunkId;
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -314,6 +315,21 @@ impl ChunkFile {
             block += 1;
         }
         Ok(())
+    }
+
+    /// Drops the pages of chunk bytes `[offset, offset + len)` from the page cache (see
+    /// `ChunkStore::read`). Advice only: a failure changes nothing read.
+    pub fn forget_read(&self, offset: u64, len: usize) {
+        let pos = self.geo.data_offset + offset;
+        // SAFETY: plain system call on a descriptor this file owns.
+        unsafe {
+            libc::posix_fadvise(
+                self.file.as_raw_fd(),
+                pos as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_DONTNEED,
+            );
+        }
     }
 
     /// Opens the file's `O_DIRECT` descriptor (read-write). False if the file system

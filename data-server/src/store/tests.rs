@@ -174,6 +174,67 @@ fn model_run(cs: u32, seed: u64) {
     assert_eq!(store.usage().unwrap().chunks, model.chunks.len() as u64);
 }
 
+/// Pages of `path` in `[from, from + len)` that are in the page cache (`mincore` of a
+/// read-only mapping).
+fn resident_pages(path: &std::path::Path, from: u64, len: usize) -> usize {
+    use std::os::unix::io::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    let page = 4096u64;
+    let start = from / page * page;
+    let span = (from + len as u64 - start) as usize;
+    let mut vec = vec![0u8; span.div_ceil(page as usize)];
+    // SAFETY: a read-only shared mapping of an open file, unmapped before returning;
+    // `vec` has one byte per page of the mapping, as mincore writes.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            span,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            start as libc::off_t,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        assert_eq!(libc::mincore(p, span, vec.as_mut_ptr()), 0);
+        libc::munmap(p, span);
+    }
+    vec.iter().filter(|&&b| b & 1 == 1).count()
+}
+
+/// Guards against a data server keeping in its page cache the bytes of small chunks it
+/// sends: the reading client's kernel caches them, and a data set read once through a
+/// mount filled the memory with both copies and ran at half speed reclaiming them.
+#[test]
+fn bytes_read_from_a_small_chunk_leave_this_servers_page_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    let c = chunk(8, 0);
+    let data = Rng(8).bytes(300_000);
+    s.write(c, 4 * MIB, 0, &data).unwrap();
+    s.fsync(&[c]).unwrap();
+    let path = chunk_path(&chunks_root(tmp.path()), c);
+    let data_at = std::fs::metadata(&path).unwrap().len() - data.len() as u64;
+    // Read back through the page cache first (clean pages, as after a write settled).
+    let _ = std::fs::read(&path).unwrap();
+    assert!(
+        resident_pages(&path, data_at, data.len()) > 0,
+        "the file is cached before"
+    );
+    assert_eq!(read_vec(&s, c, 4 * MIB, 0, data.len()), data);
+    assert_eq!(
+        resident_pages(&path, data_at, data.len()),
+        0,
+        "pages of the bytes read stay cached"
+    );
+    // With direct_io off, this server caches what it reads, for other clients.
+    let s = s.direct_io(false);
+    assert_eq!(read_vec(&s, c, 4 * MIB, 0, data.len()), data);
+    assert!(
+        resident_pages(&path, data_at, data.len()) > 0,
+        "kept with direct_io off"
+    );
+}
+
 #[test]
 fn holes_and_missing_chunks_read_as_zeros() {
     let tmp = tempfile::tempdir().unwrap();
