@@ -280,6 +280,37 @@ pub fn fallocate(f: &fs::File, mode: i32, offset: u64, len: u64) -> io::Result<(
     cvt(r.into()).map(drop)
 }
 
+/// Maps `len` bytes of `f` shared and writable, runs `edit` on them, optionally
+/// msyncs, and unmaps.
+pub fn with_shared_map(f: &fs::File, len: usize, sync: bool, edit: impl FnOnce(&mut [u8])) {
+    // SAFETY: a fresh shared mapping of an open file; unmapped below, never aliased.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(
+        addr,
+        libc::MAP_FAILED,
+        "{}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: the mapping is `len` bytes long and only this slice uses it.
+    edit(unsafe { std::slice::from_raw_parts_mut(addr.cast::<u8>(), len) });
+    if sync {
+        // SAFETY: the mapping made above.
+        let r = unsafe { libc::msync(addr, len, libc::MS_SYNC) };
+        assert_eq!(r, 0, "msync: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: the mapping made above, no longer used.
+    assert_eq!(unsafe { libc::munmap(addr, len) }, 0);
+}
+
 /// `lseek(2)` with any `whence`, SEEK_DATA and SEEK_HOLE included.
 pub fn lseek(f: &fs::File, offset: i64, whence: i32) -> io::Result<u64> {
     // SAFETY: a valid open descriptor.

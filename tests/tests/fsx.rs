@@ -10,74 +10,19 @@
 //! must see the file as the last close on either mount left it (close-to-open).
 //! The seed is printed; rerun one with `TESSERA_FSX_SEED=<n>`. Needs root and /dev/fuse.
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
-use tessera_tests::posix::fallocate;
+use tessera_tests::posix::{fallocate, with_shared_map};
 use tessera_tests::{ProcessCluster, Rng};
+use transport::AlignedBuf;
 
 /// Operations per run; each is a few system calls on a file of at most `MAX_LEN`.
 const OPS: usize = 1500;
 const MAX_LEN: u64 = 8 << 20;
 /// `O_DIRECT` offsets and lengths are multiples of this.
 const ALIGN: usize = 4096;
-
-/// A buffer aligned for `O_DIRECT`.
-struct Aligned {
-    ptr: *mut u8,
-    layout: Layout,
-}
-
-impl Aligned {
-    fn new(len: usize) -> Aligned {
-        let layout = Layout::from_size_align(len.max(ALIGN), ALIGN).unwrap();
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { alloc_zeroed(layout) };
-        assert!(!ptr.is_null(), "allocating {len} bytes");
-        Aligned { ptr, layout }
-    }
-
-    fn bytes(&mut self) -> &mut [u8] {
-        // SAFETY: `ptr` holds `layout.size()` initialized bytes owned by `self`.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
-    }
-}
-
-impl Drop for Aligned {
-    fn drop(&mut self) {
-        // SAFETY: allocated with this layout in `new`.
-        unsafe { dealloc(self.ptr, self.layout) }
-    }
-}
-
-/// The file's first `len` bytes mapped shared, read and written in `f`, then synced
-/// (`msync`) and unmapped.
-fn with_map(file: &File, len: usize, f: impl FnOnce(&mut [u8])) {
-    // SAFETY: a shared mapping of an open descriptor, unmapped below; nothing else
-    // holds a reference into it.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        );
-        assert_ne!(
-            p,
-            libc::MAP_FAILED,
-            "mmap: {}",
-            std::io::Error::last_os_error()
-        );
-        f(std::slice::from_raw_parts_mut(p.cast::<u8>(), len));
-        let synced = libc::msync(p, len, libc::MS_SYNC);
-        assert_eq!(synced, 0, "msync: {}", std::io::Error::last_os_error());
-        libc::munmap(p, len);
-    }
-}
 
 fn copy_range(f: &File, from: u64, to: u64, len: usize) -> std::io::Result<usize> {
     let (mut off_in, mut off_out) = (from as i64, to as i64);
@@ -89,6 +34,21 @@ fn copy_range(f: &File, from: u64, to: u64, len: usize) -> std::io::Result<usize
     } else {
         Ok(r as usize)
     }
+}
+
+/// The file's bytes from the start, at most `max` (reads until end of file).
+fn read_up_to(f: &File, max: usize) -> Vec<u8> {
+    let mut got = vec![0u8; max];
+    let mut n = 0;
+    while n < got.len() {
+        let r = f.read_at(&mut got[n..], n as u64).unwrap();
+        if r == 0 {
+            break;
+        }
+        n += r;
+    }
+    got.truncate(n);
+    got
 }
 
 fn drop_caches() {
@@ -156,17 +116,7 @@ impl Run {
     }
 
     fn read_all(&self, f: &File, how: &str) {
-        let mut got = vec![0u8; self.model.len() + 4096];
-        let n = f.read_at(&mut got, 0).unwrap();
-        let mut total = n;
-        while total < got.len() {
-            let n = f.read_at(&mut got[total..], total as u64).unwrap();
-            if n == 0 {
-                break;
-            }
-            total += n;
-        }
-        got.truncate(total);
+        let got = read_up_to(f, self.model.len() + 4096);
         if got.len() != self.model.len() {
             self.fail(format!(
                 "{how}: read {} bytes, model {}",
@@ -220,7 +170,7 @@ impl Run {
                 let len = (some_len(&mut self.rng) as usize).min(size as usize - off);
                 self.log.push(format!("{i}: map read {off} +{len}"));
                 let mut got = Vec::new();
-                with_map(&self.file, size as usize, |m| {
+                with_shared_map(&self.file, size as usize, true, |m| {
                     got = m[off..off + len].to_vec()
                 });
                 self.expect_bytes(off as u64, &got, "map read");
@@ -237,7 +187,7 @@ impl Run {
                 }
                 let data = self.bytes(len as usize);
                 let map_len = self.model.len();
-                with_map(&self.file, map_len, |m| {
+                with_shared_map(&self.file, map_len, true, |m| {
                     m[off as usize..end as usize].copy_from_slice(&data)
                 });
                 self.put(off, &data);
@@ -292,10 +242,10 @@ impl Run {
             70..=74 if size > 0 => {
                 let off = self.rng.below(size) & !(ALIGN as u64 - 1);
                 let len = (1 + self.rng.index(64)) * ALIGN;
-                let mut buf = Aligned::new(len);
+                let mut buf = AlignedBuf::zeroed(len);
                 self.log.push(format!("{i}: direct read {off} +{len}"));
-                let n = self.direct.read_at(&mut buf.bytes()[..len], off).unwrap();
-                self.expect_bytes(off, &buf.bytes()[..n], "direct read");
+                let n = self.direct.read_at(&mut buf, off).unwrap();
+                self.expect_bytes(off, &buf[..n], "direct read");
                 let want = (size - off).min(len as u64) as usize;
                 if n != want {
                     self.fail(format!("direct read at {off}: {n} bytes, want {want}"));
@@ -305,10 +255,10 @@ impl Run {
                 let off = self.rng.below(MAX_LEN) & !(ALIGN as u64 - 1);
                 let len = ((1 + self.rng.index(64)) * ALIGN).min((MAX_LEN - off) as usize);
                 let data = self.bytes(len);
-                let mut buf = Aligned::new(len);
-                buf.bytes()[..len].copy_from_slice(&data);
+                let mut buf = AlignedBuf::zeroed(len);
+                buf.copy_from_slice(&data);
                 self.log.push(format!("{i}: direct write {off} +{len}"));
-                self.direct.write_all_at(&buf.bytes()[..len], off).unwrap();
+                self.direct.write_all_at(&buf, off).unwrap();
                 self.put(off, &data);
             }
             // Append through the O_APPEND descriptor.
@@ -462,7 +412,7 @@ fn two_mount_step(
                 len, size,
                 "fstat length at the open of {i}: {what} on {mount}"
             );
-            with_map(&f, size as usize, |m| {
+            with_shared_map(&f, size as usize, true, |m| {
                 m[off..off + data.len()].copy_from_slice(&data)
             });
             model[off..off + data.len()].copy_from_slice(&data);
@@ -472,16 +422,7 @@ fn two_mount_step(
     // Every open sees the last close's file: length by fstat, then every byte.
     let f = File::open(path).unwrap();
     let len = f.metadata().unwrap().len();
-    let mut got = vec![0u8; model.len() + 4096];
-    let mut n = 0;
-    while n < got.len() {
-        let r = f.read_at(&mut got[n..], n as u64).unwrap();
-        if r == 0 {
-            break;
-        }
-        n += r;
-    }
-    got.truncate(n);
+    let got = read_up_to(&f, model.len() + 4096);
     let step = format!("{i}: {what} on {mount}");
     assert_eq!(len, model.len() as u64, "fstat length after {step}");
     assert!(

@@ -7,7 +7,7 @@ use std::alloc::{self, Layout};
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
-use tessera_tests::posix::{errno_of, lseek, times};
+use tessera_tests::posix::{errno_of, lseek, times, with_shared_map};
 use tessera_tests::{pseudo_random, sha256_hex, ProcessCluster};
 
 const MIB: usize = 1 << 20;
@@ -82,37 +82,6 @@ fn o_direct_reads_and_writes_with_aligned_buffers() {
     );
     let other = fs::read(b.path.join("direct")).unwrap();
     assert_eq!(sha256_hex(&other), sha256_hex(&want), "other mount");
-}
-
-/// Maps `len` bytes of `f` shared and writable, runs `edit` on them, optionally
-/// msyncs, and unmaps.
-fn with_shared_map(f: &File, len: usize, sync: bool, edit: impl FnOnce(&mut [u8])) {
-    // SAFETY: a fresh shared mapping of an open file; unmapped below, never aliased.
-    let addr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        )
-    };
-    assert_ne!(
-        addr,
-        libc::MAP_FAILED,
-        "{}",
-        std::io::Error::last_os_error()
-    );
-    // SAFETY: the mapping is `len` bytes long and only this slice uses it.
-    edit(unsafe { std::slice::from_raw_parts_mut(addr.cast::<u8>(), len) });
-    if sync {
-        // SAFETY: the mapping made above.
-        let r = unsafe { libc::msync(addr, len, libc::MS_SYNC) };
-        assert_eq!(r, 0, "msync: {}", std::io::Error::last_os_error());
-    }
-    // SAFETY: the mapping made above, no longer used.
-    assert_eq!(unsafe { libc::munmap(addr, len) }, 0);
 }
 
 /// Guards against stores through a shared writable mapping that never reach the data

@@ -484,28 +484,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let inner = open_store(StoreKind::Redb, dir.path()).unwrap();
         let g = GroupCommit::new(inner.clone());
-        let durable = |g: &GroupCommit| g.shared.state.lock().durable;
+        // Polls `done` for at most 10 s.
+        let eventually = |what: &str, done: &dyn Fn() -> bool| {
+            let start = Instant::now();
+            while !done() {
+                assert!(start.elapsed() < Duration::from_secs(10), "{what}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
         // Let the flusher fall asleep without a timeout, as on an idle server.
-        let start = Instant::now();
-        while !g.shared.state.lock().flusher_idle {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "flusher never idle"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        eventually("flusher never idle", &|| g.shared.state.lock().flusher_idle);
         let t = g.stage(put(b"orphan", b"1")).unwrap().unwrap();
         let _ = take_pending();
-        let start = Instant::now();
-        while durable(&g) < t {
-            assert!(start.elapsed() < Duration::from_secs(10), "never committed");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        eventually("never committed", &|| g.shared.state.lock().durable >= t);
         // Applied too, by the flusher: the engine itself has it.
-        while inner.get(b"orphan").unwrap().is_none() {
-            assert!(start.elapsed() < Duration::from_secs(10), "never applied");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        eventually("never applied", &|| inner.get(b"orphan").unwrap().is_some());
     }
 
     #[test]
