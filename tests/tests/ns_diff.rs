@@ -248,6 +248,19 @@ fn tree(root: &Path) -> Vec<String> {
 fn random_namespace_operations_match_the_local_file_system() {
     let cluster = ProcessCluster::start(3);
     let m = cluster.mount("m");
+    compare(&cluster, &m);
+}
+
+/// The same with the kernel's writeback cache, which keeps lengths and written bytes
+/// of the files this mount writes.
+#[test]
+fn random_namespace_operations_match_the_local_file_system_with_the_writeback_cache() {
+    let cluster = ProcessCluster::start(3);
+    let m = cluster.mount_with_config("m", "writeback_cache = true\n");
+    compare(&cluster, &m);
+}
+
+fn compare(cluster: &ProcessCluster, m: &tessera_tests::Mount) {
     let local = cluster.dir().join("local");
     fs::create_dir(&local).unwrap();
     let mut sides = [
