@@ -19,8 +19,10 @@ use tessera_tests::{ProcessCluster, Rng};
 
 const NAMES: [&str; 5] = ["a", "b", "c", "dd", "e"];
 const OPS: usize = 4000;
-/// Symlink targets: relative, upward, absolute and dangling, through a directory.
-const TARGETS: [&str; 4] = ["a", "../b", "/nonexistent", "dd/e"];
+/// Symlink targets: relative, upward, dangling, through a directory. None is absolute
+/// and each root sits one level below its own directory: a create through a dangling
+/// link creates its target, which must stay inside the test's directories.
+const TARGETS: [&str; 4] = ["a", "../b", "missing/x", "dd/e"];
 
 /// What an operation gave: its result in a comparable form, or its errno.
 type Outcome = Result<String, i32>;
@@ -261,19 +263,14 @@ fn random_namespace_operations_match_the_local_file_system_with_the_writeback_ca
 }
 
 fn compare(cluster: &ProcessCluster, m: &tessera_tests::Mount) {
-    let local = cluster.dir().join("local");
-    fs::create_dir(&local).unwrap();
-    let mut sides = [
+    let mut sides = [cluster.dir().join("local"), m.path.join("nsdiff")].map(|dir| {
+        let root = dir.join("root");
+        fs::create_dir_all(&root).unwrap();
         Side {
-            root: local,
+            root,
             held: HashMap::new(),
-        },
-        Side {
-            root: m.path.join("nsdiff"),
-            held: HashMap::new(),
-        },
-    ];
-    fs::create_dir(&sides[1].root).unwrap();
+        }
+    });
     let mut rng = Rng::from_env("TESSERA_NSDIFF_SEED");
     let mut log: Vec<String> = Vec::new();
     for i in 0..OPS {
