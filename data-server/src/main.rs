@@ -96,10 +96,12 @@ async fn run(config: DataConfig) -> anyhow::Result<()> {
     // Saves the store's usage, so the next start need not count every chunk. A failure
     // only costs that count.
     let store = server.store().clone();
-    match tokio::task::spawn_blocking(move || store.close()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "usage not saved: the next start counts"),
-        Err(e) => tracing::warn!(error = %e, "usage not saved: the next start counts"),
+    let closed = tokio::task::spawn_blocking(move || store.close())
+        .await
+        .map_err(anyhow::Error::from)
+        .and_then(|r| r.map_err(anyhow::Error::from));
+    if let Err(e) = closed {
+        tracing::warn!(error = %e, "usage not saved: the next start counts");
     }
     Ok(())
 }

@@ -93,24 +93,21 @@ impl DirAttrs {
                 | R::CheckNamespace
                 | R::InodesExist { .. }
         );
-        // The epoch moves before the copies go, so a `put_since` checking it under the
-        // map's lock either sees it moved or puts a copy that is then removed.
-        match req {
-            R::Create { parent, .. } | R::Unlink { parent, .. } => {
-                self.epoch.fetch_add(1, Ordering::SeqCst);
-                self.map.remove(*parent)
-            }
+        let forget = match req {
+            R::Create { parent, .. } | R::Unlink { parent, .. } => Some(Some(*parent)),
             // An append moves the file's length on the server: a copy kept from the
             // commit before it would show the old one.
-            R::Append { ino, .. } => {
-                self.epoch.fetch_add(1, Ordering::SeqCst);
-                self.map.remove(*ino)
-            }
-            _ if !keeps => {
-                self.epoch.fetch_add(1, Ordering::SeqCst);
-                self.map.clear()
-            }
-            _ => {}
+            R::Append { ino, .. } => Some(Some(*ino)),
+            _ if !keeps => Some(None),
+            _ => None,
+        };
+        let Some(which) = forget else { return };
+        // The epoch moves before the copies go, so a `put_since` checking it under the
+        // map's lock either sees it moved or puts a copy that is then removed.
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        match which {
+            Some(ino) => self.map.remove(ino),
+            None => self.map.clear(),
         }
     }
 }

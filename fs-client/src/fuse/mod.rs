@@ -158,6 +158,11 @@ impl Inner {
         self.writeback.load(Ordering::Relaxed)
     }
 
+    /// Records that the kernel took the writeback cache (at init).
+    fn set_writeback(&self) {
+        self.writeback.store(true, Ordering::Relaxed);
+    }
+
     /// Whether handle `fh` was opened with `FOPEN_DIRECT_IO`.
     fn direct_io(&self, fh: u64) -> bool {
         self.files.lock().get(&fh).is_some_and(|o| o.direct_io)

@@ -51,9 +51,7 @@ impl fuser::Filesystem for TesseraFs {
         }
         if self.inner.client.config().writeback_cache {
             if config.add_capabilities(F::FUSE_WRITEBACK_CACHE).is_ok() {
-                self.inner
-                    .writeback
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                self.inner.set_writeback();
             } else {
                 tracing::warn!("the kernel refused the writeback cache; writes go through");
             }
