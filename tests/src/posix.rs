@@ -311,6 +311,36 @@ pub fn with_shared_map(f: &fs::File, len: usize, sync: bool, edit: impl FnOnce(&
     assert_eq!(unsafe { libc::munmap(addr, len) }, 0);
 }
 
+/// How many of the first `len` bytes' pages of `f` are in the kernel's page cache
+/// (`mincore(2)` on a read-only shared mapping, which reads nothing itself).
+pub fn resident_pages(f: &fs::File, len: usize) -> usize {
+    // SAFETY: a fresh read-only shared mapping of an open file; unmapped below.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(
+        addr,
+        libc::MAP_FAILED,
+        "{}",
+        std::io::Error::last_os_error()
+    );
+    let mut vec = vec![0u8; len.div_ceil(4096)];
+    // SAFETY: the mapping made above; `vec` has one byte per page of it.
+    let r = unsafe { libc::mincore(addr, len, vec.as_mut_ptr()) };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: the mapping made above, no longer used.
+    assert_eq!(unsafe { libc::munmap(addr, len) }, 0);
+    assert_eq!(r, 0, "mincore: {err}");
+    vec.iter().filter(|&&b| b & 1 == 1).count()
+}
+
 /// `lseek(2)` with any `whence`, SEEK_DATA and SEEK_HOLE included.
 pub fn lseek(f: &fs::File, offset: i64, whence: i32) -> io::Result<u64> {
     // SAFETY: a valid open descriptor.

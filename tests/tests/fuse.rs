@@ -273,6 +273,66 @@ fn two_mounts_see_each_others_files_after_close() {
     );
 }
 
+/// Close-to-open keeps what a mount's own writes put in its page cache: a file written
+/// and closed (and one rewritten in part through another descriptor, then fsynced) is
+/// read back by the next open from the kernel's cache, and not fetched again from the
+/// data servers (the open once took the new length and mtime of its own commit for
+/// another client's change and dropped every page). A change made through another
+/// mount still drops them, and the bytes read are the new ones.
+#[test]
+fn a_mounts_own_writes_stay_cached_for_its_next_open_and_another_mounts_do_not() {
+    use std::os::unix::fs::FileExt;
+    use tessera_tests::posix::resident_pages;
+    const LEN: usize = 1 << 20;
+    const PAGES: usize = LEN / 4096;
+    let cluster = ProcessCluster::start(3);
+    let (a, b) = (cluster.mount("a"), cluster.mount("b"));
+    let path = a.path.join("f");
+    let mut data = pseudo_random(LEN, 7);
+    fs::write(&path, &data).unwrap();
+    let f = File::open(&path).unwrap();
+    assert_eq!(
+        resident_pages(&f, LEN),
+        PAGES,
+        "pages written, then reopened"
+    );
+    drop(f);
+
+    // A part rewritten through another descriptor, fsynced, closed.
+    let w = fs::OpenOptions::new().write(true).open(&path).unwrap();
+    w.write_all_at(b"rewritten", 5000).unwrap();
+    w.sync_all().unwrap();
+    drop(w);
+    data[5000..5009].copy_from_slice(b"rewritten");
+    let f = File::open(&path).unwrap();
+    assert_eq!(
+        resident_pages(&f, LEN),
+        PAGES,
+        "pages after a partial rewrite"
+    );
+    let mut back = vec![0u8; LEN];
+    f.read_exact_at(&mut back, 0).unwrap();
+    assert!(back == data, "the cached bytes are the file's");
+    drop(f);
+
+    // Another mount changes it: a's next open drops its pages and reads the new bytes.
+    let other = fs::OpenOptions::new()
+        .write(true)
+        .open(b.path.join("f"))
+        .unwrap();
+    other.write_all_at(b"from b", 100_000).unwrap();
+    drop(other);
+    data[100_000..100_006].copy_from_slice(b"from b");
+    let f = File::open(&path).unwrap();
+    assert_eq!(
+        resident_pages(&f, LEN),
+        0,
+        "pages after another mount's change"
+    );
+    f.read_exact_at(&mut back, 0).unwrap();
+    assert!(back == data, "a reads b's change");
+}
+
 /// Guards against write-behind losing or misplacing bytes of writer processes sharing
 /// one file (ranges that do not end on segment boundaries), and against another mount
 /// missing them, or serving its cached old bytes, after the writers closed.

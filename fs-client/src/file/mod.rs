@@ -55,6 +55,9 @@ struct FileInner {
     /// Writes not yet committed to the metadata server; bumped by every write.
     write_gen: u64,
     committed_gen: u64,
+    /// The attributes the metadata server answered this client's last commit with, until
+    /// the mount records them as its own change (`FileHandle::take_committed_attr`).
+    committed_attr: Option<Attr>,
     /// Chunks written since the last fsync, per chain.
     unsynced: BTreeMap<ChainId, BTreeSet<ChunkId>>,
 }
@@ -90,6 +93,7 @@ impl FileState {
                 mtime: attr.mtime,
                 write_gen: 0,
                 committed_gen: 0,
+                committed_attr: None,
                 unsynced: BTreeMap::new(),
             }),
             io: Mutex::new(IoState {
@@ -219,6 +223,13 @@ impl FileState {
         let mut i = self.inner.lock();
         i.committed_gen = i.committed_gen.max(generation);
     }
+
+    /// A commit up to `generation` was answered with `attr`.
+    fn committed_with(&self, generation: u64, attr: &Attr) {
+        let mut i = self.inner.lock();
+        i.committed_gen = i.committed_gen.max(generation);
+        i.committed_attr = Some(attr.clone());
+    }
 }
 
 /// One open of a file (a FUSE file handle).
@@ -306,6 +317,13 @@ impl FileHandle {
             Ok(_) => Err(ClientError::Remote(e)),
             Err(_) => Ok(()),
         }
+    }
+
+    /// The attributes the last commit of this client brought for the file (a flush,
+    /// fsync or append that committed a length), once: what the mount then records as
+    /// its own change, so that its next open keeps the cached pages its writes updated.
+    pub(crate) fn take_committed_attr(&self) -> Option<Attr> {
+        self.state.inner.lock().committed_attr.take()
     }
 
     /// Records that this open may write (the mount's open flags say so): no read-around
@@ -433,7 +451,7 @@ impl Client {
         };
         let since = self.attr_epoch();
         let attr = expect_reply!(self.meta(req).await?, MetaReply::Attr(a) => a)?;
-        state.committed(generation);
+        state.committed_with(generation, &attr);
         // After a close the kernel asks for the attributes again before the next
         // `utime`, `chmod` or `chown` (`tar x`, `cp -a`): this reply has them.
         self.keep_attr(attr, since);

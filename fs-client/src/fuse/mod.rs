@@ -235,6 +235,18 @@ impl Inner {
         self.note_seen(attr, false);
     }
 
+    /// After a flush or fsync of `file`: the length and mtime its commit brought are this
+    /// mount's own change. Without this the next open of the file found them new (the
+    /// kernel need not ask for attributes between a close and an open) and dropped the
+    /// pages the writes had just filled: a file read back after it was written, as
+    /// `git`, compilers and checkpoint checks do, came from the data servers again.
+    fn flushed(&self, file: &FileHandle, r: crate::error::Result<()>) -> crate::error::Result<()> {
+        if let Some(attr) = file.take_committed_attr() {
+            self.note_own(&attr);
+        }
+        r
+    }
+
     /// Records `attr`'s mtime and length as what this mount last saw of the file, and
     /// compares them with the previous ones. Without `insert`, a file not seen before
     /// (never opened through this mount, or forgotten) stays unrecorded: `New`.

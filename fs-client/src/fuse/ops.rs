@@ -436,7 +436,7 @@ impl fuser::Filesystem for TesseraFs {
                 return reply.error(errno(e.code()));
             }
             let r = match inner.file(fh.0) {
-                Ok(file) => inner.client.flush(&file).await,
+                Ok(file) => inner.flushed(&file, inner.client.flush(&file).await),
                 Err(e) => Err(e),
             };
             finish(reply, r, |reply, ()| reply.ok())
@@ -488,7 +488,7 @@ impl fuser::Filesystem for TesseraFs {
         let inner = self.inner.clone();
         self.spawn(async move {
             let r = match inner.file(fh.0) {
-                Ok(file) => inner.client.fsync(&file).await,
+                Ok(file) => inner.flushed(&file, inner.client.fsync(&file).await),
                 Err(e) => Err(e),
             };
             finish(reply, r, |reply, ()| reply.ok())
