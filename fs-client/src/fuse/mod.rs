@@ -339,6 +339,29 @@ impl Inner {
     }
 }
 
+/// The extended attribute of the mount's root that reads as this mount's call counts
+/// (`getfattr -n tessera.stats MOUNT`): answered by the mount, never stored; setting or
+/// removing it is refused. Not listed by `listxattr`, so `cp -a` and `tar` do not copy it.
+pub const STATS_XATTR: &[u8] = b"tessera.stats";
+
+/// Whether a request for xattr `name` of `ino` is for [`STATS_XATTR`].
+pub(super) fn is_stats_xattr(ino: InodeId, name: &[u8]) -> bool {
+    ino == InodeId::ROOT && name == STATS_XATTR
+}
+
+impl Inner {
+    /// [`STATS_XATTR`]'s value: one `name value` line per counter of
+    /// [`crate::RpcCounts`].
+    fn stats_text(&self) -> Vec<u8> {
+        let c = self.client.rpc_counts();
+        format!(
+            "meta_calls {}\ndata_calls {}\nretries {}\n",
+            c.meta_calls, c.data_calls, c.retries
+        )
+        .into_bytes()
+    }
+}
+
 /// Mount options and the event-loop count for `client`'s configuration.
 fn session_config(client: &Client) -> fuser::Config {
     use fuser::MountOption as O;

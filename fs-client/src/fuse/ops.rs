@@ -6,7 +6,7 @@ use super::dir::DirHandle;
 use super::replies::{
     caller, dot_attr, finish, ino, lock_spec, lock_type, time_set, writable, xattr_reply,
 };
-use super::{errno, Freshness, TesseraFs};
+use super::{errno, is_stats_xattr, Freshness, TesseraFs};
 use crate::error::ClientError;
 use fuser::{
     AccessFlags, Errno, FileHandle as Fh, FopenFlags, Generation, INodeNo, IoctlFlags,
@@ -41,10 +41,8 @@ impl fuser::Filesystem for TesseraFs {
             F::FUSE_CACHE_SYMLINKS,
             F::FUSE_POSIX_LOCKS,
             F::FUSE_FLOCK_LOCKS,
-            // Listings with attributes when the kernel sees lookups follow (`ls -l`),
-            // plain ones otherwise (`ls -f`, `find`).
+            // Every listing with attributes (see "Listings" in ARCHITECTURE.md).
             F::FUSE_DO_READDIRPLUS,
-            F::FUSE_READDIRPLUS_AUTO,
         ];
         for cap in caps {
             let _ = config.add_capabilities(cap);
@@ -620,6 +618,9 @@ impl fuser::Filesystem for TesseraFs {
             libc::XATTR_REPLACE => XattrMode::Replace,
             _ => return reply.error(Errno::EINVAL),
         };
+        if is_stats_xattr(ino(i), name.as_bytes()) {
+            return reply.error(Errno::EPERM);
+        }
         let inner = self.inner.clone();
         let (name, value) = (name.as_bytes().to_vec(), value.to_vec());
         self.spawn(async move {
@@ -636,6 +637,9 @@ impl fuser::Filesystem for TesseraFs {
             .xattr_known_absent(ino(i), name.as_bytes())
         {
             return reply.error(fuser::Errno::ENODATA);
+        }
+        if is_stats_xattr(ino(i), name.as_bytes()) {
+            return xattr_reply(reply, size, self.inner.stats_text());
         }
         let (inner, name) = (self.inner.clone(), name.as_bytes().to_vec());
         self.spawn(async move {
@@ -660,6 +664,9 @@ impl fuser::Filesystem for TesseraFs {
     }
 
     fn removexattr(&self, _req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if is_stats_xattr(ino(i), name.as_bytes()) {
+            return reply.error(Errno::EPERM);
+        }
         let (inner, name) = (self.inner.clone(), name.as_bytes().to_vec());
         self.spawn(async move {
             let r = inner.client.removexattr(ino(i), &name).await;
