@@ -4,7 +4,7 @@ use crate::config::ClientConfig;
 use crate::dirattrs::DirAttrs;
 use crate::error::{ClientError, Result};
 use crate::file::{FileHandle, FileState};
-use crate::nocaps::{NoCaps, CAPABILITY};
+use crate::noxattrs::{NoXattrs, CAPABILITY};
 use crate::rpc::{self, expect_reply, DataLinks, RpcCounts, RpcEndpoint};
 use crate::segpool::SegPool;
 use parking_lot::Mutex;
@@ -63,7 +63,7 @@ pub struct Client {
     /// with a length commit.
     dir_attrs: DirAttrs,
     /// Files known to have no file capabilities (asked before every write).
-    no_caps: NoCaps,
+    no_xattrs: NoXattrs,
     /// Sessions whose close carries no commit, waiting to be ended in one call.
     releases: Mutex<Vec<SessionId>>,
     /// The cluster map last fetched.
@@ -105,7 +105,7 @@ impl Client {
             files: Mutex::new(HashMap::new()),
             layouts: Mutex::new(HashMap::new()),
             dir_attrs: DirAttrs::new(dir_ttl),
-            no_caps: NoCaps::new(dir_ttl),
+            no_xattrs: NoXattrs::new(dir_ttl),
             releases: Mutex::new(Vec::new()),
             map: parking_lot::RwLock::new(Arc::new(ClusterMap::default())),
             memory_bytes: crate::file::around::machine_memory(),
@@ -148,7 +148,24 @@ impl Client {
 
     pub(crate) async fn meta(&self, req: MetaRequest) -> Result<MetaReply> {
         self.dir_attrs.before(&req);
-        rpc::meta_call(&self.ep, &self.meta, &req).await
+        let epoch = self.no_xattrs.epoch();
+        let reply = rpc::meta_call(&self.ep, &self.meta, &req).await?;
+        // Every attribute reply says whether the inode has extended attributes.
+        match &reply {
+            MetaReply::Attr(a) => self.no_xattrs.note(a, epoch),
+            MetaReply::Opened { attr, parent, .. } => {
+                for a in std::iter::once(attr).chain(parent) {
+                    self.no_xattrs.note(a, epoch);
+                }
+            }
+            MetaReply::Dir { entries, .. } => {
+                for a in entries.iter().filter_map(|e| e.attr.as_ref()) {
+                    self.no_xattrs.note(a, epoch);
+                }
+            }
+            _ => {}
+        }
+        Ok(reply)
     }
 
     /// Ends `session` a moment later, in one `ReleaseMany` with the other closes of
@@ -278,9 +295,10 @@ impl Client {
     }
 
     /// Whether `name` of `ino` is known to be absent without asking: the kernel's check
-    /// for file capabilities before each write (see `nocaps.rs`).
+    /// for file capabilities before each write, `ls -l`'s for a security label (see
+    /// `noxattrs.rs`).
     pub(crate) fn xattr_known_absent(&self, ino: InodeId, name: &[u8]) -> bool {
-        name == CAPABILITY && self.no_caps.known(ino)
+        self.no_xattrs.absent(ino, name)
     }
 
     /// Reads attributes.
@@ -544,7 +562,7 @@ impl Client {
         if self.xattr_known_absent(ino, name) {
             return Err(ClientError::Remote(WireError::new(
                 ErrorCode::NoData,
-                "no file capabilities",
+                "no such extended attribute",
             )));
         }
         let req = MetaRequest::GetXattr {
@@ -553,7 +571,7 @@ impl Client {
         };
         match self.meta(req).await {
             Err(e) if caps && e.code() == ErrorCode::NoData => {
-                self.no_caps.put(ino);
+                self.no_xattrs.no_capability(ino);
                 Err(e)
             }
             r => expect_reply!(r?, MetaReply::Xattr(v) => v),
@@ -568,26 +586,21 @@ impl Client {
         value: &[u8],
         mode: XattrMode,
     ) -> Result<()> {
-        let caps = name == CAPABILITY;
-        if caps {
-            self.no_caps.forget(ino);
-        }
+        self.no_xattrs.changing(ino);
         let req = MetaRequest::SetXattr {
             ino,
             name: name.to_vec(),
             value: value.to_vec(),
             mode,
         };
-        let r = self.meta(req).await.map(drop);
-        if caps {
-            // Again: a lookup that raced with the set may have recorded "none".
-            self.no_caps.forget(ino);
-        }
-        r
+        self.meta(req).await.map(drop)
     }
 
     /// Lists extended attribute names.
     pub async fn listxattr(&self, ino: InodeId) -> Result<Vec<Vec<u8>>> {
+        if self.no_xattrs.none(ino) {
+            return Ok(Vec::new());
+        }
         expect_reply!(
             self.meta(MetaRequest::ListXattr { ino }).await?,
             MetaReply::XattrNames(n) => n
@@ -596,6 +609,7 @@ impl Client {
 
     /// Removes an extended attribute.
     pub async fn removexattr(&self, ino: InodeId, name: &[u8]) -> Result<()> {
+        self.no_xattrs.changing(ino);
         let req = MetaRequest::RemoveXattr {
             ino,
             name: name.to_vec(),
@@ -694,17 +708,12 @@ impl Client {
     }
 
     fn opened(&self, reply: MetaReply) -> Result<(Attr, FileHandle)> {
-        let (attr, session, layout, parent, created) = expect_reply!(
+        let (attr, session, layout, parent) = expect_reply!(
             reply,
-            MetaReply::Opened { attr, session, layout, parent, created } =>
-                (attr, session, layout, parent, created)
+            MetaReply::Opened { attr, session, layout, parent } => (attr, session, layout, parent)
         )?;
         if let Some(parent) = parent {
             self.dir_attrs.put(parent);
-        }
-        if created {
-            // A new file has no xattrs: its first write need not ask for capabilities.
-            self.no_caps.put(attr.ino);
         }
         if attr.kind == FileKind::Regular {
             self.remember_layout(attr.ino, &layout);

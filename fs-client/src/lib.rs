@@ -9,7 +9,7 @@ mod dirattrs;
 pub mod error;
 mod file;
 pub mod fuse;
-mod nocaps;
+mod noxattrs;
 mod rpc;
 mod segpool;
 mod ttlmap;

@@ -97,6 +97,10 @@ pub struct Attr {
     pub mtime: Timestamp,
     /// Last change of the inode.
     pub ctime: Timestamp,
+    /// How many extended attributes it has. With none, a client may answer a read or
+    /// listing of them itself for the attribute TTL (`ls -l` reads `security.selinux`
+    /// of every entry, `cp -a` lists each file's).
+    pub xattr_count: u32,
 }
 
 /// How a time stamp is to be set.

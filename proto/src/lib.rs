@@ -20,13 +20,19 @@ pub use ids::{ChainId, ChunkId, ClientId, InodeId, MrKey, NodeId, SessionId, Ver
 ///
 /// Both ends announce it in the connection handshake; a peer speaking another version is
 /// refused before any message is exchanged.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
 pub const MAX_NAME_BYTES: usize = 255;
 
 /// Longest symlink target, in bytes (`PATH_MAX`).
 pub const MAX_SYMLINK_BYTES: usize = 4096;
+
+/// Namespaces an extended attribute name may start with. `system.` is left out: its
+/// names (POSIX ACLs above all) are enforced by the kernel only for file systems that
+/// ask for it, so storing them would pretend to a protection nobody applies; refusing
+/// them makes `cp -a` and `rsync -A` report "not supported" instead.
+pub const XATTR_NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
 
 /// Largest extended attribute value, in bytes (Linux `XATTR_SIZE_MAX`).
 pub const MAX_XATTR_VALUE_BYTES: usize = 65536;

@@ -574,9 +574,6 @@ pub enum MetaReply {
         /// moved): the kernel asks for them before the next change in that directory,
         /// and the client answers from this copy instead of asking again.
         parent: Option<Attr>,
-        /// A create made the file (rather than opening one of that name): it has no
-        /// xattrs, so the client need not ask for file capabilities before writing.
-        created: bool,
     },
     /// A symlink's target.
     Target(Vec<u8>),

@@ -73,6 +73,41 @@ fn xattrs_in_three_namespaces_with_flags_and_removal() {
     assert_eq!(listxattr(&q).unwrap(), three);
 }
 
+/// A mount answers reads of extended attributes itself for an inode its last attributes
+/// said has none (`ls -l`, `cp -a`): guards against that answer outliving a change. One
+/// made through the mount itself is seen at once; one made through another mount once
+/// the attribute TTL (here 300 ms) has passed, as a new mode is.
+#[test]
+fn a_file_known_to_have_no_xattrs_shows_one_set_here_at_once_and_from_elsewhere_later() {
+    let cluster = ProcessCluster::start(1);
+    let a = cluster.mount("a");
+    let b = cluster.mount_with_config("b", "attr_ttl_ms = 300\nentry_ttl_ms = 300\n");
+    fs::write(a.path.join("f"), b"f").unwrap();
+    let fb = b.path.join("f");
+    // b learns that f has none, and answers so.
+    assert!(fs::metadata(&fb).is_ok());
+    assert_eq!(err("none yet", getxattr(&fb, "user.x")), libc::ENODATA);
+    assert!(listxattr(&fb).unwrap().is_empty());
+    setxattr(&fb, "user.here", b"1", 0).unwrap();
+    assert_eq!(getxattr(&fb, "user.here").unwrap(), b"1", "set through b");
+    assert_eq!(listxattr(&fb).unwrap(), ["user.here"]);
+    removexattr(&fb, "user.here").unwrap();
+    assert_eq!(err("removed", getxattr(&fb, "user.here")), libc::ENODATA);
+
+    assert!(listxattr(&fb).unwrap().is_empty());
+    setxattr(&a.path.join("f"), "user.there", b"2", 0).unwrap();
+    tessera_tests::posix::wait_until(
+        "b sees an attribute set through a",
+        std::time::Duration::from_secs(10),
+        || {
+            // A stat refreshes b's attributes once its copy expired, as `ls -l` does.
+            let _ = fs::symlink_metadata(&fb);
+            getxattr(&fb, "user.there").is_ok_and(|v| v == b"2")
+        },
+    );
+    assert_eq!(listxattr(&fb).unwrap(), ["user.there"]);
+}
+
 /// Guards against size limits and buffer errors that differ from ext4's (callers size
 /// their buffers by the size query and retry on ERANGE): values up to 64 KiB, E2BIG
 /// past it, ERANGE for small buffers and 256-byte names, and `system.*` and unknown

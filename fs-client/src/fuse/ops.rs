@@ -630,16 +630,17 @@ impl fuser::Filesystem for TesseraFs {
     }
 
     fn getxattr(&self, _req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        // The check before every write: answered here, with no hand-off to a task.
+        if is_stats_xattr(ino(i), name.as_bytes()) {
+            return xattr_reply(reply, size, self.inner.stats_text());
+        }
+        // The check before every write, `ls -l`'s label: answered here when the inode
+        // is known to have none, with no hand-off to a task.
         if self
             .inner
             .client
             .xattr_known_absent(ino(i), name.as_bytes())
         {
             return reply.error(fuser::Errno::ENODATA);
-        }
-        if is_stats_xattr(ino(i), name.as_bytes()) {
-            return xattr_reply(reply, size, self.inner.stats_text());
         }
         let (inner, name) = (self.inner.clone(), name.as_bytes().to_vec());
         self.spawn(async move {

@@ -110,6 +110,7 @@ impl Inner {
 /// Attributes for "." and ".." in a `readdirplus` reply, which the kernel skips.
 pub(crate) fn dot_attr(ino: InodeId, kind: FileKind) -> Attr {
     Attr {
+        xattr_count: 0,
         ino,
         kind,
         perm: 0o755,

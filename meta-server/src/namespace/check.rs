@@ -145,8 +145,9 @@ impl Namespace {
 
     /// Checks entries against inodes under the namespace lock (no change runs meanwhile):
     /// every entry names an inode of its kind, link counts match the entries, every
-    /// directory's parent holds it, every inode is reachable or an open orphan, and the
-    /// superblock's inode count is right. One line per problem.
+    /// directory's parent holds it, every inode is reachable or an open orphan, counts
+    /// its extended attributes right, and the superblock's inode count is right. One
+    /// line per problem.
     pub fn check_namespace(&self) -> Result<Vec<String>, MetaError> {
         let st = self.state.lock();
         let mut inodes: HashMap<u64, InodeRecord> = HashMap::new();
@@ -201,8 +202,28 @@ impl Namespace {
             }
             Ok(())
         })?;
+        // Clients trust an inode's count of extended attributes: with 0 they answer
+        // reads of any of them themselves.
+        let mut xattrs: HashMap<u64, u32> = HashMap::new();
+        self.for_each(&keys::xattr_all_prefix(), |k, _| {
+            let ino = keys::u64_at(k, 1).ok_or_else(|| MetaError::Corrupt(format!("{k:x?}")))?;
+            *xattrs.entry(ino).or_default() += 1;
+            Ok(())
+        })?;
+        for (&ino, &n) in &xattrs {
+            if !inodes.contains_key(&ino) {
+                note(format!("{n} extended attributes of missing inode {ino}"));
+            }
+        }
         let root = InodeId::ROOT.0;
         for (&ino, rec) in &inodes {
+            let stored = xattrs.get(&ino).copied().unwrap_or(0);
+            if rec.xattr_count != stored {
+                note(format!(
+                    "inode {ino} counts {} extended attributes, {stored} exist",
+                    rec.xattr_count
+                ));
+            }
             let named = links.get(&ino).copied().unwrap_or(0);
             if rec.kind == FileKind::Directory {
                 let want = 2 + subdirs.get(&ino).copied().unwrap_or(0);

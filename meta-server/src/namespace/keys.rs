@@ -59,6 +59,11 @@ pub(crate) fn xattr_prefix(ino: InodeId) -> Vec<u8> {
     with(XATTR, &[&ino.0.to_be_bytes()])
 }
 
+/// Prefix of every extended attribute of every inode.
+pub(crate) fn xattr_all_prefix() -> Vec<u8> {
+    vec![XATTR]
+}
+
 /// The key of extended attribute `name` of `ino`.
 pub(crate) fn xattr(ino: InodeId, name: &[u8]) -> Vec<u8> {
     with(XATTR, &[&ino.0.to_be_bytes(), name])

@@ -243,7 +243,7 @@ impl Namespace {
         // read after the change (a change by another client in between only makes them
         // newer).
         let opened = |o: Opened, parent| MetaReply::Opened {
-            attr: o.attr, session: o.session, layout: o.layout, parent, created: o.created,
+            attr: o.attr, session: o.session, layout: o.layout, parent,
         };
         match req {
             R::Hello { name } => self.hello(&name).map(|client| MetaReply::Welcome { client }),

@@ -1,7 +1,7 @@
 //! Validation of what a request names: entry names, symlink targets, xattr names.
 
 use crate::error::{show, MetaError};
-use proto::{MAX_NAME_BYTES, MAX_SYMLINK_BYTES, MAX_XATTR_VALUE_BYTES};
+use proto::{MAX_NAME_BYTES, MAX_SYMLINK_BYTES, MAX_XATTR_VALUE_BYTES, XATTR_NAMESPACES};
 
 /// Checks a directory entry name: not empty, not `.` or `..`, no `/` or NUL, at most
 /// `MAX_NAME_BYTES` bytes.
@@ -44,12 +44,6 @@ pub(crate) fn check_target(target: &[u8]) -> Result<(), MetaError> {
     Ok(())
 }
 
-/// Namespaces an extended attribute name may start with. `system.` is left out: its
-/// names (POSIX ACLs above all) are enforced by the kernel only for file systems that
-/// ask for it, so storing them would pretend to a protection nobody applies; refusing
-/// them makes `cp -a` and `rsync -A` report "not supported" instead.
-const XATTR_PREFIXES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
-
 /// Checks an extended attribute name: a known namespace prefix and a non-empty rest,
 /// at most `MAX_NAME_BYTES` bytes, no NUL.
 pub(crate) fn check_xattr_name(name: &[u8]) -> Result<(), MetaError> {
@@ -64,7 +58,7 @@ pub(crate) fn check_xattr_name(name: &[u8]) -> Result<(), MetaError> {
             "empty xattr name or NUL in it".into(),
         ));
     }
-    let Some(prefix) = XATTR_PREFIXES.iter().find(|p| name.starts_with(p)) else {
+    let Some(prefix) = XATTR_NAMESPACES.iter().find(|p| name.starts_with(p)) else {
         return Err(MetaError::NotSupported(format!(
             "xattr {}: only user., trusted. and security. names",
             show(name)

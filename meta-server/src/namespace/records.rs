@@ -147,6 +147,7 @@ impl InodeRecord {
             atime: self.atime,
             mtime: self.mtime,
             ctime: self.ctime,
+            xattr_count: self.xattr_count,
         }
     }
 

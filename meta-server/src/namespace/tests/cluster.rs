@@ -325,9 +325,14 @@ fn check_namespace_reports_a_damaged_store(kind: StoreKind) {
     let f = touch(h.ns(), d.ino, "f");
     touch(h.ns(), d.ino, "g");
     assert!(h.ns().check_namespace().unwrap().is_empty());
-    // A crash-free store never looks like this: an entry without its inode.
+    // A crash-free store never looks like this: an entry without its inode, and an
+    // extended attribute its inode does not count.
     let mut batch = crate::kv::WriteBatch::default();
     batch.delete(crate::namespace::keys::inode(f.ino));
+    batch.put(
+        crate::namespace::keys::xattr(d.ino, b"user.x"),
+        b"v".to_vec(),
+    );
     h.store().commit(batch).unwrap();
     h.restart();
     let problems = h.ns().check_namespace().unwrap();
@@ -339,6 +344,8 @@ fn check_namespace_reports_a_damaged_store(kind: StoreKind) {
         problems.iter().any(|p| p.contains("superblock counts")),
         "{problems:?}"
     );
+    let wrong = format!("inode {} counts 0 extended attributes, 1 exist", d.ino.0);
+    assert!(problems.contains(&wrong), "{problems:?}");
 }
 
 engine_tests!(
