@@ -147,7 +147,15 @@ impl Client {
     }
 
     pub(crate) async fn meta(&self, req: MetaRequest) -> Result<MetaReply> {
+        self.meta_keeping(req).await.map(|(reply, _)| reply)
+    }
+
+    /// [`Client::meta`], also returning [`Client::attr_epoch`] as it was once the
+    /// request had dropped the kept copies it changes: a reply's attributes may be kept
+    /// (`keep_attr`) unless another such request went out meanwhile.
+    pub(crate) async fn meta_keeping(&self, req: MetaRequest) -> Result<(MetaReply, u64)> {
         self.dir_attrs.before(&req);
+        let since = self.attr_epoch();
         let epoch = self.no_xattrs.epoch();
         let reply = rpc::meta_call(&self.ep, &self.meta, &req).await?;
         // Every attribute reply says whether the inode has extended attributes.
@@ -165,7 +173,7 @@ impl Client {
             }
             _ => {}
         }
-        Ok(reply)
+        Ok((reply, since))
     }
 
     /// Ends `session` a moment later, in one `ReleaseMany` with the other closes of
@@ -315,10 +323,20 @@ impl Client {
 
     /// Changes attributes; a new size first cuts the chunks on the data servers.
     pub async fn setattr(&self, ino: InodeId, set: SetAttr) -> Result<Attr> {
-        if let Some(st) = self.live_file(ino) {
-            // Earlier writes are committed first, so that their mtime cannot later
-            // override a time set here (`cp -a`, `touch -d` on an open file).
-            self.commit_pending(&st).await?;
+        // Earlier writes are committed first, so that their mtime cannot later override
+        // a time set here (`cp -a`, `touch -d` on an open file): in the same change when
+        // nothing is cut (`tar x` sets the time, owner and mode of each file it wrote),
+        // before the data servers cut the chunks otherwise.
+        let live = self.live_file(ino);
+        let mut commit = None;
+        if let Some(st) = &live {
+            if set.size.is_some() {
+                self.commit_pending(st).await?;
+            } else {
+                // Taken before the writes are sent, as in `commit_pending`.
+                commit = st.pending_commit();
+                self.flush_writes(st).await;
+            }
         }
         if let Some(size) = set.size {
             if let Some(layout) = self.layout_of(ino).await? {
@@ -329,10 +347,18 @@ impl Client {
                 st.truncated(size);
             }
         }
-        let attr = expect_reply!(
-            self.meta(MetaRequest::SetAttr { ino, set }).await?,
-            MetaReply::Attr(a) => a
-        )?;
+        let req = MetaRequest::SetAttr {
+            ino,
+            set,
+            commit: commit.map(|(c, _)| c),
+        };
+        let (reply, since) = self.meta_keeping(req).await?;
+        let attr = expect_reply!(reply, MetaReply::Attr(a) => a)?;
+        if let (Some(st), Some((_, generation))) = (&live, commit) {
+            st.committed_with(generation, &attr);
+        }
+        // For the kernel's `getattr` before a `chown` that follows (see `dirattrs.rs`).
+        self.keep_attr(attr.clone(), since);
         Ok(self.overlay(attr))
     }
 

@@ -8,12 +8,15 @@
 //! with those replies; the next `getattr` of the directory takes them from here instead.
 //! Likewise after a file was written and closed, the kernel asks for its attributes
 //! before the `utime`, `chmod` or `chown` that `tar x` and `cp -a` send next; the
-//! commit's reply carries them (this client's later writes are laid over them).
+//! commit's reply carries them (this client's later writes are laid over them). And a
+//! `chown` makes the kernel ask for the file's attributes first (to recompute the
+//! setuid bits from a fresh mode): the reply to the `utime` before it has them.
 //!
 //! A copy is used at most once and only within the attribute TTL, the time the kernel
-//! itself would have trusted it. Any other request that may change a directory (mkdir,
-//! rename, setattr, xattrs, a listing's atime, ...) empties the whole cache, so this
-//! client never answers with attributes older than one of its own changes.
+//! itself would have trusted it. A change of one inode's attributes (setattr, xattrs,
+//! atime) drops that inode's copy; any other request that may change a directory
+//! (mkdir, rename, link, ...) empties the whole cache, so this client never answers
+//! with attributes older than one of its own changes.
 
 use crate::ttlmap::TtlMap;
 use proto::meta::MetaRequest;
@@ -96,8 +99,14 @@ impl DirAttrs {
         let forget = match req {
             R::Create { parent, .. } | R::Unlink { parent, .. } => Some(Some(*parent)),
             // An append moves the file's length on the server: a copy kept from the
-            // commit before it would show the old one.
-            R::Append { ino, .. } => Some(Some(*ino)),
+            // commit before it would show the old one. Attribute changes of one inode
+            // leave its directory's copy (`tar x` sets the time, owner and mode of each
+            // file between two creates in the directory).
+            R::Append { ino, .. }
+            | R::SetAttr { ino, .. }
+            | R::SetXattr { ino, .. }
+            | R::RemoveXattr { ino, .. }
+            | R::Accessed { ino } => Some(Some(*ino)),
             _ if !keeps => Some(None),
             _ => None,
         };

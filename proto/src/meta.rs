@@ -293,6 +293,10 @@ pub enum MetaRequest {
         ino: InodeId,
         /// What to change.
         set: SetAttr,
+        /// A length commit of this client's writes to the file, applied first in the
+        /// same change (the client has sent the bytes): a `utime`, `chown` or `chmod`
+        /// right after writes (`tar x`, `cp -a`) needs one durable change, not two.
+        commit: Option<Commit>,
     },
     /// Creates a regular file (or opens an existing one unless `exclusive`) and opens it.
     Create {

@@ -203,7 +203,7 @@ impl FileState {
     }
 
     /// The commit to send, with the write generation it covers; `None` if nothing is new.
-    fn pending_commit(&self) -> Option<(Commit, u64)> {
+    pub(crate) fn pending_commit(&self) -> Option<(Commit, u64)> {
         let i = self.inner.lock();
         (i.write_gen != i.committed_gen).then_some((
             Commit {
@@ -225,7 +225,7 @@ impl FileState {
     }
 
     /// A commit up to `generation` was answered with `attr`.
-    fn committed_with(&self, generation: u64, attr: &Attr) {
+    pub(crate) fn committed_with(&self, generation: u64, attr: &Attr) {
         let mut i = self.inner.lock();
         i.committed_gen = i.committed_gen.max(generation);
         i.committed_attr = Some(attr.clone());

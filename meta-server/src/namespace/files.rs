@@ -303,7 +303,22 @@ impl Namespace {
 
     /// Changes attributes of `ino`; ctime is always set to now.
     pub fn setattr(&self, ino: InodeId, set: &SetAttr) -> Result<Attr, MetaError> {
+        self.commit_and_setattr(ino, None, set)
+    }
+
+    /// Applies a writer's length commit to `ino` (if any), then changes its attributes,
+    /// as one change: a `utime`, `chown` or `chmod` of a file just written (`tar x`,
+    /// `cp -a`) costs one durable change, not two.
+    pub fn commit_and_setattr(
+        &self,
+        ino: InodeId,
+        commit: Option<Commit>,
+        set: &SetAttr,
+    ) -> Result<Attr, MetaError> {
         self.mutate(|txn, _| {
+            if let Some(c) = commit {
+                apply_commit(txn, ino, c)?;
+            }
             let now = now();
             let mut rec = txn.inode(ino)?;
             if let Some(size) = set.size {

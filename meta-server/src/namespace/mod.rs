@@ -249,7 +249,7 @@ impl Namespace {
             R::Hello { name } => self.hello(&name).map(|client| MetaReply::Welcome { client }),
             R::Lookup { parent, name } => self.lookup(parent, &name).map(attr),
             R::GetAttr { ino } => self.getattr(ino).map(attr),
-            R::SetAttr { ino, set } => self.setattr(ino, &set).map(attr),
+            R::SetAttr { ino, set, commit } => self.commit_and_setattr(ino, commit, &set).map(attr),
             R::Create { parent, name, perm, caller, exclusive, client } => {
                 let owner = SessionOwner { client, conn };
                 let o = self.create(parent, &name, perm, caller, exclusive, owner)?;

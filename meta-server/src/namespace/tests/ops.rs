@@ -161,6 +161,7 @@ fn unknown_inodes_are_not_found(kind: StoreKind) {
         MetaRequest::SetAttr {
             ino: ghost,
             set: SetAttr::default(),
+            commit: None,
         },
         MetaRequest::Readlink { ino: ghost },
         MetaRequest::ReadDir {
@@ -558,6 +559,50 @@ fn commit_keeps_the_largest_size(kind: StoreKind) {
     assert!(matches!(reply, Ok(MetaReply::Attr(a)) if a.size == 100));
 }
 
+/// A setattr carrying a commit: the length grows as the commit says, then the
+/// attributes change as asked (a time set overrides the commit's), in one change; a
+/// commit that cannot apply fails the whole request.
+fn setattr_applies_its_commit_first(kind: StoreKind) {
+    let h = H::with_nodes(kind, 1);
+    let ns = h.ns();
+    let f = touch(ns, ROOT, "f");
+    let (written, set_to) = (
+        Timestamp {
+            secs: 2_000_000_000,
+            nanos: 0,
+        },
+        Timestamp {
+            secs: 1_000_000_000,
+            nanos: 0,
+        },
+    );
+    let req = |ino, mtime: Option<Timestamp>| MetaRequest::SetAttr {
+        ino,
+        set: SetAttr {
+            perm: Some(0o640),
+            mtime: mtime.map(TimeSet::At),
+            ..SetAttr::default()
+        },
+        commit: Some(Commit {
+            size: 4096,
+            mtime: written,
+        }),
+    };
+    let a = match ns.handle(req(f.ino, Some(set_to)), ConnId(3)) {
+        Ok(MetaReply::Attr(a)) => a,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((a.size, a.perm, a.mtime), (4096, 0o640, set_to));
+    let b = match ns.handle(req(f.ino, None), ConnId(3)) {
+        Ok(MetaReply::Attr(a)) => a,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((b.size, b.mtime), (4096, written), "the commit's mtime");
+    let d = mkdir(ns, ROOT, "d");
+    assert!(ns.handle(req(d.ino, None), ConnId(3)).is_err());
+    assert_eq!(ns.getattr(d.ino).unwrap().perm, d.perm, "nothing changed");
+}
+
 fn xattrs_follow_linux_rules(kind: StoreKind) {
     let h = H::with_nodes(kind, 1);
     let ns = h.ns();
@@ -729,6 +774,7 @@ engine_tests!(
     rmdir_refuses_and_unlinks,
     setattr_changes_what_it_is_told,
     commit_keeps_the_largest_size,
+    setattr_applies_its_commit_first,
     xattrs_follow_linux_rules,
     xattr_count_is_limited,
     restart_keeps_everything,
