@@ -62,7 +62,8 @@ pub struct Client {
     /// Attributes sent with replies: a directory's with create and unlink, a file's
     /// with a length commit.
     dir_attrs: DirAttrs,
-    /// Files known to have no file capabilities (asked before every write).
+    /// Files known to have no extended attributes, or no file capabilities (asked
+    /// before every write).
     no_xattrs: NoXattrs,
     /// Sessions whose close carries no commit, waiting to be ended in one call.
     releases: Mutex<Vec<SessionId>>,

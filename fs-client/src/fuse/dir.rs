@@ -17,9 +17,10 @@ const PAGE_ENTRIES: u32 = 512;
 /// rewind (an offset before the page) restarts from the top.
 ///
 /// The kernel asks with `readdirplus` (entries with attributes, which spares `ls -l` a
-/// lookup per name; the mount asks it to, always) or with plain `readdir`, and may switch
-/// between them within one listing. A page is fetched in the mode asked for; on a switch the rest
-/// of the page is fetched again, from the last name handed out, in the new mode.
+/// lookup per name; the mount asks it to, always) or with plain `readdir`, and may
+/// switch between them within one listing. A page is fetched in the mode asked for; on
+/// a switch the rest of the page is fetched again, from the last name handed out, in
+/// the new mode.
 pub struct DirHandle {
     ino: InodeId,
     parent: InodeId,

@@ -41,7 +41,8 @@ impl fuser::Filesystem for TesseraFs {
             F::FUSE_CACHE_SYMLINKS,
             F::FUSE_POSIX_LOCKS,
             F::FUSE_FLOCK_LOCKS,
-            // Every listing with attributes (see "Listings" in ARCHITECTURE.md).
+            // Every listing with attributes (see "Directory listings" in
+            // ARCHITECTURE.md).
             F::FUSE_DO_READDIRPLUS,
         ];
         for cap in caps {
