@@ -283,23 +283,7 @@ pub fn fallocate(f: &fs::File, mode: i32, offset: u64, len: u64) -> io::Result<(
 /// Maps `len` bytes of `f` shared and writable, runs `edit` on them, optionally
 /// msyncs, and unmaps.
 pub fn with_shared_map(f: &fs::File, len: usize, sync: bool, edit: impl FnOnce(&mut [u8])) {
-    // SAFETY: a fresh shared mapping of an open file; unmapped below, never aliased.
-    let addr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        )
-    };
-    assert_ne!(
-        addr,
-        libc::MAP_FAILED,
-        "{}",
-        std::io::Error::last_os_error()
-    );
+    let addr = map_shared(f, len, libc::PROT_READ | libc::PROT_WRITE);
     // SAFETY: the mapping is `len` bytes long and only this slice uses it.
     edit(unsafe { std::slice::from_raw_parts_mut(addr.cast::<u8>(), len) });
     if sync {
@@ -314,12 +298,27 @@ pub fn with_shared_map(f: &fs::File, len: usize, sync: bool, edit: impl FnOnce(&
 /// How many of the first `len` bytes' pages of `f` are in the kernel's page cache
 /// (`mincore(2)` on a read-only shared mapping, which reads nothing itself).
 pub fn resident_pages(f: &fs::File, len: usize) -> usize {
-    // SAFETY: a fresh read-only shared mapping of an open file; unmapped below.
+    let addr = map_shared(f, len, libc::PROT_READ);
+    let mut vec = vec![0u8; len.div_ceil(4096)];
+    // SAFETY: the mapping made above; `vec` has one byte per page of it.
+    let r = unsafe { libc::mincore(addr, len, vec.as_mut_ptr()) };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: the mapping made above, no longer used.
+    assert_eq!(unsafe { libc::munmap(addr, len) }, 0);
+    assert_eq!(r, 0, "mincore: {err}");
+    vec.iter().filter(|&&b| b & 1 == 1).count()
+}
+
+/// A new shared mapping of the first `len` bytes of `f` with protection `prot`; the
+/// caller unmaps it.
+fn map_shared(f: &fs::File, len: usize, prot: libc::c_int) -> *mut libc::c_void {
+    // SAFETY: a fresh shared mapping of an open file, at an address the kernel picks;
+    // nothing else aliases it.
     let addr = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             len,
-            libc::PROT_READ,
+            prot,
             libc::MAP_SHARED,
             f.as_raw_fd(),
             0,
@@ -331,14 +330,7 @@ pub fn resident_pages(f: &fs::File, len: usize) -> usize {
         "{}",
         std::io::Error::last_os_error()
     );
-    let mut vec = vec![0u8; len.div_ceil(4096)];
-    // SAFETY: the mapping made above; `vec` has one byte per page of it.
-    let r = unsafe { libc::mincore(addr, len, vec.as_mut_ptr()) };
-    let err = std::io::Error::last_os_error();
-    // SAFETY: the mapping made above, no longer used.
-    assert_eq!(unsafe { libc::munmap(addr, len) }, 0);
-    assert_eq!(r, 0, "mincore: {err}");
-    vec.iter().filter(|&&b| b & 1 == 1).count()
+    addr
 }
 
 /// `lseek(2)` with any `whence`, SEEK_DATA and SEEK_HOLE included.
