@@ -81,7 +81,10 @@ impl DirAttrs {
                 | R::Readlink { .. }
                 | R::ReadDir { .. }
                 | R::StatFs
-                | R::Open { .. }
+                | R::Open {
+                    truncate: false,
+                    ..
+                }
                 | R::Commit { .. }
                 | R::Release { commit: None, .. }
                 | R::ReleaseMany { .. }
@@ -97,12 +100,23 @@ impl DirAttrs {
                 | R::InodesExist { .. }
         );
         let forget = match req {
-            R::Create { parent, .. } | R::Unlink { parent, .. } => Some(Some(*parent)),
-            // An append moves the file's length on the server: a copy kept from the
-            // commit before it would show the old one. Attribute changes of one inode
+            // A create changes its directory and a new inode nothing was kept of. An
+            // unlink also changes the link count of the inode it unlinks, which the
+            // request does not name, so it forgets every copy (below): a copy kept from
+            // that file's last setattr or commit showed one link to `fstat` on a
+            // descriptor held across the unlink.
+            R::Create { parent, .. } => Some(Some(*parent)),
+            // An append or an open with `O_TRUNC` moves the file's length on the
+            // server: a copy kept from the commit or setattr before would show the old
+            // one. Attribute changes of one inode
             // leave its directory's copy (`tar x` sets the time, owner and mode of each
             // file between two creates in the directory).
             R::Append { ino, .. }
+            | R::Open {
+                ino,
+                truncate: true,
+                ..
+            }
             | R::SetAttr { ino, .. }
             | R::SetXattr { ino, .. }
             | R::RemoveXattr { ino, .. }
@@ -148,11 +162,14 @@ mod tests {
         });
         assert_eq!(c.take(InodeId(5)), None, "a change forgets it");
         c.put(dir(5, 0o755));
+        c.put(dir(6, 0o644));
         c.before(&MetaRequest::Unlink {
             parent: InodeId(5),
             name: b"x".to_vec(),
         });
         assert_eq!(c.take(InodeId(5)), None, "an unlink in it replaces it");
+        // The unlinked inode's link count moved, and the request does not name it.
+        assert_eq!(c.take(InodeId(6)), None, "an unlink forgets every copy");
         // A release without a commit changes nothing; one with a commit may change
         // a file whose commit reply is kept here.
         c.put(dir(5, 0o755));

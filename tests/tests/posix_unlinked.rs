@@ -215,3 +215,40 @@ fn a_crashed_clients_unlinked_files_are_reclaimed() {
     assert_eq!(sha256_hex(&back), sha256_hex(&survivor));
     assert!(!a2.path.join("unlinked").exists());
 }
+
+/// Guards against attributes the mount keeps from its own replies outliving a change
+/// they do not show: `fstat` on a descriptor held across an unlink shows no link even
+/// right after a truncation or `chmod` of the file (whose replies the mount keeps for
+/// the kernel's next `getattr`), and an `O_TRUNC` open right after them shows length 0.
+/// Found by the differential namespace test (a seed that ran a truncation, then an
+/// unlink, then `fstat`).
+#[test]
+fn a_held_descriptor_sees_the_unlink_and_a_truncating_open_after_a_setattr() {
+    use std::os::unix::fs::PermissionsExt;
+    let cluster = ProcessCluster::start(1);
+    let m = cluster.mount("m");
+    let p = m.path.join("f");
+    fs::write(&p, pseudo_random(5000, 1)).unwrap();
+    let held = fs::File::open(&p).unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(3000)
+        .unwrap();
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).unwrap();
+    fs::remove_file(&p).unwrap();
+    let st = held.metadata().unwrap();
+    assert_eq!((st.nlink(), st.len()), (0, 3000), "after the unlink");
+
+    let q = m.path.join("g");
+    fs::write(&q, b"some bytes").unwrap();
+    fs::set_permissions(&q, fs::Permissions::from_mode(0o640)).unwrap();
+    let t = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&q)
+        .unwrap();
+    assert_eq!(t.metadata().unwrap().len(), 0, "after an O_TRUNC open");
+    assert_eq!(fs::metadata(&q).unwrap().len(), 0);
+}
