@@ -329,16 +329,14 @@ impl Client {
         // nothing is cut (`tar x` sets the time, owner and mode of each file it wrote),
         // before the data servers cut the chunks otherwise.
         let live = self.live_file(ino);
-        let mut commit = None;
-        if let Some(st) = &live {
-            if set.size.is_some() {
+        let commit = match &live {
+            Some(st) if set.size.is_none() => self.send_for_commit(st).await,
+            Some(st) => {
                 self.commit_pending(st).await?;
-            } else {
-                // Taken before the writes are sent, as in `commit_pending`.
-                commit = st.pending_commit();
-                self.flush_writes(st).await;
+                None
             }
-        }
+            None => None,
+        };
         if let Some(size) = set.size {
             if let Some(layout) = self.layout_of(ino).await? {
                 self.truncate_data(ino, &layout, size).await?;

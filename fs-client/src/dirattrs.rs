@@ -21,25 +21,22 @@
 use crate::ttlmap::TtlMap;
 use proto::meta::MetaRequest;
 use proto::{Attr, InodeId};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Inodes remembered at most.
 const MAX_DIRS: usize = 1024;
 
+/// Copies keyed by inode; the map's epoch moves at every request that forgets copies:
+/// a reply to a request sent before may carry attributes older than that change (a
+/// commit answered just before an append through another handle) and is not kept.
 pub(crate) struct DirAttrs {
     map: TtlMap<Attr>,
-    /// Moves at every request that forgets copies: a reply to a request sent before
-    /// may carry attributes older than that change (a commit answered just before an
-    /// append through another handle) and is not kept.
-    epoch: AtomicU64,
 }
 
 impl DirAttrs {
     pub(crate) fn new(ttl: Duration) -> DirAttrs {
         DirAttrs {
             map: TtlMap::new(ttl, MAX_DIRS),
-            epoch: AtomicU64::new(0),
         }
     }
 
@@ -51,15 +48,13 @@ impl DirAttrs {
     /// Where [`DirAttrs::put_since`] counts from: read before sending the request whose
     /// reply is to be kept.
     pub(crate) fn epoch(&self) -> u64 {
-        self.epoch.load(Ordering::SeqCst)
+        self.map.epoch()
     }
 
     /// Remembers `attr`, received in reply to a request sent at `epoch`, unless a
     /// request that forgets copies went out since.
     pub(crate) fn put_since(&self, attr: Attr, epoch: u64) {
-        self.map.put_if(attr.ino, attr, || {
-            self.epoch.load(Ordering::SeqCst) == epoch
-        });
+        self.map.put_since(attr.ino, attr, epoch);
     }
 
     /// The remembered attributes of `ino`, if still within the TTL; each copy is
@@ -108,9 +103,8 @@ impl DirAttrs {
             R::Create { parent, .. } => Some(Some(*parent)),
             // An append or an open with `O_TRUNC` moves the file's length on the
             // server: a copy kept from the commit or setattr before would show the old
-            // one. Attribute changes of one inode
-            // leave its directory's copy (`tar x` sets the time, owner and mode of each
-            // file between two creates in the directory).
+            // one. Attribute changes of one inode leave its directory's copy (`tar x`
+            // sets the time, owner and mode of each file between two creates in it).
             R::Append { ino, .. }
             | R::Open {
                 ino,
@@ -124,13 +118,10 @@ impl DirAttrs {
             _ if !keeps => Some(None),
             _ => None,
         };
-        let Some(which) = forget else { return };
-        // The epoch moves before the copies go, so a `put_since` checking it under the
-        // map's lock either sees it moved or puts a copy that is then removed.
-        self.epoch.fetch_add(1, Ordering::SeqCst);
-        match which {
-            Some(ino) => self.map.remove(ino),
-            None => self.map.clear(),
+        match forget {
+            Some(Some(ino)) => self.map.forget(ino),
+            Some(None) => self.map.forget_all(),
+            None => {}
         }
     }
 }

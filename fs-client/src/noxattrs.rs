@@ -13,8 +13,7 @@
 //! as a new mode or owner is.
 
 use crate::ttlmap::TtlMap;
-use proto::{Attr, InodeId, MAX_NAME_BYTES, XATTR_NAMESPACES};
-use std::sync::atomic::{AtomicU64, Ordering};
+use proto::{Attr, InodeId};
 use std::time::Duration;
 
 /// The attribute the kernel asks for before writes.
@@ -32,31 +31,29 @@ enum Known {
     Nothing,
 }
 
+/// What is known per inode; the map's epoch moves when this client is about to change
+/// an inode's attributes: a reply to a request sent before may show the count from
+/// before the change.
 pub(crate) struct NoXattrs {
     map: TtlMap<Known>,
-    /// Moves when this client is about to change an inode's attributes: a reply to a
-    /// request sent before may show the count from before the change.
-    epoch: AtomicU64,
 }
 
 impl NoXattrs {
     pub(crate) fn new(ttl: Duration) -> NoXattrs {
         NoXattrs {
             map: TtlMap::new(ttl, MAX_FILES),
-            epoch: AtomicU64::new(0),
         }
     }
 
     /// Read before sending a request whose reply's attributes go to [`NoXattrs::note`].
     pub(crate) fn epoch(&self) -> u64 {
-        self.epoch.load(Ordering::SeqCst)
+        self.map.epoch()
     }
 
     /// `attr` came with the reply to a request sent at `epoch`.
     pub(crate) fn note(&self, attr: &Attr, epoch: u64) {
         if attr.xattr_count == 0 {
-            self.map
-                .put_if(attr.ino, Known::Nothing, || self.epoch() == epoch);
+            self.map.put_since(attr.ino, Known::Nothing, epoch);
         } else {
             self.map.remove(attr.ino);
         }
@@ -72,7 +69,7 @@ impl NoXattrs {
     /// Whether `name` of `ino` is known, within the TTL, to be absent. A name the
     /// server would refuse (another namespace, too long) goes to it, for its error.
     pub(crate) fn absent(&self, ino: InodeId, name: &[u8]) -> bool {
-        if !storable(name) {
+        if proto::xattr_name_fault(name).is_some() {
             return false;
         }
         match self.map.get(ino) {
@@ -87,23 +84,10 @@ impl NoXattrs {
         self.map.get(ino) == Some(Known::Nothing)
     }
 
-    /// This client is about to set or remove an attribute of `ino`. The epoch moves
-    /// before the entry goes, so a `note` checking it under the map's lock either sees
-    /// it moved or puts an entry that is then removed.
+    /// This client is about to set or remove an attribute of `ino`.
     pub(crate) fn changing(&self, ino: InodeId) {
-        self.epoch.fetch_add(1, Ordering::SeqCst);
-        self.map.remove(ino);
+        self.map.forget(ino);
     }
-}
-
-/// Whether the metadata server would store `name`: a known namespace and a non-empty
-/// rest, at most `MAX_NAME_BYTES` bytes, no NUL.
-fn storable(name: &[u8]) -> bool {
-    name.len() <= MAX_NAME_BYTES
-        && !name.contains(&0)
-        && XATTR_NAMESPACES
-            .iter()
-            .any(|ns| name.len() > ns.len() && name.starts_with(ns))
 }
 
 #[cfg(test)]

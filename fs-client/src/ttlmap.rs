@@ -1,16 +1,24 @@
 //! A small per-inode cache of answers the metadata server gave, each trusted for the
 //! attribute TTL (the time the kernel itself trusts what it was sent) and bounded in
 //! size: a full map drops its expired entries, then everything.
+//!
+//! An answer may be older than a change this client sent while it was on its way (a
+//! commit's reply crossing an append, a listing's crossing a setxattr): each forget
+//! moves an epoch, and [`TtlMap::put_since`] refuses an answer to a request sent
+//! before the epoch last moved.
 
 use parking_lot::Mutex;
 use proto::InodeId;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub(crate) struct TtlMap<V> {
     ttl: Duration,
     max: usize,
     map: Mutex<HashMap<InodeId, (V, Instant)>>,
+    /// Moves at every [`TtlMap::forget`] and [`TtlMap::forget_all`].
+    epoch: AtomicU64,
 }
 
 impl<V: Clone> TtlMap<V> {
@@ -20,6 +28,7 @@ impl<V: Clone> TtlMap<V> {
             ttl,
             max,
             map: Mutex::new(HashMap::new()),
+            epoch: AtomicU64::new(0),
         }
     }
 
@@ -28,9 +37,21 @@ impl<V: Clone> TtlMap<V> {
         self.put_if(ino, v, || true)
     }
 
+    /// Where [`TtlMap::put_since`] counts from: read before sending the request whose
+    /// answer is to be remembered.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Remembers `v`, the answer to a request sent at `epoch`, unless a forget came
+    /// since.
+    pub(crate) fn put_since(&self, ino: InodeId, v: V, epoch: u64) {
+        self.put_if(ino, v, || self.epoch() == epoch)
+    }
+
     /// Remembers `v` for `ino` like [`TtlMap::put`] if `still` holds, checked under the
-    /// map's lock (a remove waiting for the lock comes after).
-    pub(crate) fn put_if(&self, ino: InodeId, v: V, still: impl FnOnce() -> bool) {
+    /// map's lock (a forget waiting for the lock comes after).
+    fn put_if(&self, ino: InodeId, v: V, still: impl FnOnce() -> bool) {
         if self.ttl.is_zero() {
             return;
         }
@@ -61,11 +82,22 @@ impl<V: Clone> TtlMap<V> {
         (at.elapsed() < self.ttl).then(|| v.clone())
     }
 
+    /// Drops the entry of `ino`, as an answer that says nothing about it now.
     pub(crate) fn remove(&self, ino: InodeId) {
         self.map.lock().remove(&ino);
     }
 
-    pub(crate) fn clear(&self) {
+    /// Drops the entry of `ino` before this client changes it. The epoch moves before
+    /// the entry goes, so a `put_since` checking it under the map's lock either sees it
+    /// moved or puts an entry that is then removed.
+    pub(crate) fn forget(&self, ino: InodeId) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.remove(ino);
+    }
+
+    /// Drops every entry, as [`TtlMap::forget`] does one.
+    pub(crate) fn forget_all(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
         self.map.lock().clear();
     }
 
@@ -96,6 +128,21 @@ mod tests {
         assert_eq!((m.get(InodeId(5)), m.take(InodeId(5))), (None, None));
         let m = TtlMap::new(Duration::ZERO, 8);
         m.put(InodeId(5), 'a');
+        assert_eq!(m.get(InodeId(5)), None);
+    }
+
+    #[test]
+    fn an_answer_to_a_request_sent_before_a_forget_is_not_kept() {
+        let m = TtlMap::new(Duration::from_secs(60), 8);
+        let sent = m.epoch();
+        m.forget(InodeId(9));
+        m.put_since(InodeId(5), 'a', sent);
+        assert_eq!(m.get(InodeId(5)), None, "any forget since refuses it");
+        let sent = m.epoch();
+        m.remove(InodeId(9));
+        m.put_since(InodeId(5), 'a', sent);
+        assert_eq!(m.get(InodeId(5)), Some('a'), "a plain remove does not");
+        m.forget_all();
         assert_eq!(m.get(InodeId(5)), None);
     }
 

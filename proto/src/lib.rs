@@ -34,6 +34,36 @@ pub const MAX_SYMLINK_BYTES: usize = 4096;
 /// them makes `cp -a` and `rsync -A` report "not supported" instead.
 pub const XATTR_NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
 
+/// Why an extended attribute name is refused ([`xattr_name_fault`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XattrNameFault {
+    /// Longer than [`MAX_NAME_BYTES`].
+    TooLong,
+    /// Empty, or a NUL in it.
+    Malformed,
+    /// Not in one of [`XATTR_NAMESPACES`].
+    Namespace,
+    /// A namespace and nothing after it.
+    NoName,
+}
+
+/// The rule for an extended attribute name, kept by the metadata server and known to
+/// clients that answer for names the server would store: a known namespace prefix and a
+/// non-empty rest, at most [`MAX_NAME_BYTES`] bytes, no NUL.
+pub fn xattr_name_fault(name: &[u8]) -> Option<XattrNameFault> {
+    if name.len() > MAX_NAME_BYTES {
+        return Some(XattrNameFault::TooLong);
+    }
+    if name.is_empty() || name.contains(&0) {
+        return Some(XattrNameFault::Malformed);
+    }
+    match XATTR_NAMESPACES.iter().find(|p| name.starts_with(p)) {
+        None => Some(XattrNameFault::Namespace),
+        Some(prefix) if name.len() == prefix.len() => Some(XattrNameFault::NoName),
+        Some(_) => None,
+    }
+}
+
 /// Largest extended attribute value, in bytes (Linux `XATTR_SIZE_MAX`).
 pub const MAX_XATTR_VALUE_BYTES: usize = 65536;
 

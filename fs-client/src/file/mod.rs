@@ -203,7 +203,7 @@ impl FileState {
     }
 
     /// The commit to send, with the write generation it covers; `None` if nothing is new.
-    pub(crate) fn pending_commit(&self) -> Option<(Commit, u64)> {
+    fn pending_commit(&self) -> Option<(Commit, u64)> {
         let i = self.inner.lock();
         (i.write_gen != i.committed_gen).then_some((
             Commit {
@@ -435,14 +435,20 @@ impl Client {
         fh.take_write_error()
     }
 
+    /// Sends the file's buffered writes and returns the commit that covers them, with
+    /// its write generation; `None` if nothing is new. The commit is taken before the
+    /// writes are sent: every write it covers was buffered before, so it is sent first
+    /// and the length never runs ahead of the bytes.
+    pub(crate) async fn send_for_commit(&self, state: &Arc<FileState>) -> Option<(Commit, u64)> {
+        let pending = state.pending_commit();
+        self.flush_writes(state).await;
+        pending
+    }
+
     /// Commits what this client wrote to a file and has not yet reported, after its
     /// buffered writes reached the data servers.
     pub(crate) async fn commit_pending(&self, state: &Arc<FileState>) -> Result<()> {
-        // Taken before the writes are sent: every write it covers was buffered before,
-        // so it is sent first and the length never runs ahead of the bytes.
-        let pending = state.pending_commit();
-        self.flush_writes(state).await;
-        let Some((commit, generation)) = pending else {
+        let Some((commit, generation)) = self.send_for_commit(state).await else {
             return Ok(());
         };
         let req = MetaRequest::Commit {
@@ -478,8 +484,7 @@ impl Client {
     /// Ends the open: sends buffered writes, commits what is uncommitted and closes the
     /// session. The session is closed even when a write failed; the failure is returned.
     pub async fn release(&self, fh: &FileHandle) -> Result<()> {
-        let pending = fh.state.pending_commit();
-        self.flush_writes(&fh.state).await;
+        let pending = self.send_for_commit(&fh.state).await;
         let flushed = fh.take_write_error();
         // The length and mtime are committed even when a write failed (as a local file
         // system keeps the size of a write whose page failed to reach the disk): the

@@ -1,7 +1,7 @@
 //! Validation of what a request names: entry names, symlink targets, xattr names.
 
 use crate::error::{show, MetaError};
-use proto::{MAX_NAME_BYTES, MAX_SYMLINK_BYTES, MAX_XATTR_VALUE_BYTES, XATTR_NAMESPACES};
+use proto::{MAX_NAME_BYTES, MAX_SYMLINK_BYTES, MAX_XATTR_VALUE_BYTES};
 
 /// Checks a directory entry name: not empty, not `.` or `..`, no `/` or NUL, at most
 /// `MAX_NAME_BYTES` bytes.
@@ -44,33 +44,27 @@ pub(crate) fn check_target(target: &[u8]) -> Result<(), MetaError> {
     Ok(())
 }
 
-/// Checks an extended attribute name: a known namespace prefix and a non-empty rest,
-/// at most `MAX_NAME_BYTES` bytes, no NUL.
+/// Checks an extended attribute name ([`proto::xattr_name_fault`]'s rule).
 pub(crate) fn check_xattr_name(name: &[u8]) -> Result<(), MetaError> {
-    if name.len() > MAX_NAME_BYTES {
-        return Err(MetaError::NameTooLong(format!(
+    use proto::XattrNameFault as F;
+    match proto::xattr_name_fault(name) {
+        None => Ok(()),
+        Some(F::TooLong) => Err(MetaError::NameTooLong(format!(
             "xattr name of {} bytes, the limit is {MAX_NAME_BYTES}",
             name.len()
-        )));
-    }
-    if name.is_empty() || name.contains(&0) {
-        return Err(MetaError::InvalidArgument(
+        ))),
+        Some(F::Malformed) => Err(MetaError::InvalidArgument(
             "empty xattr name or NUL in it".into(),
-        ));
-    }
-    let Some(prefix) = XATTR_NAMESPACES.iter().find(|p| name.starts_with(p)) else {
-        return Err(MetaError::NotSupported(format!(
+        )),
+        Some(F::Namespace) => Err(MetaError::NotSupported(format!(
             "xattr {}: only user., trusted. and security. names",
             show(name)
-        )));
-    };
-    if name.len() == prefix.len() {
-        return Err(MetaError::InvalidArgument(format!(
+        ))),
+        Some(F::NoName) => Err(MetaError::InvalidArgument(format!(
             "xattr name {}",
             show(name)
-        )));
+        ))),
     }
-    Ok(())
 }
 
 /// Checks an extended attribute value's size.
