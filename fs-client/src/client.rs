@@ -2,6 +2,7 @@
 
 use crate::config::ClientConfig;
 use crate::dirattrs::DirAttrs;
+use crate::dirnames::DirNames;
 use crate::error::{ClientError, Result};
 use crate::file::{FileHandle, FileState};
 use crate::noxattrs::{NoXattrs, CAPABILITY};
@@ -65,6 +66,9 @@ pub struct Client {
     /// Files known to have no extended attributes, or no file capabilities (asked
     /// before every write).
     no_xattrs: NoXattrs,
+    /// Directories whose every name is known: a lookup of a missing name there is
+    /// answered without a call (the lookup before each create).
+    dir_names: DirNames,
     /// Sessions whose close carries no commit, waiting to be ended in one call.
     releases: Mutex<Vec<SessionId>>,
     /// The cluster map last fetched.
@@ -89,6 +93,7 @@ impl Client {
         let write_pool = SegPool::new((*ep).clone(), seg, config.write_buffer_mount_bytes);
         let meta = Link::new(config.meta_addr.clone());
         let dir_ttl = Duration::from_millis(config.attr_ttl_ms);
+        let entry_ttl = Duration::from_millis(config.entry_ttl_ms);
         let name = format!("fs-client pid {}", std::process::id());
         let hello = rpc::meta_call(&ep, &meta, &MetaRequest::Hello { name }).await?;
         let id = expect_reply!(hello, MetaReply::Welcome { client } => client)?;
@@ -107,6 +112,7 @@ impl Client {
             layouts: Mutex::new(HashMap::new()),
             dir_attrs: DirAttrs::new(dir_ttl),
             no_xattrs: NoXattrs::new(dir_ttl),
+            dir_names: DirNames::new(entry_ttl),
             releases: Mutex::new(Vec::new()),
             map: parking_lot::RwLock::new(Arc::new(ClusterMap::default())),
             memory_bytes: crate::file::around::machine_memory(),
@@ -156,14 +162,17 @@ impl Client {
     /// (`keep_attr`) unless another such request went out meanwhile.
     pub(crate) async fn meta_keeping(&self, req: MetaRequest) -> Result<(MetaReply, u64)> {
         self.dir_attrs.before(&req);
+        self.dir_names.before(&req);
         let since = self.attr_epoch();
         let epoch = self.no_xattrs.epoch();
-        let reply = rpc::meta_call(&self.ep, &self.meta, &req).await?;
+        let reply = rpc::meta_call(&self.ep, &self.meta, &req).await;
+        self.dir_names.after(&req, reply.as_ref().ok());
+        let reply = reply?;
         // Every attribute reply says whether the inode has extended attributes.
         match &reply {
             MetaReply::Attr(a) => self.no_xattrs.note(a, epoch),
             MetaReply::Opened { attr, parent, .. } => {
-                for a in std::iter::once(attr).chain(parent) {
+                for a in std::iter::once(attr).chain(parent.as_ref().map(|c| &c.after)) {
                     self.no_xattrs.note(a, epoch);
                 }
             }
@@ -278,6 +287,12 @@ impl Client {
 
     /// Finds `name` in `parent`.
     pub async fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr> {
+        if self.dir_names.absent(parent, name) {
+            return Err(ClientError::Remote(WireError::new(
+                ErrorCode::NotFound,
+                format!("no {} in {parent}", String::from_utf8_lossy(name)),
+            )));
+        }
         let req = MetaRequest::Lookup {
             parent,
             name: name.to_vec(),
@@ -510,7 +525,7 @@ impl Client {
         if let MetaReply::Removed { parent } =
             self.meta(MetaRequest::Unlink { parent, name }).await?
         {
-            self.dir_attrs.put(parent);
+            self.dir_attrs.put(parent.after);
         }
         Ok(())
     }
@@ -693,7 +708,11 @@ impl Client {
         self.meta(req).await.map(drop)
     }
 
-    /// Creates (or, unless `exclusive`, opens an existing) regular file and opens it.
+    /// Creates (or, unless `exclusive`, opens an existing) regular file and opens it; an
+    /// existing file is emptied if `truncate` (`O_TRUNC`). The kernel sends a create when
+    /// its lookup found no such name, which another client may have made since: the
+    /// caller then gets that file, emptied as `open(2)` would, never its old bytes
+    /// under a writer that expects an empty file.
     pub async fn create(
         &self,
         parent: InodeId,
@@ -701,6 +720,7 @@ impl Client {
         perm: u32,
         caller: Caller,
         exclusive: bool,
+        truncate: bool,
     ) -> Result<(Attr, FileHandle)> {
         let req = MetaRequest::Create {
             parent,
@@ -710,7 +730,18 @@ impl Client {
             exclusive,
             client: self.id,
         };
-        self.opened(self.meta(req).await?)
+        let reply = self.meta(req).await?;
+        let existed = matches!(&reply, MetaReply::Opened { parent: Some(c), .. } if !c.changed());
+        let (attr, fh) = self.opened(reply)?;
+        if !(truncate && existed) {
+            return Ok((attr, fh));
+        }
+        let set = SetAttr {
+            size: Some(0),
+            ..SetAttr::default()
+        };
+        let attr = self.setattr(attr.ino, set).await?;
+        Ok((attr, fh))
     }
 
     /// Opens an existing inode; `truncate` empties it first (`O_TRUNC`).
@@ -738,7 +769,7 @@ impl Client {
             MetaReply::Opened { attr, session, layout, parent } => (attr, session, layout, parent)
         )?;
         if let Some(parent) = parent {
-            self.dir_attrs.put(parent);
+            self.dir_attrs.put(parent.after);
         }
         if attr.kind == FileKind::Regular {
             self.remember_layout(attr.ino, &layout);

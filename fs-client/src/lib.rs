@@ -6,6 +6,7 @@ mod client;
 pub mod cluster;
 pub mod config;
 mod dirattrs;
+mod dirnames;
 pub mod error;
 mod file;
 pub mod fuse;

@@ -20,6 +20,21 @@ impl Timestamp {
     pub fn now() -> Timestamp {
         Timestamp::from(SystemTime::now())
     }
+
+    /// The earliest time after this one: one nanosecond later.
+    pub fn next(self) -> Timestamp {
+        if self.nanos >= 999_999_999 {
+            Timestamp {
+                secs: self.secs.saturating_add(1),
+                nanos: 0,
+            }
+        } else {
+            Timestamp {
+                secs: self.secs,
+                nanos: self.nanos + 1,
+            }
+        }
+    }
 }
 
 impl From<SystemTime> for Timestamp {
@@ -95,7 +110,8 @@ pub struct Attr {
     pub atime: Timestamp,
     /// Last change of the contents.
     pub mtime: Timestamp,
-    /// Last change of the inode.
+    /// Last change of the inode. The server moves it forward at every change, also
+    /// when its clock did not (see [`crate::meta::DirChange`]).
     pub ctime: Timestamp,
     /// How many extended attributes it has. With none, a client may answer a read or
     /// listing of them itself for the attribute TTL (`ls -l` reads `security.selinux`
@@ -187,6 +203,15 @@ mod tests {
         ] {
             assert_eq!(Timestamp::from(SystemTime::from(t)), t);
         }
+    }
+
+    #[test]
+    fn the_next_timestamp_is_one_nanosecond_later() {
+        let t = |secs, nanos| Timestamp { secs, nanos };
+        assert_eq!(t(5, 7).next(), t(5, 8));
+        assert_eq!(t(5, 999_999_999).next(), t(6, 0));
+        assert_eq!(t(-1, 999_999_999).next(), t(0, 0));
+        assert!(t(5, 7).next() > t(5, 7));
     }
 
     #[test]

@@ -574,10 +574,11 @@ pub enum MetaReply {
         session: SessionId,
         /// Where the file's chunks live.
         layout: Layout,
-        /// After a create, the directory's attributes with the new entry (its times
-        /// moved): the kernel asks for them before the next change in that directory,
-        /// and the client answers from this copy instead of asking again.
-        parent: Option<Attr>,
+        /// After a create, the directory's change (its times moved): the kernel asks
+        /// for its attributes before the next change in that directory, and the client
+        /// answers from this copy instead of asking again; a client that knows every
+        /// name in the directory keeps knowing them (see [`DirChange`]).
+        parent: Option<DirChange>,
     },
     /// A symlink's target.
     Target(Vec<u8>),
@@ -633,12 +634,35 @@ pub enum MetaReply {
     Problems(Vec<String>),
     /// One answer per inode asked about, in order.
     Exist(Vec<bool>),
-    /// An entry was removed (unlink): the directory's attributes after it, for the same
-    /// reason as `Opened::parent`.
+    /// An entry was removed (unlink): the directory's change, for the same reasons as
+    /// `Opened::parent`.
     Removed {
-        /// The directory's attributes after the removal.
-        parent: Attr,
+        /// The directory before and after the removal.
+        parent: DirChange,
     },
+}
+
+/// What one request did to a directory, read in the same step as the change: its ctime
+/// just before and its attributes just after. A directory's ctime moves forward at every
+/// change (the server never gives it the same value twice), so a client that knew every
+/// name in the directory at ctime `before` knows them all after its own change too, and
+/// one that knew them at another ctime learns that someone else changed the directory
+/// meanwhile. NFSv4 hands its clients `change_info4` for the same purpose.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirChange {
+    /// The directory's ctime just before the change (equal to `after.ctime` when the
+    /// request changed nothing in it, as a create that opened an existing file).
+    pub before: Timestamp,
+    /// The directory's attributes just after.
+    pub after: Attr,
+}
+
+impl DirChange {
+    /// Whether the request changed the directory (a create that opened an existing
+    /// file did not).
+    pub fn changed(&self) -> bool {
+        self.before != self.after.ctime
+    }
 }
 
 /// The answer to every [`MetaRequest`].

@@ -12,7 +12,14 @@ const MIB: usize = 1 << 20;
 /// closes it; `Ok` means every byte was acknowledged as durable.
 pub async fn write_fsync(c: &Client, name: &str, data: &[u8]) -> Result<()> {
     let (_, fh) = c
-        .create(InodeId::ROOT, name.as_bytes(), 0o644, ROOT_CALLER, true)
+        .create(
+            InodeId::ROOT,
+            name.as_bytes(),
+            0o644,
+            ROOT_CALLER,
+            true,
+            false,
+        )
         .await?;
     let mut r = Ok(());
     for (i, part) in data.chunks(MIB).enumerate() {

@@ -29,7 +29,7 @@ async fn write_and_read_back_100_mib_spread_over_all_data_servers() {
     let client = cluster.client().await;
     let data = pseudo_random(100 << 20, 42);
     let (attr, fh) = client
-        .create(InodeId::ROOT, b"big.bin", 0o644, ROOT_CALLER, true)
+        .create(InodeId::ROOT, b"big.bin", 0o644, ROOT_CALLER, true, false)
         .await
         .unwrap();
     assert_eq!(attr.size, 0);
@@ -60,7 +60,7 @@ async fn a_corrupted_copy_is_read_from_another_replica_and_never_returned() {
     let client = cluster.client().await;
     let data = pseudo_random(3 << 20, 7);
     let (_, fh) = client
-        .create(InodeId::ROOT, b"c.bin", 0o644, ROOT_CALLER, true)
+        .create(InodeId::ROOT, b"c.bin", 0o644, ROOT_CALLER, true, false)
         .await
         .unwrap();
     client.write(&fh, 0, &data).await.unwrap();
@@ -111,7 +111,7 @@ async fn truncate_unlink_rename_and_sizes_through_the_client() {
         .await
         .unwrap();
     let (a, fh) = c
-        .create(dir.ino, b"f", 0o600, ROOT_CALLER, true)
+        .create(dir.ino, b"f", 0o600, ROOT_CALLER, true, false)
         .await
         .unwrap();
     let data = pseudo_random(9 << 20, 3);
@@ -135,7 +135,7 @@ async fn truncate_unlink_rename_and_sizes_through_the_client() {
     c.release(&fh).await.unwrap();
 
     let (_, fh2) = c
-        .create(dir.ino, b"g", 0o600, ROOT_CALLER, true)
+        .create(dir.ino, b"g", 0o600, ROOT_CALLER, true, false)
         .await
         .unwrap();
     c.write(&fh2, 0, b"replacement").await.unwrap();

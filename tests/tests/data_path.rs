@@ -16,7 +16,7 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 async fn create(client: &Client, name: &[u8]) -> FileHandle {
     let (_, fh) = client
-        .create(InodeId::ROOT, name, 0o644, ROOT_CALLER, true)
+        .create(InodeId::ROOT, name, 0o644, ROOT_CALLER, true, false)
         .await
         .unwrap();
     fh

@@ -137,7 +137,7 @@ async fn kill_9_of_the_metadata_server_during_creates_and_renames_keeps_every_an
             for i in 0.. {
                 let f = format!("w{w}-f{i}");
                 let Ok((_, fh)) = c
-                    .create(InodeId::ROOT, f.as_bytes(), 0o644, ROOT_CALLER, true)
+                    .create(InodeId::ROOT, f.as_bytes(), 0o644, ROOT_CALLER, true, false)
                     .await
                 else {
                     break;

@@ -167,7 +167,10 @@ async fn step(c: &fs_client::Client, m: &mut Model, rng: &mut Rng) -> (String, b
     let op = rng.index(11);
     let (what, got, want): (String, Result<(), ErrorCode>, Result<(), ErrorCode>) = match op {
         0 => {
-            let got = match c.create(pino, name.as_bytes(), 0o640, ROOT, true).await {
+            let got = match c
+                .create(pino, name.as_bytes(), 0o640, ROOT, true, false)
+                .await
+            {
                 Ok((_, fh)) => outcome(c.release(&fh).await),
                 Err(e) => Err(e.code()),
             };

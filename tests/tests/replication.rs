@@ -149,7 +149,7 @@ async fn a_data_server_dying_during_a_write_loses_nothing_that_fsync_acknowledge
     let victim = (seed % 3) as usize;
     let kill_at = (8 + (seed % 64) as usize) * MIB;
     let (_, fh) = client
-        .create(InodeId::ROOT, b"ckpt.bin", 0o644, ROOT_CALLER, true)
+        .create(InodeId::ROOT, b"ckpt.bin", 0o644, ROOT_CALLER, true, false)
         .await
         .unwrap();
     let mut write_error = None;
@@ -359,7 +359,7 @@ async fn a_directory_asking_for_one_copy_gets_one_copy_of_each_chunk() {
         .await
         .unwrap();
     let (attr, fh) = client
-        .create(d.ino, b"tmp.bin", 0o644, ROOT_CALLER, true)
+        .create(d.ino, b"tmp.bin", 0o644, ROOT_CALLER, true, false)
         .await
         .unwrap();
     let data = pseudo_random(24 * MIB, 3);

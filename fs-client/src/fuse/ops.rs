@@ -151,7 +151,7 @@ impl fuser::Filesystem for TesseraFs {
             let c = &inner.client;
             let r = match kind_of_mode(mode) {
                 Some(FileKind::Regular) => {
-                    match c.create(ino(parent), &name, perm, who, true).await {
+                    match c.create(ino(parent), &name, perm, who, true, false).await {
                         Ok((attr, fh)) => c.release(&fh).await.map(|_| attr),
                         Err(e) => Err(e),
                     }
@@ -299,11 +299,12 @@ impl fuser::Filesystem for TesseraFs {
         let (inner, name, who) = (self.inner.clone(), name.as_bytes().to_vec(), caller(req));
         let perm = mode & !umask & 0o7777;
         let exclusive = flags & libc::O_EXCL != 0;
+        let truncate = flags & libc::O_TRUNC != 0;
         let direct = inner.direct_open(flags);
         self.spawn(async move {
             let r = inner
                 .client
-                .create(ino(parent), &name, perm, who, exclusive)
+                .create(ino(parent), &name, perm, who, exclusive, truncate)
                 .await;
             if let (Ok((_, fh)), true) = (&r, writable(flags)) {
                 fh.mark_writer().await;

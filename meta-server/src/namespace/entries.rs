@@ -7,7 +7,7 @@ use super::records::{DirentRecord, InodeRecord};
 use super::txn::{Reads, StoreReads, Txn};
 use super::{now, Namespace, State, MAX_LINKS};
 use crate::error::{show, MetaError};
-use proto::meta::Caller;
+use proto::meta::{Caller, DirChange};
 use proto::{Attr, FileKind, InodeId, NodeId, Timestamp};
 
 impl Namespace {
@@ -123,24 +123,25 @@ impl Namespace {
             }
             add_entry(txn, new_parent, new_name, ino, rec.kind, now)?;
             rec.nlink += 1;
-            rec.ctime = now;
+            rec.changed_at(now);
             txn.put_inode(ino, &rec)?;
             Ok(rec.attr(ino))
         })
     }
 
-    /// Removes non-directory entry `name` from `parent`.
-    pub fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
+    /// Removes non-directory entry `name` from `parent`; returns the directory's change.
+    pub fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<DirChange, MetaError> {
         check_name(name)?;
         self.mutate(|txn, st| {
             let now = now();
-            txn.dir(parent)?;
+            let before = txn.dir(parent)?.ctime;
             let d = txn.entry(parent, name)?;
             if d.kind == FileKind::Directory {
                 return Err(MetaError::IsADirectory(format!("unlink of {}", show(name))));
             }
-            remove_entry(txn, parent, name, d.kind, now)?;
-            drop_link(txn, st, InodeId(d.ino), now)
+            let after = remove_entry(txn, parent, name, d.kind, now)?.attr(parent);
+            drop_link(txn, st, InodeId(d.ino), now)?;
+            Ok(DirChange { before, after })
         })
     }
 
@@ -237,7 +238,7 @@ pub(super) fn add_entry(
     txn.put_dirent(parent, name, &DirentRecord { ino: ino.0, kind })?;
     txn.update_inode(parent, |p| {
         p.mtime = now;
-        p.ctime = now;
+        p.changed_at(now);
         if kind == FileKind::Directory {
             p.nlink += 1;
         }
@@ -245,23 +246,23 @@ pub(super) fn add_entry(
     Ok(())
 }
 
-/// Deletes entry `name` from `parent` and updates the parent, the reverse of [`add_entry`].
+/// Deletes entry `name` from `parent` and updates the parent, the reverse of
+/// [`add_entry`]; returns the parent's new record.
 pub(super) fn remove_entry(
     txn: &mut Txn<'_>,
     parent: InodeId,
     name: &[u8],
     kind: FileKind,
     now: Timestamp,
-) -> Result<(), MetaError> {
+) -> Result<InodeRecord, MetaError> {
     txn.delete(keys::dirent(parent, name));
     txn.update_inode(parent, |p| {
         p.mtime = now;
-        p.ctime = now;
+        p.changed_at(now);
         if kind == FileKind::Directory {
             p.nlink = p.nlink.saturating_sub(1);
         }
-    })?;
-    Ok(())
+    })
 }
 
 /// Drops one link of `ino`, whose entry the caller has removed.
@@ -278,7 +279,7 @@ pub(super) fn drop_link(
     let mut rec = txn.inode(ino)?;
     if !rec.is_dir() {
         rec.nlink = rec.nlink.saturating_sub(1);
-        rec.ctime = now;
+        rec.changed_at(now);
         if rec.nlink > 0 || st.is_open(ino) {
             txn.put_inode(ino, &rec)?;
             if rec.nlink == 0 {

@@ -8,7 +8,7 @@ use super::txn::{Reads, Txn};
 use super::{dirlayout, keys, now, ConnId, Namespace, Opened, Session, State, ID_BLOCK};
 use crate::error::{show, MetaError};
 use proto::attr::TimeSet;
-use proto::meta::{Caller, Commit};
+use proto::meta::{Caller, Commit, DirChange};
 use proto::{Attr, ClientId, FileKind, InodeId, Layout, SessionId, SetAttr};
 use std::collections::HashMap;
 
@@ -60,9 +60,17 @@ impl Namespace {
             None => self.new_file(&mut txn, parent, &parent_rec, name, perm, caller)?,
         };
         let session = reserve_session(&st, &mut txn);
+        let change = DirChange {
+            before: parent_rec.ctime,
+            after: txn.inode(parent)?.attr(parent),
+        };
         Self::commit_txn(&mut st, txn)?;
         let opened = self.start_session(&mut st, session, ino, &rec, owner);
-        Ok(Opened { created, ..opened })
+        Ok(Opened {
+            created,
+            parent: Some(change),
+            ..opened
+        })
     }
 
     /// Writes a new regular file with its layout; the caller commits.
@@ -116,7 +124,7 @@ impl Namespace {
                     let now = now();
                     rec.size = 0;
                     rec.mtime = now;
-                    rec.ctime = now;
+                    rec.changed_at(now);
                     txn.put_inode(ino, &rec)?;
                 }
                 _ => {}
@@ -159,6 +167,7 @@ impl Namespace {
             session,
             layout,
             created: false,
+            parent: None,
         }
     }
 
@@ -234,7 +243,7 @@ impl Namespace {
                 .ok_or_else(|| MetaError::TooBig(format!("append of {len} bytes to {ino}")))?;
             let now = now();
             rec.mtime = now;
-            rec.ctime = now;
+            rec.changed_at(now);
             txn.put_inode(ino, &rec)?;
             Ok(offset)
         })
@@ -346,7 +355,7 @@ impl Namespace {
             };
             rec.atime = set.atime.map_or(rec.atime, at);
             rec.mtime = set.mtime.map_or(rec.mtime, at);
-            rec.ctime = now;
+            rec.changed_at(now);
             txn.put_inode(ino, &rec)?;
             Ok(rec.attr(ino))
         })
@@ -390,7 +399,7 @@ fn apply_commit(txn: &mut Txn<'_>, ino: InodeId, c: Commit) -> Result<InodeRecor
     }
     rec.size = rec.size.max(c.size);
     rec.mtime = c.mtime;
-    rec.ctime = now();
+    rec.changed_at(now());
     txn.put_inode(ino, &rec)?;
     Ok(rec)
 }

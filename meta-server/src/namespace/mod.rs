@@ -29,7 +29,7 @@ use crate::config::NamespaceConfig;
 use crate::error::MetaError;
 use crate::kv::{take_pending, GroupCommit, KvStore};
 use parking_lot::Mutex;
-use proto::meta::{ClusterMap, DirEntry, MetaReply, MetaRequest, MetaResult};
+use proto::meta::{ClusterMap, DirChange, DirEntry, MetaReply, MetaRequest, MetaResult};
 use proto::{Attr, ClientId, InodeId, Layout, NodeId, SessionId, Timestamp};
 use records::{decode, encode, InodeRecord, Superblock, FORMAT_VERSION};
 use std::collections::HashMap;
@@ -73,6 +73,8 @@ pub struct Opened {
     pub layout: Layout,
     /// A create made the file (it did not open an existing one).
     pub created: bool,
+    /// A create's directory, before and after (also when it opened an existing file).
+    pub parent: Option<DirChange>,
 }
 
 /// One page of a directory listing.
@@ -239,11 +241,9 @@ impl Namespace {
         use MetaRequest as R;
         let attr = MetaReply::Attr;
         let unit = |()| MetaReply::Unit;
-        // After a create or unlink the client is sent the directory's new attributes,
-        // read after the change (a change by another client in between only makes them
-        // newer).
-        let opened = |o: Opened, parent| MetaReply::Opened {
-            attr: o.attr, session: o.session, layout: o.layout, parent,
+        // After a create or unlink the client is sent the directory's change.
+        let opened = |o: Opened| MetaReply::Opened {
+            attr: o.attr, session: o.session, layout: o.layout, parent: o.parent,
         };
         match req {
             R::Hello { name } => self.hello(&name).map(|client| MetaReply::Welcome { client }),
@@ -252,8 +252,7 @@ impl Namespace {
             R::SetAttr { ino, set, commit } => self.commit_and_setattr(ino, commit, &set).map(attr),
             R::Create { parent, name, perm, caller, exclusive, client } => {
                 let owner = SessionOwner { client, conn };
-                let o = self.create(parent, &name, perm, caller, exclusive, owner)?;
-                Ok(opened(o, self.getattr(parent).ok()))
+                self.create(parent, &name, perm, caller, exclusive, owner).map(opened)
             }
             R::MkNod { parent, name, kind, perm, rdev, caller } =>
                 self.mknod(parent, &name, kind, perm, rdev, caller).map(attr),
@@ -264,12 +263,8 @@ impl Namespace {
             R::Readlink { ino } => self.readlink(ino).map(MetaReply::Target),
             R::Link { ino, new_parent, new_name } =>
                 self.link(ino, new_parent, &new_name).map(attr),
-            R::Unlink { parent, name } => {
-                // The unlink is done: a directory gone since (removed by another
-                // client) only costs the client its shortcut.
-                self.unlink(parent, &name)?;
-                Ok(self.getattr(parent).map_or(MetaReply::Unit, |parent| MetaReply::Removed { parent }))
-            }
+            R::Unlink { parent, name } =>
+                self.unlink(parent, &name).map(|parent| MetaReply::Removed { parent }),
             R::Rmdir { parent, name } => self.rmdir(parent, &name).map(unit),
             R::Rename { parent, name, new_parent, new_name, mode } =>
                 self.rename(parent, &name, new_parent, &new_name, mode).map(unit),
@@ -280,7 +275,7 @@ impl Namespace {
                 total_bytes: s.total_bytes, free_bytes: s.free_bytes, files: s.files,
             }),
             R::Open { ino, client, truncate } =>
-                self.open_inode(ino, truncate, SessionOwner { client, conn }).map(|o| opened(o, None)),
+                self.open_inode(ino, truncate, SessionOwner { client, conn }).map(opened),
             R::Commit { ino, commit } => self.commit(ino, commit).map(attr),
             R::Release { session, commit } => self.release(session, commit).map(unit),
             R::GetXattr { ino, name } => self.getxattr(ino, &name).map(MetaReply::Xattr),

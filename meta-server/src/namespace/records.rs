@@ -151,6 +151,14 @@ impl InodeRecord {
         }
     }
 
+    /// Records a change at `now`. The ctime moves forward even when the clock did not
+    /// (two changes within its resolution, or a clock stepped back), so that one value
+    /// of a directory's ctime names one state of its entries: clients compare it to
+    /// know whether their list of its names is still whole (`proto::meta::DirChange`).
+    pub(crate) fn changed_at(&mut self, now: Timestamp) {
+        self.ctime = now.max(self.ctime.next());
+    }
+
     /// Whether this is a directory.
     pub(crate) fn is_dir(&self) -> bool {
         self.kind == FileKind::Directory

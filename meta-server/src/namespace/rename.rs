@@ -104,7 +104,7 @@ fn move_entry(
     remove_entry(txn, e.parent, e.name, src.kind, now)?;
     add_entry(txn, e.new_parent, e.new_name, ino, src.kind, now)?;
     txn.update_inode(ino, |r| {
-        r.ctime = now;
+        r.changed_at(now);
         if is_dir {
             r.parent = e.new_parent.0;
         }
@@ -179,7 +179,7 @@ fn exchange(
     for (dir, delta) in [(e.parent, -to_new), (e.new_parent, to_new)] {
         txn.update_inode(dir, |p| {
             p.mtime = now;
-            p.ctime = now;
+            p.changed_at(now);
             p.nlink = (i64::from(p.nlink) + delta).clamp(0, i64::from(u32::MAX)) as u32;
         })?;
         if !moves_dirs {
@@ -188,7 +188,7 @@ fn exchange(
     }
     for (ino, new_parent) in [(src.ino, e.new_parent), (dst.ino, e.parent)] {
         txn.update_inode(InodeId(ino), |r| {
-            r.ctime = now;
+            r.changed_at(now);
             if r.is_dir() {
                 r.parent = new_parent.0;
             }

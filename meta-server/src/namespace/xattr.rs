@@ -52,7 +52,7 @@ impl Namespace {
                 }
                 rec.xattr_count += 1;
             }
-            rec.ctime = now();
+            rec.changed_at(now());
             txn.put(key, encode(&value)?);
             txn.put_inode(ino, &rec)
         })
@@ -84,7 +84,7 @@ impl Namespace {
             }
             txn.delete(key);
             rec.xattr_count = rec.xattr_count.saturating_sub(1);
-            rec.ctime = now();
+            rec.changed_at(now());
             txn.put_inode(ino, &rec)
         })
     }

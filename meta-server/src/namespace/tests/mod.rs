@@ -1,5 +1,6 @@
 //! Namespace tests, each run on every engine (`...::sled::name`, `...::redb::name`).
 
+mod changes;
 mod cluster;
 mod model;
 mod ops;

@@ -1,0 +1,394 @@
+//! Directories whose every name this client knows, so that it can answer the lookup of
+//! a missing name itself.
+//!
+//! Creating a file costs the kernel a `LOOKUP` of the new name, which fails, then the
+//! `CREATE`, both under the directory's lock: processes creating files in one directory
+//! wait for each other's round trips, and half of them only confirm that a name is
+//! free. This client learns every name of a directory when it makes the directory
+//! (empty) and keeps the list through its own creates and unlinks there. Each of those
+//! replies carries the directory's ctime just before and just after the change
+//! (`DirChange`); the server never gives a directory's ctime the same value twice, so
+//! `before` equal to the ctime the list was taken at means that no one else changed the
+//! directory in between. Any other sign of a change drops the list: another ctime in
+//! any reply, a name found that the list lacks, a failed create or unlink, or a change
+//! of this client's own that the list does not follow (mkdir, rename, link, ...).
+//!
+//! Another client's new name is not seen while a list is trusted: like the kernel's own
+//! cache of names, a list answers only within the entry TTL since the server last
+//! confirmed it. An expired list is kept, and a reply showing the directory's ctime
+//! unchanged (the kernel's `getattr` of the directory before each create) confirms it
+//! again. A create is never wrong for it: it goes to the server, which opens a file of
+//! that name made meanwhile (with `O_TRUNC` the client then empties it) or refuses it
+//! under `O_EXCL`.
+
+use parking_lot::Mutex;
+use proto::meta::{DirChange, MetaReply, MetaRequest};
+use proto::{Attr, FileKind, InodeId, Timestamp};
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+/// Names kept over all directories (~100 bytes each with the set's overhead): past it,
+/// a directory whose list would grow is dropped instead.
+const MAX_NAMES: usize = 262_144;
+/// Directories with a list; past it, the expired lists go, then all.
+const MAX_DIRS: usize = 4096;
+
+/// Every name of one directory, as of the directory's ctime `ctime`.
+struct Known {
+    ctime: Timestamp,
+    names: HashSet<Vec<u8>>,
+    /// When the server last showed the directory at `ctime`.
+    confirmed: Instant,
+}
+
+#[derive(Default)]
+struct Lists {
+    dirs: HashMap<InodeId, Known>,
+    /// Names over all of `dirs`.
+    names: usize,
+}
+
+impl Lists {
+    fn drop_dir(&mut self, dir: InodeId) {
+        if let Some(k) = self.dirs.remove(&dir) {
+            self.names -= k.names.len();
+        }
+    }
+}
+
+pub(crate) struct DirNames {
+    ttl: Duration,
+    lists: Mutex<Lists>,
+}
+
+impl DirNames {
+    /// Lists trusted for `ttl` after each confirmation (zero: never used nor kept).
+    pub(crate) fn new(ttl: Duration) -> DirNames {
+        DirNames {
+            ttl,
+            lists: Mutex::new(Lists::default()),
+        }
+    }
+
+    /// Whether `name` is known to be missing from `dir` now.
+    pub(crate) fn absent(&self, dir: InodeId, name: &[u8]) -> bool {
+        let lists = self.lists.lock();
+        lists
+            .dirs
+            .get(&dir)
+            .is_some_and(|k| k.confirmed.elapsed() < self.ttl && !k.names.contains(name))
+    }
+
+    /// Drops what a request is about to change without the list following it. Creates
+    /// and unlinks are followed through their replies ([`DirNames::after`]).
+    pub(crate) fn before(&self, req: &MetaRequest) {
+        use MetaRequest as R;
+        let (a, b) = match req {
+            R::Mkdir { parent, .. }
+            | R::MkNod { parent, .. }
+            | R::Symlink { parent, .. }
+            | R::Rmdir { parent, .. } => (*parent, None),
+            R::Link { new_parent, .. } => (*new_parent, None),
+            R::Rename {
+                parent, new_parent, ..
+            } => (*parent, Some(*new_parent)),
+            _ => return,
+        };
+        let mut lists = self.lists.lock();
+        lists.drop_dir(a);
+        if let Some(b) = b {
+            lists.drop_dir(b);
+        }
+    }
+
+    /// Learns from the answer to `req` (`None`: it failed or was not answered).
+    pub(crate) fn after(&self, req: &MetaRequest, reply: Option<&MetaReply>) {
+        use MetaReply as P;
+        use MetaRequest as R;
+        let mut lists = self.lists.lock();
+        match (req, reply) {
+            (
+                R::Create { parent, name, .. },
+                Some(P::Opened {
+                    parent: Some(c), ..
+                }),
+            ) => self.follow(&mut lists, *parent, c, name, true),
+            (R::Unlink { parent, name }, Some(P::Removed { parent: c })) => {
+                self.follow(&mut lists, *parent, c, name, false)
+            }
+            // Whether it happened is unknown, or the list was wrong (`O_EXCL`).
+            (R::Create { parent, .. } | R::Unlink { parent, .. }, _) => lists.drop_dir(*parent),
+            (R::Mkdir { .. }, Some(P::Attr(a))) if a.kind == FileKind::Directory => {
+                self.made(&mut lists, a)
+            }
+            (R::Lookup { parent, name }, Some(P::Attr(a))) => {
+                // Made by someone else since the list was confirmed.
+                if lists
+                    .dirs
+                    .get(parent)
+                    .is_some_and(|k| !k.names.contains(name))
+                {
+                    lists.drop_dir(*parent);
+                }
+                self.seen(&mut lists, a);
+            }
+            (_, Some(P::Attr(a))) => self.seen(&mut lists, a),
+            (_, Some(P::Opened { attr, .. })) => self.seen(&mut lists, attr),
+            (_, Some(P::Dir { entries, .. })) => {
+                for a in entries.iter().filter_map(|e| e.attr.as_ref()) {
+                    self.seen(&mut lists, a);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A directory this client just made: empty as of its ctime.
+    fn made(&self, lists: &mut Lists, dir: &Attr) {
+        if self.ttl.is_zero() {
+            return;
+        }
+        if lists.dirs.len() >= MAX_DIRS {
+            let ttl = self.ttl;
+            lists.dirs.retain(|_, k| k.confirmed.elapsed() < ttl);
+            if lists.dirs.len() >= MAX_DIRS {
+                lists.dirs.clear();
+            }
+            lists.names = lists.dirs.values().map(|k| k.names.len()).sum();
+        }
+        let known = Known {
+            ctime: dir.ctime,
+            names: HashSet::new(),
+            confirmed: Instant::now(),
+        };
+        if let Some(old) = lists.dirs.insert(dir.ino, known) {
+            lists.names -= old.names.len();
+        }
+    }
+
+    /// Attributes from any reply: the same ctime confirms a list, another drops it.
+    fn seen(&self, lists: &mut Lists, attr: &Attr) {
+        if attr.kind != FileKind::Directory {
+            return;
+        }
+        match lists.dirs.get_mut(&attr.ino) {
+            Some(k) if k.ctime == attr.ctime => k.confirmed = Instant::now(),
+            Some(_) => lists.drop_dir(attr.ino),
+            None => {}
+        }
+    }
+
+    /// This client's create (`present`) or unlink of `name` in `dir` did `change`.
+    fn follow(
+        &self,
+        lists: &mut Lists,
+        dir: InodeId,
+        change: &DirChange,
+        name: &[u8],
+        present: bool,
+    ) {
+        let Some(k) = lists.dirs.get_mut(&dir) else {
+            return;
+        };
+        let unchanged = !change.changed();
+        // Someone else changed the directory first, or nothing changed although the
+        // list expected a change (a create that opened a file the list did not have).
+        if k.ctime != change.before || (unchanged && k.names.contains(name) != present) {
+            lists.drop_dir(dir);
+            return;
+        }
+        if present && !k.names.contains(name) && lists.names >= MAX_NAMES {
+            lists.drop_dir(dir);
+            return;
+        }
+        let moved = if present {
+            k.names.insert(name.to_vec())
+        } else {
+            k.names.remove(name)
+        };
+        k.ctime = change.after.ctime;
+        k.confirmed = Instant::now();
+        match (moved, present) {
+            (true, true) => lists.names += 1,
+            (true, false) => lists.names -= 1,
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::meta::Caller;
+
+    fn dir(ino: u64, ctime: u32) -> Attr {
+        let mut a = crate::fuse::dot_attr(InodeId(ino), FileKind::Directory);
+        a.ctime = Timestamp {
+            secs: 1,
+            nanos: ctime,
+        };
+        a
+    }
+
+    fn mkdir(parent: u64) -> MetaRequest {
+        MetaRequest::Mkdir {
+            parent: InodeId(parent),
+            name: b"d".to_vec(),
+            perm: 0o755,
+            caller: Caller { uid: 0, gid: 0 },
+        }
+    }
+
+    fn create(d: u64, name: &str) -> MetaRequest {
+        MetaRequest::Create {
+            parent: InodeId(d),
+            name: name.as_bytes().to_vec(),
+            perm: 0o644,
+            caller: Caller { uid: 0, gid: 0 },
+            exclusive: false,
+            client: proto::ClientId(1),
+        }
+    }
+
+    fn created(d: u64, before: u32, after: u32) -> MetaReply {
+        MetaReply::Opened {
+            attr: dir(99, 0),
+            session: proto::SessionId(1),
+            layout: proto::Layout {
+                chunk_size_bytes: 1 << 20,
+                chains: vec![],
+                first: 0,
+                replicas: 1,
+            },
+            parent: Some(DirChange {
+                before: dir(d, before).ctime,
+                after: dir(d, after),
+            }),
+        }
+    }
+
+    fn removed(d: u64, before: u32, after: u32) -> MetaReply {
+        MetaReply::Removed {
+            parent: DirChange {
+                before: dir(d, before).ctime,
+                after: dir(d, after),
+            },
+        }
+    }
+
+    fn unlink(d: u64, name: &str) -> MetaRequest {
+        MetaRequest::Unlink {
+            parent: InodeId(d),
+            name: name.as_bytes().to_vec(),
+        }
+    }
+
+    /// A list of directory 5, empty at ctime 10.
+    fn with_empty_dir() -> DirNames {
+        let n = DirNames::new(Duration::from_secs(60));
+        n.after(&mkdir(1), Some(&MetaReply::Attr(dir(5, 10))));
+        n
+    }
+
+    #[test]
+    fn own_creates_and_unlinks_keep_the_list() {
+        let n = with_empty_dir();
+        assert!(n.absent(InodeId(5), b"a"), "a new directory is empty");
+        assert!(!n.absent(InodeId(1), b"a"), "its parent is not known");
+        n.after(&create(5, "a"), Some(&created(5, 10, 11)));
+        assert!(!n.absent(InodeId(5), b"a"), "made here");
+        assert!(n.absent(InodeId(5), b"b"));
+        n.after(&create(5, "b"), Some(&created(5, 11, 12)));
+        n.after(&unlink(5, "a"), Some(&removed(5, 12, 13)));
+        assert!(n.absent(InodeId(5), b"a"), "removed here");
+        assert!(!n.absent(InodeId(5), b"b"));
+        assert_eq!(n.lists.lock().names, 1);
+    }
+
+    #[test]
+    fn another_clients_change_drops_the_list() {
+        // A create whose `before` is not the list's ctime: someone changed it first.
+        let n = with_empty_dir();
+        n.after(&create(5, "a"), Some(&created(5, 11, 12)));
+        assert!(!n.absent(InodeId(5), b"b"));
+        // Attributes showing another ctime.
+        let n = with_empty_dir();
+        n.after(
+            &MetaRequest::GetAttr { ino: InodeId(5) },
+            Some(&MetaReply::Attr(dir(5, 11))),
+        );
+        assert!(!n.absent(InodeId(5), b"b"));
+        // A name found that the list lacks.
+        let n = with_empty_dir();
+        let lookup = MetaRequest::Lookup {
+            parent: InodeId(5),
+            name: b"x".to_vec(),
+        };
+        n.after(&lookup, Some(&MetaReply::Attr(dir(7, 3))));
+        assert!(!n.absent(InodeId(5), b"b"));
+        // A create that opened a file the list did not have.
+        let n = with_empty_dir();
+        n.after(&create(5, "a"), Some(&created(5, 10, 10)));
+        assert!(!n.absent(InodeId(5), b"b"));
+        // A failed create: it may have happened, or the list was wrong.
+        let n = with_empty_dir();
+        n.after(&create(5, "a"), None);
+        assert!(!n.absent(InodeId(5), b"b"));
+    }
+
+    #[test]
+    fn changes_the_list_does_not_follow_drop_it() {
+        for req in [
+            mkdir(5),
+            MetaRequest::Rmdir {
+                parent: InodeId(5),
+                name: b"x".to_vec(),
+            },
+            MetaRequest::Link {
+                ino: InodeId(9),
+                new_parent: InodeId(5),
+                new_name: b"x".to_vec(),
+            },
+            MetaRequest::Rename {
+                parent: InodeId(1),
+                name: b"x".to_vec(),
+                new_parent: InodeId(5),
+                new_name: b"x".to_vec(),
+                mode: proto::meta::RenameMode::Replace,
+            },
+        ] {
+            let n = with_empty_dir();
+            n.before(&req);
+            assert!(!n.absent(InodeId(5), b"x"), "{req:?} drops the list");
+        }
+        let n = with_empty_dir();
+        n.before(&create(5, "x"));
+        n.before(&MetaRequest::GetAttr { ino: InodeId(5) });
+        assert!(n.absent(InodeId(5), b"x"), "others keep it");
+    }
+
+    #[test]
+    fn a_list_answers_within_the_ttl_and_the_same_ctime_confirms_it() {
+        let n = DirNames::new(Duration::from_millis(50));
+        n.after(&mkdir(1), Some(&MetaReply::Attr(dir(5, 10))));
+        std::thread::sleep(Duration::from_millis(80));
+        assert!(!n.absent(InodeId(5), b"a"), "expired");
+        n.after(
+            &MetaRequest::GetAttr { ino: InodeId(5) },
+            Some(&MetaReply::Attr(dir(5, 10))),
+        );
+        assert!(n.absent(InodeId(5), b"a"), "confirmed again");
+        let off = DirNames::new(Duration::ZERO);
+        off.after(&mkdir(1), Some(&MetaReply::Attr(dir(5, 10))));
+        assert!(!off.absent(InodeId(5), b"a"), "a zero TTL keeps nothing");
+    }
+
+    #[test]
+    fn the_number_of_names_is_bounded() {
+        let n = with_empty_dir();
+        n.lists.lock().names = MAX_NAMES;
+        n.after(&create(5, "a"), Some(&created(5, 10, 11)));
+        assert!(!n.absent(InodeId(5), b"b"), "a full cache drops the list");
+        assert_eq!(n.lists.lock().names, MAX_NAMES);
+    }
+}

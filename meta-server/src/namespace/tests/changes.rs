@@ -1,0 +1,86 @@
+//! A directory's ctime names one state of its entries: clients that know every name in
+//! a directory check a create's or unlink's `DirChange` against it.
+
+use super::{caller, engine_tests, mkdir, owner, H, ROOT};
+use proto::meta::{DirChange, XattrMode};
+use proto::SetAttr;
+
+fn create(h: &H, dir: proto::InodeId, name: &str) -> DirChange {
+    let ns = h.ns();
+    let o = ns
+        .create(dir, name.as_bytes(), 0o644, caller(), false, owner(1))
+        .unwrap();
+    ns.release(o.session, None).unwrap();
+    o.parent.expect("a create reports its directory's change")
+}
+
+fn each_change_moves_ctime_forward(kind: crate::kv::StoreKind) {
+    let h = H::with_nodes(kind, 2);
+    let ns = h.ns();
+    let d = mkdir(ns, ROOT, "d");
+    let mut known = d.ctime;
+    // Far more changes than the clock's resolution separates on a fast machine.
+    for i in 0..200 {
+        let c = create(&h, d.ino, &format!("f{i}"));
+        assert_eq!(c.before, known, "change {i} starts where the last ended");
+        assert!(c.after.ctime > c.before, "change {i} moves the ctime");
+        assert_eq!(c.after.ino, d.ino);
+        known = c.after.ctime;
+    }
+    for i in 0..100 {
+        let c = ns.unlink(d.ino, format!("f{i}").as_bytes()).unwrap();
+        assert_eq!(c.before, known, "unlink {i} starts where the last ended");
+        assert!(c.after.ctime > c.before);
+        known = c.after.ctime;
+    }
+    // A create that opens an existing file changes nothing.
+    let again = create(&h, d.ino, "f150");
+    assert_eq!((again.before, again.after.ctime), (known, known));
+    // Every other kind of change of the directory moves it too, so a client's list of
+    // names taken at `known` is seen to be old.
+    type Change = Box<dyn Fn(&crate::Namespace)>;
+    let ino = d.ino;
+    let changes: Vec<(&str, Change)> = vec![
+        (
+            "mkdir",
+            Box::new(move |ns| {
+                mkdir(ns, ino, "sub");
+            }),
+        ),
+        (
+            "chmod",
+            Box::new(move |ns| {
+                let set = SetAttr {
+                    perm: Some(0o700),
+                    ..SetAttr::default()
+                };
+                ns.setattr(ino, &set).unwrap();
+            }),
+        ),
+        (
+            "setxattr",
+            Box::new(move |ns| {
+                ns.setxattr(ino, b"user.a", b"1", XattrMode::Upsert)
+                    .unwrap();
+            }),
+        ),
+        (
+            "rename",
+            Box::new(move |ns| {
+                ns.rename(ino, b"f150", ino, b"g", proto::meta::RenameMode::Replace)
+                    .unwrap();
+            }),
+        ),
+        ("rmdir", Box::new(move |ns| ns.rmdir(ino, b"sub").unwrap())),
+    ];
+    for (what, change) in changes {
+        change(ns);
+        let now = ns.getattr(d.ino).unwrap().ctime;
+        assert!(now > known, "{what} moves the directory's ctime");
+        known = now;
+    }
+    let c = create(&h, d.ino, "last");
+    assert_eq!(c.before, known);
+}
+
+engine_tests!(each_change_moves_ctime_forward);
