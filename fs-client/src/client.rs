@@ -176,6 +176,10 @@ impl Client {
                     self.no_xattrs.note(a, epoch);
                 }
             }
+            MetaReply::Made { attr, parent } => {
+                self.no_xattrs.note(attr, epoch);
+                self.no_xattrs.note(&parent.after, epoch);
+            }
             MetaReply::Dir { entries, .. } => {
                 for a in entries.iter().filter_map(|e| e.attr.as_ref()) {
                     self.no_xattrs.note(a, epoch);
@@ -439,8 +443,15 @@ impl Client {
         Ok(Some(layout))
     }
 
+    /// Makes a name (mkdir, mknod, symlink, link); keeps the directory's new attributes
+    /// for the kernel's `getattr` that follows, as a create does.
     async fn entry(&self, req: MetaRequest) -> Result<Attr> {
-        expect_reply!(self.meta(req).await?, MetaReply::Attr(a) => a)
+        let (attr, parent) = expect_reply!(
+            self.meta(req).await?,
+            MetaReply::Made { attr, parent } => (attr, parent)
+        )?;
+        self.dir_attrs.put(parent.after);
+        Ok(attr)
     }
 
     /// Creates a directory.
@@ -533,9 +544,12 @@ impl Client {
     /// Removes an empty directory.
     pub async fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<()> {
         let name = name.to_vec();
-        self.meta(MetaRequest::Rmdir { parent, name })
-            .await
-            .map(drop)
+        if let MetaReply::Removed { parent } =
+            self.meta(MetaRequest::Rmdir { parent, name }).await?
+        {
+            self.dir_attrs.put(parent.after);
+        }
+        Ok(())
     }
 
     /// Renames atomically.

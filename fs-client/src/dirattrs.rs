@@ -1,8 +1,9 @@
-//! Attributes the metadata server sent with a reply: a directory's with a create or an
-//! unlink, a file's with a length commit.
+//! Attributes the metadata server sent with a reply: a directory's with a call that
+//! made or removed a name in it (create, mkdir, mknod, symlink, link, unlink, rmdir), a
+//! file's with a length commit.
 //!
-//! After a create or unlink the kernel drops its copy of the directory's attributes
-//! (the directory's times moved) and asks for them again before the next change in that
+//! After such a call the kernel drops its copy of the directory's attributes (the
+//! directory's times moved) and asks for them again before the next change in that
 //! directory, to check the caller's permission: one more round trip per file for
 //! `tar x`, a data-set writer or `rm -r`. The server now sends the directory's attributes
 //! with those replies; the next `getattr` of the directory takes them from here instead.
@@ -14,9 +15,10 @@
 //!
 //! A copy is used at most once and only within the attribute TTL, the time the kernel
 //! itself would have trusted it. A change of one inode's attributes (setattr, xattrs,
-//! atime) drops that inode's copy; any other request that may change a directory
-//! (mkdir, rename, link, ...) empties the whole cache, so this client never answers
-//! with attributes older than one of its own changes.
+//! atime) drops that inode's copy, and a new name in a directory that directory's;
+//! any other request that may change a directory (rename, link, unlink, rmdir, ...)
+//! empties the whole cache, so this client never answers with attributes older than
+//! one of its own changes.
 
 use crate::ttlmap::TtlMap;
 use proto::meta::MetaRequest;
@@ -95,12 +97,16 @@ impl DirAttrs {
                 | R::InodesExist { .. }
         );
         let forget = match req {
-            // A create changes its directory and a new inode nothing was kept of. An
+            // A create (or mkdir, mknod, symlink) changes its directory and a new inode
+            // nothing was kept of; the caller keeps the directory's new copy. An
             // unlink also changes the link count of the inode it unlinks, which the
             // request does not name, so it forgets every copy (below): a copy kept from
             // that file's last setattr or commit showed one link to `fstat` on a
             // descriptor held across the unlink.
-            R::Create { parent, .. } => Some(Some(*parent)),
+            R::Create { parent, .. }
+            | R::Mkdir { parent, .. }
+            | R::MkNod { parent, .. }
+            | R::Symlink { parent, .. } => Some(Some(*parent)),
             // An append or an open with `O_TRUNC` moves the file's length on the
             // server: a copy kept from the commit or setattr before would show the old
             // one. Attribute changes of one inode leave its directory's copy (`tar x`

@@ -79,25 +79,18 @@ impl DirNames {
             .is_some_and(|k| k.confirmed.elapsed() < self.ttl && !k.names.contains(name))
     }
 
-    /// Drops what a request is about to change without the list following it. Creates
-    /// and unlinks are followed through their replies ([`DirNames::after`]).
+    /// Drops what a request is about to change without the list following it (a
+    /// rename moves names between two directories and reports neither's change). The
+    /// calls that make or remove one name are followed through their replies
+    /// ([`DirNames::after`]).
     pub(crate) fn before(&self, req: &MetaRequest) {
-        use MetaRequest as R;
-        let (a, b) = match req {
-            R::Mkdir { parent, .. }
-            | R::MkNod { parent, .. }
-            | R::Symlink { parent, .. }
-            | R::Rmdir { parent, .. } => (*parent, None),
-            R::Link { new_parent, .. } => (*new_parent, None),
-            R::Rename {
-                parent, new_parent, ..
-            } => (*parent, Some(*new_parent)),
-            _ => return,
-        };
-        let mut lists = self.lists.lock();
-        lists.drop_dir(a);
-        if let Some(b) = b {
-            lists.drop_dir(b);
+        if let MetaRequest::Rename {
+            parent, new_parent, ..
+        } = req
+        {
+            let mut lists = self.lists.lock();
+            lists.drop_dir(*parent);
+            lists.drop_dir(*new_parent);
         }
     }
 
@@ -106,20 +99,36 @@ impl DirNames {
         use MetaReply as P;
         use MetaRequest as R;
         let mut lists = self.lists.lock();
-        match (req, reply) {
-            (
-                R::Create { parent, name, .. },
-                Some(P::Opened {
-                    parent: Some(c), ..
-                }),
-            ) => self.follow(&mut lists, *parent, c, name, true),
-            (R::Unlink { parent, name }, Some(P::Removed { parent: c })) => {
-                self.follow(&mut lists, *parent, c, name, false)
+        // A name made (`true`) or removed in a directory.
+        let entry = match req {
+            R::Create { parent, name, .. }
+            | R::Mkdir { parent, name, .. }
+            | R::MkNod { parent, name, .. }
+            | R::Symlink { parent, name, .. } => Some((*parent, name, true)),
+            R::Link {
+                new_parent,
+                new_name,
+                ..
+            } => Some((*new_parent, new_name, true)),
+            R::Unlink { parent, name } | R::Rmdir { parent, name } => Some((*parent, name, false)),
+            _ => None,
+        };
+        if let Some((dir, name, present)) = entry {
+            match reply {
+                Some(
+                    P::Opened {
+                        parent: Some(c), ..
+                    }
+                    | P::Made { parent: c, .. }
+                    | P::Removed { parent: c },
+                ) => self.follow(&mut lists, dir, c, name, present),
+                // Whether it happened is unknown, or the list was wrong (`O_EXCL`).
+                _ => lists.drop_dir(dir),
             }
-            // Whether it happened is unknown, or the list was wrong (`O_EXCL`).
-            (R::Create { parent, .. } | R::Unlink { parent, .. }, _) => lists.drop_dir(*parent),
-            (R::Mkdir { .. }, Some(P::Attr(a))) if a.kind == FileKind::Directory => {
-                self.made(&mut lists, a)
+        }
+        match (req, reply) {
+            (R::Mkdir { .. }, Some(P::Made { attr, .. })) if attr.kind == FileKind::Directory => {
+                self.made(&mut lists, attr)
             }
             (R::Lookup { parent, name }, Some(P::Attr(a))) => {
                 // Made by someone else since the list was confirmed.
@@ -132,8 +141,9 @@ impl DirNames {
                 }
                 self.seen(&mut lists, a);
             }
-            (_, Some(P::Attr(a))) => self.seen(&mut lists, a),
-            (_, Some(P::Opened { attr, .. })) => self.seen(&mut lists, attr),
+            (_, Some(P::Attr(a) | P::Opened { attr: a, .. } | P::Made { attr: a, .. })) => {
+                self.seen(&mut lists, a)
+            }
             (_, Some(P::Dir { entries, .. })) => {
                 for a in entries.iter().filter_map(|e| e.attr.as_ref()) {
                     self.seen(&mut lists, a);
@@ -267,6 +277,23 @@ mod tests {
         }
     }
 
+    /// The reply to a call that made a name for `attr` in `d` (ctime `before` ->
+    /// `after`).
+    fn made(d: u64, before: u32, after: u32, attr: Attr) -> MetaReply {
+        MetaReply::Made {
+            attr,
+            parent: DirChange {
+                before: dir(d, before).ctime,
+                after: dir(d, after),
+            },
+        }
+    }
+
+    /// The reply to a mkdir in `parent` that made directory `d` at ctime `ctime`.
+    fn made_dir(parent: u64, d: u64, ctime: u32) -> MetaReply {
+        made(parent, 1, 2, dir(d, ctime))
+    }
+
     fn removed(d: u64, before: u32, after: u32) -> MetaReply {
         MetaReply::Removed {
             parent: DirChange {
@@ -286,7 +313,7 @@ mod tests {
     /// A list of directory 5, empty at ctime 10.
     fn with_empty_dir() -> DirNames {
         let n = DirNames::new(Duration::from_secs(60));
-        n.after(&mkdir(1), Some(&MetaReply::Attr(dir(5, 10))));
+        n.after(&mkdir(1), Some(&made_dir(1, 5, 10)));
         n
     }
 
@@ -337,30 +364,60 @@ mod tests {
     }
 
     #[test]
-    fn changes_the_list_does_not_follow_drop_it() {
-        for req in [
-            mkdir(5),
-            MetaRequest::Rmdir {
-                parent: InodeId(5),
-                name: b"x".to_vec(),
-            },
-            MetaRequest::Link {
-                ino: InodeId(9),
-                new_parent: InodeId(5),
-                new_name: b"x".to_vec(),
-            },
-            MetaRequest::Rename {
-                parent: InodeId(1),
-                name: b"x".to_vec(),
-                new_parent: InodeId(5),
-                new_name: b"x".to_vec(),
-                mode: proto::meta::RenameMode::Replace,
-            },
-        ] {
-            let n = with_empty_dir();
-            n.before(&req);
-            assert!(!n.absent(InodeId(5), b"x"), "{req:?} drops the list");
-        }
+    fn every_call_that_makes_or_removes_one_name_is_followed() {
+        let n = with_empty_dir();
+        let in5 = |name: &str| (InodeId(5), name.as_bytes().to_vec());
+        let (parent, name) = in5("sub");
+        let mkdir = MetaRequest::Mkdir {
+            parent,
+            name,
+            perm: 0o755,
+            caller: Caller { uid: 0, gid: 0 },
+        };
+        n.after(&mkdir, Some(&made(5, 10, 11, dir(6, 11))));
+        assert!(!n.absent(InodeId(5), b"sub") && n.absent(InodeId(5), b"x"));
+        assert!(
+            n.absent(InodeId(6), b"x"),
+            "the new directory is known empty"
+        );
+        let (new_parent, new_name) = in5("h");
+        let link = MetaRequest::Link {
+            ino: InodeId(9),
+            new_parent,
+            new_name,
+        };
+        n.after(&link, Some(&made(5, 11, 12, dir(9, 3))));
+        assert!(!n.absent(InodeId(5), b"h"));
+        let (parent, name) = in5("sub");
+        n.after(
+            &MetaRequest::Rmdir { parent, name },
+            Some(&removed(5, 12, 13)),
+        );
+        assert!(n.absent(InodeId(5), b"sub") && !n.absent(InodeId(5), b"h"));
+        // A failed one drops the list: it may have happened.
+        let (parent, name) = in5("l");
+        let symlink = MetaRequest::Symlink {
+            parent,
+            name,
+            target: b"t".to_vec(),
+            caller: Caller { uid: 0, gid: 0 },
+        };
+        n.after(&symlink, None);
+        assert!(!n.absent(InodeId(5), b"x"));
+    }
+
+    #[test]
+    fn a_rename_drops_both_lists_and_reads_keep_them() {
+        let n = with_empty_dir();
+        n.after(&mkdir(1), Some(&made_dir(1, 7, 10)));
+        n.before(&MetaRequest::Rename {
+            parent: InodeId(7),
+            name: b"x".to_vec(),
+            new_parent: InodeId(5),
+            new_name: b"x".to_vec(),
+            mode: proto::meta::RenameMode::Replace,
+        });
+        assert!(!n.absent(InodeId(5), b"y") && !n.absent(InodeId(7), b"y"));
         let n = with_empty_dir();
         n.before(&create(5, "x"));
         n.before(&MetaRequest::GetAttr { ino: InodeId(5) });
@@ -370,7 +427,7 @@ mod tests {
     #[test]
     fn a_list_answers_within_the_ttl_and_the_same_ctime_confirms_it() {
         let n = DirNames::new(Duration::from_millis(50));
-        n.after(&mkdir(1), Some(&MetaReply::Attr(dir(5, 10))));
+        n.after(&mkdir(1), Some(&made_dir(1, 5, 10)));
         std::thread::sleep(Duration::from_millis(80));
         assert!(!n.absent(InodeId(5), b"a"), "expired");
         n.after(
@@ -379,7 +436,7 @@ mod tests {
         );
         assert!(n.absent(InodeId(5), b"a"), "confirmed again");
         let off = DirNames::new(Duration::ZERO);
-        off.after(&mkdir(1), Some(&MetaReply::Attr(dir(5, 10))));
+        off.after(&mkdir(1), Some(&made_dir(1, 5, 10)));
         assert!(!off.absent(InodeId(5), b"a"), "a zero TTL keeps nothing");
     }
 

@@ -15,4 +15,4 @@ pub mod server;
 pub use config::NamespaceConfig;
 pub use error::MetaError;
 pub use kv::{open_store, KvError, KvPair, KvStore, StoreKind, WriteBatch};
-pub use namespace::{ConnId, DirPage, FsStats, Namespace, Opened, SessionOwner};
+pub use namespace::{ConnId, DirPage, FsStats, Made, Namespace, Opened, SessionOwner};

@@ -564,7 +564,7 @@ pub enum MetaReply {
         /// The client's id for its sessions.
         client: ClientId,
     },
-    /// An inode's attributes (lookup, getattr, setattr, mkdir, mknod, symlink, link, commit).
+    /// An inode's attributes (lookup, getattr, setattr, commit).
     Attr(Attr),
     /// An open session (create, open).
     Opened {
@@ -634,10 +634,18 @@ pub enum MetaReply {
     Problems(Vec<String>),
     /// One answer per inode asked about, in order.
     Exist(Vec<bool>),
-    /// An entry was removed (unlink): the directory's change, for the same reasons as
-    /// `Opened::parent`.
+    /// An entry was removed (unlink, rmdir): the directory's change, for the same
+    /// reasons as `Opened::parent`.
     Removed {
         /// The directory before and after the removal.
+        parent: DirChange,
+    },
+    /// A name was made (mkdir, mknod, symlink, link): what it points to, and the
+    /// directory's change, for the same reasons as `Opened::parent`.
+    Made {
+        /// The attributes of the inode the new name points to.
+        attr: Attr,
+        /// The directory before and after the new name.
         parent: DirChange,
     },
 }

@@ -35,6 +35,17 @@ impl Namespace {
         perm: u32,
         caller: Caller,
     ) -> Result<Attr, MetaError> {
+        self.mkdir_made(parent, name, perm, caller).map(|m| m.attr)
+    }
+
+    /// [`Namespace::mkdir`], also returning the directory's change.
+    pub fn mkdir_made(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        perm: u32,
+        caller: Caller,
+    ) -> Result<Made, MetaError> {
         check_name(name)?;
         let now = now();
         let mut rec = InodeRecord::new(FileKind::Directory, perm, caller.uid, caller.gid, now);
@@ -53,6 +64,20 @@ impl Namespace {
         rdev: u32,
         caller: Caller,
     ) -> Result<Attr, MetaError> {
+        self.mknod_made(parent, name, kind, perm, rdev, caller)
+            .map(|m| m.attr)
+    }
+
+    /// [`Namespace::mknod`], also returning the directory's change.
+    pub fn mknod_made(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        kind: FileKind,
+        perm: u32,
+        rdev: u32,
+        caller: Caller,
+    ) -> Result<Made, MetaError> {
         let rdev = match kind {
             FileKind::Fifo | FileKind::Socket => 0,
             FileKind::CharDevice | FileKind::BlockDevice => rdev,
@@ -74,6 +99,18 @@ impl Namespace {
         target: &[u8],
         caller: Caller,
     ) -> Result<Attr, MetaError> {
+        self.symlink_made(parent, name, target, caller)
+            .map(|m| m.attr)
+    }
+
+    /// [`Namespace::symlink`], also returning the directory's change.
+    pub fn symlink_made(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        target: &[u8],
+        caller: Caller,
+    ) -> Result<Made, MetaError> {
         check_name(name)?;
         check_target(target)?;
         let mut rec = InodeRecord::new(FileKind::Symlink, 0o777, caller.uid, caller.gid, now());
@@ -100,10 +137,20 @@ impl Namespace {
         new_parent: InodeId,
         new_name: &[u8],
     ) -> Result<Attr, MetaError> {
+        self.link_made(ino, new_parent, new_name).map(|m| m.attr)
+    }
+
+    /// [`Namespace::link`], also returning the directory's change.
+    pub fn link_made(
+        &self,
+        ino: InodeId,
+        new_parent: InodeId,
+        new_name: &[u8],
+    ) -> Result<Made, MetaError> {
         check_name(new_name)?;
         self.mutate(|txn, _| {
             let now = now();
-            txn.dir(new_parent)?;
+            let before = txn.dir(new_parent)?.ctime;
             let mut rec = txn.inode(ino)?;
             if rec.is_dir() {
                 return Err(MetaError::NotPermitted(format!(
@@ -121,11 +168,17 @@ impl Namespace {
                     rec.nlink
                 )));
             }
-            add_entry(txn, new_parent, new_name, ino, rec.kind, now)?;
+            let after = add_entry(txn, new_parent, new_name, ino, rec.kind, now)?;
             rec.nlink += 1;
             rec.changed_at(now);
             txn.put_inode(ino, &rec)?;
-            Ok(rec.attr(ino))
+            Ok(Made {
+                attr: rec.attr(ino),
+                parent: DirChange {
+                    before,
+                    after: after.attr(new_parent),
+                },
+            })
         })
     }
 
@@ -145,12 +198,12 @@ impl Namespace {
         })
     }
 
-    /// Removes empty directory `name` from `parent`.
-    pub fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
+    /// Removes empty directory `name` from `parent`; returns the directory's change.
+    pub fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<DirChange, MetaError> {
         check_name(name)?;
         self.mutate(|txn, st| {
             let now = now();
-            txn.dir(parent)?;
+            let before = txn.dir(parent)?.ctime;
             let d = txn.entry(parent, name)?;
             let ino = InodeId(d.ino);
             if d.kind != FileKind::Directory {
@@ -162,19 +215,30 @@ impl Namespace {
             if !is_empty_dir(txn, ino)? {
                 return Err(MetaError::NotEmpty(format!("rmdir of {}", show(name))));
             }
-            remove_entry(txn, parent, name, d.kind, now)?;
-            drop_link(txn, st, ino, now)
+            let after = remove_entry(txn, parent, name, d.kind, now)?.attr(parent);
+            drop_link(txn, st, ino, now)?;
+            Ok(DirChange { before, after })
         })
     }
 }
 
-/// Creates inode `rec` under `name` in `parent` and returns its attributes.
+/// A new name: its inode's attributes and its directory's change (the reply to mkdir,
+/// mknod, symlink and link).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Made {
+    /// The inode the new name points to.
+    pub attr: Attr,
+    /// The directory that got the name.
+    pub parent: DirChange,
+}
+
+/// Creates inode `rec` under `name` in `parent`.
 fn make_node(
     txn: &mut Txn<'_>,
     parent: InodeId,
     name: &[u8],
     mut rec: InodeRecord,
-) -> Result<Attr, MetaError> {
+) -> Result<Made, MetaError> {
     let parent_rec = txn.dir(parent)?;
     ensure_absent(txn, parent, name)?;
     inherit_setgid(&parent_rec, &mut rec);
@@ -188,8 +252,14 @@ fn make_node(
         super::dirlayout::inherit(txn, parent, ino, &mut rec)?;
     }
     txn.put_inode(ino, &rec)?;
-    add_entry(txn, parent, name, ino, rec.kind, rec.ctime)?;
-    Ok(rec.attr(ino))
+    let after = add_entry(txn, parent, name, ino, rec.kind, rec.ctime)?;
+    Ok(Made {
+        attr: rec.attr(ino),
+        parent: DirChange {
+            before: parent_rec.ctime,
+            after: after.attr(parent),
+        },
+    })
 }
 
 /// The setgid bit of a directory's mode.
@@ -226,7 +296,7 @@ pub(super) fn is_empty_dir(txn: &Txn<'_>, ino: InodeId) -> Result<bool, MetaErro
 }
 
 /// Writes entry `name` -> `ino` into `parent` and updates the parent: times, and the
-/// `..` link a new subdirectory adds.
+/// `..` link a new subdirectory adds. Returns the parent's new record.
 pub(super) fn add_entry(
     txn: &mut Txn<'_>,
     parent: InodeId,
@@ -234,7 +304,7 @@ pub(super) fn add_entry(
     ino: InodeId,
     kind: FileKind,
     now: Timestamp,
-) -> Result<(), MetaError> {
+) -> Result<InodeRecord, MetaError> {
     txn.put_dirent(parent, name, &DirentRecord { ino: ino.0, kind })?;
     txn.update_inode(parent, |p| {
         p.mtime = now;
@@ -242,8 +312,7 @@ pub(super) fn add_entry(
         if kind == FileKind::Directory {
             p.nlink += 1;
         }
-    })?;
-    Ok(())
+    })
 }
 
 /// Deletes entry `name` from `parent` and updates the parent, the reverse of

@@ -10,6 +10,7 @@ mod check;
 mod cluster;
 mod dirlayout;
 mod entries;
+pub use entries::Made;
 mod files;
 mod keys;
 mod locks;
@@ -241,10 +242,11 @@ impl Namespace {
         use MetaRequest as R;
         let attr = MetaReply::Attr;
         let unit = |()| MetaReply::Unit;
-        // After a create or unlink the client is sent the directory's change.
+        // After a change of a directory's entries the client is sent its change.
         let opened = |o: Opened| MetaReply::Opened {
             attr: o.attr, session: o.session, layout: o.layout, parent: o.parent,
         };
+        let made = |m: Made| MetaReply::Made { attr: m.attr, parent: m.parent };
         match req {
             R::Hello { name } => self.hello(&name).map(|client| MetaReply::Welcome { client }),
             R::Lookup { parent, name } => self.lookup(parent, &name).map(attr),
@@ -255,17 +257,18 @@ impl Namespace {
                 self.create(parent, &name, perm, caller, exclusive, owner).map(opened)
             }
             R::MkNod { parent, name, kind, perm, rdev, caller } =>
-                self.mknod(parent, &name, kind, perm, rdev, caller).map(attr),
+                self.mknod_made(parent, &name, kind, perm, rdev, caller).map(made),
             R::Mkdir { parent, name, perm, caller } =>
-                self.mkdir(parent, &name, perm, caller).map(attr),
+                self.mkdir_made(parent, &name, perm, caller).map(made),
             R::Symlink { parent, name, target, caller } =>
-                self.symlink(parent, &name, &target, caller).map(attr),
+                self.symlink_made(parent, &name, &target, caller).map(made),
             R::Readlink { ino } => self.readlink(ino).map(MetaReply::Target),
             R::Link { ino, new_parent, new_name } =>
-                self.link(ino, new_parent, &new_name).map(attr),
+                self.link_made(ino, new_parent, &new_name).map(made),
             R::Unlink { parent, name } =>
                 self.unlink(parent, &name).map(|parent| MetaReply::Removed { parent }),
-            R::Rmdir { parent, name } => self.rmdir(parent, &name).map(unit),
+            R::Rmdir { parent, name } =>
+                self.rmdir(parent, &name).map(|parent| MetaReply::Removed { parent }),
             R::Rename { parent, name, new_parent, new_name, mode } =>
                 self.rename(parent, &name, new_parent, &new_name, mode).map(unit),
             R::ReadDir { ino, after, max_entries, plus } => self

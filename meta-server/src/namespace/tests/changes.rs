@@ -3,7 +3,7 @@
 
 use super::{caller, engine_tests, mkdir, owner, H, ROOT};
 use proto::meta::{DirChange, XattrMode};
-use proto::SetAttr;
+use proto::{FileKind, SetAttr};
 
 fn create(h: &H, dir: proto::InodeId, name: &str) -> DirChange {
     let ns = h.ns();
@@ -36,17 +36,33 @@ fn each_change_moves_ctime_forward(kind: crate::kv::StoreKind) {
     // A create that opens an existing file changes nothing.
     let again = create(&h, d.ino, "f150");
     assert_eq!((again.before, again.after.ctime), (known, known));
+    // The other calls that make or remove a name report their change the same way.
+    let f = ns.lookup(d.ino, b"f150").unwrap();
+    let made = [
+        ns.mkdir_made(d.ino, b"sub", 0o755, caller())
+            .unwrap()
+            .parent,
+        ns.symlink_made(d.ino, b"l", b"f150", caller())
+            .unwrap()
+            .parent,
+        ns.mknod_made(d.ino, b"p", FileKind::Fifo, 0o644, 0, caller())
+            .unwrap()
+            .parent,
+        ns.link_made(f.ino, d.ino, b"h").unwrap().parent,
+        ns.rmdir(d.ino, b"sub").unwrap(),
+    ];
+    for (i, c) in made.iter().enumerate() {
+        assert_eq!(c.before, known, "name call {i} starts where the last ended");
+        assert!(c.after.ctime > c.before && c.after.ino == d.ino);
+        known = c.after.ctime;
+    }
+    assert_eq!(made[0].after.nlink, 3, "the new subdirectory's link");
+    assert_eq!(made[4].after.nlink, 2);
     // Every other kind of change of the directory moves it too, so a client's list of
     // names taken at `known` is seen to be old.
     type Change = Box<dyn Fn(&crate::Namespace)>;
     let ino = d.ino;
     let changes: Vec<(&str, Change)> = vec![
-        (
-            "mkdir",
-            Box::new(move |ns| {
-                mkdir(ns, ino, "sub");
-            }),
-        ),
         (
             "chmod",
             Box::new(move |ns| {
@@ -71,7 +87,6 @@ fn each_change_moves_ctime_forward(kind: crate::kv::StoreKind) {
                     .unwrap();
             }),
         ),
-        ("rmdir", Box::new(move |ns| ns.rmdir(ino, b"sub").unwrap())),
     ];
     for (what, change) in changes {
         change(ns);
