@@ -162,11 +162,11 @@ impl Client {
     /// (`keep_attr`) unless another such request went out meanwhile.
     pub(crate) async fn meta_keeping(&self, req: MetaRequest) -> Result<(MetaReply, u64)> {
         self.dir_attrs.before(&req);
-        self.dir_names.before(&req);
+        let token = self.dir_names.before(&req);
         let since = self.attr_epoch();
         let epoch = self.no_xattrs.epoch();
         let reply = rpc::meta_call(&self.ep, &self.meta, &req).await;
-        self.dir_names.after(&req, reply.as_ref().ok());
+        self.dir_names.after(&req, reply.as_ref().ok(), token);
         let reply = reply?;
         // Every attribute reply says whether the inode has extended attributes.
         match &reply {
@@ -585,7 +585,7 @@ impl Client {
             max_entries,
             plus,
         };
-        expect_reply!(self.meta(req).await?, MetaReply::Dir { entries, done } => (entries, done))
+        expect_reply!(self.meta(req).await?, MetaReply::Dir { entries, done, .. } => (entries, done))
     }
 
     /// The whole listing of a directory (for tools and tests; the mount pages).

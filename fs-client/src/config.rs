@@ -16,7 +16,8 @@ pub struct ClientConfig {
     /// How long the kernel may cache attributes, in milliseconds.
     pub attr_ttl_ms: u64,
     /// How long the kernel may cache name lookups, in milliseconds; also how long the
-    /// mount trusts its list of every name of a directory it made (`dirnames.rs`).
+    /// mount trusts its list of every name of a directory it made or listed whole
+    /// (`dirnames.rs`).
     pub entry_ttl_ms: u64,
     /// Registered I/O buffers in the pool (bounds the bytes in flight to data servers).
     pub io_buffers: usize,

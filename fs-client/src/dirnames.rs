@@ -5,13 +5,14 @@
 //! `CREATE`, both under the directory's lock: processes creating files in one directory
 //! wait for each other's round trips, and half of them only confirm that a name is
 //! free. This client learns every name of a directory when it makes the directory
-//! (empty) and keeps the list through its own creates and unlinks there. Each of those
-//! replies carries the directory's ctime just before and just after the change
-//! (`DirChange`); the server never gives a directory's ctime the same value twice, so
-//! `before` equal to the ctime the list was taken at means that no one else changed the
-//! directory in between. Any other sign of a change drops the list: another ctime in
-//! any reply, a name found that the list lacks, a failed create or unlink, or a change
-//! of this client's own that the list does not follow (mkdir, rename, link, ...).
+//! (empty) or lists it whole in one page (`ls`, `cp -r` into it), and keeps the list
+//! through its own calls that make or remove one name there (create, mkdir, mknod,
+//! symlink, link, unlink, rmdir). Each of those replies carries the directory's ctime
+//! just before and just after the change (`DirChange`); the server never gives a
+//! directory's ctime the same value twice, so `before` equal to the ctime the list was
+//! taken at means that no one else changed the directory in between. Any other sign of
+//! a change drops the list: another ctime in any reply, a name found that the list
+//! lacks, a failed call, or a rename (which reports neither directory's change).
 //!
 //! Another client's new name is not seen while a list is trusted: like the kernel's own
 //! cache of names, a list answers only within the entry TTL since the server last
@@ -46,6 +47,9 @@ struct Lists {
     dirs: HashMap<InodeId, Known>,
     /// Names over all of `dirs`.
     names: usize,
+    /// Requests sent that make, remove or move a name: a listing is taken as whole
+    /// only if none went out while it was on its way.
+    moves: u64,
 }
 
 impl Lists {
@@ -79,23 +83,39 @@ impl DirNames {
             .is_some_and(|k| k.confirmed.elapsed() < self.ttl && !k.names.contains(name))
     }
 
+    /// Called before `req` is sent; returns the token to hand to [`DirNames::after`].
     /// Drops what a request is about to change without the list following it (a
     /// rename moves names between two directories and reports neither's change). The
-    /// calls that make or remove one name are followed through their replies
-    /// ([`DirNames::after`]).
-    pub(crate) fn before(&self, req: &MetaRequest) {
-        if let MetaRequest::Rename {
+    /// calls that make or remove one name are followed through their replies.
+    pub(crate) fn before(&self, req: &MetaRequest) -> u64 {
+        use MetaRequest as R;
+        let mut lists = self.lists.lock();
+        if matches!(
+            req,
+            R::Create { .. }
+                | R::Mkdir { .. }
+                | R::MkNod { .. }
+                | R::Symlink { .. }
+                | R::Link { .. }
+                | R::Unlink { .. }
+                | R::Rmdir { .. }
+                | R::Rename { .. }
+        ) {
+            lists.moves += 1;
+        }
+        if let R::Rename {
             parent, new_parent, ..
         } = req
         {
-            let mut lists = self.lists.lock();
             lists.drop_dir(*parent);
             lists.drop_dir(*new_parent);
         }
+        lists.moves
     }
 
-    /// Learns from the answer to `req` (`None`: it failed or was not answered).
-    pub(crate) fn after(&self, req: &MetaRequest, reply: Option<&MetaReply>) {
+    /// Learns from the answer to `req` (`None`: it failed or was not answered), sent
+    /// after [`DirNames::before`] gave `token`.
+    pub(crate) fn after(&self, req: &MetaRequest, reply: Option<&MetaReply>, token: u64) {
         use MetaReply as P;
         use MetaRequest as R;
         let mut lists = self.lists.lock();
@@ -128,7 +148,26 @@ impl DirNames {
         }
         match (req, reply) {
             (R::Mkdir { .. }, Some(P::Made { attr, .. })) if attr.kind == FileKind::Directory => {
-                self.made(&mut lists, attr)
+                self.insert(&mut lists, attr.ino, attr.ctime, HashSet::new())
+            }
+            (
+                R::ReadDir {
+                    ino, after: None, ..
+                },
+                Some(P::Dir {
+                    entries,
+                    complete_at: Some(ctime),
+                    ..
+                }),
+            ) => {
+                // A change of this client's own may have crossed the listing.
+                if lists.moves == token {
+                    let names = entries.iter().map(|e| e.name.clone()).collect();
+                    self.insert(&mut lists, *ino, *ctime, names);
+                }
+                for a in entries.iter().filter_map(|e| e.attr.as_ref()) {
+                    self.seen(&mut lists, a);
+                }
             }
             (R::Lookup { parent, name }, Some(P::Attr(a))) => {
                 // Made by someone else since the list was confirmed.
@@ -153,9 +192,14 @@ impl DirNames {
         }
     }
 
-    /// A directory this client just made: empty as of its ctime.
-    fn made(&self, lists: &mut Lists, dir: &Attr) {
+    /// Every name of `dir` as of its ctime `ctime`, just learnt: a directory this
+    /// client made (empty), or a whole listing.
+    fn insert(&self, lists: &mut Lists, dir: InodeId, ctime: Timestamp, names: HashSet<Vec<u8>>) {
         if self.ttl.is_zero() {
+            return;
+        }
+        lists.drop_dir(dir);
+        if lists.names + names.len() > MAX_NAMES {
             return;
         }
         if lists.dirs.len() >= MAX_DIRS {
@@ -166,14 +210,13 @@ impl DirNames {
             }
             lists.names = lists.dirs.values().map(|k| k.names.len()).sum();
         }
+        lists.names += names.len();
         let known = Known {
-            ctime: dir.ctime,
-            names: HashSet::new(),
+            ctime,
+            names,
             confirmed: Instant::now(),
         };
-        if let Some(old) = lists.dirs.insert(dir.ino, known) {
-            lists.names -= old.names.len();
-        }
+        lists.dirs.insert(dir, known);
     }
 
     /// Attributes from any reply: the same ctime confirms a list, another drops it.
@@ -188,7 +231,8 @@ impl DirNames {
         }
     }
 
-    /// This client's create (`present`) or unlink of `name` in `dir` did `change`.
+    /// A call of this client's that made (`present`) or removed `name` in `dir` did
+    /// `change`.
     fn follow(
         &self,
         lists: &mut Lists,
@@ -229,7 +273,7 @@ impl DirNames {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proto::meta::Caller;
+    use proto::meta::{Caller, DirEntry};
 
     fn dir(ino: u64, ctime: u32) -> Attr {
         let mut a = crate::fuse::dot_attr(InodeId(ino), FileKind::Directory);
@@ -310,10 +354,16 @@ mod tests {
         }
     }
 
+    /// Sends `req` and takes `reply` in, as the client does.
+    fn call(n: &DirNames, req: &MetaRequest, reply: Option<&MetaReply>) {
+        let token = n.before(req);
+        n.after(req, reply, token);
+    }
+
     /// A list of directory 5, empty at ctime 10.
     fn with_empty_dir() -> DirNames {
         let n = DirNames::new(Duration::from_secs(60));
-        n.after(&mkdir(1), Some(&made_dir(1, 5, 10)));
+        call(&n, &mkdir(1), Some(&made_dir(1, 5, 10)));
         n
     }
 
@@ -322,11 +372,11 @@ mod tests {
         let n = with_empty_dir();
         assert!(n.absent(InodeId(5), b"a"), "a new directory is empty");
         assert!(!n.absent(InodeId(1), b"a"), "its parent is not known");
-        n.after(&create(5, "a"), Some(&created(5, 10, 11)));
+        call(&n, &create(5, "a"), Some(&created(5, 10, 11)));
         assert!(!n.absent(InodeId(5), b"a"), "made here");
         assert!(n.absent(InodeId(5), b"b"));
-        n.after(&create(5, "b"), Some(&created(5, 11, 12)));
-        n.after(&unlink(5, "a"), Some(&removed(5, 12, 13)));
+        call(&n, &create(5, "b"), Some(&created(5, 11, 12)));
+        call(&n, &unlink(5, "a"), Some(&removed(5, 12, 13)));
         assert!(n.absent(InodeId(5), b"a"), "removed here");
         assert!(!n.absent(InodeId(5), b"b"));
         assert_eq!(n.lists.lock().names, 1);
@@ -336,11 +386,12 @@ mod tests {
     fn another_clients_change_drops_the_list() {
         // A create whose `before` is not the list's ctime: someone changed it first.
         let n = with_empty_dir();
-        n.after(&create(5, "a"), Some(&created(5, 11, 12)));
+        call(&n, &create(5, "a"), Some(&created(5, 11, 12)));
         assert!(!n.absent(InodeId(5), b"b"));
         // Attributes showing another ctime.
         let n = with_empty_dir();
-        n.after(
+        call(
+            &n,
             &MetaRequest::GetAttr { ino: InodeId(5) },
             Some(&MetaReply::Attr(dir(5, 11))),
         );
@@ -351,15 +402,15 @@ mod tests {
             parent: InodeId(5),
             name: b"x".to_vec(),
         };
-        n.after(&lookup, Some(&MetaReply::Attr(dir(7, 3))));
+        call(&n, &lookup, Some(&MetaReply::Attr(dir(7, 3))));
         assert!(!n.absent(InodeId(5), b"b"));
         // A create that opened a file the list did not have.
         let n = with_empty_dir();
-        n.after(&create(5, "a"), Some(&created(5, 10, 10)));
+        call(&n, &create(5, "a"), Some(&created(5, 10, 10)));
         assert!(!n.absent(InodeId(5), b"b"));
         // A failed create: it may have happened, or the list was wrong.
         let n = with_empty_dir();
-        n.after(&create(5, "a"), None);
+        call(&n, &create(5, "a"), None);
         assert!(!n.absent(InodeId(5), b"b"));
     }
 
@@ -374,7 +425,7 @@ mod tests {
             perm: 0o755,
             caller: Caller { uid: 0, gid: 0 },
         };
-        n.after(&mkdir, Some(&made(5, 10, 11, dir(6, 11))));
+        call(&n, &mkdir, Some(&made(5, 10, 11, dir(6, 11))));
         assert!(!n.absent(InodeId(5), b"sub") && n.absent(InodeId(5), b"x"));
         assert!(
             n.absent(InodeId(6), b"x"),
@@ -386,10 +437,11 @@ mod tests {
             new_parent,
             new_name,
         };
-        n.after(&link, Some(&made(5, 11, 12, dir(9, 3))));
+        call(&n, &link, Some(&made(5, 11, 12, dir(9, 3))));
         assert!(!n.absent(InodeId(5), b"h"));
         let (parent, name) = in5("sub");
-        n.after(
+        call(
+            &n,
             &MetaRequest::Rmdir { parent, name },
             Some(&removed(5, 12, 13)),
         );
@@ -402,14 +454,14 @@ mod tests {
             target: b"t".to_vec(),
             caller: Caller { uid: 0, gid: 0 },
         };
-        n.after(&symlink, None);
+        call(&n, &symlink, None);
         assert!(!n.absent(InodeId(5), b"x"));
     }
 
     #[test]
     fn a_rename_drops_both_lists_and_reads_keep_them() {
         let n = with_empty_dir();
-        n.after(&mkdir(1), Some(&made_dir(1, 7, 10)));
+        call(&n, &mkdir(1), Some(&made_dir(1, 7, 10)));
         n.before(&MetaRequest::Rename {
             parent: InodeId(7),
             name: b"x".to_vec(),
@@ -425,18 +477,65 @@ mod tests {
     }
 
     #[test]
+    fn a_whole_listing_gives_the_names_unless_a_change_crossed_it() {
+        let list = |names: &[&str], complete: Option<u32>| MetaReply::Dir {
+            entries: names
+                .iter()
+                .map(|x| DirEntry {
+                    name: x.as_bytes().to_vec(),
+                    ino: InodeId(50),
+                    kind: FileKind::Regular,
+                    attr: None,
+                })
+                .collect(),
+            done: true,
+            complete_at: complete.map(|c| dir(5, c).ctime),
+        };
+        let readdir = |after: Option<&str>| MetaRequest::ReadDir {
+            ino: InodeId(5),
+            after: after.map(|a| a.as_bytes().to_vec()),
+            max_entries: 512,
+            plus: false,
+        };
+        let n = DirNames::new(Duration::from_secs(60));
+        call(&n, &readdir(None), Some(&list(&["a", "b"], Some(10))));
+        assert!(!n.absent(InodeId(5), b"a") && n.absent(InodeId(5), b"c"));
+        call(&n, &create(5, "c"), Some(&created(5, 10, 11)));
+        assert!(
+            !n.absent(InodeId(5), b"c"),
+            "followed like a list of its own"
+        );
+        // A listing not whole, or not from the top, gives nothing.
+        for (req, reply) in [
+            (readdir(None), list(&["a"], None)),
+            (readdir(Some("a")), list(&["b"], Some(10))),
+        ] {
+            let n = DirNames::new(Duration::from_secs(60));
+            call(&n, &req, Some(&reply));
+            assert!(!n.absent(InodeId(5), b"zz"), "{req:?}");
+        }
+        // Nor one that a change of this client's crossed.
+        let n = DirNames::new(Duration::from_secs(60));
+        let token = n.before(&readdir(None));
+        n.before(&create(5, "d"));
+        n.after(&readdir(None), Some(&list(&["a"], Some(10))), token);
+        assert!(!n.absent(InodeId(5), b"zz"));
+    }
+
+    #[test]
     fn a_list_answers_within_the_ttl_and_the_same_ctime_confirms_it() {
         let n = DirNames::new(Duration::from_millis(50));
-        n.after(&mkdir(1), Some(&made_dir(1, 5, 10)));
+        call(&n, &mkdir(1), Some(&made_dir(1, 5, 10)));
         std::thread::sleep(Duration::from_millis(80));
         assert!(!n.absent(InodeId(5), b"a"), "expired");
-        n.after(
+        call(
+            &n,
             &MetaRequest::GetAttr { ino: InodeId(5) },
             Some(&MetaReply::Attr(dir(5, 10))),
         );
         assert!(n.absent(InodeId(5), b"a"), "confirmed again");
         let off = DirNames::new(Duration::ZERO);
-        off.after(&mkdir(1), Some(&made_dir(1, 5, 10)));
+        call(&off, &mkdir(1), Some(&made_dir(1, 5, 10)));
         assert!(!off.absent(InodeId(5), b"a"), "a zero TTL keeps nothing");
     }
 
@@ -444,7 +543,7 @@ mod tests {
     fn the_number_of_names_is_bounded() {
         let n = with_empty_dir();
         n.lists.lock().names = MAX_NAMES;
-        n.after(&create(5, "a"), Some(&created(5, 10, 11)));
+        call(&n, &create(5, "a"), Some(&created(5, 10, 11)));
         assert!(!n.absent(InodeId(5), b"b"), "a full cache drops the list");
         assert_eq!(n.lists.lock().names, MAX_NAMES);
     }

@@ -588,6 +588,10 @@ pub enum MetaReply {
         entries: Vec<DirEntry>,
         /// No entries follow the last one.
         done: bool,
+        /// When this page is the whole listing (asked from the top, nothing follows) and
+        /// the directory did not change while it was read: the directory's ctime, at
+        /// which these are all its names (see [`DirChange`]).
+        complete_at: Option<Timestamp>,
     },
     /// File system totals.
     StatFs {

@@ -530,3 +530,51 @@ fn creating_files_in_new_directories_asks_no_lookups() {
         0,
     );
 }
+
+/// Metadata calls for [`CREATED`] files made in a directory another mount made, after
+/// this mount listed it: the lookup of the directory, one listing page, one create per
+/// file, and slack for the directory's attributes (53 seen). The listing was whole, so
+/// the mount knows every name there and answers the lookup of each new name itself:
+/// it was 103, a lookup call per new name.
+const LISTED_CREATE_META_CALLS: u64 = CREATED + 6;
+
+/// Creates in a directory this mount listed whole take no lookup call either.
+#[test]
+fn creating_files_in_a_listed_directory_asks_no_lookups() {
+    let cluster = tessera_tests::ProcessCluster::start(3);
+    let other = cluster.mount("other");
+    let m = cluster.mount_with_config("m", "attr_ttl_ms = 60000\nentry_ttl_ms = 60000\n");
+    let used = measure_mount_without_retries("creates after a listing", |run| {
+        let name = format!("l{run}");
+        std::fs::create_dir(other.path.join(&name)).unwrap();
+        for i in 0..10 {
+            std::fs::write(other.path.join(&name).join(format!("old{i}")), b"").unwrap();
+        }
+        let dir = m.path.join(&name);
+        let before = mount_counts(&m.path);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 10);
+        let open: Vec<_> = (0..CREATED)
+            .map(|i| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(dir.join(format!("f{i}")))
+                    .unwrap()
+            })
+            .collect();
+        let used = mount_counts(&m.path) - before;
+        drop(open);
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count() as u64,
+            CREATED + 10
+        );
+        eprintln!("a listing and {CREATED} creates: {used:?}");
+        used
+    });
+    assert_within(
+        &format!("a listing and {CREATED} creates"),
+        used,
+        LISTED_CREATE_META_CALLS,
+        0,
+    );
+}

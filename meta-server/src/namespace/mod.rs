@@ -85,6 +85,8 @@ pub struct DirPage {
     pub entries: Vec<DirEntry>,
     /// No entry follows the last one.
     pub done: bool,
+    /// The directory's ctime when the page is its whole, unchanged listing.
+    pub complete_at: Option<Timestamp>,
 }
 
 /// File system totals for `statfs`.
@@ -273,7 +275,9 @@ impl Namespace {
                 self.rename(parent, &name, new_parent, &new_name, mode).map(unit),
             R::ReadDir { ino, after, max_entries, plus } => self
                 .readdir(ino, after.as_deref(), max_entries, plus)
-                .map(|p| MetaReply::Dir { entries: p.entries, done: p.done }),
+                .map(|p| MetaReply::Dir {
+                    entries: p.entries, done: p.done, complete_at: p.complete_at,
+                }),
             R::StatFs => self.statfs().map(|s| MetaReply::StatFs {
                 total_bytes: s.total_bytes, free_bytes: s.free_bytes, files: s.files,
             }),

@@ -14,6 +14,10 @@ impl Namespace {
     /// never make the listing repeat or skip an entry that stayed. A page holds at most
     /// `max_entries` (1 to [`MAX_READDIR_ENTRIES`]) entries and [`READDIR_BUDGET_BYTES`]
     /// of them encoded. `.` and `..` are not listed: the client adds them.
+    ///
+    /// A first page that holds the whole directory says at which ctime it does: read
+    /// before and after the scan and equal, so no change came between (every change
+    /// moves the ctime, and a change's entries and ctime are staged together).
     pub fn readdir(
         &self,
         ino: InodeId,
@@ -22,7 +26,7 @@ impl Namespace {
         plus: bool,
     ) -> Result<DirPage, MetaError> {
         let r = StoreReads(&*self.store);
-        r.dir(ino)?;
+        let ctime = r.dir(ino)?.ctime;
         // Zero would make a client that pages until `done` loop forever: return one.
         let want = max_entries.clamp(1, MAX_READDIR_ENTRIES) as usize;
         let prefix = keys::dirent_prefix(ino);
@@ -66,6 +70,15 @@ impl Namespace {
             budget = budget.saturating_sub(size);
             entries.push(entry);
         }
-        Ok(DirPage { entries, done })
+        let whole = done && after.is_none();
+        let complete_at = match whole {
+            true if r.dir(ino)?.ctime == ctime => Some(ctime),
+            _ => None,
+        };
+        Ok(DirPage {
+            entries,
+            done,
+            complete_at,
+        })
     }
 }

@@ -98,4 +98,37 @@ fn each_change_moves_ctime_forward(kind: crate::kv::StoreKind) {
     assert_eq!(c.before, known);
 }
 
-engine_tests!(each_change_moves_ctime_forward);
+/// A listing that is the whole directory says at which ctime; a part of one does not.
+fn a_whole_listing_says_at_which_ctime(kind: crate::kv::StoreKind) {
+    let h = H::with_nodes(kind, 2);
+    let ns = h.ns();
+    let d = mkdir(ns, ROOT, "d");
+    let empty = ns.readdir(d.ino, None, 100, false).unwrap();
+    assert_eq!(empty.complete_at, Some(d.ctime));
+    let mut known = d.ctime;
+    for i in 0..5 {
+        known = create(&h, d.ino, &format!("f{i}")).after.ctime;
+    }
+    let all = ns.readdir(d.ino, None, 100, true).unwrap();
+    assert_eq!(
+        (all.entries.len(), all.done, all.complete_at),
+        (5, true, Some(known))
+    );
+    let first = ns.readdir(d.ino, None, 2, false).unwrap();
+    assert_eq!(
+        (first.done, first.complete_at),
+        (false, None),
+        "one page of several"
+    );
+    let rest = ns.readdir(d.ino, Some(b"f1"), 100, false).unwrap();
+    assert_eq!(
+        (rest.done, rest.complete_at),
+        (true, None),
+        "not from the top"
+    );
+}
+
+engine_tests!(
+    each_change_moves_ctime_forward,
+    a_whole_listing_says_at_which_ctime
+);

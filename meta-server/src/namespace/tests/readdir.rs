@@ -88,6 +88,7 @@ fn readdir_plus_and_limits(kind: StoreKind) {
     let reply = MetaReply::Dir {
         entries: page.entries.clone(),
         done: false,
+        complete_at: None,
     };
     let bytes = proto::codec::encode(&reply, 128 << 10).unwrap().len();
     assert!(bytes <= READDIR_BUDGET_BYTES + 64, "{bytes} bytes");
