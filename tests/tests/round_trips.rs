@@ -477,6 +477,15 @@ fn extracting_files_takes_few_calls() {
     );
 }
 
+/// Makes `path` (`O_CREAT | O_EXCL`) and keeps it open.
+fn create_new(path: &std::path::Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("create {}: {e}", path.display()))
+}
+
 /// Empty files made in a new directory, as the benchmark's creates and a data-set
 /// writer make them.
 const CREATED: u64 = 50;
@@ -509,11 +518,7 @@ fn creating_files_in_new_directories_asks_no_lookups() {
                 } else {
                     &dir
                 };
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .open(at.join(format!("f{i}")))
-                    .unwrap()
+                create_new(&at.join(format!("f{i}")))
             })
             .collect();
         let used = mount_counts(&m.path) - before;
@@ -554,13 +559,7 @@ fn creating_files_in_a_listed_directory_asks_no_lookups() {
         let before = mount_counts(&m.path);
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 10);
         let open: Vec<_> = (0..CREATED)
-            .map(|i| {
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .open(dir.join(format!("f{i}")))
-                    .unwrap()
-            })
+            .map(|i| create_new(&dir.join(format!("f{i}"))))
             .collect();
         let used = mount_counts(&m.path) - before;
         drop(open);
