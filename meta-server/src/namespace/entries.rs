@@ -27,19 +27,8 @@ impl Namespace {
         Ok(StoreReads(&*self.store).inode(ino)?.attr(ino))
     }
 
-    /// Creates directory `name` in `parent`.
+    /// Creates directory `name` in `parent`; returns it and the directory's change.
     pub fn mkdir(
-        &self,
-        parent: InodeId,
-        name: &[u8],
-        perm: u32,
-        caller: Caller,
-    ) -> Result<Attr, MetaError> {
-        self.mkdir_made(parent, name, perm, caller).map(|m| m.attr)
-    }
-
-    /// [`Namespace::mkdir`], also returning the directory's change.
-    pub fn mkdir_made(
         &self,
         parent: InodeId,
         name: &[u8],
@@ -54,22 +43,9 @@ impl Namespace {
         self.mutate(|txn, _| make_node(txn, parent, name, rec))
     }
 
-    /// Creates a FIFO, socket or device node `name` in `parent`.
+    /// Creates a FIFO, socket or device node `name` in `parent`; returns it and the
+    /// directory's change.
     pub fn mknod(
-        &self,
-        parent: InodeId,
-        name: &[u8],
-        kind: FileKind,
-        perm: u32,
-        rdev: u32,
-        caller: Caller,
-    ) -> Result<Attr, MetaError> {
-        self.mknod_made(parent, name, kind, perm, rdev, caller)
-            .map(|m| m.attr)
-    }
-
-    /// [`Namespace::mknod`], also returning the directory's change.
-    pub fn mknod_made(
         &self,
         parent: InodeId,
         name: &[u8],
@@ -91,20 +67,9 @@ impl Namespace {
         self.mutate(|txn, _| make_node(txn, parent, name, rec))
     }
 
-    /// Creates symlink `name` in `parent` pointing to `target`.
+    /// Creates symlink `name` in `parent` pointing to `target`; returns it and the
+    /// directory's change.
     pub fn symlink(
-        &self,
-        parent: InodeId,
-        name: &[u8],
-        target: &[u8],
-        caller: Caller,
-    ) -> Result<Attr, MetaError> {
-        self.symlink_made(parent, name, target, caller)
-            .map(|m| m.attr)
-    }
-
-    /// [`Namespace::symlink`], also returning the directory's change.
-    pub fn symlink_made(
         &self,
         parent: InodeId,
         name: &[u8],
@@ -130,18 +95,9 @@ impl Namespace {
         Ok(rec.target)
     }
 
-    /// Adds the hard link `new_name` in `new_parent` to non-directory `ino`.
+    /// Adds the hard link `new_name` in `new_parent` to non-directory `ino`; returns
+    /// the inode and the directory's change.
     pub fn link(
-        &self,
-        ino: InodeId,
-        new_parent: InodeId,
-        new_name: &[u8],
-    ) -> Result<Attr, MetaError> {
-        self.link_made(ino, new_parent, new_name).map(|m| m.attr)
-    }
-
-    /// [`Namespace::link`], also returning the directory's change.
-    pub fn link_made(
         &self,
         ino: InodeId,
         new_parent: InodeId,

@@ -259,14 +259,14 @@ impl Namespace {
                 self.create(parent, &name, perm, caller, exclusive, owner).map(opened)
             }
             R::MkNod { parent, name, kind, perm, rdev, caller } =>
-                self.mknod_made(parent, &name, kind, perm, rdev, caller).map(made),
+                self.mknod(parent, &name, kind, perm, rdev, caller).map(made),
             R::Mkdir { parent, name, perm, caller } =>
-                self.mkdir_made(parent, &name, perm, caller).map(made),
+                self.mkdir(parent, &name, perm, caller).map(made),
             R::Symlink { parent, name, target, caller } =>
-                self.symlink_made(parent, &name, &target, caller).map(made),
+                self.symlink(parent, &name, &target, caller).map(made),
             R::Readlink { ino } => self.readlink(ino).map(MetaReply::Target),
             R::Link { ino, new_parent, new_name } =>
-                self.link_made(ino, new_parent, &new_name).map(made),
+                self.link(ino, new_parent, &new_name).map(made),
             R::Unlink { parent, name } =>
                 self.unlink(parent, &name).map(|parent| MetaReply::Removed { parent }),
             R::Rmdir { parent, name } =>

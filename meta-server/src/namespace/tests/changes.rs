@@ -39,16 +39,12 @@ fn each_change_moves_ctime_forward(kind: crate::kv::StoreKind) {
     // The other calls that make or remove a name report their change the same way.
     let f = ns.lookup(d.ino, b"f150").unwrap();
     let made = [
-        ns.mkdir_made(d.ino, b"sub", 0o755, caller())
+        ns.mkdir(d.ino, b"sub", 0o755, caller()).unwrap().parent,
+        ns.symlink(d.ino, b"l", b"f150", caller()).unwrap().parent,
+        ns.mknod(d.ino, b"p", FileKind::Fifo, 0o644, 0, caller())
             .unwrap()
             .parent,
-        ns.symlink_made(d.ino, b"l", b"f150", caller())
-            .unwrap()
-            .parent,
-        ns.mknod_made(d.ino, b"p", FileKind::Fifo, 0o644, 0, caller())
-            .unwrap()
-            .parent,
-        ns.link_made(f.ino, d.ino, b"h").unwrap().parent,
+        ns.link(f.ino, d.ino, b"h").unwrap().parent,
         ns.rmdir(d.ino, b"sub").unwrap(),
     ];
     for (i, c) in made.iter().enumerate() {

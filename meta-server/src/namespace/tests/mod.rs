@@ -143,7 +143,9 @@ pub(super) fn code<T: std::fmt::Debug>(r: Result<T, MetaError>) -> ErrorCode {
 }
 
 pub(super) fn mkdir(ns: &Namespace, parent: InodeId, name: &str) -> Attr {
-    ns.mkdir(parent, name.as_bytes(), 0o755, caller()).unwrap()
+    ns.mkdir(parent, name.as_bytes(), 0o755, caller())
+        .unwrap()
+        .attr
 }
 
 /// Creates and releases a regular file.

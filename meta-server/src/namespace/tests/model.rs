@@ -456,7 +456,10 @@ impl Run {
             15..=29 => {
                 let (p, name) = (self.parent(), self.name());
                 let perm = self.rng.below(0o10000) as u32;
-                let real = self.ns().mkdir(InodeId(p), &name, perm, caller());
+                let real = self
+                    .ns()
+                    .mkdir(InodeId(p), &name, perm, caller())
+                    .map(|m| m.attr);
                 let want = self.m.check_new(p, &name);
                 if let Ok(a) = &real {
                     self.m.add(
@@ -527,7 +530,10 @@ impl Run {
     fn symlink(&mut self) -> String {
         let (p, name) = (self.parent(), self.name());
         let target = format!("t{}", self.rng.below(1000)).into_bytes();
-        let real = self.ns().symlink(InodeId(p), &name, &target, caller());
+        let real = self
+            .ns()
+            .symlink(InodeId(p), &name, &target, caller())
+            .map(|m| m.attr);
         let want = self.m.check_new(p, &name);
         if let Ok(a) = &real {
             let mut n = MNode::new(FileKind::Symlink, 0o777);

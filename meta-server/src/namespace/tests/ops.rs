@@ -203,7 +203,7 @@ fn mkdir_links_and_times(kind: StoreKind) {
     let h = H::new(kind);
     let ns = h.ns();
     let before = ns.getattr(ROOT).unwrap();
-    let d = ns.mkdir(ROOT, b"d", 0o42777, caller()).unwrap();
+    let d = ns.mkdir(ROOT, b"d", 0o42777, caller()).unwrap().attr;
     assert_eq!((d.kind, d.perm, d.nlink), (FileKind::Directory, 0o2777, 2));
     assert_eq!((d.uid, d.gid), (1000, 100));
     assert_eq!(d.atime, d.mtime);
@@ -304,7 +304,7 @@ fn setgid_directories_pass_on_their_group(kind: StoreKind) {
     // gives them the directory's, and the setgid bit to subdirectories).
     let h = H::with_nodes(kind, 1);
     let ns = h.ns();
-    let team = ns.mkdir(ROOT, b"team", 0o2775, caller()).unwrap();
+    let team = ns.mkdir(ROOT, b"team", 0o2775, caller()).unwrap().attr;
     let team = ns
         .setattr(
             team.ino,
@@ -315,7 +315,7 @@ fn setgid_directories_pass_on_their_group(kind: StoreKind) {
         )
         .unwrap();
     assert_eq!((team.perm, team.gid), (0o2775, 4444));
-    let d = ns.mkdir(team.ino, b"d", 0o755, caller()).unwrap();
+    let d = ns.mkdir(team.ino, b"d", 0o755, caller()).unwrap().attr;
     assert_eq!((d.perm, d.uid, d.gid), (0o2755, 1000, 4444));
     let f = touch(ns, d.ino, "f");
     assert_eq!(
@@ -325,8 +325,9 @@ fn setgid_directories_pass_on_their_group(kind: StoreKind) {
     );
     let fifo = ns
         .mknod(team.ino, b"p", FileKind::Fifo, 0o644, 0, caller())
-        .unwrap();
-    let link = ns.symlink(team.ino, b"l", b"f", caller()).unwrap();
+        .unwrap()
+        .attr;
+    let link = ns.symlink(team.ino, b"l", b"f", caller()).unwrap().attr;
     assert_eq!((fifo.gid, link.gid), (4444, 4444));
     // Without the bit, the creator's group.
     assert_eq!(touch(ns, ROOT, "plain").gid, caller().gid);
@@ -345,7 +346,8 @@ fn mknod_makes_special_files_only(kind: StoreKind) {
         let name = format!("n{i}");
         let a = ns
             .mknod(ROOT, name.as_bytes(), kind, 0o100640, 0x0103, caller())
-            .unwrap();
+            .unwrap()
+            .attr;
         assert_eq!(
             (a.kind, a.perm, a.nlink, a.rdev),
             (kind, 0o640, 1, want_rdev)
@@ -366,14 +368,14 @@ fn symlink_and_readlink(kind: StoreKind) {
     let h = H::with_nodes(kind, 1);
     let ns = h.ns();
     let target = b"../some/where\xff".to_vec();
-    let l = ns.symlink(ROOT, b"l", &target, caller()).unwrap();
+    let l = ns.symlink(ROOT, b"l", &target, caller()).unwrap().attr;
     assert_eq!(
         (l.kind, l.perm, l.size),
         (FileKind::Symlink, 0o777, target.len() as u64)
     );
     assert_eq!(ns.readlink(l.ino).unwrap(), target);
     let max = vec![b'p'; 4096];
-    let long = ns.symlink(ROOT, b"long", &max, caller()).unwrap();
+    let long = ns.symlink(ROOT, b"long", &max, caller()).unwrap().attr;
     assert_eq!(ns.readlink(long.ino).unwrap(), max);
     let too_long = ns.symlink(ROOT, b"x", &[b'p'; 4097], caller());
     assert_eq!(code(too_long), ErrorCode::NameTooLong);
@@ -396,7 +398,7 @@ fn link_counts_and_refuses(kind: StoreKind) {
     let ns = h.ns();
     let d = mkdir(ns, ROOT, "d");
     let f = touch(ns, ROOT, "f");
-    let a = ns.link(f.ino, d.ino, b"f2").unwrap();
+    let a = ns.link(f.ino, d.ino, b"f2").unwrap().attr;
     assert_eq!((a.ino, a.nlink), (f.ino, 2));
     assert!(a.ctime >= f.ctime);
     assert_eq!(ns.lookup(d.ino, b"f2").unwrap().nlink, 2);
@@ -519,7 +521,7 @@ fn setattr_changes_what_it_is_told(kind: StoreKind) {
         ..SetAttr::default()
     };
     assert_eq!(code(ns.setattr(ROOT, &size)), ErrorCode::IsADirectory);
-    let l = ns.symlink(ROOT, b"l", b"f", caller()).unwrap();
+    let l = ns.symlink(ROOT, b"l", b"f", caller()).unwrap().attr;
     assert_eq!(code(ns.setattr(l.ino, &size)), ErrorCode::InvalidArgument);
     assert_eq!(code(ns.setattr(InodeId(999), &size)), ErrorCode::NotFound);
     assert_eq!(ns.getattr(f.ino).unwrap(), ns.lookup(ROOT, b"f").unwrap());
