@@ -88,27 +88,16 @@ impl DirNames {
     /// rename moves names between two directories and reports neither's change). The
     /// calls that make or remove one name are followed through their replies.
     pub(crate) fn before(&self, req: &MetaRequest) -> u64 {
-        use MetaRequest as R;
         let mut lists = self.lists.lock();
-        if matches!(
-            req,
-            R::Create { .. }
-                | R::Mkdir { .. }
-                | R::MkNod { .. }
-                | R::Symlink { .. }
-                | R::Link { .. }
-                | R::Unlink { .. }
-                | R::Rmdir { .. }
-                | R::Rename { .. }
-        ) {
-            lists.moves += 1;
-        }
-        if let R::Rename {
+        if let MetaRequest::Rename {
             parent, new_parent, ..
         } = req
         {
+            lists.moves += 1;
             lists.drop_dir(*parent);
             lists.drop_dir(*new_parent);
+        } else if name_change(req).is_some() {
+            lists.moves += 1;
         }
         lists.moves
     }
@@ -119,21 +108,7 @@ impl DirNames {
         use MetaReply as P;
         use MetaRequest as R;
         let mut lists = self.lists.lock();
-        // A name made (`true`) or removed in a directory.
-        let entry = match req {
-            R::Create { parent, name, .. }
-            | R::Mkdir { parent, name, .. }
-            | R::MkNod { parent, name, .. }
-            | R::Symlink { parent, name, .. } => Some((*parent, name, true)),
-            R::Link {
-                new_parent,
-                new_name,
-                ..
-            } => Some((*new_parent, new_name, true)),
-            R::Unlink { parent, name } | R::Rmdir { parent, name } => Some((*parent, name, false)),
-            _ => None,
-        };
-        if let Some((dir, name, present)) = entry {
+        if let Some((dir, name, present)) = name_change(req) {
             match reply {
                 Some(
                     P::Opened {
@@ -267,6 +242,25 @@ impl DirNames {
             (true, false) => lists.names -= 1,
             _ => {}
         }
+    }
+}
+
+/// The directory, name and whether the name is made (`true`) or removed, of a request
+/// that makes or removes one name.
+fn name_change(req: &MetaRequest) -> Option<(InodeId, &[u8], bool)> {
+    use MetaRequest as R;
+    match req {
+        R::Create { parent, name, .. }
+        | R::Mkdir { parent, name, .. }
+        | R::MkNod { parent, name, .. }
+        | R::Symlink { parent, name, .. } => Some((*parent, name, true)),
+        R::Link {
+            new_parent,
+            new_name,
+            ..
+        } => Some((*new_parent, new_name, true)),
+        R::Unlink { parent, name } | R::Rmdir { parent, name } => Some((*parent, name, false)),
+        _ => None,
     }
 }
 

@@ -38,8 +38,7 @@ impl Namespace {
         let mut txn = Txn::new(&*self.store, &st.sb);
         let parent_rec = txn.dir(parent)?;
         let existing = txn.dirent(parent, name)?;
-        let created = existing.is_none();
-        let (ino, rec) = match existing {
+        let (ino, rec, parent_after) = match existing {
             Some(_) if exclusive => {
                 return Err(MetaError::AlreadyExists(format!(
                     "{} in {parent}",
@@ -56,24 +55,28 @@ impl Namespace {
                     d.kind
                 )));
             }
-            Some(d) => (InodeId(d.ino), txn.inode(InodeId(d.ino))?),
+            Some(d) => (
+                InodeId(d.ino),
+                txn.inode(InodeId(d.ino))?,
+                parent_rec.clone(),
+            ),
             None => self.new_file(&mut txn, parent, &parent_rec, name, perm, caller)?,
         };
         let session = reserve_session(&st, &mut txn);
         let change = DirChange {
             before: parent_rec.ctime,
-            after: txn.inode(parent)?.attr(parent),
+            after: parent_after.attr(parent),
         };
         Self::commit_txn(&mut st, txn)?;
         let opened = self.start_session(&mut st, session, ino, &rec, owner);
         Ok(Opened {
-            created,
             parent: Some(change),
             ..opened
         })
     }
 
-    /// Writes a new regular file with its layout; the caller commits.
+    /// Writes a new regular file with its layout; the caller commits. Returns the file
+    /// and the directory's new record.
     fn new_file(
         &self,
         txn: &mut Txn<'_>,
@@ -82,7 +85,7 @@ impl Namespace {
         name: &[u8],
         perm: u32,
         caller: Caller,
-    ) -> Result<(InodeId, InodeRecord), MetaError> {
+    ) -> Result<(InodeId, InodeRecord, InodeRecord), MetaError> {
         let chains = self.chain_ids();
         if chains.is_empty() {
             return Err(MetaError::NoSpace("no data servers registered".into()));
@@ -99,8 +102,8 @@ impl Namespace {
             replicas,
         });
         txn.put_inode(ino, &rec)?;
-        add_entry(txn, parent, name, ino, FileKind::Regular, now)?;
-        Ok((ino, rec))
+        let parent_after = add_entry(txn, parent, name, ino, FileKind::Regular, now)?;
+        Ok((ino, rec, parent_after))
     }
 
     /// Opens `ino` and starts a session; `truncate` empties a regular file first.
@@ -166,7 +169,6 @@ impl Namespace {
             attr: rec.attr(ino),
             session,
             layout,
-            created: false,
             parent: None,
         }
     }

@@ -72,9 +72,8 @@ pub struct Opened {
     pub session: SessionId,
     /// Where the chunks live (an empty stripe for non-regular files).
     pub layout: Layout,
-    /// A create made the file (it did not open an existing one).
-    pub created: bool,
-    /// A create's directory, before and after (also when it opened an existing file).
+    /// A create's directory, before and after; unchanged when it opened an existing
+    /// file rather than made one (`DirChange::changed`).
     pub parent: Option<DirChange>,
 }
 
