@@ -4,17 +4,19 @@ use crate::config::ClientConfig;
 use crate::dirattrs::DirAttrs;
 use crate::dirnames::DirNames;
 use crate::error::{ClientError, Result};
-use crate::file::{FileHandle, FileState};
+use crate::file::FileState;
 use crate::noxattrs::{NoXattrs, CAPABILITY};
 use crate::rpc::{self, expect_reply, DataLinks, RpcCounts, RpcEndpoint};
 use crate::segpool::SegPool;
+
+mod opening;
 use parking_lot::Mutex;
 use proto::meta::{
     Caller, ClusterMap, DirEntry, LockSpec, MetaReply, MetaRequest, RenameMode, XattrMode,
     MAX_RELEASES,
 };
 use proto::{
-    Attr, ClientId, ErrorCode, FileKind, InodeId, Layout, NodeId, SessionId, SetAttr, WireError,
+    Attr, ClientId, ErrorCode, FileKind, InodeId, NodeId, SessionId, SetAttr, WireError,
     PROTOCOL_VERSION,
 };
 use std::collections::HashMap;
@@ -22,9 +24,6 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 use transport::BufferPool;
 use transport::{Connection, Endpoint, Link};
-
-/// Layouts remembered for files that are not open (for truncation); more are forgotten.
-const MAX_CACHED_LAYOUTS: usize = 65_536;
 
 /// File system totals, as `statfs` reports them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,7 +58,6 @@ pub struct Client {
     pub(crate) rt: tokio::runtime::Handle,
     pub(crate) id: ClientId,
     pub(crate) files: Mutex<HashMap<InodeId, Weak<FileState>>>,
-    layouts: Mutex<HashMap<InodeId, Layout>>,
     /// Attributes sent with replies: a directory's with create and unlink, a file's
     /// with a length commit.
     dir_attrs: DirAttrs,
@@ -109,7 +107,6 @@ impl Client {
             rt: tokio::runtime::Handle::current(),
             id,
             files: Mutex::new(HashMap::new()),
-            layouts: Mutex::new(HashMap::new()),
             dir_attrs: DirAttrs::new(dir_ttl),
             no_xattrs: NoXattrs::new(dir_ttl),
             dir_names: DirNames::new(entry_ttl),
@@ -216,8 +213,10 @@ impl Client {
     }
 
     /// Ends every session `release_later` holds. Failures are logged: the sessions end
-    /// with the connection anyway.
-    pub(crate) async fn send_releases(&self) {
+    /// with the connection anyway. A client about to disconnect calls it: the server
+    /// takes files still open when a connection closes for ones a vanished writer may
+    /// have left bytes past the end of, and has the next opener cut them.
+    pub async fn send_releases(&self) {
         loop {
             let sessions: Vec<SessionId> = {
                 let mut q = self.releases.lock();
@@ -267,14 +266,6 @@ impl Client {
             }
         };
         Ok(link.get(&self.ep).await?)
-    }
-
-    fn remember_layout(&self, ino: InodeId, layout: &Layout) {
-        let mut l = self.layouts.lock();
-        if l.len() >= MAX_CACHED_LAYOUTS {
-            l.clear();
-        }
-        l.insert(ino, layout.clone());
     }
 
     /// Applies what this client knows and the server does not yet (uncommitted writes).
@@ -411,36 +402,6 @@ impl Client {
             ..SetAttr::default()
         };
         self.setattr(ino, set).await.map(drop)
-    }
-
-    /// The layout of a regular file (`None` for other kinds), opening it briefly if this
-    /// client has not seen it.
-    async fn layout_of(&self, ino: InodeId) -> Result<Option<Layout>> {
-        if let Some(st) = self.live_file(ino) {
-            return Ok(Some(st.layout.clone()));
-        }
-        if let Some(l) = self.layouts.lock().get(&ino) {
-            return Ok(Some(l.clone()));
-        }
-        let req = MetaRequest::Open {
-            ino,
-            client: self.id,
-            truncate: false,
-        };
-        let (attr, session, layout) = expect_reply!(
-            self.meta(req).await?,
-            MetaReply::Opened { attr, session, layout, .. } => (attr, session, layout)
-        )?;
-        self.meta(MetaRequest::Release {
-            session,
-            commit: None,
-        })
-        .await?;
-        if attr.kind != FileKind::Regular {
-            return Ok(None);
-        }
-        self.remember_layout(ino, &layout);
-        Ok(Some(layout))
     }
 
     /// Makes a name (mkdir, mknod, symlink, link); keeps the directory's new attributes
@@ -720,94 +681,6 @@ impl Client {
             owner,
         };
         self.meta(req).await.map(drop)
-    }
-
-    /// Creates (or, unless `exclusive`, opens an existing) regular file and opens it; an
-    /// existing file is emptied if `truncate` (`O_TRUNC`). The kernel sends a create when
-    /// its lookup found no such name, which another client may have made since: the
-    /// caller then gets that file, emptied as `open(2)` would, never its old bytes
-    /// under a writer that expects an empty file.
-    pub async fn create(
-        &self,
-        parent: InodeId,
-        name: &[u8],
-        perm: u32,
-        caller: Caller,
-        exclusive: bool,
-        truncate: bool,
-    ) -> Result<(Attr, FileHandle)> {
-        let req = MetaRequest::Create {
-            parent,
-            name: name.to_vec(),
-            perm,
-            caller,
-            exclusive,
-            client: self.id,
-        };
-        let reply = self.meta(req).await?;
-        let existed = matches!(&reply, MetaReply::Opened { parent: Some(c), .. } if !c.changed());
-        let (attr, fh) = self.opened(reply)?;
-        if !(truncate && existed) {
-            return Ok((attr, fh));
-        }
-        let set = SetAttr {
-            size: Some(0),
-            ..SetAttr::default()
-        };
-        let attr = self.setattr(attr.ino, set).await?;
-        Ok((attr, fh))
-    }
-
-    /// Opens an existing inode; `truncate` empties it first (`O_TRUNC`).
-    pub async fn open(&self, ino: InodeId, truncate: bool) -> Result<(Attr, FileHandle)> {
-        let req = MetaRequest::Open {
-            ino,
-            client: self.id,
-            truncate: false,
-        };
-        let (attr, fh) = self.opened(self.meta(req).await?)?;
-        if !truncate || attr.kind != FileKind::Regular {
-            return Ok((attr, fh));
-        }
-        let set = SetAttr {
-            size: Some(0),
-            ..SetAttr::default()
-        };
-        let attr = self.setattr(ino, set).await?;
-        Ok((attr, fh))
-    }
-
-    fn opened(&self, reply: MetaReply) -> Result<(Attr, FileHandle)> {
-        let (attr, session, layout, parent) = expect_reply!(
-            reply,
-            MetaReply::Opened { attr, session, layout, parent } => (attr, session, layout, parent)
-        )?;
-        if let Some(parent) = parent {
-            self.dir_attrs.put(parent.after);
-        }
-        if attr.kind == FileKind::Regular {
-            self.remember_layout(attr.ino, &layout);
-        }
-        let mut files = self.files.lock();
-        let state = match files.get(&attr.ino).and_then(Weak::upgrade) {
-            Some(st) => {
-                st.opened(&attr);
-                st
-            }
-            None => {
-                let st = Arc::new(FileState::new(&attr, layout));
-                files.insert(attr.ino, Arc::downgrade(&st));
-                st
-            }
-        };
-        if files.len() > 4096 {
-            files.retain(|_, w| w.strong_count() > 0);
-        }
-        drop(files);
-        let mut attr = attr;
-        state.overlay(&mut attr);
-        let fh = FileHandle::new(state, session, &attr);
-        Ok((attr, fh))
     }
 }
 

@@ -85,6 +85,7 @@ impl DirAttrs {
                 | R::Commit { .. }
                 | R::Release { commit: None, .. }
                 | R::ReleaseMany { .. }
+                | R::TailCut { .. }
                 | R::GetXattr { .. }
                 | R::ListXattr { .. }
                 | R::SetLock { .. }

@@ -312,6 +312,7 @@ mod tests {
                 before: dir(d, before).ctime,
                 after: dir(d, after),
             }),
+            cut_tail: false,
         }
     }
 

@@ -139,7 +139,8 @@ fn idempotent(req: &MetaRequest) -> bool {
         | R::GetLock { .. }
         | R::ReleaseLocks { .. }
         // Sessions of a lost connection ended with it; a retry finds them gone.
-        | R::ReleaseMany { .. } => true,
+        | R::ReleaseMany { .. }
+        | R::TailCut { .. } => true,
         R::Create { .. }
         | R::MkNod { .. }
         | R::Mkdir { .. }

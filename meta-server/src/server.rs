@@ -187,6 +187,7 @@ impl MetaServer {
 
     /// Stops serving and closes every connection.
     pub fn shutdown(&self) {
+        self.ns.stop();
         self.listener.shutdown();
     }
 }

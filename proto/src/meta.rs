@@ -427,6 +427,15 @@ pub enum MetaRequest {
         /// A final length commit, applied before the session ends.
         commit: Option<Commit>,
     },
+    /// Says that the session's client has cut the file's chunks at its committed length
+    /// on every member of its chains, as an open's `cut_tail` asked (see
+    /// [`MetaReply::Opened`]): the server forgets that a writer vanished there.
+    TailCut {
+        /// The file.
+        ino: InodeId,
+        /// The session whose open was given the cut.
+        session: SessionId,
+    },
     /// Ends several sessions that carry no commit (closes batched by the client); a
     /// session already gone is skipped. At most [`MAX_RELEASES`] per call.
     ReleaseMany {
@@ -579,6 +588,14 @@ pub enum MetaReply {
         /// answers from this copy instead of asking again; a client that knows every
         /// name in the directory keeps knowing them (see [`DirChange`]).
         parent: Option<DirChange>,
+        /// A client that held the file open went away without closing it: bytes it
+        /// wrote past the committed length may lie on the data servers, where a later
+        /// truncation upwards or a write past the end would show them instead of zeros.
+        /// The opener cuts the chunks at `attr.size` before anything else, then sends
+        /// `TailCut`; meanwhile other opens of the file are answered `Busy`. Only given
+        /// when no other session has the file open (their writes past the end may be
+        /// in flight).
+        cut_tail: bool,
     },
     /// A symlink's target.
     Target(Vec<u8>),

@@ -353,3 +353,81 @@ fn o_excl_refuses_existing_names_and_one_mount_wins_a_race() {
         assert_eq!(loser.raw_os_error(), Some(libc::EEXIST));
     }
 }
+
+/// Takes an fcntl write lock on all of `f` without waiting; the errno on refusal.
+fn try_lock(f: &File) -> Result<(), i32> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a zeroed `flock` is a valid value; the fields that matter are set below.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: `fl` lives across the call and the descriptor is open.
+    match unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &fl) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0)),
+    }
+}
+
+/// Guards against a dead client's bytes showing up where zeros belong: a writer whose
+/// mount was killed before it closed the file (so before its length was committed)
+/// leaves chunks past the file's end; a truncation upwards and a write past the end on
+/// another mount must read zeros there, not those bytes (they did before the fix: the
+/// whole first 8 MiB read back as the dead writer's `S`).
+#[test]
+fn bytes_a_killed_writer_left_past_the_end_never_show() {
+    let cluster = ProcessCluster::start(2);
+    let a = cluster.mount("a");
+    let mut b = cluster.mount("b");
+    fs::write(a.path.join("lock"), b"").unwrap();
+    let f = b.path.join("f");
+    let mut w = File::create(&f).unwrap();
+    let lock_b = rw(&b.path.join("lock"));
+    try_lock(&lock_b).expect("b takes the lock");
+    // 24 MiB: more than a file's write buffer, so most of it reaches the data servers.
+    let block = vec![b'S'; MIB as usize];
+    for _ in 0..24 {
+        std::io::Write::write_all(&mut w, &block).unwrap();
+    }
+    let i = ino(&f);
+    wait_until(
+        "the writer's chunks on the data servers",
+        Duration::from_secs(30),
+        || chunk_files(cluster.dir(), Some(i)) >= 4,
+    );
+    assert_eq!(
+        fs::metadata(a.path.join("f")).unwrap().len(),
+        0,
+        "nothing committed"
+    );
+
+    b.kill_client();
+    // The metadata server drops a dead client's locks after it marked its files.
+    let lock_a = rw(&a.path.join("lock"));
+    wait_until("b's lock to go", Duration::from_secs(30), || {
+        try_lock(&lock_a).is_ok()
+    });
+    drop((w, lock_b));
+
+    let g = rw(&a.path.join("f"));
+    g.set_len(8 * MIB).unwrap();
+    let mut got = vec![1u8; (8 * MIB) as usize];
+    g.read_exact_at(&mut got, 0).unwrap();
+    assert!(
+        got.iter().all(|&x| x == 0),
+        "a truncation upwards reads zeros"
+    );
+    g.write_all_at(b"end", 12 * MIB).unwrap();
+    drop(g);
+    let all = fs::read(a.path.join("f")).unwrap();
+    assert_eq!(all.len() as u64, 12 * MIB + 3);
+    assert!(
+        all[..(12 * MIB) as usize].iter().all(|&x| x == 0),
+        "a write past the end leaves zeros before it"
+    );
+    assert_eq!(&all[(12 * MIB) as usize..], b"end");
+    assert_eq!(
+        chunk_files(cluster.dir(), Some(i)),
+        1,
+        "the dead writer's chunks are gone"
+    );
+}

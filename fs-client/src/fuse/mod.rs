@@ -416,6 +416,9 @@ pub fn mount_and_serve(
         }
     });
     session.run()?;
+    // The last closes may still wait to be batched: ended now, their files are not
+    // taken for ones this client left open (see `Client::send_releases`).
+    rt.block_on(inner.client.send_releases());
     info!("unmounted");
     Ok(())
 }

@@ -325,6 +325,7 @@ pub(super) fn delete_inode(
 ) -> Result<(), MetaError> {
     txn.delete(keys::inode(ino));
     txn.delete(keys::orphan(ino));
+    txn.delete(keys::tail(ino));
     let prefix = keys::xattr_prefix(ino);
     // xattr_count bounds the scan; the slack guards against a count gone wrong.
     let limit = rec.xattr_count as usize + super::MAX_XATTRS_PER_INODE as usize;

@@ -62,13 +62,14 @@ impl Namespace {
             ),
             None => self.new_file(&mut txn, parent, &parent_rec, name, perm, caller)?,
         };
+        let cut_tail = tail_duty(&st, &txn, ino, &rec)?;
         let session = reserve_session(&st, &mut txn);
         let change = DirChange {
             before: parent_rec.ctime,
             after: parent_after.attr(parent),
         };
         Self::commit_txn(&mut st, txn)?;
-        let opened = self.start_session(&mut st, session, ino, &rec, owner);
+        let opened = self.start_session(&mut st, session, ino, &rec, owner, cut_tail);
         Ok(Opened {
             parent: Some(change),
             ..opened
@@ -133,12 +134,14 @@ impl Namespace {
                 _ => {}
             }
         }
+        let cut_tail = tail_duty(&st, &txn, ino, &rec)?;
         let session = reserve_session(&st, &mut txn);
         Self::commit_txn(&mut st, txn)?;
-        Ok(self.start_session(&mut st, session, ino, &rec, owner))
+        Ok(self.start_session(&mut st, session, ino, &rec, owner, cut_tail))
     }
 
-    /// Records a session whose batch has committed, and builds the reply.
+    /// Records a session whose batch has committed (with the cut of the file's tail,
+    /// if given), and builds the reply.
     fn start_session(
         &self,
         st: &mut State,
@@ -146,8 +149,13 @@ impl Namespace {
         ino: InodeId,
         rec: &InodeRecord,
         owner: SessionOwner,
+        cut_tail: bool,
     ) -> Opened {
         st.next_session = session.0 + 1;
+        if cut_tail {
+            st.cutting.insert(ino, session);
+            tracing::info!(%session, %ino, client = %owner.client, "a client vanished with this file open: its opener cuts the chunks past the length");
+        }
         let s = Session {
             ino,
             conn: owner.conn,
@@ -170,7 +178,25 @@ impl Namespace {
             session,
             layout,
             parent: None,
+            cut_tail,
         }
+    }
+
+    /// The client of `session` cut `ino`'s chunks at its length, as its open was asked
+    /// to: the file's `T` mark goes. A session that was not given the cut (its claim
+    /// ended with its connection, and another opener may be cutting now) is `Stale`.
+    pub fn tail_cut(&self, ino: InodeId, session: SessionId) -> Result<(), MetaError> {
+        let mut st = self.state.lock();
+        if st.cutting.get(&ino) != Some(&session) {
+            return Err(MetaError::Stale(format!(
+                "{session} was not given the cut of {ino}"
+            )));
+        }
+        let mut txn = Txn::new(&*self.store, &st.sb);
+        txn.delete(keys::tail(ino));
+        Self::commit_txn(&mut st, txn)?;
+        st.cutting.remove(&ino);
+        Ok(())
     }
 
     /// Records a writer's length and mtime for regular file `ino`.
@@ -275,7 +301,28 @@ impl Namespace {
     /// Ends every session opened over connection `conn` (it closed), freeing the files
     /// that were unlinked while open and have no session left.
     pub fn connection_closed(&self, conn: ConnId) {
+        if self.stopping.load(std::sync::atomic::Ordering::Acquire) {
+            // The server closes every connection as it stops: its clients live on and
+            // may still commit what they write. Sessions end with the process anyway,
+            // and orphans are purged at the next start.
+            return;
+        }
+        self.end_sessions_of(conn);
+        // Locks last: a waiter granted one may open the file next, and must find it
+        // marked by then.
         self.locks.lock().release_conn(conn);
+    }
+
+    /// Stops treating closed connections as vanished clients: the server is stopping
+    /// and closes them itself.
+    pub fn stop(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Ends the sessions of a closed connection; its files get a `T` mark, since the
+    /// client may have left bytes past their length.
+    fn end_sessions_of(&self, conn: ConnId) {
         let mut st = self.state.lock();
         let ended: Vec<(SessionId, InodeId)> = st
             .sessions
@@ -293,8 +340,9 @@ impl Namespace {
         let mut txn = Txn::new(&*self.store, &st.sb);
         // The sessions end either way: the connection is gone. An orphan whose purge
         // failed keeps its `O` key and is purged at the next start.
-        let freed =
-            purge_closing(&mut txn, &st, &closing).and_then(|()| Self::commit_txn(&mut st, txn));
+        let freed = purge_closing(&mut txn, &st, &closing)
+            .and_then(|()| mark_tails(&mut txn, closing.keys()))
+            .and_then(|()| Self::commit_txn(&mut st, txn));
         if let Err(e) = freed {
             tracing::warn!(conn = conn.0, error = %e, "freeing orphans failed");
         }
@@ -420,6 +468,44 @@ fn purge_closing(
     Ok(())
 }
 
+/// Marks the regular files among `inos` that still exist (`T` key): a client vanished
+/// with them open, and whatever it wrote past their length may be on the data servers.
+fn mark_tails<'i>(
+    txn: &mut Txn<'_>,
+    inos: impl Iterator<Item = &'i InodeId>,
+) -> Result<(), MetaError> {
+    for &ino in inos {
+        if txn
+            .try_inode(ino)?
+            .is_some_and(|r| r.kind == FileKind::Regular)
+        {
+            txn.put(keys::tail(ino), super::records::encode(&())?);
+        }
+    }
+    Ok(())
+}
+
+/// Whether an open of `ino` (record `rec`) is to cut its chunks at its length first: it
+/// carries a `T` mark and no session has it open. `Busy` while another opener cuts.
+fn tail_duty(
+    st: &State,
+    txn: &Txn<'_>,
+    ino: InodeId,
+    rec: &InodeRecord,
+) -> Result<bool, MetaError> {
+    if rec.kind != FileKind::Regular || txn.raw(&keys::tail(ino))?.is_none() {
+        return Ok(false);
+    }
+    if st.cutting.contains_key(&ino) {
+        return Err(MetaError::Busy(format!(
+            "{ino}: another client is cutting what a vanished writer left past its end"
+        )));
+    }
+    // Sessions still open may be writing past the end themselves: the mark stays for
+    // an open that finds the file closed.
+    Ok(!st.is_open(ino))
+}
+
 /// Deletes `ino` (and queues its chunks' deletion) if it carries an orphan mark.
 fn purge_if_orphan(txn: &mut Txn<'_>, ino: InodeId) -> Result<(), MetaError> {
     if txn.raw(&keys::orphan(ino))?.is_none() {
@@ -448,6 +534,10 @@ fn end_session(st: &mut State, session: SessionId) {
     let Some(s) = st.sessions.remove(&session) else {
         return;
     };
+    // A cut never reported stays to do: the mark is still there for the next open.
+    if st.cutting.get(&s.ino) == Some(&session) {
+        st.cutting.remove(&s.ino);
+    }
     if let Some(n) = st.open_counts.get_mut(&s.ino) {
         *n -= 1;
         if *n == 0 {

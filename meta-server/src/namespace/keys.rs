@@ -9,6 +9,7 @@
 //! | `N` node             | data server record                     |
 //! | `G` node ino         | pending "delete all chunks of ino"     |
 //! | `O` ino              | orphan: unlinked while open            |
+//! | `T` ino              | a client vanished with the file open   |
 //! | `C` chain            | replication chain: members and states  |
 //! | `V`                  | cluster map version                    |
 
@@ -21,6 +22,7 @@ const XATTR: u8 = b'X';
 const NODE: u8 = b'N';
 const GC: u8 = b'G';
 const ORPHAN: u8 = b'O';
+const TAIL: u8 = b'T';
 const CHAIN: u8 = b'C';
 const MAP_VERSION: u8 = b'V';
 
@@ -122,6 +124,12 @@ pub(crate) fn orphan_prefix() -> Vec<u8> {
 /// The orphan key of `ino`.
 pub(crate) fn orphan(ino: InodeId) -> Vec<u8> {
     with(ORPHAN, &[&ino.0.to_be_bytes()])
+}
+
+/// The mark of `ino` saying that a client vanished while it had the file open: its
+/// chunks may hold bytes past the committed length (see `MetaReply::Opened::cut_tail`).
+pub(crate) fn tail(ino: InodeId) -> Vec<u8> {
+    with(TAIL, &[&ino.0.to_be_bytes()])
 }
 
 /// The smallest key greater than every key that starts with `prefix`: the scan end.

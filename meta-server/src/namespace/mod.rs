@@ -75,6 +75,9 @@ pub struct Opened {
     /// A create's directory, before and after; unchanged when it opened an existing
     /// file rather than made one (`DirChange::changed`).
     pub parent: Option<DirChange>,
+    /// The opener must cut the chunks at `attr.size`, then send `TailCut` (see
+    /// `MetaReply::Opened`).
+    pub cut_tail: bool,
 }
 
 /// One page of a directory listing.
@@ -115,6 +118,9 @@ struct State {
     sessions: HashMap<SessionId, Session>,
     /// Number of sessions per inode, so unlink can tell "still open" in O(1).
     open_counts: HashMap<InodeId, u32>,
+    /// Files whose chunks a client is cutting after another vanished with them open
+    /// (a `T` key), and the session that was given the cut; other opens wait.
+    cutting: HashMap<InodeId, SessionId>,
     next_session: u64,
     next_client: u64,
 }
@@ -143,6 +149,9 @@ pub struct Namespace {
     locks: Mutex<locks::LockTable>,
     /// Refuses new records while the store's disk is short of room (see `space`).
     disk: space::DiskGuard,
+    /// Set when the server stops: the connections it closes then are not clients that
+    /// vanished (see `connection_closed`).
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 /// The server's clock, for every time stamp the server sets.
@@ -175,6 +184,7 @@ impl Namespace {
                 sb,
                 sessions: HashMap::new(),
                 open_counts: HashMap::new(),
+                cutting: HashMap::new(),
                 next_session,
                 next_client,
             }),
@@ -183,6 +193,7 @@ impl Namespace {
             map: parking_lot::RwLock::new(Arc::new(ClusterMap::default())),
             locks: Mutex::new(locks::LockTable::default()),
             disk: space::DiskGuard::default(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
         };
         ns.purge_orphans()?;
         ns.reconcile()?;
@@ -246,6 +257,7 @@ impl Namespace {
         // After a change of a directory's entries the client is sent its change.
         let opened = |o: Opened| MetaReply::Opened {
             attr: o.attr, session: o.session, layout: o.layout, parent: o.parent,
+            cut_tail: o.cut_tail,
         };
         let made = |m: Made| MetaReply::Made { attr: m.attr, parent: m.parent };
         match req {
@@ -284,6 +296,7 @@ impl Namespace {
                 self.open_inode(ino, truncate, SessionOwner { client, conn }).map(opened),
             R::Commit { ino, commit } => self.commit(ino, commit).map(attr),
             R::Release { session, commit } => self.release(session, commit).map(unit),
+            R::TailCut { ino, session } => self.tail_cut(ino, session).map(unit),
             R::GetXattr { ino, name } => self.getxattr(ino, &name).map(MetaReply::Xattr),
             R::SetXattr { ino, name, value, mode } =>
                 self.setxattr(ino, &name, &value, mode).map(unit),
@@ -417,6 +430,7 @@ fn describe(req: &MetaRequest) -> (&'static str, u64) {
         R::Open { ino, .. } => ("open", ino.0),
         R::Commit { ino, .. } => ("commit", ino.0),
         R::Release { session, .. } => ("release", session.0),
+        R::TailCut { ino, .. } => ("tail_cut", ino.0),
         R::GetXattr { ino, .. } => ("getxattr", ino.0),
         R::SetXattr { ino, .. } => ("setxattr", ino.0),
         R::ListXattr { ino } => ("listxattr", ino.0),

@@ -8,6 +8,7 @@ mod readdir;
 mod rename;
 mod sessions;
 mod space;
+mod tails;
 
 use super::{ConnId, Namespace, SessionOwner};
 use crate::config::NamespaceConfig;

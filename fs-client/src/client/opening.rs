@@ -1,0 +1,188 @@
+//! Opening files: `open`, `create`, the brief open behind a truncation of a file this
+//! client has not open, and the cut of bytes a vanished writer may have left.
+//!
+//! A writer puts bytes on the data servers before it commits the file's length, at
+//! close or `fsync`. If its client dies in between, those bytes stay past the length,
+//! invisible until the file grows over them: a truncation upwards or a write past the
+//! end would then show them where zeros belong. The metadata server marks every file a
+//! client had open when its connection closed, and the next open that finds the file
+//! closed everywhere is asked to cut its chunks at its length first
+//! (`MetaReply::Opened::cut_tail`); other opens wait meanwhile (`Busy`).
+
+use super::Client;
+use crate::error::Result;
+use crate::file::{FileHandle, FileState};
+use crate::rpc::expect_reply;
+use proto::meta::{Caller, MetaReply, MetaRequest};
+use proto::{Attr, ErrorCode, FileKind, InodeId, Layout, SessionId, SetAttr};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// How long an open waits at most while another client cuts the same file.
+const CUT_WAIT: Duration = Duration::from_secs(10);
+/// How often it asks again meanwhile.
+const CUT_POLL: Duration = Duration::from_millis(20);
+
+impl Client {
+    /// Creates (or, unless `exclusive`, opens an existing) regular file and opens it; an
+    /// existing file is emptied if `truncate` (`O_TRUNC`). The kernel sends a create when
+    /// its lookup found no such name, which another client may have made since: the
+    /// caller then gets that file, emptied as `open(2)` would, never its old bytes
+    /// under a writer that expects an empty file.
+    pub async fn create(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        perm: u32,
+        caller: Caller,
+        exclusive: bool,
+        truncate: bool,
+    ) -> Result<(Attr, FileHandle)> {
+        let req = MetaRequest::Create {
+            parent,
+            name: name.to_vec(),
+            perm,
+            caller,
+            exclusive,
+            client: self.id,
+        };
+        let reply = self.meta_opening(req).await?;
+        let existed = matches!(&reply, MetaReply::Opened { parent: Some(c), .. } if !c.changed());
+        let (attr, fh) = self.opened(reply).await?;
+        if !(truncate && existed) {
+            return Ok((attr, fh));
+        }
+        let set = SetAttr {
+            size: Some(0),
+            ..SetAttr::default()
+        };
+        let attr = self.setattr(attr.ino, set).await?;
+        Ok((attr, fh))
+    }
+
+    /// Opens an existing inode; `truncate` empties it first (`O_TRUNC`).
+    pub async fn open(&self, ino: InodeId, truncate: bool) -> Result<(Attr, FileHandle)> {
+        let req = MetaRequest::Open {
+            ino,
+            client: self.id,
+            truncate: false,
+        };
+        let (attr, fh) = self.opened(self.meta_opening(req).await?).await?;
+        if !truncate || attr.kind != FileKind::Regular {
+            return Ok((attr, fh));
+        }
+        let set = SetAttr {
+            size: Some(0),
+            ..SetAttr::default()
+        };
+        let attr = self.setattr(ino, set).await?;
+        Ok((attr, fh))
+    }
+
+    /// Takes an open's reply: the file's state, shared by this client's opens of it,
+    /// and a handle; first the cut of what a vanished writer left, if the server asks.
+    async fn opened(&self, reply: MetaReply) -> Result<(Attr, FileHandle)> {
+        let (attr, session, layout, parent, cut_tail) = expect_reply!(
+            reply,
+            MetaReply::Opened { attr, session, layout, parent, cut_tail } =>
+                (attr, session, layout, parent, cut_tail)
+        )?;
+        if cut_tail {
+            // On failure the session ends with the caller's error (the handle is not
+            // made), and with it the duty: the next open is asked to cut.
+            let cut = self.cut_tail(&attr, &layout, session).await;
+            if let Err(e) = &cut {
+                tracing::warn!(ino = %attr.ino, error = %e, "cutting what a vanished writer left failed");
+                self.release_unmade(session).await;
+            }
+            cut?;
+        }
+        if let Some(parent) = parent {
+            self.dir_attrs.put(parent.after);
+        }
+        let mut files = self.files.lock();
+        let state = match files.get(&attr.ino).and_then(Weak::upgrade) {
+            Some(st) => {
+                st.opened(&attr);
+                st
+            }
+            None => {
+                let st = Arc::new(FileState::new(&attr, layout));
+                files.insert(attr.ino, Arc::downgrade(&st));
+                st
+            }
+        };
+        if files.len() > 4096 {
+            files.retain(|_, w| w.strong_count() > 0);
+        }
+        drop(files);
+        let mut attr = attr;
+        state.overlay(&mut attr);
+        let fh = FileHandle::new(state, session, &attr);
+        Ok((attr, fh))
+    }
+
+    /// An open or create, asked again while the server answers `Busy` (another client
+    /// is cutting the file), for at most [`CUT_WAIT`].
+    async fn meta_opening(&self, req: MetaRequest) -> Result<MetaReply> {
+        let deadline = Instant::now() + CUT_WAIT;
+        loop {
+            match self.meta(req.clone()).await {
+                Err(e) if e.code() == ErrorCode::Busy && Instant::now() < deadline => {
+                    tokio::time::sleep(CUT_POLL).await;
+                }
+                reply => return reply,
+            }
+        }
+    }
+
+    /// Cuts the chunks of `attr`'s file at its length on every member of its chains,
+    /// then tells the server, which forgets the vanished writer.
+    async fn cut_tail(&self, attr: &Attr, layout: &Layout, session: SessionId) -> Result<()> {
+        tracing::info!(ino = %attr.ino, size = attr.size, "cutting what a vanished writer left past the end");
+        self.truncate_data(attr.ino, layout, attr.size).await?;
+        let req = MetaRequest::TailCut {
+            ino: attr.ino,
+            session,
+        };
+        self.meta(req).await.map(drop)
+    }
+
+    /// Ends a session that no file handle stands for (a brief open, or an open that
+    /// failed after the server had started it).
+    async fn release_unmade(&self, session: SessionId) {
+        let req = MetaRequest::Release {
+            session,
+            commit: None,
+        };
+        if let Err(e) = self.meta(req).await {
+            tracing::debug!(%session, error = %e, "release after a failed open");
+        }
+    }
+
+    /// The layout of a regular file (`None` for other kinds): this client's open of it,
+    /// or a brief open, which also cuts what a vanished writer left before the caller
+    /// changes the length.
+    pub(super) async fn layout_of(&self, ino: InodeId) -> Result<Option<Layout>> {
+        if let Some(st) = self.live_file(ino) {
+            return Ok(Some(st.layout.clone()));
+        }
+        let req = MetaRequest::Open {
+            ino,
+            client: self.id,
+            truncate: false,
+        };
+        let (attr, session, layout, cut) = expect_reply!(
+            self.meta_opening(req).await?,
+            MetaReply::Opened { attr, session, layout, cut_tail, .. } =>
+                (attr, session, layout, cut_tail)
+        )?;
+        let cut = match cut {
+            true => self.cut_tail(&attr, &layout, session).await,
+            false => Ok(()),
+        };
+        self.release_unmade(session).await;
+        cut?;
+        Ok((attr.kind == FileKind::Regular).then_some(layout))
+    }
+}
