@@ -69,6 +69,25 @@ impl ClusterView {
         }
     }
 
+    /// Returns once the known map says `node` is down, looking every 200 ms after a
+    /// first second (the map comes with heartbeats). A successor that hangs keeps its
+    /// connection open: a forward to it is given up then, instead of waiting out the
+    /// transport's whole timeout while the client's own budget runs out.
+    pub async fn until_down(&self, node: NodeId) {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        loop {
+            let up = self
+                .current()
+                .nodes
+                .iter()
+                .any(|n| n.node == node && n.alive());
+            if !up {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
     /// Calls the metadata server (heartbeats, registration, map fetches: one link).
     pub async fn meta_call(&self, req: &MetaRequest) -> Result<MetaReply, WireError> {
         let bytes = codec::encode(req, self.ep.config().max_msg_bytes)?;

@@ -71,6 +71,8 @@ pub struct Client {
     releases: Mutex<Vec<SessionId>>,
     /// The cluster map last fetched.
     pub(crate) map: parking_lot::RwLock<Arc<ClusterMap>>,
+    /// When the map was last read from the metadata server (see `refresh_map_shared`).
+    pub(crate) map_read: Mutex<Option<std::time::Instant>>,
     /// The machine's memory: files that fit a quarter of it are read around in larger
     /// blocks (`file::around`).
     pub(crate) memory_bytes: u64,
@@ -112,6 +114,7 @@ impl Client {
             dir_names: DirNames::new(entry_ttl),
             releases: Mutex::new(Vec::new()),
             map: parking_lot::RwLock::new(Arc::new(ClusterMap::default())),
+            map_read: Mutex::new(None),
             memory_bytes: crate::file::around::machine_memory(),
         });
         client.refresh_map().await?;
@@ -235,6 +238,7 @@ impl Client {
 
     /// Re-reads the list of data servers.
     pub(crate) async fn refresh_map(&self) -> Result<()> {
+        *self.map_read.lock() = Some(std::time::Instant::now());
         let map = self.meta(MetaRequest::ClusterMap).await?;
         let map = expect_reply!(map, MetaReply::Map(m) => m)?;
         self.data.update(&map.nodes);

@@ -96,9 +96,11 @@ fn stop(child: &mut Child) {
     if let Ok(Some(_)) = child.try_wait() {
         return;
     }
-    // SAFETY: signalling our own child by its PID.
+    // SAFETY: signalling our own child by its PID. SIGCONT after SIGTERM: a child a
+    // test paused (`pause_data`) handles the SIGTERM only once it runs again.
     unsafe {
         libc::kill(child.id() as i32, libc::SIGTERM);
+        libc::kill(child.id() as i32, libc::SIGCONT);
     }
     let deadline = Instant::now() + STOP;
     while Instant::now() < deadline {
@@ -270,6 +272,24 @@ impl ProcessCluster {
     pub fn kill_data(&mut self, i: usize) {
         let _ = self.data[i].kill();
         let _ = self.data[i].wait();
+    }
+
+    /// Stops data server `i` with SIGSTOP: it hangs with its connections open, as a
+    /// server whose disk or kernel is stuck does. [`ProcessCluster::resume_data`] (or
+    /// dropping the cluster) lets it run again.
+    pub fn pause_data(&self, i: usize) {
+        // SAFETY: signalling our own child by its PID.
+        unsafe {
+            libc::kill(self.data[i].id() as i32, libc::SIGSTOP);
+        }
+    }
+
+    /// Lets data server `i`, stopped by [`ProcessCluster::pause_data`], run again.
+    pub fn resume_data(&self, i: usize) {
+        // SAFETY: signalling our own child by its PID.
+        unsafe {
+            libc::kill(self.data[i].id() as i32, libc::SIGCONT);
+        }
     }
 
     /// Starts data server `i` again on its directory (a new port); returns once it

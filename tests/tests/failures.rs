@@ -121,6 +121,45 @@ async fn kill_9_of_random_data_servers_during_writes_fsyncs_and_reads_loses_noth
     fsck_clean(&cluster);
 }
 
+/// Guards against a data server that hangs (SIGSTOP: its connections stay open, as
+/// with a stuck disk) failing every write, fsync and read that reaches it: each waited
+/// out the transport's 30 s call timeout, which is also the client's failover budget,
+/// and failed (by hand: `dd` of 2 GiB failed with ETIMEDOUT). Once the server's lease
+/// runs out, the client gives up its calls to it, a head gives up forwarding to it, and
+/// the I/O goes on with the other members.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_data_server_that_hangs_is_left_behind_and_io_goes_on() {
+    let cluster = ProcessCluster::start_with(fast(3, ""));
+    let c = client(&cluster).await;
+    wait_healthy(&c).await;
+    let before = pseudo_random(12 * MIB, 1);
+    write_fsync(&c, "before", &before)
+        .await
+        .expect("write before");
+    cluster.pause_data(1);
+    // A file over every chain: server 1 heads one, follows the head in another and is
+    // the tail of the third.
+    let during = pseudo_random(24 * MIB, 2);
+    write_fsync(&c, "during", &during)
+        .await
+        .expect("a write and fsync while a server hangs");
+    // A client with nothing cached: some chunks are first asked of the hung server.
+    let reader = client(&cluster).await;
+    for (name, data) in [("before", &before), ("during", &during)] {
+        let back = read_whole(&reader, name)
+            .await
+            .expect("a read while a server hangs");
+        assert_eq!(sha256_hex(&back), sha256_hex(data), "{name}");
+    }
+    cluster.resume_data(1);
+    wait_healthy(&c).await;
+    for (name, data) in [("before", &before), ("during", &during)] {
+        let back = read_whole(&c, name).await.expect("read after the resync");
+        assert_eq!(sha256_hex(&back), sha256_hex(data), "{name}");
+    }
+    fsck_clean(&cluster);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_of_the_metadata_server_during_creates_and_renames_keeps_every_answer() {
     let mut rng = Rng::from_env("TESSERA_META_KILL_SEED");

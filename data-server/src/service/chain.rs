@@ -236,7 +236,7 @@ impl Inner {
             len,
         } = s;
         let next = match order.get(pos + 1) {
-            Some(&n) => Some(self.view.peer(map, n).await?),
+            Some(&n) => Some((n, self.view.peer(map, n).await?)),
             None => None,
         };
         let step = pool.buffer_bytes() as u32;
@@ -281,9 +281,16 @@ impl Inner {
             let record = single.then_some(stamp);
             let local = self.store_step(w, at, n, data.clone(), record);
             let forward = async {
-                match &next {
-                    Some(next) => forward(next, w, at, stamp, data.as_ref(), n).await,
-                    None => Ok(()),
+                let Some((node, next)) = &next else {
+                    return Ok(());
+                };
+                tokio::select! {
+                    biased;
+                    r = forward(next, w, at, stamp, data.as_ref(), n) => r,
+                    () = self.view.until_down(*node) => Err(WireError::new(
+                        ErrorCode::Unavailable,
+                        format!("successor {node} stopped answering and its lease ran out"),
+                    )),
                 }
             };
             let (l, f) = tokio::join!(local, forward);

@@ -25,6 +25,9 @@ use transport::{Access, MemoryRegion, TransportError};
 const MAX_ATTEMPTS: u32 = 8;
 /// How often a client waiting for a map change asks the metadata server.
 const MAP_POLL: Duration = Duration::from_millis(200);
+/// How long a call to a data server runs before the client starts watching whether
+/// that server is still up (most calls end sooner, and watching costs map reads).
+const WATCH_AFTER: Duration = Duration::from_secs(1);
 
 /// What a failure calls for.
 enum Next {
@@ -83,6 +86,49 @@ impl Client {
                 return;
             }
             tokio::time::sleep(MAP_POLL).await;
+        }
+    }
+
+    /// Re-reads the map unless it was read less than [`MAP_POLL`] ago: the calls that
+    /// watch servers share the reads.
+    async fn refresh_map_shared(&self) {
+        let fresh = self
+            .map_read
+            .lock()
+            .is_some_and(|at| at.elapsed() < MAP_POLL);
+        if !fresh {
+            let _ = self.refresh_map().await;
+        }
+    }
+
+    /// `call` to data server `node`, given up with `Unavailable` once the metadata
+    /// server says `node` is down. A server that hangs (stopped, its disk stuck) keeps
+    /// its connections open: without this, every call to it waited out the transport's
+    /// whole timeout, as long as the failover budget, and failed instead of going to
+    /// the other members once the server's lease ran out. Giving up drops the call's
+    /// grants, so a server that wakes later can no longer touch the buffer.
+    pub(crate) async fn unless_down<T>(
+        &self,
+        node: NodeId,
+        call: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let down = async {
+            tokio::time::sleep(WATCH_AFTER).await;
+            loop {
+                self.refresh_map_shared().await;
+                let up = self.map().nodes.iter().any(|n| n.node == node && n.alive());
+                if !up {
+                    return;
+                }
+                tokio::time::sleep(MAP_POLL).await;
+            }
+        };
+        tokio::select! {
+            biased;
+            r = call => r,
+            () = down => Err(unavailable(format!(
+                "data server {node} stopped answering and its lease ran out"
+            ))),
         }
     }
 
@@ -182,7 +228,9 @@ impl Client {
                     len: p.len,
                 },
             };
-            let reply = rpc::data_call(&self.ep, &conn, &req).await?;
+            let reply = self
+                .unless_down(head, rpc::data_call(&self.ep, &conn, &req))
+                .await?;
             drop(grant);
             match reply {
                 DataReply::Written { len } if len == p.len => Ok(()),
@@ -247,7 +295,9 @@ impl Client {
             len: p.len,
             dest: grant.remote(),
         };
-        let reply = rpc::data_call(&self.ep, &conn, &req).await?;
+        let reply = self
+            .unless_down(node, rpc::data_call(&self.ep, &conn, &req))
+            .await?;
         drop(grant);
         match reply {
             DataReply::Read { len } if len == p.len => Ok(()),
@@ -279,7 +329,9 @@ impl Client {
             }
             let syncs = per_node.into_iter().map(|(node, chunks)| async move {
                 let conn = self.data_conn(node).await?;
-                rpc::data_call(&self.ep, &conn, &DataRequest::Fsync { chunks }).await
+                let req = DataRequest::Fsync { chunks };
+                self.unless_down(node, rpc::data_call(&self.ep, &conn, &req))
+                    .await
             });
             futures::future::try_join_all(syncs).await?;
             Ok(())
@@ -306,7 +358,8 @@ impl Client {
                     size,
                     chunk_size_bytes: layout.chunk_size_bytes,
                 };
-                rpc::data_call(&self.ep, &conn, &req).await
+                self.unless_down(node, rpc::data_call(&self.ep, &conn, &req))
+                    .await
             });
             futures::future::try_join_all(cuts).await?;
             Ok(())
