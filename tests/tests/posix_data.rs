@@ -13,7 +13,7 @@ use tessera_tests::posix::{
     chunk_files, errno_of, fallocate, file_owned, open_to_all, times, wait_chunks, wait_until,
     User, ALICE_UID, PYTHON,
 };
-use tessera_tests::{pseudo_random, sha256_hex, ProcessCluster};
+use tessera_tests::{pseudo_random, sha256_hex, Agent, ProcessCluster};
 
 const MIB: u64 = 1 << 20;
 
@@ -372,23 +372,31 @@ fn try_lock(f: &File) -> Result<(), i32> {
 /// mount was killed before it closed the file (so before its length was committed)
 /// leaves chunks past the file's end; a truncation upwards and a write past the end on
 /// another mount must read zeros there, not those bytes (they did before the fix: the
-/// whole first 8 MiB read back as the dead writer's `S`).
+/// whole first 8 MiB read back as the dead writer's `S`). The writer is a process of
+/// its own: a descriptor of this test process would be closed, and the file flushed and
+/// committed, whenever another test forks a child.
 #[test]
 fn bytes_a_killed_writer_left_past_the_end_never_show() {
     let cluster = ProcessCluster::start(2);
     let a = cluster.mount("a");
     let mut b = cluster.mount("b");
     fs::write(a.path.join("lock"), b"").unwrap();
-    let f = b.path.join("f");
-    let mut w = File::create(&f).unwrap();
-    let lock_b = rw(&b.path.join("lock"));
-    try_lock(&lock_b).expect("b takes the lock");
+    let mut writer = Agent::start(&User::root(), "writer");
+    writer.expect(
+        &format!("open l {} rw", b.path.join("lock").display()),
+        "ok",
+    );
+    writer.expect("lock l ex 0 0", "ok");
+    writer.expect(&format!("open f {} c", b.path.join("f").display()), "ok");
     // 24 MiB: more than a file's write buffer, so most of it reaches the data servers.
-    let block = vec![b'S'; MIB as usize];
-    for _ in 0..24 {
-        std::io::Write::write_all(&mut w, &block).unwrap();
+    let block = "S".repeat(MIB as usize);
+    for k in 0..24 {
+        writer.expect(
+            &format!("pwrite f {} {block}", k * MIB),
+            &format!("ok {MIB}"),
+        );
     }
-    let i = ino(&f);
+    let i = ino(&a.path.join("f"));
     wait_until(
         "the writer's chunks on the data servers",
         Duration::from_secs(30),
@@ -406,7 +414,7 @@ fn bytes_a_killed_writer_left_past_the_end_never_show() {
     wait_until("b's lock to go", Duration::from_secs(30), || {
         try_lock(&lock_a).is_ok()
     });
-    drop((w, lock_b));
+    drop(writer);
 
     let g = rw(&a.path.join("f"));
     g.set_len(8 * MIB).unwrap();

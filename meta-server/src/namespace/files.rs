@@ -344,7 +344,7 @@ impl Namespace {
             .and_then(|()| mark_tails(&mut txn, closing.keys()))
             .and_then(|()| Self::commit_txn(&mut st, txn));
         if let Err(e) = freed {
-            tracing::warn!(conn = conn.0, error = %e, "freeing orphans failed");
+            tracing::warn!(conn = conn.0, error = %e, "freeing orphans or marking the files left open failed");
         }
         for (session, _) in ended {
             end_session(&mut st, session);
