@@ -35,8 +35,9 @@ pub struct ClientConfig {
     /// is in use, reads go straight to the data servers instead.
     pub readahead_mount_bytes: u64,
     /// Bytes of one file that may be buffered or in flight to data servers before its
-    /// writers wait. 0: no write buffering (each write reaches the data servers before
-    /// it returns).
+    /// writers wait, per handle open for writing (several processes writing one file
+    /// get this much each), within `write_buffer_mount_bytes`. 0: no write buffering
+    /// (each write reaches the data servers before it returns).
     pub write_buffer_file_bytes: u64,
     /// Registered memory for buffered writes of the whole mount, in bytes; writers wait
     /// while it is in use.

@@ -472,6 +472,61 @@ async fn writers_of_many_files_finish_when_the_mount_write_budget_is_full() {
     }
 }
 
+/// Guards the write budget that grows with a file's writers (`write_buffer_file_bytes`
+/// per handle open for writing, within the mount's): four handles writing disjoint
+/// ranges of one file, as sharded checkpoint savers do, with a budget of two segments
+/// per handle and four for the mount, all finish and every byte lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn writers_of_disjoint_ranges_of_one_file_share_a_budget_that_grows_with_them() {
+    const RANGE: usize = 24 * MIB;
+    let cluster = InProcessCluster::start(3).await;
+    let config = fs_client::ClientConfig {
+        meta_addr: cluster.meta_addr(),
+        write_buffer_file_bytes: 8 << 20,
+        write_buffer_mount_bytes: 16 << 20,
+        ..fs_client::ClientConfig::default()
+    };
+    let client = Client::connect(config).await.unwrap();
+    let first = create(&client, b"shards").await;
+    first.mark_writer().await;
+    let mut handles = vec![Arc::new(first)];
+    for _ in 1..4 {
+        let (_, fh) = open(&client, b"shards").await;
+        fh.mark_writer().await;
+        handles.push(Arc::new(fh));
+    }
+    let data = pseudo_random(4 * RANGE, 17);
+    let writers: Vec<_> = handles
+        .iter()
+        .enumerate()
+        .map(|(w, fh)| {
+            let (client, fh, data) = (client.clone(), fh.clone(), data.clone());
+            tokio::spawn(async move {
+                for at in (w * RANGE..(w + 1) * RANGE).step_by(MIB) {
+                    let n = client
+                        .write(&fh, at as u64, &data[at..at + MIB])
+                        .await
+                        .unwrap();
+                    assert_eq!(n, MIB);
+                }
+                client.fsync(&fh).await.unwrap();
+            })
+        })
+        .collect();
+    let all = async {
+        for w in writers {
+            w.await.unwrap();
+        }
+    };
+    tokio::time::timeout(DEADLINE, all)
+        .await
+        .expect("no writer waits forever");
+    for fh in &handles {
+        client.release(fh).await.unwrap();
+    }
+    reads_back(&*cluster.client().await, b"shards", &data).await;
+}
+
 /// Guards against a writer waiting forever for write-buffer memory held by an idle
 /// writer: with one segment for the whole mount, two writers wait for it at once; the
 /// one that gets it writes a few bytes and goes quiet, and the other must still finish.

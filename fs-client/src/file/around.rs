@@ -105,6 +105,11 @@ impl StoreGate {
         unchanged
     }
 
+    /// Handles open for writing.
+    pub(crate) fn writers(&self) -> u32 {
+        self.writers.load(Ordering::SeqCst)
+    }
+
     /// Whether a handle is open for writing.
     pub(crate) fn has_writers(&self) -> bool {
         self.writers.load(Ordering::SeqCst) > 0
