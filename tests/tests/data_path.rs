@@ -29,6 +29,35 @@ async fn open(client: &Client, name: &[u8]) -> (u64, FileHandle) {
 }
 
 /// Opens `name` with `client`, which holds nothing of it, and checks it holds `want`.
+/// The results of `tasks`, all of which must end within [`DEADLINE`] (`what` says
+/// otherwise) without panicking.
+async fn finish_within_deadline<T>(tasks: Vec<tokio::task::JoinHandle<T>>, what: &str) -> Vec<T> {
+    let all = async {
+        let mut out = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            out.push(t.await.unwrap());
+        }
+        out
+    };
+    tokio::time::timeout(DEADLINE, all).await.expect(what)
+}
+
+/// A client of `cluster` whose write buffers hold `file_bytes` per file and writer and
+/// `mount_bytes` in all.
+async fn with_write_budget(
+    cluster: &InProcessCluster,
+    file_bytes: u64,
+    mount_bytes: u64,
+) -> Arc<Client> {
+    let config = fs_client::ClientConfig {
+        meta_addr: cluster.meta_addr(),
+        write_buffer_file_bytes: file_bytes,
+        write_buffer_mount_bytes: mount_bytes,
+        ..fs_client::ClientConfig::default()
+    };
+    Client::connect(config).await.unwrap()
+}
+
 async fn reads_back(client: &Client, name: &[u8], want: &[u8]) {
     let (size, fh) = open(client, name).await;
     assert_eq!(size, want.len() as u64);
@@ -103,14 +132,7 @@ async fn four_concurrent_writers_of_disjoint_ranges_build_one_file() {
             })
         })
         .collect();
-    let all = async {
-        for w in writers {
-            w.await.unwrap();
-        }
-    };
-    tokio::time::timeout(DEADLINE, all)
-        .await
-        .expect("the writers finish");
+    finish_within_deadline(writers, "the writers finish").await;
 
     let other = cluster.client().await;
     let (size, fh) = open(&other, b"shared.bin").await;
@@ -417,13 +439,7 @@ async fn reads_beside_buffered_writes_do_not_send_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn writers_of_many_files_finish_when_the_mount_write_budget_is_full() {
     let cluster = InProcessCluster::start(3).await;
-    let config = fs_client::ClientConfig {
-        meta_addr: cluster.meta_addr(),
-        write_buffer_file_bytes: 4 << 20,
-        write_buffer_mount_bytes: 8 << 20,
-        ..fs_client::ClientConfig::default()
-    };
-    let client = Client::connect(config).await.unwrap();
+    let client = with_write_budget(&cluster, 4 << 20, 8 << 20).await;
     let writers: Vec<_> = (0..6u64)
         .map(|w| {
             let client = client.clone();
@@ -452,15 +468,7 @@ async fn writers_of_many_files_finish_when_the_mount_write_budget_is_full() {
             })
         })
         .collect();
-    let mut files = Vec::new();
-    let all = async {
-        for w in writers {
-            files.push(w.await.unwrap());
-        }
-    };
-    tokio::time::timeout(DEADLINE, all)
-        .await
-        .expect("no writer waits forever");
+    let files = finish_within_deadline(writers, "no writer waits forever").await;
 
     let other = cluster.client().await;
     for (name, model) in files {
@@ -480,13 +488,7 @@ async fn writers_of_many_files_finish_when_the_mount_write_budget_is_full() {
 async fn writers_of_disjoint_ranges_of_one_file_share_a_budget_that_grows_with_them() {
     const RANGE: usize = 24 * MIB;
     let cluster = InProcessCluster::start(3).await;
-    let config = fs_client::ClientConfig {
-        meta_addr: cluster.meta_addr(),
-        write_buffer_file_bytes: 8 << 20,
-        write_buffer_mount_bytes: 16 << 20,
-        ..fs_client::ClientConfig::default()
-    };
-    let client = Client::connect(config).await.unwrap();
+    let client = with_write_budget(&cluster, 8 << 20, 16 << 20).await;
     let first = create(&client, b"shards").await;
     first.mark_writer().await;
     let mut handles = vec![Arc::new(first)];
@@ -513,14 +515,7 @@ async fn writers_of_disjoint_ranges_of_one_file_share_a_budget_that_grows_with_t
             })
         })
         .collect();
-    let all = async {
-        for w in writers {
-            w.await.unwrap();
-        }
-    };
-    tokio::time::timeout(DEADLINE, all)
-        .await
-        .expect("no writer waits forever");
+    finish_within_deadline(writers, "no writer waits forever").await;
     for fh in &handles {
         client.release(fh).await.unwrap();
     }
@@ -533,13 +528,7 @@ async fn writers_of_disjoint_ranges_of_one_file_share_a_budget_that_grows_with_t
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_writer_never_waits_forever_for_a_buffer_an_idle_writer_holds() {
     let cluster = InProcessCluster::start(3).await;
-    let config = fs_client::ClientConfig {
-        meta_addr: cluster.meta_addr(),
-        write_buffer_file_bytes: 4 << 20,
-        write_buffer_mount_bytes: 4 << 20,
-        ..fs_client::ClientConfig::default()
-    };
-    let client = Client::connect(config).await.unwrap();
+    let client = with_write_budget(&cluster, 4 << 20, 4 << 20).await;
     let a = create(&client, b"idle-a").await;
     // Almost a whole segment: held, not yet sent, and slow enough to send that both
     // writers below are waiting before it is gone.
