@@ -7,7 +7,13 @@ use proto::meta::{ClusterMap, MemberState, MetaReply, MetaRequest, MetaResult};
 use proto::{codec, ChainId, ErrorCode, NodeId, WireError};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 use transport::{Connection, Endpoint, Link};
+
+/// How long a forward to a successor runs before it starts watching whether the
+/// successor is still up (see [`ClusterView::until_down`]), and how often it looks.
+const WATCH_AFTER: Duration = Duration::from_secs(1);
+const WATCH_EVERY: Duration = Duration::from_millis(200);
 
 /// Peer links kept at most; past it the table is cleared (links reconnect on use).
 const MAX_PEER_LINKS: usize = 1024;
@@ -69,12 +75,12 @@ impl ClusterView {
         }
     }
 
-    /// Returns once the known map says `node` is down, looking every 200 ms after a
-    /// first second (the map comes with heartbeats). A successor that hangs keeps its
-    /// connection open: a forward to it is given up then, instead of waiting out the
-    /// transport's whole timeout while the client's own budget runs out.
+    /// Returns once the known map says `node` is down, looking every [`WATCH_EVERY`]
+    /// after [`WATCH_AFTER`] (the map comes with heartbeats). A successor that hangs
+    /// keeps its connection open: a forward to it is given up then, instead of waiting
+    /// out the transport's whole timeout while the client's own budget runs out.
     pub async fn until_down(&self, node: NodeId) {
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        tokio::time::sleep(WATCH_AFTER).await;
         loop {
             let up = self
                 .current()
@@ -84,7 +90,7 @@ impl ClusterView {
             if !up {
                 return;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            tokio::time::sleep(WATCH_EVERY).await;
         }
     }
 

@@ -173,6 +173,15 @@ struct Collector {
     done: Arc<Mutex<Vec<GcTask>>>,
 }
 
+/// Clears a [`Collector`]'s `busy` flag when dropped.
+struct Idle(Arc<AtomicBool>);
+
+impl Drop for Idle {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 impl Collector {
     /// Starts carrying out `tasks` (at most [`MAX_GC_PER_HEARTBEAT`]) unless a batch
     /// is under way. One hand-off to the blocking pool for the whole batch: most files
@@ -185,6 +194,9 @@ impl Collector {
         let (store, gc) = (store.clone(), self.clone());
         let batch: Vec<GcTask> = tasks.into_iter().take(MAX_GC_PER_HEARTBEAT).collect();
         tokio::task::spawn_blocking(move || {
+            // Idle again however the batch ends, a panic included: else no deletion
+            // would ever start again.
+            let _idle = Idle(gc.busy.clone());
             let mut done = Vec::with_capacity(batch.len());
             for task in batch {
                 let GcTask::DeleteFile(ino) = task;
@@ -194,7 +206,6 @@ impl Collector {
                 }
             }
             gc.done.lock().extend(done);
-            gc.busy.store(false, Ordering::Release);
         });
     }
 
