@@ -316,13 +316,18 @@ pub(super) fn drop_link(
     delete_inode(txn, ino, &rec)
 }
 
-/// Deletes inode `ino` with its xattrs and orphan mark, and queues the deletion of a
-/// regular file's chunks on every member of its chains.
+/// Deletes inode `ino` with its xattrs and marks, and queues the deletion of a regular
+/// file's chunks on every member of its chains, unless it can have none: an empty
+/// file that no vanished client had open (`T` mark). Chunks a rarer path still left
+/// (a writer that died while the metadata server was down, an empty file given space
+/// with `fallocate`'s `KEEP_SIZE`) go with the data servers' sweep (every 5 minutes),
+/// which drops chunks of inodes that no longer exist.
 pub(super) fn delete_inode(
     txn: &mut Txn<'_>,
     ino: InodeId,
     rec: &InodeRecord,
 ) -> Result<(), MetaError> {
+    let may_hold_chunks = rec.size > 0 || txn.raw(&keys::tail(ino))?.is_some();
     txn.delete(keys::inode(ino));
     txn.delete(keys::orphan(ino));
     txn.delete(keys::tail(ino));
@@ -332,7 +337,7 @@ pub(super) fn delete_inode(
     for (k, _) in txn.scan(&prefix, &keys::prefix_end(&prefix), limit)? {
         txn.delete(k);
     }
-    if let Some(layout) = &rec.layout {
+    if let Some(layout) = rec.layout.as_ref().filter(|_| may_hold_chunks) {
         let gc_mark = super::records::encode(&())?;
         let mut nodes = std::collections::BTreeSet::new();
         for &chain in &layout.chains {

@@ -149,6 +149,16 @@ pub(super) fn mkdir(ns: &Namespace, parent: InodeId, name: &str) -> Attr {
         .attr
 }
 
+/// Commits `size` bytes as written to regular file `ino` (a file with bytes has chunks
+/// to collect when it goes).
+pub(super) fn written(ns: &Namespace, ino: InodeId, size: u64) {
+    let commit = proto::meta::Commit {
+        size,
+        mtime: proto::Timestamp::now(),
+    };
+    ns.commit(ino, commit).unwrap();
+}
+
 /// Creates and releases a regular file.
 pub(super) fn touch(ns: &Namespace, parent: InodeId, name: &str) -> Attr {
     let o = ns

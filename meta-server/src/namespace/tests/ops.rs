@@ -1,6 +1,6 @@
 //! Each operation, its effects and its errors.
 
-use super::{caller, code, engine_tests, mkdir, owner, touch, H, ROOT};
+use super::{caller, code, engine_tests, mkdir, owner, touch, written, H, ROOT};
 use crate::kv::{open_store, StoreKind, WriteBatch};
 use crate::namespace::{keys, ConnId, Namespace};
 use crate::{MetaError, NamespaceConfig};
@@ -436,6 +436,7 @@ fn unlink_frees_at_last_link(kind: StoreKind) {
         tasks
     };
     assert!(gc(ns, 1).is_empty());
+    written(ns, f.ino, 10);
     ns.unlink(ROOT, b"g").unwrap();
     assert_eq!(code(ns.getattr(f.ino)), ErrorCode::NotFound);
     assert!(
@@ -446,6 +447,13 @@ fn unlink_frees_at_last_link(kind: StoreKind) {
     for node in [1, 2] {
         assert_eq!(gc(ns, node), vec![proto::meta::GcTask::DeleteFile(f.ino)]);
     }
+    // An empty file that no vanished client had open has no chunks: nothing queued.
+    let e = touch(ns, ROOT, "empty");
+    ns.unlink(ROOT, b"empty").unwrap();
+    assert_eq!(code(ns.getattr(e.ino)), ErrorCode::NotFound);
+    assert!(gc(ns, 1)
+        .iter()
+        .all(|t| *t != proto::meta::GcTask::DeleteFile(e.ino)));
     // Special files have no chunks and queue nothing.
     ns.mknod(ROOT, b"p", FileKind::Fifo, 0o600, 0, caller())
         .unwrap();

@@ -1,6 +1,6 @@
 //! Rename in every mode, over every kind of target.
 
-use super::{caller, code, engine_tests, list, mkdir, owner, touch, walk, H, ROOT};
+use super::{caller, code, engine_tests, list, mkdir, owner, touch, walk, written, H, ROOT};
 use crate::kv::StoreKind;
 use crate::namespace::keys;
 use proto::meta::{GcTask, RenameMode};
@@ -42,6 +42,7 @@ fn rename_over_existing_file(kind: StoreKind) {
     let h = H::with_nodes(kind, 2);
     let ns = h.ns();
     let old = touch(ns, ROOT, "ckpt");
+    written(ns, old.ino, 4096);
     let new = touch(ns, ROOT, "ckpt.tmp");
     let files = ns.statfs().unwrap().files;
     ns.rename(ROOT, b"ckpt.tmp", ROOT, b"ckpt", R).unwrap();

@@ -1,6 +1,6 @@
 //! Open-file sessions: open, release, orphans, closed connections, restarts.
 
-use super::{caller, code, engine_tests, mkdir, owner, touch, H, ROOT};
+use super::{caller, code, engine_tests, mkdir, owner, touch, written, H, ROOT};
 use crate::kv::StoreKind;
 use crate::namespace::{keys, ConnId};
 use proto::meta::{Commit, GcTask};
@@ -150,6 +150,8 @@ fn connection_close_ends_its_sessions_only(kind: StoreKind) {
         .create(ROOT, b"b", 0o644, caller(), true, owner(7))
         .unwrap();
     let b_other = ns.open_inode(b.attr.ino, false, owner(8)).unwrap();
+    written(ns, a.attr.ino, 10);
+    written(ns, b.attr.ino, 10);
     ns.unlink(ROOT, b"a").unwrap();
     ns.unlink(ROOT, b"b").unwrap();
     ns.connection_closed(ConnId(7));
@@ -191,6 +193,7 @@ fn restart_purges_orphans_and_old_sessions(kind: StoreKind) {
         .ns()
         .create(ROOT, b"keep", 0o644, caller(), true, owner(1))
         .unwrap();
+    written(h.ns(), o.attr.ino, 10);
     h.ns().unlink(ROOT, b"f").unwrap();
     let files = h.ns().statfs().unwrap().files;
     h.restart();
@@ -212,7 +215,9 @@ fn heartbeat_done_tasks_are_forgotten(kind: StoreKind) {
     let mut inos = Vec::new();
     for i in 0..300 {
         let name = format!("f{i}");
-        inos.push(touch(ns, ROOT, &name).ino);
+        let f = touch(ns, ROOT, &name);
+        written(ns, f.ino, 1);
+        inos.push(f.ino);
         ns.unlink(ROOT, name.as_bytes()).unwrap();
     }
     let first = gc_tasks(&h, 1);

@@ -93,6 +93,14 @@ fn the_mark_survives_a_restart_and_goes_with_the_file_and_a_stop_marks_nothing(k
     assert!(ns.open_inode(f.ino, false, owner(1)).unwrap().cut_tail);
     ns.unlink(ROOT, b"g").unwrap();
     assert!(!h.has_key(&keys::tail(g.ino)), "deleted with its inode");
+    let (gc, _) = ns
+        .heartbeat(proto::NodeId(1), 1000, 0, &[], 0, Default::default())
+        .unwrap();
+    assert_eq!(
+        gc,
+        vec![proto::meta::GcTask::DeleteFile(g.ino)],
+        "empty, but a vanished client may have written past its end"
+    );
 
     // Connections the server closes as it stops are no vanished clients: they live
     // on, and may still commit what they wrote after the restart.
