@@ -49,15 +49,7 @@ impl Client {
         let reply = self.meta_opening(req).await?;
         let existed = matches!(&reply, MetaReply::Opened { parent: Some(c), .. } if !c.changed());
         let (attr, fh) = self.opened(reply).await?;
-        if !(truncate && existed) {
-            return Ok((attr, fh));
-        }
-        let set = SetAttr {
-            size: Some(0),
-            ..SetAttr::default()
-        };
-        let attr = self.setattr(attr.ino, set).await?;
-        Ok((attr, fh))
+        self.emptied_if(truncate && existed, attr, fh).await
     }
 
     /// Opens an existing inode; `truncate` empties it first (`O_TRUNC`).
@@ -68,14 +60,25 @@ impl Client {
             truncate: false,
         };
         let (attr, fh) = self.opened(self.meta_opening(req).await?).await?;
-        if !truncate || attr.kind != FileKind::Regular {
+        let regular = attr.kind == FileKind::Regular;
+        self.emptied_if(truncate && regular, attr, fh).await
+    }
+
+    /// The open file, cut to length 0 first if `empty` (`O_TRUNC` on a regular file).
+    async fn emptied_if(
+        &self,
+        empty: bool,
+        attr: Attr,
+        fh: FileHandle,
+    ) -> Result<(Attr, FileHandle)> {
+        if !empty {
             return Ok((attr, fh));
         }
         let set = SetAttr {
             size: Some(0),
             ..SetAttr::default()
         };
-        let attr = self.setattr(ino, set).await?;
+        let attr = self.setattr(attr.ino, set).await?;
         Ok((attr, fh))
     }
 
