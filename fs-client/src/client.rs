@@ -10,6 +10,7 @@ use crate::rpc::{self, expect_reply, DataLinks, RpcCounts, RpcEndpoint};
 use crate::segpool::SegPool;
 
 mod opening;
+mod resume;
 use parking_lot::Mutex;
 use proto::meta::{
     Caller, ClusterMap, DirEntry, LockSpec, MetaReply, MetaRequest, RenameMode, XattrMode,
@@ -69,6 +70,13 @@ pub struct Client {
     dir_names: DirNames,
     /// Sessions whose close carries no commit, waiting to be ended in one call.
     releases: Mutex<Vec<SessionId>>,
+    /// Sessions with a live handle, and their files: what a new metadata connection
+    /// resumes (see `client::resume`).
+    sessions: Mutex<HashMap<SessionId, InodeId>>,
+    /// The metadata connection (`Link::made` count) the sessions were last resumed on.
+    resumed: std::sync::atomic::AtomicU64,
+    /// One resume at a time.
+    resume_lock: tokio::sync::Mutex<()>,
     /// The cluster map last fetched.
     pub(crate) map: parking_lot::RwLock<Arc<ClusterMap>>,
     /// When the map was last read from the metadata server (see `refresh_map_shared`).
@@ -97,6 +105,8 @@ impl Client {
         let name = format!("fs-client pid {}", std::process::id());
         let hello = rpc::meta_call(&ep, &meta, &MetaRequest::Hello { name }).await?;
         let id = expect_reply!(hello, MetaReply::Welcome { client } => client)?;
+        // The connection that said hello needs no resume.
+        let hello_conn = meta.made();
         let client = Arc::new_cyclic(|me| Client {
             ep,
             config,
@@ -113,11 +123,15 @@ impl Client {
             no_xattrs: NoXattrs::new(dir_ttl),
             dir_names: DirNames::new(entry_ttl),
             releases: Mutex::new(Vec::new()),
+            sessions: Mutex::new(HashMap::new()),
+            resumed: std::sync::atomic::AtomicU64::new(hello_conn),
+            resume_lock: tokio::sync::Mutex::new(()),
             map: parking_lot::RwLock::new(Arc::new(ClusterMap::default())),
             map_read: Mutex::new(None),
             memory_bytes: crate::file::around::machine_memory(),
         });
         client.refresh_map().await?;
+        client.spawn_resume_check();
         Ok(client)
     }
 
@@ -161,6 +175,7 @@ impl Client {
     /// request had dropped the kept copies it changes: a reply's attributes may be kept
     /// (`keep_attr`) unless another such request went out meanwhile.
     pub(crate) async fn meta_keeping(&self, req: MetaRequest) -> Result<(MetaReply, u64)> {
+        self.resume_sessions().await;
         self.dir_attrs.before(&req);
         let token = self.dir_names.before(&req);
         let since = self.attr_epoch();

@@ -140,6 +140,8 @@ fn idempotent(req: &MetaRequest) -> bool {
         | R::ReleaseLocks { .. }
         // Sessions of a lost connection ended with it; a retry finds them gone.
         | R::ReleaseMany { .. }
+        // Moving sessions to the connection it arrives on, again, changes nothing.
+        | R::Resume { .. }
         | R::TailCut { .. } => true,
         R::Create { .. }
         | R::MkNod { .. }

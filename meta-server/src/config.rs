@@ -23,6 +23,11 @@ pub struct NamespaceConfig {
     /// that add records (create, mkdir, mknod, symlink, link, setxattr) fail with ENOSPC.
     /// 0: no check.
     pub disk_reserve_bytes: u64,
+    /// How long (milliseconds) the open files and locks of a client whose connection
+    /// broke (reset, timed out) wait for it to reconnect and resume them before they
+    /// end as a vanished client's. A client whose process ended closes its connection
+    /// in order, and its sessions end at once. 0: end them at once too.
+    pub session_grace_ms: u64,
 }
 
 impl Default for NamespaceConfig {
@@ -33,6 +38,7 @@ impl Default for NamespaceConfig {
             replicas: 3,
             replace_after_ms: 600_000,
             disk_reserve_bytes: 16 << 20,
+            session_grace_ms: 60_000,
         }
     }
 }
@@ -65,6 +71,12 @@ impl NamespaceConfig {
             return Err(MetaError::InvalidArgument(format!(
                 "replicas {} must be from 1 to 8",
                 self.replicas
+            )));
+        }
+        if self.session_grace_ms > 3_600_000 {
+            return Err(MetaError::InvalidArgument(format!(
+                "session_grace_ms {} must be at most 3600000",
+                self.session_grace_ms
             )));
         }
         if self.replace_after_ms < self.node_lease_ms {

@@ -14,7 +14,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use tracing::{info, warn};
-use transport::{Backend, Connection, Endpoint, Handler, HandlerFuture, Listener, TransportConfig};
+use transport::{
+    Backend, Closed, Connection, Endpoint, Handler, HandlerFuture, Listener, TransportConfig,
+};
 
 /// Everything the metadata server can be told; see `tessera-meta.example.toml`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,12 +111,18 @@ impl Handler for MetaService {
         })
     }
 
-    fn disconnected(&self, conn: transport::ConnId) {
+    fn disconnected(&self, conn: transport::ConnId, how: Closed) {
         let ns = self.ns.clone();
         let id = ConnId(conn.0);
+        // A connection that broke may belong to a client that lives on and comes back
+        // (see `namespace::resume`); one its peer closed, or this server, ends now.
+        let end = move || match how {
+            Closed::Broken => ns.connection_broken(id),
+            Closed::ByPeer | Closed::Locally => ns.connection_closed(id),
+        };
         match tokio::runtime::Handle::try_current() {
-            Ok(rt) => drop(rt.spawn_blocking(move || ns.connection_closed(id))),
-            Err(_) => ns.connection_closed(id),
+            Ok(rt) => drop(rt.spawn_blocking(end)),
+            Err(_) => end(),
         }
     }
 }
@@ -131,10 +139,36 @@ fn is_point_read(req: &MetaRequest) -> bool {
     )
 }
 
+/// How often the sessions of broken connections are checked for an expired grace.
+const DETACHED_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A metadata server running inside this process.
 pub struct MetaServer {
     listener: Listener,
     ns: Arc<Namespace>,
+    /// Ends the sessions of broken connections nobody resumed; stopped on drop.
+    expiry: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for MetaServer {
+    fn drop(&mut self) {
+        self.expiry.abort();
+    }
+}
+
+/// Ends, every [`DETACHED_CHECK`], the sessions whose client did not come back in time.
+fn spawn_expiry(ns: &Arc<Namespace>) -> tokio::task::JoinHandle<()> {
+    let ns = Arc::downgrade(ns);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(DETACHED_CHECK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(ns) = ns.upgrade() else { return };
+            let now = std::time::Instant::now();
+            let _ = tokio::task::spawn_blocking(move || ns.expire_detached(now)).await;
+        }
+    })
 }
 
 impl MetaServer {
@@ -172,7 +206,12 @@ impl MetaServer {
                 MetaError::InvalidArgument(format!("listening on {}: {e}", config.listen))
             })?;
         info!(addr = %listener.local_addr(), store = kind.name(), "metadata server started");
-        Ok(MetaServer { listener, ns })
+        let expiry = spawn_expiry(&ns);
+        Ok(MetaServer {
+            listener,
+            ns,
+            expiry,
+        })
     }
 
     /// The address the listener is bound to.

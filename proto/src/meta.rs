@@ -561,6 +561,15 @@ pub enum MetaRequest {
         /// The inodes to check.
         inodes: Vec<InodeId>,
     },
+    /// Sent by a client first on a new connection after its previous one broke: its
+    /// open sessions (and locks) move to this connection, instead of ending when the
+    /// server gives up on the broken one. At most [`MAX_RELEASES`] sessions per call.
+    Resume {
+        /// The client, from its `Hello`.
+        client: ClientId,
+        /// The sessions the client still has open, with their files.
+        sessions: Vec<(SessionId, InodeId)>,
+    },
 }
 
 /// A successful answer of the metadata server.
@@ -668,6 +677,13 @@ pub enum MetaReply {
         attr: Attr,
         /// The directory before and after the new name.
         parent: DirChange,
+    },
+    /// What a `Resume` could not keep: sessions the server had already ended (the
+    /// client stayed away longer than the grace), so another client may have cut what
+    /// they wrote past the committed length.
+    Resumed {
+        /// The sessions lost.
+        lost: Vec<SessionId>,
     },
 }
 

@@ -28,8 +28,23 @@ pub trait Handler: Send + Sync + 'static {
     /// reach the caller's granted memory.
     fn handle(&self, conn: Connection, request: Bytes) -> HandlerFuture;
 
-    /// The connection is gone (peer closed, died, or broke the protocol).
-    fn disconnected(&self, _conn: ConnId) {}
+    /// The connection is gone; `how` tells a peer that closed it (its process ended or
+    /// let go of it) from a connection that broke under a live peer, as far as this end
+    /// can tell.
+    fn disconnected(&self, _conn: ConnId, _how: Closed) {}
+}
+
+/// How a connection ended, as its [`Handler`] is told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// The peer closed it in order (TCP end of stream): its process exited, was killed,
+    /// or dropped the connection. Nothing more will come from that peer on it.
+    ByPeer,
+    /// This end closed it (the server is stopping, or the owner dropped it).
+    Locally,
+    /// It failed: a reset, a timeout, a protocol error, a fault injected in a test.
+    /// The peer may be alive and reconnect.
+    Broken,
 }
 
 /// Identifies one connection within this process.
@@ -110,7 +125,8 @@ struct Owner(Arc<ConnCore>);
 
 impl Drop for Owner {
     fn drop(&mut self) {
-        self.0.shutdown("closed by its owner".into());
+        self.0
+            .shutdown_as("closed by its owner".into(), Closed::Locally);
     }
 }
 
@@ -170,7 +186,8 @@ impl Connection {
 
     /// Closes the connection; operations in flight fail with `Disconnected`.
     pub fn close(&self) {
-        self.core.shutdown("closed locally".into());
+        self.core
+            .shutdown_as("closed locally".into(), Closed::Locally);
     }
 
     /// Sends a request and waits for its reply (two-sided).
@@ -395,15 +412,20 @@ impl ConnCore {
         }
     }
 
-    /// Closes the connection once: fails every waiter, revokes every grant, stops the
-    /// wire, and tells the handler.
+    /// Closes a connection that failed (see [`Closed::Broken`]).
     pub(crate) fn shutdown(&self, why: String) {
+        self.shutdown_as(why, Closed::Broken);
+    }
+
+    /// Closes the connection once: fails every waiter, revokes every grant, stops the
+    /// wire, and tells the handler how it ended.
+    pub(crate) fn shutdown_as(&self, why: String, how: Closed) {
         let pending = {
             let mut st = self.state.lock();
             if st.closed.is_some() {
                 return;
             }
-            debug!(peer = %self.peer, conn = self.id.0, %why, "connection closed");
+            debug!(peer = %self.peer, conn = self.id.0, %why, ?how, "connection closed");
             st.closed = Some(why.clone());
             std::mem::take(&mut st.pending)
         };
@@ -416,7 +438,7 @@ impl ConnCore {
         self.windows.clear();
         self.wire_close(&why);
         if let Some(h) = &self.handler {
-            h.disconnected(self.id);
+            h.disconnected(self.id, how);
         }
     }
 

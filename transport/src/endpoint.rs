@@ -2,7 +2,7 @@
 
 use crate::backend::Backend;
 use crate::config::TransportConfig;
-use crate::conn::{ConnCore, ConnId, Connection, Handler};
+use crate::conn::{Closed, ConnCore, ConnId, Connection, Handler};
 use crate::error::TransportError;
 use crate::mr::MemoryRegion;
 use parking_lot::Mutex;
@@ -167,7 +167,7 @@ impl ConnSet {
         let mut c = self.0.lock();
         if c.closed {
             drop(c);
-            core.shutdown("listener shut down".to_string());
+            core.shutdown_as("listener shut down".to_string(), Closed::Locally);
             return;
         }
         c.conns.insert(core.id, Arc::downgrade(core));
@@ -181,7 +181,7 @@ impl ConnSet {
         };
         for (_, c) in conns {
             if let Some(c) = c.upgrade() {
-                c.shutdown(why.to_string());
+                c.shutdown_as(why.to_string(), Closed::Locally);
             }
         }
     }

@@ -35,7 +35,7 @@ mod rdma;
 
 pub use backend::{rdma_probe, Backend, BACKENDS};
 pub use config::{RdmaConfig, TransportConfig};
-pub use conn::{ConnId, Connection, Handler, HandlerFuture};
+pub use conn::{Closed, ConnId, Connection, Handler, HandlerFuture};
 pub use endpoint::{Endpoint, Listener, MAX_REGION_BYTES};
 pub use error::TransportError;
 pub use host::{disk_space, raise_open_file_limit};

@@ -2,6 +2,7 @@
 
 use crate::{Connection, Endpoint, TransportError};
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::Mutex as AsyncMutex;
 use tracing::debug;
 
@@ -10,6 +11,9 @@ use tracing::debug;
 pub struct Link {
     addr: Mutex<String>,
     conn: AsyncMutex<Option<Connection>>,
+    /// Connections made so far: a caller that must act once per new connection (say
+    /// hello again) compares it with the count it last acted on.
+    made: AtomicU64,
 }
 
 impl Link {
@@ -18,6 +22,7 @@ impl Link {
         Link {
             addr: Mutex::new(addr),
             conn: AsyncMutex::new(None),
+            made: AtomicU64::new(0),
         }
     }
 
@@ -34,14 +39,26 @@ impl Link {
 
     /// The live connection, connecting if there is none or it closed.
     pub async fn get(&self, ep: &Endpoint) -> Result<Connection, TransportError> {
+        self.get_counted(ep).await.map(|(c, _)| c)
+    }
+
+    /// As [`Link::get`], with the number of connections made so far, this one
+    /// included (1 for the first).
+    pub async fn get_counted(&self, ep: &Endpoint) -> Result<(Connection, u64), TransportError> {
         let mut slot = self.conn.lock().await;
         if let Some(c) = slot.as_ref().filter(|c| !c.is_closed()) {
-            return Ok(c.clone());
+            return Ok((c.clone(), self.made.load(Ordering::Acquire)));
         }
         let addr = self.addr();
         let c = ep.connect(&addr).await?;
         debug!(%addr, "connected");
         *slot = Some(c.clone());
-        Ok(c)
+        let made = self.made.fetch_add(1, Ordering::AcqRel) + 1;
+        Ok((c, made))
+    }
+
+    /// Connections made so far (see [`Link::get_counted`]).
+    pub fn made(&self) -> u64 {
+        self.made.load(Ordering::Acquire)
     }
 }

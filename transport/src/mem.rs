@@ -14,7 +14,7 @@
 //! addresses of both ends: a listening endpoint's connections carry its listen address,
 //! so tests of other crates can partition or kill one server by its address.
 
-use crate::conn::{Completion, ConnCore, Connection, Dest, Handler, Wire};
+use crate::conn::{Closed, Completion, ConnCore, Connection, Dest, Handler, Wire};
 use crate::endpoint::{ConnSet, Endpoint, Listener};
 use crate::error::TransportError;
 use crate::mr::MrInner;
@@ -204,7 +204,10 @@ impl MemWire {
     /// This end closed: the other end closes too (its peer is gone).
     pub(crate) fn close(&self, why: &str) {
         if let Some(p) = self.peer() {
-            p.shutdown(format!("peer closed the connection ({why})"));
+            p.shutdown_as(
+                format!("peer closed the connection ({why})"),
+                Closed::ByPeer,
+            );
         }
     }
 }

@@ -122,6 +122,7 @@ impl Client {
         let mut attr = attr;
         state.overlay(&mut attr);
         let fh = FileHandle::new(state, session, &attr);
+        self.session_opened(session, attr.ino);
         Ok((attr, fh))
     }
 

@@ -45,6 +45,8 @@ pub struct FileState {
     sent: Notify,
     /// Writable opens and truncations, which decide whether read-around may store.
     pub(crate) gate: around::StoreGate,
+    /// This client's open was ended by the server while it was cut off.
+    lost: AtomicBool,
 }
 
 struct FileInner {
@@ -102,6 +104,7 @@ impl FileState {
             }),
             sent: Notify::new(),
             gate: around::StoreGate::default(),
+            lost: AtomicBool::new(false),
         }
     }
 
@@ -177,6 +180,19 @@ impl FileState {
     fn settled(&self) -> bool {
         let io_quiet = self.io.lock().dirty.is_empty();
         io_quiet && self.pending_commit().is_none()
+    }
+
+    /// The metadata server ended this client's open of the file while the client was
+    /// cut off (see `client::resume`): every handle fails from now on, and no length
+    /// is committed any more.
+    pub(crate) fn lose(&self, e: WireError) {
+        self.lost.store(true, Ordering::SeqCst);
+        self.write_failed(e);
+    }
+
+    /// Whether [`FileState::lose`] happened.
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
     }
 
     /// Records a failed background write.
@@ -442,7 +458,11 @@ impl Client {
     pub(crate) async fn send_for_commit(&self, state: &Arc<FileState>) -> Option<(Commit, u64)> {
         let pending = state.pending_commit();
         self.flush_writes(state).await;
-        pending
+        // Another client may have cut what this one wrote past the committed length
+        // while its open was lost: committing a length over that would show zeros. A
+        // new metadata connection tells whether it was, before anything is committed.
+        self.resume_sessions().await;
+        pending.filter(|_| !state.is_lost())
     }
 
     /// Commits what this client wrote to a file and has not yet reported, after its
@@ -485,6 +505,7 @@ impl Client {
     /// session. The session is closed even when a write failed; the failure is returned.
     pub async fn release(&self, fh: &FileHandle) -> Result<()> {
         let pending = self.send_for_commit(&fh.state).await;
+        self.session_closed(fh.session);
         let flushed = fh.take_write_error();
         // The length and mtime are committed even when a write failed (as a local file
         // system keeps the size of a write whose page failed to reach the disk): the

@@ -3,7 +3,8 @@
 //!
 //! Locks live in memory: like NFS locks they do not survive a restart of the metadata
 //! server, and they are dropped when the connection of the client that took them closes
-//! (the client died or was cut off), so a dead holder never blocks anyone for good.
+//! (the client died), or `session_grace_ms` after it broke unless the client resumed
+//! (see `resume`), so a dead holder never blocks anyone for good.
 
 use super::ConnId;
 use crate::error::MetaError;
@@ -129,6 +130,21 @@ impl LockTable {
             held.retain(|h| h.conn != conn);
             !held.is_empty()
         });
+    }
+
+    /// Whether any lock was taken over `conn`.
+    pub fn holds_conn(&self, conn: ConnId) -> bool {
+        self.files.values().flatten().any(|h| h.conn == conn)
+    }
+
+    /// Moves every lock of `client` to `conn` (the client resumed on a new connection),
+    /// so that they end with that connection instead of the old one.
+    pub fn move_client(&mut self, client: ClientId, conn: ConnId) {
+        self.files
+            .values_mut()
+            .flatten()
+            .filter(|h| h.client == client)
+            .for_each(|h| h.conn = conn);
     }
 }
 

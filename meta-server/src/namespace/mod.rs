@@ -19,6 +19,7 @@ mod names;
 mod readdir;
 mod records;
 mod rename;
+mod resume;
 mod space;
 mod txn;
 mod xattr;
@@ -121,6 +122,11 @@ struct State {
     /// Files whose chunks a client is cutting after another vanished with them open
     /// (a `T` key), and the session that was given the cut; other opens wait.
     cutting: HashMap<InodeId, SessionId>,
+    /// Broken connections whose sessions wait for their client to resume, and until
+    /// when (see `resume`).
+    detached: HashMap<ConnId, Instant>,
+    /// The first session id of this start: lower ones were handed out before it.
+    boot_floor: u64,
     next_session: u64,
     next_client: u64,
 }
@@ -185,6 +191,8 @@ impl Namespace {
                 sessions: HashMap::new(),
                 open_counts: HashMap::new(),
                 cutting: HashMap::new(),
+                detached: HashMap::new(),
+                boot_floor: next_session,
                 next_session,
                 next_client,
             }),
@@ -316,6 +324,7 @@ impl Namespace {
             R::CheckNamespace => self.check_namespace().map(MetaReply::Problems),
             R::InodesExist { inodes } => self.inodes_exist(&inodes).map(MetaReply::Exist),
             R::ReleaseMany { sessions } => self.release_many(&sessions).map(unit),
+            R::Resume { client, sessions } => self.resume(client, &sessions, conn).map(|lost| MetaReply::Resumed { lost }),
             R::Append { ino, len } => self.append(ino, len).map(MetaReply::Offset),
             R::Accessed { ino } => self.accessed(ino).map(attr),
             R::SetLock { ino, client, lock } => {
@@ -443,6 +452,7 @@ fn describe(req: &MetaRequest) -> (&'static str, u64) {
         R::CheckNamespace => ("check_namespace", 0),
         R::InodesExist { inodes } => ("inodes_exist", inodes.len() as u64),
         R::ReleaseMany { sessions } => ("release_many", sessions.len() as u64),
+        R::Resume { sessions, .. } => ("resume", sessions.len() as u64),
         R::Append { ino, .. } => ("append", ino.0),
         R::Accessed { ino } => ("accessed", ino.0),
         R::SetLock { ino, .. } => ("setlock", ino.0),

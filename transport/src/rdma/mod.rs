@@ -22,7 +22,7 @@ mod verbs;
 pub(crate) use engine::RdmaWire;
 
 use crate::config::{RdmaConfig, TransportConfig};
-use crate::conn::{ConnCore, Connection, Handler, Wire};
+use crate::conn::{Closed, ConnCore, Connection, Handler, Wire};
 use crate::endpoint::{ConnSet, Endpoint, Listener};
 use crate::error::TransportError;
 use crate::mr::{HwMr, MemoryRegion, MrInner};
@@ -276,15 +276,15 @@ fn start(
 /// The side channel carries nothing after setup; its end means the peer is gone.
 async fn watch_side(core: Weak<ConnCore>, mut side: TcpStream) {
     let mut b = [0u8; 64];
-    let why = loop {
+    let (why, how) = loop {
         match side.read(&mut b).await {
-            Ok(0) => break "peer closed the connection".to_string(),
+            Ok(0) => break ("peer closed the connection".to_string(), Closed::ByPeer),
             Ok(_) => continue,
-            Err(e) => break format!("side channel failed: {e}"),
+            Err(e) => break (format!("side channel failed: {e}"), Closed::Broken),
         }
     };
     if let Some(c) = core.upgrade() {
-        c.shutdown(why);
+        c.shutdown_as(why, how);
     }
 }
 

@@ -9,7 +9,7 @@
 
 use super::writer::{Payload, TcpWire};
 use crate::config::TransportConfig;
-use crate::conn::{Completion, ConnCore, Dest, Handler, Wire};
+use crate::conn::{Closed, Completion, ConnCore, Dest, Handler, Wire};
 use crate::error::TransportError;
 use crate::frame::{Header, Hello, Kind, HEADER_LEN};
 use crate::window::Access;
@@ -169,20 +169,22 @@ type Reader = BufReader<OwnedReadHalf>;
 
 async fn reader_loop(core: Arc<ConnCore>, reader: OwnedReadHalf) {
     let mut r = BufReader::with_capacity(IO_BUFFER_BYTES, reader);
-    let why = loop {
+    let (why, how) = loop {
         let mut hb = [0u8; HEADER_LEN];
         if let Err(e) = r.read_exact(&mut hb).await {
             break match e.kind() {
-                ErrorKind::UnexpectedEof => "peer closed the connection".to_string(),
-                _ => format!("read failed: {e}"),
+                ErrorKind::UnexpectedEof => {
+                    ("peer closed the connection".to_string(), Closed::ByPeer)
+                }
+                _ => (format!("read failed: {e}"), Closed::Broken),
             };
         }
         if let Err(why) = dispatch(&core, &mut r, Header::decode(&hb)).await {
             warn!(peer = %core.peer, %why, "closing connection");
-            break why;
+            break (why, Closed::Broken);
         }
     };
-    core.shutdown(why);
+    core.shutdown_as(why, how);
 }
 
 /// Handles one frame from the peer; an `Err` closes the connection with that reason.

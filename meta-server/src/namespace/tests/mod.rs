@@ -6,6 +6,7 @@ mod model;
 mod ops;
 mod readdir;
 mod rename;
+mod resume;
 mod sessions;
 mod space;
 mod tails;

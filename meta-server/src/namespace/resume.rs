@@ -1,0 +1,136 @@
+//! Sessions that outlive a broken connection: a client cut off by the network (its
+//! connection reset or timed out, see [`transport::Closed::Broken`]) keeps its open
+//! files and locks for `session_grace_ms`, and takes them back with `Resume` on its next
+//! connection. Only when the grace runs out do they end as a vanished client's do
+//! (orphans freed, files marked for the cut of what it left past their length, locks
+//! dropped). A connection its peer closed in order (the client's process ended) ends at
+//! once, as before: nobody can come back for it.
+//!
+//! Why: ending the sessions of a client that lives on lets another client's open cut
+//! bytes it wrote past the committed length and will commit at its close, and frees a
+//! file it holds open after an unlink; both lose data without telling anyone.
+
+use super::{ConnId, Namespace, Session};
+use crate::error::MetaError;
+use proto::{ClientId, InodeId, SessionId};
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+impl Namespace {
+    /// A connection broke under a client that may be alive: its sessions and locks
+    /// stay until [`Namespace::expire_detached`] finds the grace over, unless the client
+    /// resumes them first. With no grace configured they end now.
+    pub fn connection_broken(&self, conn: ConnId) {
+        if self.stopping.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        let grace = Duration::from_millis(self.config.session_grace_ms);
+        if grace.is_zero() {
+            return self.connection_closed(conn);
+        }
+        let mut st = self.state.lock();
+        let open = st.sessions.values().filter(|s| s.conn == conn).count();
+        if open == 0 && !self.locks.lock().holds_conn(conn) {
+            return;
+        }
+        st.detached.insert(conn, Instant::now() + grace);
+        tracing::info!(
+            conn = conn.0,
+            open,
+            grace_ms = self.config.session_grace_ms,
+            "a client's connection broke: its sessions wait for it to resume"
+        );
+    }
+
+    /// Ends the sessions and locks of broken connections whose grace ran out by `now`
+    /// (those no client resumed). Returns how many connections it ended.
+    pub fn expire_detached(&self, now: Instant) -> usize {
+        let due: Vec<ConnId> = {
+            let mut st = self.state.lock();
+            let due: Vec<ConnId> = st
+                .detached
+                .iter()
+                .filter(|(_, &deadline)| deadline <= now)
+                .map(|(&c, _)| c)
+                .collect();
+            for c in &due {
+                st.detached.remove(c);
+            }
+            due
+        };
+        for &conn in &due {
+            tracing::info!(
+                conn = conn.0,
+                "no client resumed a broken connection's sessions: they end"
+            );
+            self.connection_closed(conn);
+        }
+        due.len()
+    }
+
+    /// Moves `client`'s sessions (and all its locks) to `conn`, its new connection.
+    /// A session this server ended already is returned as lost. One opened before
+    /// this server started is opened again if its file still exists and nobody is
+    /// cutting its tail: a restart ends no session on purpose, so nothing was cut for it.
+    pub fn resume(
+        &self,
+        client: ClientId,
+        sessions: &[(SessionId, InodeId)],
+        conn: ConnId,
+    ) -> Result<Vec<SessionId>, MetaError> {
+        if sessions.len() > proto::meta::MAX_RELEASES {
+            return Err(MetaError::InvalidArgument(format!(
+                "{} sessions in one resume, at most {}",
+                sessions.len(),
+                proto::meta::MAX_RELEASES
+            )));
+        }
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let mut lost = Vec::new();
+        let mut moved = 0usize;
+        let mut from: HashSet<ConnId> = HashSet::new();
+        for &(session, ino) in sessions {
+            match st.sessions.get_mut(&session) {
+                Some(s) if s.client == client && s.ino == ino => {
+                    from.insert(s.conn);
+                    s.conn = conn;
+                    moved += 1;
+                }
+                // Another client's, or another file's: never taken over.
+                Some(_) => lost.push(session),
+                None if session.0 < st.boot_floor && !st.cutting.contains_key(&ino) => {
+                    match self.store_inode_exists(ino) {
+                        Ok(true) => {
+                            st.sessions.insert(session, Session { ino, conn, client });
+                            *st.open_counts.entry(ino).or_insert(0) += 1;
+                            moved += 1;
+                        }
+                        Ok(false) => lost.push(session),
+                        Err(e) => return Err(e),
+                    }
+                }
+                None => lost.push(session),
+            }
+        }
+        // A connection whose sessions all moved has nothing left to end.
+        for c in from {
+            if c != conn && !st.sessions.values().any(|s| s.conn == c) {
+                st.detached.remove(&c);
+            }
+        }
+        drop(guard);
+        self.locks.lock().move_client(client, conn);
+        tracing::info!(%client, conn = conn.0, resumed = moved, lost = lost.len(), "client resumed its sessions");
+        Ok(lost)
+    }
+
+    /// Broken connections whose sessions wait for their client (for status and tests).
+    pub fn waiting_resume(&self) -> usize {
+        self.state.lock().detached.len()
+    }
+
+    fn store_inode_exists(&self, ino: InodeId) -> Result<bool, MetaError> {
+        Ok(self.inodes_exist(&[ino])?.first().copied().unwrap_or(false))
+    }
+}
