@@ -5,8 +5,9 @@
 #   git, rsync   tools the tests drive on the mount
 #   procps       ps/pgrep for scripts that look at processes
 #   iproute2     `ip netns` and veth pairs for the network partition test
+#   attr         getfattr, which the xattr tests compare `cp -a` and `rsync -X` copies with
 set -euo pipefail
-packages=(fuse3 python3 git rsync procps iproute2)
+packages=(fuse3 python3 git rsync procps iproute2 attr)
 #   libibverbs-dev, librdmacm-dev, libclang-dev, clang, pkg-config: the `rdma` build feature
 #   (rdma-sys generates its bindings with bindgen); the default build needs none of them
 packages+=(libibverbs-dev librdmacm-dev libclang-dev clang pkg-config)
