@@ -165,6 +165,9 @@ fn spawn_expiry(ns: &Arc<Namespace>) -> tokio::task::JoinHandle<()> {
         loop {
             tick.tick().await;
             let Some(ns) = ns.upgrade() else { return };
+            if ns.waiting_resume() == 0 {
+                continue;
+            }
             let now = std::time::Instant::now();
             let _ = tokio::task::spawn_blocking(move || ns.expire_detached(now)).await;
         }

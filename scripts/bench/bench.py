@@ -251,9 +251,9 @@ def report(run, out_base):
         f"- versions: {info.get('VERSIONS', '?')}",
         "- method: each system is started, measured and stopped in turn, on the same disk; "
         "before every measured phase the machine is let settle (at most 60 s, until 2 s in a "
-        "row with under 4 MiB/s written to the disk and under half a core busy: background "
-        "work left by the previous phase, such as deleting its files, is then in neither) "
-        "and caches are dropped (`sync; echo 3 > /proc/sys/vm/drop_caches`), so reads are "
+        "row with under 4 MiB/s written to the disk, the disk busy under 10% of the time "
+        "and under half a core busy: background work left by the previous phase, such as "
+        "deleting its files, is then in neither) and caches are dropped (`sync; echo 3 > /proc/sys/vm/drop_caches`), so reads are "
         "cold in the kernel (JuiceFS keeps its own block cache on "
         "disk and MooseFS's client its own read cache: neither is dropped). (a) and (e) are "
         "`scripts/bench/bench.py` (a data loader's open/read whole/close; create, stat, remove "
