@@ -21,8 +21,14 @@ pub struct TransportConfig {
     pub one_sided_timeout_ms: u64,
     /// How long connecting (TCP connect plus handshake) may take.
     pub connect_timeout_ms: u64,
-    /// Connections one listener accepts at once; more are refused.
+    /// Connections one listener accepts at once. When they are all taken, the one idle
+    /// longest is closed for a new one if it has been idle `idle_close_ms`; otherwise
+    /// the new one is refused.
     pub max_connections: usize,
+    /// How long a connection must have been idle (no call, no transfer) before a full
+    /// listener may close it to make room, in milliseconds; 0: never (new connections
+    /// are refused instead).
+    pub idle_close_ms: u64,
     /// Settings of the `rdma` backend (ignored by the others).
     pub rdma: RdmaConfig,
 }
@@ -88,6 +94,7 @@ impl Default for TransportConfig {
             one_sided_timeout_ms: 30_000,
             connect_timeout_ms: 5_000,
             max_connections: 1024,
+            idle_close_ms: 60_000,
             rdma: RdmaConfig::default(),
         }
     }

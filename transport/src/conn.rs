@@ -42,8 +42,9 @@ pub enum Closed {
     ByPeer,
     /// This end closed it (the server is stopping, or the owner dropped it).
     Locally,
-    /// It failed: a reset, a timeout, a protocol error, a fault injected in a test.
-    /// The peer may be alive and reconnect.
+    /// It failed: a reset, a timeout, a protocol error, a fault injected in a test; or
+    /// it was idle and a full listener closed it to make room for a new one. The peer
+    /// may be alive and reconnect.
     Broken,
 }
 
@@ -111,6 +112,18 @@ pub(crate) struct ConnCore {
     pub(crate) tasks: Mutex<Vec<AbortHandle>>,
     handler: Option<Arc<dyn Handler>>,
     pub(crate) wire: Wire,
+    /// When a call last arrived or an operation last started ([`since_start_ms`]): a
+    /// full listener closes the connection idle longest to make room (`ConnSet`).
+    last_active_ms: AtomicU64,
+}
+
+/// Milliseconds since this process first asked, a clock for idle times.
+pub(crate) fn since_start_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
 }
 
 /// One connection to a peer. Cheap to clone; the connection closes when the owner's last
@@ -312,7 +325,23 @@ impl ConnCore {
             handler,
             wire,
             config,
+            last_active_ms: AtomicU64::new(since_start_ms()),
         }
+    }
+
+    /// How long nothing has happened on this connection, or `None` while something
+    /// is under way (an operation waits for completion, a call is being served).
+    pub(crate) fn idle_ms(&self, now_ms: u64) -> Option<u64> {
+        let serving = self.incoming_calls.available_permits() < self.config.max_inflight_calls;
+        if serving || !self.state.lock().pending.is_empty() {
+            return None;
+        }
+        Some(now_ms.saturating_sub(self.last_active_ms.load(Ordering::Relaxed)))
+    }
+
+    fn touch(&self) {
+        self.last_active_ms
+            .store(since_start_ms(), Ordering::Relaxed);
     }
 
     pub(crate) fn gone(&self) -> TransportError {
@@ -375,6 +404,7 @@ impl ConnCore {
 
     /// Registers a waiter for a new operation; `dest` is where a read's bytes go.
     pub(crate) fn begin(&self, dest: Option<Dest>) -> Result<Ticket<'_>, TransportError> {
+        self.touch();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         let mut st = self.state.lock();
@@ -445,6 +475,7 @@ impl ConnCore {
     /// Serves one incoming call: refuses it when no handler or no credit is left,
     /// otherwise runs the handler in its own task and sends what it returns.
     pub(crate) fn serve_call(self: &Arc<Self>, id: u64, payload: Bytes) {
+        self.touch();
         let Some(handler) = self.handler.clone() else {
             let msg = "this endpoint serves no calls".to_string();
             return self.respond(id, Err((ErrorCode::UnknownMessage, msg)));

@@ -2,7 +2,7 @@
 
 use crate::backend::Backend;
 use crate::config::TransportConfig;
-use crate::conn::{Closed, ConnCore, ConnId, Connection, Handler};
+use crate::conn::{since_start_ms, Closed, ConnCore, ConnId, Connection, Handler};
 use crate::error::TransportError;
 use crate::mr::MemoryRegion;
 use parking_lot::Mutex;
@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use tokio::task::AbortHandle;
+use tracing::warn;
 
 /// Largest single memory registration.
 pub const MAX_REGION_BYTES: usize = 1 << 30;
@@ -154,12 +155,45 @@ struct ConnSetInner {
 }
 
 impl ConnSet {
-    /// Whether another connection fits under `limit` (forgetting closed ones first).
-    pub(crate) fn has_room(&self, limit: usize) -> bool {
-        let mut c = self.0.lock();
-        c.conns
-            .retain(|_, w| w.upgrade().is_some_and(|c| !c.is_closed()));
-        !c.closed && c.conns.len() < limit
+    /// Whether another connection fits under `config.max_connections` (forgetting
+    /// closed ones first). When the set is full, the connection idle longest, if idle
+    /// for `idle_close_ms` at least, is closed to make room: idle connections cannot
+    /// keep every slot from the peers that have work. Its peer, if alive, connects
+    /// again when it needs to (a metadata server keeps its open files for the grace).
+    pub(crate) fn has_room(&self, config: &TransportConfig) -> bool {
+        let victim = {
+            let mut c = self.0.lock();
+            c.conns
+                .retain(|_, w| w.upgrade().is_some_and(|c| !c.is_closed()));
+            if c.closed {
+                return false;
+            }
+            if c.conns.len() < config.max_connections {
+                return true;
+            }
+            if config.idle_close_ms == 0 {
+                return false;
+            }
+            let now = since_start_ms();
+            let idlest = c
+                .conns
+                .values()
+                .filter_map(Weak::upgrade)
+                .filter_map(|core| core.idle_ms(now).map(|idle| (idle, core)))
+                .max_by_key(|(idle, _)| *idle);
+            match idlest {
+                Some((idle, core)) if idle >= config.idle_close_ms => {
+                    c.conns.remove(&core.id);
+                    (idle, core)
+                }
+                _ => return false,
+            }
+        };
+        let (idle_ms, core) = victim;
+        warn!(peer = %core.peer, idle_ms, "connection limit reached: closing the idlest connection");
+        let why = format!("idle for {idle_ms} ms, closed to make room for a new connection");
+        core.shutdown_as(why, Closed::Broken);
+        true
     }
 
     /// Adds an accepted connection, or closes it at once if the listener has shut down.

@@ -409,7 +409,7 @@ pub(crate) async fn connect(ep: &Endpoint, addr: &str) -> Result<Connection, Tra
             our_app: ep.app_version(),
         });
     }
-    if !entry.conns.has_room(entry.config.max_connections) {
+    if !entry.conns.has_room(&entry.config) {
         return Err(refused(
             std::io::ErrorKind::ConnectionRefused,
             "too many connections",

@@ -115,3 +115,52 @@ async fn a_peer_flooding_past_its_credits_is_refused_not_buffered() {
     assert_eq!((resp.kind, resp.id), (Kind::CallError as u8, 3));
     assert_eq!(resp.status, proto::ErrorCode::Overloaded.number());
 }
+
+/// Guards against idle connections keeping every slot of a listener (one local process
+/// could open `max_connections` and sit on them): when all are taken, the connection
+/// idle longest past `idle_close_ms` is closed for the new one; busy ones stay.
+#[tokio::test]
+async fn a_full_listener_closes_its_idlest_connection_for_a_new_one() {
+    let cfg = TransportConfig {
+        max_connections: 3,
+        idle_close_ms: 300,
+        ..TransportConfig::default()
+    };
+    let srv = server(Backend::Tcp, cfg).await;
+    let ep = endpoint(Backend::Tcp, TransportConfig::default());
+    let echo = || Bytes::from_static(&[common::op::ECHO, 1]);
+    let mut conns = Vec::new();
+    for _ in 0..3 {
+        let c = ep.connect(&srv.addr).await.unwrap();
+        c.call(echo()).await.unwrap();
+        conns.push(c);
+    }
+    // Full, and nobody has been idle long enough: the new connection is refused.
+    assert!(
+        ep.connect(&srv.addr).await.is_err(),
+        "a fourth connection fit"
+    );
+    // The first goes idle while the others keep calling.
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for c in &conns[1..] {
+            c.call(echo()).await.unwrap();
+        }
+    }
+    let fresh = ep
+        .connect(&srv.addr)
+        .await
+        .expect("room made for a new connection");
+    fresh.call(echo()).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !conns[0].is_closed() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the idle connection stays"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for c in &conns[1..] {
+        c.call(echo()).await.expect("busy connections are kept");
+    }
+}

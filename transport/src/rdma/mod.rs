@@ -359,7 +359,7 @@ async fn accept_one(
         Some(Refusal::Version)
     } else if theirs.link != dev.local.link {
         Some(Refusal::LinkLayer)
-    } else if !conns.has_room(ep.config().max_connections) {
+    } else if !conns.has_room(ep.config()) {
         Some(Refusal::Full)
     } else {
         None

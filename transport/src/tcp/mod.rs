@@ -173,8 +173,8 @@ async fn accept_loop(
         let (ep, handler, conns) = (ep.clone(), handler.clone(), conns.clone());
         tokio::spawn(async move {
             let peer = peer.to_string();
-            let limit = ep.config().max_connections;
-            if !conns.has_room(limit) {
+            if !conns.has_room(ep.config()) {
+                let limit = ep.config().max_connections;
                 warn!(%peer, limit, "too many connections");
                 return;
             }
