@@ -124,7 +124,8 @@ impl Client {
     /// Checks the namespace, then every chunk of every regular file on every member of
     /// its chain: present where any copy exists, every block's checksum valid, the same
     /// version everywhere, not stale. With `repair`, a bad copy is replaced by a good
-    /// one (the serving member with the highest version).
+    /// one (the serving member with the highest version). Last, chunks of files that
+    /// are gone with no deletion queued (see `leftovers.rs`).
     pub async fn fsck(&self, repair: bool) -> Result<FsckReport> {
         let mut report = FsckReport::default();
         let problems = expect_reply!(
@@ -168,6 +169,7 @@ impl Client {
                 _ => break,
             }
         }
+        self.check_leftovers(&map, repair, &mut report).await?;
         Ok(report)
     }
 

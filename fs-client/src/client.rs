@@ -9,6 +9,7 @@ use crate::noxattrs::{NoXattrs, CAPABILITY};
 use crate::rpc::{self, expect_reply, DataLinks, RpcCounts, RpcEndpoint};
 use crate::segpool::SegPool;
 
+mod away;
 mod opening;
 mod resume;
 use parking_lot::Mutex;
@@ -175,13 +176,17 @@ impl Client {
     /// request had dropped the kept copies it changes: a reply's attributes may be kept
     /// (`keep_attr`) unless another such request went out meanwhile.
     pub(crate) async fn meta_keeping(&self, req: MetaRequest) -> Result<(MetaReply, u64)> {
-        self.resume_sessions().await;
-        self.dir_attrs.before(&req);
-        let token = self.dir_names.before(&req);
+        self.meta_waiting(&req, self.meta_wait()).await
+    }
+
+    /// One try of [`Client::meta_keeping`], on the connection the caller resumed.
+    async fn meta_once(&self, req: &MetaRequest) -> Result<(MetaReply, u64)> {
+        self.dir_attrs.before(req);
+        let token = self.dir_names.before(req);
         let since = self.attr_epoch();
         let epoch = self.no_xattrs.epoch();
-        let reply = rpc::meta_call(&self.ep, &self.meta, &req).await;
-        self.dir_names.after(&req, reply.as_ref().ok(), token);
+        let reply = rpc::meta_call(&self.ep, &self.meta, req).await;
+        self.dir_names.after(req, reply.as_ref().ok(), token);
         let reply = reply?;
         // Every attribute reply says whether the inode has extended attributes.
         match &reply {
@@ -212,6 +217,8 @@ impl Client {
     /// other client can tell: a session only keeps an unlinked file's inode and chunks
     /// alive, for at most [`RELEASE_DELAY`] longer.
     pub(crate) fn release_later(&self, session: SessionId) {
+        // Ended for this client now: a new metadata connection must not resume it.
+        self.session_closed(session);
         let (first, full) = {
             let mut q = self.releases.lock();
             q.push(session);
@@ -339,18 +346,6 @@ impl Client {
         self.no_xattrs.absent(ino, name)
     }
 
-    /// Reads attributes.
-    pub async fn getattr(&self, ino: InodeId) -> Result<Attr> {
-        if let Some(attr) = self.take_kept_attr(ino) {
-            return Ok(attr);
-        }
-        let attr = expect_reply!(
-            self.meta(MetaRequest::GetAttr { ino }).await?,
-            MetaReply::Attr(a) => a
-        )?;
-        Ok(self.overlay(attr))
-    }
-
     /// Changes attributes; a new size first cuts the chunks on the data servers.
     pub async fn setattr(&self, ino: InodeId, set: SetAttr) -> Result<Attr> {
         // Earlier writes are committed first, so that their mtime cannot later override
@@ -394,7 +389,9 @@ impl Client {
     /// the metadata server moves it as `relatime` says. Best effort, as a lazily
     /// written atime is: a failure is logged, never returned.
     pub async fn accessed(&self, ino: InodeId) {
-        if let Err(e) = self.meta(MetaRequest::Accessed { ino }).await {
+        // Best effort: not worth holding a read while the server is away.
+        let req = MetaRequest::Accessed { ino };
+        if let Err(e) = self.meta_waiting(&req, Duration::ZERO).await {
             tracing::debug!(%ino, error = %e, "atime update failed");
         }
     }
@@ -603,12 +600,12 @@ impl Client {
             ino,
             name: name.to_vec(),
         };
-        match self.meta(req).await {
+        match self.getxattr_call(ino, &req, caps).await {
             Err(e) if caps && e.code() == ErrorCode::NoData => {
                 self.no_xattrs.no_capability(ino);
                 Err(e)
             }
-            r => expect_reply!(r?, MetaReply::Xattr(v) => v),
+            r => r,
         }
     }
 

@@ -59,6 +59,11 @@ pub struct ClientConfig {
     /// unreachable, waiting for the metadata server to take it out of its chains (its
     /// `node_lease_ms` plus a heartbeat), in milliseconds.
     pub failover_timeout_ms: u64,
+    /// How long a metadata call waits for an unreachable metadata server to come back
+    /// (a restart, a broken connection) before failing with EIO, in milliseconds; 0 fails
+    /// at once. Meanwhile open files keep reading and writing, and `fstat` of an open
+    /// file answers with what the client knows of it.
+    pub meta_wait_ms: u64,
 }
 
 impl Default for ClientConfig {
@@ -81,6 +86,7 @@ impl Default for ClientConfig {
             fuse_threads: 4,
             allow_other: true,
             failover_timeout_ms: 30_000,
+            meta_wait_ms: 30_000,
         }
     }
 }
@@ -109,6 +115,9 @@ impl ClientConfig {
         }
         if !(100..=600_000).contains(&self.failover_timeout_ms) {
             return Err("failover_timeout_ms must be between 100 and 600000".into());
+        }
+        if self.meta_wait_ms > 3_600_000 {
+            return Err("meta_wait_ms must be at most 3600000 (one hour)".into());
         }
         Ok(())
     }

@@ -10,6 +10,7 @@ mod dirnames;
 pub mod error;
 mod file;
 pub mod fuse;
+mod leftovers;
 mod noxattrs;
 mod rpc;
 mod segpool;

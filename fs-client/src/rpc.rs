@@ -1,6 +1,6 @@
 //! Calls to the metadata server and the data servers: encoding, decoding, reconnecting.
 
-use crate::error::Result;
+use crate::error::{ClientError, Result};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use proto::codec;
@@ -10,7 +10,6 @@ use proto::NodeId;
 use std::collections::HashMap;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
-use tracing::info;
 use transport::{Connection, Endpoint, Link, TransportError};
 
 /// Round trips sent by one client so far, by server kind: what the regression guard in
@@ -86,29 +85,38 @@ impl Deref for RpcEndpoint {
     }
 }
 
-fn is_disconnect(e: &TransportError) -> bool {
-    matches!(e, TransportError::Disconnected { .. })
-}
-
-/// Sends a metadata request. When the connection breaks, a request that is safe to
-/// repeat is sent once more on a new connection; one that might have been applied already
-/// (create, rename, unlink...) fails instead of risking being applied twice.
+/// Sends a metadata request once. A caller that may wait for a server that is away
+/// (see [`server_away`]) tries again itself, after resuming its open files on the new
+/// connection: a reconnect hidden in here would skip that.
 pub async fn meta_call(ep: &RpcEndpoint, link: &Link, req: &MetaRequest) -> Result<MetaReply> {
     let bytes = Bytes::from(codec::encode(req, ep.config().max_msg_bytes)?);
     let conn = link.get(ep).await?;
     ep.meta_calls.fetch_add(1, Ordering::Relaxed);
-    let reply = match conn.call(bytes.clone()).await {
-        Err(e) if is_disconnect(&e) && idempotent(req) => {
-            info!(error = %e, "metadata connection lost, reconnecting");
-            let conn = link.get(ep).await?;
-            ep.count_retry();
-            ep.meta_calls.fetch_add(1, Ordering::Relaxed);
-            conn.call(bytes).await?
-        }
-        r => r?,
-    };
+    let reply = conn.call(bytes).await?;
     let result: MetaResult = codec::decode(&reply)?;
     Ok(result?)
+}
+
+/// Whether `e`, the failure of `req`, says the metadata server is away (not running,
+/// restarting, or cut off) in a way that makes sending `req` again safe: nothing reached
+/// a server (no connection), or the connection broke under a request that may be
+/// applied twice. A caller may wait for the server and try again.
+pub(crate) fn server_away(e: &ClientError, req: &MetaRequest) -> bool {
+    match e {
+        ClientError::Transport(TransportError::Connect { .. }) => true,
+        ClientError::Transport(TransportError::Disconnected { .. }) => idempotent(req),
+        _ => false,
+    }
+}
+
+/// Whether `e` says the metadata server could not be reached or its connection broke.
+pub(crate) fn unreachable(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Transport(
+            TransportError::Connect { .. } | TransportError::Disconnected { .. }
+        )
+    )
 }
 
 /// Whether applying the request twice has the effect of applying it once.

@@ -410,6 +410,26 @@ pub struct Mount {
 }
 
 impl Mount {
+    /// What the mount process has logged so far, without terminal colour codes.
+    pub fn log_text(&self) -> String {
+        let raw = fs::read_to_string(&self.log).unwrap_or_default();
+        let mut out = String::with_capacity(raw.len());
+        let mut chars = raw.chars();
+        while let Some(c) = chars.next() {
+            if c == '\u{1b}' {
+                // An SGR sequence: ESC '[' parameters 'm'.
+                for c in chars.by_ref() {
+                    if c == 'm' {
+                        break;
+                    }
+                }
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
     /// Unmounts and waits for the mount process to exit; returns its log.
     pub fn unmount(mut self) -> String {
         self.stop();

@@ -6,7 +6,7 @@
 //! they are never committed, and its writes, fsyncs and close fail with EIO.
 
 use super::Client;
-use crate::error::Result;
+use crate::error::{ClientError, Result};
 use crate::rpc::{self, expect_reply};
 use proto::meta::{MetaReply, MetaRequest, MAX_RELEASES};
 use proto::{ErrorCode, InodeId, SessionId, WireError};
@@ -30,18 +30,17 @@ impl Client {
     }
 
     /// Resumes this client's sessions if the metadata connection is a new one since
-    /// the last resume (the first connection, which said hello, needs none). A failure
-    /// is left for the next call to try again.
-    pub(crate) async fn resume_sessions(&self) {
-        let Ok((_, made)) = self.meta.get_counted(&self.ep).await else {
-            return;
-        };
+    /// the last resume (the first connection, which said hello, needs none). Fails when
+    /// the server cannot be reached (the caller may wait for it); a refusal is logged and
+    /// left for the next call to try again.
+    pub(crate) async fn resume_sessions(&self) -> Result<()> {
+        let (_, made) = self.meta.get_counted(&self.ep).await?;
         if made <= self.resumed.load(Ordering::Acquire) {
-            return;
+            return Ok(());
         }
         let _one = self.resume_lock.lock().await;
         if made <= self.resumed.load(Ordering::Acquire) {
-            return;
+            return Ok(());
         }
         let open: Vec<(SessionId, InodeId)> =
             self.sessions.lock().iter().map(|(&s, &i)| (s, i)).collect();
@@ -53,9 +52,10 @@ impl Client {
             };
             match self.resume_call(&req).await {
                 Ok(l) => lost.extend(l),
+                Err(e @ ClientError::Transport(_)) => return Err(e),
                 Err(e) => {
                     tracing::warn!(error = %e, "resuming open files failed; trying again later");
-                    return;
+                    return Ok(());
                 }
             }
         }
@@ -68,6 +68,7 @@ impl Client {
         for session in lost {
             self.lose(session);
         }
+        Ok(())
     }
 
     async fn resume_call(&self, req: &MetaRequest) -> Result<Vec<SessionId>> {
@@ -105,7 +106,8 @@ impl Client {
                 tick.tick().await;
                 let Some(client) = me.upgrade() else { return };
                 if !client.sessions.lock().is_empty() {
-                    client.resume_sessions().await;
+                    // Unreachable: the next tick, or the next call, tries again.
+                    let _ = client.resume_sessions().await;
                 }
             }
         });

@@ -62,6 +62,9 @@ struct FileInner {
     committed_attr: Option<Attr>,
     /// Chunks written since the last fsync, per chain.
     unsynced: BTreeMap<ChainId, BTreeSet<ChunkId>>,
+    /// The server's attributes of the file as last seen: what answers `fstat` while the
+    /// metadata server is away (`client::away`).
+    known: Attr,
 }
 
 /// The segments of one file held in registered buffers, by segment index.
@@ -97,6 +100,7 @@ impl FileState {
                 committed_gen: 0,
                 committed_attr: None,
                 unsynced: BTreeMap::new(),
+                known: attr.clone(),
             }),
             io: Mutex::new(IoState {
                 opened_as: Some((attr.mtime, attr.size)),
@@ -117,6 +121,7 @@ impl FileState {
             if i.write_gen == i.committed_gen {
                 i.size = attr.size;
             }
+            i.known = attr.clone();
         }
         let mut io = self.io.lock();
         let now = Some((attr.mtime, attr.size));
@@ -132,6 +137,7 @@ impl FileState {
     /// Replaces length and mtime by the local view while writes are uncommitted.
     pub(crate) fn overlay(&self, attr: &mut Attr) {
         let mut i = self.inner.lock();
+        i.known = attr.clone();
         if i.write_gen != i.committed_gen {
             attr.size = attr.size.max(i.size);
             // A write changes the contents and the inode: both times move.
@@ -140,6 +146,19 @@ impl FileState {
         } else {
             i.size = attr.size;
         }
+    }
+
+    /// The attributes last seen from the server, with this client's length and, while
+    /// writes are uncommitted, their mtime.
+    pub(crate) fn known_attr(&self) -> Attr {
+        let i = self.inner.lock();
+        let mut attr = i.known.clone();
+        attr.size = i.size;
+        if i.write_gen != i.committed_gen {
+            attr.mtime = i.mtime;
+            attr.ctime = attr.ctime.max(i.mtime);
+        }
+        attr
     }
 
     /// The file was cut or grown to `size`: cached bytes past or around it are stale.
@@ -461,7 +480,8 @@ impl Client {
         // Another client may have cut what this one wrote past the committed length
         // while its open was lost: committing a length over that would show zeros. A
         // new metadata connection tells whether it was, before anything is committed.
-        self.resume_sessions().await;
+        // Unreachable until the wait ends: the commit's own call fails then.
+        let _ = self.resume_waiting().await;
         pending.filter(|_| !state.is_lost())
     }
 

@@ -6,7 +6,7 @@ use super::records::{decode, DirentRecord, InodeRecord, Superblock};
 use super::Namespace;
 use crate::error::MetaError;
 use proto::meta::{ChainInfo, ClusterStatus, FileLayout};
-use proto::{ChainId, FileKind, InodeId, Layout};
+use proto::{ChainId, FileKind, InodeId, Layout, NodeId};
 use std::collections::HashMap;
 
 /// Keys one scan step reads.
@@ -129,7 +129,9 @@ impl Namespace {
         Ok((out, !stopped))
     }
 
-    /// Whether each inode exists.
+    /// Whether each inode exists, or was removed and still has chunk deletions queued
+    /// for some data server: the chunks of an inode this says `false` of are left over
+    /// (a data server's sweep drops them; `tessera fsck` reports them).
     pub fn inodes_exist(&self, inodes: &[InodeId]) -> Result<Vec<bool>, MetaError> {
         if inodes.len() > MAX_EXIST_QUERY {
             return Err(MetaError::InvalidArgument(format!(
@@ -137,9 +139,20 @@ impl Namespace {
                 inodes.len()
             )));
         }
+        let nodes: Vec<NodeId> = self.nodes()?.into_iter().map(|(n, _)| n).collect();
         inodes
             .iter()
-            .map(|&i| Ok(self.store.get(&keys::inode(i))?.is_some()))
+            .map(|&i| {
+                if self.store.get(&keys::inode(i))?.is_some() {
+                    return Ok(true);
+                }
+                for &node in &nodes {
+                    if self.store.get(&keys::gc(node, i))?.is_some() {
+                        return Ok(true);
+                    }
+                }
+                Ok(false)
+            })
             .collect()
     }
 

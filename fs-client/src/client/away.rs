@@ -1,0 +1,169 @@
+//! A metadata server that is away for a moment (restarting, or its connection broken):
+//! metadata calls wait up to `meta_wait_ms` for it, resuming the open files on each new
+//! connection before the call itself, and what this client knows of an open file
+//! answers `fstat` (and the kernel's size check at the end of a read) meanwhile.
+
+use super::Client;
+use crate::error::{ClientError, Result};
+use crate::rpc::{self, expect_reply};
+use proto::meta::{MetaReply, MetaRequest};
+use proto::{Attr, ErrorCode, InodeId};
+use std::time::{Duration, Instant};
+
+/// The first pause before trying an unreachable server again; it doubles up to
+/// [`MAX_PAUSE`]. A restarted server is found within about one pause of its start.
+const FIRST_PAUSE: Duration = Duration::from_millis(20);
+/// The longest pause between two tries.
+const MAX_PAUSE: Duration = Duration::from_millis(500);
+
+/// Tries of one call while the server is away: one at once (a connection that broke
+/// under an idle client), then with growing pauses until the deadline.
+struct Patience {
+    start: Instant,
+    deadline: Instant,
+    pause: Duration,
+    tries: u32,
+}
+
+impl Patience {
+    fn new(wait: Duration) -> Patience {
+        let start = Instant::now();
+        Patience {
+            start,
+            deadline: start + wait,
+            pause: Duration::ZERO,
+            tries: 0,
+        }
+    }
+
+    /// Waits before the next try, or says there is none left.
+    async fn again(&mut self, e: &ClientError) -> bool {
+        if self.tries > 0 && Instant::now() + self.pause > self.deadline {
+            return false;
+        }
+        if self.tries == 1 {
+            let wait_ms = self
+                .deadline
+                .saturating_duration_since(self.start)
+                .as_millis();
+            tracing::warn!(error = %e, wait_ms, "metadata server unreachable, waiting for it");
+        }
+        self.tries += 1;
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).clamp(FIRST_PAUSE, MAX_PAUSE);
+        true
+    }
+
+    /// Says that the server answered again, if this call had to wait for it.
+    fn answered(&self) {
+        if self.tries > 1 {
+            let waited_ms = self.start.elapsed().as_millis();
+            tracing::info!(waited_ms, "metadata server reachable again");
+        }
+    }
+}
+
+impl Client {
+    /// How long metadata calls wait for an unreachable server (`meta_wait_ms`).
+    pub(crate) fn meta_wait(&self) -> Duration {
+        Duration::from_millis(self.config.meta_wait_ms)
+    }
+
+    /// Sends `req`, on a connection whose open files were resumed, waiting up to `wait`
+    /// while the server cannot be reached (see [`rpc::server_away`]).
+    pub(crate) async fn meta_waiting(
+        &self,
+        req: &MetaRequest,
+        wait: Duration,
+    ) -> Result<(MetaReply, u64)> {
+        let mut patience = Patience::new(wait);
+        loop {
+            let e = match self.resume_sessions().await {
+                // Nothing of `req` was sent yet: safe to try again whatever it is.
+                Err(e) => e,
+                Ok(()) => match self.meta_once(req).await {
+                    Err(e) if rpc::server_away(&e, req) => e,
+                    r => {
+                        patience.answered();
+                        return r;
+                    }
+                },
+            };
+            if !rpc::unreachable(&e) || !patience.again(&e).await {
+                return Err(e);
+            }
+            self.ep.count_retry();
+        }
+    }
+
+    /// Waits up to `meta_wait_ms` for a connection whose open files were resumed: a
+    /// commit must know first whether its open was lost while the client was away.
+    pub(crate) async fn resume_waiting(&self) -> Result<()> {
+        let mut patience = Patience::new(self.meta_wait());
+        loop {
+            match self.resume_sessions().await {
+                Ok(()) => {
+                    patience.answered();
+                    return Ok(());
+                }
+                Err(e) if rpc::unreachable(&e) && patience.again(&e).await => {
+                    self.ep.count_retry();
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The attributes of `ino`. A file this client has open is answered from what the
+    /// client knows of it while the server is away, without waiting: `fstat`, and the
+    /// kernel's size check when a read reaches the end, go on through a restart.
+    pub async fn getattr(&self, ino: InodeId) -> Result<Attr> {
+        if let Some(attr) = self.take_kept_attr(ino) {
+            return Ok(attr);
+        }
+        let req = MetaRequest::GetAttr { ino };
+        let open = self.live_file(ino);
+        let wait = if open.is_some() {
+            Duration::ZERO
+        } else {
+            self.meta_wait()
+        };
+        let reply = match self.meta_waiting(&req, wait).await {
+            Err(e) if rpc::unreachable(&e) => match open {
+                Some(st) => {
+                    tracing::debug!(%ino, error = %e, "server away: open file's known attributes");
+                    return Ok(st.known_attr());
+                }
+                None => return Err(e),
+            },
+            r => r?.0,
+        };
+        let attr = expect_reply!(reply, MetaReply::Attr(a) => a)?;
+        Ok(self.overlay(attr))
+    }
+
+    /// Sends a `GetXattr`; see [`Client::getxattr`]. While the server is away, the
+    /// capability check the kernel makes before writes is answered "none" for an open
+    /// file known to have no extended attributes, without waiting.
+    pub(crate) async fn getxattr_call(
+        &self,
+        ino: InodeId,
+        req: &MetaRequest,
+        capability: bool,
+    ) -> Result<Vec<u8>> {
+        let open = self.live_file(ino).filter(|_| capability);
+        let wait = match open {
+            Some(_) => Duration::ZERO,
+            None => self.meta_wait(),
+        };
+        match self.meta_waiting(req, wait).await {
+            Err(e) if rpc::unreachable(&e) => match open {
+                Some(st) if st.known_attr().xattr_count == 0 => Err(ClientError::Remote(
+                    proto::WireError::new(ErrorCode::NoData, "no such extended attribute"),
+                )),
+                _ => Err(e),
+            },
+            r => expect_reply!(r?.0, MetaReply::Xattr(v) => v),
+        }
+    }
+}

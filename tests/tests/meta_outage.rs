@@ -1,0 +1,142 @@
+//! A metadata server that goes away and comes back on its address (a crash and restart)
+//! under a live mount: files the mount had closed stay closed (the server is not told
+//! they are open, so their space is freed when they are removed), and files it has open
+//! keep working: reads to the end, `fstat`, and then `fsync` and `close` that wait for
+//! the server instead of failing. Real processes and a real FUSE mount.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
+use tessera_tests::agent::Agent;
+use tessera_tests::posix::{chunk_files, wait_chunks, wait_until, User};
+use tessera_tests::{pseudo_random, sha256_hex, ProcessCluster};
+
+const MIB: usize = 1 << 20;
+/// How long a mount may take to notice the restarted server and say so in its log.
+const NOTICE: Duration = Duration::from_secs(20);
+
+/// The `open=N` of the mount's last "open files resumed" log line, if there is one.
+fn last_resume_count(log: &str) -> Option<usize> {
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("open files resumed"))?;
+    let field = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("open="))?;
+    field.parse().ok()
+}
+
+/// Guards against closes of read-only or untouched files that ended the session on the
+/// server but left it in the mount's registry, so every metadata restart reopened them
+/// all (58,348 after a `cp -a` of /usr/share/doc).
+#[test]
+fn files_closed_before_a_metadata_restart_are_not_resumed() {
+    let mut cluster = ProcessCluster::start(3);
+    let m = cluster.mount("m");
+    for i in 0..30u8 {
+        fs::write(m.path.join(format!("f{i}")), vec![i; 1000]).expect("write");
+    }
+    for i in 0..30u8 {
+        // A read and a close: the quick close path, no commit.
+        assert_eq!(
+            fs::read(m.path.join(format!("f{i}"))).expect("read"),
+            vec![i; 1000]
+        );
+    }
+    let _ = fs::File::create(m.path.join("empty")).expect("create, close empty");
+    cluster.restart_meta();
+    // Any metadata call on the new connection resumes first.
+    fs::create_dir(m.path.join("after")).expect("mkdir after the restart");
+    wait_until("the mount resumed", NOTICE, || {
+        last_resume_count(&m.log_text()).is_some()
+    });
+    assert_eq!(
+        last_resume_count(&m.log_text()),
+        Some(0),
+        "nothing was open, nothing should be resumed:\n{}",
+        m.log_text()
+    );
+}
+
+/// Guards against a file read (and closed) before a metadata restart and removed after
+/// it keeping its chunks on every data server: the restarted server took the mount's
+/// stale registry for open files, so the removal waited for a close that never came.
+#[test]
+fn a_file_removed_after_a_metadata_restart_frees_its_chunks() {
+    let mut cluster = ProcessCluster::start(3);
+    let m = cluster.mount("m");
+    let path = m.path.join("eight");
+    fs::write(&path, pseudo_random(8 * MIB, 8)).expect("write 8 MiB");
+    let ino = fs::metadata(&path).expect("stat").ino();
+    assert_eq!(fs::read(&path).expect("read").len(), 8 * MIB);
+    wait_chunks(cluster.dir(), Some(ino), 2);
+    cluster.restart_meta();
+    fs::remove_file(&path).expect("remove after the restart");
+    wait_chunks(cluster.dir(), Some(ino), 0);
+    assert_eq!(chunk_files(cluster.dir(), Some(ino)), 0);
+}
+
+/// Guards against open files failing with EIO while the metadata server is away: a
+/// read that reached the end of the file (the kernel asks for the size there), `fstat`,
+/// `fsync` and `close` failed at once, and so did every `mkdir`, `stat` and `open`.
+/// The open file lives in an agent process: a descriptor of written bytes held by the
+/// test process itself would be flushed (a commit, waiting for the server) by the
+/// fork and exec that start the metadata server again.
+#[test]
+fn open_files_and_new_calls_carry_on_across_a_metadata_restart() {
+    let mut cluster = ProcessCluster::start(3);
+    // Attributes expire at once, so that the kernel asks the mount for them.
+    let m = cluster.mount_with_config("m", "attr_ttl_ms = 0\nentry_ttl_ms = 0\n");
+    let path = m.path.join("open");
+    let data = pseudo_random(3 * MIB + 123, 3);
+    fs::write(&path, &data).expect("write");
+    let mut a = Agent::start(&User::root(), "holder");
+    a.expect(&format!("open f {} rw", path.display()), "ok");
+    let len = data.len();
+    a.expect(
+        "pread f 0 4",
+        &format!("ok {}", String::from_utf8_lossy(&data[..4])),
+    );
+
+    cluster.kill_meta();
+    // `cat` to the end, with the server down: bytes come from the data servers, the
+    // length from what the mount knows.
+    let whole = format!("ok {} {len}", sha256_hex(&data));
+    assert_eq!(
+        a.ask("sha f"),
+        whole,
+        "reading to the end with the server down"
+    );
+    a.expect("fstat f", &format!("ok {len} 1"));
+    a.expect(&format!("pwrite f {len} appended"), "ok 8");
+    a.expect("fstat f", &format!("ok {} 1", len + 8));
+
+    // fsync and close need the server: they wait for it (`meta_wait_ms`), as does a
+    // mkdir sent while it is down.
+    a.send("fsync f");
+    let dir = m.path.join("made-while-away");
+    let mkdir = std::thread::spawn(move || fs::create_dir(&dir));
+    wait_until("the mount waits for the server", NOTICE, || {
+        m.log_text()
+            .contains("metadata server unreachable, waiting for it")
+    });
+    cluster.restart_meta();
+    let log = || {
+        let meta = fs::read_to_string(cluster.dir().join("meta.log")).unwrap_or_default();
+        format!("{}\n-- meta.log:\n{meta}", m.log_text())
+    };
+    let synced = a.reply(Duration::from_secs(60));
+    assert_eq!(
+        synced.as_deref(),
+        Some("ok"),
+        "fsync across the restart\n{}",
+        log()
+    );
+    a.expect("close f", "ok");
+    let made = mkdir.join().expect("the mkdir thread");
+    made.unwrap_or_else(|e| panic!("mkdir across the restart: {e}\n{}", log()));
+    let after = fs::read(&path).expect("read back");
+    assert_eq!(after.len(), len + 8);
+    assert!(after[..len] == data[..] && after.ends_with(b"appended"));
+}
