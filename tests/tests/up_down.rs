@@ -197,12 +197,12 @@ fn down_leaves_a_foreign_tessera_process_alone() {
     .unwrap();
     let (m, s) = (mnt.to_string_lossy(), state.to_string_lossy());
     let out = run(&["down", &m, "--state-dir", &s]);
-    assert!(!out.status.success(), "nothing was running: a failure");
-    assert!(stderr(&out).contains("nothing to stop"), "{}", stderr(&out));
     assert!(
         foreign.0.try_wait().unwrap().is_none(),
         "the foreign process is left alone"
     );
+    assert!(!out.status.success(), "nothing was running: a failure");
+    assert!(stderr(&out).contains("nothing to stop"), "{}", stderr(&out));
     // A path that was never mounted, with no state directory at all.
     let never = dir.path().join("never-mounted");
     let out = run(&["down", &never.to_string_lossy()]);
@@ -228,26 +228,10 @@ fn up_brings_back_killed_servers_on_their_old_addresses() {
         "--state-dir".into(),
         s.clone(),
     ]);
-    // Mounting over files hides them: refused unless asked for.
-    fs::create_dir_all(&mnt).unwrap();
-    fs::write(mnt.join("hidden"), b"x").unwrap();
-    let out = run(&["up", &m, "--state-dir", &s]);
-    assert!(!out.status.success(), "a non-empty mount point is refused");
-    assert!(stderr(&out).contains("--nonempty"), "{}", stderr(&out));
-    let out = tessera(&["up", &m, "--state-dir", &s, "--nonempty"]);
+    let up = tessera(&["up", &m, "--state-dir", &s]);
     let meta = addr(&state, "meta");
-    assert!(out.contains(&format!("metadata server: {meta}")), "{out}");
-    assert!(out.contains(&format!("logs: {s}/logs")), "{out}");
-
     let before = tessera_tests::pseudo_random(3 << 20, 5);
     fs::write(mnt.join("before"), &before).unwrap();
-    let status = tessera(&["status", &m]);
-    for i in 0..3 {
-        let line = format!("data-{i} (node:");
-        assert!(status.contains(&line), "{line} in:\n{status}");
-    }
-    let fsck = tessera(&["fsck", "--state-dir", &s]);
-    assert!(fsck.contains(" 0 problems"), "{fsck}");
 
     // A data server killed: `up` brings it back on its address.
     let data_addr = addr(&state, "data-1");
@@ -285,9 +269,37 @@ fn up_brings_back_killed_servers_on_their_old_addresses() {
     assert_eq!(fs::read(mnt.join("before")).unwrap(), before);
     let out = tessera(&["up", &m, "--state-dir", &s]);
     assert!(out.contains("nothing to bring back"), "{out}");
+
+    // `up` says where the metadata server and the logs are; `status` and `fsck` find
+    // it from the mount point or the state directory.
+    assert!(up.contains(&format!("metadata server: {meta}")), "{up}");
+    assert!(up.contains(&format!("logs: {s}/logs")), "{up}");
+    let status = tessera(&["status", &m]);
+    for i in 0..3 {
+        let line = format!("data-{i} (node:");
+        assert!(status.contains(&line), "{line} in:\n{status}");
+    }
+    let fsck = tessera(&["fsck", "--state-dir", &s]);
+    assert!(fsck.contains(" 0 problems"), "{fsck}");
+    let fsck = tessera(&["fsck", &m]);
+    assert!(fsck.contains(" 0 problems"), "{fsck}");
     tessera(&["down", &m, "--state-dir", &s]);
     assert!(!fs_client::cluster::is_mounted(&mnt));
-    assert_eq!(fs::read(mnt.join("hidden")).unwrap(), b"x");
+
+    // Mounting over files hides them: refused unless asked for.
+    fs::write(mnt.join("hidden"), b"x").unwrap();
+    let out = run(&["up", &m, "--state-dir", &s]);
+    assert!(!out.status.success(), "a non-empty mount point is refused");
+    assert!(stderr(&out).contains("--nonempty"), "{}", stderr(&out));
+    assert!(!fs_client::cluster::is_mounted(&mnt));
+    tessera(&["up", &m, "--state-dir", &s, "--nonempty"]);
+    assert_eq!(fs::read(mnt.join("before")).unwrap(), before);
+    tessera(&["down", &m, "--state-dir", &s]);
+    assert_eq!(
+        fs::read(mnt.join("hidden")).unwrap(),
+        b"x",
+        "kept under the mount"
+    );
 }
 
 fn write_and_check(mnt: &Path, name: &str, seed: u64) {
@@ -340,7 +352,6 @@ fn down_stops_a_server_restarted_by_hand() {
         state.join("data-0.addr").exists()
     });
     let out = tessera(&["down", &m, "--state-dir", &s]);
-    assert!(out.contains("data-0"), "{out}");
     let deadline = Instant::now() + WAIT;
     while by_hand.0.try_wait().unwrap().is_none() {
         assert!(
@@ -349,6 +360,7 @@ fn down_stops_a_server_restarted_by_hand() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    assert!(out.contains("data-0"), "{out}");
     assert!(!fs_client::cluster::is_mounted(&mnt));
     for entry in fs::read_dir(state.join("logs")).unwrap() {
         let path = entry.unwrap().path();
