@@ -370,6 +370,7 @@ fn down_stops_a_server_restarted_by_hand() {
             "no colour codes in {path:?}:\n{text}"
         );
         assert!(!text.contains("Failed to umount"), "{path:?}:\n{text}");
+        assert!(!text.contains("Unmount failed"), "{path:?}:\n{text}");
     }
 }
 
