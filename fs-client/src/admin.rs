@@ -60,8 +60,11 @@ pub fn render_status(s: &ClusterStatus, bar: bool, names: &[(String, String)]) -
     );
     for n in &map.nodes {
         let state = match n.state {
-            NodeState::Up => "up",
-            NodeState::Down => "DOWN",
+            NodeState::Up => "up".to_string(),
+            NodeState::Down => match s.replaced_in_ms.iter().find(|(x, _)| *x == n.node) {
+                Some((_, ms)) => format!("DOWN (replaced in {})", duration_text(*ms)),
+                None => "DOWN".to_string(),
+            },
         };
         let _ = writeln!(out, "  {:<18} {:<24} {state}", name(n.node), n.addr);
     }
@@ -103,6 +106,16 @@ pub fn render_status(s: &ClusterStatus, bar: bool, names: &[(String, String)]) -
         let _ = writeln!(out, "{}", progress_bar(done, s.chunks, 40));
     }
     out
+}
+
+/// `1h 02m`, `9m 30s`, `12s`: a countdown for people.
+fn duration_text(ms: u64) -> String {
+    let s = ms.div_ceil(1000);
+    match (s / 3600, s / 60 % 60, s % 60) {
+        (0, 0, sec) => format!("{sec}s"),
+        (0, min, sec) => format!("{min}m {sec:02}s"),
+        (h, min, _) => format!("{h}h {min:02}m"),
+    }
 }
 
 /// `[#####.....] 50%`
@@ -326,6 +339,11 @@ mod tests {
                 copied: 1,
                 total: 5,
             }],
+            replaced_in_ms: if down {
+                vec![(NodeId(2), 570_000)]
+            } else {
+                Vec::new()
+            },
         }
     }
 
@@ -346,11 +364,20 @@ mod tests {
             "unnamed servers keep their id: {text}"
         );
         assert!(text.contains("replace_after_ms"), "{text}");
+        assert!(text.contains("DOWN (replaced in 9m 30s)"), "{text}");
         assert!(text.contains("tessera up MOUNTPOINT"), "{text}");
         let text = render_status(&status(false), false, &[]);
         assert!(
             !text.contains("replace_after_ms"),
             "no hint without a DOWN server"
         );
+    }
+
+    #[test]
+    fn countdowns_read_as_hours_minutes_seconds() {
+        assert_eq!(duration_text(0), "0s");
+        assert_eq!(duration_text(11_001), "12s");
+        assert_eq!(duration_text(570_000), "9m 30s");
+        assert_eq!(duration_text(3_720_000), "1h 02m");
     }
 }

@@ -217,6 +217,10 @@ pub struct ClusterStatus {
     pub chunks: u64,
     /// Resyncs under way.
     pub resync: Vec<ResyncProgress>,
+    /// Each DOWN server still in some chain, and the milliseconds until it leaves its
+    /// chains for good (`replace_after_ms` after its lease ran out) and another server
+    /// takes its place.
+    pub replaced_in_ms: Vec<(NodeId, u64)>,
 }
 
 /// How far one data server's resync has come, as `tessera status` shows it.

@@ -283,6 +283,19 @@ fn up_brings_back_killed_servers_on_their_old_addresses() {
     assert!(fsck.contains(" 0 problems"), "{fsck}");
     let fsck = tessera(&["fsck", &m]);
     assert!(fsck.contains(" 0 problems"), "{fsck}");
+    // A server whose lease ran out is DOWN: status says when it will be replaced and
+    // how to bring it back.
+    kill9(pid_of(&state, "data-2"));
+    let mut status = String::new();
+    wait_until("status shows data-2 DOWN", || {
+        status = tessera(&["status", &m]);
+        status
+            .lines()
+            .any(|l| l.contains("data-2 (node:") && l.contains("DOWN (replaced in 9m"))
+    });
+    assert!(status.contains("`tessera up MOUNTPOINT`"), "{status}");
+    let out = tessera(&["up", &m]);
+    assert!(out.contains("brought back data-2"), "{out}");
     tessera(&["down", &m, "--state-dir", &s]);
     assert!(!fs_client::cluster::is_mounted(&mnt));
 

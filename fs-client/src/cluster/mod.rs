@@ -371,10 +371,9 @@ pub fn meta_of(
 /// missing ones; returns once the mount is usable.
 pub fn up(opts: &UpOptions) -> Result<UpReport, ClusterError> {
     let mnt = absolute(&opts.mountpoint)?;
-    let state = match &opts.state_dir {
-        Some(s) => absolute(s)?,
-        None => default_state_dir(&mnt),
-    };
+    // Unnamed, the state directory an earlier `up --state-dir` recorded for this mount
+    // point, as `down`, `status` and `fsck` find it.
+    let state = absolute(&resolve_state(&mnt, opts.state_dir.as_deref()))?;
     let logs = state.join("logs");
     fs::create_dir_all(&logs).map_err(io_err(format!("creating {}", logs.display())))?;
     if opts.state_dir.is_some() {

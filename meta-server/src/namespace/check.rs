@@ -96,12 +96,14 @@ impl Namespace {
             Ok(())
         })?;
         let resync = self.resyncs(&map, &per_chain);
+        let replaced_in_ms = self.replaced_in(&map);
         Ok(ClusterStatus {
             map: (*map).clone(),
             target_replicas: target,
             under_replicated_chunks: under,
             chunks,
             resync,
+            replaced_in_ms,
         })
     }
 

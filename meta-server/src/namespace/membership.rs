@@ -257,6 +257,29 @@ impl Namespace {
         self.map.read().chains.iter().map(|c| c.chain.0).collect()
     }
 
+    /// Each DOWN server still in a chain of `map`, and the milliseconds until `reconcile`
+    /// takes it out of its chains (its lease plus `replace_after_ms` after its last
+    /// heartbeat).
+    pub(crate) fn replaced_in(&self, map: &ClusterMap) -> Vec<(NodeId, u64)> {
+        let gone_after = Duration::from_millis(self.config.node_lease_ms)
+            .saturating_add(Duration::from_millis(self.config.replace_after_ms));
+        let live = self.liveness.lock();
+        map.nodes
+            .iter()
+            .filter(|n| n.state == NodeState::Down)
+            .filter(|n| {
+                map.chains
+                    .iter()
+                    .any(|c| c.members.iter().any(|m| m.node == n.node))
+            })
+            .map(|n| {
+                let silent = live.get(&n.node).map_or(Duration::MAX, Instant::elapsed);
+                let left = gone_after.saturating_sub(silent);
+                (n.node, u64::try_from(left.as_millis()).unwrap_or(u64::MAX))
+            })
+            .collect()
+    }
+
     /// The last resync report of each server that is syncing somewhere, with the chunks
     /// of the chains it syncs (`chunks_per_chain`) as the total a pass compares.
     pub(crate) fn resyncs(
