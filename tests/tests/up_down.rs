@@ -267,6 +267,11 @@ fn up_brings_back_killed_servers_on_their_old_addresses() {
         .collect();
     assert!(names.contains(&"after-meta".to_string()), "{names:?}");
     assert_eq!(fs::read(mnt.join("before")).unwrap(), before);
+    // The mount process killed: its mount point is dead (ENOTCONN) until `up` remounts.
+    kill9(pid_of(&state, "mount"));
+    let out = tessera(&["up", &m, "--state-dir", &s]);
+    assert!(out.contains("brought back mount"), "{out}");
+    assert_eq!(fs::read(mnt.join("before")).unwrap(), before);
     let out = tessera(&["up", &m, "--state-dir", &s]);
     assert!(out.contains("nothing to bring back"), "{out}");
 

@@ -179,6 +179,22 @@ fn absolute(p: &Path) -> Result<PathBuf, ClusterError> {
     fs::canonicalize(p).map_err(io_err(format!("resolving {}", p.display())))
 }
 
+/// The absolute path of mount point `p` without creating it. A dead mount (its process
+/// killed) fails every look at it with ENOTCONN: its parent is resolved instead.
+pub fn resolve_mount(p: &Path) -> PathBuf {
+    if let Ok(full) = fs::canonicalize(p) {
+        return full;
+    }
+    let parent = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    match (fs::canonicalize(parent), p.file_name()) {
+        (Ok(dir), Some(name)) => dir.join(name),
+        _ => p.to_path_buf(),
+    }
+}
+
 /// The state directory of a mount: the named one, or the one `up` recorded, or the
 /// default.
 pub fn resolve_state(mountpoint: &Path, named: Option<&Path>) -> PathBuf {
@@ -354,10 +370,7 @@ pub fn meta_of(
 ) -> Result<(Option<String>, Option<PathBuf>), ClusterError> {
     let state = match (mountpoint, state_dir) {
         (_, Some(s)) => s,
-        (Some(m), None) => {
-            let mnt = fs::canonicalize(&m).unwrap_or(m);
-            resolve_state(&mnt, None)
-        }
+        (Some(m), None) => resolve_state(&resolve_mount(&m), None),
         (None, None) => return Ok((meta, None)),
     };
     let addr = match meta {
@@ -370,7 +383,10 @@ pub fn meta_of(
 /// Starts the cluster and mounts it, or, if some of its processes run, brings back the
 /// missing ones; returns once the mount is usable.
 pub fn up(opts: &UpOptions) -> Result<UpReport, ClusterError> {
-    let mnt = absolute(&opts.mountpoint)?;
+    let mnt = match resolve_mount(&opts.mountpoint) {
+        dead if is_mounted(&dead) => dead,
+        _ => absolute(&opts.mountpoint)?,
+    };
     // Unnamed, the state directory an earlier `up --state-dir` recorded for this mount
     // point, as `down`, `status` and `fsck` find it.
     let state = absolute(&resolve_state(&mnt, opts.state_dir.as_deref()))?;
@@ -611,7 +627,7 @@ fn bring_back(
 /// Unmounts `mountpoint` and stops every process of its cluster: the mount first (it
 /// unmounts itself on SIGTERM), then the data servers, then the metadata server.
 pub fn down(mountpoint: &Path, state_dir: Option<&Path>) -> Result<DownReport, ClusterError> {
-    let mnt = fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    let mnt = resolve_mount(mountpoint);
     let state = resolve_state(&mnt, state_dir);
     let members = procs::members(&state, &mnt);
     let was_mounted = is_mounted(&mnt);
