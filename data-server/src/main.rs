@@ -113,6 +113,8 @@ fn main() {
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // A log file gets plain text, a terminal colours.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = Args::try_parse()
         .map_err(|e| e.exit())

@@ -9,6 +9,12 @@ use proto::meta::{ClusterMap, ClusterStatus, MemberState, MetaReply, MetaRequest
 use proto::{ChainId, ChunkId, InodeId, NodeId};
 use std::fmt::Write as _;
 
+/// What `status` says under a DOWN server: what happens next and how to bring it back.
+const DOWN_HINT: &str = "  A DOWN server's chains go on without it. After the metadata \
+server's\n  replace_after_ms (default 10 min) it leaves them and another server takes its \
+place.\n  Bring it back before then (a local cluster: `tessera up MOUNTPOINT`) and it \
+resyncs.";
+
 /// Files one `ListFiles` call asks for.
 const FILES_PER_PAGE: u32 = 256;
 
@@ -19,11 +25,26 @@ impl Client {
     }
 }
 
+/// How a server is called: by its role in a local cluster (`data-0`, as its log and the
+/// pids file call it) next to its node id, when `names` (address, role) knows it.
+fn server_name(map: &ClusterMap, node: NodeId, names: &[(String, String)]) -> String {
+    let role = map
+        .addr(node)
+        .and_then(|a| names.iter().find(|(addr, _)| addr == a))
+        .map(|(_, role)| role);
+    match role {
+        Some(r) => format!("{r} ({node})"),
+        None => node.to_string(),
+    }
+}
+
 /// `status` as text, one line per server and chain; `bar` adds a progress bar of the
-/// replicated share of the chunks.
-pub fn render_status(s: &ClusterStatus, bar: bool) -> String {
+/// replicated share of the chunks. `names` (address, role) names the servers of a local
+/// cluster as its logs do.
+pub fn render_status(s: &ClusterStatus, bar: bool, names: &[(String, String)]) -> String {
     let mut out = String::new();
     let map = &s.map;
+    let name = |node: NodeId| server_name(map, node, names);
     let up = map
         .nodes
         .iter()
@@ -39,10 +60,16 @@ pub fn render_status(s: &ClusterStatus, bar: bool) -> String {
     );
     for n in &map.nodes {
         let state = match n.state {
-            NodeState::Up => "up",
-            NodeState::Down => "DOWN",
+            NodeState::Up => "up".to_string(),
+            NodeState::Down => match s.replaced_in_ms.iter().find(|(x, _)| *x == n.node) {
+                Some((_, ms)) => format!("DOWN (replaced in {})", duration_text(*ms)),
+                None => "DOWN".to_string(),
+            },
         };
-        let _ = writeln!(out, "  {:<10} {:<24} {state}", n.node.to_string(), n.addr);
+        let _ = writeln!(out, "  {:<18} {:<24} {state}", name(n.node), n.addr);
+    }
+    if map.nodes.iter().any(|n| n.state == NodeState::Down) {
+        let _ = writeln!(out, "{DOWN_HINT}");
     }
     for c in &map.chains {
         let members: Vec<String> = c
@@ -54,20 +81,24 @@ pub fn render_status(s: &ClusterStatus, bar: bool) -> String {
                     MemberState::Syncing => "syncing",
                     MemberState::Offline => "OFFLINE",
                 };
-                format!("{} {st}", m.node)
+                format!("{} {st}", name(m.node))
             })
             .collect();
-        let _ = writeln!(out, "  {:<10} {}", c.chain.to_string(), members.join(", "));
+        let _ = writeln!(out, "  {:<18} {}", c.chain.to_string(), members.join(", "));
     }
     let _ = writeln!(
         out,
         "under-replicated chunks: {} of {}",
         s.under_replicated_chunks, s.chunks
     );
-    for (node, checked, copied) in &s.resync {
+    for r in &s.resync {
         let _ = writeln!(
             out,
-            "resync {node}: {checked} chunks compared, {copied} copied"
+            "resync {}: {} of {} chunks compared, {} copied",
+            name(r.node),
+            r.compared,
+            r.total,
+            r.copied
         );
     }
     if bar {
@@ -75,6 +106,16 @@ pub fn render_status(s: &ClusterStatus, bar: bool) -> String {
         let _ = writeln!(out, "{}", progress_bar(done, s.chunks, 40));
     }
     out
+}
+
+/// `1h 02m`, `9m 30s`, `12s`: a countdown for people.
+fn duration_text(ms: u64) -> String {
+    let s = ms.div_ceil(1000);
+    match (s / 3600, s / 60 % 60, s % 60) {
+        (0, 0, sec) => format!("{sec}s"),
+        (0, min, sec) => format!("{min}m {sec:02}s"),
+        (h, min, _) => format!("{h}h {min:02}m"),
+    }
 }
 
 /// `[#####.....] 50%`
@@ -260,5 +301,85 @@ impl Client {
             Err(ClientError::Remote(e)) => Copy::Bad(format!("{:?}: {}", e.code, e.message)),
             Err(e) => Copy::Bad(e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::meta::{ChainInfo, Member, NodeInfo, ResyncProgress};
+
+    fn status(down: bool) -> ClusterStatus {
+        let node = |n: u32, state| NodeInfo {
+            node: NodeId(n),
+            addr: format!("127.0.0.1:{}", 4000 + n),
+            state,
+        };
+        let member = |n: u32, state| Member {
+            node: NodeId(n),
+            state,
+        };
+        let second = if down { NodeState::Down } else { NodeState::Up };
+        ClusterStatus {
+            map: ClusterMap {
+                version: 3,
+                nodes: vec![node(1, NodeState::Up), node(2, second)],
+                chains: vec![ChainInfo {
+                    chain: ChainId(1),
+                    members: vec![
+                        member(1, MemberState::Serving),
+                        member(2, MemberState::Syncing),
+                    ],
+                }],
+            },
+            target_replicas: 2,
+            under_replicated_chunks: 5,
+            chunks: 10,
+            resync: vec![ResyncProgress {
+                node: NodeId(2),
+                compared: 4,
+                copied: 1,
+                total: 5,
+            }],
+            replaced_in_ms: if down {
+                vec![(NodeId(2), 570_000)]
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    /// Guards against `status` calling servers `node:2` while the logs and the pids file
+    /// say `data-0`, and a DOWN server without a word on what happens next.
+    #[test]
+    fn status_names_servers_as_their_logs_do_and_explains_down() {
+        let names = vec![("127.0.0.1:4002".to_string(), "data-0".to_string())];
+        let text = render_status(&status(true), false, &names);
+        assert!(text.contains("data-0 (node:2)    127.0.0.1:4002"), "{text}");
+        assert!(text.contains("data-0 (node:2) syncing"), "{text}");
+        assert!(
+            text.contains("resync data-0 (node:2): 4 of 5 chunks compared, 1 copied"),
+            "{text}"
+        );
+        assert!(
+            text.contains("node:1 serving"),
+            "unnamed servers keep their id: {text}"
+        );
+        assert!(text.contains("replace_after_ms"), "{text}");
+        assert!(text.contains("DOWN (replaced in 9m 30s)"), "{text}");
+        assert!(text.contains("tessera up MOUNTPOINT"), "{text}");
+        let text = render_status(&status(false), false, &[]);
+        assert!(
+            !text.contains("replace_after_ms"),
+            "no hint without a DOWN server"
+        );
+    }
+
+    #[test]
+    fn countdowns_read_as_hours_minutes_seconds() {
+        assert_eq!(duration_text(0), "0s");
+        assert_eq!(duration_text(11_001), "12s");
+        assert_eq!(duration_text(570_000), "9m 30s");
+        assert_eq!(duration_text(3_720_000), "1h 02m");
     }
 }

@@ -30,6 +30,9 @@ enum Cmd {
         /// Transport backend: tcp, rdma, or auto (rdma when a device is usable, else tcp).
         #[arg(long)]
         transport: Option<String>,
+        /// Mount even if the mount point holds files (hidden while mounted).
+        #[arg(long)]
+        nonempty: bool,
     },
     /// Show the RDMA devices, ports, link layers and GIDs of this host, and the
     /// transport that `auto` would pick.
@@ -39,7 +42,8 @@ enum Cmd {
         config: Option<PathBuf>,
     },
     /// Start a local cluster (one metadata server, data servers on 127.0.0.1) and mount
-    /// it; returns once the mount is usable.
+    /// it; returns once the mount is usable. On a running cluster, brings back the
+    /// members that are missing, on their old addresses.
     Up {
         /// Where to mount.
         mountpoint: PathBuf,
@@ -55,10 +59,18 @@ enum Cmd {
         /// Copies of each chunk (1 to 8, capped by the data servers; default 3).
         #[arg(long)]
         replicas: Option<u8>,
+        /// Mount even if the mount point holds files (hidden while mounted).
+        #[arg(long)]
+        nonempty: bool,
     },
     /// Show the data servers, the chains and their members' states, the number of
     /// under-replicated chunks and the resyncs under way.
     Status {
+        /// Mount point of a cluster started by `tessera up`: its metadata address.
+        mountpoint: Option<PathBuf>,
+        /// State directory of a cluster started by `tessera up`.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
         /// Metadata server address (host:port).
         #[arg(long)]
         meta: Option<String>,
@@ -75,6 +87,11 @@ enum Cmd {
     /// Check the namespace and every chunk copy (present, checksums valid, same version
     /// on every replica); exits 1 if anything is wrong.
     Fsck {
+        /// Mount point of a cluster started by `tessera up`: its metadata address.
+        mountpoint: Option<PathBuf>,
+        /// State directory of a cluster started by `tessera up`.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
         /// Metadata server address (host:port).
         #[arg(long)]
         meta: Option<String>,
@@ -154,14 +171,19 @@ where
 
 /// Prints the status once, or until nothing is under-replicated with `watch`; on a
 /// terminal the progress bar is redrawn in place.
-async fn status(client: &Client, watch: bool, timeout: u64) -> fs_client::Result<()> {
+async fn status(
+    client: &Client,
+    watch: bool,
+    timeout: u64,
+    names: &[(String, String)],
+) -> fs_client::Result<()> {
     use std::io::IsTerminal;
     let tty = std::io::stdout().is_terminal();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout);
     let mut last_lines = 0;
     loop {
         let s = client.status().await?;
-        let text = fs_client::admin::render_status(&s, watch || tty);
+        let text = fs_client::admin::render_status(&s, watch || tty, names);
         if tty && last_lines > 0 {
             // Move up over the previous report and clear it.
             print!("\x1b[{last_lines}A\x1b[J");
@@ -182,7 +204,9 @@ fn run(args: Args) -> anyhow::Result<()> {
             config,
             meta,
             transport,
+            nonempty,
         } => {
+            cluster::check_mountpoint(&mountpoint, nonempty)?;
             let mut c = client_config(&config, &meta, &transport)?;
             // Resolve `auto` and check `rdma` before mounting: one clear sentence on a
             // host without RDMA.
@@ -200,6 +224,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             data_servers,
             store,
             replicas,
+            nonempty,
         } => {
             if !(1..=64).contains(&data_servers) {
                 bail!("--data-servers must be between 1 and 64");
@@ -211,33 +236,36 @@ fn run(args: Args) -> anyhow::Result<()> {
                 store,
                 bin_dir: None,
                 replicas,
+                nonempty,
             };
-            let state = cluster::up(&opts)?;
-            println!(
-                "Tessera is mounted at {} (state in {}). Stop it with: tessera down {}",
-                mountpoint.display(),
-                state.display(),
-                mountpoint.display()
-            );
+            print!("{}", cluster::up(&opts)?);
             Ok(())
         }
         Cmd::Status {
+            mountpoint,
+            state_dir,
             meta,
             config,
             watch,
             timeout,
         } => {
+            let (meta, state) = cluster::meta_of(mountpoint, state_dir, meta)?;
             let c = client_config(&config, &meta, &None)?;
-            with_client(
-                c,
-                |client| async move { status(&client, watch, timeout).await },
-            )
+            let names = state
+                .map(|s| cluster::state::data_names(&s))
+                .unwrap_or_default();
+            with_client(c, |client| async move {
+                status(&client, watch, timeout, &names).await
+            })
         }
         Cmd::Fsck {
+            mountpoint,
+            state_dir,
             meta,
             config,
             repair,
         } => {
+            let (meta, _) = cluster::meta_of(mountpoint, state_dir, meta)?;
             let c = client_config(&config, &meta, &None)?;
             let clean = with_client(c, |client| async move {
                 let report = client.fsck(repair).await?;
@@ -262,28 +290,27 @@ fn run(args: Args) -> anyhow::Result<()> {
             mountpoint,
             state_dir,
         } => {
-            let state = cluster::down(&mountpoint, state_dir.as_deref())?;
-            println!(
-                "Tessera at {} is down (state kept in {}).",
-                mountpoint.display(),
-                state.display()
-            );
+            print!("{}", cluster::down(&mountpoint, state_dir.as_deref())?);
             Ok(())
         }
     }
 }
 
 fn main() {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // A log file gets plain text, a terminal colours.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let args = Args::try_parse().unwrap_or_else(|e| e.exit());
     if let Err(e) = run(args) {
-        eprintln!("tessera: {e:#}");
+        let causes = e.chain().map(|c| c.to_string());
+        eprintln!("tessera: {}", fs_client::error::each_cause_once(causes));
         std::process::exit(1);
     }
 }

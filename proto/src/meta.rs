@@ -197,9 +197,9 @@ pub struct ResyncReport {
     pub pass_version: u64,
     /// Chains that pass found (and left) identical to a serving member.
     pub synced: Vec<ChainId>,
-    /// Chunks the resync under way has compared so far.
+    /// Chunks the resync pass under way (or the last one) has compared so far.
     pub checked: u64,
-    /// Chunks it has copied so far.
+    /// Chunks that pass has copied so far.
     pub copied: u64,
 }
 
@@ -215,8 +215,26 @@ pub struct ClusterStatus {
     pub under_replicated_chunks: u64,
     /// Chunks counted over every file.
     pub chunks: u64,
-    /// Resyncs under way: node, chunks compared, chunks copied.
-    pub resync: Vec<(NodeId, u64, u64)>,
+    /// Resyncs under way.
+    pub resync: Vec<ResyncProgress>,
+    /// Each DOWN server still in some chain, and the milliseconds until it leaves its
+    /// chains for good (`replace_after_ms` after its lease ran out) and another server
+    /// takes its place.
+    pub replaced_in_ms: Vec<(NodeId, u64)>,
+}
+
+/// How far one data server's resync has come, as `tessera status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResyncProgress {
+    /// The resyncing server.
+    pub node: NodeId,
+    /// Chunks its current pass has compared with a serving copy.
+    pub compared: u64,
+    /// Chunks that pass has copied.
+    pub copied: u64,
+    /// Chunks of the chains it resyncs (what a whole pass compares), as the metadata
+    /// counts them from the files' lengths.
+    pub total: u64,
 }
 
 /// A regular file and its layout, as `tessera fsck` walks them.

@@ -213,6 +213,13 @@ impl Resync {
 
     /// Compares every syncing chain with a serving member and reports which are equal.
     async fn sync_pass(&self, map: &ClusterMap, me: NodeId, syncing: &[ChainId]) {
+        if !syncing.is_empty() {
+            // Counted per pass: `tessera status` shows them against the chunks one pass
+            // compares.
+            let mut r = self.report.lock();
+            r.checked = 0;
+            r.copied = 0;
+        }
         let mut synced = Vec::new();
         for &chain in syncing {
             let Some(src) = source(map, chain, me) else {

@@ -37,6 +37,8 @@ const MAX_SEEN: usize = 262_144;
 pub struct TesseraFs {
     inner: Arc<Inner>,
     rt: tokio::runtime::Handle,
+    /// fuser's handle on the mount, taken when the session ends (see `forget_mount`).
+    unmounter: Arc<Mutex<Option<fuser::SessionUnmounter>>>,
 }
 
 struct Inner {
@@ -107,6 +109,7 @@ impl TesseraFs {
         TesseraFs {
             inner: Arc::new(inner),
             rt,
+            unmounter: Arc::default(),
         }
     }
 
@@ -392,7 +395,9 @@ pub fn mount_and_serve(
     let config = session_config(&client);
     let fs = TesseraFs::new(client, rt.handle().clone());
     let inner = fs.inner.clone();
-    let session = fuser::Session::new(fs, mountpoint, &config)?;
+    let unmounter = fs.unmounter.clone();
+    let mut session = fuser::Session::new(fs, mountpoint, &config)?;
+    *unmounter.lock() = Some(session.unmount_callable());
     let _ = inner.notifier.set(session.notifier());
     let ra_bytes = inner.client.config().kernel_readahead_bytes;
     let target = mountpoint.to_path_buf();
@@ -421,6 +426,25 @@ pub fn mount_and_serve(
     rt.block_on(inner.client.send_releases());
     info!("unmounted");
     Ok(())
+}
+
+impl TesseraFs {
+    /// Takes fuser's handle on the mount when the session ends. The session ends because
+    /// the mount is gone (our SIGTERM handler, `tessera down` or `umount` unmounted it);
+    /// fuser would then unmount again when the session is dropped and log "Failed to
+    /// umount filesystem: Invalid argument" at every clean unmount (its check for an
+    /// unmounted device answers "mounted"). Taken here, that unmount fails quietly with
+    /// EINVAL, and one that does unmount (a session ended by an error) still happens.
+    pub(crate) fn forget_mount(&mut self) {
+        let Some(mut unmounter) = self.unmounter.lock().take() else {
+            return;
+        };
+        match unmounter.unmount() {
+            Ok(()) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) => {}
+            Err(e) => warn!(error = %e, "unmount at the end of the session failed"),
+        }
+    }
 }
 
 /// Sets the kernel's readahead window of the mount (root only; best effort). The default

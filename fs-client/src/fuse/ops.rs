@@ -58,6 +58,10 @@ impl fuser::Filesystem for TesseraFs {
         Ok(())
     }
 
+    fn destroy(&mut self) {
+        self.forget_mount();
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (inner, name) = (self.inner.clone(), name.as_bytes().to_vec());
         self.spawn(async move {

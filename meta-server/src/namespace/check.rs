@@ -62,6 +62,7 @@ impl Namespace {
             map.chains.iter().map(|c| (c.chain, c)).collect();
         let target = self.target_copies(map.nodes.len());
         let (mut chunks, mut under) = (0u64, 0u64);
+        let mut per_chain: HashMap<ChainId, u64> = HashMap::new();
         self.for_each(&keys::inode_prefix(), |_, v| {
             let rec: InodeRecord = decode(v, "inode record")?;
             let Some(l) = rec
@@ -84,6 +85,7 @@ impl Namespace {
                     0
                 };
                 chunks += count;
+                *per_chain.entry(*chain).or_default() += count;
                 let good = chains
                     .get(chain)
                     .map_or(0, |c| c.readers(layout.replicas).len());
@@ -93,13 +95,15 @@ impl Namespace {
             }
             Ok(())
         })?;
-        let resync = self.resyncs(&map);
+        let resync = self.resyncs(&map, &per_chain);
+        let replaced_in_ms = self.replaced_in(&map);
         Ok(ClusterStatus {
             map: (*map).clone(),
             target_replicas: target,
             under_replicated_chunks: under,
             chunks,
             resync,
+            replaced_in_ms,
         })
     }
 

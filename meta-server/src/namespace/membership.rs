@@ -22,7 +22,9 @@ use super::keys;
 use super::records::{decode, encode, ChainRecord, MemberRecord};
 use super::{Namespace, MAX_NODES};
 use crate::error::MetaError;
-use proto::meta::{ChainInfo, ClusterMap, Member, MemberState, NodeInfo, NodeState, ResyncReport};
+use proto::meta::{
+    ChainInfo, ClusterMap, Member, MemberState, NodeInfo, NodeState, ResyncProgress, ResyncReport,
+};
 use proto::{ChainId, NodeId};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -255,22 +257,63 @@ impl Namespace {
         self.map.read().chains.iter().map(|c| c.chain.0).collect()
     }
 
-    /// The last resync report of each server that is syncing somewhere.
-    pub(crate) fn resyncs(&self, map: &ClusterMap) -> Vec<(NodeId, u64, u64)> {
+    /// Each DOWN server still in a chain of `map`, and the milliseconds until `reconcile`
+    /// takes it out of its chains (its lease plus `replace_after_ms` after its last
+    /// heartbeat).
+    pub(crate) fn replaced_in(&self, map: &ClusterMap) -> Vec<(NodeId, u64)> {
+        let gone_after = Duration::from_millis(self.config.node_lease_ms)
+            .saturating_add(Duration::from_millis(self.config.replace_after_ms));
+        let live = self.liveness.lock();
+        map.nodes
+            .iter()
+            .filter(|n| n.state == NodeState::Down)
+            .filter(|n| {
+                map.chains
+                    .iter()
+                    .any(|c| c.members.iter().any(|m| m.node == n.node))
+            })
+            .map(|n| {
+                let silent = live.get(&n.node).map_or(Duration::MAX, Instant::elapsed);
+                let left = gone_after.saturating_sub(silent);
+                (n.node, u64::try_from(left.as_millis()).unwrap_or(u64::MAX))
+            })
+            .collect()
+    }
+
+    /// The last resync report of each server that is syncing somewhere, with the chunks
+    /// of the chains it syncs (`chunks_per_chain`) as the total a pass compares.
+    pub(crate) fn resyncs(
+        &self,
+        map: &ClusterMap,
+        chunks_per_chain: &HashMap<ChainId, u64>,
+    ) -> Vec<ResyncProgress> {
         let m = self.members.lock();
-        let mut out: Vec<(NodeId, u64, u64)> = m
+        let mut out: Vec<ResyncProgress> = m
             .resync
             .iter()
-            .filter(|(n, _)| {
-                map.chains.iter().any(|c| {
-                    c.members
+            .filter_map(|(n, r)| {
+                let syncing: Vec<ChainId> = map
+                    .chains
+                    .iter()
+                    .filter(|c| {
+                        c.members
+                            .iter()
+                            .any(|x| x.node.0 == *n && x.state == MemberState::Syncing)
+                    })
+                    .map(|c| c.chain)
+                    .collect();
+                (!syncing.is_empty()).then(|| ResyncProgress {
+                    node: NodeId(*n),
+                    compared: r.checked,
+                    copied: r.copied,
+                    total: syncing
                         .iter()
-                        .any(|x| x.node.0 == **n && x.state == MemberState::Syncing)
+                        .map(|c| chunks_per_chain.get(c).copied().unwrap_or(0))
+                        .sum(),
                 })
             })
-            .map(|(n, r)| (NodeId(*n), r.checked, r.copied))
             .collect();
-        out.sort();
+        out.sort_by_key(|p| p.node);
         out
     }
 }
