@@ -448,3 +448,18 @@ async fn accept_one(
         Some(handler),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_grant_path_follows_the_device_attributes() {
+        let mw2 = rdma_sys::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0;
+        assert_eq!(GrantPath::of(mw2, 0x02c9), GrantPath::Window);
+        assert_eq!(GrantPath::of(0, 0x02c9), GrantPath::Registration);
+        assert_eq!(GrantPath::of(0, RXE_VENDOR_ID), GrantPath::Registration);
+        // Guards soft-RoCE's unchecked window bounds: its windows sit on slice registrations.
+        assert_eq!(GrantPath::of(mw2, RXE_VENDOR_ID), GrantPath::WindowOnSlice);
+    }
+}
