@@ -93,6 +93,16 @@ impl Endpoint {
         self.rdma.as_ref()
     }
 
+    /// One line on what this endpoint runs on: the backend, and for `rdma` the device,
+    /// port, addressing and the grant path the device's attributes chose.
+    pub fn describe(&self) -> String {
+        #[cfg(feature = "rdma")]
+        if let Some(d) = &self.rdma {
+            return format!("rdma on {}", d.describe());
+        }
+        self.backend.to_string()
+    }
+
     /// Allocates and registers `len` zeroed bytes.
     pub fn register(&self, len: usize) -> Result<MemoryRegion, TransportError> {
         if len > MAX_REGION_BYTES {

@@ -13,7 +13,7 @@ use proto::{ErrorCode, MrKey, RemoteBuf};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
-use transport::{Access, Backend, TransportConfig, TransportError};
+use transport::{Access, Backend, Endpoint, TransportConfig, TransportError};
 
 type Case = fn(Backend) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -41,6 +41,14 @@ fn main() {
     let mut trials = Vec::new();
     for backend in [Backend::Tcp, Backend::Mem, Backend::Rdma] {
         let skip = skip_reason(backend);
+        if backend == Backend::Rdma && skip.is_none() {
+            // Which documented path the device's attributes chose (memory windows or
+            // a registration per grant), so a run says what it covered.
+            match Endpoint::new(backend, cfg(), common::APP) {
+                Ok(ep) => println!("rdma cases: {}", ep.describe()),
+                Err(e) => println!("rdma endpoint: {e}"),
+            }
+        }
         for (name, case) in cases {
             let skip = skip.clone();
             let name = format!("{backend}::{name}");

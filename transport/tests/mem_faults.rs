@@ -83,7 +83,7 @@ async fn a_partition_cuts_both_ways_and_connects_time_out() {
 fn handler() -> std::sync::Arc<common::TestHandler> {
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     std::sync::Arc::new(common::TestHandler {
-        backend: MEM,
+        ep: endpoint(MEM, TransportConfig::default()),
         seq: Default::default(),
         events: tx,
     })

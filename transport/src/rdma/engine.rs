@@ -6,12 +6,12 @@
 //! holds one permit of `sq` until it completes, which bounds outstanding requests by the
 //! queue's size.
 
-use super::verbs::{self, check, Cq, MrRaw, QpRaw};
-use super::{rdma_mr, Device, GrantHold, GrantKey, KeyRes};
+use super::verbs::{self, check, Cq, MrRaw, MwRaw, QpRaw};
+use super::{rdma_mr, Device, GrantHold, GrantKey, GrantPath, KeyRes};
 use crate::config::TransportConfig;
 use crate::conn::{Completion, ConnCore, Dest, Wire};
 use crate::error::TransportError;
-use crate::mr::MemoryRegion;
+use crate::mr::{MemoryRegion, MrInner};
 use crate::rdma_common::conn_data::{ConnData, MsgHeader, MsgKind, MAX_RECV_CREDITS};
 use crate::rdma_common::conn_data::{MAX_QPN, MSG_HEADER_LEN};
 use crate::rdma_common::credits::{CreditInfo, Credits};
@@ -342,7 +342,7 @@ impl RdmaWire {
         remote: RemoteBuf,
         local: Dest,
     ) -> Result<(), TransportError> {
-        let lkey = rdma_mr(&local.mr)?.raw.lkey();
+        let lkey = self.own_mr(&local.mr)?.raw.lkey();
         let ticket = core.begin(None)?;
         self.permit(core).await?;
         self.post_one_sided(ticket.id, op, remote, &local, lkey)?;
@@ -350,6 +350,19 @@ impl RdmaWire {
             Completion::Done => Ok(()),
             Completion::Reply(_) => Err(core.protocol_error("a one-sided operation got a reply")),
         }
+    }
+
+    /// The registration behind `mr`, if it was made by this connection's endpoint.
+    fn own_mr<'a>(&self, mr: &'a MrInner) -> Result<&'a super::RdmaMr, TransportError> {
+        let rmr = rdma_mr(mr)?;
+        // Keys are valid in their protection domain only: memory of another endpoint
+        // would fail on the NIC with a protection error and kill the queue pair.
+        if !Arc::ptr_eq(&rmr.dev, &self.dev) {
+            return Err(TransportError::InvalidArgument(
+                "the memory was registered with another endpoint".into(),
+            ));
+        }
+        Ok(rmr)
     }
 
     fn post_one_sided(
@@ -396,7 +409,7 @@ impl RdmaWire {
                 mr.len()
             )));
         }
-        let rmr = rdma_mr(&mr.inner)?;
+        let rmr = self.own_mr(&mr.inner)?;
         let addr = mr.addr() + offset as u64;
         let flags = match access {
             Access::RemoteRead => ibv_access_flags::IBV_ACCESS_REMOTE_READ,
@@ -406,12 +419,22 @@ impl RdmaWire {
                 read | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
             }
         };
-        let (key, res) = if self.dev.mw2 {
-            self.bind_window(core, rmr, addr, len, flags)?
-        } else {
-            let local = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE;
-            let m = verbs::reg_mr(&self.dev.pd, addr as *mut u8, len, flags | local)?;
-            (m.rkey(), KeyRes::Mr(m))
+        let local = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE;
+        let (key, res) = match self.dev.grants {
+            GrantPath::Window => {
+                let (key, mw) = self.bind_window(core, &rmr.raw, addr, len, flags)?;
+                (key, KeyRes::Mw(mw))
+            }
+            GrantPath::WindowOnSlice => {
+                let bind = local | ibv_access_flags::IBV_ACCESS_MW_BIND;
+                let slice = verbs::reg_mr(&self.dev.pd, addr as *mut u8, len, bind)?;
+                let (key, mw) = self.bind_window(core, &slice, addr, len, flags)?;
+                (key, KeyRes::MwOnSlice(mw, slice))
+            }
+            GrantPath::Registration => {
+                let m = verbs::reg_mr(&self.dev.pd, addr as *mut u8, len, flags | local)?;
+                (m.rkey(), KeyRes::Mr(m))
+            }
         };
         let key_ref = Arc::new(GrantKey(Mutex::new(Some(res))));
         let mut grants = rmr.grants.lock();
@@ -428,16 +451,17 @@ impl RdmaWire {
         })
     }
 
-    /// Binds a new type 2 window over the slice to this queue pair. The bind is posted
-    /// before the message that carries the key, and the send queue runs in order.
+    /// Binds a new type 2 window over `addr..addr + len` of `mr` to this queue pair.
+    /// The bind is posted before the message that carries the key, and the send queue
+    /// runs in order.
     fn bind_window(
         &self,
         core: &ConnCore,
-        rmr: &super::RdmaMr,
+        mr: &MrRaw,
         addr: u64,
         len: usize,
         flags: ibv_access_flags,
-    ) -> Result<(u32, KeyRes), TransportError> {
+    ) -> Result<(u32, MwRaw), TransportError> {
         let mw = verbs::alloc_mw(&self.dev.pd)?;
         // SAFETY: the window is alive; ibv_inc_rkey only computes.
         let rkey = unsafe { ibv_inc_rkey((*mw.as_ptr()).rkey) };
@@ -459,14 +483,14 @@ impl RdmaWire {
             mw: mw.as_ptr(),
             rkey,
             bind_info: ibv_mw_bind_info {
-                mr: rmr.raw.as_ptr(),
+                mr: mr.as_ptr(),
                 addr,
                 length: len as u64,
                 mw_access_flags: flags.0,
             },
         };
         self.post_send(&mut wr)?;
-        Ok((rkey, KeyRes::Mw(mw)))
+        Ok((rkey, mw))
     }
 
     /// The connection closed: flush every request, wake whoever waits for credits.

@@ -9,6 +9,10 @@
 //!   on that queue pair only) and deallocates it when dropped, or when the region is
 //!   deregistered. Devices without type 2 windows fall back to registering the slice
 //!   itself (the key then works on every queue pair of the endpoint; a warning says so).
+//!   Soft-RoCE (`rdma_rxe`, known by its vendor id) checks an access through a window
+//!   against the registration under the window, not against the window's own bounds
+//!   (seen on Linux 6.1: a WRITE one byte before a granted slice landed); there each
+//!   window is bound over a registration of exactly its slice, so both checks hold.
 //! - Each connection has a reliable-connected queue pair, its own completion queue and
 //!   completion channel, whose fd tokio watches (no spinning unless `busy_poll_us`).
 //! - Connection data (QPN, PSN, LID, GID, MTU, buffer sizes, credits) is exchanged
@@ -53,13 +57,14 @@ pub(crate) fn probe(config: &RdmaConfig) -> Result<(), String> {
 
 /// An open device with its protection domain and the port connections use.
 pub(crate) struct Device {
+    name: String,
     pd: Pd,
     ctx: Arc<Context>,
     local: LocalPort,
     gid: [u8; 16],
     max_rd_atomic: u8,
-    /// Whether the device binds type 2 memory windows.
-    mw2: bool,
+    /// How grants are keyed on this device.
+    grants: GrantPath,
     mtu_cap: Mtu,
     busy_poll: Duration,
 }
@@ -98,14 +103,14 @@ impl Device {
             Some(i) => ctx.query_gid(port.num, i)?,
             None => [0; 16],
         };
-        let mw2_flag = rdma_sys::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0;
-        let mw2 = attr.device_cap_flags & mw2_flag != 0;
-        if !mw2 {
+        let grants = GrantPath::of(attr.device_cap_flags, attr.vendor_id);
+        if grants == GrantPath::Registration {
             warn!(device = %dev.name, "no type 2 memory windows: grants are keyed per endpoint");
         }
         let pd = verbs::alloc_pd(&ctx)?;
         info!(device = %dev.name, port = port.num, ?link, ?gid_index, "rdma device open");
         Ok(Arc::new(Device {
+            name: dev.name.clone(),
             pd,
             ctx,
             local: LocalPort {
@@ -117,10 +122,34 @@ impl Device {
             },
             gid,
             max_rd_atomic: attr.max_qp_rd_atom.clamp(1, 255) as u8,
-            mw2,
+            grants,
             mtu_cap: Mtu::from_bytes(c.max_mtu_bytes).unwrap_or(Mtu::B4096),
             busy_poll: Duration::from_micros(c.busy_poll_us),
         }))
+    }
+
+    /// The device, port and address in use, and how grants are keyed (which of the
+    /// documented paths this device takes).
+    pub(crate) fn describe(&self) -> String {
+        let grants = match self.grants {
+            GrantPath::Window => "type 2 memory windows bound per connection",
+            GrantPath::WindowOnSlice => {
+                "type 2 memory windows bound per connection, each over a registration \
+                 of its slice (soft-RoCE does not check a window's own bounds)"
+            }
+            GrantPath::Registration => "a registration per grant (no type 2 memory windows)",
+        };
+        let addr = match (self.local.link, self.local.gid_index) {
+            (LinkLayer::Ethernet, Some(i)) => format!("RoCE v2, GID index {i}"),
+            (LinkLayer::Ethernet, None) => "RoCE, no GID".to_string(),
+            (LinkLayer::InfiniBand, _) => format!("InfiniBand, LID {}", self.local.lid),
+        };
+        format!(
+            "{} port {} ({addr}), active MTU {} bytes; grants: {grants}",
+            self.name,
+            self.local.port,
+            self.local.mtu.bytes()
+        )
     }
 
     /// Allocates `len` bytes and registers them for local access and window binding.
@@ -131,7 +160,7 @@ impl Device {
                 return Ok(None); // verbs refuses empty registrations; nothing to reach
             }
             let mut access = Acc::IBV_ACCESS_LOCAL_WRITE;
-            if dev.mw2 {
+            if dev.grants == GrantPath::Window {
                 access |= Acc::IBV_ACCESS_MW_BIND;
             }
             let raw = verbs::reg_mr(&dev.pd, buf.as_mut_ptr(), buf.len(), access)?;
@@ -140,10 +169,36 @@ impl Device {
                 handle: Box::new(RdmaMr {
                     grants: Mutex::new(Vec::new()),
                     raw,
-                    _dev: dev,
+                    dev,
                 }),
             }))
         })
+    }
+}
+
+/// Soft-RoCE's vendor id (`RXE_VENDOR_ID` in the kernel's `rdma_rxe`).
+const RXE_VENDOR_ID: u32 = 0xff_ffff;
+
+/// How a grant's key is made, chosen from the device's attributes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GrantPath {
+    /// A type 2 window over the region's registration.
+    Window,
+    /// A type 2 window over a registration of exactly the granted slice, for devices
+    /// that do not check a window's own bounds.
+    WindowOnSlice,
+    /// A registration of the slice with remote access (no type 2 windows).
+    Registration,
+}
+
+impl GrantPath {
+    fn of(cap_flags: u32, vendor_id: u32) -> GrantPath {
+        let mw2 = rdma_sys::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0;
+        match (cap_flags & mw2 != 0, vendor_id == RXE_VENDOR_ID) {
+            (false, _) => GrantPath::Registration,
+            (true, false) => GrantPath::Window,
+            (true, true) => GrantPath::WindowOnSlice,
+        }
     }
 }
 
@@ -151,7 +206,7 @@ impl Device {
 pub(crate) struct RdmaMr {
     grants: Mutex<Vec<Weak<GrantKey>>>,
     raw: MrRaw,
-    _dev: Arc<Device>,
+    dev: Arc<Device>,
 }
 
 impl Drop for RdmaMr {
@@ -181,6 +236,8 @@ pub(crate) fn rdma_mr(mr: &MrInner) -> Result<&RdmaMr, TransportError> {
 /// What a grant's key is: a memory window, or (without windows) a registration.
 enum KeyRes {
     Mw(#[allow(dead_code)] MwRaw),
+    /// The window goes first, then the registration under it (tuple fields drop in order).
+    MwOnSlice(#[allow(dead_code)] MwRaw, #[allow(dead_code)] MrRaw),
     Mr(#[allow(dead_code)] MrRaw),
 }
 
@@ -266,7 +323,11 @@ fn start(
     let max = theirs.max_msg_bytes as usize;
     let core = Arc::new(ConnCore::new(peer, max, config, handler, Wire::Rdma(wire)));
     let poller = tokio::spawn(engine::poll_loop(Arc::downgrade(&core)));
-    let watcher = tokio::spawn(watch_side(Arc::downgrade(&core), side));
+    // The watcher owns the connection, as tcp's reader task does: an accepted one has
+    // no other strong owner (the listener's set holds it weakly) and would otherwise be
+    // dropped, queue pair and all, right after the handshake. It ends (letting go) when
+    // the connection closes: `close` aborts it.
+    let watcher = tokio::spawn(watch_side(core.clone(), side));
     core.tasks
         .lock()
         .extend([poller.abort_handle(), watcher.abort_handle()]);
@@ -274,7 +335,7 @@ fn start(
 }
 
 /// The side channel carries nothing after setup; its end means the peer is gone.
-async fn watch_side(core: Weak<ConnCore>, mut side: TcpStream) {
+async fn watch_side(core: Arc<ConnCore>, mut side: TcpStream) {
     let mut b = [0u8; 64];
     let (why, how) = loop {
         match side.read(&mut b).await {
@@ -283,9 +344,7 @@ async fn watch_side(core: Weak<ConnCore>, mut side: TcpStream) {
             Err(e) => break (format!("side channel failed: {e}"), Closed::Broken),
         }
     };
-    if let Some(c) = core.upgrade() {
-        c.shutdown_as(why, how);
-    }
+    core.shutdown_as(why, how);
 }
 
 /// Listens for `rdma` connections: their side channels arrive at `addr`.
@@ -388,4 +447,19 @@ async fn accept_one(
         config,
         Some(handler),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_grant_path_follows_the_device_attributes() {
+        let mw2 = rdma_sys::ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0;
+        assert_eq!(GrantPath::of(mw2, 0x02c9), GrantPath::Window);
+        assert_eq!(GrantPath::of(0, 0x02c9), GrantPath::Registration);
+        assert_eq!(GrantPath::of(0, RXE_VENDOR_ID), GrantPath::Registration);
+        // Guards soft-RoCE's unchecked window bounds: its windows sit on slice registrations.
+        assert_eq!(GrantPath::of(mw2, RXE_VENDOR_ID), GrantPath::WindowOnSlice);
+    }
 }

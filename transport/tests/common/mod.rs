@@ -34,7 +34,9 @@ pub mod op {
 
 /// The test handler; failures of `WRITE_UNTIL_ERROR` are sent on `events`.
 pub struct TestHandler {
-    pub backend: Backend,
+    /// The listener's endpoint: on `rdma` a connection reaches only memory registered
+    /// in its endpoint's protection domain.
+    pub ep: Endpoint,
     pub seq: AtomicU64,
     pub events: mpsc::UnboundedSender<String>,
 }
@@ -70,7 +72,7 @@ fn decode_remote(b: &[u8]) -> Option<(RemoteBuf, u8)> {
 impl TestHandler {
     async fn serve(self: Arc<Self>, conn: Connection, req: Bytes) -> Bytes {
         let seen = self.seq.fetch_add(1, Ordering::SeqCst);
-        let ep = Endpoint::new(self.backend, TransportConfig::default(), APP).unwrap();
+        let ep = &self.ep;
         let remote = decode_remote(&req);
         match (req.first().copied(), remote) {
             (Some(op::ECHO), _) => req,
@@ -139,12 +141,13 @@ pub fn endpoint(backend: Backend, config: TransportConfig) -> Endpoint {
 /// Starts the test application on `backend` at 127.0.0.1, port 0.
 pub async fn server(backend: Backend, config: TransportConfig) -> Server {
     let (tx, rx) = mpsc::unbounded_channel();
+    let ep = endpoint(backend, config);
     let handler = Arc::new(TestHandler {
-        backend,
+        ep: ep.clone(),
         seq: AtomicU64::new(0),
         events: tx,
     });
-    let listener = endpoint(backend, config)
+    let listener = ep
         .listen("127.0.0.1:0", Arc::new(Shared(handler)))
         .await
         .unwrap();
