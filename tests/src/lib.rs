@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod client_io;
+pub mod cluster_check;
 mod inprocess;
 pub mod posix;
 pub mod process;

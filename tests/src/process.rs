@@ -113,6 +113,13 @@ fn stop(child: &mut Child) {
     let _ = child.wait();
 }
 
+fn transport_args(transport: &Option<String>) -> Vec<String> {
+    match transport {
+        Some(t) => vec!["--transport".into(), t.clone()],
+        None => Vec::new(),
+    }
+}
+
 fn read_addr(file: &Path) -> Option<String> {
     fs::read_to_string(file)
         .ok()
@@ -136,6 +143,11 @@ pub struct ClusterOptions {
     /// Data servers started another way: index -> (command prefix, listen host), e.g.
     /// `ip netns exec NS` and an address inside that namespace.
     pub data_hosts: std::collections::BTreeMap<usize, (Vec<String>, String)>,
+    /// The servers' `--transport` (`tcp`, `rdma`); `None`: their default.
+    pub transport: Option<String>,
+    /// Where `tessera-meta` and `tessera-data` are; `None`: the workspace's target
+    /// directory ([`bin_dir`]).
+    pub bin_dir: Option<PathBuf>,
 }
 
 impl Default for ClusterOptions {
@@ -147,6 +159,8 @@ impl Default for ClusterOptions {
             data_toml: String::new(),
             host: "127.0.0.1".into(),
             data_hosts: Default::default(),
+            transport: None,
+            bin_dir: None,
         }
     }
 }
@@ -173,7 +187,7 @@ impl ProcessCluster {
 
     /// Starts a cluster as `opts` says.
     pub fn start_with(opts: ClusterOptions) -> ProcessCluster {
-        let bin = bin_dir();
+        let bin = opts.bin_dir.clone().unwrap_or_else(bin_dir);
         let dir = tempfile::Builder::new()
             .prefix("tessera-test")
             .tempdir()
@@ -190,7 +204,7 @@ impl ProcessCluster {
         )
         .expect("data config");
         let listen = format!("{}:0", opts.host);
-        let meta = Self::spawn_meta(&bin, d, &listen);
+        let meta = Self::spawn_meta(&bin, d, &listen, &opts.transport);
         // Built before any wait, so whatever was started is stopped if a wait fails.
         let mut cluster = ProcessCluster {
             dir,
@@ -214,9 +228,9 @@ impl ProcessCluster {
         cluster
     }
 
-    fn spawn_meta(bin: &Path, d: &Path, listen: &str) -> Child {
+    fn spawn_meta(bin: &Path, d: &Path, listen: &str, transport: &Option<String>) -> Child {
         let _ = fs::remove_file(d.join("meta.addr"));
-        let args = [
+        let mut args: Vec<String> = [
             "--config",
             &d.join("meta.toml").to_string_lossy(),
             "--listen",
@@ -226,7 +240,9 @@ impl ProcessCluster {
             "--addr-file",
             &d.join("meta.addr").to_string_lossy(),
         ]
-        .map(String::from);
+        .map(String::from)
+        .to_vec();
+        args.extend(transport_args(transport));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         spawn(&[], &bin.join("tessera-meta"), &args, &d.join("meta.log"))
     }
@@ -240,7 +256,7 @@ impl ProcessCluster {
             Some((p, h)) => (p.clone(), h.clone()),
             None => (Vec::new(), self.opts.host.clone()),
         };
-        let owned = [
+        let mut owned = vec![
             "--config".to_string(),
             d.join("data.toml").to_string_lossy().into(),
             "--listen".into(),
@@ -254,6 +270,7 @@ impl ProcessCluster {
             "--capacity-bytes".into(),
             (16u64 << 30).to_string(),
         ];
+        owned.extend(transport_args(&self.opts.transport));
         let args: Vec<&str> = owned.iter().map(String::as_str).collect();
         let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
         spawn(&prefix, &self.bin.join("tessera-data"), &args, &log)
@@ -310,7 +327,7 @@ impl ProcessCluster {
     pub fn restart_meta(&mut self) {
         stop(&mut self.meta);
         let d = self.dir.path().to_path_buf();
-        self.meta = Self::spawn_meta(&self.bin, &d, &self.meta_addr);
+        self.meta = Self::spawn_meta(&self.bin, &d, &self.meta_addr, &self.opts.transport);
         let addr_file = d.join("meta.addr");
         wait_for("tessera-meta", &mut self.meta, &d.join("meta.log"), || {
             read_addr(&addr_file).is_some()
