@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # A whole cluster on soft-RoCE: builds tessera-meta, tessera-data and cluster-check with
-# the `rdma` feature (release) and runs, inside a QEMU guest on rxe0 (scripts/rdma-vm.sh),
-# the metadata server, three data servers and a client over `--transport rdma`: it
-# writes a file (256 MiB by default), reads it back, reads it again while one data server
-# is killed with SIGKILL, and compares sha256 (tests/src/cluster_check.rs). Fails unless
-# the guest's cluster-check printed PASS. Prints "skipped: <reason>" and exits 0 only
-# when QEMU cannot boot a guest on this machine.
+# the `rdma` feature (release; RDMA_VM_PROFILE=dev: debug) and runs, inside a QEMU
+# guest on rxe0 (scripts/rdma-vm.sh), the metadata server, three data servers and a
+# client over `--transport rdma`: it writes a file (256 MiB by default), reads it back,
+# reads it again while one data server is killed with SIGKILL, and compares sha256
+# (tests/src/cluster_check.rs). Fails unless the guest's cluster-check printed PASS.
+# Prints "skipped: <reason>" and exits 0 only when QEMU itself refuses to start a guest.
 # Usage: scripts/rdma-vm-cluster.sh [cluster-check options, e.g. --size-mib 64]
 #        [-- extra rdma-vm.sh options]
 # The build uses ${CARGO_TARGET_DIR:-target}/rdma (beside the conformance suite's).
@@ -16,11 +16,14 @@ while [ $# -gt 0 ] && [ "$1" != -- ]; do check_args+=("$1"); shift; done
 [ $# -gt 0 ] && shift
 scripts/deps.sh
 target="${CARGO_TARGET_DIR:-target}/rdma"
-echo "== build tessera-meta, tessera-data and cluster-check with the rdma feature (release)"
-cargo build --release --features transport/rdma --target-dir "$target" \
+# RDMA_VM_PROFILE=dev reuses scripts/test.sh's debug build of the rdma feature instead
+# of a release build of its own (minutes of compiling on a 2-core machine).
+profile="${RDMA_VM_PROFILE:-release}"
+echo "== build tessera-meta, tessera-data and cluster-check with the rdma feature ($profile)"
+cargo build --profile "$profile" --features transport/rdma --target-dir "$target" \
   -p meta-server -p data-server -p tessera-tests \
   --bin tessera-meta --bin tessera-data --bin cluster-check
-rel="$target/release"
+rel="$target/$([ "$profile" = dev ] && echo debug || echo "$profile")"
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
 echo "== the cluster in a QEMU guest over rdma on soft-RoCE (rxe0)"

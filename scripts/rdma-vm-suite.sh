@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The transport conformance suite's `rdma` cases on soft-RoCE: builds the suite with the
-# `rdma` feature (release), runs its rdma:: cases inside a QEMU guest on rxe0
-# (scripts/rdma-vm.sh), and fails when any case fails, is ignored (no usable device in
-# the guest would make them "skipped") or did not run. Prints "skipped: <reason>" and
-# exits 0 only when QEMU cannot boot a guest on this machine.
+# `rdma` feature (release; RDMA_VM_PROFILE=dev: debug), runs its rdma:: cases inside a
+# QEMU guest on rxe0 (scripts/rdma-vm.sh), and fails when any case fails, is ignored
+# (no usable device in the guest would make them "skipped") or did not run. Prints
+# "skipped: <reason>" and exits 0 only when QEMU itself refuses to start a guest here.
 # Usage: scripts/rdma-vm-suite.sh [case filter, default rdma::] [-- extra rdma-vm.sh options]
 # The build uses ${CARGO_TARGET_DIR:-target}/rdma (beside scripts/test.sh's rdma build).
 set -euo pipefail
@@ -11,10 +11,12 @@ cd "$(dirname "$0")/.."
 filter="${1:-rdma::}"
 scripts/deps.sh
 target="${CARGO_TARGET_DIR:-target}/rdma"
-echo "== build the conformance suite with the rdma feature (release)"
-bin="$(cargo test -p transport --features rdma --release --target-dir "$target" \
+# RDMA_VM_PROFILE=dev reuses scripts/test.sh's debug build of the rdma feature.
+profile="${RDMA_VM_PROFILE:-release}"
+echo "== build the conformance suite with the rdma feature ($profile)"
+bin="$(cargo test -p transport --features rdma --profile "$profile" --target-dir "$target" \
   --test conformance --no-run --message-format=json \
-  | grep -o '"executable":"[^"]*conformance[^"]*"' | tail -1 | cut -d'"' -f4)"
+  | grep -o '"executable":"[^"]*conformance[^"]*"' | tail -1 | cut -d'"' -f4 || true)"
 [ -x "$bin" ] || { echo "rdma-vm-suite: no conformance binary was built" >&2; exit 1; }
 name="$(basename "$bin")"
 out="$(mktemp)"

@@ -18,9 +18,11 @@
 #                      are joined with spaces, as ssh does. Its output goes to the serial
 #                      console, which this script prints.
 #
-# What the guest has: the Debian kernel of the installed linux-image-amd64 with the
-# modules rdma_rxe needs (and virtio), busybox, iproute2's `rdma`, ibv_devinfo,
-# ibv_rc_pingpong, libibverbs with the rxe provider. At boot it loads the modules, gives
+# What the guest has: the Debian kernel linux-image-amd64 names, with the modules
+# rdma_rxe needs (and virtio), and busybox-static, both downloaded as packages and
+# unpacked into $RDMA_VM_CACHE (default /tmp/tessera-rdma-vm), never installed on the
+# host; iproute2's `rdma`, ibv_devinfo, ibv_rc_pingpong, libibverbs with the rxe
+# provider. At boot it loads the modules, gives
 # eth0 10.0.2.15/24 (QEMU's user-mode network with restrict=on: no traffic leaves the
 # VM, nothing changes on the host), runs `rdma link add rxe0 type rxe netdev eth0`, waits
 # for port 1 to be ACTIVE with an IPv4 RoCE v2 GID, runs COMMAND and powers off.
@@ -28,12 +30,13 @@
 # from rxe0 to itself.
 #
 # Exit status: COMMAND's status (read from a marker line on the console); 124 when the
-# timeout ended the run; 125 when the guest booted but soft-RoCE could not be set up
-# (a real failure); 77 only when QEMU cannot boot a guest on this machine (with a line
-# "skipped: <reason>"). KVM is used when /dev/kvm opens and a first quick boot under it
-# finishes (the verdict is cached per host kernel in $RDMA_VM_CACHE, default
-# /tmp/tessera-rdma-vm); otherwise TCG. RDMA_VM_ACCEL=kvm|tcg forces one.
-# Installs what it lacks with apt-get. Everything it starts is stopped by PID on exit.
+# timeout ended the run; 125 for a failure of the setup (a download, a guest that did not
+# reach /init, soft-RoCE that could not be set up); 77 only when QEMU itself refuses to
+# start a guest on this machine (with a line "skipped: <reason>"). KVM is used when
+# /dev/kvm opens and a first quick boot under it finishes (the verdict is cached per host
+# kernel in $RDMA_VM_CACHE); otherwise TCG. RDMA_VM_ACCEL=kvm|tcg forces one.
+# Installs QEMU and rdma-core with apt-get when missing. Everything it starts is stopped
+# by PID on exit.
 set -euo pipefail
 
 die() { echo "rdma-vm: $*" >&2; exit 125; }
@@ -63,50 +66,81 @@ for v in TESSERA_LOG RUST_LOG RUST_BACKTRACE; do
 done
 
 # ---- what the host needs -------------------------------------------------------------
-static_busybox() {
-  [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1
-}
-rxe_kernel() {
-  # The newest installed kernel that has rdma_rxe and an image to boot.
-  local m ver
-  for m in $(ls -d /lib/modules/*/kernel/drivers/infiniband/sw/rxe 2>/dev/null | sort -rV); do
-    ver="${m#/lib/modules/}"; ver="${ver%%/*}"
-    if [ -r "/boot/vmlinuz-$ver" ]; then echo "$ver"; return 0; fi
-  done
-  return 1
-}
+# QEMU and the verbs tools are installed on the host; the guest's kernel and its static
+# busybox are downloaded as packages and unpacked into the cache, never installed: a
+# kernel package would change the host's /boot (and its boot loader's default), and
+# busybox-static would replace the host's busybox.
+cache="${RDMA_VM_CACHE:-/tmp/tessera-rdma-vm}"
 provider_dir=/usr/lib/x86_64-linux-gnu/libibverbs
-have_all() {
-  command -v qemu-system-x86_64 >/dev/null && static_busybox && rxe_kernel >/dev/null \
-    && command -v rdma >/dev/null && command -v ibv_devinfo >/dev/null \
-    && command -v cpio >/dev/null && command -v modprobe >/dev/null \
+have_tools() {
+  command -v qemu-system-x86_64 >/dev/null && command -v rdma >/dev/null \
+    && command -v ibv_devinfo >/dev/null && command -v cpio >/dev/null \
+    && command -v modprobe >/dev/null && command -v depmod >/dev/null \
+    && command -v xz >/dev/null && command -v zstd >/dev/null \
+    && command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null \
     && ls "$provider_dir"/librxe-rdmav*.so >/dev/null 2>&1 \
     && [ -e /etc/libibverbs.d/rxe.driver ]
 }
-if ! have_all; then
-  command -v apt-get >/dev/null || skip "QEMU and a Debian kernel are missing and there is no apt-get"
-  echo "rdma-vm: installing QEMU, the Debian kernel, busybox-static and rdma-core"
+if ! have_tools; then
+  command -v apt-get >/dev/null \
+    || skip "QEMU and the verbs tools are missing and there is no apt-get to install them"
+  echo "rdma-vm: installing QEMU and rdma-core"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null || true
-  apt-get install -y -qq --no-install-recommends qemu-system-x86 linux-image-amd64 \
-    busybox-static rdma-core ibverbs-utils ibverbs-providers iproute2 cpio kmod >/dev/null \
-    || skip "installing QEMU and the Debian kernel with apt-get failed"
-  have_all || skip "QEMU, the kernel with rdma_rxe or the verbs tools are still missing"
+  apt-get install -y -qq --no-install-recommends qemu-system-x86 rdma-core ibverbs-utils \
+    ibverbs-providers iproute2 cpio kmod xz-utils zstd >/dev/null \
+    || die "installing QEMU and rdma-core with apt-get failed"
+  have_tools || die "QEMU or the verbs tools are still missing after apt-get"
 fi
-kver="$(rxe_kernel)"
+# The guest's packages, unpacked once per version into the cache.
+guest_pkgs() {
+  local kpkg dir
+  kpkg="$(apt-cache depends linux-image-amd64 2>/dev/null \
+    | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')"
+  if [ -z "$kpkg" ]; then
+    apt-get update -qq >/dev/null || true
+    kpkg="$(apt-cache depends linux-image-amd64 2>/dev/null \
+      | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')"
+  fi
+  [ -n "$kpkg" ] || die "apt knows no linux-image-amd64 kernel package"
+  dir="$cache/guest-$kpkg"
+  if [ ! -f "$dir/.ready" ]; then
+    echo "rdma-vm: downloading $kpkg and busybox-static for the guest (not installed)" >&2
+    rm -rf "$dir" && mkdir -p "$dir/debs" "$dir/root"
+    (cd "$dir/debs" && apt-get download -qq -o APT::Sandbox::User=root "$kpkg" busybox-static \
+      >/dev/null) \
+      || die "apt-get download of $kpkg and busybox-static failed"
+    for deb in "$dir"/debs/*.deb; do dpkg-deb -x "$deb" "$dir/root"; done
+    local ver
+    ver="$(ls "$dir/root/lib/modules" | head -1)"
+    depmod -b "$dir/root" "$ver"
+    touch "$dir/.ready"
+  fi
+  echo "$dir/root"
+}
+mkdir -p "$cache"
+groot="$(guest_pkgs)"
+kver="$(ls "$groot/lib/modules" | head -1)"
+[ -r "$groot/boot/vmlinuz-$kver" ] || die "no kernel image in $groot/boot"
+[ -d "$groot/lib/modules/$kver/kernel/drivers/infiniband/sw/rxe" ] \
+  || die "kernel $kver has no rdma_rxe module"
+[ -x "$groot/bin/busybox" ] || die "no static busybox in $groot/bin"
 
 # ---- the initramfs -------------------------------------------------------------------
 work="$(mktemp -d "${TMPDIR:-/tmp}/rdma-vm.XXXXXX")"
 qemu_pid=""
 cleanup() {
-  if [ -n "$qemu_pid" ]; then kill "$qemu_pid" 2>/dev/null || true; wait "$qemu_pid" 2>/dev/null || true; fi
+  if [ -n "$qemu_pid" ]; then
+    kill "$qemu_pid" 2>/dev/null || true
+    wait "$qemu_pid" 2>/dev/null || true
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 root="$work/root"
 mkdir -p "$root"/{bin,sbin,dev,proc,sys,tmp,work,opt/bin,opt/files,etc/libibverbs.d,root}
-cp /bin/busybox "$root/bin/busybox"
+cp "$groot/bin/busybox" "$root/bin/busybox"
 
 # Copies a file to the same path in the guest (following symlinks).
 put() { mkdir -p "$root$(dirname "$1")"; cp -L "$1" "$root$1"; }
@@ -136,7 +170,8 @@ done
 : > "$root/modules"
 # rdma_rxe computes its ICRC through the crypto API: crc32 must be loaded first.
 for mod in virtio_pci virtio_net crc32_generic rdma_rxe; do
-  for ko in $(modprobe -S "$kver" --show-depends "$mod" | awk '$1 == "insmod" {print $2}'); do
+  for ko in $(modprobe -d "$groot" -S "$kver" --show-depends "$mod" \
+      | awk '$1 == "insmod" {print $2}'); do
     plain="/lib/modules/$kver/$(basename "${ko%.ko*}").ko"
     grep -qx "$plain" "$root/modules" && continue
     mkdir -p "$root/lib/modules/$kver"
@@ -222,15 +257,13 @@ boot() { # accel seconds [extra kernel argument] -> QEMU in the background, outp
   [ "$1" = kvm ] && accel=(-accel kvm -cpu host)
   : > "$log"
   timeout --kill-after=10 "$2" qemu-system-x86_64 "${accel[@]}" -smp "$smp" -m "$mem" \
-    -machine q35 -kernel "/boot/vmlinuz-$kver" -initrd "$work/initrd" \
+    -machine q35 -kernel "$groot/boot/vmlinuz-$kver" -initrd "$work/initrd" \
     -append "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init ${3:-}" \
     -nic user,model=virtio-net-pci,restrict=on \
-    -display none -monitor none -serial "file:$log" -no-reboot &
+    -display none -monitor none -serial "file:$log" -no-reboot 2> "$work/qemu.err" &
   qemu_pid=$!
 }
 status_of_log() { tr -d '\r' < "$log" | sed -n 's/^RDMA-VM-EXIT-STATUS=\([0-9]*\)$/\1/p' | tail -1; }
-cache="${RDMA_VM_CACHE:-/tmp/tessera-rdma-vm}"
-mkdir -p "$cache"
 verdict="$cache/accel-$(uname -r)-$kver"
 accel="${RDMA_VM_ACCEL:-auto}"
 if [ "$accel" = auto ]; then
@@ -262,6 +295,15 @@ if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
   echo "rdma-vm: timed out after ${timeout_s}s" >&2; exit 124
 fi
 if ! grep -q 'RDMA-VM: booted' "$log"; then
-  skip "QEMU could not boot the guest here (qemu exit status $rc)"
+  # QEMU itself refused to run (it says why on stderr): this machine cannot boot a
+  # guest. A guest that ran but never reached /init is a failure of ours (the kernel,
+  # the initramfs or /init), not a reason to skip.
+  if [ "$rc" != 0 ] && [ -s "$work/qemu.err" ] && [ ! -s "$log" ]; then
+    skip "QEMU could not start a guest here: $(head -c 400 "$work/qemu.err" | tr '\n' ' ')"
+  fi
+  echo "rdma-vm: console:" >&2; tr -d '\r' < "$log" | tail -40 >&2
+  [ -s "$work/qemu.err" ] && { echo "rdma-vm: qemu said:" >&2; cat "$work/qemu.err" >&2; }
+  die "the guest did not reach /init (qemu exit status $rc)"
 fi
+[ -s "$work/qemu.err" ] && { echo "rdma-vm: qemu said:" >&2; cat "$work/qemu.err" >&2; }
 die "the guest ended without an exit status (qemu exit status $rc)"

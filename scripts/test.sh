@@ -2,7 +2,9 @@
 # Every check and test, on a fresh machine: installs what is missing, then formatting,
 # clippy with -D warnings, a build of every binary (the FUSE and process tests run them),
 # every test of the workspace, the same with the `rdma` transport feature (build, clippy
-# and its device-free tests), and the public POSIX suite pjdfstest on a fresh mount.
+# and its device-free tests), the rdma conformance cases and a whole cluster over rdma on
+# soft-RoCE inside a QEMU guest (scripts/rdma-vm.sh), and the public POSIX suite
+# pjdfstest on a fresh mount.
 # FUSE tests need root and /dev/fuse, as CI has.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +33,10 @@ cargo test -p transport --features rdma --target-dir "$rdma_target" \
   -- --test-threads="${TEST_THREADS:-2}"
 readelf -d "$rdma_target/debug/tessera" | grep -q 'NEEDED.*libibverbs' \
   || { echo "the rdma build of tessera does not link libibverbs" >&2; exit 1; }
+echo "== rdma conformance cases on soft-RoCE in a QEMU guest (skipped only where QEMU cannot boot)"
+RDMA_VM_PROFILE=dev scripts/rdma-vm-suite.sh
+echo "== a whole cluster over rdma in the soft-RoCE VM"
+RDMA_VM_PROFILE=dev scripts/rdma-vm-cluster.sh
 echo "== pjdfstest (public POSIX suite) on a fresh mount"
 scripts/pjdfstest.sh
 echo "== all checks passed"

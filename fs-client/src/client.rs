@@ -252,7 +252,10 @@ impl Client {
                 return;
             }
             let count = sessions.len();
-            if let Err(e) = self.meta(MetaRequest::ReleaseMany { sessions }).await {
+            // No waiting for a server that is away: its restart ends these sessions
+            // anyway, and an unmount must not stall on them.
+            let req = MetaRequest::ReleaseMany { sessions };
+            if let Err(e) = self.meta_waiting(&req, Duration::ZERO).await {
                 tracing::warn!(error = %e, count, "ending sessions failed");
             }
         }
@@ -600,8 +603,10 @@ impl Client {
             ino,
             name: name.to_vec(),
         };
-        match self.getxattr_call(ino, &req, caps).await {
-            Err(e) if caps && e.code() == ErrorCode::NoData => {
+        let (r, guessed) = self.getxattr_call(ino, &req, caps).await;
+        match r {
+            // Only the server's own answer is kept, not one guessed while it was away.
+            Err(e) if caps && !guessed && e.code() == ErrorCode::NoData => {
                 self.no_xattrs.no_capability(ino);
                 Err(e)
             }

@@ -60,8 +60,8 @@ pub struct ClientConfig {
     /// `node_lease_ms` plus a heartbeat), in milliseconds.
     pub failover_timeout_ms: u64,
     /// How long a metadata call waits for an unreachable metadata server to come back
-    /// (a restart, a broken connection) before failing with EIO, in milliseconds; 0 fails
-    /// at once. Meanwhile open files keep reading and writing, and `fstat` of an open
+    /// (a restart, a broken connection) before failing with EIO, in milliseconds; 0: no
+    /// waiting (one more try at once, on a new connection). Meanwhile open files keep reading and writing, and `fstat` of an open
     /// file answers with what the client knows of it.
     pub meta_wait_ms: u64,
 }

@@ -46,6 +46,52 @@ impl Drop for Down {
     }
 }
 
+/// A scratch mount point and state directory, and `tessera down` of them on drop.
+struct Local {
+    mnt: std::path::PathBuf,
+    state: std::path::PathBuf,
+    m: String,
+    s: String,
+    // Dropped before the directory it names (fields drop in order).
+    _guard: Down,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Local {
+    /// `up --state-dir` records the state directory under the default state root for
+    /// the mount point (`/var/lib/tessera/...` as root): removed, so that test runs
+    /// leave nothing outside their temporary directory.
+    fn drop(&mut self) {
+        let default = fs_client::cluster::default_state_dir(&self.mnt);
+        let _ = fs::remove_file(default.join("redirect"));
+        let _ = fs::remove_dir(&default);
+    }
+}
+
+fn local() -> Local {
+    tessera_tests::process::require_fuse();
+    let dir = tempfile::tempdir().unwrap();
+    let (mnt, state) = (dir.path().join("mnt"), dir.path().join("state"));
+    let (m, s) = (
+        mnt.to_string_lossy().into_owned(),
+        state.to_string_lossy().into_owned(),
+    );
+    let guard = Down(vec![
+        "down".into(),
+        m.clone(),
+        "--state-dir".into(),
+        s.clone(),
+    ]);
+    Local {
+        mnt,
+        state,
+        m,
+        s,
+        _guard: guard,
+        dir,
+    }
+}
+
 fn pids(state: &std::path::Path) -> Vec<i32> {
     fs::read_to_string(state.join("pids"))
         .unwrap_or_default()
@@ -56,31 +102,21 @@ fn pids(state: &std::path::Path) -> Vec<i32> {
 
 #[test]
 fn up_down_up_keeps_every_file() {
-    tessera_tests::process::require_fuse();
-    let dir = tempfile::tempdir().unwrap();
-    let mnt = dir.path().join("mnt");
-    let state = dir.path().join("state");
-    let (m, s) = (
-        mnt.to_string_lossy().into_owned(),
-        state.to_string_lossy().into_owned(),
-    );
-    let _guard = Down(vec![
-        "down".into(),
-        m.clone(),
-        "--state-dir".into(),
-        s.clone(),
-    ]);
-    let out = tessera(&["up", &m, "--state-dir", &s]);
+    let local_dir = local();
+    let Local {
+        mnt, state, m, s, ..
+    } = &local_dir;
+    let out = tessera(&["up", m, "--state-dir", s]);
     assert!(out.contains("mounted"), "{out}");
-    assert!(fs_client::cluster::is_mounted(&mnt));
-    assert_eq!(pids(&state).len(), 5, "meta, 3 data servers, mount");
+    assert!(fs_client::cluster::is_mounted(mnt));
+    assert_eq!(pids(state).len(), 5, "meta, 3 data servers, mount");
     fs::create_dir(mnt.join("dir")).unwrap();
     let data = tessera_tests::pseudo_random(9 << 20, 11);
     fs::write(mnt.join("dir/file"), &data).unwrap();
 
-    let started = pids(&state);
-    tessera(&["down", &m, "--state-dir", &s]);
-    assert!(!fs_client::cluster::is_mounted(&mnt));
+    let started = pids(state);
+    tessera(&["down", m, "--state-dir", s]);
+    assert!(!fs_client::cluster::is_mounted(mnt));
     for pid in started {
         let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         let running = stat
@@ -97,7 +133,7 @@ fn up_down_up_keeps_every_file() {
     };
     assert_eq!(usage_files(), [true; 3], "usage saved at the stop");
 
-    tessera(&["up", &m, "--state-dir", &s]);
+    tessera(&["up", m, "--state-dir", s]);
     assert_eq!(usage_files(), [false; 3], "usage taken at the start");
     assert_eq!(fs::read(mnt.join("dir/file")).unwrap(), data);
     // The servers came back on new ports: writes after the restart (every chain gets
@@ -109,8 +145,8 @@ fn up_down_up_keeps_every_file() {
         fs::write(&path, &bytes).unwrap_or_else(|e| panic!("writing {path:?}: {e}"));
         assert_eq!(fs::read(&path).unwrap(), bytes);
     }
-    tessera(&["down", &m, "--state-dir", &s]);
-    assert!(!fs_client::cluster::is_mounted(&mnt));
+    tessera(&["down", m, "--state-dir", s]);
+    assert!(!fs_client::cluster::is_mounted(mnt));
 }
 
 /// Start time of `pid` (field 22 of its stat), `None` once it is gone or a zombie.
@@ -215,104 +251,95 @@ fn down_leaves_a_foreign_tessera_process_alone() {
 /// and against `status`/`fsck` knowing only 127.0.0.1:7600.
 #[test]
 fn up_brings_back_killed_servers_on_their_old_addresses() {
-    tessera_tests::process::require_fuse();
-    let dir = tempfile::tempdir().unwrap();
-    let (mnt, state) = (dir.path().join("mnt"), dir.path().join("state"));
-    let (m, s) = (
-        mnt.to_string_lossy().into_owned(),
-        state.to_string_lossy().into_owned(),
-    );
-    let _guard = Down(vec![
-        "down".into(),
-        m.clone(),
-        "--state-dir".into(),
-        s.clone(),
-    ]);
-    let up = tessera(&["up", &m, "--state-dir", &s]);
-    let meta = addr(&state, "meta");
+    let local_dir = local();
+    let Local {
+        mnt, state, m, s, ..
+    } = &local_dir;
+    let up = tessera(&["up", m, "--state-dir", s]);
+    let meta = addr(state, "meta");
     let before = tessera_tests::pseudo_random(3 << 20, 5);
     fs::write(mnt.join("before"), &before).unwrap();
 
     // A data server killed: `up` brings it back on its address.
-    let data_addr = addr(&state, "data-1");
-    let old = pid_of(&state, "data-1");
+    let data_addr = addr(state, "data-1");
+    let old = pid_of(state, "data-1");
     kill9(old);
-    let out = tessera(&["up", &m, "--state-dir", &s]);
+    let out = tessera(&["up", m, "--state-dir", s]);
     assert!(out.contains("brought back data-1"), "{out}");
     assert!(
         !out.contains("brought back meta"),
         "the running ones are left: {out}"
     );
-    assert_eq!(addr(&state, "data-1"), data_addr);
-    assert_ne!(pid_of(&state, "data-1"), old);
-    let status = tessera(&["status", "--state-dir", &s]);
+    assert_eq!(addr(state, "data-1"), data_addr);
+    assert_ne!(pid_of(state, "data-1"), old);
+    let status = tessera(&["status", "--state-dir", s]);
     let line = status
         .lines()
         .find(|l| l.contains("data-1 (node:") && l.contains(&data_addr))
         .unwrap_or_else(|| panic!("data-1 at {data_addr} in:\n{status}"));
     assert!(line.trim_end().ends_with(" up"), "{line}");
-    write_and_check(&mnt, "after-data", 1);
+    write_and_check(mnt, "after-data", 1);
     assert_eq!(fs::read(mnt.join("before")).unwrap(), before);
 
     // The metadata server killed: back on the same port, so the mount carries on.
-    let old = pid_of(&state, "meta");
+    let old = pid_of(state, "meta");
     kill9(old);
-    let out = tessera(&["up", &m, "--state-dir", &s]);
+    let out = tessera(&["up", m, "--state-dir", s]);
     assert!(out.contains("brought back meta"), "{out}");
-    assert_eq!(addr(&state, "meta"), meta);
-    write_and_check(&mnt, "after-meta", 2);
-    let names: Vec<String> = fs::read_dir(&mnt)
+    assert_eq!(addr(state, "meta"), meta);
+    write_and_check(mnt, "after-meta", 2);
+    let names: Vec<String> = fs::read_dir(mnt)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert!(names.contains(&"after-meta".to_string()), "{names:?}");
     assert_eq!(fs::read(mnt.join("before")).unwrap(), before);
     // The mount process killed: its mount point is dead (ENOTCONN) until `up` remounts.
-    kill9(pid_of(&state, "mount"));
-    let out = tessera(&["up", &m, "--state-dir", &s]);
+    kill9(pid_of(state, "mount"));
+    let out = tessera(&["up", m, "--state-dir", s]);
     assert!(out.contains("brought back mount"), "{out}");
     assert_eq!(fs::read(mnt.join("before")).unwrap(), before);
-    let out = tessera(&["up", &m, "--state-dir", &s]);
+    let out = tessera(&["up", m, "--state-dir", s]);
     assert!(out.contains("nothing to bring back"), "{out}");
 
     // `up` says where the metadata server and the logs are; `status` and `fsck` find
     // it from the mount point or the state directory.
     assert!(up.contains(&format!("metadata server: {meta}")), "{up}");
     assert!(up.contains(&format!("logs: {s}/logs")), "{up}");
-    let status = tessera(&["status", &m]);
+    let status = tessera(&["status", m]);
     for i in 0..3 {
         let line = format!("data-{i} (node:");
         assert!(status.contains(&line), "{line} in:\n{status}");
     }
-    let fsck = tessera(&["fsck", "--state-dir", &s]);
+    let fsck = tessera(&["fsck", "--state-dir", s]);
     assert!(fsck.contains(" 0 problems"), "{fsck}");
-    let fsck = tessera(&["fsck", &m]);
+    let fsck = tessera(&["fsck", m]);
     assert!(fsck.contains(" 0 problems"), "{fsck}");
     // A server whose lease ran out is DOWN: status says when it will be replaced and
     // how to bring it back.
-    kill9(pid_of(&state, "data-2"));
+    kill9(pid_of(state, "data-2"));
     let mut status = String::new();
     wait_until("status shows data-2 DOWN", || {
-        status = tessera(&["status", &m]);
+        status = tessera(&["status", m]);
         status
             .lines()
             .any(|l| l.contains("data-2 (node:") && l.contains("DOWN (replaced in 9m"))
     });
     assert!(status.contains("`tessera up MOUNTPOINT`"), "{status}");
-    let out = tessera(&["up", &m]);
+    let out = tessera(&["up", m]);
     assert!(out.contains("brought back data-2"), "{out}");
-    tessera(&["down", &m, "--state-dir", &s]);
-    assert!(!fs_client::cluster::is_mounted(&mnt));
+    tessera(&["down", m, "--state-dir", s]);
+    assert!(!fs_client::cluster::is_mounted(mnt));
 
     // Mounting over files hides them: refused unless asked for.
     fs::write(mnt.join("hidden"), b"x").unwrap();
-    let out = run(&["up", &m, "--state-dir", &s]);
+    let out = run(&["up", m, "--state-dir", s]);
     assert!(!out.status.success(), "a non-empty mount point is refused");
     assert!(stderr(&out).contains("--nonempty"), "{}", stderr(&out));
-    assert!(!fs_client::cluster::is_mounted(&mnt));
-    tessera(&["up", &m, "--state-dir", &s, "--nonempty"]);
+    assert!(!fs_client::cluster::is_mounted(mnt));
+    tessera(&["up", m, "--state-dir", s, "--nonempty"]);
     assert_eq!(fs::read(mnt.join("before")).unwrap(), before);
-    tessera(&["down", &m, "--state-dir", &s]);
+    tessera(&["down", m, "--state-dir", s]);
     assert_eq!(
         fs::read(mnt.join("hidden")).unwrap(),
         b"x",
@@ -332,23 +359,14 @@ fn write_and_check(mnt: &Path, name: &str, seed: u64) {
 /// logged at every clean unmount, and against colour codes in log files.
 #[test]
 fn down_stops_a_server_restarted_by_hand() {
-    tessera_tests::process::require_fuse();
-    let dir = tempfile::tempdir().unwrap();
-    let (mnt, state) = (dir.path().join("mnt"), dir.path().join("state"));
-    let (m, s) = (
-        mnt.to_string_lossy().into_owned(),
-        state.to_string_lossy().into_owned(),
-    );
-    let _guard = Down(vec![
-        "down".into(),
-        m.clone(),
-        "--state-dir".into(),
-        s.clone(),
-    ]);
-    tessera(&["up", &m, "--state-dir", &s]);
+    let local_dir = local();
+    let Local {
+        mnt, state, m, s, ..
+    } = &local_dir;
+    tessera(&["up", m, "--state-dir", s]);
     fs::write(mnt.join("file"), b"data").unwrap();
     // Restarted by hand from the command line `ps` shows, as an operator would.
-    let pid = pid_of(&state, "data-0");
+    let pid = pid_of(state, "data-0");
     let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap();
     let argv: Vec<String> = cmdline
         .split(|&b| b == 0)
@@ -357,7 +375,7 @@ fn down_stops_a_server_restarted_by_hand() {
         .collect();
     kill9(pid);
     fs::remove_file(state.join("data-0.addr")).unwrap();
-    let log = fs::File::create(dir.path().join("by-hand.log")).unwrap();
+    let log = fs::File::create(local_dir.dir.path().join("by-hand.log")).unwrap();
     let mut by_hand = KillOnDrop(
         Command::new(&argv[0])
             .args(&argv[1..])
@@ -369,7 +387,7 @@ fn down_stops_a_server_restarted_by_hand() {
     wait_until("the server started by hand listens", || {
         state.join("data-0.addr").exists()
     });
-    let out = tessera(&["down", &m, "--state-dir", &s]);
+    let out = tessera(&["down", m, "--state-dir", s]);
     let deadline = Instant::now() + WAIT;
     while by_hand.0.try_wait().unwrap().is_none() {
         assert!(
@@ -379,7 +397,7 @@ fn down_stops_a_server_restarted_by_hand() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(out.contains("data-0"), "{out}");
-    assert!(!fs_client::cluster::is_mounted(&mnt));
+    assert!(!fs_client::cluster::is_mounted(mnt));
     for entry in fs::read_dir(state.join("logs")).unwrap() {
         let path = entry.unwrap().path();
         let text = fs::read_to_string(&path).unwrap();

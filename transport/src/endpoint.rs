@@ -200,7 +200,8 @@ impl ConnSet {
             }
         };
         let (idle_ms, core) = victim;
-        warn!(peer = %core.peer, idle_ms, "connection limit reached: closing the idlest connection");
+        let peer = &core.peer;
+        warn!(%peer, idle_ms, "connection limit reached: closing the idlest connection");
         let why = format!("idle for {idle_ms} ms, closed to make room for a new connection");
         core.shutdown_as(why, Closed::Broken);
         true

@@ -7,7 +7,7 @@ use super::Client;
 use crate::error::{ClientError, Result};
 use crate::rpc::{self, expect_reply};
 use proto::meta::{MetaReply, MetaRequest};
-use proto::{Attr, ErrorCode, InodeId};
+use proto::{Attr, ErrorCode, InodeId, WireError};
 use std::time::{Duration, Instant};
 
 /// The first pause before trying an unreachable server again; it doubles up to
@@ -93,7 +93,31 @@ impl Client {
                 return Err(e);
             }
             self.ep.count_retry();
+            if let Some(lost) = self.lost_commit(req) {
+                return Err(lost);
+            }
         }
+    }
+
+    /// A length commit of a file whose open the server ended while this client was
+    /// away (found by the resume before a retry): sending it again would commit a
+    /// length over bytes another client may have cut, so it fails instead.
+    fn lost_commit(&self, req: &MetaRequest) -> Option<ClientError> {
+        let ino = match req {
+            MetaRequest::Commit { ino, .. } => *ino,
+            MetaRequest::SetAttr {
+                ino,
+                commit: Some(_),
+                ..
+            } => *ino,
+            _ => return None,
+        };
+        let st = self.live_file(ino).filter(|st| st.is_lost())?;
+        let why = format!(
+            "{}: the open was lost while the metadata server was away",
+            st.ino
+        );
+        Some(ClientError::Remote(WireError::new(ErrorCode::Io, why)))
     }
 
     /// Waits up to `meta_wait_ms` for a connection whose open files were resumed: a
@@ -145,12 +169,13 @@ impl Client {
     /// Sends a `GetXattr`; see [`Client::getxattr`]. While the server is away, the
     /// capability check the kernel makes before writes is answered "none" for an open
     /// file known to have no extended attributes, without waiting.
+    /// Says whether the answer was guessed that way.
     pub(crate) async fn getxattr_call(
         &self,
         ino: InodeId,
         req: &MetaRequest,
         capability: bool,
-    ) -> Result<Vec<u8>> {
+    ) -> (Result<Vec<u8>>, bool) {
         let open = self.live_file(ino).filter(|_| capability);
         let wait = match open {
             Some(_) => Duration::ZERO,
@@ -158,12 +183,14 @@ impl Client {
         };
         match self.meta_waiting(req, wait).await {
             Err(e) if rpc::unreachable(&e) => match open {
-                Some(st) if st.known_attr().xattr_count == 0 => Err(ClientError::Remote(
-                    proto::WireError::new(ErrorCode::NoData, "no such extended attribute"),
-                )),
-                _ => Err(e),
+                Some(st) if st.known_attr().xattr_count == 0 => {
+                    let none = WireError::new(ErrorCode::NoData, "no such extended attribute");
+                    (Err(ClientError::Remote(none)), true)
+                }
+                _ => (Err(e), false),
             },
-            r => expect_reply!(r?.0, MetaReply::Xattr(v) => v),
+            Err(e) => (Err(e), false),
+            Ok((reply, _)) => (expect_reply!(reply, MetaReply::Xattr(v) => v), false),
         }
     }
 }

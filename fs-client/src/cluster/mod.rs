@@ -179,19 +179,19 @@ fn absolute(p: &Path) -> Result<PathBuf, ClusterError> {
     fs::canonicalize(p).map_err(io_err(format!("resolving {}", p.display())))
 }
 
-/// The absolute path of mount point `p` without creating it. A dead mount (its process
-/// killed) fails every look at it with ENOTCONN: its parent is resolved instead.
+/// The absolute path of mount point `p` without creating it, and without looking at
+/// `p` itself: its parent is resolved and its name added. A look at a live mount's root
+/// goes to its file system, which waits for a metadata server that is away (the one
+/// `up` is about to bring back), and a dead mount (its process killed) fails every look
+/// with ENOTCONN.
 pub fn resolve_mount(p: &Path) -> PathBuf {
-    if let Ok(full) = fs::canonicalize(p) {
-        return full;
-    }
     let parent = match p.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
     match (fs::canonicalize(parent), p.file_name()) {
         (Ok(dir), Some(name)) => dir.join(name),
-        _ => p.to_path_buf(),
+        _ => fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf()),
     }
 }
 
@@ -464,13 +464,39 @@ fn launch_server(
     append_log: bool,
 ) -> Result<String, ClusterError> {
     let addr_file = state::addr_file(state, role);
+    let old = state::read_addr(&addr_file);
     let _ = fs::remove_file(&addr_file);
-    let (mut child, log) = launch(state, role, argv, pids, append_log)?;
-    wait_ready(&mut child, role, &log, || {
+    // A server that did not come up is stopped, and the address it was to take back
+    // stays recorded: the next `up` tries it again, `status` and `fsck` still find it.
+    let give_up = |child: &mut std::process::Child| {
+        let _ = child.kill();
+        let _ = child.wait();
+        if let Some(old) = &old {
+            let _ = fs::write(&addr_file, old);
+        }
+    };
+    let (mut child, log) = match launch(state, role, argv, pids, append_log) {
+        Ok(l) => l,
+        Err(e) => {
+            if let Some(old) = &old {
+                let _ = fs::write(&addr_file, old);
+            }
+            return Err(e);
+        }
+    };
+    let ready = wait_ready(&mut child, role, &log, || {
         state::read_addr(&addr_file).is_some()
-    })?;
-    state::read_addr(&addr_file)
-        .ok_or_else(|| ClusterError::Other(format!("{role} wrote no address")))
+    });
+    match ready.and_then(|()| {
+        state::read_addr(&addr_file)
+            .ok_or_else(|| ClusterError::Other(format!("{role} wrote no address")))
+    }) {
+        Ok(addr) => Ok(addr),
+        Err(e) => {
+            give_up(&mut child);
+            Err(e)
+        }
+    }
 }
 
 fn path_arg(p: &Path) -> String {

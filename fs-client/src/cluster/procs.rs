@@ -87,11 +87,14 @@ fn resolve(pid: i32, arg: &Path) -> Option<PathBuf> {
     } else {
         fs::read_link(format!("/proc/{pid}/cwd")).ok()?.join(value)
     };
-    // Canonical if it exists, else its parent canonical (an address file not yet written).
-    fs::canonicalize(&full).ok().or_else(|| {
-        let parent = fs::canonicalize(full.parent()?).ok()?;
-        Some(parent.join(full.file_name()?))
-    })
+    // The parent canonical and the name added, never a look at the path itself: it may
+    // be the root of a mount (another cluster's, whose server is away, or a stopped
+    // mount process), where a look waits or hangs. It need not exist yet either (an
+    // address file not yet written).
+    match (full.parent(), full.file_name()) {
+        (Some(dir), Some(name)) => Some(fs::canonicalize(dir).ok()?.join(name)),
+        _ => Some(full),
+    }
 }
 
 /// The role `pid` plays for `state` (and its mount point `mnt`), or `None` if it is not
