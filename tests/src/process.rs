@@ -63,7 +63,10 @@ fn spawn(prefix: &[&str], bin: &Path, args: &[&str], log: &Path) -> Child {
         None => Command::new(bin),
     };
     cmd.args(args)
-        .env("TESSERA_LOG", "info")
+        .env(
+            "TESSERA_LOG",
+            std::env::var("TESSERA_TEST_LOG").unwrap_or_else(|_| "info".into()),
+        )
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)

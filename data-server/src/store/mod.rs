@@ -177,8 +177,36 @@ pub struct ChunkStore {
     /// Set by [`ChunkStore::close`]: changes are refused from then on.
     closed: AtomicBool,
     node_id_lock: Mutex<()>,
+    /// Files whose chunks were deleted here, the latest [`REMOVED_KEPT`]. Inode numbers
+    /// are never reused, so a copy a resync or repair fetched before the deletion must
+    /// not be installed after it (it would stay, space no deletion frees, until a
+    /// sweep). Taken by [`ChunkStore::delete_file`] and around an install's writes.
+    removed: Mutex<Removed>,
     /// Holds the flock on `<dir>/LOCK` until the store is dropped.
     _lock_file: File,
+}
+
+/// How many deleted files [`ChunkStore`] remembers (about 16 bytes each, twice).
+const REMOVED_KEPT: usize = 65_536;
+
+/// The latest deleted files, oldest first, bounded by [`REMOVED_KEPT`].
+#[derive(Default)]
+struct Removed {
+    set: std::collections::HashSet<InodeId>,
+    order: std::collections::VecDeque<InodeId>,
+}
+
+impl Removed {
+    fn insert(&mut self, inode: InodeId) {
+        if self.set.insert(inode) {
+            self.order.push_back(inode);
+            if self.order.len() > REMOVED_KEPT {
+                if let Some(old) = self.order.pop_front() {
+                    self.set.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 impl ChunkStore {
@@ -228,6 +256,7 @@ impl ChunkStore {
             disk_reserve: 0,
             closed: AtomicBool::new(false),
             node_id_lock: Mutex::new(()),
+            removed: Mutex::new(Removed::default()),
             _lock_file: lock_file,
         })
     }
@@ -532,6 +561,10 @@ impl ChunkStore {
     /// an error. Not synced: inode numbers are never reused, so a chunk a crash brings
     /// back is never read, only space to collect.
     pub fn delete_file(&self, inode: InodeId) -> Result<(), DataError> {
+        // Held through the deletion: an install under way finishes first (and its chunk
+        // is listed below), a later one sees the file gone.
+        let mut removed = self.removed.lock();
+        removed.insert(inode);
         for index in scan::list_chunks(&self.root, inode)? {
             self.remove_chunk(ChunkId { inode, index })?;
         }
@@ -549,6 +582,21 @@ impl ChunkStore {
             }
             Err(e) => Err(DataError::io(format!("remove {}", dir.display()), e)),
         }
+    }
+
+    /// Runs `install` unless `inode`'s chunks were deleted here (then it is a copy of a
+    /// removed file: nothing is written); no deletion of the file runs meanwhile.
+    pub(crate) fn unless_removed(
+        &self,
+        inode: InodeId,
+        install: impl FnOnce() -> Result<(), DataError>,
+    ) -> Result<(), DataError> {
+        let removed = self.removed.lock();
+        if removed.set.contains(&inode) {
+            tracing::debug!(%inode, "not installing a copy of a deleted file's chunk");
+            return Ok(());
+        }
+        install()
     }
 
     /// Puts the data of these chunks, and the directory entries that lead to them, on

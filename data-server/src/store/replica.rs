@@ -127,7 +127,21 @@ impl ChunkStore {
     /// (zeros) and carries no stale mark for the sweep to find. The copy is marked stale
     /// (and synced) first, then cut and rewritten: until the new fields are in, a crash
     /// leaves a stale copy, which reads refuse and the sweep copies again.
+    /// A copy of a chunk of a file deleted here is not installed (see
+    /// `ChunkStore::unless_removed`).
     pub fn install(
+        &self,
+        chunk: ChunkId,
+        chunk_size: u32,
+        data: &[u8],
+        fields: ReplicaFields,
+    ) -> Result<(), DataError> {
+        self.unless_removed(chunk.inode, || {
+            self.install_copy(chunk, chunk_size, data, fields)
+        })
+    }
+
+    fn install_copy(
         &self,
         chunk: ChunkId,
         chunk_size: u32,

@@ -370,6 +370,32 @@ fn delete_file_is_idempotent_and_frees_space() {
     assert_eq!(read_vec(&s, chunk(10, 0), MIB, 0, 1), vec![3]);
 }
 
+/// Guards against a resync or repair bringing back a chunk of a file deleted while its
+/// copy was on the way (fetched before the deletion, installed after it): the chunk
+/// stayed, space no deletion freed until a sweep.
+#[test]
+fn a_copy_of_a_deleted_files_chunk_is_not_installed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    let fields = ReplicaFields {
+        chain: proto::ChainId(1),
+        version: 2,
+        stale: false,
+    };
+    s.install(chunk(20, 0), MIB, &[7; 100], fields).unwrap();
+    assert_eq!(read_vec(&s, chunk(20, 0), MIB, 0, 2), vec![7; 2]);
+    s.delete_file(InodeId(20)).unwrap();
+    s.install(chunk(20, 1), MIB, &[8; 100], fields).unwrap();
+    assert!(
+        !s.inode_path(InodeId(20)).exists(),
+        "a deleted file's chunk came back"
+    );
+    assert_eq!(s.usage().unwrap().chunks, 0);
+    // Another file's copy still goes in.
+    s.install(chunk(21, 0), MIB, &[9; 100], fields).unwrap();
+    assert_eq!(read_vec(&s, chunk(21, 0), MIB, 0, 2), vec![9; 2]);
+}
+
 #[test]
 fn reopen_keeps_data_and_usage() {
     let tmp = tempfile::tempdir().unwrap();
