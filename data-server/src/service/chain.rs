@@ -20,7 +20,7 @@ use bytes::Bytes;
 use proto::data::fits_inline;
 use proto::data::{ChunkMeta, DataReply, DataRequest, Placement, ReplicaData};
 use proto::meta::{ClusterMap, MemberState};
-use proto::{ChunkId, ErrorCode, NodeId, RemoteBuf, WireError};
+use proto::{ChainId, ChunkId, ErrorCode, NodeId, RemoteBuf, WireError};
 use transport::{Access, BufferPool, Connection, MemoryRegion};
 
 /// Where a write's bytes come from at one member.
@@ -373,18 +373,15 @@ impl Inner {
     }
 
     /// Refuses a read of a copy that may miss committed writes: a stale copy, or a chain
-    /// this server only syncs (per its own map).
+    /// this server does not serve in its newest map. Called holding the chunk's lock.
     pub(super) async fn check_readable(
         &self,
         chunk: ChunkId,
-        place: &Placement,
+        chain: ChainId,
     ) -> Result<(), WireError> {
-        let map = self.view.at(place.map_version).await?;
         let f = self.local_fields(chunk).await?;
-        let syncing = !matches!(
-            self.view.my_state(&map, place.chain),
-            Some(MemberState::Serving)
-        );
+        let map = self.view.current();
+        let syncing = !matches!(self.view.my_state(&map, chain), Some(MemberState::Serving));
         if f.stale || syncing {
             return Err(WireError::new(
                 ErrorCode::Stale,

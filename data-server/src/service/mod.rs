@@ -8,7 +8,10 @@
 
 mod chain;
 mod locks;
+mod pause;
 mod resync;
+#[cfg(test)]
+mod tests;
 
 pub use resync::Resync;
 
@@ -18,6 +21,7 @@ use crate::store::{ChunkStore, ReplicaFields};
 use bytes::Bytes;
 use chain::{ChainWrite, Source};
 use locks::ChunkLocks;
+use pause::PausePoint;
 use proto::data::{DataReply, DataRequest, DataResult, ReplicaData, MAX_INLINE_WRITE_BYTES};
 use proto::{codec, ChunkId, ErrorCode, RemoteBuf, WireError};
 use std::sync::Arc;
@@ -47,6 +51,8 @@ struct Inner {
     locks: ChunkLocks,
     /// Woken when a copy here was marked stale: the resync task repairs it.
     stale_found: Arc<Notify>,
+    #[cfg(test)]
+    pauses: pause::Pauses,
 }
 
 /// The registered buffers of a data service.
@@ -78,6 +84,8 @@ impl DataService {
                 view,
                 locks: ChunkLocks::default(),
                 stale_found: Arc::new(Notify::new()),
+                #[cfg(test)]
+                pauses: pause::Pauses::default(),
             }),
         }
     }
@@ -177,6 +185,12 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl Inner {
+    /// Where the service tests may hold a request; nothing outside tests.
+    async fn pause_point(&self, _at: PausePoint) {
+        #[cfg(test)]
+        self.pauses.wait(_at).await;
+    }
+
     async fn serve(&self, conn: &Connection, req: DataRequest) -> DataResult {
         let store = self.store.clone();
         match req {
@@ -188,8 +202,14 @@ impl Inner {
                 len,
                 dest,
             } => {
-                self.check_readable(chunk, &place).await?;
+                // The map before the lock, as on the write paths: fetching it may wait on
+                // the metadata server, which nobody does holding a chunk lock.
+                self.view.at(place.map_version).await?;
+                self.pause_point(PausePoint::ReadLock).await;
+                // Checked under the lock: a write that marks this copy stale holds it
+                // exclusively, so it cannot land between the check and the read.
                 let _lock = self.locks.read(chunk).await;
+                self.check_readable(chunk, place.chain).await?;
                 self.read(conn, chunk, chunk_size_bytes, offset, len, dest)
                     .await?;
                 Ok(DataReply::Read { len })
