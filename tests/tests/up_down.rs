@@ -221,7 +221,11 @@ fn down_leaves_a_foreign_tessera_process_alone() {
         .into_iter()
         .find(|p| Path::new(p).exists())
         .expect("sleep is installed");
-    fs::copy(sleep, &fake).unwrap();
+    // Copied by `cp`, not by this process: a file this process has open for writing
+    // can be inherited by a child another test thread is starting, and exec of it then
+    // fails with ETXTBSY until that child execs.
+    let copied = Command::new("cp").arg(sleep).arg(&fake).status();
+    assert!(copied.is_ok_and(|s| s.success()), "copying {sleep}");
     let mut foreign = KillOnDrop(Command::new(&fake).arg("600").spawn().unwrap());
     let pid = foreign.0.id() as i32;
     let start = start_time(pid).expect("running");
