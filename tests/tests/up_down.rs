@@ -388,9 +388,19 @@ fn down_stops_a_server_restarted_by_hand() {
             .spawn()
             .unwrap(),
     );
-    wait_until("the server started by hand listens", || {
-        state.join("data-0.addr").exists()
-    });
+    let by_hand_log = local_dir.dir.path().join("by-hand.log");
+    let deadline = Instant::now() + WAIT;
+    while !state.join("data-0.addr").exists() {
+        let exited = by_hand.0.try_wait().ok().flatten();
+        assert!(
+            exited.is_none() && Instant::now() < deadline,
+            "the server started by hand is not ready within {WAIT:?} (exit: {exited:?}):\n{}\n\
+             -- meta.log:\n{}",
+            fs::read_to_string(&by_hand_log).unwrap_or_default(),
+            fs::read_to_string(state.join("logs/meta.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let out = tessera(&["down", m, "--state-dir", s]);
     let deadline = Instant::now() + WAIT;
     while by_hand.0.try_wait().unwrap().is_none() {
