@@ -2,7 +2,6 @@
 //! the task.
 
 use super::attr::{file_type, fuse_attr, kind_of_mode};
-use super::dir::DirHandle;
 use super::replies::{
     caller, dot_attr, finish, ino, lock_spec, lock_type, time_set, writable, xattr_reply,
 };
@@ -15,11 +14,10 @@ use fuser::{
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use proto::meta::{LockKind, RenameMode, XattrMode};
-use proto::{FileKind, SetAttr};
+use proto::{ErrorCode, FileKind, SetAttr};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::SystemTime;
 use tracing::debug;
 
@@ -82,7 +80,12 @@ impl fuser::Filesystem for TesseraFs {
         }
         let inner = self.inner.clone();
         self.spawn(async move {
-            let r = inner.client.getattr(ino(i)).await;
+            let r = match inner.client.getattr(ino(i)).await {
+                Err(e) if e.code() == ErrorCode::NotFound => {
+                    inner.removed_dir_attr(ino(i)).ok_or(e)
+                }
+                r => r,
+            };
             if let Ok(a) = &r {
                 inner.revalidate(a).await;
             }
@@ -500,12 +503,7 @@ impl fuser::Filesystem for TesseraFs {
     }
 
     fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let n = self.inner.new_fh();
-        let handle = DirHandle::new(ino(i), ino(i));
-        self.inner
-            .dirs
-            .lock()
-            .insert(n, Arc::new(tokio::sync::Mutex::new(handle)));
+        let n = self.inner.open_dir(ino(i));
         reply.opened(Fh(n), FopenFlags::empty());
     }
 
@@ -544,6 +542,7 @@ impl fuser::Filesystem for TesseraFs {
             };
             if let Ok(entries) = &r {
                 for a in entries.iter().filter_map(|e| e.attr.as_ref()) {
+                    inner.note_dir(a);
                     inner.revalidate(a).await;
                 }
             }

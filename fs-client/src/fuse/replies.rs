@@ -74,6 +74,9 @@ pub(super) fn time_set(t: TimeOrNow) -> TimeSet {
 impl Inner {
     pub(super) fn entry(&self, reply: ReplyEntry, r: Result<Attr, ClientError>) {
         let (ttl, blk) = (self.entry_ttl, self.blksize);
+        if let Ok(a) = &r {
+            self.note_dir(a);
+        }
         finish(reply, r, |reply, a| {
             reply.entry(&ttl, &fuse_attr(&a, blk), Generation(0))
         });
@@ -81,6 +84,9 @@ impl Inner {
 
     pub(super) fn attr(&self, reply: ReplyAttr, r: Result<Attr, ClientError>) {
         let (ttl, blk) = (self.attr_ttl, self.blksize);
+        if let Ok(a) = &r {
+            self.note_dir(a);
+        }
         finish(reply, r, |reply, a| reply.attr(&ttl, &fuse_attr(&a, blk)));
     }
 
@@ -94,7 +100,7 @@ impl Inner {
         max: usize,
         plus: bool,
     ) -> Option<Result<Vec<Listed>, ClientError>> {
-        let dir = self.dirs.lock().get(&fh.0).cloned()?;
+        let dir = self.dirs.lock().get(&fh.0).map(|d| d.handle.clone())?;
         let mut dir = dir.lock().await;
         let page = dir.entries_from(&self.client, offset, max, plus);
         // A listing from the top reads the directory: its atime moves as `relatime` says
