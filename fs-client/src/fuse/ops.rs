@@ -3,7 +3,8 @@
 
 use super::attr::{file_type, fuse_attr, kind_of_mode};
 use super::replies::{
-    caller, dot_attr, finish, ino, lock_spec, lock_type, time_set, writable, xattr_reply,
+    caller, dot_attr, finish, ino, lock_spec, lock_type, time_set, unprivileged_groups, writable,
+    xattr_reply,
 };
 use super::{errno, is_stats_xattr, Freshness, TesseraFs};
 use crate::error::ClientError;
@@ -734,7 +735,7 @@ impl fuser::Filesystem for TesseraFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         _i: INodeNo,
         fh: Fh,
         offset: u64,
@@ -743,10 +744,15 @@ impl fuser::Filesystem for TesseraFs {
         reply: ReplyEmpty,
     ) {
         let inner = self.inner.clone();
+        // The kernel clears setuid/setgid before writes, but not before an fallocate.
+        let groups = unprivileged_groups(req);
         self.spawn(async move {
             let r = match inner.file(fh.0) {
                 Ok(file) => {
-                    let r = inner.client.fallocate(&file, offset, length, mode).await;
+                    let mut r = inner.client.fallocate(&file, offset, length, mode).await;
+                    if let (Ok(()), Some(g)) = (&r, &groups) {
+                        r = inner.client.kill_privs(file.ino(), Some(g)).await;
+                    }
                     let zeroed = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
                     if r.is_ok() && mode & zeroed != 0 {
                         inner.drop_pages(file.ino(), offset, length).await;
