@@ -1,6 +1,6 @@
 //! The `Client` API: the namespace operations of one mount, over the transport.
 
-use crate::config::ClientConfig;
+use crate::config::{AtimeMode, ClientConfig};
 use crate::dirattrs::DirAttrs;
 use crate::dirnames::DirNames;
 use crate::error::{ClientError, Result};
@@ -389,11 +389,17 @@ impl Client {
     }
 
     /// Reports a read of `ino` (file bytes or a directory listing) for its access time;
-    /// the metadata server moves it as `relatime` says. Best effort, as a lazily
-    /// written atime is: a failure is logged, never returned.
+    /// the metadata server moves it as the mount's `atime` option says (nothing is sent
+    /// with `noatime`). Best effort, as a lazily written atime is: a failure is logged,
+    /// never returned.
     pub async fn accessed(&self, ino: InodeId) {
+        let strict = match self.config().atime {
+            AtimeMode::NoAtime => return,
+            AtimeMode::RelAtime => false,
+            AtimeMode::StrictAtime => true,
+        };
         // Best effort: not worth holding a read while the server is away.
-        let req = MetaRequest::Accessed { ino };
+        let req = MetaRequest::Accessed { ino, strict };
         if let Err(e) = self.meta_waiting(&req, Duration::ZERO).await {
             tracing::debug!(%ino, error = %e, "atime update failed");
         }

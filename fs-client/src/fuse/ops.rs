@@ -7,6 +7,7 @@ use super::replies::{
     xattr_reply,
 };
 use super::{errno, is_stats_xattr, Freshness, TesseraFs};
+use crate::config::AtimeMode;
 use crate::error::ClientError;
 use fuser::{
     AccessFlags, Errno, FileHandle as Fh, FopenFlags, Generation, INodeNo, IoctlFlags,
@@ -283,7 +284,10 @@ impl fuser::Filesystem for TesseraFs {
             }
             finish(reply, r, |reply, (attr, fh)| {
                 let mut fopen = FopenFlags::empty();
-                if inner.freshness(&attr, since) == Freshness::Same {
+                // With `strictatime` the kernel's cached pages go at every open, so that
+                // the open's first read reaches the mount and moves the access time.
+                let strict = inner.client.config().atime == AtimeMode::StrictAtime;
+                if inner.freshness(&attr, since) == Freshness::Same && !strict {
                     fopen |= FopenFlags::FOPEN_KEEP_CACHE;
                 }
                 if direct {
