@@ -1,6 +1,6 @@
 //! The `Client` API: the namespace operations of one mount, over the transport.
 
-use crate::config::ClientConfig;
+use crate::config::{AtimeMode, ClientConfig};
 use crate::dirattrs::DirAttrs;
 use crate::dirnames::DirNames;
 use crate::error::{ClientError, Result};
@@ -389,11 +389,17 @@ impl Client {
     }
 
     /// Reports a read of `ino` (file bytes or a directory listing) for its access time;
-    /// the metadata server moves it as `relatime` says. Best effort, as a lazily
-    /// written atime is: a failure is logged, never returned.
+    /// the metadata server moves it as the mount's `atime` option says (nothing is sent
+    /// with `noatime`). Best effort, as a lazily written atime is: a failure is logged,
+    /// never returned.
     pub async fn accessed(&self, ino: InodeId) {
+        let strict = match self.config().atime {
+            AtimeMode::NoAtime => return,
+            AtimeMode::RelAtime => false,
+            AtimeMode::StrictAtime => true,
+        };
         // Best effort: not worth holding a read while the server is away.
-        let req = MetaRequest::Accessed { ino };
+        let req = MetaRequest::Accessed { ino, strict };
         if let Err(e) = self.meta_waiting(&req, Duration::ZERO).await {
             tracing::debug!(%ino, error = %e, "atime update failed");
         }
@@ -405,19 +411,21 @@ impl Client {
     /// conditional change: a chmod racing with the write may be undone, as it may be by
     /// the kernel's own getattr-then-setattr on the page cache path.
     pub async fn kill_suid(&self, ino: InodeId) -> Result<()> {
-        const S_ISUID: u32 = 0o4000;
-        const S_ISGID: u32 = 0o2000;
-        const S_IXGRP: u32 = 0o0010;
-        let perm = self.getattr(ino).await?.perm;
-        let mut kill = perm & S_ISUID;
-        if perm & (S_ISGID | S_IXGRP) == S_ISGID | S_IXGRP {
-            kill |= S_ISGID;
-        }
+        self.kill_privs(ino, None).await
+    }
+
+    /// [`Client::kill_suid`] for a writer whose groups are known (`groups`: its file
+    /// system group and supplementary groups): setgid without group-exec goes too when
+    /// the writer is not in the file's group, as Linux decides
+    /// (`setattr_should_drop_sgid`).
+    pub async fn kill_privs(&self, ino: InodeId, groups: Option<&[u32]>) -> Result<()> {
+        let attr = self.getattr(ino).await?;
+        let kill = privs_to_kill(attr.perm, attr.gid, groups);
         if kill == 0 {
             return Ok(());
         }
         let set = SetAttr {
-            perm: Some(perm & !kill),
+            perm: Some(attr.perm & !kill),
             ..SetAttr::default()
         };
         self.setattr(ino, set).await.map(drop)
@@ -705,6 +713,21 @@ impl Client {
     }
 }
 
+/// The setuid and setgid bits an unprivileged change of a file's data clears, for a
+/// file with permission bits `perm` and group `gid`: setuid always; setgid when
+/// group-exec is set (it then marks a set-group-id program, not mandatory locking), or
+/// when the writer, whose groups are `groups` if known, is not in the file's group.
+fn privs_to_kill(perm: u32, gid: u32, groups: Option<&[u32]>) -> u32 {
+    const S_ISUID: u32 = 0o4000;
+    const S_ISGID: u32 = 0o2000;
+    const S_IXGRP: u32 = 0o0010;
+    let mut kill = perm & S_ISUID;
+    if perm & S_ISGID != 0 && (perm & S_IXGRP != 0 || groups.is_some_and(|g| !g.contains(&gid))) {
+        kill |= S_ISGID;
+    }
+    kill
+}
+
 /// Whether process `pid` has a signal pending that it neither blocks nor ignores (or is
 /// gone): a lock wait must then end with EINTR, as `F_SETLKW` does on a local file.
 fn signal_pending(pid: u32) -> bool {
@@ -728,7 +751,16 @@ fn signal_pending(pid: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::signal_pending;
+    use super::{privs_to_kill, signal_pending};
+
+    #[test]
+    fn setgid_without_group_exec_goes_only_for_a_writer_outside_the_group() {
+        assert_eq!(privs_to_kill(0o6755, 7, None), 0o6000);
+        assert_eq!(privs_to_kill(0o6745, 7, None), 0o4000);
+        assert_eq!(privs_to_kill(0o2745, 7, Some(&[7, 8])), 0);
+        assert_eq!(privs_to_kill(0o2745, 7, Some(&[8])), 0o2000);
+        assert_eq!(privs_to_kill(0o0777, 7, Some(&[8])), 0);
+    }
 
     #[test]
     fn a_live_quiet_process_has_no_signal_pending_and_a_dead_one_counts_as_signalled() {

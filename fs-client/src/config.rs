@@ -64,6 +64,25 @@ pub struct ClientConfig {
     /// waiting (one more try at once, on a new connection). Meanwhile open files keep reading and writing, and `fstat` of an open
     /// file answers with what the client knows of it.
     pub meta_wait_ms: u64,
+    /// When reads move the access time: `relatime` (when it is older than the last
+    /// change, or a day old, as ext4 by default), `noatime` (never) or `strictatime`
+    /// (at every open that reads, and every listing). `tessera mount -o` sets it too.
+    pub atime: AtimeMode,
+}
+
+/// The mount's access-time option (see [`ClientConfig::atime`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AtimeMode {
+    /// Reads never move the access time.
+    #[serde(rename = "noatime")]
+    NoAtime,
+    /// A read moves it when it is not newer than the last change, or is a day old.
+    #[default]
+    #[serde(rename = "relatime")]
+    RelAtime,
+    /// Every open that reads, and every listing, moves it.
+    #[serde(rename = "strictatime")]
+    StrictAtime,
 }
 
 impl Default for ClientConfig {
@@ -87,6 +106,7 @@ impl Default for ClientConfig {
             allow_other: true,
             failover_timeout_ms: 30_000,
             meta_wait_ms: 30_000,
+            atime: AtimeMode::RelAtime,
         }
     }
 }
@@ -118,6 +138,23 @@ impl ClientConfig {
         }
         if self.meta_wait_ms > 3_600_000 {
             return Err("meta_wait_ms must be at most 3600000 (one hour)".into());
+        }
+        Ok(())
+    }
+
+    /// Applies the mount options of `tessera mount -o` (comma-separated, as `mount -o`
+    /// takes them): `noatime`, `relatime`, `strictatime`, and `rw`, `defaults`, `dev`,
+    /// `suid`, `exec`, `async`, which are what the mount does anyway. Any other option
+    /// is refused by name rather than ignored.
+    pub fn apply_mount_options(&mut self, options: &str) -> Result<(), String> {
+        for o in options.split(',').filter(|o| !o.is_empty()) {
+            match o {
+                "noatime" => self.atime = AtimeMode::NoAtime,
+                "relatime" => self.atime = AtimeMode::RelAtime,
+                "strictatime" => self.atime = AtimeMode::StrictAtime,
+                "rw" | "defaults" | "dev" | "suid" | "exec" | "async" => {}
+                _ => return Err(format!("mount option {o:?} is not supported")),
+            }
         }
         Ok(())
     }
@@ -176,5 +213,19 @@ mod tests {
         };
         assert!(c.validate().unwrap_err().contains("io_buffer_bytes"));
         assert!(toml::from_str::<ClientConfig>("attr_ttl = 5").is_err());
+    }
+
+    #[test]
+    fn mount_options_set_the_atime_mode_and_unknown_ones_are_refused() {
+        let mut c = ClientConfig::default();
+        c.apply_mount_options("rw,noatime").unwrap();
+        assert_eq!(c.atime, AtimeMode::NoAtime);
+        c.apply_mount_options("strictatime").unwrap();
+        assert_eq!(c.atime, AtimeMode::StrictAtime);
+        c.apply_mount_options("relatime,").unwrap();
+        assert_eq!(c.atime, AtimeMode::RelAtime);
+        assert!(c.apply_mount_options("sync").unwrap_err().contains("sync"));
+        let parsed: ClientConfig = toml::from_str("atime = \"strictatime\"").unwrap();
+        assert_eq!(parsed.atime, AtimeMode::StrictAtime);
     }
 }

@@ -121,7 +121,7 @@ impl DirAttrs {
             | R::SetAttr { ino, .. }
             | R::SetXattr { ino, .. }
             | R::RemoveXattr { ino, .. }
-            | R::Accessed { ino } => Some(Some(*ino)),
+            | R::Accessed { ino, .. } => Some(Some(*ino)),
             _ if !keeps => Some(None),
             _ => None,
         };

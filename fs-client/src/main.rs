@@ -33,6 +33,9 @@ enum Cmd {
         /// Mount even if the mount point holds files (hidden while mounted).
         #[arg(long)]
         nonempty: bool,
+        /// Mount options, comma-separated: noatime, relatime (the default), strictatime.
+        #[arg(short = 'o')]
+        options: Vec<String>,
     },
     /// Show the RDMA devices, ports, link layers and GIDs of this host, and the
     /// transport that `auto` would pick.
@@ -205,9 +208,13 @@ fn run(args: Args) -> anyhow::Result<()> {
             meta,
             transport,
             nonempty,
+            options,
         } => {
             cluster::check_mountpoint(&mountpoint, nonempty)?;
             let mut c = client_config(&config, &meta, &transport)?;
+            for o in &options {
+                c.apply_mount_options(o).map_err(anyhow::Error::msg)?;
+            }
             // Resolve `auto` and check `rdma` before mounting: one clear sentence on a
             // host without RDMA.
             c.transport = c.transport.resolve_for_process(&c.transport_limits)?;

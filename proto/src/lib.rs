@@ -20,7 +20,7 @@ pub use ids::{ChainId, ChunkId, ClientId, InodeId, MrKey, NodeId, SessionId, Ver
 ///
 /// Both ends announce it in the connection handshake; a peer speaking another version is
 /// refused before any message is exchanged.
-pub const PROTOCOL_VERSION: u16 = 9;
+pub const PROTOCOL_VERSION: u16 = 10;
 
 /// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
 pub const MAX_NAME_BYTES: usize = 255;

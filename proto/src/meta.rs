@@ -500,10 +500,13 @@ pub enum MetaRequest {
         len: u64,
     },
     /// A read happened: moves the access time to now if `relatime` asks for it (older
-    /// than the last change, or a day old); the change time does not move.
+    /// than the last change, or a day old), or always if `strict`; the change time does
+    /// not move.
     Accessed {
         /// The file or directory read.
         ino: InodeId,
+        /// The mount's `strictatime`: every access moves the access time.
+        strict: bool,
     },
     /// Takes or releases a lock; a conflicting lock held by another owner is `WouldBlock`.
     SetLock {

@@ -9,7 +9,8 @@ use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use tessera_tests::posix::{
-    chown, file_owned, mkdir_owned, mode_of, open_to_all, User, ALICE_UID, BOB_UID, SHARED_GID,
+    chown, fallocate, file_owned, mkdir_owned, mode_of, open_to_all, User, ALICE_UID, BOB_UID,
+    SHARED_GID,
 };
 use tessera_tests::ProcessCluster;
 
@@ -309,4 +310,76 @@ fn a_sticky_directory_protects_other_users_entries() {
     let out = alice().py("t('unlink_mine', os.unlink, sys.argv[1] + '/tmp/a')", &[p]);
     out.expect(&[("unlink_mine", "OK")]);
     fs::remove_file(p.join("tmp/a2")).expect("root removes anything");
+}
+
+const FALLOCATE_PRIVS_SCRIPT: &str = r#"
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+KEEP, PUNCH, ZERO = 0x01, 0x02, 0x10
+def falloc(p, mode, off, length):
+    fd = os.open(p, os.O_RDWR)
+    try:
+        if libc.fallocate(fd, mode, off, length) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+    finally:
+        os.close(fd)
+p = sys.argv[1]
+t("grow", falloc, p + "/f_grow", 0, 0, 8192)
+t("keep", falloc, p + "/f_keep", KEEP, 0, 8192)
+t("punch", falloc, p + "/f_punch", PUNCH | KEEP, 0, 4)
+t("zero", falloc, p + "/f_zero", ZERO, 2, 4)
+t("member", falloc, p + "/f_member", 0, 0, 8192)
+"#;
+
+/// Guards against an unprivileged `fallocate` (growing, reserving, punching a hole,
+/// zeroing a range) keeping setuid, or setgid on a file whose group the caller is not
+/// in, where a write clears them (Linux clears setgid without group-execute too when
+/// the writer is not in the group); a member of the group keeps that setgid bit.
+#[test]
+fn unprivileged_fallocate_clears_setuid_and_setgid_as_a_write_does() {
+    let cluster = ProcessCluster::start(1);
+    open_to_all(cluster.dir());
+    let m = cluster.mount("mnt");
+    let p = &m.path;
+    file_owned(&p.join("f_grow"), b"0123456789", 0o2666, 0, 0);
+    file_owned(&p.join("f_keep"), b"0123456789", 0o6666, 0, 0);
+    file_owned(&p.join("f_punch"), b"0123456789", 0o2676, 0, 0);
+    file_owned(&p.join("f_zero"), b"0123456789", 0o6666, 0, 0);
+    file_owned(&p.join("f_member"), b"0123456789", 0o2666, 0, SHARED_GID);
+    let out = alice()
+        .with_groups(&[SHARED_GID])
+        .py(FALLOCATE_PRIVS_SCRIPT, &[p.as_path()]);
+    out.expect(&[
+        ("grow", "OK"),
+        ("keep", "OK"),
+        ("punch", "OK"),
+        ("zero", "OK"),
+        ("member", "OK"),
+    ]);
+    let modes = |names: &[&str]| -> Vec<String> {
+        let m = |n: &&str| format!("{n} {:#o}", mode_of(&p.join(n)));
+        names.iter().map(m).collect()
+    };
+    assert_eq!(
+        modes(&["f_grow", "f_keep", "f_punch", "f_zero", "f_member"]),
+        [
+            "f_grow 0o666",
+            "f_keep 0o666",
+            "f_punch 0o676",
+            "f_zero 0o666",
+            "f_member 0o2666", // a member of the file's group keeps setgid
+        ]
+    );
+    assert_eq!(fs::read(p.join("f_punch")).unwrap(), b"\0\0\0\x00456789");
+    assert_eq!(fs::read(p.join("f_zero")).unwrap(), b"01\0\0\0\x006789");
+    // Root (CAP_FSETID) keeps both.
+    file_owned(&p.join("f_root"), b"0123456789", 0o6666, 0, 0);
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(p.join("f_root"))
+        .unwrap();
+    fallocate(&f, 0, 0, 8192).unwrap();
+    assert_eq!(mode_of(&p.join("f_root")), 0o6666, "root keeps them");
 }

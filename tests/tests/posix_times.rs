@@ -249,3 +249,43 @@ fn statfs_reports_capacity_free_space_and_inodes() {
             && free_bytes(&statvfs(&m.path)) + (1 << 20) >= free_bytes(&s)
     });
 }
+
+/// Guards against the mount's atime option being ignored (every mount behaved as
+/// `relatime`): with `noatime` neither reads nor listings move atime, with `relatime`
+/// only the first after a change does, with `strictatime` every open that reads and
+/// every listing does.
+#[test]
+fn reads_and_listings_move_atime_as_the_mount_option_says() {
+    let cluster = ProcessCluster::start(1);
+    for mode in ["noatime", "relatime", "strictatime"] {
+        let m = cluster.mount_with_config(mode, &format!("atime = \"{mode}\""));
+        // One namespace: each mount has its own names.
+        let (f, d) = (
+            m.path.join(format!("f-{mode}")),
+            m.path.join(format!("d-{mode}")),
+        );
+        fs::write(&f, b"some bytes").unwrap();
+        fs::create_dir(&d).unwrap();
+        fs::write(d.join("e"), b"").unwrap();
+        let (first, again) = match mode {
+            "noatime" => ("", ""),
+            "relatime" => ("a", ""),
+            _ => ("a", "a"),
+        };
+        let t0 = times(&f);
+        assert_eq!(read_all(&f), b"some bytes");
+        let t1 = times(&f);
+        moved(&format!("{mode}: first read"), t0, t1, first);
+        assert_eq!(read_all(&f), b"some bytes");
+        let t2 = times(&f);
+        moved(&format!("{mode}: second read"), t1, t2, again);
+        let list = || fs::read_dir(&d).unwrap().count();
+        let l0 = times(&d);
+        assert_eq!(list(), 1);
+        let l1 = times(&d);
+        moved(&format!("{mode}: first listing"), l0, l1, first);
+        assert_eq!(list(), 1);
+        let l2 = times(&d);
+        moved(&format!("{mode}: second listing"), l1, l2, again);
+    }
+}

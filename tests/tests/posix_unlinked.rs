@@ -252,3 +252,43 @@ fn a_held_descriptor_sees_the_unlink_and_a_truncating_open_after_a_setattr() {
     assert_eq!(t.metadata().unwrap().len(), 0, "after an O_TRUNC open");
     assert_eq!(fs::metadata(&q).unwrap().len(), 0);
 }
+
+/// Guards against `fstat` on a directory held open failing with ENOENT once the
+/// directory is removed or renamed over, by this mount or another (a local file system
+/// answers with no link, as it does for an unlinked file).
+#[test]
+fn a_held_directory_answers_fstat_after_it_is_removed_or_renamed_over() {
+    let cluster = ProcessCluster::start(1);
+    let (a, b) = (cluster.mount("a"), cluster.mount("b"));
+    for d in ["gone", "target", "over", "elsewhere"] {
+        fs::create_dir(a.path.join(d)).unwrap();
+    }
+    let held = |name: &str| {
+        let f = fs::File::open(a.path.join(name)).unwrap();
+        let i = f.metadata().unwrap().ino();
+        (name.to_string(), f, i)
+    };
+    let (gone, target, elsewhere) = (held("gone"), held("target"), held("elsewhere"));
+    fs::remove_dir(a.path.join("gone")).unwrap();
+    fs::rename(a.path.join("over"), a.path.join("target")).unwrap();
+    fs::remove_dir(b.path.join("elsewhere")).unwrap();
+    let unlinked = |(name, f, i): &(String, fs::File, u64)| {
+        let st = f
+            .metadata()
+            .unwrap_or_else(|e| panic!("fstat of the removed {name}: {e}"));
+        assert!(st.is_dir(), "{name}");
+        assert_eq!(st.ino(), *i, "{name}");
+        st.nlink() == 0
+    };
+    for _ in 0..2 {
+        assert!(unlinked(&gone), "removed by this mount");
+        assert!(unlinked(&target), "renamed over by this mount");
+    }
+    // Mount a may show what it cached for up to the attribute TTL (1 s).
+    wait_until(
+        "mount a to show the directory removed by b",
+        Duration::from_secs(10),
+        || unlinked(&elsewhere),
+    );
+    assert!(unlinked(&elsewhere), "and again");
+}

@@ -121,7 +121,7 @@ impl Client {
         drop(files);
         let mut attr = attr;
         state.overlay(&mut attr);
-        let fh = FileHandle::new(state, session, &attr);
+        let fh = FileHandle::new(state, session, &attr, self.config().atime);
         self.session_opened(session, attr.ino);
         Ok((attr, fh))
     }

@@ -18,6 +18,7 @@ mod write;
 pub use read::ReadBuf;
 
 use crate::client::Client;
+use crate::config::AtimeMode;
 use crate::error::{ClientError, Result};
 use crate::rpc::expect_reply;
 use parking_lot::Mutex;
@@ -271,7 +272,8 @@ impl FileState {
 pub struct FileHandle {
     pub(crate) state: Arc<FileState>,
     pub(crate) session: SessionId,
-    /// The first read through this open must move the access time (relatime).
+    /// The first read through this open must move the access time (see
+    /// [`FileHandle::new`]).
     atime_due: AtomicBool,
     /// This open's sequential-read detector and readahead window.
     readahead: Mutex<Readahead>,
@@ -290,17 +292,32 @@ impl Drop for FileHandle {
     }
 }
 
-/// Whether a read now should move the access time, as `relatime` decides: the access
-/// time is older than the last change, or more than a day old.
-fn atime_due(attr: &Attr) -> bool {
+/// Whether a read now should move the access time, as the mount's `atime` option
+/// decides; for `relatime`: the access time is older than the last change, or more than
+/// a day old.
+fn atime_due(attr: &Attr, mode: AtimeMode) -> bool {
+    match mode {
+        AtimeMode::NoAtime => return false,
+        AtimeMode::StrictAtime => return true,
+        AtimeMode::RelAtime => {}
+    }
     const DAY_SECS: i64 = 24 * 3600;
     let now = Timestamp::now();
     attr.atime <= attr.mtime || attr.atime <= attr.ctime || attr.atime.secs + DAY_SECS <= now.secs
 }
 
 impl FileHandle {
-    pub(crate) fn new(state: Arc<FileState>, session: SessionId, attr: &Attr) -> FileHandle {
-        let due = attr.kind == proto::FileKind::Regular && atime_due(attr);
+    /// An open of the file `state` in `session`, found with attributes `attr`, on a
+    /// mount whose `atime` option is `atime`: the first read through it moves the access
+    /// time if that option says so (with `strictatime` always; later reads of the same
+    /// open come from the kernel's page cache as often as not, so they do not).
+    pub(crate) fn new(
+        state: Arc<FileState>,
+        session: SessionId,
+        attr: &Attr,
+        atime: AtimeMode,
+    ) -> FileHandle {
+        let due = attr.kind == proto::FileKind::Regular && atime_due(attr, atime);
         FileHandle {
             session,
             atime_due: AtomicBool::new(due),

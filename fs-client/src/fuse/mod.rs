@@ -33,6 +33,11 @@ use tracing::{info, warn};
 /// cache is still valid; bounded, forgotten wholesale when full.
 const MAX_SEEN: usize = 262_144;
 
+/// Attributes last shown to the kernel per directory, to answer `fstat` on an open
+/// directory once it is removed; bounded, forgotten wholesale when full (an open handle
+/// keeps its own copy).
+const MAX_DIRS_SEEN: usize = 65_536;
+
 /// The mounted file system.
 pub struct TesseraFs {
     inner: Arc<Inner>,
@@ -47,7 +52,9 @@ struct Inner {
     entry_ttl: Duration,
     blksize: u32,
     files: Mutex<HashMap<u64, OpenFile>>,
-    dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirHandle>>>>,
+    dirs: Mutex<HashMap<u64, OpenDir>>,
+    /// See [`MAX_DIRS_SEEN`].
+    dirs_seen: Mutex<HashMap<InodeId, proto::Attr>>,
     next_fh: AtomicU64,
     /// (mtime, size) of each file when it was last opened or looked at.
     seen: Mutex<HashMap<InodeId, (Timestamp, u64)>>,
@@ -77,6 +84,17 @@ struct OpenFile {
     direct_io: bool,
 }
 
+/// An open directory handle of the mount.
+struct OpenDir {
+    handle: Arc<tokio::sync::Mutex<DirHandle>>,
+    ino: InodeId,
+    /// The directory's attributes as the kernel last saw them when it was opened, if
+    /// this mount showed them: a removed directory has no inode left on the metadata
+    /// server, and `fstat` through the handle answers from these (with no link), as it
+    /// does for a file unlinked while open.
+    attr: Option<proto::Attr>,
+}
+
 /// What an open found compared with what this mount saw of the file before.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Freshness {
@@ -99,6 +117,7 @@ impl TesseraFs {
             client,
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
+            dirs_seen: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             seen: Mutex::new(HashMap::new()),
             notifier: OnceLock::new(),
@@ -333,6 +352,42 @@ impl Inner {
             }
         }
         f
+    }
+
+    /// Records the attributes of a directory shown to the kernel (see [`OpenDir::attr`]).
+    fn note_dir(&self, attr: &proto::Attr) {
+        if attr.kind != proto::FileKind::Directory || attr.nlink == 0 {
+            return;
+        }
+        let mut seen = self.dirs_seen.lock();
+        if seen.len() >= MAX_DIRS_SEEN && !seen.contains_key(&attr.ino) {
+            seen.clear();
+        }
+        seen.insert(attr.ino, attr.clone());
+    }
+
+    /// Opens a handle on directory `ino`; returns its number.
+    fn open_dir(&self, ino: InodeId) -> u64 {
+        let n = self.new_fh();
+        let handle = Arc::new(tokio::sync::Mutex::new(DirHandle::new(ino, ino)));
+        let attr = self.dirs_seen.lock().get(&ino).cloned();
+        self.dirs.lock().insert(n, OpenDir { handle, ino, attr });
+        n
+    }
+
+    /// The attributes of directory `ino`, removed on the metadata server, if this mount
+    /// has it open: what the kernel last saw, with no link left.
+    fn removed_dir_attr(&self, ino: InodeId) -> Option<proto::Attr> {
+        let dirs = self.dirs.lock();
+        let held: Vec<&OpenDir> = dirs.values().filter(|d| d.ino == ino).collect();
+        if held.is_empty() {
+            return None;
+        }
+        // The latest seen (a chmod after the open), else the handle's own copy.
+        let seen = self.dirs_seen.lock().get(&ino).cloned();
+        let mut a = seen.or_else(|| held.iter().find_map(|d| d.attr.clone()))?;
+        a.nlink = 0;
+        Some(a)
     }
 
     /// Records a file this mount just created (or opened in a create that found it):

@@ -2,11 +2,12 @@
 //! the task.
 
 use super::attr::{file_type, fuse_attr, kind_of_mode};
-use super::dir::DirHandle;
 use super::replies::{
-    caller, dot_attr, finish, ino, lock_spec, lock_type, time_set, writable, xattr_reply,
+    caller, dot_attr, finish, ino, lock_spec, lock_type, time_set, unprivileged_groups, writable,
+    xattr_reply,
 };
 use super::{errno, is_stats_xattr, Freshness, TesseraFs};
+use crate::config::AtimeMode;
 use crate::error::ClientError;
 use fuser::{
     AccessFlags, Errno, FileHandle as Fh, FopenFlags, Generation, INodeNo, IoctlFlags,
@@ -15,11 +16,10 @@ use fuser::{
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use proto::meta::{LockKind, RenameMode, XattrMode};
-use proto::{FileKind, SetAttr};
+use proto::{ErrorCode, FileKind, SetAttr};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::SystemTime;
 use tracing::debug;
 
@@ -82,7 +82,12 @@ impl fuser::Filesystem for TesseraFs {
         }
         let inner = self.inner.clone();
         self.spawn(async move {
-            let r = inner.client.getattr(ino(i)).await;
+            let r = match inner.client.getattr(ino(i)).await {
+                Err(e) if e.code() == ErrorCode::NotFound => {
+                    inner.removed_dir_attr(ino(i)).ok_or(e)
+                }
+                r => r,
+            };
             if let Ok(a) = &r {
                 inner.revalidate(a).await;
             }
@@ -279,7 +284,10 @@ impl fuser::Filesystem for TesseraFs {
             }
             finish(reply, r, |reply, (attr, fh)| {
                 let mut fopen = FopenFlags::empty();
-                if inner.freshness(&attr, since) == Freshness::Same {
+                // With `strictatime` the kernel's cached pages go at every open, so that
+                // the open's first read reaches the mount and moves the access time.
+                let strict = inner.client.config().atime == AtimeMode::StrictAtime;
+                if inner.freshness(&attr, since) == Freshness::Same && !strict {
                     fopen |= FopenFlags::FOPEN_KEEP_CACHE;
                 }
                 if direct {
@@ -500,12 +508,7 @@ impl fuser::Filesystem for TesseraFs {
     }
 
     fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let n = self.inner.new_fh();
-        let handle = DirHandle::new(ino(i), ino(i));
-        self.inner
-            .dirs
-            .lock()
-            .insert(n, Arc::new(tokio::sync::Mutex::new(handle)));
+        let n = self.inner.open_dir(ino(i));
         reply.opened(Fh(n), FopenFlags::empty());
     }
 
@@ -544,6 +547,7 @@ impl fuser::Filesystem for TesseraFs {
             };
             if let Ok(entries) = &r {
                 for a in entries.iter().filter_map(|e| e.attr.as_ref()) {
+                    inner.note_dir(a);
                     inner.revalidate(a).await;
                 }
             }
@@ -735,7 +739,7 @@ impl fuser::Filesystem for TesseraFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         _i: INodeNo,
         fh: Fh,
         offset: u64,
@@ -744,10 +748,15 @@ impl fuser::Filesystem for TesseraFs {
         reply: ReplyEmpty,
     ) {
         let inner = self.inner.clone();
+        // The kernel clears setuid/setgid before writes, but not before an fallocate.
+        let groups = unprivileged_groups(req);
         self.spawn(async move {
             let r = match inner.file(fh.0) {
                 Ok(file) => {
-                    let r = inner.client.fallocate(&file, offset, length, mode).await;
+                    let mut r = inner.client.fallocate(&file, offset, length, mode).await;
+                    if let (Ok(()), Some(g)) = (&r, &groups) {
+                        r = inner.client.kill_privs(file.ino(), Some(g)).await;
+                    }
                     let zeroed = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
                     if r.is_ok() && mode & zeroed != 0 {
                         inner.drop_pages(file.ino(), offset, length).await;

@@ -64,6 +64,33 @@ pub(super) fn caller(req: &Request) -> Caller {
     }
 }
 
+/// The groups of the process behind `req` (its file system group and supplementary
+/// groups), or `None` if it may keep setuid and setgid when it changes a file
+/// (`CAP_FSETID`). Read from `/proc`; a process gone meanwhile counts as root does if
+/// its uid is 0, and as a member of its own group only otherwise.
+pub(super) fn unprivileged_groups(req: &Request) -> Option<Vec<u32>> {
+    const CAP_FSETID_BIT: u64 = 1 << 4;
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", req.pid())) else {
+        return (req.uid() != 0).then(|| vec![req.gid()]);
+    };
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name));
+    let caps = field("CapEff:").and_then(|v| u64::from_str_radix(v.trim(), 16).ok());
+    if caps.unwrap_or(0) & CAP_FSETID_BIT != 0 {
+        return None;
+    }
+    // `Gid:` lists the real, effective, saved and file system groups.
+    let fsgid = field("Gid:").and_then(|v| v.split_whitespace().nth(3)?.parse().ok());
+    let mut groups: Vec<u32> = field("Groups:")
+        .map(|v| {
+            v.split_whitespace()
+                .filter_map(|g| g.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    groups.push(fsgid.unwrap_or(req.gid()));
+    Some(groups)
+}
+
 pub(super) fn time_set(t: TimeOrNow) -> TimeSet {
     match t {
         TimeOrNow::Now => TimeSet::Now,
@@ -74,6 +101,9 @@ pub(super) fn time_set(t: TimeOrNow) -> TimeSet {
 impl Inner {
     pub(super) fn entry(&self, reply: ReplyEntry, r: Result<Attr, ClientError>) {
         let (ttl, blk) = (self.entry_ttl, self.blksize);
+        if let Ok(a) = &r {
+            self.note_dir(a);
+        }
         finish(reply, r, |reply, a| {
             reply.entry(&ttl, &fuse_attr(&a, blk), Generation(0))
         });
@@ -81,6 +111,9 @@ impl Inner {
 
     pub(super) fn attr(&self, reply: ReplyAttr, r: Result<Attr, ClientError>) {
         let (ttl, blk) = (self.attr_ttl, self.blksize);
+        if let Ok(a) = &r {
+            self.note_dir(a);
+        }
         finish(reply, r, |reply, a| reply.attr(&ttl, &fuse_attr(&a, blk)));
     }
 
@@ -94,7 +127,7 @@ impl Inner {
         max: usize,
         plus: bool,
     ) -> Option<Result<Vec<Listed>, ClientError>> {
-        let dir = self.dirs.lock().get(&fh.0).cloned()?;
+        let dir = self.dirs.lock().get(&fh.0).map(|d| d.handle.clone())?;
         let mut dir = dir.lock().await;
         let page = dir.entries_from(&self.client, offset, max, plus);
         // A listing from the top reads the directory: its atime moves as `relatime` says

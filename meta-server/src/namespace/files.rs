@@ -278,13 +278,15 @@ impl Namespace {
     }
 
     /// Records a read of `ino` the way `relatime` does: the access time moves to now only
-    /// if it is older than the last change or more than a day old, and the change time
-    /// stays (reading is not a change). Returns the attributes either way.
-    pub fn accessed(&self, ino: InodeId) -> Result<Attr, MetaError> {
+    /// if it is older than the last change or more than a day old (always if `strict`,
+    /// as `strictatime` says), and the change time stays (reading is not a change).
+    /// Returns the attributes either way.
+    pub fn accessed(&self, ino: InodeId, strict: bool) -> Result<Attr, MetaError> {
         const DAY_SECS: i64 = 24 * 3600;
         let rec = self.getattr(ino)?;
         let now = now();
-        let due = rec.atime <= rec.mtime
+        let due = strict
+            || rec.atime <= rec.mtime
             || rec.atime <= rec.ctime
             || rec.atime.secs + DAY_SECS <= now.secs;
         if !due {

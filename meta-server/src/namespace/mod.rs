@@ -326,7 +326,7 @@ impl Namespace {
             R::ReleaseMany { sessions } => self.release_many(&sessions).map(unit),
             R::Resume { client, sessions } => self.resume(client, &sessions, conn).map(|lost| MetaReply::Resumed { lost }),
             R::Append { ino, len } => self.append(ino, len).map(MetaReply::Offset),
-            R::Accessed { ino } => self.accessed(ino).map(attr),
+            R::Accessed { ino, strict } => self.accessed(ino, strict).map(attr),
             R::SetLock { ino, client, lock } => {
                 self.locks.lock().set(ino, client, conn, lock).map(unit)
             }
@@ -454,7 +454,7 @@ fn describe(req: &MetaRequest) -> (&'static str, u64) {
         R::ReleaseMany { sessions } => ("release_many", sessions.len() as u64),
         R::Resume { sessions, .. } => ("resume", sessions.len() as u64),
         R::Append { ino, .. } => ("append", ino.0),
-        R::Accessed { ino } => ("accessed", ino.0),
+        R::Accessed { ino, .. } => ("accessed", ino.0),
         R::SetLock { ino, .. } => ("setlock", ino.0),
         R::GetLock { ino, .. } => ("getlock", ino.0),
         R::ReleaseLocks { ino, .. } => ("release_locks", ino.0),
