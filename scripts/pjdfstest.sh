@@ -23,9 +23,13 @@ id tests >/dev/null 2>&1 || useradd -M -U -s /usr/sbin/nologin tests
 work=$(mktemp -d /tmp/tessera-pjdfstest.XXXXXX)
 mnt=$work/mnt
 state=$work/state
+# `up --state-dir` records the state directory under /var/lib/tessera, named after the
+# mount point's path (`tessera`'s default_state_dir): removed too, so no run leaves it.
+recorded="/var/lib/tessera/$(printf '%s' "${mnt#/}" | tr -c 'A-Za-z0-9._' '-')"
 cleanup() {
   "$BIN_DIR/tessera" down "$mnt" --state-dir "$state" >/dev/null 2>&1 || true
   rm -rf "$work"
+  rm -f "$recorded/redirect" && rmdir "$recorded" 2>/dev/null || true
 }
 trap cleanup EXIT
 chmod 755 "$work"   # the suite's unprivileged users must reach the mount
