@@ -5,9 +5,11 @@
 
 use super::Client;
 use crate::error::{ClientError, Result};
+use crate::file::FileState;
 use crate::rpc::{self, expect_reply};
 use proto::meta::{MetaReply, MetaRequest};
 use proto::{Attr, ErrorCode, InodeId, WireError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The first pause before trying an unreachable server again; it doubles up to
@@ -138,6 +140,28 @@ impl Client {
         }
     }
 
+    /// Sends `req` about `open`'s file without waiting for a server that is away: then
+    /// it answers `Err(state)`, for the caller to answer from what the client knows.
+    /// With no open file it waits up to `meta_wait_ms`, as every call does.
+    async fn meta_or_known(
+        &self,
+        req: &MetaRequest,
+        open: Option<Arc<FileState>>,
+    ) -> Result<std::result::Result<MetaReply, Arc<FileState>>> {
+        let wait = match open {
+            Some(_) => Duration::ZERO,
+            None => self.meta_wait(),
+        };
+        match (self.meta_waiting(req, wait).await, open) {
+            (Ok((reply, _)), _) => Ok(Ok(reply)),
+            (Err(e), Some(st)) if rpc::unreachable(&e) => {
+                tracing::debug!(ino = %st.ino, error = %e, "server away: answered from the open file");
+                Ok(Err(st))
+            }
+            (Err(e), _) => Err(e),
+        }
+    }
+
     /// The attributes of `ino`. A file this client has open is answered from what the
     /// client knows of it while the server is away, without waiting: `fstat`, and the
     /// kernel's size check when a read reaches the end, go on through a restart.
@@ -146,30 +170,19 @@ impl Client {
             return Ok(attr);
         }
         let req = MetaRequest::GetAttr { ino };
-        let open = self.live_file(ino);
-        let wait = if open.is_some() {
-            Duration::ZERO
-        } else {
-            self.meta_wait()
-        };
-        let reply = match self.meta_waiting(&req, wait).await {
-            Err(e) if rpc::unreachable(&e) => match open {
-                Some(st) => {
-                    tracing::debug!(%ino, error = %e, "server away: open file's known attributes");
-                    return Ok(st.known_attr());
-                }
-                None => return Err(e),
-            },
-            r => r?.0,
-        };
-        let attr = expect_reply!(reply, MetaReply::Attr(a) => a)?;
-        Ok(self.overlay(attr))
+        match self.meta_or_known(&req, self.live_file(ino)).await? {
+            Ok(reply) => {
+                let attr = expect_reply!(reply, MetaReply::Attr(a) => a)?;
+                Ok(self.overlay(attr))
+            }
+            Err(st) => Ok(st.known_attr()),
+        }
     }
 
     /// Sends a `GetXattr`; see [`Client::getxattr`]. While the server is away, the
     /// capability check the kernel makes before writes is answered "none" for an open
-    /// file known to have no extended attributes, without waiting.
-    /// Says whether the answer was guessed that way.
+    /// file known to have no extended attributes, without waiting. Says whether the
+    /// answer was guessed that way.
     pub(crate) async fn getxattr_call(
         &self,
         ino: InodeId,
@@ -177,20 +190,23 @@ impl Client {
         capability: bool,
     ) -> (Result<Vec<u8>>, bool) {
         let open = self.live_file(ino).filter(|_| capability);
-        let wait = match open {
-            Some(_) => Duration::ZERO,
-            None => self.meta_wait(),
-        };
-        match self.meta_waiting(req, wait).await {
-            Err(e) if rpc::unreachable(&e) => match open {
-                Some(st) if st.known_attr().xattr_count == 0 => {
-                    let none = WireError::new(ErrorCode::NoData, "no such extended attribute");
-                    (Err(ClientError::Remote(none)), true)
-                }
-                _ => (Err(e), false),
-            },
+        match self.meta_or_known(req, open).await {
+            Ok(Ok(reply)) => (expect_reply!(reply, MetaReply::Xattr(v) => v), false),
+            Ok(Err(st)) if st.known_attr().xattr_count == 0 => {
+                let none = WireError::new(ErrorCode::NoData, "no such extended attribute");
+                (Err(ClientError::Remote(none)), true)
+            }
+            Ok(Err(st)) => {
+                let why = format!("{}: the metadata server is away", st.ino);
+                (
+                    Err(ClientError::Remote(WireError::new(
+                        ErrorCode::Unavailable,
+                        why,
+                    ))),
+                    false,
+                )
+            }
             Err(e) => (Err(e), false),
-            Ok((reply, _)) => (expect_reply!(reply, MetaReply::Xattr(v) => v), false),
         }
     }
 }

@@ -468,35 +468,24 @@ fn launch_server(
     let _ = fs::remove_file(&addr_file);
     // A server that did not come up is stopped, and the address it was to take back
     // stays recorded: the next `up` tries it again, `status` and `fsck` still find it.
-    let give_up = |child: &mut std::process::Child| {
-        let _ = child.kill();
-        let _ = child.wait();
-        if let Some(old) = &old {
-            let _ = fs::write(&addr_file, old);
+    let started = launch(state, role, argv, pids, append_log).and_then(|(mut child, log)| {
+        let ready = wait_ready(&mut child, role, &log, || {
+            state::read_addr(&addr_file).is_some()
+        })
+        .and_then(|()| {
+            state::read_addr(&addr_file)
+                .ok_or_else(|| ClusterError::Other(format!("{role} wrote no address")))
+        });
+        if ready.is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
-    };
-    let (mut child, log) = match launch(state, role, argv, pids, append_log) {
-        Ok(l) => l,
-        Err(e) => {
-            if let Some(old) = &old {
-                let _ = fs::write(&addr_file, old);
-            }
-            return Err(e);
-        }
-    };
-    let ready = wait_ready(&mut child, role, &log, || {
-        state::read_addr(&addr_file).is_some()
+        ready
     });
-    match ready.and_then(|()| {
-        state::read_addr(&addr_file)
-            .ok_or_else(|| ClusterError::Other(format!("{role} wrote no address")))
-    }) {
-        Ok(addr) => Ok(addr),
-        Err(e) => {
-            give_up(&mut child);
-            Err(e)
-        }
+    if let (Err(_), Some(old)) = (&started, &old) {
+        let _ = fs::write(&addr_file, old);
     }
+    started
 }
 
 fn path_arg(p: &Path) -> String {
