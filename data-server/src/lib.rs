@@ -6,7 +6,7 @@
 //! a blocking thread pool). The on-disk format is described in [`store`].
 //! [`service::DataService`] answers requests; [`server::DataServer`] runs it.
 
-pub mod cluster;
+pub mod cluster_view;
 pub mod config;
 pub mod error;
 pub mod server;

@@ -1,7 +1,7 @@
 //! A running data server: the listener, its registration with the metadata server, and
 //! the heartbeat that carries garbage-collection work back.
 
-use crate::cluster::ClusterView;
+use crate::cluster_view::ClusterView;
 use crate::config::DataConfig;
 use crate::error::DataError;
 use crate::service::{DataService, Pools, Resync};

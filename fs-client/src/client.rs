@@ -1,11 +1,11 @@
 //! The `Client` API: the namespace operations of one mount, over the transport.
 
+use crate::cache::dirattrs::DirAttrs;
+use crate::cache::dirnames::DirNames;
+use crate::cache::noxattrs::{NoXattrs, CAPABILITY};
 use crate::config::{AtimeMode, ClientConfig};
-use crate::dirattrs::DirAttrs;
-use crate::dirnames::DirNames;
 use crate::error::{ClientError, Result};
 use crate::file::FileState;
-use crate::noxattrs::{NoXattrs, CAPABILITY};
 use crate::rpc::{self, expect_reply, DataLinks, RpcCounts, RpcEndpoint};
 use crate::segpool::SegPool;
 

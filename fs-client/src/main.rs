@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use fs_client::cluster::{self, UpOptions};
+use fs_client::cli::local_cluster::{self, UpOptions};
 use fs_client::{Client, ClientConfig};
 use std::path::PathBuf;
 
@@ -186,7 +186,7 @@ async fn status(
     let mut last_lines = 0;
     loop {
         let s = client.status().await?;
-        let text = fs_client::admin::render_status(&s, watch || tty, names);
+        let text = fs_client::cli::admin::render_status(&s, watch || tty, names);
         if tty && last_lines > 0 {
             // Move up over the previous report and clear it.
             print!("\x1b[{last_lines}A\x1b[J");
@@ -210,7 +210,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             nonempty,
             options,
         } => {
-            cluster::check_mountpoint(&mountpoint, nonempty)?;
+            local_cluster::check_mountpoint(&mountpoint, nonempty)?;
             let mut c = client_config(&config, &meta, &transport)?;
             for o in &options {
                 c.apply_mount_options(o).map_err(anyhow::Error::msg)?;
@@ -245,7 +245,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 replicas,
                 nonempty,
             };
-            print!("{}", cluster::up(&opts)?);
+            print!("{}", local_cluster::up(&opts)?);
             Ok(())
         }
         Cmd::Status {
@@ -256,10 +256,10 @@ fn run(args: Args) -> anyhow::Result<()> {
             watch,
             timeout,
         } => {
-            let (meta, state) = cluster::meta_of(mountpoint, state_dir, meta)?;
+            let (meta, state) = local_cluster::meta_of(mountpoint, state_dir, meta)?;
             let c = client_config(&config, &meta, &None)?;
             let names = state
-                .map(|s| cluster::state::data_names(&s))
+                .map(|s| local_cluster::state::data_names(&s))
                 .unwrap_or_default();
             with_client(c, |client| async move {
                 status(&client, watch, timeout, &names).await
@@ -272,7 +272,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             config,
             repair,
         } => {
-            let (meta, _) = cluster::meta_of(mountpoint, state_dir, meta)?;
+            let (meta, _) = local_cluster::meta_of(mountpoint, state_dir, meta)?;
             let c = client_config(&config, &meta, &None)?;
             let clean = with_client(c, |client| async move {
                 let report = client.fsck(repair).await?;
@@ -297,7 +297,10 @@ fn run(args: Args) -> anyhow::Result<()> {
             mountpoint,
             state_dir,
         } => {
-            print!("{}", cluster::down(&mountpoint, state_dir.as_deref())?);
+            print!(
+                "{}",
+                local_cluster::down(&mountpoint, state_dir.as_deref())?
+            );
             Ok(())
         }
     }

@@ -402,7 +402,7 @@ impl ProcessCluster {
         };
         let (p, l) = (m.path.clone(), m.log.clone());
         wait_for("tessera mount", &mut m.child, &l, || {
-            fs_client::cluster::is_mounted(&p)
+            fs_client::cli::local_cluster::is_mounted(&p)
         });
         m._dog = Some(m.watchdog(MOUNT_LIMIT));
         m
@@ -463,7 +463,7 @@ impl Mount {
     pub fn kill_client(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        if fs_client::cluster::is_mounted(&self.path) {
+        if fs_client::cli::local_cluster::is_mounted(&self.path) {
             if let Err(e) = fs_client::fuse::unmount(&self.path) {
                 eprintln!("detaching {} after a kill: {e}", self.path.display());
             }
@@ -515,7 +515,7 @@ impl Mount {
     fn stop(&mut self) {
         // SIGTERM makes the mount process unmount itself; unmount here too in case it
         // is stuck, lazily if files are still open.
-        if fs_client::cluster::is_mounted(&self.path) {
+        if fs_client::cli::local_cluster::is_mounted(&self.path) {
             let _ = fs_client::fuse::unmount(&self.path);
         }
         stop(&mut self.child);

@@ -79,7 +79,7 @@ fn mkdir_p_dd_100_mib_and_sha256_after_a_remount() {
     let path = m.path.clone();
     let log = m.unmount();
     assert!(
-        !fs_client::cluster::is_mounted(&path),
+        !fs_client::cli::local_cluster::is_mounted(&path),
         "unmounted; log:\n{log}"
     );
     let m = cluster.mount("mnt");

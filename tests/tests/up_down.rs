@@ -62,7 +62,7 @@ impl Drop for Local {
     /// the mount point (`/var/lib/tessera/...` as root): removed, so that test runs
     /// leave nothing outside their temporary directory.
     fn drop(&mut self) {
-        let default = fs_client::cluster::default_state_dir(&self.mnt);
+        let default = fs_client::cli::local_cluster::default_state_dir(&self.mnt);
         let _ = fs::remove_file(default.join("redirect"));
         let _ = fs::remove_dir(&default);
     }
@@ -108,7 +108,7 @@ fn up_down_up_keeps_every_file() {
     } = &local_dir;
     let out = tessera(&["up", m, "--state-dir", s]);
     assert!(out.contains("mounted"), "{out}");
-    assert!(fs_client::cluster::is_mounted(mnt));
+    assert!(fs_client::cli::local_cluster::is_mounted(mnt));
     assert_eq!(pids(state).len(), 5, "meta, 3 data servers, mount");
     fs::create_dir(mnt.join("dir")).unwrap();
     let data = tessera_tests::pseudo_random(9 << 20, 11);
@@ -116,7 +116,7 @@ fn up_down_up_keeps_every_file() {
 
     let started = pids(state);
     tessera(&["down", m, "--state-dir", s]);
-    assert!(!fs_client::cluster::is_mounted(mnt));
+    assert!(!fs_client::cli::local_cluster::is_mounted(mnt));
     for pid in started {
         let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         let running = stat
@@ -146,7 +146,7 @@ fn up_down_up_keeps_every_file() {
         assert_eq!(fs::read(&path).unwrap(), bytes);
     }
     tessera(&["down", m, "--state-dir", s]);
-    assert!(!fs_client::cluster::is_mounted(mnt));
+    assert!(!fs_client::cli::local_cluster::is_mounted(mnt));
 }
 
 /// Start time of `pid` (field 22 of its stat), `None` once it is gone or a zombie.
@@ -333,14 +333,14 @@ fn up_brings_back_killed_servers_on_their_old_addresses() {
     let out = tessera(&["up", m]);
     assert!(out.contains("brought back data-2"), "{out}");
     tessera(&["down", m, "--state-dir", s]);
-    assert!(!fs_client::cluster::is_mounted(mnt));
+    assert!(!fs_client::cli::local_cluster::is_mounted(mnt));
 
     // Mounting over files hides them: refused unless asked for.
     fs::write(mnt.join("hidden"), b"x").unwrap();
     let out = run(&["up", m, "--state-dir", s]);
     assert!(!out.status.success(), "a non-empty mount point is refused");
     assert!(stderr(&out).contains("--nonempty"), "{}", stderr(&out));
-    assert!(!fs_client::cluster::is_mounted(mnt));
+    assert!(!fs_client::cli::local_cluster::is_mounted(mnt));
     tessera(&["up", m, "--state-dir", s, "--nonempty"]);
     assert_eq!(fs::read(mnt.join("before")).unwrap(), before);
     tessera(&["down", m, "--state-dir", s]);
@@ -411,7 +411,7 @@ fn down_stops_a_server_restarted_by_hand() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(out.contains("data-0"), "{out}");
-    assert!(!fs_client::cluster::is_mounted(mnt));
+    assert!(!fs_client::cli::local_cluster::is_mounted(mnt));
     for entry in fs::read_dir(state.join("logs")).unwrap() {
         let path = entry.unwrap().path();
         let text = fs::read_to_string(&path).unwrap();
@@ -452,5 +452,5 @@ fn errors_say_each_cause_once_and_mount_refuses_a_nonempty_directory() {
     let out = run(&["mount", "--meta", &meta, &mnt.to_string_lossy()]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("not empty"), "{}", stderr(&out));
-    assert!(!fs_client::cluster::is_mounted(&mnt));
+    assert!(!fs_client::cli::local_cluster::is_mounted(&mnt));
 }

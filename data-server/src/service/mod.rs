@@ -15,7 +15,7 @@ mod tests;
 
 pub use resync::Resync;
 
-use crate::cluster::ClusterView;
+use crate::cluster_view::ClusterView;
 use crate::error::DataError;
 use crate::store::{ChunkStore, ReplicaFields};
 use bytes::Bytes;

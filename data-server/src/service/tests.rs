@@ -3,7 +3,7 @@
 
 use super::pause::PausePoint;
 use super::{call_peer, DataService, Pools};
-use crate::cluster::ClusterView;
+use crate::cluster_view::ClusterView;
 use crate::store::{ChunkStore, ReplicaFields};
 use proto::data::{DataReply, DataRequest, Placement, ReplicaData};
 use proto::meta::{ChainInfo, ClusterMap, Member, MemberState, NodeInfo, NodeState};

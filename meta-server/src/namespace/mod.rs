@@ -7,9 +7,9 @@
 //! the mutex: each key read is consistent, and the store orders commits.
 
 mod check;
-mod cluster;
 mod dirlayout;
 mod entries;
+mod registry;
 pub use entries::Made;
 mod files;
 mod keys;

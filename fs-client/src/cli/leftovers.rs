@@ -2,7 +2,7 @@
 //! servers of files that are gone and have no deletion queued (space that would leak
 //! until a data server's sweep, every few minutes, or its restart).
 
-use crate::admin::FsckReport;
+use super::admin::FsckReport;
 use crate::client::Client;
 use crate::error::Result;
 use crate::rpc::{self, expect_reply};

@@ -20,7 +20,7 @@
 //! empties the whole cache, so this client never answers with attributes older than
 //! one of its own changes.
 
-use crate::ttlmap::TtlMap;
+use crate::cache::ttlmap::TtlMap;
 use proto::meta::MetaRequest;
 use proto::{Attr, InodeId};
 use std::time::Duration;

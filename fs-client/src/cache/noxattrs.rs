@@ -12,7 +12,7 @@
 //! forgets what was known; one through another client is seen once the answer expires,
 //! as a new mode or owner is.
 
-use crate::ttlmap::TtlMap;
+use crate::cache::ttlmap::TtlMap;
 use proto::{Attr, InodeId};
 use std::time::Duration;
 

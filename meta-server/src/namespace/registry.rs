@@ -1,5 +1,5 @@
-//! Clients and data servers: hello, registration, heartbeats with their garbage
-//! collection tasks, the cluster map, and statfs over the registered capacity.
+//! The registry of clients and data servers: hello, registration, heartbeats with their
+//! garbage collection tasks, the cluster map, and statfs over the registered capacity.
 
 use super::records::{decode, encode, NodeRecord, Superblock};
 use super::txn::Reads;
