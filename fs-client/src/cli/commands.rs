@@ -1,0 +1,314 @@
+//! The `tessera` command line: its arguments, and what each subcommand does. `main.rs`
+//! only parses and reports; the work is here, where the library's types are.
+
+use super::local_cluster::{self, UpOptions};
+use crate::{Client, ClientConfig};
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+/// Data servers `tessera up` starts at most.
+const MAX_UP_DATA_SERVERS: usize = 64;
+
+/// Tessera: a distributed file system for AI clusters.
+#[derive(Parser, Debug)]
+#[command(version)]
+pub struct Args {
+    /// The subcommand.
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Mount a cluster and serve the mount in the foreground until unmounted, SIGINT or
+    /// SIGTERM.
+    Mount {
+        /// Where to mount.
+        mountpoint: PathBuf,
+        /// Client configuration file (TOML); flags override it.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Metadata server address (host:port).
+        #[arg(long)]
+        meta: Option<String>,
+        /// Transport backend: tcp, rdma, or auto (rdma when a device is usable, else tcp).
+        #[arg(long)]
+        transport: Option<String>,
+        /// Mount even if the mount point holds files (hidden while mounted).
+        #[arg(long)]
+        nonempty: bool,
+        /// Mount options, comma-separated: noatime, relatime (the default), strictatime.
+        #[arg(short = 'o')]
+        options: Vec<String>,
+    },
+    /// Show the RDMA devices, ports, link layers and GIDs of this host, and the
+    /// transport that `auto` would pick.
+    TransportInfo {
+        /// Client configuration file (TOML) whose `[transport_limits.rdma]` to apply.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Start a local cluster (one metadata server, data servers on 127.0.0.1) and mount
+    /// it; returns once the mount is usable. On a running cluster, brings back the
+    /// members that are missing, on their old addresses.
+    Up {
+        /// Where to mount.
+        mountpoint: PathBuf,
+        /// State directory (default: derived from the mount point).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Number of data servers.
+        #[arg(long, default_value_t = 3)]
+        data_servers: usize,
+        /// Metadata store engine: sled or redb.
+        #[arg(long)]
+        store: Option<String>,
+        /// Copies of each chunk (1 to 8, capped by the data servers; default 3).
+        #[arg(long)]
+        replicas: Option<u8>,
+        /// Mount even if the mount point holds files (hidden while mounted).
+        #[arg(long)]
+        nonempty: bool,
+    },
+    /// Show the data servers, the chains and their members' states, the number of
+    /// under-replicated chunks and the resyncs under way.
+    Status {
+        /// Mount point of a cluster started by `tessera up`: its metadata address.
+        mountpoint: Option<PathBuf>,
+        /// State directory of a cluster started by `tessera up`.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Metadata server address (host:port).
+        #[arg(long)]
+        meta: Option<String>,
+        /// Client configuration file (TOML).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Refresh every second until no chunk is under-replicated (or --timeout).
+        #[arg(long)]
+        watch: bool,
+        /// Seconds `--watch` waits at most.
+        #[arg(long, default_value_t = 3600)]
+        timeout: u64,
+    },
+    /// Check the namespace and every chunk copy (present, checksums valid, same version
+    /// on every replica); exits 1 if anything is wrong.
+    Fsck {
+        /// Mount point of a cluster started by `tessera up`: its metadata address.
+        mountpoint: Option<PathBuf>,
+        /// State directory of a cluster started by `tessera up`.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Metadata server address (host:port).
+        #[arg(long)]
+        meta: Option<String>,
+        /// Client configuration file (TOML).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Replace each bad copy by a good one.
+        #[arg(long)]
+        repair: bool,
+    },
+    /// Unmount and stop everything `tessera up` started for a mount point.
+    Down {
+        /// The mount point given to `up`.
+        mountpoint: PathBuf,
+        /// State directory, if `up` was given one.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+}
+
+/// The client configuration: the file at `path` (or the defaults), then the flags.
+pub fn client_config(
+    path: &Option<PathBuf>,
+    meta: &Option<String>,
+    transport: &Option<String>,
+) -> anyhow::Result<ClientConfig> {
+    let mut c: ClientConfig = match path {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {p:?}"))?;
+            toml::from_str(&text).with_context(|| format!("parsing {p:?}"))?
+        }
+        None => ClientConfig::default(),
+    };
+    if let Some(m) = meta {
+        c.meta_addr = m.clone();
+    }
+    if let Some(t) = transport {
+        c.transport = t.parse().map_err(anyhow::Error::msg)?;
+    }
+    c.validate()
+        .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    Ok(c)
+}
+
+fn mount(mountpoint: PathBuf, config: ClientConfig) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let meta = config.meta_addr.clone();
+    let client = rt
+        .block_on(Client::connect(config))
+        .with_context(|| format!("connecting to the metadata server at {meta}"))?;
+    crate::fuse::mount_and_serve(client, &mountpoint, &rt)
+        .with_context(|| format!("mounting {}", mountpoint.display()))?;
+    Ok(())
+}
+
+/// Runs `f` with a client on a new runtime.
+fn with_client<T, F, Fut>(config: ClientConfig, f: F) -> anyhow::Result<T>
+where
+    F: FnOnce(std::sync::Arc<Client>) -> Fut,
+    Fut: std::future::Future<Output = crate::Result<T>>,
+{
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let meta = config.meta_addr.clone();
+    rt.block_on(async move {
+        let client = Client::connect(config)
+            .await
+            .with_context(|| format!("connecting to the metadata server at {meta}"))?;
+        Ok(f(client).await?)
+    })
+}
+
+/// Prints the status once, or until nothing is under-replicated with `watch`; on a
+/// terminal the progress bar is redrawn in place.
+async fn status(
+    client: &Client,
+    watch: bool,
+    timeout: u64,
+    names: &[(String, String)],
+) -> crate::Result<()> {
+    use std::io::IsTerminal;
+    let tty = std::io::stdout().is_terminal();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout);
+    let mut last_lines = 0;
+    loop {
+        let s = client.status().await?;
+        let text = super::admin::render_status(&s, watch || tty, names);
+        if tty && last_lines > 0 {
+            // Move up over the previous report and clear it.
+            print!("\x1b[{last_lines}A\x1b[J");
+        }
+        print!("{text}");
+        last_lines = text.lines().count();
+        if !watch || s.under_replicated_chunks == 0 || std::time::Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+/// Runs one subcommand to its end.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    match args.cmd {
+        Cmd::Mount {
+            mountpoint,
+            config,
+            meta,
+            transport,
+            nonempty,
+            options,
+        } => {
+            local_cluster::check_mountpoint(&mountpoint, nonempty)?;
+            let mut c = client_config(&config, &meta, &transport)?;
+            for o in &options {
+                c.apply_mount_options(o).map_err(anyhow::Error::msg)?;
+            }
+            // Resolve `auto` and check `rdma` before mounting: one clear sentence on a
+            // host without RDMA.
+            c.transport = c.transport.resolve_for_process(&c.transport_limits)?;
+            mount(mountpoint, c)
+        }
+        Cmd::TransportInfo { config } => {
+            let c = client_config(&config, &None, &None)?;
+            print!("{}", transport::info::report(&c.transport_limits));
+            Ok(())
+        }
+        Cmd::Up {
+            mountpoint,
+            state_dir,
+            data_servers,
+            store,
+            replicas,
+            nonempty,
+        } => {
+            if !(1..=MAX_UP_DATA_SERVERS).contains(&data_servers) {
+                bail!("--data-servers must be between 1 and {MAX_UP_DATA_SERVERS}");
+            }
+            let opts = UpOptions {
+                mountpoint,
+                state_dir,
+                data_servers,
+                store,
+                bin_dir: None,
+                replicas,
+                nonempty,
+            };
+            print!("{}", local_cluster::up(&opts)?);
+            Ok(())
+        }
+        Cmd::Status {
+            mountpoint,
+            state_dir,
+            meta,
+            config,
+            watch,
+            timeout,
+        } => {
+            let (meta, state) = local_cluster::meta_of(mountpoint, state_dir, meta)?;
+            let c = client_config(&config, &meta, &None)?;
+            let names = state
+                .map(|s| local_cluster::state::data_names(&s))
+                .unwrap_or_default();
+            with_client(c, |client| async move {
+                status(&client, watch, timeout, &names).await
+            })
+        }
+        Cmd::Fsck {
+            mountpoint,
+            state_dir,
+            meta,
+            config,
+            repair,
+        } => {
+            let (meta, _) = local_cluster::meta_of(mountpoint, state_dir, meta)?;
+            let c = client_config(&config, &meta, &None)?;
+            if !with_client(c, |client| async move { fsck(&client, repair).await })? {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Cmd::Down {
+            mountpoint,
+            state_dir,
+        } => {
+            let report = local_cluster::down(&mountpoint, state_dir.as_deref())?;
+            print!("{report}");
+            Ok(())
+        }
+    }
+}
+
+/// Checks every file and copy, prints what is wrong and a summary; true when clean.
+async fn fsck(client: &Client, repair: bool) -> crate::Result<bool> {
+    let report = client.fsck(repair).await?;
+    for p in &report.problems {
+        println!("{p}");
+    }
+    println!(
+        "fsck: {} files, {} chunk copies checked, {} problems, {} copies repaired",
+        report.files,
+        report.copies,
+        report.problems.len(),
+        report.repaired
+    );
+    Ok(report.clean())
+}
