@@ -3,9 +3,10 @@
 use super::{code, engine_tests, H};
 use crate::kv::StoreKind;
 use crate::namespace::ConnId;
-use crate::NamespaceConfig;
+use crate::{ManualClock, NamespaceConfig};
 use proto::meta::{ClusterMap, MemberState, MetaReply, MetaRequest, ResyncReport};
 use proto::{ChainId, ErrorCode, NodeId};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn beat(h: &H, node: NodeId) -> ClusterMap {
@@ -272,6 +273,47 @@ fn a_server_away_too_long_is_replaced(kind: StoreKind) {
     }
 }
 
+/// Leases on a manual clock: a silent server goes offline once its lease has passed and
+/// leaves its chains after `replace_after_ms` more, with no wait in real time.
+fn a_manual_clock_drives_down_marking_and_replacement(kind: StoreKind) {
+    let config = NamespaceConfig {
+        node_lease_ms: 1_000,
+        replace_after_ms: 5_000,
+        replicas: 2,
+        ..NamespaceConfig::default()
+    };
+    let clock = Arc::new(ManualClock::new());
+    let h = H::with_clock(kind, config, clock.clone());
+    let (nodes, map) = three_serving(&h);
+    let places = |m: &ClusterMap| {
+        m.chains
+            .iter()
+            .filter(|c| c.members.iter().any(|x| x.node == nodes[2]))
+            .count()
+    };
+    assert!(places(&map) > 0);
+    clock.advance(Duration::from_millis(1_000));
+    beat(&h, nodes[0]);
+    let map = beat(&h, nodes[1]);
+    assert!(
+        map.nodes[2].alive(),
+        "the lease's last instant still counts"
+    );
+    clock.advance(Duration::from_millis(1));
+    beat(&h, nodes[0]);
+    let map = beat(&h, nodes[1]);
+    assert!(!map.nodes[2].alive(), "down one tick past its lease");
+    assert_eq!(states(&map, 3)[0], (3, MemberState::Offline));
+    assert_eq!(h.ns().replaced_in(&map), vec![(nodes[2], 4_999)]);
+    clock.advance(Duration::from_millis(4_999));
+    beat(&h, nodes[0]);
+    let map = beat(&h, nodes[1]);
+    assert_eq!(places(&map), 0, "replaced at lease + replace_after");
+    for chain in &map.chains {
+        assert_eq!(chain.members.len(), 2, "{chain:?} back to two members");
+    }
+}
+
 fn directory_layout_settings_reach_new_files_and_subdirectories(kind: StoreKind) {
     use super::{caller, mkdir, owner};
     use proto::meta::XattrMode;
@@ -356,4 +398,5 @@ engine_tests!(
     chains_fill_up_and_members_sync,
     a_lost_lease_takes_a_server_out_and_it_resyncs_back,
     a_server_away_too_long_is_replaced,
+    a_manual_clock_drives_down_marking_and_replacement,
 );
