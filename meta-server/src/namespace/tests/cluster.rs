@@ -7,7 +7,7 @@ use crate::{ManualClock, NamespaceConfig};
 use proto::meta::{ClusterMap, MemberState, MetaReply, MetaRequest, ResyncReport};
 use proto::{ChainId, ErrorCode, NodeId};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn beat(h: &H, node: NodeId) -> ClusterMap {
     h.ns()
@@ -208,20 +208,17 @@ fn a_lost_lease_takes_a_server_out_and_it_resyncs_back(kind: StoreKind) {
         replace_after_ms: 600_000,
         ..NamespaceConfig::default()
     };
-    let h = H::with_config(kind, config);
+    let clock = Arc::new(ManualClock::new());
+    let h = H::with_clock(kind, config, clock.clone());
     let (nodes, _) = three_serving(&h);
-    // Node 3 stops beating; the others keep theirs.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut map;
-    loop {
+    // Node 3 stops beating; the others keep theirs, every 100 ms of the manual clock.
+    let mut map = ClusterMap::default();
+    for _ in 0..4 {
+        clock.advance(Duration::from_millis(100));
         map = beat(&h, nodes[0]);
         beat(&h, nodes[1]);
-        if states(&map, 1)[2].1 == MemberState::Offline {
-            break;
-        }
-        assert!(Instant::now() < deadline, "lease never expired");
-        std::thread::sleep(Duration::from_millis(20));
     }
+    assert_eq!(states(&map, 1)[2].1, MemberState::Offline, "lease expired");
     assert!(!map.nodes[2].alive());
     assert_eq!(
         map.chain(ChainId(1)).unwrap().write_order(3),
@@ -252,7 +249,8 @@ fn a_server_away_too_long_is_replaced(kind: StoreKind) {
         replicas: 2,
         ..NamespaceConfig::default()
     };
-    let h = H::with_config(kind, config);
+    let clock = Arc::new(ManualClock::new());
+    let h = H::with_clock(kind, config, clock.clone());
     let (nodes, mut map) = three_serving(&h);
     let holding = |m: &ClusterMap, n: NodeId| {
         m.chains
@@ -261,13 +259,13 @@ fn a_server_away_too_long_is_replaced(kind: StoreKind) {
             .count()
     };
     assert!(holding(&map, nodes[2]) > 0);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while holding(&map, nodes[2]) > 0 {
-        assert!(Instant::now() < deadline, "never replaced");
+    // Beats every 100 ms of the manual clock, as long as lease and replacement take.
+    for _ in 0..6 {
+        clock.advance(Duration::from_millis(100));
         map = beat(&h, nodes[0]);
         beat(&h, nodes[1]);
-        std::thread::sleep(Duration::from_millis(20));
     }
+    assert_eq!(holding(&map, nodes[2]), 0, "never replaced");
     for chain in &map.chains {
         assert_eq!(chain.members.len(), 2, "{chain:?} back to two members");
     }
