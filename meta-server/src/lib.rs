@@ -6,12 +6,15 @@
 //! every request to [`Namespace::handle`], and calls [`Namespace::connection_closed`]
 //! when a connection ends, so the sessions it opened end too.
 
+pub mod clock;
 pub mod config;
 pub mod error;
 pub mod kv;
+pub(crate) mod membership;
 pub mod namespace;
 pub mod server;
 
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::NamespaceConfig;
 pub use error::MetaError;
 pub use kv::{open_store, KvError, KvPair, KvStore, StoreKind, WriteBatch};

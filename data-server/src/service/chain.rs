@@ -14,8 +14,8 @@
 //! the map first. Reads take the same lock, so they never see a write that has not yet
 //! reached every member.
 
-use super::{blocking, call_peer, range_error, write_zeros, Inner};
-use crate::store::ReplicaFields;
+use super::{blocking, call_peer, range_error, Inner};
+use crate::store::{Fill, ReplicaFields, Stamp};
 use bytes::Bytes;
 use proto::data::fits_inline;
 use proto::data::{ChunkMeta, DataReply, DataRequest, Placement, ReplicaData};
@@ -68,30 +68,6 @@ impl ChainWrite {
             offset,
             src,
         }
-    }
-}
-
-/// The versions a write gives a member's copy.
-#[derive(Clone, Copy)]
-struct Stamp {
-    /// The chunk's version after the write.
-    version: u64,
-    /// The version the head had before it.
-    base: u64,
-    /// Whether this copy is stale, if known before storing (at the head: never).
-    stale: Option<bool>,
-}
-
-impl Stamp {
-    /// Whether a copy holding `have` before this write is stale after it. The same
-    /// write arrives in several steps: the first moves the version from `base` to
-    /// `version`, the others find `version` already.
-    fn judge(&self, have: ReplicaFields, chunk: ChunkId) -> bool {
-        let stale = have.stale || (have.version != self.base && have.version != self.version);
-        if stale && !have.stale {
-            tracing::info!(%chunk, have = have.version, base = self.base, "copy missed a write, marked stale");
-        }
-        stale
     }
 }
 
@@ -176,10 +152,15 @@ impl Inner {
             ));
         }
         let stamp = Stamp {
+            chain: w.place.chain,
             version: have.version + 1,
             base: have.version,
             stale: Some(false),
         };
+        debug_assert!(
+            stamp.version > stamp.base,
+            "a head's write moves the version up"
+        );
         let step = Step::new(&map, &order, pos, &w, len);
         self.apply(conn, step, stamp, &self.pool).await?;
         Ok(len)
@@ -206,6 +187,7 @@ impl Inner {
         };
         // Whether this copy missed a write is found when the write is stored.
         let stamp = Stamp {
+            chain: w.place.chain,
             version,
             base,
             stale: None,
@@ -218,14 +200,14 @@ impl Inner {
         Ok(len)
     }
 
-    /// Stores the write here and passes it to the successor, step by step; then records
-    /// the new version and returns whether this copy is stale. Called with the chunk's
-    /// lock held.
+    /// Stores the write here and passes it to the successor, step by step; the last step
+    /// also records the new version. Returns whether this copy is stale. Called with the
+    /// chunk's lock held, so no other write comes between the steps.
     async fn apply(
         &self,
         conn: &Connection,
         s: Step<'_>,
-        mut stamp: Stamp,
+        stamp: Stamp,
         pool: &BufferPool,
     ) -> Result<bool, WireError> {
         let Step {
@@ -240,13 +222,7 @@ impl Inner {
             None => None,
         };
         let step = pool.buffer_bytes() as u32;
-        // A write of one step (every small file) is checked, stored and recorded in one
-        // call to the blocking pool instead of three: on a busy machine each hand-off
-        // cost about as much as the store itself.
-        let single = len <= step;
-        if !single && stamp.stale.is_none() {
-            stamp.stale = Some(stamp.judge(self.local_fields(w.chunk).await?, w.chunk));
-        }
+        debug_assert!(step > 0, "a buffer pool's buffers hold bytes");
         let mut done = 0u32;
         let mut result = Ok(());
         let mut recorded = None;
@@ -278,7 +254,10 @@ impl Inner {
                     Some(mr.clone())
                 }
             };
-            let record = single.then_some(stamp);
+            // The last step (the only one of every small file) is judged, stored and
+            // recorded in one call to the blocking pool instead of three: on a busy
+            // machine each hand-off cost about as much as the store itself.
+            let record = (done + n >= len).then_some(stamp);
             let local = self.store_step(w, at, n, data.clone(), record);
             let forward = async {
                 let Some((node, next)) = &next else {
@@ -298,6 +277,7 @@ impl Inner {
             recorded = rec;
             result = stored.and(f);
             done += n;
+            debug_assert!(done <= len, "a chain step's done <= len");
             if len == 0 {
                 break;
             }
@@ -305,29 +285,21 @@ impl Inner {
         match recorded {
             Some(stale) => result.map(|()| stale),
             None => {
-                // The bytes changed here even if the successor failed: the version
-                // moves, so a later comparison sees this copy differ from one that
-                // missed the write.
-                let stale = match stamp.stale {
-                    Some(s) => s,
-                    None => stamp.judge(self.local_fields(w.chunk).await?, w.chunk),
-                };
-                let fields = ReplicaFields {
-                    chain: w.place.chain,
-                    version: stamp.version,
-                    stale,
-                };
+                // A step before the last failed, yet the bytes may have changed here: the
+                // version moves, so a later comparison sees this copy differ from one
+                // that missed the write.
                 let store = self.store.clone();
-                let chunk = w.chunk;
-                blocking(move || store.set_replica(chunk, fields)).await?;
-                result.map(|()| stale)
+                let (chunk, cs, at) = (w.chunk, w.chunk_size, w.offset);
+                let v = blocking(move || store.write_versioned(chunk, cs, at, None, stamp)).await?;
+                result.map(|()| v.stale)
             }
         }
     }
 
     /// Stores one step of a write locally; with `record`, also decides whether the copy
-    /// is stale (if not known) and records the new version, in the same blocking call.
-    /// Returns the store's result and, once recorded, whether the copy is stale.
+    /// is stale (if not known) and records the new version, under the store's one lock
+    /// ([`crate::store::ChunkStore::write_versioned`]). Returns the store's result and,
+    /// once recorded, whether the copy is stale.
     async fn store_step(
         &self,
         w: &ChainWrite,
@@ -337,27 +309,20 @@ impl Inner {
         record: Option<Stamp>,
     ) -> (Result<(), WireError>, Option<bool>) {
         let store = self.store.clone();
-        let (chunk, cs, chain) = (w.chunk, w.chunk_size, w.place.chain);
+        let (chunk, cs) = (w.chunk, w.chunk_size);
         let work = move || {
-            let stale = match record {
-                Some(Stamp { stale: Some(s), .. }) => Some(s),
-                Some(stamp) => Some(stamp.judge(fields_of(store.chunk_meta(chunk)?), chunk)),
-                None => None,
+            let bytes = data.as_ref().map(|mr| mr.lock());
+            let fill = match &bytes {
+                Some(b) => Fill::Bytes(&b[..n as usize]),
+                None => Fill::Zeros(n),
             };
-            let stored = match &data {
-                Some(mr) => store.write(chunk, cs, at, &mr.lock()[..n as usize]),
-                None => write_zeros(&store, chunk, cs, at, n),
-            };
-            // Recorded even when storing failed: the bytes may have changed in part.
-            if let (Some(stamp), Some(stale)) = (record, stale) {
-                let fields = ReplicaFields {
-                    chain,
-                    version: stamp.version,
-                    stale,
-                };
-                store.set_replica(chunk, fields)?;
+            match record {
+                Some(stamp) => {
+                    let v = store.write_versioned(chunk, cs, at, Some(fill), stamp)?;
+                    Ok((v.stored, Some(v.stale)))
+                }
+                None => Ok((store.write_fill(chunk, cs, at, fill), None)),
             }
-            Ok((stored, stale))
         };
         match blocking(work).await {
             Ok((stored, stale)) => (stored.map_err(WireError::from), stale),

@@ -408,33 +408,6 @@ impl Inner {
     }
 }
 
-/// Zeroes a range of a chunk through the store's ordinary (checksummed, crash-safe)
-/// write path, one bounded piece at a time.
-fn write_zeros(
-    store: &ChunkStore,
-    chunk: ChunkId,
-    chunk_size: u32,
-    offset: u32,
-    len: u32,
-) -> Result<(), DataError> {
-    const PIECE_BYTES: u32 = 1 << 20;
-    // Past the stored bytes everything already reads as zeros: write nothing there, so
-    // punching a hole never allocates.
-    let stored = store.chunk_len(chunk)?;
-    let len = u64::from(len).min(stored.saturating_sub(u64::from(offset))) as u32;
-    let zeros = vec![0u8; PIECE_BYTES.min(len) as usize];
-    let mut done = 0u32;
-    while done < len {
-        let n = PIECE_BYTES.min(len - done);
-        let at = offset.checked_add(done).ok_or_else(|| {
-            DataError::InvalidArgument(format!("zero range at {offset} overflows"))
-        })?;
-        store.write(chunk, chunk_size, at, &zeros[..n as usize])?;
-        done += n;
-    }
-    Ok(())
-}
-
 fn range_error(offset: u32, len: u32) -> WireError {
     WireError::new(
         ErrorCode::InvalidArgument,

@@ -130,7 +130,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 mod replica;
 mod scan;
-pub use replica::ReplicaFields;
+pub use replica::{Fill, ReplicaFields, Stamp, Versioned};
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -347,12 +347,23 @@ impl ChunkStore {
         offset: u32,
         data: &[u8],
     ) -> Result<(), DataError> {
+        let _excl = self.write_lock(chunk);
+        self.write_locked(chunk, chunk_size, offset, data)
+    }
+
+    /// [`ChunkStore::write`], with the chunk's stripe held exclusively by the caller.
+    fn write_locked(
+        &self,
+        chunk: ChunkId,
+        chunk_size: u32,
+        offset: u32,
+        data: &[u8],
+    ) -> Result<(), DataError> {
         let geo = Geometry::new(chunk_size)?;
         geo.check_range(chunk, offset, data.len())?;
         if data.is_empty() {
             return Ok(());
         }
-        let _excl = self.write_lock(chunk);
         self.check_open()?;
         let path = chunk_path(&self.root, chunk);
         let (existing, empty) = match self.open_chunk(chunk)? {

@@ -15,6 +15,17 @@
 //! write that crashed before recording it): version 0, which never equals a version a
 //! head hands out, so a resync copies such a chunk. The fields are one 20-byte `pwrite`
 //! inside one page, so a crash leaves them old or new.
+//!
+//! A chain write's piece goes through [`ChunkStore::write_versioned`], which holds the
+//! chunk's stripe lock across the three steps, so no other write, install or read of the
+//! fields comes between them:
+//!
+//! 1. read the fields and decide whether this copy is stale ([`Stamp::judge`]);
+//! 2. store the bytes (the three steps of a write, see the store's docs);
+//! 3. record the new version, even if step 2 failed (its bytes may have changed in part).
+//!
+//! A crash after 2 and before 3 leaves the new bytes under the old version: a resync pass
+//! finds the copy differs from the serving one and copies it whole.
 
 use super::chunk::{crash_point, CrashPoint, Opened};
 use super::format::{bucket_dir, bucket_of, inode_dir, parse_hex16, read_full_at};
@@ -69,7 +80,141 @@ fn decode(chunk: ChunkId, b: &[u8; LEN]) -> Result<ReplicaFields, DataError> {
     })
 }
 
+/// The version a chain write gives a copy, as its head decided it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    /// The chunk's chain.
+    pub chain: ChainId,
+    /// The chunk's version after the write.
+    pub version: u64,
+    /// The version the head had before it.
+    pub base: u64,
+    /// Whether this copy is stale, if known before storing (at the head: never).
+    pub stale: Option<bool>,
+}
+
+impl Stamp {
+    /// Whether a copy holding `have` before this write is stale after it. The same
+    /// write may arrive again (a retry): the first moves the version from `base` to
+    /// `version`, the others find `version` already.
+    pub fn judge(&self, chunk: ChunkId, have: ReplicaFields) -> bool {
+        let stale = have.stale || (have.version != self.base && have.version != self.version);
+        if stale && !have.stale {
+            tracing::info!(%chunk, have = have.version, base = self.base, "copy missed a write, marked stale");
+        }
+        stale
+    }
+}
+
+/// Where the bytes of one piece of a write come from.
+#[derive(Clone, Copy, Debug)]
+pub enum Fill<'a> {
+    /// These bytes.
+    Bytes(&'a [u8]),
+    /// This many zeros (written only over stored bytes: past them a chunk reads as zeros
+    /// already, so punching a hole never allocates).
+    Zeros(u32),
+}
+
+/// What [`ChunkStore::write_versioned`] did.
+#[derive(Debug)]
+pub struct Versioned {
+    /// Whether the bytes were stored; the version is recorded either way.
+    pub stored: Result<(), DataError>,
+    /// Whether this copy is stale after the write.
+    pub stale: bool,
+}
+
+/// Zeros are written at most this many bytes at a time, so that zeroing a whole chunk
+/// takes a bounded buffer.
+const ZERO_PIECE_BYTES: u32 = 1 << 20;
+
 impl ChunkStore {
+    /// Stores one piece of a chain write (none with `fill` `None`: a write whose bytes
+    /// never arrived still moves the version) and records `stamp`, deciding and writing
+    /// under one lock (see the module docs for the order). Fails only if the fields
+    /// cannot be read or recorded; a failure to store the bytes is in `stored`.
+    pub fn write_versioned(
+        &self,
+        chunk: ChunkId,
+        chunk_size: u32,
+        at: u32,
+        fill: Option<Fill<'_>>,
+        stamp: Stamp,
+    ) -> Result<Versioned, DataError> {
+        let _excl = self.write_lock(chunk);
+        self.check_open()?;
+        let stale = match stamp.stale {
+            Some(s) => s,
+            None => stamp.judge(chunk, self.fields_locked(chunk)?),
+        };
+        let stored = match fill {
+            Some(f) => self.fill_locked(chunk, chunk_size, at, f),
+            None => Ok(()),
+        };
+        let fields = ReplicaFields {
+            chain: stamp.chain,
+            version: stamp.version,
+            stale,
+        };
+        self.set_replica_locked(chunk, fields)?;
+        Ok(Versioned { stored, stale })
+    }
+
+    /// Stores one piece of a write without recording a version (the version moves when
+    /// the write's last piece is stored, with [`ChunkStore::write_versioned`]).
+    pub fn write_fill(
+        &self,
+        chunk: ChunkId,
+        chunk_size: u32,
+        at: u32,
+        fill: Fill<'_>,
+    ) -> Result<(), DataError> {
+        let _excl = self.write_lock(chunk);
+        self.fill_locked(chunk, chunk_size, at, fill)
+    }
+
+    fn fill_locked(
+        &self,
+        chunk: ChunkId,
+        chunk_size: u32,
+        at: u32,
+        fill: Fill<'_>,
+    ) -> Result<(), DataError> {
+        let len = match fill {
+            Fill::Bytes(data) => return self.write_locked(chunk, chunk_size, at, data),
+            Fill::Zeros(n) => n,
+        };
+        let stored = match self.open_chunk(chunk)? {
+            Opened::Chunk(cf) => cf.data_len,
+            Opened::Missing | Opened::Empty(_) => 0,
+        };
+        let len = u64::from(len).min(stored.saturating_sub(u64::from(at))) as u32;
+        let zeros = vec![0u8; ZERO_PIECE_BYTES.min(len) as usize];
+        let mut done = 0u32;
+        while done < len {
+            let n = ZERO_PIECE_BYTES.min(len - done);
+            let piece_at = at.checked_add(done).ok_or_else(|| {
+                DataError::InvalidArgument(format!("zero range at {at} overflows"))
+            })?;
+            self.write_locked(chunk, chunk_size, piece_at, &zeros[..n as usize])?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// The replica fields of `chunk` (zero for a chunk without a file). Call holding its
+    /// stripe lock.
+    fn fields_locked(&self, chunk: ChunkId) -> Result<ReplicaFields, DataError> {
+        Ok(self
+            .meta_locked(chunk)?
+            .map_or(ReplicaFields::default(), |m| ReplicaFields {
+                chain: m.chain,
+                version: m.version,
+                stale: m.stale,
+            }))
+    }
+
     /// What this store holds of `chunk`: `None` if it holds no file for it.
     pub fn chunk_meta(&self, chunk: ChunkId) -> Result<Option<ChunkMeta>, DataError> {
         let _shared = self.read_lock(chunk);
@@ -98,6 +243,10 @@ impl ChunkStore {
     pub fn set_replica(&self, chunk: ChunkId, fields: ReplicaFields) -> Result<(), DataError> {
         let _excl = self.write_lock(chunk);
         self.check_open()?;
+        self.set_replica_locked(chunk, fields)
+    }
+
+    fn set_replica_locked(&self, chunk: ChunkId, fields: ReplicaFields) -> Result<(), DataError> {
         let Opened::Chunk(cf) = self.open_chunk(chunk)? else {
             return Ok(());
         };
@@ -287,6 +436,57 @@ mod tests {
         let mut bad = encode(f);
         bad[3] ^= 1;
         assert!(decode(C, &bad).is_err());
+    }
+
+    /// The version/stale decision and the bytes under one lock: a copy at the head's
+    /// base takes the write fresh, the same write again stays fresh, a copy that missed a
+    /// write goes stale, and a write whose bytes never came still moves the version.
+    #[test]
+    fn a_versioned_write_judges_stores_and_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ChunkStore::open(dir.path(), 1 << 30).unwrap();
+        let cs = 1 << 20;
+        let stamp = |version, base| Stamp {
+            chain: ChainId(2),
+            version,
+            base,
+            stale: None,
+        };
+        let meta = |s: &ChunkStore| {
+            let m = s.chunk_meta(C).unwrap().unwrap();
+            (m.version, m.stale, m.len)
+        };
+        let v = store
+            .write_versioned(C, cs, 0, Some(Fill::Bytes(b"abcdef")), stamp(1, 0))
+            .unwrap();
+        assert!(v.stored.is_ok() && !v.stale, "{v:?}");
+        assert_eq!(meta(&store), (1, false, 6));
+        let again = store
+            .write_versioned(C, cs, 0, Some(Fill::Bytes(b"abcdef")), stamp(1, 0))
+            .unwrap();
+        assert!(!again.stale, "a retried write finds its own version");
+        let v = store
+            .write_versioned(C, cs, 2, Some(Fill::Zeros(2)), stamp(2, 1))
+            .unwrap();
+        assert!(!v.stale);
+        let mut buf = [9u8; 6];
+        store.read(C, cs, 0, &mut buf).unwrap();
+        assert_eq!(&buf, b"ab\0\0ef");
+        let missed = store
+            .write_versioned(C, cs, 0, Some(Fill::Bytes(b"x")), stamp(9, 8))
+            .unwrap();
+        assert!(
+            missed.stale,
+            "version 2 is neither base 8 nor 9: a write was missed"
+        );
+        assert_eq!(meta(&store), (9, true, 6));
+        let v = store.write_versioned(C, cs, 0, None, stamp(10, 9)).unwrap();
+        assert!(v.stale, "stale stays stale until copied whole");
+        assert_eq!(meta(&store), (10, true, 6));
+        store
+            .write_fill(C, cs, 6, Fill::Zeros(1 << 19))
+            .expect("zeros past the stored bytes are already there");
+        assert_eq!(meta(&store), (10, true, 6), "no version, no growth");
     }
 
     #[test]

@@ -1,38 +1,23 @@
-//! Cluster membership: which data servers are up, the replication chains and the state
-//! of each member, and the map version that changes with any of them.
-//!
-//! Rules, applied by [`Namespace::reconcile`] on every heartbeat, registration and map
-//! request:
-//!
-//! - every registered server heads one chain of its own (made when it registers);
-//! - a server whose lease ran out goes `Offline` in every chain; when it heartbeats again
-//!   it goes `Syncing`, and `Serving` once it reports a resync pass, started at or after
-//!   that change, that found the chain identical to a serving member;
-//! - a chain with no serving member promotes its first syncing member (nothing better
-//!   exists);
-//! - a member offline longer than `replace_after_ms` leaves the chain;
-//! - a chain with fewer members than the target (the replication factor, capped by the
-//!   number of servers) takes an up server that is not a member yet, syncing, choosing
-//!   the server with the fewest chains.
+//! Cluster membership as the namespace keeps it: the chains and map version in memory
+//! and in the store, and the liveness that decides them. The rules themselves are a pure
+//! function in [`crate::membership`]; this file reads the state it needs, calls it and
+//! stores the result.
 //!
 //! Chains and the map version are stored (`C`, `V` keys), so membership survives a
 //! restart; liveness is not: after a restart every server gets one lease to report.
 
 use super::keys;
-use super::records::{decode, encode, ChainRecord, MemberRecord};
+use super::records::{decode, encode, ChainRecord};
 use super::{Namespace, MAX_NODES};
 use crate::error::MetaError;
+use crate::membership::{self, View, SERVING, SYNCING};
 use proto::meta::{
     ChainInfo, ClusterMap, Member, MemberState, NodeInfo, NodeState, ResyncProgress, ResyncReport,
 };
 use proto::{ChainId, NodeId};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-const SERVING: u8 = 1;
-const SYNCING: u8 = 2;
-const OFFLINE: u8 = 3;
+use std::time::Duration;
 
 /// Membership as the metadata server keeps it in memory (a mirror of the `C` and `V`
 /// keys, plus what is not stored).
@@ -72,7 +57,7 @@ impl Namespace {
                 .ok_or_else(|| MetaError::Corrupt(format!("chain key {k:x?}")))?;
             m.chains.insert(id, decode(&v, "chain record")?);
         }
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut live = self.liveness.lock();
         for (node, _) in self.nodes()? {
             live.entry(node).or_insert(now);
@@ -81,118 +66,43 @@ impl Namespace {
         Ok(())
     }
 
-    /// Applies the membership rules; returns the current map.
+    /// Applies the membership rules (see [`membership::reconcile`]) to the chains and
+    /// the liveness of now; stores what changed; returns the current map.
     pub(crate) fn reconcile(&self) -> Result<Arc<ClusterMap>, MetaError> {
         let mut m = self.members.lock();
         self.load_members(&mut m)?;
         let nodes = self.nodes()?;
-        let lease = Duration::from_millis(self.config.node_lease_ms);
-        let replace_after = Duration::from_millis(self.config.replace_after_ms);
-        // Time since each server's last heartbeat: up within the lease, gone for good
-        // once down for `replace_after` more.
-        let silent: HashMap<u32, Duration> = {
-            let live = self.liveness.lock();
-            nodes
-                .iter()
-                .map(|(n, _)| (n.0, live.get(n).map_or(Duration::MAX, Instant::elapsed)))
-                .collect()
+        let silence = self.silence(&nodes);
+        let view = View {
+            silence: &silence,
+            target: usize::from(self.target_copies(nodes.len())),
+            version: m.version,
+            lease: Duration::from_millis(self.config.node_lease_ms),
+            replace_after: Duration::from_millis(self.config.replace_after_ms),
         };
-        let alive: HashMap<u32, bool> = silent.iter().map(|(&n, &t)| (n, t <= lease)).collect();
-        let gone_after = lease.saturating_add(replace_after);
-        let next = m.version + 1;
-        let mut changed: Vec<u32> = Vec::new();
-        // Every server heads a chain of its own.
-        for (n, _) in &nodes {
-            if let std::collections::btree_map::Entry::Vacant(e) = m.chains.entry(n.0) {
-                let members = vec![MemberRecord {
-                    node: n.0,
-                    state: SERVING,
-                    since: 0,
-                }];
-                e.insert(ChainRecord { members });
-                changed.push(n.0);
-            }
+        if let Some(change) = membership::reconcile(&m.chains, &view) {
+            debug_assert_eq!(change.version, m.version + 1, "one version per change");
+            m.chains = change.chains;
+            self.persist(&mut m, &change.changed)?;
         }
-        let target = usize::from(self.target_copies(nodes.len()));
-        let mut load: HashMap<u32, usize> = HashMap::new();
-        for c in m.chains.values() {
-            for mem in &c.members {
-                *load.entry(mem.node).or_default() += 1;
-            }
-        }
-        for (&id, chain) in m.chains.iter_mut() {
-            let before = chain.clone();
-            for mem in chain.members.iter_mut() {
-                let up = alive.get(&mem.node).copied().unwrap_or(false);
-                if !up && mem.state != OFFLINE {
-                    mem.state = OFFLINE;
-                    mem.since = 0;
-                } else if up && mem.state == OFFLINE {
-                    mem.state = SYNCING;
-                    mem.since = next;
-                }
-            }
-            // Members away too long leave, so that another server can take their place.
-            chain.members.retain(|mem| {
-                let gone =
-                    mem.state == OFFLINE && silent.get(&mem.node).is_some_and(|t| *t >= gone_after);
-                if gone {
-                    tracing::warn!(
-                        chain = id,
-                        node = mem.node,
-                        "member offline too long, leaving the chain"
-                    );
-                    if let Some(l) = load.get_mut(&mem.node) {
-                        *l = l.saturating_sub(1);
-                    }
-                }
-                !gone
-            });
-            if !chain.members.iter().any(|x| x.state == SERVING) {
-                if let Some(first) = chain.members.iter_mut().find(|x| x.state == SYNCING) {
-                    tracing::warn!(
-                        chain = id,
-                        node = first.node,
-                        "no serving member: promoting a syncing one"
-                    );
-                    first.state = SERVING;
-                    first.since = 0;
-                }
-            }
-            while chain.members.len() < target {
-                let mut candidates: Vec<u32> = alive
-                    .iter()
-                    .filter(|(n, up)| **up && !chain.members.iter().any(|x| x.node == **n))
-                    .map(|(n, _)| *n)
-                    .collect();
-                candidates.sort_by_key(|n| (load.get(n).copied().unwrap_or(0), *n));
-                let Some(&pick) = candidates.first() else {
-                    break;
-                };
-                // An empty chain has nothing to copy: the new member serves at once.
-                let state = if chain.members.is_empty() {
-                    SERVING
-                } else {
-                    SYNCING
-                };
-                chain.members.push(MemberRecord {
-                    node: pick,
-                    state,
-                    since: next,
-                });
-                *load.entry(pick).or_default() += 1;
-                tracing::info!(chain = id, node = pick, "server joins the chain");
-            }
-            if *chain != before {
-                changed.push(id);
-            }
-        }
-        if !changed.is_empty() {
-            self.persist(&mut m, &changed)?;
-        }
-        let map = Arc::new(build_map(&m, &nodes, &alive));
+        let map = Arc::new(build_map(&m, &nodes, &view));
         *self.map.write() = map.clone();
         Ok(map)
+    }
+
+    /// Time since each registered server's last heartbeat, by the namespace's clock.
+    fn silence(&self, nodes: &[(NodeId, super::records::NodeRecord)]) -> BTreeMap<u32, Duration> {
+        let now = self.clock.now();
+        let live = self.liveness.lock();
+        nodes
+            .iter()
+            .map(|(n, _)| {
+                let t = live
+                    .get(n)
+                    .map_or(Duration::MAX, |&at| now.saturating_duration_since(at));
+                (n.0, t)
+            })
+            .collect()
     }
 
     /// A new map version with no chain changed: a server's address changed.
@@ -205,6 +115,7 @@ impl Namespace {
     /// Stores the changed chains and a new map version.
     fn persist(&self, m: &mut Members, changed: &[u32]) -> Result<(), MetaError> {
         let version = m.version + 1;
+        debug_assert!(version > m.version, "map versions only grow");
         let mut rows = Vec::with_capacity(changed.len());
         for id in changed {
             if let Some(c) = m.chains.get(id) {
@@ -231,20 +142,8 @@ impl Namespace {
     ) -> Result<(), MetaError> {
         let mut m = self.members.lock();
         self.load_members(&mut m)?;
-        let mut changed = Vec::new();
-        for chain in &report.synced {
-            let Some(c) = m.chains.get_mut(&chain.0) else {
-                continue;
-            };
-            for mem in c.members.iter_mut() {
-                if mem.node == node.0 && mem.state == SYNCING && mem.since <= report.pass_version {
-                    mem.state = SERVING;
-                    mem.since = 0;
-                    changed.push(chain.0);
-                    tracing::info!(%chain, %node, "resync done: member serves again");
-                }
-            }
-        }
+        let synced: Vec<u32> = report.synced.iter().map(|c| c.0).collect();
+        let changed = membership::mark_synced(&mut m.chains, node.0, &synced, report.pass_version);
         m.resync.insert(node.0, report);
         if !changed.is_empty() {
             self.persist(&mut m, &changed)?;
@@ -263,6 +162,7 @@ impl Namespace {
     pub(crate) fn replaced_in(&self, map: &ClusterMap) -> Vec<(NodeId, u64)> {
         let gone_after = Duration::from_millis(self.config.node_lease_ms)
             .saturating_add(Duration::from_millis(self.config.replace_after_ms));
+        let now = self.clock.now();
         let live = self.liveness.lock();
         map.nodes
             .iter()
@@ -273,7 +173,9 @@ impl Namespace {
                     .any(|c| c.members.iter().any(|m| m.node == n.node))
             })
             .map(|n| {
-                let silent = live.get(&n.node).map_or(Duration::MAX, Instant::elapsed);
+                let silent = live
+                    .get(&n.node)
+                    .map_or(Duration::MAX, |&at| now.saturating_duration_since(at));
                 let left = gone_after.saturating_sub(silent);
                 (n.node, u64::try_from(left.as_millis()).unwrap_or(u64::MAX))
             })
@@ -321,7 +223,7 @@ impl Namespace {
 fn build_map(
     m: &Members,
     nodes: &[(NodeId, super::records::NodeRecord)],
-    alive: &HashMap<u32, bool>,
+    view: &View<'_>,
 ) -> ClusterMap {
     ClusterMap {
         version: m.version,
@@ -330,7 +232,7 @@ fn build_map(
             .map(|(n, rec)| NodeInfo {
                 node: *n,
                 addr: rec.addr.clone(),
-                state: if alive.get(&n.0).copied().unwrap_or(false) {
+                state: if view.alive(n.0) {
                     NodeState::Up
                 } else {
                     NodeState::Down

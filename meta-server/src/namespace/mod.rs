@@ -27,6 +27,7 @@ mod xattr;
 #[cfg(test)]
 mod tests;
 
+use crate::clock::{Clock, SystemClock};
 use crate::config::NamespaceConfig;
 use crate::error::MetaError;
 use crate::kv::{take_pending, GroupCommit, KvStore};
@@ -144,6 +145,8 @@ pub struct Namespace {
     group: Arc<GroupCommit>,
     config: NamespaceConfig,
     state: Mutex<State>,
+    /// Where leases and graces read the time (see `clock`).
+    clock: Arc<dyn Clock>,
     /// Last heartbeat of each data server; in memory because liveness after a restart
     /// must be earned again.
     liveness: Mutex<HashMap<NodeId, Instant>>,
@@ -169,6 +172,16 @@ impl Namespace {
     /// Opens the namespace on `store`: formats an empty store (root directory and
     /// superblock), checks the format version of an existing one, and purges orphans.
     pub fn open(store: Arc<dyn KvStore>, config: NamespaceConfig) -> Result<Namespace, MetaError> {
+        Namespace::open_with_clock(store, config, Arc::new(SystemClock))
+    }
+
+    /// [`Namespace::open`] with leases and graces measured on `clock` (a test's
+    /// [`crate::ManualClock`] moves them without waiting).
+    pub fn open_with_clock(
+        store: Arc<dyn KvStore>,
+        config: NamespaceConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Namespace, MetaError> {
         config.validate()?;
         let group = Arc::new(GroupCommit::new(store));
         let store: Arc<dyn KvStore> = group.clone();
@@ -196,6 +209,7 @@ impl Namespace {
                 next_session,
                 next_client,
             }),
+            clock,
             liveness: Mutex::new(HashMap::new()),
             members: Mutex::new(membership::Members::default()),
             map: parking_lot::RwLock::new(Arc::new(ClusterMap::default())),

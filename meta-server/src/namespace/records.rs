@@ -173,22 +173,8 @@ pub(crate) struct DirentRecord {
     pub kind: FileKind,
 }
 
-/// One member of a chain record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct MemberRecord {
-    pub node: u32,
-    /// 1 serving, 2 syncing, 3 offline.
-    pub state: u8,
-    /// Map version at which it started syncing (0 otherwise).
-    pub since: u64,
-}
-
-/// One replication chain, under key `C`+chain.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct ChainRecord {
-    /// Head first.
-    pub members: Vec<MemberRecord>,
-}
+/// Chain records belong to membership, which decides them; stored here like the rest.
+pub(crate) use crate::membership::ChainRecord;
 
 /// One data server, under key `N`+node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -8,7 +8,6 @@ use super::{Txn, MAX_NODES};
 use crate::error::MetaError;
 use proto::meta::{ClusterMap, GcTask, ResyncReport};
 use proto::{ClientId, InodeId, NodeId};
-use std::time::Instant;
 
 impl Namespace {
     /// Welcomes a client with a new id. `name` only goes to the log.
@@ -57,7 +56,7 @@ impl Namespace {
             txn.put(keys::node(node), encode(&rec)?);
             Ok((node, moved))
         })?;
-        self.liveness.lock().insert(node, Instant::now());
+        self.liveness.lock().insert(node, self.clock.now());
         tracing::info!(%node, addr, "data server registered");
         if moved {
             // Peers compare map versions only: a server back on a new port (a restart
@@ -86,7 +85,7 @@ impl Namespace {
     ) -> Result<(Vec<GcTask>, Option<ClusterMap>), MetaError> {
         // Alive as of the beat's arrival: a slow commit below (the disk busy with chunk
         // writes) must not count against the server's lease.
-        self.liveness.lock().insert(node, Instant::now());
+        self.liveness.lock().insert(node, self.clock.now());
         self.mutate(|txn, _| {
             let mut rec = load_node(txn, node)?;
             for GcTask::DeleteFile(ino) in done {

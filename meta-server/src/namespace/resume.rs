@@ -33,7 +33,7 @@ impl Namespace {
         if open == 0 && !self.locks.lock().holds_conn(conn) {
             return;
         }
-        st.detached.insert(conn, Instant::now() + grace);
+        st.detached.insert(conn, self.clock.now() + grace);
         tracing::info!(
             conn = conn.0,
             open,
@@ -43,7 +43,9 @@ impl Namespace {
     }
 
     /// Ends the sessions and locks of broken connections whose grace ran out by `now`
-    /// (those no client resumed). Returns how many connections it ended.
+    /// (those no client resumed). Returns how many connections it ended. `now` comes
+    /// from the caller's clock: the server's periodic task passes the system time, a
+    /// test [`Namespace::now`] of its manual clock.
     pub fn expire_detached(&self, now: Instant) -> usize {
         let due: Vec<ConnId> = {
             let mut st = self.state.lock();
@@ -123,6 +125,11 @@ impl Namespace {
         self.locks.lock().move_client(client, conn);
         tracing::info!(%client, conn = conn.0, resumed = moved, lost = lost.len(), "client resumed its sessions");
         Ok(lost)
+    }
+
+    /// The time by the namespace's clock, the one graces and leases are measured on.
+    pub fn now(&self) -> Instant {
+        self.clock.now()
     }
 
     /// Broken connections whose sessions wait for their client (for status and tests).

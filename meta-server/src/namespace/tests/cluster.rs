@@ -3,10 +3,11 @@
 use super::{code, engine_tests, H};
 use crate::kv::StoreKind;
 use crate::namespace::ConnId;
-use crate::NamespaceConfig;
+use crate::{ManualClock, NamespaceConfig};
 use proto::meta::{ClusterMap, MemberState, MetaReply, MetaRequest, ResyncReport};
 use proto::{ChainId, ErrorCode, NodeId};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 fn beat(h: &H, node: NodeId) -> ClusterMap {
     h.ns()
@@ -207,20 +208,17 @@ fn a_lost_lease_takes_a_server_out_and_it_resyncs_back(kind: StoreKind) {
         replace_after_ms: 600_000,
         ..NamespaceConfig::default()
     };
-    let h = H::with_config(kind, config);
+    let clock = Arc::new(ManualClock::new());
+    let h = H::with_clock(kind, config, clock.clone());
     let (nodes, _) = three_serving(&h);
-    // Node 3 stops beating; the others keep theirs.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut map;
-    loop {
+    // Node 3 stops beating; the others keep theirs, every 100 ms of the manual clock.
+    let mut map = ClusterMap::default();
+    for _ in 0..4 {
+        clock.advance(Duration::from_millis(100));
         map = beat(&h, nodes[0]);
         beat(&h, nodes[1]);
-        if states(&map, 1)[2].1 == MemberState::Offline {
-            break;
-        }
-        assert!(Instant::now() < deadline, "lease never expired");
-        std::thread::sleep(Duration::from_millis(20));
     }
+    assert_eq!(states(&map, 1)[2].1, MemberState::Offline, "lease expired");
     assert!(!map.nodes[2].alive());
     assert_eq!(
         map.chain(ChainId(1)).unwrap().write_order(3),
@@ -251,7 +249,8 @@ fn a_server_away_too_long_is_replaced(kind: StoreKind) {
         replicas: 2,
         ..NamespaceConfig::default()
     };
-    let h = H::with_config(kind, config);
+    let clock = Arc::new(ManualClock::new());
+    let h = H::with_clock(kind, config, clock.clone());
     let (nodes, mut map) = three_serving(&h);
     let holding = |m: &ClusterMap, n: NodeId| {
         m.chains
@@ -260,13 +259,54 @@ fn a_server_away_too_long_is_replaced(kind: StoreKind) {
             .count()
     };
     assert!(holding(&map, nodes[2]) > 0);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while holding(&map, nodes[2]) > 0 {
-        assert!(Instant::now() < deadline, "never replaced");
+    // Beats every 100 ms of the manual clock, as long as lease and replacement take.
+    for _ in 0..6 {
+        clock.advance(Duration::from_millis(100));
         map = beat(&h, nodes[0]);
         beat(&h, nodes[1]);
-        std::thread::sleep(Duration::from_millis(20));
     }
+    assert_eq!(holding(&map, nodes[2]), 0, "never replaced");
+    for chain in &map.chains {
+        assert_eq!(chain.members.len(), 2, "{chain:?} back to two members");
+    }
+}
+
+/// Leases on a manual clock: a silent server goes offline once its lease has passed and
+/// leaves its chains after `replace_after_ms` more, with no wait in real time.
+fn a_manual_clock_drives_down_marking_and_replacement(kind: StoreKind) {
+    let config = NamespaceConfig {
+        node_lease_ms: 1_000,
+        replace_after_ms: 5_000,
+        replicas: 2,
+        ..NamespaceConfig::default()
+    };
+    let clock = Arc::new(ManualClock::new());
+    let h = H::with_clock(kind, config, clock.clone());
+    let (nodes, map) = three_serving(&h);
+    let places = |m: &ClusterMap| {
+        m.chains
+            .iter()
+            .filter(|c| c.members.iter().any(|x| x.node == nodes[2]))
+            .count()
+    };
+    assert!(places(&map) > 0);
+    clock.advance(Duration::from_millis(1_000));
+    beat(&h, nodes[0]);
+    let map = beat(&h, nodes[1]);
+    assert!(
+        map.nodes[2].alive(),
+        "the lease's last instant still counts"
+    );
+    clock.advance(Duration::from_millis(1));
+    beat(&h, nodes[0]);
+    let map = beat(&h, nodes[1]);
+    assert!(!map.nodes[2].alive(), "down one tick past its lease");
+    assert_eq!(states(&map, 3)[0], (3, MemberState::Offline));
+    assert_eq!(h.ns().replaced_in(&map), vec![(nodes[2], 4_999)]);
+    clock.advance(Duration::from_millis(4_999));
+    beat(&h, nodes[0]);
+    let map = beat(&h, nodes[1]);
+    assert_eq!(places(&map), 0, "replaced at lease + replace_after");
     for chain in &map.chains {
         assert_eq!(chain.members.len(), 2, "{chain:?} back to two members");
     }
@@ -356,4 +396,5 @@ engine_tests!(
     chains_fill_up_and_members_sync,
     a_lost_lease_takes_a_server_out_and_it_resyncs_back,
     a_server_away_too_long_is_replaced,
+    a_manual_clock_drives_down_marking_and_replacement,
 );

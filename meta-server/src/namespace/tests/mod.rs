@@ -12,6 +12,7 @@ mod space;
 mod tails;
 
 use super::{ConnId, Namespace, SessionOwner};
+use crate::clock::{Clock, SystemClock};
 use crate::config::NamespaceConfig;
 use crate::error::MetaError;
 use crate::kv::{open_store, KvStore, StoreKind};
@@ -54,6 +55,7 @@ pub(super) struct H {
     pub kind: StoreKind,
     pub dir: TempDir,
     pub config: NamespaceConfig,
+    clock: Arc<dyn Clock>,
     ns: Option<Namespace>,
     store: Option<Arc<dyn KvStore>>,
 }
@@ -64,11 +66,17 @@ impl H {
     }
 
     pub fn with_config(kind: StoreKind, config: NamespaceConfig) -> H {
+        H::with_clock(kind, config, Arc::new(SystemClock))
+    }
+
+    /// A namespace whose leases and graces run on `clock`.
+    pub fn with_clock(kind: StoreKind, config: NamespaceConfig, clock: Arc<dyn Clock>) -> H {
         let dir = tempfile::tempdir().unwrap();
         let mut h = H {
             kind,
             dir,
             config,
+            clock,
             ns: None,
             store: None,
         };
@@ -89,7 +97,12 @@ impl H {
 
     fn start(&mut self) {
         let store = open_store(self.kind, self.dir.path()).unwrap();
-        self.ns = Some(Namespace::open(Arc::clone(&store), self.config.clone()).unwrap());
+        let ns = Namespace::open_with_clock(
+            Arc::clone(&store),
+            self.config.clone(),
+            Arc::clone(&self.clock),
+        );
+        self.ns = Some(ns.unwrap());
         self.store = Some(store);
     }
 

@@ -5,8 +5,10 @@ use super::{code, engine_tests, touch, H, ROOT};
 use crate::kv::StoreKind;
 use crate::namespace::SessionOwner;
 use crate::namespace::{keys, ConnId};
+use crate::ManualClock;
 use proto::meta::{LockKind, LockSpec, MetaReply, MetaRequest};
 use proto::{ClientId, ErrorCode, InodeId};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn of(client: u64, conn: u64) -> SessionOwner {
@@ -207,7 +209,35 @@ fn a_resume_after_a_restart_opens_again(kind: StoreKind) {
     );
 }
 
+/// The grace measured on a manual clock: it holds to its last millisecond and ends one
+/// after, with no wait in real time.
+fn a_manual_clock_runs_out_the_grace(kind: StoreKind) {
+    let config = crate::config::NamespaceConfig {
+        session_grace_ms: 30_000,
+        ..Default::default()
+    };
+    let clock = Arc::new(ManualClock::new());
+    let h = H::with_clock(kind, config, clock.clone());
+    h.ns()
+        .register_data(None, "10.0.0.1:7000", 1000, 10)
+        .unwrap();
+    let ns = h.ns();
+    let f = touch(ns, ROOT, "f");
+    ns.open_inode(f.ino, false, of(3, 7)).unwrap();
+    ns.connection_broken(ConnId(7));
+    clock.advance(Duration::from_millis(29_999));
+    assert_eq!(ns.expire_detached(ns.now()), 0, "within the grace");
+    assert_eq!(ns.waiting_resume(), 1);
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(ns.expire_detached(ns.now()), 1, "the grace is over");
+    assert!(
+        h.has_key(&keys::tail(f.ino)),
+        "ended as a vanished client's"
+    );
+}
+
 engine_tests!(
+    a_manual_clock_runs_out_the_grace,
     a_resumed_client_keeps_its_opens_and_locks,
     after_the_grace_the_sessions_end_and_are_lost,
     an_orderly_close_or_no_grace_ends_at_once,
