@@ -673,7 +673,8 @@ async fn on_mem_a_data_server_cut_off_during_a_write_loses_nothing_and_resyncs_o
 
 /// Every message between the metadata server and one data server (chosen by the seed)
 /// is lost with probability 1/4: its heartbeats go unanswered for the call timeout, so
-/// it flaps between down and syncing while a file is written and read.
+/// it flaps between down and syncing while a file is written, overwritten (while it is
+/// down) and read; healed, it alone serves every byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_mem_dropped_messages_between_a_data_server_and_the_metadata_server_lose_nothing() {
     let seed = seed();
@@ -686,10 +687,33 @@ async fn on_mem_dropped_messages_between_a_data_server_and_the_metadata_server_l
     );
     let (drops, dropped) = tessera_tests::mem_faults::drop_between(&ends.0, &ends.1, 4, seed);
     let client = cluster.client().await;
-    let data = pseudo_random(32 * MIB, seed);
+    let mut data = pseudo_random(32 * MIB, seed);
     tokio::time::timeout(DEADLINE, write_file(&client, b"flap.bin", &data))
         .await
         .expect("the write ends");
+    // Overwrites while the server is down, so that it misses them; then it comes back
+    // (its next heartbeat passes) and goes down again (another is lost).
+    let mut rng = tessera_tests::Rng::new(seed);
+    for round in 0..3 {
+        await_down(&cluster, victim).await;
+        let at = rng.index(28) * MIB;
+        let patch = pseudo_random(4 * MIB, seed + round + 1);
+        let fh = open(&client, b"flap.bin").await;
+        let write = async {
+            client.write(&fh, at as u64, &patch).await.unwrap();
+            client.fsync(&fh).await.unwrap();
+            client.release(&fh).await.unwrap();
+        };
+        tokio::time::timeout(DEADLINE, write)
+            .await
+            .expect("the overwrite ends");
+        data[at..at + patch.len()].copy_from_slice(&patch);
+        let node = cluster.data[victim].node_id().expect("registered");
+        await_map(&cluster, "the server never came back", |map| {
+            map.nodes.iter().any(|n| n.node == node && n.alive())
+        })
+        .await;
+    }
     let back = read_all(&client, b"flap.bin", data.len(), |_| {}).await;
     assert_eq!(sha256_hex(&back), sha256_hex(&data), "read while dropping");
     let lost = dropped.load(std::sync::atomic::Ordering::Relaxed);
