@@ -1,20 +1,49 @@
-//! A metadata server and data servers running inside the test process.
+//! A metadata server and data servers running inside the test process, on `tcp`
+//! (127.0.0.1) or on the in-process `mem` transport, whose fault filters
+//! (`transport::mem`) then partition servers or drop their messages.
 
+use bytes::Bytes;
 use data_server::{DataConfig, DataServer};
 use fs_client::{Client, ClientConfig};
 use meta_server::server::{MetaConfig, MetaServer};
+use proto::data::{DataRequest, DataResult, Placement};
+use proto::{codec, ChainId, ChunkId, ErrorCode, InodeId, MrKey, RemoteBuf, PROTOCOL_VERSION};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tempfile::TempDir;
+use transport::{Backend, Endpoint, TransportConfig};
 
 /// How long servers may take to start and register.
 const READY: Duration = Duration::from_secs(30);
 
-/// A cluster inside the test process, on 127.0.0.1 with temporary directories.
+/// What a cluster runs on: the transport of every server and client, its limits, and
+/// the namespace settings.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    /// `Tcp` (on 127.0.0.1) or `Mem` (in this process, with fault injection).
+    pub transport: Backend,
+    /// Limits and timeouts of every endpoint of the cluster (servers and clients).
+    pub limits: TransportConfig,
+    /// The metadata server's namespace settings.
+    pub namespace: meta_server::NamespaceConfig,
+}
+
+impl Setup {
+    /// The defaults of [`InProcessCluster::start`] on `transport`.
+    pub fn on(transport: Backend) -> Setup {
+        Setup {
+            transport,
+            limits: TransportConfig::default(),
+            namespace: InProcessCluster::namespace_config(),
+        }
+    }
+}
+
+/// A cluster inside the test process, with temporary directories.
 pub struct InProcessCluster {
     meta: Option<MetaServer>,
-    namespace: meta_server::NamespaceConfig,
+    setup: Setup,
     /// The data servers, in start order.
     pub data: Vec<DataServer>,
     /// Each data server's directory.
@@ -23,32 +52,37 @@ pub struct InProcessCluster {
 }
 
 impl InProcessCluster {
-    /// Starts one metadata server and `n` data servers and waits until all registered.
+    /// Starts one metadata server and `n` data servers on `tcp` and waits until all
+    /// registered.
     pub async fn start(n: usize) -> InProcessCluster {
         Self::start_with(n, Self::namespace_config()).await
     }
 
     /// As [`InProcessCluster::start`], with these namespace settings.
     pub async fn start_with(n: usize, namespace: meta_server::NamespaceConfig) -> InProcessCluster {
+        let setup = Setup {
+            namespace,
+            ..Setup::on(Backend::Tcp)
+        };
+        Self::start_setup(n, setup).await
+    }
+
+    /// As [`InProcessCluster::start`], on `setup`'s transport and settings.
+    pub async fn start_setup(n: usize, setup: Setup) -> InProcessCluster {
         let dir = tempfile::tempdir().expect("temp dir");
-        let meta = MetaServer::start(MetaConfig {
-            listen: "127.0.0.1:0".into(),
-            data_dir: dir.path().join("meta"),
-            namespace: namespace.clone(),
-            ..MetaConfig::default()
-        })
-        .await
-        .expect("metadata server starts");
+        let meta = MetaServer::start(Self::meta_config(&setup, "127.0.0.1:0", dir.path()))
+            .await
+            .expect("metadata server starts");
         let mut data = Vec::new();
         let mut data_dirs = Vec::new();
         for i in 0..n {
             let d = dir.path().join(format!("data-{i}"));
-            data.push(Self::start_data(&meta, d.clone()).await);
+            data.push(Self::start_data(&setup, &meta, d.clone()).await);
             data_dirs.push(d);
         }
         let cluster = InProcessCluster {
             meta: Some(meta),
-            namespace,
+            setup,
             data,
             data_dirs,
             dir,
@@ -73,6 +107,52 @@ impl InProcessCluster {
         }
     }
 
+    /// Waits until data server `i` knows cluster map `version` or a newer one (from
+    /// its heartbeats): it then refuses requests made with an older map as `Stale`,
+    /// which is what this asks it, with a read of nothing.
+    pub async fn wait_map_known(&self, i: usize, version: u64) {
+        let ep = Endpoint::new(
+            self.transport(),
+            self.setup.limits.clone(),
+            PROTOCOL_VERSION,
+        )
+        .expect("endpoint");
+        let conn = ep.connect(&self.data_addr(i)).await.expect("connect");
+        let probe = DataRequest::ReadChunk {
+            chunk: ChunkId {
+                inode: InodeId::ROOT,
+                index: 0,
+            },
+            place: Placement {
+                chain: ChainId(0),
+                map_version: version.saturating_sub(1),
+                replicas: 1,
+            },
+            chunk_size_bytes: 4 << 20,
+            offset: 0,
+            len: 0,
+            dest: RemoteBuf {
+                addr: 0,
+                len: 0,
+                key: MrKey(0),
+            },
+        };
+        let request = Bytes::from(codec::encode(&probe, 4096).expect("encode"));
+        let deadline = tokio::time::Instant::now() + READY;
+        loop {
+            let reply = conn.call(request.clone()).await.expect("probe answered");
+            match codec::decode::<DataResult>(&reply).expect("decode") {
+                // Refused for its map alone ("cluster map N is older than M").
+                Err(e) if e.code == ErrorCode::Stale && e.message.contains("older than") => return,
+                other => assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "data server {i} never learned map {version}: {other:?}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Stops data server `i` as a crash would: its connections close, heartbeats stop.
     pub fn stop_data(&self, i: usize) {
         self.data[i].shutdown();
@@ -86,7 +166,7 @@ impl InProcessCluster {
         drop(old);
         let deadline = tokio::time::Instant::now() + READY;
         loop {
-            let config = Self::data_config(self.meta(), self.data_dirs[i].clone());
+            let config = Self::data_config(&self.setup, self.meta(), self.data_dirs[i].clone());
             match DataServer::start(config).await {
                 Ok(s) => {
                     s.wait_registered(READY)
@@ -114,19 +194,32 @@ impl InProcessCluster {
         }
     }
 
-    fn data_config(meta: &MetaServer, data_dir: PathBuf) -> DataConfig {
+    fn meta_config(setup: &Setup, listen: &str, dir: &std::path::Path) -> MetaConfig {
+        MetaConfig {
+            listen: listen.into(),
+            data_dir: dir.join("meta"),
+            namespace: setup.namespace.clone(),
+            transport: setup.transport,
+            transport_limits: setup.limits.clone(),
+            ..MetaConfig::default()
+        }
+    }
+
+    fn data_config(setup: &Setup, meta: &MetaServer, data_dir: PathBuf) -> DataConfig {
         DataConfig {
             listen: "127.0.0.1:0".into(),
             meta_addr: meta.local_addr().to_string(),
             data_dir,
             capacity_bytes: 8 << 30,
             heartbeat_ms: 100,
+            transport: setup.transport,
+            transport_limits: setup.limits.clone(),
             ..DataConfig::default()
         }
     }
 
-    async fn start_data(meta: &MetaServer, data_dir: PathBuf) -> DataServer {
-        let s = DataServer::start(Self::data_config(meta, data_dir))
+    async fn start_data(setup: &Setup, meta: &MetaServer, data_dir: PathBuf) -> DataServer {
+        let s = DataServer::start(Self::data_config(setup, meta, data_dir))
             .await
             .expect("data server starts");
         s.wait_registered(READY)
@@ -155,12 +248,7 @@ impl InProcessCluster {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let config = MetaConfig {
-            listen: addr.to_string(),
-            data_dir: self.dir.path().join("meta"),
-            namespace: self.namespace.clone(),
-            ..MetaConfig::default()
-        };
+        let config = Self::meta_config(&self.setup, &addr.to_string(), self.dir.path());
         let deadline = tokio::time::Instant::now() + READY;
         loop {
             match MetaServer::start(config.clone()).await {
@@ -195,8 +283,20 @@ impl InProcessCluster {
     pub fn client_config(&self) -> ClientConfig {
         ClientConfig {
             meta_addr: self.meta_addr(),
+            transport: self.setup.transport,
+            transport_limits: self.setup.limits.clone(),
             ..ClientConfig::default()
         }
+    }
+
+    /// The transport every server and client of this cluster runs on.
+    pub fn transport(&self) -> Backend {
+        self.setup.transport
+    }
+
+    /// The address data server `i` listens on (on `mem`, what fault filters match).
+    pub fn data_addr(&self, i: usize) -> String {
+        self.data[i].local_addr().to_string()
     }
 
     /// The cluster's temporary directory.

@@ -7,14 +7,39 @@ pub mod agent;
 pub mod client_io;
 pub mod cluster_check;
 mod inprocess;
+pub mod mem_faults;
 pub mod posix;
 pub mod process;
 
 pub use agent::Agent;
-pub use inprocess::InProcessCluster;
+pub use inprocess::{InProcessCluster, Setup};
 pub use process::{ClusterOptions, Mount, ProcessCluster, Watchdog};
 
 use sha2::{Digest, Sha256};
+use std::time::{Duration, Instant};
+
+/// How often [`wait_until`] and [`wait_until_blocking`] look at their condition.
+const POLL_EVERY: Duration = Duration::from_millis(20);
+
+/// Waits until `cond` holds, looking every 20 ms; fails the test (naming `what`) once
+/// `within` has passed without it. For waits in async tests: the runtime's other tasks
+/// run meanwhile.
+pub async fn wait_until(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "waited {within:?} for {what}");
+        tokio::time::sleep(POLL_EVERY).await;
+    }
+}
+
+/// As [`wait_until`], blocking the calling thread (tests of real mounts and processes).
+pub fn wait_until_blocking(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "waited {within:?} for {what}");
+        std::thread::sleep(POLL_EVERY);
+    }
+}
 
 /// Hex sha256 of `data`.
 pub fn sha256_hex(data: &[u8]) -> String {

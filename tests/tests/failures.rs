@@ -96,6 +96,7 @@ async fn kill_9_of_random_data_servers_during_writes_fsyncs_and_reads_loses_noth
                 (done, failures)
             })
         };
+        // A sleep on purpose: the kill lands at a random point of the workload.
         tokio::time::sleep(kill_after).await;
         eprintln!("round {round}: kill -9 data server {victim} after {kill_after:?}");
         cluster.kill_data(victim);
@@ -212,6 +213,7 @@ async fn kill_9_of_the_metadata_server_during_creates_and_renames_keeps_every_an
             log
         }));
     }
+    // A sleep on purpose: the kill lands at a random point of the renames.
     tokio::time::sleep(Duration::from_millis(300 + rng.below(1200))).await;
     eprintln!("kill -9 of the metadata server");
     cluster.kill_meta();

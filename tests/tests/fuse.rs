@@ -38,6 +38,7 @@ fn a_test_watchdog_aborts_its_mount_at_the_limit_and_not_when_dropped() {
     let dev = fs::metadata(&m.path).unwrap().dev();
     fs::write(m.path.join("before"), b"x").unwrap();
     drop(m.watchdog(Duration::from_secs(1)));
+    // A sleep on purpose: past the dropped watchdog's limit, to see it did not fire.
     std::thread::sleep(Duration::from_secs(2));
     let now = fs::metadata(&m.path).map(|a| a.dev());
     assert_eq!(

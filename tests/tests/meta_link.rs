@@ -4,6 +4,11 @@
 //! open files back on a new connection, and what it wrote past the committed length
 //! survives another client's open; past the grace its open is lost, and its close fails
 //! instead of committing a length over bytes another client cut.
+//!
+//! Each test runs twice: on `tcp` through the relay, and on the `mem` transport, where
+//! the link between the client and the metadata server first loses every message (a
+//! partition, for a time the seed picks) and is then broken, and while it is down new
+//! connections are reset (seeds printed, `TESSERA_META_LINK_SEED` replays).
 
 use fs_client::{Client, ClientConfig, FileHandle};
 use proto::meta::Caller;
@@ -12,10 +17,12 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use tessera_tests::{pseudo_random, InProcessCluster};
+use std::time::Duration;
+use tessera_tests::{mem_faults, pseudo_random, wait_until, InProcessCluster, Setup};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
+use transport::mem::{self, FilterGuard, OpKind, Packet, Verdict};
+use transport::Backend;
 
 const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
 const MIB: usize = 1 << 20;
@@ -106,12 +113,94 @@ impl Drop for Relay {
     }
 }
 
-async fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ready() {
-        assert!(start.elapsed() < PATIENCE, "waited {PATIENCE:?} for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+/// The link between client A and the metadata server, on `mem`.
+struct MemLink {
+    client: String,
+    meta: String,
+    /// While set, A's connects to the metadata server are reset (the network is down).
+    down: Mutex<Option<FilterGuard>>,
+}
+
+/// Where client A's link to the metadata server can be cut: a relay on `tcp`, the
+/// fabric's filters on `mem`.
+enum Link {
+    Tcp(Relay),
+    Mem(MemLink),
+}
+
+impl Link {
+    /// Client A, whose link this is, and the link.
+    async fn open(cluster: &InProcessCluster) -> (Arc<Client>, Link) {
+        match cluster.transport() {
+            Backend::Mem => {
+                let (a, client) = mem_faults::named_client(cluster).await;
+                let link = MemLink {
+                    client,
+                    meta: cluster.meta_addr(),
+                    down: Mutex::new(None),
+                };
+                (a, Link::Mem(link))
+            }
+            _ => {
+                let relay = Relay::start(cluster.meta_addr()).await;
+                (client_through(&relay, cluster).await, Link::Tcp(relay))
+            }
+        }
     }
+
+    /// Takes the network down (new connections are reset) or up again.
+    fn set_down(&self, down: bool) {
+        match self {
+            Link::Tcp(relay) => relay.set_down(down),
+            Link::Mem(m) => {
+                let (client, meta) = (m.client.clone(), m.meta.clone());
+                let reset = move |p: &Packet<'_>| match p.kind == OpKind::Connect
+                    && p.from == client
+                    && p.to == meta
+                {
+                    true => Verdict::Kill,
+                    false => Verdict::Deliver,
+                };
+                *m.down.lock().unwrap() = down.then(|| mem::add_filter(reset));
+            }
+        }
+    }
+
+    /// Breaks every connection between A and the metadata server; on `mem`, after
+    /// losing every message on it for `silence` (what a failing network does before
+    /// the reset). Returns how many were broken.
+    async fn cut(&self, silence: Duration) -> usize {
+        match self {
+            Link::Tcp(relay) => relay.cut(),
+            Link::Mem(m) => {
+                let lost = mem::partition(&[m.client.as_str()], &[m.meta.as_str()]);
+                tokio::time::sleep(silence).await;
+                let broken = mem::kill_between(&m.client, &m.meta);
+                drop(lost);
+                broken
+            }
+        }
+    }
+}
+
+async fn wait_for(what: &str, ready: impl FnMut() -> bool) {
+    wait_until(what, PATIENCE, ready).await
+}
+
+fn seed() -> u64 {
+    tessera_tests::client_io::seed_from_env("TESSERA_META_LINK_SEED")
+}
+
+/// A cluster of three data servers on `transport`, with these namespace settings.
+async fn cluster_on(
+    transport: Backend,
+    namespace: meta_server::NamespaceConfig,
+) -> InProcessCluster {
+    let setup = Setup {
+        namespace,
+        ..Setup::on(transport)
+    };
+    InProcessCluster::start_setup(3, setup).await
 }
 
 /// Chunk files of chunk `index` of `ino` on the data servers.
@@ -137,8 +226,9 @@ fn chunk_copies(dirs: &[std::path::PathBuf], ino: InodeId, index: u64) -> usize 
 async fn write_past_the_commit(
     cluster: &InProcessCluster,
     a: &Client,
+    seed: u64,
 ) -> (InodeId, FileHandle, Vec<u8>) {
-    let data = pseudo_random(16 * MIB, 0x5eed);
+    let data = pseudo_random(16 * MIB, seed);
     let (attr, fh) = a
         .create(InodeId::ROOT, b"f", 0o644, ROOT_CALLER, true, false)
         .await
@@ -157,10 +247,12 @@ async fn write_past_the_commit(
     (attr.ino, fh, data)
 }
 
-async fn cut_off(cluster: &InProcessCluster, relay: &Relay) {
+async fn cut_off(cluster: &InProcessCluster, link: &Link, seed: u64) {
+    // The silence stays well within the grace of the first test (60 s).
+    let silence = Duration::from_millis(seed % 500);
     assert!(
-        relay.cut() > 0,
-        "the client's connection went through the relay"
+        link.cut(silence).await > 0,
+        "the client's connection went through the link"
     );
     let ns = cluster.meta().namespace().clone();
     wait_for("the server to see the connection break", move || {
@@ -180,15 +272,14 @@ async fn client_through(relay: &Relay, cluster: &InProcessCluster) -> Arc<Client
 
 /// Within the grace: another client's open finds A's open still there and cuts
 /// nothing, and A's close (on a new connection) commits all 16 MiB.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_client_cut_off_briefly_keeps_what_it_wrote_past_the_commit() {
-    let cluster = InProcessCluster::start(3).await;
-    let relay = Relay::start(cluster.meta_addr()).await;
-    let a = client_through(&relay, &cluster).await;
+async fn cut_off_briefly(transport: Backend) {
+    let seed = seed();
+    let cluster = cluster_on(transport, InProcessCluster::namespace_config()).await;
+    let (a, link) = Link::open(&cluster).await;
     let b = cluster.client().await;
-    let (ino, fh, data) = write_past_the_commit(&cluster, &a).await;
+    let (ino, fh, data) = write_past_the_commit(&cluster, &a, seed).await;
 
-    cut_off(&cluster, &relay).await;
+    cut_off(&cluster, &link, seed).await;
     let (_, seen) = b.open(ino, false).await.unwrap();
     b.release(&seen).await.unwrap();
     a.release(&fh)
@@ -202,31 +293,37 @@ async fn a_client_cut_off_briefly_keeps_what_it_wrote_past_the_commit() {
     assert!(got == data, "every byte A wrote, also past the old commit");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_cut_off_briefly_keeps_what_it_wrote_past_the_commit() {
+    cut_off_briefly(Backend::Tcp).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_mem_a_client_cut_off_briefly_keeps_what_it_wrote_past_the_commit() {
+    cut_off_briefly(Backend::Mem).await
+}
+
 /// Past the grace: B's open cuts at the committed 8 MiB, and A's flush (close) fails
 /// (EIO) without committing 16 MiB over the cut bytes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_client_cut_off_past_the_grace_is_told_and_commits_nothing() {
-    let cluster = InProcessCluster::start_with(
-        3,
-        meta_server::NamespaceConfig {
-            session_grace_ms: 300,
-            ..InProcessCluster::namespace_config()
-        },
-    )
-    .await;
-    let relay = Relay::start(cluster.meta_addr()).await;
-    let a = client_through(&relay, &cluster).await;
+async fn cut_off_past_the_grace(transport: Backend) {
+    let seed = seed();
+    let namespace = meta_server::NamespaceConfig {
+        session_grace_ms: 300,
+        ..InProcessCluster::namespace_config()
+    };
+    let cluster = cluster_on(transport, namespace).await;
+    let (a, link) = Link::open(&cluster).await;
     let b = cluster.client().await;
-    let (ino, fh, data) = write_past_the_commit(&cluster, &a).await;
+    let (ino, fh, data) = write_past_the_commit(&cluster, &a, seed).await;
 
     // The network stays down past the grace: A cannot come back in time.
-    relay.set_down(true);
-    cut_off(&cluster, &relay).await;
+    link.set_down(true);
+    cut_off(&cluster, &link, seed).await;
     let ns = cluster.meta().namespace().clone();
     wait_for("the grace to run out", move || ns.waiting_resume() == 0).await;
     let (_, cutter) = b.open(ino, false).await.unwrap();
     b.release(&cutter).await.unwrap();
-    relay.set_down(false);
+    link.set_down(false);
     // A flush (what `close` sends) commits by inode, with no session to refuse it.
     let flushed = a.flush(&fh).await;
     assert!(flushed.is_err(), "A's flush must fail: {flushed:?}");
@@ -239,4 +336,14 @@ async fn a_client_cut_off_past_the_grace_is_told_and_commits_nothing() {
         "the committed length, nothing over cut bytes"
     );
     assert!(got[..] == data[..8 * MIB]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_cut_off_past_the_grace_is_told_and_commits_nothing() {
+    cut_off_past_the_grace(Backend::Tcp).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_mem_a_client_cut_off_past_the_grace_is_told_and_commits_nothing() {
+    cut_off_past_the_grace(Backend::Mem).await
 }

@@ -388,6 +388,7 @@ fn cached_pages_follow_writes_that_bypass_them_and_changes_on_another_mount() {
     other.write_all_at(&vec![b'B'; len], 0).unwrap();
     drop(other);
     want[..len].fill(b'B');
+    // A sleep on purpose: past the attribute TTL (1 s), which no event ends sooner.
     std::thread::sleep(std::time::Duration::from_millis(1500));
     reader.metadata().unwrap();
     check(

@@ -253,6 +253,8 @@ fn a_write_drops_file_capabilities_set_after_earlier_writes() {
 
     let fb = b.path.join("tool");
     setxattr(&fb, "security.capability", &cap, 0).unwrap();
+    // A sleep on purpose: past the attribute TTL (1 s), so that this mount no longer
+    // answers from what it knew before the other mount set the attribute.
     std::thread::sleep(std::time::Duration::from_millis(1500));
     write_at_start(&f, b"#");
     let e = getxattr(&fb, "security.capability");

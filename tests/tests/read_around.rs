@@ -7,13 +7,17 @@
 use std::fs::{self, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tessera_tests::client_io::seed_from_env;
-use tessera_tests::{pseudo_random, sha256_hex, ProcessCluster, Rng};
+use tessera_tests::{pseudo_random, sha256_hex, wait_until_blocking, ProcessCluster, Rng};
 
 const PAGE: usize = 4096;
+/// Random reads made before the truncation, and again after it, while it is checked.
+const READS_AROUND_CUT: u64 = 200;
+/// Reads the reader makes at most, so that it ends whatever happens.
+const MAX_READS_AROUND_CUT: u64 = 200_000;
 
 /// Random 4 KiB reads on a mount that never saw the file; afterwards every byte the
 /// mount serves (most of it now from blocks stored around those reads) is the file's,
@@ -110,6 +114,7 @@ fn writes_and_truncation_through_the_mount_are_never_undone_by_a_stored_block() 
             expect.lock().unwrap()[i * PAGE..(i + 1) * PAGE].copy_from_slice(&page);
         }
         drop(f);
+        // A pause on purpose: the readers get the mount between rounds of writes.
         std::thread::sleep(Duration::from_millis(5));
     }
     stop.store(true, Ordering::Relaxed);
@@ -126,29 +131,39 @@ fn writes_and_truncation_through_the_mount_are_never_undone_by_a_stored_block() 
         "pages older than their last write: {stale:?}"
     );
 
-    // Truncation by path (no writable open) while reads go on.
+    // Truncation by path (no writable open) while reads go on: some before the cut,
+    // some after it.
     let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
     let reader = {
-        let (path, stop) = (path.clone(), stop.clone());
+        let (path, stop, done) = (path.clone(), stop.clone(), done.clone());
         std::thread::spawn(move || {
             let f = fs::File::open(&path).unwrap();
             let mut rng = Rng::new(seed | 3);
             let mut page = vec![0u8; PAGE];
             let mut n = 0;
-            while !stop.load(Ordering::Relaxed) && n < 200_000 {
+            while !stop.load(Ordering::Relaxed) && n < MAX_READS_AROUND_CUT {
                 // Past the cut the reads come back short or empty: fine.
                 let _ = f.read_at(&mut page, (rng.index(pages) * PAGE) as u64);
                 n += 1;
+                done.store(n, Ordering::Relaxed);
             }
         })
     };
-    std::thread::sleep(Duration::from_millis(200));
+    let reads_past = |n: u64| {
+        let done = done.clone();
+        let what = format!("{n} reads around the cut");
+        wait_until_blocking(&what, Duration::from_secs(60), move || {
+            done.load(Ordering::Relaxed) >= n
+        });
+    };
+    reads_past(READS_AROUND_CUT);
     let cut = (pages / 4 * PAGE + 1000) as u64;
     let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: a valid NUL-terminated path; truncate(2) reads it and nothing else.
     let rc = unsafe { libc::truncate(c_path.as_ptr(), cut as libc::off_t) };
     assert_eq!(rc, 0, "truncate: {}", std::io::Error::last_os_error());
-    std::thread::sleep(Duration::from_millis(300));
+    reads_past((done.load(Ordering::Relaxed) + READS_AROUND_CUT).min(MAX_READS_AROUND_CUT));
     stop.store(true, Ordering::Relaxed);
     reader.join().unwrap();
     assert_eq!(

@@ -1,6 +1,8 @@
 //! Chain replication in one process: a data server dying mid-read and mid-write, a
 //! server coming back and resyncing before it serves, a server that stays away being
-//! replaced, and small writes carried inline down the chain.
+//! replaced, and small writes carried inline down the chain; on `tcp`, and on `mem`
+//! with a server cut off by a partition and messages dropped between chosen servers
+//! (seeds printed, `TESSERA_REPLICATION_SEED` replays).
 
 use bytes::Bytes;
 use fs_client::{Client, FileHandle};
@@ -8,7 +10,7 @@ use proto::data::{DataReply, DataRequest, DataResult, Placement, MAX_INLINE_WRIT
 use proto::meta::{Caller, ClusterMap};
 use proto::{codec, ErrorCode, InodeId, PROTOCOL_VERSION};
 use std::time::Duration;
-use tessera_tests::{pseudo_random, sha256_hex, InProcessCluster};
+use tessera_tests::{pseudo_random, sha256_hex, InProcessCluster, Setup};
 use transport::{Backend, Endpoint, TransportConfig};
 
 const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
@@ -127,8 +129,11 @@ async fn a_client_with_an_old_map_fetches_the_new_one_and_counts_its_retries() {
     .await
     .version;
     assert!(newer > held);
-    // The survivors learn the new map with their next heartbeats (every 100 ms here).
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // The survivors learn the new map with their next heartbeats (every 100 ms here);
+    // until both have it, one could still take requests made with map `held`.
+    for i in [0, 1] {
+        cluster.wait_map_known(i, newer).await;
+    }
 
     let back = read_all(&client, b"old-map.bin", data.len(), |_| {}).await;
     assert_eq!(sha256_hex(&back), sha256_hex(&data));
@@ -571,4 +576,159 @@ async fn small_writes_travel_inline_down_the_chain_and_a_copy_that_missed_one_is
     data[2000..2004].copy_from_slice(b"tail");
     let version = before[0].0 + 2;
     repaired_copy_holds(&cluster, tail, chunk, version, b"small.bin", &data).await;
+}
+
+// The same faults on the `mem` transport, where a server is cut off by a partition
+// (every message to and from it lost, its process alive) rather than stopped, and
+// where messages between chosen servers are dropped.
+
+/// A cluster of `n` data servers on `mem`; calls time out after `call_timeout_ms`
+/// (`None`: the transport's default).
+async fn mem_cluster(n: usize, call_timeout_ms: Option<u64>) -> InProcessCluster {
+    let mut setup = Setup::on(Backend::Mem);
+    if let Some(ms) = call_timeout_ms {
+        setup.limits.call_timeout_ms = ms;
+        setup.limits.one_sided_timeout_ms = ms;
+    }
+    InProcessCluster::start_setup(n, setup).await
+}
+
+/// Waits until the metadata server has data server `i` down (its lease ran out).
+async fn await_down(cluster: &InProcessCluster, i: usize) {
+    let node = cluster.data[i].node_id().expect("registered");
+    await_map(cluster, "the cut-off server never went down", |map| {
+        map.nodes.iter().any(|n| n.node == node && !n.alive())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_mem_a_data_server_cut_off_during_a_sequential_read_is_invisible_to_the_reader() {
+    let seed = seed();
+    let cluster = mem_cluster(3, None).await;
+    let data = pseudo_random(64 * MIB, seed);
+    let writer = cluster.client().await;
+    write_file(&writer, b"big.bin", &data).await;
+    let victim = (seed % 3) as usize;
+    let cut_at = (8 + (seed % 48) as usize) * MIB;
+    let addr = cluster.data_addr(victim);
+    let reader = cluster.client().await;
+    let mut partition = None;
+    let back = read_all(&reader, b"big.bin", data.len(), |at| {
+        if at == cut_at {
+            eprintln!("cutting data server {victim} ({addr}) off at {at}");
+            partition = Some(transport::mem::drop_all(&addr));
+        }
+    })
+    .await;
+    assert!(partition.is_some(), "the partition was made");
+    assert_eq!(sha256_hex(&back), sha256_hex(&data));
+    // The fault was real: the metadata server lost the victim too.
+    await_down(&cluster, victim).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_mem_a_data_server_cut_off_during_a_write_loses_nothing_and_resyncs_once_healed() {
+    let seed = seed();
+    let cluster = mem_cluster(3, None).await;
+    let client = cluster.client().await;
+    let data = pseudo_random(48 * MIB, seed);
+    let victim = (seed % 3) as usize;
+    let cut_at = (4 + (seed % 36) as usize) * MIB;
+    let (_, fh) = client
+        .create(InodeId::ROOT, b"ckpt.bin", 0o644, ROOT_CALLER, true, false)
+        .await
+        .unwrap();
+    let mut partition = None;
+    for (i, part) in data.chunks(MIB).enumerate() {
+        if i * MIB == cut_at {
+            eprintln!("cutting data server {victim} off at {cut_at}");
+            partition = Some(transport::mem::drop_all(&cluster.data_addr(victim)));
+        }
+        let wrote = tokio::time::timeout(DEADLINE, client.write(&fh, (i * MIB) as u64, part));
+        wrote.await.expect("write ends").unwrap();
+    }
+    let fsync = tokio::time::timeout(DEADLINE, client.fsync(&fh));
+    fsync.await.expect("fsync ends").unwrap();
+    client.release(&fh).await.unwrap();
+    await_down(&cluster, victim).await;
+    let reader = cluster.client().await;
+    let back = read_all(&reader, b"ckpt.bin", data.len(), |_| {}).await;
+    assert_eq!(
+        sha256_hex(&back),
+        sha256_hex(&data),
+        "fsync acknowledged it"
+    );
+
+    // Healed, the victim comes back syncing, copies what it missed, and then serves
+    // every read alone.
+    drop(partition);
+    tokio::time::timeout(DEADLINE, cluster.wait_healthy())
+        .await
+        .expect("the cluster heals");
+    serve_alone(&cluster, victim).await;
+    let back = read_all(&reader, b"ckpt.bin", data.len(), |_| {}).await;
+    assert_eq!(sha256_hex(&back), sha256_hex(&data), "the victim resynced");
+}
+
+/// Every message between the metadata server and one data server (chosen by the seed)
+/// is lost with probability 1/4: its heartbeats go unanswered for the call timeout, so
+/// it flaps between down and syncing while a file is written, overwritten (while it is
+/// down) and read; healed, it alone serves every byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_mem_dropped_messages_between_a_data_server_and_the_metadata_server_lose_nothing() {
+    let seed = seed();
+    let cluster = mem_cluster(3, Some(2000)).await;
+    let victim = (seed % 3) as usize;
+    let ends = ([cluster.meta_addr()], [cluster.data_addr(victim)]);
+    eprintln!(
+        "dropping 1 in 4 messages between {} and {}",
+        ends.0[0], ends.1[0]
+    );
+    let (drops, dropped) = tessera_tests::mem_faults::drop_between(&ends.0, &ends.1, 4, seed);
+    let client = cluster.client().await;
+    let mut data = pseudo_random(32 * MIB, seed);
+    tokio::time::timeout(DEADLINE, write_file(&client, b"flap.bin", &data))
+        .await
+        .expect("the write ends");
+    // Overwrites while the server is down, so that it misses them; then it comes back
+    // (its next heartbeat passes) and goes down again (another is lost).
+    let mut rng = tessera_tests::Rng::new(seed);
+    for round in 0..3 {
+        await_down(&cluster, victim).await;
+        let at = rng.index(28) * MIB;
+        let patch = pseudo_random(4 * MIB, seed + round + 1);
+        let fh = open(&client, b"flap.bin").await;
+        let write = async {
+            client.write(&fh, at as u64, &patch).await.unwrap();
+            client.fsync(&fh).await.unwrap();
+            client.release(&fh).await.unwrap();
+        };
+        tokio::time::timeout(DEADLINE, write)
+            .await
+            .expect("the overwrite ends");
+        data[at..at + patch.len()].copy_from_slice(&patch);
+        let node = cluster.data[victim].node_id().expect("registered");
+        await_map(&cluster, "the server never came back", |map| {
+            map.nodes.iter().any(|n| n.node == node && n.alive())
+        })
+        .await;
+    }
+    let back = read_all(&client, b"flap.bin", data.len(), |_| {}).await;
+    assert_eq!(sha256_hex(&back), sha256_hex(&data), "read while dropping");
+    let lost = dropped.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(lost > 0, "no message was dropped");
+    eprintln!("{lost} messages dropped");
+
+    drop(drops);
+    tokio::time::timeout(DEADLINE, cluster.wait_healthy())
+        .await
+        .expect("the cluster heals");
+    serve_alone(&cluster, victim).await;
+    let back = read_all(&client, b"flap.bin", data.len(), |_| {}).await;
+    assert_eq!(
+        sha256_hex(&back),
+        sha256_hex(&data),
+        "the flapping server's copies"
+    );
 }

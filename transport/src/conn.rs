@@ -442,6 +442,11 @@ impl ConnCore {
         }
     }
 
+    /// Whether this end serves calls (the accepting end of a listener's connection).
+    pub(crate) fn serves_calls(&self) -> bool {
+        self.handler.is_some()
+    }
+
     /// Closes a connection that failed (see [`Closed::Broken`]).
     pub(crate) fn shutdown(&self, why: String) {
         self.shutdown_as(why, Closed::Broken);

@@ -161,6 +161,35 @@ pub fn kill(addr: &str) -> usize {
     killed
 }
 
+/// Breaks every live connection between `a` and `b` (either end at either address), as
+/// a reset on the path between two processes that both live on would; returns how many
+/// were broken. The accepting end is closed first, so that it sees the connection
+/// broken (not closed in order by its peer) and may wait for the peer to come back.
+pub fn kill_between(a: &str, b: &str) -> usize {
+    let victims: Vec<Arc<ConnCore>> = {
+        let mut conns = FABRIC.conns.lock();
+        conns.retain(|w| w.strong_count() > 0);
+        conns
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|c| {
+                let local = mem_wire(c).local.as_str();
+                !c.is_closed() && ((local == a && c.peer == b) || (local == b && c.peer == a))
+            })
+            .collect()
+    };
+    let (accepting, connecting): (Vec<_>, Vec<_>) =
+        victims.into_iter().partition(|c| c.serves_calls());
+    let mut killed = 0;
+    for c in accepting.iter().chain(&connecting) {
+        if !c.is_closed() {
+            c.shutdown(format!("killed by fault injection ({a} <-> {b})"));
+            killed += 1;
+        }
+    }
+    killed
+}
+
 struct ListenerEntry {
     handler: Arc<dyn Handler>,
     config: Arc<TransportConfig>,

@@ -131,6 +131,32 @@ async fn kill_closes_every_connection_of_an_address_and_it_can_be_reached_again(
 }
 
 #[tokio::test]
+async fn kill_between_breaks_the_connections_of_two_ends_and_no_others() {
+    let s = server(MEM, TransportConfig::default()).await;
+    // `b` listens too, so its connections carry its address; `other` does not.
+    let ep_b = endpoint(MEM, TransportConfig::default());
+    let l = ep_b
+        .listen(
+            "127.0.0.1:0",
+            std::sync::Arc::new(common::Shared(handler())),
+        )
+        .await
+        .unwrap();
+    let b_name = l.local_addr().to_string();
+    let from_b = ep_b.connect(&s.addr).await.unwrap();
+    let other = endpoint(MEM, TransportConfig::default())
+        .connect(&s.addr)
+        .await
+        .unwrap();
+    assert_eq!(mem::kill_between(&b_name, &s.addr), 1);
+    assert!(from_b.is_closed());
+    assert!(!other.is_closed(), "another client's connection stays");
+    other.call(Bytes::from_static(&[op::ECHO])).await.unwrap();
+    let again = ep_b.connect(&s.addr).await.unwrap();
+    again.call(Bytes::from_static(&[op::ECHO])).await.unwrap();
+}
+
+#[tokio::test]
 async fn listen_addresses_are_virtual_and_unique() {
     let a = server(MEM, TransportConfig::default()).await;
     let b = server(MEM, TransportConfig::default()).await;
