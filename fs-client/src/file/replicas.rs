@@ -13,7 +13,7 @@ use crate::client::Client;
 use crate::error::{ClientError, Result};
 use crate::rpc;
 use proto::data::{fits_inline, DataReply, DataRequest, Placement};
-use proto::meta::ClusterMap;
+use proto::meta::{ClusterMap, WATCH_AFTER, WATCH_EVERY};
 use proto::{ChainId, ChunkId, ErrorCode, InodeId, Layout, NodeId, WireError};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -23,11 +23,9 @@ use transport::{Access, MemoryRegion, TransportError};
 
 /// Tries of one request across map changes.
 const MAX_ATTEMPTS: u32 = 8;
-/// How often a client waiting for a map change asks the metadata server.
-const MAP_POLL: Duration = Duration::from_millis(200);
-/// How long a call to a data server runs before the client starts watching whether
-/// that server is still up (most calls end sooner, and watching costs map reads).
-const WATCH_AFTER: Duration = Duration::from_secs(1);
+/// How often a client waiting for a map change asks the metadata server: as often as
+/// a call watching a server looks (the watches share these reads).
+const MAP_POLL: Duration = WATCH_EVERY;
 
 /// What a failure calls for.
 enum Next {
@@ -116,11 +114,10 @@ impl Client {
             tokio::time::sleep(WATCH_AFTER).await;
             loop {
                 self.refresh_map_shared().await;
-                let up = self.map().nodes.iter().any(|n| n.node == node && n.alive());
-                if !up {
+                if !self.map().is_up(node) {
                     return;
                 }
-                tokio::time::sleep(MAP_POLL).await;
+                tokio::time::sleep(WATCH_EVERY).await;
             }
         };
         tokio::select! {
