@@ -11,6 +11,7 @@
 pub(crate) mod around;
 mod extents;
 mod read;
+mod read_plan;
 mod readahead;
 mod replicas;
 mod write;
