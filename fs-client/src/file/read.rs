@@ -192,7 +192,7 @@ impl Fetcher for Fetches<'_> {
 impl Client {
     fn ra_params(&self) -> RaParams {
         RaParams {
-            seg_bytes: self.read_pool.seg_bytes() as u64,
+            seg_bytes: self.data.read_pool.seg_bytes() as u64,
             max_bytes: self.config.readahead_max_bytes,
         }
     }
@@ -222,7 +222,7 @@ impl Client {
         around: bool,
     ) -> Result<ReadBuf<'_>> {
         let size = fh.state.size();
-        let len = len.min(self.pool.buffer_bytes());
+        let len = len.min(self.data.pool.buffer_bytes());
         let len = if offset >= size {
             0
         } else {
@@ -289,7 +289,7 @@ impl Client {
         advice: Advice,
         size: u64,
     ) -> Result<Step<Arc<CacheSeg>, Arc<WriteSeg>>> {
-        let seg = self.read_pool.seg_bytes() as u64;
+        let seg = self.data.read_pool.seg_bytes() as u64;
         let mut io = st.io.lock();
         let plan = read_plan::plan_read(&*io, offset, len, advice, size, seg);
         let mut fetches = Fetches {
@@ -310,12 +310,12 @@ impl Client {
         k: u64,
         size: u64,
     ) -> Result<Option<Arc<CacheSeg>>> {
-        let seg = self.read_pool.seg_bytes() as u64;
+        let seg = self.data.read_pool.seg_bytes() as u64;
         let start = k * seg;
         if start >= size {
             return Ok(None);
         }
-        let Some(buf) = self.read_pool.try_take()? else {
+        let Some(buf) = self.data.read_pool.try_take()? else {
             return Ok(None);
         };
         let len = (size - start).min(seg) as usize;
@@ -331,6 +331,7 @@ impl Client {
         let (client, st, fetch) = (self.arc(), st.clone(), c.clone());
         self.rt.spawn(async move {
             let r = client
+                .data
                 .transfer_range(&st, fetch.start, fetch.len, fetch.buf.mr(), 0, false)
                 .await;
             if r.is_err() {
@@ -365,7 +366,7 @@ impl Client {
                 .saturating_sub(offset.max(s.start));
             let served = s.served.fetch_add(here as usize, Ordering::Relaxed) + here as usize;
             if served >= s.len {
-                s.uncache(st, s.start / self.read_pool.seg_bytes() as u64);
+                s.uncache(st, s.start / self.data.read_pool.seg_bytes() as u64);
             }
         }
         if let [only] = segs {
@@ -392,7 +393,7 @@ impl Client {
         len: usize,
         size: u64,
     ) -> Result<ReadBuf<'_>> {
-        let unit = super::around::around_bytes(size, self.memory_bytes);
+        let unit = super::around::around_bytes(size, self.data.memory_bytes);
         let (Some(start), Some(stamp)) =
             (super::around::block_of(offset, len, unit), st.gate.stamp())
         else {
@@ -410,15 +411,16 @@ impl Client {
 
     /// Reads exactly `[offset, offset + len)` into a buffer of the I/O pool.
     async fn read_direct(&self, st: &FileState, offset: u64, len: usize) -> Result<ReadBuf<'_>> {
-        let buf = self.pool.take().await;
-        self.transfer_range(st, offset, len, buf.mr(), 0, false)
+        let buf = self.data.pool.take().await;
+        self.data
+            .transfer_range(st, offset, len, buf.mr(), 0, false)
             .await?;
         Ok(plain(Held::Pooled(buf), len))
     }
 
     /// Reads up to `len` bytes at `offset` (fewer at the end of the file).
     pub async fn read(&self, fh: &FileHandle, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let step = self.pool.buffer_bytes();
+        let step = self.data.pool.buffer_bytes();
         let windows: Vec<(u64, usize)> = (0..len)
             .step_by(step)
             .map(|o| (offset + o as u64, step.min(len - o)))

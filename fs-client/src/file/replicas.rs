@@ -8,8 +8,8 @@
 //! left its chains), waiting at most `failover_timeout_ms` in all. A read tries every
 //! serving member before it waits.
 
+use super::datapath::DataPath;
 use super::Piece;
-use crate::client::Client;
 use crate::error::{ClientError, Result};
 use crate::rpc;
 use proto::data::{fits_inline, DataReply, DataRequest, Placement};
@@ -68,12 +68,7 @@ fn chain_in(map: &ClusterMap, chain: ChainId) -> Result<&proto::meta::ChainInfo>
         .ok_or_else(|| unavailable(format!("{chain} is not in cluster map {}", map.version)))
 }
 
-impl Client {
-    /// The cluster map in use.
-    pub(crate) fn map(&self) -> Arc<ClusterMap> {
-        self.map.read().clone()
-    }
-
+impl DataPath {
     /// Refreshes the map until its version passes `seen` or `deadline` comes.
     async fn await_change(&self, seen: u64, deadline: Instant) {
         loop {
@@ -143,7 +138,7 @@ impl Client {
         F: FnMut(Arc<ClusterMap>) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
-        let deadline = Instant::now() + Duration::from_millis(self.config.failover_timeout_ms);
+        let deadline = Instant::now() + self.failover_timeout;
         let mut attempt = 0;
         loop {
             let map = self.map();

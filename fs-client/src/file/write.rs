@@ -90,7 +90,7 @@ impl Client {
             .write_buffer_file_bytes
             .saturating_mul(writers)
             .min(self.config.write_buffer_mount_bytes);
-        (bytes / self.write_pool.seg_bytes() as u64).max(1) as usize
+        (bytes / self.data.write_pool.seg_bytes() as u64).max(1) as usize
     }
 
     /// Writes `data` at `offset`. With write buffering (the default) the bytes are in
@@ -102,7 +102,7 @@ impl Client {
         if !self.buffers_writes() {
             return self.write_through(fh, offset, data).await;
         }
-        let seg = self.write_pool.seg_bytes();
+        let seg = self.data.write_pool.seg_bytes();
         let mut done = 0;
         while done < data.len() {
             let at = offset + done as u64;
@@ -134,7 +134,7 @@ impl Client {
             Ok(end) => end,
             Err(e) => return Some(Err(e)),
         };
-        let seg = self.write_pool.seg_bytes() as u64;
+        let seg = self.data.write_pool.seg_bytes() as u64;
         if offset / seg != (end - 1) / seg {
             return None;
         }
@@ -157,13 +157,14 @@ impl Client {
         data: &[u8],
     ) -> Result<usize> {
         let end = check_range(offset, data.len() as u64)?;
-        let step = self.pool.buffer_bytes();
+        let step = self.data.pool.buffer_bytes();
         for o in (0..data.len()).step_by(step) {
             let part = &data[o..data.len().min(o + step)];
-            let buf = self.pool.take().await;
+            let buf = self.data.pool.take().await;
             buf.mr().lock()[..part.len()].copy_from_slice(part);
             let at = offset + o as u64;
             let sent = self
+                .data
                 .transfer_range(&fh.state, at, part.len(), buf.mr(), 0, true)
                 .await;
             // After the bytes are stored, so that no fetch can cache the old ones.
@@ -215,7 +216,7 @@ impl Client {
     async fn take_write_buffer(&self) -> Result<SegBuf> {
         loop {
             self.send_all_buffered();
-            let wait = tokio::time::timeout(MOUNT_FULL_RESEND, self.write_pool.take());
+            let wait = tokio::time::timeout(MOUNT_FULL_RESEND, self.data.write_pool.take());
             if let Ok(buf) = wait.await {
                 return buf;
             }
@@ -234,7 +235,7 @@ impl Client {
                     let idle = io.dirty.values().filter(|s| !s.state.lock().sealed);
                     return Ok(Step::FileFull(idle.cloned().collect()));
                 }
-                None => match self.write_pool.try_take()? {
+                None => match self.data.write_pool.try_take()? {
                     Some(buf) => {
                         let seg = new_segment(k, buf);
                         io.dirty.insert(k, seg.clone());
@@ -258,7 +259,7 @@ impl Client {
             seg.buf.mr().lock()[range.start as usize..range.end as usize].copy_from_slice(bytes);
             s.extents.add(range.clone());
             // A sequential writer has moved past it: no reason to wait any longer.
-            range.end as usize == self.write_pool.seg_bytes()
+            range.end as usize == self.data.write_pool.seg_bytes()
         };
         if full {
             self.send_segment(st, &seg);
@@ -278,10 +279,12 @@ impl Client {
         };
         let (client, st, seg) = (self.arc(), st.clone(), seg.clone());
         self.rt.spawn(async move {
-            let base = seg.index * client.write_pool.seg_bytes() as u64;
+            let base = seg.index * client.data.write_pool.seg_bytes() as u64;
             let sends = extents.ranges().iter().map(|r| {
                 let (at, len) = (base + u64::from(r.start), (r.end - r.start) as usize);
-                client.transfer_range(&st, at, len, seg.buf.mr(), r.start as usize, true)
+                client
+                    .data
+                    .transfer_range(&st, at, len, seg.buf.mr(), r.start as usize, true)
             });
             let r = futures::future::try_join_all(sends).await;
             match r {
