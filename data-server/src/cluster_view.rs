@@ -3,17 +3,13 @@
 
 use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
-use proto::meta::{ClusterMap, MemberState, MetaReply, MetaRequest, MetaResult};
+use proto::meta::{
+    ClusterMap, MemberState, MetaReply, MetaRequest, MetaResult, WATCH_AFTER, WATCH_EVERY,
+};
 use proto::{codec, ChainId, ErrorCode, NodeId, WireError};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 use transport::{Connection, Endpoint, Link};
-
-/// How long a forward to a successor runs before it starts watching whether the
-/// successor is still up (see [`ClusterView::until_down`]), and how often it looks.
-const WATCH_AFTER: Duration = Duration::from_secs(1);
-const WATCH_EVERY: Duration = Duration::from_millis(200);
 
 /// Peer links kept at most; past it the table is cleared (links reconnect on use).
 const MAX_PEER_LINKS: usize = 1024;
@@ -81,15 +77,7 @@ impl ClusterView {
     /// out the transport's whole timeout while the client's own budget runs out.
     pub async fn until_down(&self, node: NodeId) {
         tokio::time::sleep(WATCH_AFTER).await;
-        loop {
-            let up = self
-                .current()
-                .nodes
-                .iter()
-                .any(|n| n.node == node && n.alive());
-            if !up {
-                return;
-            }
+        while self.current().is_up(node) {
             tokio::time::sleep(WATCH_EVERY).await;
         }
     }

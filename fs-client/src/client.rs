@@ -5,8 +5,9 @@ use crate::cache::dirnames::DirNames;
 use crate::cache::noxattrs::{NoXattrs, CAPABILITY};
 use crate::config::{AtimeMode, ClientConfig};
 use crate::error::{ClientError, Result};
+use crate::file::datapath::{DataPath, MapFetch, MapSource, Pools};
 use crate::file::FileState;
-use crate::rpc::{self, expect_reply, DataLinks, RpcCounts, RpcEndpoint};
+use crate::rpc::{self, expect_reply, RpcCounts, RpcEndpoint};
 use crate::segpool::SegPool;
 
 mod away;
@@ -44,16 +45,12 @@ const RELEASE_DELAY: Duration = Duration::from_millis(2);
 /// A connection to one Tessera cluster: what a mount uses, and what tests and tools use
 /// without a mount.
 pub struct Client {
-    pub(crate) ep: RpcEndpoint,
+    /// Shared with the data path: one set of call counts per client.
+    pub(crate) ep: Arc<RpcEndpoint>,
     pub(crate) config: ClientConfig,
     meta: Link,
-    data: DataLinks,
-    /// Buffers for reads that are not prefetched and for writes that are not buffered.
-    pub(crate) pool: BufferPool,
-    /// Segment buffers of prefetched reads (`readahead_mount_bytes`).
-    pub(crate) read_pool: Arc<SegPool>,
-    /// Segment buffers of buffered writes (`write_buffer_mount_bytes`).
-    pub(crate) write_pool: Arc<SegPool>,
+    /// Buffer pools, data-server links, the cluster map and failover.
+    pub(crate) data: DataPath,
     /// This client, for the background tasks it starts (fetches, segment sends).
     me: Weak<Client>,
     /// The runtime those tasks run on; FUSE threads are not part of it.
@@ -78,28 +75,24 @@ pub struct Client {
     resumed: std::sync::atomic::AtomicU64,
     /// One resume at a time.
     resume_lock: tokio::sync::Mutex<()>,
-    /// The cluster map last fetched.
-    pub(crate) map: parking_lot::RwLock<Arc<ClusterMap>>,
-    /// When the map was last read from the metadata server (see `refresh_map_shared`).
-    pub(crate) map_read: Mutex<Option<std::time::Instant>>,
-    /// The machine's memory: files that fit a quarter of it are read around in larger
-    /// blocks (`file::around`).
-    pub(crate) memory_bytes: u64,
 }
 
 impl Client {
     /// Connects to the metadata server named in `config` and learns the data servers.
     pub async fn connect(config: ClientConfig) -> Result<Arc<Client>> {
         config.validate().map_err(ClientError::Config)?;
-        let ep = RpcEndpoint::new(Endpoint::new(
+        let ep = Arc::new(RpcEndpoint::new(Endpoint::new(
             config.transport,
             config.transport_limits.clone(),
             PROTOCOL_VERSION,
-        )?);
-        let pool = BufferPool::new(&ep, config.io_buffers, config.io_buffer_bytes)?;
+        )?));
         let seg = config.segment_bytes;
-        let read_pool = SegPool::new((*ep).clone(), seg, config.readahead_mount_bytes);
-        let write_pool = SegPool::new((*ep).clone(), seg, config.write_buffer_mount_bytes);
+        let pools = Pools {
+            io: BufferPool::new(&ep, config.io_buffers, config.io_buffer_bytes)?,
+            read: SegPool::new((**ep).clone(), seg, config.readahead_mount_bytes),
+            write: SegPool::new((**ep).clone(), seg, config.write_buffer_mount_bytes),
+        };
+        let failover = Duration::from_millis(config.failover_timeout_ms);
         let meta = Link::new(config.meta_addr.clone());
         let dir_ttl = Duration::from_millis(config.attr_ttl_ms);
         let entry_ttl = Duration::from_millis(config.entry_ttl_ms);
@@ -108,14 +101,11 @@ impl Client {
         let id = expect_reply!(hello, MetaReply::Welcome { client } => client)?;
         // The connection that said hello needs no resume.
         let hello_conn = meta.made();
-        let client = Arc::new_cyclic(|me| Client {
+        let client = Arc::new_cyclic(|me: &Weak<Client>| Client {
+            data: DataPath::new(ep.clone(), pools, failover, me.clone()),
             ep,
             config,
             meta,
-            data: DataLinks::default(),
-            pool,
-            read_pool,
-            write_pool,
             me: me.clone(),
             rt: tokio::runtime::Handle::current(),
             id,
@@ -127,11 +117,8 @@ impl Client {
             sessions: Mutex::new(HashMap::new()),
             resumed: std::sync::atomic::AtomicU64::new(hello_conn),
             resume_lock: tokio::sync::Mutex::new(()),
-            map: parking_lot::RwLock::new(Arc::new(ClusterMap::default())),
-            map_read: Mutex::new(None),
-            memory_bytes: crate::file::around::machine_memory(),
         });
-        client.refresh_map().await?;
+        client.data.refresh_map().await?;
         client.spawn_resume_check();
         Ok(client)
     }
@@ -261,40 +248,15 @@ impl Client {
         }
     }
 
-    /// Re-reads the list of data servers.
-    pub(crate) async fn refresh_map(&self) -> Result<()> {
-        *self.map_read.lock() = Some(std::time::Instant::now());
-        let map = self.meta(MetaRequest::ClusterMap).await?;
-        let map = expect_reply!(map, MetaReply::Map(m) => m)?;
-        self.data.update(&map.nodes);
-        let mut current = self.map.write();
-        if map.version >= current.version {
-            *current = Arc::new(map);
-        }
-        Ok(())
-    }
-
     /// The cluster map, fresh from the metadata server.
     pub async fn cluster_map(&self) -> Result<Arc<ClusterMap>> {
-        self.refresh_map().await?;
-        Ok(self.map.read().clone())
+        self.data.refresh_map().await?;
+        Ok(self.data.map())
     }
 
     /// A live connection to data server `node`, refreshing the map if it is unknown.
     pub(crate) async fn data_conn(&self, node: NodeId) -> Result<Connection> {
-        let link = match self.data.get(node) {
-            Some(l) => l,
-            None => {
-                self.refresh_map().await?;
-                self.data.get(node).ok_or_else(|| {
-                    ClientError::Remote(proto::WireError::new(
-                        proto::ErrorCode::Unavailable,
-                        format!("{node} is not in the cluster map"),
-                    ))
-                })?
-            }
-        };
-        Ok(link.get(&self.ep).await?)
+        self.data.data_conn(node).await
     }
 
     /// Applies what this client knows and the server does not yet (uncommitted writes).
@@ -366,7 +328,7 @@ impl Client {
         };
         if let Some(size) = set.size {
             if let Some(layout) = self.layout_of(ino).await? {
-                self.truncate_data(ino, &layout, size).await?;
+                self.data.truncate_data(ino, &layout, size).await?;
             }
             if let Some(st) = self.live_file(ino) {
                 st.gate.changed().await;
@@ -710,6 +672,17 @@ impl Client {
             owner,
         };
         self.meta(req).await.map(drop)
+    }
+}
+
+impl MapSource for Client {
+    /// The map through the metadata connection, waiting for a server that is away as
+    /// every metadata call does.
+    fn fetch_map(&self) -> MapFetch<'_> {
+        Box::pin(async move {
+            let map = self.meta(MetaRequest::ClusterMap).await?;
+            expect_reply!(map, MetaReply::Map(m) => m)
+        })
     }
 }
 

@@ -7,6 +7,16 @@ use crate::attr::{Attr, FileKind, Layout, SetAttr, Timestamp};
 use crate::error::WireError;
 use crate::ids::{ChainId, ClientId, InodeId, NodeId, SessionId};
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// How long a call to a data server (a client's, or a chain member's forward to its
+/// successor) runs before its caller starts watching whether that server is still up in
+/// the map: most calls end sooner, and watching costs map reads.
+pub const WATCH_AFTER: Duration = Duration::from_secs(1);
+
+/// How often a caller watching a data server looks at the map again (see
+/// [`ClusterMap::is_up`]).
+pub const WATCH_EVERY: Duration = Duration::from_millis(200);
 
 /// Who asks: the owner given to new inodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -179,6 +189,14 @@ impl ClusterMap {
             && self.chains.iter().all(|c| {
                 c.members.len() >= want && c.members.iter().all(|m| m.state == MemberState::Serving)
             })
+    }
+
+    /// Whether the map lists data server `node` with a current lease. A server that
+    /// hangs keeps its connections open: a call to it is given up once this turns
+    /// false, looked at every [`WATCH_EVERY`] after [`WATCH_AFTER`], by the client and
+    /// by a chain member forwarding to its successor alike.
+    pub fn is_up(&self, node: NodeId) -> bool {
+        self.nodes.iter().any(|n| n.node == node && n.alive())
     }
 
     /// The address of data server `node`.
@@ -737,6 +755,24 @@ pub type MetaResult = Result<MetaReply, WireError>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_is_up_only_when_listed_with_a_current_lease() {
+        let node = |n, state| NodeInfo {
+            node: NodeId(n),
+            addr: format!("127.0.0.1:{n}"),
+            state,
+        };
+        let map = ClusterMap {
+            version: 3,
+            nodes: vec![node(1, NodeState::Up), node(2, NodeState::Down)],
+            chains: vec![],
+        };
+        assert!(map.is_up(NodeId(1)));
+        assert!(!map.is_up(NodeId(2)), "a lapsed lease is down");
+        assert!(!map.is_up(NodeId(9)), "a node the map lacks is down");
+        assert!(WATCH_EVERY < WATCH_AFTER, "a watch looks more than once");
+    }
 
     #[test]
     fn a_map_with_a_resyncing_copy_is_usable_but_not_healthy() {

@@ -144,7 +144,7 @@ impl Client {
     /// then tells the server, which forgets the vanished writer.
     async fn cut_tail(&self, attr: &Attr, layout: &Layout, session: SessionId) -> Result<()> {
         tracing::info!(ino = %attr.ino, size = attr.size, "cutting what a vanished writer left past the end");
-        self.truncate_data(attr.ino, layout, attr.size).await?;
+        self.data.truncate_data(attr.ino, layout, attr.size).await?;
         let req = MetaRequest::TailCut {
             ino: attr.ino,
             session,

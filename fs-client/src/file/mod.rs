@@ -9,8 +9,11 @@
 //! cached bytes correct are in `read.rs` and `write.rs`.
 
 pub(crate) mod around;
+pub(crate) mod datapath;
 mod extents;
+mod members;
 mod read;
+mod read_plan;
 mod readahead;
 mod replicas;
 mod write;
@@ -21,6 +24,7 @@ use crate::client::Client;
 use crate::config::AtimeMode;
 use crate::error::{ClientError, Result};
 use crate::rpc::expect_reply;
+use datapath::DataPath;
 use parking_lot::Mutex;
 use proto::meta::{Commit, MetaReply, MetaRequest};
 use proto::{Attr, ChainId, ChunkId, ErrorCode, InodeId, Layout, SessionId, Timestamp, WireError};
@@ -445,7 +449,7 @@ fn check_range(offset: u64, len: u64) -> Result<u64> {
         .ok_or_else(|| ClientError::Remote(WireError::new(ErrorCode::TooBig, "offset too large")))
 }
 
-impl Client {
+impl DataPath {
     /// Moves one piece between `mr` and its chain.
     async fn transfer(
         &self,
@@ -463,7 +467,7 @@ impl Client {
 
     /// Moves `len` file bytes at `offset` between `mr` (from `buf_base` on) and the data
     /// servers, every chunk's piece in parallel; returns the chunks touched.
-    async fn transfer_range(
+    pub(super) async fn transfer_range(
         &self,
         state: &FileState,
         offset: u64,
@@ -478,7 +482,9 @@ impl Client {
             .await?;
         Ok(ps.iter().map(|p| (p.chain, p.chunk)).collect())
     }
+}
 
+impl Client {
     /// Sends buffered writes, then reports the length and mtime of uncommitted writes to
     /// the metadata server; fails with a write that failed since this handle last
     /// reported one.
@@ -527,7 +533,7 @@ impl Client {
     pub async fn fsync(&self, fh: &FileHandle) -> Result<()> {
         self.flush_writes(&fh.state).await;
         let unsynced = std::mem::take(&mut fh.state.inner.lock().unsynced);
-        if let Err(e) = self.sync_chains(&fh.state.layout, &unsynced).await {
+        if let Err(e) = self.data.sync_chains(&fh.state.layout, &unsynced).await {
             // Keep the chunks unsynced so that the next fsync tries again.
             let mut i = fh.state.inner.lock();
             for (chain, chunks) in unsynced {
@@ -640,7 +646,7 @@ impl Client {
         }
         let layout = &fh.state.layout;
         let ps = pieces(layout, fh.ino(), offset, (end - offset) as usize, 0)?;
-        let zero = ps.iter().map(|p| self.chain_write(layout, *p, None));
+        let zero = ps.iter().map(|p| self.data.chain_write(layout, *p, None));
         let zeroed = futures::future::try_join_all(zero).await;
         // Dropped after the zeros are stored, so no fetch can cache the old bytes.
         fh.state.drop_cache();

@@ -11,13 +11,16 @@
 //! - a new open that finds the file changed on the server drops the whole cache
 //!   (`FileState::opened`), and so do truncation and hole punching.
 
+use super::read_plan::{self, Fetcher, SegView, Step};
 use super::readahead::{Advice, RaParams};
-use super::{FileHandle, FileState};
+use super::write::WriteSeg;
+use super::{FileHandle, FileState, IoState};
 use crate::client::Client;
 use crate::error::{ClientError, Result};
 use crate::segpool::SegBuf;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use proto::WireError;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -25,12 +28,6 @@ use transport::PooledBuf;
 
 /// Buffer-sized windows of one large `Client::read` kept in flight at once.
 const WINDOWS_IN_FLIGHT: usize = 4;
-
-/// Fewest read segments a stream keeps behind the segment it reads, for reads of them
-/// still on their way. A segment goes as soon as all its bytes are served; one that is
-/// never served whole (the reader skipped part of it) goes once the stream is this many
-/// segments, or its window's worth of segments if more, past it.
-const MIN_SEGMENTS_KEPT_BEHIND: u64 = 1;
 
 /// One aligned segment of a file, fetched (or being fetched) into a registered buffer.
 pub(crate) struct CacheSeg {
@@ -141,22 +138,61 @@ fn plain(held: Held<'_>, len: usize) -> ReadBuf<'_> {
     }
 }
 
-/// What a read does, decided under the file's lock.
-enum Plan {
-    /// Buffered writes cover part of the range: send these, then decide again.
-    SendWrites(Vec<Arc<super::WriteSeg>>),
-    /// Serve from these segments (in order), fetched or being fetched.
-    Cached(Vec<Arc<CacheSeg>>),
-    /// Read exactly the range into a pooled buffer.
-    Direct,
-    /// Read exactly the range, never around it: buffered writes lie beside it.
-    Exact,
+impl SegView for IoState {
+    type Seg = Arc<CacheSeg>;
+    type Write = Arc<WriteSeg>;
+
+    fn writes_in(
+        &self,
+        seg: u64,
+        first: u64,
+        last: u64,
+        from: u64,
+        to: u64,
+    ) -> Vec<(Self::Write, bool)> {
+        self.dirty
+            .range(first..=last)
+            .map(|(_, w)| (w.clone(), w.overlaps(seg, from, to)))
+            .collect()
+    }
+
+    fn cached_holding(&self, k: u64, from: u64, to: u64) -> Option<Self::Seg> {
+        self.cache.get(&k).filter(|c| c.holds(from, to)).cloned()
+    }
+
+    fn occupied(&self, k: u64) -> bool {
+        self.dirty.contains_key(&k) || self.cache.contains_key(&k)
+    }
+
+    fn cached_in(&self, from: u64, to: u64) -> Vec<u64> {
+        self.cache.range(from..to).map(|(k, _)| *k).collect()
+    }
+}
+
+/// Starts fetches into one file's cache, under its `io` lock.
+struct Fetches<'a> {
+    client: &'a Client,
+    st: &'a Arc<FileState>,
+    cache: &'a mut BTreeMap<u64, Arc<CacheSeg>>,
+    size: u64,
+}
+
+impl Fetcher for Fetches<'_> {
+    type Seg = Arc<CacheSeg>;
+
+    fn fetch(&mut self, k: u64) -> Result<Option<Arc<CacheSeg>>> {
+        self.client.start_fetch(self.st, self.cache, k, self.size)
+    }
+
+    fn evict(&mut self, k: u64) {
+        self.cache.remove(&k);
+    }
 }
 
 impl Client {
     fn ra_params(&self) -> RaParams {
         RaParams {
-            seg_bytes: self.read_pool.seg_bytes() as u64,
+            seg_bytes: self.data.read_pool.seg_bytes() as u64,
             max_bytes: self.config.readahead_max_bytes,
         }
     }
@@ -186,7 +222,7 @@ impl Client {
         around: bool,
     ) -> Result<ReadBuf<'_>> {
         let size = fh.state.size();
-        let len = len.min(self.pool.buffer_bytes());
+        let len = len.min(self.data.pool.buffer_bytes());
         let len = if offset >= size {
             0
         } else {
@@ -219,8 +255,8 @@ impl Client {
         let window = advice.ahead;
         loop {
             match self.plan_read(&fh.state, offset, len, advice, size)? {
-                Plan::SendWrites(segs) => self.send_and_wait(&fh.state, &segs).await,
-                Plan::Cached(segs) => {
+                Step::SendWrites(segs) => self.send_and_wait(&fh.state, &segs).await,
+                Step::Serve(segs) => {
                     match self.serve_segments(&fh.state, &segs, offset, len).await {
                         Ok(buf) => return Ok(buf),
                         // A failed prefetch (a corrupt block somewhere in the segment, a
@@ -232,18 +268,19 @@ impl Client {
                         }
                     }
                 }
-                Plan::Direct if around && window == 0 => {
+                Step::Direct if around && window == 0 => {
                     return self.read_around(&fh.state, offset, len, size).await
                 }
-                Plan::Direct | Plan::Exact => {
+                Step::Direct | Step::Exact => {
                     return self.read_direct(&fh.state, offset, len).await
                 }
             }
         }
     }
 
-    /// Decides how to serve `[offset, offset + len)` as `advice` says, starting the
-    /// fetches it needs.
+    /// Decides how to serve `[offset, offset + len)` as `advice` says (a pure
+    /// decision, `read_plan::plan_read`) and starts the fetches it needs, under the
+    /// file's `io` lock.
     fn plan_read(
         &self,
         st: &Arc<FileState>,
@@ -251,90 +288,17 @@ impl Client {
         len: usize,
         advice: Advice,
         size: u64,
-    ) -> Result<Plan> {
-        let window = advice.ahead;
-        let seg = self.read_pool.seg_bytes() as u64;
-        let end = offset + len as u64;
-        let (first, last) = (offset / seg, (end - 1) / seg);
+    ) -> Result<Step<Arc<CacheSeg>, Arc<WriteSeg>>> {
+        let seg = self.data.read_pool.seg_bytes() as u64;
         let mut io = st.io.lock();
-        let mut beside_writes = false;
-        let mut writes = Vec::new();
-        for (_, w) in io.dirty.range(first..=last) {
-            if w.overlaps(seg, offset, end) {
-                writes.push(w.clone());
-            } else {
-                beside_writes = true;
-            }
-        }
-        if !writes.is_empty() {
-            return Ok(Plan::SendWrites(writes));
-        }
-        if beside_writes {
-            // The servers hold every byte of the range (the buffered ones lie beside
-            // it), so it is read from them as it is: a program rewriting a file in
-            // place reads just ahead of its writes, and sending them first made each
-            // read wait for a transfer and a fetch. Nothing is cached or prefetched:
-            // a cached copy of the segment would miss the buffered bytes.
-            return Ok(Plan::Exact);
-        }
-        if window == 0 {
-            // Random access: use what is cached or on its way, fetch nothing more.
-            let cached: Option<Vec<_>> = (first..=last)
-                .map(|k| {
-                    io.cache
-                        .get(&k)
-                        .filter(|c| c.holds(offset.max(k * seg), end.min((k + 1) * seg)))
-                        .cloned()
-                })
-                .collect();
-            return Ok(cached.map_or(Plan::Direct, Plan::Cached));
-        }
-        let mut needed = Vec::new();
-        for k in first..=last {
-            let wanted = (offset.max(k * seg), end.min((k + 1) * seg));
-            match io.cache.get(&k).filter(|c| c.holds(wanted.0, wanted.1)) {
-                Some(c) => needed.push(c.clone()),
-                // A late read whose segment has gone: the rest of the segment was served
-                // and the stream is past it, so fetching it whole again (as the kernel's
-                // wide readahead windows made happen for a third of the segments of a
-                // stream) would read from the disks bytes nobody asks for.
-                None if advice.late => return Ok(Plan::Direct),
-                None => match self.start_fetch(st, &mut io.cache, k, size)? {
-                    Some(c) => needed.push(c),
-                    // The mount's readahead memory is in use: read just the range.
-                    None => return Ok(Plan::Direct),
-                },
-            }
-        }
-        if advice.late {
-            // The read that passed it prefetched ahead and let go of what lies behind;
-            // from here, the same would fetch again segments already served and gone.
-            return Ok(Plan::Cached(needed));
-        }
-        let ahead_end = end.saturating_add(window).min(size);
-        for k in last + 1..ahead_end.div_ceil(seg) {
-            if io.dirty.contains_key(&k) || io.cache.contains_key(&k) {
-                continue;
-            }
-            if self.start_fetch(st, &mut io.cache, k, size)?.is_none() {
-                break;
-            }
-        }
-        // Segments far enough behind the reader are done with: the kernel holds their
-        // bytes. Only those this stream can have passed since its last read go (it moves
-        // at most a window and a read per read): other handles of the file may be
-        // reading further back, and their prefetched segments stay.
-        let keep_from = first.saturating_sub((window / seg).max(MIN_SEGMENTS_KEPT_BEHIND));
-        let passed_from = keep_from.saturating_sub(window / seg + 2);
-        let passed: Vec<u64> = io
-            .cache
-            .range(passed_from..keep_from)
-            .map(|(k, _)| *k)
-            .collect();
-        for k in passed {
-            io.cache.remove(&k);
-        }
-        Ok(Plan::Cached(needed))
+        let plan = read_plan::plan_read(&*io, offset, len, advice, size, seg);
+        let mut fetches = Fetches {
+            client: self,
+            st,
+            cache: &mut io.cache,
+            size,
+        };
+        read_plan::apply(plan, &mut fetches)
     }
 
     /// Starts fetching segment `k` into a buffer of the readahead pool and records it in
@@ -346,12 +310,12 @@ impl Client {
         k: u64,
         size: u64,
     ) -> Result<Option<Arc<CacheSeg>>> {
-        let seg = self.read_pool.seg_bytes() as u64;
+        let seg = self.data.read_pool.seg_bytes() as u64;
         let start = k * seg;
         if start >= size {
             return Ok(None);
         }
-        let Some(buf) = self.read_pool.try_take()? else {
+        let Some(buf) = self.data.read_pool.try_take()? else {
             return Ok(None);
         };
         let len = (size - start).min(seg) as usize;
@@ -367,6 +331,7 @@ impl Client {
         let (client, st, fetch) = (self.arc(), st.clone(), c.clone());
         self.rt.spawn(async move {
             let r = client
+                .data
                 .transfer_range(&st, fetch.start, fetch.len, fetch.buf.mr(), 0, false)
                 .await;
             if r.is_err() {
@@ -401,7 +366,7 @@ impl Client {
                 .saturating_sub(offset.max(s.start));
             let served = s.served.fetch_add(here as usize, Ordering::Relaxed) + here as usize;
             if served >= s.len {
-                s.uncache(st, s.start / self.read_pool.seg_bytes() as u64);
+                s.uncache(st, s.start / self.data.read_pool.seg_bytes() as u64);
             }
         }
         if let [only] = segs {
@@ -428,7 +393,7 @@ impl Client {
         len: usize,
         size: u64,
     ) -> Result<ReadBuf<'_>> {
-        let unit = super::around::around_bytes(size, self.memory_bytes);
+        let unit = super::around::around_bytes(size, self.data.memory_bytes);
         let (Some(start), Some(stamp)) =
             (super::around::block_of(offset, len, unit), st.gate.stamp())
         else {
@@ -446,15 +411,16 @@ impl Client {
 
     /// Reads exactly `[offset, offset + len)` into a buffer of the I/O pool.
     async fn read_direct(&self, st: &FileState, offset: u64, len: usize) -> Result<ReadBuf<'_>> {
-        let buf = self.pool.take().await;
-        self.transfer_range(st, offset, len, buf.mr(), 0, false)
+        let buf = self.data.pool.take().await;
+        self.data
+            .transfer_range(st, offset, len, buf.mr(), 0, false)
             .await?;
         Ok(plain(Held::Pooled(buf), len))
     }
 
     /// Reads up to `len` bytes at `offset` (fewer at the end of the file).
     pub async fn read(&self, fh: &FileHandle, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let step = self.pool.buffer_bytes();
+        let step = self.data.pool.buffer_bytes();
         let windows: Vec<(u64, usize)> = (0..len)
             .step_by(step)
             .map(|o| (offset + o as u64, step.min(len - o)))

@@ -8,74 +8,29 @@
 //! left its chains), waiting at most `failover_timeout_ms` in all. A read tries every
 //! serving member before it waits.
 
+use super::datapath::DataPath;
+use super::members::{
+    classify, read_order, sync_targets, truncate_targets, unavailable, write_head, Next,
+};
 use super::Piece;
-use crate::client::Client;
 use crate::error::{ClientError, Result};
 use crate::rpc;
 use proto::data::{fits_inline, DataReply, DataRequest, Placement};
-use proto::meta::ClusterMap;
-use proto::{ChainId, ChunkId, ErrorCode, InodeId, Layout, NodeId, WireError};
+use proto::meta::{ClusterMap, WATCH_AFTER, WATCH_EVERY};
+use proto::{ChainId, ChunkId, InodeId, Layout, NodeId};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::debug;
-use transport::{Access, MemoryRegion, TransportError};
+use transport::{Access, MemoryRegion};
 
 /// Tries of one request across map changes.
 const MAX_ATTEMPTS: u32 = 8;
-/// How often a client waiting for a map change asks the metadata server.
-const MAP_POLL: Duration = Duration::from_millis(200);
-/// How long a call to a data server runs before the client starts watching whether
-/// that server is still up (most calls end sooner, and watching costs map reads).
-const WATCH_AFTER: Duration = Duration::from_secs(1);
+/// How often a client waiting for a map change asks the metadata server: as often as
+/// a call watching a server looks (the watches share these reads).
+const MAP_POLL: Duration = WATCH_EVERY;
 
-/// What a failure calls for.
-enum Next {
-    /// Our map is old: refresh and retry now.
-    Refresh,
-    /// A server is unreachable: wait for the map to change, then retry.
-    Wait,
-    /// The server is busy with this chunk (its copy is being repaired): retry shortly.
-    Pause,
-    /// Nothing to retry.
-    Fail,
-}
-
-fn classify(e: &ClientError) -> Next {
-    match e {
-        ClientError::Remote(w) => match w.code {
-            ErrorCode::Stale => Next::Refresh,
-            ErrorCode::Unavailable | ErrorCode::TimedOut => Next::Wait,
-            ErrorCode::Busy | ErrorCode::Overloaded => Next::Pause,
-            _ => Next::Fail,
-        },
-        ClientError::Transport(
-            TransportError::Disconnected { .. }
-            | TransportError::Connect { .. }
-            | TransportError::Handshake { .. }
-            | TransportError::TimedOut { .. },
-        ) => Next::Wait,
-        _ => Next::Fail,
-    }
-}
-
-fn unavailable(msg: String) -> ClientError {
-    ClientError::Remote(WireError::new(ErrorCode::Unavailable, msg))
-}
-
-/// `chain` as `map` knows it; a chain the map lacks is `Unavailable` (retried once the
-/// map changes).
-fn chain_in(map: &ClusterMap, chain: ChainId) -> Result<&proto::meta::ChainInfo> {
-    map.chain(chain)
-        .ok_or_else(|| unavailable(format!("{chain} is not in cluster map {}", map.version)))
-}
-
-impl Client {
-    /// The cluster map in use.
-    pub(crate) fn map(&self) -> Arc<ClusterMap> {
-        self.map.read().clone()
-    }
-
+impl DataPath {
     /// Refreshes the map until its version passes `seen` or `deadline` comes.
     async fn await_change(&self, seen: u64, deadline: Instant) {
         loop {
@@ -116,11 +71,10 @@ impl Client {
             tokio::time::sleep(WATCH_AFTER).await;
             loop {
                 self.refresh_map_shared().await;
-                let up = self.map().nodes.iter().any(|n| n.node == node && n.alive());
-                if !up {
+                if !self.map().is_up(node) {
                     return;
                 }
-                tokio::time::sleep(MAP_POLL).await;
+                tokio::time::sleep(WATCH_EVERY).await;
             }
         };
         tokio::select! {
@@ -146,7 +100,7 @@ impl Client {
         F: FnMut(Arc<ClusterMap>) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
-        let deadline = Instant::now() + Duration::from_millis(self.config.failover_timeout_ms);
+        let deadline = Instant::now() + self.failover_timeout;
         let mut attempt = 0;
         loop {
             let map = self.map();
@@ -188,10 +142,7 @@ impl Client {
         mr: Option<&MemoryRegion>,
     ) -> Result<()> {
         self.with_failover("write", |map| async move {
-            let head = *chain_in(&map, p.chain)?
-                .write_order(layout.replicas)
-                .first()
-                .ok_or_else(|| unavailable(format!("{} has no member up", p.chain)))?;
+            let head = write_head(&map, layout.replicas, p.chain)?;
             let conn = self.data_conn(head).await?;
             let place = Self::placement(&map, layout, p.chain);
             let chunk_size_bytes = layout.chunk_size_bytes;
@@ -251,14 +202,7 @@ impl Client {
         mr: &MemoryRegion,
     ) -> Result<()> {
         self.with_failover("read", |map| async move {
-            let readers = chain_in(&map, p.chain)?.readers(layout.replicas);
-            if readers.is_empty() {
-                return Err(unavailable(format!("{} has no serving member", p.chain)));
-            }
-            // The first serving member first: consecutive chunks lie on consecutive
-            // chains, and every server heads one chain, so this spreads a file's
-            // chunks evenly over the servers. (Picking the member by chunk index too,
-            // as before, sent two thirds of a file's reads to one of three servers.)
+            let readers = read_order(&map, layout.replicas, p.chain)?;
             let mut last = None;
             for &node in &readers {
                 if last.is_some() {
@@ -314,19 +258,7 @@ impl Client {
         chunks: &BTreeMap<ChainId, BTreeSet<ChunkId>>,
     ) -> Result<()> {
         self.with_failover("fsync", |map| async move {
-            let mut per_node: BTreeMap<NodeId, Vec<ChunkId>> = BTreeMap::new();
-            for (chain, set) in chunks {
-                let members = chain_in(&map, *chain)?.write_order(layout.replicas);
-                if members.is_empty() {
-                    return Err(unavailable(format!("{chain} has no member up")));
-                }
-                for node in members {
-                    per_node
-                        .entry(node)
-                        .or_default()
-                        .extend(set.iter().copied());
-                }
-            }
+            let per_node = sync_targets(&map, layout.replicas, chunks)?;
             let syncs = per_node.into_iter().map(|(node, chunks)| async move {
                 let conn = self.data_conn(node).await?;
                 let req = DataRequest::Fsync { chunks };
@@ -347,10 +279,7 @@ impl Client {
         size: u64,
     ) -> Result<()> {
         self.with_failover("truncate", |map| async move {
-            let mut nodes = BTreeSet::new();
-            for chain in &layout.chains {
-                nodes.extend(chain_in(&map, *chain)?.write_order(layout.replicas));
-            }
+            let nodes = truncate_targets(&map, layout)?;
             let cuts = nodes.into_iter().map(|node| async move {
                 let conn = self.data_conn(node).await?;
                 let req = DataRequest::TruncateFile {

@@ -73,24 +73,65 @@ enum Step {
     MountFull,
 }
 
+/// The part of a write that lands in one segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct SegPiece {
+    /// The segment's index in the file.
+    seg: u64,
+    /// Where the piece starts in the segment.
+    in_seg: usize,
+    /// The piece's bytes in the write's data.
+    data: std::ops::Range<usize>,
+}
+
+/// Cuts a write of `len` bytes at `offset` at the boundaries of `seg_bytes` segments,
+/// in file order.
+fn seg_pieces(offset: u64, len: usize, seg_bytes: usize) -> impl Iterator<Item = SegPiece> {
+    let seg = seg_bytes as u64;
+    let mut done = 0;
+    std::iter::from_fn(move || {
+        if done >= len {
+            return None;
+        }
+        let at = offset + done as u64;
+        let (k, in_seg) = (at / seg, (at % seg) as usize);
+        let n = (seg_bytes - in_seg).min(len - done);
+        let piece = SegPiece {
+            seg: k,
+            in_seg,
+            data: done..done + n,
+        };
+        done += n;
+        Some(piece)
+    })
+}
+
+/// Segments one file may hold buffered or in flight: `file_bytes` per handle open for
+/// writing (`writers`, at least one), within the mount's `mount_bytes`, and at least
+/// one. Sharded checkpoint savers write disjoint ranges of one file from several
+/// processes: with one budget for all of them, 4 writers of one file went at ~75% of 4
+/// writers of 4 files.
+fn segments_per_file(writers: u32, file_bytes: u64, mount_bytes: u64, seg_bytes: usize) -> usize {
+    let bytes = file_bytes
+        .saturating_mul(u64::from(writers.max(1)))
+        .min(mount_bytes);
+    (bytes / seg_bytes as u64).max(1) as usize
+}
+
 impl Client {
     /// Whether writes are buffered (else each goes to the data servers before returning).
     fn buffers_writes(&self) -> bool {
         self.config.write_buffer_file_bytes > 0
     }
 
-    /// Segments file `st` may hold buffered or in flight: `write_buffer_file_bytes` per
-    /// handle open for writing, within the mount's budget. Sharded checkpoint savers
-    /// write disjoint ranges of one file from several processes: with one budget for
-    /// all of them, 4 writers of one file went at ~75% of 4 writers of 4 files.
+    /// Segments file `st` may hold buffered or in flight (see [`segments_per_file`]).
     fn max_segments_per_file(&self, st: &FileState) -> usize {
-        let writers = u64::from(st.gate.writers().max(1));
-        let bytes = self
-            .config
-            .write_buffer_file_bytes
-            .saturating_mul(writers)
-            .min(self.config.write_buffer_mount_bytes);
-        (bytes / self.write_pool.seg_bytes() as u64).max(1) as usize
+        segments_per_file(
+            st.gate.writers(),
+            self.config.write_buffer_file_bytes,
+            self.config.write_buffer_mount_bytes,
+            self.data.write_pool.seg_bytes(),
+        )
     }
 
     /// Writes `data` at `offset`. With write buffering (the default) the bytes are in
@@ -102,15 +143,10 @@ impl Client {
         if !self.buffers_writes() {
             return self.write_through(fh, offset, data).await;
         }
-        let seg = self.write_pool.seg_bytes();
-        let mut done = 0;
-        while done < data.len() {
-            let at = offset + done as u64;
-            let (k, in_seg) = (at / seg as u64, (at % seg as u64) as usize);
-            let n = (seg - in_seg).min(data.len() - done);
-            self.buffer_piece(&fh.state, k, in_seg, &data[done..done + n])
+        let seg = self.data.write_pool.seg_bytes();
+        for p in seg_pieces(offset, data.len(), seg) {
+            self.buffer_piece(&fh.state, p.seg, p.in_seg, &data[p.data])
                 .await?;
-            done += n;
         }
         fh.state.wrote(end);
         Ok(data.len())
@@ -134,7 +170,7 @@ impl Client {
             Ok(end) => end,
             Err(e) => return Some(Err(e)),
         };
-        let seg = self.write_pool.seg_bytes() as u64;
+        let seg = self.data.write_pool.seg_bytes() as u64;
         if offset / seg != (end - 1) / seg {
             return None;
         }
@@ -157,13 +193,14 @@ impl Client {
         data: &[u8],
     ) -> Result<usize> {
         let end = check_range(offset, data.len() as u64)?;
-        let step = self.pool.buffer_bytes();
+        let step = self.data.pool.buffer_bytes();
         for o in (0..data.len()).step_by(step) {
             let part = &data[o..data.len().min(o + step)];
-            let buf = self.pool.take().await;
+            let buf = self.data.pool.take().await;
             buf.mr().lock()[..part.len()].copy_from_slice(part);
             let at = offset + o as u64;
             let sent = self
+                .data
                 .transfer_range(&fh.state, at, part.len(), buf.mr(), 0, true)
                 .await;
             // After the bytes are stored, so that no fetch can cache the old ones.
@@ -215,7 +252,7 @@ impl Client {
     async fn take_write_buffer(&self) -> Result<SegBuf> {
         loop {
             self.send_all_buffered();
-            let wait = tokio::time::timeout(MOUNT_FULL_RESEND, self.write_pool.take());
+            let wait = tokio::time::timeout(MOUNT_FULL_RESEND, self.data.write_pool.take());
             if let Ok(buf) = wait.await {
                 return buf;
             }
@@ -234,7 +271,7 @@ impl Client {
                     let idle = io.dirty.values().filter(|s| !s.state.lock().sealed);
                     return Ok(Step::FileFull(idle.cloned().collect()));
                 }
-                None => match self.write_pool.try_take()? {
+                None => match self.data.write_pool.try_take()? {
                     Some(buf) => {
                         let seg = new_segment(k, buf);
                         io.dirty.insert(k, seg.clone());
@@ -258,7 +295,7 @@ impl Client {
             seg.buf.mr().lock()[range.start as usize..range.end as usize].copy_from_slice(bytes);
             s.extents.add(range.clone());
             // A sequential writer has moved past it: no reason to wait any longer.
-            range.end as usize == self.write_pool.seg_bytes()
+            range.end as usize == self.data.write_pool.seg_bytes()
         };
         if full {
             self.send_segment(st, &seg);
@@ -278,10 +315,12 @@ impl Client {
         };
         let (client, st, seg) = (self.arc(), st.clone(), seg.clone());
         self.rt.spawn(async move {
-            let base = seg.index * client.write_pool.seg_bytes() as u64;
+            let base = seg.index * client.data.write_pool.seg_bytes() as u64;
             let sends = extents.ranges().iter().map(|r| {
                 let (at, len) = (base + u64::from(r.start), (r.end - r.start) as usize);
-                client.transfer_range(&st, at, len, seg.buf.mr(), r.start as usize, true)
+                client
+                    .data
+                    .transfer_range(&st, at, len, seg.buf.mr(), r.start as usize, true)
             });
             let r = futures::future::try_join_all(sends).await;
             match r {
@@ -344,4 +383,77 @@ fn new_segment(index: u64, buf: SegBuf) -> Arc<WriteSeg> {
         }),
         done: watch::channel(false).0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{seg_pieces, segments_per_file, SegPiece};
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn a_write_is_cut_at_segment_boundaries_into_pieces_that_cover_it_in_order() {
+        let seg = 4 * MIB;
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let offset = x % (1 << 40);
+            let len = (x >> 40) as usize % (3 * seg) + 1;
+            let pieces: Vec<SegPiece> = seg_pieces(offset, len, seg).collect();
+            let mut next = 0;
+            for p in &pieces {
+                assert_eq!(p.data.start, next, "pieces follow each other");
+                let at = offset + p.data.start as u64;
+                assert_eq!((p.seg, p.in_seg as u64), (at / seg as u64, at % seg as u64));
+                assert!(
+                    p.in_seg + p.data.len() <= seg,
+                    "a piece stays in its segment"
+                );
+                assert!(!p.data.is_empty());
+                next = p.data.end;
+            }
+            assert_eq!(next, len, "the pieces cover the write");
+            assert!(pieces.len() <= len.div_ceil(seg) + 1);
+        }
+        assert_eq!(seg_pieces(0, 0, seg).count(), 0);
+        let across: Vec<_> = seg_pieces(seg as u64 - 1, 2, seg).collect();
+        let want = [
+            SegPiece {
+                seg: 0,
+                in_seg: seg - 1,
+                data: 0..1,
+            },
+            SegPiece {
+                seg: 1,
+                in_seg: 0,
+                data: 1..2,
+            },
+        ];
+        assert_eq!(across, want);
+    }
+
+    #[test]
+    fn each_writer_of_a_file_brings_its_own_budget_within_the_mounts() {
+        let (file, mount, seg) = (64 * MIB as u64, 1024 * MIB as u64, 4 * MIB);
+        assert_eq!(
+            segments_per_file(0, file, mount, seg),
+            16,
+            "no writer counts as one"
+        );
+        assert_eq!(segments_per_file(1, file, mount, seg), 16);
+        assert_eq!(segments_per_file(4, file, mount, seg), 64);
+        assert_eq!(
+            segments_per_file(64, file, mount, seg),
+            256,
+            "capped by the mount"
+        );
+        assert_eq!(
+            segments_per_file(1, MIB as u64, mount, seg),
+            1,
+            "at least one"
+        );
+        assert_eq!(segments_per_file(u32::MAX, u64::MAX, mount, seg), 256);
+    }
 }
