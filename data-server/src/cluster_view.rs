@@ -1,12 +1,10 @@
 //! What a data server knows of the cluster: its own id, the cluster map (from heartbeat
 //! replies, or fetched when a request names a newer one), and connections to its peers.
 
-use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
-use proto::meta::{
-    ClusterMap, MemberState, MetaReply, MetaRequest, MetaResult, WATCH_AFTER, WATCH_EVERY,
-};
-use proto::{codec, ChainId, ErrorCode, NodeId, WireError};
+use proto::meta::cluster::GetMap;
+use proto::meta::{ClusterMap, MemberState, MetaRequest, WATCH_AFTER, WATCH_EVERY};
+use proto::{ChainId, ErrorCode, NodeId, Request, Rpc, WireError};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use transport::{Connection, Endpoint, Link};
@@ -83,12 +81,13 @@ impl ClusterView {
     }
 
     /// Calls the metadata server (heartbeats, registration, map fetches: one link).
-    pub async fn meta_call(&self, req: &MetaRequest) -> Result<MetaReply, WireError> {
-        let bytes = codec::encode(req, self.ep.config().max_msg_bytes)?;
+    pub async fn meta_call<R: Rpc<Envelope = MetaRequest>>(
+        &self,
+        req: R,
+    ) -> Result<R::Reply, WireError> {
         let conn = self.meta.get(&self.ep).await?;
-        let reply = conn.call(Bytes::from(bytes)).await?;
-        let result: MetaResult = codec::decode(&reply)?;
-        result
+        let limit = self.ep.config().max_msg_bytes;
+        transport::rpc::call(&conn, &Request::new(req), limit).await
     }
 
     /// A map at least as new as `version`: the known one, or a fresh one from the
@@ -107,15 +106,8 @@ impl ClusterView {
         }
         let _one = self.refreshing.lock().await;
         if self.current().version < version {
-            match self.meta_call(&MetaRequest::ClusterMap).await? {
-                MetaReply::Map(map) => self.offer(map),
-                other => {
-                    return Err(WireError::new(
-                        ErrorCode::Malformed,
-                        format!("unexpected reply to ClusterMap: {other:?}"),
-                    ))
-                }
-            }
+            let map = self.meta_call(GetMap).await?;
+            self.offer(map);
         }
         let map = self.current();
         if map.version < version {

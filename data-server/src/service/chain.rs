@@ -18,7 +18,7 @@ use super::{blocking, call_peer, range_error, Inner};
 use crate::store::{Fill, ReplicaFields, Stamp};
 use bytes::Bytes;
 use proto::data::fits_inline;
-use proto::data::{ChunkMeta, DataReply, DataRequest, Placement, ReplicaData};
+use proto::data::{ChunkMeta, Placement, ReplicaData, Replicate};
 use proto::meta::{ClusterMap, MemberState};
 use proto::{ChainId, ChunkId, ErrorCode, NodeId, RemoteBuf, WireError};
 use transport::{Access, BufferPool, Connection, MemoryRegion};
@@ -397,7 +397,7 @@ async fn forward(
         (None, Some(mr)) => ReplicaData::Inline(mr.lock()[..n as usize].to_vec()),
         (None, None) => ReplicaData::Zeros(n),
     };
-    let req = DataRequest::Replicate {
+    let req = Replicate {
         chunk: w.chunk,
         place: w.place,
         chunk_size_bytes: w.chunk_size,
@@ -406,13 +406,7 @@ async fn forward(
         base_version: stamp.base,
         data: payload,
     };
-    let reply = call_peer(next, &req).await;
+    let reply = call_peer(next, req).await;
     drop(grant);
-    match reply? {
-        DataReply::Written { .. } => Ok(()),
-        other => Err(WireError::new(
-            ErrorCode::Malformed,
-            format!("unexpected reply {other:?} from successor"),
-        )),
-    }
+    reply.map(drop)
 }

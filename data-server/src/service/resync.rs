@@ -5,7 +5,8 @@
 use super::{blocking, call_peer, Inner, MAX_LIST_CHUNKS};
 use crate::store::ReplicaFields;
 use parking_lot::Mutex;
-use proto::data::{ChunkMeta, DataReply, DataRequest, DataResult};
+use proto::data::{ChunkInfo, ChunkMeta, FetchChunk, ListChunks};
+use proto::meta::cluster::InodesExist;
 use proto::meta::{ClusterMap, MemberState, ResyncReport};
 use proto::{ChainId, ChunkId, ErrorCode, NodeId, RemoteBuf, WireError};
 use std::collections::HashSet;
@@ -31,7 +32,7 @@ impl Inner {
         conn: &Connection,
         chunk: ChunkId,
         dest: RemoteBuf,
-    ) -> DataResult {
+    ) -> Result<ChunkMeta, WireError> {
         let _lock = self.locks.read(chunk).await;
         let store = self.store.clone();
         let Some((meta, bytes)) = blocking(move || store.fetch(chunk)).await? else {
@@ -59,7 +60,7 @@ impl Inner {
             };
             conn.write(target, &mr, 0).await.map_err(WireError::from)?;
         }
-        Ok(DataReply::Fetched(meta))
+        Ok(meta)
     }
 
     /// Replaces the local copy of `chunk` by the one at `from`. A source without the
@@ -95,18 +96,12 @@ impl Inner {
             let grant = conn
                 .grant(&mr, 0, room as usize, Access::RemoteWrite)
                 .map_err(WireError::from)?;
-            let req = DataRequest::FetchChunk {
+            let req = FetchChunk {
                 chunk,
                 dest: grant.remote(),
             };
-            let got = match call_peer(&conn, &req).await {
-                Ok(DataReply::Fetched(m)) => m,
-                Ok(other) => {
-                    return Err(WireError::new(
-                        ErrorCode::Malformed,
-                        format!("unexpected reply {other:?} to FetchChunk"),
-                    ))
-                }
+            let got = match call_peer(&conn, req).await {
+                Ok(m) => m,
                 // It grew past the room: measure again.
                 Err(e) if e.code == ErrorCode::TooBig => continue,
                 Err(e) => return Err(e),
@@ -137,21 +132,11 @@ impl Inner {
 }
 
 async fn info(conn: &Connection, chunk: ChunkId) -> Result<Option<ChunkMeta>, WireError> {
-    match call_peer(
-        conn,
-        &DataRequest::ChunkInfo {
-            chunk,
-            verify: false,
-        },
-    )
-    .await?
-    {
-        DataReply::Info(i) => Ok(i),
-        other => Err(WireError::new(
-            ErrorCode::Malformed,
-            format!("unexpected reply {other:?} to ChunkInfo"),
-        )),
-    }
+    let req = ChunkInfo {
+        chunk,
+        verify: false,
+    };
+    call_peer(conn, req).await
 }
 
 /// The background resync of one data server; its progress goes out with heartbeats.
@@ -255,20 +240,12 @@ impl Resync {
         let mut after = None;
         let mut clean = true;
         loop {
-            let req = DataRequest::ListChunks {
+            let req = ListChunks {
                 chain,
                 after,
                 limit: MAX_LIST_CHUNKS,
             };
-            let page = match call_peer(&conn, &req).await? {
-                DataReply::Chunks(p) => p,
-                other => {
-                    return Err(WireError::new(
-                        ErrorCode::Malformed,
-                        format!("unexpected reply {other:?} to ListChunks"),
-                    ))
-                }
-            };
+            let page = call_peer(&conn, req).await?;
             let Some(last) = page.last().map(|m| m.chunk) else {
                 break;
             };
@@ -352,18 +329,16 @@ impl Resync {
         let mut inodes: Vec<proto::InodeId> = own.iter().map(|c| c.chunk.inode).collect();
         inodes.dedup();
         for batch in inodes.chunks(EXIST_BATCH) {
-            let req = proto::meta::MetaRequest::InodesExist {
+            let req = InodesExist {
                 inodes: batch.to_vec(),
             };
-            let exist = match self.inner.view.meta_call(&req).await? {
-                proto::meta::MetaReply::Exist(e) if e.len() == batch.len() => e,
-                other => {
-                    return Err(WireError::new(
-                        ErrorCode::Malformed,
-                        format!("unexpected reply {other:?} to InodesExist"),
-                    ))
-                }
-            };
+            let exist = self.inner.view.meta_call(req).await?;
+            if exist.len() != batch.len() {
+                return Err(WireError::new(
+                    ErrorCode::Malformed,
+                    format!("{} answers to InodesExist of {}", exist.len(), batch.len()),
+                ));
+            }
             for (&inode, _) in batch.iter().zip(exist).filter(|(_, e)| !e) {
                 let store = self.inner.store.clone();
                 blocking(move || store.delete_file(inode)).await?;
