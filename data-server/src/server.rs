@@ -9,7 +9,7 @@ use crate::store::ChunkStore;
 use parking_lot::Mutex;
 use proto::meta::cluster::{self, Beat, RegisterData};
 use proto::meta::GcTask;
-use proto::{NodeId, WireError, PROTOCOL_VERSION};
+use proto::{NodeId, PROTOCOL_VERSION};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -232,11 +232,11 @@ impl Heartbeat {
         }
     }
 
-    async fn register(&self) -> Result<NodeId, WireError> {
+    async fn register(&self) -> Result<NodeId, DataError> {
         let store = self.store.clone();
         let known = tokio::task::spawn_blocking(move || store.load_node_id())
             .await
-            .map_err(|e| WireError::new(proto::ErrorCode::Io, e.to_string()))??;
+            .map_err(|e| DataError::Task(e.to_string()))??;
         let (capacity_bytes, used_bytes) = self.usage().await;
         let req = RegisterData {
             node: known,
@@ -249,7 +249,7 @@ impl Heartbeat {
             let store = self.store.clone();
             tokio::task::spawn_blocking(move || store.save_node_id(node))
                 .await
-                .map_err(|e| WireError::new(proto::ErrorCode::Io, e.to_string()))??;
+                .map_err(|e| DataError::Task(e.to_string()))??;
         }
         Ok(node)
     }

@@ -27,7 +27,8 @@ use proto::data::{
     Repair, ReplicaData, Replicate, TruncateFile, Usage, WriteChunk, WriteInline, WriteZeros,
     MAX_INLINE_WRITE_BYTES,
 };
-use proto::{codec, rpc, ChunkId, ErrorCode, ProtoError, RemoteBuf, Request, Rpc, WireError};
+use proto::{codec, rpc, ChunkId, ProtoError, RemoteBuf, Request, Rpc, WireError};
+use serde::Serialize;
 use std::sync::Arc;
 use tokio::sync::Notify;
 use tracing::{debug, warn, Instrument};
@@ -112,8 +113,8 @@ impl Handler for DataService {
                 }
                 Err(e) => {
                     warn!(peer = conn.peer(), error = %e, "undecodable request");
-                    let err: Result<(), WireError> = Err(WireError::from(e));
-                    Bytes::from(rpc::answer(&err, limit))
+                    let err: Result<(), DataError> = Err(DataError::from(e));
+                    Bytes::from(answer(err, limit))
                 }
             }
         })
@@ -121,7 +122,12 @@ impl Handler for DataService {
 }
 
 /// The answer to request `R` as a handler returns it.
-type Reply<R> = Result<<R as Rpc>::Reply, WireError>;
+type Reply<R> = Result<<R as Rpc>::Reply, DataError>;
+
+/// Encodes a handler's answer: the one place a [`DataError`] becomes a [`WireError`].
+fn answer<T: Serialize>(result: Result<T, DataError>, limit: usize) -> Vec<u8> {
+    rpc::answer(&result.map_err(WireError::from), limit)
+}
 
 /// How a call to another data server failed.
 enum PeerFailure {
@@ -155,25 +161,22 @@ async fn call_peer<R: Rpc<Envelope = DataRequest>>(conn: &Connection, req: R) ->
     let req = Request::new(req);
     match transport::rpc::call::<R, PeerFailure>(conn, &req, usize::MAX).await {
         Ok(reply) => Ok(reply),
-        Err(PeerFailure::Answered(e)) => Err(e),
-        Err(PeerFailure::Unreached(e)) => Err(WireError::new(
-            ErrorCode::Unavailable,
-            format!("data server {} failed: {e}", conn.peer()),
-        )),
+        Err(PeerFailure::Answered(e)) => Err(DataError::Remote(e)),
+        Err(PeerFailure::Unreached(e)) => Err(DataError::Unavailable(format!(
+            "data server {} failed: {e}",
+            conn.peer()
+        ))),
     }
 }
 
 /// The bytes of an inline write, refused past [`MAX_INLINE_WRITE_BYTES`] (a sender
 /// that does not keep the limit could otherwise make steps larger than a buffer).
-fn check_inline(data: Vec<u8>) -> Result<Bytes, WireError> {
+fn check_inline(data: Vec<u8>) -> Result<Bytes, DataError> {
     if data.len() > MAX_INLINE_WRITE_BYTES {
-        return Err(WireError::new(
-            ErrorCode::TooBig,
-            format!(
-                "inline write of {} bytes, limit {MAX_INLINE_WRITE_BYTES}",
-                data.len()
-            ),
-        ));
+        return Err(DataError::TooBig(format!(
+            "inline write of {} bytes, limit {MAX_INLINE_WRITE_BYTES}",
+            data.len()
+        )));
     }
     Ok(Bytes::from(data))
 }
@@ -181,13 +184,10 @@ fn check_inline(data: Vec<u8>) -> Result<Bytes, WireError> {
 /// Runs blocking store work on tokio's blocking pool.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, DataError> + Send + 'static,
-) -> Result<T, WireError> {
+) -> Result<T, DataError> {
     match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r.map_err(WireError::from),
-        Err(e) => Err(WireError::new(
-            ErrorCode::Io,
-            format!("store task failed: {e}"),
-        )),
+        Ok(r) => r,
+        Err(e) => Err(DataError::Task(format!("store task failed: {e}"))),
     }
 }
 
@@ -204,19 +204,19 @@ impl Inner {
     async fn route(&self, conn: &Connection, req: DataRequest, limit: usize) -> Vec<u8> {
         use DataRequest as D;
         match req {
-            D::ReadChunk(r) => rpc::answer(&self.read_chunk(conn, r).await, limit),
-            D::WriteChunk(r) => rpc::answer(&self.write_chunk(conn, r).await, limit),
-            D::WriteInline(r) => rpc::answer(&self.write_inline(conn, r).await, limit),
-            D::WriteZeros(r) => rpc::answer(&self.write_zeros(conn, r).await, limit),
-            D::Replicate(r) => rpc::answer(&self.replicate_in(conn, r).await, limit),
-            D::ChunkInfo(r) => rpc::answer(&self.chunk_info(r).await, limit),
-            D::ListChunks(r) => rpc::answer(&self.list_chunks(r).await, limit),
-            D::FetchChunk(r) => rpc::answer(&self.fetch(conn, r.chunk, r.dest).await, limit),
-            D::Repair(r) => rpc::answer(&self.repair(r).await, limit),
-            D::TruncateFile(r) => rpc::answer(&self.truncate_file(r).await, limit),
-            D::DeleteFile(r) => rpc::answer(&self.delete_file(r).await, limit),
-            D::Fsync(r) => rpc::answer(&self.fsync(r).await, limit),
-            D::Usage(r) => rpc::answer(&self.usage(r).await, limit),
+            D::ReadChunk(r) => answer(self.read_chunk(conn, r).await, limit),
+            D::WriteChunk(r) => answer(self.write_chunk(conn, r).await, limit),
+            D::WriteInline(r) => answer(self.write_inline(conn, r).await, limit),
+            D::WriteZeros(r) => answer(self.write_zeros(conn, r).await, limit),
+            D::Replicate(r) => answer(self.replicate_in(conn, r).await, limit),
+            D::ChunkInfo(r) => answer(self.chunk_info(r).await, limit),
+            D::ListChunks(r) => answer(self.list_chunks(r).await, limit),
+            D::FetchChunk(r) => answer(self.fetch(conn, r.chunk, r.dest).await, limit),
+            D::Repair(r) => answer(self.repair(r).await, limit),
+            D::TruncateFile(r) => answer(self.truncate_file(r).await, limit),
+            D::DeleteFile(r) => answer(self.delete_file(r).await, limit),
+            D::Fsync(r) => answer(self.fsync(r).await, limit),
+            D::Usage(r) => answer(self.usage(r).await, limit),
         }
     }
 
@@ -354,12 +354,12 @@ impl Inner {
         offset: u32,
         len: u32,
         dest: RemoteBuf,
-    ) -> Result<(), WireError> {
+    ) -> Result<(), DataError> {
         if u64::from(len) > dest.len {
-            return Err(WireError::new(
-                ErrorCode::InvalidArgument,
-                format!("read of {len} bytes into a buffer of {}", dest.len),
-            ));
+            return Err(DataError::InvalidArgument(format!(
+                "read of {len} bytes into a buffer of {}",
+                dest.len
+            )));
         }
         for (at, n) in self.steps(len) {
             let buf = self.pool.take().await;
@@ -376,7 +376,7 @@ impl Inner {
                 len: u64::from(n),
                 key: dest.key,
             };
-            conn.write(target, &mr, 0).await.map_err(WireError::from)?;
+            conn.write(target, &mr, 0).await.map_err(DataError::from)?;
         }
         debug!(%chunk, offset, len, "read");
         Ok(())
@@ -384,7 +384,7 @@ impl Inner {
 
     /// Cuts a file here. The chunk holding the new end changes without a chain write,
     /// so its version moves by one on every member: copies that missed the cut differ.
-    async fn truncate(&self, inode: proto::InodeId, size: u64, cs: u32) -> Result<(), WireError> {
+    async fn truncate(&self, inode: proto::InodeId, size: u64, cs: u32) -> Result<(), DataError> {
         let boundary = size.checked_sub(1).map(|end| ChunkId {
             inode,
             index: end / u64::from(cs.max(1)),
@@ -412,9 +412,8 @@ impl Inner {
     }
 }
 
-fn range_error(offset: u32, len: u32) -> WireError {
-    WireError::new(
-        ErrorCode::InvalidArgument,
-        format!("range of {len} bytes at {offset} is outside the chunk"),
-    )
+fn range_error(offset: u32, len: u32) -> DataError {
+    DataError::InvalidArgument(format!(
+        "range of {len} bytes at {offset} is outside the chunk"
+    ))
 }

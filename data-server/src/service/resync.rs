@@ -3,6 +3,7 @@
 //! copies marked stale, and drops chunks of chains it is no longer a member of.
 
 use super::{blocking, call_peer, Inner, MAX_LIST_CHUNKS};
+use crate::error::DataError;
 use crate::store::ReplicaFields;
 use parking_lot::Mutex;
 use proto::data::{ChunkInfo, ChunkMeta, FetchChunk, ListChunks};
@@ -32,20 +33,17 @@ impl Inner {
         conn: &Connection,
         chunk: ChunkId,
         dest: RemoteBuf,
-    ) -> Result<ChunkMeta, WireError> {
+    ) -> Result<ChunkMeta, DataError> {
         let _lock = self.locks.read(chunk).await;
         let store = self.store.clone();
         let Some((meta, bytes)) = blocking(move || store.fetch(chunk)).await? else {
-            return Err(WireError::new(
-                ErrorCode::NotFound,
-                format!("{chunk} is not here"),
-            ));
+            return Err(DataError::NotFound(format!("{chunk} is not here")));
         };
         if meta.len > dest.len {
-            return Err(WireError::new(
-                ErrorCode::TooBig,
-                format!("{chunk} holds {} bytes, the buffer {}", meta.len, dest.len),
-            ));
+            return Err(DataError::TooBig(format!(
+                "{chunk} holds {} bytes, the buffer {}",
+                meta.len, dest.len
+            )));
         }
         let step = self.pool.buffer_bytes();
         for (i, part) in bytes.chunks(step).enumerate() {
@@ -58,7 +56,7 @@ impl Inner {
                 len: part.len() as u64,
                 key: dest.key,
             };
-            conn.write(target, &mr, 0).await.map_err(WireError::from)?;
+            conn.write(target, &mr, 0).await.map_err(DataError::from)?;
         }
         Ok(meta)
     }
@@ -70,7 +68,7 @@ impl Inner {
         from: &str,
         chunk: ChunkId,
         chain: ChainId,
-    ) -> Result<bool, WireError> {
+    ) -> Result<bool, DataError> {
         let conn = self.view.peer_at(from).await?;
         for _ in 0..REPAIR_ATTEMPTS {
             let Some(info) = info(&conn, chunk).await? else {
@@ -79,10 +77,9 @@ impl Inner {
                 return blocking(move || store.delete_chunk(chunk)).await;
             };
             if info.stale {
-                return Err(WireError::new(
-                    ErrorCode::Stale,
-                    format!("{chunk}: the copy at {from} is stale too"),
-                ));
+                return Err(DataError::Stale(format!(
+                    "{chunk}: the copy at {from} is stale too"
+                )));
             }
             // Room for some growth while the copy is under way.
             let room = (info.len + (1 << 20))
@@ -92,10 +89,10 @@ impl Inner {
                 .view
                 .endpoint()
                 .register(room as usize)
-                .map_err(WireError::from)?;
+                .map_err(DataError::from)?;
             let grant = conn
                 .grant(&mr, 0, room as usize, Access::RemoteWrite)
-                .map_err(WireError::from)?;
+                .map_err(DataError::from)?;
             let req = FetchChunk {
                 chunk,
                 dest: grant.remote(),
@@ -103,7 +100,7 @@ impl Inner {
             let got = match call_peer(&conn, req).await {
                 Ok(m) => m,
                 // It grew past the room: measure again.
-                Err(e) if e.code == ErrorCode::TooBig => continue,
+                Err(e) if e.code() == ErrorCode::TooBig => continue,
                 Err(e) => return Err(e),
             };
             drop(grant);
@@ -124,14 +121,13 @@ impl Inner {
             blocking(move || store.install(chunk, cs, &mr.lock()[..len], fields)).await?;
             return Ok(true);
         }
-        Err(WireError::new(
-            ErrorCode::Unavailable,
-            format!("{chunk}: kept changing while copied from {from}"),
-        ))
+        Err(DataError::Unavailable(format!(
+            "{chunk}: kept changing while copied from {from}"
+        )))
     }
 }
 
-async fn info(conn: &Connection, chunk: ChunkId) -> Result<Option<ChunkMeta>, WireError> {
+async fn info(conn: &Connection, chunk: ChunkId) -> Result<Option<ChunkMeta>, DataError> {
     let req = ChunkInfo {
         chunk,
         verify: false,
@@ -230,10 +226,10 @@ impl Resync {
         map: &ClusterMap,
         chain: ChainId,
         src: NodeId,
-    ) -> Result<(), WireError> {
+    ) -> Result<(), DataError> {
         let addr = map
             .addr(src)
-            .ok_or_else(|| WireError::new(ErrorCode::Stale, format!("{src} has no address")))?
+            .ok_or_else(|| DataError::Stale(format!("{src} has no address")))?
             .to_string();
         let conn = self.inner.view.peer(map, src).await?;
         let mut theirs = HashSet::new();
@@ -274,17 +270,16 @@ impl Resync {
         if clean {
             Ok(())
         } else {
-            Err(WireError::new(
-                ErrorCode::Stale,
-                format!("{chain}: the source has stale copies"),
-            ))
+            Err(DataError::Stale(format!(
+                "{chain}: the source has stale copies"
+            )))
         }
     }
 
     /// Repairs stale copies of chains this server serves, removes chunks of chains it
     /// is not a member of any more and, with `orphans`, chunks of files that are gone
     /// (a deletion that a crash kept from reaching this server).
-    async fn sweep(&self, map: &ClusterMap, me: NodeId, orphans: bool) -> Result<(), WireError> {
+    async fn sweep(&self, map: &ClusterMap, me: NodeId, orphans: bool) -> Result<(), DataError> {
         let own = self.own_chunks(None).await?;
         if orphans {
             self.drop_orphans(&own).await?;
@@ -325,7 +320,7 @@ impl Resync {
     }
 
     /// Removes the chunks of inodes the metadata server no longer has.
-    async fn drop_orphans(&self, own: &[ChunkMeta]) -> Result<(), WireError> {
+    async fn drop_orphans(&self, own: &[ChunkMeta]) -> Result<(), DataError> {
         let mut inodes: Vec<proto::InodeId> = own.iter().map(|c| c.chunk.inode).collect();
         inodes.dedup();
         for batch in inodes.chunks(EXIST_BATCH) {
@@ -334,10 +329,8 @@ impl Resync {
             };
             let exist = self.inner.view.meta_call(req).await?;
             if exist.len() != batch.len() {
-                return Err(WireError::new(
-                    ErrorCode::Malformed,
-                    format!("{} answers to InodesExist of {}", exist.len(), batch.len()),
-                ));
+                let why = format!("{} answers to InodesExist of {}", exist.len(), batch.len());
+                return Err(DataError::Remote(WireError::new(ErrorCode::Malformed, why)));
             }
             for (&inode, _) in batch.iter().zip(exist).filter(|(_, e)| !e) {
                 let store = self.inner.store.clone();
@@ -349,7 +342,7 @@ impl Resync {
     }
 
     /// This server's chunks (of one chain, or all).
-    async fn own_chunks(&self, chain: Option<ChainId>) -> Result<Vec<ChunkMeta>, WireError> {
+    async fn own_chunks(&self, chain: Option<ChainId>) -> Result<Vec<ChunkMeta>, DataError> {
         let store = self.inner.store.clone();
         let all = blocking(move || store.chain_chunks(chain, None, usize::MAX)).await?;
         // Unreadable headers are left to fsck: their chain is unknown.

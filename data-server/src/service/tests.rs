@@ -109,7 +109,7 @@ async fn served() -> Served {
 impl Served {
     /// Reads `LEN` bytes of `CHUNK` in a task of its own: the reply, and the bytes that
     /// arrived in the client's buffer.
-    fn spawn_read(&self) -> tokio::task::JoinHandle<(Result<Moved, proto::WireError>, Vec<u8>)> {
+    fn spawn_read(&self) -> tokio::task::JoinHandle<(Result<Moved, crate::DataError>, Vec<u8>)> {
         let mr = self.client_ep.register(LEN).unwrap();
         let grant = self.client.grant(&mr, 0, LEN, Access::RemoteWrite).unwrap();
         let req = ReadChunk {
@@ -171,7 +171,7 @@ async fn a_copy_marked_stale_before_the_read_locks_is_not_read() {
     pause.release();
     let (reply, bytes) = read.await.unwrap();
     match reply {
-        Err(e) if e.code == ErrorCode::Stale => {}
+        Err(e) if e.code() == ErrorCode::Stale => {}
         other => panic!(
             "a read of a copy marked stale answered {other:?} with bytes {:02x?}..",
             &bytes[..4]
@@ -195,7 +195,7 @@ async fn a_member_made_syncing_before_the_read_locks_does_not_serve_it() {
     pause.release();
     let (reply, _) = read.await.unwrap();
     assert!(
-        matches!(&reply, Err(e) if e.code == ErrorCode::Stale),
+        matches!(&reply, Err(e) if e.code() == ErrorCode::Stale),
         "a member made syncing served a read: {reply:?}"
     );
 }
