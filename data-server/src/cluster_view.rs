@@ -1,12 +1,11 @@
 //! What a data server knows of the cluster: its own id, the cluster map (from heartbeat
 //! replies, or fetched when a request names a newer one), and connections to its peers.
 
-use bytes::Bytes;
+use crate::DataError;
 use parking_lot::{Mutex, RwLock};
-use proto::meta::{
-    ClusterMap, MemberState, MetaReply, MetaRequest, MetaResult, WATCH_AFTER, WATCH_EVERY,
-};
-use proto::{codec, ChainId, ErrorCode, NodeId, WireError};
+use proto::meta::cluster::GetMap;
+use proto::meta::{ClusterMap, MemberState, MetaRequest, WATCH_AFTER, WATCH_EVERY};
+use proto::{ChainId, NodeId, Request, Rpc};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use transport::{Connection, Endpoint, Link};
@@ -83,63 +82,53 @@ impl ClusterView {
     }
 
     /// Calls the metadata server (heartbeats, registration, map fetches: one link).
-    pub async fn meta_call(&self, req: &MetaRequest) -> Result<MetaReply, WireError> {
-        let bytes = codec::encode(req, self.ep.config().max_msg_bytes)?;
+    pub async fn meta_call<R: Rpc<Envelope = MetaRequest>>(
+        &self,
+        req: R,
+    ) -> Result<R::Reply, DataError> {
         let conn = self.meta.get(&self.ep).await?;
-        let reply = conn.call(Bytes::from(bytes)).await?;
-        let result: MetaResult = codec::decode(&reply)?;
-        result
+        let limit = self.ep.config().max_msg_bytes;
+        transport::rpc::call(&conn, &Request::new(req), limit).await
     }
 
     /// A map at least as new as `version`: the known one, or a fresh one from the
     /// metadata server. A request made with an older map gets `Stale`, so that its
     /// sender refreshes and retries.
-    pub async fn at(&self, version: u64) -> Result<Arc<ClusterMap>, WireError> {
+    pub async fn at(&self, version: u64) -> Result<Arc<ClusterMap>, DataError> {
         let known = self.current();
         if version < known.version {
-            return Err(WireError::new(
-                ErrorCode::Stale,
-                format!("cluster map {version} is older than {}", known.version),
-            ));
+            return Err(DataError::Stale(format!(
+                "cluster map {version} is older than {}",
+                known.version
+            )));
         }
         if version == known.version {
             return Ok(known);
         }
         let _one = self.refreshing.lock().await;
         if self.current().version < version {
-            match self.meta_call(&MetaRequest::ClusterMap).await? {
-                MetaReply::Map(map) => self.offer(map),
-                other => {
-                    return Err(WireError::new(
-                        ErrorCode::Malformed,
-                        format!("unexpected reply to ClusterMap: {other:?}"),
-                    ))
-                }
-            }
+            let map = self.meta_call(GetMap).await?;
+            self.offer(map);
         }
         let map = self.current();
         if map.version < version {
-            return Err(WireError::new(
-                ErrorCode::Stale,
-                format!("cluster map {version} is unknown to the metadata server"),
-            ));
+            return Err(DataError::Stale(format!(
+                "cluster map {version} is unknown to the metadata server"
+            )));
         }
         Ok(map)
     }
 
     /// A connection to data server `node`.
-    pub async fn peer(&self, map: &ClusterMap, node: NodeId) -> Result<Connection, WireError> {
-        let addr = map.addr(node).ok_or_else(|| {
-            WireError::new(
-                ErrorCode::Stale,
-                format!("{node} is not in the cluster map"),
-            )
-        })?;
+    pub async fn peer(&self, map: &ClusterMap, node: NodeId) -> Result<Connection, DataError> {
+        let addr = map
+            .addr(node)
+            .ok_or_else(|| DataError::Stale(format!("{node} is not in the cluster map")))?;
         self.peer_at(addr).await
     }
 
     /// A connection to the data server listening at `addr`.
-    pub async fn peer_at(&self, addr: &str) -> Result<Connection, WireError> {
+    pub async fn peer_at(&self, addr: &str) -> Result<Connection, DataError> {
         let link = {
             let mut peers = self.peers.lock();
             if peers.len() >= MAX_PEER_LINKS && !peers.contains_key(addr) {
@@ -150,12 +139,9 @@ impl ClusterView {
                 .or_insert_with(|| Arc::new(Link::new(addr.to_string())))
                 .clone()
         };
-        link.get(&self.ep).await.map_err(|e| {
-            WireError::new(
-                ErrorCode::Unavailable,
-                format!("data server {addr} unreachable: {e}"),
-            )
-        })
+        link.get(&self.ep)
+            .await
+            .map_err(|e| DataError::Unavailable(format!("data server {addr} unreachable: {e}")))
     }
 
     /// This server's state in `chain`, per `map`.

@@ -1,10 +1,12 @@
 //! The data server's error type and its mapping onto the stable wire codes.
 
-use proto::{ChunkId, ErrorCode, WireError};
+use proto::{ChunkId, ErrorCode, ProtoError, WireError};
 use std::io;
 use std::path::PathBuf;
+use transport::TransportError;
 
-/// Everything the chunk store can fail with.
+/// Everything the chunk store and the data service can fail with. It becomes a
+/// [`WireError`] only at the wire, in the service's one answer function.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
     /// A stored block (or its checksum table entry) failed verification; its bytes are
@@ -73,6 +75,41 @@ pub enum DataError {
         #[source]
         source: io::Error,
     },
+    /// The request names a cluster map, chain member or copy that is out of date (or
+    /// this copy is stale or still syncing): the sender refreshes its map and retries.
+    #[error("{0}")]
+    Stale(String),
+    /// Another change of the chunk is under way.
+    #[error("{0}")]
+    Busy(String),
+    /// A server the request needs (a successor, the source of a copy) cannot be reached
+    /// or stopped answering.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The chunk is not held here.
+    #[error("{0}")]
+    NotFound(String),
+    /// A size limit was exceeded (inline bytes, a buffer too small for a chunk).
+    #[error("{0}")]
+    TooBig(String),
+    /// A blocking store task failed to run to its end.
+    #[error("{0}")]
+    Task(String),
+    /// A connection or a one-sided transfer failed (a bad key is `AccessViolation`).
+    #[error("{0}")]
+    Transport(#[from] TransportError),
+    /// A message could not be encoded or decoded.
+    #[error("{0}")]
+    Codec(#[from] ProtoError),
+    /// Another server refused a request this one sent: its error, passed on as it is.
+    #[error("{0}")]
+    Remote(WireError),
+}
+
+impl From<WireError> for DataError {
+    fn from(e: WireError) -> Self {
+        DataError::Remote(e)
+    }
 }
 
 impl DataError {
@@ -89,7 +126,19 @@ impl DataError {
             DataError::NoSpace(_) => ErrorCode::NoSpace,
             DataError::Locked { .. } => ErrorCode::Busy,
             DataError::Closed { .. } => ErrorCode::Unavailable,
-            DataError::Io { .. } => ErrorCode::Io,
+            DataError::Io { .. } | DataError::Task(_) => ErrorCode::Io,
+            DataError::Stale(_) => ErrorCode::Stale,
+            DataError::Busy(_) => ErrorCode::Busy,
+            DataError::Unavailable(_) => ErrorCode::Unavailable,
+            DataError::NotFound(_) => ErrorCode::NotFound,
+            DataError::TooBig(_) => ErrorCode::TooBig,
+            DataError::Transport(e) => e.code(),
+            DataError::Codec(e) => match e {
+                ProtoError::Malformed(_) => ErrorCode::Malformed,
+                ProtoError::UnknownMessage => ErrorCode::UnknownMessage,
+                ProtoError::TooBig { .. } => ErrorCode::TooBig,
+            },
+            DataError::Remote(e) => e.code,
         }
     }
 
@@ -113,7 +162,11 @@ impl DataError {
 
 impl From<DataError> for WireError {
     fn from(e: DataError) -> Self {
-        WireError::new(e.code(), e.to_string())
+        match e {
+            // Passed on unchanged: the code and words of the server that refused.
+            DataError::Remote(w) => w,
+            e => WireError::new(e.code(), e.to_string()),
+        }
     }
 }
 
@@ -154,6 +207,36 @@ mod tests {
             .contains("version 1, this server reads only version 2"));
         let locked = DataError::Locked { path: "/d".into() };
         assert_eq!(locked.code(), ErrorCode::Busy);
+    }
+
+    /// Guards against a peer's refusal losing its code or words on its way back to the
+    /// client, and the service's own refusals getting other codes than before.
+    #[test]
+    fn service_errors_keep_their_codes_at_the_wire() {
+        let peer = WireError::new(ErrorCode::Stale, "map 7 is older than 9");
+        assert_eq!(WireError::from(DataError::from(peer.clone())), peer);
+        let stale = WireError::from(DataError::Stale("not the head".into()));
+        assert_eq!(
+            (stale.code, stale.message.as_str()),
+            (ErrorCode::Stale, "not the head")
+        );
+        let cases = [
+            (DataError::Busy(String::new()), ErrorCode::Busy),
+            (
+                DataError::Unavailable(String::new()),
+                ErrorCode::Unavailable,
+            ),
+            (DataError::NotFound(String::new()), ErrorCode::NotFound),
+            (DataError::TooBig(String::new()), ErrorCode::TooBig),
+            (DataError::Task(String::new()), ErrorCode::Io),
+            (
+                DataError::Codec(ProtoError::UnknownMessage),
+                ErrorCode::UnknownMessage,
+            ),
+        ];
+        for (e, code) in cases {
+            assert_eq!(WireError::from(e).code, code);
+        }
     }
 
     #[test]

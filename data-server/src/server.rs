@@ -7,8 +7,9 @@ use crate::error::DataError;
 use crate::service::{DataService, Pools, Resync};
 use crate::store::ChunkStore;
 use parking_lot::Mutex;
-use proto::meta::{GcTask, MetaReply, MetaRequest};
-use proto::{NodeId, WireError, PROTOCOL_VERSION};
+use proto::meta::cluster::{self, Beat, RegisterData};
+use proto::meta::GcTask;
+use proto::{NodeId, PROTOCOL_VERSION};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -231,30 +232,24 @@ impl Heartbeat {
         }
     }
 
-    async fn register(&self) -> Result<NodeId, WireError> {
+    async fn register(&self) -> Result<NodeId, DataError> {
         let store = self.store.clone();
         let known = tokio::task::spawn_blocking(move || store.load_node_id())
             .await
-            .map_err(|e| WireError::new(proto::ErrorCode::Io, e.to_string()))??;
+            .map_err(|e| DataError::Task(e.to_string()))??;
         let (capacity_bytes, used_bytes) = self.usage().await;
-        let req = MetaRequest::RegisterData {
+        let req = RegisterData {
             node: known,
             addr: self.advertise.clone(),
             capacity_bytes,
             used_bytes,
         };
-        let node = match self.view.meta_call(&req).await? {
-            MetaReply::Registered { node } => node,
-            other => {
-                let msg = format!("unexpected reply to registration: {other:?}");
-                return Err(WireError::new(proto::ErrorCode::Malformed, msg));
-            }
-        };
+        let node = self.view.meta_call(req).await?;
         if known != Some(node) {
             let store = self.store.clone();
             tokio::task::spawn_blocking(move || store.save_node_id(node))
                 .await
-                .map_err(|e| WireError::new(proto::ErrorCode::Io, e.to_string()))??;
+                .map_err(|e| DataError::Task(e.to_string()))??;
         }
         Ok(node)
     }
@@ -280,7 +275,7 @@ impl Heartbeat {
             tokio::time::sleep(self.interval).await;
             let (capacity_bytes, used_bytes) = self.usage().await;
             let done = self.gc.take_done();
-            let req = MetaRequest::Heartbeat {
+            let req = cluster::Heartbeat {
                 node,
                 capacity_bytes,
                 used_bytes,
@@ -288,16 +283,12 @@ impl Heartbeat {
                 map_version: self.view.current().version,
                 resync: self.resync.report(),
             };
-            match self.view.meta_call(&req).await {
-                Ok(MetaReply::Beat { gc, map }) => {
+            match self.view.meta_call(req).await {
+                Ok(Beat { gc, map }) => {
                     if let Some(map) = map {
                         self.view.offer(map);
                     }
                     self.gc.start(&self.store, gc);
-                }
-                Ok(other) => {
-                    warn!(reply = ?other, "unexpected heartbeat reply");
-                    self.gc.unreported(done);
                 }
                 Err(e) => {
                     warn!(error = %e, "heartbeat failed");

@@ -7,19 +7,19 @@ use crate::config::{AtimeMode, ClientConfig};
 use crate::error::{ClientError, Result};
 use crate::file::datapath::{DataPath, MapFetch, MapSource, Pools};
 use crate::file::FileState;
-use crate::rpc::{self, expect_reply, RpcCounts, RpcEndpoint};
+use crate::rpc::{self, MetaCall, Replied, RpcCounts, RpcEndpoint, Seen};
 use crate::segpool::SegPool;
 
 mod away;
 mod opening;
 mod resume;
 use parking_lot::Mutex;
+use proto::meta::cluster::GetMap;
 use proto::meta::{
-    Caller, ClusterMap, DirEntry, LockSpec, MetaReply, MetaRequest, RenameMode, XattrMode,
-    MAX_RELEASES,
+    fs, Caller, ClusterMap, DirEntry, LockSpec, MetaRequest, RenameMode, XattrMode, MAX_RELEASES,
 };
 use proto::{
-    Attr, ClientId, ErrorCode, FileKind, InodeId, NodeId, SessionId, SetAttr, WireError,
+    Attr, ClientId, ErrorCode, FileKind, InodeId, NodeId, Request, SessionId, SetAttr, WireError,
     PROTOCOL_VERSION,
 };
 use std::collections::HashMap;
@@ -97,8 +97,7 @@ impl Client {
         let dir_ttl = Duration::from_millis(config.attr_ttl_ms);
         let entry_ttl = Duration::from_millis(config.entry_ttl_ms);
         let name = format!("fs-client pid {}", std::process::id());
-        let hello = rpc::meta_call(&ep, &meta, &MetaRequest::Hello { name }).await?;
-        let id = expect_reply!(hello, MetaReply::Welcome { client } => client)?;
+        let id = rpc::meta_call(&ep, &meta, &Request::new(fs::Hello { name })).await?;
         // The connection that said hello needs no resume.
         let hello_conn = meta.made();
         let client = Arc::new_cyclic(|me: &Weak<Client>| Client {
@@ -155,39 +154,51 @@ impl Client {
         self.ep.counts()
     }
 
-    pub(crate) async fn meta(&self, req: MetaRequest) -> Result<MetaReply> {
+    /// Sends `req`, waiting up to `meta_wait_ms` for a server that is away.
+    pub(crate) async fn meta<R: MetaCall>(&self, req: R) -> Result<R::Reply> {
         self.meta_keeping(req).await.map(|(reply, _)| reply)
     }
 
     /// [`Client::meta`], also returning [`Client::attr_epoch`] as it was once the
     /// request had dropped the kept copies it changes: a reply's attributes may be kept
     /// (`keep_attr`) unless another such request went out meanwhile.
-    pub(crate) async fn meta_keeping(&self, req: MetaRequest) -> Result<(MetaReply, u64)> {
-        self.meta_waiting(&req, self.meta_wait()).await
+    pub(crate) async fn meta_keeping<R: MetaCall>(&self, req: R) -> Result<(R::Reply, u64)> {
+        self.meta_waiting(&Request::new(req), self.meta_wait())
+            .await
     }
 
     /// One try of [`Client::meta_keeping`], on the connection the caller resumed.
-    async fn meta_once(&self, req: &MetaRequest) -> Result<(MetaReply, u64)> {
-        self.dir_attrs.before(req);
-        let token = self.dir_names.before(req);
+    async fn meta_once<R: MetaCall>(&self, req: &Request<R>) -> Result<(R::Reply, u64)> {
+        // The caches follow the file-system calls only.
+        let fs_req = match req.envelope() {
+            MetaRequest::Fs(r) => Some(r),
+            MetaRequest::Cluster(_) | MetaRequest::Admin(_) => None,
+        };
+        let token = fs_req.map(|r| {
+            self.dir_attrs.before(r);
+            self.dir_names.before(r)
+        });
         let since = self.attr_epoch();
         let epoch = self.no_xattrs.epoch();
         let reply = rpc::meta_call(&self.ep, &self.meta, req).await;
-        self.dir_names.after(req, reply.as_ref().ok(), token);
+        if let (Some(r), Some(token)) = (fs_req, token) {
+            let seen = reply.as_ref().ok().map(Replied::seen);
+            self.dir_names.after(r, seen, token);
+        }
         let reply = reply?;
         // Every attribute reply says whether the inode has extended attributes.
-        match &reply {
-            MetaReply::Attr(a) => self.no_xattrs.note(a, epoch),
-            MetaReply::Opened { attr, parent, .. } => {
-                for a in std::iter::once(attr).chain(parent.as_ref().map(|c| &c.after)) {
+        match reply.seen() {
+            Seen::Attr(a) => self.no_xattrs.note(a, epoch),
+            Seen::Opened(o) => {
+                for a in std::iter::once(&o.attr).chain(o.parent.as_ref().map(|c| &c.after)) {
                     self.no_xattrs.note(a, epoch);
                 }
             }
-            MetaReply::Made { attr, parent } => {
-                self.no_xattrs.note(attr, epoch);
-                self.no_xattrs.note(&parent.after, epoch);
+            Seen::Made(m) => {
+                self.no_xattrs.note(&m.attr, epoch);
+                self.no_xattrs.note(&m.parent.after, epoch);
             }
-            MetaReply::Dir { entries, .. } => {
+            Seen::Dir(fs::DirPage { entries, .. }) => {
                 for a in entries.iter().filter_map(|e| e.attr.as_ref()) {
                     self.no_xattrs.note(a, epoch);
                 }
@@ -241,7 +252,7 @@ impl Client {
             let count = sessions.len();
             // No waiting for a server that is away: its restart ends these sessions
             // anyway, and an unmount must not stall on them.
-            let req = MetaRequest::ReleaseMany { sessions };
+            let req = Request::new(fs::ReleaseMany { sessions });
             if let Err(e) = self.meta_waiting(&req, Duration::ZERO).await {
                 tracing::warn!(error = %e, count, "ending sessions failed");
             }
@@ -279,11 +290,11 @@ impl Client {
                 format!("no {} in {parent}", String::from_utf8_lossy(name)),
             )));
         }
-        let req = MetaRequest::Lookup {
+        let req = fs::Lookup {
             parent,
             name: name.to_vec(),
         };
-        let attr = expect_reply!(self.meta(req).await?, MetaReply::Attr(a) => a)?;
+        let attr = self.meta(req).await?;
         Ok(self.overlay(attr))
     }
 
@@ -335,13 +346,12 @@ impl Client {
                 st.truncated(size);
             }
         }
-        let req = MetaRequest::SetAttr {
+        let req = fs::SetAttr {
             ino,
             set,
             commit: commit.map(|(c, _)| c),
         };
-        let (reply, since) = self.meta_keeping(req).await?;
-        let attr = expect_reply!(reply, MetaReply::Attr(a) => a)?;
+        let (attr, since) = self.meta_keeping(req).await?;
         if let (Some(st), Some((_, generation))) = (&live, commit) {
             st.committed_with(generation, &attr);
         }
@@ -361,7 +371,7 @@ impl Client {
             AtimeMode::StrictAtime => true,
         };
         // Best effort: not worth holding a read while the server is away.
-        let req = MetaRequest::Accessed { ino, strict };
+        let req = Request::new(fs::Accessed { ino, strict });
         if let Err(e) = self.meta_waiting(&req, Duration::ZERO).await {
             tracing::debug!(%ino, error = %e, "atime update failed");
         }
@@ -395,13 +405,10 @@ impl Client {
 
     /// Makes a name (mkdir, mknod, symlink, link); keeps the directory's new attributes
     /// for the kernel's `getattr` that follows, as a create does.
-    async fn entry(&self, req: MetaRequest) -> Result<Attr> {
-        let (attr, parent) = expect_reply!(
-            self.meta(req).await?,
-            MetaReply::Made { attr, parent } => (attr, parent)
-        )?;
-        self.dir_attrs.put(parent.after);
-        Ok(attr)
+    async fn entry<R: MetaCall<Reply = fs::Made>>(&self, req: R) -> Result<Attr> {
+        let made = self.meta(req).await?;
+        self.dir_attrs.put(made.parent.after);
+        Ok(made.attr)
     }
 
     /// Creates a directory.
@@ -413,7 +420,7 @@ impl Client {
         caller: Caller,
     ) -> Result<Attr> {
         let name = name.to_vec();
-        self.entry(MetaRequest::Mkdir {
+        self.entry(fs::Mkdir {
             parent,
             name,
             perm,
@@ -433,7 +440,7 @@ impl Client {
         caller: Caller,
     ) -> Result<Attr> {
         let name = name.to_vec();
-        self.entry(MetaRequest::MkNod {
+        self.entry(fs::MkNod {
             parent,
             name,
             kind,
@@ -453,7 +460,7 @@ impl Client {
         caller: Caller,
     ) -> Result<Attr> {
         let (name, target) = (name.to_vec(), target.to_vec());
-        self.entry(MetaRequest::Symlink {
+        self.entry(fs::Symlink {
             parent,
             name,
             target,
@@ -464,14 +471,14 @@ impl Client {
 
     /// Reads a symlink's target.
     pub async fn readlink(&self, ino: InodeId) -> Result<Vec<u8>> {
-        expect_reply!(self.meta(MetaRequest::Readlink { ino }).await?, MetaReply::Target(t) => t)
+        self.meta(fs::Readlink { ino }).await
     }
 
     /// Adds a hard link.
     pub async fn link(&self, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> Result<Attr> {
         let new_name = new_name.to_vec();
         let attr = self
-            .entry(MetaRequest::Link {
+            .entry(fs::Link {
                 ino,
                 new_parent,
                 new_name,
@@ -483,22 +490,16 @@ impl Client {
     /// Removes a name of a non-directory.
     pub async fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<()> {
         let name = name.to_vec();
-        if let MetaReply::Removed { parent } =
-            self.meta(MetaRequest::Unlink { parent, name }).await?
-        {
-            self.dir_attrs.put(parent.after);
-        }
+        let change = self.meta(fs::Unlink { parent, name }).await?;
+        self.dir_attrs.put(change.after);
         Ok(())
     }
 
     /// Removes an empty directory.
     pub async fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<()> {
         let name = name.to_vec();
-        if let MetaReply::Removed { parent } =
-            self.meta(MetaRequest::Rmdir { parent, name }).await?
-        {
-            self.dir_attrs.put(parent.after);
-        }
+        let change = self.meta(fs::Rmdir { parent, name }).await?;
+        self.dir_attrs.put(change.after);
         Ok(())
     }
 
@@ -511,7 +512,7 @@ impl Client {
         new_name: &[u8],
         mode: RenameMode,
     ) -> Result<()> {
-        let req = MetaRequest::Rename {
+        let req = fs::Rename {
             parent,
             name: name.to_vec(),
             new_parent,
@@ -529,13 +530,14 @@ impl Client {
         max_entries: u32,
         plus: bool,
     ) -> Result<(Vec<DirEntry>, bool)> {
-        let req = MetaRequest::ReadDir {
+        let req = fs::ReadDir {
             ino,
             after,
             max_entries,
             plus,
         };
-        expect_reply!(self.meta(req).await?, MetaReply::Dir { entries, done, .. } => (entries, done))
+        let page = self.meta(req).await?;
+        Ok((page.entries, page.done))
     }
 
     /// The whole listing of a directory (for tools and tests; the mount pages).
@@ -553,11 +555,12 @@ impl Client {
 
     /// File system totals.
     pub async fn statfs(&self) -> Result<FsStats> {
-        expect_reply!(
-            self.meta(MetaRequest::StatFs).await?,
-            MetaReply::StatFs { total_bytes, free_bytes, files } =>
-                FsStats { total_bytes, free_bytes, files }
-        )
+        let s = self.meta(fs::StatFs).await?;
+        Ok(FsStats {
+            total_bytes: s.total_bytes,
+            free_bytes: s.free_bytes,
+            files: s.files,
+        })
     }
 
     /// Reads an extended attribute.
@@ -569,10 +572,10 @@ impl Client {
                 "no such extended attribute",
             )));
         }
-        let req = MetaRequest::GetXattr {
+        let req = Request::new(fs::GetXattr {
             ino,
             name: name.to_vec(),
-        };
+        });
         let (r, guessed) = self.getxattr_call(ino, &req, caps).await;
         match r {
             // Only the server's own answer is kept, not one guessed while it was away.
@@ -593,7 +596,7 @@ impl Client {
         mode: XattrMode,
     ) -> Result<()> {
         self.no_xattrs.changing(ino);
-        let req = MetaRequest::SetXattr {
+        let req = fs::SetXattr {
             ino,
             name: name.to_vec(),
             value: value.to_vec(),
@@ -607,16 +610,13 @@ impl Client {
         if self.no_xattrs.none(ino) {
             return Ok(Vec::new());
         }
-        expect_reply!(
-            self.meta(MetaRequest::ListXattr { ino }).await?,
-            MetaReply::XattrNames(n) => n
-        )
+        self.meta(fs::ListXattr { ino }).await
     }
 
     /// Removes an extended attribute.
     pub async fn removexattr(&self, ino: InodeId, name: &[u8]) -> Result<()> {
         self.no_xattrs.changing(ino);
-        let req = MetaRequest::RemoveXattr {
+        let req = fs::RemoveXattr {
             ino,
             name: name.to_vec(),
         };
@@ -630,7 +630,7 @@ impl Client {
         const LONGEST_WAIT: Duration = Duration::from_millis(200);
         let mut pause = FIRST_WAIT;
         loop {
-            let req = MetaRequest::SetLock {
+            let req = fs::SetLock {
                 ino,
                 client: self.id,
                 lock,
@@ -656,17 +656,17 @@ impl Client {
 
     /// The lock of another owner that would conflict with `lock`, if any (`F_GETLK`).
     pub async fn getlk(&self, ino: InodeId, lock: LockSpec) -> Result<Option<LockSpec>> {
-        let req = MetaRequest::GetLock {
+        let req = fs::GetLock {
             ino,
             client: self.id,
             lock,
         };
-        expect_reply!(self.meta(req).await?, MetaReply::Lock(l) => l)
+        self.meta(req).await
     }
 
     /// Drops every lock the kernel's lock owner `owner` holds on `ino`.
     pub async fn release_locks(&self, ino: InodeId, owner: u64) -> Result<()> {
-        let req = MetaRequest::ReleaseLocks {
+        let req = fs::ReleaseLocks {
             ino,
             client: self.id,
             owner,
@@ -679,10 +679,7 @@ impl MapSource for Client {
     /// The map through the metadata connection, waiting for a server that is away as
     /// every metadata call does.
     fn fetch_map(&self) -> MapFetch<'_> {
-        Box::pin(async move {
-            let map = self.meta(MetaRequest::ClusterMap).await?;
-            expect_reply!(map, MetaReply::Map(m) => m)
-        })
+        Box::pin(async move { self.meta(GetMap).await })
     }
 }
 

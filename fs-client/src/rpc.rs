@@ -1,12 +1,12 @@
 //! Calls to the metadata server and the data servers: encoding, decoding, reconnecting.
 
 use crate::error::{ClientError, Result};
-use bytes::Bytes;
 use parking_lot::Mutex;
-use proto::codec;
-use proto::data::{DataReply, DataRequest, DataResult};
-use proto::meta::{MetaReply, MetaRequest, MetaResult, NodeInfo};
-use proto::NodeId;
+use proto::data::DataRequest;
+use proto::meta::cluster::FilesPage;
+use proto::meta::fs::{DirPage, FsStats, Made, Opened};
+use proto::meta::{ClusterMap, ClusterStatus, DirChange, LockSpec, MetaRequest, NodeInfo};
+use proto::{Attr, ClientId, NodeId, Request, Rpc, SessionId};
 use std::collections::HashMap;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -88,23 +88,25 @@ impl Deref for RpcEndpoint {
 /// Sends a metadata request once. A caller that may wait for a server that is away
 /// (see [`server_away`]) tries again itself, after resuming its open files on the new
 /// connection: a reconnect hidden in here would skip that.
-pub async fn meta_call(ep: &RpcEndpoint, link: &Link, req: &MetaRequest) -> Result<MetaReply> {
-    let bytes = Bytes::from(codec::encode(req, ep.config().max_msg_bytes)?);
+pub async fn meta_call<R: Rpc<Envelope = MetaRequest>>(
+    ep: &RpcEndpoint,
+    link: &Link,
+    req: &Request<R>,
+) -> Result<R::Reply> {
     let conn = link.get(ep).await?;
     ep.meta_calls.fetch_add(1, Ordering::Relaxed);
-    let reply = conn.call(bytes).await?;
-    let result: MetaResult = codec::decode(&reply)?;
-    Ok(result?)
+    transport::rpc::call(&conn, req, ep.config().max_msg_bytes).await
 }
 
-/// Whether `e`, the failure of `req`, says the metadata server is away (not running,
-/// restarting, or cut off) in a way that makes sending `req` again safe: nothing reached
-/// a server (no connection), or the connection broke under a request that may be
-/// applied twice. A caller may wait for the server and try again.
-pub(crate) fn server_away(e: &ClientError, req: &MetaRequest) -> bool {
+/// Whether `e`, the failure of request `R`, says the metadata server is away (not
+/// running, restarting, or cut off) in a way that makes sending it again safe: nothing
+/// reached a server (no connection), or the connection broke under a request that may
+/// be applied twice ([`Rpc::IDEMPOTENT`]). A caller may wait for the server and try
+/// again.
+pub(crate) fn server_away<R: Rpc>(e: &ClientError) -> bool {
     match e {
         ClientError::Transport(TransportError::Connect { .. }) => true,
-        ClientError::Transport(TransportError::Disconnected { .. }) => idempotent(req),
+        ClientError::Transport(TransportError::Disconnected { .. }) => R::IDEMPOTENT,
         _ => false,
     }
 }
@@ -119,65 +121,102 @@ pub(crate) fn unreachable(e: &ClientError) -> bool {
     )
 }
 
-/// Whether applying the request twice has the effect of applying it once.
-fn idempotent(req: &MetaRequest) -> bool {
-    use MetaRequest as R;
-    match req {
-        R::Hello { .. }
-        | R::Lookup { .. }
-        | R::GetAttr { .. }
-        | R::SetAttr { .. }
-        | R::Readlink { .. }
-        | R::ReadDir { .. }
-        | R::StatFs
-        | R::Open { .. }
-        | R::Commit { .. }
-        | R::GetXattr { .. }
-        | R::ListXattr { .. }
-        | R::SetXattr { .. }
-        | R::RegisterData { .. }
-        | R::Heartbeat { .. }
-        | R::ClusterMap
-        | R::Status
-        | R::ListFiles { .. }
-        | R::CheckNamespace
-        | R::InodesExist { .. }
-        | R::Accessed { .. }
-        | R::SetLock { .. }
-        | R::GetLock { .. }
-        | R::ReleaseLocks { .. }
-        // Sessions of a lost connection ended with it; a retry finds them gone.
-        | R::ReleaseMany { .. }
-        // Moving sessions to the connection it arrives on, again, changes nothing.
-        | R::Resume { .. }
-        | R::TailCut { .. } => true,
-        R::Create { .. }
-        | R::MkNod { .. }
-        | R::Mkdir { .. }
-        | R::Symlink { .. }
-        | R::Link { .. }
-        | R::Unlink { .. }
-        | R::Rmdir { .. }
-        | R::Rename { .. }
-        | R::Release { .. }
-        | R::RemoveXattr { .. }
-        | R::Append { .. } => false,
+/// Sends a data-server request (all are idempotent: safe to retry once on a new
+/// connection when the old one broke).
+pub async fn data_call<R: Rpc<Envelope = DataRequest>>(
+    ep: &RpcEndpoint,
+    conn: &Connection,
+    req: R,
+) -> Result<R::Reply> {
+    ep.data_calls.fetch_add(1, Ordering::Relaxed);
+    let limit = ep.config().max_msg_bytes;
+    transport::rpc::call(conn, &Request::new(req), limit).await
+}
+
+/// A metadata request whose reply the caches can look at: every request sent through
+/// `Client::meta`.
+pub(crate) trait MetaCall: Rpc<Envelope = MetaRequest, Reply: Replied> {}
+
+impl<R: Rpc<Envelope = MetaRequest, Reply: Replied>> MetaCall for R {}
+
+/// What the client's caches learn from a metadata reply: the attributes it carries
+/// and the directory change it reports, whatever request it answers.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Seen<'a> {
+    /// One inode's attributes (lookup, getattr, setattr, commit, accessed).
+    Attr(&'a Attr),
+    /// An open (create, open).
+    Opened(&'a Opened),
+    /// A new name (mkdir, mknod, symlink, link).
+    Made(&'a Made),
+    /// A removed name (unlink, rmdir).
+    Removed(&'a DirChange),
+    /// A page of a listing.
+    Dir(&'a DirPage),
+    /// Nothing the caches keep.
+    Nothing,
+}
+
+/// A reply type, as the caches see it ([`Seen`]).
+pub(crate) trait Replied {
+    /// The view of this reply.
+    fn seen(&self) -> Seen<'_> {
+        Seen::Nothing
     }
 }
 
-/// Sends a data-server request (all are idempotent: safe to retry once on a new
-/// connection when the old one broke).
-pub async fn data_call(
-    ep: &RpcEndpoint,
-    conn: &Connection,
-    req: &DataRequest,
-) -> Result<DataReply> {
-    let bytes = Bytes::from(codec::encode(req, ep.config().max_msg_bytes)?);
-    ep.data_calls.fetch_add(1, Ordering::Relaxed);
-    let reply = conn.call(bytes).await?;
-    let result: DataResult = codec::decode(&reply)?;
-    Ok(result?)
+impl Replied for Attr {
+    fn seen(&self) -> Seen<'_> {
+        Seen::Attr(self)
+    }
 }
+
+impl Replied for Opened {
+    fn seen(&self) -> Seen<'_> {
+        Seen::Opened(self)
+    }
+}
+
+impl Replied for Made {
+    fn seen(&self) -> Seen<'_> {
+        Seen::Made(self)
+    }
+}
+
+impl Replied for DirChange {
+    fn seen(&self) -> Seen<'_> {
+        Seen::Removed(self)
+    }
+}
+
+impl Replied for DirPage {
+    fn seen(&self) -> Seen<'_> {
+        Seen::Dir(self)
+    }
+}
+
+/// Replies that carry no attributes.
+macro_rules! replied_with_nothing {
+    ($($t:ty),* $(,)?) => {
+        $(impl Replied for $t {})*
+    };
+}
+
+replied_with_nothing!(
+    (),
+    u64,
+    Vec<u8>,
+    Vec<Vec<u8>>,
+    Vec<bool>,
+    Vec<String>,
+    Vec<SessionId>,
+    Option<LockSpec>,
+    ClientId,
+    FsStats,
+    ClusterMap,
+    ClusterStatus,
+    FilesPage,
+);
 
 /// Links to every data server, by node id, refreshed from the cluster map.
 #[derive(Default)]
@@ -204,16 +243,3 @@ impl DataLinks {
         self.links.lock().get(&node).cloned()
     }
 }
-
-/// Unwraps an expected reply variant or reports a protocol error.
-macro_rules! expect_reply {
-    ($reply:expr, $pat:pat => $out:expr) => {
-        match $reply {
-            $pat => Ok($out),
-            other => Err($crate::error::ClientError::Protocol(format!(
-                "unexpected reply {other:?}"
-            ))),
-        }
-    };
-}
-pub(crate) use expect_reply;

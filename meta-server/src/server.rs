@@ -4,11 +4,11 @@
 
 use crate::config::NamespaceConfig;
 use crate::kv::{open_store, StoreKind};
-use crate::namespace::{ConnId, Namespace};
+use crate::namespace::{ConnId, Handle, Namespace};
 use crate::MetaError;
 use bytes::Bytes;
-use proto::meta::{MetaRequest, MetaResult};
-use proto::{codec, ErrorCode, WireError, PROTOCOL_VERSION};
+use proto::meta::MetaRequest;
+use proto::{codec, rpc, ErrorCode, WireError, PROTOCOL_VERSION};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -77,37 +77,14 @@ impl Handler for MetaService {
     fn handle(&self, conn: Connection, request: Bytes) -> HandlerFuture {
         let (ns, limit) = (self.ns.clone(), self.max_msg_bytes);
         Box::pin(async move {
-            let result: MetaResult = match codec::decode::<MetaRequest>(&request) {
-                Ok(req) => {
-                    let id = ConnId(conn.id().0);
-                    if is_point_read(&req) {
-                        // A few cached reads under the namespace lock: handing them to
-                        // the blocking pool would cost more than they take.
-                        ns.handle(req, id)
-                    } else {
-                        // Store commits fsync and scans may be long: keep them off the
-                        // async workers. The namespace opens the request's span
-                        // (operation and ids).
-                        let work = tokio::task::spawn_blocking(move || ns.handle(req, id));
-                        match work.await {
-                            Ok(r) => r,
-                            Err(e) => Err(WireError::new(
-                                ErrorCode::Io,
-                                format!("request failed: {e}"),
-                            )),
-                        }
-                    }
-                }
+            match codec::decode::<MetaRequest>(&request) {
+                Ok(req) => Bytes::from(route(ns, req, ConnId(conn.id().0), limit).await),
                 Err(e) => {
                     warn!(peer = conn.peer(), error = %e, "undecodable request");
-                    Err(WireError::from(e))
+                    let err: Result<(), WireError> = Err(WireError::from(e));
+                    Bytes::from(rpc::answer(&err, limit))
                 }
-            };
-            let bytes = codec::encode(&result, limit).or_else(|e| {
-                let err: MetaResult = Err(WireError::new(ErrorCode::TooBig, e.to_string()));
-                codec::encode(&err, usize::MAX)
-            });
-            Bytes::from(bytes.unwrap_or_default())
+            }
         })
     }
 
@@ -127,16 +104,76 @@ impl Handler for MetaService {
     }
 }
 
-/// Requests that read a few keys and change nothing: the lookups and attribute reads
-/// of every path walk and `stat`. They run on the async worker that received them.
-fn is_point_read(req: &MetaRequest) -> bool {
-    matches!(
-        req,
-        MetaRequest::Lookup { .. }
-            | MetaRequest::GetAttr { .. }
-            | MetaRequest::Readlink { .. }
-            | MetaRequest::GetXattr { .. }
-    )
+/// Hands each request to its type's handler (`namespace::handlers`). A flat table
+/// reads best on one screen, so rustfmt is told not to spread it.
+#[rustfmt::skip]
+async fn route(ns: Arc<Namespace>, req: MetaRequest, conn: ConnId, limit: usize) -> Vec<u8> {
+    use proto::meta::{AdminRequest as A, ClusterRequest as C, FsRequest as F};
+    match req {
+        MetaRequest::Fs(req) => match req {
+            F::Hello(r) => serve(ns, r, conn, limit).await,
+            F::Lookup(r) => serve(ns, r, conn, limit).await,
+            F::GetAttr(r) => serve(ns, r, conn, limit).await,
+            F::SetAttr(r) => serve(ns, r, conn, limit).await,
+            F::Create(r) => serve(ns, r, conn, limit).await,
+            F::MkNod(r) => serve(ns, r, conn, limit).await,
+            F::Mkdir(r) => serve(ns, r, conn, limit).await,
+            F::Symlink(r) => serve(ns, r, conn, limit).await,
+            F::Readlink(r) => serve(ns, r, conn, limit).await,
+            F::Link(r) => serve(ns, r, conn, limit).await,
+            F::Unlink(r) => serve(ns, r, conn, limit).await,
+            F::Rmdir(r) => serve(ns, r, conn, limit).await,
+            F::Rename(r) => serve(ns, r, conn, limit).await,
+            F::ReadDir(r) => serve(ns, r, conn, limit).await,
+            F::StatFs(r) => serve(ns, r, conn, limit).await,
+            F::Open(r) => serve(ns, r, conn, limit).await,
+            F::Commit(r) => serve(ns, r, conn, limit).await,
+            F::Release(r) => serve(ns, r, conn, limit).await,
+            F::TailCut(r) => serve(ns, r, conn, limit).await,
+            F::ReleaseMany(r) => serve(ns, r, conn, limit).await,
+            F::GetXattr(r) => serve(ns, r, conn, limit).await,
+            F::SetXattr(r) => serve(ns, r, conn, limit).await,
+            F::ListXattr(r) => serve(ns, r, conn, limit).await,
+            F::RemoveXattr(r) => serve(ns, r, conn, limit).await,
+            F::Append(r) => serve(ns, r, conn, limit).await,
+            F::Accessed(r) => serve(ns, r, conn, limit).await,
+            F::SetLock(r) => serve(ns, r, conn, limit).await,
+            F::GetLock(r) => serve(ns, r, conn, limit).await,
+            F::ReleaseLocks(r) => serve(ns, r, conn, limit).await,
+            F::Resume(r) => serve(ns, r, conn, limit).await,
+        },
+        MetaRequest::Cluster(req) => match req {
+            C::RegisterData(r) => serve(ns, r, conn, limit).await,
+            C::Heartbeat(r) => serve(ns, r, conn, limit).await,
+            C::GetMap(r) => serve(ns, r, conn, limit).await,
+            C::ListFiles(r) => serve(ns, r, conn, limit).await,
+            C::InodesExist(r) => serve(ns, r, conn, limit).await,
+        },
+        MetaRequest::Admin(req) => match req {
+            A::Status(r) => serve(ns, r, conn, limit).await,
+            A::CheckNamespace(r) => serve(ns, r, conn, limit).await,
+        },
+    }
+}
+
+/// Runs one request and encodes its answer.
+async fn serve<R: Handle>(ns: Arc<Namespace>, req: R, conn: ConnId, limit: usize) -> Vec<u8> {
+    let result = if R::POINT_READ {
+        // A few cached reads under the namespace lock: handing them to the blocking
+        // pool would cost more than they take.
+        ns.handle(req, conn)
+    } else {
+        // Store commits fsync and scans may be long: keep them off the async workers.
+        // The namespace opens the request's span (operation and ids).
+        match tokio::task::spawn_blocking(move || ns.handle(req, conn)).await {
+            Ok(r) => r,
+            Err(e) => Err(WireError::new(
+                ErrorCode::Io,
+                format!("request failed: {e}"),
+            )),
+        }
+    };
+    rpc::answer(&result, limit)
 }
 
 /// How often the sessions of broken connections are checked for an expired grace.

@@ -40,15 +40,17 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ProtoError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::MetaRequest;
+    use crate::meta::{fs, MetaRequest};
+    use crate::rpc::Rpc;
     use crate::InodeId;
 
     #[test]
     fn messages_round_trip_and_bad_bytes_are_named() {
-        let req = MetaRequest::Lookup {
+        let req = fs::Lookup {
             parent: InodeId::ROOT,
             name: b"x".to_vec(),
-        };
+        }
+        .into_envelope();
         let bytes = encode(&req, 1024).unwrap();
         assert_eq!(decode::<MetaRequest>(&bytes).unwrap(), req);
         assert!(matches!(encode(&req, 2), Err(ProtoError::TooBig { .. })));

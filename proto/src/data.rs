@@ -6,12 +6,11 @@
 //! the request, as RDMA stacks send small payloads inline, because fetching them with
 //! a one-sided READ costs a round trip per chain member for a few KiB.
 
-use crate::error::WireError;
 use crate::ids::{ChainId, ChunkId, InodeId};
 use crate::RemoteBuf;
 use serde::{Deserialize, Serialize};
 
-/// Largest write whose bytes travel inside the request ([`DataRequest::WriteInline`],
+/// Largest write whose bytes travel inside the request ([`WriteInline`],
 /// [`ReplicaData::Inline`]) instead of being READ from the sender's buffer.
 pub const MAX_INLINE_WRITE_BYTES: usize = 64 * 1024;
 
@@ -25,142 +24,182 @@ pub fn fits_inline(len: usize, max_request_bytes: usize) -> bool {
     len <= MAX_INLINE_WRITE_BYTES && len + INLINE_HEADROOM_BYTES <= max_request_bytes
 }
 
-/// A request to a data server.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum DataRequest {
-    /// Reads `len` bytes at `offset` of a chunk into the client's buffer `dest`
-    /// (holes and bytes past the chunk's end read as zeros).
-    ReadChunk {
-        /// The chunk.
-        chunk: ChunkId,
-        /// Where the chunk lives: a member that is not serving it refuses with `Stale`.
-        place: Placement,
-        /// The file's chunk size.
-        chunk_size_bytes: u32,
-        /// Offset within the chunk.
-        offset: u32,
-        /// Bytes to read; `offset + len <= chunk_size_bytes` and `len <= dest.len`.
-        len: u32,
-        /// Where to WRITE the bytes.
-        dest: RemoteBuf,
-    },
-    /// Writes `src.len` bytes at `offset` of a chunk, READing them from the client. Sent
-    /// to the head of the chunk's chain; acknowledged once every member has the bytes.
-    WriteChunk {
-        /// The chunk.
-        chunk: ChunkId,
-        /// Where the chunk lives and how many copies the file asks for.
-        place: Placement,
-        /// The file's chunk size.
-        chunk_size_bytes: u32,
-        /// Offset within the chunk.
-        offset: u32,
-        /// Where to READ the bytes from; `offset + src.len <= chunk_size_bytes`.
-        src: RemoteBuf,
-    },
-    /// Writes the bytes carried in the request (at most [`MAX_INLINE_WRITE_BYTES`]) at
-    /// `offset` of a chunk. Sent to the head, like `WriteChunk`.
-    WriteInline {
-        /// The chunk.
-        chunk: ChunkId,
-        /// Where the chunk lives and how many copies the file asks for.
-        place: Placement,
-        /// The file's chunk size.
-        chunk_size_bytes: u32,
-        /// Offset within the chunk.
-        offset: u32,
-        /// The bytes; `offset + data.len() <= chunk_size_bytes`.
-        #[serde(with = "serde_bytes")]
-        data: Vec<u8>,
-    },
-    /// Writes `len` zero bytes at `offset` of a chunk (a punched hole), without moving
-    /// any bytes over the network. Sent to the head, like `WriteChunk`.
-    WriteZeros {
-        /// The chunk.
-        chunk: ChunkId,
-        /// Where the chunk lives and how many copies the file asks for.
-        place: Placement,
-        /// The file's chunk size.
-        chunk_size_bytes: u32,
-        /// Offset within the chunk.
-        offset: u32,
-        /// Bytes to zero; `offset + len <= chunk_size_bytes`.
-        len: u32,
-    },
-    /// A write passed down a chain by a member to its successor.
-    Replicate {
-        /// The chunk.
-        chunk: ChunkId,
-        /// Where the chunk lives and how many copies the file asks for.
-        place: Placement,
-        /// The file's chunk size.
-        chunk_size_bytes: u32,
-        /// Offset within the chunk.
-        offset: u32,
-        /// The chunk's version after this write, given by the head.
-        version: u64,
-        /// The version the head had before it (a member holding another one missed a
-        /// write and must copy the whole chunk).
-        base_version: u64,
-        /// The bytes: READ from the predecessor, or zeros.
-        data: ReplicaData,
-    },
-    /// A chunk's version and state; with `verify`, every block's checksum is checked.
-    ChunkInfo {
-        /// The chunk.
-        chunk: ChunkId,
-        /// Read and check every block.
-        verify: bool,
-    },
-    /// Up to `limit` chunks of chain `chain` held here, after `after`, in store order.
-    ListChunks {
-        /// The chain.
-        chain: ChainId,
-        /// Start after this chunk (`None`: from the beginning).
-        after: Option<ChunkId>,
-        /// At most this many.
-        limit: u32,
-    },
-    /// WRITEs a whole chunk into the caller's buffer and returns its version, consistent
-    /// with each other (a resync or repair copying a chunk).
-    FetchChunk {
-        /// The chunk.
-        chunk: ChunkId,
-        /// Where to WRITE the bytes; at least the chunk's size.
-        dest: RemoteBuf,
-    },
-    /// Replaces the local copy of a chunk with the copy of the data server at `from`.
-    Repair {
-        /// The chunk.
-        chunk: ChunkId,
-        /// The chain it belongs to.
-        chain: ChainId,
-        /// Address of a data server with a good copy.
-        from: String,
-    },
-    /// Cuts a file's chunks held here to `size` bytes: drops whole chunks past it and
-    /// zeroes the tail of the chunk that holds the new end.
-    TruncateFile {
-        /// The file.
-        inode: InodeId,
-        /// The new length of the file.
-        size: u64,
-        /// The file's chunk size.
-        chunk_size_bytes: u32,
-    },
-    /// Removes every chunk of a file held here.
-    DeleteFile {
-        /// The file.
-        inode: InodeId,
-    },
-    /// Makes the named chunks durable (data and directory entries).
-    Fsync {
-        /// The chunks written since the last fsync.
-        chunks: Vec<ChunkId>,
-    },
-    /// Disk usage.
-    Usage,
+crate::rpc_requests! {
+    /// A request to a data server, as it travels.
+    pub enum DataRequest => DataRequest {
+        ReadChunk => Moved, "read", idempotent: true;
+        WriteChunk => Moved, "write", idempotent: true;
+        WriteInline => Moved, "write_inline", idempotent: true;
+        WriteZeros => Moved, "write_zeros", idempotent: true;
+        Replicate => Moved, "replicate", idempotent: true;
+        ChunkInfo => Option<ChunkMeta>, "chunk_info", idempotent: true;
+        ListChunks => Vec<ChunkMeta>, "list_chunks", idempotent: true;
+        FetchChunk => ChunkMeta, "fetch_chunk", idempotent: true;
+        Repair => (), "repair", idempotent: true;
+        TruncateFile => (), "truncate", idempotent: true;
+        DeleteFile => (), "delete", idempotent: true;
+        Fsync => (), "fsync", idempotent: true;
+        Usage => DiskUsage, "usage", idempotent: true;
+    }
 }
+
+/// Reads `len` bytes at `offset` of a chunk into the client's buffer `dest`
+/// (holes and bytes past the chunk's end read as zeros).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadChunk {
+    /// The chunk.
+    pub chunk: ChunkId,
+    /// Where the chunk lives: a member that is not serving it refuses with `Stale`.
+    pub place: Placement,
+    /// The file's chunk size.
+    pub chunk_size_bytes: u32,
+    /// Offset within the chunk.
+    pub offset: u32,
+    /// Bytes to read; `offset + len <= chunk_size_bytes` and `len <= dest.len`.
+    pub len: u32,
+    /// Where to WRITE the bytes.
+    pub dest: RemoteBuf,
+}
+
+/// Writes `src.len` bytes at `offset` of a chunk, READing them from the client. Sent
+/// to the head of the chunk's chain; acknowledged once every member has the bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteChunk {
+    /// The chunk.
+    pub chunk: ChunkId,
+    /// Where the chunk lives and how many copies the file asks for.
+    pub place: Placement,
+    /// The file's chunk size.
+    pub chunk_size_bytes: u32,
+    /// Offset within the chunk.
+    pub offset: u32,
+    /// Where to READ the bytes from; `offset + src.len <= chunk_size_bytes`.
+    pub src: RemoteBuf,
+}
+
+/// Writes the bytes carried in the request (at most [`MAX_INLINE_WRITE_BYTES`]) at
+/// `offset` of a chunk. Sent to the head, like `WriteChunk`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteInline {
+    /// The chunk.
+    pub chunk: ChunkId,
+    /// Where the chunk lives and how many copies the file asks for.
+    pub place: Placement,
+    /// The file's chunk size.
+    pub chunk_size_bytes: u32,
+    /// Offset within the chunk.
+    pub offset: u32,
+    /// The bytes; `offset + data.len() <= chunk_size_bytes`.
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+/// Writes `len` zero bytes at `offset` of a chunk (a punched hole), without moving
+/// any bytes over the network. Sent to the head, like `WriteChunk`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteZeros {
+    /// The chunk.
+    pub chunk: ChunkId,
+    /// Where the chunk lives and how many copies the file asks for.
+    pub place: Placement,
+    /// The file's chunk size.
+    pub chunk_size_bytes: u32,
+    /// Offset within the chunk.
+    pub offset: u32,
+    /// Bytes to zero; `offset + len <= chunk_size_bytes`.
+    pub len: u32,
+}
+
+/// A write passed down a chain by a member to its successor.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Replicate {
+    /// The chunk.
+    pub chunk: ChunkId,
+    /// Where the chunk lives and how many copies the file asks for.
+    pub place: Placement,
+    /// The file's chunk size.
+    pub chunk_size_bytes: u32,
+    /// Offset within the chunk.
+    pub offset: u32,
+    /// The chunk's version after this write, given by the head.
+    pub version: u64,
+    /// The version the head had before it (a member holding another one missed a
+    /// write and must copy the whole chunk).
+    pub base_version: u64,
+    /// The bytes: READ from the predecessor, or zeros.
+    pub data: ReplicaData,
+}
+
+/// A chunk's version and state; with `verify`, every block's checksum is checked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkInfo {
+    /// The chunk.
+    pub chunk: ChunkId,
+    /// Read and check every block.
+    pub verify: bool,
+}
+
+/// Up to `limit` chunks of chain `chain` held here, after `after`, in store order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListChunks {
+    /// The chain.
+    pub chain: ChainId,
+    /// Start after this chunk (`None`: from the beginning).
+    pub after: Option<ChunkId>,
+    /// At most this many.
+    pub limit: u32,
+}
+
+/// WRITEs a whole chunk into the caller's buffer and returns its version, consistent
+/// with each other (a resync or repair copying a chunk).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FetchChunk {
+    /// The chunk.
+    pub chunk: ChunkId,
+    /// Where to WRITE the bytes; at least the chunk's size.
+    pub dest: RemoteBuf,
+}
+
+/// Replaces the local copy of a chunk with the copy of the data server at `from`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Repair {
+    /// The chunk.
+    pub chunk: ChunkId,
+    /// The chain it belongs to.
+    pub chain: ChainId,
+    /// Address of a data server with a good copy.
+    pub from: String,
+}
+
+/// Cuts a file's chunks held here to `size` bytes: drops whole chunks past it and
+/// zeroes the tail of the chunk that holds the new end.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TruncateFile {
+    /// The file.
+    pub inode: InodeId,
+    /// The new length of the file.
+    pub size: u64,
+    /// The file's chunk size.
+    pub chunk_size_bytes: u32,
+}
+
+/// Removes every chunk of a file held here.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteFile {
+    /// The file.
+    pub inode: InodeId,
+}
+
+/// Makes the named chunks durable (data and directory entries).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fsync {
+    /// The chunks written since the last fsync.
+    pub chunks: Vec<ChunkId>,
+}
+
+/// Disk usage.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage;
 
 /// Where a chunk lives: its chain, the cluster map version the sender used, and the
 /// copies the file asks for.
@@ -203,40 +242,25 @@ pub struct ChunkMeta {
     pub stale: bool,
 }
 
-/// A successful answer of a data server.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum DataReply {
-    /// Nothing to return.
-    Unit,
-    /// The bytes are in the client's buffer.
-    Read {
-        /// Bytes written into the buffer (the `len` asked for).
-        len: u32,
-    },
-    /// The bytes are stored (not yet durable: see `Fsync`).
-    Written {
-        /// Bytes stored.
-        len: u32,
-    },
-    /// A chunk's state (`None`: not held here).
-    Info(Option<ChunkMeta>),
-    /// Chunks held here.
-    Chunks(Vec<ChunkMeta>),
-    /// A whole chunk is in the caller's buffer.
-    Fetched(ChunkMeta),
-    /// Disk usage.
-    Usage {
-        /// Bytes this server may use.
-        capacity_bytes: u64,
-        /// Bytes it uses.
-        used_bytes: u64,
-        /// Chunk files it holds.
-        chunks: u64,
-    },
+/// Bytes moved by a read or a write (the `len` asked for): the reply to [`ReadChunk`]
+/// (the bytes are in the client's buffer) and to the writes (the bytes are stored, not
+/// yet durable: see [`Fsync`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Moved {
+    /// Bytes read or stored.
+    pub len: u32,
 }
 
-/// The answer to every [`DataRequest`].
-pub type DataResult = Result<DataReply, WireError>;
+/// A data server's disk usage: the reply to [`Usage`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskUsage {
+    /// Bytes this server may use.
+    pub capacity_bytes: u64,
+    /// Bytes it uses.
+    pub used_bytes: u64,
+    /// Chunk files it holds.
+    pub chunks: u64,
+}
 
 #[cfg(test)]
 mod tests {
@@ -246,7 +270,7 @@ mod tests {
     #[test]
     fn an_inline_write_round_trips_and_fits_its_limit() {
         let data = vec![7u8; MAX_INLINE_WRITE_BYTES];
-        let req = DataRequest::WriteInline {
+        let req = DataRequest::WriteInline(WriteInline {
             chunk: ChunkId {
                 inode: InodeId(u64::MAX),
                 index: u64::MAX,
@@ -259,12 +283,12 @@ mod tests {
             chunk_size_bytes: u32::MAX,
             offset: u32::MAX,
             data,
-        };
+        });
         // The largest inline write, with every other field at its widest, stays within
         // the headroom `fits_inline` leaves.
         let bytes = codec::encode(&req, MAX_INLINE_WRITE_BYTES + INLINE_HEADROOM_BYTES).unwrap();
         assert_eq!(codec::decode::<DataRequest>(&bytes).unwrap(), req);
-        let rep = DataRequest::Replicate {
+        let rep = DataRequest::Replicate(Replicate {
             chunk: ChunkId {
                 inode: InodeId(1),
                 index: 2,
@@ -279,7 +303,7 @@ mod tests {
             version: u64::MAX,
             base_version: u64::MAX - 1,
             data: ReplicaData::Inline(b"abc".to_vec()),
-        };
+        });
         let bytes = codec::encode(&rep, 4096).unwrap();
         assert_eq!(codec::decode::<DataRequest>(&bytes).unwrap(), rep);
 

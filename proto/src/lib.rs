@@ -11,16 +11,19 @@ pub mod data;
 pub mod error;
 pub mod ids;
 pub mod meta;
+pub mod rpc;
 
 pub use attr::{Attr, FileKind, Layout, SetAttr, TimeSet, Timestamp};
 pub use error::{ErrorCode, ProtoError, WireError};
 pub use ids::{ChainId, ChunkId, ClientId, InodeId, MrKey, NodeId, SessionId, Version};
+pub use rpc::{Request, Rpc, RpcResult};
 
 /// Version of the Tessera application protocol (the messages in [`meta`] and [`data`]).
 ///
 /// Both ends announce it in the connection handshake; a peer speaking another version is
-/// refused before any message is exchanged.
-pub const PROTOCOL_VERSION: u16 = 10;
+/// refused before any message is exchanged. 11: one type per request, each naming its
+/// reply, and subsystem envelopes instead of one request and one reply enum.
+pub const PROTOCOL_VERSION: u16 = 11;
 
 /// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
 pub const MAX_NAME_BYTES: usize = 255;

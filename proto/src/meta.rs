@@ -1,11 +1,21 @@
 //! Messages between clients (and data servers) and the metadata server.
 //!
-//! Every request is answered by one [`MetaResult`]. Names are raw bytes: Unix names need
-//! not be UTF-8.
+//! Requests come in three subsystems, each its own module and enum: the file-system
+//! calls of clients ([`fs`]), the cluster calls of data servers ([`cluster`]) and the
+//! calls of administration tools ([`admin`]); [`MetaRequest`] is the envelope over the
+//! three. Each request type names its reply type ([`crate::rpc::Rpc`]). Names are raw
+//! bytes: Unix names need not be UTF-8.
 
-use crate::attr::{Attr, FileKind, Layout, SetAttr, Timestamp};
-use crate::error::WireError;
-use crate::ids::{ChainId, ClientId, InodeId, NodeId, SessionId};
+pub mod admin;
+pub mod cluster;
+pub mod fs;
+
+pub use admin::AdminRequest;
+pub use cluster::ClusterRequest;
+pub use fs::FsRequest;
+
+use crate::attr::{Attr, FileKind, Layout, Timestamp};
+use crate::ids::{ChainId, InodeId, NodeId};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -59,7 +69,7 @@ pub struct Commit {
     pub mtime: Timestamp,
 }
 
-/// One entry returned by [`MetaRequest::ReadDir`].
+/// One entry returned by [`fs::ReadDir`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirEntry {
     /// The entry's name.
@@ -300,430 +310,47 @@ pub struct LockSpec {
     pub kind: LockKind,
 }
 
-/// Most sessions one [`MetaRequest::ReleaseMany`] ends.
+/// Most sessions one [`fs::ReleaseMany`] ends.
 pub const MAX_RELEASES: usize = 1024;
 
-/// A request to the metadata server.
+/// A request to the metadata server, as it travels: one variant per subsystem.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaRequest {
-    /// A client introduces itself and gets an id for its sessions.
-    Hello {
-        /// Free-form description for logs (host, mount point).
-        name: String,
-    },
-    /// Finds `name` in directory `parent`.
-    Lookup {
-        /// The directory.
-        parent: InodeId,
-        /// The name to find.
-        name: Vec<u8>,
-    },
-    /// Reads an inode's attributes.
-    GetAttr {
-        /// The inode.
-        ino: InodeId,
-    },
-    /// Changes attributes.
-    SetAttr {
-        /// The inode.
-        ino: InodeId,
-        /// What to change.
-        set: SetAttr,
-        /// A length commit of this client's writes to the file, applied first in the
-        /// same change (the client has sent the bytes): a `utime`, `chown` or `chmod`
-        /// right after writes (`tar x`, `cp -a`) needs one durable change, not two.
-        commit: Option<Commit>,
-    },
-    /// Creates a regular file (or opens an existing one unless `exclusive`) and opens it.
-    Create {
-        /// The directory.
-        parent: InodeId,
-        /// The new name.
-        name: Vec<u8>,
-        /// Permission bits.
-        perm: u32,
-        /// Owner of the new file.
-        caller: Caller,
-        /// Fail with `AlreadyExists` if the name exists (`O_EXCL`).
-        exclusive: bool,
-        /// The session's client.
-        client: ClientId,
-    },
-    /// Creates a special file: FIFO, socket or device node.
-    MkNod {
-        /// The directory.
-        parent: InodeId,
-        /// The new name.
-        name: Vec<u8>,
-        /// The kind (not `Regular`, `Directory` or `Symlink`).
-        kind: FileKind,
-        /// Permission bits.
-        perm: u32,
-        /// Device number for device nodes.
-        rdev: u32,
-        /// Owner of the new node.
-        caller: Caller,
-    },
-    /// Creates a directory.
-    Mkdir {
-        /// The parent directory.
-        parent: InodeId,
-        /// The new name.
-        name: Vec<u8>,
-        /// Permission bits.
-        perm: u32,
-        /// Owner of the new directory.
-        caller: Caller,
-    },
-    /// Creates a symbolic link.
-    Symlink {
-        /// The directory.
-        parent: InodeId,
-        /// The new name.
-        name: Vec<u8>,
-        /// What the link points to.
-        target: Vec<u8>,
-        /// Owner of the link.
-        caller: Caller,
-    },
-    /// Reads a symlink's target.
-    Readlink {
-        /// The symlink.
-        ino: InodeId,
-    },
-    /// Adds a hard link to an existing non-directory.
-    Link {
-        /// The inode to link.
-        ino: InodeId,
-        /// Directory of the new name.
-        new_parent: InodeId,
-        /// The new name.
-        new_name: Vec<u8>,
-    },
-    /// Removes a non-directory name.
-    Unlink {
-        /// The directory.
-        parent: InodeId,
-        /// The name.
-        name: Vec<u8>,
-    },
-    /// Removes an empty directory.
-    Rmdir {
-        /// The parent directory.
-        parent: InodeId,
-        /// The name.
-        name: Vec<u8>,
-    },
-    /// Renames atomically.
-    Rename {
-        /// Directory of the source.
-        parent: InodeId,
-        /// Source name.
-        name: Vec<u8>,
-        /// Directory of the target.
-        new_parent: InodeId,
-        /// Target name.
-        new_name: Vec<u8>,
-        /// What to do with an existing target.
-        mode: RenameMode,
-    },
-    /// Lists a directory, a page at a time, in name order.
-    ReadDir {
-        /// The directory.
-        ino: InodeId,
-        /// Resume strictly after this name (the stable cursor); `None` starts at the top.
-        after: Option<Vec<u8>>,
-        /// Most entries to return (the server may return fewer to fit the message).
-        max_entries: u32,
-        /// Include each entry's attributes (readdirplus).
-        plus: bool,
-    },
-    /// File system totals.
-    StatFs,
-    /// Opens an existing inode and starts a session on it.
-    Open {
-        /// The inode.
-        ino: InodeId,
-        /// The session's client.
-        client: ClientId,
-        /// Cut the file to zero length (`O_TRUNC`); the client has emptied its chunks.
-        truncate: bool,
-    },
-    /// Records a writer's length and mtime (at close and fsync); durable before the reply.
-    Commit {
-        /// The file.
-        ino: InodeId,
-        /// What was written.
-        commit: Commit,
-    },
-    /// Ends a session; frees the file if it was unlinked and this was its last session.
-    Release {
-        /// The session.
-        session: SessionId,
-        /// A final length commit, applied before the session ends.
-        commit: Option<Commit>,
-    },
-    /// Says that the session's client has cut the file's chunks at its committed length
-    /// on every member of its chains, as an open's `cut_tail` asked (see
-    /// [`MetaReply::Opened`]): the server forgets that a writer vanished there.
-    TailCut {
-        /// The file.
-        ino: InodeId,
-        /// The session whose open was given the cut.
-        session: SessionId,
-    },
-    /// Ends several sessions that carry no commit (closes batched by the client); a
-    /// session already gone is skipped. At most [`MAX_RELEASES`] per call.
-    ReleaseMany {
-        /// The sessions.
-        sessions: Vec<SessionId>,
-    },
-    /// Reads one extended attribute.
-    GetXattr {
-        /// The inode.
-        ino: InodeId,
-        /// Full name with namespace (`user.foo`).
-        name: Vec<u8>,
-    },
-    /// Sets one extended attribute.
-    SetXattr {
-        /// The inode.
-        ino: InodeId,
-        /// Full name with namespace.
-        name: Vec<u8>,
-        /// The value.
-        value: Vec<u8>,
-        /// Create, replace or either.
-        mode: XattrMode,
-    },
-    /// Lists extended attribute names.
-    ListXattr {
-        /// The inode.
-        ino: InodeId,
-    },
-    /// Removes one extended attribute.
-    RemoveXattr {
-        /// The inode.
-        ino: InodeId,
-        /// Full name with namespace.
-        name: Vec<u8>,
-    },
-    /// Reserves `len` bytes at the end of a file for an `O_APPEND` write: the file grows by
-    /// `len` at once (durably) and the reply names where the bytes go, so appenders on
-    /// different clients never overwrite each other.
-    Append {
-        /// The file.
-        ino: InodeId,
-        /// Bytes to append.
-        len: u64,
-    },
-    /// A read happened: moves the access time to now if `relatime` asks for it (older
-    /// than the last change, or a day old), or always if `strict`; the change time does
-    /// not move.
-    Accessed {
-        /// The file or directory read.
-        ino: InodeId,
-        /// The mount's `strictatime`: every access moves the access time.
-        strict: bool,
-    },
-    /// Takes or releases a lock; a conflicting lock held by another owner is `WouldBlock`.
-    SetLock {
-        /// The file.
-        ino: InodeId,
-        /// The asking client.
-        client: ClientId,
-        /// The lock.
-        lock: LockSpec,
-    },
-    /// Finds a lock of another owner that conflicts with `lock` (`F_GETLK`).
-    GetLock {
-        /// The file.
-        ino: InodeId,
-        /// The asking client.
-        client: ClientId,
-        /// The lock that would be asked for.
-        lock: LockSpec,
-    },
-    /// Drops every lock `owner` of `client` holds on the file (close, or the last close
-    /// of an open file that held a `flock`).
-    ReleaseLocks {
-        /// The file.
-        ino: InodeId,
-        /// The client.
-        client: ClientId,
-        /// The kernel's lock owner.
-        owner: u64,
-    },
-    /// A data server announces itself (first start: `node` is `None`).
-    RegisterData {
-        /// The id it was given before, kept in its data directory.
-        node: Option<NodeId>,
-        /// Where its transport listens.
-        addr: String,
-        /// Bytes of disk it may use.
-        capacity_bytes: u64,
-        /// Bytes it uses.
-        used_bytes: u64,
-    },
-    /// A data server's lease renewal, carrying the deletions it has finished.
-    Heartbeat {
-        /// The server.
-        node: NodeId,
-        /// Bytes of disk it may use.
-        capacity_bytes: u64,
-        /// Bytes it uses.
-        used_bytes: u64,
-        /// Deletions finished since the last heartbeat.
-        done: Vec<GcTask>,
-        /// The version of the cluster map the server knows.
-        map_version: u64,
-        /// How its resync goes.
-        resync: ResyncReport,
-    },
-    /// The cluster map: data servers, chains and their states.
-    ClusterMap,
-    /// The map, the number of under-replicated chunks and the resyncs under way.
-    Status,
-    /// Up to `limit` regular files with an inode number above `after`, in order.
-    ListFiles {
-        /// Start after this inode.
-        after: InodeId,
-        /// At most this many files.
-        limit: u32,
-    },
-    /// Checks the namespace's own consistency (entries, link counts, orphans); returns
-    /// one line per problem found.
-    CheckNamespace,
-    /// Whether each of these inodes still exists (a data server looking for chunks no
-    /// file points to).
-    InodesExist {
-        /// The inodes to check.
-        inodes: Vec<InodeId>,
-    },
-    /// Sent by a client first on a new connection after its previous one broke: its
-    /// open sessions (and locks) move to this connection, instead of ending when the
-    /// server gives up on the broken one. At most [`MAX_RELEASES`] sessions per call.
-    Resume {
-        /// The client, from its `Hello`.
-        client: ClientId,
-        /// The sessions the client still has open, with their files.
-        sessions: Vec<(SessionId, InodeId)>,
-    },
+    /// A file-system call of a client.
+    Fs(FsRequest),
+    /// A cluster call of a data server.
+    Cluster(ClusterRequest),
+    /// A call of an administration tool.
+    Admin(AdminRequest),
 }
 
-/// A successful answer of the metadata server.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum MetaReply {
-    /// Nothing to return.
-    Unit,
-    /// The welcome of a client.
-    Welcome {
-        /// The client's id for its sessions.
-        client: ClientId,
-    },
-    /// An inode's attributes (lookup, getattr, setattr, commit).
-    Attr(Attr),
-    /// An open session (create, open).
-    Opened {
-        /// The file's attributes after the open (and truncation).
-        attr: Attr,
-        /// The new session.
-        session: SessionId,
-        /// Where the file's chunks live.
-        layout: Layout,
-        /// After a create, the directory's change (its times moved): the kernel asks
-        /// for its attributes before the next change in that directory, and the client
-        /// answers from this copy instead of asking again; a client that knows every
-        /// name in the directory keeps knowing them (see [`DirChange`]).
-        parent: Option<DirChange>,
-        /// A client that held the file open went away without closing it: bytes it
-        /// wrote past the committed length may lie on the data servers, where a later
-        /// truncation upwards or a write past the end would show them instead of zeros.
-        /// The opener cuts the chunks at `attr.size` before anything else, then sends
-        /// `TailCut`; meanwhile other opens of the file are answered `Busy`. Only given
-        /// when no other session has the file open (their writes past the end may be
-        /// in flight).
-        cut_tail: bool,
-    },
-    /// A symlink's target.
-    Target(Vec<u8>),
-    /// A page of a directory listing.
-    Dir {
-        /// Entries in name order.
-        entries: Vec<DirEntry>,
-        /// No entries follow the last one.
-        done: bool,
-        /// When this page is the whole listing (asked from the top, nothing follows) and
-        /// the directory did not change while it was read: the directory's ctime, at
-        /// which these are all its names (see [`DirChange`]).
-        complete_at: Option<Timestamp>,
-    },
-    /// File system totals.
-    StatFs {
-        /// Bytes of capacity over all data servers.
-        total_bytes: u64,
-        /// Bytes free over all data servers.
-        free_bytes: u64,
-        /// Inodes in use.
-        files: u64,
-    },
-    /// An extended attribute's value.
-    Xattr(Vec<u8>),
-    /// Extended attribute names.
-    XattrNames(Vec<Vec<u8>>),
-    /// A data server's id.
-    Registered {
-        /// The id to keep.
-        node: NodeId,
-    },
-    /// The answer to a heartbeat: deletions to carry out, and the cluster map when the
-    /// server's version is not the current one.
-    Beat {
-        /// Deletions for the heartbeating data server.
-        gc: Vec<GcTask>,
-        /// The current map, when the server's is older.
-        map: Option<ClusterMap>,
-    },
-    /// Where an appended range starts.
-    Offset(u64),
-    /// A conflicting lock (`None`: the lock could be taken).
-    Lock(Option<LockSpec>),
-    /// The cluster map.
-    Map(ClusterMap),
-    /// The cluster's health.
-    Status(ClusterStatus),
-    /// Regular files and their layouts.
-    Files {
-        /// In inode order.
-        files: Vec<FileLayout>,
-        /// No files follow the last one.
-        done: bool,
-    },
-    /// Problems found; empty when the namespace is consistent.
-    Problems(Vec<String>),
-    /// One answer per inode asked about, in order.
-    Exist(Vec<bool>),
-    /// An entry was removed (unlink, rmdir): the directory's change, for the same
-    /// reasons as `Opened::parent`.
-    Removed {
-        /// The directory before and after the removal.
-        parent: DirChange,
-    },
-    /// A name was made (mkdir, mknod, symlink, link): what it points to, and the
-    /// directory's change, for the same reasons as `Opened::parent`.
-    Made {
-        /// The attributes of the inode the new name points to.
-        attr: Attr,
-        /// The directory before and after the new name.
-        parent: DirChange,
-    },
-    /// What a `Resume` could not keep: sessions the server had already ended (the
-    /// client stayed away longer than the grace), so another client may have cut what
-    /// they wrote past the committed length.
-    Resumed {
-        /// The sessions lost.
-        lost: Vec<SessionId>,
-    },
+impl MetaRequest {
+    /// The request's name, for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            MetaRequest::Fs(r) => r.name(),
+            MetaRequest::Cluster(r) => r.name(),
+            MetaRequest::Admin(r) => r.name(),
+        }
+    }
+}
+
+impl From<FsRequest> for MetaRequest {
+    fn from(r: FsRequest) -> MetaRequest {
+        MetaRequest::Fs(r)
+    }
+}
+
+impl From<ClusterRequest> for MetaRequest {
+    fn from(r: ClusterRequest) -> MetaRequest {
+        MetaRequest::Cluster(r)
+    }
+}
+
+impl From<AdminRequest> for MetaRequest {
+    fn from(r: AdminRequest) -> MetaRequest {
+        MetaRequest::Admin(r)
+    }
 }
 
 /// What one request did to a directory, read in the same step as the change: its ctime
@@ -748,9 +375,6 @@ impl DirChange {
         self.before != self.after.ctime
     }
 }
-
-/// The answer to every [`MetaRequest`].
-pub type MetaResult = Result<MetaReply, WireError>;
 
 #[cfg(test)]
 mod tests {

@@ -6,8 +6,8 @@ use bytes::Bytes;
 use data_server::{DataConfig, DataServer};
 use fs_client::{Client, ClientConfig};
 use meta_server::server::{MetaConfig, MetaServer};
-use proto::data::{DataRequest, DataResult, Placement};
-use proto::{codec, ChainId, ChunkId, ErrorCode, InodeId, MrKey, RemoteBuf, PROTOCOL_VERSION};
+use proto::data::{Placement, ReadChunk};
+use proto::{ChainId, ChunkId, ErrorCode, InodeId, MrKey, RemoteBuf, Request, PROTOCOL_VERSION};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -118,7 +118,7 @@ impl InProcessCluster {
         )
         .expect("endpoint");
         let conn = ep.connect(&self.data_addr(i)).await.expect("connect");
-        let probe = DataRequest::ReadChunk {
+        let probe = Request::new(ReadChunk {
             chunk: ChunkId {
                 inode: InodeId::ROOT,
                 index: 0,
@@ -136,12 +136,12 @@ impl InProcessCluster {
                 len: 0,
                 key: MrKey(0),
             },
-        };
-        let request = Bytes::from(codec::encode(&probe, 4096).expect("encode"));
+        });
+        let request = Bytes::from(probe.encode(4096).expect("encode"));
         let deadline = tokio::time::Instant::now() + READY;
         loop {
             let reply = conn.call(request.clone()).await.expect("probe answered");
-            match codec::decode::<DataResult>(&reply).expect("decode") {
+            match probe.decode_reply(&reply).expect("decode") {
                 // Refused for its map alone ("cluster map N is older than M").
                 Err(e) if e.code == ErrorCode::Stale && e.message.contains("older than") => return,
                 other => assert!(

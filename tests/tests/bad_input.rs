@@ -2,9 +2,11 @@
 //! keep serving the connection and everyone else.
 
 use bytes::Bytes;
-use proto::data::{DataRequest, DataResult};
-use proto::meta::{MetaRequest, MetaResult};
-use proto::{codec, ChunkId, ErrorCode, InodeId, MrKey, RemoteBuf, PROTOCOL_VERSION};
+use proto::data::{ReadChunk, WriteChunk};
+use proto::meta::fs;
+use proto::{
+    codec, ChunkId, ErrorCode, InodeId, MrKey, RemoteBuf, Request, WireError, PROTOCOL_VERSION,
+};
 use tessera_tests::InProcessCluster;
 use transport::{Access, Backend, Endpoint, TransportConfig};
 
@@ -12,18 +14,26 @@ fn endpoint() -> Endpoint {
     Endpoint::new(Backend::Tcp, TransportConfig::default(), PROTOCOL_VERSION).unwrap()
 }
 
-fn meta_error(reply: &[u8]) -> ErrorCode {
-    match codec::decode::<MetaResult>(reply).expect("a well-formed reply") {
-        Err(e) => e.code,
-        Ok(r) => panic!("expected an error, got {r:?}"),
+/// The code of an error reply. An error is encoded the same whatever the reply type
+/// of the request, so it decodes as the error of a `()` reply.
+fn error_of(reply: &[u8]) -> ErrorCode {
+    match codec::decode::<Result<(), WireError>>(reply) {
+        Ok(Err(e)) => e.code,
+        other => panic!("expected a well-formed error reply, got {other:?}"),
     }
 }
 
+fn meta_error(reply: &[u8]) -> ErrorCode {
+    error_of(reply)
+}
+
 fn data_error(reply: &[u8]) -> ErrorCode {
-    match codec::decode::<DataResult>(reply).expect("a well-formed reply") {
-        Err(e) => e.code,
-        Ok(r) => panic!("expected an error, got {r:?}"),
-    }
+    error_of(reply)
+}
+
+/// The bytes of `req` in its envelope.
+fn encoded<R: proto::Rpc>(req: R) -> Bytes {
+    Bytes::from(Request::new(req).encode(1 << 20).unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -35,20 +45,16 @@ async fn malformed_and_unknown_messages_get_clear_errors() {
     let reply = meta.call(Bytes::from_static(&[100, 1, 2])).await.unwrap();
     assert_eq!(meta_error(&reply), ErrorCode::UnknownMessage);
     // A truncated message.
-    let good = codec::encode(
-        &MetaRequest::Lookup {
-            parent: InodeId::ROOT,
-            name: b"x".to_vec(),
-        },
-        4096,
-    )
-    .unwrap();
+    let good = encoded(fs::Lookup {
+        parent: InodeId::ROOT,
+        name: b"x".to_vec(),
+    });
     let reply = meta.call(Bytes::copy_from_slice(&good[..2])).await.unwrap();
     assert_eq!(meta_error(&reply), ErrorCode::Malformed);
     // An empty message, and trailing garbage.
     let reply = meta.call(Bytes::new()).await.unwrap();
     assert_eq!(meta_error(&reply), ErrorCode::Malformed);
-    let mut long = good.clone();
+    let mut long = good.to_vec();
     long.extend_from_slice(b"junk");
     assert_eq!(
         meta_error(&meta.call(Bytes::from(long)).await.unwrap()),
@@ -61,16 +67,13 @@ async fn malformed_and_unknown_messages_get_clear_errors() {
         vec![b'x'; 300],
         b"..".to_vec(),
     ] {
-        let req = MetaRequest::Mkdir {
+        let req = fs::Mkdir {
             parent: InodeId::ROOT,
             name,
             perm: 0o755,
             caller: proto::meta::Caller { uid: 0, gid: 0 },
         };
-        let reply = meta
-            .call(Bytes::from(codec::encode(&req, 4096).unwrap()))
-            .await
-            .unwrap();
+        let reply = meta.call(encoded(req)).await.unwrap();
         let code = meta_error(&reply);
         assert!(
             matches!(code, ErrorCode::InvalidArgument | ErrorCode::NameTooLong),
@@ -78,17 +81,14 @@ async fn malformed_and_unknown_messages_get_clear_errors() {
         );
     }
     // Inodes that do not exist.
-    let req = MetaRequest::GetAttr {
+    let req = fs::GetAttr {
         ino: InodeId(u64::MAX),
     };
-    let reply = meta
-        .call(Bytes::from(codec::encode(&req, 4096).unwrap()))
-        .await
-        .unwrap();
+    let reply = meta.call(encoded(req)).await.unwrap();
     assert_eq!(meta_error(&reply), ErrorCode::NotFound);
 
     // The same connection, and a new client, are still served.
-    let reply = meta.call(Bytes::from(good)).await.unwrap();
+    let reply = meta.call(good).await.unwrap();
     assert_eq!(meta_error(&reply), ErrorCode::NotFound);
     let client = cluster.client().await;
     client
@@ -120,7 +120,7 @@ async fn one_sided_accesses_with_bad_keys_or_bounds_are_refused_by_the_data_serv
         inode: InodeId(777),
         index: 0,
     };
-    let read = |dest: RemoteBuf, len: u32| DataRequest::ReadChunk {
+    let read = |dest: RemoteBuf, len: u32| ReadChunk {
         chunk,
         place,
         chunk_size_bytes: 4 << 20,
@@ -155,13 +155,10 @@ async fn one_sided_accesses_with_bad_keys_or_bounds_are_refused_by_the_data_serv
         ),
     ];
     for (what, req) in cases {
-        let reply = data
-            .call(Bytes::from(codec::encode(&req, 4096).unwrap()))
-            .await
-            .unwrap();
+        let reply = data.call(encoded(req)).await.unwrap();
         assert_eq!(data_error(&reply), ErrorCode::AccessViolation, "{what}");
     }
-    let write = DataRequest::WriteChunk {
+    let write = WriteChunk {
         chunk,
         place,
         chunk_size_bytes: 4 << 20,
@@ -171,13 +168,10 @@ async fn one_sided_accesses_with_bad_keys_or_bounds_are_refused_by_the_data_serv
             ..good
         },
     };
-    let reply = data
-        .call(Bytes::from(codec::encode(&write, 4096).unwrap()))
-        .await
-        .unwrap();
+    let reply = data.call(encoded(write)).await.unwrap();
     assert_eq!(data_error(&reply), ErrorCode::AccessViolation);
     // Bad chunk geometry is refused before any transfer.
-    let bad = DataRequest::ReadChunk {
+    let bad = ReadChunk {
         chunk,
         place,
         chunk_size_bytes: 12345,
@@ -185,19 +179,61 @@ async fn one_sided_accesses_with_bad_keys_or_bounds_are_refused_by_the_data_serv
         len: 16,
         dest: good,
     };
-    let reply = data
-        .call(Bytes::from(codec::encode(&bad, 4096).unwrap()))
-        .await
-        .unwrap();
+    let reply = data.call(encoded(bad)).await.unwrap();
     assert_eq!(data_error(&reply), ErrorCode::InvalidArgument);
     let reply = data.call(Bytes::from_static(&[99])).await.unwrap();
     assert_eq!(data_error(&reply), ErrorCode::UnknownMessage);
     // A correct read on the same connection works: an unwritten chunk reads as zeros.
     mr.lock()[..4096].fill(0xee);
+    let req = Request::new(read(good, 4096));
     let reply = data
-        .call(Bytes::from(codec::encode(&read(good, 4096), 4096).unwrap()))
+        .call(Bytes::from(req.encode(4096).unwrap()))
         .await
         .unwrap();
-    assert!(codec::decode::<DataResult>(&reply).unwrap().is_ok());
+    assert!(req.decode_reply(&reply).unwrap().is_ok());
     assert!(mr.lock()[..4096].iter().all(|&b| b == 0));
+}
+
+/// Guards against a subsystem's envelope whose payload is garbage (a known subsystem,
+/// then an unknown request or a broken one) panicking a server or going unanswered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_envelope_with_a_garbage_payload_is_refused_cleanly() {
+    let cluster = InProcessCluster::start(1).await;
+    let ep = endpoint();
+    let meta = ep.connect(&cluster.meta_addr()).await.unwrap();
+    // The metadata envelope: 0 file-system calls, 1 cluster calls, 2 admin calls.
+    let cases: [(&'static [u8], ErrorCode); 6] = [
+        (&[0, 100], ErrorCode::UnknownMessage),
+        (&[1, 99, 1, 2, 3], ErrorCode::UnknownMessage),
+        (&[2, 77], ErrorCode::UnknownMessage),
+        (&[0, 1, 0xff, 0xff], ErrorCode::Malformed),
+        (&[1], ErrorCode::Malformed),
+        (&[2, 0, 0xde, 0xad], ErrorCode::Malformed),
+    ];
+    for (bytes, want) in cases {
+        let reply = meta.call(Bytes::from_static(bytes)).await.unwrap();
+        assert_eq!(meta_error(&reply), want, "{bytes:?}");
+    }
+    // The data envelope: a read with its fields cut short, and trailing garbage.
+    let data = ep.connect(cluster.data[0].advertise()).await.unwrap();
+    let reply = data.call(Bytes::from_static(&[0, 5, 5])).await.unwrap();
+    assert_eq!(data_error(&reply), ErrorCode::Malformed);
+    let usage = encoded(proto::data::Usage);
+    let mut long = usage.to_vec();
+    long.extend_from_slice(&[0xff; 8]);
+    let reply = data.call(Bytes::from(long)).await.unwrap();
+    assert_eq!(data_error(&reply), ErrorCode::Malformed);
+    // Both servers still answer well-formed requests on the same connections.
+    let reply = data.call(usage).await.unwrap();
+    let usage = Request::new(proto::data::Usage)
+        .decode_reply(&reply)
+        .unwrap();
+    assert!(usage.is_ok(), "{usage:?}");
+    let req = Request::new(proto::meta::admin::Status);
+    let reply = meta
+        .call(Bytes::from(req.encode(4096).unwrap()))
+        .await
+        .unwrap();
+    let status = req.decode_reply(&reply).unwrap();
+    assert!(status.is_ok(), "{status:?}");
 }

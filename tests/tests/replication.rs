@@ -6,9 +6,9 @@
 
 use bytes::Bytes;
 use fs_client::{Client, FileHandle};
-use proto::data::{DataReply, DataRequest, DataResult, Placement, MAX_INLINE_WRITE_BYTES};
+use proto::data::{Moved, Placement, WriteInline, MAX_INLINE_WRITE_BYTES};
 use proto::meta::{Caller, ClusterMap};
-use proto::{codec, ErrorCode, InodeId, PROTOCOL_VERSION};
+use proto::{ErrorCode, InodeId, Request, PROTOCOL_VERSION};
 use std::time::Duration;
 use tessera_tests::{pseudo_random, sha256_hex, InProcessCluster, Setup};
 use transport::{Backend, Endpoint, TransportConfig};
@@ -519,7 +519,7 @@ async fn small_writes_travel_inline_down_the_chain_and_a_copy_that_missed_one_is
         .connect(cluster.data[index_of(order[0])].advertise())
         .await
         .unwrap();
-    let inline = |offset, data| DataRequest::WriteInline {
+    let inline = |offset, data| WriteInline {
         chunk,
         place: Placement {
             chain: meta.chain,
@@ -531,14 +531,14 @@ async fn small_writes_travel_inline_down_the_chain_and_a_copy_that_missed_one_is
         data,
     };
     let patch = pseudo_random(500, 12);
-    let req = inline(1000, patch.clone());
+    let req = Request::new(inline(1000, patch.clone()));
     let reply = head
-        .call(Bytes::from(codec::encode(&req, 4096).unwrap()))
+        .call(Bytes::from(req.encode(4096).unwrap()))
         .await
         .unwrap();
     assert_eq!(
-        codec::decode::<DataResult>(&reply).unwrap().unwrap(),
-        DataReply::Written { len: 500 }
+        req.decode_reply(&reply).unwrap().unwrap(),
+        Moved { len: 500 }
     );
     data[1000..1500].copy_from_slice(&patch);
     for (version, stale, bytes) in copies(&cluster, chunk) {
@@ -546,12 +546,12 @@ async fn small_writes_travel_inline_down_the_chain_and_a_copy_that_missed_one_is
         assert!(bytes == data, "every copy took the inline write");
     }
     // More than the limit inline is refused, and nothing changes.
-    let big = inline(0, vec![1; MAX_INLINE_WRITE_BYTES + 1]);
+    let big = Request::new(inline(0, vec![1; MAX_INLINE_WRITE_BYTES + 1]));
     let reply = head
-        .call(Bytes::from(codec::encode(&big, 1 << 20).unwrap()))
+        .call(Bytes::from(big.encode(1 << 20).unwrap()))
         .await
         .unwrap();
-    let err = codec::decode::<DataResult>(&reply).unwrap().unwrap_err();
+    let err = big.decode_reply(&reply).unwrap().unwrap_err();
     assert_eq!(err.code, ErrorCode::TooBig);
     assert!(copies(&cluster, chunk).iter().all(|c| c.2 == data));
 

@@ -27,6 +27,7 @@ pub mod mem;
 mod mr;
 mod pool;
 pub mod rdma_common;
+pub mod rpc;
 mod tcp;
 mod window;
 

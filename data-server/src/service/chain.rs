@@ -15,12 +15,13 @@
 //! reached every member.
 
 use super::{blocking, call_peer, range_error, Inner};
+use crate::error::DataError;
 use crate::store::{Fill, ReplicaFields, Stamp};
 use bytes::Bytes;
 use proto::data::fits_inline;
-use proto::data::{ChunkMeta, DataReply, DataRequest, Placement, ReplicaData};
+use proto::data::{ChunkMeta, Placement, ReplicaData, Replicate};
 use proto::meta::{ClusterMap, MemberState};
-use proto::{ChainId, ChunkId, ErrorCode, NodeId, RemoteBuf, WireError};
+use proto::{ChainId, ChunkId, NodeId, RemoteBuf};
 use transport::{Access, BufferPool, Connection, MemoryRegion};
 
 /// Where a write's bytes come from at one member.
@@ -104,23 +105,20 @@ impl Inner {
         &self,
         map: &ClusterMap,
         place: &Placement,
-    ) -> Result<(Vec<NodeId>, usize), WireError> {
+    ) -> Result<(Vec<NodeId>, usize), DataError> {
         let chain = map.chain(place.chain).ok_or_else(|| {
-            WireError::new(
-                ErrorCode::Stale,
-                format!("{} is not in cluster map {}", place.chain, map.version),
-            )
+            DataError::Stale(format!(
+                "{} is not in cluster map {}",
+                place.chain, map.version
+            ))
         })?;
         let order = chain.write_order(place.replicas);
         let me = self.view.me();
         let pos = order.iter().position(|n| Some(*n) == me).ok_or_else(|| {
-            WireError::new(
-                ErrorCode::Stale,
-                format!(
-                    "this server is not a writable member of {} in map {}",
-                    place.chain, map.version
-                ),
-            )
+            DataError::Stale(format!(
+                "this server is not a writable member of {} in map {}",
+                place.chain, map.version
+            ))
         })?;
         Ok((order, pos))
     }
@@ -130,15 +128,15 @@ impl Inner {
         &self,
         conn: &Connection,
         w: ChainWrite,
-    ) -> Result<u32, WireError> {
+    ) -> Result<u32, DataError> {
         let len = check_len(&w)?;
         let map = self.view.at(w.place.map_version).await?;
         let (order, pos) = self.position(&map, &w.place)?;
         if pos != 0 {
-            return Err(WireError::new(
-                ErrorCode::Stale,
-                format!("not the head of {} in map {}", w.place.chain, map.version),
-            ));
+            return Err(DataError::Stale(format!(
+                "not the head of {} in map {}",
+                w.place.chain, map.version
+            )));
         }
         let _lock = self.locks.write(w.chunk).await;
         let have = self.local_fields(w.chunk).await?;
@@ -146,10 +144,10 @@ impl Inner {
             // A head whose copy missed a write would hand out versions the others hold
             // with other bytes: refuse until the sweep (woken now) has copied it whole.
             self.stale_found.notify_one();
-            return Err(WireError::new(
-                ErrorCode::Busy,
-                format!("{}: the head's copy is being repaired", w.chunk),
-            ));
+            return Err(DataError::Busy(format!(
+                "{}: the head's copy is being repaired",
+                w.chunk
+            )));
         }
         let stamp = Stamp {
             chain: w.place.chain,
@@ -173,7 +171,7 @@ impl Inner {
         w: ChainWrite,
         version: u64,
         base: u64,
-    ) -> Result<u32, WireError> {
+    ) -> Result<u32, DataError> {
         let len = check_len(&w)?;
         let map = self.view.at(w.place.map_version).await?;
         let (order, pos) = self.position(&map, &w.place)?;
@@ -209,7 +207,7 @@ impl Inner {
         s: Step<'_>,
         stamp: Stamp,
         pool: &BufferPool,
-    ) -> Result<bool, WireError> {
+    ) -> Result<bool, DataError> {
         let Step {
             map,
             order,
@@ -240,7 +238,7 @@ impl Inner {
                     };
                     if let Err(e) = conn.read(part, &mr, 0).await {
                         // Earlier steps may have been stored: the version still moves.
-                        result = Err(WireError::from(e));
+                        result = Err(DataError::from(e));
                         break;
                     }
                     Some(mr.clone())
@@ -266,9 +264,7 @@ impl Inner {
                 tokio::select! {
                     biased;
                     r = forward(next, w, at, stamp, data.as_ref(), n) => r,
-                    () = self.view.until_down(*node) => Err(WireError::new(
-                        ErrorCode::Unavailable,
-                        format!("successor {node} stopped answering and its lease ran out"),
+                    () = self.view.until_down(*node) => Err(DataError::Unavailable(format!("successor {node} stopped answering and its lease ran out"),
                     )),
                 }
             };
@@ -307,7 +303,7 @@ impl Inner {
         n: u32,
         data: Option<MemoryRegion>,
         record: Option<Stamp>,
-    ) -> (Result<(), WireError>, Option<bool>) {
+    ) -> (Result<(), DataError>, Option<bool>) {
         let store = self.store.clone();
         let (chunk, cs) = (w.chunk, w.chunk_size);
         let work = move || {
@@ -325,13 +321,13 @@ impl Inner {
             }
         };
         match blocking(work).await {
-            Ok((stored, stale)) => (stored.map_err(WireError::from), stale),
+            Ok((stored, stale)) => (stored, stale),
             Err(e) => (Err(e), None),
         }
     }
 
     /// The replica fields of a local chunk (zero for a chunk this server lacks).
-    pub(super) async fn local_fields(&self, chunk: ChunkId) -> Result<ReplicaFields, WireError> {
+    pub(super) async fn local_fields(&self, chunk: ChunkId) -> Result<ReplicaFields, DataError> {
         let store = self.store.clone();
         let meta = blocking(move || store.chunk_meta(chunk)).await?;
         Ok(fields_of(meta))
@@ -343,15 +339,14 @@ impl Inner {
         &self,
         chunk: ChunkId,
         chain: ChainId,
-    ) -> Result<(), WireError> {
+    ) -> Result<(), DataError> {
         let f = self.local_fields(chunk).await?;
         let map = self.view.current();
         let syncing = !matches!(self.view.my_state(&map, chain), Some(MemberState::Serving));
         if f.stale || syncing {
-            return Err(WireError::new(
-                ErrorCode::Stale,
-                format!("{chunk}: this copy is being brought up to date"),
-            ));
+            return Err(DataError::Stale(format!(
+                "{chunk}: this copy is being brought up to date"
+            )));
         }
         Ok(())
     }
@@ -367,7 +362,7 @@ fn fields_of(meta: Option<ChunkMeta>) -> ReplicaFields {
 }
 
 /// Length of the write, within the chunk.
-fn check_len(w: &ChainWrite) -> Result<u32, WireError> {
+fn check_len(w: &ChainWrite) -> Result<u32, DataError> {
     u32::try_from(w.src.len())
         .ok()
         .filter(|l| u64::from(w.offset) + u64::from(*l) <= u64::from(w.chunk_size))
@@ -383,12 +378,12 @@ async fn forward(
     stamp: Stamp,
     data: Option<&MemoryRegion>,
     n: u32,
-) -> Result<(), WireError> {
+) -> Result<(), DataError> {
     let inline = fits_inline(n as usize, next.max_request_bytes());
     let grant = match data {
         Some(mr) if !inline => Some(
             next.grant(mr, 0, n as usize, Access::RemoteRead)
-                .map_err(WireError::from)?,
+                .map_err(DataError::from)?,
         ),
         _ => None,
     };
@@ -397,7 +392,7 @@ async fn forward(
         (None, Some(mr)) => ReplicaData::Inline(mr.lock()[..n as usize].to_vec()),
         (None, None) => ReplicaData::Zeros(n),
     };
-    let req = DataRequest::Replicate {
+    let req = Replicate {
         chunk: w.chunk,
         place: w.place,
         chunk_size_bytes: w.chunk_size,
@@ -406,13 +401,7 @@ async fn forward(
         base_version: stamp.base,
         data: payload,
     };
-    let reply = call_peer(next, &req).await;
+    let reply = call_peer(next, req).await;
     drop(grant);
-    match reply? {
-        DataReply::Written { .. } => Ok(()),
-        other => Err(WireError::new(
-            ErrorCode::Malformed,
-            format!("unexpected reply {other:?} from successor"),
-        )),
-    }
+    reply.map(drop)
 }

@@ -22,12 +22,17 @@ use bytes::Bytes;
 use chain::{ChainWrite, Source};
 use locks::ChunkLocks;
 use pause::PausePoint;
-use proto::data::{DataReply, DataRequest, DataResult, ReplicaData, MAX_INLINE_WRITE_BYTES};
-use proto::{codec, ChunkId, ErrorCode, RemoteBuf, WireError};
+use proto::data::{
+    ChunkInfo, ChunkMeta, DataRequest, DeleteFile, DiskUsage, Fsync, ListChunks, Moved, ReadChunk,
+    Repair, ReplicaData, Replicate, TruncateFile, Usage, WriteChunk, WriteInline, WriteZeros,
+    MAX_INLINE_WRITE_BYTES,
+};
+use proto::{codec, rpc, ChunkId, ProtoError, RemoteBuf, Request, Rpc, WireError};
+use serde::Serialize;
 use std::sync::Arc;
 use tokio::sync::Notify;
 use tracing::{debug, warn, Instrument};
-use transport::{BufferPool, Connection, Handler, HandlerFuture, MemoryRegion};
+use transport::{BufferPool, Connection, Handler, HandlerFuture, MemoryRegion, TransportError};
 
 /// Chunks one `ListChunks` answer carries at most.
 pub const MAX_LIST_CHUNKS: u32 = 1024;
@@ -100,73 +105,78 @@ impl Handler for DataService {
     fn handle(&self, conn: Connection, request: Bytes) -> HandlerFuture {
         let inner = self.inner.clone();
         Box::pin(async move {
-            let result: DataResult = match codec::decode::<DataRequest>(&request) {
+            let limit = inner.max_msg_bytes;
+            match codec::decode::<DataRequest>(&request) {
                 Ok(req) => {
-                    let span = tracing::debug_span!("data", op = op_name(&req), peer = conn.peer());
-                    inner.serve(&conn, req).instrument(span).await
+                    let span = tracing::debug_span!("data", op = req.name(), peer = conn.peer());
+                    Bytes::from(inner.route(&conn, req, limit).instrument(span).await)
                 }
                 Err(e) => {
                     warn!(peer = conn.peer(), error = %e, "undecodable request");
-                    Err(WireError::from(e))
+                    let err: Result<(), DataError> = Err(DataError::from(e));
+                    Bytes::from(answer(err, limit))
                 }
-            };
-            encode_reply(&result, inner.max_msg_bytes)
+            }
         })
     }
 }
 
-fn encode_reply(result: &DataResult, limit: usize) -> Bytes {
-    match codec::encode(result, limit) {
-        Ok(b) => Bytes::from(b),
-        Err(e) => {
-            let err: DataResult = Err(WireError::new(ErrorCode::TooBig, e.to_string()));
-            // A bare error always fits: it has no payload beyond the message.
-            Bytes::from(codec::encode(&err, usize::MAX).unwrap_or_default())
-        }
+/// The answer to request `R` as a handler returns it.
+type Reply<R> = Result<<R as Rpc>::Reply, DataError>;
+
+/// Encodes a handler's answer: the one place a [`DataError`] becomes a [`WireError`].
+fn answer<T: Serialize>(result: Result<T, DataError>, limit: usize) -> Vec<u8> {
+    rpc::answer(&result.map_err(WireError::from), limit)
+}
+
+/// How a call to another data server failed.
+enum PeerFailure {
+    /// The peer could not be reached, or its connection broke.
+    Unreached(TransportError),
+    /// The peer answered with an error (or with bytes that do not decode).
+    Answered(WireError),
+}
+
+impl From<TransportError> for PeerFailure {
+    fn from(e: TransportError) -> Self {
+        PeerFailure::Unreached(e)
     }
 }
 
-fn op_name(req: &DataRequest) -> &'static str {
-    match req {
-        DataRequest::ReadChunk { .. } => "read",
-        DataRequest::WriteChunk { .. } | DataRequest::WriteInline { .. } => "write",
-        DataRequest::WriteZeros { .. } => "write_zeros",
-        DataRequest::Replicate { .. } => "replicate",
-        DataRequest::ChunkInfo { .. } => "chunk_info",
-        DataRequest::ListChunks { .. } => "list_chunks",
-        DataRequest::FetchChunk { .. } => "fetch_chunk",
-        DataRequest::Repair { .. } => "repair",
-        DataRequest::TruncateFile { .. } => "truncate",
-        DataRequest::DeleteFile { .. } => "delete",
-        DataRequest::Fsync { .. } => "fsync",
-        DataRequest::Usage => "usage",
+impl From<ProtoError> for PeerFailure {
+    fn from(e: ProtoError) -> Self {
+        PeerFailure::Answered(e.into())
+    }
+}
+
+impl From<WireError> for PeerFailure {
+    fn from(e: WireError) -> Self {
+        PeerFailure::Answered(e)
     }
 }
 
 /// Calls another data server (a successor in a chain, or the source of a copy). A
 /// connection that fails is `Unavailable`, naming the peer.
-async fn call_peer(conn: &Connection, req: &DataRequest) -> Result<DataReply, WireError> {
-    let bytes = codec::encode(req, usize::MAX)?;
-    let reply = conn.call(bytes.into()).await.map_err(|e| {
-        WireError::new(
-            ErrorCode::Unavailable,
-            format!("data server {} failed: {e}", conn.peer()),
-        )
-    })?;
-    codec::decode::<DataResult>(&reply)?
+async fn call_peer<R: Rpc<Envelope = DataRequest>>(conn: &Connection, req: R) -> Reply<R> {
+    let req = Request::new(req);
+    match transport::rpc::call::<R, PeerFailure>(conn, &req, usize::MAX).await {
+        Ok(reply) => Ok(reply),
+        Err(PeerFailure::Answered(e)) => Err(DataError::Remote(e)),
+        Err(PeerFailure::Unreached(e)) => Err(DataError::Unavailable(format!(
+            "data server {} failed: {e}",
+            conn.peer()
+        ))),
+    }
 }
 
 /// The bytes of an inline write, refused past [`MAX_INLINE_WRITE_BYTES`] (a sender
 /// that does not keep the limit could otherwise make steps larger than a buffer).
-fn check_inline(data: Vec<u8>) -> Result<Bytes, WireError> {
+fn check_inline(data: Vec<u8>) -> Result<Bytes, DataError> {
     if data.len() > MAX_INLINE_WRITE_BYTES {
-        return Err(WireError::new(
-            ErrorCode::TooBig,
-            format!(
-                "inline write of {} bytes, limit {MAX_INLINE_WRITE_BYTES}",
-                data.len()
-            ),
-        ));
+        return Err(DataError::TooBig(format!(
+            "inline write of {} bytes, limit {MAX_INLINE_WRITE_BYTES}",
+            data.len()
+        )));
     }
     Ok(Bytes::from(data))
 }
@@ -174,13 +184,10 @@ fn check_inline(data: Vec<u8>) -> Result<Bytes, WireError> {
 /// Runs blocking store work on tokio's blocking pool.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, DataError> + Send + 'static,
-) -> Result<T, WireError> {
+) -> Result<T, DataError> {
     match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r.map_err(WireError::from),
-        Err(e) => Err(WireError::new(
-            ErrorCode::Io,
-            format!("store task failed: {e}"),
-        )),
+        Ok(r) => r,
+        Err(e) => Err(DataError::Task(format!("store task failed: {e}"))),
     }
 }
 
@@ -191,147 +198,144 @@ impl Inner {
         self.pauses.wait(_at).await;
     }
 
-    async fn serve(&self, conn: &Connection, req: DataRequest) -> DataResult {
-        let store = self.store.clone();
+    /// Hands each request to its handler and encodes the answer; a handler's return
+    /// type names its request's reply type, so the pairs cannot be mixed up.
+    #[rustfmt::skip]
+    async fn route(&self, conn: &Connection, req: DataRequest, limit: usize) -> Vec<u8> {
+        use DataRequest as D;
         match req {
-            DataRequest::ReadChunk {
-                chunk,
-                place,
-                chunk_size_bytes,
-                offset,
-                len,
-                dest,
-            } => {
-                // The map before the lock, as on the write paths: fetching it may wait on
-                // the metadata server, which nobody does holding a chunk lock.
-                self.view.at(place.map_version).await?;
-                self.pause_point(PausePoint::ReadLock).await;
-                // Checked under the lock: a write that marks this copy stale holds it
-                // exclusively, so it cannot land between the check and the read.
-                let _lock = self.locks.read(chunk).await;
-                self.check_readable(chunk, place.chain).await?;
-                self.read(conn, chunk, chunk_size_bytes, offset, len, dest)
-                    .await?;
-                Ok(DataReply::Read { len })
-            }
-            DataRequest::WriteChunk {
-                chunk,
-                place,
-                chunk_size_bytes,
-                offset,
-                src,
-            } => {
-                let w =
-                    ChainWrite::new(chunk, place, chunk_size_bytes, offset, Source::Remote(src));
-                let len = self.head_write(conn, w).await?;
-                debug!(%chunk, offset, len, "written");
-                Ok(DataReply::Written { len })
-            }
-            DataRequest::WriteInline {
-                chunk,
-                place,
-                chunk_size_bytes,
-                offset,
-                data,
-            } => {
-                let src = Source::Inline(check_inline(data)?);
-                let w = ChainWrite::new(chunk, place, chunk_size_bytes, offset, src);
-                let len = self.head_write(conn, w).await?;
-                debug!(%chunk, offset, len, "written inline");
-                Ok(DataReply::Written { len })
-            }
-            DataRequest::WriteZeros {
-                chunk,
-                place,
-                chunk_size_bytes,
-                offset,
-                len,
-            } => {
-                let w = ChainWrite::new(chunk, place, chunk_size_bytes, offset, Source::Zeros(len));
-                let len = self.head_write(conn, w).await?;
-                Ok(DataReply::Written { len })
-            }
-            DataRequest::Replicate {
-                chunk,
-                place,
-                chunk_size_bytes,
-                offset,
-                version,
-                base_version,
-                data,
-            } => {
-                let src = match data {
-                    ReplicaData::Bytes(b) => Source::Remote(b),
-                    ReplicaData::Zeros(n) => Source::Zeros(n),
-                    ReplicaData::Inline(v) => Source::Inline(check_inline(v)?),
-                };
-                let w = ChainWrite::new(chunk, place, chunk_size_bytes, offset, src);
-                let len = self.replicate(conn, w, version, base_version).await?;
-                Ok(DataReply::Written { len })
-            }
-            DataRequest::ChunkInfo { chunk, verify } => {
-                let _lock = self.locks.read(chunk).await;
-                let info = if verify {
-                    blocking(move || Ok(store.fetch(chunk)?.map(|(m, _)| m))).await?
-                } else {
-                    blocking(move || store.chunk_meta(chunk)).await?
-                };
-                Ok(DataReply::Info(info))
-            }
-            DataRequest::ListChunks {
-                chain,
-                after,
-                limit,
-            } => {
-                let limit = limit.clamp(1, MAX_LIST_CHUNKS) as usize;
-                let list = blocking(move || store.chain_chunks(Some(chain), after, limit)).await?;
-                // A chunk whose header cannot be read lists as a stale copy of version 0:
-                // a syncing member then neither copies it nor drops its own.
-                let list = list
-                    .into_iter()
-                    .map(|c| {
-                        c.unwrap_or_else(|chunk| proto::data::ChunkMeta {
-                            chunk,
-                            chain,
-                            version: 0,
-                            len: 0,
-                            chunk_size_bytes: 0,
-                            stale: true,
-                        })
-                    })
-                    .collect();
-                Ok(DataReply::Chunks(list))
-            }
-            DataRequest::FetchChunk { chunk, dest } => self.fetch(conn, chunk, dest).await,
-            DataRequest::Repair { chunk, chain, from } => {
-                self.repair_from(&from, chunk, chain).await?;
-                Ok(DataReply::Unit)
-            }
-            DataRequest::TruncateFile {
-                inode,
-                size,
-                chunk_size_bytes,
-            } => {
-                self.truncate(inode, size, chunk_size_bytes).await?;
-                Ok(DataReply::Unit)
-            }
-            DataRequest::DeleteFile { inode } => {
-                blocking(move || store.delete_file(inode)).await?;
-                Ok(DataReply::Unit)
-            }
-            DataRequest::Fsync { chunks } => {
-                blocking(move || store.fsync(&chunks)).await?;
-                Ok(DataReply::Unit)
-            }
-            DataRequest::Usage => {
-                let u = blocking(move || store.usage()).await?;
-                Ok(DataReply::Usage {
-                    capacity_bytes: u.capacity_bytes,
-                    used_bytes: u.used_bytes,
-                    chunks: u.chunks,
-                })
-            }
+            D::ReadChunk(r) => answer(self.read_chunk(conn, r).await, limit),
+            D::WriteChunk(r) => answer(self.write_chunk(conn, r).await, limit),
+            D::WriteInline(r) => answer(self.write_inline(conn, r).await, limit),
+            D::WriteZeros(r) => answer(self.write_zeros(conn, r).await, limit),
+            D::Replicate(r) => answer(self.replicate_in(conn, r).await, limit),
+            D::ChunkInfo(r) => answer(self.chunk_info(r).await, limit),
+            D::ListChunks(r) => answer(self.list_chunks(r).await, limit),
+            D::FetchChunk(r) => answer(self.fetch(conn, r.chunk, r.dest).await, limit),
+            D::Repair(r) => answer(self.repair(r).await, limit),
+            D::TruncateFile(r) => answer(self.truncate_file(r).await, limit),
+            D::DeleteFile(r) => answer(self.delete_file(r).await, limit),
+            D::Fsync(r) => answer(self.fsync(r).await, limit),
+            D::Usage(r) => answer(self.usage(r).await, limit),
         }
+    }
+
+    async fn read_chunk(&self, conn: &Connection, r: ReadChunk) -> Reply<ReadChunk> {
+        let ReadChunk {
+            chunk,
+            place,
+            chunk_size_bytes,
+            offset,
+            len,
+            dest,
+        } = r;
+        // The map before the lock, as on the write paths: fetching it may wait on the
+        // metadata server, which nobody does holding a chunk lock.
+        self.view.at(place.map_version).await?;
+        self.pause_point(PausePoint::ReadLock).await;
+        // Checked under the lock: a write that marks this copy stale holds it
+        // exclusively, so it cannot land between the check and the read.
+        let _lock = self.locks.read(chunk).await;
+        self.check_readable(chunk, place.chain).await?;
+        self.read(conn, chunk, chunk_size_bytes, offset, len, dest)
+            .await?;
+        Ok(Moved { len })
+    }
+
+    async fn write_chunk(&self, conn: &Connection, r: WriteChunk) -> Reply<WriteChunk> {
+        let (chunk, offset) = (r.chunk, r.offset);
+        let src = Source::Remote(r.src);
+        let w = ChainWrite::new(chunk, r.place, r.chunk_size_bytes, offset, src);
+        let len = self.head_write(conn, w).await?;
+        debug!(%chunk, offset, len, "written");
+        Ok(Moved { len })
+    }
+
+    async fn write_inline(&self, conn: &Connection, r: WriteInline) -> Reply<WriteInline> {
+        let (chunk, offset) = (r.chunk, r.offset);
+        let src = Source::Inline(check_inline(r.data)?);
+        let w = ChainWrite::new(chunk, r.place, r.chunk_size_bytes, offset, src);
+        let len = self.head_write(conn, w).await?;
+        debug!(%chunk, offset, len, "written inline");
+        Ok(Moved { len })
+    }
+
+    async fn write_zeros(&self, conn: &Connection, r: WriteZeros) -> Reply<WriteZeros> {
+        let src = Source::Zeros(r.len);
+        let w = ChainWrite::new(r.chunk, r.place, r.chunk_size_bytes, r.offset, src);
+        let len = self.head_write(conn, w).await?;
+        Ok(Moved { len })
+    }
+
+    async fn replicate_in(&self, conn: &Connection, r: Replicate) -> Reply<Replicate> {
+        let src = match r.data {
+            ReplicaData::Bytes(b) => Source::Remote(b),
+            ReplicaData::Zeros(n) => Source::Zeros(n),
+            ReplicaData::Inline(v) => Source::Inline(check_inline(v)?),
+        };
+        let w = ChainWrite::new(r.chunk, r.place, r.chunk_size_bytes, r.offset, src);
+        let len = self.replicate(conn, w, r.version, r.base_version).await?;
+        Ok(Moved { len })
+    }
+
+    async fn chunk_info(&self, r: ChunkInfo) -> Reply<ChunkInfo> {
+        let (store, chunk) = (self.store.clone(), r.chunk);
+        let _lock = self.locks.read(chunk).await;
+        if r.verify {
+            blocking(move || Ok(store.fetch(chunk)?.map(|(m, _)| m))).await
+        } else {
+            blocking(move || store.chunk_meta(chunk)).await
+        }
+    }
+
+    async fn list_chunks(&self, r: ListChunks) -> Reply<ListChunks> {
+        let (store, chain, after) = (self.store.clone(), r.chain, r.after);
+        let limit = r.limit.clamp(1, MAX_LIST_CHUNKS) as usize;
+        let list = blocking(move || store.chain_chunks(Some(chain), after, limit)).await?;
+        // A chunk whose header cannot be read lists as a stale copy of version 0: a
+        // syncing member then neither copies it nor drops its own.
+        let list = list
+            .into_iter()
+            .map(|c| {
+                c.unwrap_or_else(|chunk| ChunkMeta {
+                    chunk,
+                    chain,
+                    version: 0,
+                    len: 0,
+                    chunk_size_bytes: 0,
+                    stale: true,
+                })
+            })
+            .collect();
+        Ok(list)
+    }
+
+    async fn repair(&self, r: Repair) -> Reply<Repair> {
+        self.repair_from(&r.from, r.chunk, r.chain).await.map(drop)
+    }
+
+    async fn truncate_file(&self, r: TruncateFile) -> Reply<TruncateFile> {
+        self.truncate(r.inode, r.size, r.chunk_size_bytes).await
+    }
+
+    async fn delete_file(&self, r: DeleteFile) -> Reply<DeleteFile> {
+        let store = self.store.clone();
+        blocking(move || store.delete_file(r.inode)).await
+    }
+
+    async fn fsync(&self, r: Fsync) -> Reply<Fsync> {
+        let store = self.store.clone();
+        blocking(move || store.fsync(&r.chunks)).await
+    }
+
+    async fn usage(&self, _: Usage) -> Reply<Usage> {
+        let store = self.store.clone();
+        let u = blocking(move || store.usage()).await?;
+        Ok(DiskUsage {
+            capacity_bytes: u.capacity_bytes,
+            used_bytes: u.used_bytes,
+            chunks: u.chunks,
+        })
     }
 
     /// Steps of at most one buffer over `len` bytes: (offset within the request, length).
@@ -350,12 +354,12 @@ impl Inner {
         offset: u32,
         len: u32,
         dest: RemoteBuf,
-    ) -> Result<(), WireError> {
+    ) -> Result<(), DataError> {
         if u64::from(len) > dest.len {
-            return Err(WireError::new(
-                ErrorCode::InvalidArgument,
-                format!("read of {len} bytes into a buffer of {}", dest.len),
-            ));
+            return Err(DataError::InvalidArgument(format!(
+                "read of {len} bytes into a buffer of {}",
+                dest.len
+            )));
         }
         for (at, n) in self.steps(len) {
             let buf = self.pool.take().await;
@@ -372,7 +376,7 @@ impl Inner {
                 len: u64::from(n),
                 key: dest.key,
             };
-            conn.write(target, &mr, 0).await.map_err(WireError::from)?;
+            conn.write(target, &mr, 0).await.map_err(DataError::from)?;
         }
         debug!(%chunk, offset, len, "read");
         Ok(())
@@ -380,7 +384,7 @@ impl Inner {
 
     /// Cuts a file here. The chunk holding the new end changes without a chain write,
     /// so its version moves by one on every member: copies that missed the cut differ.
-    async fn truncate(&self, inode: proto::InodeId, size: u64, cs: u32) -> Result<(), WireError> {
+    async fn truncate(&self, inode: proto::InodeId, size: u64, cs: u32) -> Result<(), DataError> {
         let boundary = size.checked_sub(1).map(|end| ChunkId {
             inode,
             index: end / u64::from(cs.max(1)),
@@ -408,9 +412,8 @@ impl Inner {
     }
 }
 
-fn range_error(offset: u32, len: u32) -> WireError {
-    WireError::new(
-        ErrorCode::InvalidArgument,
-        format!("range of {len} bytes at {offset} is outside the chunk"),
-    )
+fn range_error(offset: u32, len: u32) -> DataError {
+    DataError::InvalidArgument(format!(
+        "range of {len} bytes at {offset} is outside the chunk"
+    ))
 }

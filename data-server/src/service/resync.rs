@@ -3,9 +3,11 @@
 //! copies marked stale, and drops chunks of chains it is no longer a member of.
 
 use super::{blocking, call_peer, Inner, MAX_LIST_CHUNKS};
+use crate::error::DataError;
 use crate::store::ReplicaFields;
 use parking_lot::Mutex;
-use proto::data::{ChunkMeta, DataReply, DataRequest, DataResult};
+use proto::data::{ChunkInfo, ChunkMeta, FetchChunk, ListChunks};
+use proto::meta::cluster::InodesExist;
 use proto::meta::{ClusterMap, MemberState, ResyncReport};
 use proto::{ChainId, ChunkId, ErrorCode, NodeId, RemoteBuf, WireError};
 use std::collections::HashSet;
@@ -31,20 +33,17 @@ impl Inner {
         conn: &Connection,
         chunk: ChunkId,
         dest: RemoteBuf,
-    ) -> DataResult {
+    ) -> Result<ChunkMeta, DataError> {
         let _lock = self.locks.read(chunk).await;
         let store = self.store.clone();
         let Some((meta, bytes)) = blocking(move || store.fetch(chunk)).await? else {
-            return Err(WireError::new(
-                ErrorCode::NotFound,
-                format!("{chunk} is not here"),
-            ));
+            return Err(DataError::NotFound(format!("{chunk} is not here")));
         };
         if meta.len > dest.len {
-            return Err(WireError::new(
-                ErrorCode::TooBig,
-                format!("{chunk} holds {} bytes, the buffer {}", meta.len, dest.len),
-            ));
+            return Err(DataError::TooBig(format!(
+                "{chunk} holds {} bytes, the buffer {}",
+                meta.len, dest.len
+            )));
         }
         let step = self.pool.buffer_bytes();
         for (i, part) in bytes.chunks(step).enumerate() {
@@ -57,9 +56,9 @@ impl Inner {
                 len: part.len() as u64,
                 key: dest.key,
             };
-            conn.write(target, &mr, 0).await.map_err(WireError::from)?;
+            conn.write(target, &mr, 0).await.map_err(DataError::from)?;
         }
-        Ok(DataReply::Fetched(meta))
+        Ok(meta)
     }
 
     /// Replaces the local copy of `chunk` by the one at `from`. A source without the
@@ -69,7 +68,7 @@ impl Inner {
         from: &str,
         chunk: ChunkId,
         chain: ChainId,
-    ) -> Result<bool, WireError> {
+    ) -> Result<bool, DataError> {
         let conn = self.view.peer_at(from).await?;
         for _ in 0..REPAIR_ATTEMPTS {
             let Some(info) = info(&conn, chunk).await? else {
@@ -78,10 +77,9 @@ impl Inner {
                 return blocking(move || store.delete_chunk(chunk)).await;
             };
             if info.stale {
-                return Err(WireError::new(
-                    ErrorCode::Stale,
-                    format!("{chunk}: the copy at {from} is stale too"),
-                ));
+                return Err(DataError::Stale(format!(
+                    "{chunk}: the copy at {from} is stale too"
+                )));
             }
             // Room for some growth while the copy is under way.
             let room = (info.len + (1 << 20))
@@ -91,24 +89,18 @@ impl Inner {
                 .view
                 .endpoint()
                 .register(room as usize)
-                .map_err(WireError::from)?;
+                .map_err(DataError::from)?;
             let grant = conn
                 .grant(&mr, 0, room as usize, Access::RemoteWrite)
-                .map_err(WireError::from)?;
-            let req = DataRequest::FetchChunk {
+                .map_err(DataError::from)?;
+            let req = FetchChunk {
                 chunk,
                 dest: grant.remote(),
             };
-            let got = match call_peer(&conn, &req).await {
-                Ok(DataReply::Fetched(m)) => m,
-                Ok(other) => {
-                    return Err(WireError::new(
-                        ErrorCode::Malformed,
-                        format!("unexpected reply {other:?} to FetchChunk"),
-                    ))
-                }
+            let got = match call_peer(&conn, req).await {
+                Ok(m) => m,
                 // It grew past the room: measure again.
-                Err(e) if e.code == ErrorCode::TooBig => continue,
+                Err(e) if e.code() == ErrorCode::TooBig => continue,
                 Err(e) => return Err(e),
             };
             drop(grant);
@@ -129,29 +121,18 @@ impl Inner {
             blocking(move || store.install(chunk, cs, &mr.lock()[..len], fields)).await?;
             return Ok(true);
         }
-        Err(WireError::new(
-            ErrorCode::Unavailable,
-            format!("{chunk}: kept changing while copied from {from}"),
-        ))
+        Err(DataError::Unavailable(format!(
+            "{chunk}: kept changing while copied from {from}"
+        )))
     }
 }
 
-async fn info(conn: &Connection, chunk: ChunkId) -> Result<Option<ChunkMeta>, WireError> {
-    match call_peer(
-        conn,
-        &DataRequest::ChunkInfo {
-            chunk,
-            verify: false,
-        },
-    )
-    .await?
-    {
-        DataReply::Info(i) => Ok(i),
-        other => Err(WireError::new(
-            ErrorCode::Malformed,
-            format!("unexpected reply {other:?} to ChunkInfo"),
-        )),
-    }
+async fn info(conn: &Connection, chunk: ChunkId) -> Result<Option<ChunkMeta>, DataError> {
+    let req = ChunkInfo {
+        chunk,
+        verify: false,
+    };
+    call_peer(conn, req).await
 }
 
 /// The background resync of one data server; its progress goes out with heartbeats.
@@ -245,30 +226,22 @@ impl Resync {
         map: &ClusterMap,
         chain: ChainId,
         src: NodeId,
-    ) -> Result<(), WireError> {
+    ) -> Result<(), DataError> {
         let addr = map
             .addr(src)
-            .ok_or_else(|| WireError::new(ErrorCode::Stale, format!("{src} has no address")))?
+            .ok_or_else(|| DataError::Stale(format!("{src} has no address")))?
             .to_string();
         let conn = self.inner.view.peer(map, src).await?;
         let mut theirs = HashSet::new();
         let mut after = None;
         let mut clean = true;
         loop {
-            let req = DataRequest::ListChunks {
+            let req = ListChunks {
                 chain,
                 after,
                 limit: MAX_LIST_CHUNKS,
             };
-            let page = match call_peer(&conn, &req).await? {
-                DataReply::Chunks(p) => p,
-                other => {
-                    return Err(WireError::new(
-                        ErrorCode::Malformed,
-                        format!("unexpected reply {other:?} to ListChunks"),
-                    ))
-                }
-            };
+            let page = call_peer(&conn, req).await?;
             let Some(last) = page.last().map(|m| m.chunk) else {
                 break;
             };
@@ -297,17 +270,16 @@ impl Resync {
         if clean {
             Ok(())
         } else {
-            Err(WireError::new(
-                ErrorCode::Stale,
-                format!("{chain}: the source has stale copies"),
-            ))
+            Err(DataError::Stale(format!(
+                "{chain}: the source has stale copies"
+            )))
         }
     }
 
     /// Repairs stale copies of chains this server serves, removes chunks of chains it
     /// is not a member of any more and, with `orphans`, chunks of files that are gone
     /// (a deletion that a crash kept from reaching this server).
-    async fn sweep(&self, map: &ClusterMap, me: NodeId, orphans: bool) -> Result<(), WireError> {
+    async fn sweep(&self, map: &ClusterMap, me: NodeId, orphans: bool) -> Result<(), DataError> {
         let own = self.own_chunks(None).await?;
         if orphans {
             self.drop_orphans(&own).await?;
@@ -348,22 +320,18 @@ impl Resync {
     }
 
     /// Removes the chunks of inodes the metadata server no longer has.
-    async fn drop_orphans(&self, own: &[ChunkMeta]) -> Result<(), WireError> {
+    async fn drop_orphans(&self, own: &[ChunkMeta]) -> Result<(), DataError> {
         let mut inodes: Vec<proto::InodeId> = own.iter().map(|c| c.chunk.inode).collect();
         inodes.dedup();
         for batch in inodes.chunks(EXIST_BATCH) {
-            let req = proto::meta::MetaRequest::InodesExist {
+            let req = InodesExist {
                 inodes: batch.to_vec(),
             };
-            let exist = match self.inner.view.meta_call(&req).await? {
-                proto::meta::MetaReply::Exist(e) if e.len() == batch.len() => e,
-                other => {
-                    return Err(WireError::new(
-                        ErrorCode::Malformed,
-                        format!("unexpected reply {other:?} to InodesExist"),
-                    ))
-                }
-            };
+            let exist = self.inner.view.meta_call(req).await?;
+            if exist.len() != batch.len() {
+                let why = format!("{} answers to InodesExist of {}", exist.len(), batch.len());
+                return Err(DataError::Remote(WireError::new(ErrorCode::Malformed, why)));
+            }
             for (&inode, _) in batch.iter().zip(exist).filter(|(_, e)| !e) {
                 let store = self.inner.store.clone();
                 blocking(move || store.delete_file(inode)).await?;
@@ -374,7 +342,7 @@ impl Resync {
     }
 
     /// This server's chunks (of one chain, or all).
-    async fn own_chunks(&self, chain: Option<ChainId>) -> Result<Vec<ChunkMeta>, WireError> {
+    async fn own_chunks(&self, chain: Option<ChainId>) -> Result<Vec<ChunkMeta>, DataError> {
         let store = self.inner.store.clone();
         let all = blocking(move || store.chain_chunks(chain, None, usize::MAX)).await?;
         // Unreadable headers are left to fsck: their chain is unknown.

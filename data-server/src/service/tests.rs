@@ -5,7 +5,7 @@ use super::pause::PausePoint;
 use super::{call_peer, DataService, Pools};
 use crate::cluster_view::ClusterView;
 use crate::store::{ChunkStore, ReplicaFields};
-use proto::data::{DataReply, DataRequest, Placement, ReplicaData};
+use proto::data::{Moved, Placement, ReadChunk, ReplicaData, Replicate};
 use proto::meta::{ChainInfo, ClusterMap, Member, MemberState, NodeInfo, NodeState};
 use proto::{ChainId, ChunkId, ErrorCode, InodeId, NodeId, PROTOCOL_VERSION};
 use std::sync::Arc;
@@ -109,12 +109,10 @@ async fn served() -> Served {
 impl Served {
     /// Reads `LEN` bytes of `CHUNK` in a task of its own: the reply, and the bytes that
     /// arrived in the client's buffer.
-    fn spawn_read(
-        &self,
-    ) -> tokio::task::JoinHandle<(Result<DataReply, proto::WireError>, Vec<u8>)> {
+    fn spawn_read(&self) -> tokio::task::JoinHandle<(Result<Moved, crate::DataError>, Vec<u8>)> {
         let mr = self.client_ep.register(LEN).unwrap();
         let grant = self.client.grant(&mr, 0, LEN, Access::RemoteWrite).unwrap();
-        let req = DataRequest::ReadChunk {
+        let req = ReadChunk {
             chunk: CHUNK,
             place: PLACE,
             chunk_size_bytes: CHUNK_SIZE,
@@ -124,7 +122,7 @@ impl Served {
         };
         let conn = self.client.clone();
         tokio::spawn(async move {
-            let reply = tokio::time::timeout(CALL_TIMEOUT, call_peer(&conn, &req))
+            let reply = tokio::time::timeout(CALL_TIMEOUT, call_peer(&conn, req))
                 .await
                 .expect("the read hung");
             drop(grant);
@@ -141,7 +139,7 @@ async fn a_copy_marked_stale_before_the_read_locks_is_not_read() {
     let s = served().await;
     // The copy is readable as set up: a read gets its bytes.
     let (reply, bytes) = s.spawn_read().await.unwrap();
-    assert!(matches!(reply, Ok(DataReply::Read { .. })), "{reply:?}");
+    assert!(matches!(reply, Ok(Moved { .. })), "{reply:?}");
     assert!(
         bytes.iter().all(|&b| b == 0xaa),
         "the set-up bytes read back"
@@ -151,7 +149,7 @@ async fn a_copy_marked_stale_before_the_read_locks_is_not_read() {
     let read = s.spawn_read();
     pause.reached().await;
     // Version 3 on top of 2: this copy, at version 1, missed a write and goes stale.
-    let replicate = DataRequest::Replicate {
+    let replicate = Replicate {
         chunk: CHUNK,
         place: PLACE,
         chunk_size_bytes: CHUNK_SIZE,
@@ -160,13 +158,10 @@ async fn a_copy_marked_stale_before_the_read_locks_is_not_read() {
         base_version: 2,
         data: ReplicaData::Inline(vec![0xbb; LEN]),
     };
-    let written = tokio::time::timeout(CALL_TIMEOUT, call_peer(&s.client, &replicate))
+    let written = tokio::time::timeout(CALL_TIMEOUT, call_peer(&s.client, replicate))
         .await
         .expect("the replicated write hung behind the held read");
-    assert!(
-        matches!(written, Ok(DataReply::Written { .. })),
-        "{written:?}"
-    );
+    assert!(matches!(written, Ok(Moved { .. })), "{written:?}");
     let meta = s.store.chunk_meta(CHUNK).unwrap().unwrap();
     assert!(
         meta.stale && meta.version == 3,
@@ -176,7 +171,7 @@ async fn a_copy_marked_stale_before_the_read_locks_is_not_read() {
     pause.release();
     let (reply, bytes) = read.await.unwrap();
     match reply {
-        Err(e) if e.code == ErrorCode::Stale => {}
+        Err(e) if e.code() == ErrorCode::Stale => {}
         other => panic!(
             "a read of a copy marked stale answered {other:?} with bytes {:02x?}..",
             &bytes[..4]
@@ -200,7 +195,7 @@ async fn a_member_made_syncing_before_the_read_locks_does_not_serve_it() {
     pause.release();
     let (reply, _) = read.await.unwrap();
     assert!(
-        matches!(&reply, Err(e) if e.code == ErrorCode::Stale),
+        matches!(&reply, Err(e) if e.code() == ErrorCode::Stale),
         "a member made syncing served a read: {reply:?}"
     );
 }

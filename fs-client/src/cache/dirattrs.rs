@@ -21,7 +21,7 @@
 //! one of its own changes.
 
 use crate::cache::ttlmap::TtlMap;
-use proto::meta::MetaRequest;
+use proto::meta::fs::{self, FsRequest};
 use proto::{Attr, InodeId};
 use std::time::Duration;
 
@@ -67,35 +67,31 @@ impl DirAttrs {
 
     /// Forgets everything if `req` may change a directory's attributes (or a file's
     /// after its commit: a release carrying a later commit). Create, unlink and commit
-    /// are left to their callers, which replace the copy with the new one.
-    pub(crate) fn before(&self, req: &MetaRequest) {
-        use MetaRequest as R;
+    /// are left to their callers, which replace the copy with the new one. Cluster and
+    /// administration calls change no attributes: they are not shown here.
+    pub(crate) fn before(&self, req: &FsRequest) {
+        use FsRequest as R;
         let keeps = matches!(
             req,
-            R::Hello { .. }
-                | R::Lookup { .. }
-                | R::GetAttr { .. }
-                | R::Readlink { .. }
-                | R::ReadDir { .. }
-                | R::StatFs
-                | R::Open {
+            R::Hello(fs::Hello { .. })
+                | R::Lookup(fs::Lookup { .. })
+                | R::GetAttr(fs::GetAttr { .. })
+                | R::Readlink(fs::Readlink { .. })
+                | R::ReadDir(fs::ReadDir { .. })
+                | R::StatFs(fs::StatFs)
+                | R::Open(fs::Open {
                     truncate: false,
                     ..
-                }
-                | R::Commit { .. }
-                | R::Release { commit: None, .. }
-                | R::ReleaseMany { .. }
-                | R::TailCut { .. }
-                | R::GetXattr { .. }
-                | R::ListXattr { .. }
-                | R::SetLock { .. }
-                | R::GetLock { .. }
-                | R::ReleaseLocks { .. }
-                | R::ClusterMap
-                | R::Status
-                | R::ListFiles { .. }
-                | R::CheckNamespace
-                | R::InodesExist { .. }
+                })
+                | R::Commit(fs::Commit { .. })
+                | R::Release(fs::Release { commit: None, .. })
+                | R::ReleaseMany(fs::ReleaseMany { .. })
+                | R::TailCut(fs::TailCut { .. })
+                | R::GetXattr(fs::GetXattr { .. })
+                | R::ListXattr(fs::ListXattr { .. })
+                | R::SetLock(fs::SetLock { .. })
+                | R::GetLock(fs::GetLock { .. })
+                | R::ReleaseLocks(fs::ReleaseLocks { .. })
         );
         let forget = match req {
             // A create (or mkdir, mknod, symlink) changes its directory and a new inode
@@ -104,24 +100,24 @@ impl DirAttrs {
             // request does not name, so it forgets every copy (below): a copy kept from
             // that file's last setattr or commit showed one link to `fstat` on a
             // descriptor held across the unlink.
-            R::Create { parent, .. }
-            | R::Mkdir { parent, .. }
-            | R::MkNod { parent, .. }
-            | R::Symlink { parent, .. } => Some(Some(*parent)),
+            R::Create(fs::Create { parent, .. })
+            | R::Mkdir(fs::Mkdir { parent, .. })
+            | R::MkNod(fs::MkNod { parent, .. })
+            | R::Symlink(fs::Symlink { parent, .. }) => Some(Some(*parent)),
             // An append or an open with `O_TRUNC` moves the file's length on the
             // server: a copy kept from the commit or setattr before would show the old
             // one. Attribute changes of one inode leave its directory's copy (`tar x`
             // sets the time, owner and mode of each file between two creates in it).
-            R::Append { ino, .. }
-            | R::Open {
+            R::Append(fs::Append { ino, .. })
+            | R::Open(fs::Open {
                 ino,
                 truncate: true,
                 ..
-            }
-            | R::SetAttr { ino, .. }
-            | R::SetXattr { ino, .. }
-            | R::RemoveXattr { ino, .. }
-            | R::Accessed { ino, .. } => Some(Some(*ino)),
+            })
+            | R::SetAttr(fs::SetAttr { ino, .. })
+            | R::SetXattr(fs::SetXattr { ino, .. })
+            | R::RemoveXattr(fs::RemoveXattr { ino, .. })
+            | R::Accessed(fs::Accessed { ino, .. }) => Some(Some(*ino)),
             _ if !keeps => Some(None),
             _ => None,
         };
@@ -151,29 +147,31 @@ mod tests {
         assert_eq!(c.take(InodeId(5)).map(|a| a.perm), Some(0o755));
         assert_eq!(c.take(InodeId(5)), None, "used once");
         c.put(dir(5, 0o755));
-        c.before(&MetaRequest::GetAttr { ino: InodeId(9) });
+        c.before(&FsRequest::GetAttr(fs::GetAttr { ino: InodeId(9) }));
         assert!(c.take(InodeId(5)).is_some(), "a read keeps it");
         c.put(dir(5, 0o755));
-        c.before(&MetaRequest::Rmdir {
+        c.before(&FsRequest::Rmdir(fs::Rmdir {
             parent: InodeId(5),
             name: b"x".to_vec(),
-        });
+        }));
         assert_eq!(c.take(InodeId(5)), None, "a change forgets it");
         c.put(dir(5, 0o755));
         c.put(dir(6, 0o644));
-        c.before(&MetaRequest::Unlink {
+        c.before(&FsRequest::Unlink(fs::Unlink {
             parent: InodeId(5),
             name: b"x".to_vec(),
-        });
+        }));
         assert_eq!(c.take(InodeId(5)), None, "an unlink in it replaces it");
         // The unlinked inode's link count moved, and the request does not name it.
         assert_eq!(c.take(InodeId(6)), None, "an unlink forgets every copy");
         // A release without a commit changes nothing; one with a commit may change
         // a file whose commit reply is kept here.
         c.put(dir(5, 0o755));
-        let release = |commit| MetaRequest::Release {
-            session: proto::SessionId(1),
-            commit,
+        let release = |commit| {
+            FsRequest::Release(fs::Release {
+                session: proto::SessionId(1),
+                commit,
+            })
         };
         c.before(&release(None));
         assert!(c.take(InodeId(5)).is_some(), "a plain release keeps it");
@@ -191,10 +189,10 @@ mod tests {
         // An append forgets the file's copy (from the commit before it), not others.
         c.put(dir(5, 0o755));
         c.put(dir(6, 0o644));
-        c.before(&MetaRequest::Append {
+        c.before(&FsRequest::Append(fs::Append {
             ino: InodeId(6),
             len: 10,
-        });
+        }));
         assert_eq!(
             c.take(InodeId(6)),
             None,
@@ -209,15 +207,15 @@ mod tests {
         // A commit goes out, an append through another handle follows, then the
         // commit's reply (with the length from before the append) comes back.
         let since = c.epoch();
-        c.before(&MetaRequest::Append {
+        c.before(&FsRequest::Append(fs::Append {
             ino: InodeId(6),
             len: 10,
-        });
+        }));
         c.put_since(dir(6, 0o644), since);
         assert_eq!(c.take(InodeId(6)), None, "the older reply is not kept");
         // Reads in between change nothing.
         let since = c.epoch();
-        c.before(&MetaRequest::GetAttr { ino: InodeId(9) });
+        c.before(&FsRequest::GetAttr(fs::GetAttr { ino: InodeId(9) }));
         c.put_since(dir(6, 0o644), since);
         assert!(
             c.take(InodeId(6)).is_some(),

@@ -22,8 +22,10 @@
 //! that name made meanwhile (with `O_TRUNC` the client then empties it) or refuses it
 //! under `O_EXCL`.
 
+use crate::rpc::Seen;
 use parking_lot::Mutex;
-use proto::meta::{DirChange, MetaReply, MetaRequest};
+use proto::meta::fs::{self, DirPage, FsRequest, Made, Opened};
+use proto::meta::DirChange;
 use proto::{Attr, FileKind, InodeId, Timestamp};
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -87,11 +89,11 @@ impl DirNames {
     /// Drops what a request is about to change without the list following it (a
     /// rename moves names between two directories and reports neither's change). The
     /// calls that make or remove one name are followed through their replies.
-    pub(crate) fn before(&self, req: &MetaRequest) -> u64 {
+    pub(crate) fn before(&self, req: &FsRequest) -> u64 {
         let mut lists = self.lists.lock();
-        if let MetaRequest::Rename {
+        if let FsRequest::Rename(fs::Rename {
             parent, new_parent, ..
-        } = req
+        }) = req
         {
             lists.moves += 1;
             lists.drop_dir(*parent);
@@ -104,36 +106,38 @@ impl DirNames {
 
     /// Learns from the answer to `req` (`None`: it failed or was not answered), sent
     /// after [`DirNames::before`] gave `token`.
-    pub(crate) fn after(&self, req: &MetaRequest, reply: Option<&MetaReply>, token: u64) {
-        use MetaReply as P;
-        use MetaRequest as R;
+    pub(crate) fn after(&self, req: &FsRequest, reply: Option<Seen<'_>>, token: u64) {
+        use FsRequest as R;
+        use Seen as P;
         let mut lists = self.lists.lock();
         if let Some((dir, name, present)) = name_change(req) {
             match reply {
                 Some(
-                    P::Opened {
+                    P::Opened(Opened {
                         parent: Some(c), ..
-                    }
-                    | P::Made { parent: c, .. }
-                    | P::Removed { parent: c },
+                    })
+                    | P::Made(Made { parent: c, .. })
+                    | P::Removed(c),
                 ) => self.follow(&mut lists, dir, c, name, present),
                 // Whether it happened is unknown, or the list was wrong (`O_EXCL`).
                 _ => lists.drop_dir(dir),
             }
         }
         match (req, reply) {
-            (R::Mkdir { .. }, Some(P::Made { attr, .. })) if attr.kind == FileKind::Directory => {
+            (R::Mkdir(fs::Mkdir { .. }), Some(P::Made(Made { attr, .. })))
+                if attr.kind == FileKind::Directory =>
+            {
                 self.insert(&mut lists, attr.ino, attr.ctime, HashSet::new())
             }
             (
-                R::ReadDir {
+                R::ReadDir(fs::ReadDir {
                     ino, after: None, ..
-                },
-                Some(P::Dir {
+                }),
+                Some(P::Dir(DirPage {
                     entries,
                     complete_at: Some(ctime),
                     ..
-                }),
+                })),
             ) => {
                 // A change of this client's own may have crossed the listing.
                 if lists.moves == token {
@@ -144,7 +148,7 @@ impl DirNames {
                     self.seen(&mut lists, a);
                 }
             }
-            (R::Lookup { parent, name }, Some(P::Attr(a))) => {
+            (R::Lookup(fs::Lookup { parent, name }), Some(P::Attr(a))) => {
                 // Made by someone else since the list was confirmed.
                 if lists
                     .dirs
@@ -155,10 +159,13 @@ impl DirNames {
                 }
                 self.seen(&mut lists, a);
             }
-            (_, Some(P::Attr(a) | P::Opened { attr: a, .. } | P::Made { attr: a, .. })) => {
-                self.seen(&mut lists, a)
-            }
-            (_, Some(P::Dir { entries, .. })) => {
+            (
+                _,
+                Some(
+                    P::Attr(a) | P::Opened(Opened { attr: a, .. }) | P::Made(Made { attr: a, .. }),
+                ),
+            ) => self.seen(&mut lists, a),
+            (_, Some(P::Dir(DirPage { entries, .. }))) => {
                 for a in entries.iter().filter_map(|e| e.attr.as_ref()) {
                     self.seen(&mut lists, a);
                 }
@@ -247,19 +254,21 @@ impl DirNames {
 
 /// The directory, name and whether the name is made (`true`) or removed, of a request
 /// that makes or removes one name.
-fn name_change(req: &MetaRequest) -> Option<(InodeId, &[u8], bool)> {
-    use MetaRequest as R;
+fn name_change(req: &FsRequest) -> Option<(InodeId, &[u8], bool)> {
+    use FsRequest as R;
     match req {
-        R::Create { parent, name, .. }
-        | R::Mkdir { parent, name, .. }
-        | R::MkNod { parent, name, .. }
-        | R::Symlink { parent, name, .. } => Some((*parent, name, true)),
-        R::Link {
+        R::Create(fs::Create { parent, name, .. })
+        | R::Mkdir(fs::Mkdir { parent, name, .. })
+        | R::MkNod(fs::MkNod { parent, name, .. })
+        | R::Symlink(fs::Symlink { parent, name, .. }) => Some((*parent, name, true)),
+        R::Link(fs::Link {
             new_parent,
             new_name,
             ..
-        } => Some((*new_parent, new_name, true)),
-        R::Unlink { parent, name } | R::Rmdir { parent, name } => Some((*parent, name, false)),
+        }) => Some((*new_parent, new_name, true)),
+        R::Unlink(fs::Unlink { parent, name }) | R::Rmdir(fs::Rmdir { parent, name }) => {
+            Some((*parent, name, false))
+        }
         _ => None,
     }
 }
@@ -267,6 +276,7 @@ fn name_change(req: &MetaRequest) -> Option<(InodeId, &[u8], bool)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rpc::Replied;
     use proto::meta::{Caller, DirEntry};
 
     fn dir(ino: u64, ctime: u32) -> Attr {
@@ -278,28 +288,28 @@ mod tests {
         a
     }
 
-    fn mkdir(parent: u64) -> MetaRequest {
-        MetaRequest::Mkdir {
+    fn mkdir(parent: u64) -> FsRequest {
+        FsRequest::Mkdir(fs::Mkdir {
             parent: InodeId(parent),
             name: b"d".to_vec(),
             perm: 0o755,
             caller: Caller { uid: 0, gid: 0 },
-        }
+        })
     }
 
-    fn create(d: u64, name: &str) -> MetaRequest {
-        MetaRequest::Create {
+    fn create(d: u64, name: &str) -> FsRequest {
+        FsRequest::Create(fs::Create {
             parent: InodeId(d),
             name: name.as_bytes().to_vec(),
             perm: 0o644,
             caller: Caller { uid: 0, gid: 0 },
             exclusive: false,
             client: proto::ClientId(1),
-        }
+        })
     }
 
-    fn created(d: u64, before: u32, after: u32) -> MetaReply {
-        MetaReply::Opened {
+    fn created(d: u64, before: u32, after: u32) -> Reply {
+        Reply::Opened(fs::Opened {
             attr: dir(99, 0),
             session: proto::SessionId(1),
             layout: proto::Layout {
@@ -313,46 +323,65 @@ mod tests {
                 after: dir(d, after),
             }),
             cut_tail: false,
-        }
+        })
     }
 
     /// The reply to a call that made a name for `attr` in `d` (ctime `before` ->
     /// `after`).
-    fn made(d: u64, before: u32, after: u32, attr: Attr) -> MetaReply {
-        MetaReply::Made {
+    fn made(d: u64, before: u32, after: u32, attr: Attr) -> Reply {
+        Reply::Made(fs::Made {
             attr,
             parent: DirChange {
                 before: dir(d, before).ctime,
                 after: dir(d, after),
             },
-        }
+        })
     }
 
     /// The reply to a mkdir in `parent` that made directory `d` at ctime `ctime`.
-    fn made_dir(parent: u64, d: u64, ctime: u32) -> MetaReply {
+    fn made_dir(parent: u64, d: u64, ctime: u32) -> Reply {
         made(parent, 1, 2, dir(d, ctime))
     }
 
-    fn removed(d: u64, before: u32, after: u32) -> MetaReply {
-        MetaReply::Removed {
-            parent: DirChange {
-                before: dir(d, before).ctime,
-                after: dir(d, after),
-            },
-        }
+    fn removed(d: u64, before: u32, after: u32) -> Reply {
+        Reply::Removed(DirChange {
+            before: dir(d, before).ctime,
+            after: dir(d, after),
+        })
     }
 
-    fn unlink(d: u64, name: &str) -> MetaRequest {
-        MetaRequest::Unlink {
+    fn unlink(d: u64, name: &str) -> FsRequest {
+        FsRequest::Unlink(fs::Unlink {
             parent: InodeId(d),
             name: name.as_bytes().to_vec(),
-        }
+        })
     }
 
     /// Sends `req` and takes `reply` in, as the client does.
-    fn call(n: &DirNames, req: &MetaRequest, reply: Option<&MetaReply>) {
+    fn call(n: &DirNames, req: &FsRequest, reply: Option<&Reply>) {
         let token = n.before(req);
-        n.after(req, reply, token);
+        n.after(req, reply.map(Reply::seen), token);
+    }
+
+    /// The replies these tests send, owned.
+    enum Reply {
+        Attr(Attr),
+        Opened(fs::Opened),
+        Made(fs::Made),
+        Removed(DirChange),
+        Dir(fs::DirPage),
+    }
+
+    impl Reply {
+        fn seen(&self) -> Seen<'_> {
+            match self {
+                Reply::Attr(a) => a.seen(),
+                Reply::Opened(o) => o.seen(),
+                Reply::Made(m) => m.seen(),
+                Reply::Removed(c) => c.seen(),
+                Reply::Dir(d) => d.seen(),
+            }
+        }
     }
 
     /// A list of directory 5, empty at ctime 10.
@@ -387,17 +416,17 @@ mod tests {
         let n = with_empty_dir();
         call(
             &n,
-            &MetaRequest::GetAttr { ino: InodeId(5) },
-            Some(&MetaReply::Attr(dir(5, 11))),
+            &FsRequest::GetAttr(fs::GetAttr { ino: InodeId(5) }),
+            Some(&Reply::Attr(dir(5, 11))),
         );
         assert!(!n.absent(InodeId(5), b"b"));
         // A name found that the list lacks.
         let n = with_empty_dir();
-        let lookup = MetaRequest::Lookup {
+        let lookup = FsRequest::Lookup(fs::Lookup {
             parent: InodeId(5),
             name: b"x".to_vec(),
-        };
-        call(&n, &lookup, Some(&MetaReply::Attr(dir(7, 3))));
+        });
+        call(&n, &lookup, Some(&Reply::Attr(dir(7, 3))));
         assert!(!n.absent(InodeId(5), b"b"));
         // A create that opened a file the list did not have.
         let n = with_empty_dir();
@@ -414,12 +443,12 @@ mod tests {
         let n = with_empty_dir();
         let in5 = |name: &str| (InodeId(5), name.as_bytes().to_vec());
         let (parent, name) = in5("sub");
-        let mkdir = MetaRequest::Mkdir {
+        let mkdir = FsRequest::Mkdir(fs::Mkdir {
             parent,
             name,
             perm: 0o755,
             caller: Caller { uid: 0, gid: 0 },
-        };
+        });
         call(&n, &mkdir, Some(&made(5, 10, 11, dir(6, 11))));
         assert!(!n.absent(InodeId(5), b"sub") && n.absent(InodeId(5), b"x"));
         assert!(
@@ -427,28 +456,28 @@ mod tests {
             "the new directory is known empty"
         );
         let (new_parent, new_name) = in5("h");
-        let link = MetaRequest::Link {
+        let link = FsRequest::Link(fs::Link {
             ino: InodeId(9),
             new_parent,
             new_name,
-        };
+        });
         call(&n, &link, Some(&made(5, 11, 12, dir(9, 3))));
         assert!(!n.absent(InodeId(5), b"h"));
         let (parent, name) = in5("sub");
         call(
             &n,
-            &MetaRequest::Rmdir { parent, name },
+            &FsRequest::Rmdir(fs::Rmdir { parent, name }),
             Some(&removed(5, 12, 13)),
         );
         assert!(n.absent(InodeId(5), b"sub") && !n.absent(InodeId(5), b"h"));
         // A failed one drops the list: it may have happened.
         let (parent, name) = in5("l");
-        let symlink = MetaRequest::Symlink {
+        let symlink = FsRequest::Symlink(fs::Symlink {
             parent,
             name,
             target: b"t".to_vec(),
             caller: Caller { uid: 0, gid: 0 },
-        };
+        });
         call(&n, &symlink, None);
         assert!(!n.absent(InodeId(5), b"x"));
     }
@@ -457,40 +486,44 @@ mod tests {
     fn a_rename_drops_both_lists_and_reads_keep_them() {
         let n = with_empty_dir();
         call(&n, &mkdir(1), Some(&made_dir(1, 7, 10)));
-        n.before(&MetaRequest::Rename {
+        n.before(&FsRequest::Rename(fs::Rename {
             parent: InodeId(7),
             name: b"x".to_vec(),
             new_parent: InodeId(5),
             new_name: b"x".to_vec(),
             mode: proto::meta::RenameMode::Replace,
-        });
+        }));
         assert!(!n.absent(InodeId(5), b"y") && !n.absent(InodeId(7), b"y"));
         let n = with_empty_dir();
         n.before(&create(5, "x"));
-        n.before(&MetaRequest::GetAttr { ino: InodeId(5) });
+        n.before(&FsRequest::GetAttr(fs::GetAttr { ino: InodeId(5) }));
         assert!(n.absent(InodeId(5), b"x"), "others keep it");
     }
 
     #[test]
     fn a_whole_listing_gives_the_names_unless_a_change_crossed_it() {
-        let list = |names: &[&str], complete: Option<u32>| MetaReply::Dir {
-            entries: names
-                .iter()
-                .map(|x| DirEntry {
-                    name: x.as_bytes().to_vec(),
-                    ino: InodeId(50),
-                    kind: FileKind::Regular,
-                    attr: None,
-                })
-                .collect(),
-            done: true,
-            complete_at: complete.map(|c| dir(5, c).ctime),
+        let list = |names: &[&str], complete: Option<u32>| {
+            Reply::Dir(fs::DirPage {
+                entries: names
+                    .iter()
+                    .map(|x| DirEntry {
+                        name: x.as_bytes().to_vec(),
+                        ino: InodeId(50),
+                        kind: FileKind::Regular,
+                        attr: None,
+                    })
+                    .collect(),
+                done: true,
+                complete_at: complete.map(|c| dir(5, c).ctime),
+            })
         };
-        let readdir = |after: Option<&str>| MetaRequest::ReadDir {
-            ino: InodeId(5),
-            after: after.map(|a| a.as_bytes().to_vec()),
-            max_entries: 512,
-            plus: false,
+        let readdir = |after: Option<&str>| {
+            FsRequest::ReadDir(fs::ReadDir {
+                ino: InodeId(5),
+                after: after.map(|a| a.as_bytes().to_vec()),
+                max_entries: 512,
+                plus: false,
+            })
         };
         let n = DirNames::new(Duration::from_secs(60));
         call(&n, &readdir(None), Some(&list(&["a", "b"], Some(10))));
@@ -513,7 +546,7 @@ mod tests {
         let n = DirNames::new(Duration::from_secs(60));
         let token = n.before(&readdir(None));
         n.before(&create(5, "d"));
-        n.after(&readdir(None), Some(&list(&["a"], Some(10))), token);
+        n.after(&readdir(None), Some(list(&["a"], Some(10)).seen()), token);
         assert!(!n.absent(InodeId(5), b"zz"));
     }
 
@@ -525,8 +558,8 @@ mod tests {
         assert!(!n.absent(InodeId(5), b"a"), "expired");
         call(
             &n,
-            &MetaRequest::GetAttr { ino: InodeId(5) },
-            Some(&MetaReply::Attr(dir(5, 10))),
+            &FsRequest::GetAttr(fs::GetAttr { ino: InodeId(5) }),
+            Some(&Reply::Attr(dir(5, 10))),
         );
         assert!(n.absent(InodeId(5), b"a"), "confirmed again");
         let off = DirNames::new(Duration::ZERO);

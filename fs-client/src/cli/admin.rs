@@ -3,9 +3,11 @@
 
 use crate::client::Client;
 use crate::error::{ClientError, Result};
-use crate::rpc::{self, expect_reply};
-use proto::data::{ChunkMeta, DataReply, DataRequest};
-use proto::meta::{ClusterMap, ClusterStatus, MemberState, MetaReply, MetaRequest, NodeState};
+use crate::rpc;
+use proto::data::{ChunkInfo, ChunkMeta, Repair};
+use proto::meta::admin::{CheckNamespace, Status};
+use proto::meta::cluster::{FilesPage, ListFiles};
+use proto::meta::{ClusterMap, ClusterStatus, MemberState, NodeState};
 use proto::{ChainId, ChunkId, InodeId, NodeId};
 use std::fmt::Write as _;
 
@@ -21,7 +23,7 @@ const FILES_PER_PAGE: u32 = 256;
 impl Client {
     /// The cluster's health from the metadata server.
     pub async fn status(&self) -> Result<ClusterStatus> {
-        expect_reply!(self.meta(MetaRequest::Status).await?, MetaReply::Status(s) => s)
+        self.meta(Status).await
     }
 }
 
@@ -169,24 +171,18 @@ impl Client {
     /// are gone with no deletion queued (see `leftovers.rs`).
     pub async fn fsck(&self, repair: bool) -> Result<FsckReport> {
         let mut report = FsckReport::default();
-        let problems = expect_reply!(
-            self.meta(MetaRequest::CheckNamespace).await?,
-            MetaReply::Problems(p) => p
-        )?;
+        let problems = self.meta(CheckNamespace).await?;
         report
             .problems
             .extend(problems.into_iter().map(|p| format!("namespace: {p}")));
         let map = self.cluster_map().await?;
         let mut after = InodeId(0);
         loop {
-            let req = MetaRequest::ListFiles {
+            let req = ListFiles {
                 after,
                 limit: FILES_PER_PAGE,
             };
-            let (files, done) = expect_reply!(
-                self.meta(req).await?,
-                MetaReply::Files { files, done } => (files, done)
-            )?;
+            let FilesPage { files, done } = self.meta(req).await?;
             for f in &files {
                 report.files += 1;
                 let cs = u64::from(f.layout.chunk_size_bytes.max(1));
@@ -268,12 +264,12 @@ impl Client {
             if let (true, Some((from, _))) = (repair, best) {
                 let from_addr = map.addr(from).unwrap_or_default().to_string();
                 let conn = self.data_conn(*node).await?;
-                let req = DataRequest::Repair {
+                let req = Repair {
                     chunk,
                     chain,
                     from: from_addr,
                 };
-                match rpc::data_call(&self.ep, &conn, &req).await {
+                match rpc::data_call(&self.ep, &conn, req).await {
                     Ok(_) => report.repaired += 1,
                     Err(e) => report
                         .problems
@@ -290,14 +286,13 @@ impl Client {
             Ok(c) => c,
             Err(e) => return Copy::Bad(format!("unreachable: {e}")),
         };
-        let req = DataRequest::ChunkInfo {
+        let req = ChunkInfo {
             chunk,
             verify: true,
         };
-        match rpc::data_call(&self.ep, &conn, &req).await {
-            Ok(DataReply::Info(Some(m))) => Copy::Good(m),
-            Ok(DataReply::Info(None)) => Copy::Missing,
-            Ok(other) => Copy::Bad(format!("unexpected reply {other:?}")),
+        match rpc::data_call(&self.ep, &conn, req).await {
+            Ok(Some(m)) => Copy::Good(m),
+            Ok(None) => Copy::Missing,
             Err(ClientError::Remote(e)) => Copy::Bad(format!("{:?}: {}", e.code, e.message)),
             Err(e) => Copy::Bad(e.to_string()),
         }

@@ -5,9 +5,10 @@
 use super::admin::FsckReport;
 use crate::client::Client;
 use crate::error::Result;
-use crate::rpc::{self, expect_reply};
-use proto::data::{DataReply, DataRequest};
-use proto::meta::{ClusterMap, MetaReply, MetaRequest};
+use crate::rpc;
+use proto::data::{DeleteFile, ListChunks};
+use proto::meta::cluster::InodesExist;
+use proto::meta::ClusterMap;
 use proto::{ChunkId, InodeId, NodeId};
 use std::collections::BTreeMap;
 
@@ -39,13 +40,12 @@ impl Client {
             for chain in chains {
                 let mut after: Option<ChunkId> = None;
                 loop {
-                    let req = DataRequest::ListChunks {
+                    let req = ListChunks {
                         chain: chain.chain,
                         after,
                         limit: LIST_PAGE,
                     };
-                    let Ok(DataReply::Chunks(page)) = rpc::data_call(&self.ep, &conn, &req).await
-                    else {
+                    let Ok(page) = rpc::data_call(&self.ep, &conn, req).await else {
                         break;
                     };
                     for c in &page {
@@ -64,10 +64,10 @@ impl Client {
         }
         let inodes: Vec<InodeId> = held.keys().copied().collect();
         for batch in inodes.chunks(EXIST_BATCH) {
-            let req = MetaRequest::InodesExist {
+            let req = InodesExist {
                 inodes: batch.to_vec(),
             };
-            let exist = expect_reply!(self.meta(req).await?, MetaReply::Exist(e) => e)?;
+            let exist = self.meta(req).await?;
             for (ino, _) in batch.iter().zip(exist).filter(|(_, e)| !e) {
                 let Some(nodes) = held.get(ino) else { continue };
                 self.leftover(*ino, nodes, repair, report).await;
@@ -93,9 +93,9 @@ impl Client {
             return;
         }
         for &node in nodes.keys() {
-            let req = DataRequest::DeleteFile { inode: ino };
+            let req = DeleteFile { inode: ino };
             let r = match self.data_conn(node).await {
-                Ok(conn) => rpc::data_call(&self.ep, &conn, &req).await.map(|_| ()),
+                Ok(conn) => rpc::data_call(&self.ep, &conn, req).await,
                 Err(e) => Err(e),
             };
             match r {

@@ -6,9 +6,10 @@
 use super::Client;
 use crate::error::{ClientError, Result};
 use crate::file::FileState;
-use crate::rpc::{self, expect_reply};
-use proto::meta::{MetaReply, MetaRequest};
-use proto::{Attr, ErrorCode, InodeId, WireError};
+use crate::rpc::{self, MetaCall};
+use proto::meta::fs::{self, FsRequest};
+use proto::meta::MetaRequest;
+use proto::{Attr, ErrorCode, InodeId, Request, WireError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -73,18 +74,18 @@ impl Client {
 
     /// Sends `req`, on a connection whose open files were resumed, waiting up to `wait`
     /// while the server cannot be reached (see [`rpc::server_away`]).
-    pub(crate) async fn meta_waiting(
+    pub(crate) async fn meta_waiting<R: MetaCall>(
         &self,
-        req: &MetaRequest,
+        req: &Request<R>,
         wait: Duration,
-    ) -> Result<(MetaReply, u64)> {
+    ) -> Result<(R::Reply, u64)> {
         let mut patience = Patience::new(wait);
         loop {
             let e = match self.resume_sessions().await {
                 // Nothing of `req` was sent yet: safe to try again whatever it is.
                 Err(e) => e,
                 Ok(()) => match self.meta_once(req).await {
-                    Err(e) if rpc::server_away(&e, req) => e,
+                    Err(e) if rpc::server_away::<R>(&e) => e,
                     r => {
                         patience.answered();
                         return r;
@@ -95,7 +96,7 @@ impl Client {
                 return Err(e);
             }
             self.ep.count_retry();
-            if let Some(lost) = self.lost_commit(req) {
+            if let Some(lost) = self.lost_commit(req.envelope()) {
                 return Err(lost);
             }
         }
@@ -106,12 +107,12 @@ impl Client {
     /// length over bytes another client may have cut, so it fails instead.
     fn lost_commit(&self, req: &MetaRequest) -> Option<ClientError> {
         let ino = match req {
-            MetaRequest::Commit { ino, .. } => *ino,
-            MetaRequest::SetAttr {
+            MetaRequest::Fs(FsRequest::Commit(fs::Commit { ino, .. })) => *ino,
+            MetaRequest::Fs(FsRequest::SetAttr(fs::SetAttr {
                 ino,
                 commit: Some(_),
                 ..
-            } => *ino,
+            })) => *ino,
             _ => return None,
         };
         let st = self.live_file(ino).filter(|st| st.is_lost())?;
@@ -143,11 +144,11 @@ impl Client {
     /// Sends `req` about `open`'s file without waiting for a server that is away: then
     /// it answers `Err(state)`, for the caller to answer from what the client knows.
     /// With no open file it waits up to `meta_wait_ms`, as every call does.
-    async fn meta_or_known(
+    async fn meta_or_known<R: MetaCall>(
         &self,
-        req: &MetaRequest,
+        req: &Request<R>,
         open: Option<Arc<FileState>>,
-    ) -> Result<std::result::Result<MetaReply, Arc<FileState>>> {
+    ) -> Result<std::result::Result<R::Reply, Arc<FileState>>> {
         let wait = match open {
             Some(_) => Duration::ZERO,
             None => self.meta_wait(),
@@ -169,12 +170,9 @@ impl Client {
         if let Some(attr) = self.take_kept_attr(ino) {
             return Ok(attr);
         }
-        let req = MetaRequest::GetAttr { ino };
+        let req = Request::new(fs::GetAttr { ino });
         match self.meta_or_known(&req, self.live_file(ino)).await? {
-            Ok(reply) => {
-                let attr = expect_reply!(reply, MetaReply::Attr(a) => a)?;
-                Ok(self.overlay(attr))
-            }
+            Ok(attr) => Ok(self.overlay(attr)),
             Err(st) => Ok(st.known_attr()),
         }
     }
@@ -186,12 +184,12 @@ impl Client {
     pub(crate) async fn getxattr_call(
         &self,
         ino: InodeId,
-        req: &MetaRequest,
+        req: &Request<fs::GetXattr>,
         capability: bool,
     ) -> (Result<Vec<u8>>, bool) {
         let open = self.live_file(ino).filter(|_| capability);
         match self.meta_or_known(req, open).await {
-            Ok(Ok(reply)) => (expect_reply!(reply, MetaReply::Xattr(v) => v), false),
+            Ok(Ok(value)) => (Ok(value), false),
             Ok(Err(st)) if st.known_attr().xattr_count == 0 => {
                 let none = WireError::new(ErrorCode::NoData, "no such extended attribute");
                 (Err(ClientError::Remote(none)), true)

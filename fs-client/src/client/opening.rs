@@ -7,13 +7,14 @@
 //! end would then show them where zeros belong. The metadata server marks every file a
 //! client had open when its connection closed, and the next open that finds the file
 //! closed everywhere is asked to cut its chunks at its length first
-//! (`MetaReply::Opened::cut_tail`); other opens wait meanwhile (`Busy`).
+//! (`proto::meta::fs::Opened::cut_tail`); other opens wait meanwhile (`Busy`).
 
 use super::Client;
 use crate::error::Result;
 use crate::file::{FileHandle, FileState};
-use crate::rpc::expect_reply;
-use proto::meta::{Caller, MetaReply, MetaRequest};
+use crate::rpc::MetaCall;
+use proto::meta::fs::{self, Opened};
+use proto::meta::Caller;
 use proto::{Attr, ErrorCode, FileKind, InodeId, Layout, SessionId, SetAttr};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -38,7 +39,7 @@ impl Client {
         exclusive: bool,
         truncate: bool,
     ) -> Result<(Attr, FileHandle)> {
-        let req = MetaRequest::Create {
+        let req = fs::Create {
             parent,
             name: name.to_vec(),
             perm,
@@ -47,14 +48,14 @@ impl Client {
             client: self.id,
         };
         let reply = self.meta_opening(req).await?;
-        let existed = matches!(&reply, MetaReply::Opened { parent: Some(c), .. } if !c.changed());
+        let existed = matches!(&reply.parent, Some(c) if !c.changed());
         let (attr, fh) = self.opened(reply).await?;
         self.emptied_if(truncate && existed, attr, fh).await
     }
 
     /// Opens an existing inode; `truncate` empties it first (`O_TRUNC`).
     pub async fn open(&self, ino: InodeId, truncate: bool) -> Result<(Attr, FileHandle)> {
-        let req = MetaRequest::Open {
+        let req = fs::Open {
             ino,
             client: self.id,
             truncate: false,
@@ -84,12 +85,14 @@ impl Client {
 
     /// Takes an open's reply: the file's state, shared by this client's opens of it,
     /// and a handle; first the cut of what a vanished writer left, if the server asks.
-    async fn opened(&self, reply: MetaReply) -> Result<(Attr, FileHandle)> {
-        let (attr, session, layout, parent, cut_tail) = expect_reply!(
-            reply,
-            MetaReply::Opened { attr, session, layout, parent, cut_tail } =>
-                (attr, session, layout, parent, cut_tail)
-        )?;
+    async fn opened(&self, reply: Opened) -> Result<(Attr, FileHandle)> {
+        let Opened {
+            attr,
+            session,
+            layout,
+            parent,
+            cut_tail,
+        } = reply;
         if cut_tail {
             // On failure the session ends with the caller's error (the handle is not
             // made), and with it the duty: the next open is asked to cut.
@@ -128,7 +131,7 @@ impl Client {
 
     /// An open or create, asked again while the server answers `Busy` (another client
     /// is cutting the file), for at most [`CUT_WAIT`].
-    async fn meta_opening(&self, req: MetaRequest) -> Result<MetaReply> {
+    async fn meta_opening<R: MetaCall<Reply = Opened>>(&self, req: R) -> Result<Opened> {
         let deadline = Instant::now() + CUT_WAIT;
         loop {
             match self.meta(req.clone()).await {
@@ -145,7 +148,7 @@ impl Client {
     async fn cut_tail(&self, attr: &Attr, layout: &Layout, session: SessionId) -> Result<()> {
         tracing::info!(ino = %attr.ino, size = attr.size, "cutting what a vanished writer left past the end");
         self.data.truncate_data(attr.ino, layout, attr.size).await?;
-        let req = MetaRequest::TailCut {
+        let req = fs::TailCut {
             ino: attr.ino,
             session,
         };
@@ -155,7 +158,7 @@ impl Client {
     /// Ends a session that no file handle stands for (a brief open, or an open that
     /// failed after the server had started it).
     async fn release_unmade(&self, session: SessionId) {
-        let req = MetaRequest::Release {
+        let req = fs::Release {
             session,
             commit: None,
         };
@@ -171,16 +174,18 @@ impl Client {
         if let Some(st) = self.live_file(ino) {
             return Ok(Some(st.layout.clone()));
         }
-        let req = MetaRequest::Open {
+        let req = fs::Open {
             ino,
             client: self.id,
             truncate: false,
         };
-        let (attr, session, layout, cut) = expect_reply!(
-            self.meta_opening(req).await?,
-            MetaReply::Opened { attr, session, layout, cut_tail, .. } =>
-                (attr, session, layout, cut_tail)
-        )?;
+        let Opened {
+            attr,
+            session,
+            layout,
+            cut_tail: cut,
+            ..
+        } = self.meta_opening(req).await?;
         let cut = match cut {
             true => self.cut_tail(&attr, &layout, session).await,
             false => Ok(()),

@@ -7,8 +7,9 @@
 
 use super::Client;
 use crate::error::{ClientError, Result};
-use crate::rpc::{self, expect_reply};
-use proto::meta::{MetaReply, MetaRequest, MAX_RELEASES};
+use crate::rpc;
+use proto::meta::{fs, MAX_RELEASES};
+use proto::Request;
 use proto::{ErrorCode, InodeId, SessionId, WireError};
 use std::sync::atomic::Ordering;
 use std::sync::Weak;
@@ -46,11 +47,11 @@ impl Client {
             self.sessions.lock().iter().map(|(&s, &i)| (s, i)).collect();
         let mut lost = Vec::new();
         for part in open.chunks(MAX_RELEASES) {
-            let req = MetaRequest::Resume {
+            let req = Request::new(fs::Resume {
                 client: self.id,
                 sessions: part.to_vec(),
-            };
-            match self.resume_call(&req).await {
+            });
+            match rpc::meta_call(&self.ep, &self.meta, &req).await {
                 Ok(l) => lost.extend(l),
                 Err(e @ ClientError::Transport(_)) => return Err(e),
                 Err(e) => {
@@ -69,11 +70,6 @@ impl Client {
             self.lose(session);
         }
         Ok(())
-    }
-
-    async fn resume_call(&self, req: &MetaRequest) -> Result<Vec<SessionId>> {
-        let reply = rpc::meta_call(&self.ep, &self.meta, req).await?;
-        expect_reply!(reply, MetaReply::Resumed { lost } => lost)
     }
 
     /// A session the server no longer has: nothing more is committed for its file,

@@ -23,10 +23,9 @@ pub use read::ReadBuf;
 use crate::client::Client;
 use crate::config::AtimeMode;
 use crate::error::{ClientError, Result};
-use crate::rpc::expect_reply;
 use datapath::DataPath;
 use parking_lot::Mutex;
-use proto::meta::{Commit, MetaReply, MetaRequest};
+use proto::meta::{fs, Commit};
 use proto::{Attr, ChainId, ChunkId, ErrorCode, InodeId, Layout, SessionId, Timestamp, WireError};
 use read::CacheSeg;
 use readahead::Readahead;
@@ -514,12 +513,12 @@ impl Client {
         let Some((commit, generation)) = self.send_for_commit(state).await else {
             return Ok(());
         };
-        let req = MetaRequest::Commit {
+        let req = fs::Commit {
             ino: state.ino,
             commit,
         };
         let since = self.attr_epoch();
-        let attr = expect_reply!(self.meta(req).await?, MetaReply::Attr(a) => a)?;
+        let attr = self.meta(req).await?;
         state.committed_with(generation, &attr);
         // After a close the kernel asks for the attributes again before the next
         // `utime`, `chmod` or `chown` (`tar x`, `cp -a`): this reply has them.
@@ -559,7 +558,7 @@ impl Client {
             self.release_later(fh.session);
             return flushed;
         };
-        let req = MetaRequest::Release {
+        let req = fs::Release {
             session: fh.session,
             commit: Some(commit),
         };
@@ -578,11 +577,11 @@ impl Client {
         self.commit_pending(&fh.state).await?;
         fh.check_write_error()?;
         let before = fh.state.write_gen();
-        let req = MetaRequest::Append {
+        let req = fs::Append {
             ino: fh.ino(),
             len: data.len() as u64,
         };
-        let offset = expect_reply!(self.meta(req).await?, MetaReply::Offset(o) => o)?;
+        let offset = self.meta(req).await?;
         self.write_through(fh, offset, data).await?;
         // The reservation already committed this write's length. Writes through other
         // handles that landed meanwhile were not: then the commit stays due.

@@ -15,7 +15,10 @@ use super::members::{
 use super::Piece;
 use crate::error::{ClientError, Result};
 use crate::rpc;
-use proto::data::{fits_inline, DataReply, DataRequest, Placement};
+use proto::data::{
+    fits_inline, Fsync, Moved, Placement, ReadChunk, TruncateFile, WriteChunk, WriteInline,
+    WriteZeros,
+};
 use proto::meta::{ClusterMap, WATCH_AFTER, WATCH_EVERY};
 use proto::{ChainId, ChunkId, InodeId, Layout, NodeId};
 use std::collections::{BTreeMap, BTreeSet};
@@ -156,39 +159,46 @@ impl DataPath {
                 _ => None,
             };
             let offset = p.offset_in_chunk;
-            let req = match (&grant, mr) {
-                (Some(g), _) => DataRequest::WriteChunk {
-                    chunk: p.chunk,
-                    place,
-                    chunk_size_bytes,
-                    offset,
-                    src: g.remote(),
-                },
-                (None, Some(mr)) => DataRequest::WriteInline {
-                    chunk: p.chunk,
-                    place,
-                    chunk_size_bytes,
-                    offset,
-                    data: mr.lock()[p.buf_offset..p.buf_offset + p.len as usize].to_vec(),
-                },
-                (None, None) => DataRequest::WriteZeros {
-                    chunk: p.chunk,
-                    place,
-                    chunk_size_bytes,
-                    offset,
-                    len: p.len,
-                },
+            let written = match (&grant, mr) {
+                (Some(g), _) => {
+                    let src = g.remote();
+                    let req = WriteChunk {
+                        chunk: p.chunk,
+                        place,
+                        chunk_size_bytes,
+                        offset,
+                        src,
+                    };
+                    self.unless_down(head, rpc::data_call(&self.ep, &conn, req))
+                        .await?
+                }
+                (None, Some(mr)) => {
+                    let data = mr.lock()[p.buf_offset..p.buf_offset + p.len as usize].to_vec();
+                    let req = WriteInline {
+                        chunk: p.chunk,
+                        place,
+                        chunk_size_bytes,
+                        offset,
+                        data,
+                    };
+                    self.unless_down(head, rpc::data_call(&self.ep, &conn, req))
+                        .await?
+                }
+                (None, None) => {
+                    let (chunk, len) = (p.chunk, p.len);
+                    let req = WriteZeros {
+                        chunk,
+                        place,
+                        chunk_size_bytes,
+                        offset,
+                        len,
+                    };
+                    self.unless_down(head, rpc::data_call(&self.ep, &conn, req))
+                        .await?
+                }
             };
-            let reply = self
-                .unless_down(head, rpc::data_call(&self.ep, &conn, &req))
-                .await?;
             drop(grant);
-            match reply {
-                DataReply::Written { len } if len == p.len => Ok(()),
-                other => Err(ClientError::Protocol(format!(
-                    "unexpected reply {other:?} to a write"
-                ))),
-            }
+            moved_all(written, p.len, "write")
         })
         .await
     }
@@ -231,7 +241,7 @@ impl DataPath {
     ) -> Result<()> {
         let conn = self.data_conn(node).await?;
         let grant = conn.grant(mr, p.buf_offset, p.len as usize, Access::RemoteWrite)?;
-        let req = DataRequest::ReadChunk {
+        let req = ReadChunk {
             chunk: p.chunk,
             place: Self::placement(map, layout, p.chain),
             chunk_size_bytes: layout.chunk_size_bytes,
@@ -240,15 +250,10 @@ impl DataPath {
             dest: grant.remote(),
         };
         let reply = self
-            .unless_down(node, rpc::data_call(&self.ep, &conn, &req))
+            .unless_down(node, rpc::data_call(&self.ep, &conn, req))
             .await?;
         drop(grant);
-        match reply {
-            DataReply::Read { len } if len == p.len => Ok(()),
-            other => Err(ClientError::Protocol(format!(
-                "unexpected reply {other:?} to a read"
-            ))),
-        }
+        moved_all(reply, p.len, "read")
     }
 
     /// Makes `chunks` durable on every member of their chains that takes writes.
@@ -261,8 +266,8 @@ impl DataPath {
             let per_node = sync_targets(&map, layout.replicas, chunks)?;
             let syncs = per_node.into_iter().map(|(node, chunks)| async move {
                 let conn = self.data_conn(node).await?;
-                let req = DataRequest::Fsync { chunks };
-                self.unless_down(node, rpc::data_call(&self.ep, &conn, &req))
+                let req = Fsync { chunks };
+                self.unless_down(node, rpc::data_call(&self.ep, &conn, req))
                     .await
             });
             futures::future::try_join_all(syncs).await?;
@@ -282,12 +287,12 @@ impl DataPath {
             let nodes = truncate_targets(&map, layout)?;
             let cuts = nodes.into_iter().map(|node| async move {
                 let conn = self.data_conn(node).await?;
-                let req = DataRequest::TruncateFile {
+                let req = TruncateFile {
                     inode: ino,
                     size,
                     chunk_size_bytes: layout.chunk_size_bytes,
                 };
-                self.unless_down(node, rpc::data_call(&self.ep, &conn, &req))
+                self.unless_down(node, rpc::data_call(&self.ep, &conn, req))
                     .await
             });
             futures::future::try_join_all(cuts).await?;
@@ -295,4 +300,15 @@ impl DataPath {
         })
         .await
     }
+}
+
+/// Checks that a data server moved all `len` bytes of a read or a write.
+fn moved_all(moved: Moved, len: u32, what: &str) -> Result<()> {
+    if moved.len == len {
+        return Ok(());
+    }
+    Err(ClientError::Protocol(format!(
+        "{what} of {len} bytes answered with {} bytes moved",
+        moved.len
+    )))
 }

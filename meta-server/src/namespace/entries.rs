@@ -5,7 +5,7 @@ use super::keys;
 use super::names::{check_name, check_target};
 use super::records::{DirentRecord, InodeRecord};
 use super::txn::{Reads, StoreReads, Txn};
-use super::{now, Namespace, State, MAX_LINKS};
+use super::{now, Made, Namespace, State, MAX_LINKS};
 use crate::error::{show, MetaError};
 use proto::meta::{Caller, DirChange};
 use proto::{Attr, FileKind, InodeId, NodeId, Timestamp};
@@ -176,16 +176,6 @@ impl Namespace {
             Ok(DirChange { before, after })
         })
     }
-}
-
-/// A new name: its inode's attributes and its directory's change (the reply to mkdir,
-/// mknod, symlink and link).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Made {
-    /// The inode the new name points to.
-    pub attr: Attr,
-    /// The directory that got the name.
-    pub parent: DirChange,
 }
 
 /// Creates inode `rec` under `name` in `parent`.

@@ -127,7 +127,7 @@ pub(crate) fn orphan(ino: InodeId) -> Vec<u8> {
 }
 
 /// The mark of `ino` saying that a client vanished while it had the file open: its
-/// chunks may hold bytes past the committed length (see `MetaReply::Opened::cut_tail`).
+/// chunks may hold bytes past the committed length (see `proto::meta::fs::Opened::cut_tail`).
 pub(crate) fn tail(ino: InodeId) -> Vec<u8> {
     with(TAIL, &[&ino.0.to_be_bytes()])
 }

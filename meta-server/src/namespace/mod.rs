@@ -9,8 +9,9 @@
 mod check;
 mod dirlayout;
 mod entries;
+mod handlers;
 mod registry;
-pub use entries::Made;
+pub use handlers::Handle;
 mod files;
 mod keys;
 mod locks;
@@ -32,8 +33,8 @@ use crate::config::NamespaceConfig;
 use crate::error::MetaError;
 use crate::kv::{take_pending, GroupCommit, KvStore};
 use parking_lot::Mutex;
-use proto::meta::{ClusterMap, DirChange, DirEntry, MetaReply, MetaRequest, MetaResult};
-use proto::{Attr, ClientId, InodeId, Layout, NodeId, SessionId, Timestamp};
+use proto::meta::ClusterMap;
+use proto::{ClientId, InodeId, NodeId, SessionId, Timestamp, WireError};
 use records::{decode, encode, InodeRecord, Superblock, FORMAT_VERSION};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -65,44 +66,7 @@ const ID_BLOCK: u64 = 1 << 20;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ConnId(pub u64);
 
-/// An open file as `create` and `open` return it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Opened {
-    /// Attributes after the open (and truncation).
-    pub attr: Attr,
-    /// The new session; the client ends it with `Release`.
-    pub session: SessionId,
-    /// Where the chunks live (an empty stripe for non-regular files).
-    pub layout: Layout,
-    /// A create's directory, before and after; unchanged when it opened an existing
-    /// file rather than made one (`DirChange::changed`).
-    pub parent: Option<DirChange>,
-    /// The opener must cut the chunks at `attr.size`, then send `TailCut` (see
-    /// `MetaReply::Opened`).
-    pub cut_tail: bool,
-}
-
-/// One page of a directory listing.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DirPage {
-    /// Entries in name order, all after the cursor.
-    pub entries: Vec<DirEntry>,
-    /// No entry follows the last one.
-    pub done: bool,
-    /// The directory's ctime when the page is its whole, unchanged listing.
-    pub complete_at: Option<Timestamp>,
-}
-
-/// File system totals for `statfs`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FsStats {
-    /// Capacity over all registered data servers.
-    pub total_bytes: u64,
-    /// Free bytes over all registered data servers.
-    pub free_bytes: u64,
-    /// Inodes in use.
-    pub files: u64,
-}
+pub use proto::meta::fs::{DirPage, FsStats, Made, Opened};
 
 /// An open-file session, kept in memory only: sessions do not survive a restart.
 #[derive(Clone, Copy, Debug)]
@@ -236,30 +200,31 @@ impl Namespace {
         &self.config
     }
 
-    /// Answers one request that arrived on connection `conn`.
-    pub fn handle(&self, req: MetaRequest, conn: ConnId) -> MetaResult {
-        let (op, id) = describe(&req);
-        let span = tracing::debug_span!("meta", op, id, conn = conn.0);
+    /// Answers one request that arrived on connection `conn`, in a tracing span that
+    /// names the operation and the id it is about.
+    pub fn handle<R: Handle>(&self, req: R, conn: ConnId) -> Result<R::Reply, WireError> {
+        let span = tracing::debug_span!("meta", op = R::NAME, id = req.span_id(), conn = conn.0);
         let _entered = span.enter();
-        if let Err(e) = self.disk.check(&req) {
-            tracing::debug!(error = %e, "refused: disk short of room");
-            return Err(e.into());
+        if R::ADDS_RECORDS {
+            if let Err(e) = self.disk.check() {
+                tracing::debug!(error = %e, "refused: disk short of room");
+                return Err(e.into());
+            }
         }
         // An access time is written lazily, as a local file system writes it back with
         // the inode some time later: the reply does not wait for the sync, and the batch
         // goes with the next group someone waits for, or alone after `LAZY_DELAY` (a
         // crash before may lose it, nothing else).
-        let lazy = matches!(req, MetaRequest::Accessed { .. });
         // Durable before the reply: wait for the group holding this request's changes,
         // now that the namespace lock is free for the next request to stage its own.
-        let result = if lazy {
-            let r = crate::kv::lazily(|| self.dispatch(req, conn));
+        let result = if R::LAZY {
+            let r = crate::kv::lazily(|| req.run(self, conn));
             let _ = take_pending();
             r
         } else {
             // A request that failed may have staged changes before it did (they are
             // visible already): it waits for them too, as nobody else would.
-            let r = self.dispatch(req, conn);
+            let r = req.run(self, conn);
             let durable = self.wait_pending();
             r.and_then(|r| durable.map(|()| r))
         };
@@ -267,91 +232,6 @@ impl Namespace {
             tracing::debug!(error = %e, "request failed");
         }
         result.map_err(Into::into)
-    }
-
-    /// Routes a request to its method. A flat table reads best on one screen, so rustfmt
-    /// is told not to spread each pattern over several lines.
-    #[rustfmt::skip]
-    fn dispatch(&self, req: MetaRequest, conn: ConnId) -> Result<MetaReply, MetaError> {
-        use MetaRequest as R;
-        let attr = MetaReply::Attr;
-        let unit = |()| MetaReply::Unit;
-        // After a change of a directory's entries the client is sent its change.
-        let opened = |o: Opened| MetaReply::Opened {
-            attr: o.attr, session: o.session, layout: o.layout, parent: o.parent,
-            cut_tail: o.cut_tail,
-        };
-        let made = |m: Made| MetaReply::Made { attr: m.attr, parent: m.parent };
-        match req {
-            R::Hello { name } => self.hello(&name).map(|client| MetaReply::Welcome { client }),
-            R::Lookup { parent, name } => self.lookup(parent, &name).map(attr),
-            R::GetAttr { ino } => self.getattr(ino).map(attr),
-            R::SetAttr { ino, set, commit } => self.commit_and_setattr(ino, commit, &set).map(attr),
-            R::Create { parent, name, perm, caller, exclusive, client } => {
-                let owner = SessionOwner { client, conn };
-                self.create(parent, &name, perm, caller, exclusive, owner).map(opened)
-            }
-            R::MkNod { parent, name, kind, perm, rdev, caller } =>
-                self.mknod(parent, &name, kind, perm, rdev, caller).map(made),
-            R::Mkdir { parent, name, perm, caller } =>
-                self.mkdir(parent, &name, perm, caller).map(made),
-            R::Symlink { parent, name, target, caller } =>
-                self.symlink(parent, &name, &target, caller).map(made),
-            R::Readlink { ino } => self.readlink(ino).map(MetaReply::Target),
-            R::Link { ino, new_parent, new_name } =>
-                self.link(ino, new_parent, &new_name).map(made),
-            R::Unlink { parent, name } =>
-                self.unlink(parent, &name).map(|parent| MetaReply::Removed { parent }),
-            R::Rmdir { parent, name } =>
-                self.rmdir(parent, &name).map(|parent| MetaReply::Removed { parent }),
-            R::Rename { parent, name, new_parent, new_name, mode } =>
-                self.rename(parent, &name, new_parent, &new_name, mode).map(unit),
-            R::ReadDir { ino, after, max_entries, plus } => self
-                .readdir(ino, after.as_deref(), max_entries, plus)
-                .map(|p| MetaReply::Dir {
-                    entries: p.entries, done: p.done, complete_at: p.complete_at,
-                }),
-            R::StatFs => self.statfs().map(|s| MetaReply::StatFs {
-                total_bytes: s.total_bytes, free_bytes: s.free_bytes, files: s.files,
-            }),
-            R::Open { ino, client, truncate } =>
-                self.open_inode(ino, truncate, SessionOwner { client, conn }).map(opened),
-            R::Commit { ino, commit } => self.commit(ino, commit).map(attr),
-            R::Release { session, commit } => self.release(session, commit).map(unit),
-            R::TailCut { ino, session } => self.tail_cut(ino, session).map(unit),
-            R::GetXattr { ino, name } => self.getxattr(ino, &name).map(MetaReply::Xattr),
-            R::SetXattr { ino, name, value, mode } =>
-                self.setxattr(ino, &name, &value, mode).map(unit),
-            R::ListXattr { ino } => self.listxattr(ino).map(MetaReply::XattrNames),
-            R::RemoveXattr { ino, name } => self.removexattr(ino, &name).map(unit),
-            R::RegisterData { node, addr, capacity_bytes, used_bytes } => self
-                .register_data(node, &addr, capacity_bytes, used_bytes)
-                .map(|node| MetaReply::Registered { node }),
-            R::Heartbeat { node, capacity_bytes, used_bytes, done, map_version, resync } => self
-                .heartbeat(node, capacity_bytes, used_bytes, &done, map_version, resync)
-                .map(|(gc, map)| MetaReply::Beat { gc, map }),
-            R::ClusterMap => self.cluster_map().map(MetaReply::Map),
-            R::Status => self.status().map(MetaReply::Status),
-            R::ListFiles { after, limit } => self
-                .list_files(after, limit)
-                .map(|(files, done)| MetaReply::Files { files, done }),
-            R::CheckNamespace => self.check_namespace().map(MetaReply::Problems),
-            R::InodesExist { inodes } => self.inodes_exist(&inodes).map(MetaReply::Exist),
-            R::ReleaseMany { sessions } => self.release_many(&sessions).map(unit),
-            R::Resume { client, sessions } => self.resume(client, &sessions, conn).map(|lost| MetaReply::Resumed { lost }),
-            R::Append { ino, len } => self.append(ino, len).map(MetaReply::Offset),
-            R::Accessed { ino, strict } => self.accessed(ino, strict).map(attr),
-            R::SetLock { ino, client, lock } => {
-                self.locks.lock().set(ino, client, conn, lock).map(unit)
-            }
-            R::GetLock { ino, client, lock } => {
-                Ok(MetaReply::Lock(self.locks.lock().conflict(ino, client, &lock)))
-            }
-            R::ReleaseLocks { ino, client, owner } => {
-                self.locks.lock().release_owner(ino, client, owner);
-                Ok(MetaReply::Unit)
-            }
-        }
     }
 
     /// Waits until every change made so far is durable (requests wait for their own
@@ -427,50 +307,4 @@ fn load_or_format(store: &dyn KvStore) -> Result<Superblock, MetaError> {
     store.commit(batch)?;
     tracing::info!("formatted an empty metadata store");
     Ok(sb)
-}
-
-/// The request's name and the id it is about (inode, or node, or session), for the
-/// tracing span; 0 when it names none.
-#[rustfmt::skip]
-fn describe(req: &MetaRequest) -> (&'static str, u64) {
-    use MetaRequest as R;
-    match req {
-        R::Hello { .. } => ("hello", 0),
-        R::Lookup { parent, .. } => ("lookup", parent.0),
-        R::GetAttr { ino } => ("getattr", ino.0),
-        R::SetAttr { ino, .. } => ("setattr", ino.0),
-        R::Create { parent, .. } => ("create", parent.0),
-        R::MkNod { parent, .. } => ("mknod", parent.0),
-        R::Mkdir { parent, .. } => ("mkdir", parent.0),
-        R::Symlink { parent, .. } => ("symlink", parent.0),
-        R::Readlink { ino } => ("readlink", ino.0),
-        R::Link { ino, .. } => ("link", ino.0),
-        R::Unlink { parent, .. } => ("unlink", parent.0),
-        R::Rmdir { parent, .. } => ("rmdir", parent.0),
-        R::Rename { parent, .. } => ("rename", parent.0),
-        R::ReadDir { ino, .. } => ("readdir", ino.0),
-        R::StatFs => ("statfs", 0),
-        R::Open { ino, .. } => ("open", ino.0),
-        R::Commit { ino, .. } => ("commit", ino.0),
-        R::Release { session, .. } => ("release", session.0),
-        R::TailCut { ino, .. } => ("tail_cut", ino.0),
-        R::GetXattr { ino, .. } => ("getxattr", ino.0),
-        R::SetXattr { ino, .. } => ("setxattr", ino.0),
-        R::ListXattr { ino } => ("listxattr", ino.0),
-        R::RemoveXattr { ino, .. } => ("removexattr", ino.0),
-        R::RegisterData { node, .. } => ("register_data", node.map_or(0, |n| u64::from(n.0))),
-        R::Heartbeat { node, .. } => ("heartbeat", u64::from(node.0)),
-        R::ClusterMap => ("cluster_map", 0),
-        R::Status => ("status", 0),
-        R::ListFiles { after, .. } => ("list_files", after.0),
-        R::CheckNamespace => ("check_namespace", 0),
-        R::InodesExist { inodes } => ("inodes_exist", inodes.len() as u64),
-        R::ReleaseMany { sessions } => ("release_many", sessions.len() as u64),
-        R::Resume { sessions, .. } => ("resume", sessions.len() as u64),
-        R::Append { ino, .. } => ("append", ino.0),
-        R::Accessed { ino, .. } => ("accessed", ino.0),
-        R::SetLock { ino, .. } => ("setlock", ino.0),
-        R::GetLock { ino, .. } => ("getlock", ino.0),
-        R::ReleaseLocks { ino, .. } => ("release_locks", ino.0),
-    }
 }

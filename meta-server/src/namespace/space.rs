@@ -7,7 +7,6 @@
 //! every later change until a restart, deletions included.
 
 use crate::error::MetaError;
-use proto::meta::MetaRequest;
 use std::path::PathBuf;
 
 /// One `statvfs` per guarded request: a microsecond or two, beside the synchronous log
@@ -19,20 +18,6 @@ pub(super) struct DiskGuard {
     reserve: u64,
 }
 
-/// Whether the request adds records to the store (what the guard refuses).
-fn adds_records(req: &MetaRequest) -> bool {
-    use MetaRequest as R;
-    matches!(
-        req,
-        R::Create { .. }
-            | R::MkNod { .. }
-            | R::Mkdir { .. }
-            | R::Symlink { .. }
-            | R::Link { .. }
-            | R::SetXattr { .. }
-    )
-}
-
 impl DiskGuard {
     pub(super) fn new(dir: PathBuf, reserve: u64) -> DiskGuard {
         DiskGuard {
@@ -41,12 +26,13 @@ impl DiskGuard {
         }
     }
 
-    /// Refuses `req` with `NoSpace` if it adds records and the disk is short of room.
-    pub(super) fn check(&self, req: &MetaRequest) -> Result<(), MetaError> {
+    /// Refuses a request that adds records (`Handle::ADDS_RECORDS`) with `NoSpace`
+    /// while the disk is short of room.
+    pub(super) fn check(&self) -> Result<(), MetaError> {
         let Some(dir) = &self.dir else {
             return Ok(());
         };
-        if self.reserve == 0 || !adds_records(req) {
+        if self.reserve == 0 {
             return Ok(());
         }
         // Unknown: let the store's own write tell.

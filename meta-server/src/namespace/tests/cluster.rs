@@ -4,7 +4,8 @@ use super::{code, engine_tests, H};
 use crate::kv::StoreKind;
 use crate::namespace::ConnId;
 use crate::{ManualClock, NamespaceConfig};
-use proto::meta::{ClusterMap, MemberState, MetaReply, MetaRequest, ResyncReport};
+use proto::meta::cluster::{GetMap, Heartbeat};
+use proto::meta::{ClusterMap, MemberState, ResyncReport};
 use proto::{ChainId, ErrorCode, NodeId};
 use std::sync::Arc;
 use std::time::Duration;
@@ -142,7 +143,7 @@ fn heartbeat_of_unknown_node_is_not_found(kind: StoreKind) {
         ErrorCode::NotFound
     );
     let reply = h.ns().handle(
-        MetaRequest::Heartbeat {
+        Heartbeat {
             node: NodeId(0),
             capacity_bytes: 0,
             used_bytes: 0,
@@ -238,8 +239,8 @@ fn a_lost_lease_takes_a_server_out_and_it_resyncs_back(kind: StoreKind) {
     );
     map = synced(&h, nodes[2], &map);
     assert!(map.chains.iter().all(|c| c.readers(3).len() == 3));
-    let reply = h.ns().handle(MetaRequest::ClusterMap, ConnId(1)).unwrap();
-    assert!(matches!(reply, MetaReply::Map(m) if m.version == map.version));
+    let reply = h.ns().handle(GetMap, ConnId(1)).unwrap();
+    assert_eq!(reply.version, map.version);
 }
 
 fn a_server_away_too_long_is_replaced(kind: StoreKind) {

@@ -22,6 +22,18 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use tempfile::TempDir;
 
+/// Sends each request (of any type) to `ns` on connection 1: its debug form and its
+/// result, the reply dropped.
+macro_rules! each_result {
+    ($ns:expr, [$($req:expr),* $(,)?]) => {
+        vec![$({
+            let req = $req;
+            (format!("{req:?}"), $ns.handle(req, super::super::ConnId(1)).map(drop))
+        }),*]
+    };
+}
+pub(crate) use each_result;
+
 /// Instantiates each listed `fn(StoreKind)` once per engine.
 macro_rules! engine_tests {
     ($($test:ident),* $(,)?) => {

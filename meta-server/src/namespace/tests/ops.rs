@@ -1,11 +1,12 @@
 //! Each operation, its effects and its errors.
 
+use super::each_result;
 use super::{caller, code, engine_tests, mkdir, owner, touch, written, H, ROOT};
 use crate::kv::{open_store, StoreKind, WriteBatch};
 use crate::namespace::{keys, ConnId, Namespace};
 use crate::{MetaError, NamespaceConfig};
 use proto::attr::TimeSet;
-use proto::meta::{Commit, MetaReply, MetaRequest, XattrMode};
+use proto::meta::{fs, Commit, XattrMode};
 use proto::{ErrorCode, FileKind, InodeId, SetAttr, Timestamp};
 use std::sync::Arc;
 
@@ -104,47 +105,50 @@ fn hostile_requests_get_errors_not_panics(kind: StoreKind) {
     ];
     for (name, want) in names {
         let name = name.to_vec();
-        let reqs = [
-            MetaRequest::Lookup {
-                parent: ROOT,
-                name: name.clone(),
-            },
-            MetaRequest::Mkdir {
-                parent: ROOT,
-                name: name.clone(),
-                perm: 0,
-                caller: caller(),
-            },
-            MetaRequest::Unlink {
-                parent: ROOT,
-                name: name.clone(),
-            },
-            MetaRequest::Rmdir {
-                parent: ROOT,
-                name: name.clone(),
-            },
-            MetaRequest::Link {
-                ino: f.ino,
-                new_parent: ROOT,
-                new_name: name.clone(),
-            },
-            MetaRequest::Symlink {
-                parent: ROOT,
-                name: name.clone(),
-                target: b"t".to_vec(),
-                caller: caller(),
-            },
-            MetaRequest::Rename {
-                parent: ROOT,
-                name: b"f".to_vec(),
-                new_parent: ROOT,
-                new_name: name.clone(),
-                mode: proto::meta::RenameMode::Replace,
-            },
-        ];
-        for req in reqs {
-            let e = ns.handle(req.clone(), ConnId(1)).unwrap_err();
-            assert_eq!(e.code, want, "{:?}: {e}", &req);
+        let results = each_result!(
+            ns,
+            [
+                fs::Lookup {
+                    parent: ROOT,
+                    name: name.clone(),
+                },
+                fs::Mkdir {
+                    parent: ROOT,
+                    name: name.clone(),
+                    perm: 0,
+                    caller: caller(),
+                },
+                fs::Unlink {
+                    parent: ROOT,
+                    name: name.clone(),
+                },
+                fs::Rmdir {
+                    parent: ROOT,
+                    name: name.clone(),
+                },
+                fs::Link {
+                    ino: f.ino,
+                    new_parent: ROOT,
+                    new_name: name.clone(),
+                },
+                fs::Symlink {
+                    parent: ROOT,
+                    name: name.clone(),
+                    target: b"t".to_vec(),
+                    caller: caller(),
+                },
+                fs::Rename {
+                    parent: ROOT,
+                    name: b"f".to_vec(),
+                    new_parent: ROOT,
+                    new_name: name.clone(),
+                    mode: proto::meta::RenameMode::Replace,
+                },
+            ]
+        );
+        for (req, result) in results {
+            let e = result.unwrap_err();
+            assert_eq!(e.code, want, "{req}: {e}");
             assert!(e.message.len() < 300, "message too long: {}", e.message);
         }
     }
@@ -156,45 +160,45 @@ fn unknown_inodes_are_not_found(kind: StoreKind) {
     let h = H::with_nodes(kind, 1);
     let ns = h.ns();
     let ghost = InodeId(1 << 40);
-    let reqs = [
-        MetaRequest::GetAttr { ino: ghost },
-        MetaRequest::SetAttr {
-            ino: ghost,
-            set: SetAttr::default(),
-            commit: None,
-        },
-        MetaRequest::Readlink { ino: ghost },
-        MetaRequest::ReadDir {
-            ino: ghost,
-            after: None,
-            max_entries: 10,
-            plus: true,
-        },
-        MetaRequest::Open {
-            ino: ghost,
-            client: proto::ClientId(1),
-            truncate: true,
-        },
-        MetaRequest::ListXattr { ino: ghost },
-        MetaRequest::Commit {
-            ino: ghost,
-            commit: Commit {
-                size: 1,
-                mtime: Timestamp::now(),
+    let results = each_result!(
+        ns,
+        [
+            fs::GetAttr { ino: ghost },
+            fs::SetAttr {
+                ino: ghost,
+                set: SetAttr::default(),
+                commit: None,
             },
-        },
-        MetaRequest::Mkdir {
-            parent: ghost,
-            name: b"x".to_vec(),
-            perm: 0,
-            caller: caller(),
-        },
-    ];
-    for req in reqs {
-        assert_eq!(
-            ns.handle(req, ConnId(1)).unwrap_err().code,
-            ErrorCode::NotFound
-        );
+            fs::Readlink { ino: ghost },
+            fs::ReadDir {
+                ino: ghost,
+                after: None,
+                max_entries: 10,
+                plus: true,
+            },
+            fs::Open {
+                ino: ghost,
+                client: proto::ClientId(1),
+                truncate: true,
+            },
+            fs::ListXattr { ino: ghost },
+            fs::Commit {
+                ino: ghost,
+                commit: Commit {
+                    size: 1,
+                    mtime: Timestamp::now(),
+                },
+            },
+            fs::Mkdir {
+                parent: ghost,
+                name: b"x".to_vec(),
+                perm: 0,
+                caller: caller(),
+            },
+        ]
+    );
+    for (req, result) in results {
+        assert_eq!(result.unwrap_err().code, ErrorCode::NotFound, "{req}");
     }
     assert!(super::list(ns, ROOT).is_empty());
 }
@@ -561,13 +565,13 @@ fn commit_keeps_the_largest_size(kind: StoreKind) {
         ErrorCode::IsADirectory
     );
     let reply = ns.handle(
-        MetaRequest::Commit {
+        fs::Commit {
             ino: f.ino,
             commit: Commit { size: 7, mtime: t },
         },
         ConnId(3),
     );
-    assert!(matches!(reply, Ok(MetaReply::Attr(a)) if a.size == 100));
+    assert!(matches!(reply, Ok(a) if a.size == 100));
 }
 
 /// A setattr carrying a commit: the length grows as the commit says, then the
@@ -587,7 +591,7 @@ fn setattr_applies_its_commit_first(kind: StoreKind) {
             nanos: 0,
         },
     );
-    let req = |ino, mtime: Option<Timestamp>| MetaRequest::SetAttr {
+    let req = |ino, mtime: Option<Timestamp>| fs::SetAttr {
         ino,
         set: SetAttr {
             perm: Some(0o640),
@@ -599,15 +603,9 @@ fn setattr_applies_its_commit_first(kind: StoreKind) {
             mtime: written,
         }),
     };
-    let a = match ns.handle(req(f.ino, Some(set_to)), ConnId(3)) {
-        Ok(MetaReply::Attr(a)) => a,
-        other => panic!("{other:?}"),
-    };
+    let a = ns.handle(req(f.ino, Some(set_to)), ConnId(3)).unwrap();
     assert_eq!((a.size, a.perm, a.mtime), (4096, 0o640, set_to));
-    let b = match ns.handle(req(f.ino, None), ConnId(3)) {
-        Ok(MetaReply::Attr(a)) => a,
-        other => panic!("{other:?}"),
-    };
+    let b = ns.handle(req(f.ino, None), ConnId(3)).unwrap();
     assert_eq!((b.size, b.mtime), (4096, written), "the commit's mtime");
     let d = mkdir(ns, ROOT, "d");
     assert!(ns.handle(req(d.ino, None), ConnId(3)).is_err());
@@ -689,7 +687,7 @@ fn xattr_count_is_limited(kind: StoreKind) {
         .unwrap();
     let list = ns.listxattr(f.ino).unwrap();
     assert_eq!(list.len(), 256);
-    let reply = MetaReply::XattrNames(list);
+    let reply: proto::RpcResult<fs::ListXattr> = Ok(list);
     assert!(
         proto::codec::encode(&reply, 128 << 10).is_ok(),
         "ListXattr fits one message"
@@ -759,10 +757,8 @@ fn hello_ids_are_unique_across_restarts(kind: StoreKind) {
     h.restart();
     let c = h.ns().hello("after").unwrap();
     assert!(c > b);
-    let reply = h
-        .ns()
-        .handle(MetaRequest::Hello { name: "n".into() }, ConnId(1));
-    assert!(matches!(reply, Ok(MetaReply::Welcome { client }) if client > c));
+    let reply = h.ns().handle(fs::Hello { name: "n".into() }, ConnId(1));
+    assert!(matches!(reply, Ok(client) if client > c));
 }
 
 engine_tests!(

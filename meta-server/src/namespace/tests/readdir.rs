@@ -3,7 +3,7 @@
 use super::{caller, code, engine_tests, list, mkdir, H, ROOT};
 use crate::kv::StoreKind;
 use crate::namespace::{MAX_READDIR_ENTRIES, READDIR_BUDGET_BYTES};
-use proto::meta::{MetaReply, MetaRequest};
+use proto::meta::fs::{DirPage, ReadDir};
 use proto::{ErrorCode, FileKind, InodeId};
 use std::collections::BTreeSet;
 
@@ -85,11 +85,11 @@ fn readdir_plus_and_limits(kind: StoreKind) {
         page.entries.len() < MAX_READDIR_ENTRIES as usize,
         "the byte budget cuts first"
     );
-    let reply = MetaReply::Dir {
+    let reply: proto::RpcResult<ReadDir> = Ok(DirPage {
         entries: page.entries.clone(),
         done: false,
         complete_at: None,
-    };
+    });
     let bytes = proto::codec::encode(&reply, 128 << 10).unwrap().len();
     assert!(bytes <= READDIR_BUDGET_BYTES + 64, "{bytes} bytes");
     for e in &page.entries {
@@ -110,7 +110,7 @@ fn readdir_plus_and_limits(kind: StoreKind) {
     let last = ns.readdir(d.ino, Some(&[0xff; 10_000]), 5, false).unwrap();
     assert!(last.done && last.entries.is_empty());
     let wire = ns.handle(
-        MetaRequest::ReadDir {
+        ReadDir {
             ino: d.ino,
             after: None,
             max_entries: 5000,
@@ -118,7 +118,7 @@ fn readdir_plus_and_limits(kind: StoreKind) {
         },
         super::super::ConnId(1),
     );
-    assert!(matches!(wire, Ok(MetaReply::Dir { entries, .. }) if entries.len() <= 1024));
+    assert!(matches!(wire, Ok(DirPage { entries, .. }) if entries.len() <= 1024));
 }
 
 fn readdir_refuses_non_directories(kind: StoreKind) {

@@ -6,7 +6,8 @@ use crate::kv::StoreKind;
 use crate::namespace::SessionOwner;
 use crate::namespace::{keys, ConnId};
 use crate::ManualClock;
-use proto::meta::{LockKind, LockSpec, MetaReply, MetaRequest};
+use proto::meta::fs::{GetLock, SetLock};
+use proto::meta::{LockKind, LockSpec};
 use proto::{ClientId, ErrorCode, InodeId};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,13 +31,13 @@ fn exclusive(owner: u64) -> LockSpec {
 
 /// Whether another client (5) is refused the whole-file lock of `ino`.
 fn locked(h: &H, ino: InodeId) -> bool {
-    let req = MetaRequest::GetLock {
+    let req = GetLock {
         ino,
         client: ClientId(5),
         lock: exclusive(1),
     };
     match h.ns().handle(req, ConnId(50)) {
-        Ok(MetaReply::Lock(l)) => l.is_some(),
+        Ok(l) => l.is_some(),
         other => panic!("getlock: {other:?}"),
     }
 }
@@ -55,7 +56,7 @@ fn a_resumed_client_keeps_its_opens_and_locks(kind: StoreKind) {
     let gone = touch(ns, ROOT, "gone");
     let o = ns.open_inode(f.ino, false, of(3, 7)).unwrap();
     let u = ns.open_inode(gone.ino, false, of(3, 7)).unwrap();
-    let lock = MetaRequest::SetLock {
+    let lock = SetLock {
         ino: f.ino,
         client: ClientId(3),
         lock: exclusive(9),
@@ -107,7 +108,7 @@ fn after_the_grace_the_sessions_end_and_are_lost(kind: StoreKind) {
     let f = touch(ns, ROOT, "f");
     let o = ns.open_inode(f.ino, false, of(3, 7)).unwrap();
     let theirs = ns.open_inode(f.ino, false, of(4, 8)).unwrap();
-    let lock = MetaRequest::SetLock {
+    let lock = SetLock {
         ino: f.ino,
         client: ClientId(3),
         lock: exclusive(9),

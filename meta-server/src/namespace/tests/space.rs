@@ -1,14 +1,15 @@
 //! The disk guard (`space.rs`), through the request path where it sits.
 
 use super::*;
-use proto::meta::MetaRequest;
+use crate::namespace::Handle;
+use proto::meta::fs;
 
-fn call(ns: &Namespace, req: MetaRequest) -> Result<(), ErrorCode> {
+fn call<R: Handle>(ns: &Namespace, req: R) -> Result<(), ErrorCode> {
     ns.handle(req, ConnId(1)).map(drop).map_err(|e| e.code)
 }
 
-fn mkdir_req(name: &str) -> MetaRequest {
-    MetaRequest::Mkdir {
+fn mkdir_req(name: &str) -> fs::Mkdir {
+    fs::Mkdir {
         parent: ROOT,
         name: name.into(),
         perm: 0o755,
@@ -16,8 +17,8 @@ fn mkdir_req(name: &str) -> MetaRequest {
     }
 }
 
-fn symlink_req(name: &str) -> MetaRequest {
-    MetaRequest::Symlink {
+fn symlink_req(name: &str) -> fs::Symlink {
+    fs::Symlink {
         parent: ROOT,
         name: name.into(),
         target: b"elsewhere".to_vec(),
@@ -48,12 +49,12 @@ fn a_disk_short_of_room_refuses_new_records_and_takes_deletions() {
     let ns = guarded(&h);
     assert_eq!(call(&ns, mkdir_req("e")), Err(ErrorCode::NoSpace));
     assert_eq!(call(&ns, symlink_req("m")), Err(ErrorCode::NoSpace));
-    let unlink = MetaRequest::Unlink {
+    let unlink = fs::Unlink {
         parent: ROOT,
         name: b"l".to_vec(),
     };
     call(&ns, unlink).unwrap();
-    let rmdir = MetaRequest::Rmdir {
+    let rmdir = fs::Rmdir {
         parent: ROOT,
         name: b"d".to_vec(),
     };

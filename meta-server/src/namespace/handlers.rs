@@ -1,0 +1,389 @@
+//! Each request type's handler: the namespace method it runs and what the server needs
+//! to know about it (where it runs, whether it adds records, how it is written).
+//!
+//! One `impl` per request type; its reply type comes from `proto` ([`Rpc::Reply`]), so a
+//! handler answering with another type does not compile.
+
+use super::{ConnId, Namespace, SessionOwner};
+use crate::error::MetaError;
+use proto::meta::{admin, cluster, fs};
+use proto::Rpc;
+
+/// A request the namespace answers.
+pub trait Handle: Rpc {
+    /// A few cached key reads that change nothing (path walks, `stat`): the server runs
+    /// them on the async worker that received them, the rest on the blocking pool.
+    const POINT_READ: bool = false;
+    /// Adds records to the store: refused while its disk is short of room (`space`).
+    const ADDS_RECORDS: bool = false;
+    /// Its changes are written lazily, as a local file system writes an access time
+    /// back with the inode later: the reply does not wait for the sync.
+    const LAZY: bool = false;
+    /// The id the request's tracing span carries (inode, node, session or a count).
+    fn span_id(&self) -> u64;
+    /// Runs the request that arrived on connection `conn`.
+    fn run(self, ns: &Namespace, conn: ConnId) -> Result<Self::Reply, MetaError>;
+}
+
+impl Handle for fs::Hello {
+    fn span_id(&self) -> u64 {
+        0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.hello(&self.name)
+    }
+}
+
+impl Handle for fs::Lookup {
+    const POINT_READ: bool = true;
+    fn span_id(&self) -> u64 {
+        self.parent.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.lookup(self.parent, &self.name)
+    }
+}
+
+impl Handle for fs::GetAttr {
+    const POINT_READ: bool = true;
+    fn span_id(&self) -> u64 {
+        self.ino.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.getattr(self.ino)
+    }
+}
+
+impl Handle for fs::SetAttr {
+    fn span_id(&self) -> u64 {
+        self.ino.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.commit_and_setattr(self.ino, self.commit, &self.set)
+    }
+}
+
+impl Handle for fs::Create {
+    const ADDS_RECORDS: bool = true;
+    fn span_id(&self) -> u64 {
+        self.parent.0
+    }
+    fn run(self, ns: &Namespace, conn: ConnId) -> Result<Self::Reply, MetaError> {
+        let owner = SessionOwner {
+            client: self.client,
+            conn,
+        };
+        let (parent, perm, caller) = (self.parent, self.perm, self.caller);
+        ns.create(parent, &self.name, perm, caller, self.exclusive, owner)
+    }
+}
+
+impl Handle for fs::MkNod {
+    const ADDS_RECORDS: bool = true;
+    fn span_id(&self) -> u64 {
+        self.parent.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        let r = self;
+        ns.mknod(r.parent, &r.name, r.kind, r.perm, r.rdev, r.caller)
+    }
+}
+
+impl Handle for fs::Mkdir {
+    const ADDS_RECORDS: bool = true;
+    fn span_id(&self) -> u64 {
+        self.parent.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.mkdir(self.parent, &self.name, self.perm, self.caller)
+    }
+}
+
+impl Handle for fs::Symlink {
+    const ADDS_RECORDS: bool = true;
+    fn span_id(&self) -> u64 {
+        self.parent.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.symlink(self.parent, &self.name, &self.target, self.caller)
+    }
+}
+
+impl Handle for fs::Readlink {
+    const POINT_READ: bool = true;
+    fn span_id(&self) -> u64 {
+        self.ino.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.readlink(self.ino)
+    }
+}
+
+impl Handle for fs::Link {
+    const ADDS_RECORDS: bool = true;
+    fn span_id(&self) -> u64 {
+        self.ino.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.link(self.ino, self.new_parent, &self.new_name)
+    }
+}
+
+impl Handle for fs::Unlink {
+    fn span_id(&self) -> u64 {
+        self.parent.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.unlink(self.parent, &self.name)
+    }
+}
+
+impl Handle for fs::Rmdir {
+    fn span_id(&self) -> u64 {
+        self.parent.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.rmdir(self.parent, &self.name)
+    }
+}
+
+impl Handle for fs::Rename {
+    fn span_id(&self) -> u64 {
+        self.parent.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        let r = self;
+        ns.rename(r.parent, &r.name, r.new_parent, &r.new_name, r.mode)
+    }
+}
+
+impl Handle for fs::ReadDir {
+    fn span_id(&self) -> u64 {
+        self.ino.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.readdir(self.ino, self.after.as_deref(), self.max_entries, self.plus)
+    }
+}
+
+impl Handle for fs::StatFs {
+    fn span_id(&self) -> u64 {
+        0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.statfs()
+    }
+}
+
+impl Handle for fs::Open {
+    fn span_id(&self) -> u64 {
+        self.ino.0
+    }
+    fn run(self, ns: &Namespace, conn: ConnId) -> Result<Self::Reply, MetaError> {
+        let owner = SessionOwner {
+            client: self.client,
+            conn,
+        };
+        ns.open_inode(self.ino, self.truncate, owner)
+    }
+}
+
+impl Handle for fs::Commit {
+    fn span_id(&self) -> u64 {
+        self.ino.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.commit(self.ino, self.commit)
+    }
+}
+
+impl Handle for fs::Release {
+    fn span_id(&self) -> u64 {
+        self.session.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.release(self.session, self.commit)
+    }
+}
+
+impl Handle for fs::TailCut {
+    fn span_id(&self) -> u64 {
+        self.ino.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.tail_cut(self.ino, self.session)
+    }
+}
+
+impl Handle for fs::ReleaseMany {
+    fn span_id(&self) -> u64 {
+        self.sessions.len() as u64
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.release_many(&self.sessions)
+    }
+}
+
+impl Handle for fs::GetXattr {
+    const POINT_READ: bool = true;
+    fn span_id(&self) -> u64 {
+        self.ino.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.getxattr(self.ino, &self.name)
+    }
+}
+
+impl Handle for fs::SetXattr {
+    const ADDS_RECORDS: bool = true;
+    fn span_id(&self) -> u64 {
+        self.ino.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.setxattr(self.ino, &self.name, &self.value, self.mode)
+    }
+}
+
+impl Handle for fs::ListXattr {
+    fn span_id(&self) -> u64 {
+        self.ino.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.listxattr(self.ino)
+    }
+}
+
+impl Handle for fs::RemoveXattr {
+    fn span_id(&self) -> u64 {
+        self.ino.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.removexattr(self.ino, &self.name)
+    }
+}
+
+impl Handle for fs::Append {
+    fn span_id(&self) -> u64 {
+        self.ino.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.append(self.ino, self.len)
+    }
+}
+
+impl Handle for fs::Accessed {
+    const LAZY: bool = true;
+    fn span_id(&self) -> u64 {
+        self.ino.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.accessed(self.ino, self.strict)
+    }
+}
+
+impl Handle for fs::SetLock {
+    fn span_id(&self) -> u64 {
+        self.ino.0
+    }
+    fn run(self, ns: &Namespace, conn: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.locks.lock().set(self.ino, self.client, conn, self.lock)
+    }
+}
+
+impl Handle for fs::GetLock {
+    fn span_id(&self) -> u64 {
+        self.ino.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        Ok(ns.locks.lock().conflict(self.ino, self.client, &self.lock))
+    }
+}
+
+impl Handle for fs::ReleaseLocks {
+    fn span_id(&self) -> u64 {
+        self.ino.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.locks
+            .lock()
+            .release_owner(self.ino, self.client, self.owner);
+        Ok(())
+    }
+}
+
+impl Handle for fs::Resume {
+    fn span_id(&self) -> u64 {
+        self.sessions.len() as u64
+    }
+    fn run(self, ns: &Namespace, conn: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.resume(self.client, &self.sessions, conn)
+    }
+}
+
+impl Handle for cluster::RegisterData {
+    fn span_id(&self) -> u64 {
+        self.node.map_or(0, |n| u64::from(n.0))
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        let r = self;
+        ns.register_data(r.node, &r.addr, r.capacity_bytes, r.used_bytes)
+    }
+}
+
+impl Handle for cluster::Heartbeat {
+    fn span_id(&self) -> u64 {
+        u64::from(self.node.0)
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        let r = self;
+        let (cap, used) = (r.capacity_bytes, r.used_bytes);
+        let (gc, map) = ns.heartbeat(r.node, cap, used, &r.done, r.map_version, r.resync)?;
+        Ok(cluster::Beat { gc, map })
+    }
+}
+
+impl Handle for cluster::GetMap {
+    fn span_id(&self) -> u64 {
+        0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.cluster_map()
+    }
+}
+
+impl Handle for cluster::ListFiles {
+    fn span_id(&self) -> u64 {
+        self.after.0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        let (files, done) = ns.list_files(self.after, self.limit)?;
+        Ok(cluster::FilesPage { files, done })
+    }
+}
+
+impl Handle for cluster::InodesExist {
+    fn span_id(&self) -> u64 {
+        self.inodes.len() as u64
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.inodes_exist(&self.inodes)
+    }
+}
+
+impl Handle for admin::Status {
+    fn span_id(&self) -> u64 {
+        0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.status()
+    }
+}
+
+impl Handle for admin::CheckNamespace {
+    fn span_id(&self) -> u64 {
+        0
+    }
+    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+        ns.check_namespace()
+    }
+}

@@ -1,0 +1,422 @@
+//! The file-system calls a client makes to the metadata server ([`FsRequest`]), each
+//! with its reply type.
+
+use super::{Caller, DirChange, DirEntry, LockSpec, MetaRequest, RenameMode, XattrMode};
+use crate::attr::{Attr, FileKind, Layout, Timestamp};
+use crate::ids::{ClientId, InodeId, SessionId};
+use serde::{Deserialize, Serialize};
+
+crate::rpc_requests! {
+    /// A file-system call of a client.
+    pub enum FsRequest => MetaRequest {
+        Hello => ClientId, "hello", idempotent: true;
+        Lookup => Attr, "lookup", idempotent: true;
+        GetAttr => Attr, "getattr", idempotent: true;
+        SetAttr => Attr, "setattr", idempotent: true;
+        Create => Opened, "create", idempotent: false;
+        MkNod => Made, "mknod", idempotent: false;
+        Mkdir => Made, "mkdir", idempotent: false;
+        Symlink => Made, "symlink", idempotent: false;
+        Readlink => Vec<u8>, "readlink", idempotent: true;
+        Link => Made, "link", idempotent: false;
+        Unlink => DirChange, "unlink", idempotent: false;
+        Rmdir => DirChange, "rmdir", idempotent: false;
+        Rename => (), "rename", idempotent: false;
+        ReadDir => DirPage, "readdir", idempotent: true;
+        StatFs => FsStats, "statfs", idempotent: true;
+        Open => Opened, "open", idempotent: true;
+        Commit => Attr, "commit", idempotent: true;
+        Release => (), "release", idempotent: false;
+        TailCut => (), "tail_cut", idempotent: true;
+        // Sessions of a lost connection ended with it; a retry finds them gone.
+        ReleaseMany => (), "release_many", idempotent: true;
+        GetXattr => Vec<u8>, "getxattr", idempotent: true;
+        SetXattr => (), "setxattr", idempotent: true;
+        ListXattr => Vec<Vec<u8>>, "listxattr", idempotent: true;
+        RemoveXattr => (), "removexattr", idempotent: false;
+        Append => u64, "append", idempotent: false;
+        Accessed => Attr, "accessed", idempotent: true;
+        SetLock => (), "setlock", idempotent: true;
+        GetLock => Option<LockSpec>, "getlock", idempotent: true;
+        ReleaseLocks => (), "release_locks", idempotent: true;
+        // Moving sessions to the connection it arrives on, again, changes nothing.
+        Resume => Vec<SessionId>, "resume", idempotent: true;
+    }
+}
+
+/// A client introduces itself and gets an id for its sessions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Free-form description for logs (host, mount point).
+    pub name: String,
+}
+
+/// Finds `name` in directory `parent`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lookup {
+    /// The directory.
+    pub parent: InodeId,
+    /// The name to find.
+    pub name: Vec<u8>,
+}
+
+/// Reads an inode's attributes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetAttr {
+    /// The inode.
+    pub ino: InodeId,
+}
+
+/// Changes attributes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr {
+    /// The inode.
+    pub ino: InodeId,
+    /// What to change.
+    pub set: crate::attr::SetAttr,
+    /// A length commit of this client's writes to the file, applied first in the
+    /// same change (the client has sent the bytes): a `utime`, `chown` or `chmod`
+    /// right after writes (`tar x`, `cp -a`) needs one durable change, not two.
+    pub commit: Option<super::Commit>,
+}
+
+/// Creates a regular file (or opens an existing one unless `exclusive`) and opens it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Create {
+    /// The directory.
+    pub parent: InodeId,
+    /// The new name.
+    pub name: Vec<u8>,
+    /// Permission bits.
+    pub perm: u32,
+    /// Owner of the new file.
+    pub caller: Caller,
+    /// Fail with `AlreadyExists` if the name exists (`O_EXCL`).
+    pub exclusive: bool,
+    /// The session's client.
+    pub client: ClientId,
+}
+
+/// Creates a special file: FIFO, socket or device node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MkNod {
+    /// The directory.
+    pub parent: InodeId,
+    /// The new name.
+    pub name: Vec<u8>,
+    /// The kind (not `Regular`, `Directory` or `Symlink`).
+    pub kind: FileKind,
+    /// Permission bits.
+    pub perm: u32,
+    /// Device number for device nodes.
+    pub rdev: u32,
+    /// Owner of the new node.
+    pub caller: Caller,
+}
+
+/// Creates a directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mkdir {
+    /// The parent directory.
+    pub parent: InodeId,
+    /// The new name.
+    pub name: Vec<u8>,
+    /// Permission bits.
+    pub perm: u32,
+    /// Owner of the new directory.
+    pub caller: Caller,
+}
+
+/// Creates a symbolic link.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Symlink {
+    /// The directory.
+    pub parent: InodeId,
+    /// The new name.
+    pub name: Vec<u8>,
+    /// What the link points to.
+    pub target: Vec<u8>,
+    /// Owner of the link.
+    pub caller: Caller,
+}
+
+/// Reads a symlink's target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Readlink {
+    /// The symlink.
+    pub ino: InodeId,
+}
+
+/// Adds a hard link to an existing non-directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Link {
+    /// The inode to link.
+    pub ino: InodeId,
+    /// Directory of the new name.
+    pub new_parent: InodeId,
+    /// The new name.
+    pub new_name: Vec<u8>,
+}
+
+/// Removes a non-directory name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unlink {
+    /// The directory.
+    pub parent: InodeId,
+    /// The name.
+    pub name: Vec<u8>,
+}
+
+/// Removes an empty directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rmdir {
+    /// The parent directory.
+    pub parent: InodeId,
+    /// The name.
+    pub name: Vec<u8>,
+}
+
+/// Renames atomically.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rename {
+    /// Directory of the source.
+    pub parent: InodeId,
+    /// Source name.
+    pub name: Vec<u8>,
+    /// Directory of the target.
+    pub new_parent: InodeId,
+    /// Target name.
+    pub new_name: Vec<u8>,
+    /// What to do with an existing target.
+    pub mode: RenameMode,
+}
+
+/// Lists a directory, a page at a time, in name order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadDir {
+    /// The directory.
+    pub ino: InodeId,
+    /// Resume strictly after this name (the stable cursor); `None` starts at the top.
+    pub after: Option<Vec<u8>>,
+    /// Most entries to return (the server may return fewer to fit the message).
+    pub max_entries: u32,
+    /// Include each entry's attributes (readdirplus).
+    pub plus: bool,
+}
+
+/// File system totals.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatFs;
+
+/// Opens an existing inode and starts a session on it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Open {
+    /// The inode.
+    pub ino: InodeId,
+    /// The session's client.
+    pub client: ClientId,
+    /// Cut the file to zero length (`O_TRUNC`); the client has emptied its chunks.
+    pub truncate: bool,
+}
+
+/// Records a writer's length and mtime (at close and fsync); durable before the reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Commit {
+    /// The file.
+    pub ino: InodeId,
+    /// What was written.
+    pub commit: super::Commit,
+}
+
+/// Ends a session; frees the file if it was unlinked and this was its last session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Release {
+    /// The session.
+    pub session: SessionId,
+    /// A final length commit, applied before the session ends.
+    pub commit: Option<super::Commit>,
+}
+
+/// Says that the session's client has cut the file's chunks at its committed length
+/// on every member of its chains, as an open's `cut_tail` asked (see
+/// [`Opened`]): the server forgets that a writer vanished there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TailCut {
+    /// The file.
+    pub ino: InodeId,
+    /// The session whose open was given the cut.
+    pub session: SessionId,
+}
+
+/// Ends several sessions that carry no commit (closes batched by the client); a
+/// session already gone is skipped. At most [`super::MAX_RELEASES`] per call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseMany {
+    /// The sessions.
+    pub sessions: Vec<SessionId>,
+}
+
+/// Reads one extended attribute.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetXattr {
+    /// The inode.
+    pub ino: InodeId,
+    /// Full name with namespace (`user.foo`).
+    pub name: Vec<u8>,
+}
+
+/// Sets one extended attribute.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetXattr {
+    /// The inode.
+    pub ino: InodeId,
+    /// Full name with namespace.
+    pub name: Vec<u8>,
+    /// The value.
+    pub value: Vec<u8>,
+    /// Create, replace or either.
+    pub mode: XattrMode,
+}
+
+/// Lists extended attribute names.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListXattr {
+    /// The inode.
+    pub ino: InodeId,
+}
+
+/// Removes one extended attribute.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveXattr {
+    /// The inode.
+    pub ino: InodeId,
+    /// Full name with namespace.
+    pub name: Vec<u8>,
+}
+
+/// Reserves `len` bytes at the end of a file for an `O_APPEND` write: the file grows by
+/// `len` at once (durably) and the reply names where the bytes go, so appenders on
+/// different clients never overwrite each other.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Append {
+    /// The file.
+    pub ino: InodeId,
+    /// Bytes to append.
+    pub len: u64,
+}
+
+/// A read happened: moves the access time to now if `relatime` asks for it (older
+/// than the last change, or a day old), or always if `strict`; the change time does
+/// not move.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Accessed {
+    /// The file or directory read.
+    pub ino: InodeId,
+    /// The mount's `strictatime`: every access moves the access time.
+    pub strict: bool,
+}
+
+/// Takes or releases a lock; a conflicting lock held by another owner is `WouldBlock`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetLock {
+    /// The file.
+    pub ino: InodeId,
+    /// The asking client.
+    pub client: ClientId,
+    /// The lock.
+    pub lock: LockSpec,
+}
+
+/// Finds a lock of another owner that conflicts with `lock` (`F_GETLK`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetLock {
+    /// The file.
+    pub ino: InodeId,
+    /// The asking client.
+    pub client: ClientId,
+    /// The lock that would be asked for.
+    pub lock: LockSpec,
+}
+
+/// Drops every lock `owner` of `client` holds on the file (close, or the last close
+/// of an open file that held a `flock`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseLocks {
+    /// The file.
+    pub ino: InodeId,
+    /// The client.
+    pub client: ClientId,
+    /// The kernel's lock owner.
+    pub owner: u64,
+}
+
+/// Sent by a client first on a new connection after its previous one broke: its
+/// open sessions (and locks) move to this connection, instead of ending when the
+/// server gives up on the broken one. At most [`super::MAX_RELEASES`] sessions per call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resume {
+    /// The client, from its `Hello`.
+    pub client: ClientId,
+    /// The sessions the client still has open, with their files.
+    pub sessions: Vec<(SessionId, InodeId)>,
+}
+
+/// An open session: the reply to [`Create`] and [`Open`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Opened {
+    /// The file's attributes after the open (and truncation).
+    pub attr: Attr,
+    /// The new session; the client ends it with [`Release`].
+    pub session: SessionId,
+    /// Where the file's chunks live (an empty stripe for non-regular files).
+    pub layout: Layout,
+    /// After a create, the directory's change (its times moved): the kernel asks
+    /// for its attributes before the next change in that directory, and the client
+    /// answers from this copy instead of asking again; a client that knows every
+    /// name in the directory keeps knowing them (see [`DirChange`]). Unchanged when
+    /// the create opened an existing file rather than made one
+    /// ([`DirChange::changed`]).
+    pub parent: Option<DirChange>,
+    /// A client that held the file open went away without closing it: bytes it
+    /// wrote past the committed length may lie on the data servers, where a later
+    /// truncation upwards or a write past the end would show them instead of zeros.
+    /// The opener cuts the chunks at `attr.size` before anything else, then sends
+    /// [`TailCut`]; meanwhile other opens of the file are answered `Busy`. Only given
+    /// when no other session has the file open (their writes past the end may be
+    /// in flight).
+    pub cut_tail: bool,
+}
+
+/// A new name: its inode's attributes and its directory's change, for the same
+/// reasons as [`Opened::parent`] (the reply to mkdir, mknod, symlink and link).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Made {
+    /// The attributes of the inode the new name points to.
+    pub attr: Attr,
+    /// The directory before and after the new name.
+    pub parent: DirChange,
+}
+
+/// A page of a directory listing: the reply to [`ReadDir`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirPage {
+    /// Entries in name order, all after the cursor.
+    pub entries: Vec<DirEntry>,
+    /// No entries follow the last one.
+    pub done: bool,
+    /// When this page is the whole listing (asked from the top, nothing follows) and
+    /// the directory did not change while it was read: the directory's ctime, at
+    /// which these are all its names (see [`DirChange`]).
+    pub complete_at: Option<Timestamp>,
+}
+
+/// File system totals: the reply to [`StatFs`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsStats {
+    /// Bytes of capacity over all data servers.
+    pub total_bytes: u64,
+    /// Bytes free over all data servers.
+    pub free_bytes: u64,
+    /// Inodes in use.
+    pub files: u64,
+}

@@ -1,0 +1,166 @@
+//! The typed RPC layer: every request is its own type that names its reply type.
+//!
+//! A request struct (`meta::fs::Lookup`, `data::ReadChunk`, ...) implements [`Rpc`]: its
+//! `Reply` is what a server answers with on success, its `Envelope` the enum it travels
+//! in. On the wire a request is `postcard(Envelope)` and its answer
+//! `postcard(Result<R::Reply, WireError>)`, so a caller decoding the answer as anything
+//! but `R::Reply` does not compile, and no "unexpected reply" case exists to handle.
+//!
+//! postcard encodes `Err(e)` of every `Result<T, WireError>` the same way (the variant
+//! tag, then the error), so [`answer`] can fall back to a bare error of any reply type.
+//!
+//! The subsystem enums and the `Rpc` impls come from one table per subsystem
+//! ([`rpc_requests!`]); the request structs themselves are written out, with their docs.
+
+use crate::codec;
+use crate::error::{ErrorCode, ProtoError, WireError};
+use serde::{de::DeserializeOwned, Serialize};
+use std::fmt::Debug;
+use std::marker::PhantomData;
+
+/// A request type, its reply type, and the envelope it travels in.
+pub trait Rpc: Serialize + DeserializeOwned + Clone + Debug + Send + 'static {
+    /// What a successful call returns.
+    type Reply: Serialize + DeserializeOwned + Debug + Send + 'static;
+    /// The message type on the wire (one per server kind).
+    type Envelope: Serialize + DeserializeOwned + Debug + Send + Sync + 'static;
+    /// The request's name in logs and tracing spans.
+    const NAME: &'static str;
+    /// Whether applying the request twice has the effect of applying it once: a client
+    /// resends it after a broken connection only then. Each request states it, so a new
+    /// one cannot be added without deciding.
+    const IDEMPOTENT: bool;
+    /// Wraps the request in its envelope.
+    fn into_envelope(self) -> Self::Envelope;
+}
+
+/// The answer to request `R`, as the wire carries it.
+pub type RpcResult<R> = Result<<R as Rpc>::Reply, WireError>;
+
+/// A request in its envelope, ready to be sent (and sent again) while remembering which
+/// reply type it expects. Only [`Request::new`] makes one, so the envelope always holds
+/// an `R`.
+#[derive(Debug)]
+pub struct Request<R: Rpc> {
+    envelope: R::Envelope,
+    _reply: PhantomData<fn() -> R>,
+}
+
+impl<R: Rpc> Request<R> {
+    /// Wraps `req`.
+    pub fn new(req: R) -> Request<R> {
+        Request {
+            envelope: req.into_envelope(),
+            _reply: PhantomData,
+        }
+    }
+
+    /// The envelope, for code that looks at requests of every type (client caches).
+    pub fn envelope(&self) -> &R::Envelope {
+        &self.envelope
+    }
+
+    /// Encodes the request, refusing more than `limit_bytes`.
+    pub fn encode(&self, limit_bytes: usize) -> Result<Vec<u8>, ProtoError> {
+        codec::encode(&self.envelope, limit_bytes)
+    }
+
+    /// Decodes the answer to this request.
+    pub fn decode_reply(&self, bytes: &[u8]) -> Result<RpcResult<R>, ProtoError> {
+        codec::decode(bytes)
+    }
+}
+
+/// Encodes a server's answer. One that does not fit `limit_bytes` becomes a `TooBig`
+/// error, which always fits: a bare error carries nothing but its message.
+pub fn answer<T: Serialize>(result: &Result<T, WireError>, limit_bytes: usize) -> Vec<u8> {
+    match codec::encode(result, limit_bytes) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            let err: Result<(), WireError> = Err(WireError::new(ErrorCode::TooBig, e.to_string()));
+            codec::encode(&err, usize::MAX).unwrap_or_default()
+        }
+    }
+}
+
+/// Declares one subsystem's request enum from a table of request types: the enum (one
+/// tuple variant per request), `From` each request into it, and each request's [`Rpc`]
+/// impl (reply type, name, idempotence, envelope).
+///
+/// ```text
+/// rpc_requests! {
+///     /// Docs of the enum.
+///     pub enum FsRequest => MetaRequest {
+///         Lookup => Attr, "lookup", idempotent: true;
+///         ...
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! rpc_requests {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $Enum:ident => $Env:ty {
+            $( $Req:ident => $Reply:ty, $name:literal, idempotent: $idem:literal; )*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+        $vis enum $Enum {
+            $(
+                #[doc = concat!("See [`", stringify!($Req), "`].")]
+                $Req($Req),
+            )*
+        }
+
+        impl $Enum {
+            /// The request's name, for logs.
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $( $Enum::$Req(_) => $name, )*
+                }
+            }
+        }
+
+        $(
+            impl From<$Req> for $Enum {
+                fn from(r: $Req) -> $Enum {
+                    $Enum::$Req(r)
+                }
+            }
+
+            impl $crate::rpc::Rpc for $Req {
+                type Reply = $Reply;
+                type Envelope = $Env;
+                const NAME: &'static str = $name;
+                const IDEMPOTENT: bool = $idem;
+                fn into_envelope(self) -> $Env {
+                    <$Env>::from($Enum::$Req(self))
+                }
+            }
+        )*
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::fs::Readlink;
+    use crate::meta::MetaRequest;
+    use crate::InodeId;
+
+    #[test]
+    fn a_too_big_answer_becomes_an_error_of_the_same_reply_type() {
+        let req = Request::new(Readlink { ino: InodeId(3) });
+        let big: RpcResult<Readlink> = Ok(vec![7; 64]);
+        let bytes = answer(&big, 4);
+        let back = req.decode_reply(&bytes).unwrap();
+        assert_eq!(back.unwrap_err().code, ErrorCode::TooBig);
+        // The envelope is what travels.
+        let bytes = req.encode(1024).unwrap();
+        assert!(matches!(
+            codec::decode::<MetaRequest>(&bytes).unwrap(),
+            MetaRequest::Fs(_)
+        ));
+    }
+}
