@@ -151,7 +151,9 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ClusterError {
 /// `/var/lib/tessera` for root, `$XDG_STATE_HOME/tessera` (or `~/.local/state/tessera`)
 /// otherwise, named after the mount point's path.
 pub fn default_state_dir(mountpoint: &Path) -> PathBuf {
-    let root = if unsafe { libc::geteuid() } == 0 {
+    // SAFETY: geteuid takes no arguments, touches no memory of ours and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    let root = if euid == 0 {
         PathBuf::from("/var/lib/tessera")
     } else if let Some(x) = std::env::var_os("XDG_STATE_HOME") {
         PathBuf::from(x).join("tessera")
