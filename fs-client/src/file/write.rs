@@ -281,6 +281,10 @@ impl Client {
                 },
             }
         };
+        debug_assert!(
+            in_seg + bytes.len() <= self.data.write_pool.seg_bytes(),
+            "a piece lies in one segment"
+        );
         let range = in_seg as u32..(in_seg + bytes.len()) as u32;
         let full = {
             let mut s = seg.state.lock();
