@@ -164,8 +164,7 @@ struct Heartbeat {
 /// Deletions carried out beside the heartbeats, never in their way: a batch of big
 /// files (`rm -rf` of a folder of checkpoints) can take longer than the server's lease,
 /// and a beat that waited for it let the lease run out, so the metadata server took
-/// the server out of its chains (seen: 300 files of 192 chunks each, ~11 s of
-/// deletions, two of three servers back to syncing).
+/// the server out of its chains.
 #[derive(Clone, Default)]
 struct Collector {
     /// A batch is being carried out; tasks handed out meanwhile come again later

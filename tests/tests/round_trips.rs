@@ -384,10 +384,9 @@ const LISTED: usize = 1000;
 /// mount that never saw them: a lookup of the directory and two `ReadDir` pages of 512
 /// named entries with their attributes, plus slack for the directory's own attributes
 /// and the page that finds the end. The kernel asks for every listing with attributes
-/// (`READDIRPLUS`); when it chose by itself it did for the first ~100 names only, and
-/// the stats then sent a `LOOKUP` each: ~900 calls. The attributes carry each inode's
-/// count of extended attributes: with none, the reads and listings are answered by the
-/// mount (they were 2,000 calls).
+/// (`READDIRPLUS`); when it chose by itself it did for the first names only, and the
+/// stats then sent a `LOOKUP` each. The attributes carry each inode's count of extended
+/// attributes: with none, the reads and listings are answered by the mount.
 const LIST_AND_STAT_META_CALLS: u64 = 8;
 
 /// On a real mount (the kernel decides what it asks for), read through the mount's own

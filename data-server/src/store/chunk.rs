@@ -28,9 +28,9 @@ const DIRECT_ALIGN: usize = 4096;
 /// Chunks up to this size are read and written through the page cache even with
 /// `direct_io` on. Reading a chunk's header reads ahead (the disk's `read_ahead_kb`, often
 /// 128 KiB to 8 MiB), which brings in a small chunk whole in the same disk request: a
-/// direct read would fetch the bytes a second time (reading files of 100 KiB to 1 MiB
-/// took ~20% longer that way). Small files are the data sets read whole; larger chunks
-/// are the streams and the random reads, where the copy and the wasted read-ahead cost.
+/// direct read would fetch the bytes a second time. Small files are the data sets read
+/// whole; larger chunks are the streams and the random reads, where the copy and the
+/// wasted read-ahead cost.
 pub(crate) const DIRECT_MIN_CHUNK_BYTES: u64 = 1 << 20;
 
 /// Opens `path` read-write with `O_DIRECT`. Some file systems refuse it (`EINVAL`);

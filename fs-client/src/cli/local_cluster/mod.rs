@@ -521,8 +521,7 @@ fn start_all(
 ) -> Result<String, ClusterError> {
     let meta_addr = launch_server(state, state::META, &meta_argv(opts, state)?, pids, false)?;
     // All started before any is waited for: after a crash each counts its store's
-    // chunks before it is ready (about 6 s per 20,000 chunks on a cold disk), and they
-    // count at once.
+    // chunks before it is ready (a disk read per chunk), and they count at once.
     let data_bin = path_arg(&bin(&opts.bin_dir, "tessera-data")?);
     let mut started = Vec::new();
     for i in 0..opts.data_servers {
