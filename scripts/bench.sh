@@ -96,8 +96,7 @@ jval() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.arg
 # writing back) then counts in neither phase: each system gets the same wait, up to the
 # same bound. The disk's busy time catches deletions, which write little but keep the
 # disk (and every sync behind it) busy: without it, Tessera's creates ran while the data
-# servers still deleted the 8 GiB the checkpoint phase had just removed, at 369/s
-# instead of ~2,000/s (2026-12-01).
+# servers still deleted what the checkpoint phase had just removed, several times slower.
 SETTLE_MAX_S=60
 disk_sectors_written() { awk -v d="$DISK_DEV" '$3 == d { print $10 }' /proc/diskstats; }
 disk_busy_ms() { awk -v d="$DISK_DEV" '$3 == d { print $13 }' /proc/diskstats; }

@@ -170,6 +170,63 @@ impl From<DataError> for WireError {
     }
 }
 
+/// Why the data server did not start. Kept apart from [`DataError`], which a request
+/// fails with and which crosses the wire: a bad data directory or a port in use is the
+/// operator's to fix, and no client ever sees it.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration breaks a rule of `DataConfig::validate`.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The data directory could not be created.
+    #[error("creating the data directory {}: {source}", dir.display())]
+    DataDir {
+        /// The configured data directory.
+        dir: PathBuf,
+        /// The error the OS returned.
+        #[source]
+        source: io::Error,
+    },
+    /// The size of the disk under the data directory could not be read (it is the
+    /// capacity when `capacity_bytes` is 0).
+    #[error("reading the size of the disk under {}: {source}", dir.display())]
+    DiskSize {
+        /// The configured data directory.
+        dir: PathBuf,
+        /// The error the OS returned.
+        #[source]
+        source: io::Error,
+    },
+    /// The chunk store in the data directory could not be opened (locked by another
+    /// server, a damaged node id file).
+    #[error("opening the chunk store in {}: {source}", dir.display())]
+    Store {
+        /// The configured data directory.
+        dir: PathBuf,
+        /// Why the store refused to open.
+        #[source]
+        source: DataError,
+    },
+    /// The blocking task that opens the store panicked or was cancelled.
+    #[error("the task opening the chunk store did not finish: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    /// The transport endpoint could not be made (an unusable backend or limits).
+    #[error("transport: {0}")]
+    Transport(#[source] TransportError),
+    /// The I/O buffers could not be allocated or registered with the transport.
+    #[error("registering the I/O buffers: {0}")]
+    Buffers(#[source] TransportError),
+    /// The listener could not be bound.
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        /// The configured listen address.
+        addr: String,
+        /// Why binding it failed.
+        #[source]
+        source: TransportError,
+    },
+}
+
 /// Adds what the store was doing to an `io::Result`, built only on the error path.
 pub(crate) trait IoContext<T> {
     /// Converts the error with [`DataError::io`], calling `what` for the context.

@@ -14,6 +14,6 @@ pub mod service;
 pub mod store;
 
 pub use config::DataConfig;
-pub use error::DataError;
+pub use error::{DataError, StartError};
 pub use server::DataServer;
 pub use store::{ChunkStore, Usage};

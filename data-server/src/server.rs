@@ -3,7 +3,7 @@
 
 use crate::cluster_view::ClusterView;
 use crate::config::DataConfig;
-use crate::error::DataError;
+use crate::error::{DataError, StartError};
 use crate::service::{DataService, Pools, Resync};
 use crate::store::ChunkStore;
 use parking_lot::Mutex;
@@ -32,15 +32,11 @@ pub struct DataServer {
     store: Arc<ChunkStore>,
 }
 
-fn startup(context: &str, e: impl std::fmt::Display) -> DataError {
-    DataError::io(context, std::io::Error::other(e.to_string()))
-}
-
 impl DataServer {
     /// Opens the store, listens, and starts registering with the metadata server (which
     /// may not be up yet: registration is retried until it answers).
-    pub async fn start(config: DataConfig) -> Result<DataServer, DataError> {
-        config.validate().map_err(DataError::InvalidArgument)?;
+    pub async fn start(config: DataConfig) -> Result<DataServer, StartError> {
+        config.validate().map_err(StartError::Config)?;
         // Two descriptors per cached chunk file (512 files) come on top of connections.
         transport::raise_open_file_limit();
         let dir = config.data_dir.clone();
@@ -49,19 +45,17 @@ impl DataServer {
             n => n,
         };
         let (direct_io, disk_reserve) = (config.direct_io, config.disk_reserve_bytes);
-        let store = tokio::task::spawn_blocking(move || {
-            ChunkStore::open(&dir, capacity)
-                .map(|s| s.direct_io(direct_io).disk_reserve(disk_reserve))
+        let store = tokio::task::spawn_blocking(move || match ChunkStore::open(&dir, capacity) {
+            Ok(s) => Ok(s.direct_io(direct_io).disk_reserve(disk_reserve)),
+            Err(source) => Err(StartError::Store { dir, source }),
         })
-        .await
-        .map_err(|e| startup("opening the chunk store", e))??;
+        .await??;
         let store = Arc::new(store);
         let limits = config.transport_limits.clone();
         let ep = Endpoint::new(config.transport, limits.clone(), PROTOCOL_VERSION)
-            .map_err(|e| startup("transport", e))?;
+            .map_err(StartError::Transport)?;
         let buffers = |count| {
-            BufferPool::new(&ep, count, config.io_buffer_bytes)
-                .map_err(|e| startup("registering buffers", e))
+            BufferPool::new(&ep, count, config.io_buffer_bytes).map_err(StartError::Buffers)
         };
         let pools = Pools {
             io: buffers(config.io_buffers)?,
@@ -75,7 +69,10 @@ impl DataServer {
         let listener = ep
             .listen(&config.listen, Arc::new(service))
             .await
-            .map_err(|e| startup(&format!("listening on {}", config.listen), e))?;
+            .map_err(|source| StartError::Listen {
+                addr: config.listen.clone(),
+                source,
+            })?;
         let advertise = match config.advertise.as_str() {
             "" => listener.local_addr().to_string(),
             a => a.to_string(),
@@ -144,11 +141,15 @@ impl Drop for DataServer {
 }
 
 /// Size of the file system holding `dir` (created if missing).
-fn fs_size(dir: &std::path::Path) -> Result<u64, DataError> {
-    std::fs::create_dir_all(dir).map_err(|e| DataError::io(format!("creating {dir:?}"), e))?;
-    transport::disk_space(dir)
-        .map(|(total, _)| total)
-        .map_err(|e| DataError::io(format!("statvfs of {dir:?}"), e))
+fn fs_size(dir: &std::path::Path) -> Result<u64, StartError> {
+    let dir = dir.to_path_buf();
+    if let Err(source) = std::fs::create_dir_all(&dir) {
+        return Err(StartError::DataDir { dir, source });
+    }
+    match transport::disk_space(&dir) {
+        Ok((total, _)) => Ok(total),
+        Err(source) => Err(StartError::DiskSize { dir, source }),
+    }
 }
 
 struct Heartbeat {
@@ -163,8 +164,7 @@ struct Heartbeat {
 /// Deletions carried out beside the heartbeats, never in their way: a batch of big
 /// files (`rm -rf` of a folder of checkpoints) can take longer than the server's lease,
 /// and a beat that waited for it let the lease run out, so the metadata server took
-/// the server out of its chains (seen: 300 files of 192 chunks each, ~11 s of
-/// deletions, two of three servers back to syncing).
+/// the server out of its chains.
 #[derive(Clone, Default)]
 struct Collector {
     /// A batch is being carried out; tasks handed out meanwhile come again later
@@ -296,5 +296,30 @@ impl Heartbeat {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards against a bad data directory being reported as a request's error kind.
+    #[tokio::test]
+    async fn a_data_dir_that_cannot_be_made_is_a_start_error_naming_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        let config = DataConfig {
+            listen: "127.0.0.1:0".into(),
+            meta_addr: "127.0.0.1:1".into(),
+            data_dir: file.join("data"),
+            ..DataConfig::default()
+        };
+        let Err(e) = DataServer::start(config).await else {
+            panic!("started on a data directory below a regular file");
+        };
+        // capacity_bytes 0 (the default) sizes the disk first, which creates the directory.
+        assert!(matches!(&e, StartError::DataDir { dir, .. } if *dir == file.join("data")));
+        assert!(e.to_string().contains("file/data"), "{e}");
     }
 }

@@ -19,7 +19,7 @@ use proto::meta::{
     fs, Caller, ClusterMap, DirEntry, LockSpec, MetaRequest, RenameMode, XattrMode, MAX_RELEASES,
 };
 use proto::{
-    Attr, ClientId, ErrorCode, FileKind, InodeId, NodeId, Request, SessionId, SetAttr, WireError,
+    Attr, ClientId, ErrorCode, FileKind, InodeId, NodeId, Request, SessionId, SetAttr,
     PROTOCOL_VERSION,
 };
 use std::collections::HashMap;
@@ -285,9 +285,9 @@ impl Client {
     /// Finds `name` in `parent`.
     pub async fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr> {
         if self.dir_names.absent(parent, name) {
-            return Err(ClientError::Remote(WireError::new(
-                ErrorCode::NotFound,
-                format!("no {} in {parent}", String::from_utf8_lossy(name)),
+            return Err(ClientError::KnownAbsent(format!(
+                "no {} in {parent}",
+                String::from_utf8_lossy(name)
             )));
         }
         let req = fs::Lookup {
@@ -567,10 +567,7 @@ impl Client {
     pub async fn getxattr(&self, ino: InodeId, name: &[u8]) -> Result<Vec<u8>> {
         let caps = name == CAPABILITY;
         if self.xattr_known_absent(ino, name) {
-            return Err(ClientError::Remote(WireError::new(
-                ErrorCode::NoData,
-                "no such extended attribute",
-            )));
+            return Err(ClientError::NoXattr(format!("{ino}")));
         }
         let req = Request::new(fs::GetXattr {
             ino,
@@ -641,9 +638,9 @@ impl Client {
                     // fuser does not pass FUSE_INTERRUPT on: look for a signal ourselves,
                     // or a waiter that was killed would hang in the kernel for good.
                     if signal_pending(lock.pid) {
-                        return Err(ClientError::Remote(proto::WireError::new(
-                            proto::ErrorCode::Interrupted,
-                            format!("pid {} got a signal while waiting for a lock", lock.pid),
+                        return Err(ClientError::Interrupted(format!(
+                            "pid {} got a signal while waiting for a lock",
+                            lock.pid
                         )));
                     }
                     tokio::time::sleep(pause).await;

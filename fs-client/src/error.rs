@@ -21,6 +21,35 @@ pub enum ClientError {
     /// The configuration is unusable.
     #[error("configuration: {0}")]
     Config(String),
+    /// The cluster map names no such data server or chain, or not yet: retried once the
+    /// map changes.
+    #[error("not in the cluster map: {0}")]
+    NotInMap(String),
+    /// The file's layout has no chain for the chunk to be written.
+    #[error("no data servers: {0}")]
+    NoDataServers(String),
+    /// An offset or range ends past the largest file offset (`i64::MAX`).
+    #[error("too large: {0}")]
+    TooLarge(String),
+    /// The client does not implement this mode of the operation.
+    #[error("not supported: {0}")]
+    NotSupported(String),
+    /// The client's name cache knows the entry is absent, so no server was asked.
+    #[error("not found: {0}")]
+    KnownAbsent(String),
+    /// The client knows the file has no such extended attribute, so no server was asked.
+    #[error("no such extended attribute: {0}")]
+    NoXattr(String),
+    /// The file's open ended while the metadata server was away: committing its length
+    /// now could cover bytes another client cut.
+    #[error("open lost: {0}")]
+    OpenLost(String),
+    /// The metadata server is away and what the client knows cannot answer.
+    #[error("metadata server away: {0}")]
+    MetaAway(String),
+    /// A signal came for the process waiting on a lock.
+    #[error("interrupted: {0}")]
+    Interrupted(String),
 }
 
 impl ClientError {
@@ -31,6 +60,14 @@ impl ClientError {
             ClientError::Transport(e) => e.code(),
             ClientError::Protocol(_) => ErrorCode::Malformed,
             ClientError::Invalid(_) | ClientError::Config(_) => ErrorCode::InvalidArgument,
+            ClientError::NotInMap(_) | ClientError::MetaAway(_) => ErrorCode::Unavailable,
+            ClientError::NoDataServers(_) => ErrorCode::NoSpace,
+            ClientError::TooLarge(_) => ErrorCode::TooBig,
+            ClientError::NotSupported(_) => ErrorCode::NotSupported,
+            ClientError::KnownAbsent(_) => ErrorCode::NotFound,
+            ClientError::NoXattr(_) => ErrorCode::NoData,
+            ClientError::OpenLost(_) => ErrorCode::Io,
+            ClientError::Interrupted(_) => ErrorCode::Interrupted,
         }
     }
 }

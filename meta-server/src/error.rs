@@ -2,6 +2,8 @@
 
 use crate::kv::KvError;
 use proto::{ErrorCode, WireError};
+use std::path::PathBuf;
+use transport::TransportError;
 
 /// Everything a namespace operation can fail with.
 ///
@@ -106,6 +108,50 @@ impl From<MetaError> for WireError {
     fn from(e: MetaError) -> WireError {
         WireError::new(e.code(), e.to_string())
     }
+}
+
+/// Why the metadata server did not start. Kept apart from [`MetaError`], which a request
+/// fails with and which crosses the wire: a bad data directory or a port in use is the
+/// operator's to fix, and no client ever sees it.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration breaks a rule of `MetaConfig::validate`.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The data directory could not be created.
+    #[error("creating the data directory {}: {source}", dir.display())]
+    DataDir {
+        /// The configured data directory.
+        dir: PathBuf,
+        /// The error the OS returned.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The store or the namespace in the data directory could not be opened (locked by
+    /// another server, another format version, damaged records).
+    #[error("opening the namespace in {}: {source}", dir.display())]
+    Open {
+        /// The configured data directory.
+        dir: PathBuf,
+        /// Why the store or namespace refused to open.
+        #[source]
+        source: MetaError,
+    },
+    /// The blocking task that opens the store panicked or was cancelled.
+    #[error("the task opening the namespace did not finish: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    /// The transport endpoint could not be made (an unusable backend or limits).
+    #[error("transport: {0}")]
+    Transport(#[source] TransportError),
+    /// The listener could not be bound.
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        /// The configured listen address.
+        addr: String,
+        /// Why binding it failed.
+        #[source]
+        source: TransportError,
+    },
 }
 
 /// A name for an error message: lossy UTF-8, cut short so a 10 KB name stays readable.

@@ -16,6 +16,6 @@ pub mod server;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::NamespaceConfig;
-pub use error::MetaError;
+pub use error::{MetaError, StartError};
 pub use kv::{open_store, KvError, KvPair, KvStore, StoreKind, WriteBatch};
 pub use namespace::{ConnId, DirPage, FsStats, Made, Namespace, Opened, SessionOwner};

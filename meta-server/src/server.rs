@@ -3,6 +3,7 @@
 //! listener.
 
 use crate::config::NamespaceConfig;
+use crate::error::StartError;
 use crate::kv::{open_store, StoreKind};
 use crate::namespace::{ConnId, Handle, Namespace};
 use crate::MetaError;
@@ -213,8 +214,8 @@ fn spawn_expiry(ns: &Arc<Namespace>) -> tokio::task::JoinHandle<()> {
 
 impl MetaServer {
     /// Opens the store and the namespace and starts serving.
-    pub async fn start(config: MetaConfig) -> Result<MetaServer, MetaError> {
-        config.validate().map_err(MetaError::InvalidArgument)?;
+    pub async fn start(config: MetaConfig) -> Result<MetaServer, StartError> {
+        config.validate().map_err(StartError::Config)?;
         // Every client and data server holds a connection: more than 1024 of them need
         // more than the usual soft limit.
         transport::raise_open_file_limit();
@@ -223,18 +224,24 @@ impl MetaServer {
             config.store,
             config.namespace.clone(),
         );
-        let ns = tokio::task::spawn_blocking(move || -> Result<Namespace, MetaError> {
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| MetaError::InvalidArgument(format!("creating {dir:?}: {e}")))?;
-            let store = open_store(kind, &dir)?;
-            Ok(Namespace::open(store, ns_config)?.with_disk_guard(dir))
+        let ns = tokio::task::spawn_blocking(move || -> Result<Namespace, StartError> {
+            std::fs::create_dir_all(&dir).map_err(|source| StartError::DataDir {
+                dir: dir.clone(),
+                source,
+            })?;
+            let open = || -> Result<Namespace, MetaError> {
+                Namespace::open(open_store(kind, &dir)?, ns_config)
+            };
+            match open() {
+                Ok(ns) => Ok(ns.with_disk_guard(dir)),
+                Err(source) => Err(StartError::Open { dir, source }),
+            }
         })
-        .await
-        .map_err(|e| MetaError::InvalidArgument(format!("opening the namespace: {e}")))??;
+        .await??;
         let ns = Arc::new(ns);
         let limits = config.transport_limits.clone();
         let ep = Endpoint::new(config.transport, limits.clone(), PROTOCOL_VERSION)
-            .map_err(|e| MetaError::InvalidArgument(e.to_string()))?;
+            .map_err(StartError::Transport)?;
         let service = MetaService {
             ns: ns.clone(),
             max_msg_bytes: limits.max_msg_bytes,
@@ -242,8 +249,9 @@ impl MetaServer {
         let listener = ep
             .listen(&config.listen, Arc::new(service))
             .await
-            .map_err(|e| {
-                MetaError::InvalidArgument(format!("listening on {}: {e}", config.listen))
+            .map_err(|source| StartError::Listen {
+                addr: config.listen.clone(),
+                source,
             })?;
         info!(addr = %listener.local_addr(), store = kind.name(), "metadata server started");
         let expiry = spawn_expiry(&ns);
@@ -282,6 +290,24 @@ mod tests {
         let parsed: MetaConfig = toml::from_str(text).expect("example parses");
         assert_eq!(parsed, MetaConfig::default());
         parsed.validate().expect("defaults are valid");
+    }
+
+    /// Guards against a bad data directory being reported as a request's InvalidArgument.
+    #[tokio::test]
+    async fn a_data_dir_that_cannot_be_made_is_a_start_error_naming_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        let config = MetaConfig {
+            listen: "127.0.0.1:0".into(),
+            data_dir: file.join("meta"),
+            ..MetaConfig::default()
+        };
+        let Err(e) = MetaServer::start(config).await else {
+            panic!("started on a data directory below a regular file");
+        };
+        assert!(matches!(&e, StartError::DataDir { dir, .. } if *dir == file.join("meta")));
+        assert!(e.to_string().contains("file/meta"), "{e}");
     }
 
     #[test]

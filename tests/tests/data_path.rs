@@ -1,6 +1,8 @@
 //! The client's data path through the `Client` API: write-behind (buffered writes sent in
 //! the background), readahead (prefetched segments), and how both keep bytes correct
 //! for the same open file, for other clients, and when a data server fails.
+// A panic in a test helper fails the test, as unwrap in a #[test] does.
+#![allow(clippy::unwrap_used)]
 
 use fs_client::{Client, FileHandle};
 use proto::meta::Caller;

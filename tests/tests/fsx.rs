@@ -9,6 +9,8 @@
 //! two mounts in turn, each operation between an open and a close, where every open
 //! must see the file as the last close on either mount left it (close-to-open).
 //! The seed is printed; rerun one with `TESSERA_FSX_SEED=<n>`. Needs root and /dev/fuse.
+// A panic in a test helper fails the test, as unwrap in a #[test] does.
+#![allow(clippy::unwrap_used)]
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};

@@ -9,6 +9,8 @@
 //! the link between the client and the metadata server first loses every message (a
 //! partition, for a time the seed picks) and is then broken, and while it is down new
 //! connections are reset (seeds printed, `TESSERA_META_LINK_SEED` replays).
+// A panic in a test helper fails the test, as unwrap in a #[test] does.
+#![allow(clippy::unwrap_used)]
 
 use fs_client::{Client, ClientConfig, FileHandle};
 use proto::meta::Caller;

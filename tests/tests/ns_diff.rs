@@ -7,6 +7,8 @@
 //! removals of non-empty directories, writes through descriptors of renamed or unlinked
 //! files. The seed is printed; rerun one with `TESSERA_NSDIFF_SEED=<n>`.
 //! Needs root and /dev/fuse.
+// A panic in a test helper fails the test, as unwrap in a #[test] does.
+#![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
 use std::ffi::CString;

@@ -5,6 +5,8 @@
 //! Addresses are this test's own: 10.213.N.1 on the host side (the metadata server, two
 //! data servers, the client) and 10.213.N.2 inside the namespace (the third data server).
 //! Needs root and `ip` (iproute2), as CI has.
+// A panic in a test helper fails the test, as unwrap in a #[test] does.
+#![allow(clippy::unwrap_used)]
 
 use fs_client::{Client, ClientConfig};
 use proto::meta::MemberState;
@@ -41,11 +43,8 @@ struct Netns {
 impl Netns {
     fn create() -> Netns {
         // SAFETY: geteuid has no preconditions.
-        assert_eq!(
-            unsafe { libc::geteuid() },
-            0,
-            "the partition test needs root"
-        );
+        let euid = unsafe { libc::geteuid() };
+        assert_eq!(euid, 0, "the partition test needs root");
         let id = std::process::id() % 10_000;
         let net = 1 + std::process::id() % 250;
         let n = Netns {

@@ -2,6 +2,8 @@
 //! servers), fallocate modes, O_APPEND from several writers on two mounts, O_TRUNC and
 //! O_EXCL (also racing between two mounts).
 //! They need root and /dev/fuse, as CI has.
+// A panic in a test helper fails the test, as unwrap in a #[test] does.
+#![allow(clippy::unwrap_used)]
 
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::{FileExt, MetadataExt};

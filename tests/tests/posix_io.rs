@@ -2,6 +2,8 @@
 //! writable mmap seen by another mount, SEEK_DATA/SEEK_HOLE answers, and the page
 //! cache following writes that bypass it and changes made on another mount.
 //! They need root and /dev/fuse, as CI has.
+// A panic in a test helper fails the test, as unwrap in a #[test] does.
+#![allow(clippy::unwrap_used)]
 
 use std::alloc::{self, Layout};
 use std::fs::{self, File, OpenOptions};

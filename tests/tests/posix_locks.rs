@@ -4,6 +4,8 @@
 //! (the `tessera mount` process) dies. Holders and waiters are separate processes
 //! ([`Agent`]s), some of them an unprivileged user.
 //! They need root and /dev/fuse, as CI has.
+// A panic in a test helper fails the test, as unwrap in a #[test] does.
+#![allow(clippy::unwrap_used)]
 
 use std::fs::OpenOptions;
 use std::os::unix::io::AsRawFd;

@@ -4,6 +4,8 @@
 //! holding it crashes. Holders are separate processes ([`Agent`]s), some of them an
 //! unprivileged user.
 //! They need root and /dev/fuse, as CI has.
+// A panic in a test helper fails the test, as unwrap in a #[test] does.
+#![allow(clippy::unwrap_used)]
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;

@@ -2,6 +2,8 @@
 //! namespaces, their size limits and errors as on ext4, what an unprivileged user may
 //! do, and `cp -a` and `rsync -X` keeping them in and out of the mount.
 //! They need root and /dev/fuse, as CI has.
+// A panic in a test helper fails the test, as unwrap in a #[test] does.
+#![allow(clippy::unwrap_used)]
 
 use std::fs;
 use std::path::Path;

@@ -3,6 +3,8 @@
 //! replaced, and small writes carried inline down the chain; on `tcp`, and on `mem`
 //! with a server cut off by a partition and messages dropped between chosen servers
 //! (seeds printed, `TESSERA_REPLICATION_SEED` replays).
+// A panic in a test helper fails the test, as unwrap in a #[test] does.
+#![allow(clippy::unwrap_used)]
 
 use bytes::Bytes;
 use fs_client::{Client, FileHandle};

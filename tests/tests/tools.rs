@@ -1,5 +1,7 @@
 //! Tools people point at a file system, on a real mount: `git clone` followed by
 //! `git fsck` and a clean `git status`, and `tar` of a source tree out and back.
+// A panic in a test helper fails the test, as unwrap in a #[test] does.
+#![allow(clippy::unwrap_used)]
 
 use std::fs;
 use std::path::Path;

@@ -2,6 +2,8 @@
 //! state directory, brings every file back; `up` on a running cluster brings back killed
 //! members on their old addresses; `down` stops what belongs to the cluster, only that,
 //! and leaves nothing running or mounted.
+// A panic in a test helper fails the test, as unwrap in a #[test] does.
+#![allow(clippy::unwrap_used)]
 
 use std::fs;
 use std::path::Path;

@@ -1,5 +1,7 @@
 //! What only the `tcp` backend has: a wire that a peer can fill with malformed frames.
 //! The contract every backend shares is in `conformance.rs`.
+// A panic in a test helper fails the test, as unwrap in a #[test] does.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 

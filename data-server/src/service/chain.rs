@@ -274,6 +274,10 @@ impl Inner {
             result = stored.and(f);
             done += n;
             debug_assert!(done <= len, "a chain step's done <= len");
+            debug_assert!(
+                recorded.is_none() || done >= len,
+                "only the last step records"
+            );
             if len == 0 {
                 break;
             }

@@ -28,9 +28,9 @@ const DIRECT_ALIGN: usize = 4096;
 /// Chunks up to this size are read and written through the page cache even with
 /// `direct_io` on. Reading a chunk's header reads ahead (the disk's `read_ahead_kb`, often
 /// 128 KiB to 8 MiB), which brings in a small chunk whole in the same disk request: a
-/// direct read would fetch the bytes a second time (reading files of 100 KiB to 1 MiB
-/// took ~20% longer that way). Small files are the data sets read whole; larger chunks
-/// are the streams and the random reads, where the copy and the wasted read-ahead cost.
+/// direct read would fetch the bytes a second time. Small files are the data sets read
+/// whole; larger chunks are the streams and the random reads, where the copy and the
+/// wasted read-ahead cost.
 pub(crate) const DIRECT_MIN_CHUNK_BYTES: u64 = 1 << 20;
 
 /// Opens `path` read-write with `O_DIRECT`. Some file systems refuse it (`EINVAL`);
@@ -437,6 +437,12 @@ impl ChunkFile {
             plan.done.push(Entry::Stable(crc));
             table[block as usize] = Entry::Stable(crc);
         }
+        debug_assert_eq!(plan.intent.len(), (last - first + 1) as usize);
+        debug_assert_eq!(plan.intent.len(), plan.done.len());
+        debug_assert!(
+            plan.edges.len() <= 2,
+            "only the first and last blocks are partial"
+        );
         plan.accounted_after = accounted_bytes(geo, &table, plan.new_len);
         Ok(plan)
     }
@@ -445,6 +451,11 @@ impl ChunkFile {
     /// step is complete before the next starts, so a crash leaves every block readable as
     /// its old or its new version (see [`super`]).
     pub fn apply_write(&mut self, plan: &WritePlan, data: &[u8]) -> Result<(), DataError> {
+        debug_assert_eq!(
+            plan.intent.len(),
+            plan.done.len(),
+            "both cover the same blocks"
+        );
         self.store_entries(plan.first_block, &plan.intent)?;
         crash_point(CrashPoint::WriteIntent);
         let what = || format!("write {}", self.path.display());
@@ -464,7 +475,8 @@ impl ChunkFile {
         Ok(())
     }
 
-    /// Cuts the chunk to `keep` bytes (`0 < keep`): later bytes read as zeros, also after
+    /// Cuts the chunk to `keep` bytes (0 too: an installed empty copy is cut from its
+    /// one-byte placeholder, `replica.rs`): later bytes read as zeros, also after
     /// the chunk grows again. Returns the bytes charged before and after. Like a write it
     /// goes in three steps: entries (the boundary block pending, later blocks unwritten),
     /// the file length, the boundary block's final entry.

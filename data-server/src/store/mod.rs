@@ -444,8 +444,8 @@ impl ChunkStore {
 
     /// Gives a chunk file holding `len` bytes its `O_DIRECT` descriptor if it has none,
     /// `direct_io` is on and the chunk is large enough to use it: a small file's chunk
-    /// would only pay a second open (~50-300 us, on each member of a chain, for every
-    /// small file created or first read). True if it got one.
+    /// would only pay a second open (on each member of a chain, for every small file
+    /// created or first read). True if it got one.
     fn attach_direct(&self, cf: &mut ChunkFile, len: u64) -> bool {
         let on = self.direct_io.load(Ordering::Relaxed);
         if !on || cf.direct.is_some() || len <= DIRECT_MIN_CHUNK_BYTES {

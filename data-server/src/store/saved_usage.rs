@@ -1,6 +1,6 @@
 //! The store's usage saved at a clean shutdown, in `<dir>/usage`, so that the next start
 //! need not open every chunk file to count it: that count reads each chunk's header and
-//! checksum table, ~6.5 s per 20,000 chunks on a cold disk, minutes for millions.
+//! checksum table, a disk read per chunk, minutes for millions of chunks.
 //!
 //! The file is taken (read, then removed durably) when the store opens, before anything
 //! can change the store: a server that stops any other way (a crash, a kill) leaves no

@@ -19,6 +19,7 @@ pub struct Args {
     pub cmd: Cmd,
 }
 
+/// What `tessera` is asked to do; each variant's doc is its line in `tessera --help`.
 #[derive(Subcommand, Debug)]
 pub enum Cmd {
     /// Mount a cluster and serve the mount in the foreground until unmounted, SIGINT or

@@ -9,7 +9,7 @@ use crate::file::FileState;
 use crate::rpc::{self, MetaCall};
 use proto::meta::fs::{self, FsRequest};
 use proto::meta::MetaRequest;
-use proto::{Attr, ErrorCode, InodeId, Request, WireError};
+use proto::{Attr, InodeId, Request};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -120,7 +120,7 @@ impl Client {
             "{}: the open was lost while the metadata server was away",
             st.ino
         );
-        Some(ClientError::Remote(WireError::new(ErrorCode::Io, why)))
+        Some(ClientError::OpenLost(why))
     }
 
     /// Waits up to `meta_wait_ms` for a connection whose open files were resumed: a
@@ -191,18 +191,11 @@ impl Client {
         match self.meta_or_known(req, open).await {
             Ok(Ok(value)) => (Ok(value), false),
             Ok(Err(st)) if st.known_attr().xattr_count == 0 => {
-                let none = WireError::new(ErrorCode::NoData, "no such extended attribute");
-                (Err(ClientError::Remote(none)), true)
+                (Err(ClientError::NoXattr(format!("{ino}"))), true)
             }
             Ok(Err(st)) => {
                 let why = format!("{}: the metadata server is away", st.ino);
-                (
-                    Err(ClientError::Remote(WireError::new(
-                        ErrorCode::Unavailable,
-                        why,
-                    ))),
-                    false,
-                )
+                (Err(ClientError::MetaAway(why)), false)
             }
             Err(e) => (Err(e), false),
         }

@@ -32,10 +32,9 @@ pub(crate) const AROUND_BYTES: u64 = 64 << 10;
 /// Random reads over such a file (a data loader picking samples out of a shard, an index
 /// probed at random) come back to the same blocks while they are still cached, so the
 /// cache is worth filling fast. Filling is bound by bytes per second, and larger requests
-/// move more of them: on the 2-core test machine a 4 GiB file filled in ~25 s in 64 KiB
-/// blocks (4 KiB random reads then at ~100k IOPS instead of ~4k). In a file larger than
-/// that, a block is likely evicted before it is read again, and a larger block would
-/// only read more that nobody uses.
+/// move more of them; once filled, random reads are answered from the cache instead of
+/// one round trip each. In a file that does not fit, a block is likely evicted before it
+/// is read again, and a larger block would only read more that nobody uses.
 pub(crate) const AROUND_FITS_BYTES: u64 = 256 << 10;
 
 /// A file of at most 1 / `FITS_FRACTION` of the machine's memory counts as fitting.

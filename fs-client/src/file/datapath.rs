@@ -111,10 +111,7 @@ impl DataPath {
             None => {
                 self.refresh_map().await?;
                 self.links.get(node).ok_or_else(|| {
-                    ClientError::Remote(proto::WireError::new(
-                        proto::ErrorCode::Unavailable,
-                        format!("{node} is not in the cluster map"),
-                    ))
+                    ClientError::NotInMap(format!("{node} is not in the cluster map"))
                 })?
             }
         };

@@ -3,7 +3,7 @@
 
 use crate::error::{ClientError, Result};
 use proto::meta::{ChainInfo, ClusterMap};
-use proto::{ChainId, ChunkId, ErrorCode, Layout, NodeId, WireError};
+use proto::{ChainId, ChunkId, ErrorCode, Layout, NodeId};
 use std::collections::{BTreeMap, BTreeSet};
 use transport::TransportError;
 
@@ -35,13 +35,14 @@ pub(super) fn classify(e: &ClientError) -> Next {
             | TransportError::Handshake { .. }
             | TransportError::TimedOut { .. },
         ) => Next::Wait,
+        ClientError::NotInMap(_) => Next::Wait,
         _ => Next::Fail,
     }
 }
 
-/// `Unavailable`: retried once the map changes.
+/// Not in the map (errno as `Unavailable`): retried once the map changes.
 pub(super) fn unavailable(msg: String) -> ClientError {
-    ClientError::Remote(WireError::new(ErrorCode::Unavailable, msg))
+    ClientError::NotInMap(msg)
 }
 
 /// `chain` as `map` knows it; a chain the map lacks is `Unavailable` (retried once the
@@ -111,7 +112,7 @@ pub(super) fn truncate_targets(map: &ClusterMap, layout: &Layout) -> Result<BTre
 mod tests {
     use super::*;
     use proto::meta::{Member, MemberState, NodeInfo, NodeState};
-    use proto::InodeId;
+    use proto::{InodeId, WireError};
 
     /// Chains 1..=3 over nodes 1..=3, each headed by its own node; `states` gives the
     /// members' states of chain 1.
@@ -234,6 +235,7 @@ mod tests {
         assert_eq!(classify(&remote(ErrorCode::Busy)), Next::Pause);
         assert_eq!(classify(&remote(ErrorCode::Overloaded)), Next::Pause);
         assert_eq!(classify(&remote(ErrorCode::Corrupt)), Next::Fail);
+        assert_eq!(classify(&unavailable("x".into())), Next::Wait);
         assert_eq!(classify(&ClientError::Protocol("x".into())), Next::Fail);
     }
 }

@@ -26,7 +26,7 @@ use crate::error::{ClientError, Result};
 use datapath::DataPath;
 use parking_lot::Mutex;
 use proto::meta::{fs, Commit};
-use proto::{Attr, ChainId, ChunkId, ErrorCode, InodeId, Layout, SessionId, Timestamp, WireError};
+use proto::{Attr, ChainId, ChunkId, InodeId, Layout, SessionId, Timestamp, WireError};
 use read::CacheSeg;
 use readahead::Readahead;
 use std::collections::{BTreeMap, BTreeSet};
@@ -422,12 +422,9 @@ fn pieces(
         let index = pos / cs;
         let in_chunk = pos % cs;
         let n = (cs - in_chunk).min(end - pos);
-        let chain = layout.chain_for(index).ok_or_else(|| {
-            ClientError::Remote(WireError::new(
-                ErrorCode::NoSpace,
-                "file has no data servers",
-            ))
-        })?;
+        let chain = layout
+            .chain_for(index)
+            .ok_or_else(|| ClientError::NoDataServers("file has no data servers".into()))?;
         out.push(Piece {
             chunk: ChunkId { inode: ino, index },
             chain,
@@ -445,7 +442,7 @@ fn check_range(offset: u64, len: u64) -> Result<u64> {
     offset
         .checked_add(len)
         .filter(|&e| e <= i64::MAX as u64)
-        .ok_or_else(|| ClientError::Remote(WireError::new(ErrorCode::TooBig, "offset too large")))
+        .ok_or_else(|| ClientError::TooLarge("offset too large".into()))
 }
 
 impl DataPath {
@@ -602,9 +599,7 @@ impl Client {
         let end = offset
             .checked_add(len)
             .filter(|&e| e <= i64::MAX as u64)
-            .ok_or_else(|| {
-                ClientError::Remote(WireError::new(ErrorCode::TooBig, "range too large"))
-            })?;
+            .ok_or_else(|| ClientError::TooLarge("range too large".into()))?;
         let keep = libc::FALLOC_FL_KEEP_SIZE;
         let (punch, zero) = (libc::FALLOC_FL_PUNCH_HOLE, libc::FALLOC_FL_ZERO_RANGE);
         match mode {
@@ -615,10 +610,7 @@ impl Client {
                 self.punch(fh, offset, end).await?;
                 self.grow_to(fh, end).await
             }
-            m => Err(ClientError::Remote(WireError::new(
-                ErrorCode::NotSupported,
-                format!("fallocate mode {m:#x}"),
-            ))),
+            m => Err(ClientError::NotSupported(format!("fallocate mode {m:#x}"))),
         }
     }
 

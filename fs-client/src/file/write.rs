@@ -109,8 +109,8 @@ fn seg_pieces(offset: u64, len: usize, seg_bytes: usize) -> impl Iterator<Item =
 /// Segments one file may hold buffered or in flight: `file_bytes` per handle open for
 /// writing (`writers`, at least one), within the mount's `mount_bytes`, and at least
 /// one. Sharded checkpoint savers write disjoint ranges of one file from several
-/// processes: with one budget for all of them, 4 writers of one file went at ~75% of 4
-/// writers of 4 files.
+/// processes: with one budget for all of them, writers of one file went slower than as
+/// many writers of as many files.
 fn segments_per_file(writers: u32, file_bytes: u64, mount_bytes: u64, seg_bytes: usize) -> usize {
     let bytes = file_bytes
         .saturating_mul(u64::from(writers.max(1)))
@@ -281,6 +281,10 @@ impl Client {
                 },
             }
         };
+        debug_assert!(
+            in_seg + bytes.len() <= self.data.write_pool.seg_bytes(),
+            "a piece lies in one segment"
+        );
         let range = in_seg as u32..(in_seg + bytes.len()) as u32;
         let full = {
             let mut s = seg.state.lock();

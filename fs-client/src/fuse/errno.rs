@@ -51,4 +51,25 @@ mod tests {
         assert_eq!(errno(ErrorCode::Corrupt), Errno::EIO);
         assert_eq!(errno(ErrorCode::NoData), Errno::ENODATA);
     }
+
+    /// Guards against a local client error changing the errno applications saw when it
+    /// was sent as a `Remote` error with the same code.
+    #[test]
+    fn local_client_errors_keep_their_errno() {
+        use crate::error::ClientError as E;
+        let cases = [
+            (E::NotInMap(String::new()), Errno::EIO),
+            (E::MetaAway(String::new()), Errno::EIO),
+            (E::NoDataServers(String::new()), Errno::ENOSPC),
+            (E::TooLarge(String::new()), Errno::EFBIG),
+            (E::NotSupported(String::new()), Errno::EOPNOTSUPP),
+            (E::KnownAbsent(String::new()), Errno::ENOENT),
+            (E::NoXattr(String::new()), Errno::ENODATA),
+            (E::OpenLost(String::new()), Errno::EIO),
+            (E::Interrupted(String::new()), Errno::EINTR),
+        ];
+        for (e, want) in cases {
+            assert_eq!(errno(e.code()), want, "{e}");
+        }
+    }
 }

@@ -7,7 +7,7 @@
 //! own thread (the leader); those that stage meanwhile wait for it and then one of them
 //! leads the next group. Under load the cost of an fsync is shared by all the mutations
 //! that arrived during the previous one, and alone a mutation pays no hand-off to another
-//! thread and back (two thread wake-ups, about 100 us on the benchmark machine).
+//! thread and back (two thread wake-ups).
 //!
 //! A group is logged (durable, waiters answered) before the store's engine applies it;
 //! the flusher thread applies it in the background, or the next leader does before

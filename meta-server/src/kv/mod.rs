@@ -184,8 +184,8 @@ pub trait KvStore: Send + Sync + 'static {
 ///
 /// The default is redb: both engines pass the conformance and kill -9 suites, and sled
 /// creates faster (`examples/kv_bench.rs`), but redb makes its commits durable with its
-/// own fdatasync (sled 0.34 needs the extra one `SledStore` adds), takes about 2.5x less
-/// disk for the same keys, and is maintained, where sled 0.34 is a 2021 release.
+/// own fdatasync (sled 0.34 needs the extra one `SledStore` adds), takes less disk for
+/// the same keys, and is maintained, where sled 0.34 is a 2021 release.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {

@@ -46,8 +46,11 @@ struct RawBuf {
     layout: Layout,
 }
 
-// The buffer is only reached through raw pointers, slot by slot.
+// SAFETY: RawBuf owns its allocation alone (freed once, on drop), so moving it to another
+// thread moves that ownership; nothing in it is tied to a thread.
 unsafe impl Send for RawBuf {}
+// SAFETY: &RawBuf hands out only raw pointers; every access through them is an unsafe
+// block of its own, slot by slot, and slots are never shared between two owners at once.
 unsafe impl Sync for RawBuf {}
 
 impl RawBuf {

@@ -42,8 +42,11 @@ macro_rules! owned {
         pub(crate) struct $name {
             pub(crate) ptr: NonNull<$ty>,
         }
-        // Verbs objects are thread-safe; see the module comment.
+        // SAFETY: libibverbs objects are not tied to the thread that made them, and the
+        // wrapper owns the pointer alone (it is freed once, on drop); see the module comment.
         unsafe impl Send for $name {}
+        // SAFETY: libibverbs providers lock what their objects share, so calls through the
+        // same object from several threads at once are allowed (module comment).
         unsafe impl Sync for $name {}
         impl Drop for $name {
             fn drop(&mut self) {
@@ -107,18 +110,24 @@ pub(crate) fn open(name: &str) -> Result<Context, TransportError> {
     for i in 0..n.max(0) as usize {
         // SAFETY: i < n.
         let dev = unsafe { *list.add(i) };
+        // SAFETY: dev is an entry of the live list, and verbs returns its name as a
+        // NUL-terminated string that lives as long as the list.
         let dev_name = unsafe { CStr::from_ptr(ibv_get_device_name(dev)) };
         if dev_name.to_string_lossy() == name {
             // SAFETY: dev is a device of the live list.
             ctx = unsafe { ibv_open_device(dev) };
             if ctx.is_null() {
                 let e = fail("ibv_open_device");
+                // SAFETY: the list came from ibv_get_device_list and is freed once, here,
+                // on this early return; dev_name (borrowed from it) is no longer used.
                 unsafe { ibv_free_device_list(list) };
                 return Err(e);
             }
             break;
         }
     }
+    // SAFETY: the list came from ibv_get_device_list and is freed once; an opened
+    // context does not borrow from the list (verbs documents freeing it after open).
     unsafe { ibv_free_device_list(list) };
     NonNull::new(ctx)
         .map(|ptr| Context { ptr })
@@ -129,6 +138,8 @@ impl Context {
     pub(crate) fn query_device(&self) -> Result<ibv_device_attr, TransportError> {
         // SAFETY: a zeroed attr is a valid out-parameter.
         let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open for as long as self lives, and attr is a valid,
+        // writable out-parameter of the right type.
         check("ibv_query_device", unsafe {
             ibv_query_device(self.as_ptr(), &mut attr)
         })?;
@@ -138,6 +149,8 @@ impl Context {
     pub(crate) fn query_port(&self, port: u8) -> Result<ibv_port_attr, TransportError> {
         // SAFETY: as above.
         let mut attr: ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open for as long as self lives, and attr is a valid,
+        // writable out-parameter of the right type; a bad port number is an error return.
         check("ibv_query_port", unsafe {
             ___ibv_query_port(self.as_ptr(), port, &mut attr)
         })?;
@@ -147,6 +160,8 @@ impl Context {
     pub(crate) fn query_gid(&self, port: u8, index: u8) -> Result<[u8; 16], TransportError> {
         // SAFETY: as above.
         let mut gid: ibv_gid = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open for as long as self lives, and gid is a valid,
+        // writable out-parameter; a bad port or index is an error return.
         check("ibv_query_gid", unsafe {
             ibv_query_gid(self.as_ptr(), port, c_int::from(index), &mut gid)
         })?;
@@ -172,9 +187,11 @@ pub(crate) fn comp_channel(ctx: &Context) -> Result<Channel, TransportError> {
         .map(|ptr| Channel { ptr })
         .ok_or_else(|| fail("ibv_create_comp_channel"))?;
     let fd = ch.fd();
-    // SAFETY: fd is the channel's open descriptor.
+    // SAFETY: fd is the channel's open descriptor, owned by ch which outlives the call.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+    // SAFETY: as above; F_SETFL takes an int argument and changes only the fd's flags.
+    let set = |flags: c_int| unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) };
+    if flags < 0 || set(flags) < 0 {
         return Err(fail("fcntl(O_NONBLOCK) on the completion channel"));
     }
     Ok(ch)
