@@ -105,7 +105,7 @@ pub async fn meta_call<R: Rpc<Envelope = MetaRequest>>(
 /// again.
 pub(crate) fn server_away<R: Rpc>(e: &ClientError) -> bool {
     match e {
-        ClientError::Transport(TransportError::Connect { .. }) => true,
+        ClientError::Transport(t) if t.never_connected() => true,
         ClientError::Transport(TransportError::Disconnected { .. }) => R::IDEMPOTENT,
         _ => false,
     }
@@ -113,12 +113,11 @@ pub(crate) fn server_away<R: Rpc>(e: &ClientError) -> bool {
 
 /// Whether `e` says the metadata server could not be reached or its connection broke.
 pub(crate) fn unreachable(e: &ClientError) -> bool {
-    matches!(
-        e,
-        ClientError::Transport(
-            TransportError::Connect { .. } | TransportError::Disconnected { .. }
-        )
-    )
+    match e {
+        ClientError::Transport(TransportError::Disconnected { .. }) => true,
+        ClientError::Transport(t) => t.never_connected(),
+        _ => false,
+    }
 }
 
 /// Sends a data-server request (all are idempotent: safe to retry once on a new

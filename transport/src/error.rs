@@ -100,7 +100,21 @@ fn os_error(errno: i32) -> std::io::Error {
     std::io::Error::from_raw_os_error(errno)
 }
 
+/// The `op` of a [`TransportError::TimedOut`] for a connection attempt that did not
+/// complete: no request was sent on it.
+pub(crate) const OP_CONNECT: &str = "connect";
+
 impl TransportError {
+    /// Whether no connection was made (refused, unreachable, or an attempt that timed
+    /// out): no request reached the peer, so sending it again elsewhere or later is safe.
+    pub fn never_connected(&self) -> bool {
+        match self {
+            TransportError::Connect { .. } => true,
+            TransportError::TimedOut { op, .. } => *op == OP_CONNECT,
+            _ => false,
+        }
+    }
+
     /// The stable code this error is reported with.
     pub fn code(&self) -> ErrorCode {
         match self {

@@ -419,7 +419,7 @@ pub(crate) async fn connect(ep: &Endpoint, addr: &str) -> Result<Connection, Tra
             tokio::time::sleep(Duration::from_millis(ms)).await;
             let peer = to.clone();
             return Err(TransportError::TimedOut {
-                op: "connect",
+                op: crate::error::OP_CONNECT,
                 peer,
                 ms,
             });

@@ -71,8 +71,12 @@ async fn a_partition_cuts_both_ways_and_connects_time_out() {
     let cut = mem::partition(&[&a.addr], &[&b_name]);
     let r = conn.call(Bytes::from_static(&[op::ECHO])).await;
     assert!(matches!(r, Err(TransportError::TimedOut { .. })), "{r:?}");
+    // A timed-out call may have reached the peer; a timed-out connect sent nothing (the
+    // client waits for a metadata server whose connects time out: it used not to).
+    assert!(!r.unwrap_err().never_connected());
     let r = ep_b.connect(&a.addr).await;
     assert!(matches!(r, Err(TransportError::TimedOut { .. })), "{r:?}");
+    assert!(r.err().is_some_and(|e| e.never_connected()));
     // Others are not affected.
     let other = endpoint(MEM, quick()).connect(&b.addr).await.unwrap();
     other.call(Bytes::from_static(&[op::ECHO])).await.unwrap();

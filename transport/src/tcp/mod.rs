@@ -53,7 +53,7 @@ pub(crate) async fn connect(ep: &Endpoint, addr: &str) -> Result<Connection, Tra
     match tokio::time::timeout(Duration::from_millis(ms), attempt).await {
         Ok(r) => r,
         Err(_) => Err(TransportError::TimedOut {
-            op: "connect",
+            op: crate::error::OP_CONNECT,
             peer: addr.to_string(),
             ms,
         }),
