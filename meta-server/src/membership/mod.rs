@@ -10,12 +10,14 @@
 //! - a server whose lease ran out goes `Offline` in every chain; when it heartbeats again
 //!   it goes `Syncing`, and `Serving` once it reports a resync pass, started at or after
 //!   that change, that found the chain identical to a serving member ([`mark_synced`]);
-//! - a chain with no serving member promotes its first syncing member (nothing better
-//!   exists);
+//! - a chain with no serving member promotes its first syncing member, one that came
+//!   back (nothing better exists);
 //! - a member offline longer than `replace_after` leaves the chain;
 //! - a chain with fewer members than the target (the replication factor, capped by the
 //!   number of servers) takes an up server that is not a member yet, syncing, choosing
-//!   the server with the fewest chains.
+//!   the server with the fewest chains; but only while a member serves, or once every
+//!   member has left: a newcomer holds none of the chain's bytes, and must never serve
+//!   while a member that holds them is only away.
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -118,10 +120,18 @@ pub(crate) fn reconcile(chains: &BTreeMap<u32, ChainRecord>, view: &View<'_>) ->
         let before = chain.clone();
         mark_liveness(chain, view, next);
         leave_if_gone(id, chain, view, &mut load);
-        fill(id, chain, view, next, &mut load);
-        // After the fill: a chain left with offline members only takes a new member and
-        // serves from it in this same version, not one reconcile later.
+        // Only a member holds what the chain stored: one comes back before anyone new
+        // is let in.
         promote_if_none_serves(id, chain);
+        let emptied = chain.members.is_empty();
+        if emptied || chain.members.iter().any(|m| m.state == SERVING) {
+            fill(id, chain, view, next, &mut load);
+        }
+        if emptied {
+            // Every member stayed away past `replace_after` and left: what they held is
+            // gone with them, and the chain starts again on new servers.
+            promote_if_none_serves(id, chain);
+        }
         debug_check(chain, view);
         if *chain != before {
             changed.insert(id);
@@ -171,8 +181,11 @@ fn leave_if_gone(
     });
 }
 
-/// A chain with no serving member serves from its first syncing one: nothing better
-/// exists, and a chain nobody serves cannot be read or written at all.
+/// A chain with no serving member serves from its first syncing one, a member that
+/// came back: nothing better exists, and a chain nobody serves cannot be read or written
+/// at all. A server that joins a chain never takes this way while one of the chain's
+/// members is only away (see `reconcile`): it holds none of the chain's bytes, and a
+/// member resyncing from it on its return would delete its own copies to match.
 fn promote_if_none_serves(id: u32, chain: &mut ChainRecord) {
     if chain.members.iter().any(|m| m.state == SERVING) {
         return;
@@ -205,8 +218,8 @@ fn fill(
         let Some(&pick) = pick else {
             break;
         };
-        // Syncing, even in a chain nobody serves: the promotion that follows makes it
-        // serve then.
+        // Syncing: it copies from the serving member (or, in a chain that lost every
+        // member, the promotion that follows makes it serve).
         chain.members.push(MemberRecord {
             node: pick,
             state: SYNCING,

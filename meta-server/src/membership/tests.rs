@@ -185,7 +185,8 @@ fn check_rules(
                 }
             }
         }
-        if chain.members.len() < view.target {
+        let serves = chain.members.iter().any(|m| m.state == SERVING);
+        if chain.members.len() < view.target && (serves || chain.members.is_empty()) {
             assert!(
                 up.iter()
                     .all(|n| chain.members.iter().any(|m| m.node == *n)),
@@ -207,6 +208,22 @@ fn check_rules(
                 "chain {id}: {} promoted while a serving member was up: {old:?} -> {chain:?}",
                 m.node
             );
+        }
+        // Never a server that holds none of the chain's bytes serving while a member
+        // that does is only away (it would be resynced from, and delete its copies).
+        if let Some(old) = old {
+            let kept = old
+                .members
+                .iter()
+                .any(|x| chain.members.iter().any(|m| m.node == x.node));
+            for m in &chain.members {
+                let joined = !old.members.iter().any(|x| x.node == m.node);
+                assert!(
+                    !(joined && kept && m.state == SERVING),
+                    "chain {id}: {} joined and serves while a member is away: {old:?} -> {chain:?}",
+                    m.node
+                );
+            }
         }
         let mut nodes: Vec<u32> = chain.members.iter().map(|m| m.node).collect();
         nodes.sort_unstable();
