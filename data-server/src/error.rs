@@ -179,7 +179,7 @@ pub enum StartError {
     #[error("invalid configuration: {0}")]
     Config(String),
     /// The data directory could not be created.
-    #[error("creating the data directory {}: {source}", dir.display())]
+    #[error("creating the data directory {}", dir.display())]
     DataDir {
         /// The configured data directory.
         dir: PathBuf,
@@ -189,7 +189,7 @@ pub enum StartError {
     },
     /// The size of the disk under the data directory could not be read (it is the
     /// capacity when `capacity_bytes` is 0).
-    #[error("reading the size of the disk under {}: {source}", dir.display())]
+    #[error("reading the size of the disk under {}", dir.display())]
     DiskSize {
         /// The configured data directory.
         dir: PathBuf,
@@ -199,7 +199,7 @@ pub enum StartError {
     },
     /// The chunk store in the data directory could not be opened (locked by another
     /// server, a damaged node id file).
-    #[error("opening the chunk store in {}: {source}", dir.display())]
+    #[error("opening the chunk store in {}", dir.display())]
     Store {
         /// The configured data directory.
         dir: PathBuf,
@@ -208,16 +208,16 @@ pub enum StartError {
         source: DataError,
     },
     /// The blocking task that opens the store panicked or was cancelled.
-    #[error("the task opening the chunk store did not finish: {0}")]
+    #[error("the task opening the chunk store did not finish")]
     Task(#[from] tokio::task::JoinError),
     /// The transport endpoint could not be made (an unusable backend or limits).
-    #[error("transport: {0}")]
+    #[error("making the transport endpoint")]
     Transport(#[source] TransportError),
     /// The I/O buffers could not be allocated or registered with the transport.
-    #[error("registering the I/O buffers: {0}")]
+    #[error("registering the I/O buffers")]
     Buffers(#[source] TransportError),
     /// The listener could not be bound.
-    #[error("listening on {addr}: {source}")]
+    #[error("listening on {addr}")]
     Listen {
         /// The configured listen address.
         addr: String,

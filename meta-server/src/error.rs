@@ -119,7 +119,7 @@ pub enum StartError {
     #[error("invalid configuration: {0}")]
     Config(String),
     /// The data directory could not be created.
-    #[error("creating the data directory {}: {source}", dir.display())]
+    #[error("creating the data directory {}", dir.display())]
     DataDir {
         /// The configured data directory.
         dir: PathBuf,
@@ -129,7 +129,7 @@ pub enum StartError {
     },
     /// The store or the namespace in the data directory could not be opened (locked by
     /// another server, another format version, damaged records).
-    #[error("opening the namespace in {}: {source}", dir.display())]
+    #[error("opening the namespace in {}", dir.display())]
     Open {
         /// The configured data directory.
         dir: PathBuf,
@@ -138,13 +138,13 @@ pub enum StartError {
         source: MetaError,
     },
     /// The blocking task that opens the store panicked or was cancelled.
-    #[error("the task opening the namespace did not finish: {0}")]
+    #[error("the task opening the namespace did not finish")]
     Task(#[from] tokio::task::JoinError),
     /// The transport endpoint could not be made (an unusable backend or limits).
-    #[error("transport: {0}")]
+    #[error("making the transport endpoint")]
     Transport(#[source] TransportError),
     /// The listener could not be bound.
-    #[error("listening on {addr}: {source}")]
+    #[error("listening on {addr}")]
     Listen {
         /// The configured listen address.
         addr: String,

@@ -206,7 +206,7 @@ fn spawn_expiry(ns: &Arc<Namespace>) -> tokio::task::JoinHandle<()> {
             if ns.waiting_resume() == 0 {
                 continue;
             }
-            let now = std::time::Instant::now();
+            let now = ns.now();
             let _ = tokio::task::spawn_blocking(move || ns.expire_detached(now)).await;
         }
     })

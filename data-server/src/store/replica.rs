@@ -24,8 +24,11 @@
 //! 2. store the bytes (the three steps of a write, see the store's docs);
 //! 3. record the new version, even if step 2 failed (its bytes may have changed in part).
 //!
-//! A crash after 2 and before 3 leaves the new bytes under the old version: a resync pass
-//! finds the copy differs from the serving one and copies it whole.
+//! A crash after 2 and before 3 leaves the new bytes under the old version. A resync
+//! pass compares versions, so it repairs that copy only once another member has recorded
+//! a newer version: a write that crashed on every member before its version was recorded
+//! (a multi-piece write whose head died) leaves copies that differ under one version, and
+//! nothing finds them. The client was never answered for that write.
 
 use super::chunk::{crash_point, CrashPoint, Opened};
 use super::format::{bucket_dir, bucket_of, inode_dir, parse_hex16, read_full_at};

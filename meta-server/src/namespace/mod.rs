@@ -215,13 +215,14 @@ impl Namespace {
         // the inode some time later: the reply does not wait for the sync, and the batch
         // goes with the next group someone waits for, or alone after `LAZY_DELAY` (a
         // crash before may lose it, nothing else).
-        // Durable before the reply: wait for the group holding this request's changes,
-        // now that the namespace lock is free for the next request to stage its own.
         let result = if R::LAZY {
             let r = crate::kv::lazily(|| req.run(self, conn));
             let _ = take_pending();
             r
         } else {
+            // Durable before the reply: wait for the group holding this request's
+            // changes, now that the namespace lock is free for the next request to stage
+            // its own.
             // A request that failed may have staged changes before it did (they are
             // visible already): it waits for them too, as nobody else would.
             let r = req.run(self, conn);
