@@ -193,6 +193,11 @@ stop_tessera() {
     "$ROOT/target/release/tessera" down "$m" --state-dir "$TESSERA_STATE" || true
   fi
   rm -rf "$TESSERA_STATE"
+  # `up --state-dir` records the state directory under /var/lib/tessera, named after the
+  # mount point's path (`tessera`'s default_state_dir): removed too, so no run leaves it.
+  local recorded
+  recorded="/var/lib/tessera/$(printf '%s' "${m#/}" | tr -c 'A-Za-z0-9._' '-')"
+  rm -f "$recorded/redirect" && rmdir "$recorded" 2>/dev/null || true
 }
 
 start_moosefs() {
