@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use proto::data::{ChunkInfo, ChunkMeta, FetchChunk, ListChunks};
 use proto::meta::cluster::InodesExist;
 use proto::meta::{ClusterMap, MemberState, ResyncReport};
-use proto::{ChainId, ChunkId, ErrorCode, NodeId, RemoteBuf, WireError};
+use proto::{ChainId, ChunkId, ErrorCode, NodeId, RemoteBuf};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -330,7 +330,7 @@ impl Resync {
             let exist = self.inner.view.meta_call(req).await?;
             if exist.len() != batch.len() {
                 let why = format!("{} answers to InodesExist of {}", exist.len(), batch.len());
-                return Err(DataError::Remote(WireError::new(ErrorCode::Malformed, why)));
+                return Err(DataError::Codec(proto::ProtoError::Malformed(why)));
             }
             for (&inode, _) in batch.iter().zip(exist).filter(|(_, e)| !e) {
                 let store = self.inner.store.clone();
