@@ -141,20 +141,28 @@ pub fn drop_all(addr: &str) -> FilterGuard {
 /// Closes every live connection with an end at `addr` (the process at `addr` died);
 /// returns how many were closed. Its listener stays, so it can be reached again.
 pub fn kill(addr: &str) -> usize {
-    let victims: Vec<Arc<ConnCore>> = {
-        let mut conns = FABRIC.conns.lock();
-        conns.retain(|w| w.strong_count() > 0);
-        conns
-            .iter()
-            .filter_map(Weak::upgrade)
-            .filter(|c| !c.is_closed() && (mem_wire(c).local == addr || c.peer == addr))
-            .collect()
-    };
+    let victims = live_conns(|c, local| local == addr || c.peer == addr);
+    shut(&victims, &format!("killed by fault injection ({addr})"))
+}
+
+/// The open connections of the fabric for which `pick(conn, its local address)` holds.
+fn live_conns(pick: impl Fn(&ConnCore, &str) -> bool) -> Vec<Arc<ConnCore>> {
+    let mut conns = FABRIC.conns.lock();
+    conns.retain(|w| w.strong_count() > 0);
+    conns
+        .iter()
+        .filter_map(Weak::upgrade)
+        .filter(|c| !c.is_closed() && pick(c, mem_wire(c).local.as_str()))
+        .collect()
+}
+
+/// Shuts `victims` down in order; returns how many were still open (closing one end
+/// closes the other: each connection counts once).
+fn shut<'a>(victims: impl IntoIterator<Item = &'a Arc<ConnCore>>, why: &str) -> usize {
     let mut killed = 0;
-    for c in &victims {
-        // Closing one end closes the other: count each connection once.
+    for c in victims {
         if !c.is_closed() {
-            c.shutdown(format!("killed by fault injection ({addr})"));
+            c.shutdown(why.to_string());
             killed += 1;
         }
     }
@@ -166,28 +174,13 @@ pub fn kill(addr: &str) -> usize {
 /// were broken. The accepting end is closed first, so that it sees the connection
 /// broken (not closed in order by its peer) and may wait for the peer to come back.
 pub fn kill_between(a: &str, b: &str) -> usize {
-    let victims: Vec<Arc<ConnCore>> = {
-        let mut conns = FABRIC.conns.lock();
-        conns.retain(|w| w.strong_count() > 0);
-        conns
-            .iter()
-            .filter_map(Weak::upgrade)
-            .filter(|c| {
-                let local = mem_wire(c).local.as_str();
-                !c.is_closed() && ((local == a && c.peer == b) || (local == b && c.peer == a))
-            })
-            .collect()
-    };
+    let victims = live_conns(|c, local| (local == a && c.peer == b) || (local == b && c.peer == a));
     let (accepting, connecting): (Vec<_>, Vec<_>) =
         victims.into_iter().partition(|c| c.serves_calls());
-    let mut killed = 0;
-    for c in accepting.iter().chain(&connecting) {
-        if !c.is_closed() {
-            c.shutdown(format!("killed by fault injection ({a} <-> {b})"));
-            killed += 1;
-        }
-    }
-    killed
+    shut(
+        accepting.iter().chain(&connecting),
+        &format!("killed by fault injection ({a} <-> {b})"),
+    )
 }
 
 struct ListenerEntry {
