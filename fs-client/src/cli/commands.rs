@@ -75,17 +75,9 @@ pub enum Cmd {
     /// Show the data servers, the chains and their members' states, the number of
     /// under-replicated chunks and the resyncs under way.
     Status {
-        /// Mount point of a cluster started by `tessera up`: its metadata address.
-        mountpoint: Option<PathBuf>,
-        /// State directory of a cluster started by `tessera up`.
-        #[arg(long)]
-        state_dir: Option<PathBuf>,
-        /// Metadata server address (host:port).
-        #[arg(long)]
-        meta: Option<String>,
-        /// Client configuration file (TOML).
-        #[arg(long)]
-        config: Option<PathBuf>,
+        /// The cluster asked.
+        #[command(flatten)]
+        cluster: ClusterArgs,
         /// Refresh every second until no chunk is under-replicated (or --timeout).
         #[arg(long)]
         watch: bool,
@@ -96,17 +88,9 @@ pub enum Cmd {
     /// Check the namespace and every chunk copy (present, checksums valid, same version
     /// on every replica); exits 1 if anything is wrong.
     Fsck {
-        /// Mount point of a cluster started by `tessera up`: its metadata address.
-        mountpoint: Option<PathBuf>,
-        /// State directory of a cluster started by `tessera up`.
-        #[arg(long)]
-        state_dir: Option<PathBuf>,
-        /// Metadata server address (host:port).
-        #[arg(long)]
-        meta: Option<String>,
-        /// Client configuration file (TOML).
-        #[arg(long)]
-        config: Option<PathBuf>,
+        /// The cluster asked.
+        #[command(flatten)]
+        cluster: ClusterArgs,
         /// Replace each bad copy by a good one.
         #[arg(long)]
         repair: bool,
@@ -119,6 +103,31 @@ pub enum Cmd {
         #[arg(long)]
         state_dir: Option<PathBuf>,
     },
+}
+
+/// Which cluster `status` and `fsck` talk to.
+#[derive(clap::Args, Debug)]
+pub struct ClusterArgs {
+    /// Mount point of a cluster started by `tessera up`: its metadata address.
+    mountpoint: Option<PathBuf>,
+    /// State directory of a cluster started by `tessera up`.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Metadata server address (host:port).
+    #[arg(long)]
+    meta: Option<String>,
+    /// Client configuration file (TOML).
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+impl ClusterArgs {
+    /// The client configuration that reaches the named cluster, and its state directory
+    /// if one was named.
+    fn client_config(self) -> anyhow::Result<(ClientConfig, Option<PathBuf>)> {
+        let (meta, state) = local_cluster::meta_of(self.mountpoint, self.state_dir, self.meta)?;
+        Ok((client_config(&self.config, &meta, &None)?, state))
+    }
 }
 
 /// The client configuration: the file at `path` (or the defaults), then the flags.
@@ -257,15 +266,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Status {
-            mountpoint,
-            state_dir,
-            meta,
-            config,
+            cluster,
             watch,
             timeout,
         } => {
-            let (meta, state) = local_cluster::meta_of(mountpoint, state_dir, meta)?;
-            let c = client_config(&config, &meta, &None)?;
+            let (c, state) = cluster.client_config()?;
             let names = state
                 .map(|s| local_cluster::state::data_names(&s))
                 .unwrap_or_default();
@@ -273,15 +278,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 status(&client, watch, timeout, &names).await
             })
         }
-        Cmd::Fsck {
-            mountpoint,
-            state_dir,
-            meta,
-            config,
-            repair,
-        } => {
-            let (meta, _) = local_cluster::meta_of(mountpoint, state_dir, meta)?;
-            let c = client_config(&config, &meta, &None)?;
+        Cmd::Fsck { cluster, repair } => {
+            let (c, _) = cluster.client_config()?;
             if !with_client(c, |client| async move { fsck(&client, repair).await })? {
                 std::process::exit(1);
             }
