@@ -4,6 +4,7 @@ mod changes;
 mod cluster;
 mod model;
 mod ops;
+mod perms;
 mod readdir;
 mod rename;
 mod resume;
