@@ -13,7 +13,7 @@ use super::txn::{Reads, StoreReads};
 use super::{ConnId, Namespace};
 use crate::error::MetaError;
 use proto::meta::{Caller, OpenAccess, RenameMode};
-use proto::{FileKind, InodeId, SetAttr};
+use proto::{FileKind, InodeId, SessionId, SetAttr};
 
 impl InodeRecord {
     /// What the permission rules look at.
@@ -220,11 +220,61 @@ impl Namespace {
 
     /// Whether connection `conn` holds a session that may write `ino`.
     fn writes(&self, ino: InodeId, conn: ConnId) -> bool {
+        self.holds(ino, conn, true)
+    }
+
+    /// Whether connection `conn` holds a session on `ino` (a writing one if `write`).
+    fn holds(&self, ino: InodeId, conn: ConnId, write: bool) -> bool {
         let st = self.state.lock();
         st.is_open(ino)
             && st
                 .sessions
                 .values()
-                .any(|s| s.ino == ino && s.conn == conn && s.write)
+                .any(|s| s.ino == ino && s.conn == conn && (s.write || !write))
+    }
+
+    /// A session named by a release or a tail cut: only its own connection's.
+    /// Another connection's is answered as if it did not exist (`Stale`), as session
+    /// ids are easy to guess. A release carrying a length commit (`commit`) needs a
+    /// session opened for writing, or write permission.
+    pub(super) fn may_end(
+        &self,
+        c: &Caller,
+        session: SessionId,
+        conn: ConnId,
+        commit: bool,
+    ) -> Result<(), MetaError> {
+        let s = match self.state.lock().sessions.get(&session) {
+            Some(s) if s.conn != conn => return Err(MetaError::Stale(format!("no {session}"))),
+            Some(s) => *s,
+            None => return Ok(()),
+        };
+        if !commit || s.write {
+            return Ok(());
+        }
+        // A directory removed while open has no inode left: the release skips it.
+        match StoreReads(&*self.store).try_inode(s.ino)? {
+            Some(rec) => perm::check(c, &rec.mode(), W, "commit writes to the file"),
+            None => Ok(()),
+        }
+    }
+
+    /// The sessions of `sessions` that connection `conn` may end ([`Self::may_end`]);
+    /// the others are skipped as a `ReleaseMany` skips sessions already gone.
+    pub(super) fn own_sessions(&self, sessions: &[SessionId], conn: ConnId) -> Vec<SessionId> {
+        let st = self.state.lock();
+        let theirs = |s: &SessionId| st.sessions.get(s).is_some_and(|x| x.conn != conn);
+        sessions.iter().copied().filter(|s| !theirs(s)).collect()
+    }
+
+    /// Taking a lock on `ino`: the file must be open on this connection, as a lock is
+    /// taken on an open descriptor (`fcntl`, `flock`); without one, EBADF's code.
+    pub(super) fn may_lock(&self, ino: InodeId, conn: ConnId) -> Result<(), MetaError> {
+        if self.holds(ino, conn, false) {
+            return Ok(());
+        }
+        Err(MetaError::Stale(format!(
+            "{ino} is not open on this connection"
+        )))
     }
 }

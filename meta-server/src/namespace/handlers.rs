@@ -7,7 +7,7 @@
 use super::perm::XattrAccess;
 use super::{Namespace, Origin, SessionOwner};
 use crate::error::MetaError;
-use proto::meta::{admin, cluster, fs};
+use proto::meta::{admin, cluster, fs, LockKind};
 use proto::Rpc;
 
 /// A request the namespace answers.
@@ -221,7 +221,8 @@ impl Handle for fs::Release {
     fn span_id(&self) -> u64 {
         self.session.0
     }
-    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_end(&at.caller, self.session, at.conn, self.commit.is_some())?;
         ns.release(self.session, self.commit)
     }
 }
@@ -230,7 +231,8 @@ impl Handle for fs::TailCut {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_end(&at.caller, self.session, at.conn, false)?;
         ns.tail_cut(self.ino, self.session)
     }
 }
@@ -239,8 +241,8 @@ impl Handle for fs::ReleaseMany {
     fn span_id(&self) -> u64 {
         self.sessions.len() as u64
     }
-    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
-        ns.release_many(&self.sessions)
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.release_many(&ns.own_sessions(&self.sessions, at.conn))
     }
 }
 
@@ -312,6 +314,9 @@ impl Handle for fs::SetLock {
         self.ino.0
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        if self.lock.kind != LockKind::Unlock {
+            ns.may_lock(self.ino, at.conn)?;
+        }
         ns.locks
             .lock()
             .set(self.ino, self.client, at.conn, self.lock)

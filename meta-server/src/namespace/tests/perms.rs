@@ -301,7 +301,71 @@ fn a_new_file_in_a_setgid_directory_of_a_foreign_group_loses_setgid(kind: StoreK
     assert_eq!(o.attr.perm, 0o2755, "root keeps it");
 }
 
+/// Guards against a wire client ending (and committing a length through) another
+/// connection's session by guessing its id, or locking a file it has not open.
+fn sessions_and_locks_belong_to_their_connection(kind: StoreKind) {
+    let h = H::with_nodes(kind, 1);
+    let ns = h.ns();
+    let f = file(ns, 0, ROOT, "f", 0o666);
+    let open = fs::Open {
+        ino: f,
+        client: ClientId(1),
+        truncate: false,
+        access: OpenAccess::Read,
+    };
+    let s = ns.handle(open, at(ALICE, 2)).unwrap().session;
+    let release = fs::Release {
+        session: s,
+        commit: Some(proto::meta::Commit {
+            size: 1 << 40,
+            mtime: proto::Timestamp::now(),
+        }),
+    };
+    assert_eq!(as_user(ns, 0, release.clone()), Some(ErrorCode::Stale));
+    let many = fs::ReleaseMany { sessions: vec![s] };
+    assert_eq!(as_user(ns, 0, many), None, "skipped");
+    assert_eq!(ns.getattr(f).unwrap().size, 0);
+    let lock = |kind| fs::SetLock {
+        ino: f,
+        client: ClientId(1),
+        lock: proto::meta::LockSpec {
+            owner: 1,
+            pid: 1,
+            start: 0,
+            end: u64::MAX,
+            kind,
+        },
+    };
+    use proto::meta::LockKind;
+    assert_eq!(
+        as_user(ns, 0, lock(LockKind::Write)),
+        Some(ErrorCode::Stale)
+    );
+    assert_eq!(as_user(ns, 0, lock(LockKind::Unlock)), None);
+    assert!(ns.handle(lock(LockKind::Read), at(ALICE, 2)).is_ok());
+    // Its own connection ends it, but a read session carries no length commit for
+    // a caller who may not write the file.
+    let ro = fs::SetAttr {
+        ino: f,
+        set: SetAttr {
+            perm: Some(0o644),
+            ..SetAttr::default()
+        },
+        commit: None,
+    };
+    ns.handle(ro, at(0, 1)).unwrap();
+    let r = ns.handle(release, at(ALICE, 2)).err().map(|e| e.code);
+    assert_eq!(r, EACCES);
+    let own = fs::Release {
+        session: s,
+        commit: None,
+    };
+    assert!(ns.handle(own, at(ALICE, 2)).is_ok());
+    assert_eq!(ns.getattr(f).unwrap().size, 0);
+}
+
 engine_tests!(
+    sessions_and_locks_belong_to_their_connection,
     names_need_search_and_write_on_the_directory,
     opens_are_checked_against_the_mode,
     truncation_and_commits_go_through_a_write_session,
