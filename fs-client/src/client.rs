@@ -11,7 +11,10 @@ use crate::rpc::{self, MetaCall, Replied, RpcCounts, RpcEndpoint, Seen};
 use crate::segpool::SegPool;
 
 mod away;
+mod caller;
 mod opening;
+
+pub use caller::acting_as;
 mod resume;
 use parking_lot::Mutex;
 use proto::meta::cluster::GetMap;
@@ -163,15 +166,24 @@ impl Client {
     /// request had dropped the kept copies it changes: a reply's attributes may be kept
     /// (`keep_attr`) unless another such request went out meanwhile.
     pub(crate) async fn meta_keeping<R: MetaCall>(&self, req: R) -> Result<(R::Reply, u64)> {
-        self.meta_waiting(&Request::new(req), self.meta_wait())
-            .await
+        self.meta_keeping_as(req, caller::current()).await
+    }
+
+    /// [`Client::meta_keeping`] made for `caller` (see `client/caller.rs`).
+    pub(crate) async fn meta_keeping_as<R: MetaCall>(
+        &self,
+        req: R,
+        caller: Caller,
+    ) -> Result<(R::Reply, u64)> {
+        let req = Request::new(req).with_caller(caller);
+        self.meta_waiting(&req, self.meta_wait()).await
     }
 
     /// One try of [`Client::meta_keeping`], on the connection the caller resumed.
     async fn meta_once<R: MetaCall>(&self, req: &Request<R>) -> Result<(R::Reply, u64)> {
         // The caches follow the file-system calls only.
         let fs_req = match req.envelope() {
-            MetaRequest::Fs(r) => Some(r),
+            MetaRequest::Fs(call) => Some(&call.req),
             MetaRequest::Cluster(_) | MetaRequest::Admin(_) => None,
         };
         let token = fs_req.map(|r| {
@@ -252,7 +264,7 @@ impl Client {
             let count = sessions.len();
             // No waiting for a server that is away: its restart ends these sessions
             // anyway, and an unmount must not stall on them.
-            let req = Request::new(fs::ReleaseMany { sessions });
+            let req = Request::new(fs::ReleaseMany { sessions }).with_caller(caller::current());
             if let Err(e) = self.meta_waiting(&req, Duration::ZERO).await {
                 tracing::warn!(error = %e, count, "ending sessions failed");
             }
@@ -371,7 +383,7 @@ impl Client {
             AtimeMode::StrictAtime => true,
         };
         // Best effort: not worth holding a read while the server is away.
-        let req = Request::new(fs::Accessed { ino, strict });
+        let req = Request::new(fs::Accessed { ino, strict }).with_caller(caller::current());
         if let Err(e) = self.meta_waiting(&req, Duration::ZERO).await {
             tracing::debug!(%ino, error = %e, "atime update failed");
         }
@@ -405,8 +417,8 @@ impl Client {
 
     /// Makes a name (mkdir, mknod, symlink, link); keeps the directory's new attributes
     /// for the kernel's `getattr` that follows, as a create does.
-    async fn entry<R: MetaCall<Reply = fs::Made>>(&self, req: R) -> Result<Attr> {
-        let made = self.meta(req).await?;
+    async fn entry<R: MetaCall<Reply = fs::Made>>(&self, req: R, caller: Caller) -> Result<Attr> {
+        let (made, _) = self.meta_keeping_as(req, caller).await?;
         self.dir_attrs.put(made.parent.after);
         Ok(made.attr)
     }
@@ -420,13 +432,7 @@ impl Client {
         caller: Caller,
     ) -> Result<Attr> {
         let name = name.to_vec();
-        self.entry(fs::Mkdir {
-            parent,
-            name,
-            perm,
-            caller,
-        })
-        .await
+        self.entry(fs::Mkdir { parent, name, perm }, caller).await
     }
 
     /// Creates a FIFO, socket or device node.
@@ -440,15 +446,14 @@ impl Client {
         caller: Caller,
     ) -> Result<Attr> {
         let name = name.to_vec();
-        self.entry(fs::MkNod {
+        let req = fs::MkNod {
             parent,
             name,
             kind,
             perm,
             rdev,
-            caller,
-        })
-        .await
+        };
+        self.entry(req, caller).await
     }
 
     /// Creates a symbolic link.
@@ -460,12 +465,14 @@ impl Client {
         caller: Caller,
     ) -> Result<Attr> {
         let (name, target) = (name.to_vec(), target.to_vec());
-        self.entry(fs::Symlink {
-            parent,
-            name,
-            target,
+        self.entry(
+            fs::Symlink {
+                parent,
+                name,
+                target,
+            },
             caller,
-        })
+        )
         .await
     }
 
@@ -478,11 +485,14 @@ impl Client {
     pub async fn link(&self, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> Result<Attr> {
         let new_name = new_name.to_vec();
         let attr = self
-            .entry(fs::Link {
-                ino,
-                new_parent,
-                new_name,
-            })
+            .entry(
+                fs::Link {
+                    ino,
+                    new_parent,
+                    new_name,
+                },
+                caller::current(),
+            )
             .await?;
         Ok(self.overlay(attr))
     }
@@ -572,7 +582,8 @@ impl Client {
         let req = Request::new(fs::GetXattr {
             ino,
             name: name.to_vec(),
-        });
+        })
+        .with_caller(caller::current());
         let (r, guessed) = self.getxattr_call(ino, &req, caps).await;
         match r {
             // Only the server's own answer is kept, not one guessed while it was away.

@@ -32,9 +32,13 @@ pub enum MetaError {
     /// A name, xattr name or symlink target exceeds its limit.
     #[error("name too long: {0}")]
     NameTooLong(String),
-    /// The operation is never allowed on this object (hard link to a directory).
+    /// The operation is never allowed on this object (hard link to a directory), or
+    /// only to its owner or root (EPERM).
     #[error("not permitted: {0}")]
     NotPermitted(String),
+    /// The caller lacks a mode bit the operation needs (EACCES).
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     /// Out of data servers, store space, or per-inode room.
     #[error("no space: {0}")]
     NoSpace(String),
@@ -87,6 +91,7 @@ impl MetaError {
             MetaError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             MetaError::NameTooLong(_) => ErrorCode::NameTooLong,
             MetaError::NotPermitted(_) => ErrorCode::NotPermitted,
+            MetaError::PermissionDenied(_) => ErrorCode::PermissionDenied,
             MetaError::NoSpace(_) => ErrorCode::NoSpace,
             MetaError::Stale(_) => ErrorCode::Stale,
             MetaError::TooBig(_) => ErrorCode::TooBig,

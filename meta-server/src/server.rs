@@ -5,10 +5,10 @@
 use crate::config::NamespaceConfig;
 use crate::error::StartError;
 use crate::kv::{open_store, StoreKind};
-use crate::namespace::{ConnId, Handle, Namespace};
+use crate::namespace::{ConnId, Handle, Namespace, Origin};
 use crate::MetaError;
 use bytes::Bytes;
-use proto::meta::MetaRequest;
+use proto::meta::{Caller, FsCall, MetaRequest};
 use proto::{codec, rpc, ErrorCode, WireError, PROTOCOL_VERSION};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -110,63 +110,71 @@ impl Handler for MetaService {
 #[rustfmt::skip]
 async fn route(ns: Arc<Namespace>, req: MetaRequest, conn: ConnId, limit: usize) -> Vec<u8> {
     use proto::meta::{AdminRequest as A, ClusterRequest as C, FsRequest as F};
+    // Cluster and admin calls are not made for a user: their handlers check no
+    // permission, and nobody is what they are taken for if one ever did.
+    let server = Origin { conn, caller: Caller::NOBODY };
     match req {
-        MetaRequest::Fs(req) => match req {
-            F::Hello(r) => serve(ns, r, conn, limit).await,
-            F::Lookup(r) => serve(ns, r, conn, limit).await,
-            F::GetAttr(r) => serve(ns, r, conn, limit).await,
-            F::SetAttr(r) => serve(ns, r, conn, limit).await,
-            F::Create(r) => serve(ns, r, conn, limit).await,
-            F::MkNod(r) => serve(ns, r, conn, limit).await,
-            F::Mkdir(r) => serve(ns, r, conn, limit).await,
-            F::Symlink(r) => serve(ns, r, conn, limit).await,
-            F::Readlink(r) => serve(ns, r, conn, limit).await,
-            F::Link(r) => serve(ns, r, conn, limit).await,
-            F::Unlink(r) => serve(ns, r, conn, limit).await,
-            F::Rmdir(r) => serve(ns, r, conn, limit).await,
-            F::Rename(r) => serve(ns, r, conn, limit).await,
-            F::ReadDir(r) => serve(ns, r, conn, limit).await,
-            F::StatFs(r) => serve(ns, r, conn, limit).await,
-            F::Open(r) => serve(ns, r, conn, limit).await,
-            F::Commit(r) => serve(ns, r, conn, limit).await,
-            F::Release(r) => serve(ns, r, conn, limit).await,
-            F::TailCut(r) => serve(ns, r, conn, limit).await,
-            F::ReleaseMany(r) => serve(ns, r, conn, limit).await,
-            F::GetXattr(r) => serve(ns, r, conn, limit).await,
-            F::SetXattr(r) => serve(ns, r, conn, limit).await,
-            F::ListXattr(r) => serve(ns, r, conn, limit).await,
-            F::RemoveXattr(r) => serve(ns, r, conn, limit).await,
-            F::Append(r) => serve(ns, r, conn, limit).await,
-            F::Accessed(r) => serve(ns, r, conn, limit).await,
-            F::SetLock(r) => serve(ns, r, conn, limit).await,
-            F::GetLock(r) => serve(ns, r, conn, limit).await,
-            F::ReleaseLocks(r) => serve(ns, r, conn, limit).await,
-            F::Resume(r) => serve(ns, r, conn, limit).await,
-        },
+        // Every file-system call is judged for the user it names (`namespace::perm`);
+        // a client capability that squashes root maps it here (`Caller::squashed`).
+        MetaRequest::Fs(FsCall { caller, req }) => {
+            let at = Origin { conn, caller };
+            match req {
+                F::Hello(r) => serve(ns, r, at, limit).await,
+                F::Lookup(r) => serve(ns, r, at, limit).await,
+                F::GetAttr(r) => serve(ns, r, at, limit).await,
+                F::SetAttr(r) => serve(ns, r, at, limit).await,
+                F::Create(r) => serve(ns, r, at, limit).await,
+                F::MkNod(r) => serve(ns, r, at, limit).await,
+                F::Mkdir(r) => serve(ns, r, at, limit).await,
+                F::Symlink(r) => serve(ns, r, at, limit).await,
+                F::Readlink(r) => serve(ns, r, at, limit).await,
+                F::Link(r) => serve(ns, r, at, limit).await,
+                F::Unlink(r) => serve(ns, r, at, limit).await,
+                F::Rmdir(r) => serve(ns, r, at, limit).await,
+                F::Rename(r) => serve(ns, r, at, limit).await,
+                F::ReadDir(r) => serve(ns, r, at, limit).await,
+                F::StatFs(r) => serve(ns, r, at, limit).await,
+                F::Open(r) => serve(ns, r, at, limit).await,
+                F::Commit(r) => serve(ns, r, at, limit).await,
+                F::Release(r) => serve(ns, r, at, limit).await,
+                F::TailCut(r) => serve(ns, r, at, limit).await,
+                F::ReleaseMany(r) => serve(ns, r, at, limit).await,
+                F::GetXattr(r) => serve(ns, r, at, limit).await,
+                F::SetXattr(r) => serve(ns, r, at, limit).await,
+                F::ListXattr(r) => serve(ns, r, at, limit).await,
+                F::RemoveXattr(r) => serve(ns, r, at, limit).await,
+                F::Append(r) => serve(ns, r, at, limit).await,
+                F::Accessed(r) => serve(ns, r, at, limit).await,
+                F::SetLock(r) => serve(ns, r, at, limit).await,
+                F::GetLock(r) => serve(ns, r, at, limit).await,
+                F::ReleaseLocks(r) => serve(ns, r, at, limit).await,
+                F::Resume(r) => serve(ns, r, at, limit).await,
+            }
+        }
         MetaRequest::Cluster(req) => match req {
-            C::RegisterData(r) => serve(ns, r, conn, limit).await,
-            C::Heartbeat(r) => serve(ns, r, conn, limit).await,
-            C::GetMap(r) => serve(ns, r, conn, limit).await,
-            C::ListFiles(r) => serve(ns, r, conn, limit).await,
-            C::InodesExist(r) => serve(ns, r, conn, limit).await,
+            C::RegisterData(r) => serve(ns, r, server, limit).await,
+            C::Heartbeat(r) => serve(ns, r, server, limit).await,
+            C::GetMap(r) => serve(ns, r, server, limit).await,
+            C::ListFiles(r) => serve(ns, r, server, limit).await,
+            C::InodesExist(r) => serve(ns, r, server, limit).await,
         },
         MetaRequest::Admin(req) => match req {
-            A::Status(r) => serve(ns, r, conn, limit).await,
-            A::CheckNamespace(r) => serve(ns, r, conn, limit).await,
+            A::Status(r) => serve(ns, r, server, limit).await,
+            A::CheckNamespace(r) => serve(ns, r, server, limit).await,
         },
     }
 }
 
 /// Runs one request and encodes its answer.
-async fn serve<R: Handle>(ns: Arc<Namespace>, req: R, conn: ConnId, limit: usize) -> Vec<u8> {
+async fn serve<R: Handle>(ns: Arc<Namespace>, req: R, at: Origin, limit: usize) -> Vec<u8> {
     let result = if R::POINT_READ {
         // A few cached reads under the namespace lock: handing them to the blocking
         // pool would cost more than they take.
-        ns.handle(req, conn)
+        ns.handle(req, at)
     } else {
         // Store commits fsync and scans may be long: keep them off the async workers.
         // The namespace opens the request's span (operation and ids).
-        match tokio::task::spawn_blocking(move || ns.handle(req, conn)).await {
+        match tokio::task::spawn_blocking(move || ns.handle(req, at)).await {
             Ok(r) => r,
             Err(e) => Err(WireError::new(
                 ErrorCode::Io,

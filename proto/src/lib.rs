@@ -22,8 +22,10 @@ pub use rpc::{Request, Rpc, RpcResult};
 ///
 /// Both ends announce it in the connection handshake; a peer speaking another version is
 /// refused before any message is exchanged. 11: one type per request, each naming its
-/// reply, and subsystem envelopes instead of one request and one reply enum.
-pub const PROTOCOL_VERSION: u16 = 11;
+/// reply, and subsystem envelopes instead of one request and one reply enum. 12: every
+/// file-system call names its caller (uid, gid, supplementary groups) in its envelope,
+/// and create-like requests no longer carry an owner of their own.
+pub const PROTOCOL_VERSION: u16 = 12;
 
 /// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
 pub const MAX_NAME_BYTES: usize = 255;

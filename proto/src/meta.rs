@@ -28,13 +28,131 @@ pub const WATCH_AFTER: Duration = Duration::from_secs(1);
 /// [`ClusterMap::is_up`]).
 pub const WATCH_EVERY: Duration = Duration::from_millis(200);
 
-/// Who asks: the owner given to new inodes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Most supplementary groups one [`Caller`] names. Linux allows 65536; NFS's AUTH_SYS
+/// carries 16. A client whose process has more sends the first `MAX_GROUPS` (the server
+/// may then refuse what the kernel allowed through a group further down the list); a
+/// request naming more is malformed and refused at decode.
+pub const MAX_GROUPS: usize = 64;
+
+/// Who asks: the user a file-system call is made for. Every [`fs`] request carries one
+/// in its envelope ([`FsCall`]); the metadata server checks permissions for it and gives
+/// it new inodes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Caller {
-    /// Effective user id of the calling process.
+    /// Effective (file system) user id of the calling process.
     pub uid: u32,
-    /// Effective group id of the calling process.
+    /// Effective (file system) group id of the calling process.
     pub gid: u32,
+    /// Its supplementary groups, at most [`MAX_GROUPS`].
+    pub groups: Groups,
+}
+
+/// The uid and gid of `nobody` on Linux, what a caller that names nobody is taken for.
+pub const NOBODY_ID: u32 = 65534;
+
+impl Caller {
+    /// The superuser, with no supplementary groups.
+    pub const ROOT: Caller = Caller::new(0, 0);
+    /// `nobody`: whom a request that names no caller is made for (see [`FsCall`]).
+    pub const NOBODY: Caller = Caller::new(NOBODY_ID, NOBODY_ID);
+
+    /// `uid` and `gid` with no supplementary groups.
+    pub const fn new(uid: u32, gid: u32) -> Caller {
+        Caller {
+            uid,
+            gid,
+            groups: Groups(Vec::new()),
+        }
+    }
+
+    /// `uid`, `gid` and the first [`MAX_GROUPS`] of `groups` (see there).
+    pub fn with_groups(uid: u32, gid: u32, groups: impl IntoIterator<Item = u32>) -> Caller {
+        Caller {
+            uid,
+            gid,
+            groups: Groups(groups.into_iter().take(MAX_GROUPS).collect()),
+        }
+    }
+
+    /// Whether the caller is the superuser.
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+
+    /// Whether `gid` is the caller's group or one of its supplementary groups.
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.0.contains(&gid)
+    }
+
+    /// The caller with uid and gid 0 mapped to [`NOBODY_ID`] and group 0 dropped from
+    /// its supplementary groups (root squash, as NFS exports do).
+    pub fn squashed(self) -> Caller {
+        let squash = |id: u32| if id == 0 { NOBODY_ID } else { id };
+        Caller {
+            uid: squash(self.uid),
+            gid: squash(self.gid),
+            groups: Groups(self.groups.0.into_iter().filter(|&g| g != 0).collect()),
+        }
+    }
+}
+
+/// A caller's supplementary groups: at most [`MAX_GROUPS`], checked when decoded.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "Vec<u32>", into = "Vec<u32>")]
+pub struct Groups(Vec<u32>);
+
+impl Groups {
+    /// The groups.
+    pub fn as_slice(&self) -> &[u32] {
+        &self.0
+    }
+}
+
+/// A [`Groups`] list longer than [`MAX_GROUPS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TooManyGroups(pub usize);
+
+impl std::fmt::Display for TooManyGroups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} supplementary groups (at most {MAX_GROUPS})", self.0)
+    }
+}
+
+impl TryFrom<Vec<u32>> for Groups {
+    type Error = TooManyGroups;
+    fn try_from(v: Vec<u32>) -> Result<Groups, TooManyGroups> {
+        if v.len() > MAX_GROUPS {
+            return Err(TooManyGroups(v.len()));
+        }
+        Ok(Groups(v))
+    }
+}
+
+impl From<Groups> for Vec<u32> {
+    fn from(g: Groups) -> Vec<u32> {
+        g.0
+    }
+}
+
+/// What an open asks to do with the file: its `O_ACCMODE`, or execution (`execve`
+/// opens with `__FMODE_EXEC`, which needs the execute bit instead of the read bit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OpenAccess {
+    /// `O_RDONLY`.
+    Read,
+    /// `O_WRONLY`.
+    Write,
+    /// `O_RDWR`.
+    ReadWrite,
+    /// An open to execute the file.
+    Exec,
+}
+
+impl OpenAccess {
+    /// Whether the open may write the file.
+    pub fn writes(self) -> bool {
+        matches!(self, OpenAccess::Write | OpenAccess::ReadWrite)
+    }
 }
 
 /// What `rename` does when the target name exists.
@@ -316,8 +434,8 @@ pub const MAX_RELEASES: usize = 1024;
 /// A request to the metadata server, as it travels: one variant per subsystem.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaRequest {
-    /// A file-system call of a client.
-    Fs(FsRequest),
+    /// A file-system call of a client, and whom it is made for.
+    Fs(FsCall),
     /// A cluster call of a data server.
     Cluster(ClusterRequest),
     /// A call of an administration tool.
@@ -328,16 +446,33 @@ impl MetaRequest {
     /// The request's name, for logs.
     pub fn name(&self) -> &'static str {
         match self {
-            MetaRequest::Fs(r) => r.name(),
+            MetaRequest::Fs(c) => c.req.name(),
             MetaRequest::Cluster(r) => r.name(),
             MetaRequest::Admin(r) => r.name(),
         }
     }
 }
 
+/// A file-system call as it travels: the request and the user it is made for. The
+/// caller travels in the envelope, so that every call names one and the server checks
+/// every call in one place, whatever its type.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsCall {
+    /// Whom the call is made for.
+    pub caller: Caller,
+    /// The call.
+    pub req: FsRequest,
+}
+
+/// A file-system request wrapped without naming its caller is made for
+/// [`Caller::NOBODY`], never for root: a sender that forgets
+/// [`crate::Request::with_caller`] gets less, not more.
 impl From<FsRequest> for MetaRequest {
-    fn from(r: FsRequest) -> MetaRequest {
-        MetaRequest::Fs(r)
+    fn from(req: FsRequest) -> MetaRequest {
+        MetaRequest::Fs(FsCall {
+            caller: Caller::NOBODY,
+            req,
+        })
     }
 }
 
@@ -379,6 +514,35 @@ impl DirChange {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Guards against a wire client naming an unbounded list of groups.
+    #[test]
+    fn a_caller_with_too_many_groups_is_refused_at_decode() {
+        let call = |n: u32| {
+            let mut c = Caller::new(1000, 1000);
+            c.groups = Groups((0..n).collect());
+            MetaRequest::Fs(FsCall {
+                caller: c,
+                req: FsRequest::StatFs(fs::StatFs),
+            })
+        };
+        let ok = crate::codec::encode(&call(MAX_GROUPS as u32), 1 << 20).unwrap();
+        assert_eq!(crate::codec::decode::<MetaRequest>(&ok).unwrap(), call(64));
+        let bad = crate::codec::encode(&call(MAX_GROUPS as u32 + 1), 1 << 20).unwrap();
+        assert!(crate::codec::decode::<MetaRequest>(&bad).is_err());
+        let many = Caller::with_groups(1, 1, 0..1000);
+        assert_eq!(many.groups.as_slice().len(), MAX_GROUPS);
+    }
+
+    #[test]
+    fn squash_maps_root_to_nobody_and_keeps_others() {
+        let c = Caller::with_groups(0, 0, [0, 5]).squashed();
+        assert_eq!(
+            (c.uid, c.gid, c.groups.as_slice()),
+            (NOBODY_ID, NOBODY_ID, &[5][..])
+        );
+        assert_eq!(Caller::new(7, 8).squashed(), Caller::new(7, 8));
+    }
 
     #[test]
     fn a_node_is_up_only_when_listed_with_a_current_lease() {

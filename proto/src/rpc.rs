@@ -71,6 +71,18 @@ impl<R: Rpc> Request<R> {
     }
 }
 
+impl<R: Rpc<Envelope = crate::meta::MetaRequest>> Request<R> {
+    /// Names the user a file-system call is made for (every [`crate::meta::fs`]
+    /// request carries one; see [`crate::meta::FsCall`]). Cluster and admin calls name
+    /// none: it is ignored for them.
+    pub fn with_caller(mut self, caller: crate::meta::Caller) -> Request<R> {
+        if let crate::meta::MetaRequest::Fs(call) = &mut self.envelope {
+            call.caller = caller;
+        }
+        self
+    }
+}
+
 /// Encodes a server's answer. One that does not fit `limit_bytes` becomes a `TooBig`
 /// error, which always fits: a bare error carries nothing but its message.
 pub fn answer<T: Serialize>(result: &Result<T, WireError>, limit_bytes: usize) -> Vec<u8> {

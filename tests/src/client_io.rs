@@ -5,7 +5,7 @@ use fs_client::{Client, Result};
 use proto::meta::Caller;
 use proto::InodeId;
 
-const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
+const ROOT_CALLER: Caller = Caller::ROOT;
 const MIB: usize = 1 << 20;
 
 /// Creates `name` in the root directory, writes `data` in 1 MiB writes, fsyncs and

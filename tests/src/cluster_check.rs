@@ -25,7 +25,7 @@ const HEALTHY_LIMIT: Duration = Duration::from_secs(120);
 const PASS_LIMIT: Duration = Duration::from_secs(900);
 /// The file's name in the root directory.
 const NAME: &[u8] = b"cluster-check.bin";
-const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
+const ROOT_CALLER: Caller = Caller::ROOT;
 const MIB: f64 = (1u64 << 20) as f64;
 
 /// What to run.

@@ -73,7 +73,6 @@ async fn malformed_and_unknown_messages_get_clear_errors() {
             parent: InodeId::ROOT,
             name,
             perm: 0o755,
-            caller: proto::meta::Caller { uid: 0, gid: 0 },
         };
         let reply = meta.call(encoded(req)).await.unwrap();
         let code = meta_error(&reply);
@@ -98,7 +97,7 @@ async fn malformed_and_unknown_messages_get_clear_errors() {
             InodeId::ROOT,
             b"still-alive",
             0o755,
-            proto::meta::Caller { uid: 0, gid: 0 },
+            proto::meta::Caller::ROOT,
         )
         .await
         .unwrap();
@@ -203,12 +202,16 @@ async fn an_envelope_with_a_garbage_payload_is_refused_cleanly() {
     let cluster = InProcessCluster::start(1).await;
     let ep = endpoint();
     let meta = ep.connect(&cluster.meta_addr()).await.unwrap();
-    // The metadata envelope: 0 file-system calls, 1 cluster calls, 2 admin calls.
-    let cases: [(&'static [u8], ErrorCode); 6] = [
-        (&[0, 100], ErrorCode::UnknownMessage),
+    // The metadata envelope: 0 file-system calls, 1 cluster calls, 2 admin calls. A
+    // file-system call starts with its caller: uid 0, gid 0, no groups (`0, 0, 0`).
+    let cases: [(&'static [u8], ErrorCode); 8] = [
+        (&[0, 0, 0, 0, 100], ErrorCode::UnknownMessage),
         (&[1, 99, 1, 2, 3], ErrorCode::UnknownMessage),
         (&[2, 77], ErrorCode::UnknownMessage),
-        (&[0, 1, 0xff, 0xff], ErrorCode::Malformed),
+        (&[0, 0, 0, 0, 1, 0xff, 0xff], ErrorCode::Malformed),
+        // A caller cut short, and one naming more than `MAX_GROUPS` groups.
+        (&[0, 100], ErrorCode::Malformed),
+        (&[0, 0, 0, 65, 1, 2, 3], ErrorCode::Malformed),
         (&[1], ErrorCode::Malformed),
         (&[2, 0, 0xde, 0xad], ErrorCode::Malformed),
     ];

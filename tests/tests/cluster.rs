@@ -5,7 +5,7 @@ use proto::{ErrorCode, InodeId};
 use std::path::{Path, PathBuf};
 use tessera_tests::{pseudo_random, sha256_hex, InProcessCluster};
 
-const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
+const ROOT_CALLER: Caller = Caller::ROOT;
 
 fn chunk_files(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tessera_tests::client_io::{read_whole, write_fsync};
 use tessera_tests::{pseudo_random, sha256_hex, ClusterOptions, ProcessCluster, Rng};
 
-const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
+const ROOT_CALLER: Caller = Caller::ROOT;
 const MIB: usize = 1 << 20;
 /// How long the cluster may take to heal after a restart.
 const HEAL: Duration = Duration::from_secs(120);

@@ -26,7 +26,7 @@ use tokio::task::AbortHandle;
 use transport::mem::{self, FilterGuard, OpKind, Packet, Verdict};
 use transport::Backend;
 
-const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
+const ROOT_CALLER: Caller = Caller::ROOT;
 const MIB: usize = 1 << 20;
 /// Every wait in these tests gives up after this long.
 const PATIENCE: Duration = Duration::from_secs(20);

@@ -8,7 +8,7 @@ use proto::{Attr, ErrorCode, FileKind, InodeId, SetAttr};
 use std::collections::{BTreeMap, HashMap};
 use tessera_tests::{InProcessCluster, Rng};
 
-const ROOT: Caller = Caller { uid: 0, gid: 0 };
+const ROOT: Caller = Caller::ROOT;
 const NAMES: [&str; 5] = ["a", "b", "c", "dd", "e"];
 const STEPS: usize = 300;
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tessera_tests::{pseudo_random, sha256_hex, InProcessCluster, Setup};
 use transport::{Backend, Endpoint, TransportConfig};
 
-const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
+const ROOT_CALLER: Caller = Caller::ROOT;
 const MIB: usize = 1 << 20;
 /// No call in these tests may take this long; a hang fails instead.
 const DEADLINE: Duration = Duration::from_secs(120);

@@ -25,7 +25,7 @@ use proto::meta::Caller;
 use proto::{ErrorCode, InodeId};
 use tessera_tests::{pseudo_random, sha256_hex, InProcessCluster};
 
-const ROOT_CALLER: Caller = Caller { uid: 0, gid: 0 };
+const ROOT_CALLER: Caller = Caller::ROOT;
 const MIB: usize = 1 << 20;
 
 /// Reading 64 MiB sequentially: a lookup, an open, one `Accessed` (the file was just

@@ -277,7 +277,7 @@ fn name_change(req: &FsRequest) -> Option<(InodeId, &[u8], bool)> {
 mod tests {
     use super::*;
     use crate::rpc::Replied;
-    use proto::meta::{Caller, DirEntry};
+    use proto::meta::DirEntry;
 
     fn dir(ino: u64, ctime: u32) -> Attr {
         let mut a = crate::fuse::dot_attr(InodeId(ino), FileKind::Directory);
@@ -293,7 +293,6 @@ mod tests {
             parent: InodeId(parent),
             name: b"d".to_vec(),
             perm: 0o755,
-            caller: Caller { uid: 0, gid: 0 },
         })
     }
 
@@ -302,9 +301,9 @@ mod tests {
             parent: InodeId(d),
             name: name.as_bytes().to_vec(),
             perm: 0o644,
-            caller: Caller { uid: 0, gid: 0 },
             exclusive: false,
             client: proto::ClientId(1),
+            access: proto::meta::OpenAccess::ReadWrite,
         })
     }
 
@@ -447,7 +446,6 @@ mod tests {
             parent,
             name,
             perm: 0o755,
-            caller: Caller { uid: 0, gid: 0 },
         });
         call(&n, &mkdir, Some(&made(5, 10, 11, dir(6, 11))));
         assert!(!n.absent(InodeId(5), b"sub") && n.absent(InodeId(5), b"x"));
@@ -476,7 +474,6 @@ mod tests {
             parent,
             name,
             target: b"t".to_vec(),
-            caller: Caller { uid: 0, gid: 0 },
         });
         call(&n, &symlink, None);
         assert!(!n.absent(InodeId(5), b"x"));

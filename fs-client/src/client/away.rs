@@ -106,13 +106,16 @@ impl Client {
     /// away (found by the resume before a retry): sending it again would commit a
     /// length over bytes another client may have cut, so it fails instead.
     fn lost_commit(&self, req: &MetaRequest) -> Option<ClientError> {
-        let ino = match req {
-            MetaRequest::Fs(FsRequest::Commit(fs::Commit { ino, .. })) => *ino,
-            MetaRequest::Fs(FsRequest::SetAttr(fs::SetAttr {
+        let MetaRequest::Fs(call) = req else {
+            return None;
+        };
+        let ino = match &call.req {
+            FsRequest::Commit(fs::Commit { ino, .. }) => *ino,
+            FsRequest::SetAttr(fs::SetAttr {
                 ino,
                 commit: Some(_),
                 ..
-            })) => *ino,
+            }) => *ino,
             _ => return None,
         };
         let st = self.live_file(ino).filter(|st| st.is_lost())?;
@@ -170,7 +173,7 @@ impl Client {
         if let Some(attr) = self.take_kept_attr(ino) {
             return Ok(attr);
         }
-        let req = Request::new(fs::GetAttr { ino });
+        let req = Request::new(fs::GetAttr { ino }).with_caller(super::caller::current());
         match self.meta_or_known(&req, self.live_file(ino)).await? {
             Ok(attr) => Ok(self.overlay(attr)),
             Err(st) => Ok(st.known_attr()),

@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::file::{FileHandle, FileState};
 use crate::rpc::MetaCall;
 use proto::meta::fs::{self, Opened};
-use proto::meta::Caller;
+use proto::meta::{Caller, OpenAccess};
 use proto::{Attr, ErrorCode, FileKind, InodeId, Layout, SessionId, SetAttr};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -39,28 +39,55 @@ impl Client {
         exclusive: bool,
         truncate: bool,
     ) -> Result<(Attr, FileHandle)> {
+        let how = (exclusive, truncate, OpenAccess::ReadWrite);
+        self.create_for(parent, name, perm, caller, how).await
+    }
+
+    /// [`Client::create`] with the open's access (`O_ACCMODE`), which an existing
+    /// file's mode must allow: `how` is `(exclusive, truncate, access)`.
+    pub async fn create_for(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        perm: u32,
+        caller: Caller,
+        (exclusive, truncate, access): (bool, bool, OpenAccess),
+    ) -> Result<(Attr, FileHandle)> {
         let req = fs::Create {
             parent,
             name: name.to_vec(),
             perm,
-            caller,
             exclusive,
             client: self.id,
+            access,
         };
-        let reply = self.meta_opening(req).await?;
+        let reply = self.meta_opening(req, Some(caller)).await?;
         let existed = matches!(&reply.parent, Some(c) if !c.changed());
         let (attr, fh) = self.opened(reply).await?;
         self.emptied_if(truncate && existed, attr, fh).await
     }
 
-    /// Opens an existing inode; `truncate` empties it first (`O_TRUNC`).
+    /// Opens an existing inode for reading and writing; `truncate` empties it first
+    /// (`O_TRUNC`).
     pub async fn open(&self, ino: InodeId, truncate: bool) -> Result<(Attr, FileHandle)> {
+        self.open_for(ino, OpenAccess::ReadWrite, truncate).await
+    }
+
+    /// Opens an existing inode for `access`, which its mode must allow; `truncate`
+    /// empties it first (`O_TRUNC`, which needs write permission).
+    pub async fn open_for(
+        &self,
+        ino: InodeId,
+        access: OpenAccess,
+        truncate: bool,
+    ) -> Result<(Attr, FileHandle)> {
         let req = fs::Open {
             ino,
             client: self.id,
             truncate: false,
+            access,
         };
-        let (attr, fh) = self.opened(self.meta_opening(req).await?).await?;
+        let (attr, fh) = self.opened(self.meta_opening(req, None).await?).await?;
         let regular = attr.kind == FileKind::Regular;
         self.emptied_if(truncate && regular, attr, fh).await
     }
@@ -131,10 +158,20 @@ impl Client {
 
     /// An open or create, asked again while the server answers `Busy` (another client
     /// is cutting the file), for at most [`CUT_WAIT`].
-    async fn meta_opening<R: MetaCall<Reply = Opened>>(&self, req: R) -> Result<Opened> {
+    /// `caller` names whom the call is made for, if not the current request's.
+    async fn meta_opening<R: MetaCall<Reply = Opened>>(
+        &self,
+        req: R,
+        caller: Option<Caller>,
+    ) -> Result<Opened> {
         let deadline = Instant::now() + CUT_WAIT;
+        let caller = caller.unwrap_or_else(super::caller::current);
         loop {
-            match self.meta(req.clone()).await {
+            match self
+                .meta_keeping_as(req.clone(), caller.clone())
+                .await
+                .map(|(r, _)| r)
+            {
                 Err(e) if e.code() == ErrorCode::Busy && Instant::now() < deadline => {
                     tokio::time::sleep(CUT_POLL).await;
                 }
@@ -174,10 +211,12 @@ impl Client {
         if let Some(st) = self.live_file(ino) {
             return Ok(Some(st.layout.clone()));
         }
+        // Asked before a truncation, which needs write permission anyway.
         let req = fs::Open {
             ino,
             client: self.id,
             truncate: false,
+            access: OpenAccess::Write,
         };
         let Opened {
             attr,
@@ -185,7 +224,7 @@ impl Client {
             layout,
             cut_tail: cut,
             ..
-        } = self.meta_opening(req).await?;
+        } = self.meta_opening(req, None).await?;
         let cut = match cut {
             true => self.cut_tail(&attr, &layout, session).await,
             false => Ok(()),

@@ -5,6 +5,7 @@
 //! `/dev/fuse` (`fuse_threads`).
 
 mod attr;
+mod callers;
 mod dir;
 mod errno;
 mod ops;
@@ -44,6 +45,8 @@ pub struct TesseraFs {
     rt: tokio::runtime::Handle,
     /// fuser's handle on the mount, taken when the session ends (see `forget_mount`).
     unmounter: Arc<Mutex<Option<fuser::SessionUnmounter>>>,
+    /// The groups of recent callers (see `callers`).
+    callers: callers::Callers,
 }
 
 struct Inner {
@@ -129,11 +132,15 @@ impl TesseraFs {
             inner: Arc::new(inner),
             rt,
             unmounter: Arc::default(),
+            callers: callers::Callers::default(),
         }
     }
 
-    fn spawn(&self, f: impl Future<Output = ()> + Send + 'static) {
-        self.rt.spawn(f);
+    /// Runs `f`, the work of kernel request `req`, on the runtime: every metadata
+    /// call it makes is made for `req`'s caller.
+    fn spawn(&self, req: &fuser::Request, f: impl Future<Output = ()> + Send + 'static) {
+        let who = self.callers.of(req);
+        self.rt.spawn(crate::client::acting_as(who, f));
     }
 }
 

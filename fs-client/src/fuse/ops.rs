@@ -3,8 +3,8 @@
 
 use super::attr::{file_type, fuse_attr, kind_of_mode};
 use super::replies::{
-    caller, dot_attr, finish, ino, lock_spec, lock_type, time_set, unprivileged_groups, writable,
-    xattr_reply,
+    dot_attr, finish, ino, lock_spec, lock_type, open_access, time_set, unprivileged_groups,
+    writable, xattr_reply,
 };
 use super::{errno, is_stats_xattr, Freshness, TesseraFs};
 use crate::config::AtimeMode;
@@ -62,9 +62,9 @@ impl fuser::Filesystem for TesseraFs {
         self.forget_mount();
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (inner, name) = (self.inner.clone(), name.as_bytes().to_vec());
-        self.spawn(async move {
+        self.spawn(req, async move {
             let r = inner.client.lookup(ino(parent), &name).await;
             if let Ok(a) = &r {
                 inner.revalidate(a).await;
@@ -73,7 +73,7 @@ impl fuser::Filesystem for TesseraFs {
         });
     }
 
-    fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<Fh>, reply: ReplyAttr) {
+    fn getattr(&self, req: &Request, i: INodeNo, _fh: Option<Fh>, reply: ReplyAttr) {
         // Answered here when a create, unlink or commit brought them (`dirattrs.rs`):
         // no task, no hand-off to another thread.
         if let Some(a) = self.inner.client.take_kept_attr(ino(i)) {
@@ -81,7 +81,7 @@ impl fuser::Filesystem for TesseraFs {
             return self.inner.attr(reply, Ok(a));
         }
         let inner = self.inner.clone();
-        self.spawn(async move {
+        self.spawn(req, async move {
             let r = match inner.client.getattr(ino(i)).await {
                 Err(e) if e.code() == ErrorCode::NotFound => {
                     inner.removed_dir_attr(ino(i)).ok_or(e)
@@ -97,7 +97,7 @@ impl fuser::Filesystem for TesseraFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         i: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -125,7 +125,7 @@ impl fuser::Filesystem for TesseraFs {
         // wrote the file); a chmod or chown shows the file as the server has it.
         let own = set.mtime.is_some() || set.size.is_some();
         let inner = self.inner.clone();
-        self.spawn(async move {
+        self.spawn(req, async move {
             let r = inner.client.setattr(ino(i), set).await;
             match &r {
                 Ok(a) if own => inner.note_own(a),
@@ -136,9 +136,9 @@ impl fuser::Filesystem for TesseraFs {
         });
     }
 
-    fn readlink(&self, _req: &Request, i: INodeNo, reply: ReplyData) {
+    fn readlink(&self, req: &Request, i: INodeNo, reply: ReplyData) {
         let inner = self.inner.clone();
-        self.spawn(async move {
+        self.spawn(req, async move {
             let r = inner.client.readlink(ino(i)).await;
             finish(reply, r, |reply, t| reply.data(&t))
         });
@@ -154,9 +154,13 @@ impl fuser::Filesystem for TesseraFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let (inner, name, who) = (self.inner.clone(), name.as_bytes().to_vec(), caller(req));
+        let (inner, name, who) = (
+            self.inner.clone(),
+            name.as_bytes().to_vec(),
+            self.callers.of(req),
+        );
         let perm = mode & !umask & 0o7777;
-        self.spawn(async move {
+        self.spawn(req, async move {
             let c = &inner.client;
             let r = match kind_of_mode(mode) {
                 Some(FileKind::Regular) => {
@@ -183,25 +187,29 @@ impl fuser::Filesystem for TesseraFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let (inner, name, who) = (self.inner.clone(), name.as_bytes().to_vec(), caller(req));
+        let (inner, name, who) = (
+            self.inner.clone(),
+            name.as_bytes().to_vec(),
+            self.callers.of(req),
+        );
         let perm = mode & !umask & 0o7777;
-        self.spawn(async move {
+        self.spawn(req, async move {
             let r = inner.client.mkdir(ino(parent), &name, perm, who).await;
             inner.entry(reply, r)
         });
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (inner, name) = (self.inner.clone(), name.as_bytes().to_vec());
-        self.spawn(async move {
+        self.spawn(req, async move {
             let r = inner.client.unlink(ino(parent), &name).await;
             finish(reply, r, |reply, ()| reply.ok())
         });
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (inner, name) = (self.inner.clone(), name.as_bytes().to_vec());
-        self.spawn(async move {
+        self.spawn(req, async move {
             let r = inner.client.rmdir(ino(parent), &name).await;
             finish(reply, r, |reply, ()| reply.ok())
         });
@@ -220,8 +228,8 @@ impl fuser::Filesystem for TesseraFs {
             link_name.as_bytes().to_vec(),
             target.as_os_str().as_bytes().to_vec(),
         );
-        let who = caller(req);
-        self.spawn(async move {
+        let who = self.callers.of(req);
+        self.spawn(req, async move {
             let r = inner.client.symlink(ino(parent), &name, &target, who).await;
             inner.entry(reply, r)
         });
@@ -229,7 +237,7 @@ impl fuser::Filesystem for TesseraFs {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -248,7 +256,7 @@ impl fuser::Filesystem for TesseraFs {
         };
         let inner = self.inner.clone();
         let (name, newname) = (name.as_bytes().to_vec(), newname.as_bytes().to_vec());
-        self.spawn(async move {
+        self.spawn(req, async move {
             let r = inner
                 .client
                 .rename(ino(parent), &name, ino(newparent), &newname, mode)
@@ -259,26 +267,29 @@ impl fuser::Filesystem for TesseraFs {
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         i: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
         let (inner, name) = (self.inner.clone(), newname.as_bytes().to_vec());
-        self.spawn(async move {
+        self.spawn(req, async move {
             let r = inner.client.link(ino(i), ino(newparent), &name).await;
             inner.entry(reply, r)
         });
     }
 
-    fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let inner = self.inner.clone();
         let truncate = flags.0 & libc::O_TRUNC != 0;
         let direct = inner.direct_open(flags.0);
-        self.spawn(async move {
+        self.spawn(req, async move {
             let since = inner.client.attr_epoch();
-            let r = inner.client.open(ino(i), truncate).await;
+            let r = inner
+                .client
+                .open_for(ino(i), open_access(flags.0), truncate)
+                .await;
             if let (Ok((_, fh)), true) = (&r, writable(flags.0)) {
                 fh.mark_writer().await;
             }
@@ -308,15 +319,20 @@ impl fuser::Filesystem for TesseraFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let (inner, name, who) = (self.inner.clone(), name.as_bytes().to_vec(), caller(req));
+        let (inner, name, who) = (
+            self.inner.clone(),
+            name.as_bytes().to_vec(),
+            self.callers.of(req),
+        );
         let perm = mode & !umask & 0o7777;
         let exclusive = flags & libc::O_EXCL != 0;
         let truncate = flags & libc::O_TRUNC != 0;
         let direct = inner.direct_open(flags);
-        self.spawn(async move {
+        self.spawn(req, async move {
+            let how = (exclusive, truncate, open_access(flags));
             let r = inner
                 .client
-                .create(ino(parent), &name, perm, who, exclusive, truncate)
+                .create_for(ino(parent), &name, perm, who, how)
                 .await;
             if let (Ok((_, fh)), true) = (&r, writable(flags)) {
                 fh.mark_writer().await;
@@ -336,7 +352,7 @@ impl fuser::Filesystem for TesseraFs {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         _i: INodeNo,
         fh: Fh,
         offset: u64,
@@ -346,7 +362,7 @@ impl fuser::Filesystem for TesseraFs {
         reply: ReplyData,
     ) {
         let inner = self.inner.clone();
-        self.spawn(async move {
+        self.spawn(req, async move {
             let file = match inner.file(fh.0) {
                 Ok(f) => f,
                 Err(e) => return reply.error(errno(e.code())),
@@ -367,7 +383,7 @@ impl fuser::Filesystem for TesseraFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _i: INodeNo,
         fh: Fh,
         offset: u64,
@@ -395,7 +411,7 @@ impl fuser::Filesystem for TesseraFs {
             }
         }
         let (inner, data) = (self.inner.clone(), data.to_vec());
-        self.spawn(async move {
+        self.spawn(req, async move {
             let file = match inner.file(fh.0) {
                 Ok(file) if kill_suid => match inner.client.kill_suid(file.ino()).await {
                     Ok(()) => Ok(file),
@@ -429,7 +445,7 @@ impl fuser::Filesystem for TesseraFs {
         });
     }
 
-    fn flush(&self, _req: &Request, i: INodeNo, fh: Fh, owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, req: &Request, i: INodeNo, fh: Fh, owner: LockOwner, reply: ReplyEmpty) {
         // Nothing to send and no lock ever taken on the file through this mount: answer
         // here (every close of a file read, or created and left empty).
         if !self.inner.locked.lock().contains(&ino(i)) {
@@ -441,7 +457,7 @@ impl fuser::Filesystem for TesseraFs {
             }
         }
         let inner = self.inner.clone();
-        self.spawn(async move {
+        self.spawn(req, async move {
             // Closing any descriptor drops the process's POSIX locks on the file.
             inner.forget_lock_owner(fh.0, owner.0);
             if let Err(e) = inner.unlock_owner(ino(i), owner.0).await {
@@ -457,7 +473,7 @@ impl fuser::Filesystem for TesseraFs {
 
     fn release(
         &self,
-        _req: &Request,
+        req: &Request,
         i: INodeNo,
         fh: Fh,
         _flags: OpenFlags,
@@ -477,7 +493,7 @@ impl fuser::Filesystem for TesseraFs {
             }
         }
         let inner = self.inner.clone();
-        self.spawn(async move {
+        self.spawn(req, async move {
             // The last close of an open file drops its flock (the kernel names the owner)
             // and its OFD locks (the kernel does not: see `Inner::lock_owners`).
             let mut owners = inner.lock_owners.lock().remove(&fh.0).unwrap_or_default();
@@ -496,9 +512,9 @@ impl fuser::Filesystem for TesseraFs {
         });
     }
 
-    fn fsync(&self, _req: &Request, _i: INodeNo, fh: Fh, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(&self, req: &Request, _i: INodeNo, fh: Fh, _datasync: bool, reply: ReplyEmpty) {
         let inner = self.inner.clone();
-        self.spawn(async move {
+        self.spawn(req, async move {
             let r = match inner.file(fh.0) {
                 Ok(file) => inner.flushed(&file, inner.client.fsync(&file).await),
                 Err(e) => Err(e),
@@ -512,9 +528,9 @@ impl fuser::Filesystem for TesseraFs {
         reply.opened(Fh(n), FopenFlags::empty());
     }
 
-    fn readdir(&self, _req: &Request, i: INodeNo, fh: Fh, offset: u64, reply: ReplyDirectory) {
+    fn readdir(&self, req: &Request, i: INodeNo, fh: Fh, offset: u64, reply: ReplyDirectory) {
         let inner = self.inner.clone();
-        self.spawn(async move {
+        self.spawn(req, async move {
             // The reply buffer holds a few hundred names; ask for a page-sized slice.
             let Some(r) = inner.list(i, fh, offset, 256, false).await else {
                 return reply.error(Errno::EBADF);
@@ -533,14 +549,14 @@ impl fuser::Filesystem for TesseraFs {
 
     fn readdirplus(
         &self,
-        _req: &Request,
+        req: &Request,
         i: INodeNo,
         fh: Fh,
         offset: u64,
         reply: ReplyDirectoryPlus,
     ) {
         let inner = self.inner.clone();
-        self.spawn(async move {
+        self.spawn(req, async move {
             // Entries with attributes are about three times larger: a smaller slice.
             let Some(r) = inner.list(i, fh, offset, 96, true).await else {
                 return reply.error(Errno::EBADF);
@@ -591,9 +607,9 @@ impl fuser::Filesystem for TesseraFs {
         reply.ok();
     }
 
-    fn statfs(&self, _req: &Request, _i: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, req: &Request, _i: INodeNo, reply: ReplyStatfs) {
         let inner = self.inner.clone();
-        self.spawn(async move {
+        self.spawn(req, async move {
             let r = inner.client.statfs().await;
             finish(reply, r, |reply, s| {
                 let bsize = 4096u64;
@@ -614,7 +630,7 @@ impl fuser::Filesystem for TesseraFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         i: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -633,13 +649,13 @@ impl fuser::Filesystem for TesseraFs {
         }
         let inner = self.inner.clone();
         let (name, value) = (name.as_bytes().to_vec(), value.to_vec());
-        self.spawn(async move {
+        self.spawn(req, async move {
             let r = inner.client.setxattr(ino(i), &name, &value, mode).await;
             finish(reply, r, |reply, ()| reply.ok())
         });
     }
 
-    fn getxattr(&self, _req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         if is_stats_xattr(ino(i), name.as_bytes()) {
             return xattr_reply(reply, size, self.inner.stats_text());
         }
@@ -653,15 +669,15 @@ impl fuser::Filesystem for TesseraFs {
             return reply.error(fuser::Errno::ENODATA);
         }
         let (inner, name) = (self.inner.clone(), name.as_bytes().to_vec());
-        self.spawn(async move {
+        self.spawn(req, async move {
             let r = inner.client.getxattr(ino(i), &name).await;
             finish(reply, r, |reply, v| xattr_reply(reply, size, v))
         });
     }
 
-    fn listxattr(&self, _req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
         let inner = self.inner.clone();
-        self.spawn(async move {
+        self.spawn(req, async move {
             let r = inner.client.listxattr(ino(i)).await;
             finish(reply, r, |reply, names| {
                 let mut out = Vec::new();
@@ -674,12 +690,12 @@ impl fuser::Filesystem for TesseraFs {
         });
     }
 
-    fn removexattr(&self, _req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         if is_stats_xattr(ino(i), name.as_bytes()) {
             return reply.error(Errno::EPERM);
         }
         let (inner, name) = (self.inner.clone(), name.as_bytes().to_vec());
-        self.spawn(async move {
+        self.spawn(req, async move {
             let r = inner.client.removexattr(ino(i), &name).await;
             finish(reply, r, |reply, ()| reply.ok())
         });
@@ -750,7 +766,7 @@ impl fuser::Filesystem for TesseraFs {
         let inner = self.inner.clone();
         // The kernel clears setuid/setgid before writes, but not before an fallocate.
         let groups = unprivileged_groups(req);
-        self.spawn(async move {
+        self.spawn(req, async move {
             let r = match inner.file(fh.0) {
                 Ok(file) => {
                     let mut r = inner.client.fallocate(&file, offset, length, mode).await;
@@ -771,7 +787,7 @@ impl fuser::Filesystem for TesseraFs {
 
     fn getlk(
         &self,
-        _req: &Request,
+        req: &Request,
         i: INodeNo,
         _fh: Fh,
         owner: LockOwner,
@@ -785,7 +801,7 @@ impl fuser::Filesystem for TesseraFs {
             return reply.error(Errno::EINVAL);
         };
         let inner = self.inner.clone();
-        self.spawn(async move {
+        self.spawn(req, async move {
             let r = inner.client.getlk(ino(i), lock).await;
             finish(reply, r, |reply, held| match held {
                 Some(h) => reply.locked(h.start, h.end, lock_type(h.kind), h.pid),
@@ -796,7 +812,7 @@ impl fuser::Filesystem for TesseraFs {
 
     fn setlk(
         &self,
-        _req: &Request,
+        req: &Request,
         i: INodeNo,
         fh: Fh,
         owner: LockOwner,
@@ -811,7 +827,7 @@ impl fuser::Filesystem for TesseraFs {
             return reply.error(Errno::EINVAL);
         };
         let inner = self.inner.clone();
-        self.spawn(async move {
+        self.spawn(req, async move {
             if lock.kind != LockKind::Unlock {
                 inner.locked.lock().insert(ino(i));
                 let mut owners = inner.lock_owners.lock();

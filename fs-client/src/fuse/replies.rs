@@ -10,7 +10,7 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs,
     ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
-use proto::meta::{Caller, LockKind, LockSpec};
+use proto::meta::{LockKind, LockSpec, OpenAccess};
 use proto::{Attr, FileKind, InodeId, TimeSet, Timestamp};
 use tracing::debug;
 
@@ -53,15 +53,22 @@ pub(super) fn writable(flags: i32) -> bool {
     flags & libc::O_ACCMODE != libc::O_RDONLY
 }
 
-pub(super) fn ino(i: INodeNo) -> InodeId {
-    InodeId(i.0)
+/// The kernel's `__FMODE_EXEC`, set in the flags of an open made by `execve`.
+const FMODE_EXEC: i32 = 0o40;
+
+/// What an open with `flags` asks to do, for the server to check against the mode.
+pub(super) fn open_access(flags: i32) -> OpenAccess {
+    match flags & libc::O_ACCMODE {
+        libc::O_WRONLY => OpenAccess::Write,
+        libc::O_RDWR => OpenAccess::ReadWrite,
+        // An exec needs the execute bit, not the read bit (a 0711 program runs).
+        _ if flags & FMODE_EXEC != 0 => OpenAccess::Exec,
+        _ => OpenAccess::Read,
+    }
 }
 
-pub(super) fn caller(req: &Request) -> Caller {
-    Caller {
-        uid: req.uid(),
-        gid: req.gid(),
-    }
+pub(super) fn ino(i: INodeNo) -> InodeId {
+    InodeId(i.0)
 }
 
 /// The groups of the process behind `req` (its file system group and supplementary

@@ -3,12 +3,13 @@
 
 use super::entries::{add_entry, delete_inode, inherit_setgid};
 use super::names::check_name;
+use super::perm;
 use super::records::{InodeRecord, StoredLayout};
 use super::txn::{Reads, Txn};
 use super::{dirlayout, keys, now, ConnId, Namespace, Opened, Session, State, ID_BLOCK};
 use crate::error::{show, MetaError};
 use proto::attr::TimeSet;
-use proto::meta::{Caller, Commit, DirChange};
+use proto::meta::{Caller, Commit, DirChange, OpenAccess};
 use proto::{Attr, ClientId, FileKind, InodeId, Layout, SessionId, SetAttr};
 use std::collections::HashMap;
 
@@ -19,11 +20,13 @@ pub struct SessionOwner {
     pub client: ClientId,
     /// The connection it asked on; the session ends when that connection closes.
     pub conn: ConnId,
+    /// What the open asked to do with the file.
+    pub access: OpenAccess,
 }
 
 impl Namespace {
-    /// Creates regular file `name` in `parent` and opens it; opens an existing regular
-    /// file of that name instead, unless `exclusive`.
+    /// Creates regular file `name` in `parent` for `caller` and opens it; opens an
+    /// existing regular file of that name instead, unless `exclusive`.
     pub fn create(
         &self,
         parent: InodeId,
@@ -96,6 +99,7 @@ impl Namespace {
         let ino = txn.alloc_inode();
         let mut rec = InodeRecord::new(FileKind::Regular, perm, caller.uid, caller.gid, now);
         inherit_setgid(parent_rec, &mut rec);
+        rec.perm = perm::new_file_mode(&caller, rec.gid, rec.perm);
         rec.layout = Some(StoredLayout {
             chunk_size_bytes,
             first: (ino.0 % chains.len() as u64) as u32,
@@ -160,6 +164,7 @@ impl Namespace {
             ino,
             conn: owner.conn,
             client: owner.client,
+            write: owner.access.writes(),
         };
         st.sessions.insert(session, s);
         *st.open_counts.entry(ino).or_insert(0) += 1;

@@ -4,9 +4,10 @@
 //! One `impl` per request type; its reply type comes from `proto` ([`Rpc::Reply`]), so a
 //! handler answering with another type does not compile.
 
-use super::{ConnId, Namespace, SessionOwner};
+use super::perm::XattrAccess;
+use super::{Namespace, Origin, SessionOwner};
 use crate::error::MetaError;
-use proto::meta::{admin, cluster, fs};
+use proto::meta::{admin, cluster, fs, LockKind};
 use proto::Rpc;
 
 /// A request the namespace answers.
@@ -21,15 +22,15 @@ pub trait Handle: Rpc {
     const LAZY: bool = false;
     /// The id the request's tracing span carries (inode, node, session or a count).
     fn span_id(&self) -> u64;
-    /// Runs the request that arrived on connection `conn`.
-    fn run(self, ns: &Namespace, conn: ConnId) -> Result<Self::Reply, MetaError>;
+    /// Runs the request that came from `at`, checking first that its caller may.
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError>;
 }
 
 impl Handle for fs::Hello {
     fn span_id(&self) -> u64 {
         0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
         ns.hello(&self.name)
     }
 }
@@ -39,7 +40,8 @@ impl Handle for fs::Lookup {
     fn span_id(&self) -> u64 {
         self.parent.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_search(&at.caller, self.parent)?;
         ns.lookup(self.parent, &self.name)
     }
 }
@@ -49,7 +51,7 @@ impl Handle for fs::GetAttr {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
         ns.getattr(self.ino)
     }
 }
@@ -58,8 +60,12 @@ impl Handle for fs::SetAttr {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
-        ns.commit_and_setattr(self.ino, self.commit, &self.set)
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        let set = ns.may_setattr(&at.caller, self.ino, self.set, at.conn)?;
+        if self.commit.is_some() {
+            ns.may_commit(&at.caller, self.ino, at.conn)?;
+        }
+        ns.commit_and_setattr(self.ino, self.commit, &set)
     }
 }
 
@@ -68,12 +74,14 @@ impl Handle for fs::Create {
     fn span_id(&self) -> u64 {
         self.parent.0
     }
-    fn run(self, ns: &Namespace, conn: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_create_file(&at.caller, self.parent, &self.name, self.access)?;
         let owner = SessionOwner {
             client: self.client,
-            conn,
+            conn: at.conn,
+            access: self.access,
         };
-        let (parent, perm, caller) = (self.parent, self.perm, self.caller);
+        let (parent, perm, caller) = (self.parent, self.perm, at.caller.clone());
         ns.create(parent, &self.name, perm, caller, self.exclusive, owner)
     }
 }
@@ -83,9 +91,10 @@ impl Handle for fs::MkNod {
     fn span_id(&self) -> u64 {
         self.parent.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
         let r = self;
-        ns.mknod(r.parent, &r.name, r.kind, r.perm, r.rdev, r.caller)
+        ns.may_add(&at.caller, r.parent, &r.name)?;
+        ns.mknod(r.parent, &r.name, r.kind, r.perm, r.rdev, at.caller.clone())
     }
 }
 
@@ -94,8 +103,9 @@ impl Handle for fs::Mkdir {
     fn span_id(&self) -> u64 {
         self.parent.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
-        ns.mkdir(self.parent, &self.name, self.perm, self.caller)
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_add(&at.caller, self.parent, &self.name)?;
+        ns.mkdir(self.parent, &self.name, self.perm, at.caller.clone())
     }
 }
 
@@ -104,8 +114,9 @@ impl Handle for fs::Symlink {
     fn span_id(&self) -> u64 {
         self.parent.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
-        ns.symlink(self.parent, &self.name, &self.target, self.caller)
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_add(&at.caller, self.parent, &self.name)?;
+        ns.symlink(self.parent, &self.name, &self.target, at.caller.clone())
     }
 }
 
@@ -114,7 +125,7 @@ impl Handle for fs::Readlink {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
         ns.readlink(self.ino)
     }
 }
@@ -124,7 +135,8 @@ impl Handle for fs::Link {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_link(&at.caller, self.ino, (self.new_parent, &self.new_name))?;
         ns.link(self.ino, self.new_parent, &self.new_name)
     }
 }
@@ -133,7 +145,8 @@ impl Handle for fs::Unlink {
     fn span_id(&self) -> u64 {
         self.parent.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_remove(&at.caller, self.parent, &self.name)?;
         ns.unlink(self.parent, &self.name)
     }
 }
@@ -142,7 +155,8 @@ impl Handle for fs::Rmdir {
     fn span_id(&self) -> u64 {
         self.parent.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_remove(&at.caller, self.parent, &self.name)?;
         ns.rmdir(self.parent, &self.name)
     }
 }
@@ -151,8 +165,10 @@ impl Handle for fs::Rename {
     fn span_id(&self) -> u64 {
         self.parent.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
         let r = self;
+        let (from, to) = ((r.parent, &r.name[..]), (r.new_parent, &r.new_name[..]));
+        ns.may_rename(&at.caller, from, to, r.mode)?;
         ns.rename(r.parent, &r.name, r.new_parent, &r.new_name, r.mode)
     }
 }
@@ -161,7 +177,8 @@ impl Handle for fs::ReadDir {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_list(&at.caller, self.ino)?;
         ns.readdir(self.ino, self.after.as_deref(), self.max_entries, self.plus)
     }
 }
@@ -170,7 +187,7 @@ impl Handle for fs::StatFs {
     fn span_id(&self) -> u64 {
         0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
         ns.statfs()
     }
 }
@@ -179,10 +196,12 @@ impl Handle for fs::Open {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, conn: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_open(&at.caller, self.ino, self.access, self.truncate)?;
         let owner = SessionOwner {
             client: self.client,
-            conn,
+            conn: at.conn,
+            access: self.access,
         };
         ns.open_inode(self.ino, self.truncate, owner)
     }
@@ -192,7 +211,8 @@ impl Handle for fs::Commit {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_commit(&at.caller, self.ino, at.conn)?;
         ns.commit(self.ino, self.commit)
     }
 }
@@ -201,7 +221,8 @@ impl Handle for fs::Release {
     fn span_id(&self) -> u64 {
         self.session.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_end(&at.caller, self.session, at.conn, self.commit.is_some())?;
         ns.release(self.session, self.commit)
     }
 }
@@ -210,7 +231,8 @@ impl Handle for fs::TailCut {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_end(&at.caller, self.session, at.conn, false)?;
         ns.tail_cut(self.ino, self.session)
     }
 }
@@ -219,8 +241,8 @@ impl Handle for fs::ReleaseMany {
     fn span_id(&self) -> u64 {
         self.sessions.len() as u64
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
-        ns.release_many(&self.sessions)
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.release_many(&ns.own_sessions(&self.sessions, at.conn))
     }
 }
 
@@ -229,7 +251,8 @@ impl Handle for fs::GetXattr {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_xattr(&at.caller, self.ino, &self.name, XattrAccess::Read)?;
         ns.getxattr(self.ino, &self.name)
     }
 }
@@ -239,7 +262,8 @@ impl Handle for fs::SetXattr {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_xattr(&at.caller, self.ino, &self.name, XattrAccess::Write)?;
         ns.setxattr(self.ino, &self.name, &self.value, self.mode)
     }
 }
@@ -248,8 +272,10 @@ impl Handle for fs::ListXattr {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
-        ns.listxattr(self.ino)
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        let mut names = ns.listxattr(self.ino)?;
+        names.retain(|n| super::perm::lists_xattr(&at.caller, n));
+        Ok(names)
     }
 }
 
@@ -257,7 +283,8 @@ impl Handle for fs::RemoveXattr {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_xattr(&at.caller, self.ino, &self.name, XattrAccess::Write)?;
         ns.removexattr(self.ino, &self.name)
     }
 }
@@ -266,7 +293,8 @@ impl Handle for fs::Append {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_commit(&at.caller, self.ino, at.conn)?;
         ns.append(self.ino, self.len)
     }
 }
@@ -276,7 +304,7 @@ impl Handle for fs::Accessed {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
         ns.accessed(self.ino, self.strict)
     }
 }
@@ -285,8 +313,13 @@ impl Handle for fs::SetLock {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, conn: ConnId) -> Result<Self::Reply, MetaError> {
-        ns.locks.lock().set(self.ino, self.client, conn, self.lock)
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        if self.lock.kind != LockKind::Unlock {
+            ns.may_lock(self.ino, at.conn)?;
+        }
+        ns.locks
+            .lock()
+            .set(self.ino, self.client, at.conn, self.lock)
     }
 }
 
@@ -294,7 +327,7 @@ impl Handle for fs::GetLock {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
         Ok(ns.locks.lock().conflict(self.ino, self.client, &self.lock))
     }
 }
@@ -303,7 +336,7 @@ impl Handle for fs::ReleaseLocks {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
         ns.locks
             .lock()
             .release_owner(self.ino, self.client, self.owner);
@@ -315,8 +348,8 @@ impl Handle for fs::Resume {
     fn span_id(&self) -> u64 {
         self.sessions.len() as u64
     }
-    fn run(self, ns: &Namespace, conn: ConnId) -> Result<Self::Reply, MetaError> {
-        ns.resume(self.client, &self.sessions, conn)
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.resume(self.client, &self.sessions, at.conn)
     }
 }
 
@@ -324,7 +357,7 @@ impl Handle for cluster::RegisterData {
     fn span_id(&self) -> u64 {
         self.node.map_or(0, |n| u64::from(n.0))
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
         let r = self;
         ns.register_data(r.node, &r.addr, r.capacity_bytes, r.used_bytes)
     }
@@ -334,7 +367,7 @@ impl Handle for cluster::Heartbeat {
     fn span_id(&self) -> u64 {
         u64::from(self.node.0)
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
         let r = self;
         let (cap, used) = (r.capacity_bytes, r.used_bytes);
         let (gc, map) = ns.heartbeat(r.node, cap, used, &r.done, r.map_version, r.resync)?;
@@ -346,7 +379,7 @@ impl Handle for cluster::GetMap {
     fn span_id(&self) -> u64 {
         0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
         ns.cluster_map()
     }
 }
@@ -355,7 +388,7 @@ impl Handle for cluster::ListFiles {
     fn span_id(&self) -> u64 {
         self.after.0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
         let (files, done) = ns.list_files(self.after, self.limit)?;
         Ok(cluster::FilesPage { files, done })
     }
@@ -365,7 +398,7 @@ impl Handle for cluster::InodesExist {
     fn span_id(&self) -> u64 {
         self.inodes.len() as u64
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
         ns.inodes_exist(&self.inodes)
     }
 }
@@ -374,7 +407,7 @@ impl Handle for admin::Status {
     fn span_id(&self) -> u64 {
         0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
         ns.status()
     }
 }
@@ -383,7 +416,7 @@ impl Handle for admin::CheckNamespace {
     fn span_id(&self) -> u64 {
         0
     }
-    fn run(self, ns: &Namespace, _: ConnId) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
         ns.check_namespace()
     }
 }

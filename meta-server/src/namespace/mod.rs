@@ -6,6 +6,7 @@
 //! crash could take back, and no two mutations interleave. Reads go to the store without
 //! the mutex: each key read is consistent, and the store orders commits.
 
+mod access;
 mod check;
 mod dirlayout;
 mod entries;
@@ -17,6 +18,7 @@ mod keys;
 mod locks;
 mod membership;
 mod names;
+pub mod perm;
 mod readdir;
 mod records;
 mod rename;
@@ -33,7 +35,7 @@ use crate::config::NamespaceConfig;
 use crate::error::MetaError;
 use crate::kv::{take_pending, GroupCommit, KvStore};
 use parking_lot::Mutex;
-use proto::meta::ClusterMap;
+use proto::meta::{Caller, ClusterMap};
 use proto::{ClientId, InodeId, NodeId, SessionId, Timestamp, WireError};
 use records::{decode, encode, InodeRecord, Superblock, FORMAT_VERSION};
 use std::collections::HashMap;
@@ -66,6 +68,27 @@ const ID_BLOCK: u64 = 1 << 20;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ConnId(pub u64);
 
+/// Where a request comes from: its connection and the user it is made for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    /// The connection it arrived on.
+    pub conn: ConnId,
+    /// Whom a file-system call is made for (permissions are checked for it). Cluster
+    /// and admin calls name nobody: their handlers look at no permission.
+    pub caller: Caller,
+}
+
+/// Tests that call handlers directly act as root on connection `conn`.
+#[cfg(test)]
+impl From<ConnId> for Origin {
+    fn from(conn: ConnId) -> Origin {
+        Origin {
+            conn,
+            caller: Caller::ROOT,
+        }
+    }
+}
+
 pub use proto::meta::fs::{DirPage, FsStats, Made, Opened};
 
 /// An open-file session, kept in memory only: sessions do not survive a restart.
@@ -75,6 +98,9 @@ struct Session {
     conn: ConnId,
     /// Kept for logs: which mount opened it.
     client: ClientId,
+    /// Opened for writing: a truncation or length commit through its connection
+    /// needs no write bit (see `access`).
+    write: bool,
 }
 
 /// What the mutation mutex guards.
@@ -202,8 +228,11 @@ impl Namespace {
 
     /// Answers one request that arrived on connection `conn`, in a tracing span that
     /// names the operation and the id it is about.
-    pub fn handle<R: Handle>(&self, req: R, conn: ConnId) -> Result<R::Reply, WireError> {
-        let span = tracing::debug_span!("meta", op = R::NAME, id = req.span_id(), conn = conn.0);
+    pub fn handle<R: Handle>(&self, req: R, at: impl Into<Origin>) -> Result<R::Reply, WireError> {
+        let at = at.into();
+        let (conn, uid) = (at.conn, at.caller.uid);
+        let span =
+            tracing::debug_span!("meta", op = R::NAME, id = req.span_id(), conn = conn.0, uid);
         let _entered = span.enter();
         if R::ADDS_RECORDS {
             if let Err(e) = self.disk.check() {
@@ -216,7 +245,7 @@ impl Namespace {
         // goes with the next group someone waits for, or alone after `LAZY_DELAY` (a
         // crash before may lose it, nothing else).
         let result = if R::LAZY {
-            let r = crate::kv::lazily(|| req.run(self, conn));
+            let r = crate::kv::lazily(|| req.run(self, &at));
             let _ = take_pending();
             r
         } else {
@@ -225,7 +254,7 @@ impl Namespace {
             // its own.
             // A request that failed may have staged changes before it did (they are
             // visible already): it waits for them too, as nobody else would.
-            let r = req.run(self, conn);
+            let r = req.run(self, &at);
             let durable = self.wait_pending();
             r.and_then(|r| durable.map(|()| r))
         };

@@ -104,7 +104,17 @@ impl Namespace {
                 None if session.0 < st.boot_floor && !st.cutting.contains_key(&ino) => {
                     match self.store_inode_exists(ino) {
                         Ok(true) => {
-                            st.sessions.insert(session, Session { ino, conn, client });
+                            // Its open mode died with the previous start, and a
+                            // resume names none: it grants no write without the mode
+                            // bit (a mount running as root needs none).
+                            let write = false;
+                            let s = Session {
+                                ino,
+                                conn,
+                                client,
+                                write,
+                            };
+                            st.sessions.insert(session, s);
                             *st.open_counts.entry(ino).or_insert(0) += 1;
                             moved += 1;
                         }

@@ -1,7 +1,7 @@
 //! The file-system calls a client makes to the metadata server ([`FsRequest`]), each
 //! with its reply type.
 
-use super::{Caller, DirChange, DirEntry, LockSpec, MetaRequest, RenameMode, XattrMode};
+use super::{DirChange, DirEntry, LockSpec, MetaRequest, OpenAccess, RenameMode, XattrMode};
 use crate::attr::{Attr, FileKind, Layout, Timestamp};
 use crate::ids::{ClientId, InodeId, SessionId};
 use serde::{Deserialize, Serialize};
@@ -81,6 +81,8 @@ pub struct SetAttr {
 }
 
 /// Creates a regular file (or opens an existing one unless `exclusive`) and opens it.
+/// New inodes (here and in [`MkNod`], [`Mkdir`], [`Symlink`]) belong to the call's
+/// caller ([`super::FsCall`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Create {
     /// The directory.
@@ -89,10 +91,11 @@ pub struct Create {
     pub name: Vec<u8>,
     /// Permission bits.
     pub perm: u32,
-    /// Owner of the new file.
-    pub caller: Caller,
     /// Fail with `AlreadyExists` if the name exists (`O_EXCL`).
     pub exclusive: bool,
+    /// What the open asks to do (checked against an existing file's mode; a new file
+    /// is opened whatever its mode, as `open(O_CREAT)` does).
+    pub access: OpenAccess,
     /// The session's client.
     pub client: ClientId,
 }
@@ -110,8 +113,6 @@ pub struct MkNod {
     pub perm: u32,
     /// Device number for device nodes.
     pub rdev: u32,
-    /// Owner of the new node.
-    pub caller: Caller,
 }
 
 /// Creates a directory.
@@ -123,8 +124,6 @@ pub struct Mkdir {
     pub name: Vec<u8>,
     /// Permission bits.
     pub perm: u32,
-    /// Owner of the new directory.
-    pub caller: Caller,
 }
 
 /// Creates a symbolic link.
@@ -136,8 +135,6 @@ pub struct Symlink {
     pub name: Vec<u8>,
     /// What the link points to.
     pub target: Vec<u8>,
-    /// Owner of the link.
-    pub caller: Caller,
 }
 
 /// Reads a symlink's target.
@@ -217,6 +214,8 @@ pub struct Open {
     pub client: ClientId,
     /// Cut the file to zero length (`O_TRUNC`); the client has emptied its chunks.
     pub truncate: bool,
+    /// What the open asks to do, checked against the file's mode.
+    pub access: OpenAccess,
 }
 
 /// Records a writer's length and mtime (at close and fsync); durable before the reply.

@@ -4,6 +4,7 @@ mod changes;
 mod cluster;
 mod model;
 mod ops;
+mod perms;
 mod readdir;
 mod rename;
 mod resume;
@@ -16,7 +17,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::NamespaceConfig;
 use crate::error::MetaError;
 use crate::kv::{open_store, KvStore, StoreKind};
-use proto::meta::Caller;
+use proto::meta::{Caller, OpenAccess};
 use proto::{Attr, ClientId, ErrorCode, InodeId};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -148,16 +149,14 @@ impl H {
 }
 
 pub(super) fn caller() -> Caller {
-    Caller {
-        uid: 1000,
-        gid: 100,
-    }
+    Caller::new(1000, 100)
 }
 
 pub(super) fn owner(conn: u64) -> SessionOwner {
     SessionOwner {
         client: ClientId(1),
         conn: ConnId(conn),
+        access: OpenAccess::ReadWrite,
     }
 }
 

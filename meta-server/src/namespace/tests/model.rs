@@ -11,7 +11,7 @@ use crate::kv::StoreKind;
 use crate::namespace::{ConnId, Namespace, SessionOwner};
 use crate::MetaError;
 use proto::attr::TimeSet;
-use proto::meta::{RenameMode, XattrMode};
+use proto::meta::{Caller, RenameMode, XattrMode};
 use proto::{ClientId, ErrorCode, FileKind, InodeId, SessionId, SetAttr};
 use std::collections::BTreeMap;
 
@@ -509,10 +509,13 @@ impl Run {
         let owner = SessionOwner {
             client: ClientId(1),
             conn,
+            access: proto::meta::OpenAccess::ReadWrite,
         };
+        // As root: the model keeps no groups, and a setgid file made by someone
+        // outside its (inherited) group loses setgid (`perm::new_file_mode`).
         let real = self
             .ns()
-            .create(InodeId(p), &name, perm, caller(), true, owner);
+            .create(InodeId(p), &name, perm, Caller::ROOT, true, owner);
         let want = self.m.check_new(p, &name);
         if let Ok(o) = &real {
             let ino = o.attr.ino.0;
@@ -614,6 +617,7 @@ impl Run {
                 let owner = SessionOwner {
                     client: ClientId(2),
                     conn,
+                    access: proto::meta::OpenAccess::ReadWrite,
                 };
                 let real = self.ns().open_inode(InodeId(ino), false, owner);
                 let want = self.m.node(ino).map(|_| ());

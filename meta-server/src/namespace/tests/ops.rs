@@ -116,7 +116,6 @@ fn hostile_requests_get_errors_not_panics(kind: StoreKind) {
                     parent: ROOT,
                     name: name.clone(),
                     perm: 0,
-                    caller: caller(),
                 },
                 fs::Unlink {
                     parent: ROOT,
@@ -135,7 +134,6 @@ fn hostile_requests_get_errors_not_panics(kind: StoreKind) {
                     parent: ROOT,
                     name: name.clone(),
                     target: b"t".to_vec(),
-                    caller: caller(),
                 },
                 fs::Rename {
                     parent: ROOT,
@@ -180,6 +178,7 @@ fn unknown_inodes_are_not_found(kind: StoreKind) {
                 ino: ghost,
                 client: proto::ClientId(1),
                 truncate: true,
+                access: proto::meta::OpenAccess::ReadWrite,
             },
             fs::ListXattr { ino: ghost },
             fs::Commit {
@@ -193,7 +192,6 @@ fn unknown_inodes_are_not_found(kind: StoreKind) {
                 parent: ghost,
                 name: b"x".to_vec(),
                 perm: 0,
-                caller: caller(),
             },
         ]
     );

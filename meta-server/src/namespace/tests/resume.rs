@@ -16,6 +16,7 @@ fn of(client: u64, conn: u64) -> SessionOwner {
     SessionOwner {
         client: ClientId(client),
         conn: ConnId(conn),
+        access: proto::meta::OpenAccess::ReadWrite,
     }
 }
 

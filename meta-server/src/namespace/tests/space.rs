@@ -13,7 +13,6 @@ fn mkdir_req(name: &str) -> fs::Mkdir {
         parent: ROOT,
         name: name.into(),
         perm: 0o755,
-        caller: caller(),
     }
 }
 
@@ -22,7 +21,6 @@ fn symlink_req(name: &str) -> fs::Symlink {
         parent: ROOT,
         name: name.into(),
         target: b"elsewhere".to_vec(),
-        caller: caller(),
     }
 }
 

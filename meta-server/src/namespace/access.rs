@@ -1,0 +1,280 @@
+//! The permission checks each file-system request runs before its change: the records
+//! the rules of [`super::perm`] look at, read for the caller the request names.
+//!
+//! A check reads the records, then the request's method reads them again under the
+//! mutation lock, so a `chmod` or `rename` landing between the two is not seen by the
+//! check (a local file system holds the directory's lock across both). `create`
+//! checks under the lock, with the records it changes.
+
+use super::names::check_name;
+use super::perm::{self, Held, Mode, XattrAccess, R, W, X};
+use super::records::InodeRecord;
+use super::txn::{Reads, StoreReads};
+use super::{ConnId, Namespace};
+use crate::error::MetaError;
+use proto::meta::{Caller, OpenAccess, RenameMode};
+use proto::{FileKind, InodeId, SessionId, SetAttr};
+
+impl InodeRecord {
+    /// What the permission rules look at.
+    pub(super) fn mode(&self) -> Mode {
+        Mode {
+            kind: self.kind,
+            perm: self.perm,
+            uid: self.uid,
+            gid: self.gid,
+        }
+    }
+}
+
+/// Checks an open of `rec` for `access` (and `truncate`, which needs write).
+fn check_open(
+    c: &Caller,
+    rec: &InodeRecord,
+    access: OpenAccess,
+    truncate: bool,
+) -> Result<(), MetaError> {
+    let m = rec.mode();
+    let want = match access {
+        OpenAccess::Read => R,
+        OpenAccess::Write => W,
+        OpenAccess::ReadWrite => R | W,
+        OpenAccess::Exec => X,
+    };
+    let want = if truncate { want | W } else { want };
+    perm::check(c, &m, want, "open the file so")
+}
+
+impl Namespace {
+    fn mode_of(&self, ino: InodeId) -> Result<Mode, MetaError> {
+        Ok(StoreReads(&*self.store).inode(ino)?.mode())
+    }
+
+    /// Search permission on directory `dir` (a lookup in it).
+    pub(super) fn may_search(&self, c: &Caller, dir: InodeId) -> Result<(), MetaError> {
+        let m = StoreReads(&*self.store).dir(dir)?.mode();
+        perm::check(c, &m, X, "search the directory")
+    }
+
+    /// Read permission on directory `dir` (a listing).
+    pub(super) fn may_list(&self, c: &Caller, dir: InodeId) -> Result<(), MetaError> {
+        let m = StoreReads(&*self.store).dir(dir)?.mode();
+        perm::check(c, &m, R, "list the directory")
+    }
+
+    /// Adding `name` to `dir` (mkdir, mknod, symlink). A malformed name is refused
+    /// first, as a local path walk refuses it before any permission check.
+    pub(super) fn may_add(&self, c: &Caller, dir: InodeId, name: &[u8]) -> Result<(), MetaError> {
+        check_name(name)?;
+        let m = StoreReads(&*self.store).dir(dir)?.mode();
+        perm::may_create(c, &m)
+    }
+
+    /// Removing `name` from `dir` (unlink, rmdir): search first (EACCES), then a
+    /// missing name is the method's `NotFound`, then write and the sticky rule.
+    pub(super) fn may_remove(
+        &self,
+        c: &Caller,
+        dir: InodeId,
+        name: &[u8],
+    ) -> Result<(), MetaError> {
+        let r = StoreReads(&*self.store);
+        let d = r.dir(dir)?.mode();
+        perm::check(c, &d, X, "search the directory")?;
+        let Some(entry) = r.dirent(dir, name)? else {
+            return Ok(());
+        };
+        let Some(victim) = r.try_inode(InodeId(entry.ino))? else {
+            return Ok(());
+        };
+        perm::may_delete(c, &d, &victim.mode())
+    }
+
+    /// A hard link of `ino` into `dir` as `name`.
+    pub(super) fn may_link(
+        &self,
+        c: &Caller,
+        ino: InodeId,
+        (dir, name): (InodeId, &[u8]),
+    ) -> Result<(), MetaError> {
+        self.may_add(c, dir, name)?;
+        perm::may_link(c, &self.mode_of(ino)?)
+    }
+
+    /// A rename of `name` in `dir` to `new_name` in `new_dir`: the source's name is
+    /// removed, the target's replaced (or added), and a directory moved to another
+    /// parent needs write on itself (its `..` changes).
+    pub(super) fn may_rename(
+        &self,
+        c: &Caller,
+        (dir, name): (InodeId, &[u8]),
+        (new_dir, new_name): (InodeId, &[u8]),
+        mode: RenameMode,
+    ) -> Result<(), MetaError> {
+        self.may_remove(c, dir, name)?;
+        let r = StoreReads(&*self.store);
+        let target = r.dirent(new_dir, new_name)?;
+        match target {
+            Some(_) => self.may_remove(c, new_dir, new_name)?,
+            None => self.may_add(c, new_dir, new_name)?,
+        }
+        if dir == new_dir {
+            return Ok(());
+        }
+        let moved_dir = |entry: Option<super::records::DirentRecord>| -> Result<(), MetaError> {
+            match entry {
+                Some(e) if e.kind == FileKind::Directory => {
+                    perm::check(c, &self.mode_of(InodeId(e.ino))?, W, "move the directory")
+                }
+                _ => Ok(()),
+            }
+        };
+        moved_dir(r.dirent(dir, name)?)?;
+        if mode == RenameMode::Exchange {
+            moved_dir(target)?;
+        }
+        Ok(())
+    }
+
+    /// A create of `name` in `dir`: search on the directory, then write on it for a
+    /// new file, or the open's access to an existing one (a new file is opened
+    /// whatever its mode, as `open(O_CREAT)` does).
+    pub(super) fn may_create_file(
+        &self,
+        c: &Caller,
+        dir: InodeId,
+        name: &[u8],
+        access: OpenAccess,
+    ) -> Result<(), MetaError> {
+        check_name(name)?;
+        let r = StoreReads(&*self.store);
+        let d = r.dir(dir)?.mode();
+        perm::check(c, &d, X, "search the directory")?;
+        match r.dirent(dir, name)?.map(|e| r.try_inode(InodeId(e.ino))) {
+            Some(Ok(Some(rec))) if rec.kind == FileKind::Regular => {
+                check_open(c, &rec, access, false)
+            }
+            // Not a regular file, or gone meanwhile: the create answers for it.
+            Some(Ok(_)) => Ok(()),
+            Some(Err(e)) => Err(e),
+            None => perm::may_create(c, &d),
+        }
+    }
+
+    /// An open of `ino`.
+    pub(super) fn may_open(
+        &self,
+        c: &Caller,
+        ino: InodeId,
+        access: OpenAccess,
+        truncate: bool,
+    ) -> Result<(), MetaError> {
+        check_open(c, &StoreReads(&*self.store).inode(ino)?, access, truncate)
+    }
+
+    /// A change of `ino`'s attributes; returns `set` with the setgid bit a chmod may
+    /// not keep dropped ([`perm::chmod_mode`]).
+    pub(super) fn may_setattr(
+        &self,
+        c: &Caller,
+        ino: InodeId,
+        mut set: SetAttr,
+        conn: ConnId,
+    ) -> Result<SetAttr, MetaError> {
+        let m = self.mode_of(ino)?;
+        let held = Held {
+            write_session: set.size.is_some() && !perm::may(c, &m, W) && self.writes(ino, conn),
+        };
+        perm::check_setattr(c, &m, &set, held)?;
+        let gid = set.gid.unwrap_or(m.gid);
+        set.perm = set.perm.map(|p| perm::chmod_mode(c, gid, p));
+        Ok(set)
+    }
+
+    /// A length commit or an append to `ino`: a write session of this connection on
+    /// the file, or write permission (a commit outlives nothing: the writer had
+    /// the file open when it wrote).
+    pub(super) fn may_commit(
+        &self,
+        c: &Caller,
+        ino: InodeId,
+        conn: ConnId,
+    ) -> Result<(), MetaError> {
+        let m = self.mode_of(ino)?;
+        if perm::may(c, &m, W) || self.writes(ino, conn) {
+            return Ok(());
+        }
+        perm::check(c, &m, W, "commit writes to the file")
+    }
+
+    /// An extended attribute access.
+    pub(super) fn may_xattr(
+        &self,
+        c: &Caller,
+        ino: InodeId,
+        name: &[u8],
+        access: XattrAccess,
+    ) -> Result<(), MetaError> {
+        perm::check_xattr(c, &self.mode_of(ino)?, name, access)
+    }
+
+    /// Whether connection `conn` holds a session that may write `ino`.
+    fn writes(&self, ino: InodeId, conn: ConnId) -> bool {
+        self.holds(ino, conn, true)
+    }
+
+    /// Whether connection `conn` holds a session on `ino` (a writing one if `write`).
+    fn holds(&self, ino: InodeId, conn: ConnId, write: bool) -> bool {
+        let st = self.state.lock();
+        st.is_open(ino)
+            && st
+                .sessions
+                .values()
+                .any(|s| s.ino == ino && s.conn == conn && (s.write || !write))
+    }
+
+    /// A session named by a release or a tail cut: only its own connection's.
+    /// Another connection's is answered as if it did not exist (`Stale`), as session
+    /// ids are easy to guess. A release carrying a length commit (`commit`) needs a
+    /// session opened for writing, or write permission.
+    pub(super) fn may_end(
+        &self,
+        c: &Caller,
+        session: SessionId,
+        conn: ConnId,
+        commit: bool,
+    ) -> Result<(), MetaError> {
+        let s = match self.state.lock().sessions.get(&session) {
+            Some(s) if s.conn != conn => return Err(MetaError::Stale(format!("no {session}"))),
+            Some(s) => *s,
+            None => return Ok(()),
+        };
+        if !commit || s.write {
+            return Ok(());
+        }
+        // A directory removed while open has no inode left: the release skips it.
+        match StoreReads(&*self.store).try_inode(s.ino)? {
+            Some(rec) => perm::check(c, &rec.mode(), W, "commit writes to the file"),
+            None => Ok(()),
+        }
+    }
+
+    /// The sessions of `sessions` that connection `conn` may end ([`Self::may_end`]);
+    /// the others are skipped as a `ReleaseMany` skips sessions already gone.
+    pub(super) fn own_sessions(&self, sessions: &[SessionId], conn: ConnId) -> Vec<SessionId> {
+        let st = self.state.lock();
+        let theirs = |s: &SessionId| st.sessions.get(s).is_some_and(|x| x.conn != conn);
+        sessions.iter().copied().filter(|s| !theirs(s)).collect()
+    }
+
+    /// Taking a lock on `ino`: the file must be open on this connection, as a lock is
+    /// taken on an open descriptor (`fcntl`, `flock`); without one, EBADF's code.
+    pub(super) fn may_lock(&self, ino: InodeId, conn: ConnId) -> Result<(), MetaError> {
+        if self.holds(ino, conn, false) {
+            return Ok(());
+        }
+        Err(MetaError::Stale(format!(
+            "{ino} is not open on this connection"
+        )))
+    }
+}

@@ -1,0 +1,252 @@
+//! Who may do what to an inode: the permission rules of a local Linux file system
+//! (`fs/namei.c`, `fs/attr.c`, `fs/xattr.c`), as pure functions of the caller and the
+//! attributes involved. The server applies them to the user each request names, so a
+//! client that skips its kernel's checks (or speaks the wire itself) gets no more than
+//! that user would get on a local disk.
+//!
+//! Each refusal is the error Linux gives: a missing mode bit is `PermissionDenied`
+//! (EACCES), an operation reserved to the owner or root is `NotPermitted` (EPERM).
+
+use crate::error::MetaError;
+use proto::meta::Caller;
+use proto::{FileKind, SetAttr, TimeSet};
+
+/// Read permission (the `r` bit).
+pub const R: u32 = 4;
+/// Write permission (the `w` bit).
+pub const W: u32 = 2;
+/// Execute or search permission (the `x` bit).
+pub const X: u32 = 1;
+
+const S_ISUID: u32 = 0o4000;
+const S_ISGID: u32 = 0o2000;
+const S_ISVTX: u32 = 0o1000;
+
+/// What the rules look at of an inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mode {
+    /// The inode's kind.
+    pub kind: FileKind,
+    /// Permission bits with setuid, setgid and sticky (`0o7777`).
+    pub perm: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+}
+
+/// Whether `c` has every access in `want` (`R | W | X`) to `m` (`generic_permission`):
+/// the owner's bits for the owner, the group's for a member of the file's group, the
+/// others' otherwise. Root has every access, but execute on a non-directory only if
+/// some execute bit is set.
+pub fn may(c: &Caller, m: &Mode, want: u32) -> bool {
+    if c.is_root() {
+        let exec_of_file = want & X != 0 && m.kind != FileKind::Directory;
+        return !exec_of_file || m.perm & 0o111 != 0;
+    }
+    let bits = if c.uid == m.uid {
+        m.perm >> 6
+    } else if c.in_group(m.gid) {
+        m.perm >> 3
+    } else {
+        m.perm
+    };
+    bits & 7 & want == want
+}
+
+/// `PermissionDenied` unless [`may`]; `what` names the access for the message.
+pub fn check(c: &Caller, m: &Mode, want: u32, what: &str) -> Result<(), MetaError> {
+    if may(c, m, want) {
+        return Ok(());
+    }
+    Err(MetaError::PermissionDenied(format!(
+        "uid {} may not {what} (mode {:o}, owner {}:{})",
+        c.uid, m.perm, m.uid, m.gid
+    )))
+}
+
+/// Whether `c` owns `m` or is root (`inode_owner_or_capable`).
+pub fn owns(c: &Caller, m: &Mode) -> bool {
+    c.is_root() || c.uid == m.uid
+}
+
+/// May `c` add a name to directory `dir` (`may_create`): write and search on it.
+pub fn may_create(c: &Caller, dir: &Mode) -> Result<(), MetaError> {
+    check(c, dir, W | X, "add a name to the directory")
+}
+
+/// May `c` remove (or rename away) the name of `victim` from `dir` (`may_delete`):
+/// write and search on the directory (EACCES), then, in a sticky directory, only
+/// the owner of the directory or of the victim, or root (EPERM).
+pub fn may_delete(c: &Caller, dir: &Mode, victim: &Mode) -> Result<(), MetaError> {
+    check(c, dir, W | X, "remove a name from the directory")?;
+    if dir.perm & S_ISVTX != 0 && !owns(c, dir) && !owns(c, victim) {
+        return Err(MetaError::NotPermitted(format!(
+            "uid {} may not remove a name of uid {} from a sticky directory of uid {}",
+            c.uid, victim.uid, dir.uid
+        )));
+    }
+    Ok(())
+}
+
+/// May `c` make a hard link to `m` (`may_linkat` with `fs.protected_hardlinks`, the
+/// default of every distribution): the owner, root, or a caller who may read and
+/// write a regular file that is neither setuid nor setgid-executable.
+pub fn may_link(c: &Caller, m: &Mode) -> Result<(), MetaError> {
+    let safe = m.kind == FileKind::Regular
+        && m.perm & S_ISUID == 0
+        && m.perm & (S_ISGID | 0o010) != (S_ISGID | 0o010);
+    if owns(c, m) || (safe && may(c, m, R | W)) {
+        return Ok(());
+    }
+    Err(MetaError::NotPermitted(format!(
+        "uid {} may not link a file of uid {}",
+        c.uid, m.uid
+    )))
+}
+
+/// What a `setattr` may change, given what the caller holds besides mode bits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// The caller's connection has the file open for writing: a truncation through it
+    /// needs no write bit (`ftruncate` on a descriptor opened for writing).
+    pub write_session: bool,
+}
+
+/// Checks a `setattr` of `m` by `c` (`setattr_prepare`, `do_truncate`, `utimes`): a
+/// truncation needs write permission, a chown root (or the owner keeping the owner),
+/// a chgrp the owner moving to a group it is in, a chmod the owner, explicit times
+/// the owner, times set to now the owner or write permission. See [`chmod_mode`]
+/// for the setgid bit a chmod may not keep.
+pub fn check_setattr(c: &Caller, m: &Mode, set: &SetAttr, held: Held) -> Result<(), MetaError> {
+    let denied = |what: &str| {
+        Err(MetaError::NotPermitted(format!(
+            "uid {} may not {what} of a file of uid {}",
+            c.uid, m.uid
+        )))
+    };
+    if set.size.is_some() && !held.write_session {
+        check(c, m, W, "truncate the file")?;
+    }
+    if let Some(uid) = set.uid {
+        let keeps_own = c.uid == m.uid && uid == m.uid;
+        if !(c.is_root() || keeps_own) {
+            return denied("change the owner");
+        }
+    }
+    if let Some(gid) = set.gid {
+        let owner_to_own_group = c.uid == m.uid && (gid == m.gid || c.in_group(gid));
+        if !(c.is_root() || owner_to_own_group) {
+            return denied("change the group");
+        }
+    }
+    if let Some(perm) = set.perm {
+        // The kernel drops setuid and setgid itself before a write by someone else
+        // (`file_remove_privs`, no ownership needed): a change that only clears them
+        // is allowed to whoever may write the file.
+        let (perm, kills) = (perm & 0o7777, S_ISUID | S_ISGID);
+        let only_kills = perm & !m.perm == 0 && (m.perm & !perm) & !kills == 0;
+        let writer_kills = only_kills && may(c, m, W);
+        if !(owns(c, m) || writer_kills) {
+            return denied("change the mode");
+        }
+    }
+    let explicit = |t: Option<TimeSet>| matches!(t, Some(TimeSet::At(_)));
+    if explicit(set.atime) || explicit(set.mtime) {
+        if !owns(c, m) {
+            return denied("set the times");
+        }
+    } else if (set.atime.is_some() || set.mtime.is_some()) && !owns(c, m) {
+        check(c, m, W, "set the times to now")?;
+    }
+    Ok(())
+}
+
+/// The mode a chmod to `perm` by `c` stores: setgid dropped when `c` is neither root
+/// nor in the file's group (`setattr_prepare`), so nobody makes a file run with a
+/// group they are not in.
+pub fn chmod_mode(c: &Caller, gid: u32, perm: u32) -> u32 {
+    if c.is_root() || c.in_group(gid) {
+        perm
+    } else {
+        perm & !S_ISGID
+    }
+}
+
+/// The mode a new non-directory of group `gid` made by `c` keeps (`mode_strip_sgid`):
+/// a group-executable setgid file in a group `c` is not in (given by a setgid
+/// directory) loses setgid, so nobody makes a program that runs with a group they
+/// are not in.
+pub fn new_file_mode(c: &Caller, gid: u32, perm: u32) -> u32 {
+    if perm & 0o010 != 0 {
+        chmod_mode(c, gid, perm)
+    } else {
+        perm
+    }
+}
+
+/// How an extended attribute is reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XattrAccess {
+    /// `getxattr`.
+    Read,
+    /// `setxattr`, `removexattr`.
+    Write,
+}
+
+/// Checks an access to extended attribute `name` of `m` by `c` (`xattr_permission`,
+/// and the capability check of `security.*` writes): `trusted.*` is root's only
+/// (EPERM to write, ENODATA to read, as if absent); `security.*` is written by root
+/// only and read by anyone; `user.*` lives on regular files and directories only,
+/// needs read or write permission, and in a sticky directory is written by its owner.
+pub fn check_xattr(
+    c: &Caller,
+    m: &Mode,
+    name: &[u8],
+    access: XattrAccess,
+) -> Result<(), MetaError> {
+    let write = access == XattrAccess::Write;
+    let not_permitted = || {
+        Err(MetaError::NotPermitted(format!(
+            "uid {} may not change this attribute",
+            c.uid
+        )))
+    };
+    let absent = || Err(MetaError::NoData("no such attribute".into()));
+    if name.starts_with(b"trusted.") {
+        return match (c.is_root(), write) {
+            (true, _) => Ok(()),
+            (false, true) => not_permitted(),
+            (false, false) => absent(),
+        };
+    }
+    if name.starts_with(b"security.") {
+        return if write && !c.is_root() {
+            not_permitted()
+        } else {
+            Ok(())
+        };
+    }
+    if !matches!(m.kind, FileKind::Regular | FileKind::Directory) {
+        return if write { not_permitted() } else { absent() };
+    }
+    if write && m.kind == FileKind::Directory && m.perm & S_ISVTX != 0 && !owns(c, m) {
+        return not_permitted();
+    }
+    let (want, what) = if write {
+        (W, "write attributes")
+    } else {
+        (R, "read attributes")
+    };
+    check(c, m, want, what)
+}
+
+/// Whether `c` sees attribute `name` in a listing: `trusted.*` is hidden from all but
+/// root (the listing itself needs no permission).
+pub fn lists_xattr(c: &Caller, name: &[u8]) -> bool {
+    c.is_root() || !name.starts_with(b"trusted.")
+}
+
+#[cfg(test)]
+#[path = "perm_tests.rs"]
+mod tests;
