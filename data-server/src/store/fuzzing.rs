@@ -14,6 +14,9 @@ const CHUNK: ChunkId = ChunkId {
     index: 0,
 };
 
+/// Entries of a fuzzed table whose content is resolved against the fuzzed data.
+const RESOLVED_ENTRIES: usize = 4;
+
 /// A chunk file's first bytes: the header, the replica fields inside it, and (standing
 /// for the table, which starts at the next page on disk) checksum table entries after them. A header that decodes names a geometry whose header
 /// decodes to the same geometry; an entry that decodes as valid is its own encoding.
@@ -41,6 +44,10 @@ pub fn chunk_file(bytes: &[u8]) {
             Entry::Damaged => assert_eq!(Entry::decode(&Entry::Damaged.encode()), *entry),
             e => assert_eq!(&e.encode()[..], raw, "a valid entry is its own encoding"),
         }
+    }
+    // Resolving checksums a whole (zero-padded) block: a few entries are enough, and
+    // keep the target fast.
+    for entry in entries.iter().take(RESOLVED_ENTRIES) {
         let _ = entry.resolve(data);
     }
 }
