@@ -4,7 +4,7 @@
 #
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
 #
-# SECONDS_PER_TARGET defaults to 20 (the short run scripts/test.sh does); with no TARGET
+# SECONDS_PER_TARGET defaults to 15 (the short run scripts/test.sh does); with no TARGET
 # every target runs. A run starts from the committed seeds in fuzz/corpus/TARGET and keeps
 # what it finds in fuzz/work/TARGET (not committed); a crash is written to
 # fuzz/artifacts/TARGET/crash-<sha1> and fails the script. Replay one with
@@ -50,7 +50,7 @@ if [[ "${1:-}" == replay ]]; then
   exec "$(bin_of "$target")" -rss_limit_mb=$rss_limit_mb -malloc_limit_mb=$malloc_limit_mb "$@"
 fi
 
-seconds=${1:-20}
+seconds=${1:-15}
 shift || true
 targets=("$@")
 [[ ${#targets[@]} -gt 0 ]] || targets=("${targets_all[@]}")

@@ -24,7 +24,7 @@ done
 echo "== cargo test"
 cargo test --workspace -- --test-threads="${TEST_THREADS:-2}"
 echo "== fuzz targets: every decoder, a short bounded run (scripts/fuzz.sh; README: Fuzzing)"
-scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
+scripts/fuzz.sh "${FUZZ_SECONDS:-15}"
 echo "== rdma feature: clippy, build, device-free unit tests, conformance (skipped: no device)"
 # A separate target directory keeps the default binaries above as they were built.
 rdma_target="${CARGO_TARGET_DIR:-target}/rdma"
