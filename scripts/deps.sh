@@ -11,6 +11,8 @@ packages=(fuse3 python3 git rsync procps iproute2 attr)
 #   libibverbs-dev, librdmacm-dev, libclang-dev, clang, pkg-config: the `rdma` build feature
 #   (rdma-sys generates its bindings with bindgen); the default build needs none of them
 packages+=(libibverbs-dev librdmacm-dev libclang-dev clang pkg-config)
+#   g++: the fuzz targets' libFuzzer, which the libfuzzer-sys crate compiles from C++
+packages+=(g++)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

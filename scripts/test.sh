@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Every check and test, on a fresh machine: installs what is missing, then formatting,
 # clippy with -D warnings, a build of every binary (the FUSE and process tests run them),
-# every test of the workspace, the same with the `rdma` transport feature (build, clippy
-# and its device-free tests), the rdma conformance cases and a whole cluster over rdma on
-# soft-RoCE inside a QEMU guest (scripts/rdma-vm.sh), and the public POSIX suite
-# pjdfstest on a fresh mount.
+# every test of the workspace, a short run of every fuzz target (scripts/fuzz.sh), the
+# same with the `rdma` transport feature (build, clippy and its device-free tests), the
+# rdma conformance cases and a whole cluster over rdma on soft-RoCE inside a QEMU guest
+# (scripts/rdma-vm.sh), and the public POSIX suite pjdfstest on a fresh mount.
 # FUSE tests need root and /dev/fuse, as CI has.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +23,8 @@ for bin in tessera tessera-meta tessera-data; do
 done
 echo "== cargo test"
 cargo test --workspace -- --test-threads="${TEST_THREADS:-2}"
+echo "== fuzz targets: every decoder, a short bounded run (scripts/fuzz.sh; README: Fuzzing)"
+scripts/fuzz.sh "${FUZZ_SECONDS:-15}"
 echo "== rdma feature: clippy, build, device-free unit tests, conformance (skipped: no device)"
 # A separate target directory keeps the default binaries above as they were built.
 rdma_target="${CARGO_TARGET_DIR:-target}/rdma"

@@ -9,6 +9,8 @@
 pub mod clock;
 pub mod config;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod kv;
 pub(crate) mod membership;
 pub mod namespace;

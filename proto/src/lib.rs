@@ -9,6 +9,8 @@ pub mod attr;
 pub mod codec;
 pub mod data;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ids;
 pub mod meta;
 pub mod rpc;

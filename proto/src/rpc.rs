@@ -132,6 +132,14 @@ macro_rules! rpc_requests {
                     $( $Enum::$Req(_) => $name, )*
                 }
             }
+
+            /// Decodes `bytes` as the answer to the request type numbered `which` (modulo
+            /// their count, in the table's order), as a client does: for the fuzz targets.
+            #[doc(hidden)]
+            pub fn fuzz_reply(which: usize, bytes: &[u8]) -> bool {
+                let decoders: &[fn(&[u8]) -> bool] = &[ $( $crate::fuzzing::reply::<$Req>, )* ];
+                decoders[which % decoders.len()](bytes)
+            }
         }
 
         $(

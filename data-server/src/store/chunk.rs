@@ -139,6 +139,23 @@ pub(crate) struct WritePlan {
     pub new_len: u64,
 }
 
+/// The data bytes a chunk file of `len` bytes holds. A file longer than its header's
+/// chunk size allows is damaged: its length must not become a chunk length, which sizes
+/// the buffer of a whole-chunk fetch and is reported to peers.
+fn data_len(chunk: ChunkId, geo: Geometry, len: u64) -> Result<u64, DataError> {
+    let data_len = len.saturating_sub(geo.data_offset);
+    if data_len > u64::from(geo.chunk_size) {
+        return Err(DataError::CorruptHeader {
+            chunk,
+            reason: format!(
+                "file of {len} bytes is longer than a chunk of {} bytes",
+                geo.chunk_size
+            ),
+        });
+    }
+    Ok(data_len)
+}
+
 impl ChunkFile {
     /// Opens the chunk's file at `path` if there is one; `writable` opens it read-write.
     pub fn open(path: &Path, chunk: ChunkId, writable: bool) -> Result<Opened, DataError> {
@@ -167,7 +184,7 @@ impl ChunkFile {
             direct: None,
             path: path.to_owned(),
             geo,
-            data_len: len.saturating_sub(geo.data_offset),
+            data_len: data_len(chunk, geo, len)?,
         }))
     }
 
@@ -189,7 +206,7 @@ impl ChunkFile {
             direct,
             path,
             geo,
-            data_len: len.saturating_sub(geo.data_offset),
+            data_len: data_len(chunk, geo, len)?,
         })
     }
 

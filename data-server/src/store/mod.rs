@@ -114,6 +114,8 @@ mod cache;
 mod chunk;
 mod dirs;
 pub mod format;
+#[doc(hidden)]
+pub mod fuzzing;
 mod node_id;
 mod saved_usage;
 

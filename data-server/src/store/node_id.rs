@@ -16,7 +16,7 @@ const MAGIC: [u8; 8] = *b"TSRNODE1";
 const VERSION: u32 = 1;
 const LEN: usize = 20;
 
-fn encode(node: NodeId) -> [u8; LEN] {
+pub(super) fn encode(node: NodeId) -> [u8; LEN] {
     let mut b = [0u8; LEN];
     b[0..8].copy_from_slice(&MAGIC);
     b[8..12].copy_from_slice(&VERSION.to_le_bytes());
@@ -26,7 +26,7 @@ fn encode(node: NodeId) -> [u8; LEN] {
     b
 }
 
-fn decode(path: &Path, b: &[u8]) -> Result<NodeId, DataError> {
+pub(super) fn decode(path: &Path, b: &[u8]) -> Result<NodeId, DataError> {
     let bad = |reason: &str| DataError::CorruptNodeId {
         path: path.to_owned(),
         reason: reason.to_owned(),

@@ -39,8 +39,8 @@ use proto::{ChainId, ChunkId, InodeId};
 use std::fs;
 use std::os::unix::fs::FileExt;
 
-const AT: u64 = 24;
-const LEN: usize = 20;
+pub(super) const AT: u64 = 24;
+pub(super) const LEN: usize = 20;
 
 /// The replica fields of one chunk.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -53,7 +53,7 @@ pub struct ReplicaFields {
     pub stale: bool,
 }
 
-fn encode(f: ReplicaFields) -> [u8; LEN] {
+pub(super) fn encode(f: ReplicaFields) -> [u8; LEN] {
     let mut b = [0u8; LEN];
     b[0..8].copy_from_slice(&f.version.to_le_bytes());
     b[8..12].copy_from_slice(&f.chain.0.to_le_bytes());
@@ -63,7 +63,7 @@ fn encode(f: ReplicaFields) -> [u8; LEN] {
     b
 }
 
-fn decode(chunk: ChunkId, b: &[u8; LEN]) -> Result<ReplicaFields, DataError> {
+pub(super) fn decode(chunk: ChunkId, b: &[u8; LEN]) -> Result<ReplicaFields, DataError> {
     if b.iter().all(|&x| x == 0) {
         return Ok(ReplicaFields::default());
     }

@@ -27,7 +27,7 @@ pub(crate) struct Saved {
     pub chunks: u64,
 }
 
-fn encode(u: Saved) -> [u8; LEN] {
+pub(super) fn encode(u: Saved) -> [u8; LEN] {
     let mut b = [0u8; LEN];
     b[0..8].copy_from_slice(&MAGIC);
     b[8..12].copy_from_slice(&VERSION.to_le_bytes());
@@ -39,7 +39,7 @@ fn encode(u: Saved) -> [u8; LEN] {
 }
 
 /// The saved usage, or why it cannot be used.
-fn decode(b: &[u8]) -> Result<Saved, String> {
+pub(super) fn decode(b: &[u8]) -> Result<Saved, String> {
     if b.len() != LEN {
         return Err(format!("{} bytes instead of {LEN}", b.len()));
     }

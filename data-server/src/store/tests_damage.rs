@@ -242,3 +242,31 @@ fn writes_that_would_eat_the_disk_reserve_fail_with_no_space() {
     let s = s.disk_reserve(0);
     s.write(chunk(2, 0), MIB, 0, &[2]).unwrap();
 }
+
+/// Guards against a chunk file grown past its chunk size (damage, or a hostile disk)
+/// being taken at its length: a whole-chunk fetch allocated that many bytes.
+#[test]
+fn a_chunk_file_longer_than_its_chunk_size_is_corrupt() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    let c = chunk(4, 0);
+    s.write(c, MIB, 0, &[1; 10]).unwrap();
+    drop(s);
+    let path = tmp.path().to_owned();
+    let s = ChunkStore::open(&path, BIG).unwrap();
+    let f = File::options()
+        .write(true)
+        .open(s.chunk_file_path(c))
+        .unwrap();
+    // Sparse: a terabyte of length costs no disk.
+    f.set_len(data_offset(MIB) + (1 << 40)).unwrap();
+    drop(s);
+    let s = ChunkStore::open(&path, BIG).unwrap();
+    let err = s.fetch(c).unwrap_err();
+    assert!(matches!(err, DataError::CorruptHeader { .. }), "{err}");
+    let mut buf = [0u8; 4];
+    assert!(matches!(
+        s.read(c, MIB, 0, &mut buf),
+        Err(DataError::CorruptHeader { .. })
+    ));
+}

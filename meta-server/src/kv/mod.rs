@@ -7,7 +7,7 @@
 mod group;
 mod redb;
 mod sled;
-mod wal;
+pub(crate) mod wal;
 
 #[cfg(test)]
 mod conformance;

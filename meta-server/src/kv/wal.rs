@@ -398,7 +398,7 @@ fn le64(b: &[u8]) -> u64 {
 
 /// `count(4)`, then per operation `tag(1)` (0 put, 1 delete), `key_len(4) key`, and for a
 /// put `value_len(4) value`.
-fn encode(batch: &WriteBatch) -> Vec<u8> {
+pub(crate) fn encode(batch: &WriteBatch) -> Vec<u8> {
     let size: usize = batch
         .ops()
         .iter()
@@ -422,7 +422,7 @@ fn encode(batch: &WriteBatch) -> Vec<u8> {
     out
 }
 
-fn decode(mut b: &[u8]) -> Option<WriteBatch> {
+pub(crate) fn decode(mut b: &[u8]) -> Option<WriteBatch> {
     fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
         if b.len() < n {
             return None;

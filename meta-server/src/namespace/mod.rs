@@ -20,7 +20,7 @@ mod membership;
 mod names;
 pub mod perm;
 mod readdir;
-mod records;
+pub(crate) mod records;
 mod rename;
 mod resume;
 mod space;
