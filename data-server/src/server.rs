@@ -4,6 +4,7 @@
 use crate::cluster_view::ClusterView;
 use crate::config::DataConfig;
 use crate::error::{DataError, StartError};
+use crate::keys::DataVerifier;
 use crate::service::{DataService, Pools, Resync};
 use crate::store::ChunkStore;
 use parking_lot::Mutex;
@@ -17,10 +18,24 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
-use transport::{BufferPool, Endpoint, Listener};
+use transport::{BufferPool, Credentials, Endpoint, Key, Listener};
 
 /// Deletions one heartbeat round carries out at most (the rest wait for the next round).
 const MAX_GC_PER_HEARTBEAT: usize = 256;
+
+/// With a `key_file`: connections out authenticate as `server/data` with the cluster
+/// key, and the listener checks every handshake ([`DataVerifier`]).
+fn with_keys(ep: Endpoint, config: &DataConfig) -> Result<Endpoint, StartError> {
+    if config.key_file.as_os_str().is_empty() {
+        warn!(listen = %config.listen, "serving WITHOUT authentication: anyone who \
+              reaches this address can read and overwrite every chunk");
+        return Ok(ep);
+    }
+    let cluster = Key::load(&config.key_file).map_err(StartError::Key)?;
+    let out = ep.with_credentials(Credentials::server("data", cluster.clone()));
+    let verifier = DataVerifier::new(cluster, out.clone(), config.meta_addr.clone());
+    Ok(out.with_verifier(Arc::new(verifier)))
+}
 
 /// A data server running inside this process.
 pub struct DataServer {
@@ -54,6 +69,7 @@ impl DataServer {
         let limits = config.transport_limits.clone();
         let ep = Endpoint::new(config.transport, limits.clone(), PROTOCOL_VERSION)
             .map_err(StartError::Transport)?;
+        let ep = with_keys(ep, &config)?;
         let buffers = |count| {
             BufferPool::new(&ep, count, config.io_buffer_bytes).map_err(StartError::Buffers)
         };

@@ -174,3 +174,49 @@ pub(crate) struct AuthSetup {
     /// See [`HANDSHAKE_TIMEOUT_MS`].
     pub(crate) handshake_timeout_ms: u64,
 }
+
+/// The safe default of every server: a listen address beyond loopback needs keys, or an
+/// explicit `insecure`. Returns the one-line refusal, naming `--insecure`.
+pub fn check_listen(listen: &str, has_key: bool, insecure: bool) -> Result<(), String> {
+    if has_key || insecure || is_loopback(listen) {
+        return Ok(());
+    }
+    Err(format!(
+        "refusing to listen on {listen} without a key: anyone who reaches it could read and \
+         change every file; give the server its key_file (tessera up makes one), or pass \
+         --insecure (config insecure = true) to run unauthenticated"
+    ))
+}
+
+/// Whether `listen` (`host:port`) is on the loopback interface only.
+pub fn is_loopback(listen: &str) -> bool {
+    let host = listen.rsplit_once(':').map_or(listen, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_listens_without_a_key() {
+        for ok in ["127.0.0.1:7600", "127.0.0.9:0", "[::1]:7600", "localhost:1"] {
+            assert!(check_listen(ok, false, false).is_ok(), "{ok}");
+        }
+        for bad in [
+            "0.0.0.0:7600",
+            "10.0.0.1:7600",
+            "[::]:7600",
+            "example.org:1",
+        ] {
+            let err = check_listen(bad, false, false).unwrap_err();
+            assert!(err.contains("--insecure") && !err.contains('\n'), "{err}");
+            assert!(check_listen(bad, true, false).is_ok());
+            assert!(check_listen(bad, false, true).is_ok());
+        }
+    }
+}
