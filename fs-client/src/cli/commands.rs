@@ -106,9 +106,6 @@ pub enum Cmd {
         /// What to do.
         #[command(subcommand)]
         action: KeyCmd,
-        /// The cluster asked.
-        #[command(flatten)]
-        cluster: ClusterArgs,
     },
     /// Unmount and stop everything `tessera up` started for a mount point.
     Down {
@@ -142,18 +139,40 @@ pub enum KeyCmd {
         /// Write the key to this new file (mode 0600) instead of printing it.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// The cluster asked.
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
     /// List the client keys (names, capabilities, revoked), never the keys.
-    List,
+    List {
+        /// The cluster asked.
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
     /// Revoke a client key: refused from now on, its connections closed.
     Revoke {
         /// The client's name.
         name: String,
+        /// The cluster asked.
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
 }
 
+impl KeyCmd {
+    /// Takes out the cluster the command asks.
+    fn cluster(&mut self) -> ClusterArgs {
+        let c = match self {
+            KeyCmd::Create { cluster, .. }
+            | KeyCmd::List { cluster }
+            | KeyCmd::Revoke { cluster, .. } => cluster,
+        };
+        std::mem::take(c)
+    }
+}
+
 /// Which cluster `status` and `fsck` talk to.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Default)]
 pub struct ClusterArgs {
     /// Mount point of a cluster started by `tessera up`: its metadata address.
     mountpoint: Option<PathBuf>,
@@ -349,8 +368,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Cmd::Key { action, cluster } => {
-            let (c, _) = cluster.client_config()?;
+        Cmd::Key { mut action } => {
+            let (c, _) = action.cluster().client_config()?;
             with_client(c, |client| async move {
                 super::keys::run(&client, action).await
             })

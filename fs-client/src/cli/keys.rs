@@ -54,6 +54,7 @@ pub async fn run(client: &Client, action: KeyCmd) -> Result<()> {
             no_root_squash,
             admin,
             out,
+            ..
         } => {
             let caps = Caps {
                 path: path.into_bytes(),
@@ -75,8 +76,8 @@ pub async fn run(client: &Client, action: KeyCmd) -> Result<()> {
                 }
             }
         }
-        KeyCmd::List => print!("{}", render(&client.key_list().await?)),
-        KeyCmd::Revoke { name } => {
+        KeyCmd::List { .. } => print!("{}", render(&client.key_list().await?)),
+        KeyCmd::Revoke { name, .. } => {
             client.key_revoke(&name).await?;
             println!("key {name} revoked; its connections are closed");
         }
