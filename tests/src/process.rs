@@ -395,6 +395,18 @@ impl ProcessCluster {
         &self.meta_addr
     }
 
+    /// A client configuration that reaches this cluster as its administrator.
+    pub fn client_config(&self) -> fs_client::ClientConfig {
+        fs_client::ClientConfig {
+            meta_addr: self.meta_addr.clone(),
+            key_file: match self.opts.insecure {
+                true => PathBuf::new(),
+                false => self.key_file(ADMIN_KEY),
+            },
+            ..fs_client::ClientConfig::default()
+        }
+    }
+
     /// A key file of the cluster ([`CLUSTER_KEY`], [`ADMIN_KEY`]).
     pub fn key_file(&self, name: &str) -> PathBuf {
         self.dir.path().join("keys").join(name)
