@@ -6,11 +6,11 @@ use parking_lot::Mutex;
 use proto::meta::cluster::{ClientKey, ClientKeyAnswer};
 use proto::Request;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
-use tracing::warn;
+use tracing::{info, warn};
 use transport::auth::{Lookup, LookupFuture};
-use transport::{Endpoint, Key, Link, Role, Verifier};
+use transport::{Endpoint, Key, Link, Listener, Role, Verifier};
 
 /// How long an answer of the metadata server about a client is used: a revoked key is
 /// refused by every data server within this time.
@@ -20,6 +20,7 @@ pub const CLIENT_KEY_TTL: Duration = Duration::from_secs(10);
 const MAX_CACHED_CLIENTS: usize = 4096;
 
 /// The verifier of a data server's listener.
+#[derive(Clone)]
 pub struct DataVerifier(Arc<Inner>);
 
 struct Inner {
@@ -39,6 +40,48 @@ impl DataVerifier {
             meta: Link::new(meta_addr),
             cache: Mutex::new(HashMap::new()),
         }))
+    }
+}
+
+impl DataVerifier {
+    /// Asks again about every client known valid; returns those that no longer are.
+    pub async fn recheck(&self) -> Vec<String> {
+        let known: Vec<String> = self
+            .0
+            .cache
+            .lock()
+            .iter()
+            .filter(|(_, (l, _))| matches!(l, Lookup::Known { .. }))
+            .map(|(name, _)| name.clone())
+            .collect();
+        let mut gone = Vec::new();
+        for name in known {
+            let Ok(found) = self.0.ask_meta(&name).await else {
+                continue; // the metadata server is away: ask again next round
+            };
+            if !matches!(found, Lookup::Known { .. }) {
+                gone.push(name.clone());
+            }
+            self.0.cache.lock().insert(name, (found, Instant::now()));
+        }
+        gone
+    }
+
+    /// Every [`CLIENT_KEY_TTL`], closes the connections of clients whose key was
+    /// revoked since they authenticated; ends with the listener.
+    pub fn watch(&self, listener: Weak<Listener>) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(CLIENT_KEY_TTL).await;
+                let gone = me.recheck().await;
+                let Some(l) = listener.upgrade() else { return };
+                for name in gone {
+                    let closed = l.close_peer(&name);
+                    info!(%name, closed, "client key revoked: its connections closed");
+                }
+            }
+        })
     }
 }
 

@@ -5,13 +5,15 @@
 // A panic in a test helper fails the test, as unwrap in a #[test] does.
 #![allow(clippy::unwrap_used)]
 
+use data_server::keys::CLIENT_KEY_TTL;
 use proto::auth::Caps;
 use proto::PROTOCOL_VERSION;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tessera_tests::{InProcessCluster, ProcessCluster};
-use transport::{Backend, Credentials, Endpoint, Key, TransportConfig, TransportError};
+use transport::{Backend, Connection, Credentials, Endpoint, Key, TransportConfig, TransportError};
 
 /// A client named `name` with the key in `key_file`.
 async fn client_as(
@@ -27,8 +29,9 @@ async fn client_as(
         .map_err(|e| e.to_string())
 }
 
-/// Connects straight to `addr` with the transport as `name`/`key` (no key: `None`).
-async fn raw_connect(addr: &str, who: Option<(&str, Key)>) -> Result<(), TransportError> {
+/// Connects straight to `addr` with the transport as `name`/`key` (no key: `None`),
+/// and makes one call.
+async fn raw_conn(addr: &str, who: Option<(&str, Key)>) -> Result<Connection, TransportError> {
     let mut ep = Endpoint::new(Backend::Tcp, TransportConfig::default(), PROTOCOL_VERSION)?;
     if let Some((name, key)) = who {
         ep = ep.with_credentials(Credentials {
@@ -39,7 +42,11 @@ async fn raw_connect(addr: &str, who: Option<(&str, Key)>) -> Result<(), Transpo
     let conn = ep.connect(addr).await?;
     // A message the server does not know: served (answered) only once authenticated.
     conn.call(bytes::Bytes::from_static(&[0xee])).await?;
-    Ok(())
+    Ok(conn)
+}
+
+async fn raw_connect(addr: &str, who: Option<(&str, Key)>) -> Result<(), TransportError> {
+    raw_conn(addr, who).await.map(drop)
 }
 
 fn one_line(msg: &str) {
@@ -100,7 +107,11 @@ async fn no_wrong_or_revoked_keys_are_refused_by_metadata_and_data_servers() {
     assert!(matches!(err, TransportError::Auth { .. }), "{err}");
 
     // Revoked: bob's live connection closes at once, his next handshakes are refused
-    // by the metadata server and by the data server, which asks it.
+    // by the metadata server and by the data server, which asks it; the data server
+    // closes his connection to it when it asks again.
+    let bob_at_data = raw_conn(&data, Some(("bob", bob_key.clone())))
+        .await
+        .unwrap();
     admin.key_revoke("bob").await.unwrap();
     assert!(
         bob.statfs().await.is_err(),
@@ -110,11 +121,24 @@ async fn no_wrong_or_revoked_keys_are_refused_by_metadata_and_data_servers() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("refused key 'bob'"), "{err}");
-    let err = raw_connect(&data, Some(("bob", bob_key)))
-        .await
-        .unwrap_err();
+    let deadline = Instant::now() + 2 * CLIENT_KEY_TTL + Duration::from_secs(5);
+    let err = loop {
+        // The data server may still have bob's key from before, for CLIENT_KEY_TTL.
+        match raw_connect(&data, Some(("bob", bob_key.clone()))).await {
+            Err(e) => break e,
+            Ok(()) => assert!(Instant::now() < deadline, "the data server still takes bob"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     assert!(err.to_string().contains("refused key 'bob'"), "{err}");
     one_line(&err.to_string());
+    while !bob_at_data.is_closed() {
+        assert!(
+            Instant::now() < deadline,
+            "the data server kept bob's connection"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // Everyone else goes on; a key without the admin capability manages no keys.
     alice.statfs().await.unwrap();
