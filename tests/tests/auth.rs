@@ -227,3 +227,21 @@ fn a_server_refuses_a_non_loopback_address_without_a_key() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--insecure"), "{err}");
 }
+
+/// `--insecure` (here on loopback, as every test server) runs without keys and says so
+/// in the log at every start; clients without keys are served.
+#[test]
+fn an_insecure_cluster_serves_without_keys_and_warns_at_every_start() {
+    let mut cluster = ProcessCluster::start_with(tessera_tests::ClusterOptions {
+        data_servers: 1,
+        insecure: true,
+        ..Default::default()
+    });
+    let (code, text) = cluster.tessera(&["status"]);
+    assert_eq!(code, 0, "{text}");
+    cluster.restart_meta();
+    let log = std::fs::read_to_string(cluster.dir().join("meta.log")).unwrap();
+    assert_eq!(log.matches("WITHOUT authentication").count(), 2, "{log}");
+    let log = std::fs::read_to_string(cluster.dir().join("data-0.log")).unwrap();
+    assert!(log.contains("WITHOUT authentication"), "{log}");
+}
