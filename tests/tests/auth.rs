@@ -178,26 +178,45 @@ fn key_commands_through_the_tessera_binary() {
     let cluster = ProcessCluster::start(1);
     let out_file = cluster.dir().join("dave.key");
     let out_arg = out_file.to_string_lossy().to_string();
-    let (code, text) =
-        cluster.tessera(&["key", "create", "dave", "--read-only", "--out", &out_arg]);
+    let create = [
+        "key",
+        "create",
+        "dave",
+        "--no-root-squash",
+        "--out",
+        &out_arg,
+    ];
+    let (code, text) = cluster.tessera(&create);
     assert_eq!(code, 0, "{text}");
-    let mode = std::os::unix::fs::PermissionsExt::mode(
-        &std::fs::metadata(&out_file).unwrap().permissions(),
+    let mode = std::fs::metadata(&out_file).unwrap().permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+        0o600
     );
-    assert_eq!(mode & 0o777, 0o600);
+    let create = ["key", "create", "erin", "--path", "/teamA", "--read-only"];
+    let (code, key) = cluster.tessera(&create);
+    assert_eq!(code, 0);
+    assert!(Key::from_hex(key.trim()).is_some(), "printed: {key}");
     let (code, text) = cluster.tessera(&["key", "list"]);
     assert_eq!(code, 0);
-    assert!(text.contains("dave path=/ ro root_squash"), "{text}");
+    assert!(text.contains("dave path=/ rw\n"), "{text}");
+    assert!(text.contains("erin path=/teamA ro root_squash\n"), "{text}");
     // dave is no administrator: he may not list keys.
     let (code, _) = cluster.tessera(&["key", "list", "--key-file", &out_arg]);
     assert_ne!(code, 0, "a non-admin key listed the keys");
+    // dave mounts with his key and works.
+    let config = format!("key_file = {out_arg:?}\nclient_name = \"dave\"\n");
+    let mount = cluster.mount_with_config("dave", &config);
+    std::fs::write(mount.path.join("before"), b"x").unwrap();
     let (code, _) = cluster.tessera(&["key", "revoke", "dave"]);
     assert_eq!(code, 0);
+    // His mount's connection is closed and its next handshake refused: EACCES.
+    let err = std::fs::write(mount.path.join("after"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EACCES), "{err}");
+    assert!(mount.log_text().contains("refused key 'dave'"));
+    drop(mount);
     let (_, text) = cluster.tessera(&["key", "list"]);
-    assert!(
-        text.contains("dave path=/ ro root_squash REVOKED"),
-        "{text}"
-    );
+    assert!(text.contains("dave path=/ rw REVOKED"), "{text}");
 }
 
 /// Guards against a server that listens beyond loopback with nobody authenticated.
