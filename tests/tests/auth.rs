@@ -264,3 +264,27 @@ fn an_insecure_cluster_serves_without_keys_and_warns_at_every_start() {
     let log = std::fs::read_to_string(cluster.dir().join("data-0.log")).unwrap();
     assert!(log.contains("WITHOUT authentication"), "{log}");
 }
+
+/// Guards against client keys living only in the metadata server's memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn client_keys_and_revocations_survive_a_metadata_server_restart() {
+    let mut cluster = InProcessCluster::start(1).await;
+    let admin = cluster.client().await;
+    let frank_key = make_key(&cluster, &admin, "frank").await;
+    make_key(&cluster, &admin, "gina").await;
+    admin.key_revoke("gina").await.unwrap();
+    drop(admin);
+    cluster.restart_meta().await;
+    let frank = client_as(&cluster, "frank", &cluster.dir().join("frank.key"))
+        .await
+        .unwrap();
+    frank.statfs().await.unwrap();
+    let err = client_as(&cluster, "gina", &cluster.dir().join("gina.key"))
+        .await
+        .err()
+        .unwrap();
+    assert!(err.contains("refused key 'gina'"), "{err}");
+    raw_connect(&cluster.data_addr(0), Some(("frank", frank_key)))
+        .await
+        .unwrap();
+}
