@@ -13,7 +13,8 @@ use transport::auth::{Lookup, LookupFuture};
 use transport::{Endpoint, Key, Link, Listener, Role, Verifier};
 
 /// How long an answer of the metadata server about a client is used: a revoked key is
-/// refused by every data server within this time.
+/// refused by every data server within this time (or once the metadata server is back,
+/// when it is away: meanwhile the last answer stands).
 pub const CLIENT_KEY_TTL: Duration = Duration::from_secs(10);
 
 /// Client answers kept at most; the table is cleared when full.
@@ -87,7 +88,8 @@ impl DataVerifier {
 
 impl Inner {
     async fn ask(self: Arc<Self>, name: String) -> Lookup {
-        if let Some((found, at)) = self.cache.lock().get(&name) {
+        let cached = self.cache.lock().get(&name).cloned();
+        if let Some((found, at)) = &cached {
             if at.elapsed() < CLIENT_KEY_TTL {
                 return found.clone();
             }
@@ -95,8 +97,10 @@ impl Inner {
         let found = match self.ask_meta(&name).await {
             Ok(f) => f,
             Err(e) => {
+                // While the metadata server is away, clients it vouched for go on
+                // reconnecting (open files keep reading and writing meanwhile).
                 warn!(%name, error = %e, "cannot ask the metadata server for a client's key");
-                return Lookup::Unknown;
+                return cached.map_or(Lookup::Unknown, |(found, _)| found);
             }
         };
         let mut cache = self.cache.lock();
