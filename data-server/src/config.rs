@@ -45,6 +45,12 @@ pub struct DataConfig {
     pub transport: Backend,
     /// Transport limits and timeouts.
     pub transport_limits: TransportConfig,
+    /// The cluster key's file (64 hex digits, mode 0600): this server authenticates to
+    /// the metadata server and its peers with it, and checks every client's handshake.
+    /// Empty: no authentication, which needs a loopback `listen` or `insecure`.
+    pub key_file: PathBuf,
+    /// Serve without authentication on any address (warned about at every start).
+    pub insecure: bool,
 }
 
 impl Default for DataConfig {
@@ -63,6 +69,8 @@ impl Default for DataConfig {
             addr_file: PathBuf::new(),
             transport: Backend::Tcp,
             transport_limits: TransportConfig::default(),
+            key_file: PathBuf::new(),
+            insecure: false,
         }
     }
 }
@@ -89,7 +97,8 @@ impl DataConfig {
         if self.io_buffer_bytes > self.transport_limits.max_one_sided_bytes {
             return Err("io_buffer_bytes must not exceed transport max_one_sided_bytes".into());
         }
-        Ok(())
+        let has_key = !self.key_file.as_os_str().is_empty();
+        transport::auth::check_listen(&self.listen, has_key, self.insecure)
     }
 }
 

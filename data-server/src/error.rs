@@ -213,6 +213,9 @@ pub enum StartError {
     /// The transport endpoint could not be made (an unusable backend or limits).
     #[error("making the transport endpoint")]
     Transport(#[source] TransportError),
+    /// A key file could not be used (the message names it and the fix).
+    #[error("{0}")]
+    Key(TransportError),
     /// The I/O buffers could not be allocated or registered with the transport.
     #[error("registering the I/O buffers")]
     Buffers(#[source] TransportError),

@@ -31,6 +31,12 @@ struct Args {
     /// Transport backend: tcp, rdma, or auto (rdma when a device is usable, else tcp).
     #[arg(long)]
     transport: Option<String>,
+    /// The cluster key file (mode 0600); every connection must then authenticate.
+    #[arg(long)]
+    key_file: Option<PathBuf>,
+    /// Serve without authentication even on a non-loopback address (warned about).
+    #[arg(long)]
+    insecure: bool,
 }
 
 fn load(args: &Args) -> anyhow::Result<DataConfig> {
@@ -59,11 +65,14 @@ fn load(args: &Args) -> anyhow::Result<DataConfig> {
     if let Some(v) = &args.transport {
         c.transport = v.parse().map_err(anyhow::Error::msg)?;
     }
+    if let Some(v) = &args.key_file {
+        c.key_file = v.clone();
+    }
+    c.insecure |= args.insecure;
     // Resolve `auto` and check `rdma` now, so a host without RDMA gets one clear
     // sentence before anything starts.
     c.transport = c.transport.resolve_for_process(&c.transport_limits)?;
-    c.validate()
-        .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    c.validate().map_err(anyhow::Error::msg)?;
     Ok(c)
 }
 

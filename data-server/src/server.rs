@@ -4,6 +4,7 @@
 use crate::cluster_view::ClusterView;
 use crate::config::DataConfig;
 use crate::error::{DataError, StartError};
+use crate::keys::DataVerifier;
 use crate::service::{DataService, Pools, Resync};
 use crate::store::ChunkStore;
 use parking_lot::Mutex;
@@ -17,14 +18,36 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
-use transport::{BufferPool, Endpoint, Listener};
+use transport::{BufferPool, Credentials, Endpoint, Key, Listener};
 
 /// Deletions one heartbeat round carries out at most (the rest wait for the next round).
 const MAX_GC_PER_HEARTBEAT: usize = 256;
 
+/// With a `key_file`: connections out authenticate as `server/data` with the cluster
+/// key, and the listener checks every handshake ([`DataVerifier`]).
+fn with_keys(
+    ep: Endpoint,
+    config: &DataConfig,
+) -> Result<(Endpoint, Option<DataVerifier>), StartError> {
+    if config.key_file.as_os_str().is_empty() {
+        warn!(listen = %config.listen, "serving WITHOUT authentication: anyone who \
+              reaches this address can read and overwrite every chunk");
+        return Ok((ep, None));
+    }
+    let cluster = Key::load(&config.key_file).map_err(StartError::Key)?;
+    let out = ep.with_credentials(Credentials::server("data", cluster.clone()));
+    let verifier = DataVerifier::new(cluster, out.clone(), config.meta_addr.clone());
+    Ok((
+        out.with_verifier(Arc::new(verifier.clone())),
+        Some(verifier),
+    ))
+}
+
 /// A data server running inside this process.
 pub struct DataServer {
-    listener: Listener,
+    listener: Arc<Listener>,
+    /// Closes revoked clients' connections (with keys).
+    revocations: Option<JoinHandle<()>>,
     advertise: String,
     node: watch::Receiver<Option<NodeId>>,
     heartbeat: JoinHandle<()>,
@@ -54,6 +77,7 @@ impl DataServer {
         let limits = config.transport_limits.clone();
         let ep = Endpoint::new(config.transport, limits.clone(), PROTOCOL_VERSION)
             .map_err(StartError::Transport)?;
+        let (ep, verifier) = with_keys(ep, &config)?;
         let buffers = |count| {
             BufferPool::new(&ep, count, config.io_buffer_bytes).map_err(StartError::Buffers)
         };
@@ -73,6 +97,8 @@ impl DataServer {
                 addr: config.listen.clone(),
                 source,
             })?;
+        let listener = Arc::new(listener);
+        let revocations = verifier.map(|v| v.watch(Arc::downgrade(&listener)));
         let advertise = match config.advertise.as_str() {
             "" => listener.local_addr().to_string(),
             a => a.to_string(),
@@ -91,6 +117,7 @@ impl DataServer {
         info!(addr = %listener.local_addr(), %advertise, "data server started");
         Ok(DataServer {
             listener,
+            revocations,
             advertise,
             node: rx,
             heartbeat,
@@ -130,6 +157,9 @@ impl DataServer {
     pub fn shutdown(&self) {
         self.heartbeat.abort();
         self.resync.abort();
+        if let Some(r) = &self.revocations {
+            r.abort();
+        }
         self.listener.shutdown();
     }
 }

@@ -80,15 +80,26 @@ pub struct Client {
     resume_lock: tokio::sync::Mutex<()>,
 }
 
+/// With a `key_file`, every connection (metadata and data servers) authenticates.
+fn with_key(ep: Endpoint, config: &ClientConfig) -> Result<Endpoint> {
+    if config.key_file.as_os_str().is_empty() {
+        return Ok(ep);
+    }
+    let key = transport::Key::load(&config.key_file)?;
+    let name = config.client_name.clone();
+    Ok(ep.with_credentials(transport::Credentials { name, key }))
+}
+
 impl Client {
     /// Connects to the metadata server named in `config` and learns the data servers.
     pub async fn connect(config: ClientConfig) -> Result<Arc<Client>> {
         config.validate().map_err(ClientError::Config)?;
-        let ep = Arc::new(RpcEndpoint::new(Endpoint::new(
+        let ep = Endpoint::new(
             config.transport,
             config.transport_limits.clone(),
             PROTOCOL_VERSION,
-        )?));
+        )?;
+        let ep = Arc::new(RpcEndpoint::new(with_key(ep, &config)?));
         let seg = config.segment_bytes;
         let pools = Pools {
             io: BufferPool::new(&ep, config.io_buffers, config.io_buffer_bytes)?,

@@ -1,6 +1,7 @@
 //! The client's configuration.
 
 use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 use transport::{Backend, TransportConfig};
 
 /// Everything a mount (or a `Client` library user) can tune.
@@ -68,6 +69,12 @@ pub struct ClientConfig {
     /// change, or a day old, as ext4 by default), `noatime` (never) or `strictatime`
     /// (at every open that reads, and every listing). `tessera mount -o` sets it too.
     pub atime: AtimeMode,
+    /// This client's key file (64 hex digits, mode 0600; `tessera key create --out`
+    /// writes one, `tessera up` makes the administrator's). Empty: connect without
+    /// authenticating, which only a server without keys accepts.
+    pub key_file: PathBuf,
+    /// The name the key was created under (`tessera key create NAME`).
+    pub client_name: String,
 }
 
 /// The mount's access-time option (see [`ClientConfig::atime`]).
@@ -107,6 +114,8 @@ impl Default for ClientConfig {
             failover_timeout_ms: 30_000,
             meta_wait_ms: 30_000,
             atime: AtimeMode::RelAtime,
+            key_file: PathBuf::new(),
+            client_name: "admin".into(),
         }
     }
 }

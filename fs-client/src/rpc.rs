@@ -204,6 +204,8 @@ macro_rules! replied_with_nothing {
 replied_with_nothing!(
     (),
     u64,
+    String,
+    Vec<proto::meta::admin::KeyInfo>,
     Vec<u8>,
     Vec<Vec<u8>>,
     Vec<bool>,

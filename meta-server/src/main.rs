@@ -31,6 +31,15 @@ struct Args {
     /// Copies of each chunk of new files (1 to 8; `namespace.replicas`).
     #[arg(long)]
     replicas: Option<u8>,
+    /// The cluster key file (mode 0600); every connection must then authenticate.
+    #[arg(long)]
+    key_file: Option<PathBuf>,
+    /// The administrator's client key file (client name `admin`).
+    #[arg(long)]
+    admin_key_file: Option<PathBuf>,
+    /// Serve without authentication even on a non-loopback address (warned about).
+    #[arg(long)]
+    insecure: bool,
 }
 
 fn load(args: &Args) -> anyhow::Result<MetaConfig> {
@@ -63,11 +72,17 @@ fn load(args: &Args) -> anyhow::Result<MetaConfig> {
     if let Some(v) = args.replicas {
         c.namespace.replicas = v;
     }
+    if let Some(v) = &args.key_file {
+        c.key_file = v.clone();
+    }
+    if let Some(v) = &args.admin_key_file {
+        c.admin_key_file = v.clone();
+    }
+    c.insecure |= args.insecure;
     // Resolve `auto` and check `rdma` now, so a host without RDMA gets one clear
     // sentence before anything starts.
     c.transport = c.transport.resolve_for_process(&c.transport_limits)?;
-    c.validate()
-        .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    c.validate().map_err(anyhow::Error::msg)?;
     Ok(c)
 }
 

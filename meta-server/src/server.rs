@@ -4,11 +4,12 @@
 
 use crate::config::NamespaceConfig;
 use crate::error::StartError;
+use crate::keys::{self, Keys};
 use crate::kv::{open_store, StoreKind};
 use crate::namespace::{ConnId, Handle, Namespace, Origin};
 use crate::MetaError;
 use bytes::Bytes;
-use proto::meta::{Caller, FsCall, MetaRequest};
+use proto::meta::{AdminRequest as A, Caller, ClusterRequest as C, FsCall, MetaRequest};
 use proto::{codec, rpc, ErrorCode, WireError, PROTOCOL_VERSION};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -37,6 +38,14 @@ pub struct MetaConfig {
     pub transport_limits: TransportConfig,
     /// Namespace settings.
     pub namespace: NamespaceConfig,
+    /// The cluster key's file (64 hex digits, mode 0600); empty: no authentication,
+    /// which needs a loopback `listen` or `insecure`.
+    pub key_file: PathBuf,
+    /// The administrator's client key file (name `admin`, every capability); empty:
+    /// none (client keys are then made only by an administrator the store knows).
+    pub admin_key_file: PathBuf,
+    /// Serve without authentication on any address (warned about at every start).
+    pub insecure: bool,
 }
 
 impl Default for MetaConfig {
@@ -49,6 +58,9 @@ impl Default for MetaConfig {
             transport: Backend::Tcp,
             transport_limits: TransportConfig::default(),
             namespace: NamespaceConfig::default(),
+            key_file: PathBuf::new(),
+            admin_key_file: PathBuf::new(),
+            insecure: false,
         }
     }
 }
@@ -64,7 +76,11 @@ impl MetaConfig {
         if self.data_dir.as_os_str().is_empty() {
             return Err("data_dir must be set".into());
         }
-        Ok(())
+        if self.key_file.as_os_str().is_empty() && !self.admin_key_file.as_os_str().is_empty() {
+            return Err("admin_key_file needs key_file (the cluster key)".into());
+        }
+        let has_key = !self.key_file.as_os_str().is_empty();
+        transport::auth::check_listen(&self.listen, has_key, self.insecure)
     }
 }
 
@@ -72,13 +88,31 @@ impl MetaConfig {
 struct MetaService {
     ns: Arc<Namespace>,
     max_msg_bytes: usize,
+    /// `None` on a server without keys.
+    keys: Option<Arc<Keys>>,
 }
 
 impl Handler for MetaService {
     fn handle(&self, conn: Connection, request: Bytes) -> HandlerFuture {
         let (ns, limit) = (self.ns.clone(), self.max_msg_bytes);
+        let keys = self.keys.clone();
         Box::pin(async move {
             match codec::decode::<MetaRequest>(&request) {
+                Ok(MetaRequest::Admin(A::KeyCreate(r))) => {
+                    key_call(ns, keys, &conn, limit, r).await
+                }
+                Ok(MetaRequest::Admin(A::KeyList(r))) => key_call(ns, keys, &conn, limit, r).await,
+                Ok(MetaRequest::Admin(A::KeyRevoke(r))) => {
+                    key_call(ns, keys, &conn, limit, r).await
+                }
+                Ok(MetaRequest::Cluster(C::ClientKey(r))) => {
+                    let who = conn.peer_identity();
+                    let answer = match &keys {
+                        Some(k) if keys::is_server(who.as_deref()) => Ok(k.for_data_server(&r)),
+                        _ => Err(keys::not_permitted("asking for a client's key")),
+                    };
+                    Bytes::from(rpc::answer(&answer, limit))
+                }
                 Ok(req) => Bytes::from(route(ns, req, ConnId(conn.id().0), limit).await),
                 Err(e) => {
                     warn!(peer = conn.peer(), error = %e, "undecodable request");
@@ -105,11 +139,73 @@ impl Handler for MetaService {
     }
 }
 
+/// A key management request: admin capability checked here, store writes on the
+/// blocking pool.
+async fn key_call<R>(
+    ns: Arc<Namespace>,
+    keys: Option<Arc<Keys>>,
+    conn: &Connection,
+    limit: usize,
+    req: R,
+) -> Bytes
+where
+    R: KeyRequest,
+{
+    let who = conn.peer_identity();
+    let result = match keys {
+        None => Err(WireError::new(
+            ErrorCode::NotSupported,
+            "this metadata server runs without keys (no key_file)".to_string(),
+        )),
+        Some(_) if !keys::may_administer(who.as_deref()) => Err(keys::not_permitted(R::WHAT)),
+        Some(keys) => match tokio::task::spawn_blocking(move || req.run(&keys, &ns)).await {
+            Ok(r) => r,
+            Err(e) => Err(WireError::new(
+                ErrorCode::Io,
+                format!("request failed: {e}"),
+            )),
+        },
+    };
+    Bytes::from(rpc::answer(&result, limit))
+}
+
+/// The three key management requests, run against [`Keys`].
+trait KeyRequest: rpc::Rpc + Send + 'static {
+    /// For the refusal.
+    const WHAT: &'static str;
+    fn run(self, keys: &Keys, ns: &Namespace) -> Result<Self::Reply, WireError>;
+}
+
+impl KeyRequest for proto::meta::admin::KeyCreate {
+    const WHAT: &'static str = "key create";
+    fn run(self, keys: &Keys, ns: &Namespace) -> Result<String, WireError> {
+        keys.create(ns, self)
+    }
+}
+
+impl KeyRequest for proto::meta::admin::KeyList {
+    const WHAT: &'static str = "key list";
+    fn run(
+        self,
+        keys: &Keys,
+        ns: &Namespace,
+    ) -> Result<Vec<proto::meta::admin::KeyInfo>, WireError> {
+        keys.list(ns)
+    }
+}
+
+impl KeyRequest for proto::meta::admin::KeyRevoke {
+    const WHAT: &'static str = "key revoke";
+    fn run(self, keys: &Keys, ns: &Namespace) -> Result<(), WireError> {
+        keys.revoke(ns, self)
+    }
+}
+
 /// Hands each request to its type's handler (`namespace::handlers`). A flat table
 /// reads best on one screen, so rustfmt is told not to spread it.
 #[rustfmt::skip]
 async fn route(ns: Arc<Namespace>, req: MetaRequest, conn: ConnId, limit: usize) -> Vec<u8> {
-    use proto::meta::{AdminRequest as A, ClusterRequest as C, FsRequest as F};
+    use proto::meta::FsRequest as F;
     // Cluster and admin calls are not made for a user: their handlers check no
     // permission, and nobody is what they are taken for if one ever did.
     let server = Origin { conn, caller: Caller::NOBODY };
@@ -157,12 +253,24 @@ async fn route(ns: Arc<Namespace>, req: MetaRequest, conn: ConnId, limit: usize)
             C::GetMap(r) => serve(ns, r, server, limit).await,
             C::ListFiles(r) => serve(ns, r, server, limit).await,
             C::InodesExist(r) => serve(ns, r, server, limit).await,
+            // Answered by `MetaService::handle`, which knows who asks.
+            C::ClientKey(_) => not_here(limit),
         },
         MetaRequest::Admin(req) => match req {
             A::Status(r) => serve(ns, r, server, limit).await,
             A::CheckNamespace(r) => serve(ns, r, server, limit).await,
+            A::KeyCreate(_) | A::KeyList(_) | A::KeyRevoke(_) => not_here(limit),
         },
     }
+}
+
+/// The answer of a request `route` is never given (`MetaService::handle` answers it).
+fn not_here(limit: usize) -> Vec<u8> {
+    let err: Result<(), WireError> = Err(WireError::new(
+        ErrorCode::NotSupported,
+        "request routed to the namespace by mistake".to_string(),
+    ));
+    rpc::answer(&err, limit)
 }
 
 /// Runs one request and encodes its answer.
@@ -190,7 +298,7 @@ const DETACHED_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A metadata server running inside this process.
 pub struct MetaServer {
-    listener: Listener,
+    listener: Arc<Listener>,
     ns: Arc<Namespace>,
     /// Ends the sessions of broken connections nobody resumed; stopped on drop.
     expiry: tokio::task::JoinHandle<()>,
@@ -218,6 +326,24 @@ fn spawn_expiry(ns: &Arc<Namespace>) -> tokio::task::JoinHandle<()> {
             let _ = tokio::task::spawn_blocking(move || ns.expire_detached(now)).await;
         }
     })
+}
+
+/// The cluster key, the stored client keys and the administrator's: `None` without a
+/// `key_file`.
+fn load_keys(config: &MetaConfig, ns: &Namespace) -> Result<Option<Arc<Keys>>, StartError> {
+    if config.key_file.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    let cluster = transport::Key::load(&config.key_file).map_err(StartError::Key)?;
+    let admin = match config.admin_key_file.as_os_str().is_empty() {
+        true => None,
+        false => Some(transport::Key::load(&config.admin_key_file).map_err(StartError::Key)?),
+    };
+    let keys = Keys::load(ns, cluster, admin).map_err(|source| StartError::Open {
+        dir: config.data_dir.clone(),
+        source,
+    })?;
+    Ok(Some(Arc::new(keys)))
 }
 
 impl MetaServer {
@@ -248,11 +374,19 @@ impl MetaServer {
         .await??;
         let ns = Arc::new(ns);
         let limits = config.transport_limits.clone();
-        let ep = Endpoint::new(config.transport, limits.clone(), PROTOCOL_VERSION)
+        let mut ep = Endpoint::new(config.transport, limits.clone(), PROTOCOL_VERSION)
             .map_err(StartError::Transport)?;
+        let keys = load_keys(&config, &ns)?;
+        if let Some(k) = &keys {
+            ep = ep.with_verifier(k.table());
+        } else {
+            warn!(listen = %config.listen, "serving WITHOUT authentication: anyone who \
+                  reaches this address can read and change every file");
+        }
         let service = MetaService {
             ns: ns.clone(),
             max_msg_bytes: limits.max_msg_bytes,
+            keys: keys.clone(),
         };
         let listener = ep
             .listen(&config.listen, Arc::new(service))
@@ -261,6 +395,10 @@ impl MetaServer {
                 addr: config.listen.clone(),
                 source,
             })?;
+        let listener = Arc::new(listener);
+        if let Some(k) = &keys {
+            k.set_listener(&listener);
+        }
         info!(addr = %listener.local_addr(), store = kind.name(), "metadata server started");
         let expiry = spawn_expiry(&ns);
         Ok(MetaServer {

@@ -6,6 +6,7 @@
 //! bytes it produces.
 
 pub mod attr;
+pub mod auth;
 pub mod codec;
 pub mod data;
 pub mod error;

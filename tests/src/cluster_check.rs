@@ -151,8 +151,7 @@ fn rate(bytes: u64, took: Duration) -> f64 {
 
 async fn connect(cluster: &ProcessCluster, transport: &str) -> Result<Arc<Client>> {
     let mut config = ClientConfig {
-        meta_addr: cluster.meta_addr().to_string(),
-        ..ClientConfig::default()
+        ..cluster.client_config()
     };
     config.transport = transport
         .parse::<transport::Backend>()

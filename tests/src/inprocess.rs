@@ -12,7 +12,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tempfile::TempDir;
-use transport::{Backend, Endpoint, TransportConfig};
+use transport::{Backend, Credentials, Endpoint, Key, TransportConfig};
+
+/// The cluster key's file name in the cluster's `keys` directory.
+pub const CLUSTER_KEY: &str = "cluster.key";
+/// The administrator's key's file name (client name `admin`).
+pub const ADMIN_KEY: &str = "admin.key";
 
 /// How long servers may take to start and register.
 const READY: Duration = Duration::from_secs(30);
@@ -27,6 +32,9 @@ pub struct Setup {
     pub limits: TransportConfig,
     /// The metadata server's namespace settings.
     pub namespace: meta_server::NamespaceConfig,
+    /// Run without keys (no authentication); by default every connection authenticates
+    /// with keys made in the cluster's temporary directory.
+    pub insecure: bool,
 }
 
 impl Setup {
@@ -36,6 +44,7 @@ impl Setup {
             transport,
             limits: TransportConfig::default(),
             namespace: InProcessCluster::namespace_config(),
+            insecure: false,
         }
     }
 }
@@ -70,6 +79,14 @@ impl InProcessCluster {
     /// As [`InProcessCluster::start`], on `setup`'s transport and settings.
     pub async fn start_setup(n: usize, setup: Setup) -> InProcessCluster {
         let dir = tempfile::tempdir().expect("temp dir");
+        let keys = dir.path().join("keys");
+        std::fs::create_dir(&keys).expect("keys dir");
+        for k in [CLUSTER_KEY, ADMIN_KEY] {
+            Key::generate()
+                .expect("random key")
+                .save(&keys.join(k))
+                .expect("key saved");
+        }
         let meta = MetaServer::start(Self::meta_config(&setup, "127.0.0.1:0", dir.path()))
             .await
             .expect("metadata server starts");
@@ -111,12 +128,7 @@ impl InProcessCluster {
     /// its heartbeats): it then refuses requests made with an older map as `Stale`,
     /// which is what this asks it, with a read of nothing.
     pub async fn wait_map_known(&self, i: usize, version: u64) {
-        let ep = Endpoint::new(
-            self.transport(),
-            self.setup.limits.clone(),
-            PROTOCOL_VERSION,
-        )
-        .expect("endpoint");
+        let ep = self.endpoint();
         let conn = ep.connect(&self.data_addr(i)).await.expect("connect");
         let probe = Request::new(ReadChunk {
             chunk: ChunkId {
@@ -195,7 +207,13 @@ impl InProcessCluster {
     }
 
     fn meta_config(setup: &Setup, listen: &str, dir: &std::path::Path) -> MetaConfig {
+        let key = |k: &str| match setup.insecure {
+            true => PathBuf::new(),
+            false => dir.join("keys").join(k),
+        };
         MetaConfig {
+            key_file: key(CLUSTER_KEY),
+            admin_key_file: key(ADMIN_KEY),
             listen: listen.into(),
             data_dir: dir.join("meta"),
             namespace: setup.namespace.clone(),
@@ -206,7 +224,12 @@ impl InProcessCluster {
     }
 
     fn data_config(setup: &Setup, meta: &MetaServer, data_dir: PathBuf) -> DataConfig {
+        let keys = data_dir.parent().expect("in the cluster dir").join("keys");
         DataConfig {
+            key_file: match setup.insecure {
+                true => PathBuf::new(),
+                false => keys.join(CLUSTER_KEY),
+            },
             listen: "127.0.0.1:0".into(),
             meta_addr: meta.local_addr().to_string(),
             data_dir,
@@ -282,11 +305,37 @@ impl InProcessCluster {
     /// The configuration [`InProcessCluster::client`] uses, to change before connecting.
     pub fn client_config(&self) -> ClientConfig {
         ClientConfig {
+            key_file: match self.setup.insecure {
+                true => PathBuf::new(),
+                false => self.key_file(ADMIN_KEY),
+            },
             meta_addr: self.meta_addr(),
             transport: self.setup.transport,
             transport_limits: self.setup.limits.clone(),
             ..ClientConfig::default()
         }
+    }
+
+    /// A key file of the cluster: [`CLUSTER_KEY`] or [`ADMIN_KEY`].
+    pub fn key_file(&self, name: &str) -> PathBuf {
+        self.dir.path().join("keys").join(name)
+    }
+
+    /// An endpoint for wire-level tests, authenticated as the administrator (unless the
+    /// cluster runs insecure).
+    pub fn endpoint(&self) -> Endpoint {
+        let ep = Endpoint::new(
+            self.transport(),
+            self.setup.limits.clone(),
+            PROTOCOL_VERSION,
+        )
+        .expect("endpoint");
+        if self.setup.insecure {
+            return ep;
+        }
+        let key = Key::load(&self.key_file(ADMIN_KEY)).expect("admin key");
+        let name = "admin".to_string();
+        ep.with_credentials(Credentials { name, key })
     }
 
     /// The transport every server and client of this cluster runs on.

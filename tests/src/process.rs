@@ -123,6 +123,10 @@ fn transport_args(transport: &Option<String>) -> Vec<String> {
     }
 }
 
+fn path_text(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
 fn read_addr(file: &Path) -> Option<String> {
     fs::read_to_string(file)
         .ok()
@@ -151,6 +155,9 @@ pub struct ClusterOptions {
     /// Where `tessera-meta` and `tessera-data` are; `None`: the workspace's target
     /// directory ([`bin_dir`]).
     pub bin_dir: Option<PathBuf>,
+    /// Run without keys; by default the servers, mounts and `tessera` commands
+    /// authenticate with keys made in the cluster's directory (`keys/`).
+    pub insecure: bool,
 }
 
 impl Default for ClusterOptions {
@@ -164,9 +171,12 @@ impl Default for ClusterOptions {
             data_hosts: Default::default(),
             transport: None,
             bin_dir: None,
+            insecure: false,
         }
     }
 }
+
+pub use crate::inprocess::{ADMIN_KEY, CLUSTER_KEY};
 
 /// Real server processes (on 127.0.0.1 unless told otherwise).
 pub struct ProcessCluster {
@@ -206,8 +216,15 @@ impl ProcessCluster {
             format!("heartbeat_ms = {}\n{}\n", opts.heartbeat_ms, opts.data_toml),
         )
         .expect("data config");
+        if !opts.insecure {
+            fs::create_dir(d.join("keys")).expect("keys dir");
+            for k in [CLUSTER_KEY, ADMIN_KEY] {
+                let key = transport::Key::generate().expect("random key");
+                key.save(&d.join("keys").join(k)).expect("key saved");
+            }
+        }
         let listen = format!("{}:0", opts.host);
-        let meta = Self::spawn_meta(&bin, d, &listen, &opts.transport);
+        let meta = Self::spawn_meta(&bin, d, &listen, &opts);
         // Built before any wait, so whatever was started is stopped if a wait fails.
         let mut cluster = ProcessCluster {
             dir,
@@ -231,7 +248,7 @@ impl ProcessCluster {
         cluster
     }
 
-    fn spawn_meta(bin: &Path, d: &Path, listen: &str, transport: &Option<String>) -> Child {
+    fn spawn_meta(bin: &Path, d: &Path, listen: &str, opts: &ClusterOptions) -> Child {
         let _ = fs::remove_file(d.join("meta.addr"));
         let mut args: Vec<String> = [
             "--config",
@@ -245,7 +262,12 @@ impl ProcessCluster {
         ]
         .map(String::from)
         .to_vec();
-        args.extend(transport_args(transport));
+        args.extend(transport_args(&opts.transport));
+        if !opts.insecure {
+            let keys = d.join("keys");
+            args.extend(["--key-file".into(), path_text(&keys.join(CLUSTER_KEY))]);
+            args.extend(["--admin-key-file".into(), path_text(&keys.join(ADMIN_KEY))]);
+        }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         spawn(&[], &bin.join("tessera-meta"), &args, &d.join("meta.log"))
     }
@@ -274,6 +296,9 @@ impl ProcessCluster {
             (16u64 << 30).to_string(),
         ];
         owned.extend(transport_args(&self.opts.transport));
+        if !self.opts.insecure {
+            owned.extend(["--key-file".into(), path_text(&self.key_file(CLUSTER_KEY))]);
+        }
         let args: Vec<&str> = owned.iter().map(String::as_str).collect();
         let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
         spawn(&prefix, &self.bin.join("tessera-data"), &args, &log)
@@ -330,7 +355,7 @@ impl ProcessCluster {
     pub fn restart_meta(&mut self) {
         stop(&mut self.meta);
         let d = self.dir.path().to_path_buf();
-        self.meta = Self::spawn_meta(&self.bin, &d, &self.meta_addr, &self.opts.transport);
+        self.meta = Self::spawn_meta(&self.bin, &d, &self.meta_addr, &self.opts);
         let addr_file = d.join("meta.addr");
         wait_for("tessera-meta", &mut self.meta, &d.join("meta.log"), || {
             read_addr(&addr_file).is_some()
@@ -340,9 +365,17 @@ impl ProcessCluster {
     /// Runs the `tessera` command with `args` and `--meta` of this cluster; returns its
     /// exit code and standard output.
     pub fn tessera(&self, args: &[&str]) -> (i32, String) {
+        let mut key = Vec::new();
+        if !self.opts.insecure && !args.contains(&"--key-file") {
+            key = vec![
+                "--key-file".to_string(),
+                path_text(&self.key_file(ADMIN_KEY)),
+            ];
+        }
         let out = Command::new(self.bin.join("tessera"))
             .args(args)
             .args(["--meta", &self.meta_addr])
+            .args(&key)
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| panic!("running tessera {args:?}: {e}"));
@@ -360,6 +393,23 @@ impl ProcessCluster {
     /// The metadata server's address.
     pub fn meta_addr(&self) -> &str {
         &self.meta_addr
+    }
+
+    /// A client configuration that reaches this cluster as its administrator.
+    pub fn client_config(&self) -> fs_client::ClientConfig {
+        fs_client::ClientConfig {
+            meta_addr: self.meta_addr.clone(),
+            key_file: match self.opts.insecure {
+                true => PathBuf::new(),
+                false => self.key_file(ADMIN_KEY),
+            },
+            ..fs_client::ClientConfig::default()
+        }
+    }
+
+    /// A key file of the cluster ([`CLUSTER_KEY`], [`ADMIN_KEY`]).
+    pub fn key_file(&self, name: &str) -> PathBuf {
+        self.dir.path().join("keys").join(name)
     }
 
     /// The cluster's scratch directory (logs, server state).
@@ -381,15 +431,19 @@ impl ProcessCluster {
         let log = self.dir.path().join(format!("{name}.log"));
         let conf = self.dir.path().join(format!("{name}.toml"));
         fs::write(&conf, config).expect("mount config file");
-        let args = [
+        let mut args = [
             "mount",
             "--config",
             &conf.to_string_lossy(),
             "--meta",
             &self.meta_addr,
-            &path.to_string_lossy(),
         ]
-        .map(String::from);
+        .map(String::from)
+        .to_vec();
+        if !self.opts.insecure && !config.contains("key_file") {
+            args.extend(["--key-file".into(), path_text(&self.key_file(ADMIN_KEY))]);
+        }
+        args.push(path_text(&path));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let child = spawn(&[], &self.bin.join("tessera"), &args, &log);
         // The guard exists before the wait, so a mount that never becomes ready is still

@@ -6,15 +6,9 @@
 use bytes::Bytes;
 use proto::data::{ReadChunk, WriteChunk};
 use proto::meta::fs;
-use proto::{
-    codec, ChunkId, ErrorCode, InodeId, MrKey, RemoteBuf, Request, WireError, PROTOCOL_VERSION,
-};
+use proto::{codec, ChunkId, ErrorCode, InodeId, MrKey, RemoteBuf, Request, WireError};
 use tessera_tests::InProcessCluster;
-use transport::{Access, Backend, Endpoint, TransportConfig};
-
-fn endpoint() -> Endpoint {
-    Endpoint::new(Backend::Tcp, TransportConfig::default(), PROTOCOL_VERSION).unwrap()
-}
+use transport::Access;
 
 /// The code of an error reply. An error is encoded the same whatever the reply type
 /// of the request, so it decodes as the error of a `()` reply.
@@ -41,7 +35,7 @@ fn encoded<R: proto::Rpc>(req: R) -> Bytes {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn malformed_and_unknown_messages_get_clear_errors() {
     let cluster = InProcessCluster::start(1).await;
-    let ep = endpoint();
+    let ep = cluster.endpoint();
     let meta = ep.connect(&cluster.meta_addr()).await.unwrap();
     // A message type that does not exist.
     let reply = meta.call(Bytes::from_static(&[100, 1, 2])).await.unwrap();
@@ -112,7 +106,7 @@ async fn one_sided_accesses_with_bad_keys_or_bounds_are_refused_by_the_data_serv
         map_version: map.version,
         replicas: 1,
     };
-    let ep = endpoint();
+    let ep = cluster.endpoint();
     let data = ep.connect(cluster.data[0].advertise()).await.unwrap();
     let mr = ep.register(1 << 20).unwrap();
     let grant = data.grant(&mr, 0, 4096, Access::RemoteReadWrite).unwrap();
@@ -200,7 +194,7 @@ async fn one_sided_accesses_with_bad_keys_or_bounds_are_refused_by_the_data_serv
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_envelope_with_a_garbage_payload_is_refused_cleanly() {
     let cluster = InProcessCluster::start(1).await;
-    let ep = endpoint();
+    let ep = cluster.endpoint();
     let meta = ep.connect(&cluster.meta_addr()).await.unwrap();
     // The metadata envelope: 0 file-system calls, 1 cluster calls, 2 admin calls. A
     // file-system call starts with its caller: uid 0, gid 0, no groups (`0, 0, 0`).

@@ -52,10 +52,9 @@ async fn with_write_budget(
     mount_bytes: u64,
 ) -> Arc<Client> {
     let config = fs_client::ClientConfig {
-        meta_addr: cluster.meta_addr(),
         write_buffer_file_bytes: file_bytes,
         write_buffer_mount_bytes: mount_bytes,
-        ..fs_client::ClientConfig::default()
+        ..cluster.client_config()
     };
     Client::connect(config).await.unwrap()
 }

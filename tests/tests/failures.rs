@@ -29,8 +29,7 @@ fn fast(data_servers: usize, extra: &str) -> ClusterOptions {
 
 async fn client(cluster: &ProcessCluster) -> Arc<Client> {
     let config = ClientConfig {
-        meta_addr: cluster.meta_addr().to_string(),
-        ..ClientConfig::default()
+        ..cluster.client_config()
     };
     Client::connect(config).await.expect("client connects")
 }

@@ -149,8 +149,7 @@ async fn a_partitioned_data_server_is_taken_out_and_back_while_the_cluster_serve
     opts.data_hosts.insert(2, (prefix, ns.inner_addr.clone()));
     let cluster = ProcessCluster::start_with(opts);
     let mut config = ClientConfig {
-        meta_addr: cluster.meta_addr().to_string(),
-        ..ClientConfig::default()
+        ..cluster.client_config()
     };
     config.transport_limits.call_timeout_ms = 3000;
     config.transport_limits.connect_timeout_ms = 2000;
@@ -181,8 +180,7 @@ async fn a_partitioned_data_server_is_taken_out_and_back_while_the_cluster_serve
     let (code, out) = cluster.tessera(&["fsck"]);
     assert_eq!(code, 0, "tessera fsck after the partition healed:\n{out}");
     let fresh = Client::connect(ClientConfig {
-        meta_addr: cluster.meta_addr().to_string(),
-        ..ClientConfig::default()
+        ..cluster.client_config()
     })
     .await
     .unwrap();

@@ -10,10 +10,10 @@ use bytes::Bytes;
 use fs_client::{Client, FileHandle};
 use proto::data::{Moved, Placement, WriteInline, MAX_INLINE_WRITE_BYTES};
 use proto::meta::{Caller, ClusterMap};
-use proto::{ErrorCode, InodeId, Request, PROTOCOL_VERSION};
+use proto::{ErrorCode, InodeId, Request};
 use std::time::Duration;
 use tessera_tests::{pseudo_random, sha256_hex, InProcessCluster, Setup};
-use transport::{Backend, Endpoint, TransportConfig};
+use transport::Backend;
 
 const ROOT_CALLER: Caller = Caller::ROOT;
 const MIB: usize = 1 << 20;
@@ -516,7 +516,7 @@ async fn small_writes_travel_inline_down_the_chain_and_a_copy_that_missed_one_is
             .position(|s| s.node_id() == Some(node))
             .unwrap()
     };
-    let ep = Endpoint::new(Backend::Tcp, TransportConfig::default(), PROTOCOL_VERSION).unwrap();
+    let ep = cluster.endpoint();
     let head = ep
         .connect(cluster.data[index_of(order[0])].advertise())
         .await

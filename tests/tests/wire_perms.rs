@@ -14,12 +14,12 @@
 //! | setxattr `trusted.x` | EPERM |
 
 use proto::meta::{fs, Caller, MetaRequest, OpenAccess, XattrMode};
+use proto::TimeSet;
 use proto::{ClientId, ErrorCode, InodeId, ProtoError, Request, Rpc, SetAttr, WireError};
-use proto::{TimeSet, PROTOCOL_VERSION};
 use std::path::Path;
 use tessera_tests::posix::{file_owned, mkdir_owned, open_to_all, User, ALICE_UID, BOB_UID};
 use tessera_tests::InProcessCluster;
-use transport::{Backend, Connection, Endpoint, TransportConfig, TransportError};
+use transport::{Connection, Endpoint, TransportError};
 
 /// Why a wire call was refused: the server's code. Anything else fails the test.
 #[derive(Debug, PartialEq, Eq)]
@@ -52,8 +52,9 @@ struct Wire {
 
 impl Wire {
     async fn connect(cluster: &InProcessCluster) -> Wire {
-        let cfg = TransportConfig::default();
-        let ep = Endpoint::new(Backend::Tcp, cfg, PROTOCOL_VERSION).expect("endpoint");
+        // Authenticated as the cluster's administrator (no root squash): the user each
+        // call names is what the server judges.
+        let ep = cluster.endpoint();
         let conn = ep
             .connect(&cluster.meta_addr())
             .await

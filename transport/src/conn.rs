@@ -2,6 +2,7 @@
 //! timeouts, grants, serving calls with a bounded number in flight, closing once). How
 //! bytes travel is the backend's [`Wire`].
 
+use crate::auth::PeerIdentity;
 use crate::config::TransportConfig;
 use crate::error::TransportError;
 use crate::mr::{MemoryRegion, MrInner};
@@ -12,8 +13,8 @@ use proto::{ErrorCode, RemoteBuf};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::{oneshot, Semaphore};
 use tokio::task::AbortHandle;
@@ -115,6 +116,39 @@ pub(crate) struct ConnCore {
     /// When a call last arrived or an operation last started ([`since_start_ms`]): a
     /// full listener closes the connection idle longest to make room (`ConnSet`).
     last_active_ms: AtomicU64,
+    /// Who the peer proved to be; unset until the handshake succeeds (and always on an
+    /// endpoint without keys).
+    identity: OnceLock<Arc<PeerIdentity>>,
+    /// The server side's handshake progress (see `auth::Gate`).
+    pub(crate) auth_step: Mutex<AuthStep>,
+    /// Set when the connection must close once the current reply is sent (a refused
+    /// handshake); `closing` says how. A flag, so the common path reads one atomic.
+    closing_flag: AtomicBool,
+    closing: Mutex<Option<Closing>>,
+}
+
+/// What a server knows of a handshake under way on one connection.
+#[derive(Clone, Debug, Default)]
+pub(crate) enum AuthStep {
+    /// Nothing yet: a `Hello` is due.
+    #[default]
+    Fresh,
+    /// `Challenge` sent: a `Proof` is due.
+    Challenged {
+        name: String,
+        nonce_c: [u8; 32],
+        nonce_s: [u8; 32],
+    },
+    /// Done, or failed: nothing more is accepted as a handshake.
+    Over,
+}
+
+/// How a connection closes after its current reply.
+struct Closing {
+    /// Sent instead of the reply, as a refusal with a stable code.
+    refusal: Option<(ErrorCode, String)>,
+    /// Why it closes, for the log.
+    why: String,
 }
 
 /// Milliseconds since this process first asked, a clock for idle times.
@@ -190,6 +224,21 @@ impl Connection {
     /// Largest request the peer takes (its receive buffers, as agreed at the handshake).
     pub fn max_request_bytes(&self) -> usize {
         self.core.peer_max_msg_bytes
+    }
+
+    /// Who the peer proved to be in the handshake: on a server, the client's or server's
+    /// name and role; on a client, the server (role `Server`, named by its address).
+    /// `None` on an endpoint without keys (insecure mode).
+    pub fn peer_identity(&self) -> Option<Arc<PeerIdentity>> {
+        self.core.identity().cloned()
+    }
+
+    pub(crate) fn set_identity(&self, who: Arc<PeerIdentity>) {
+        let _ = self.core.identity.set(who);
+    }
+
+    pub(crate) fn core(&self) -> &Arc<ConnCore> {
+        &self.core
     }
 
     /// Whether the connection has closed; every operation on it fails from then on.
@@ -326,7 +375,23 @@ impl ConnCore {
             wire,
             config,
             last_active_ms: AtomicU64::new(since_start_ms()),
+            identity: OnceLock::new(),
+            auth_step: Mutex::new(AuthStep::Fresh),
+            closing_flag: AtomicBool::new(false),
+            closing: Mutex::new(None),
         }
+    }
+
+    /// Who the peer proved to be, if it has.
+    pub(crate) fn identity(&self) -> Option<&Arc<PeerIdentity>> {
+        self.identity.get()
+    }
+
+    /// Closes the connection once the reply being computed is sent; with `refusal`,
+    /// that is sent instead of the reply.
+    pub(crate) fn close_after_reply(&self, refusal: Option<(ErrorCode, String)>, why: String) {
+        *self.closing.lock() = Some(Closing { refusal, why });
+        self.closing_flag.store(true, Ordering::Release);
     }
 
     /// How long nothing has happened on this connection, or `None` while something
@@ -512,6 +577,16 @@ impl ConnCore {
     }
 
     fn finish_call(self: &Arc<Self>, id: u64, reply: Bytes) {
+        if self.closing_flag.load(Ordering::Acquire) {
+            if let Some(c) = self.closing.lock().take() {
+                let answer = match c.refusal {
+                    Some(refusal) => Err(refusal),
+                    None => Ok(reply),
+                };
+                self.respond(id, answer);
+                return self.shutdown(c.why);
+            }
+        }
         // The smaller of both sides' limits: the peer's receive buffers hold no more.
         let limit = self.peer_max_msg_bytes;
         if reply.len() > limit {

@@ -1,5 +1,6 @@
 //! Endpoints: register memory, connect to peers, listen for them, on the chosen backend.
 
+use crate::auth::{AuthSetup, Credentials, Gate, Verifier, HANDSHAKE_TIMEOUT_MS};
 use crate::backend::Backend;
 use crate::config::TransportConfig;
 use crate::conn::{since_start_ms, Closed, ConnCore, ConnId, Connection, Handler};
@@ -10,6 +11,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 use tokio::task::AbortHandle;
 use tracing::warn;
 
@@ -25,6 +27,8 @@ pub struct Endpoint {
     app_version: u16,
     /// How `mem` fault filters name this endpoint: its listen address once it listens.
     local_name: Arc<Mutex<String>>,
+    /// Keys: how `connect` authenticates, how `listen` checks its peers.
+    auth: AuthSetup,
     #[cfg(feature = "rdma")]
     rdma: Option<Arc<crate::rdma::Device>>,
 }
@@ -57,9 +61,43 @@ impl Endpoint {
                 "mem-client-{}",
                 NEXT_ENDPOINT.fetch_add(1, Ordering::Relaxed)
             ))),
+            auth: AuthSetup {
+                handshake_timeout_ms: HANDSHAKE_TIMEOUT_MS,
+                ..AuthSetup::default()
+            },
             #[cfg(feature = "rdma")]
             rdma,
         })
+    }
+
+    /// Authenticates every connection this endpoint makes as `credentials` (see
+    /// [`crate::auth`]): `connect` returns only once the server proved the same key.
+    pub fn with_credentials(mut self, credentials: Credentials) -> Endpoint {
+        self.auth.credentials = Some(credentials);
+        self
+    }
+
+    /// Requires every connection to this endpoint's listeners to authenticate with a
+    /// key `verifier` knows before any of its requests reaches the application.
+    pub fn with_verifier(mut self, verifier: Arc<dyn Verifier>) -> Endpoint {
+        self.auth.verifier = Some(verifier);
+        self
+    }
+
+    /// How long an accepted connection may take to authenticate (and `connect` may wait
+    /// for the server's side of the handshake); [`HANDSHAKE_TIMEOUT_MS`] unless set.
+    pub fn with_handshake_timeout_ms(mut self, ms: u64) -> Endpoint {
+        self.auth.handshake_timeout_ms = ms;
+        self
+    }
+
+    /// Whether this endpoint's listeners require authentication.
+    pub fn verifies(&self) -> bool {
+        self.auth.verifier.is_some()
+    }
+
+    pub(crate) fn handshake_timeout_ms(&self) -> u64 {
+        self.auth.handshake_timeout_ms
     }
 
     /// The backend in use (never `Auto`: that is resolved when the endpoint is made).
@@ -120,13 +158,31 @@ impl Endpoint {
     }
 
     /// Connects to a listening peer at `addr` (`host:port`).
+    /// With credentials, the handshake runs before it returns: a server that refuses
+    /// the key, or cannot prove it, is a [`TransportError::Auth`] of one line.
     pub async fn connect(&self, addr: &str) -> Result<Connection, TransportError> {
-        match self.backend {
-            Backend::Mem => crate::mem::connect(self, addr).await,
+        let conn = match self.backend {
+            Backend::Mem => crate::mem::connect(self, addr).await?,
             #[cfg(feature = "rdma")]
-            Backend::Rdma => crate::rdma::connect(self, addr).await,
-            _ => crate::tcp::connect(self, addr).await,
+            Backend::Rdma => crate::rdma::connect(self, addr).await?,
+            _ => crate::tcp::connect(self, addr).await?,
+        };
+        if let Some(creds) = &self.auth.credentials {
+            let ms = self.auth.handshake_timeout_ms;
+            let hs = crate::auth::client_handshake(&conn, creds, addr);
+            match tokio::time::timeout(Duration::from_millis(ms), hs).await {
+                Ok(r) => r?,
+                Err(_) => {
+                    conn.close();
+                    let why =
+                        format!("the server at {addr} did not finish the handshake in {ms} ms");
+                    warn!("{why}");
+                    let peer = addr.to_string();
+                    return Err(TransportError::Auth { peer, why });
+                }
+            }
         }
+        Ok(conn)
     }
 
     /// Listens on `addr` (port 0 picks a free port); every call that arrives is handed to
@@ -136,6 +192,7 @@ impl Endpoint {
         addr: &str,
         handler: Arc<dyn Handler>,
     ) -> Result<Listener, TransportError> {
+        let handler = Arc::new(Gate::new(handler, self.auth.verifier.clone()));
         match self.backend {
             Backend::Mem => crate::mem::listen(self, addr, handler),
             #[cfg(feature = "rdma")]
@@ -151,12 +208,15 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
-/// The connections a listener accepted, so it can bound and close them.
+/// The connections a listener accepted, so it can bound and close them. Connections
+/// still in their handshake count against `max_connections` like the others.
 #[derive(Clone, Default)]
 pub(crate) struct ConnSet(Arc<Mutex<ConnSetInner>>);
 
 #[derive(Default)]
 struct ConnSetInner {
+    /// With a verifier: how long a connection may stay unauthenticated.
+    handshake_timeout_ms: Option<u64>,
     conns: HashMap<ConnId, Weak<ConnCore>>,
     /// Set by the listener's shutdown. A handshake that was already under way then must
     /// not add a live connection: its task would keep the handler (and whatever the
@@ -165,6 +225,30 @@ struct ConnSetInner {
 }
 
 impl ConnSet {
+    /// The set of a listener of `ep`.
+    pub(crate) fn for_endpoint(ep: &Endpoint) -> ConnSet {
+        let set = ConnSet::default();
+        set.0.lock().handshake_timeout_ms = ep.verifies().then(|| ep.handshake_timeout_ms());
+        set
+    }
+
+    /// Closes the connections whose peer authenticated as `name` (a revoked client);
+    /// returns how many.
+    pub(crate) fn close_identity(&self, name: &str, why: &str) -> usize {
+        let victims: Vec<_> = self
+            .0
+            .lock()
+            .conns
+            .values()
+            .filter_map(Weak::upgrade)
+            .filter(|c| c.identity().is_some_and(|i| i.name == name))
+            .collect();
+        for c in &victims {
+            c.shutdown_as(why.to_string(), Closed::Locally);
+        }
+        victims.len()
+    }
+
     /// Whether another connection fits under `config.max_connections` (forgetting
     /// closed ones first). When the set is full, the connection idle longest, if idle
     /// for `idle_close_ms` at least, is closed to make room: idle connections cannot
@@ -216,6 +300,9 @@ impl ConnSet {
             return;
         }
         c.conns.insert(core.id, Arc::downgrade(core));
+        if let Some(ms) = c.handshake_timeout_ms {
+            tokio::spawn(handshake_deadline(Arc::downgrade(core), ms));
+        }
     }
 
     fn close_all(&self, why: &str) {
@@ -229,6 +316,18 @@ impl ConnSet {
                 c.shutdown_as(why.to_string(), Closed::Locally);
             }
         }
+    }
+}
+
+/// Closes a connection that has not authenticated `ms` after it was accepted, so that
+/// half-open handshakes cannot hold `max_connections` slots for long.
+async fn handshake_deadline(core: Weak<ConnCore>, ms: u64) {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    let Some(core) = core.upgrade() else { return };
+    if core.identity().is_none() && !core.is_closed() {
+        let peer = &core.peer;
+        warn!("authentication of the client at {peer} refused: timed out after {ms} ms");
+        core.shutdown(format!("did not authenticate within {ms} ms"));
     }
 }
 
@@ -261,6 +360,12 @@ impl Listener {
     /// The address it listens on (with the port chosen for port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Closes every connection whose peer authenticated as `name` (a client just
+    /// revoked); returns how many there were.
+    pub fn close_peer(&self, name: &str) -> usize {
+        self.conns.close_identity(name, "its key was revoked")
     }
 
     /// Stops accepting and closes every accepted connection.

@@ -38,6 +38,23 @@ pub enum TransportError {
         /// Our application protocol version.
         our_app: u16,
     },
+    /// Authentication failed: refused by the server, the server did not prove the key,
+    /// or one side has keys and the other has none. One line, for the operator.
+    #[error("{why}")]
+    Auth {
+        /// The peer.
+        peer: String,
+        /// Why, naming the peer's address.
+        why: String,
+    },
+    /// A key file could not be used (missing, malformed, readable by others).
+    #[error("key file {path}: {why}")]
+    KeyFile {
+        /// The file.
+        path: String,
+        /// Why, with the fix.
+        why: String,
+    },
     /// The connection is closed (peer died, closed it, or broke the protocol).
     #[error("connection to {peer} is closed: {why}")]
     Disconnected {
@@ -122,6 +139,8 @@ impl TransportError {
                 ErrorCode::Unavailable
             }
             TransportError::Handshake { .. } => ErrorCode::Malformed,
+            TransportError::Auth { .. } => ErrorCode::PermissionDenied,
+            TransportError::KeyFile { .. } => ErrorCode::InvalidArgument,
             TransportError::VersionMismatch { .. } => ErrorCode::VersionMismatch,
             TransportError::TimedOut { .. } => ErrorCode::TimedOut,
             TransportError::TooBig { .. } => ErrorCode::TooBig,

@@ -14,6 +14,7 @@
 //! v2; `mem` runs peers inside one process with fault injection ([`mem`]); `auto` picks
 //! `rdma` when a device is usable and `tcp` otherwise.
 
+pub mod auth;
 mod backend;
 mod config;
 mod conn;
@@ -34,6 +35,7 @@ mod window;
 #[cfg(feature = "rdma")]
 mod rdma;
 
+pub use auth::{Credentials, Key, KeyTable, PeerIdentity, Role, Verifier};
 pub use backend::{rdma_probe, Backend, BACKENDS};
 pub use config::{RdmaConfig, TransportConfig};
 pub use conn::{Closed, ConnId, Connection, Handler, HandlerFuture};

@@ -488,7 +488,7 @@ pub(crate) fn listen(
     };
     let local = SocketAddr::new(want.ip(), port);
     let key = local.to_string();
-    let conns = ConnSet::default();
+    let conns = ConnSet::for_endpoint(ep);
     let entry = ListenerEntry {
         handler,
         config: ep.config_arc(),

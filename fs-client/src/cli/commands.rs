@@ -42,6 +42,12 @@ pub enum Cmd {
         /// Mount options, comma-separated: noatime, relatime (the default), strictatime.
         #[arg(short = 'o')]
         options: Vec<String>,
+        /// This client's key file (`key_file`); its name is `client_name` (default admin).
+        #[arg(long)]
+        key_file: Option<PathBuf>,
+        /// The name the key was created under (`client_name`).
+        #[arg(long)]
+        client_name: Option<String>,
     },
     /// Show the RDMA devices, ports, link layers and GIDs of this host, and the
     /// transport that `auto` would pick.
@@ -95,6 +101,12 @@ pub enum Cmd {
         #[arg(long)]
         repair: bool,
     },
+    /// Create, list or revoke client keys (needs an administrator's key).
+    Key {
+        /// What to do.
+        #[command(subcommand)]
+        action: KeyCmd,
+    },
     /// Unmount and stop everything `tessera up` started for a mount point.
     Down {
         /// The mount point given to `up`.
@@ -105,8 +117,62 @@ pub enum Cmd {
     },
 }
 
+/// `tessera key ...`.
+#[derive(Subcommand, Debug)]
+pub enum KeyCmd {
+    /// Make a client key; prints it, or writes it to --out (mode 0600).
+    Create {
+        /// The client's name: letters, digits, '.', '_', '-'.
+        name: String,
+        /// The directory the client sees as its root.
+        #[arg(long, default_value = "/")]
+        path: String,
+        /// Every change fails with EROFS.
+        #[arg(long)]
+        read_only: bool,
+        /// Do not map uid/gid 0 to nobody (squashed by default unless --admin).
+        #[arg(long)]
+        no_root_squash: bool,
+        /// May manage keys and run status and fsck.
+        #[arg(long)]
+        admin: bool,
+        /// Write the key to this new file (mode 0600) instead of printing it.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// The cluster asked.
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// List the client keys (names, capabilities, revoked), never the keys.
+    List {
+        /// The cluster asked.
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Revoke a client key: refused from now on, its connections closed.
+    Revoke {
+        /// The client's name.
+        name: String,
+        /// The cluster asked.
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+}
+
+impl KeyCmd {
+    /// Takes out the cluster the command asks.
+    fn cluster(&mut self) -> ClusterArgs {
+        let c = match self {
+            KeyCmd::Create { cluster, .. }
+            | KeyCmd::List { cluster }
+            | KeyCmd::Revoke { cluster, .. } => cluster,
+        };
+        std::mem::take(c)
+    }
+}
+
 /// Which cluster `status` and `fsck` talk to.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Default)]
 pub struct ClusterArgs {
     /// Mount point of a cluster started by `tessera up`: its metadata address.
     mountpoint: Option<PathBuf>,
@@ -119,6 +185,10 @@ pub struct ClusterArgs {
     /// Client configuration file (TOML).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// The key file to authenticate with (default: the configuration's, else the
+    /// administrator's key of a cluster `tessera up` started).
+    #[arg(long)]
+    key_file: Option<PathBuf>,
 }
 
 impl ClusterArgs {
@@ -126,7 +196,16 @@ impl ClusterArgs {
     /// if one was named.
     fn client_config(self) -> anyhow::Result<(ClientConfig, Option<PathBuf>)> {
         let (meta, state) = local_cluster::meta_of(self.mountpoint, self.state_dir, self.meta)?;
-        Ok((client_config(&self.config, &meta, &None)?, state))
+        let mut c = client_config(&self.config, &meta, &None)?;
+        if let Some(k) = self.key_file {
+            c.key_file = k;
+        } else if let Some(s) = state.as_ref().filter(|_| c.key_file.as_os_str().is_empty()) {
+            let admin = local_cluster::state::admin_key_file(s);
+            if admin.exists() {
+                c.key_file = admin;
+            }
+        }
+        Ok((c, state))
     }
 }
 
@@ -226,9 +305,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             transport,
             nonempty,
             options,
+            key_file,
+            client_name,
         } => {
             local_cluster::check_mountpoint(&mountpoint, nonempty)?;
             let mut c = client_config(&config, &meta, &transport)?;
+            c.key_file = key_file.unwrap_or(c.key_file);
+            c.client_name = client_name.unwrap_or(c.client_name);
             for o in &options {
                 c.apply_mount_options(o).map_err(anyhow::Error::msg)?;
             }
@@ -284,6 +367,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 std::process::exit(1);
             }
             Ok(())
+        }
+        Cmd::Key { mut action } => {
+            let (c, _) = action.cluster().client_config()?;
+            with_client(c, |client| async move {
+                super::keys::run(&client, action).await
+            })
         }
         Cmd::Down {
             mountpoint,

@@ -4,5 +4,6 @@
 
 pub mod admin;
 pub mod commands;
+pub mod keys;
 mod leftovers;
 pub mod local_cluster;

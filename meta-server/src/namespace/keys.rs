@@ -12,6 +12,7 @@
 //! | `T` ino              | a client vanished with the file open   |
 //! | `C` chain            | replication chain: members and states  |
 //! | `V`                  | cluster map version                    |
+//! | `K` name             | client key: key, capabilities, revoked |
 
 use proto::{ChainId, InodeId, NodeId};
 
@@ -25,6 +26,17 @@ const ORPHAN: u8 = b'O';
 const TAIL: u8 = b'T';
 const CHAIN: u8 = b'C';
 const MAP_VERSION: u8 = b'V';
+const CLIENT_KEY: u8 = b'K';
+
+/// Prefix of every client key record.
+pub(crate) fn client_key_prefix() -> Vec<u8> {
+    vec![CLIENT_KEY]
+}
+
+/// A client key record's key.
+pub(crate) fn client_key(name: &str) -> Vec<u8> {
+    with(CLIENT_KEY, &[name.as_bytes()])
+}
 
 fn with(tag: u8, parts: &[&[u8]]) -> Vec<u8> {
     let len = 1 + parts.iter().map(|p| p.len()).sum::<usize>();

@@ -8,6 +8,8 @@
 
 mod access;
 mod check;
+mod clients;
+pub use clients::{ClientRecord, MAX_CLIENT_KEYS};
 mod dirlayout;
 mod entries;
 mod handlers;

@@ -2,6 +2,7 @@
 //! leases, the cluster map and the checks of their chunks against the namespace.
 
 use super::{ClusterMap, FileLayout, GcTask, MetaRequest, ResyncReport};
+use crate::auth::Caps;
 use crate::ids::{InodeId, NodeId};
 use serde::{Deserialize, Serialize};
 
@@ -13,7 +14,32 @@ crate::rpc_requests! {
         GetMap => ClusterMap, "cluster_map", idempotent: true;
         ListFiles => FilesPage, "list_files", idempotent: true;
         InodesExist => Vec<bool>, "inodes_exist", idempotent: true;
+        ClientKey => ClientKeyAnswer, "client_key", idempotent: true;
     }
+}
+
+/// A data server asks for a client's key, to check a client's handshake. Answered only
+/// on a connection authenticated as a server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientKey {
+    /// The name the client gave.
+    pub name: String,
+}
+
+/// What the metadata server knows of a client name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientKeyAnswer {
+    /// Valid: its key (64 hex digits) and capabilities.
+    Known {
+        /// The key, as a key file holds it.
+        key_hex: String,
+        /// What it may do.
+        caps: Caps,
+    },
+    /// No such client.
+    Unknown,
+    /// Revoked.
+    Revoked,
 }
 
 /// A data server announces itself (first start: `node` is `None`).

@@ -360,7 +360,7 @@ pub(crate) async fn listen(
             source,
         })?;
     let local_addr = listener.local_addr()?;
-    let conns = ConnSet::default();
+    let conns = ConnSet::for_endpoint(ep);
     let task = tokio::spawn(accept_loop(ep.clone(), listener, handler, conns.clone()));
     info!(%local_addr, backend = "rdma", "listening");
     Ok(Listener::new(

@@ -306,7 +306,7 @@ fn wait_ready(
 /// A restarted server resyncs its chains first, comparing every chunk; if that is still
 /// under way at the deadline but every chain has a serving copy, the cluster is usable
 /// (writes reach the resyncing copies too) and the wait ends with a note on stderr.
-fn wait_healthy(meta_addr: &str, n: usize, replicas: u8) -> Result<(), ClusterError> {
+fn wait_healthy(meta_addr: &str, state: &Path, n: usize, replicas: u8) -> Result<(), ClusterError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -315,6 +315,7 @@ fn wait_healthy(meta_addr: &str, n: usize, replicas: u8) -> Result<(), ClusterEr
     let config = crate::ClientConfig {
         meta_addr: meta_addr.to_string(),
         io_buffers: 1,
+        key_file: state::admin_key_file(state),
         ..crate::ClientConfig::default()
     };
     rt.block_on(async {
@@ -503,6 +504,10 @@ fn meta_argv(opts: &UpOptions, state: &Path) -> Result<Vec<String>, ClusterError
         path_arg(&state.join(state::META)),
         "--addr-file".into(),
         path_arg(&state::addr_file(state, state::META)),
+        "--key-file".into(),
+        path_arg(&state::cluster_key_file(state)),
+        "--admin-key-file".into(),
+        path_arg(&state::admin_key_file(state)),
     ];
     if let Some(s) = &opts.store {
         argv.extend(["--store".into(), s.clone()]);
@@ -519,6 +524,7 @@ fn start_all(
     state: &Path,
     pids: &mut Pids,
 ) -> Result<String, ClusterError> {
+    state::ensure_keys(state)?;
     let meta_addr = launch_server(state, state::META, &meta_argv(opts, state)?, pids, false)?;
     // All started before any is waited for: after a crash each counts its store's
     // chunks before it is ready (a disk read per chunk), and they count at once.
@@ -538,6 +544,8 @@ fn start_all(
             path_arg(&state.join(&role)),
             "--addr-file".into(),
             path_arg(&addr_file),
+            "--key-file".into(),
+            path_arg(&state::cluster_key_file(state)),
         ];
         let (child, log) = launch(state, &role, &argv, pids, false)?;
         started.push((child, addr_file, log, role));
@@ -545,12 +553,19 @@ fn start_all(
     for (child, addr_file, log, role) in started.iter_mut() {
         wait_ready(child, role, log, || state::read_addr(addr_file).is_some())?;
     }
-    wait_healthy(&meta_addr, opts.data_servers, opts.replicas.unwrap_or(3))?;
+    wait_healthy(
+        &meta_addr,
+        state,
+        opts.data_servers,
+        opts.replicas.unwrap_or(3),
+    )?;
     let mut argv = vec![
         path_arg(&std::env::current_exe().map_err(io_err("finding this program"))?),
         "mount".into(),
         "--meta".into(),
         meta_addr.clone(),
+        "--key-file".into(),
+        path_arg(&state::admin_key_file(state)),
     ];
     if opts.nonempty {
         argv.push("--nonempty".into());
@@ -626,7 +641,7 @@ fn bring_back(
             .and_then(|r| r.parse().ok())
             .unwrap_or(3);
         let data = roles.iter().filter(|r| r.starts_with("data-")).count();
-        wait_healthy(&state::meta_addr(state)?, data, replicas)?;
+        wait_healthy(&state::meta_addr(state)?, state, data, replicas)?;
     }
     if missing.iter().any(|r| r.as_str() == state::MOUNT) {
         if is_mounted(mnt) {

@@ -209,6 +209,36 @@ pub fn data_names(state: &Path) -> Vec<(String, String)> {
     names
 }
 
+/// The cluster key of a local cluster (servers authenticate with it).
+pub fn cluster_key_file(state: &Path) -> PathBuf {
+    state.join("keys").join("cluster.key")
+}
+
+/// The administrator's client key of a local cluster (the mount, `status`, `fsck`).
+pub fn admin_key_file(state: &Path) -> PathBuf {
+    state.join("keys").join("admin.key")
+}
+
+/// Makes the cluster key and the administrator's key (mode 0600, in a 0700 directory)
+/// unless they exist; a restart keeps them.
+pub fn ensure_keys(state: &Path) -> Result<(), ClusterError> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = state.join("keys");
+    let fail = |what: String| move |e: std::io::Error| ClusterError::Io { what, source: e };
+    std::fs::create_dir_all(&dir).map_err(fail(format!("creating {}", dir.display())))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(fail(format!("making {} private", dir.display())))?;
+    for file in [cluster_key_file(state), admin_key_file(state)] {
+        if file.exists() {
+            continue;
+        }
+        let key = transport::Key::generate().map_err(|e| ClusterError::Other(e.to_string()))?;
+        key.save(&file)
+            .map_err(|e| ClusterError::Other(e.to_string()))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,386 @@
+//! The authentication handshake on real sockets (tcp, 127.0.0.1) and on `mem`: who gets
+//! in, what each side is told when someone does not, and what half-open handshakes
+//! cannot take from served clients.
+// A panic in a test helper fails the test, as unwrap in a #[test] does.
+#![allow(clippy::unwrap_used)]
+
+use bytes::Bytes;
+use proto::auth::{AuthReply, Caps};
+use std::io::Write;
+use std::sync::{Arc, Mutex, Once};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use transport::auth::ClientKey;
+use transport::frame::{Header, Hello, Kind, HEADER_LEN, HELLO_LEN, TRANSPORT_VERSION};
+use transport::{
+    Backend, Connection, Credentials, Endpoint, Handler, HandlerFuture, Key, KeyTable, Listener,
+    TransportConfig, TransportError,
+};
+
+const APP: u16 = 7;
+
+/// Everything the tests' tracing writes, to find the servers' one-line reasons in.
+static LOG: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
+struct LogWriter;
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        LOG.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn capture_log() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        tracing_subscriber::fmt()
+            .with_writer(|| LogWriter)
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .init();
+    });
+}
+
+/// The log lines that contain every one of `parts`, waiting up to 5 s for one.
+async fn log_lines(parts: &[&str]) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = String::from_utf8_lossy(&LOG.lock().unwrap()).to_string();
+        let found: Vec<String> = text
+            .lines()
+            .filter(|l| parts.iter().all(|p| l.contains(p)))
+            .map(str::to_string)
+            .collect();
+        if !found.is_empty() || Instant::now() > deadline {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Answers every call with who the caller proved to be.
+struct WhoAmI;
+
+impl Handler for WhoAmI {
+    fn handle(&self, conn: Connection, _request: Bytes) -> HandlerFuture {
+        let who = format!("{:?}", conn.peer_identity());
+        Box::pin(async move { Bytes::from(who) })
+    }
+}
+
+fn config() -> TransportConfig {
+    TransportConfig {
+        call_timeout_ms: 5000,
+        connect_timeout_ms: 2000,
+        ..TransportConfig::default()
+    }
+}
+
+fn plain(backend: Backend, config: TransportConfig) -> Endpoint {
+    Endpoint::new(backend, config, APP).unwrap()
+}
+
+struct Server {
+    listener: Listener,
+    addr: String,
+    table: Arc<KeyTable>,
+    cluster: Key,
+}
+
+/// A server whose table knows `alice` (with `alice_key`), and `bob`, revoked.
+async fn server(backend: Backend, config: TransportConfig, timeout_ms: u64) -> Server {
+    let cluster = Key::generate().unwrap();
+    let table = Arc::new(KeyTable::new(cluster.clone()));
+    let record = |key| ClientKey {
+        key,
+        caps: Caps::default(),
+        revoked: false,
+    };
+    table.insert("alice", record(alice_key()));
+    table.insert("bob", record(Key::generate().unwrap()));
+    table.revoke("bob");
+    let ep = plain(backend, config)
+        .with_verifier(table.clone())
+        .with_handshake_timeout_ms(timeout_ms);
+    let listener = ep.listen("127.0.0.1:0", Arc::new(WhoAmI)).await.unwrap();
+    let addr = listener.local_addr().to_string();
+    Server {
+        listener,
+        addr,
+        table,
+        cluster,
+    }
+}
+
+fn alice_key() -> Key {
+    Key::from_hex(&"a1".repeat(32)).unwrap()
+}
+
+fn client(backend: Backend, name: &str, key: Key) -> Endpoint {
+    let name = name.to_string();
+    plain(backend, config()).with_credentials(Credentials { name, key })
+}
+
+async fn call(conn: &Connection) -> Result<String, TransportError> {
+    let reply = conn.call(Bytes::from_static(b"hi")).await?;
+    Ok(String::from_utf8_lossy(&reply).to_string())
+}
+
+async fn good_key_gets_in_and_both_sides_know_who(backend: Backend) {
+    let s = server(backend, config(), 5000).await;
+    let conn = client(backend, "alice", alice_key())
+        .connect(&s.addr)
+        .await
+        .unwrap();
+    let who = call(&conn).await.unwrap();
+    assert!(
+        who.contains("name: \"alice\"") && who.contains("Client(Caps"),
+        "{who}"
+    );
+    let server_side = conn.peer_identity().unwrap();
+    assert_eq!(server_side.role, transport::Role::Server);
+    let srv = Credentials::server("data-1", s.cluster.clone());
+    let ep = plain(backend, config()).with_credentials(srv);
+    let who = call(&ep.connect(&s.addr).await.unwrap()).await.unwrap();
+    assert!(
+        who.contains("server/data-1") && who.contains("Server"),
+        "{who}"
+    );
+}
+
+async fn refusals_say_one_generic_line_to_the_client_and_the_reason_to_the_log(b: Backend) {
+    capture_log();
+    let s = server(b, config(), 5000).await;
+    let cases = [
+        ("carol", alice_key(), "unknown client"),
+        ("alice", Key::generate().unwrap(), "bad key"),
+        ("bob", alice_key(), "revoked"),
+    ];
+    let mut told = Vec::new();
+    for (name, key, reason) in cases {
+        let err = client(b, name, key).connect(&s.addr).await.unwrap_err();
+        assert!(matches!(err, TransportError::Auth { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(!msg.contains('\n') && msg.contains(&s.addr), "{msg}");
+        told.push(msg.replace(name, "NAME"));
+        let from = match b {
+            Backend::Mem => "from mem-client-",
+            _ => "from 127.0.0.1:",
+        };
+        let server_says = format!("authentication of '{name}' {from}");
+        let lines = log_lines(&[&server_says, &format!("refused: {reason}")]).await;
+        assert_eq!(lines.len(), 1, "one server line for {name}: {lines:?}");
+        let client_says = format!("the server at {} refused key '{name}'", s.addr);
+        assert_eq!(log_lines(&[&client_says]).await.len(), 1, "one client line");
+    }
+    // The peer learns nothing more than "refused": the three answers are the same.
+    assert!(told.iter().all(|m| *m == told[0]), "{told:?}");
+    assert!(!told[0].contains("bad key") && !told[0].contains("unknown client"));
+    // The one who has the key is served all along.
+    let conn = client(b, "alice", alice_key())
+        .connect(&s.addr)
+        .await
+        .unwrap();
+    assert!(call(&conn).await.unwrap().contains("alice"));
+    drop(s.table);
+}
+
+async fn keys_on_one_side_only_are_one_clear_line_on_both(b: Backend) {
+    capture_log();
+    let s = server(b, config(), 5000).await;
+    let conn = plain(b, config()).connect(&s.addr).await.unwrap();
+    let err = call(&conn).await.unwrap_err().to_string();
+    assert!(
+        err.contains("requires authentication") && !err.contains('\n'),
+        "{err}"
+    );
+    let lines = log_lines(&["no key", &conn_peer_hint(b, &s)]).await;
+    assert!(
+        !lines.is_empty(),
+        "the server says it refused a client without a key"
+    );
+
+    let insecure = plain(b, config());
+    let open = insecure
+        .listen("127.0.0.1:0", Arc::new(WhoAmI))
+        .await
+        .unwrap();
+    let addr = open.local_addr().to_string();
+    let err = client(b, "alice", alice_key())
+        .connect(&addr)
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("without authentication") && msg.contains(&addr),
+        "{msg}"
+    );
+    assert!(!msg.contains('\n'));
+    assert!(!log_lines(&["refused a client that has a key"])
+        .await
+        .is_empty());
+}
+
+/// The server logs the peer's address; on mem that is the client endpoint's name, which
+/// the test does not know, so it matches the refusal alone there.
+fn conn_peer_hint(b: Backend, _s: &Server) -> String {
+    match b {
+        Backend::Mem => "refused".into(),
+        _ => "127.0.0.1".into(),
+    }
+}
+
+async fn a_silent_client_is_closed_at_the_handshake_timeout(b: Backend) {
+    capture_log();
+    let s = server(b, config(), 300).await;
+    let t0 = Instant::now();
+    let conn = plain(b, config()).connect(&s.addr).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !conn.is_closed() && b == Backend::Tcp {
+        assert!(Instant::now() < deadline, "still open after 5 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!log_lines(&["timed out after 300 ms"]).await.is_empty());
+    assert!(t0.elapsed() >= Duration::from_millis(300));
+    // A request after the deadline finds the connection closed.
+    assert!(call(&conn).await.is_err());
+}
+
+async fn half_open_flood_leaves_a_real_client_served(b: Backend) {
+    let limited = TransportConfig {
+        max_connections: 8,
+        idle_close_ms: 0,
+        ..config()
+    };
+    let s = server(b, limited, 500).await;
+    let alice = client(b, "alice", alice_key())
+        .connect(&s.addr)
+        .await
+        .unwrap();
+    let mut flood = Vec::new();
+    for _ in 0..50 {
+        if let Ok(c) = plain(b, config()).connect(&s.addr).await {
+            flood.push(c);
+        }
+    }
+    assert_eq!(
+        flood.len(),
+        7,
+        "half-open handshakes count against max_connections"
+    );
+    for _ in 0..20 {
+        assert!(call(&alice).await.unwrap().contains("alice"));
+    }
+    // The half-open ones time out and a new client gets in, before any deadline of ours.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let carol = loop {
+        let ep = client(b, "alice", alice_key());
+        match ep.connect(&s.addr).await {
+            Ok(c) => break c,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("never got in: {e}"),
+        }
+    };
+    assert!(call(&carol).await.unwrap().contains("alice"));
+    assert!(call(&alice).await.unwrap().contains("alice"));
+}
+
+async fn revoking_closes_the_live_connection(b: Backend) {
+    let s = server(b, config(), 5000).await;
+    let conn = client(b, "alice", alice_key())
+        .connect(&s.addr)
+        .await
+        .unwrap();
+    call(&conn).await.unwrap();
+    s.table.revoke("alice");
+    assert_eq!(s.listener.close_peer("alice"), 1);
+    assert!(call(&conn).await.is_err());
+    let err = client(b, "alice", alice_key())
+        .connect(&s.addr)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("refused key 'alice'"), "{err}");
+}
+
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        mod tcp {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(transport::Backend::Tcp).await
+            })*
+        }
+        mod mem {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(transport::Backend::Mem).await
+            })*
+        }
+    };
+}
+
+on_both!(
+    good_key_gets_in_and_both_sides_know_who,
+    refusals_say_one_generic_line_to_the_client_and_the_reason_to_the_log,
+    keys_on_one_side_only_are_one_clear_line_on_both,
+    a_silent_client_is_closed_at_the_handshake_timeout,
+    half_open_flood_leaves_a_real_client_served,
+    revoking_closes_the_live_connection,
+);
+
+/// A fake server (raw tcp frames) that challenges but cannot prove the key.
+#[tokio::test]
+async fn a_server_that_cannot_prove_the_key_is_refused_by_the_client() {
+    capture_log();
+    let sock = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = sock.local_addr().unwrap().to_string();
+    let fake = tokio::spawn(async move {
+        let (mut s, _) = sock.accept().await.unwrap();
+        let mut hb = [0u8; HELLO_LEN];
+        s.read_exact(&mut hb).await.unwrap();
+        let hello = Hello {
+            transport_version: TRANSPORT_VERSION,
+            app_version: APP,
+            max_msg_bytes: 1 << 20,
+            status: 0,
+        };
+        s.write_all(&hello.encode()).await.unwrap();
+        let replies = [
+            AuthReply::Challenge { nonce: [9; 32] },
+            AuthReply::Welcome { mac: [0; 32] },
+        ];
+        for reply in replies {
+            let mut h = [0u8; HEADER_LEN];
+            s.read_exact(&mut h).await.unwrap();
+            let call = Header::decode(&h);
+            let mut body = vec![0u8; call.len as usize];
+            s.read_exact(&mut body).await.unwrap();
+            let payload = proto::auth::encode_reply(&reply).unwrap();
+            let mut r = Header::new(Kind::Reply, call.id);
+            r.len = payload.len() as u32;
+            s.write_all(&r.encode()).await.unwrap();
+            s.write_all(&payload).await.unwrap();
+        }
+        s
+    });
+    let err = client(Backend::Tcp, "alice", alice_key())
+        .connect(&addr)
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("did not prove the key") && msg.contains(&addr),
+        "{msg}"
+    );
+    assert!(!log_lines(&["did not prove the key", &addr])
+        .await
+        .is_empty());
+    drop(fake.await.unwrap());
+}
