@@ -26,7 +26,7 @@ export RUSTFLAGS="-Cpasses=sancov-module \
   -Cllvm-args=-sanitizer-coverage-pc-table \
   -Cllvm-args=-sanitizer-coverage-trace-compares \
   --cfg fuzzing"
-targets_all=(frames meta_request data_request replies chunk_store meta_store configs)
+targets_all=(frames auth meta_request data_request replies chunk_store meta_store configs)
 # Every input is at most this long (the largest message a peer may send is far longer,
 # but the decoders' work and bounds show on short inputs), and every run holds at most
 # this much memory: an allocation sized from a hostile length field fails the run.
