@@ -115,6 +115,19 @@ pub fn is_scoped(who: Option<&PeerIdentity>) -> bool {
     matches!(who.map(|w| &w.role), Some(Role::Client(c)) if !is_whole_tree(c))
 }
 
+/// The capabilities of the peer's key, for its `MyCaps`: a peer without an identity (a
+/// server without keys) or a server of the cluster may do everything.
+pub fn caps_of(who: Option<&PeerIdentity>) -> Caps {
+    match who.map(|w| &w.role) {
+        Some(Role::Client(caps)) => caps.clone(),
+        None | Some(Role::Server) => Caps {
+            root_squash: false,
+            admin: true,
+            ..Caps::default()
+        },
+    }
+}
+
 /// Refuses an administration call to a key without the admin capability (EPERM).
 pub fn admin_call(who: Option<&PeerIdentity>, req: &AdminRequest) -> Result<(), WireError> {
     match keys::may_administer(who) {

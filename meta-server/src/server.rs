@@ -128,6 +128,13 @@ impl Handler for MetaService {
                     };
                     Bytes::from(rpc::answer(&answer, limit))
                 }
+                MetaRequest::Fs(FsCall {
+                    req: proto::meta::FsRequest::MyCaps(_),
+                    ..
+                }) => Bytes::from(rpc::answer(
+                    &Ok::<_, WireError>(gate::caps_of(who.as_deref())),
+                    limit,
+                )),
                 MetaRequest::Fs(call) => {
                     let conn_id = ConnId(conn.id().0);
                     match admit(&ns, &gate, who, call).await {
@@ -298,6 +305,8 @@ async fn route(
                 F::GetLock(r) => serve(ns, r, at, limit).await,
                 F::ReleaseLocks(r) => serve(ns, r, at, limit).await,
                 F::Resume(r) => serve(ns, r, at, limit).await,
+                // Answered by `MetaService::handle`, which knows who asks.
+                F::MyCaps(_) => not_here(limit),
             }
         }
         MetaRequest::Cluster(req) => match req {

@@ -103,7 +103,8 @@ impl Wire {
             SetLock,
             GetLock,
             ReleaseLocks,
-            Resume
+            Resume,
+            MyCaps
         )
         .map_err(|e| e.code)
     }

@@ -48,7 +48,8 @@ impl FsRequest {
             | F::SetLock(_)
             | F::GetLock(_)
             | F::ReleaseLocks(_)
-            | F::Resume(_) => false,
+            | F::Resume(_)
+            | F::MyCaps(_) => false,
         }
     }
 
@@ -57,7 +58,9 @@ impl FsRequest {
     pub fn inodes_mut(&mut self) -> Vec<&mut InodeId> {
         use FsRequest as F;
         match self {
-            F::Hello(_) | F::StatFs(_) | F::Release(_) | F::ReleaseMany(_) => Vec::new(),
+            F::Hello(_) | F::StatFs(_) | F::Release(_) | F::ReleaseMany(_) | F::MyCaps(_) => {
+                Vec::new()
+            }
             F::Lookup(r) => vec![&mut r.parent],
             F::GetAttr(r) => vec![&mut r.ino],
             F::SetAttr(r) => vec![&mut r.ino],
@@ -227,6 +230,7 @@ pub fn one_of_each(dir: InodeId, file: InodeId, client: ClientId) -> Vec<FsReque
             owner: 1,
         }),
         FsRequest::Resume(Resume { client, sessions }),
+        FsRequest::MyCaps(MyCaps),
     ]
 }
 
