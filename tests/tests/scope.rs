@@ -291,6 +291,31 @@ async fn a_scoped_client_sees_its_directory_as_root_and_nothing_outside() {
         access: OpenAccess::Read,
     };
     assert!(scoped.call(&root, open).await.is_ok());
+
+    // The administrator renames /teamA: the scope follows the directory, not the name,
+    // so it neither widens to / nor breaks.
+    let rename = fs::Rename {
+        parent: InodeId::ROOT,
+        name: b"teamA".to_vec(),
+        new_parent: InodeId::ROOT,
+        new_name: b"renamed".to_vec(),
+        mode: proto::meta::RenameMode::Replace,
+    };
+    admin.call(&root, rename).await.expect("rename /teamA");
+    let top = scoped
+        .call(&root, fs::GetAttr { ino: InodeId::ROOT })
+        .await
+        .unwrap();
+    assert_eq!(
+        top.ino, t.team_a,
+        "the scope is still the renamed directory"
+    );
+    assert_eq!(scoped.names(InodeId::ROOT).await, ["a", "new", "sub"]);
+    let e = scoped
+        .call(&root, fs::GetAttr { ino: t.team_b })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound, "still nothing outside: {e}");
 }
 
 /// Whether `req` names a directory first (for the case whose file is inside).

@@ -106,7 +106,9 @@ fn a_read_only_mount_fails_every_change_with_erofs() {
 
     assert_eq!(fs::read(p("teamA/a")).unwrap(), b"A");
     let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
-    let line = mounts.lines().find(|l| l.contains(&*m.path.to_string_lossy()));
+    let line = mounts
+        .lines()
+        .find(|l| l.contains(&*m.path.to_string_lossy()));
     let options = line.and_then(|l| l.split(' ').nth(3)).unwrap_or_default();
     assert!(options.split(',').any(|o| o == "ro"), "mounted {options}");
     assert_eq!(names(&p("teamB")), ["b"]);
