@@ -164,6 +164,7 @@ fn a_non_admin_key_cannot_run_status_fsck_or_key_list() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{cmd:?} ran: {err}");
         assert!(err.contains("not permitted to this key"), "{cmd:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     }
     let (code, text) = cluster.tessera(&["status"]);
     assert_eq!(code, 0, "the administrator's status: {text}");
