@@ -427,6 +427,7 @@ const DETACHED_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 pub struct MetaServer {
     listener: Arc<Listener>,
     ns: Arc<Namespace>,
+    gate: Arc<Gate>,
     /// Ends the sessions of broken connections nobody resumed; stopped on drop.
     expiry: tokio::task::JoinHandle<()>,
 }
@@ -510,11 +511,12 @@ impl MetaServer {
             warn!(listen = %config.listen, "serving WITHOUT authentication: anyone who \
                   reaches this address can read and change every file");
         }
+        let gate = Arc::new(Gate::default());
         let service = MetaService {
             ns: ns.clone(),
             max_msg_bytes: limits.max_msg_bytes,
             keys: keys.clone(),
-            gate: Arc::new(Gate::default()),
+            gate: gate.clone(),
         };
         let listener = ep
             .listen(&config.listen, Arc::new(service))
@@ -532,6 +534,7 @@ impl MetaServer {
         Ok(MetaServer {
             listener,
             ns,
+            gate,
             expiry,
         })
     }
@@ -544,6 +547,11 @@ impl MetaServer {
     /// The namespace (for tests and tools).
     pub fn namespace(&self) -> &Arc<Namespace> {
         &self.ns
+    }
+
+    /// How many requests naming an inode outside their key's scope were refused.
+    pub fn scope_refusals(&self) -> u64 {
+        self.gate.refused()
     }
 
     /// Stops serving and closes every connection.

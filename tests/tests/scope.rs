@@ -243,6 +243,7 @@ async fn a_scoped_client_sees_its_directory_as_root_and_nothing_outside() {
 
     // Every request kind naming an inode outside (a directory, a file, the real root
     // by its number through a child's parent chain) is refused with ENOENT.
+    let mut sent = 0;
     for (dir, file) in [(t.team_b, t.b), (t.deep, t.b), (t.team_b, t.a)] {
         for mut req in one_of_each(dir, file, scoped.client) {
             // With the file inside, only the requests that name the directory too.
@@ -251,10 +252,13 @@ async fn a_scoped_client_sees_its_directory_as_root_and_nothing_outside() {
                 continue;
             }
             let what = req.name();
+            sent += 1;
             let got = scoped.any(&root, req).await;
             assert_eq!(got, Err(ErrorCode::NotFound), "{what} naming {dir}/{file}");
         }
     }
+    let counted = cluster.meta().scope_refusals();
+    assert_eq!(counted, sent, "each refusal is the gate's, and counted");
     // Renames and links across the scope's edge, both ways.
     let out_of = fs::Rename {
         parent: InodeId::ROOT,
