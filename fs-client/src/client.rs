@@ -59,6 +59,8 @@ pub struct Client {
     /// The runtime those tasks run on; FUSE threads are not part of it.
     pub(crate) rt: tokio::runtime::Handle,
     pub(crate) id: ClientId,
+    /// The capabilities of this client's key, as the metadata server told them.
+    caps: proto::auth::Caps,
     pub(crate) files: Mutex<HashMap<InodeId, Weak<FileState>>>,
     /// Attributes sent with replies: a directory's with create and unlink, a file's
     /// with a length commit.
@@ -112,6 +114,7 @@ impl Client {
         let entry_ttl = Duration::from_millis(config.entry_ttl_ms);
         let name = format!("fs-client pid {}", std::process::id());
         let id = rpc::meta_call(&ep, &meta, &Request::new(fs::Hello { name })).await?;
+        let caps = rpc::meta_call(&ep, &meta, &Request::new(fs::MyCaps)).await?;
         // The connection that said hello needs no resume.
         let hello_conn = meta.made();
         let client = Arc::new_cyclic(|me: &Weak<Client>| Client {
@@ -122,6 +125,7 @@ impl Client {
             me: me.clone(),
             rt: tokio::runtime::Handle::current(),
             id,
+            caps,
             files: Mutex::new(HashMap::new()),
             dir_attrs: DirAttrs::new(dir_ttl),
             no_xattrs: NoXattrs::new(dir_ttl),
@@ -155,6 +159,11 @@ impl Client {
     /// The state of `ino` if this client has it open.
     pub(crate) fn open_file(&self, ino: InodeId) -> Option<Arc<FileState>> {
         self.files.lock().get(&ino).and_then(Weak::upgrade)
+    }
+
+    /// The capabilities of this client's key (a server without keys: every one).
+    pub fn caps(&self) -> &proto::auth::Caps {
+        &self.caps
     }
 
     /// The configuration in use.
@@ -388,6 +397,10 @@ impl Client {
     /// with `noatime`). Best effort, as a lazily written atime is: a failure is logged,
     /// never returned.
     pub async fn accessed(&self, ino: InodeId) {
+        // A read-only key moves no access time (the server would refuse it).
+        if self.caps.read_only {
+            return;
+        }
         let strict = match self.config().atime {
             AtimeMode::NoAtime => return,
             AtimeMode::RelAtime => false,

@@ -11,6 +11,7 @@ pub mod config;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod gate;
 pub mod keys;
 pub mod kv;
 pub(crate) mod membership;

@@ -4,8 +4,10 @@
 
 use crate::config::NamespaceConfig;
 use crate::error::StartError;
+use crate::gate::{self, Gate};
 use crate::keys::{self, Keys};
 use crate::kv::{open_store, StoreKind};
+use crate::namespace::scope::Scope;
 use crate::namespace::{ConnId, Handle, Namespace, Origin};
 use crate::MetaError;
 use bytes::Bytes;
@@ -90,35 +92,60 @@ struct MetaService {
     max_msg_bytes: usize,
     /// `None` on a server without keys.
     keys: Option<Arc<Keys>>,
+    /// The capabilities of client keys, applied before a call is served.
+    gate: Arc<Gate>,
 }
 
 impl Handler for MetaService {
     fn handle(&self, conn: Connection, request: Bytes) -> HandlerFuture {
         let (ns, limit) = (self.ns.clone(), self.max_msg_bytes);
-        let keys = self.keys.clone();
+        let (keys, gate) = (self.keys.clone(), self.gate.clone());
         Box::pin(async move {
-            match codec::decode::<MetaRequest>(&request) {
-                Ok(MetaRequest::Admin(A::KeyCreate(r))) => {
-                    key_call(ns, keys, &conn, limit, r).await
+            let req = match codec::decode::<MetaRequest>(&request) {
+                Ok(req) => req,
+                Err(e) => {
+                    warn!(peer = conn.peer(), error = %e, "undecodable request");
+                    return refuse(WireError::from(e), limit);
                 }
-                Ok(MetaRequest::Admin(A::KeyList(r))) => key_call(ns, keys, &conn, limit, r).await,
-                Ok(MetaRequest::Admin(A::KeyRevoke(r))) => {
-                    key_call(ns, keys, &conn, limit, r).await
-                }
-                Ok(MetaRequest::Cluster(C::ClientKey(r))) => {
-                    let who = conn.peer_identity();
+            };
+            let who = conn.peer_identity();
+            let allowed = match &req {
+                MetaRequest::Admin(r) => gate::admin_call(who.as_deref(), r),
+                MetaRequest::Cluster(r) => gate::cluster_call(who.as_deref(), r),
+                MetaRequest::Fs(_) => Ok(()),
+            };
+            if let Err(e) = allowed {
+                return refuse(e, limit);
+            }
+            match req {
+                MetaRequest::Admin(A::KeyCreate(r)) => key_call(ns, keys, &conn, limit, r).await,
+                MetaRequest::Admin(A::KeyList(r)) => key_call(ns, keys, &conn, limit, r).await,
+                MetaRequest::Admin(A::KeyRevoke(r)) => key_call(ns, keys, &conn, limit, r).await,
+                MetaRequest::Cluster(C::ClientKey(r)) => {
                     let answer = match &keys {
                         Some(k) if keys::is_server(who.as_deref()) => Ok(k.for_data_server(&r)),
                         _ => Err(keys::not_permitted("asking for a client's key")),
                     };
                     Bytes::from(rpc::answer(&answer, limit))
                 }
-                Ok(req) => Bytes::from(route(ns, req, ConnId(conn.id().0), limit).await),
-                Err(e) => {
-                    warn!(peer = conn.peer(), error = %e, "undecodable request");
-                    let err: Result<(), WireError> = Err(WireError::from(e));
-                    Bytes::from(rpc::answer(&err, limit))
+                MetaRequest::Fs(FsCall {
+                    req: proto::meta::FsRequest::MyCaps(_),
+                    ..
+                }) => Bytes::from(rpc::answer(
+                    &Ok::<_, WireError>(gate::caps_of(who.as_deref())),
+                    limit,
+                )),
+                MetaRequest::Fs(call) => {
+                    let conn_id = ConnId(conn.id().0);
+                    match admit(&ns, &gate, who, call).await {
+                        Ok((call, scope)) => {
+                            let req = MetaRequest::Fs(call);
+                            Bytes::from(route(ns, req, conn_id, limit, scope).await)
+                        }
+                        Err(e) => refuse(e, limit),
+                    }
                 }
+                req => Bytes::from(route(ns, req, ConnId(conn.id().0), limit, None).await),
             }
         })
     }
@@ -136,6 +163,33 @@ impl Handler for MetaService {
             Ok(rt) => drop(rt.spawn_blocking(end)),
             Err(_) => end(),
         }
+    }
+}
+
+/// The answer to a request refused before it is served.
+fn refuse(e: WireError, limit: usize) -> Bytes {
+    let err: Result<(), WireError> = Err(e);
+    Bytes::from(rpc::answer(&err, limit))
+}
+
+/// Applies the peer's capabilities to a file-system call ([`Gate::admit`]); a scoped
+/// key's check reads the store, so it runs on the blocking pool.
+async fn admit(
+    ns: &Arc<Namespace>,
+    gate: &Arc<Gate>,
+    who: Option<Arc<transport::PeerIdentity>>,
+    call: FsCall,
+) -> Result<gate::Admitted, WireError> {
+    if !gate::is_scoped(who.as_deref()) {
+        return gate.admit(ns, who.as_deref(), call);
+    }
+    let (ns, gate) = (ns.clone(), gate.clone());
+    match tokio::task::spawn_blocking(move || gate.admit(&ns, who.as_deref(), call)).await {
+        Ok(r) => r,
+        Err(e) => Err(WireError::new(
+            ErrorCode::Io,
+            format!("request failed: {e}"),
+        )),
     }
 }
 
@@ -204,7 +258,13 @@ impl KeyRequest for proto::meta::admin::KeyRevoke {
 /// Hands each request to its type's handler (`namespace::handlers`). A flat table
 /// reads best on one screen, so rustfmt is told not to spread it.
 #[rustfmt::skip]
-async fn route(ns: Arc<Namespace>, req: MetaRequest, conn: ConnId, limit: usize) -> Vec<u8> {
+async fn route(
+    ns: Arc<Namespace>,
+    req: MetaRequest,
+    conn: ConnId,
+    limit: usize,
+    scope: Option<Arc<Scope>>,
+) -> Vec<u8> {
     use proto::meta::FsRequest as F;
     // Cluster and admin calls are not made for a user: their handlers check no
     // permission, and nobody is what they are taken for if one ever did.
@@ -216,19 +276,19 @@ async fn route(ns: Arc<Namespace>, req: MetaRequest, conn: ConnId, limit: usize)
             let at = Origin { conn, caller };
             match req {
                 F::Hello(r) => serve(ns, r, at, limit).await,
-                F::Lookup(r) => serve(ns, r, at, limit).await,
+                F::Lookup(r) => serve_noting(ns, r, at, limit, scope).await,
                 F::GetAttr(r) => serve(ns, r, at, limit).await,
                 F::SetAttr(r) => serve(ns, r, at, limit).await,
-                F::Create(r) => serve(ns, r, at, limit).await,
-                F::MkNod(r) => serve(ns, r, at, limit).await,
-                F::Mkdir(r) => serve(ns, r, at, limit).await,
-                F::Symlink(r) => serve(ns, r, at, limit).await,
+                F::Create(r) => serve_noting(ns, r, at, limit, scope).await,
+                F::MkNod(r) => serve_noting(ns, r, at, limit, scope).await,
+                F::Mkdir(r) => serve_noting(ns, r, at, limit, scope).await,
+                F::Symlink(r) => serve_noting(ns, r, at, limit, scope).await,
                 F::Readlink(r) => serve(ns, r, at, limit).await,
-                F::Link(r) => serve(ns, r, at, limit).await,
+                F::Link(r) => serve_noting(ns, r, at, limit, scope).await,
                 F::Unlink(r) => serve(ns, r, at, limit).await,
                 F::Rmdir(r) => serve(ns, r, at, limit).await,
                 F::Rename(r) => serve(ns, r, at, limit).await,
-                F::ReadDir(r) => serve(ns, r, at, limit).await,
+                F::ReadDir(r) => serve_noting(ns, r, at, limit, scope).await,
                 F::StatFs(r) => serve(ns, r, at, limit).await,
                 F::Open(r) => serve(ns, r, at, limit).await,
                 F::Commit(r) => serve(ns, r, at, limit).await,
@@ -245,6 +305,8 @@ async fn route(ns: Arc<Namespace>, req: MetaRequest, conn: ConnId, limit: usize)
                 F::GetLock(r) => serve(ns, r, at, limit).await,
                 F::ReleaseLocks(r) => serve(ns, r, at, limit).await,
                 F::Resume(r) => serve(ns, r, at, limit).await,
+                // Answered by `MetaService::handle`, which knows who asks.
+                F::MyCaps(_) => not_here(limit),
             }
         }
         MetaRequest::Cluster(req) => match req {
@@ -271,6 +333,71 @@ fn not_here(limit: usize) -> Vec<u8> {
         "request routed to the namespace by mistake".to_string(),
     ));
     rpc::answer(&err, limit)
+}
+
+/// Runs a request whose reply names inodes reached through names, and notes them in
+/// the caller's scope (see `namespace::scope`).
+async fn serve_noting<R: Handle + Reveals>(
+    ns: Arc<Namespace>,
+    req: R,
+    at: Origin,
+    limit: usize,
+    scope: Option<Arc<Scope>>,
+) -> Vec<u8> {
+    let Some(scope) = scope else {
+        return serve(ns, req, at, limit).await;
+    };
+    let result = match tokio::task::spawn_blocking(move || ns.handle(req, at)).await {
+        Ok(r) => r,
+        Err(e) => Err(WireError::new(
+            ErrorCode::Io,
+            format!("request failed: {e}"),
+        )),
+    };
+    if let Ok(reply) = &result {
+        R::reveals(reply, &mut |attr_ino, kind| {
+            if kind != proto::FileKind::Directory {
+                scope.note(attr_ino);
+            }
+        });
+    }
+    rpc::answer(&result, limit)
+}
+
+/// The inodes a reply names, each with its kind.
+trait Reveals: rpc::Rpc {
+    fn reveals(reply: &Self::Reply, note: &mut dyn FnMut(proto::InodeId, proto::FileKind));
+}
+
+macro_rules! reveals_attr {
+    ($($req:ty => |$r:ident| $attr:expr;)*) => {$(
+        impl Reveals for $req {
+            fn reveals($r: &Self::Reply, note: &mut dyn FnMut(proto::InodeId, proto::FileKind)) {
+                let a = $attr;
+                note(a.ino, a.kind);
+            }
+        }
+    )*};
+}
+
+reveals_attr! {
+    proto::meta::fs::Lookup => |r| r;
+    proto::meta::fs::Create => |r| &r.attr;
+    proto::meta::fs::MkNod => |r| &r.attr;
+    proto::meta::fs::Mkdir => |r| &r.attr;
+    proto::meta::fs::Symlink => |r| &r.attr;
+    proto::meta::fs::Link => |r| &r.attr;
+}
+
+impl Reveals for proto::meta::fs::ReadDir {
+    fn reveals(
+        page: &proto::meta::fs::DirPage,
+        note: &mut dyn FnMut(proto::InodeId, proto::FileKind),
+    ) {
+        for e in &page.entries {
+            note(e.ino, e.kind);
+        }
+    }
 }
 
 /// Runs one request and encodes its answer.
@@ -300,6 +427,7 @@ const DETACHED_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 pub struct MetaServer {
     listener: Arc<Listener>,
     ns: Arc<Namespace>,
+    gate: Arc<Gate>,
     /// Ends the sessions of broken connections nobody resumed; stopped on drop.
     expiry: tokio::task::JoinHandle<()>,
 }
@@ -383,10 +511,12 @@ impl MetaServer {
             warn!(listen = %config.listen, "serving WITHOUT authentication: anyone who \
                   reaches this address can read and change every file");
         }
+        let gate = Arc::new(Gate::default());
         let service = MetaService {
             ns: ns.clone(),
             max_msg_bytes: limits.max_msg_bytes,
             keys: keys.clone(),
+            gate: gate.clone(),
         };
         let listener = ep
             .listen(&config.listen, Arc::new(service))
@@ -404,6 +534,7 @@ impl MetaServer {
         Ok(MetaServer {
             listener,
             ns,
+            gate,
             expiry,
         })
     }
@@ -416,6 +547,11 @@ impl MetaServer {
     /// The namespace (for tests and tools).
     pub fn namespace(&self) -> &Arc<Namespace> {
         &self.ns
+    }
+
+    /// How many requests naming an inode outside their key's scope were refused.
+    pub fn scope_refusals(&self) -> u64 {
+        self.gate.refused()
     }
 
     /// Stops serving and closes every connection.

@@ -67,12 +67,14 @@ pub enum ErrorCode {
     WouldBlock = 27,
     /// The waiting process was sent a signal (EINTR).
     Interrupted = 28,
+    /// The client's key is read-only: every change is refused (EROFS).
+    ReadOnly = 29,
     /// A code this build does not know (sent by a newer peer).
     Unknown = 65535,
 }
 
 impl ErrorCode {
-    const ALL: [ErrorCode; 28] = [
+    const ALL: [ErrorCode; 29] = [
         ErrorCode::NotFound,
         ErrorCode::AlreadyExists,
         ErrorCode::NotADirectory,
@@ -101,6 +103,7 @@ impl ErrorCode {
         ErrorCode::Overloaded,
         ErrorCode::WouldBlock,
         ErrorCode::Interrupted,
+        ErrorCode::ReadOnly,
     ];
 
     /// The stable number of this code.

@@ -8,10 +8,13 @@
 
 pub mod admin;
 pub mod cluster;
+mod effects;
 pub mod fs;
 
 pub use admin::AdminRequest;
 pub use cluster::ClusterRequest;
+#[doc(hidden)]
+pub use effects::one_of_each;
 pub use fs::FsRequest;
 
 use crate::attr::{Attr, FileKind, Layout, Timestamp};

@@ -126,6 +126,10 @@ macro_rules! rpc_requests {
         }
 
         impl $Enum {
+            /// Every request type's name, in the table's order (for tests that must
+            /// cover each kind).
+            pub const NAMES: &'static [&'static str] = &[ $( $name, )* ];
+
             /// The request's name, for logs.
             pub fn name(&self) -> &'static str {
                 match self {

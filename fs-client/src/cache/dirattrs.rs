@@ -92,6 +92,7 @@ impl DirAttrs {
                 | R::SetLock(fs::SetLock { .. })
                 | R::GetLock(fs::GetLock { .. })
                 | R::ReleaseLocks(fs::ReleaseLocks { .. })
+                | R::MyCaps(fs::MyCaps)
         );
         let forget = match req {
             // A create (or mkdir, mknod, symlink) changes its directory and a new inode

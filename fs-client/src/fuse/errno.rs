@@ -36,6 +36,7 @@ pub fn errno(code: ErrorCode) -> Errno {
         ErrorCode::Overloaded => Errno::EAGAIN,
         ErrorCode::WouldBlock => Errno::EAGAIN,
         ErrorCode::Interrupted => Errno::EINTR,
+        ErrorCode::ReadOnly => Errno::EROFS,
         ErrorCode::Unknown => Errno::EIO,
     }
 }

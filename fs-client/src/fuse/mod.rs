@@ -439,6 +439,10 @@ fn session_config(client: &Client) -> fuser::Config {
         O::DefaultPermissions,
         O::NoAtime,
     ];
+    // A read-only key: the kernel answers EROFS itself, before asking the server.
+    if client.caps().read_only {
+        config.mount_options.push(O::RO);
+    }
     if c.allow_other {
         config.acl = fuser::SessionACL::All;
     }

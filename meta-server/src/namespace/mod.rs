@@ -25,6 +25,7 @@ mod readdir;
 pub(crate) mod records;
 mod rename;
 mod resume;
+pub mod scope;
 mod space;
 mod txn;
 mod xattr;

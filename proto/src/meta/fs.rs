@@ -41,6 +41,7 @@ crate::rpc_requests! {
         ReleaseLocks => (), "release_locks", idempotent: true;
         // Moving sessions to the connection it arrives on, again, changes nothing.
         Resume => Vec<SessionId>, "resume", idempotent: true;
+        MyCaps => crate::auth::Caps, "my_caps", idempotent: true;
     }
 }
 
@@ -359,6 +360,11 @@ pub struct Resume {
     /// The sessions the client still has open, with their files.
     pub sessions: Vec<(SessionId, InodeId)>,
 }
+
+/// Asks for the capabilities of the key this connection authenticated with (a mount
+/// with a read-only key mounts `ro`). Answered from the connection, not the namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MyCaps;
 
 /// An open session: the reply to [`Create`] and [`Open`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,468 @@
+//! Client capabilities at the wire (issue 23 item 3): a hand-made client holding a key
+//! scoped to `/teamA`, a read-only key, a root-squashing key and a key without the
+//! admin capability, each asking the metadata server directly (no kernel, no mount) for
+//! what its key must not give.
+
+use proto::auth::Caps;
+use proto::meta::admin::{CheckNamespace, KeyCreate, KeyList, Status};
+use proto::meta::cluster::ListFiles;
+use proto::meta::{fs, one_of_each, Caller, FsRequest, MetaRequest, OpenAccess, NOBODY_ID};
+use proto::{ClientId, ErrorCode, InodeId, Request, Rpc, WireError};
+use tessera_tests::InProcessCluster;
+use transport::{Connection, Credentials, Endpoint, Key};
+
+/// One authenticated connection to the metadata server.
+struct Wire {
+    conn: Connection,
+    client: ClientId,
+    _ep: Endpoint,
+}
+
+impl Wire {
+    async fn on(ep: Endpoint, cluster: &InProcessCluster) -> Wire {
+        let conn = ep.connect(&cluster.meta_addr()).await.expect("connect");
+        let mut w = Wire {
+            conn,
+            client: ClientId(0),
+            _ep: ep,
+        };
+        let hello = fs::Hello {
+            name: "scope test".into(),
+        };
+        w.client = w.call(&Caller::NOBODY, hello).await.expect("hello");
+        w
+    }
+
+    /// The cluster's administrator (every capability, no squash).
+    async fn admin(cluster: &InProcessCluster) -> Wire {
+        Wire::on(cluster.endpoint(), cluster).await
+    }
+
+    /// A new client key with `caps`, made by `admin`, and a connection holding it.
+    async fn with_key(cluster: &InProcessCluster, admin: &Wire, name: &str, caps: Caps) -> Wire {
+        let create = KeyCreate {
+            name: name.into(),
+            caps,
+        };
+        let hex = admin.call(&Caller::ROOT, create).await.expect("key create");
+        let key = Key::from_hex(&hex).expect("a key in hex");
+        let ep = cluster.endpoint().with_credentials(Credentials {
+            name: name.into(),
+            key,
+        });
+        Wire::on(ep, cluster).await
+    }
+
+    async fn call<R: Rpc<Envelope = MetaRequest>>(
+        &self,
+        who: &Caller,
+        req: R,
+    ) -> Result<R::Reply, WireError> {
+        let req = Request::new(req).with_caller(who.clone());
+        transport::rpc::call(&self.conn, &req, 1 << 17)
+            .await
+            .map_err(|e: Refusal| e.0)
+    }
+
+    /// Sends any file-system request; only whether it was refused, and how, matters.
+    async fn any(&self, who: &Caller, req: FsRequest) -> Result<(), ErrorCode> {
+        macro_rules! send {
+            ($($k:ident),*) => {
+                match req {
+                    $( FsRequest::$k(r) => self.call(who, r).await.map(drop), )*
+                }
+            };
+        }
+        send!(
+            Hello,
+            Lookup,
+            GetAttr,
+            SetAttr,
+            Create,
+            MkNod,
+            Mkdir,
+            Symlink,
+            Readlink,
+            Link,
+            Unlink,
+            Rmdir,
+            Rename,
+            ReadDir,
+            StatFs,
+            Open,
+            Commit,
+            Release,
+            TailCut,
+            ReleaseMany,
+            GetXattr,
+            SetXattr,
+            ListXattr,
+            RemoveXattr,
+            Append,
+            Accessed,
+            SetLock,
+            GetLock,
+            ReleaseLocks,
+            Resume,
+            MyCaps
+        )
+        .map_err(|e| e.code)
+    }
+
+    async fn mkdir(&self, parent: InodeId, name: &str) -> InodeId {
+        let name = name.as_bytes().to_vec();
+        let req = fs::Mkdir {
+            parent,
+            name,
+            perm: 0o755,
+        };
+        self.call(&Caller::ROOT, req).await.expect("mkdir").attr.ino
+    }
+
+    /// Creates (and closes) a file of root's with mode `perm`.
+    async fn create(&self, who: &Caller, parent: InodeId, name: &str, perm: u32) -> proto::Attr {
+        let req = fs::Create {
+            parent,
+            name: name.as_bytes().to_vec(),
+            perm,
+            exclusive: true,
+            client: self.client,
+            access: OpenAccess::ReadWrite,
+        };
+        let opened = self.call(who, req).await.expect("create");
+        let release = fs::Release {
+            session: opened.session,
+            commit: None,
+        };
+        self.call(who, release).await.expect("release");
+        opened.attr
+    }
+
+    async fn names(&self, dir: InodeId) -> Vec<String> {
+        let req = fs::ReadDir {
+            ino: dir,
+            after: None,
+            max_entries: 100,
+            plus: false,
+        };
+        let page = self.call(&Caller::ROOT, req).await.expect("readdir");
+        let names = page.entries.iter();
+        names
+            .map(|e| String::from_utf8_lossy(&e.name).into())
+            .collect()
+    }
+}
+
+/// A wire error (the server's answer) or a failure of the connection, which fails
+/// the test.
+struct Refusal(WireError);
+
+impl From<WireError> for Refusal {
+    fn from(e: WireError) -> Refusal {
+        Refusal(e)
+    }
+}
+
+impl From<transport::TransportError> for Refusal {
+    fn from(e: transport::TransportError) -> Refusal {
+        panic!("the connection failed: {e}")
+    }
+}
+
+impl From<proto::ProtoError> for Refusal {
+    fn from(e: proto::ProtoError) -> Refusal {
+        panic!("the codec failed: {e}")
+    }
+}
+
+fn caps(path: &str, read_only: bool) -> Caps {
+    Caps {
+        path: path.as_bytes().to_vec(),
+        read_only,
+        ..Caps::default()
+    }
+}
+
+/// `/teamA` (file `a`, directory `sub`) and `/teamB` (file `b`, directory `deep`).
+struct Tree {
+    team_a: InodeId,
+    a: InodeId,
+    team_b: InodeId,
+    b: InodeId,
+    deep: InodeId,
+}
+
+async fn tree(admin: &Wire) -> Tree {
+    let team_a = admin.mkdir(InodeId::ROOT, "teamA").await;
+    let a = admin.create(&Caller::ROOT, team_a, "a", 0o644).await.ino;
+    admin.mkdir(team_a, "sub").await;
+    let team_b = admin.mkdir(InodeId::ROOT, "teamB").await;
+    let b = admin.create(&Caller::ROOT, team_b, "b", 0o644).await.ino;
+    let deep = admin.mkdir(team_b, "deep").await;
+    Tree {
+        team_a,
+        a,
+        team_b,
+        b,
+        deep,
+    }
+}
+
+/// Guards against a scoped client reaching outside its directory: by the root, by
+/// `..`, or by a crafted request naming another inode (issue 23).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_scoped_client_sees_its_directory_as_root_and_nothing_outside() {
+    let cluster = InProcessCluster::start(1).await;
+    let admin = Wire::admin(&cluster).await;
+    let t = tree(&admin).await;
+    let team_a = Caps {
+        root_squash: false,
+        ..caps("/teamA", false)
+    };
+    let scoped = Wire::with_key(&cluster, &admin, "team-a", team_a).await;
+    let root = Caller::ROOT;
+
+    // Its root is /teamA, `..` at the root is no name, and what it lists is teamA's.
+    let top = scoped
+        .call(&root, fs::GetAttr { ino: InodeId::ROOT })
+        .await
+        .unwrap();
+    assert_eq!(top.ino, t.team_a, "inode 1 is the scope's root");
+    assert_eq!(scoped.names(InodeId::ROOT).await, ["a", "sub"]);
+    let up = fs::Lookup {
+        parent: InodeId::ROOT,
+        name: b"..".to_vec(),
+    };
+    let e = scoped.call(&root, up).await.unwrap_err();
+    assert_eq!(e.code, ErrorCode::InvalidArgument, "`..` is no name: {e}");
+    let a = fs::Lookup {
+        parent: InodeId::ROOT,
+        name: b"a".to_vec(),
+    };
+    assert_eq!(scoped.call(&root, a).await.unwrap().ino, t.a);
+
+    // Every request kind naming an inode outside (a directory, a file, the real root
+    // by its number through a child's parent chain) is refused with ENOENT.
+    let mut sent = 0;
+    for (dir, file) in [(t.team_b, t.b), (t.deep, t.b), (t.team_b, t.a)] {
+        for mut req in one_of_each(dir, file, scoped.client) {
+            // With the file inside, only the requests that name the directory too.
+            let file_inside = file == t.a;
+            if req.inodes_mut().is_empty() || (file_inside && !names_dir(&req)) {
+                continue;
+            }
+            let what = req.name();
+            sent += 1;
+            let got = scoped.any(&root, req).await;
+            assert_eq!(got, Err(ErrorCode::NotFound), "{what} naming {dir}/{file}");
+        }
+    }
+    let counted = cluster.meta().scope_refusals();
+    assert_eq!(counted, sent, "each refusal is the gate's, and counted");
+    // Renames and links across the scope's edge, both ways.
+    let out_of = fs::Rename {
+        parent: InodeId::ROOT,
+        name: b"a".to_vec(),
+        new_parent: t.team_b,
+        new_name: b"stolen".to_vec(),
+        mode: proto::meta::RenameMode::Replace,
+    };
+    assert_eq!(
+        scoped.call(&root, out_of).await.unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    let into = fs::Link {
+        ino: t.b,
+        new_parent: InodeId::ROOT,
+        new_name: b"b".to_vec(),
+    };
+    assert_eq!(
+        scoped.call(&root, into).await.unwrap_err().code,
+        ErrorCode::NotFound
+    );
+    assert_eq!(
+        admin.names(t.team_b).await,
+        ["b", "deep"],
+        "nothing moved out or in"
+    );
+
+    // Inside, it works: a file made there is its to open again.
+    let made = scoped.create(&root, InodeId::ROOT, "new", 0o644).await;
+    let open = fs::Open {
+        ino: made.ino,
+        client: scoped.client,
+        truncate: false,
+        access: OpenAccess::Read,
+    };
+    assert!(scoped.call(&root, open).await.is_ok());
+
+    // The administrator renames /teamA: the scope follows the directory, not the name,
+    // so it neither widens to / nor breaks.
+    let rename = fs::Rename {
+        parent: InodeId::ROOT,
+        name: b"teamA".to_vec(),
+        new_parent: InodeId::ROOT,
+        new_name: b"renamed".to_vec(),
+        mode: proto::meta::RenameMode::Replace,
+    };
+    admin.call(&root, rename).await.expect("rename /teamA");
+    let top = scoped
+        .call(&root, fs::GetAttr { ino: InodeId::ROOT })
+        .await
+        .unwrap();
+    assert_eq!(
+        top.ino, t.team_a,
+        "the scope is still the renamed directory"
+    );
+    assert_eq!(scoped.names(InodeId::ROOT).await, ["a", "new", "sub"]);
+    let e = scoped
+        .call(&root, fs::GetAttr { ino: t.team_b })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::NotFound, "still nothing outside: {e}");
+}
+
+/// Whether `req` names a directory first (for the case whose file is inside).
+fn names_dir(req: &FsRequest) -> bool {
+    matches!(
+        req,
+        FsRequest::Lookup(_)
+            | FsRequest::Create(_)
+            | FsRequest::MkNod(_)
+            | FsRequest::Mkdir(_)
+            | FsRequest::Symlink(_)
+            | FsRequest::Unlink(_)
+            | FsRequest::Rmdir(_)
+            | FsRequest::Rename(_)
+            | FsRequest::ReadDir(_)
+            | FsRequest::Link(_)
+    )
+}
+
+/// Guards against a read-only key changing anything: every request kind that changes
+/// the file system is refused with EROFS, and reads still work (issue 23).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_only_client_gets_erofs_for_every_change() {
+    let cluster = InProcessCluster::start(1).await;
+    let admin = Wire::admin(&cluster).await;
+    let t = tree(&admin).await;
+    let reader = Wire::with_key(&cluster, &admin, "reader", caps("/", true)).await;
+    let root = Caller::ROOT;
+    let mut changes = 0;
+    for req in one_of_each(t.team_a, t.a, reader.client) {
+        let (what, change) = (req.name(), req.changes());
+        let got = reader.any(&root, req).await;
+        if change {
+            changes += 1;
+            assert_eq!(got, Err(ErrorCode::ReadOnly), "{what}");
+        } else {
+            assert_ne!(got, Err(ErrorCode::ReadOnly), "{what} changes nothing");
+        }
+    }
+    assert_eq!(changes, 17, "every changing kind was sent");
+    assert_eq!(
+        admin.names(t.team_a).await,
+        ["a", "sub"],
+        "nothing was made or removed"
+    );
+    let open = fs::Open {
+        ino: t.a,
+        client: reader.client,
+        truncate: false,
+        access: OpenAccess::Read,
+    };
+    assert!(
+        reader.call(&root, open).await.is_ok(),
+        "an open for reading"
+    );
+}
+
+/// Guards against a client's root acting as the cluster's root (issue 23): files it
+/// makes belong to nobody, and a root-only file stays closed to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn root_squash_maps_uid_gid_and_group_zero_to_nobody() {
+    let cluster = InProcessCluster::start(1).await;
+    let admin = Wire::admin(&cluster).await;
+    let t = tree(&admin).await;
+    let secret = admin
+        .create(&Caller::ROOT, t.team_a, "secret", 0o600)
+        .await
+        .ino;
+    let group = admin
+        .create(&Caller::ROOT, t.team_a, "group", 0o640)
+        .await
+        .ino;
+    let open_dir = fs::SetAttr {
+        ino: t.team_a,
+        set: proto::SetAttr {
+            perm: Some(0o777),
+            ..Default::default()
+        },
+        commit: None,
+    };
+    admin
+        .call(&Caller::ROOT, open_dir)
+        .await
+        .expect("chmod 777");
+    let squashed = Wire::with_key(&cluster, &admin, "squashed", caps("/", false)).await;
+
+    let made = squashed
+        .create(&Caller::ROOT, t.team_a, "mine", 0o644)
+        .await;
+    assert_eq!(
+        (made.uid, made.gid),
+        (NOBODY_ID, NOBODY_ID),
+        "root's file is nobody's"
+    );
+    let read = |ino| fs::Open {
+        ino,
+        client: squashed.client,
+        truncate: false,
+        access: OpenAccess::Read,
+    };
+    let e = squashed
+        .call(&Caller::ROOT, read(secret))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, ErrorCode::PermissionDenied, "root's 0600 file: {e}");
+    let in_group_zero = Caller::with_groups(1000, 1000, [0]);
+    let e = squashed
+        .call(&in_group_zero, read(group))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.code,
+        ErrorCode::PermissionDenied,
+        "group 0 is dropped: {e}"
+    );
+    // The same calls through the administrator's key (no squash) succeed.
+    assert!(admin.call(&Caller::ROOT, read(secret)).await.is_ok());
+    assert!(admin.call(&in_group_zero, read(group)).await.is_ok());
+}
+
+/// Guards against a client without the admin capability running administration calls
+/// (status, fsck, key management, the data servers' file lists).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_without_the_admin_capability_gets_eperm_for_admin_calls() {
+    let cluster = InProcessCluster::start(1).await;
+    let admin = Wire::admin(&cluster).await;
+    let plain = Wire::with_key(&cluster, &admin, "plain", caps("/", false)).await;
+    let who = Caller::ROOT;
+    let list = ListFiles {
+        after: InodeId(0),
+        limit: 10,
+    };
+    let refused = [
+        plain.call(&who, Status).await.map(drop),
+        plain.call(&who, CheckNamespace).await.map(drop),
+        plain.call(&who, KeyList).await.map(drop),
+        plain.call(&who, list.clone()).await.map(drop),
+    ];
+    for r in refused {
+        let e = r.unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotPermitted, "{e}");
+        assert!(e.message.contains("not permitted to this key"), "{e}");
+    }
+    assert!(admin.call(&who, Status).await.is_ok());
+    assert!(admin.call(&who, list).await.is_ok());
+}
