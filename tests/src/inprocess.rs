@@ -7,6 +7,7 @@ use data_server::{DataConfig, DataServer};
 use fs_client::{Client, ClientConfig};
 use meta_server::server::{MetaConfig, MetaServer};
 use proto::data::{Placement, ReadChunk};
+use proto::grant::{seal, Grant, GrantMode};
 use proto::{ChainId, ChunkId, ErrorCode, InodeId, MrKey, RemoteBuf, Request, PROTOCOL_VERSION};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -148,6 +149,7 @@ impl InProcessCluster {
                 len: 0,
                 key: MrKey(0),
             },
+            grant: self.grant(InodeId::ROOT, GrantMode::Read),
         });
         let request = Bytes::from(probe.encode(4096).expect("encode"));
         let deadline = tokio::time::Instant::now() + READY;
@@ -336,6 +338,18 @@ impl InProcessCluster {
         let key = Key::load(&self.key_file(ADMIN_KEY)).expect("admin key");
         let name = "admin".to_string();
         ep.with_credentials(Credentials { name, key })
+    }
+
+    /// A grant on `ino` of `mode` for the client [`endpoint`](Self::endpoint) names
+    /// (`admin`), sealed with the cluster key for a minute, as the metadata server
+    /// seals them; `None` when the cluster runs insecure (data servers check none).
+    pub fn grant(&self, ino: InodeId, mode: GrantMode) -> Option<Grant> {
+        if self.setup.insecure {
+            return None;
+        }
+        let key = Key::load(&self.key_file(CLUSTER_KEY)).expect("cluster key");
+        let expires = proto::grant::unix_ms() + 60_000;
+        Some(seal(key.bytes(), ino, "admin", mode, expires, 0))
     }
 
     /// The transport every server and client of this cluster runs on.
