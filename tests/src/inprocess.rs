@@ -36,6 +36,10 @@ pub struct Setup {
     /// Run without keys (no authentication); by default every connection authenticates
     /// with keys made in the cluster's temporary directory.
     pub insecure: bool,
+    /// The metadata server's `grant_lifetime_ms`.
+    pub grant_lifetime_ms: u64,
+    /// The data servers' `grant_clock_skew_ms`.
+    pub grant_clock_skew_ms: u64,
 }
 
 impl Setup {
@@ -46,6 +50,8 @@ impl Setup {
             limits: TransportConfig::default(),
             namespace: InProcessCluster::namespace_config(),
             insecure: false,
+            grant_lifetime_ms: meta_server::grants::DEFAULT_GRANT_LIFETIME_MS,
+            grant_clock_skew_ms: proto::grant::CLOCK_SKEW_MS,
         }
     }
 }
@@ -221,6 +227,7 @@ impl InProcessCluster {
             namespace: setup.namespace.clone(),
             transport: setup.transport,
             transport_limits: setup.limits.clone(),
+            grant_lifetime_ms: setup.grant_lifetime_ms,
             ..MetaConfig::default()
         }
     }
@@ -239,6 +246,7 @@ impl InProcessCluster {
             heartbeat_ms: 100,
             transport: setup.transport,
             transport_limits: setup.limits.clone(),
+            grant_clock_skew_ms: setup.grant_clock_skew_ms,
             ..DataConfig::default()
         }
     }
