@@ -101,3 +101,69 @@ impl Granter {
         Ok(grant)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::auth::Caps;
+    use transport::auth::ClientKey;
+
+    fn client(name: &str, caps: Caps) -> PeerIdentity {
+        PeerIdentity {
+            name: name.into(),
+            role: Role::Client(caps),
+        }
+    }
+
+    /// Guards against a revoked client, a read-only key or a server being handed a
+    /// grant it must not have.
+    #[test]
+    fn grants_follow_the_key_and_end_with_its_revocation() {
+        let cluster = Key::generate().unwrap();
+        let table = Arc::new(KeyTable::new(cluster.clone()));
+        let record = |caps| ClientKey {
+            key: Key::generate().unwrap(),
+            caps,
+            revoked: false,
+        };
+        let ro = Caps {
+            read_only: true,
+            ..Caps::default()
+        };
+        table.insert("alice", record(Caps::default()));
+        table.insert("reader", record(ro.clone()));
+        let granter = Granter::new(cluster.clone(), 60_000, table.clone());
+        let alice = client("alice", Caps::default());
+        let g = granter.grant(Some(&alice), InodeId(9), true, 4).unwrap();
+        assert_eq!(
+            (g.mode, g.client.as_str(), g.map_version),
+            (GrantMode::ReadWrite, "alice", 4)
+        );
+        assert!(proto::grant::sealed_by(cluster.bytes(), &g));
+        let read = granter.grant(Some(&alice), InodeId(9), false, 4).unwrap();
+        assert_eq!(read.mode, GrantMode::Read);
+        let reader = client("reader", ro);
+        let g = granter.grant(Some(&reader), InodeId(9), true, 4).unwrap();
+        assert_eq!(
+            g.mode,
+            GrantMode::Read,
+            "a read-only key never gets a write grant"
+        );
+        let server = PeerIdentity {
+            name: "server/data".into(),
+            role: Role::Server,
+        };
+        assert!(granter.grant(Some(&server), InodeId(9), true, 4).is_none());
+        assert!(granter.grant(None, InodeId(9), true, 4).is_none());
+        table.revoke("alice");
+        assert!(granter.grant(Some(&alice), InodeId(9), true, 4).is_none());
+        assert!(granter
+            .grant(
+                Some(&client("nobody", Caps::default())),
+                InodeId(9),
+                true,
+                4
+            )
+            .is_none());
+    }
+}
