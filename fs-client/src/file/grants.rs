@@ -1,6 +1,6 @@
 //! The grants this client holds, one per file: attached to every chunk request of the
 //! file, renewed at half their lifetime before use, and at once when a data server
-//! answers that one is missing or expired (the request is then retried once).
+//! answers that one is missing, expired or forged (the request is then retried once).
 //!
 //! A file's grant comes with its open (or a brief open, for a truncation); opens of the
 //! same file share it, a writable one replacing a read-only one. It outlives the close
@@ -97,7 +97,11 @@ impl GrantBook {
     }
 }
 
-/// Whether a data server's refusal is one a renewed grant may cure.
+/// Whether a data server's refusal is one a renewed grant may cure: expired, missing,
+/// or sealed under a cluster key the servers no longer hold (the key was rotated).
 pub(crate) fn renewable(code: ErrorCode) -> bool {
-    matches!(code, ErrorCode::GrantExpired | ErrorCode::GrantMissing)
+    matches!(
+        code,
+        ErrorCode::GrantExpired | ErrorCode::GrantMissing | ErrorCode::GrantForged
+    )
 }
