@@ -88,11 +88,21 @@ impl GrantBook {
         self.held.lock().get(&ino).map(|h| h.session)
     }
 
-    /// A renewal failed (the session ended): keep the grant until it runs out, but do
-    /// not ask again before then.
+    /// A renewal failed (the session ended): keep the grant until it runs out, without
+    /// asking again before then; drop it once it has (a request then fails at once
+    /// instead of asking for every request).
     pub(crate) fn renewal_failed(&self, ino: InodeId) {
-        if let Some(h) = self.held.lock().get_mut(&ino) {
-            h.renew_at = h.ends_at;
+        let mut held = self.held.lock();
+        let ended = match held.get_mut(&ino) {
+            Some(h) if Instant::now() < h.ends_at => {
+                h.renew_at = h.ends_at;
+                false
+            }
+            Some(_) => true,
+            None => false,
+        };
+        if ended {
+            held.remove(&ino);
         }
     }
 }
