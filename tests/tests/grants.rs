@@ -47,11 +47,13 @@ impl Write for Capture {
     }
 }
 
-/// Log lines that refuse a grant for `reason` (`GrantFault::name`).
-fn refusal_lines(reason: &str) -> usize {
+/// Log lines that refuse a grant for `reason` (`GrantFault::name`) on a request for
+/// `ino` (each test uses inodes of its own: tests of this process run in parallel).
+fn refusal_lines(reason: &str, ino: InodeId) -> usize {
     let text = String::from_utf8_lossy(&logs().lock().unwrap()).to_string();
     text.lines()
         .filter(|l| l.contains("chunk request refused") && l.contains(reason))
+        .filter(|l| l.contains(&format!("ino={ino} ")))
         .count()
 }
 
@@ -96,7 +98,7 @@ fn refusals(cluster: &InProcessCluster, reason: &str) -> u64 {
     all.iter().find(|(r, _)| r == reason).map_or(0, |(_, n)| *n)
 }
 
-async fn bad_grants_are_refused(transport: Backend) {
+async fn bad_grants_are_refused(transport: Backend, ino: InodeId) {
     let _ = logs();
     let cluster = cluster_on(transport, 600_000).await;
     let map = cluster.client().await.cluster_map().await.unwrap();
@@ -110,7 +112,6 @@ async fn bad_grants_are_refused(transport: Backend) {
     let mr = ep.register(1 << 16).unwrap();
     let window = data.grant(&mr, 0, 4096, Access::RemoteReadWrite).unwrap();
     let cluster_key = Key::load(&cluster.key_file(CLUSTER_KEY)).unwrap();
-    let ino = InodeId(777);
     let later = unix_ms() + 60_000;
     let sealed =
         |ino, who: &str, mode, expires| Some(seal(cluster_key.bytes(), ino, who, mode, expires, 0));
@@ -143,7 +144,7 @@ async fn bad_grants_are_refused(transport: Backend) {
         ("missing", None, ErrorCode::GrantMissing),
         (
             "wrong_file",
-            sealed(InodeId(778), "admin", rw, later),
+            sealed(InodeId(ino.0 + 1), "admin", rw, later),
             ErrorCode::GrantWrongFile,
         ),
         ("forged", Some(forged), ErrorCode::GrantForged),
@@ -194,26 +195,31 @@ async fn bad_grants_are_refused(transport: Backend) {
     ] {
         assert_eq!(refusals(&cluster, reason), want, "count of {reason}");
     }
-    // Logged once per connection and reason, not per request (the other test of this
-    // process uses its own cluster and makes no refusal).
+    // Logged once per connection and reason, not per request.
     for reason in ["missing", "wrong_file", "forged", "expired", "wrong_client"] {
-        assert_eq!(refusal_lines(reason), 1, "log lines of {reason}");
+        assert_eq!(refusal_lines(reason, ino), 1, "log lines of {reason}");
     }
-    assert_eq!(refusal_lines("wrong_mode"), 1);
+    assert_eq!(refusal_lines("wrong_mode", ino), 1);
     // A new connection's first refusal is logged again.
     let again = ep.connect(cluster.data[0].advertise()).await.unwrap();
     assert_eq!(
         call(&again, read(None)).await,
         Some(ErrorCode::GrantMissing)
     );
-    assert_eq!(refusal_lines("missing"), 2);
+    assert_eq!(refusal_lines("missing", ino), 2);
 }
 
 /// Guards against a data server serving a chunk request whose grant is missing, for
 /// another file, forged, expired, another client's or read-only for a write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_grants_are_refused_counted_and_logged_once_on_tcp() {
-    bad_grants_are_refused(Backend::Tcp).await;
+    bad_grants_are_refused(Backend::Tcp, InodeId(777)).await;
+}
+
+/// As on tcp, on the in-process transport.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_grants_are_refused_counted_and_logged_once_on_mem() {
+    bad_grants_are_refused(Backend::Mem, InodeId(888)).await;
 }
 
 /// Guards against a server's and an administrator's requests being open to any client.
