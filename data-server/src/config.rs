@@ -8,6 +8,9 @@ use transport::{Backend, TransportConfig};
 /// reserve, so that on a shared disk data stops first.
 pub const DEFAULT_DISK_RESERVE_BYTES: u64 = 64 << 20;
 
+/// Largest [`DataConfig::grant_clock_skew_ms`]: ten minutes, a grant's default lifetime.
+pub const MAX_GRANT_CLOCK_SKEW_MS: u64 = 600_000;
+
 /// Everything a data server can be told; see `tessera-data.example.toml`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -51,6 +54,9 @@ pub struct DataConfig {
     pub key_file: PathBuf,
     /// Serve without authentication on any address (warned about at every start).
     pub insecure: bool,
+    /// How long past its expiry a client's grant is still taken: the most this server's
+    /// clock may run ahead of the metadata server's.
+    pub grant_clock_skew_ms: u64,
 }
 
 impl Default for DataConfig {
@@ -71,6 +77,7 @@ impl Default for DataConfig {
             transport_limits: TransportConfig::default(),
             key_file: PathBuf::new(),
             insecure: false,
+            grant_clock_skew_ms: proto::grant::CLOCK_SKEW_MS,
         }
     }
 }
@@ -96,6 +103,11 @@ impl DataConfig {
         }
         if self.io_buffer_bytes > self.transport_limits.max_one_sided_bytes {
             return Err("io_buffer_bytes must not exceed transport max_one_sided_bytes".into());
+        }
+        if self.grant_clock_skew_ms > MAX_GRANT_CLOCK_SKEW_MS {
+            return Err(format!(
+                "grant_clock_skew_ms must be at most {MAX_GRANT_CLOCK_SKEW_MS}"
+            ));
         }
         let has_key = !self.key_file.as_os_str().is_empty();
         transport::auth::check_listen(&self.listen, has_key, self.insecure)

@@ -104,6 +104,17 @@ pub enum DataError {
     /// Another server refused a request this one sent: its error, passed on as it is.
     #[error("{0}")]
     Remote(WireError),
+    /// A chunk request's grant was refused (see `service::grants`).
+    #[error("grant refused ({}): {why}", fault.name())]
+    Grant {
+        /// What was wrong with it.
+        fault: proto::grant::GrantFault,
+        /// For the client's log.
+        why: String,
+    },
+    /// The request needs a server of the cluster, or a client with the admin capability.
+    #[error("not permitted: {0}")]
+    NotPermitted(String),
 }
 
 impl From<WireError> for DataError {
@@ -139,6 +150,8 @@ impl DataError {
                 ProtoError::TooBig { .. } => ErrorCode::TooBig,
             },
             DataError::Remote(e) => e.code,
+            DataError::Grant { fault, .. } => fault.code(),
+            DataError::NotPermitted(_) => ErrorCode::NotPermitted,
         }
     }
 

@@ -5,7 +5,7 @@ use crate::cluster_view::ClusterView;
 use crate::config::DataConfig;
 use crate::error::{DataError, StartError};
 use crate::keys::DataVerifier;
-use crate::service::{DataService, Pools, Resync};
+use crate::service::{DataService, GrantCheck, Pools, Resync};
 use crate::store::ChunkStore;
 use parking_lot::Mutex;
 use proto::meta::cluster::{self, Beat, RegisterData};
@@ -24,24 +24,28 @@ use transport::{BufferPool, Credentials, Endpoint, Key, Listener};
 const MAX_GC_PER_HEARTBEAT: usize = 256;
 
 /// With a `key_file`: connections out authenticate as `server/data` with the cluster
-/// key, and the listener checks every handshake ([`DataVerifier`]).
-fn with_keys(
-    ep: Endpoint,
-    config: &DataConfig,
-) -> Result<(Endpoint, Option<DataVerifier>), StartError> {
+/// key, the listener checks every handshake ([`DataVerifier`]), and the service every
+/// client's grants ([`GrantCheck`]).
+fn with_keys(ep: Endpoint, config: &DataConfig) -> Result<Keyed, StartError> {
     if config.key_file.as_os_str().is_empty() {
         warn!(listen = %config.listen, "serving WITHOUT authentication: anyone who \
               reaches this address can read and overwrite every chunk");
-        return Ok((ep, None));
+        return Ok((ep, None, None));
     }
     let cluster = Key::load(&config.key_file).map_err(StartError::Key)?;
+    let grants = GrantCheck::new(cluster.clone(), config.grant_clock_skew_ms);
     let out = ep.with_credentials(Credentials::server("data", cluster.clone()));
     let verifier = DataVerifier::new(cluster, out.clone(), config.meta_addr.clone());
     Ok((
         out.with_verifier(Arc::new(verifier.clone())),
         Some(verifier),
+        Some(grants),
     ))
 }
+
+/// The endpoint [`with_keys`] makes, its verifier and the grant check (both `None`
+/// without keys).
+type Keyed = (Endpoint, Option<DataVerifier>, Option<GrantCheck>);
 
 /// A data server running inside this process.
 pub struct DataServer {
@@ -53,6 +57,7 @@ pub struct DataServer {
     heartbeat: JoinHandle<()>,
     resync: JoinHandle<()>,
     store: Arc<ChunkStore>,
+    service: DataService,
 }
 
 impl DataServer {
@@ -77,7 +82,7 @@ impl DataServer {
         let limits = config.transport_limits.clone();
         let ep = Endpoint::new(config.transport, limits.clone(), PROTOCOL_VERSION)
             .map_err(StartError::Transport)?;
-        let (ep, verifier) = with_keys(ep, &config)?;
+        let (ep, verifier, grants) = with_keys(ep, &config)?;
         let buffers = |count| {
             BufferPool::new(&ep, count, config.io_buffer_bytes).map_err(StartError::Buffers)
         };
@@ -87,11 +92,12 @@ impl DataServer {
             tail: buffers(config.io_buffers.div_ceil(2))?,
         };
         let view = Arc::new(ClusterView::new(ep.clone(), config.meta_addr.clone()));
-        let service = DataService::new(store.clone(), pools, limits.max_msg_bytes, view.clone());
+        let max_msg = limits.max_msg_bytes;
+        let service = DataService::new(store.clone(), pools, max_msg, view.clone(), grants);
         let interval = Duration::from_millis(config.heartbeat_ms);
         let resync_task = service.resync(interval);
         let listener = ep
-            .listen(&config.listen, Arc::new(service))
+            .listen(&config.listen, Arc::new(service.clone()))
             .await
             .map_err(|source| StartError::Listen {
                 addr: config.listen.clone(),
@@ -123,7 +129,13 @@ impl DataServer {
             heartbeat,
             resync,
             store,
+            service,
         })
+    }
+
+    /// Chunk requests refused for their grant so far, per reason (empty without keys).
+    pub fn grant_refusals(&self) -> Vec<(String, u64)> {
+        self.service.grant_refusals()
     }
 
     /// The address the listener is bound to.

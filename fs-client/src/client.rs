@@ -5,7 +5,7 @@ use crate::cache::dirnames::DirNames;
 use crate::cache::noxattrs::{NoXattrs, CAPABILITY};
 use crate::config::{AtimeMode, ClientConfig};
 use crate::error::{ClientError, Result};
-use crate::file::datapath::{DataPath, MapFetch, MapSource, Pools};
+use crate::file::datapath::{DataPath, GrantFetch, MapFetch, MapSource, Pools};
 use crate::file::FileState;
 use crate::rpc::{self, MetaCall, Replied, RpcCounts, RpcEndpoint, Seen};
 use crate::segpool::SegPool;
@@ -712,6 +712,10 @@ impl MapSource for Client {
     /// every metadata call does.
     fn fetch_map(&self) -> MapFetch<'_> {
         Box::pin(async move { self.meta(GetMap).await })
+    }
+
+    fn regrant(&self, session: proto::SessionId) -> GrantFetch<'_> {
+        Box::pin(async move { self.meta(proto::meta::fs::Regrant { session }).await })
     }
 }
 

@@ -212,6 +212,7 @@ replied_with_nothing!(
     Vec<String>,
     Vec<SessionId>,
     Option<LockSpec>,
+    Option<proto::grant::Grant>,
     ClientId,
     FsStats,
     ClusterMap,

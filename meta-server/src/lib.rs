@@ -12,6 +12,7 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gate;
+pub mod grants;
 pub mod keys;
 pub mod kv;
 pub(crate) mod membership;

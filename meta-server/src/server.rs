@@ -5,12 +5,14 @@
 use crate::config::NamespaceConfig;
 use crate::error::StartError;
 use crate::gate::{self, Gate};
+use crate::grants::{self, Granter};
 use crate::keys::{self, Keys};
 use crate::kv::{open_store, StoreKind};
 use crate::namespace::scope::Scope;
 use crate::namespace::{ConnId, Handle, Namespace, Origin};
 use crate::MetaError;
 use bytes::Bytes;
+use proto::meta::fs;
 use proto::meta::{AdminRequest as A, Caller, ClusterRequest as C, FsCall, MetaRequest};
 use proto::{codec, rpc, ErrorCode, WireError, PROTOCOL_VERSION};
 use serde::{Deserialize, Serialize};
@@ -48,6 +50,9 @@ pub struct MetaConfig {
     pub admin_key_file: PathBuf,
     /// Serve without authentication on any address (warned about at every start).
     pub insecure: bool,
+    /// How long a grant handed out with a file's layout lasts (clients renew it at half
+    /// its lifetime).
+    pub grant_lifetime_ms: u64,
 }
 
 impl Default for MetaConfig {
@@ -63,6 +68,7 @@ impl Default for MetaConfig {
             key_file: PathBuf::new(),
             admin_key_file: PathBuf::new(),
             insecure: false,
+            grant_lifetime_ms: grants::DEFAULT_GRANT_LIFETIME_MS,
         }
     }
 }
@@ -81,6 +87,14 @@ impl MetaConfig {
         if self.key_file.as_os_str().is_empty() && !self.admin_key_file.as_os_str().is_empty() {
             return Err("admin_key_file needs key_file (the cluster key)".into());
         }
+        if !grants::GRANT_LIFETIME_RANGE_MS.contains(&self.grant_lifetime_ms) {
+            let r = grants::GRANT_LIFETIME_RANGE_MS;
+            return Err(format!(
+                "grant_lifetime_ms must be between {} and {}",
+                r.start(),
+                r.end()
+            ));
+        }
         let has_key = !self.key_file.as_os_str().is_empty();
         transport::auth::check_listen(&self.listen, has_key, self.insecure)
     }
@@ -94,12 +108,15 @@ struct MetaService {
     keys: Option<Arc<Keys>>,
     /// The capabilities of client keys, applied before a call is served.
     gate: Arc<Gate>,
+    /// `None` on a server without keys: opens carry no grant.
+    grants: Option<Arc<Granter>>,
 }
 
 impl Handler for MetaService {
     fn handle(&self, conn: Connection, request: Bytes) -> HandlerFuture {
         let (ns, limit) = (self.ns.clone(), self.max_msg_bytes);
         let (keys, gate) = (self.keys.clone(), self.gate.clone());
+        let grants = self.grants.clone();
         Box::pin(async move {
             let req = match codec::decode::<MetaRequest>(&request) {
                 Ok(req) => req,
@@ -138,10 +155,13 @@ impl Handler for MetaService {
                 MetaRequest::Fs(call) => {
                     let conn_id = ConnId(conn.id().0);
                     match admit(&ns, &gate, who, call).await {
-                        Ok((call, scope)) => {
-                            let req = MetaRequest::Fs(call);
-                            Bytes::from(route(ns, req, conn_id, limit, scope).await)
-                        }
+                        Ok((call, scope)) => match granting(call, scope, &conn, grants) {
+                            Ok(open) => open.serve(ns, limit).await,
+                            Err((call, scope)) => {
+                                let req = MetaRequest::Fs(call);
+                                Bytes::from(route(ns, req, conn_id, limit, scope).await)
+                            }
+                        },
                         Err(e) => refuse(e, limit),
                     }
                 }
@@ -190,6 +210,96 @@ async fn admit(
             ErrorCode::Io,
             format!("request failed: {e}"),
         )),
+    }
+}
+
+/// An admitted open, create or grant renewal: answered with the grant for the
+/// connection's client ([`Granter`]).
+struct Granting {
+    call: GrantCall,
+    at: Origin,
+    who: Option<Arc<transport::PeerIdentity>>,
+    grants: Option<Arc<Granter>>,
+    scope: Option<Arc<Scope>>,
+}
+
+/// The calls [`Granting`] answers.
+enum GrantCall {
+    Open(fs::Open),
+    Create(fs::Create),
+    Regrant(fs::Regrant),
+}
+
+/// The call as a [`Granting`], or back as it came if it is not one of its calls (a
+/// large `Err`, moved once per call: boxing it would allocate for every other call).
+#[allow(clippy::result_large_err)]
+fn granting(
+    call: FsCall,
+    scope: Option<Arc<Scope>>,
+    conn: &Connection,
+    grants: Option<Arc<Granter>>,
+) -> Result<Granting, (FsCall, Option<Arc<Scope>>)> {
+    let FsCall { caller, req } = call;
+    let call = match req {
+        fs::FsRequest::Open(r) => GrantCall::Open(r),
+        fs::FsRequest::Create(r) => GrantCall::Create(r),
+        fs::FsRequest::Regrant(r) => GrantCall::Regrant(r),
+        req => return Err((FsCall { caller, req }, scope)),
+    };
+    let at = Origin {
+        conn: ConnId(conn.id().0),
+        caller,
+    };
+    let who = conn.peer_identity();
+    Ok(Granting {
+        call,
+        at,
+        who,
+        grants,
+        scope,
+    })
+}
+
+impl Granting {
+    async fn serve(self, ns: Arc<Namespace>, limit: usize) -> Bytes {
+        let Granting {
+            call,
+            at,
+            who,
+            grants,
+            scope,
+        } = self;
+        let who = who.as_deref();
+        let bytes = match call {
+            GrantCall::Open(r) => {
+                let writes = r.access.writes();
+                let mut result = run(ns.clone(), r, at).await;
+                if let (Ok(opened), Some(g)) = (&mut result, &grants) {
+                    g.attach(who, opened, writes, &ns);
+                }
+                rpc::answer(&result, limit)
+            }
+            GrantCall::Create(r) => {
+                let writes = r.access.writes();
+                let mut result = run(ns.clone(), r, at).await;
+                if let (Ok(made), Some(scope)) = (&result, &scope) {
+                    // As `serve_noting`: the new file is the scoped client's to name.
+                    <fs::Create as Reveals>::reveals(made, &mut |ino, _| scope.note(ino));
+                }
+                if let (Ok(opened), Some(g)) = (&mut result, &grants) {
+                    g.attach(who, opened, writes, &ns);
+                }
+                rpc::answer(&result, limit)
+            }
+            GrantCall::Regrant(r) => {
+                let answer = match &grants {
+                    None => Ok(None),
+                    Some(g) => g.regrant(who, &ns, r.session, at.conn),
+                };
+                rpc::answer(&answer.map_err(WireError::from), limit)
+            }
+        };
+        Bytes::from(bytes)
     }
 }
 
@@ -279,7 +389,8 @@ async fn route(
                 F::Lookup(r) => serve_noting(ns, r, at, limit, scope).await,
                 F::GetAttr(r) => serve(ns, r, at, limit).await,
                 F::SetAttr(r) => serve(ns, r, at, limit).await,
-                F::Create(r) => serve_noting(ns, r, at, limit, scope).await,
+                // Answered by `MetaService::handle`, with the grant (`Granting`).
+                F::Create(_) | F::Open(_) | F::Regrant(_) => not_here(limit),
                 F::MkNod(r) => serve_noting(ns, r, at, limit, scope).await,
                 F::Mkdir(r) => serve_noting(ns, r, at, limit, scope).await,
                 F::Symlink(r) => serve_noting(ns, r, at, limit, scope).await,
@@ -290,7 +401,6 @@ async fn route(
                 F::Rename(r) => serve(ns, r, at, limit).await,
                 F::ReadDir(r) => serve_noting(ns, r, at, limit, scope).await,
                 F::StatFs(r) => serve(ns, r, at, limit).await,
-                F::Open(r) => serve(ns, r, at, limit).await,
                 F::Commit(r) => serve(ns, r, at, limit).await,
                 F::Release(r) => serve(ns, r, at, limit).await,
                 F::TailCut(r) => serve(ns, r, at, limit).await,
@@ -402,7 +512,12 @@ impl Reveals for proto::meta::fs::ReadDir {
 
 /// Runs one request and encodes its answer.
 async fn serve<R: Handle>(ns: Arc<Namespace>, req: R, at: Origin, limit: usize) -> Vec<u8> {
-    let result = if R::POINT_READ {
+    rpc::answer(&run(ns, req, at).await, limit)
+}
+
+/// Runs one request.
+async fn run<R: Handle>(ns: Arc<Namespace>, req: R, at: Origin) -> Result<R::Reply, WireError> {
+    if R::POINT_READ {
         // A few cached reads under the namespace lock: handing them to the blocking
         // pool would cost more than they take.
         ns.handle(req, at)
@@ -416,8 +531,7 @@ async fn serve<R: Handle>(ns: Arc<Namespace>, req: R, at: Origin, limit: usize) 
                 format!("request failed: {e}"),
             )),
         }
-    };
-    rpc::answer(&result, limit)
+    }
 }
 
 /// How often the sessions of broken connections are checked for an expired grace.
@@ -512,11 +626,20 @@ impl MetaServer {
                   reaches this address can read and change every file");
         }
         let gate = Arc::new(Gate::default());
+        let grants = match &keys {
+            Some(k) => {
+                let cluster = transport::Key::load(&config.key_file).map_err(StartError::Key)?;
+                let lifetime = config.grant_lifetime_ms;
+                Some(Arc::new(Granter::new(cluster, lifetime, k.table())))
+            }
+            None => None,
+        };
         let service = MetaService {
             ns: ns.clone(),
             max_msg_bytes: limits.max_msg_bytes,
             keys: keys.clone(),
             gate: gate.clone(),
+            grants,
         };
         let listener = ep
             .listen(&config.listen, Arc::new(service))

@@ -6,6 +6,7 @@
 //! the request, as RDMA stacks send small payloads inline, because fetching them with
 //! a one-sided READ costs a round trip per chain member for a few KiB.
 
+use crate::grant::Grant;
 use crate::ids::{ChainId, ChunkId, InodeId};
 use crate::RemoteBuf;
 use serde::{Deserialize, Serialize};
@@ -59,6 +60,9 @@ pub struct ReadChunk {
     pub len: u32,
     /// Where to WRITE the bytes.
     pub dest: RemoteBuf,
+    /// The metadata server's grant for the chunk's file (`None` only where the cluster
+    /// runs without keys).
+    pub grant: Option<Grant>,
 }
 
 /// Writes `src.len` bytes at `offset` of a chunk, READing them from the client. Sent
@@ -75,6 +79,9 @@ pub struct WriteChunk {
     pub offset: u32,
     /// Where to READ the bytes from; `offset + src.len <= chunk_size_bytes`.
     pub src: RemoteBuf,
+    /// The metadata server's grant for the chunk's file (`None` only where the cluster
+    /// runs without keys).
+    pub grant: Option<Grant>,
 }
 
 /// Writes the bytes carried in the request (at most [`MAX_INLINE_WRITE_BYTES`]) at
@@ -92,6 +99,9 @@ pub struct WriteInline {
     /// The bytes; `offset + data.len() <= chunk_size_bytes`.
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
+    /// The metadata server's grant for the chunk's file (`None` only where the cluster
+    /// runs without keys).
+    pub grant: Option<Grant>,
 }
 
 /// Writes `len` zero bytes at `offset` of a chunk (a punched hole), without moving
@@ -108,6 +118,9 @@ pub struct WriteZeros {
     pub offset: u32,
     /// Bytes to zero; `offset + len <= chunk_size_bytes`.
     pub len: u32,
+    /// The metadata server's grant for the chunk's file (`None` only where the cluster
+    /// runs without keys).
+    pub grant: Option<Grant>,
 }
 
 /// A write passed down a chain by a member to its successor.
@@ -181,6 +194,9 @@ pub struct TruncateFile {
     pub size: u64,
     /// The file's chunk size.
     pub chunk_size_bytes: u32,
+    /// The metadata server's grant for the chunk's file (`None` only where the cluster
+    /// runs without keys).
+    pub grant: Option<Grant>,
 }
 
 /// Removes every chunk of a file held here.
@@ -193,8 +209,11 @@ pub struct DeleteFile {
 /// Makes the named chunks durable (data and directory entries).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fsync {
-    /// The chunks written since the last fsync.
+    /// The chunks written since the last fsync, all of the grant's file.
     pub chunks: Vec<ChunkId>,
+    /// The metadata server's grant for the chunks' file (`None` only where the cluster
+    /// runs without keys).
+    pub grant: Option<Grant>,
 }
 
 /// Disk usage.
@@ -252,7 +271,7 @@ pub struct Moved {
 }
 
 /// A data server's disk usage: the reply to [`Usage`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiskUsage {
     /// Bytes this server may use.
     pub capacity_bytes: u64,
@@ -260,6 +279,9 @@ pub struct DiskUsage {
     pub used_bytes: u64,
     /// Chunk files it holds.
     pub chunks: u64,
+    /// Chunk requests refused for their grant since the server started, per reason
+    /// (`proto::grant::GrantFault::name`); empty on a server without keys.
+    pub grant_refusals: Vec<(String, u64)>,
 }
 
 #[cfg(test)]
@@ -283,6 +305,14 @@ mod tests {
             chunk_size_bytes: u32::MAX,
             offset: u32::MAX,
             data,
+            grant: Some(crate::grant::seal(
+                &[0; 32],
+                InodeId(u64::MAX),
+                &"c".repeat(crate::auth::MAX_PEER_NAME_BYTES),
+                crate::grant::GrantMode::ReadWrite,
+                u64::MAX,
+                u64::MAX,
+            )),
         });
         // The largest inline write, with every other field at its widest, stays within
         // the headroom `fits_inline` leaves.

@@ -69,12 +69,24 @@ pub enum ErrorCode {
     Interrupted = 28,
     /// The client's key is read-only: every change is refused (EROFS).
     ReadOnly = 29,
+    /// A chunk request carried no grant for its file (EACCES).
+    GrantMissing = 40,
+    /// A chunk request's grant is not sealed by the cluster key (EACCES).
+    GrantForged = 41,
+    /// A chunk request's grant has run out: the client renews it and retries (EACCES).
+    GrantExpired = 42,
+    /// A chunk request's grant was given to another client (EACCES).
+    GrantWrongClient = 43,
+    /// A chunk request's grant is for another file (EACCES).
+    GrantWrongFile = 44,
+    /// A write carried a read-only grant (EACCES).
+    GrantWrongMode = 45,
     /// A code this build does not know (sent by a newer peer).
     Unknown = 65535,
 }
 
 impl ErrorCode {
-    const ALL: [ErrorCode; 29] = [
+    const ALL: [ErrorCode; 35] = [
         ErrorCode::NotFound,
         ErrorCode::AlreadyExists,
         ErrorCode::NotADirectory,
@@ -104,6 +116,12 @@ impl ErrorCode {
         ErrorCode::WouldBlock,
         ErrorCode::Interrupted,
         ErrorCode::ReadOnly,
+        ErrorCode::GrantMissing,
+        ErrorCode::GrantForged,
+        ErrorCode::GrantExpired,
+        ErrorCode::GrantWrongClient,
+        ErrorCode::GrantWrongFile,
+        ErrorCode::GrantWrongMode,
     ];
 
     /// The stable number of this code.

@@ -12,6 +12,7 @@ pub mod data;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod grant;
 pub mod ids;
 pub mod meta;
 pub mod rpc;
@@ -27,8 +28,9 @@ pub use rpc::{Request, Rpc, RpcResult};
 /// refused before any message is exchanged. 11: one type per request, each naming its
 /// reply, and subsystem envelopes instead of one request and one reply enum. 12: every
 /// file-system call names its caller (uid, gid, supplementary groups) in its envelope,
-/// and create-like requests no longer carry an owner of their own.
-pub const PROTOCOL_VERSION: u16 = 12;
+/// and create-like requests no longer carry an owner of their own. 13: chunk requests
+/// carry the metadata server's grant ([`grant`]).
+pub const PROTOCOL_VERSION: u16 = 13;
 
 /// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
 pub const MAX_NAME_BYTES: usize = 255;

@@ -7,6 +7,7 @@ use data_server::{DataConfig, DataServer};
 use fs_client::{Client, ClientConfig};
 use meta_server::server::{MetaConfig, MetaServer};
 use proto::data::{Placement, ReadChunk};
+use proto::grant::{seal, Grant, GrantMode};
 use proto::{ChainId, ChunkId, ErrorCode, InodeId, MrKey, RemoteBuf, Request, PROTOCOL_VERSION};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -35,6 +36,10 @@ pub struct Setup {
     /// Run without keys (no authentication); by default every connection authenticates
     /// with keys made in the cluster's temporary directory.
     pub insecure: bool,
+    /// The metadata server's `grant_lifetime_ms`.
+    pub grant_lifetime_ms: u64,
+    /// The data servers' `grant_clock_skew_ms`.
+    pub grant_clock_skew_ms: u64,
 }
 
 impl Setup {
@@ -45,6 +50,8 @@ impl Setup {
             limits: TransportConfig::default(),
             namespace: InProcessCluster::namespace_config(),
             insecure: false,
+            grant_lifetime_ms: meta_server::grants::DEFAULT_GRANT_LIFETIME_MS,
+            grant_clock_skew_ms: proto::grant::CLOCK_SKEW_MS,
         }
     }
 }
@@ -148,6 +155,7 @@ impl InProcessCluster {
                 len: 0,
                 key: MrKey(0),
             },
+            grant: self.grant(InodeId::ROOT, GrantMode::Read),
         });
         let request = Bytes::from(probe.encode(4096).expect("encode"));
         let deadline = tokio::time::Instant::now() + READY;
@@ -219,6 +227,7 @@ impl InProcessCluster {
             namespace: setup.namespace.clone(),
             transport: setup.transport,
             transport_limits: setup.limits.clone(),
+            grant_lifetime_ms: setup.grant_lifetime_ms,
             ..MetaConfig::default()
         }
     }
@@ -237,6 +246,7 @@ impl InProcessCluster {
             heartbeat_ms: 100,
             transport: setup.transport,
             transport_limits: setup.limits.clone(),
+            grant_clock_skew_ms: setup.grant_clock_skew_ms,
             ..DataConfig::default()
         }
     }
@@ -336,6 +346,18 @@ impl InProcessCluster {
         let key = Key::load(&self.key_file(ADMIN_KEY)).expect("admin key");
         let name = "admin".to_string();
         ep.with_credentials(Credentials { name, key })
+    }
+
+    /// A grant on `ino` of `mode` for the client [`endpoint`](Self::endpoint) names
+    /// (`admin`), sealed with the cluster key for a minute, as the metadata server
+    /// seals them; `None` when the cluster runs insecure (data servers check none).
+    pub fn grant(&self, ino: InodeId, mode: GrantMode) -> Option<Grant> {
+        if self.setup.insecure {
+            return None;
+        }
+        let key = Key::load(&self.key_file(CLUSTER_KEY)).expect("cluster key");
+        let expires = proto::grant::unix_ms() + 60_000;
+        Some(seal(key.bytes(), ino, "admin", mode, expires, 0))
     }
 
     /// The transport every server and client of this cluster runs on.

@@ -12,7 +12,7 @@ pub mod posix;
 pub mod process;
 
 pub use agent::Agent;
-pub use inprocess::{InProcessCluster, Setup};
+pub use inprocess::{InProcessCluster, Setup, CLUSTER_KEY};
 pub use process::{ClusterOptions, Mount, ProcessCluster, Watchdog};
 
 use sha2::{Digest, Sha256};

@@ -5,6 +5,7 @@
 
 use bytes::Bytes;
 use proto::data::{ReadChunk, WriteChunk};
+use proto::grant::GrantMode;
 use proto::meta::fs;
 use proto::{codec, ChunkId, ErrorCode, InodeId, MrKey, RemoteBuf, Request, WireError};
 use tessera_tests::InProcessCluster;
@@ -122,6 +123,7 @@ async fn one_sided_accesses_with_bad_keys_or_bounds_are_refused_by_the_data_serv
         offset: 0,
         len,
         dest,
+        grant: cluster.grant(chunk.inode, GrantMode::ReadWrite),
     };
     let cases = [
         (
@@ -162,6 +164,7 @@ async fn one_sided_accesses_with_bad_keys_or_bounds_are_refused_by_the_data_serv
             key: MrKey(good.key.0 ^ 1),
             ..good
         },
+        grant: cluster.grant(chunk.inode, GrantMode::ReadWrite),
     };
     let reply = data.call(encoded(write)).await.unwrap();
     assert_eq!(data_error(&reply), ErrorCode::AccessViolation);
@@ -173,6 +176,7 @@ async fn one_sided_accesses_with_bad_keys_or_bounds_are_refused_by_the_data_serv
         offset: 0,
         len: 16,
         dest: good,
+        grant: cluster.grant(chunk.inode, GrantMode::ReadWrite),
     };
     let reply = data.call(encoded(bad)).await.unwrap();
     assert_eq!(data_error(&reply), ErrorCode::InvalidArgument);

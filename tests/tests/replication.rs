@@ -531,6 +531,7 @@ async fn small_writes_travel_inline_down_the_chain_and_a_copy_that_missed_one_is
         chunk_size_bytes: meta.chunk_size_bytes,
         offset,
         data,
+        grant: cluster.grant(chunk.inode, proto::grant::GrantMode::ReadWrite),
     };
     let patch = pseudo_random(500, 12);
     let req = Request::new(inline(1000, patch.clone()));

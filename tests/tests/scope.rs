@@ -104,7 +104,8 @@ impl Wire {
             GetLock,
             ReleaseLocks,
             Resume,
-            MyCaps
+            MyCaps,
+            Regrant
         )
         .map_err(|e| e.code)
     }

@@ -7,12 +7,14 @@
 //! are brought up to date from a serving member (`resync.rs`).
 
 mod chain;
+mod grants;
 mod locks;
 mod pause;
 mod resync;
 #[cfg(test)]
 mod tests;
 
+pub use grants::{GrantCheck, MAX_VERIFIED_GRANTS};
 pub use resync::Resync;
 
 use crate::cluster_view::ClusterView;
@@ -27,6 +29,7 @@ use proto::data::{
     Repair, ReplicaData, Replicate, TruncateFile, Usage, WriteChunk, WriteInline, WriteZeros,
     MAX_INLINE_WRITE_BYTES,
 };
+use proto::grant::GrantMode;
 use proto::{codec, rpc, ChunkId, ProtoError, RemoteBuf, Request, Rpc, WireError};
 use serde::Serialize;
 use std::sync::Arc;
@@ -56,6 +59,8 @@ struct Inner {
     locks: ChunkLocks,
     /// Woken when a copy here was marked stale: the resync task repairs it.
     stale_found: Arc<Notify>,
+    /// Checks of grants and roles; `None` on a server without keys, which serves all.
+    grants: Option<GrantCheck>,
     #[cfg(test)]
     pauses: pause::Pauses,
 }
@@ -78,6 +83,7 @@ impl DataService {
         pools: Pools,
         max_msg_bytes: usize,
         view: Arc<ClusterView>,
+        grants: Option<GrantCheck>,
     ) -> DataService {
         DataService {
             inner: Arc::new(Inner {
@@ -89,6 +95,7 @@ impl DataService {
                 view,
                 locks: ChunkLocks::default(),
                 stale_found: Arc::new(Notify::new()),
+                grants,
                 #[cfg(test)]
                 pauses: pause::Pauses::default(),
             }),
@@ -98,6 +105,14 @@ impl DataService {
     /// The background task that brings this server's copies up to date.
     pub fn resync(&self, interval: std::time::Duration) -> Resync {
         Resync::new(self.inner.clone(), interval)
+    }
+
+    /// Grant refusals so far, per reason (empty on a server without keys).
+    pub fn grant_refusals(&self) -> Vec<(String, u64)> {
+        self.inner
+            .grants
+            .as_ref()
+            .map_or_else(Vec::new, GrantCheck::refusals)
     }
 }
 
@@ -118,6 +133,12 @@ impl Handler for DataService {
                 }
             }
         })
+    }
+
+    fn disconnected(&self, conn: transport::ConnId, _how: transport::Closed) {
+        if let Some(g) = &self.inner.grants {
+            g.disconnected(conn);
+        }
     }
 }
 
@@ -203,6 +224,9 @@ impl Inner {
     #[rustfmt::skip]
     async fn route(&self, conn: &Connection, req: DataRequest, limit: usize) -> Vec<u8> {
         use DataRequest as D;
+        if let Err(e) = self.permitted(conn, &req) {
+            return answer::<()>(Err(e), limit);
+        }
         match req {
             D::ReadChunk(r) => answer(self.read_chunk(conn, r).await, limit),
             D::WriteChunk(r) => answer(self.write_chunk(conn, r).await, limit),
@@ -220,6 +244,36 @@ impl Inner {
         }
     }
 
+    /// Whether the peer may send `req` at all (see `grants`): a client's chunk request
+    /// needs a grant for its file, the chain's and the administrator's requests a
+    /// server or the admin capability. Everything passes on a server without keys.
+    fn permitted(&self, conn: &Connection, req: &DataRequest) -> Result<(), DataError> {
+        use DataRequest as D;
+        use GrantMode::{Read, ReadWrite};
+        let Some(g) = &self.grants else {
+            return Ok(());
+        };
+        match req {
+            D::ReadChunk(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, Read),
+            D::WriteChunk(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, ReadWrite),
+            D::WriteInline(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, ReadWrite),
+            D::WriteZeros(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, ReadWrite),
+            D::TruncateFile(r) => g.chunk_access(conn, r.grant.as_ref(), r.inode, ReadWrite),
+            // Durability only: any grant of the file will do, for every chunk named.
+            D::Fsync(r) => r
+                .chunks
+                .iter()
+                .try_for_each(|c| g.chunk_access(conn, r.grant.as_ref(), c.inode, Read)),
+            D::Replicate(_) => g.server_only(conn, "replicate"),
+            D::FetchChunk(_) => g.server_only(conn, "fetch_chunk"),
+            D::ChunkInfo(_) => g.admin_only(conn, "chunk_info"),
+            D::ListChunks(_) => g.admin_only(conn, "list_chunks"),
+            D::Repair(_) => g.admin_only(conn, "repair"),
+            D::DeleteFile(_) => g.admin_only(conn, "delete"),
+            D::Usage(_) => g.admin_only(conn, "usage"),
+        }
+    }
+
     async fn read_chunk(&self, conn: &Connection, r: ReadChunk) -> Reply<ReadChunk> {
         let ReadChunk {
             chunk,
@@ -228,6 +282,7 @@ impl Inner {
             offset,
             len,
             dest,
+            grant: _,
         } = r;
         // The map before the lock, as on the write paths: fetching it may wait on the
         // metadata server, which nobody does holding a chunk lock.
@@ -335,6 +390,10 @@ impl Inner {
             capacity_bytes: u.capacity_bytes,
             used_bytes: u.used_bytes,
             chunks: u.chunks,
+            grant_refusals: self
+                .grants
+                .as_ref()
+                .map_or_else(Vec::new, GrantCheck::refusals),
         })
     }
 

@@ -85,7 +85,7 @@ async fn served() -> Served {
     view.set_me(ME);
     view.offer(map());
     let max_msg_bytes = ep.config().max_msg_bytes;
-    let service = DataService::new(store.clone(), pools, max_msg_bytes, view);
+    let service = DataService::new(store.clone(), pools, max_msg_bytes, view, None);
     let listener = ep
         .listen("127.0.0.1:0", Arc::new(service.clone()))
         .await
@@ -119,6 +119,7 @@ impl Served {
             offset: 0,
             len: LEN as u32,
             dest: grant.remote(),
+            grant: None,
         };
         let conn = self.client.clone();
         tokio::spawn(async move {

@@ -322,6 +322,7 @@ mod tests {
                 after: dir(d, after),
             }),
             cut_tail: false,
+            grant: None,
         })
     }
 

@@ -119,7 +119,9 @@ impl Client {
             layout,
             parent,
             cut_tail,
+            grant,
         } = reply;
+        self.data.grants.put(grant, session);
         if cut_tail {
             // On failure the session ends with the caller's error (the handle is not
             // made), and with it the duty: the next open is asked to cut.
@@ -223,8 +225,10 @@ impl Client {
             session,
             layout,
             cut_tail: cut,
+            grant,
             ..
         } = self.meta_opening(req, None).await?;
+        self.data.grants.put(grant, session);
         let cut = match cut {
             true => self.cut_tail(&attr, &layout, session).await,
             false => Ok(()),

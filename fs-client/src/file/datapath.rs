@@ -4,12 +4,14 @@
 //! its fields; the data path reaches the metadata server only through [`MapSource`],
 //! to re-read the cluster map: the dependency goes one way.
 
+use super::grants::{Attach, GrantBook};
 use crate::error::{ClientError, Result};
 use crate::rpc::{DataLinks, RpcEndpoint};
 use crate::segpool::SegPool;
 use parking_lot::{Mutex, RwLock};
+use proto::grant::Grant;
 use proto::meta::ClusterMap;
-use proto::NodeId;
+use proto::{InodeId, NodeId, SessionId};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
@@ -19,11 +21,16 @@ use transport::{BufferPool, Connection};
 /// A fetch of the cluster map from the metadata server.
 pub(crate) type MapFetch<'a> = Pin<Box<dyn Future<Output = Result<ClusterMap>> + Send + 'a>>;
 
+/// A renewal of a grant by the metadata server.
+pub(crate) type GrantFetch<'a> = Pin<Box<dyn Future<Output = Result<Option<Grant>>> + Send + 'a>>;
+
 /// Where the data path reads the cluster map from: the metadata side of the client,
 /// which owns the metadata connection (and waits for a server that is away).
 pub(crate) trait MapSource: Send + Sync {
     /// The cluster map as the metadata server knows it now.
     fn fetch_map(&self) -> MapFetch<'_>;
+    /// A new grant for the file of open session `session`.
+    fn regrant(&self, session: SessionId) -> GrantFetch<'_>;
 }
 
 /// The buffers a data path moves bytes through (see `ClientConfig`).
@@ -57,6 +64,8 @@ pub(crate) struct DataPath {
     map: RwLock<Arc<ClusterMap>>,
     /// When the map was last read from the metadata server (see `refresh_map_shared`).
     pub(super) map_read: Mutex<Option<Instant>>,
+    /// The grants chunk requests carry, by file.
+    pub(crate) grants: GrantBook,
 }
 
 impl DataPath {
@@ -79,6 +88,41 @@ impl DataPath {
             source,
             map: RwLock::new(Arc::new(ClusterMap::default())),
             map_read: Mutex::new(None),
+            grants: GrantBook::default(),
+        }
+    }
+
+    /// The grant a chunk request of `ino` carries, renewed first when half its lifetime
+    /// has passed.
+    pub(super) async fn grant_for(&self, ino: InodeId) -> Option<Grant> {
+        match self.grants.attach(ino) {
+            Attach::Use(g) => g,
+            Attach::Renew(session, old) => self.renew(ino, session).await.or(old),
+        }
+    }
+
+    /// Asks the metadata server for a new grant for `ino` now (a data server refused
+    /// the one held); whether one came.
+    pub(super) async fn renew_now(&self, ino: InodeId) -> bool {
+        match self.grants.session_of(ino) {
+            Some(session) => self.renew(ino, session).await.is_some(),
+            None => false,
+        }
+    }
+
+    async fn renew(&self, ino: InodeId, session: SessionId) -> Option<Grant> {
+        let source = self.source.upgrade()?;
+        match source.regrant(session).await {
+            Ok(Some(g)) => {
+                self.grants.put(Some(g.clone()), session);
+                Some(g)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::debug!(%ino, %session, error = %e, "grant renewal refused");
+                self.grants.renewal_failed(ino);
+                None
+            }
         }
     }
 

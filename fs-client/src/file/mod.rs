@@ -11,6 +11,7 @@
 pub(crate) mod around;
 pub(crate) mod datapath;
 mod extents;
+pub(crate) mod grants;
 mod members;
 mod read;
 mod read_plan;

@@ -9,6 +9,7 @@
 //! serving member before it waits.
 
 use super::datapath::DataPath;
+use super::grants::renewable;
 use super::members::{
     classify, read_order, sync_targets, truncate_targets, unavailable, write_head, Next,
 };
@@ -97,20 +98,32 @@ impl DataPath {
         }
     }
 
-    /// Runs `op` against the current map, retrying across map changes.
-    async fn with_failover<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T>
+    /// Runs `op` on file `ino` against the current map, retrying across map changes,
+    /// and once with a renewed grant when a data server refuses the one held.
+    async fn with_failover<T, F, Fut>(&self, what: &str, ino: InodeId, mut op: F) -> Result<T>
     where
-        F: FnMut(Arc<ClusterMap>) -> Fut,
+        F: FnMut(Arc<ClusterMap>, Option<proto::grant::Grant>) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
         let deadline = Instant::now() + self.failover_timeout;
         let mut attempt = 0;
+        let mut renewed = false;
         loop {
             let map = self.map();
-            let err = match op(map.clone()).await {
+            let grant = self.grant_for(ino).await;
+            let err = match op(map.clone(), grant).await {
                 Ok(v) => return Ok(v),
                 Err(e) => e,
             };
+            if let ClientError::Remote(w) = &err {
+                if renewable(w.code) && !renewed {
+                    renewed = true;
+                    debug!(error = %err, what, %ino, "grant refused, renewing");
+                    if self.renew_now(ino).await {
+                        continue;
+                    }
+                }
+            }
             attempt += 1;
             if attempt >= MAX_ATTEMPTS || Instant::now() >= deadline {
                 return Err(err);
@@ -144,7 +157,7 @@ impl DataPath {
         p: Piece,
         mr: Option<&MemoryRegion>,
     ) -> Result<()> {
-        self.with_failover("write", |map| async move {
+        self.with_failover("write", p.chunk.inode, |map, file_grant| async move {
             let head = write_head(&map, layout.replicas, p.chain)?;
             let conn = self.data_conn(head).await?;
             let place = Self::placement(&map, layout, p.chain);
@@ -168,6 +181,7 @@ impl DataPath {
                         chunk_size_bytes,
                         offset,
                         src,
+                        grant: file_grant,
                     };
                     self.unless_down(head, rpc::data_call(&self.ep, &conn, req))
                         .await?
@@ -180,6 +194,7 @@ impl DataPath {
                         chunk_size_bytes,
                         offset,
                         data,
+                        grant: file_grant,
                     };
                     self.unless_down(head, rpc::data_call(&self.ep, &conn, req))
                         .await?
@@ -192,6 +207,7 @@ impl DataPath {
                         chunk_size_bytes,
                         offset,
                         len,
+                        grant: file_grant,
                     };
                     self.unless_down(head, rpc::data_call(&self.ep, &conn, req))
                         .await?
@@ -211,14 +227,14 @@ impl DataPath {
         p: Piece,
         mr: &MemoryRegion,
     ) -> Result<()> {
-        self.with_failover("read", |map| async move {
+        self.with_failover("read", p.chunk.inode, |map, grant| async move {
             let readers = read_order(&map, layout.replicas, p.chain)?;
             let mut last = None;
             for &node in &readers {
                 if last.is_some() {
                     self.ep.count_retry();
                 }
-                match self.read_from(&map, layout, p, mr, node).await {
+                match self.read_from(&map, layout, p, mr, node, &grant).await {
                     Ok(()) => return Ok(()),
                     Err(e) => {
                         debug!(error = %e, %node, chunk = %p.chunk, "read failed, trying another member");
@@ -238,6 +254,7 @@ impl DataPath {
         p: Piece,
         mr: &MemoryRegion,
         node: NodeId,
+        file_grant: &Option<proto::grant::Grant>,
     ) -> Result<()> {
         let conn = self.data_conn(node).await?;
         let grant = conn.grant(mr, p.buf_offset, p.len as usize, Access::RemoteWrite)?;
@@ -248,6 +265,7 @@ impl DataPath {
             offset: p.offset_in_chunk,
             len: p.len,
             dest: grant.remote(),
+            grant: file_grant.clone(),
         };
         let reply = self
             .unless_down(node, rpc::data_call(&self.ep, &conn, req))
@@ -262,13 +280,19 @@ impl DataPath {
         layout: &Layout,
         chunks: &BTreeMap<ChainId, BTreeSet<ChunkId>>,
     ) -> Result<()> {
-        self.with_failover("fsync", |map| async move {
+        let Some(ino) = chunks.values().flatten().next().map(|c| c.inode) else {
+            return Ok(());
+        };
+        self.with_failover("fsync", ino, |map, grant| async move {
             let per_node = sync_targets(&map, layout.replicas, chunks)?;
-            let syncs = per_node.into_iter().map(|(node, chunks)| async move {
-                let conn = self.data_conn(node).await?;
-                let req = Fsync { chunks };
-                self.unless_down(node, rpc::data_call(&self.ep, &conn, req))
-                    .await
+            let syncs = per_node.into_iter().map(|(node, chunks)| {
+                let grant = grant.clone();
+                async move {
+                    let conn = self.data_conn(node).await?;
+                    let req = Fsync { chunks, grant };
+                    self.unless_down(node, rpc::data_call(&self.ep, &conn, req))
+                        .await
+                }
             });
             futures::future::try_join_all(syncs).await?;
             Ok(())
@@ -283,17 +307,21 @@ impl DataPath {
         layout: &Layout,
         size: u64,
     ) -> Result<()> {
-        self.with_failover("truncate", |map| async move {
+        self.with_failover("truncate", ino, |map, grant| async move {
             let nodes = truncate_targets(&map, layout)?;
-            let cuts = nodes.into_iter().map(|node| async move {
-                let conn = self.data_conn(node).await?;
-                let req = TruncateFile {
-                    inode: ino,
-                    size,
-                    chunk_size_bytes: layout.chunk_size_bytes,
-                };
-                self.unless_down(node, rpc::data_call(&self.ep, &conn, req))
-                    .await
+            let cuts = nodes.into_iter().map(|node| {
+                let grant = grant.clone();
+                async move {
+                    let conn = self.data_conn(node).await?;
+                    let req = TruncateFile {
+                        inode: ino,
+                        size,
+                        chunk_size_bytes: layout.chunk_size_bytes,
+                        grant,
+                    };
+                    self.unless_down(node, rpc::data_call(&self.ep, &conn, req))
+                        .await
+                }
             });
             futures::future::try_join_all(cuts).await?;
             Ok(())

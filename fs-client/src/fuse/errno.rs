@@ -37,6 +37,14 @@ pub fn errno(code: ErrorCode) -> Errno {
         ErrorCode::WouldBlock => Errno::EAGAIN,
         ErrorCode::Interrupted => Errno::EINTR,
         ErrorCode::ReadOnly => Errno::EROFS,
+        // A data server refused the grant even after the client renewed it: the
+        // metadata server no longer lets this client at the file.
+        ErrorCode::GrantMissing
+        | ErrorCode::GrantForged
+        | ErrorCode::GrantExpired
+        | ErrorCode::GrantWrongClient
+        | ErrorCode::GrantWrongFile
+        | ErrorCode::GrantWrongMode => Errno::EACCES,
         ErrorCode::Unknown => Errno::EIO,
     }
 }

@@ -184,6 +184,7 @@ impl Namespace {
             layout,
             parent: None,
             cut_tail,
+            grant: None,
         }
     }
 
@@ -552,4 +553,19 @@ fn end_session(st: &mut State, session: SessionId) {
         }
     }
     tracing::debug!(%session, ino = %s.ino, client = %s.client, "session ended");
+}
+
+impl Namespace {
+    /// The file of `session` and whether it was opened for writing, if it is open on
+    /// connection `conn` (a grant is renewed only for the connection that holds it).
+    pub fn session_file(
+        &self,
+        session: SessionId,
+        conn: ConnId,
+    ) -> Result<(InodeId, bool), MetaError> {
+        match self.state.lock().sessions.get(&session) {
+            Some(s) if s.conn == conn => Ok((s.ino, s.write)),
+            _ => Err(MetaError::Stale(format!("no {session} on this connection"))),
+        }
+    }
 }

@@ -105,6 +105,12 @@ impl Namespace {
             .collect()
     }
 
+    /// The cluster map version as last loaded (0 before the map was first read), for
+    /// the record grants carry.
+    pub fn map_version(&self) -> u64 {
+        self.members.lock().version
+    }
+
     /// A new map version with no chain changed: a server's address changed.
     pub(crate) fn bump_map_version(&self) -> Result<(), MetaError> {
         let mut m = self.members.lock();

@@ -49,7 +49,9 @@ impl FsRequest {
             | F::GetLock(_)
             | F::ReleaseLocks(_)
             | F::Resume(_)
-            | F::MyCaps(_) => false,
+            | F::MyCaps(_)
+            // A renewed grant has its session's mode: a read-only key's is a read grant.
+            | F::Regrant(_) => false,
         }
     }
 
@@ -58,9 +60,12 @@ impl FsRequest {
     pub fn inodes_mut(&mut self) -> Vec<&mut InodeId> {
         use FsRequest as F;
         match self {
-            F::Hello(_) | F::StatFs(_) | F::Release(_) | F::ReleaseMany(_) | F::MyCaps(_) => {
-                Vec::new()
-            }
+            F::Hello(_)
+            | F::StatFs(_)
+            | F::Release(_)
+            | F::ReleaseMany(_)
+            | F::MyCaps(_)
+            | F::Regrant(_) => Vec::new(),
             F::Lookup(r) => vec![&mut r.parent],
             F::GetAttr(r) => vec![&mut r.ino],
             F::SetAttr(r) => vec![&mut r.ino],
@@ -231,6 +236,9 @@ pub fn one_of_each(dir: InodeId, file: InodeId, client: ClientId) -> Vec<FsReque
         }),
         FsRequest::Resume(Resume { client, sessions }),
         FsRequest::MyCaps(MyCaps),
+        FsRequest::Regrant(Regrant {
+            session: SessionId(1),
+        }),
     ]
 }
 

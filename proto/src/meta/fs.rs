@@ -3,6 +3,7 @@
 
 use super::{DirChange, DirEntry, LockSpec, MetaRequest, OpenAccess, RenameMode, XattrMode};
 use crate::attr::{Attr, FileKind, Layout, Timestamp};
+use crate::grant::Grant;
 use crate::ids::{ClientId, InodeId, SessionId};
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +43,7 @@ crate::rpc_requests! {
         // Moving sessions to the connection it arrives on, again, changes nothing.
         Resume => Vec<SessionId>, "resume", idempotent: true;
         MyCaps => crate::auth::Caps, "my_caps", idempotent: true;
+        Regrant => Option<Grant>, "regrant", idempotent: true;
     }
 }
 
@@ -390,6 +392,18 @@ pub struct Opened {
     /// when no other session has the file open (their writes past the end may be
     /// in flight).
     pub cut_tail: bool,
+    /// The grant data servers ask for with every chunk request of the file, sealed by
+    /// the metadata server (`None` for non-regular files and where the cluster runs
+    /// without keys). Renewed with [`Regrant`] before it runs out.
+    pub grant: Option<Grant>,
+}
+
+/// A new grant for an open session's file, as the open gave (the same mode, a new
+/// expiry): served while the session is open and the client's key is not revoked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Regrant {
+    /// The session.
+    pub session: SessionId,
 }
 
 /// A new name: its inode's attributes and its directory's change, for the same

@@ -26,8 +26,9 @@ impl Key {
         Ok(Key(k))
     }
 
-    /// The key's bytes (for the MAC).
-    pub(crate) fn bytes(&self) -> &[u8] {
+    /// The key's bytes (for the MACs: the handshake's, and grants sealed with the
+    /// cluster key).
+    pub fn bytes(&self) -> &[u8] {
         &self.0
     }
 

@@ -1,0 +1,169 @@
+//! Grants handed out with a file's layout at open and create, and renewed on `Regrant`:
+//! sealed with the cluster key for the connection's authenticated client, for reading
+//! only when the client's key is read-only, for `grant_lifetime_ms`.
+
+use crate::namespace::{ConnId, Namespace};
+use crate::MetaError;
+use proto::grant::{seal, unix_ms, Grant, GrantMode};
+use proto::meta::fs::Opened;
+use proto::{FileKind, InodeId, SessionId};
+use std::sync::Arc;
+use transport::auth::Lookup;
+use transport::{Key, KeyTable, PeerIdentity, Role};
+
+/// Default of `MetaConfig::grant_lifetime_ms`: ten minutes. Clients renew at half of it.
+pub const DEFAULT_GRANT_LIFETIME_MS: u64 = 600_000;
+
+/// Bounds of `MetaConfig::grant_lifetime_ms`: from one second (tests) to a day.
+pub const GRANT_LIFETIME_RANGE_MS: std::ops::RangeInclusive<u64> = 1000..=86_400_000;
+
+/// Seals grants (present on a server with keys).
+pub struct Granter {
+    cluster: Key,
+    lifetime_ms: u64,
+    /// Who is revoked now: a revoked client gets no new grant.
+    table: Arc<KeyTable>,
+}
+
+impl Granter {
+    /// Seals with `cluster` for `lifetime_ms`, asking `table` whether a client is revoked.
+    pub fn new(cluster: Key, lifetime_ms: u64, table: Arc<KeyTable>) -> Granter {
+        Granter {
+            cluster,
+            lifetime_ms,
+            table,
+        }
+    }
+
+    /// A grant on `ino` for the client at the other end of a connection (`None` for a
+    /// peer that is no client, or a revoked one), writable if the open `writes` and the
+    /// client's key is not read-only.
+    pub fn grant(
+        &self,
+        who: Option<&PeerIdentity>,
+        ino: InodeId,
+        writes: bool,
+        map_version: u64,
+    ) -> Option<Grant> {
+        let who = who?;
+        let Role::Client(caps) = &who.role else {
+            return None;
+        };
+        if !matches!(self.table.lookup_now(&who.name), Lookup::Known { .. }) {
+            return None;
+        }
+        let mode = match writes && !caps.read_only {
+            true => GrantMode::ReadWrite,
+            false => GrantMode::Read,
+        };
+        let expires_ms = unix_ms().saturating_add(self.lifetime_ms);
+        Some(seal(
+            self.cluster.bytes(),
+            ino,
+            &who.name,
+            mode,
+            expires_ms,
+            map_version,
+        ))
+    }
+
+    /// Adds the grant to an open's reply (regular files only): writable if the open
+    /// `writes`.
+    pub fn attach(
+        &self,
+        who: Option<&PeerIdentity>,
+        opened: &mut Opened,
+        writes: bool,
+        ns: &Namespace,
+    ) {
+        if opened.attr.kind != FileKind::Regular {
+            return;
+        }
+        opened.grant = self.grant(who, opened.attr.ino, writes, ns.map_version());
+    }
+
+    /// A new grant for `session`, opened on connection `conn`: refused for a session
+    /// that is gone or another connection's, and for a revoked client.
+    pub fn regrant(
+        &self,
+        who: Option<&PeerIdentity>,
+        ns: &Namespace,
+        session: SessionId,
+        conn: ConnId,
+    ) -> Result<Option<Grant>, MetaError> {
+        let (ino, writes) = ns.session_file(session, conn)?;
+        let grant = self.grant(who, ino, writes, ns.map_version());
+        if grant.is_none() && who.is_some_and(|w| w.role != Role::Server) {
+            return Err(MetaError::NotPermitted(format!(
+                "no grant for {session}: the client's key is revoked or unknown"
+            )));
+        }
+        Ok(grant)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::auth::Caps;
+    use transport::auth::ClientKey;
+
+    fn client(name: &str, caps: Caps) -> PeerIdentity {
+        PeerIdentity {
+            name: name.into(),
+            role: Role::Client(caps),
+        }
+    }
+
+    /// Guards against a revoked client, a read-only key or a server being handed a
+    /// grant it must not have.
+    #[test]
+    fn grants_follow_the_key_and_end_with_its_revocation() {
+        let cluster = Key::generate().unwrap();
+        let table = Arc::new(KeyTable::new(cluster.clone()));
+        let record = |caps| ClientKey {
+            key: Key::generate().unwrap(),
+            caps,
+            revoked: false,
+        };
+        let ro = Caps {
+            read_only: true,
+            ..Caps::default()
+        };
+        table.insert("alice", record(Caps::default()));
+        table.insert("reader", record(ro.clone()));
+        let granter = Granter::new(cluster.clone(), 60_000, table.clone());
+        let alice = client("alice", Caps::default());
+        let g = granter.grant(Some(&alice), InodeId(9), true, 4).unwrap();
+        assert_eq!(
+            (g.mode, g.client.as_str(), g.map_version),
+            (GrantMode::ReadWrite, "alice", 4)
+        );
+        assert!(proto::grant::sealed_by(cluster.bytes(), &g));
+        let read = granter.grant(Some(&alice), InodeId(9), false, 4).unwrap();
+        assert_eq!(read.mode, GrantMode::Read);
+        let reader = client("reader", ro);
+        let g = granter.grant(Some(&reader), InodeId(9), true, 4).unwrap();
+        assert_eq!(
+            g.mode,
+            GrantMode::Read,
+            "a read-only key never gets a write grant"
+        );
+        let server = PeerIdentity {
+            name: "server/data".into(),
+            role: Role::Server,
+        };
+        assert!(granter.grant(Some(&server), InodeId(9), true, 4).is_none());
+        assert!(granter.grant(None, InodeId(9), true, 4).is_none());
+        table.revoke("alice");
+        assert!(granter.grant(Some(&alice), InodeId(9), true, 4).is_none());
+        assert!(granter
+            .grant(
+                Some(&client("nobody", Caps::default())),
+                InodeId(9),
+                true,
+                4
+            )
+            .is_none());
+    }
+}

@@ -1,0 +1,324 @@
+//! Grants: what the metadata server lets a client do with one file's chunks, sealed with
+//! the cluster key so that data servers can check it without asking.
+//!
+//! The metadata server seals a [`Grant`] with a file's layout at open and create (and
+//! again on `Regrant`); the client attaches it to every chunk request for that file; a
+//! data server checks it with [`check`] against the connection's authenticated client
+//! name, the chunk's inode and the access the request needs. Sealing and checking are
+//! pure functions of their inputs, the clock included.
+
+use crate::ids::InodeId;
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+
+/// Bytes of a grant's MAC (HMAC-SHA256).
+pub const GRANT_MAC_BYTES: usize = 32;
+
+/// How far a data server's clock may be ahead of the metadata server's, unless its
+/// configuration says otherwise: a grant is still taken this long after its expiry (and
+/// clients renew at half its lifetime, well before).
+pub const CLOCK_SKEW_MS: u64 = 30_000;
+
+/// Domain of the MAC: no other MAC made with the cluster key (the handshake's) covers
+/// bytes that start this way.
+const DOMAIN: &[u8] = b"tessera-grant-1";
+
+/// What a grant allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum GrantMode {
+    /// Reads of the file's chunks.
+    Read,
+    /// Reads, writes, truncation and fsync of the file's chunks.
+    ReadWrite,
+}
+
+impl GrantMode {
+    /// Whether a grant of this mode allows what `need` asks.
+    pub fn allows(self, need: GrantMode) -> bool {
+        self == GrantMode::ReadWrite || need == GrantMode::Read
+    }
+
+    fn byte(self) -> u8 {
+        match self {
+            GrantMode::Read => 1,
+            GrantMode::ReadWrite => 2,
+        }
+    }
+}
+
+/// A sealed permission for one client to use one file's chunks until `expires_ms`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Grant {
+    /// The file.
+    pub inode: InodeId,
+    /// The client's key name: only a connection authenticated as it may use the grant.
+    pub client: String,
+    /// What it allows.
+    pub mode: GrantMode,
+    /// Unix time in milliseconds (the metadata server's clock) after which it is refused.
+    pub expires_ms: u64,
+    /// The cluster map version at sealing, recorded for the logs: a map change does not
+    /// end a grant (a chain that changes must not fail the files open on it).
+    pub map_version: u64,
+    /// HMAC-SHA256 of the fields above under the cluster key.
+    pub mac: [u8; GRANT_MAC_BYTES],
+}
+
+/// Why a chunk request's grant is refused; each has its own wire error code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GrantFault {
+    /// The request carried none.
+    Missing,
+    /// Its MAC does not match its fields under the cluster key.
+    Forged,
+    /// Its time is over (beyond [`CLOCK_SKEW_MS`]).
+    Expired,
+    /// It was given to another client.
+    WrongClient,
+    /// It is for another file.
+    WrongFile,
+    /// It allows reads and the request writes.
+    WrongMode,
+}
+
+impl GrantFault {
+    /// Every fault, in a fixed order (for counters).
+    pub const ALL: [GrantFault; 6] = [
+        GrantFault::Missing,
+        GrantFault::Forged,
+        GrantFault::Expired,
+        GrantFault::WrongClient,
+        GrantFault::WrongFile,
+        GrantFault::WrongMode,
+    ];
+
+    /// A short name for logs and counters.
+    pub fn name(self) -> &'static str {
+        match self {
+            GrantFault::Missing => "missing",
+            GrantFault::Forged => "forged",
+            GrantFault::Expired => "expired",
+            GrantFault::WrongClient => "wrong_client",
+            GrantFault::WrongFile => "wrong_file",
+            GrantFault::WrongMode => "wrong_mode",
+        }
+    }
+
+    /// The wire error code it is answered with.
+    pub fn code(self) -> crate::ErrorCode {
+        use crate::ErrorCode as C;
+        match self {
+            GrantFault::Missing => C::GrantMissing,
+            GrantFault::Forged => C::GrantForged,
+            GrantFault::Expired => C::GrantExpired,
+            GrantFault::WrongClient => C::GrantWrongClient,
+            GrantFault::WrongFile => C::GrantWrongFile,
+            GrantFault::WrongMode => C::GrantWrongMode,
+        }
+    }
+}
+
+/// What a chunk request needs of its grant.
+#[derive(Clone, Copy, Debug)]
+pub struct Need<'a> {
+    /// The file the request touches.
+    pub inode: InodeId,
+    /// The client name its connection authenticated as.
+    pub client: &'a str,
+    /// The access it asks for.
+    pub mode: GrantMode,
+}
+
+/// The MAC state over a grant's fields, each length-prefixed or of fixed width.
+fn mac_over(key: &[u8], g: &Grant) -> Hmac<Sha256> {
+    // HMAC takes a key of any length; an error here would be a bug in the crate.
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(key)
+        .unwrap_or_else(|_| unreachable!("HMAC accepts keys of every length"));
+    m.update(&(DOMAIN.len() as u32).to_be_bytes());
+    m.update(DOMAIN);
+    m.update(&g.inode.0.to_be_bytes());
+    m.update(&(g.client.len() as u32).to_be_bytes());
+    m.update(g.client.as_bytes());
+    m.update(&[g.mode.byte()]);
+    m.update(&g.expires_ms.to_be_bytes());
+    m.update(&g.map_version.to_be_bytes());
+    m
+}
+
+/// Seals a grant of `mode` on `inode` for `client` until `expires_ms` under `key` (the
+/// cluster key).
+pub fn seal(
+    key: &[u8],
+    inode: InodeId,
+    client: &str,
+    mode: GrantMode,
+    expires_ms: u64,
+    map_version: u64,
+) -> Grant {
+    let mut g = Grant {
+        inode,
+        client: client.to_string(),
+        mode,
+        expires_ms,
+        map_version,
+        mac: [0; GRANT_MAC_BYTES],
+    };
+    g.mac = mac_over(key, &g).finalize().into_bytes().into();
+    g
+}
+
+/// Whether `g`'s MAC is right under `key`, compared in constant time.
+pub fn sealed_by(key: &[u8], g: &Grant) -> bool {
+    mac_over(key, g).verify_slice(&g.mac).is_ok()
+}
+
+/// Checks everything but the MAC: the cheap comparisons made on every request, at
+/// `now_ms` with a clock margin of `skew_ms`.
+pub fn check_fields(
+    g: &Grant,
+    need: Need<'_>,
+    now_ms: u64,
+    skew_ms: u64,
+) -> Result<(), GrantFault> {
+    if g.client != need.client {
+        return Err(GrantFault::WrongClient);
+    }
+    if g.inode != need.inode {
+        return Err(GrantFault::WrongFile);
+    }
+    if !g.mode.allows(need.mode) {
+        return Err(GrantFault::WrongMode);
+    }
+    if now_ms > g.expires_ms.saturating_add(skew_ms) {
+        return Err(GrantFault::Expired);
+    }
+    Ok(())
+}
+
+/// Checks a request's grant: present, sealed under `key`, and fit for `need` at
+/// `now_ms` (unix milliseconds) with the default clock margin ([`CLOCK_SKEW_MS`]).
+pub fn check(key: &[u8], g: Option<&Grant>, need: Need<'_>, now_ms: u64) -> Result<(), GrantFault> {
+    let g = g.ok_or(GrantFault::Missing)?;
+    if !sealed_by(key, g) {
+        return Err(GrantFault::Forged);
+    }
+    check_fields(g, need, now_ms, CLOCK_SKEW_MS)
+}
+
+/// The current unix time in milliseconds (the clock grants are made and checked by).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: [u8; 32] = [7; 32];
+    const NOW: u64 = 1_000_000;
+
+    fn need(mode: GrantMode) -> Need<'static> {
+        Need {
+            inode: InodeId(5),
+            client: "alice",
+            mode,
+        }
+    }
+
+    fn good() -> Grant {
+        seal(
+            &KEY,
+            InodeId(5),
+            "alice",
+            GrantMode::ReadWrite,
+            NOW + 1000,
+            3,
+        )
+    }
+
+    #[test]
+    fn a_sealed_grant_is_taken_for_what_it_allows() {
+        let g = good();
+        assert_eq!(
+            check(&KEY, Some(&g), need(GrantMode::ReadWrite), NOW),
+            Ok(())
+        );
+        assert_eq!(check(&KEY, Some(&g), need(GrantMode::Read), NOW), Ok(()));
+        let r = seal(&KEY, InodeId(5), "alice", GrantMode::Read, NOW + 1000, 3);
+        assert_eq!(check(&KEY, Some(&r), need(GrantMode::Read), NOW), Ok(()));
+        assert_eq!(
+            check(&KEY, Some(&r), need(GrantMode::ReadWrite), NOW),
+            Err(GrantFault::WrongMode)
+        );
+        assert_eq!(
+            check(&KEY, None, need(GrantMode::Read), NOW),
+            Err(GrantFault::Missing)
+        );
+    }
+
+    #[test]
+    fn every_changed_field_makes_a_forgery() {
+        let g = good();
+        let forged: [fn(&mut Grant); 6] = [
+            |g| g.inode = InodeId(6),
+            |g| g.client = "mallory".into(),
+            |g| g.mode = GrantMode::Read,
+            |g| g.expires_ms += 1,
+            |g| g.map_version += 1,
+            |g| g.mac[0] ^= 1,
+        ];
+        for change in forged {
+            let mut f = g.clone();
+            change(&mut f);
+            assert!(!sealed_by(&KEY, &f), "{f:?}");
+        }
+        // Upgrading a read grant by hand is a forgery, not a pass.
+        let mut up = seal(&KEY, InodeId(5), "alice", GrantMode::Read, NOW + 1000, 3);
+        up.mode = GrantMode::ReadWrite;
+        assert_eq!(
+            check(&KEY, Some(&up), need(GrantMode::ReadWrite), NOW),
+            Err(GrantFault::Forged)
+        );
+        assert_eq!(
+            check(&[8; 32], Some(&g), need(GrantMode::Read), NOW),
+            Err(GrantFault::Forged)
+        );
+    }
+
+    #[test]
+    fn expiry_client_and_file_are_checked_with_the_skew_margin() {
+        let g = good();
+        let late = g.expires_ms + CLOCK_SKEW_MS;
+        assert_eq!(check(&KEY, Some(&g), need(GrantMode::Read), late), Ok(()));
+        assert_eq!(
+            check(&KEY, Some(&g), need(GrantMode::Read), late + 1),
+            Err(GrantFault::Expired)
+        );
+        let bob = Need {
+            client: "bob",
+            ..need(GrantMode::Read)
+        };
+        assert_eq!(
+            check(&KEY, Some(&g), bob, NOW),
+            Err(GrantFault::WrongClient)
+        );
+        let other = Need {
+            inode: InodeId(6),
+            ..need(GrantMode::Read)
+        };
+        assert_eq!(
+            check(&KEY, Some(&g), other, NOW),
+            Err(GrantFault::WrongFile)
+        );
+    }
+
+    #[test]
+    fn faults_have_distinct_codes() {
+        let codes: std::collections::HashSet<_> =
+            GrantFault::ALL.iter().map(|f| f.code()).collect();
+        assert_eq!(codes.len(), GrantFault::ALL.len());
+    }
+}
