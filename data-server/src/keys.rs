@@ -100,7 +100,7 @@ impl Inner {
                 // While the metadata server is away, clients it vouched for go on
                 // reconnecting (open files keep reading and writing meanwhile).
                 warn!(%name, error = %e, "cannot ask the metadata server for a client's key");
-                return cached.map_or(Lookup::Unknown, |(found, _)| found);
+                return cached.map_or(Lookup::Unavailable, |(found, _)| found);
             }
         };
         let mut cache = self.cache.lock();

@@ -309,6 +309,29 @@ async fn revoking_closes_the_live_connection(b: Backend) {
     assert!(err.to_string().contains("refused key 'alice'"), "{err}");
 }
 
+/// A verifier that cannot tell now, as a data server whose metadata server is away.
+struct Away;
+
+impl transport::auth::Verifier for Away {
+    fn lookup(&self, _name: &str) -> transport::auth::LookupFuture {
+        Box::pin(async { transport::auth::Lookup::Unavailable })
+    }
+}
+
+/// Guards against a client taking "cannot check your key now" for a refusal of its key:
+/// its first connection to a data server during a metadata outage failed with EACCES
+/// (an fsync across a metadata restart) instead of waiting for the server.
+async fn a_name_that_cannot_be_checked_now_is_a_server_away(b: Backend) {
+    let ep = plain(b, config()).with_verifier(Arc::new(Away));
+    let listener = ep.listen("127.0.0.1:0", Arc::new(WhoAmI)).await.unwrap();
+    let err = client(b, "alice", alice_key())
+        .connect(&listener.local_addr().to_string())
+        .await
+        .unwrap_err();
+    assert!(err.never_connected(), "{err:?}");
+    assert!(!err.to_string().contains("refused key"), "{err}");
+}
+
 macro_rules! on_both {
     ($($name:ident),* $(,)?) => {
         mod tcp {
@@ -333,6 +356,7 @@ on_both!(
     a_silent_client_is_closed_at_the_handshake_timeout,
     half_open_flood_leaves_a_real_client_served,
     revoking_closes_the_live_connection,
+    a_name_that_cannot_be_checked_now_is_a_server_away,
 );
 
 /// A fake server (raw tcp frames) that challenges but cannot prove the key.

@@ -102,6 +102,7 @@ async fn step(verifier: Arc<dyn Verifier>, conn: Connection, request: Bytes) -> 
                 Lookup::Known { key, role } => (key, role),
                 Lookup::Unknown => return refused(&conn, &peer, &name, "unknown client"),
                 Lookup::Revoked => return refused(&conn, &peer, &name, "revoked"),
+                Lookup::Unavailable => return unavailable(&conn, &peer, &name),
             };
             if !mac_ok(&key, Side::Client, &name, (&nonce_c, &nonce_s), &got) {
                 return refused(&conn, &peer, &name, "bad key");
@@ -119,6 +120,19 @@ fn refused(conn: &Connection, peer: &str, name: &str, reason: &str) -> Bytes {
     warn!("authentication of '{name}' from {peer} refused: {reason}");
     conn.core()
         .close_after_reply(None, format!("authentication refused: {reason}"));
+    reply(&AuthReply::Refused)
+}
+
+/// Closes a handshake whose name cannot be checked now, answering `Unavailable`: the
+/// client takes it as it takes a server that is away (it tries again later), and learns
+/// nothing about its key.
+fn unavailable(conn: &Connection, peer: &str, name: &str) -> Bytes {
+    warn!(
+        "authentication of '{name}' from {peer} cannot be checked now: closed, to be tried again"
+    );
+    let why = "cannot check the key now; try again later".to_string();
+    conn.core()
+        .close_after_reply(Some((ErrorCode::Unavailable, why.clone())), why);
     reply(&AuthReply::Refused)
 }
 

@@ -6,6 +6,7 @@ use crate::error::TransportError;
 use bytes::Bytes;
 use hmac::{Hmac, Mac};
 use proto::auth::{AuthReply, AuthRequest, AUTH_BYTES};
+use proto::ErrorCode;
 use sha2::Sha256;
 use std::sync::Arc;
 use tracing::warn;
@@ -148,6 +149,18 @@ async fn exchange(
     })?;
     let reply = match conn.call(Bytes::from(bytes)).await {
         Ok(r) => r,
+        Err(TransportError::Refused {
+            code: ErrorCode::Unavailable,
+            message,
+        }) => {
+            // The server cannot check keys now (a data server whose metadata server is
+            // away): as if it were away itself, so the caller waits and tries again.
+            conn.close();
+            return Err(TransportError::Connect {
+                addr: addr.to_string(),
+                source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, message),
+            });
+        }
         Err(TransportError::Refused { message, .. }) => {
             conn.close();
             let why = format!("the server at {addr} refused the handshake: {message}");

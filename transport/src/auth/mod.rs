@@ -83,6 +83,10 @@ pub enum Lookup {
     Unknown,
     /// The name was revoked.
     Revoked,
+    /// Cannot tell now: the one who knows (a data server's metadata server) is away.
+    /// The connection is closed as a server that is away would close it, so the peer
+    /// tries again later instead of taking it as a refusal of its key.
+    Unavailable,
 }
 
 /// The future a [`Verifier`] returns.
