@@ -68,7 +68,7 @@ impl Granter {
     }
 
     /// Adds the grant to an open's reply (regular files only): writable if the open
-    /// `writes`.
+    /// `writes` or must cut a vanished writer's tail first.
     pub fn attach(
         &self,
         who: Option<&PeerIdentity>,
@@ -79,6 +79,10 @@ impl Granter {
         if opened.attr.kind != FileKind::Regular {
             return;
         }
+        // An open that must first cut what a vanished writer left past the committed
+        // length (`cut_tail`) truncates chunks, a write at the data servers, even when
+        // it only reads: without a writable grant a reader could not open such a file.
+        let writes = writes || opened.cut_tail;
         opened.grant = self.grant(who, opened.attr.ino, writes, ns.map_version());
     }
 
