@@ -22,13 +22,18 @@ pub struct TransportConfig {
     /// How long connecting (TCP connect plus handshake) may take.
     pub connect_timeout_ms: u64,
     /// Connections one listener accepts at once. When they are all taken, the one idle
-    /// longest is closed for a new one if it has been idle `idle_close_ms`; otherwise
-    /// the new one is refused.
+    /// longest (with a verifier: the unauthenticated one) is closed for a new one if it
+    /// has been idle `idle_close_ms`; otherwise the new one is refused.
     pub max_connections: usize,
     /// How long a connection must have been idle (no call, no transfer) before a full
     /// listener may close it to make room, in milliseconds; 0: never (new connections
     /// are refused instead).
     pub idle_close_ms: u64,
+    /// With authentication: how many of `max_connections` may be held by connections
+    /// that have not authenticated yet; a new one beyond it is refused. A full listener
+    /// never closes an authenticated connection for an unauthenticated one, so a flood
+    /// of half-open handshakes cannot push served clients out.
+    pub max_unauthenticated_connections: usize,
     /// Settings of the `rdma` backend (ignored by the others).
     pub rdma: RdmaConfig,
 }
@@ -95,6 +100,7 @@ impl Default for TransportConfig {
             connect_timeout_ms: 5_000,
             max_connections: 1024,
             idle_close_ms: 60_000,
+            max_unauthenticated_connections: 64,
             rdma: RdmaConfig::default(),
         }
     }
@@ -103,7 +109,7 @@ impl Default for TransportConfig {
 impl TransportConfig {
     /// Checks that the limits are usable; returns a sentence naming the bad field.
     pub fn validate(&self) -> Result<(), String> {
-        let checks: [(bool, &str); 7] = [
+        let checks: [(bool, &str); 8] = [
             (
                 self.max_msg_bytes >= 4096,
                 "max_msg_bytes must be at least 4096",
@@ -131,6 +137,10 @@ impl TransportConfig {
             (
                 self.max_connections >= 1,
                 "max_connections must be at least 1",
+            ),
+            (
+                self.max_unauthenticated_connections >= 1,
+                "max_unauthenticated_connections must be at least 1",
             ),
         ];
         match checks.iter().find(|(ok, _)| !ok) {

@@ -209,7 +209,8 @@ impl std::fmt::Debug for Endpoint {
 }
 
 /// The connections a listener accepted, so it can bound and close them. Connections
-/// still in their handshake count against `max_connections` like the others.
+/// still in their handshake count against `max_connections` like the others, and
+/// against `max_unauthenticated_connections` besides.
 #[derive(Clone, Default)]
 pub(crate) struct ConnSet(Arc<Mutex<ConnSetInner>>);
 
@@ -254,6 +255,11 @@ impl ConnSet {
     /// for `idle_close_ms` at least, is closed to make room: idle connections cannot
     /// keep every slot from the peers that have work. Its peer, if alive, connects
     /// again when it needs to (a metadata server keeps its open files for the grace).
+    ///
+    /// With a verifier every new connection starts unauthenticated: it is refused when
+    /// `max_unauthenticated_connections` are already, and only an unauthenticated one is
+    /// closed to make room for it, so a flood of half-open handshakes can neither push
+    /// authenticated clients out nor keep them out past the handshake timeout.
     pub(crate) fn has_room(&self, config: &TransportConfig) -> bool {
         let victim = {
             let mut c = self.0.lock();
@@ -262,25 +268,26 @@ impl ConnSet {
             if c.closed {
                 return false;
             }
+            let verifies = c.handshake_timeout_ms.is_some();
+            let live: Vec<_> = c.conns.values().filter_map(Weak::upgrade).collect();
+            let unauthenticated = live.iter().filter(|core| core.identity().is_none());
+            if verifies && unauthenticated.count() >= config.max_unauthenticated_connections {
+                let limit = config.max_unauthenticated_connections;
+                warn!(
+                    limit,
+                    "unauthenticated connection limit reached: refusing one more"
+                );
+                return false;
+            }
             if c.conns.len() < config.max_connections {
                 return true;
             }
-            if config.idle_close_ms == 0 {
-                return false;
-            }
-            let now = since_start_ms();
-            let idlest = c
-                .conns
-                .values()
-                .filter_map(Weak::upgrade)
-                .filter_map(|core| core.idle_ms(now).map(|idle| (idle, core)))
-                .max_by_key(|(idle, _)| *idle);
-            match idlest {
-                Some((idle, core)) if idle >= config.idle_close_ms => {
+            match idlest(live, config, verifies) {
+                Some((idle, core)) => {
                     c.conns.remove(&core.id);
                     (idle, core)
                 }
-                _ => return false,
+                None => return false,
             }
         };
         let (idle_ms, core) = victim;
@@ -317,6 +324,25 @@ impl ConnSet {
             }
         }
     }
+}
+
+/// The connection idle longest among `live`, if idle `idle_close_ms` at least (never
+/// with `idle_close_ms` 0). With `verifies` only unauthenticated connections qualify:
+/// the newcomer is unauthenticated and must not cost an authenticated client its slot.
+fn idlest(
+    live: Vec<Arc<ConnCore>>,
+    config: &TransportConfig,
+    verifies: bool,
+) -> Option<(u64, Arc<ConnCore>)> {
+    if config.idle_close_ms == 0 {
+        return None;
+    }
+    let now = since_start_ms();
+    live.into_iter()
+        .filter(|core| !verifies || core.identity().is_none())
+        .filter_map(|core| core.idle_ms(now).map(|idle| (idle, core)))
+        .max_by_key(|(idle, _)| *idle)
+        .filter(|(idle, _)| *idle >= config.idle_close_ms)
 }
 
 /// Closes a connection that has not authenticated `ms` after it was accepted, so that

@@ -292,6 +292,52 @@ async fn half_open_flood_leaves_a_real_client_served(b: Backend) {
     assert!(call(&alice).await.unwrap().contains("alice"));
 }
 
+/// Guards against a half-open flood closing idle authenticated clients to make room
+/// (the listener closed the idlest, a served mount, for each flood connection).
+async fn a_flood_never_closes_an_idle_authenticated_client(b: Backend) {
+    let limited = TransportConfig {
+        max_connections: 8,
+        max_unauthenticated_connections: 3,
+        idle_close_ms: 100,
+        ..config()
+    };
+    let s = server(b, limited, 500).await;
+    let alice = client(b, "alice", alice_key())
+        .connect(&s.addr)
+        .await
+        .unwrap();
+    assert!(call(&alice).await.unwrap().contains("alice"));
+    // Alice goes idle past idle_close_ms, as an idle mount does: only time passing can.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut flood = Vec::new();
+    for _ in 0..20 {
+        if let Ok(c) = plain(b, config()).connect(&s.addr).await {
+            flood.push(c);
+        }
+    }
+    let served = call(&alice).await;
+    assert!(served.is_ok(), "the flood closed alice: {served:?}");
+    assert_eq!(
+        flood.len(),
+        3,
+        "only max_unauthenticated_connections get in"
+    );
+    // Once the flood's handshakes time out, a new authenticated client gets in.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let carol = loop {
+        match client(b, "alice", alice_key()).connect(&s.addr).await {
+            Ok(c) => break c,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("never got in: {e}"),
+        }
+    };
+    assert!(call(&carol).await.unwrap().contains("alice"));
+    assert!(call(&alice).await.unwrap().contains("alice"));
+}
+
 async fn revoking_closes_the_live_connection(b: Backend) {
     let s = server(b, config(), 5000).await;
     let conn = client(b, "alice", alice_key())
@@ -355,6 +401,7 @@ on_both!(
     keys_on_one_side_only_are_one_clear_line_on_both,
     a_silent_client_is_closed_at_the_handshake_timeout,
     half_open_flood_leaves_a_real_client_served,
+    a_flood_never_closes_an_idle_authenticated_client,
     revoking_closes_the_live_connection,
     a_name_that_cannot_be_checked_now_is_a_server_away,
 );
