@@ -89,7 +89,10 @@ impl GrantBook {
             renew_at: now,
             ends_at: now,
         });
-        held.sessions.insert(session, mode);
+        // A session keeps the mode it opened with: a renewal of a writable open that
+        // comes back read-only (resumed after a metadata server restart) does not end
+        // the writable grant before it runs out.
+        held.sessions.entry(session).or_insert(mode);
         let keep_old = held.grant.mode == GrantMode::ReadWrite
             && mode == GrantMode::Read
             && held.ends_at > now
