@@ -383,3 +383,50 @@ async fn a_long_lived_open_file_keeps_working_across_renewals() {
         assert_eq!(n, 0, "refused for {reason}: renewals came too late");
     }
 }
+
+/// Guards against renewals tied to the newest open of a file: closing it made every
+/// other open of the file fail (EACCES) once the grant ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn closing_one_open_keeps_the_other_opens_of_the_file_working() {
+    let cluster = cluster_on(Backend::Tcp, 1000).await;
+    let client = cluster.client().await;
+    let (attr, writer) = client
+        .create(InodeId::ROOT, b"shared", 0o644, Caller::ROOT, true, false)
+        .await
+        .unwrap();
+    let (_, reader) = client
+        .open_for(attr.ino, OpenAccess::Read, false)
+        .await
+        .unwrap();
+    // A second writable open, the newest of the file, closed at once.
+    let (_, brief) = client.open(attr.ino, false).await.unwrap();
+    client.release(&brief).await.unwrap();
+    let until = unix_ms() + 3000;
+    let mut offset = 0u64;
+    while unix_ms() < until {
+        let block = vec![(offset >> 16) as u8; 64 << 10];
+        client.write(&writer, offset, &block).await.unwrap();
+        client.fsync(&writer).await.unwrap();
+        let back = client.read(&reader, offset, block.len()).await.unwrap();
+        assert_eq!(back, block, "at {offset}");
+        offset += block.len() as u64;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The writer closes; the reader goes on alone with a renewed read grant.
+    let last = vec![0xAB; 64 << 10];
+    client.write(&writer, offset, &last).await.unwrap();
+    client.release(&writer).await.unwrap();
+    let until = unix_ms() + 2000;
+    while unix_ms() < until {
+        let back = client.read(&reader, offset, last.len()).await.unwrap();
+        assert_eq!(back, last);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    client.release(&reader).await.unwrap();
+    for (reason, n) in cluster.data[0].grant_refusals() {
+        assert_eq!(
+            n, 0,
+            "refused for {reason}: a closed open took the renewals along"
+        );
+    }
+}

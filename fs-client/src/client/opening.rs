@@ -197,6 +197,7 @@ impl Client {
     /// Ends a session that no file handle stands for (a brief open, or an open that
     /// failed after the server had started it).
     async fn release_unmade(&self, session: SessionId) {
+        self.data.grants.ended(session);
         let req = fs::Release {
             session,
             commit: None,

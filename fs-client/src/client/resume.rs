@@ -25,9 +25,10 @@ impl Client {
         self.sessions.lock().insert(session, ino);
     }
 
-    /// Forgets a session its handle ended.
+    /// Forgets a session its handle ended (its file's grant is no longer renewed with it).
     pub(crate) fn session_closed(&self, session: SessionId) {
         self.sessions.lock().remove(&session);
+        self.data.grants.ended(session);
     }
 
     /// Resumes this client's sessions if the metadata connection is a new one since

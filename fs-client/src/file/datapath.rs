@@ -11,7 +11,7 @@ use crate::segpool::SegPool;
 use parking_lot::{Mutex, RwLock};
 use proto::grant::Grant;
 use proto::meta::ClusterMap;
-use proto::{InodeId, NodeId, SessionId};
+use proto::{ErrorCode, InodeId, NodeId, SessionId};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
@@ -120,7 +120,8 @@ impl DataPath {
             Ok(None) => None,
             Err(e) => {
                 tracing::debug!(%ino, %session, error = %e, "grant renewal refused");
-                self.grants.renewal_failed(ino);
+                let gone = e.code() == ErrorCode::Stale;
+                self.grants.renewal_failed(ino, session, gone);
                 None
             }
         }

@@ -3,9 +3,12 @@
 //! answers that one is missing, expired or forged (the request is then retried once).
 //!
 //! A file's grant comes with its open (or a brief open, for a truncation); opens of the
-//! same file share it, a writable one replacing a read-only one. It outlives the close
-//! that sends the last buffered writes: those go before the session ends, within its
-//! lifetime.
+//! same file share it, a writable one replacing a read-only one. The book keeps every
+//! open session of the file with its mode, and renews with any one still open of the
+//! grant's mode (a read-only one once no writable open is left): each open is a server
+//! session of its own, and closing one must not take the others' renewals along. The
+//! grant outlives the close that sends the last buffered writes: those go before the
+//! session ends, within its lifetime.
 
 use parking_lot::Mutex;
 use proto::grant::{unix_ms, Grant, GrantMode};
@@ -13,19 +16,35 @@ use proto::{ErrorCode, InodeId, SessionId};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// Files whose grants are kept at most; past it, expired ones are dropped, then all.
+/// Files whose grants are kept at most; past it, expired ones of closed files are
+/// dropped, then all.
 pub(crate) const MAX_HELD_GRANTS: usize = 65_536;
 
 /// One file's grant.
 #[derive(Clone)]
 struct Held {
     grant: Grant,
-    /// The session it was given with (renewals name it).
-    session: SessionId,
+    /// The file's open sessions and the mode of the grant each came with (renewals
+    /// name one of them).
+    sessions: HashMap<SessionId, GrantMode>,
     /// When to renew it (half its lifetime after it came).
     renew_at: Instant,
     /// When it runs out, by this machine's clock.
     ends_at: Instant,
+}
+
+impl Held {
+    /// An open session to renew with: one of the grant's mode, else any.
+    fn renewer(&self) -> Option<SessionId> {
+        let of_mode = self.sessions.iter().find(|(_, &m)| m == self.grant.mode);
+        of_mode
+            .or_else(|| self.sessions.iter().next())
+            .map(|(&s, _)| s)
+    }
+
+    fn writable_open(&self) -> bool {
+        self.sessions.values().any(|&m| m == GrantMode::ReadWrite)
+    }
 }
 
 /// What a chunk request of a file is to carry, and whether to renew first.
@@ -36,73 +55,118 @@ pub(crate) enum Attach {
     Renew(SessionId, Option<Grant>),
 }
 
+#[derive(Default)]
+struct Book {
+    held: HashMap<InodeId, Held>,
+    /// The file of every session in `held`, to forget a session by its id alone.
+    files: HashMap<SessionId, InodeId>,
+}
+
 /// The grants of one client, by file.
 #[derive(Default)]
 pub(crate) struct GrantBook {
-    held: Mutex<HashMap<InodeId, Held>>,
+    book: Mutex<Book>,
 }
 
 impl GrantBook {
-    /// Keeps `grant`, given with `session`, for its file (a read-only one does not
-    /// replace a writable one that is still good).
+    /// Keeps `grant`, given with `session`, for its file, and the session as one to
+    /// renew with until it ends (a read-only grant does not replace a writable one that
+    /// is still good while a writable open is left).
     pub(crate) fn put(&self, grant: Option<Grant>, session: SessionId) {
         let Some(grant) = grant else { return };
         let now = Instant::now();
         let life = Duration::from_millis(grant.expires_ms.saturating_sub(unix_ms()));
-        let new = Held {
-            renew_at: now + life / 2,
-            ends_at: now + life,
-            grant,
-            session,
-        };
-        let mut held = self.held.lock();
-        if held.len() >= MAX_HELD_GRANTS {
-            held.retain(|_, h| h.ends_at > now);
-            if held.len() >= MAX_HELD_GRANTS {
-                held.clear();
-            }
+        let (ino, mode) = (grant.inode, grant.mode);
+        let mut book = self.book.lock();
+        if book.held.len() >= MAX_HELD_GRANTS && !book.held.contains_key(&ino) {
+            book.make_room(now);
         }
-        let keep_old = held.get(&new.grant.inode).is_some_and(|old| {
-            old.grant.mode == GrantMode::ReadWrite
-                && new.grant.mode == GrantMode::Read
-                && old.ends_at > now
+        let Book { held, files } = &mut *book;
+        files.insert(session, ino);
+        let held = held.entry(ino).or_insert_with(|| Held {
+            grant: grant.clone(),
+            sessions: HashMap::new(),
+            renew_at: now,
+            ends_at: now,
         });
+        // A session keeps the mode it opened with: a renewal of a writable open that
+        // comes back read-only (resumed after a metadata server restart) does not end
+        // the writable grant before it runs out.
+        held.sessions.entry(session).or_insert(mode);
+        let keep_old = held.grant.mode == GrantMode::ReadWrite
+            && mode == GrantMode::Read
+            && held.ends_at > now
+            && held.writable_open();
         if !keep_old {
-            held.insert(new.grant.inode, new);
+            held.grant = grant;
+            held.renew_at = now + life / 2;
+            held.ends_at = now + life;
         }
     }
 
     /// What a request of `ino` carries now.
     pub(crate) fn attach(&self, ino: InodeId) -> Attach {
-        match self.held.lock().get(&ino) {
-            None => Attach::Use(None),
-            Some(h) if Instant::now() >= h.renew_at => {
-                Attach::Renew(h.session, Some(h.grant.clone()))
-            }
-            Some(h) => Attach::Use(Some(h.grant.clone())),
+        let book = self.book.lock();
+        let Some(h) = book.held.get(&ino) else {
+            return Attach::Use(None);
+        };
+        match h.renewer() {
+            Some(s) if Instant::now() >= h.renew_at => Attach::Renew(s, Some(h.grant.clone())),
+            _ => Attach::Use(Some(h.grant.clone())),
         }
     }
 
-    /// The session `ino`'s grant was given with.
+    /// An open session of `ino` to renew its grant with.
     pub(crate) fn session_of(&self, ino: InodeId) -> Option<SessionId> {
-        self.held.lock().get(&ino).map(|h| h.session)
+        self.book.lock().held.get(&ino).and_then(Held::renewer)
     }
 
-    /// A renewal failed (the session ended): keep the grant until it runs out, without
-    /// asking again before then; drop it once it has (a request then fails at once
-    /// instead of asking for every request).
-    pub(crate) fn renewal_failed(&self, ino: InodeId) {
-        let mut held = self.held.lock();
-        let ended = match held.get_mut(&ino) {
-            Some(h) if Instant::now() < h.ends_at => {
+    /// `session` ended (its open closed): renewals no longer name it. Its file's grant
+    /// stays until it runs out, for writes the close sent last.
+    pub(crate) fn ended(&self, session: SessionId) {
+        let mut book = self.book.lock();
+        let Some(ino) = book.files.remove(&session) else {
+            return;
+        };
+        if let Some(h) = book.held.get_mut(&ino) {
+            h.sessions.remove(&session);
+        }
+    }
+
+    /// A renewal with `session` failed; `gone`: the server no longer has the session,
+    /// and renewals no longer name it (another open of the file renews at the next
+    /// request). With none left to ask, or the server failing, the grant is kept until
+    /// it runs out without asking again before then; once it has, a file with no open
+    /// left drops it (a request then fails at once instead of asking for every request).
+    pub(crate) fn renewal_failed(&self, ino: InodeId, session: SessionId, gone: bool) {
+        if gone {
+            self.ended(session);
+        }
+        let mut book = self.book.lock();
+        let now = Instant::now();
+        let ran_out = match book.held.get_mut(&ino) {
+            None => false,
+            Some(h) if gone && !h.sessions.is_empty() => false,
+            Some(h) if now < h.ends_at => {
                 h.renew_at = h.ends_at;
                 false
             }
-            Some(_) => true,
-            None => false,
+            Some(h) => h.sessions.is_empty(),
         };
-        if ended {
-            held.remove(&ino);
+        if ran_out {
+            book.held.remove(&ino);
+        }
+    }
+}
+
+impl Book {
+    /// Drops the run-out grants of closed files, then, if still full, all.
+    fn make_room(&mut self, now: Instant) {
+        self.held
+            .retain(|_, h| h.ends_at > now || !h.sessions.is_empty());
+        if self.held.len() >= MAX_HELD_GRANTS {
+            self.held.clear();
+            self.files.clear();
         }
     }
 }
@@ -114,4 +178,62 @@ pub(crate) fn renewable(code: ErrorCode) -> bool {
         code,
         ErrorCode::GrantExpired | ErrorCode::GrantMissing | ErrorCode::GrantForged
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(mode: GrantMode, life_ms: u64) -> Option<Grant> {
+        Some(Grant {
+            inode: InodeId(7),
+            client: "c".into(),
+            mode,
+            expires_ms: unix_ms() + life_ms,
+            map_version: 1,
+            mac: [0; proto::grant::GRANT_MAC_BYTES],
+        })
+    }
+
+    /// Guards against renewals tied to the newest open of a file: once it closed, the
+    /// file's other opens had no session to renew with.
+    #[test]
+    fn renewals_name_an_open_still_open_of_the_grants_mode() {
+        let (a, b, r) = (SessionId(1), SessionId(2), SessionId(3));
+        let book = GrantBook::default();
+        book.put(grant(GrantMode::ReadWrite, 60_000), a);
+        book.put(grant(GrantMode::Read, 60_000), r);
+        book.put(grant(GrantMode::ReadWrite, 60_000), b);
+        book.ended(b);
+        assert_eq!(book.session_of(InodeId(7)), Some(a));
+        // The server lost `a`: the reader renews, and its read grant replaces.
+        book.renewal_failed(InodeId(7), a, true);
+        assert_eq!(book.session_of(InodeId(7)), Some(r));
+        book.put(grant(GrantMode::Read, 60_000), r);
+        match book.attach(InodeId(7)) {
+            Attach::Use(Some(g)) => assert_eq!(g.mode, GrantMode::Read),
+            _ => panic!("expected the read grant, not yet to renew"),
+        }
+        book.ended(r);
+        assert_eq!(book.session_of(InodeId(7)), None);
+        assert!(matches!(book.attach(InodeId(7)), Attach::Use(Some(_))));
+    }
+
+    /// A read grant does not replace a writable one while a writable open is left.
+    #[test]
+    fn a_writable_grant_stays_while_a_writer_is_open() {
+        let book = GrantBook::default();
+        book.put(grant(GrantMode::ReadWrite, 60_000), SessionId(1));
+        book.put(grant(GrantMode::Read, 60_000), SessionId(2));
+        let Attach::Use(Some(g)) = book.attach(InodeId(7)) else {
+            panic!("expected a grant")
+        };
+        assert_eq!(g.mode, GrantMode::ReadWrite);
+        // Renewing at once: half of a zero lifetime has passed.
+        book.put(grant(GrantMode::ReadWrite, 0), SessionId(1));
+        assert!(matches!(
+            book.attach(InodeId(7)),
+            Attach::Renew(SessionId(1), _)
+        ));
+    }
 }
