@@ -211,7 +211,12 @@ impl Client {
     /// or a brief open, which also cuts what a vanished writer left before the caller
     /// changes the length.
     pub(super) async fn layout_of(&self, ino: InodeId) -> Result<Option<Layout>> {
-        if let Some(st) = self.live_file(ino) {
+        // A file this client has open only for reading holds a read grant, which the
+        // data servers refuse for the truncation: it takes a brief open for writing too.
+        if let Some(st) = self
+            .live_file(ino)
+            .filter(|_| self.data.grants.writable(ino))
+        {
             return Ok(Some(st.layout.clone()));
         }
         // Asked before a truncation, which needs write permission anyway.

@@ -116,6 +116,15 @@ impl GrantBook {
         }
     }
 
+    /// Whether a write to `ino` carries a grant that allows it: a writable grant held,
+    /// or none held at all (a cluster without keys hands out none).
+    pub(crate) fn writable(&self, ino: InodeId) -> bool {
+        let book = self.book.lock();
+        book.held
+            .get(&ino)
+            .is_none_or(|h| h.grant.mode == GrantMode::ReadWrite && h.writable_open())
+    }
+
     /// An open session of `ino` to renew its grant with.
     pub(crate) fn session_of(&self, ino: InodeId) -> Option<SessionId> {
         self.book.lock().held.get(&ino).and_then(Held::renewer)
