@@ -154,18 +154,18 @@ impl Handler for MetaService {
                 )),
                 MetaRequest::Fs(call) => {
                     let conn_id = ConnId(conn.id().0);
-                    match admit(&ns, &gate, who, call).await {
+                    match admit(&ns, &gate, who.clone(), call).await {
                         Ok((call, scope)) => match granting(call, scope, &conn, grants) {
                             Ok(open) => open.serve(ns, limit).await,
                             Err((call, scope)) => {
                                 let req = MetaRequest::Fs(call);
-                                Bytes::from(route(ns, req, conn_id, limit, scope).await)
+                                Bytes::from(route(ns, req, conn_id, who, limit, scope).await)
                             }
                         },
                         Err(e) => refuse(e, limit),
                     }
                 }
-                req => Bytes::from(route(ns, req, ConnId(conn.id().0), limit, None).await),
+                req => Bytes::from(route(ns, req, ConnId(conn.id().0), who, limit, None).await),
             }
         })
     }
@@ -246,11 +246,12 @@ fn granting(
         fs::FsRequest::Regrant(r) => GrantCall::Regrant(r),
         req => return Err((FsCall { caller, req }, scope)),
     };
+    let who = conn.peer_identity();
     let at = Origin {
         conn: ConnId(conn.id().0),
         caller,
+        who: who.clone(),
     };
-    let who = conn.peer_identity();
     Ok(Granting {
         call,
         at,
@@ -372,18 +373,19 @@ async fn route(
     ns: Arc<Namespace>,
     req: MetaRequest,
     conn: ConnId,
+    who: Option<Arc<transport::PeerIdentity>>,
     limit: usize,
     scope: Option<Arc<Scope>>,
 ) -> Vec<u8> {
     use proto::meta::FsRequest as F;
     // Cluster and admin calls are not made for a user: their handlers check no
     // permission, and nobody is what they are taken for if one ever did.
-    let server = Origin { conn, caller: Caller::NOBODY };
+    let server = Origin { conn, caller: Caller::NOBODY, who: who.clone() };
     match req {
         // Every file-system call is judged for the user it names (`namespace::perm`);
         // a client capability that squashes root maps it here (`Caller::squashed`).
         MetaRequest::Fs(FsCall { caller, req }) => {
-            let at = Origin { conn, caller };
+            let at = Origin { conn, caller, who };
             match req {
                 F::Hello(r) => serve(ns, r, at, limit).await,
                 F::Lookup(r) => serve_noting(ns, r, at, limit, scope).await,

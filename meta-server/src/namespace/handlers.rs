@@ -30,8 +30,8 @@ impl Handle for fs::Hello {
     fn span_id(&self) -> u64 {
         0
     }
-    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
-        ns.hello(&self.name)
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.hello(&self.name, at.who.as_deref())
     }
 }
 
@@ -75,6 +75,7 @@ impl Handle for fs::Create {
         self.parent.0
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_name_client(self.client, at.who.as_deref())?;
         ns.may_create_file(&at.caller, self.parent, &self.name, self.access)?;
         let owner = SessionOwner {
             client: self.client,
@@ -197,6 +198,7 @@ impl Handle for fs::Open {
         self.ino.0
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_name_client(self.client, at.who.as_deref())?;
         ns.may_open(&at.caller, self.ino, self.access, self.truncate)?;
         let owner = SessionOwner {
             client: self.client,
@@ -314,6 +316,7 @@ impl Handle for fs::SetLock {
         self.ino.0
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_name_client(self.client, at.who.as_deref())?;
         if self.lock.kind != LockKind::Unlock {
             ns.may_lock(self.ino, at.conn)?;
         }
@@ -327,7 +330,8 @@ impl Handle for fs::GetLock {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_name_client(self.client, at.who.as_deref())?;
         Ok(ns.locks.lock().conflict(self.ino, self.client, &self.lock))
     }
 }
@@ -336,7 +340,8 @@ impl Handle for fs::ReleaseLocks {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_name_client(self.client, at.who.as_deref())?;
         ns.locks
             .lock()
             .release_owner(self.ino, self.client, self.owner);
@@ -349,7 +354,8 @@ impl Handle for fs::Resume {
         self.sessions.len() as u64
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
-        ns.resume(self.client, &self.sessions, at.conn)
+        ns.may_name_client(self.client, at.who.as_deref())?;
+        ns.resume(self.client, &self.sessions, at.conn, &at.caller)
     }
 }
 

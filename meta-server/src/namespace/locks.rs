@@ -10,7 +10,7 @@ use super::ConnId;
 use crate::error::MetaError;
 use proto::meta::{LockKind, LockSpec};
 use proto::{ClientId, InodeId};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Most locks held on one file at once; more are refused with `NoSpace` (ENOLCK-like).
 pub const MAX_LOCKS_PER_FILE: usize = 4096;
@@ -137,13 +137,14 @@ impl LockTable {
         self.files.values().flatten().any(|h| h.conn == conn)
     }
 
-    /// Moves every lock of `client` to `conn` (the client resumed on a new connection),
-    /// so that they end with that connection instead of the old one.
-    pub fn move_client(&mut self, client: ClientId, conn: ConnId) {
+    /// Moves the locks of `client` held through connections `from` to `conn` (the client
+    /// resumed on a new connection), so that they end with that connection instead of
+    /// the old one. Locks on other connections (live ones) stay where they are.
+    pub fn move_client(&mut self, client: ClientId, conn: ConnId, from: &HashSet<ConnId>) {
         self.files
             .values_mut()
             .flatten()
-            .filter(|h| h.client == client)
+            .filter(|h| h.client == client && from.contains(&h.conn))
             .for_each(|h| h.conn = conn);
     }
 }

@@ -41,9 +41,10 @@ use parking_lot::Mutex;
 use proto::meta::{Caller, ClusterMap};
 use proto::{ClientId, InodeId, NodeId, SessionId, Timestamp, WireError};
 use records::{decode, encode, InodeRecord, Superblock, FORMAT_VERSION};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
+use transport::PeerIdentity;
 use txn::Txn;
 
 pub use files::SessionOwner;
@@ -79,6 +80,9 @@ pub struct Origin {
     /// Whom a file-system call is made for (permissions are checked for it). Cluster
     /// and admin calls name nobody: their handlers look at no permission.
     pub caller: Caller,
+    /// The key the connection authenticated with (`None` on a cluster without keys):
+    /// the owner of the client ids it gets at `Hello` (see `registry`).
+    pub who: Option<Arc<PeerIdentity>>,
 }
 
 /// Tests that call handlers directly act as root on connection `conn`.
@@ -88,6 +92,7 @@ impl From<ConnId> for Origin {
         Origin {
             conn,
             caller: Caller::ROOT,
+            who: None,
         }
     }
 }
@@ -123,6 +128,10 @@ struct State {
     boot_floor: u64,
     next_session: u64,
     next_client: u64,
+    /// The first client id of this start: lower ones were handed out before it.
+    client_floor: u64,
+    /// The key each client id was given to or first named by (see `registry`).
+    owners: BTreeMap<ClientId, Arc<str>>,
 }
 
 impl State {
@@ -201,6 +210,8 @@ impl Namespace {
                 boot_floor: next_session,
                 next_session,
                 next_client,
+                client_floor: next_client,
+                owners: BTreeMap::new(),
             }),
             clock,
             liveness: Mutex::new(HashMap::new()),

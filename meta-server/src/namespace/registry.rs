@@ -8,10 +8,27 @@ use super::{Txn, MAX_NODES};
 use crate::error::MetaError;
 use proto::meta::{ClusterMap, GcTask, ResyncReport};
 use proto::{ClientId, InodeId, NodeId};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use transport::PeerIdentity;
+
+/// Most client ids bound to their key at once; past it the oldest binding is dropped
+/// (its id, if still used, is answered `Stale` and its client says hello again).
+pub const MAX_BOUND_CLIENTS: usize = 65_536;
+
+/// Binds `client` to key `name`, dropping the oldest binding if the table is full.
+fn bind_client(owners: &mut BTreeMap<ClientId, Arc<str>>, client: ClientId, name: &str) {
+    if owners.len() >= MAX_BOUND_CLIENTS {
+        owners.pop_first();
+    }
+    owners.insert(client, Arc::from(name));
+}
 
 impl Namespace {
-    /// Welcomes a client with a new id. `name` only goes to the log.
-    pub fn hello(&self, name: &str) -> Result<ClientId, MetaError> {
+    /// Welcomes a client with a new id, bound to the key `who` authenticated with (none
+    /// on a cluster without keys): only that key may name the id (see
+    /// [`Namespace::may_name_client`]). `name` only goes to the log.
+    pub fn hello(&self, name: &str, who: Option<&PeerIdentity>) -> Result<ClientId, MetaError> {
         let mut st = self.state.lock();
         let id = st.next_client;
         if id >= st.sb.client_ceiling {
@@ -23,9 +40,45 @@ impl Namespace {
         }
         st.next_client = id + 1;
         let client = ClientId(id);
+        if let Some(who) = who {
+            bind_client(&mut st.owners, client, &who.name);
+        }
         let shown: String = name.chars().take(128).collect();
         tracing::info!(%client, name = %shown, "client connected");
         Ok(client)
+    }
+
+    /// Refuses a request naming `client` unless it comes from the key the id is bound to:
+    /// client ids are handed out in order, so any key could otherwise name another's and
+    /// resume its sessions, take or drop its locks. EPERM: the caller is not unknown or
+    /// late, it is not that client. An id of a previous start (bindings live in memory)
+    /// is bound to the first key that names it; one of this start with no binding was
+    /// dropped for room ([`MAX_BOUND_CLIENTS`]) and is `Stale`: its client says hello
+    /// again. A cluster without keys names no key and binds nothing.
+    pub fn may_name_client(
+        &self,
+        client: ClientId,
+        who: Option<&PeerIdentity>,
+    ) -> Result<(), MetaError> {
+        let Some(who) = who else { return Ok(()) };
+        let mut st = self.state.lock();
+        match st.owners.get(&client) {
+            Some(owner) if **owner == *who.name => Ok(()),
+            Some(owner) => {
+                tracing::warn!(%client, key = %who.name, owner = %owner,
+                               "a request naming another key's client refused");
+                Err(MetaError::NotPermitted(format!(
+                    "{client} belongs to another key"
+                )))
+            }
+            None if client.0 >= st.client_floor => Err(MetaError::Stale(format!(
+                "{client} is not known to this server"
+            ))),
+            None => {
+                bind_client(&mut st.owners, client, &who.name);
+                Ok(())
+            }
+        }
     }
 
     /// Registers a data server: a new id when `node` is `None`, else an update of a

@@ -12,6 +12,7 @@
 
 use super::{ConnId, Namespace, Session};
 use crate::error::MetaError;
+use proto::meta::{Caller, OpenAccess};
 use proto::{ClientId, InodeId, SessionId};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -70,15 +71,23 @@ impl Namespace {
         due.len()
     }
 
-    /// Moves `client`'s sessions (and all its locks) to `conn`, its new connection.
-    /// A session this server ended already is returned as lost. One opened before
-    /// this server started is opened again if its file still exists and nobody is
-    /// cutting its tail: a restart ends no session on purpose, so nothing was cut for it.
+    /// Moves `client`'s sessions (and its locks) from their broken connections to
+    /// `conn`, its new connection. A session this server ended already is returned as
+    /// lost. One opened before this server started is opened again if its file still
+    /// exists, the caller may open it for reading, and nobody is cutting its tail: a
+    /// restart ends no session on purpose, so nothing was cut for it.
+    ///
+    /// A session still on a live connection is not taken: the resume fails `Busy` and
+    /// changes nothing (the client tries again; its old connection is either found
+    /// broken, and waits for it, or closed, and its sessions are lost). Whoever named
+    /// `client` was checked to be its key ([`Namespace::may_name_client`]), but one key
+    /// may serve several mounts.
     pub fn resume(
         &self,
         client: ClientId,
         sessions: &[(SessionId, InodeId)],
         conn: ConnId,
+        caller: &Caller,
     ) -> Result<Vec<SessionId>, MetaError> {
         if sessions.len() > proto::meta::MAX_RELEASES {
             return Err(MetaError::InvalidArgument(format!(
@@ -89,9 +98,20 @@ impl Namespace {
         }
         let mut guard = self.state.lock();
         let st = &mut *guard;
+        let live = sessions.iter().find_map(|(session, ino)| {
+            let s = st.sessions.get(session)?;
+            let mine = s.client == client && s.ino == *ino;
+            (mine && s.conn != conn && !st.detached.contains_key(&s.conn)).then_some(*session)
+        });
+        if let Some(session) = live {
+            return Err(MetaError::Busy(format!(
+                "{session} is open on a connection that still stands"
+            )));
+        }
+        // Locks move only off a broken connection (or one whose sessions move).
+        let mut from: HashSet<ConnId> = st.detached.keys().copied().collect();
         let mut lost = Vec::new();
         let mut moved = 0usize;
-        let mut from: HashSet<ConnId> = HashSet::new();
         for &(session, ino) in sessions {
             match st.sessions.get_mut(&session) {
                 Some(s) if s.client == client && s.ino == ino => {
@@ -102,37 +122,34 @@ impl Namespace {
                 // Another client's, or another file's: never taken over.
                 Some(_) => lost.push(session),
                 None if session.0 < st.boot_floor && !st.cutting.contains_key(&ino) => {
-                    match self.store_inode_exists(ino) {
-                        Ok(true) => {
-                            // Its open mode died with the previous start, and a
-                            // resume names none: it grants no write without the mode
-                            // bit (a mount running as root needs none).
-                            let write = false;
-                            let s = Session {
-                                ino,
-                                conn,
-                                client,
-                                write,
-                            };
-                            st.sessions.insert(session, s);
-                            *st.open_counts.entry(ino).or_insert(0) += 1;
-                            moved += 1;
-                        }
-                        Ok(false) => lost.push(session),
-                        Err(e) => return Err(e),
+                    if self.may_reopen(caller, ino)? {
+                        // Its open mode died with the previous start, and a resume
+                        // names none: it grants no write without the mode bit (a
+                        // mount running as root needs none).
+                        let s = Session {
+                            ino,
+                            conn,
+                            client,
+                            write: false,
+                        };
+                        st.sessions.insert(session, s);
+                        *st.open_counts.entry(ino).or_insert(0) += 1;
+                        moved += 1;
+                    } else {
+                        lost.push(session);
                     }
                 }
                 None => lost.push(session),
             }
         }
         // A connection whose sessions all moved has nothing left to end.
-        for c in from {
+        for &c in &from {
             if c != conn && !st.sessions.values().any(|s| s.conn == c) {
                 st.detached.remove(&c);
             }
         }
         drop(guard);
-        self.locks.lock().move_client(client, conn);
+        self.locks.lock().move_client(client, conn, &from);
         tracing::info!(%client, conn = conn.0, resumed = moved, lost = lost.len(), "client resumed its sessions");
         Ok(lost)
     }
@@ -147,7 +164,17 @@ impl Namespace {
         self.state.lock().detached.len()
     }
 
-    fn store_inode_exists(&self, ino: InodeId) -> Result<bool, MetaError> {
-        Ok(self.inodes_exist(&[ino])?.first().copied().unwrap_or(false))
+    /// Whether a session of a previous start on `ino` may be opened again for `caller`:
+    /// the file exists and the caller may open it for reading (a resume must not open
+    /// what an `Open` would refuse).
+    fn may_reopen(&self, caller: &Caller, ino: InodeId) -> Result<bool, MetaError> {
+        if !self.inodes_exist(&[ino])?.first().copied().unwrap_or(false) {
+            return Ok(false);
+        }
+        match self.may_open(caller, ino, OpenAccess::Read, false) {
+            Ok(()) => Ok(true),
+            Err(MetaError::PermissionDenied(_) | MetaError::NotFound(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 }

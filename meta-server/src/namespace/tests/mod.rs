@@ -4,6 +4,7 @@ mod changes;
 mod cluster;
 mod model;
 mod ops;
+mod owners;
 mod perms;
 mod readdir;
 mod rename;

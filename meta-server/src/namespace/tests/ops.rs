@@ -749,11 +749,11 @@ fn restart_keeps_everything(kind: StoreKind) {
 
 fn hello_ids_are_unique_across_restarts(kind: StoreKind) {
     let mut h = H::new(kind);
-    let a = h.ns().hello("one").unwrap();
-    let b = h.ns().hello(&"x".repeat(10_000)).unwrap();
+    let a = h.ns().hello("one", None).unwrap();
+    let b = h.ns().hello(&"x".repeat(10_000), None).unwrap();
     assert!(b > a);
     h.restart();
-    let c = h.ns().hello("after").unwrap();
+    let c = h.ns().hello("after", None).unwrap();
     assert!(c > b);
     let reply = h.ns().handle(fs::Hello { name: "n".into() }, ConnId(1));
     assert!(matches!(reply, Ok(client) if client > c));

@@ -14,6 +14,7 @@ fn at(uid: u32, conn: u64) -> Origin {
     Origin {
         conn: ConnId(conn),
         caller: Caller::new(uid, uid),
+        who: None,
     }
 }
 

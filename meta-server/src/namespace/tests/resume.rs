@@ -7,7 +7,7 @@ use crate::namespace::SessionOwner;
 use crate::namespace::{keys, ConnId};
 use crate::ManualClock;
 use proto::meta::fs::{GetLock, SetLock};
-use proto::meta::{LockKind, LockSpec};
+use proto::meta::{Caller, LockKind, LockSpec};
 use proto::{ClientId, ErrorCode, InodeId};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -76,6 +76,7 @@ fn a_resumed_client_keeps_its_opens_and_locks(kind: StoreKind) {
             ClientId(3),
             &[(o.session, f.ino), (u.session, gone.ino)],
             ConnId(9),
+            &Caller::ROOT,
         )
         .unwrap();
     assert!(lost.is_empty(), "{lost:?}");
@@ -129,6 +130,7 @@ fn after_the_grace_the_sessions_end_and_are_lost(kind: StoreKind) {
             ClientId(3),
             &[(o.session, f.ino), (theirs.session, f.ino)],
             ConnId(9),
+            &Caller::ROOT,
         )
         .unwrap();
     assert_eq!(
@@ -193,6 +195,7 @@ fn a_resume_after_a_restart_opens_again(kind: StoreKind) {
             ClientId(3),
             &[(of_f.session, f.ino), (of_g.session, g.ino)],
             ConnId(9),
+            &Caller::ROOT,
         )
         .unwrap();
     assert_eq!(lost, vec![of_g.session]);
@@ -206,7 +209,7 @@ fn a_resume_after_a_restart_opens_again(kind: StoreKind) {
 
     let many = vec![(of_f.session, f.ino); proto::meta::MAX_RELEASES + 1];
     assert_eq!(
-        code(ns.resume(ClientId(3), &many, ConnId(9))),
+        code(ns.resume(ClientId(3), &many, ConnId(9), &Caller::ROOT)),
         ErrorCode::InvalidArgument
     );
 }
