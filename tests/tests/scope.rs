@@ -415,12 +415,14 @@ async fn root_squash_maps_uid_gid_and_group_zero_to_nobody() {
         (NOBODY_ID, NOBODY_ID),
         "root's file is nobody's"
     );
-    let read = |ino| fs::Open {
+    // Each key opens under its own client id (another key's is refused).
+    let read_as = |client, ino| fs::Open {
         ino,
-        client: squashed.client,
+        client,
         truncate: false,
         access: OpenAccess::Read,
     };
+    let read = |ino| read_as(squashed.client, ino);
     let e = squashed
         .call(&Caller::ROOT, read(secret))
         .await
@@ -437,8 +439,9 @@ async fn root_squash_maps_uid_gid_and_group_zero_to_nobody() {
         "group 0 is dropped: {e}"
     );
     // The same calls through the administrator's key (no squash) succeed.
-    assert!(admin.call(&Caller::ROOT, read(secret)).await.is_ok());
-    assert!(admin.call(&in_group_zero, read(group)).await.is_ok());
+    let by_admin = |ino| read_as(admin.client, ino);
+    assert!(admin.call(&Caller::ROOT, by_admin(secret)).await.is_ok());
+    assert!(admin.call(&in_group_zero, by_admin(group)).await.is_ok());
 }
 
 /// Guards against a client without the admin capability running administration calls
