@@ -9,7 +9,7 @@ use proto::meta::fs::Opened;
 use proto::{FileKind, InodeId, SessionId};
 use std::sync::Arc;
 use transport::auth::Lookup;
-use transport::{Key, KeyTable, PeerIdentity, Role};
+use transport::{KeyTable, PeerIdentity, Role};
 
 /// Default of `MetaConfig::grant_lifetime_ms`: ten minutes. Clients renew at half of it.
 pub const DEFAULT_GRANT_LIFETIME_MS: u64 = 600_000;
@@ -19,20 +19,17 @@ pub const GRANT_LIFETIME_RANGE_MS: std::ops::RangeInclusive<u64> = 1000..=86_400
 
 /// Seals grants (present on a server with keys).
 pub struct Granter {
-    cluster: Key,
     lifetime_ms: u64,
-    /// Who is revoked now: a revoked client gets no new grant.
+    /// The cluster key grants are sealed with, and who is revoked now (a revoked
+    /// client gets no new grant).
     table: Arc<KeyTable>,
 }
 
 impl Granter {
-    /// Seals with `cluster` for `lifetime_ms`, asking `table` whether a client is revoked.
-    pub fn new(cluster: Key, lifetime_ms: u64, table: Arc<KeyTable>) -> Granter {
-        Granter {
-            cluster,
-            lifetime_ms,
-            table,
-        }
+    /// Seals with `table`'s cluster key for `lifetime_ms`, asking `table` whether a
+    /// client is revoked.
+    pub fn new(lifetime_ms: u64, table: Arc<KeyTable>) -> Granter {
+        Granter { lifetime_ms, table }
     }
 
     /// A grant on `ino` for the client at the other end of a connection (`None` for a
@@ -58,7 +55,7 @@ impl Granter {
         };
         let expires_ms = unix_ms().saturating_add(self.lifetime_ms);
         Some(seal(
-            self.cluster.bytes(),
+            self.table.cluster_key().bytes(),
             ino,
             &who.name,
             mode,
@@ -111,6 +108,7 @@ mod tests {
     use super::*;
     use proto::auth::Caps;
     use transport::auth::ClientKey;
+    use transport::Key;
 
     fn client(name: &str, caps: Caps) -> PeerIdentity {
         PeerIdentity {
@@ -136,7 +134,7 @@ mod tests {
         };
         table.insert("alice", record(Caps::default()));
         table.insert("reader", record(ro.clone()));
-        let granter = Granter::new(cluster.clone(), 60_000, table.clone());
+        let granter = Granter::new(60_000, table.clone());
         let alice = client("alice", Caps::default());
         let g = granter.grant(Some(&alice), InodeId(9), true, 4).unwrap();
         assert_eq!(

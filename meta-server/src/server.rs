@@ -629,11 +629,7 @@ impl MetaServer {
         }
         let gate = Arc::new(Gate::default());
         let grants = match &keys {
-            Some(k) => {
-                let cluster = transport::Key::load(&config.key_file).map_err(StartError::Key)?;
-                let lifetime = config.grant_lifetime_ms;
-                Some(Arc::new(Granter::new(cluster, lifetime, k.table())))
-            }
+            Some(k) => Some(Arc::new(Granter::new(config.grant_lifetime_ms, k.table()))),
             None => None,
         };
         let service = MetaService {

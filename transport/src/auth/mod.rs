@@ -126,6 +126,11 @@ impl KeyTable {
         }
     }
 
+    /// The cluster key every `server/...` name proves.
+    pub fn cluster_key(&self) -> &Key {
+        &self.cluster
+    }
+
     /// Adds or replaces a client's record.
     pub fn insert(&self, name: &str, record: ClientKey) {
         self.clients.write().insert(name.to_string(), record);
