@@ -10,6 +10,7 @@ mod inprocess;
 pub mod mem_faults;
 pub mod posix;
 pub mod process;
+pub mod wire;
 
 pub use agent::Agent;
 pub use inprocess::{InProcessCluster, Setup, CLUSTER_KEY};

@@ -6,36 +6,26 @@
 use proto::auth::Caps;
 use proto::meta::admin::{CheckNamespace, KeyCreate, KeyList, Status};
 use proto::meta::cluster::ListFiles;
-use proto::meta::{fs, one_of_each, Caller, FsRequest, MetaRequest, OpenAccess, NOBODY_ID};
-use proto::{ClientId, ErrorCode, InodeId, Request, Rpc, WireError};
+use proto::meta::{fs, one_of_each, Caller, FsRequest, OpenAccess, NOBODY_ID};
+use proto::{ErrorCode, InodeId};
+use tessera_tests::wire::WireClient;
 use tessera_tests::InProcessCluster;
-use transport::{Connection, Credentials, Endpoint, Key};
+use transport::{Credentials, Key};
 
-/// One authenticated connection to the metadata server.
-struct Wire {
-    conn: Connection,
-    client: ClientId,
-    _ep: Endpoint,
+/// A wire client holding a key (the administrator's or one `with_key` made).
+struct Wire(WireClient);
+
+impl std::ops::Deref for Wire {
+    type Target = WireClient;
+    fn deref(&self) -> &WireClient {
+        &self.0
+    }
 }
 
 impl Wire {
-    async fn on(ep: Endpoint, cluster: &InProcessCluster) -> Wire {
-        let conn = ep.connect(&cluster.meta_addr()).await.expect("connect");
-        let mut w = Wire {
-            conn,
-            client: ClientId(0),
-            _ep: ep,
-        };
-        let hello = fs::Hello {
-            name: "scope test".into(),
-        };
-        w.client = w.call(&Caller::NOBODY, hello).await.expect("hello");
-        w
-    }
-
     /// The cluster's administrator (every capability, no squash).
     async fn admin(cluster: &InProcessCluster) -> Wire {
-        Wire::on(cluster.endpoint(), cluster).await
+        Wire(WireClient::admin(cluster, "scope test").await)
     }
 
     /// A new client key with `caps`, made by `admin`, and a connection holding it.
@@ -50,18 +40,7 @@ impl Wire {
             name: name.into(),
             key,
         });
-        Wire::on(ep, cluster).await
-    }
-
-    async fn call<R: Rpc<Envelope = MetaRequest>>(
-        &self,
-        who: &Caller,
-        req: R,
-    ) -> Result<R::Reply, WireError> {
-        let req = Request::new(req).with_caller(who.clone());
-        transport::rpc::call(&self.conn, &req, 1 << 17)
-            .await
-            .map_err(|e: Refusal| e.0)
+        Wire(WireClient::on(ep, cluster, "scope test").await)
     }
 
     /// Sends any file-system request; only whether it was refused, and how, matters.
@@ -110,33 +89,9 @@ impl Wire {
         .map_err(|e| e.code)
     }
 
+    /// Root's 0755 directory `name` in `parent`.
     async fn mkdir(&self, parent: InodeId, name: &str) -> InodeId {
-        let name = name.as_bytes().to_vec();
-        let req = fs::Mkdir {
-            parent,
-            name,
-            perm: 0o755,
-        };
-        self.call(&Caller::ROOT, req).await.expect("mkdir").attr.ino
-    }
-
-    /// Creates (and closes) a file of root's with mode `perm`.
-    async fn create(&self, who: &Caller, parent: InodeId, name: &str, perm: u32) -> proto::Attr {
-        let req = fs::Create {
-            parent,
-            name: name.as_bytes().to_vec(),
-            perm,
-            exclusive: true,
-            client: self.client,
-            access: OpenAccess::ReadWrite,
-        };
-        let opened = self.call(who, req).await.expect("create");
-        let release = fs::Release {
-            session: opened.session,
-            commit: None,
-        };
-        self.call(who, release).await.expect("release");
-        opened.attr
+        self.0.mkdir(&Caller::ROOT, parent, name, 0o755).await
     }
 
     async fn names(&self, dir: InodeId) -> Vec<String> {
@@ -151,28 +106,6 @@ impl Wire {
         names
             .map(|e| String::from_utf8_lossy(&e.name).into())
             .collect()
-    }
-}
-
-/// A wire error (the server's answer) or a failure of the connection, which fails
-/// the test.
-struct Refusal(WireError);
-
-impl From<WireError> for Refusal {
-    fn from(e: WireError) -> Refusal {
-        Refusal(e)
-    }
-}
-
-impl From<transport::TransportError> for Refusal {
-    fn from(e: transport::TransportError) -> Refusal {
-        panic!("the connection failed: {e}")
-    }
-}
-
-impl From<proto::ProtoError> for Refusal {
-    fn from(e: proto::ProtoError) -> Refusal {
-        panic!("the codec failed: {e}")
     }
 }
 

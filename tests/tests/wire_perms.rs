@@ -15,13 +15,13 @@
 
 use proto::meta::{fs, Caller, MetaRequest, OpenAccess, XattrMode};
 use proto::TimeSet;
-use proto::{ClientId, ErrorCode, InodeId, ProtoError, Request, Rpc, SetAttr, WireError};
+use proto::{ErrorCode, InodeId, Request, Rpc, SetAttr, WireError};
 use std::path::Path;
 use tessera_tests::posix::{file_owned, mkdir_owned, open_to_all, User, ALICE_UID, BOB_UID};
+use tessera_tests::wire::WireClient;
 use tessera_tests::InProcessCluster;
-use transport::{Connection, Endpoint, TransportError};
 
-/// Why a wire call was refused: the server's code. Anything else fails the test.
+/// Why a wire call was refused: the server's code.
 #[derive(Debug, PartialEq, Eq)]
 struct Refused(ErrorCode);
 
@@ -31,44 +31,13 @@ impl From<WireError> for Refused {
     }
 }
 
-impl From<TransportError> for Refused {
-    fn from(e: TransportError) -> Refused {
-        panic!("the connection failed: {e}")
-    }
-}
-
-impl From<ProtoError> for Refused {
-    fn from(e: ProtoError) -> Refused {
-        panic!("the codec failed: {e}")
-    }
-}
-
-/// A hand-made client: one connection to the metadata server, no kernel, no caches.
-struct Wire {
-    conn: Connection,
-    client: ClientId,
-    _ep: Endpoint,
-}
+/// The administrator's wire client (no root squash): the user each call names is what
+/// the server judges.
+struct Wire(WireClient);
 
 impl Wire {
     async fn connect(cluster: &InProcessCluster) -> Wire {
-        // Authenticated as the cluster's administrator (no root squash): the user each
-        // call names is what the server judges.
-        let ep = cluster.endpoint();
-        let conn = ep
-            .connect(&cluster.meta_addr())
-            .await
-            .expect("connect to the metadata server");
-        let mut wire = Wire {
-            conn,
-            client: ClientId(0),
-            _ep: ep,
-        };
-        let hello = fs::Hello {
-            name: "wire_perms".into(),
-        };
-        wire.client = wire.call(&Caller::NOBODY, hello).await.expect("hello");
-        wire
+        Wire(WireClient::admin(cluster, "wire_perms").await)
     }
 
     /// Sends `req` made for `who`.
@@ -77,49 +46,29 @@ impl Wire {
         who: &Caller,
         req: R,
     ) -> Result<R::Reply, Refused> {
-        let req = Request::new(req).with_caller(who.clone());
-        transport::rpc::call(&self.conn, &req, 1 << 17).await
+        Ok(self.0.call(who, req).await?)
     }
 
     async fn mkdir(&self, who: &Caller, parent: InodeId, name: &str, perm: u32) -> InodeId {
-        let name = name.as_bytes().to_vec();
-        let made = self.call(who, fs::Mkdir { parent, name, perm }).await;
-        made.expect("mkdir").attr.ino
+        self.0.mkdir(who, parent, name, perm).await
     }
 
     /// Creates (and closes) a file owned by `who`.
     async fn create(&self, who: &Caller, parent: InodeId, name: &str, perm: u32) -> InodeId {
-        let req = fs::Create {
-            parent,
-            name: name.as_bytes().to_vec(),
-            perm,
-            exclusive: true,
-            client: self.client,
-            access: OpenAccess::ReadWrite,
-        };
-        let opened = self.call(who, req).await.expect("create");
-        assert_eq!(opened.attr.uid, who.uid, "the caller owns what it makes");
-        self.close(opened.session).await;
-        opened.attr.ino
-    }
-
-    async fn close(&self, session: proto::SessionId) {
-        let release = fs::Release {
-            session,
-            commit: None,
-        };
-        self.call(&Caller::ROOT, release).await.expect("release");
+        let attr = self.0.create(who, parent, name, perm).await;
+        assert_eq!(attr.uid, who.uid, "the caller owns what it makes");
+        attr.ino
     }
 
     async fn open_for_write(&self, who: &Caller, ino: InodeId) -> Result<(), Refused> {
         let req = fs::Open {
             ino,
-            client: self.client,
+            client: self.0.client,
             truncate: false,
             access: OpenAccess::Write,
         };
         let opened = self.call(who, req).await?;
-        self.close(opened.session).await;
+        self.0.close(&Caller::ROOT, opened.session).await;
         Ok(())
     }
 
@@ -261,7 +210,7 @@ async fn a_request_naming_no_caller_is_made_for_nobody() {
         name: b"d".to_vec(),
         perm: 0o777,
     });
-    let r: Result<_, Refused> = transport::rpc::call(&w.conn, &req, 1 << 17).await;
+    let r = w.0.send(&req).await.map_err(Refused::from);
     assert_eq!(r.map(drop), Err(Refused(ErrorCode::PermissionDenied)));
     // Nor may nobody set a time it does not own, or read root's trusted attributes.
     let f = w.create(&Caller::ROOT, InodeId::ROOT, "f", 0o666).await;
