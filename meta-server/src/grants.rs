@@ -2,7 +2,7 @@
 //! sealed with the cluster key for the connection's authenticated client, for reading
 //! only when the client's key is read-only, for `grant_lifetime_ms`.
 
-use crate::namespace::{ConnId, Namespace};
+use crate::namespace::{ConnId, Namespace, Origin};
 use crate::MetaError;
 use proto::grant::{seal, unix_ms, Grant, GrantMode};
 use proto::meta::fs::Opened;
@@ -100,6 +100,27 @@ impl Granter {
             )));
         }
         Ok(grant)
+    }
+}
+
+impl Namespace {
+    /// Adds the grant of `at`'s client to an open's reply (none without keys).
+    pub(crate) fn attach_grant(&self, at: &Origin, opened: &mut Opened, writes: bool) {
+        if let Some(g) = self.granter.get() {
+            g.attach(at.who.as_deref(), opened, writes, self);
+        }
+    }
+
+    /// A new grant for `session`, opened on `at`'s connection (none without keys).
+    pub(crate) fn regrant(
+        &self,
+        session: SessionId,
+        at: &Origin,
+    ) -> Result<Option<Grant>, MetaError> {
+        match self.granter.get() {
+            Some(g) => g.regrant(at.who.as_deref(), self, session, at.conn),
+            None => Ok(None),
+        }
     }
 }
 

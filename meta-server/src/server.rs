@@ -12,7 +12,6 @@ use crate::namespace::scope::Scope;
 use crate::namespace::{ConnId, Handle, Namespace, Origin};
 use crate::MetaError;
 use bytes::Bytes;
-use proto::meta::fs;
 use proto::meta::{AdminRequest as A, Caller, ClusterRequest as C, FsCall, MetaRequest};
 use proto::{codec, rpc, ErrorCode, WireError, PROTOCOL_VERSION};
 use serde::{Deserialize, Serialize};
@@ -108,15 +107,12 @@ struct MetaService {
     keys: Option<Arc<Keys>>,
     /// The capabilities of client keys, applied before a call is served.
     gate: Arc<Gate>,
-    /// `None` on a server without keys: opens carry no grant.
-    grants: Option<Arc<Granter>>,
 }
 
 impl Handler for MetaService {
     fn handle(&self, conn: Connection, request: Bytes) -> HandlerFuture {
         let (ns, limit) = (self.ns.clone(), self.max_msg_bytes);
         let (keys, gate) = (self.keys.clone(), self.gate.clone());
-        let grants = self.grants.clone();
         Box::pin(async move {
             let req = match codec::decode::<MetaRequest>(&request) {
                 Ok(req) => req,
@@ -145,26 +141,13 @@ impl Handler for MetaService {
                     };
                     Bytes::from(rpc::answer(&answer, limit))
                 }
-                MetaRequest::Fs(FsCall {
-                    req: proto::meta::FsRequest::MyCaps(_),
-                    ..
-                }) => Bytes::from(rpc::answer(
-                    &Ok::<_, WireError>(gate::caps_of(who.as_deref())),
-                    limit,
-                )),
-                MetaRequest::Fs(call) => {
-                    let conn_id = ConnId(conn.id().0);
-                    match admit(&ns, &gate, who.clone(), call).await {
-                        Ok((call, scope)) => match granting(call, scope, &conn, grants) {
-                            Ok(open) => open.serve(ns, limit).await,
-                            Err((call, scope)) => {
-                                let req = MetaRequest::Fs(call);
-                                Bytes::from(route(ns, req, conn_id, who, limit, scope).await)
-                            }
-                        },
-                        Err(e) => refuse(e, limit),
+                MetaRequest::Fs(call) => match admit(&ns, &gate, who.clone(), call).await {
+                    Ok((call, scope)) => {
+                        let (req, conn_id) = (MetaRequest::Fs(call), ConnId(conn.id().0));
+                        Bytes::from(route(ns, req, conn_id, who, limit, scope).await)
                     }
-                }
+                    Err(e) => refuse(e, limit),
+                },
                 req => Bytes::from(route(ns, req, ConnId(conn.id().0), who, limit, None).await),
             }
         })
@@ -210,97 +193,6 @@ async fn admit(
             ErrorCode::Io,
             format!("request failed: {e}"),
         )),
-    }
-}
-
-/// An admitted open, create or grant renewal: answered with the grant for the
-/// connection's client ([`Granter`]).
-struct Granting {
-    call: GrantCall,
-    at: Origin,
-    who: Option<Arc<transport::PeerIdentity>>,
-    grants: Option<Arc<Granter>>,
-    scope: Option<Arc<Scope>>,
-}
-
-/// The calls [`Granting`] answers.
-enum GrantCall {
-    Open(fs::Open),
-    Create(fs::Create),
-    Regrant(fs::Regrant),
-}
-
-/// The call as a [`Granting`], or back as it came if it is not one of its calls (a
-/// large `Err`, moved once per call: boxing it would allocate for every other call).
-#[allow(clippy::result_large_err)]
-fn granting(
-    call: FsCall,
-    scope: Option<Arc<Scope>>,
-    conn: &Connection,
-    grants: Option<Arc<Granter>>,
-) -> Result<Granting, (FsCall, Option<Arc<Scope>>)> {
-    let FsCall { caller, req } = call;
-    let call = match req {
-        fs::FsRequest::Open(r) => GrantCall::Open(r),
-        fs::FsRequest::Create(r) => GrantCall::Create(r),
-        fs::FsRequest::Regrant(r) => GrantCall::Regrant(r),
-        req => return Err((FsCall { caller, req }, scope)),
-    };
-    let who = conn.peer_identity();
-    let at = Origin {
-        conn: ConnId(conn.id().0),
-        caller,
-        who: who.clone(),
-    };
-    Ok(Granting {
-        call,
-        at,
-        who,
-        grants,
-        scope,
-    })
-}
-
-impl Granting {
-    async fn serve(self, ns: Arc<Namespace>, limit: usize) -> Bytes {
-        let Granting {
-            call,
-            at,
-            who,
-            grants,
-            scope,
-        } = self;
-        let who = who.as_deref();
-        let bytes = match call {
-            GrantCall::Open(r) => {
-                let writes = r.access.writes();
-                let mut result = run(ns.clone(), r, at).await;
-                if let (Ok(opened), Some(g)) = (&mut result, &grants) {
-                    g.attach(who, opened, writes, &ns);
-                }
-                rpc::answer(&result, limit)
-            }
-            GrantCall::Create(r) => {
-                let writes = r.access.writes();
-                let mut result = run(ns.clone(), r, at).await;
-                if let (Ok(made), Some(scope)) = (&result, &scope) {
-                    // As `serve_noting`: the new file is the scoped client's to name.
-                    <fs::Create as Reveals>::reveals(made, &mut |ino, _| scope.note(ino));
-                }
-                if let (Ok(opened), Some(g)) = (&mut result, &grants) {
-                    g.attach(who, opened, writes, &ns);
-                }
-                rpc::answer(&result, limit)
-            }
-            GrantCall::Regrant(r) => {
-                let answer = match &grants {
-                    None => Ok(None),
-                    Some(g) => g.regrant(who, &ns, r.session, at.conn),
-                };
-                rpc::answer(&answer.map_err(WireError::from), limit)
-            }
-        };
-        Bytes::from(bytes)
     }
 }
 
@@ -391,8 +283,9 @@ async fn route(
                 F::Lookup(r) => serve_noting(ns, r, at, limit, scope).await,
                 F::GetAttr(r) => serve(ns, r, at, limit).await,
                 F::SetAttr(r) => serve(ns, r, at, limit).await,
-                // Answered by `MetaService::handle`, with the grant (`Granting`).
-                F::Create(_) | F::Open(_) | F::Regrant(_) => not_here(limit),
+                F::Create(r) => serve_noting(ns, r, at, limit, scope).await,
+                F::Open(r) => serve(ns, r, at, limit).await,
+                F::Regrant(r) => serve(ns, r, at, limit).await,
                 F::MkNod(r) => serve_noting(ns, r, at, limit, scope).await,
                 F::Mkdir(r) => serve_noting(ns, r, at, limit, scope).await,
                 F::Symlink(r) => serve_noting(ns, r, at, limit, scope).await,
@@ -417,8 +310,7 @@ async fn route(
                 F::GetLock(r) => serve(ns, r, at, limit).await,
                 F::ReleaseLocks(r) => serve(ns, r, at, limit).await,
                 F::Resume(r) => serve(ns, r, at, limit).await,
-                // Answered by `MetaService::handle`, which knows who asks.
-                F::MyCaps(_) => not_here(limit),
+                F::MyCaps(r) => serve(ns, r, at, limit).await,
             }
         }
         MetaRequest::Cluster(req) => match req {
@@ -628,16 +520,14 @@ impl MetaServer {
                   reaches this address can read and change every file");
         }
         let gate = Arc::new(Gate::default());
-        let grants = match &keys {
-            Some(k) => Some(Arc::new(Granter::new(config.grant_lifetime_ms, k.table()))),
-            None => None,
-        };
+        if let Some(k) = &keys {
+            ns.set_granter(Arc::new(Granter::new(config.grant_lifetime_ms, k.table())));
+        }
         let service = MetaService {
             ns: ns.clone(),
             max_msg_bytes: limits.max_msg_bytes,
             keys: keys.clone(),
             gate: gate.clone(),
-            grants,
         };
         let listener = ep
             .listen(&config.listen, Arc::new(service))

@@ -83,7 +83,9 @@ impl Handle for fs::Create {
             access: self.access,
         };
         let (parent, perm, caller) = (self.parent, self.perm, at.caller.clone());
-        ns.create(parent, &self.name, perm, caller, self.exclusive, owner)
+        let mut opened = ns.create(parent, &self.name, perm, caller, self.exclusive, owner)?;
+        ns.attach_grant(at, &mut opened, self.access.writes());
+        Ok(opened)
     }
 }
 
@@ -205,7 +207,30 @@ impl Handle for fs::Open {
             conn: at.conn,
             access: self.access,
         };
-        ns.open_inode(self.ino, self.truncate, owner)
+        let mut opened = ns.open_inode(self.ino, self.truncate, owner)?;
+        ns.attach_grant(at, &mut opened, self.access.writes());
+        Ok(opened)
+    }
+}
+
+impl Handle for fs::Regrant {
+    // A look at the session in memory, and a MAC.
+    const POINT_READ: bool = true;
+    fn span_id(&self) -> u64 {
+        self.session.0
+    }
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.regrant(self.session, at)
+    }
+}
+
+impl Handle for fs::MyCaps {
+    const POINT_READ: bool = true;
+    fn span_id(&self) -> u64 {
+        0
+    }
+    fn run(self, _: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        Ok(crate::gate::caps_of(at.who.as_deref()))
     }
 }
 

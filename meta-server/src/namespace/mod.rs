@@ -163,6 +163,9 @@ pub struct Namespace {
     /// Set when the server stops: the connections it closes then are not clients that
     /// vanished (see `connection_closed`).
     stopping: std::sync::atomic::AtomicBool,
+    /// Seals the grants opens, creates and renewals hand out; unset on a server
+    /// without keys (see `crate::grants`).
+    pub(crate) granter: std::sync::OnceLock<Arc<crate::grants::Granter>>,
 }
 
 /// The server's clock, for every time stamp the server sets.
@@ -220,6 +223,7 @@ impl Namespace {
             locks: Mutex::new(locks::LockTable::default()),
             disk: space::DiskGuard::default(),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            granter: std::sync::OnceLock::new(),
         };
         ns.purge_orphans()?;
         ns.reconcile()?;
@@ -233,6 +237,12 @@ impl Namespace {
     pub fn with_disk_guard(mut self, dir: std::path::PathBuf) -> Namespace {
         self.disk = space::DiskGuard::new(dir, self.config.disk_reserve_bytes);
         self
+    }
+
+    /// Hands out grants with `granter` from now on (a server with keys, once its key
+    /// table is loaded from this namespace).
+    pub fn set_granter(&self, granter: Arc<crate::grants::Granter>) {
+        let _ = self.granter.set(granter);
     }
 
     /// The configuration the namespace runs with.
