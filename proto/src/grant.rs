@@ -8,12 +8,10 @@
 //! pure functions of their inputs, the clock included.
 
 use crate::ids::InodeId;
-use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
 
 /// Bytes of a grant's MAC (HMAC-SHA256).
-pub const GRANT_MAC_BYTES: usize = 32;
+pub const GRANT_MAC_BYTES: usize = crate::mac::MAC_BYTES;
 
 /// How far a data server's clock may be ahead of the metadata server's, unless its
 /// configuration says otherwise: a grant is still taken this long after its expiry (and
@@ -130,20 +128,18 @@ pub struct Need<'a> {
     pub mode: GrantMode,
 }
 
-/// The MAC state over a grant's fields, each length-prefixed or of fixed width.
-fn mac_over(key: &[u8], g: &Grant) -> Hmac<Sha256> {
-    // HMAC takes a key of any length; an error here would be a bug in the crate.
-    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(key)
-        .unwrap_or_else(|_| unreachable!("HMAC accepts keys of every length"));
-    m.update(&(DOMAIN.len() as u32).to_be_bytes());
-    m.update(DOMAIN);
-    m.update(&g.inode.0.to_be_bytes());
-    m.update(&(g.client.len() as u32).to_be_bytes());
-    m.update(g.client.as_bytes());
-    m.update(&[g.mode.byte()]);
-    m.update(&g.expires_ms.to_be_bytes());
-    m.update(&g.map_version.to_be_bytes());
-    m
+/// The MAC's fields: the domain, then every field of the grant but the MAC.
+fn with_fields<T>(g: &Grant, f: impl FnOnce(&[&[u8]]) -> T) -> T {
+    let (inode, mode) = (g.inode.0.to_be_bytes(), [g.mode.byte()]);
+    let (expires, version) = (g.expires_ms.to_be_bytes(), g.map_version.to_be_bytes());
+    f(&[
+        DOMAIN,
+        &inode,
+        g.client.as_bytes(),
+        &mode,
+        &expires,
+        &version,
+    ])
 }
 
 /// Seals a grant of `mode` on `inode` for `client` until `expires_ms` under `key` (the
@@ -164,13 +160,13 @@ pub fn seal(
         map_version,
         mac: [0; GRANT_MAC_BYTES],
     };
-    g.mac = mac_over(key, &g).finalize().into_bytes().into();
+    g.mac = with_fields(&g, |fields| crate::mac::tag(key, fields));
     g
 }
 
 /// Whether `g`'s MAC is right under `key`, compared in constant time.
 pub fn sealed_by(key: &[u8], g: &Grant) -> bool {
-    mac_over(key, g).verify_slice(&g.mac).is_ok()
+    with_fields(g, |fields| crate::mac::tag_ok(key, fields, &g.mac))
 }
 
 /// Checks everything but the MAC: the cheap comparisons made on every request, at

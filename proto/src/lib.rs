@@ -14,6 +14,7 @@ pub mod error;
 pub mod fuzzing;
 pub mod grant;
 pub mod ids;
+pub mod mac;
 pub mod meta;
 pub mod rpc;
 

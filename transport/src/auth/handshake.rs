@@ -4,14 +4,10 @@ use super::{Credentials, Key, PeerIdentity, Role};
 use crate::conn::Connection;
 use crate::error::TransportError;
 use bytes::Bytes;
-use hmac::{Hmac, Mac};
 use proto::auth::{AuthReply, AuthRequest, AUTH_BYTES};
 use proto::ErrorCode;
-use sha2::Sha256;
 use std::sync::Arc;
 use tracing::warn;
-
-type HmacSha256 = Hmac<Sha256>;
 
 /// 32 bytes, as nonces and MACs are.
 pub(crate) type Block = [u8; AUTH_BYTES];
@@ -32,24 +28,13 @@ impl Side {
     }
 }
 
-/// What both MACs cover, every field length-prefixed: the side, the name, both nonces.
-fn mac_over(key: &Key, side: Side, name: &str, nonce_c: &Block, nonce_s: &Block) -> HmacSha256 {
-    // HMAC takes a key of any length; an error here would be a bug in the crate.
-    let mut m = <HmacSha256 as Mac>::new_from_slice(key.bytes())
-        .unwrap_or_else(|_| unreachable!("HMAC accepts keys of every length"));
-    for field in [side.domain(), name.as_bytes(), nonce_c, nonce_s] {
-        m.update(&(field.len() as u32).to_be_bytes());
-        m.update(field);
-    }
-    m
-}
-
-/// The MAC `side` sends.
+/// The MAC `side` sends: over the side's domain, the name and both nonces
+/// (`proto::mac`, every field length-prefixed).
 pub(crate) fn mac(key: &Key, side: Side, name: &str, nonce_c: &Block, nonce_s: &Block) -> Block {
-    mac_over(key, side, name, nonce_c, nonce_s)
-        .finalize()
-        .into_bytes()
-        .into()
+    proto::mac::tag(
+        key.bytes(),
+        &[side.domain(), name.as_bytes(), nonce_c, nonce_s],
+    )
 }
 
 /// Whether `got` is the MAC `side` must send, compared in constant time.
@@ -60,9 +45,8 @@ pub(crate) fn mac_ok(
     nonces: (&Block, &Block),
     got: &Block,
 ) -> bool {
-    mac_over(key, side, name, nonces.0, nonces.1)
-        .verify_slice(got)
-        .is_ok()
+    let fields: [&[u8]; 4] = [side.domain(), name.as_bytes(), nonces.0, nonces.1];
+    proto::mac::tag_ok(key.bytes(), &fields, got)
 }
 
 /// A fresh nonce from the operating system's random number generator.
