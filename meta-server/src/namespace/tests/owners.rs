@@ -59,13 +59,11 @@ fn locked_for(h: &H, ino: InodeId, client: ClientId, name: &str, conn: u64) -> b
     h.ns().handle(req, from(name, conn)).unwrap().is_some()
 }
 
-/// Guards against any key unlocking, resuming or probing another key's client by
-/// naming its id (ids come in order from hello).
-fn another_keys_client_is_refused(kind: StoreKind) {
-    let h = H::with_nodes(kind, 1);
+/// File `f`, which key alice's client (on connection 1) has open for writing and
+/// locked whole: the file, her client id and her session.
+fn alice_holds_f(h: &H) -> (proto::Attr, ClientId, proto::meta::fs::Opened) {
     let f = touch(h.ns(), ROOT, "f");
-    let a = hello(&h, "alice", 1);
-    let b = hello(&h, "bob", 2);
+    let a = hello(h, "alice", 1);
     let opened = SessionOwner {
         client: a,
         conn: ConnId(1),
@@ -75,6 +73,15 @@ fn another_keys_client_is_refused(kind: StoreKind) {
     h.ns()
         .handle(set_lock(f.ino, a, LockKind::Write), from("alice", 1))
         .unwrap();
+    (f, a, o)
+}
+
+/// Guards against any key unlocking, resuming or probing another key's client by
+/// naming its id (ids come in order from hello).
+fn another_keys_client_is_refused(kind: StoreKind) {
+    let h = H::with_nodes(kind, 1);
+    let (f, a, o) = alice_holds_f(&h);
+    let b = hello(&h, "bob", 2);
 
     let refused = |r: Result<(), proto::WireError>| match r {
         Err(e) => assert_eq!(e.code, ErrorCode::NotPermitted, "{e}"),
@@ -116,18 +123,8 @@ fn another_keys_client_is_refused(kind: StoreKind) {
 /// that still stands: it fails `Busy` and changes nothing.
 fn a_live_session_is_not_taken_over(kind: StoreKind) {
     let h = H::with_nodes(kind, 1);
-    let f = touch(h.ns(), ROOT, "f");
-    let a = hello(&h, "alice", 1);
+    let (f, a, o) = alice_holds_f(&h);
     let b = hello(&h, "bob", 5);
-    let opened = SessionOwner {
-        client: a,
-        conn: ConnId(1),
-        access: OpenAccess::ReadWrite,
-    };
-    let o = h.ns().open_inode(f.ino, false, opened).unwrap();
-    h.ns()
-        .handle(set_lock(f.ino, a, LockKind::Write), from("alice", 1))
-        .unwrap();
     // Another mount with the same key, on connection 2.
     let resume = Resume {
         client: a,
