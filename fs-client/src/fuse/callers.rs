@@ -9,16 +9,20 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// How long a process's groups are kept: a process that changes its groups
-/// (`setgroups`, rare after start) is judged with the old ones this long; a pid reused
-/// by another process this soon is too.
+/// (`setgroups`, rare after start) without changing its uid or gid is judged with the
+/// old ones this long; a pid reused this soon by another process of the same uid and
+/// gid is too (a change of either misses the cache).
 const GROUPS_TTL: Duration = Duration::from_secs(1);
 /// Most processes whose groups are kept; the cache empties when full.
 const MAX_PROCESSES: usize = 4096;
 
-/// Supplementary groups of recent callers, by pid.
+/// A caller's process, user and group: a change of any is another caller.
+type Who = (u32, u32, u32);
+
+/// Supplementary groups of recent callers, and when each was read.
 #[derive(Default)]
 pub(super) struct Callers {
-    groups: Mutex<HashMap<u32, (Instant, Vec<u32>)>>,
+    groups: Mutex<HashMap<Who, (Instant, Vec<u32>)>>,
 }
 
 impl Callers {
@@ -26,7 +30,7 @@ impl Callers {
     pub(super) fn of(&self, req: &Request) -> Caller {
         let (uid, gid, pid) = (req.uid(), req.gid(), req.pid());
         let now = Instant::now();
-        if let Some((at, groups)) = self.groups.lock().get(&pid) {
+        if let Some((at, groups)) = self.groups.lock().get(&(pid, uid, gid)) {
             if now.duration_since(*at) < GROUPS_TTL {
                 return Caller::with_groups(uid, gid, groups.iter().copied());
             }
@@ -38,7 +42,7 @@ impl Callers {
         if cache.len() >= MAX_PROCESSES {
             cache.clear();
         }
-        cache.insert(pid, (now, groups.clone()));
+        cache.insert((pid, uid, gid), (now, groups.clone()));
         Caller::with_groups(uid, gid, groups)
     }
 }
