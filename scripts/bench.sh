@@ -2,9 +2,10 @@
 # Tessera beside the local disk, a FUSE passthrough of it (bindfs: the FUSE ceiling),
 # MooseFS, GlusterFS and JuiceFS, on this machine, in one run (issue 5, item 7):
 #
-#   scripts/bench.sh [--quick] [--only SYSTEM[,SYSTEM...]] [--workloads a,b,c,d,e]
+#   scripts/bench.sh [--quick] [--only SYSTEM[,SYSTEM...]] [--workloads a,b,c,d,e] [--base REV]
 #
-#   SYSTEM: local, bindfs, tessera, moosefs, glusterfs, juicefs (default: all, in this order)
+#   SYSTEM: local, bindfs, tessera, moosefs, glusterfs, juicefs (default: all, in this order);
+#   tessera-base: Tessera built from git revision REV (--base), for an A/B in one run
 #   (a) data-set read: DATASET_FILES files of DATASET_MIN..MAX bytes, READERS readers
 #   (b) sequential read of a SEQ_MIB file in 1 MiB blocks (its 1-writer write is shown too)
 #   (c) checkpoint write: CKPT_JOBS writers x CKPT_MIB in 1 MiB blocks, fsync at the end;
@@ -43,6 +44,7 @@ META_PROCS=2
 STEP_TIMEOUT_S=1800           # bound on any one step (fio, a Python phase)
 BENCH_DIR=${BENCH_DIR:-/var/tmp/tessera-bench}   # scratch data, mounts, peer state, venv
 ALL_SYSTEMS="local bindfs tessera moosefs glusterfs juicefs"
+KNOWN_SYSTEMS="tessera-base $ALL_SYSTEMS"
 ALL_WORKLOADS="a b c d e"
 
 quick_settings() {            # --quick: a smoke run of every path in a few minutes
@@ -51,21 +53,25 @@ quick_settings() {            # --quick: a smoke run of every path in a few minu
 }
 
 # ---------------------------------------------------------------- options
-usage() { sed -n '5,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '5,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 ARGS="$*"
-QUICK=0; SYSTEMS=$ALL_SYSTEMS; WORKLOADS=$ALL_WORKLOADS
+QUICK=0; SYSTEMS=$ALL_SYSTEMS; WORKLOADS=$ALL_WORKLOADS; BASE_REV=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
     --only) [ $# -ge 2 ] || usage; SYSTEMS=${2//,/ }; shift 2 ;;
     --workloads) [ $# -ge 2 ] || usage; WORKLOADS=${2//,/ }; shift 2 ;;
+    --base) [ $# -ge 2 ] || usage; BASE_REV=$2; shift 2 ;;
     -h|--help) usage ;;
     *) echo "unknown option: $1" >&2; usage ;;
   esac
 done
-for s in $SYSTEMS; do [[ " $ALL_SYSTEMS " == *" $s "* ]] || { echo "unknown system: $s" >&2; usage; }; done
+for s in $SYSTEMS; do [[ " $KNOWN_SYSTEMS " == *" $s "* ]] || { echo "unknown system: $s" >&2; usage; }; done
 for w in $WORKLOADS; do [[ " $ALL_WORKLOADS " == *" $w "* ]] || { echo "unknown workload: $w" >&2; usage; }; done
 [ "$QUICK" = 1 ] && quick_settings
+if [[ " $SYSTEMS " == *" tessera-base "* ]] && [ -z "$BASE_REV" ]; then
+  echo "tessera-base needs --base REV (the git revision to compare with)" >&2; usage
+fi
 [ "$(id -u)" = 0 ] || { echo "bench.sh needs root (drop_caches, mounts, peers)" >&2; exit 1; }
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -152,6 +158,22 @@ setup() {
     log "cargo build --release --bins"
     (cd "$ROOT" && CARGO_TARGET_DIR="$ROOT/target" cargo build --release --bins)
   fi
+  if [[ " $SYSTEMS " == *" tessera-base "* ]]; then build_base; fi
+}
+
+# The base revision's tree is exported (git archive: no worktree left registered) under
+# BENCH_DIR and built into its own target directory, kept between runs so that a second
+# A/B builds little.
+BASE_SRC=$BENCH_DIR/base-src
+BASE_BIN=$BENCH_DIR/base-target/release
+build_base() {
+  local rev
+  rev=$(git -C "$ROOT" rev-parse --verify "$BASE_REV^{commit}") ||
+    { echo "--base $BASE_REV: not a revision of $ROOT" >&2; return 1; }
+  rm -rf "$BASE_SRC" && mkdir -p "$BASE_SRC"
+  git -C "$ROOT" archive "$rev" | tar -x -C "$BASE_SRC"
+  log "cargo build --release --bins at $(git -C "$ROOT" rev-parse --short "$rev") (tessera-base)"
+  (cd "$BASE_SRC" && CARGO_TARGET_DIR="$BENCH_DIR/base-target" cargo build --release --bins)
 }
 
 # ---------------------------------------------------------------- systems
@@ -196,6 +218,23 @@ stop_tessera() {
   # `up --state-dir` records the state directory under /var/lib/tessera, named after the
   # mount point's path (`tessera`'s default_state_dir): removed too, so no run leaves it.
   local recorded
+  recorded="/var/lib/tessera/$(printf '%s' "${m#/}" | tr -c 'A-Za-z0-9._' '-')"
+  rm -f "$recorded/redirect" && rmdir "$recorded" 2>/dev/null || true
+}
+
+# tessera-base: the same cluster shape, from the base revision's binaries.
+TESSERA_BASE_STATE=$BENCH_DIR/tessera-base-state
+start_tessera-base() {
+  MNT=$BENCH_DIR/mnt/tessera-base
+  "$BASE_BIN/tessera" up "$MNT" --state-dir "$TESSERA_BASE_STATE" \
+    --data-servers "$TESSERA_DATA_SERVERS" --replicas "$COPIES"
+}
+stop_tessera-base() {
+  local m=$BENCH_DIR/mnt/tessera-base recorded
+  if [ -d "$TESSERA_BASE_STATE" ]; then
+    "$BASE_BIN/tessera" down "$m" --state-dir "$TESSERA_BASE_STATE" || true
+  fi
+  rm -rf "$TESSERA_BASE_STATE"
   recorded="/var/lib/tessera/$(printf '%s' "${m#/}" | tr -c 'A-Za-z0-9._' '-')"
   rm -f "$recorded/redirect" && rmdir "$recorded" 2>/dev/null || true
 }
@@ -416,6 +455,7 @@ write_info() {
     echo "DATE=$(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "COMMAND=scripts/bench.sh${ARGS:+ $ARGS}"
     echo "COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    [ -z "$BASE_REV" ] || echo "BASE=$(git -C "$ROOT" rev-parse --short "$BASE_REV")"
     echo "DIRTY=$dirty"
     echo "MACHINE=$cores cores ($cpu), $ram GiB RAM, kernel $(uname -r)"
     echo "MACHINE_SHORT=$cores cores, $ram GiB RAM"

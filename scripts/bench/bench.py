@@ -159,6 +159,7 @@ def fio_value(path, kind):
 SYSTEMS = [
     ("local", "local disk"),
     ("bindfs", "bindfs (FUSE passthrough)"),
+    ("tessera-base", "Tessera at the base revision"),
     ("tessera", "Tessera"),
     ("moosefs", "MooseFS"),
     ("glusterfs", "GlusterFS"),
@@ -244,7 +245,8 @@ def report(run, out_base):
     lines = [f"# Tessera beside local disk, FUSE passthrough and peers: {info.get('DATE', '?')}", ""]
     lines += [
         f"- command: `{info.get('COMMAND', '')}`",
-        f"- commit: `{info.get('COMMIT', '?')}`{info.get('DIRTY', '')}",
+        f"- commit: `{info.get('COMMIT', '?')}`{info.get('DIRTY', '')}"
+        + (f"; tessera-base: `{info['BASE']}`" if info.get("BASE") else ""),
         f"- machine: {info.get('MACHINE', '?')}",
         f"- disk: {info.get('DISK', '?')}",
         f"- settings: {info.get('SETTINGS', '?')}",
@@ -299,6 +301,14 @@ def report(run, out_base):
             refs.append(f"{short}: {r:.2f}x")
     if refs:
         lines += ["", "Tessera / JuiceFS, for reference (no target): " + "; ".join(refs) + "."]
+    ab = []
+    for key, label, _, _ in METRICS:
+        r = ratio(res, key, "tessera", "tessera-base")
+        if r is not None:
+            ab.append(f"| {label.format(**info)} | {r:.2f}x |")
+    if ab:
+        lines += ["", f"## Tessera / Tessera at the base revision (`{info.get('BASE', '?')}`)", "",
+                  "| workload | ratio |", "| --- | --- |"] + ab
     lines.append("")
     with open(out_base + ".md", "w") as f:
         f.write("\n".join(lines))
@@ -312,6 +322,7 @@ def chart(res, systems, info, path):
 
     metrics = [m for m in METRICS if m[0] not in ("dataset_files_s", "dataset_write_files_s")]
     colors = {"local": "#9e9e9e", "bindfs": "#616161", "tessera": "#d84315",
+              "tessera-base": "#ff8a65",
               "moosefs": "#1565c0", "glusterfs": "#2e7d32", "juicefs": "#6a1b9a"}
     fig, axes = plt.subplots(3, 3, figsize=(16, 13))
     for ax, (key, _, title, unit) in zip(axes.flat, metrics):
