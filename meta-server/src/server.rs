@@ -602,6 +602,41 @@ impl MetaServer {
 mod tests {
     use super::*;
 
+    /// Guards against a metadata server starting with an administrator's key file that
+    /// is not the key derived from its cluster key (of another cluster, or made at
+    /// random before keys were derived): one line naming both files.
+    #[test]
+    fn an_admin_key_file_that_is_not_the_derived_key_refuses_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = transport::Key::generate().unwrap();
+        let key_file = dir.path().join("cluster.key");
+        cluster.save(&key_file).unwrap();
+        let good = dir.path().join("admin.key");
+        transport::ClientKeyFile::admin(&cluster)
+            .save(&good)
+            .unwrap();
+        let config = |admin_key_file| MetaConfig {
+            key_file: key_file.clone(),
+            admin_key_file,
+            ..MetaConfig::default()
+        };
+        assert!(check_admin_key(&config(good), &cluster).is_ok());
+        let other = transport::Key::generate().unwrap();
+        let (derived, random) = (dir.path().join("other.key"), dir.path().join("old.key"));
+        transport::ClientKeyFile::admin(&other)
+            .save(&derived)
+            .unwrap();
+        other.save(&random).unwrap();
+        for bad in [derived, random] {
+            let err = check_admin_key(&config(bad.clone()), &cluster)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(&*bad.to_string_lossy()), "{err}");
+            assert!(err.contains(&*key_file.to_string_lossy()), "{err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+    }
+
     /// Guards against the example file drifting from the defaults it documents.
     #[test]
     fn example_file_equals_the_defaults() {
