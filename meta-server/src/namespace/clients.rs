@@ -31,7 +31,7 @@ pub struct ClientRecord {
     pub key_id: KeyId,
     /// What the client may do.
     pub caps: Caps,
-    /// Refused from now on; kept so that the name is not given again by mistake.
+    /// Refused from now on, until a key is made again under the name.
     pub revoked: bool,
 }
 
