@@ -2,7 +2,7 @@
 //! handshake and passes a request on only once its connection has authenticated.
 
 use super::handshake::{mac, mac_ok, nonce, Side};
-use super::{Lookup, PeerIdentity, Role, Verifier};
+use super::{Lookup, PeerIdentity, Verifier};
 use crate::conn::{AuthStep, Closed, ConnId, Connection, Handler, HandlerFuture};
 use bytes::Bytes;
 use proto::auth::{AuthReply, AuthRequest};
@@ -101,19 +101,19 @@ async fn step(verifier: Arc<dyn Verifier>, conn: Connection, request: Bytes) -> 
                 nonce_s,
             },
         ) => {
-            let (key, role, refusal) = match verifier.lookup(&name, claim.as_ref()).await {
-                Lookup::Known { key, role } => (key, role, None),
-                Lookup::Refused { key, why } => (key, Role::Server, Some(why)),
+            let (key, verdict) = match verifier.lookup(&name, claim.as_ref()).await {
+                Lookup::Known { key, role } => (key, Ok(role)),
+                Lookup::Refused { key, why } => (key, Err(why)),
                 Lookup::Unavailable => return unavailable(&conn, &peer, &name),
             };
             // The proof is checked even when the claim is refused: a refusal costs the
             // same derivation and MAC whatever its reason.
             let good = mac_ok(&key, Side::Client, &name, (&nonce_c, &nonce_s), &got);
-            match (refusal, good) {
-                (Some(why), _) => return refused(&conn, &peer, &name, why),
-                (None, false) => return refused(&conn, &peer, &name, "bad key"),
-                (None, true) => {}
-            }
+            let role = match (verdict, good) {
+                (Err(why), _) => return refused(&conn, &peer, &name, why),
+                (Ok(_), false) => return refused(&conn, &peer, &name, "bad key"),
+                (Ok(role), true) => role,
+            };
             let key_id = claim.map(|c| c.key_id);
             let who = Arc::new(PeerIdentity { name, key_id, role });
             // Claimed first, checked second (see `Verifier::revoked`).
