@@ -1,24 +1,24 @@
 //! How a data server checks a handshake: servers by the cluster key, clients by the key
-//! the metadata server holds for their name, asked on this server's own authenticated
-//! link and kept for [`CLIENT_KEY_TTL`].
+//! it derives itself from the cluster key for their claim (name, key id, capabilities),
+//! and the revocation list it pulls from the metadata server every
+//! [`REVOCATION_POLL`]. No key is asked for or sent: a client is checked with the
+//! metadata server away as with it up; the list kept is the last one pulled.
 
 use parking_lot::Mutex;
-use proto::meta::cluster::{ClientKey, ClientKeyAnswer};
+use proto::auth::{Claim, KeyId};
+use proto::meta::cluster::{RevocationPage, Revocations, MAX_REVOCATIONS};
 use proto::Request;
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tracing::{info, warn};
 use transport::auth::{Lookup, LookupFuture};
-use transport::{Endpoint, Key, Link, Listener, Role, Verifier};
+use transport::{Endpoint, Key, Link, Listener, PeerIdentity, Role, Verifier};
 
-/// How long an answer of the metadata server about a client is used: a revoked key is
-/// refused by every data server within this time (or once the metadata server is back,
-/// when it is away: meanwhile the last answer stands).
-pub const CLIENT_KEY_TTL: Duration = Duration::from_secs(10);
-
-/// Client answers kept at most; the table is cleared when full.
-const MAX_CACHED_CLIENTS: usize = 4096;
+/// How often the revocation list is pulled: a revoked key is refused by every data
+/// server, and its connections there closed, within this time (once the metadata
+/// server is reachable).
+pub const REVOCATION_POLL: Duration = Duration::from_secs(10);
 
 /// The verifier of a data server's listener.
 #[derive(Clone)]
@@ -29,57 +29,81 @@ struct Inner {
     /// Connects out with the server's credentials (no verifier of its own).
     ep: Endpoint,
     meta: Link,
-    cache: Mutex<HashMap<String, (Lookup, Instant)>>,
+    list: Mutex<RevocationList>,
+}
+
+/// The revoked keys known here, and the metadata server's version of the last one.
+#[derive(Default)]
+struct RevocationList {
+    version: u64,
+    revoked: HashSet<(String, KeyId)>,
 }
 
 impl DataVerifier {
-    /// A verifier that asks the metadata server at `meta_addr` through `ep`.
+    /// A verifier that pulls revocations from the metadata server at `meta_addr`
+    /// through `ep`.
     pub fn new(cluster: Key, ep: Endpoint, meta_addr: String) -> DataVerifier {
         DataVerifier(Arc::new(Inner {
             cluster,
             ep,
             meta: Link::new(meta_addr),
-            cache: Mutex::new(HashMap::new()),
+            list: Mutex::new(RevocationList::default()),
         }))
     }
-}
 
-impl DataVerifier {
-    /// Asks again about every client known valid; returns those that no longer are.
-    pub async fn recheck(&self) -> Vec<String> {
-        let known: Vec<String> = self
-            .0
-            .cache
-            .lock()
-            .iter()
-            .filter(|(_, (l, _))| matches!(l, Lookup::Known { .. }))
-            .map(|(name, _)| name.clone())
-            .collect();
-        let mut gone = Vec::new();
-        for name in known {
-            let Ok(found) = self.0.ask_meta(&name).await else {
-                continue; // the metadata server is away: ask again next round
-            };
-            if !matches!(found, Lookup::Known { .. }) {
-                gone.push(name.clone());
+    /// Pulls the revocations not seen yet, adds each to the list and then closes the
+    /// connections of its key (in that order: see `Verifier::revoked`). Returns how
+    /// many were new; an error leaves the list as it was (kept across outages).
+    pub async fn pull(&self, listener: &Weak<Listener>) -> Result<usize, crate::DataError> {
+        let mut new = 0;
+        // Bounded: every page but the last is full, and the list holds at most
+        // MAX_REVOCATIONS.
+        let max_pages = MAX_REVOCATIONS / proto::meta::cluster::MAX_REVOCATIONS_PER_PAGE + 2;
+        for _ in 0..max_pages {
+            let since = self.0.list.lock().version;
+            let page = self.0.ask_meta(since).await?;
+            for r in &page.revoked {
+                let fresh = {
+                    let mut list = self.0.list.lock();
+                    if list.revoked.len() >= MAX_REVOCATIONS {
+                        warn!("more than {MAX_REVOCATIONS} revocations: the rest not kept");
+                        break;
+                    }
+                    list.revoked.insert((r.name.clone(), r.key_id))
+                };
+                if !fresh {
+                    continue;
+                }
+                new += 1;
+                let closed = listener
+                    .upgrade()
+                    .map_or(0, |l| l.close_key(&r.name, &r.key_id));
+                info!(name = %r.name, key_id = %r.key_id, closed, "client key revoked");
             }
-            self.0.cache.lock().insert(name, (found, Instant::now()));
+            let mut list = self.0.list.lock();
+            list.version = list.version.max(page.version);
+            if page.done {
+                break;
+            }
         }
-        gone
+        Ok(new)
     }
 
-    /// Every [`CLIENT_KEY_TTL`], closes the connections of clients whose key was
-    /// revoked since they authenticated; ends with the listener.
+    /// Pulls the revocation list now and every [`REVOCATION_POLL`]; ends with the
+    /// listener.
     pub fn watch(&self, listener: Weak<Listener>) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
         tokio::spawn(async move {
+            let mut tick = tokio::time::interval(REVOCATION_POLL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                tokio::time::sleep(CLIENT_KEY_TTL).await;
-                let gone = me.recheck().await;
-                let Some(l) = listener.upgrade() else { return };
-                for name in gone {
-                    let closed = l.close_peer(&name);
-                    info!(%name, closed, "client key revoked: its connections closed");
+                tick.tick().await;
+                if listener.strong_count() == 0 {
+                    return;
+                }
+                if let Err(e) = me.pull(&listener).await {
+                    // The metadata server is away: the last list stands until it is back.
+                    warn!(error = %e, "cannot pull the revocation list; keeping the last one");
                 }
             }
         })
@@ -87,62 +111,56 @@ impl DataVerifier {
 }
 
 impl Inner {
-    async fn ask(self: Arc<Self>, name: String) -> Lookup {
-        let cached = self.cache.lock().get(&name).cloned();
-        if let Some((found, at)) = &cached {
-            if at.elapsed() < CLIENT_KEY_TTL {
-                return found.clone();
-            }
-        }
-        let found = match self.ask_meta(&name).await {
-            Ok(f) => f,
-            Err(e) => {
-                // While the metadata server is away, clients it vouched for go on
-                // reconnecting (open files keep reading and writing meanwhile).
-                warn!(%name, error = %e, "cannot ask the metadata server for a client's key");
-                return cached.map_or(Lookup::Unavailable, |(found, _)| found);
-            }
-        };
-        let mut cache = self.cache.lock();
-        if cache.len() >= MAX_CACHED_CLIENTS {
-            cache.clear();
-        }
-        cache.insert(name, (found.clone(), Instant::now()));
-        found
-    }
-
-    async fn ask_meta(&self, name: &str) -> Result<Lookup, crate::DataError> {
+    async fn ask_meta(&self, since: u64) -> Result<RevocationPage, crate::DataError> {
         let conn = self.meta.get(&self.ep).await?;
         let limit = self.ep.config().max_msg_bytes;
-        let req = Request::new(ClientKey {
-            name: name.to_string(),
-        });
-        let answer = transport::rpc::call::<_, crate::DataError>(&conn, &req, limit).await?;
-        Ok(match answer {
-            ClientKeyAnswer::Known { key_hex, caps } => match Key::from_hex(&key_hex) {
-                Some(key) => Lookup::Known {
-                    key,
-                    role: Role::Client(caps),
-                },
-                None => Lookup::Unknown,
-            },
-            ClientKeyAnswer::Unknown => Lookup::Unknown,
-            ClientKeyAnswer::Revoked => Lookup::Revoked,
-        })
+        let req = Request::new(Revocations { since });
+        transport::rpc::call::<_, crate::DataError>(&conn, &req, limit).await
+    }
+
+    fn is_revoked(&self, name: &str, key_id: &KeyId) -> bool {
+        // A lookup by borrowed parts would need another key type; names are short.
+        self.list
+            .lock()
+            .revoked
+            .contains(&(name.to_string(), *key_id))
     }
 }
 
 impl Verifier for DataVerifier {
-    fn lookup(&self, name: &str) -> LookupFuture {
-        if name.starts_with(proto::auth::SERVER_NAME_PREFIX) {
-            let key = self.0.cluster.clone();
-            return Box::pin(async move {
-                Lookup::Known {
-                    key,
-                    role: Role::Server,
+    fn lookup(&self, name: &str, claim: Option<&Claim>) -> LookupFuture {
+        let found = match claim {
+            None if name.starts_with(proto::auth::SERVER_NAME_PREFIX) => Lookup::Known {
+                key: self.0.cluster.clone(),
+                role: Role::Server,
+            },
+            None => Lookup::Refused {
+                key: self.0.cluster.clone(),
+                why: "a client without a key id",
+            },
+            // Every claim costs one derivation, whatever the name: no name oracle.
+            Some(claim) => {
+                let key = self.0.cluster.derive_client(name, claim);
+                match self.0.is_revoked(name, &claim.key_id) {
+                    true => Lookup::Refused {
+                        key,
+                        why: "revoked",
+                    },
+                    false => Lookup::Known {
+                        key,
+                        role: Role::Client(claim.caps.clone()),
+                    },
                 }
-            });
+            }
+        };
+        Box::pin(async move { found })
+    }
+
+    fn revoked(&self, who: &PeerIdentity) -> bool {
+        match (&who.role, &who.key_id) {
+            (Role::Server, _) => false,
+            (Role::Client(_), Some(id)) => self.0.is_revoked(&who.name, id),
+            (Role::Client(_), None) => true,
         }
-        Box::pin(self.0.clone().ask(name.to_string()))
     }
 }

@@ -87,9 +87,17 @@ fn with_key(ep: Endpoint, config: &ClientConfig) -> Result<Endpoint> {
     if config.key_file.as_os_str().is_empty() {
         return Ok(ep);
     }
-    let key = transport::Key::load(&config.key_file)?;
-    let name = config.client_name.clone();
-    Ok(ep.with_credentials(transport::Credentials { name, key }))
+    let file = transport::ClientKeyFile::load(&config.key_file)?;
+    let name = &config.client_name;
+    if !name.is_empty() && *name != file.name {
+        return Err(ClientError::Config(format!(
+            "the key file {} is the key of '{}', but client_name is '{name}': leave \
+             client_name out (the key file names its client) or give the key of '{name}'",
+            config.key_file.display(),
+            file.name
+        )));
+    }
+    Ok(ep.with_credentials(transport::Credentials::client(file)))
 }
 
 impl Client {

@@ -69,11 +69,13 @@ pub struct ClientConfig {
     /// change, or a day old, as ext4 by default), `noatime` (never) or `strictatime`
     /// (at every open that reads, and every listing). `tessera mount -o` sets it too.
     pub atime: AtimeMode,
-    /// This client's key file (64 hex digits, mode 0600; `tessera key create --out`
-    /// writes one, `tessera up` makes the administrator's). Empty: connect without
-    /// authenticating, which only a server without keys accepts.
+    /// This client's key file (one line naming the client, its key id, capabilities
+    /// and key; mode 0600; `tessera key create --out` writes one, `tessera up` the
+    /// administrator's). Empty: connect without authenticating, which only a server
+    /// without keys accepts.
     pub key_file: PathBuf,
-    /// The name the key was created under (`tessera key create NAME`).
+    /// The name the key was created under (`tessera key create NAME`); empty: the key
+    /// file's. Checked against the key file's name.
     pub client_name: String,
 }
 
@@ -115,7 +117,7 @@ impl Default for ClientConfig {
             meta_wait_ms: 30_000,
             atime: AtimeMode::RelAtime,
             key_file: PathBuf::new(),
-            client_name: "admin".into(),
+            client_name: String::new(),
         }
     }
 }

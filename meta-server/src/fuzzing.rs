@@ -7,7 +7,7 @@ use crate::kv::wal;
 use crate::namespace::records::{
     decode, encode, ChainRecord, DirentRecord, InodeRecord, NodeRecord, Superblock,
 };
-use crate::namespace::ClientRecord;
+use crate::namespace::{ClientRecord, RevocationRecord};
 use serde::{de::DeserializeOwned, Serialize};
 use std::fmt::Debug;
 
@@ -24,7 +24,7 @@ fn round_trip<T: Serialize + DeserializeOwned + PartialEq + Debug>(bytes: &[u8])
 /// One stored value of the namespace: `kind` picks which record type the bytes are read
 /// as (every value type under the key schema of `namespace::keys`).
 pub fn namespace_record(kind: u8, bytes: &[u8]) {
-    match kind % 8 {
+    match kind % 9 {
         0 => round_trip::<Superblock>(bytes),
         1 => round_trip::<InodeRecord>(bytes),
         2 => round_trip::<DirentRecord>(bytes),
@@ -32,8 +32,10 @@ pub fn namespace_record(kind: u8, bytes: &[u8]) {
         4 => round_trip::<ChainRecord>(bytes),
         // The cluster map version.
         5 => round_trip::<u64>(bytes),
-        // A client's key, capabilities and revocation.
+        // A client's key id, capabilities and revocation.
         6 => round_trip::<ClientRecord>(bytes),
+        // A revoked client key.
+        7 => round_trip::<RevocationRecord>(bytes),
         // Extended attribute values and the directory layout attribute.
         _ => round_trip::<Vec<u8>>(bytes),
     }

@@ -3,10 +3,11 @@
 //! calls. Decided from the request tables (`FsRequest::changes`, `FsRequest::inodes_mut`),
 //! so a new request type is decided here without anyone remembering to.
 
-use crate::keys::{self, ADMIN_NAME};
+use crate::keys;
 use crate::namespace::scope::Scope;
 use crate::namespace::Namespace;
 use proto::auth::Caps;
+use proto::auth::ADMIN_NAME;
 use proto::meta::{AdminRequest, ClusterRequest, FsCall};
 use proto::{ErrorCode, InodeId, WireError};
 use std::collections::HashMap;
@@ -42,6 +43,7 @@ impl Gate {
         let Some(PeerIdentity {
             name,
             role: Role::Client(caps),
+            ..
         }) = who
         else {
             return Ok((call, None));
@@ -138,11 +140,11 @@ pub fn admin_call(who: Option<&PeerIdentity>, req: &AdminRequest) -> Result<(), 
 
 /// Refuses the calls of data servers (registration, heartbeats, the inode lists of
 /// their collection) to a client without the admin capability (EPERM). The map is
-/// every client's to read; client keys are answered elsewhere.
+/// every client's to read; the revocation list is answered elsewhere, to servers only.
 pub fn cluster_call(who: Option<&PeerIdentity>, req: &ClusterRequest) -> Result<(), WireError> {
     let for_everyone = matches!(
         req,
-        ClusterRequest::GetMap(_) | ClusterRequest::ClientKey(_)
+        ClusterRequest::GetMap(_) | ClusterRequest::Revocations(_)
     );
     match for_everyone || keys::is_server(who) || keys::may_administer(who) {
         true => Ok(()),

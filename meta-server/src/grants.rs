@@ -8,7 +8,6 @@ use proto::grant::{seal, unix_ms, Grant, GrantMode};
 use proto::meta::fs::Opened;
 use proto::{FileKind, InodeId, SessionId};
 use std::sync::Arc;
-use transport::auth::Lookup;
 use transport::{KeyTable, PeerIdentity, Role};
 
 /// Default of `MetaConfig::grant_lifetime_ms`: ten minutes. Clients renew at half of it.
@@ -46,7 +45,10 @@ impl Granter {
         let Role::Client(caps) = &who.role else {
             return None;
         };
-        if !matches!(self.table.lookup_now(&who.name), Lookup::Known { .. }) {
+        let valid = who
+            .key_id
+            .is_some_and(|id| self.table.is_valid(&who.name, &id));
+        if !valid {
             return None;
         }
         let mode = match writes && !caps.read_only {
@@ -128,12 +130,14 @@ impl Namespace {
 mod tests {
     use super::*;
     use proto::auth::Caps;
-    use transport::auth::ClientKey;
+    use proto::auth::KeyId;
+    use transport::auth::KeyRecord;
     use transport::Key;
 
     fn client(name: &str, caps: Caps) -> PeerIdentity {
         PeerIdentity {
             name: name.into(),
+            key_id: Some(KeyId([1; 16])),
             role: Role::Client(caps),
         }
     }
@@ -144,8 +148,8 @@ mod tests {
     fn grants_follow_the_key_and_end_with_its_revocation() {
         let cluster = Key::generate().unwrap();
         let table = Arc::new(KeyTable::new(cluster.clone()));
-        let record = |caps| ClientKey {
-            key: Key::generate().unwrap(),
+        let record = |caps| KeyRecord {
+            key_id: KeyId([1; 16]),
             caps,
             revoked: false,
         };
@@ -174,10 +178,21 @@ mod tests {
         );
         let server = PeerIdentity {
             name: "server/data".into(),
+            key_id: None,
             role: Role::Server,
         };
         assert!(granter.grant(Some(&server), InodeId(9), true, 4).is_none());
         assert!(granter.grant(None, InodeId(9), true, 4).is_none());
+        let superseded = PeerIdentity {
+            key_id: Some(KeyId([2; 16])),
+            ..alice.clone()
+        };
+        assert!(
+            granter
+                .grant(Some(&superseded), InodeId(9), true, 4)
+                .is_none(),
+            "a key made again under the name ends the old key's grants"
+        );
         table.revoke("alice");
         assert!(granter.grant(Some(&alice), InodeId(9), true, 4).is_none());
         assert!(granter

@@ -1,20 +1,18 @@
 //! The metadata server's keys: the verifier its listener checks every handshake with
-//! (the cluster key for servers, the stored client keys for clients), and the requests
-//! that manage client keys (admin) or hand one to a data server (cluster).
+//! (the cluster key for servers; for clients, the key derived from it for their claim,
+//! checked against the stored record of their name), the requests that manage client
+//! keys (admin), and the revocation list the data servers pull (cluster).
 
-use crate::namespace::{ClientRecord, Namespace};
+use crate::namespace::{ClientRecord, Namespace, StoredClient};
 use crate::MetaError;
-use proto::auth::{check_peer_name, Caps};
+use proto::auth::{check_caps_path, check_peer_name, KeyId, ADMIN_NAME};
 use proto::meta::admin::{KeyCreate, KeyInfo, KeyRevoke};
-use proto::meta::cluster::{ClientKey as ClientKeyReq, ClientKeyAnswer};
+use proto::meta::cluster::{RevocationPage, Revocations, MAX_REVOCATIONS_PER_PAGE};
 use proto::{ErrorCode, WireError};
 use std::sync::{Arc, OnceLock, Weak};
-use tracing::info;
-use transport::auth::ClientKey;
+use tracing::{info, warn};
+use transport::auth::KeyRecord;
 use transport::{Key, KeyTable, Listener, PeerIdentity, Role};
-
-/// The name of the administrator's key given in the configuration (`admin_key_file`).
-pub const ADMIN_NAME: &str = "admin";
 
 /// Keys and the listener whose connections a revocation closes.
 pub struct Keys {
@@ -23,27 +21,31 @@ pub struct Keys {
 }
 
 impl Keys {
-    /// The verifier's table: the cluster key, every stored client key, and the
-    /// administrator's key from the configuration (all capabilities, not stored).
-    pub fn load(ns: &Namespace, cluster: Key, admin: Option<Key>) -> Result<Keys, MetaError> {
+    /// The verifier's table: the cluster key and every stored client record. A record
+    /// of the previous format (a stored key, not a derived one) is left out, so its
+    /// client is refused, with one line telling the operator to make it again.
+    pub fn load(ns: &Namespace, cluster: Key) -> Result<Keys, MetaError> {
         let table = Arc::new(KeyTable::new(cluster));
         for (name, rec) in ns.client_keys()? {
-            let Some(key) = Key::from_hex(&rec.key_hex) else {
-                return Err(MetaError::Corrupt(format!(
-                    "client key {name}: not 64 hex digits"
-                )));
-            };
-            let (caps, revoked) = (rec.caps, rec.revoked);
-            table.insert(&name, ClientKey { key, caps, revoked });
-        }
-        if let Some(key) = admin {
-            let caps = Caps {
-                root_squash: false,
-                admin: true,
-                ..Caps::default()
-            };
-            let revoked = false;
-            table.insert(ADMIN_NAME, ClientKey { key, caps, revoked });
+            match rec {
+                StoredClient::Derived(r) => {
+                    let (key_id, caps, revoked) = (r.key_id, r.caps, r.revoked);
+                    table.insert(
+                        &name,
+                        KeyRecord {
+                            key_id,
+                            caps,
+                            revoked,
+                        },
+                    );
+                }
+                StoredClient::Stored { revoked: true, .. } => {}
+                StoredClient::Stored { .. } => warn!(
+                    "client key '{name}' was made by an older Tessera, which stored the key \
+                     itself; keys are derived now, so it is refused: make it again with \
+                     `tessera key create {name} ...` and hand out the new key file"
+                ),
+            }
         }
         Ok(Keys {
             table,
@@ -61,26 +63,36 @@ impl Keys {
         let _ = self.listener.set(Arc::downgrade(listener));
     }
 
-    /// Makes and stores a client key; answers it in hex.
-    pub fn create(&self, ns: &Namespace, req: KeyCreate) -> Result<String, WireError> {
+    fn listener(&self) -> Option<Arc<Listener>> {
+        self.listener.get().and_then(Weak::upgrade)
+    }
+
+    /// Records a client key its administrator derived: name, id and capabilities. A
+    /// name that had another key gets this one: the previous key is revoked, on the
+    /// list the data servers pull, and its connections here are closed at once.
+    pub fn create(&self, ns: &Namespace, req: KeyCreate) -> Result<(), WireError> {
         check_peer_name(&req.name).map_err(|e| invalid(&e))?;
-        if req.name == ADMIN_NAME || !req.caps.path.starts_with(b"/") {
+        check_caps_path(&req.caps.path).map_err(|e| invalid(&e))?;
+        if req.name == ADMIN_NAME || req.key_id == KeyId::ADMIN {
             return Err(invalid(
-                "the name 'admin' is the configured key's; paths start at /",
+                "the name 'admin' and the key id of zeros are the administrator's",
             ));
         }
-        let key = Key::generate().map_err(|e| WireError::new(ErrorCode::Io, e.to_string()))?;
-        let rec = ClientRecord {
-            key_hex: key.to_hex(),
-            caps: req.caps.clone(),
+        let rec = ClientRecord::new(req.key_id, req.caps.clone());
+        ns.put_client_key(&req.name, &rec)?;
+        let record = KeyRecord {
+            key_id: req.key_id,
+            caps: req.caps,
             revoked: false,
         };
-        ns.add_client_key(&req.name, &rec)?;
-        let (caps, revoked) = (req.caps, false);
-        self.table
-            .insert(&req.name, ClientKey { key, caps, revoked });
-        info!(name = %req.name, "client key created");
-        Ok(rec.key_hex)
+        // Recorded first, closed second (see `transport::auth::Verifier::revoked`).
+        let old = self.table.insert(&req.name, record);
+        let closed = match (old, self.listener()) {
+            (Some(old), Some(l)) if old.key_id != req.key_id => l.close_key(&req.name, &old.key_id),
+            _ => 0,
+        };
+        info!(name = %req.name, key_id = %req.key_id, closed, "client key created");
+        Ok(())
     }
 
     /// Every stored client key, without the keys.
@@ -88,10 +100,20 @@ impl Keys {
         Ok(ns
             .client_keys()?
             .into_iter()
-            .map(|(name, r)| KeyInfo {
-                name,
-                caps: r.caps,
-                revoked: r.revoked,
+            .map(|(name, r)| match r {
+                StoredClient::Derived(r) => KeyInfo {
+                    name,
+                    caps: r.caps,
+                    key_id: Some(r.key_id),
+                    revoked: r.revoked,
+                },
+                // Refused since keys are derived: listed as revoked, to be made again.
+                StoredClient::Stored { caps, .. } => KeyInfo {
+                    name,
+                    caps,
+                    key_id: None,
+                    revoked: true,
+                },
             })
             .collect())
     }
@@ -99,30 +121,23 @@ impl Keys {
     /// Revokes a client key and closes its connections at once.
     pub fn revoke(&self, ns: &Namespace, req: KeyRevoke) -> Result<(), WireError> {
         ns.revoke_client_key(&req.name)?;
+        // Recorded first, closed second (see `transport::auth::Verifier::revoked`).
         self.table.revoke(&req.name);
-        let closed = self
-            .listener
-            .get()
-            .and_then(Weak::upgrade)
-            .map_or(0, |l| l.close_peer(&req.name));
+        let closed = self.listener().map_or(0, |l| l.close_peer(&req.name));
         info!(name = %req.name, closed, "client key revoked, its connections closed");
         Ok(())
     }
+}
 
-    /// A client's key for a data server checking its handshake.
-    pub fn for_data_server(&self, req: &ClientKeyReq) -> ClientKeyAnswer {
-        match self.table.lookup_now(&req.name) {
-            transport::auth::Lookup::Known {
-                key,
-                role: Role::Client(caps),
-            } => ClientKeyAnswer::Known {
-                key_hex: key.to_hex(),
-                caps,
-            },
-            transport::auth::Lookup::Revoked => ClientKeyAnswer::Revoked,
-            _ => ClientKeyAnswer::Unknown,
-        }
-    }
+/// The revocations a data server has not seen, from the store.
+pub fn revocations(ns: &Namespace, req: &Revocations) -> Result<RevocationPage, WireError> {
+    let (page, done) = ns.revocations(req.since, MAX_REVOCATIONS_PER_PAGE)?;
+    let version = page.last().map_or(req.since, |(v, _)| *v);
+    Ok(RevocationPage {
+        revoked: page.into_iter().map(|(_, r)| r).collect(),
+        version,
+        done,
+    })
 }
 
 fn invalid(why: &str) -> WireError {
@@ -139,7 +154,7 @@ pub fn may_administer(who: Option<&PeerIdentity>) -> bool {
     }
 }
 
-/// Whether the peer is a server of the cluster (may ask for client keys).
+/// Whether the peer is a server of the cluster (may pull the revocation list).
 pub fn is_server(who: Option<&PeerIdentity>) -> bool {
     matches!(who.map(|w| &w.role), Some(Role::Server))
 }

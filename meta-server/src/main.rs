@@ -34,7 +34,8 @@ struct Args {
     /// The cluster key file (mode 0600); every connection must then authenticate.
     #[arg(long)]
     key_file: Option<PathBuf>,
-    /// The administrator's client key file (client name `admin`).
+    /// The administrator's key file, to check that it is the key derived from the
+    /// cluster key (the start is refused if not).
     #[arg(long)]
     admin_key_file: Option<PathBuf>,
     /// Serve without authentication even on a non-loopback address (warned about).

@@ -44,8 +44,9 @@ pub struct MetaConfig {
     /// The cluster key's file (64 hex digits, mode 0600); empty: no authentication,
     /// which needs a loopback `listen` or `insecure`.
     pub key_file: PathBuf,
-    /// The administrator's client key file (name `admin`, every capability); empty:
-    /// none (client keys are then made only by an administrator the store knows).
+    /// The administrator's key file, only checked: the key `admin` is derived from the
+    /// cluster key, so every server knows it without this file; given, a file whose key
+    /// is not that derived key refuses the start. Empty: not checked.
     pub admin_key_file: PathBuf,
     /// Serve without authentication on any address (warned about at every start).
     pub insecure: bool,
@@ -134,10 +135,17 @@ impl Handler for MetaService {
                 MetaRequest::Admin(A::KeyCreate(r)) => key_call(ns, keys, &conn, limit, r).await,
                 MetaRequest::Admin(A::KeyList(r)) => key_call(ns, keys, &conn, limit, r).await,
                 MetaRequest::Admin(A::KeyRevoke(r)) => key_call(ns, keys, &conn, limit, r).await,
-                MetaRequest::Cluster(C::ClientKey(r)) => {
+                MetaRequest::Cluster(C::Revocations(r)) => {
                     let answer = match &keys {
-                        Some(k) if keys::is_server(who.as_deref()) => Ok(k.for_data_server(&r)),
-                        _ => Err(keys::not_permitted("asking for a client's key")),
+                        Some(_) if keys::is_server(who.as_deref()) => {
+                            let ns = ns.clone();
+                            tokio::task::spawn_blocking(move || keys::revocations(&ns, &r))
+                                .await
+                                .unwrap_or_else(|e| {
+                                    Err(WireError::new(ErrorCode::Io, format!("failed: {e}")))
+                                })
+                        }
+                        _ => Err(keys::not_permitted("the revocation list")),
                     };
                     Bytes::from(rpc::answer(&answer, limit))
                 }
@@ -235,7 +243,7 @@ trait KeyRequest: rpc::Rpc + Send + 'static {
 
 impl KeyRequest for proto::meta::admin::KeyCreate {
     const WHAT: &'static str = "key create";
-    fn run(self, keys: &Keys, ns: &Namespace) -> Result<String, WireError> {
+    fn run(self, keys: &Keys, ns: &Namespace) -> Result<(), WireError> {
         keys.create(ns, self)
     }
 }
@@ -320,7 +328,7 @@ async fn route(
             C::ListFiles(r) => serve(ns, r, server, limit).await,
             C::InodesExist(r) => serve(ns, r, server, limit).await,
             // Answered by `MetaService::handle`, which knows who asks.
-            C::ClientKey(_) => not_here(limit),
+            C::Revocations(_) => not_here(limit),
         },
         MetaRequest::Admin(req) => match req {
             A::Status(r) => serve(ns, r, server, limit).await,
@@ -464,22 +472,40 @@ fn spawn_expiry(ns: &Arc<Namespace>) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// The cluster key, the stored client keys and the administrator's: `None` without a
-/// `key_file`.
+/// The cluster key and the stored client records: `None` without a `key_file`.
 fn load_keys(config: &MetaConfig, ns: &Namespace) -> Result<Option<Arc<Keys>>, StartError> {
     if config.key_file.as_os_str().is_empty() {
         return Ok(None);
     }
     let cluster = transport::Key::load(&config.key_file).map_err(StartError::Key)?;
-    let admin = match config.admin_key_file.as_os_str().is_empty() {
-        true => None,
-        false => Some(transport::Key::load(&config.admin_key_file).map_err(StartError::Key)?),
-    };
-    let keys = Keys::load(ns, cluster, admin).map_err(|source| StartError::Open {
+    if !config.admin_key_file.as_os_str().is_empty() {
+        check_admin_key(config, &cluster)?;
+    }
+    let keys = Keys::load(ns, cluster).map_err(|source| StartError::Open {
         dir: config.data_dir.clone(),
         source,
     })?;
     Ok(Some(Arc::new(keys)))
+}
+
+/// Refuses a configured administrator's key file whose key is not the one derived from
+/// the cluster key (a file of another cluster, or of a Tessera that made it at random).
+fn check_admin_key(config: &MetaConfig, cluster: &transport::Key) -> Result<(), StartError> {
+    let path = &config.admin_key_file;
+    let key = match transport::ClientKeyFile::load(path) {
+        Ok(file) => file.key,
+        Err(_) => transport::Key::load(path).map_err(StartError::Key)?,
+    };
+    if key != transport::ClientKeyFile::admin(cluster).key {
+        return Err(StartError::Config(format!(
+            "the admin key file {} is not the administrator's key derived from the cluster \
+             key file {}: write it again from that cluster key (tessera up does), or leave \
+             admin_key_file out",
+            path.display(),
+            config.key_file.display()
+        )));
+    }
+    Ok(())
 }
 
 impl MetaServer {
@@ -575,6 +601,41 @@ impl MetaServer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Guards against a metadata server starting with an administrator's key file that
+    /// is not the key derived from its cluster key (of another cluster, or made at
+    /// random before keys were derived): one line naming both files.
+    #[test]
+    fn an_admin_key_file_that_is_not_the_derived_key_refuses_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = transport::Key::generate().unwrap();
+        let key_file = dir.path().join("cluster.key");
+        cluster.save(&key_file).unwrap();
+        let good = dir.path().join("admin.key");
+        transport::ClientKeyFile::admin(&cluster)
+            .save(&good)
+            .unwrap();
+        let config = |admin_key_file| MetaConfig {
+            key_file: key_file.clone(),
+            admin_key_file,
+            ..MetaConfig::default()
+        };
+        assert!(check_admin_key(&config(good), &cluster).is_ok());
+        let other = transport::Key::generate().unwrap();
+        let (derived, random) = (dir.path().join("other.key"), dir.path().join("old.key"));
+        transport::ClientKeyFile::admin(&other)
+            .save(&derived)
+            .unwrap();
+        other.save(&random).unwrap();
+        for bad in [derived, random] {
+            let err = check_admin_key(&config(bad.clone()), &cluster)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(&*bad.to_string_lossy()), "{err}");
+            assert!(err.contains(&*key_file.to_string_lossy()), "{err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+    }
 
     /// Guards against the example file drifting from the defaults it documents.
     #[test]

@@ -30,8 +30,10 @@ pub use rpc::{Request, Rpc, RpcResult};
 /// reply, and subsystem envelopes instead of one request and one reply enum. 12: every
 /// file-system call names its caller (uid, gid, supplementary groups) in its envelope,
 /// and create-like requests no longer carry an owner of their own. 13: chunk requests
-/// carry the metadata server's grant ([`grant`]).
-pub const PROTOCOL_VERSION: u16 = 13;
+/// carry the metadata server's grant ([`grant`]). 14: client keys are derived from the
+/// cluster key: `Hello` carries the key id and capabilities, `KeyCreate` records them
+/// without a key, and data servers pull revocations instead of asking for keys.
+pub const PROTOCOL_VERSION: u16 = 14;
 
 /// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
 pub const MAX_NAME_BYTES: usize = 255;

@@ -13,12 +13,23 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tempfile::TempDir;
-use transport::{Backend, Credentials, Endpoint, Key, TransportConfig};
+use transport::{Backend, ClientKeyFile, Credentials, Endpoint, Key, TransportConfig};
 
 /// The cluster key's file name in the cluster's `keys` directory.
 pub const CLUSTER_KEY: &str = "cluster.key";
 /// The administrator's key's file name (client name `admin`).
 pub const ADMIN_KEY: &str = "admin.key";
+
+/// Makes `dir` with a new random [`CLUSTER_KEY`] and the [`ADMIN_KEY`] derived from it,
+/// as `tessera up` does.
+pub fn make_keys(dir: &std::path::Path) {
+    std::fs::create_dir(dir).expect("keys dir");
+    let cluster = Key::generate().expect("random key");
+    cluster.save(&dir.join(CLUSTER_KEY)).expect("key saved");
+    ClientKeyFile::admin(&cluster)
+        .save(&dir.join(ADMIN_KEY))
+        .expect("key saved");
+}
 
 /// How long servers may take to start and register.
 const READY: Duration = Duration::from_secs(30);
@@ -86,14 +97,7 @@ impl InProcessCluster {
     /// As [`InProcessCluster::start`], on `setup`'s transport and settings.
     pub async fn start_setup(n: usize, setup: Setup) -> InProcessCluster {
         let dir = tempfile::tempdir().expect("temp dir");
-        let keys = dir.path().join("keys");
-        std::fs::create_dir(&keys).expect("keys dir");
-        for k in [CLUSTER_KEY, ADMIN_KEY] {
-            Key::generate()
-                .expect("random key")
-                .save(&keys.join(k))
-                .expect("key saved");
-        }
+        make_keys(&dir.path().join("keys"));
         let meta = MetaServer::start(Self::meta_config(&setup, "127.0.0.1:0", dir.path()))
             .await
             .expect("metadata server starts");
@@ -331,6 +335,25 @@ impl InProcessCluster {
         self.dir.path().join("keys").join(name)
     }
 
+    /// A client key for `name` with `caps`, derived from the cluster key as `tessera key
+    /// create` does and recorded through `admin`; saved as `<name>.key` in the cluster's
+    /// directory (replacing one made before).
+    pub async fn make_client_key(
+        &self,
+        admin: &fs_client::Client,
+        name: &str,
+        caps: proto::auth::Caps,
+    ) -> ClientKeyFile {
+        let cluster = Key::load(&self.key_file(CLUSTER_KEY)).expect("cluster key");
+        let id = transport::auth::new_key_id().expect("key id");
+        let file = ClientKeyFile::derive(&cluster, name, id, caps.clone());
+        admin.key_create(name, id, caps).await.expect("key create");
+        let path = self.dir().join(format!("{name}.key"));
+        let _ = std::fs::remove_file(&path);
+        file.save(&path).expect("key saved");
+        file
+    }
+
     /// An endpoint for wire-level tests, authenticated as the administrator (unless the
     /// cluster runs insecure).
     pub fn endpoint(&self) -> Endpoint {
@@ -343,9 +366,8 @@ impl InProcessCluster {
         if self.setup.insecure {
             return ep;
         }
-        let key = Key::load(&self.key_file(ADMIN_KEY)).expect("admin key");
-        let name = "admin".to_string();
-        ep.with_credentials(Credentials { name, key })
+        let admin = ClientKeyFile::load(&self.key_file(ADMIN_KEY)).expect("admin key");
+        ep.with_credentials(Credentials::client(admin))
     }
 
     /// A grant on `ino` of `mode` for the client [`endpoint`](Self::endpoint) names

@@ -217,11 +217,7 @@ impl ProcessCluster {
         )
         .expect("data config");
         if !opts.insecure {
-            fs::create_dir(d.join("keys")).expect("keys dir");
-            for k in [CLUSTER_KEY, ADMIN_KEY] {
-                let key = transport::Key::generate().expect("random key");
-                key.save(&d.join("keys").join(k)).expect("key saved");
-            }
+            crate::inprocess::make_keys(&d.join("keys"));
         }
         let listen = format!("{}:0", opts.host);
         let meta = Self::spawn_meta(&bin, d, &listen, &opts);

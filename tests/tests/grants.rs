@@ -227,15 +227,14 @@ async fn bad_grants_are_refused_counted_and_logged_once_on_mem() {
 async fn chain_and_admin_requests_are_kept_to_servers_and_administrators() {
     let cluster = cluster_on(Backend::Mem, 600_000).await;
     let admin = cluster.client().await;
-    let hex = admin.key_create("carol", Caps::default()).await.unwrap();
-    let key_file = cluster.dir().join("carol.key");
-    Key::from_hex(&hex).unwrap().save(&key_file).unwrap();
+    let carol = cluster
+        .make_client_key(&admin, "carol", Caps::default())
+        .await;
     let map = admin.cluster_map().await.unwrap();
     let chain = map.chains[0].chain;
-    let carol_ep = cluster.endpoint().with_credentials(transport::Credentials {
-        name: "carol".into(),
-        key: Key::load(&key_file).unwrap(),
-    });
+    let carol_ep = cluster
+        .endpoint()
+        .with_credentials(transport::Credentials::client(carol));
     let data = carol_ep.connect(cluster.data[0].advertise()).await.unwrap();
     let list = ListChunks {
         chain,
@@ -282,11 +281,10 @@ async fn read_only_opens_get_read_grants_and_renewals_need_the_session() {
         read_only: true,
         ..Caps::default()
     };
-    let hex = admin.key_create("reader", caps).await.unwrap();
-    let reader_ep = cluster.endpoint().with_credentials(transport::Credentials {
-        name: "reader".into(),
-        key: Key::from_hex(&hex).unwrap(),
-    });
+    let reader = cluster.make_client_key(&admin, "reader", caps).await;
+    let reader_ep = cluster
+        .endpoint()
+        .with_credentials(transport::Credentials::client(reader));
     let admin_meta = cluster
         .endpoint()
         .connect(&cluster.meta_addr())

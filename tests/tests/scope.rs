@@ -10,7 +10,7 @@ use proto::meta::{fs, one_of_each, Caller, FsRequest, OpenAccess, NOBODY_ID};
 use proto::{ErrorCode, InodeId};
 use tessera_tests::wire::WireClient;
 use tessera_tests::InProcessCluster;
-use transport::{Credentials, Key};
+use transport::{ClientKeyFile, Credentials, Key};
 
 /// A wire client holding a key (the administrator's or one `with_key` made).
 struct Wire(WireClient);
@@ -30,16 +30,19 @@ impl Wire {
 
     /// A new client key with `caps`, made by `admin`, and a connection holding it.
     async fn with_key(cluster: &InProcessCluster, admin: &Wire, name: &str, caps: Caps) -> Wire {
+        let cluster_key =
+            Key::load(&cluster.key_file(tessera_tests::CLUSTER_KEY)).expect("cluster key");
+        let key_id = transport::auth::new_key_id().expect("key id");
+        let file = ClientKeyFile::derive(&cluster_key, name, key_id, caps.clone());
         let create = KeyCreate {
             name: name.into(),
+            key_id,
             caps,
         };
-        let hex = admin.call(&Caller::ROOT, create).await.expect("key create");
-        let key = Key::from_hex(&hex).expect("a key in hex");
-        let ep = cluster.endpoint().with_credentials(Credentials {
-            name: name.into(),
-            key,
-        });
+        admin.call(&Caller::ROOT, create).await.expect("key create");
+        let ep = cluster
+            .endpoint()
+            .with_credentials(Credentials::client(file));
         Wire(WireClient::on(ep, cluster, "scope test").await)
     }
 

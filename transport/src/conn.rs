@@ -119,6 +119,10 @@ pub(crate) struct ConnCore {
     /// Who the peer proved to be; unset until the handshake succeeds (and always on an
     /// endpoint without keys).
     identity: OnceLock<Arc<PeerIdentity>>,
+    /// Who the peer proved its key as, set before its revocation is checked and before
+    /// `identity`: a revocation closes the connections claimed by the revoked key, so
+    /// one that proved it while the revocation was under way is closed too.
+    claimed: OnceLock<Arc<PeerIdentity>>,
     /// The server side's handshake progress (see `auth::Gate`).
     pub(crate) auth_step: Mutex<AuthStep>,
     /// Set when the connection must close once the current reply is sent (a refused
@@ -136,6 +140,7 @@ pub(crate) enum AuthStep {
     /// `Challenge` sent: a `Proof` is due.
     Challenged {
         name: String,
+        claim: Option<proto::auth::Claim>,
         nonce_c: [u8; 32],
         nonce_s: [u8; 32],
     },
@@ -235,6 +240,12 @@ impl Connection {
 
     pub(crate) fn set_identity(&self, who: Arc<PeerIdentity>) {
         let _ = self.core.identity.set(who);
+    }
+
+    /// Marks the connection as the peer's before the last check of its key (see
+    /// `ConnCore::claimed`).
+    pub(crate) fn set_claimed(&self, who: Arc<PeerIdentity>) {
+        let _ = self.core.claimed.set(who);
     }
 
     pub(crate) fn core(&self) -> &Arc<ConnCore> {
@@ -376,6 +387,7 @@ impl ConnCore {
             config,
             last_active_ms: AtomicU64::new(since_start_ms()),
             identity: OnceLock::new(),
+            claimed: OnceLock::new(),
             auth_step: Mutex::new(AuthStep::Fresh),
             closing_flag: AtomicBool::new(false),
             closing: Mutex::new(None),
@@ -385,6 +397,11 @@ impl ConnCore {
     /// Who the peer proved to be, if it has.
     pub(crate) fn identity(&self) -> Option<&Arc<PeerIdentity>> {
         self.identity.get()
+    }
+
+    /// Who the peer proved its key as, even if its last check is still under way.
+    pub(crate) fn claimed(&self) -> Option<&Arc<PeerIdentity>> {
+        self.claimed.get()
     }
 
     /// Closes the connection once the reply being computed is sent; with `refusal`,

@@ -1,12 +1,13 @@
 //! Endpoints: register memory, connect to peers, listen for them, on the chosen backend.
 
-use crate::auth::{AuthSetup, Credentials, Gate, Verifier, HANDSHAKE_TIMEOUT_MS};
+use crate::auth::{AuthSetup, Credentials, Gate, PeerIdentity, Verifier, HANDSHAKE_TIMEOUT_MS};
 use crate::backend::Backend;
 use crate::config::TransportConfig;
 use crate::conn::{since_start_ms, Closed, ConnCore, ConnId, Connection, Handler};
 use crate::error::TransportError;
 use crate::mr::MemoryRegion;
 use parking_lot::Mutex;
+use proto::auth::KeyId;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -233,16 +234,19 @@ impl ConnSet {
         set
     }
 
-    /// Closes the connections whose peer authenticated as `name` (a revoked client);
-    /// returns how many.
-    pub(crate) fn close_identity(&self, name: &str, why: &str) -> usize {
+    /// Closes the connections whose peer proved a key of `name` (with `key_id`: that key
+    /// only), authenticated or about to be; returns how many.
+    pub(crate) fn close_identity(&self, name: &str, key_id: Option<&KeyId>, why: &str) -> usize {
+        let matches = |i: &PeerIdentity| {
+            i.name == name && key_id.is_none_or(|id| i.key_id.as_ref() == Some(id))
+        };
         let victims: Vec<_> = self
             .0
             .lock()
             .conns
             .values()
             .filter_map(Weak::upgrade)
-            .filter(|c| c.identity().is_some_and(|i| i.name == name))
+            .filter(|c| c.claimed().is_some_and(|i| matches(i)))
             .collect();
         for c in &victims {
             c.shutdown_as(why.to_string(), Closed::Locally);
@@ -388,10 +392,17 @@ impl Listener {
         self.local_addr
     }
 
-    /// Closes every connection whose peer authenticated as `name` (a client just
-    /// revoked); returns how many there were.
+    /// Closes every connection whose peer authenticated as `name`, whichever key of it
+    /// (a client just revoked); returns how many there were.
     pub fn close_peer(&self, name: &str) -> usize {
-        self.conns.close_identity(name, "its key was revoked")
+        self.conns.close_identity(name, None, "its key was revoked")
+    }
+
+    /// Closes every connection whose peer authenticated with key `key_id` of `name` (a
+    /// key revoked, or superseded by a new key of the name); returns how many.
+    pub fn close_key(&self, name: &str, key_id: &KeyId) -> usize {
+        self.conns
+            .close_identity(name, Some(key_id), "its key was revoked")
     }
 
     /// Stops accepting and closes every accepted connection.

@@ -35,7 +35,7 @@ mod window;
 #[cfg(feature = "rdma")]
 mod rdma;
 
-pub use auth::{Credentials, Key, KeyTable, PeerIdentity, Role, Verifier};
+pub use auth::{ClientKeyFile, Credentials, Key, KeyTable, PeerIdentity, Role, Verifier};
 pub use backend::{rdma_probe, Backend, BACKENDS};
 pub use config::{RdmaConfig, TransportConfig};
 pub use conn::{Closed, ConnId, Connection, Handler, HandlerFuture};

@@ -5,16 +5,16 @@
 #![allow(clippy::unwrap_used)]
 
 use bytes::Bytes;
-use proto::auth::{AuthReply, Caps};
+use proto::auth::{AuthReply, Caps, KeyId};
 use std::io::Write;
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use transport::auth::ClientKey;
+use transport::auth::{KeyRecord, Lookup, LookupFuture, Verifier};
 use transport::frame::{Header, Hello, Kind, HEADER_LEN, HELLO_LEN, TRANSPORT_VERSION};
 use transport::{
-    Backend, Connection, Credentials, Endpoint, Handler, HandlerFuture, Key, KeyTable, Listener,
-    TransportConfig, TransportError,
+    Backend, ClientKeyFile, Connection, Credentials, Endpoint, Handler, HandlerFuture, Key,
+    KeyTable, Listener, PeerIdentity, TransportConfig, TransportError,
 };
 
 const APP: u16 = 7;
@@ -91,18 +91,9 @@ struct Server {
     cluster: Key,
 }
 
-/// A server whose table knows `alice` (with `alice_key`), and `bob`, revoked.
+/// A server whose table knows `alice` ([`alice`]), and `bob` ([`bob`]), revoked.
 async fn server(backend: Backend, config: TransportConfig, timeout_ms: u64) -> Server {
-    let cluster = Key::generate().unwrap();
-    let table = Arc::new(KeyTable::new(cluster.clone()));
-    let record = |key| ClientKey {
-        key,
-        caps: Caps::default(),
-        revoked: false,
-    };
-    table.insert("alice", record(alice_key()));
-    table.insert("bob", record(Key::generate().unwrap()));
-    table.revoke("bob");
+    let table = Arc::new(known_table());
     let ep = plain(backend, config)
         .with_verifier(table.clone())
         .with_handshake_timeout_ms(timeout_ms);
@@ -112,17 +103,40 @@ async fn server(backend: Backend, config: TransportConfig, timeout_ms: u64) -> S
         listener,
         addr,
         table,
-        cluster,
+        cluster: cluster(),
     }
 }
 
-fn alice_key() -> Key {
-    Key::from_hex(&"a1".repeat(32)).unwrap()
+/// The table of [`server`].
+fn known_table() -> KeyTable {
+    let table = KeyTable::new(cluster());
+    let record = |file: ClientKeyFile| KeyRecord {
+        key_id: file.claim.key_id,
+        caps: file.claim.caps,
+        revoked: false,
+    };
+    table.insert("alice", record(alice()));
+    table.insert("bob", record(bob()));
+    table.revoke("bob");
+    table
 }
 
-fn client(backend: Backend, name: &str, key: Key) -> Endpoint {
-    let name = name.to_string();
-    plain(backend, config()).with_credentials(Credentials { name, key })
+fn cluster() -> Key {
+    Key::from_hex(&"c1".repeat(32)).unwrap()
+}
+
+/// Alice's key file: derived from [`cluster`] for the default capabilities.
+fn alice() -> ClientKeyFile {
+    ClientKeyFile::derive(&cluster(), "alice", KeyId([1; 16]), Caps::default())
+}
+
+/// Bob's, revoked on the [`server`].
+fn bob() -> ClientKeyFile {
+    ClientKeyFile::derive(&cluster(), "bob", KeyId([2; 16]), Caps::default())
+}
+
+fn client(backend: Backend, file: ClientKeyFile) -> Endpoint {
+    plain(backend, config()).with_credentials(Credentials::client(file))
 }
 
 async fn call(conn: &Connection) -> Result<String, TransportError> {
@@ -132,10 +146,7 @@ async fn call(conn: &Connection) -> Result<String, TransportError> {
 
 async fn good_key_gets_in_and_both_sides_know_who(backend: Backend) {
     let s = server(backend, config(), 5000).await;
-    let conn = client(backend, "alice", alice_key())
-        .connect(&s.addr)
-        .await
-        .unwrap();
+    let conn = client(backend, alice()).connect(&s.addr).await.unwrap();
     let who = call(&conn).await.unwrap();
     assert!(
         who.contains("name: \"alice\"") && who.contains("Client(Caps"),
@@ -155,14 +166,24 @@ async fn good_key_gets_in_and_both_sides_know_who(backend: Backend) {
 async fn refusals_say_one_generic_line_to_the_client_and_the_reason_to_the_log(b: Backend) {
     capture_log();
     let s = server(b, config(), 5000).await;
+    let carol = ClientKeyFile::derive(&cluster(), "carol", KeyId([3; 16]), Caps::default());
+    let wrong_key = ClientKeyFile {
+        key: Key::generate().unwrap(),
+        ..alice()
+    };
+    let mut admin_claim = alice();
+    admin_claim.claim.caps = Caps::admin();
     let cases = [
-        ("carol", alice_key(), "unknown client"),
-        ("alice", Key::generate().unwrap(), "bad key"),
-        ("bob", alice_key(), "revoked"),
+        (carol, "unknown client"),
+        (wrong_key, "bad key"),
+        (bob(), "revoked"),
+        (admin_claim, "claims other capabilities"),
     ];
     let mut told = Vec::new();
-    for (name, key, reason) in cases {
-        let err = client(b, name, key).connect(&s.addr).await.unwrap_err();
+    for (i, (file, reason)) in cases.into_iter().enumerate() {
+        let name = file.name.clone();
+        let name = name.as_str();
+        let err = client(b, file).connect(&s.addr).await.unwrap_err();
         assert!(matches!(err, TransportError::Auth { .. }), "{err:?}");
         let msg = err.to_string();
         assert!(!msg.contains('\n') && msg.contains(&s.addr), "{msg}");
@@ -175,16 +196,19 @@ async fn refusals_say_one_generic_line_to_the_client_and_the_reason_to_the_log(b
         let lines = log_lines(&[&server_says, &format!("refused: {reason}")]).await;
         assert_eq!(lines.len(), 1, "one server line for {name}: {lines:?}");
         let client_says = format!("the server at {} refused key '{name}'", s.addr);
-        assert_eq!(log_lines(&[&client_says]).await.len(), 1, "one client line");
+        // Alice is refused twice: one line each time.
+        let times = 1 + usize::from(i == 3);
+        assert_eq!(
+            log_lines(&[&client_says]).await.len(),
+            times,
+            "one client line"
+        );
     }
-    // The peer learns nothing more than "refused": the three answers are the same.
+    // The peer learns nothing more than "refused": the answers are the same.
     assert!(told.iter().all(|m| *m == told[0]), "{told:?}");
     assert!(!told[0].contains("bad key") && !told[0].contains("unknown client"));
     // The one who has the key is served all along.
-    let conn = client(b, "alice", alice_key())
-        .connect(&s.addr)
-        .await
-        .unwrap();
+    let conn = client(b, alice()).connect(&s.addr).await.unwrap();
     assert!(call(&conn).await.unwrap().contains("alice"));
     drop(s.table);
 }
@@ -210,10 +234,7 @@ async fn keys_on_one_side_only_are_one_clear_line_on_both(b: Backend) {
         .await
         .unwrap();
     let addr = open.local_addr().to_string();
-    let err = client(b, "alice", alice_key())
-        .connect(&addr)
-        .await
-        .unwrap_err();
+    let err = client(b, alice()).connect(&addr).await.unwrap_err();
     let msg = err.to_string();
     assert!(
         msg.contains("without authentication") && msg.contains(&addr),
@@ -257,10 +278,7 @@ async fn half_open_flood_leaves_a_real_client_served(b: Backend) {
         ..config()
     };
     let s = server(b, limited, 500).await;
-    let alice = client(b, "alice", alice_key())
-        .connect(&s.addr)
-        .await
-        .unwrap();
+    let alice = client(b, alice()).connect(&s.addr).await.unwrap();
     let mut flood = Vec::new();
     for _ in 0..50 {
         if let Ok(c) = plain(b, config()).connect(&s.addr).await {
@@ -291,10 +309,7 @@ async fn a_flood_never_closes_an_idle_authenticated_client(b: Backend) {
         ..config()
     };
     let s = server(b, limited, 500).await;
-    let alice = client(b, "alice", alice_key())
-        .connect(&s.addr)
-        .await
-        .unwrap();
+    let alice = client(b, alice()).connect(&s.addr).await.unwrap();
     assert!(call(&alice).await.unwrap().contains("alice"));
     // Alice goes idle past idle_close_ms, as an idle mount does: only time passing can.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -322,7 +337,7 @@ async fn a_flood_never_closes_an_idle_authenticated_client(b: Backend) {
 async fn gets_in(b: Backend, addr: &str) -> Connection {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match client(b, "alice", alice_key()).connect(addr).await {
+        match client(b, alice()).connect(addr).await {
             Ok(c) => return c,
             Err(e) if Instant::now() < deadline => {
                 let _ = e;
@@ -335,27 +350,129 @@ async fn gets_in(b: Backend, addr: &str) -> Connection {
 
 async fn revoking_closes_the_live_connection(b: Backend) {
     let s = server(b, config(), 5000).await;
-    let conn = client(b, "alice", alice_key())
-        .connect(&s.addr)
-        .await
-        .unwrap();
+    let conn = client(b, alice()).connect(&s.addr).await.unwrap();
     call(&conn).await.unwrap();
     s.table.revoke("alice");
     assert_eq!(s.listener.close_peer("alice"), 1);
     assert!(call(&conn).await.is_err());
-    let err = client(b, "alice", alice_key())
-        .connect(&s.addr)
-        .await
-        .unwrap_err();
+    let err = client(b, alice()).connect(&s.addr).await.unwrap_err();
     assert!(err.to_string().contains("refused key 'alice'"), "{err}");
+}
+
+/// Guards against a key made again under the same name leaving the previous key valid,
+/// or a revocation of the previous key closing the new key's connections.
+async fn a_key_made_again_supersedes_the_previous_one(b: Backend) {
+    let s = server(b, config(), 5000).await;
+    let old = client(b, alice()).connect(&s.addr).await.unwrap();
+    let new = ClientKeyFile::derive(&cluster(), "alice", KeyId([9; 16]), Caps::default());
+    s.table.insert(
+        "alice",
+        KeyRecord {
+            key_id: new.claim.key_id,
+            caps: new.claim.caps.clone(),
+            revoked: false,
+        },
+    );
+    let fresh = client(b, new).connect(&s.addr).await.unwrap();
+    let err = client(b, alice()).connect(&s.addr).await.unwrap_err();
+    assert!(err.to_string().contains("refused key 'alice'"), "{err}");
+    assert_eq!(s.listener.close_key("alice", &KeyId([1; 16])), 1);
+    assert!(
+        call(&old).await.is_err(),
+        "the old key's connection is closed"
+    );
+    assert!(
+        call(&fresh).await.unwrap().contains("alice"),
+        "the new one is not"
+    );
+}
+
+/// When a [`Racing`] verifier runs the revocation of the key being checked.
+#[derive(Clone, Copy, Debug)]
+enum Stage {
+    /// After the `Hello`, as the `Proof` is checked: the lookup sees it.
+    AtLookup,
+    /// Between the last check of the key and the end of the handshake: the check missed
+    /// it, so the revocation's closing of the key's connections must reach this one.
+    AfterCheck,
+}
+
+/// [`known_table`]'s verifier, revoking alice (her record, then her connections, as a
+/// revocation does) at a chosen point of her handshake.
+struct Racing {
+    table: Arc<KeyTable>,
+    listener: std::sync::OnceLock<std::sync::Weak<Listener>>,
+    stage: Stage,
+}
+
+impl Racing {
+    fn revoke_alice(&self) {
+        self.table.revoke("alice");
+        let l = self
+            .listener
+            .get()
+            .and_then(std::sync::Weak::upgrade)
+            .unwrap();
+        l.close_peer("alice");
+    }
+}
+
+impl Verifier for Racing {
+    fn lookup(&self, name: &str, claim: Option<&proto::auth::Claim>) -> LookupFuture {
+        if matches!(self.stage, Stage::AtLookup) && name == "alice" {
+            self.revoke_alice();
+        }
+        self.table.lookup(name, claim)
+    }
+
+    fn revoked(&self, who: &PeerIdentity) -> bool {
+        let seen = self.table.revoked(who);
+        if matches!(self.stage, Stage::AfterCheck) && who.name == "alice" {
+            self.revoke_alice();
+        }
+        seen
+    }
+}
+
+/// Guards against a handshake racing a revocation staying authenticated: revoked
+/// between the `Hello` and the check of the `Proof`, or right after that check, alice
+/// ends refused or closed, never served.
+async fn a_handshake_racing_a_revocation_ends_refused_or_closed(b: Backend) {
+    for stage in [Stage::AtLookup, Stage::AfterCheck] {
+        let racing = Arc::new(Racing {
+            table: Arc::new(known_table()),
+            listener: std::sync::OnceLock::new(),
+            stage,
+        });
+        let ep = plain(b, config()).with_verifier(racing.clone());
+        let listener = Arc::new(ep.listen("127.0.0.1:0", Arc::new(WhoAmI)).await.unwrap());
+        racing.listener.set(Arc::downgrade(&listener)).unwrap();
+        let addr = listener.local_addr().to_string();
+        let served = match client(b, alice()).connect(&addr).await {
+            Ok(conn) => call(&conn).await,
+            Err(e) => Err(e),
+        };
+        assert!(
+            served.is_err(),
+            "{stage:?}: served after a revocation: {served:?}"
+        );
+        assert!(
+            client(b, alice()).connect(&addr).await.is_err(),
+            "{stage:?}"
+        );
+    }
 }
 
 /// A verifier that cannot tell now, as a data server whose metadata server is away.
 struct Away;
 
-impl transport::auth::Verifier for Away {
-    fn lookup(&self, _name: &str) -> transport::auth::LookupFuture {
-        Box::pin(async { transport::auth::Lookup::Unavailable })
+impl Verifier for Away {
+    fn lookup(&self, _name: &str, _claim: Option<&proto::auth::Claim>) -> LookupFuture {
+        Box::pin(async { Lookup::Unavailable })
+    }
+
+    fn revoked(&self, _who: &PeerIdentity) -> bool {
+        false
     }
 }
 
@@ -365,7 +482,7 @@ impl transport::auth::Verifier for Away {
 async fn a_name_that_cannot_be_checked_now_is_a_server_away(b: Backend) {
     let ep = plain(b, config()).with_verifier(Arc::new(Away));
     let listener = ep.listen("127.0.0.1:0", Arc::new(WhoAmI)).await.unwrap();
-    let err = client(b, "alice", alice_key())
+    let err = client(b, alice())
         .connect(&listener.local_addr().to_string())
         .await
         .unwrap_err();
@@ -398,6 +515,8 @@ on_both!(
     half_open_flood_leaves_a_real_client_served,
     a_flood_never_closes_an_idle_authenticated_client,
     revoking_closes_the_live_connection,
+    a_key_made_again_supersedes_the_previous_one,
+    a_handshake_racing_a_revocation_ends_refused_or_closed,
     a_name_that_cannot_be_checked_now_is_a_server_away,
 );
 
@@ -436,7 +555,7 @@ async fn a_server_that_cannot_prove_the_key_is_refused_by_the_client() {
         }
         s
     });
-    let err = client(Backend::Tcp, "alice", alice_key())
+    let err = client(Backend::Tcp, alice())
         .connect(&addr)
         .await
         .unwrap_err();

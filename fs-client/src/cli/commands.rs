@@ -42,10 +42,11 @@ pub enum Cmd {
         /// Mount options, comma-separated: noatime, relatime (the default), strictatime.
         #[arg(short = 'o')]
         options: Vec<String>,
-        /// This client's key file (`key_file`); its name is `client_name` (default admin).
+        /// This client's key file (`key_file`), which names its client.
         #[arg(long)]
         key_file: Option<PathBuf>,
-        /// The name the key was created under (`client_name`).
+        /// The name the key was created under (`client_name`): checked against the key
+        /// file's.
         #[arg(long)]
         client_name: Option<String>,
     },
@@ -120,7 +121,10 @@ pub enum Cmd {
 /// `tessera key ...`.
 #[derive(Subcommand, Debug)]
 pub enum KeyCmd {
-    /// Make a client key; prints it, or writes it to --out (mode 0600).
+    /// Make a client key, derived here from the cluster key (it never travels: the
+    /// metadata server is told its name, id and capabilities); prints the key file's
+    /// line, or writes it to --out (mode 0600). Made again, a name's previous key is
+    /// revoked.
     Create {
         /// The client's name: letters, digits, '.', '_', '-'.
         name: String,
@@ -139,6 +143,10 @@ pub enum KeyCmd {
         /// Write the key to this new file (mode 0600) instead of printing it.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// The cluster key file to derive the key from (default: the one `tessera up`
+        /// keeps beside the administrator's key in the cluster's state directory).
+        #[arg(long)]
+        cluster_key_file: Option<PathBuf>,
         /// The cluster asked.
         #[command(flatten)]
         cluster: ClusterArgs,
@@ -369,9 +377,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Key { mut action } => {
-            let (c, _) = action.cluster().client_config()?;
+            let (c, state) = action.cluster().client_config()?;
+            // The cluster key `tessera up` keeps, or one beside the key file used.
+            let state_key = state.map(|s| local_cluster::state::cluster_key_file(&s));
+            let beside = c.key_file.parent().map(|d| d.join("cluster.key"));
+            let cluster_key = state_key.into_iter().chain(beside).find(|p| p.exists());
             with_client(c, |client| async move {
-                super::keys::run(&client, action).await
+                super::keys::run(&client, action, cluster_key).await
             })
         }
         Cmd::Down {

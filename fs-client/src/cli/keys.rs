@@ -1,17 +1,20 @@
-//! `tessera key create|list|revoke`: client keys, kept by the metadata server, managed
-//! by a client with the admin capability.
+//! `tessera key create|list|revoke`: client keys, derived from the cluster key on the
+//! administrator's machine, recorded (name, key id, capabilities: never the key) by the
+//! metadata server, managed by a client with the admin capability.
 
 use super::commands::KeyCmd;
 use crate::client::Client;
 use crate::error::{ClientError, Result};
-use proto::auth::Caps;
+use proto::auth::{Caps, KeyId};
 use proto::meta::admin::{KeyCreate, KeyInfo, KeyList, KeyRevoke};
+use std::path::{Path, PathBuf};
+use transport::{ClientKeyFile, Key};
 
 impl Client {
-    /// Makes a client key with `caps`; returns it (64 hex digits).
-    pub async fn key_create(&self, name: &str, caps: Caps) -> Result<String> {
+    /// Records a client key derived here: its name, id and capabilities.
+    pub async fn key_create(&self, name: &str, key_id: KeyId, caps: Caps) -> Result<()> {
         let name = name.to_string();
-        self.meta(KeyCreate { name, caps }).await
+        self.meta(KeyCreate { name, key_id, caps }).await
     }
 
     /// Every client key's name, capabilities and state.
@@ -26,13 +29,16 @@ impl Client {
     }
 }
 
-/// One line per key: name, path, mode, squash, admin, state.
+/// One line per key: name, key id, path, mode, squash, admin, state.
 pub fn render(keys: &[KeyInfo]) -> String {
     let mut out = String::new();
     for k in keys {
         let c = &k.caps;
+        let id = k
+            .key_id
+            .map_or("old-format".to_string(), |id| id.to_string());
         out.push_str(&format!(
-            "{} path={} {}{}{}{}\n",
+            "{} id={id} path={} {}{}{}{}\n",
             k.name,
             String::from_utf8_lossy(&c.path),
             if c.read_only { "ro" } else { "rw" },
@@ -44,8 +50,9 @@ pub fn render(keys: &[KeyInfo]) -> String {
     out
 }
 
-/// Runs one `tessera key` subcommand.
-pub async fn run(client: &Client, action: KeyCmd) -> Result<()> {
+/// Runs one `tessera key` subcommand; `cluster_key` is the cluster key file found for
+/// the cluster asked (a `create` without it, nor `--cluster-key-file`, fails).
+pub async fn run(client: &Client, action: KeyCmd, cluster_key: Option<PathBuf>) -> Result<()> {
     match action {
         KeyCmd::Create {
             name,
@@ -54,6 +61,7 @@ pub async fn run(client: &Client, action: KeyCmd) -> Result<()> {
             no_root_squash,
             admin,
             out,
+            cluster_key_file,
             ..
         } => {
             let caps = Caps {
@@ -64,23 +72,52 @@ pub async fn run(client: &Client, action: KeyCmd) -> Result<()> {
                 root_squash: !no_root_squash && !admin,
                 admin,
             };
-            let key = client.key_create(&name, caps).await?;
-            match out {
-                None => println!("{key}"),
-                Some(file) => {
-                    let key = transport::Key::from_hex(&key).ok_or_else(|| {
-                        ClientError::Protocol("the server sent a malformed key".into())
-                    })?;
-                    key.save(&file)?;
-                    println!("key {name} written to {}", file.display());
-                }
-            }
+            let Some(cluster_file) = cluster_key_file.or(cluster_key) else {
+                return Err(ClientError::Config(
+                    "tessera key create derives the key from the cluster key and found no \
+                     cluster key file: give --cluster-key-file (a cluster `tessera up` \
+                     started keeps it in its state directory)"
+                        .into(),
+                ));
+            };
+            create(client, &name, caps, &cluster_file, out.as_deref()).await?;
         }
         KeyCmd::List { .. } => print!("{}", render(&client.key_list().await?)),
         KeyCmd::Revoke { name, .. } => {
             client.key_revoke(&name).await?;
             println!("key {name} revoked; its connections are closed");
         }
+    }
+    Ok(())
+}
+
+/// Derives the key of `name` from the cluster key in `cluster_file`, writes it (to
+/// `out`, new, or to standard output), and then records it at the metadata server.
+async fn create(
+    client: &Client,
+    name: &str,
+    caps: Caps,
+    cluster_file: &Path,
+    out: Option<&Path>,
+) -> Result<()> {
+    proto::auth::check_peer_name(name).map_err(ClientError::Config)?;
+    proto::auth::check_caps_path(&caps.path).map_err(ClientError::Config)?;
+    let cluster = Key::load(cluster_file)?;
+    let key_id = transport::auth::new_key_id()?;
+    let file = ClientKeyFile::derive(&cluster, name, key_id, caps.clone());
+    // Written first: a file that exists already fails before anything is recorded.
+    if let Some(path) = out {
+        file.save(path)?;
+    }
+    if let Err(e) = client.key_create(name, key_id, caps).await {
+        if let Some(path) = out {
+            let _ = std::fs::remove_file(path);
+        }
+        return Err(e);
+    }
+    match out {
+        None => println!("{}", file.to_line()),
+        Some(path) => println!("key {name} ({key_id}) written to {}", path.display()),
     }
     Ok(())
 }

@@ -1,78 +1,215 @@
-//! Client keys: each client's key, capabilities and whether it was revoked, kept in the
-//! store like the rest of the metadata (durable before the reply).
+//! Client keys: each client's key id, capabilities and whether it was revoked, kept in
+//! the store like the rest of the metadata (durable before the reply), and the list of
+//! revoked keys the data servers pull. No key is stored: every server derives it from
+//! the cluster key.
 
 use super::records::{decode, encode};
-use super::{keys, Namespace, Txn};
+use super::{keys, Namespace};
 use crate::error::MetaError;
-use proto::auth::Caps;
+use proto::auth::{Caps, KeyId};
+use proto::meta::cluster::Revoked;
 use serde::{Deserialize, Serialize};
 
 /// Most client keys the store keeps; `key create` beyond it fails with ENOSPC.
 pub const MAX_CLIENT_KEYS: usize = 10_000;
 
+/// Most revocations the store keeps; beyond it `key revoke` and `key create` of a name
+/// that had a key fail with ENOSPC.
+pub use proto::meta::cluster::MAX_REVOCATIONS;
+
+/// First byte of a stored record's body for a derived key. A record of the previous
+/// format (which stored the key itself) starts with the length of its 64 hex digits,
+/// 64, so the two are told apart.
+const DERIVED_RECORD: u8 = 2;
+
 /// One client key as stored under `K` name.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClientRecord {
-    /// The key, as a key file holds it (64 hex digits).
-    pub key_hex: String,
+    /// [`DERIVED_RECORD`].
+    pub format: u8,
+    /// The id of the name's current key.
+    pub key_id: KeyId,
     /// What the client may do.
     pub caps: Caps,
-    /// Refused from now on; kept so that the name is not given again by mistake.
+    /// Refused from now on, until a key is made again under the name.
     pub revoked: bool,
+}
+
+impl ClientRecord {
+    /// A record of a derived key.
+    pub fn new(key_id: KeyId, caps: Caps) -> ClientRecord {
+        ClientRecord {
+            format: DERIVED_RECORD,
+            key_id,
+            caps,
+            revoked: false,
+        }
+    }
+}
+
+/// One revocation as stored under `R` version (a type of its own, not the wire's).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevocationRecord {
+    /// The client's name.
+    pub name: String,
+    /// The revoked key's id.
+    pub key_id: KeyId,
+}
+
+/// A record of the previous format: the key itself, stored.
+#[derive(Deserialize)]
+struct StoredKeyRecord {
+    _key_hex: String,
+    caps: Caps,
+    revoked: bool,
+}
+
+/// A stored client key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoredClient {
+    /// A derived key.
+    Derived(ClientRecord),
+    /// A key of the previous format, made before keys were derived: it cannot be
+    /// derived, so it is refused until the operator makes it again.
+    Stored {
+        /// What it was made for.
+        caps: Caps,
+        /// Whether it was revoked.
+        revoked: bool,
+    },
+}
+
+fn decode_client(bytes: &[u8]) -> Result<StoredClient, MetaError> {
+    if bytes.get(1) == Some(&DERIVED_RECORD) {
+        return Ok(StoredClient::Derived(decode(bytes, "client key")?));
+    }
+    let old: StoredKeyRecord = decode(bytes, "client key")?;
+    Ok(StoredClient::Stored {
+        caps: old.caps,
+        revoked: old.revoked,
+    })
 }
 
 impl Namespace {
     /// Every client key record, in name order.
-    pub fn client_keys(&self) -> Result<Vec<(String, ClientRecord)>, MetaError> {
+    pub fn client_keys(&self) -> Result<Vec<(String, StoredClient)>, MetaError> {
         let prefix = keys::client_key_prefix();
         let end = [prefix[0] + 1];
         let rows = self.store.scan(&prefix, &end, MAX_CLIENT_KEYS + 1)?;
         rows.iter()
             .map(|(k, v)| {
                 let name = String::from_utf8_lossy(&k[1..]).to_string();
-                Ok((name, decode(v, "client key")?))
+                Ok((name, decode_client(v)?))
             })
             .collect()
     }
 
     /// One client's record.
-    pub fn client_key(&self, name: &str) -> Result<Option<ClientRecord>, MetaError> {
+    pub fn client_key(&self, name: &str) -> Result<Option<StoredClient>, MetaError> {
         match self.store.get(&keys::client_key(name))? {
-            Some(v) => Ok(Some(decode(&v, "client key")?)),
+            Some(v) => Ok(Some(decode_client(&v)?)),
             None => Ok(None),
         }
     }
 
-    /// Stores a new client's record, durably; `AlreadyExists` if the name is taken
-    /// (a revoked name too).
-    pub fn add_client_key(&self, name: &str, rec: &ClientRecord) -> Result<(), MetaError> {
-        if self.client_key(name)?.is_some() {
-            return Err(MetaError::AlreadyExists(format!("client key {name}")));
-        }
-        if self.client_keys()?.len() >= MAX_CLIENT_KEYS {
+    /// Stores a client's record, durably. A name that had a key gets this one instead:
+    /// its previous key id goes to the revocation list (unless revoked already).
+    pub fn put_client_key(&self, name: &str, rec: &ClientRecord) -> Result<(), MetaError> {
+        self.change_client(name, |old| {
+            let superseded = match old {
+                Some(StoredClient::Derived(r)) if !r.revoked && r.key_id != rec.key_id => {
+                    Some(r.key_id)
+                }
+                _ => None,
+            };
+            Ok((rec.clone(), superseded))
+        })
+    }
+
+    /// Marks a client's key revoked and adds it to the revocation list, durably;
+    /// `NotFound` if there is none.
+    pub fn revoke_client_key(&self, name: &str) -> Result<(), MetaError> {
+        self.change_client(name, |old| {
+            let mut rec = match old {
+                Some(StoredClient::Derived(rec)) => rec,
+                Some(StoredClient::Stored { .. }) => {
+                    return Err(MetaError::InvalidArgument(format!(
+                        "client key {name} was made by an older Tessera and is refused \
+                         already; make it again with tessera key create"
+                    )))
+                }
+                None => return Err(MetaError::NotFound(format!("client key {name}"))),
+            };
+            let revoked = (!rec.revoked).then_some(rec.key_id);
+            rec.revoked = true;
+            Ok((rec, revoked))
+        })
+    }
+
+    /// Up to `limit` revocations recorded after version `since`, oldest first, with
+    /// their versions, and whether none follows.
+    pub fn revocations(
+        &self,
+        since: u64,
+        limit: usize,
+    ) -> Result<(Vec<(u64, Revoked)>, bool), MetaError> {
+        let start = keys::revocation(since.saturating_add(1));
+        let end = keys::revocation_end();
+        let rows = self.store.scan(&start, &end, limit + 1)?;
+        let done = rows.len() <= limit;
+        let page = rows
+            .iter()
+            .take(limit)
+            .map(|(k, v)| {
+                let r: RevocationRecord = decode(v, "revocation")?;
+                let (name, key_id) = (r.name, r.key_id);
+                Ok((keys::revocation_version(k), Revoked { name, key_id }))
+            })
+            .collect::<Result<_, MetaError>>()?;
+        Ok((page, done))
+    }
+
+    /// Replaces `name`'s record with what `change` makes of the current one, and adds
+    /// the key id it returns to the revocation list: one transaction under the state
+    /// lock, so that two changes cannot take the same revocation version.
+    fn change_client(
+        &self,
+        name: &str,
+        change: impl FnOnce(Option<StoredClient>) -> Result<(ClientRecord, Option<KeyId>), MetaError>,
+    ) -> Result<(), MetaError> {
+        self.mutate(|txn, _| {
+            let old = self.client_key(name)?;
+            if old.is_none() && self.client_keys()?.len() >= MAX_CLIENT_KEYS {
+                return Err(MetaError::NoSpace(format!(
+                    "{MAX_CLIENT_KEYS} client keys exist already"
+                )));
+            }
+            let (rec, revoked) = change(old)?;
+            txn.put(keys::client_key(name), encode(&rec)?);
+            if let Some(key_id) = revoked {
+                let version = self.next_revocation()?;
+                let name = name.to_string();
+                let rec = RevocationRecord { name, key_id };
+                txn.put(keys::revocation(version), encode(&rec)?);
+            }
+            Ok(())
+        })?;
+        self.wait_pending()
+    }
+
+    /// The version the next revocation gets: one past the last (versions start at 1).
+    /// Key changes are rare administrator calls, so reading the list to find its end
+    /// is cheap enough.
+    fn next_revocation(&self) -> Result<u64, MetaError> {
+        let (start, end) = (keys::revocation(1), keys::revocation_end());
+        let rows = self.store.scan(&start, &end, MAX_REVOCATIONS + 1)?;
+        if rows.len() >= MAX_REVOCATIONS {
             return Err(MetaError::NoSpace(format!(
-                "{MAX_CLIENT_KEYS} client keys exist already"
+                "{MAX_REVOCATIONS} revocations recorded: rotate the cluster key"
             )));
         }
-        self.put_client_key(name, rec)
-    }
-
-    /// Marks a client's key revoked, durably; `NotFound` if there is none.
-    pub fn revoke_client_key(&self, name: &str) -> Result<(), MetaError> {
-        let Some(mut rec) = self.client_key(name)? else {
-            return Err(MetaError::NotFound(format!("client key {name}")));
-        };
-        rec.revoked = true;
-        self.put_client_key(name, &rec)
-    }
-
-    fn put_client_key(&self, name: &str, rec: &ClientRecord) -> Result<(), MetaError> {
-        {
-            let mut st = self.state.lock();
-            let mut txn = Txn::new(&*self.store, &st.sb);
-            txn.put(keys::client_key(name), encode(rec)?);
-            Self::commit_txn(&mut st, txn)?;
-        }
-        self.wait_pending()
+        Ok(rows
+            .last()
+            .map_or(1, |(k, _)| keys::revocation_version(k) + 1))
     }
 }

@@ -12,7 +12,8 @@
 //! | `T` ino              | a client vanished with the file open   |
 //! | `C` chain            | replication chain: members and states  |
 //! | `V`                  | cluster map version                    |
-//! | `K` name             | client key: key, capabilities, revoked |
+//! | `K` name             | client key: key id, capabilities, revoked |
+//! | `R` version          | revoked client key: name, key id        |
 
 use proto::{ChainId, InodeId, NodeId};
 
@@ -27,6 +28,7 @@ const TAIL: u8 = b'T';
 const CHAIN: u8 = b'C';
 const MAP_VERSION: u8 = b'V';
 const CLIENT_KEY: u8 = b'K';
+const REVOCATION: u8 = b'R';
 
 /// Prefix of every client key record.
 pub(crate) fn client_key_prefix() -> Vec<u8> {
@@ -36,6 +38,25 @@ pub(crate) fn client_key_prefix() -> Vec<u8> {
 /// A client key record's key.
 pub(crate) fn client_key(name: &str) -> Vec<u8> {
     with(CLIENT_KEY, &[name.as_bytes()])
+}
+
+/// A revocation's key: its version, big-endian so that a scan visits them in order.
+pub(crate) fn revocation(version: u64) -> Vec<u8> {
+    with(REVOCATION, &[&version.to_be_bytes()])
+}
+
+/// Past the last revocation's key.
+pub(crate) fn revocation_end() -> Vec<u8> {
+    vec![REVOCATION + 1]
+}
+
+/// The version in a revocation's key.
+pub(crate) fn revocation_version(key: &[u8]) -> u64 {
+    let mut v = [0u8; 8];
+    if let Some(bytes) = key.get(1..9) {
+        v.copy_from_slice(bytes);
+    }
+    u64::from_be_bytes(v)
 }
 
 fn with(tag: u8, parts: &[&[u8]]) -> Vec<u8> {

@@ -9,7 +9,7 @@
 mod access;
 mod check;
 mod clients;
-pub use clients::{ClientRecord, MAX_CLIENT_KEYS};
+pub use clients::{ClientRecord, RevocationRecord, StoredClient, MAX_CLIENT_KEYS, MAX_REVOCATIONS};
 mod dirlayout;
 mod entries;
 mod handlers;

@@ -2,7 +2,7 @@
 //! metadata server ([`AdminRequest`]).
 
 use super::{ClusterStatus, MetaRequest};
-use crate::auth::Caps;
+use crate::auth::{Caps, KeyId};
 use serde::{Deserialize, Serialize};
 
 crate::rpc_requests! {
@@ -10,19 +10,22 @@ crate::rpc_requests! {
     pub enum AdminRequest => MetaRequest {
         Status => ClusterStatus, "status", idempotent: true;
         CheckNamespace => Vec<String>, "check_namespace", idempotent: true;
-        KeyCreate => String, "key_create", idempotent: false;
+        KeyCreate => (), "key_create", idempotent: false;
         KeyList => Vec<KeyInfo>, "key_list", idempotent: true;
         KeyRevoke => (), "key_revoke", idempotent: true;
     }
 }
 
-/// Makes a client key with these capabilities; answers the key (64 hex digits), which
-/// the server keeps and never sends to clients again.
+/// Records a client key the administrator derived on its own machine from the cluster
+/// key (`proto::auth::derive_client_key`): its name, id and capabilities, never the key.
+/// A name that had a key gets this one instead, and its previous key id is revoked.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyCreate {
-    /// The client's name (see `proto::auth::check_peer_name`); must be new.
+    /// The client's name (see `proto::auth::check_peer_name`).
     pub name: String,
-    /// What it may do.
+    /// The key's id (16 random bytes chosen by the tool that derived it).
+    pub key_id: KeyId,
+    /// What it may do (bound into the key).
     pub caps: Caps,
 }
 
@@ -44,6 +47,9 @@ pub struct KeyInfo {
     pub name: String,
     /// What it may do.
     pub caps: Caps,
+    /// Its current key's id; `None` for a key of the previous format (stored, not
+    /// derived), which is refused until made again.
+    pub key_id: Option<KeyId>,
     /// Refused from now on.
     pub revoked: bool,
 }

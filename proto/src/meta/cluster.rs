@@ -2,7 +2,7 @@
 //! leases, the cluster map and the checks of their chunks against the namespace.
 
 use super::{ClusterMap, FileLayout, GcTask, MetaRequest, ResyncReport};
-use crate::auth::Caps;
+use crate::auth::KeyId;
 use crate::ids::{InodeId, NodeId};
 use serde::{Deserialize, Serialize};
 
@@ -14,32 +14,46 @@ crate::rpc_requests! {
         GetMap => ClusterMap, "cluster_map", idempotent: true;
         ListFiles => FilesPage, "list_files", idempotent: true;
         InodesExist => Vec<bool>, "inodes_exist", idempotent: true;
-        ClientKey => ClientKeyAnswer, "client_key", idempotent: true;
+        Revocations => RevocationPage, "revocations", idempotent: true;
     }
 }
 
-/// A data server asks for a client's key, to check a client's handshake. Answered only
-/// on a connection authenticated as a server.
+/// Most revocations a metadata server records, and a data server keeps (each revoke,
+/// and each key made again under a name, adds one); beyond it both refuse: rotate the
+/// cluster key, which re-derives every client key, and start anew.
+pub const MAX_REVOCATIONS: usize = 100_000;
+
+/// Most revocations one [`Revocations`] answer carries; the data server asks again
+/// for the rest.
+pub const MAX_REVOCATIONS_PER_PAGE: usize = 1024;
+
+/// A data server pulls the revoked client keys it has not seen: those recorded after
+/// version `since` (0: from the start). Answered only on a connection authenticated as
+/// a server. No key travels: a data server derives every client key itself.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClientKey {
-    /// The name the client gave.
-    pub name: String,
+pub struct Revocations {
+    /// The last version the data server has.
+    pub since: u64,
 }
 
-/// What the metadata server knows of a client name.
+/// One revoked key: a name and the id of the key under it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Revoked {
+    /// The client's name.
+    pub name: String,
+    /// The revoked key's id (a key made again under the name has another).
+    pub key_id: KeyId,
+}
+
+/// The reply to [`Revocations`]: at most [`MAX_REVOCATIONS_PER_PAGE`], in order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ClientKeyAnswer {
-    /// Valid: its key (64 hex digits) and capabilities.
-    Known {
-        /// The key, as a key file holds it.
-        key_hex: String,
-        /// What it may do.
-        caps: Caps,
-    },
-    /// No such client.
-    Unknown,
-    /// Revoked.
-    Revoked,
+pub struct RevocationPage {
+    /// Revocations after `since`, oldest first.
+    pub revoked: Vec<Revoked>,
+    /// The version of the last one here (`since` when there is none).
+    pub version: u64,
+    /// No revocation follows the last one.
+    pub done: bool,
 }
 
 /// A data server announces itself (first start: `node` is `None`).

@@ -76,6 +76,7 @@ async fn step(verifier: Arc<dyn Verifier>, conn: Connection, request: Bytes) -> 
         (
             AuthRequest::Hello {
                 name,
+                claim,
                 nonce: nonce_c,
             },
             AuthStep::Fresh,
@@ -85,6 +86,7 @@ async fn step(verifier: Arc<dyn Verifier>, conn: Connection, request: Bytes) -> 
             };
             *conn.core().auth_step.lock() = AuthStep::Challenged {
                 name,
+                claim,
                 nonce_c,
                 nonce_s,
             };
@@ -94,21 +96,33 @@ async fn step(verifier: Arc<dyn Verifier>, conn: Connection, request: Bytes) -> 
             AuthRequest::Proof { mac: got },
             AuthStep::Challenged {
                 name,
+                claim,
                 nonce_c,
                 nonce_s,
             },
         ) => {
-            let (key, role) = match verifier.lookup(&name).await {
-                Lookup::Known { key, role } => (key, role),
-                Lookup::Unknown => return refused(&conn, &peer, &name, "unknown client"),
-                Lookup::Revoked => return refused(&conn, &peer, &name, "revoked"),
+            let (key, verdict) = match verifier.lookup(&name, claim.as_ref()).await {
+                Lookup::Known { key, role } => (key, Ok(role)),
+                Lookup::Refused { key, why } => (key, Err(why)),
                 Lookup::Unavailable => return unavailable(&conn, &peer, &name),
             };
-            if !mac_ok(&key, Side::Client, &name, (&nonce_c, &nonce_s), &got) {
-                return refused(&conn, &peer, &name, "bad key");
+            // The proof is checked even when the claim is refused: a refusal costs the
+            // same derivation and MAC whatever its reason.
+            let good = mac_ok(&key, Side::Client, &name, (&nonce_c, &nonce_s), &got);
+            let role = match (verdict, good) {
+                (Err(why), _) => return refused(&conn, &peer, &name, why),
+                (Ok(_), false) => return refused(&conn, &peer, &name, "bad key"),
+                (Ok(role), true) => role,
+            };
+            let key_id = claim.map(|c| c.key_id);
+            let who = Arc::new(PeerIdentity { name, key_id, role });
+            // Claimed first, checked second (see `Verifier::revoked`).
+            conn.set_claimed(who.clone());
+            if verifier.revoked(&who) {
+                return refused(&conn, &peer, &who.name, "revoked");
             }
-            let mac_s = mac(&key, Side::Server, &name, &nonce_c, &nonce_s);
-            conn.set_identity(Arc::new(PeerIdentity { name, role }));
+            let mac_s = mac(&key, Side::Server, &who.name, &nonce_c, &nonce_s);
+            conn.set_identity(who);
             reply(&AuthReply::Welcome { mac: mac_s })
         }
         (_, _) => refused(&conn, &peer, "?", "handshake out of order"),

@@ -77,6 +77,7 @@ pub(crate) async fn client_handshake(
     let nonce_c = nonce()?;
     let hello = AuthRequest::Hello {
         name: creds.name.clone(),
+        claim: creds.claim.clone(),
         nonce: nonce_c,
     };
     let nonce_s = match exchange(conn, &hello, addr).await? {
@@ -90,8 +91,8 @@ pub(crate) async fn client_handshake(
         AuthReply::Welcome { mac } => mac,
         AuthReply::Refused => {
             return Err(fail(format!(
-                "the server at {addr} refused key '{}': unknown name, wrong key or revoked \
-                 (the server's log says which)",
+                "the server at {addr} refused key '{}': unknown name, wrong key, other \
+                 capabilities than the key's, or revoked (the server's log says which)",
                 creds.name
             )))
         }
@@ -111,6 +112,7 @@ pub(crate) async fn client_handshake(
     }
     conn.set_identity(Arc::new(PeerIdentity {
         name: addr.to_string(),
+        key_id: None,
         role: Role::Server,
     }));
     Ok(())

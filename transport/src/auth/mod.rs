@@ -14,9 +14,9 @@ mod keys;
 
 pub(crate) use gate::Gate;
 pub(crate) use handshake::client_handshake;
-pub use keys::{Key, KEY_FILE_MODE};
+pub use keys::{new_key_id, ClientKeyFile, Key, KEY_FILE_MODE};
 
-use proto::auth::Caps;
+use proto::auth::{Caps, Claim, KeyId};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -26,13 +26,16 @@ use std::sync::Arc;
 /// before it is closed, unless the endpoint sets another.
 pub const HANDSHAKE_TIMEOUT_MS: u64 = 5000;
 
-/// Who the connecting side of an endpoint is: its name and its key.
+/// Who the connecting side of an endpoint is: its name, its key, and for a client what
+/// it claims (the key's id and capabilities, which its key was derived for).
 #[derive(Clone)]
 pub struct Credentials {
     /// A client's key name, or a server's `server/...` name.
     pub name: String,
     /// The client's key, or the cluster key for a server.
     pub key: Key,
+    /// A client's key id and capabilities; `None` for a server.
+    pub claim: Option<Claim>,
 }
 
 impl Credentials {
@@ -41,6 +44,16 @@ impl Credentials {
         Credentials {
             name: format!("{}{what}", proto::auth::SERVER_NAME_PREFIX),
             key: cluster_key,
+            claim: None,
+        }
+    }
+
+    /// A client's credentials, from its key file.
+    pub fn client(file: ClientKeyFile) -> Credentials {
+        Credentials {
+            name: file.name,
+            key: file.key,
+            claim: Some(file.claim),
         }
     }
 }
@@ -65,56 +78,71 @@ pub enum Role {
 pub struct PeerIdentity {
     /// The name it authenticated with.
     pub name: String,
+    /// A client's key id (`None` for a server).
+    pub key_id: Option<KeyId>,
     /// What it is.
     pub role: Role,
 }
 
-/// What a [`Verifier`] knows of a name.
+/// What a [`Verifier`] knows of a `Hello`.
 #[derive(Clone, Debug)]
 pub enum Lookup {
-    /// A known, valid name: its key and what it is.
+    /// A valid claim: the key its proof must be made with and what it becomes.
     Known {
         /// The key its proof must be made with.
         key: Key,
         /// What it becomes once authenticated.
         role: Role,
     },
-    /// No such name.
-    Unknown,
-    /// The name was revoked.
-    Revoked,
-    /// Cannot tell now: the one who knows (a data server's metadata server) is away.
-    /// The connection is closed as a server that is away would close it, so the peer
-    /// tries again later instead of taking it as a refusal of its key.
+    /// Refused whatever the proof (an unknown name, a revoked or superseded key, other
+    /// capabilities than the name's): `why` goes to the server's log. `key` is derived
+    /// all the same and the proof checked against it, so that a refusal of a name costs
+    /// what a wrong key costs (the time of an answer tells nothing of which names exist).
+    Refused {
+        /// The key derived for the claim.
+        key: Key,
+        /// The precise reason, for the log.
+        why: &'static str,
+    },
+    /// Cannot tell now. The connection is closed as a server that is away would close
+    /// it, so the peer tries again later instead of taking it as a refusal of its key.
     Unavailable,
 }
 
 /// The future a [`Verifier`] returns.
 pub type LookupFuture = Pin<Box<dyn Future<Output = Lookup> + Send + 'static>>;
 
-/// The listening side's knowledge of keys. Asynchronous, so that a data server can ask
-/// the metadata server about a client it has not seen.
+/// The listening side's knowledge of keys.
 pub trait Verifier: Send + Sync + 'static {
-    /// What `name` is.
-    fn lookup(&self, name: &str) -> LookupFuture;
+    /// What a `Hello` of `name` claiming `claim` (a client's; `None` for a server)
+    /// must prove.
+    fn lookup(&self, name: &str, claim: Option<&Claim>) -> LookupFuture;
+
+    /// Whether a peer that just proved its key is revoked now. The gate asks once the
+    /// connection carries the peer's identity, so that a revocation, which records
+    /// itself first and then closes the connections of that identity, is either seen
+    /// here or closes this connection: a handshake racing it cannot stay authenticated.
+    fn revoked(&self, who: &PeerIdentity) -> bool;
 }
 
-/// A client's record as a [`KeyTable`] keeps it.
+/// A client's record as a [`KeyTable`] keeps it (never its key: derived).
 #[derive(Clone, Debug)]
-pub struct ClientKey {
-    /// Its key.
-    pub key: Key,
+pub struct KeyRecord {
+    /// The id of the name's current key.
+    pub key_id: KeyId,
     /// What it may do.
     pub caps: Caps,
     /// Refused from now on.
     pub revoked: bool,
 }
 
-/// A [`Verifier`] that holds everything in memory: the cluster key, for every
-/// `server/...` name, and the clients' keys. The metadata server fills it from its store.
+/// A [`Verifier`] that derives every client's key from the cluster key and checks the
+/// claim against its records: the name's current key id, not revoked, the same
+/// capabilities. `server/...` names prove the cluster key; `admin` is known without a
+/// record ([`ClientKeyFile::admin`]). The metadata server fills it from its store.
 pub struct KeyTable {
     cluster: Key,
-    clients: parking_lot::RwLock<HashMap<String, ClientKey>>,
+    clients: parking_lot::RwLock<HashMap<String, KeyRecord>>,
 }
 
 impl KeyTable {
@@ -131,9 +159,9 @@ impl KeyTable {
         &self.cluster
     }
 
-    /// Adds or replaces a client's record.
-    pub fn insert(&self, name: &str, record: ClientKey) {
-        self.clients.write().insert(name.to_string(), record);
+    /// Adds or replaces a client's record; returns the one it replaced.
+    pub fn insert(&self, name: &str, record: KeyRecord) -> Option<KeyRecord> {
+        self.clients.write().insert(name.to_string(), record)
     }
 
     /// Marks a client revoked; false if it is unknown.
@@ -147,29 +175,67 @@ impl KeyTable {
         }
     }
 
-    /// What the table says of `name`, at once.
-    pub fn lookup_now(&self, name: &str) -> Lookup {
-        if name.starts_with(proto::auth::SERVER_NAME_PREFIX) {
-            return Lookup::Known {
-                key: self.cluster.clone(),
-                role: Role::Server,
-            };
+    /// Whether the client `name` holding key `key_id` is valid now.
+    pub fn is_valid(&self, name: &str, key_id: &KeyId) -> bool {
+        if name == proto::auth::ADMIN_NAME {
+            return *key_id == KeyId::ADMIN;
         }
-        match self.clients.read().get(name) {
-            None => Lookup::Unknown,
-            Some(r) if r.revoked => Lookup::Revoked,
-            Some(r) => Lookup::Known {
-                key: r.key.clone(),
-                role: Role::Client(r.caps.clone()),
+        self.clients
+            .read()
+            .get(name)
+            .is_some_and(|r| !r.revoked && r.key_id == *key_id)
+    }
+
+    /// What the table says of a `Hello`, at once.
+    pub fn lookup_now(&self, name: &str, claim: Option<&Claim>) -> Lookup {
+        let Some(claim) = claim else {
+            let key = self.cluster.clone();
+            return match name.starts_with(proto::auth::SERVER_NAME_PREFIX) {
+                true => Lookup::Known {
+                    key,
+                    role: Role::Server,
+                },
+                false => Lookup::Refused {
+                    key,
+                    why: "a client without a key id",
+                },
+            };
+        };
+        let key = self.cluster.derive_client(name, claim);
+        let why = if name == proto::auth::ADMIN_NAME {
+            let admin = claim.key_id == KeyId::ADMIN && claim.caps == Caps::admin();
+            (!admin).then_some("not the administrator's key id and capabilities")
+        } else {
+            match self.clients.read().get(name) {
+                None => Some("unknown client"),
+                Some(r) if r.revoked => Some("revoked"),
+                Some(r) if r.key_id != claim.key_id => Some("superseded key (made again)"),
+                Some(r) if r.caps != claim.caps => Some("claims other capabilities"),
+                Some(_) => None,
+            }
+        };
+        match why {
+            Some(why) => Lookup::Refused { key, why },
+            None => Lookup::Known {
+                key,
+                role: Role::Client(claim.caps.clone()),
             },
         }
     }
 }
 
 impl Verifier for KeyTable {
-    fn lookup(&self, name: &str) -> LookupFuture {
-        let found = self.lookup_now(name);
+    fn lookup(&self, name: &str, claim: Option<&Claim>) -> LookupFuture {
+        let found = self.lookup_now(name, claim);
         Box::pin(async move { found })
+    }
+
+    fn revoked(&self, who: &PeerIdentity) -> bool {
+        match (&who.role, &who.key_id) {
+            (Role::Server, _) => false,
+            (Role::Client(_), Some(id)) => !self.is_valid(&who.name, id),
+            (Role::Client(_), None) => true,
+        }
     }
 }
 

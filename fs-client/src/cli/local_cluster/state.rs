@@ -219,24 +219,41 @@ pub fn admin_key_file(state: &Path) -> PathBuf {
     state.join("keys").join("admin.key")
 }
 
-/// Makes the cluster key and the administrator's key (mode 0600, in a 0700 directory)
-/// unless they exist; a restart keeps them.
+/// Makes the cluster key unless it exists (a restart keeps it), and the administrator's
+/// key derived from it (mode 0600, in a 0700 directory). An administrator's key that is
+/// not the derived one (a state directory of a Tessera that made it at random) is
+/// written again.
 pub fn ensure_keys(state: &Path) -> Result<(), ClusterError> {
     use std::os::unix::fs::PermissionsExt;
     let dir = state.join("keys");
     let fail = |what: String| move |e: std::io::Error| ClusterError::Io { what, source: e };
+    let other = |e: transport::TransportError| ClusterError::Other(e.to_string());
     std::fs::create_dir_all(&dir).map_err(fail(format!("creating {}", dir.display())))?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
         .map_err(fail(format!("making {} private", dir.display())))?;
-    for file in [cluster_key_file(state), admin_key_file(state)] {
-        if file.exists() {
-            continue;
-        }
-        let key = transport::Key::generate().map_err(|e| ClusterError::Other(e.to_string()))?;
-        key.save(&file)
-            .map_err(|e| ClusterError::Other(e.to_string()))?;
+    let cluster_file = cluster_key_file(state);
+    if !cluster_file.exists() {
+        transport::Key::generate()
+            .and_then(|k| k.save(&cluster_file))
+            .map_err(other)?;
     }
-    Ok(())
+    let cluster = transport::Key::load(&cluster_file).map_err(other)?;
+    let admin = transport::ClientKeyFile::admin(&cluster);
+    let admin_file = admin_key_file(state);
+    match transport::ClientKeyFile::load(&admin_file) {
+        Ok(found) if found == admin => return Ok(()),
+        Ok(_) | Err(_) if admin_file.exists() => {
+            std::fs::remove_file(&admin_file)
+                .map_err(fail(format!("replacing {}", admin_file.display())))?;
+            eprintln!(
+                "tessera: {} written again: derived from {}",
+                admin_file.display(),
+                cluster_file.display()
+            );
+        }
+        Ok(_) | Err(_) => {}
+    }
+    admin.save(&admin_file).map_err(other)
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Namespace tests, each run on every engine (`...::sled::name`, `...::redb::name`).
 
 mod changes;
+mod client_keys;
 mod cluster;
 mod model;
 mod ops;

@@ -19,6 +19,7 @@ fn from(name: &str, conn: u64) -> Origin {
         caller: Caller::ROOT,
         who: Some(Arc::new(PeerIdentity {
             name: name.to_string(),
+            key_id: Some(proto::auth::KeyId([1; 16])),
             role: Role::Client(Caps::default()),
         })),
     }
