@@ -68,8 +68,10 @@ impl Keys {
     }
 
     /// Records a client key its administrator derived: name, id and capabilities. A
-    /// name that had another key gets this one: the previous key is revoked, on the
-    /// list the data servers pull, and its connections here are closed at once.
+    /// name that holds a valid key is refused unless the request says `replace` (so
+    /// that a mistyped name revokes no one's key); replaced, the previous key is
+    /// revoked, on the list the data servers pull, and its connections here are closed
+    /// at once.
     pub fn create(&self, ns: &Namespace, req: KeyCreate) -> Result<(), WireError> {
         check_peer_name(&req.name).map_err(|e| invalid(&e))?;
         check_caps_path(&req.caps.path).map_err(|e| invalid(&e))?;
@@ -77,6 +79,20 @@ impl Keys {
             return Err(invalid(
                 "the name 'admin' and the key id of zeros are the administrator's",
             ));
+        }
+        if !req.replace {
+            if let Some(StoredClient::Derived(r)) = ns.client_key(&req.name)? {
+                if !r.revoked {
+                    return Err(WireError::new(
+                        ErrorCode::AlreadyExists,
+                        format!(
+                            "client '{}' has a valid key ({}): `tessera key create --replace` \
+                             makes a new one and revokes it",
+                            req.name, r.key_id
+                        ),
+                    ));
+                }
+            }
         }
         let rec = ClientRecord::new(req.key_id, req.caps.clone());
         ns.put_client_key(&req.name, &rec)?;

@@ -337,7 +337,7 @@ impl InProcessCluster {
 
     /// A client key for `name` with `caps`, derived from the cluster key as `tessera key
     /// create` does and recorded through `admin`; saved as `<name>.key` in the cluster's
-    /// directory (replacing one made before).
+    /// directory (replacing one made before, there and at the metadata server).
     pub async fn make_client_key(
         &self,
         admin: &fs_client::Client,
@@ -347,7 +347,10 @@ impl InProcessCluster {
         let cluster = Key::load(&self.key_file(CLUSTER_KEY)).expect("cluster key");
         let id = transport::auth::new_key_id().expect("key id");
         let file = ClientKeyFile::derive(&cluster, name, id, caps.clone());
-        admin.key_create(name, id, caps).await.expect("key create");
+        admin
+            .key_create(name, id, caps, true)
+            .await
+            .expect("key create");
         let path = self.dir().join(format!("{name}.key"));
         let _ = std::fs::remove_file(&path);
         file.save(&path).expect("key saved");

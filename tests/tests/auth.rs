@@ -157,7 +157,7 @@ async fn no_wrong_or_revoked_keys_are_refused_by_metadata_and_data_servers() {
     alice.statfs().await.unwrap();
     admin.statfs().await.unwrap();
     let err = alice
-        .key_create("mallory", KeyId([7; 16]), Caps::default())
+        .key_create("mallory", KeyId([7; 16]), Caps::default(), false)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("not permitted"), "{err}");
@@ -208,6 +208,29 @@ fn key_commands_through_the_tessera_binary() {
     assert_eq!(code, 0);
     let erin = ClientKeyFile::from_line(key.trim()).unwrap();
     assert_eq!(erin.claim.caps.path, b"/teamA");
+    // Made again by mistake, erin's key is refused and stays erin's; --replace rotates it.
+    let again = Command::new(tessera_tests::process::bin_dir().join("tessera"))
+        .args(create)
+        .args(["--meta", cluster.meta_addr(), "--key-file"])
+        .arg(cluster.key_file(tessera_tests::process::ADMIN_KEY))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        !again.status.success(),
+        "a second key create replaced erin's key"
+    );
+    assert!(
+        err.contains("has a valid key") && err.contains("--replace"),
+        "{err}"
+    );
+    let (_, listed) = cluster.tessera(&["key", "list"]);
+    assert!(listed.contains(&erin.claim.key_id.to_string()), "{listed}");
+    let mut rotate = create.to_vec();
+    rotate.push("--replace");
+    let (code, key) = cluster.tessera(&rotate);
+    assert_eq!(code, 0, "{key}");
+    let erin = ClientKeyFile::from_line(key.trim()).unwrap();
     let dave = ClientKeyFile::load(&out_file).unwrap();
     let (code, text) = cluster.tessera(&["key", "list"]);
     assert_eq!(code, 0);

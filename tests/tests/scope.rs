@@ -38,6 +38,7 @@ impl Wire {
             name: name.into(),
             key_id,
             caps,
+            replace: false,
         };
         admin.call(&Caller::ROOT, create).await.expect("key create");
         let ep = cluster

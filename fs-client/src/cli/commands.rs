@@ -123,8 +123,8 @@ pub enum Cmd {
 pub enum KeyCmd {
     /// Make a client key, derived here from the cluster key (it never travels: the
     /// metadata server is told its name, id and capabilities); prints the key file's
-    /// line, or writes it to --out (mode 0600). Made again, a name's previous key is
-    /// revoked.
+    /// line, or writes it to --out (mode 0600). A name that holds a valid key is
+    /// refused unless --replace.
     Create {
         /// The client's name: letters, digits, '.', '_', '-'.
         name: String,
@@ -140,6 +140,9 @@ pub enum KeyCmd {
         /// May manage keys and run status and fsck.
         #[arg(long)]
         admin: bool,
+        /// Replace the name's valid key (a rotation): the previous one is revoked.
+        #[arg(long)]
+        replace: bool,
         /// Write the key to this new file (mode 0600) instead of printing it.
         #[arg(long)]
         out: Option<PathBuf>,

@@ -11,10 +11,23 @@ use std::path::{Path, PathBuf};
 use transport::{ClientKeyFile, Key};
 
 impl Client {
-    /// Records a client key derived here: its name, id and capabilities.
-    pub async fn key_create(&self, name: &str, key_id: KeyId, caps: Caps) -> Result<()> {
+    /// Records a client key derived here: its name, id and capabilities; `replace`
+    /// replaces (and revokes) a valid key the name holds, which is refused otherwise.
+    pub async fn key_create(
+        &self,
+        name: &str,
+        key_id: KeyId,
+        caps: Caps,
+        replace: bool,
+    ) -> Result<()> {
         let name = name.to_string();
-        self.meta(KeyCreate { name, key_id, caps }).await
+        self.meta(KeyCreate {
+            name,
+            key_id,
+            caps,
+            replace,
+        })
+        .await
     }
 
     /// Every client key's name, capabilities and state.
@@ -60,6 +73,7 @@ pub async fn run(client: &Client, action: KeyCmd, cluster_key: Option<PathBuf>) 
             read_only,
             no_root_squash,
             admin,
+            replace,
             out,
             cluster_key_file,
             ..
@@ -80,7 +94,8 @@ pub async fn run(client: &Client, action: KeyCmd, cluster_key: Option<PathBuf>) 
                         .into(),
                 ));
             };
-            create(client, &name, caps, &cluster_file, out.as_deref()).await?;
+            let out = out.as_deref();
+            create(client, &name, caps, replace, &cluster_file, out).await?;
         }
         KeyCmd::List { .. } => print!("{}", render(&client.key_list().await?)),
         KeyCmd::Revoke { name, .. } => {
@@ -97,6 +112,7 @@ async fn create(
     client: &Client,
     name: &str,
     caps: Caps,
+    replace: bool,
     cluster_file: &Path,
     out: Option<&Path>,
 ) -> Result<()> {
@@ -109,7 +125,7 @@ async fn create(
     if let Some(path) = out {
         file.save(path)?;
     }
-    if let Err(e) = client.key_create(name, key_id, caps).await {
+    if let Err(e) = client.key_create(name, key_id, caps, replace).await {
         if let Some(path) = out {
             let _ = std::fs::remove_file(path);
         }

@@ -18,7 +18,8 @@ crate::rpc_requests! {
 
 /// Records a client key the administrator derived on its own machine from the cluster
 /// key (`proto::auth::derive_client_key`): its name, id and capabilities, never the key.
-/// A name that had a key gets this one instead, and its previous key id is revoked.
+/// A name that holds a valid key is refused (`AlreadyExists`) unless `replace`: then it
+/// gets this one instead, and its previous key id is revoked.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeyCreate {
     /// The client's name (see `proto::auth::check_peer_name`).
@@ -27,6 +28,8 @@ pub struct KeyCreate {
     pub key_id: KeyId,
     /// What it may do (bound into the key).
     pub caps: Caps,
+    /// Replace the name's valid key, if it has one (a rotation), instead of refusing.
+    pub replace: bool,
 }
 
 /// Every client key's name, capabilities and state (never the keys).
