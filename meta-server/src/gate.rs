@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex};
 use tracing::warn;
 use transport::{PeerIdentity, Role};
 
-/// The scopes of the keys that have connected, by key name: resolved at a key's first
+/// The scopes of the keys that have connected, by key (name and key id: a key made again
+/// under a name, perhaps with another path, resolves its own): resolved at a key's first
 /// file-system call after the server starts and kept until it stops (see [`Gate::admit`]).
 #[derive(Default)]
 pub struct Gate {
@@ -40,11 +41,13 @@ impl Gate {
         who: Option<&PeerIdentity>,
         mut call: FsCall,
     ) -> Result<Admitted, WireError> {
-        let Some(PeerIdentity {
-            name,
-            role: Role::Client(caps),
-            ..
-        }) = who
+        let Some(
+            peer @ PeerIdentity {
+                name,
+                role: Role::Client(caps),
+                ..
+            },
+        ) = who
         else {
             return Ok((call, None));
         };
@@ -60,7 +63,7 @@ impl Gate {
         if is_whole_tree(caps) {
             return Ok((call, None));
         }
-        let scope = self.scope(ns, name, caps)?;
+        let scope = self.scope(ns, peer, caps)?;
         let what = call.req.name();
         for ino in call.req.inodes_mut() {
             if *ino == InodeId::ROOT {
@@ -86,8 +89,14 @@ impl Gate {
     /// The key's scope, resolved from its path at its first call. Kept by inode from
     /// then on: a rename of the directory neither widens nor breaks it for this server's
     /// life; a restart resolves the path again.
-    fn scope(&self, ns: &Namespace, name: &str, caps: &Caps) -> Result<Arc<Scope>, WireError> {
-        if let Some(s) = self.lock().get(name) {
+    fn scope(
+        &self,
+        ns: &Namespace,
+        peer: &PeerIdentity,
+        caps: &Caps,
+    ) -> Result<Arc<Scope>, WireError> {
+        let (name, label) = (&peer.name, peer.key_label());
+        if let Some(s) = self.lock().get(&label) {
             return Ok(s.clone());
         }
         let root = ns.resolve_dir(&caps.path).map_err(|e| {
@@ -99,7 +108,7 @@ impl Gate {
             )
         })?;
         let scope = Arc::new(Scope::new(root));
-        Ok(self.lock().entry(name.to_string()).or_insert(scope).clone())
+        Ok(self.lock().entry(label).or_insert(scope).clone())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Scope>>> {

@@ -28,7 +28,8 @@ impl Wire {
         Wire(WireClient::admin(cluster, "scope test").await)
     }
 
-    /// A new client key with `caps`, made by `admin`, and a connection holding it.
+    /// A new client key with `caps`, made by `admin` (replacing the name's key, if it
+    /// had one), and a connection holding it.
     async fn with_key(cluster: &InProcessCluster, admin: &Wire, name: &str, caps: Caps) -> Wire {
         let cluster_key =
             Key::load(&cluster.key_file(tessera_tests::CLUSTER_KEY)).expect("cluster key");
@@ -38,7 +39,7 @@ impl Wire {
             name: name.into(),
             key_id,
             caps,
-            replace: false,
+            replace: true,
         };
         admin.call(&Caller::ROOT, create).await.expect("key create");
         let ep = cluster
@@ -406,4 +407,35 @@ async fn a_client_without_the_admin_capability_gets_eperm_for_admin_calls() {
     }
     assert!(admin.call(&who, Status).await.is_ok());
     assert!(admin.call(&who, list).await.is_ok());
+}
+
+/// Guards against a key made again under a name inheriting the previous key's scope or
+/// client ids (kept by name, they were: the new key saw the old path until a restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_made_again_under_a_name_gets_its_own_scope_and_client_ids() {
+    let cluster = InProcessCluster::start(1).await;
+    let admin = Wire::admin(&cluster).await;
+    let t = tree(&admin).await;
+    let old = Wire::with_key(&cluster, &admin, "contractor", caps("/teamA", false)).await;
+    assert_eq!(old.names(InodeId::ROOT).await, ["a", "sub"]);
+    let new = Wire::with_key(&cluster, &admin, "contractor", caps("/teamB", false)).await;
+    assert_eq!(new.names(InodeId::ROOT).await, ["b", "deep"]);
+    let inside_a = fs::GetAttr { ino: t.a };
+    let e = new.call(&Caller::ROOT, inside_a).await.unwrap_err();
+    assert_eq!(
+        e.code,
+        ErrorCode::NotFound,
+        "the new key reached /teamA: {e}"
+    );
+    let theirs = fs::ReleaseLocks {
+        ino: t.b,
+        client: old.client,
+        owner: 1,
+    };
+    let e = new.call(&Caller::ROOT, theirs).await.unwrap_err();
+    assert_eq!(
+        e.code,
+        ErrorCode::NotPermitted,
+        "the previous key's client id: {e}"
+    );
 }

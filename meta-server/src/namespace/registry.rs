@@ -41,7 +41,7 @@ impl Namespace {
         st.next_client = id + 1;
         let client = ClientId(id);
         if let Some(who) = who {
-            bind_client(&mut st.owners, client, &who.name);
+            bind_client(&mut st.owners, client, &who.key_label());
         }
         let shown: String = name.chars().take(128).collect();
         tracing::info!(%client, name = %shown, "client connected");
@@ -63,7 +63,7 @@ impl Namespace {
         let Some(who) = who else { return Ok(()) };
         let mut st = self.state.lock();
         match st.owners.get(&client) {
-            Some(owner) if **owner == *who.name => Ok(()),
+            Some(owner) if **owner == *who.key_label() => Ok(()),
             Some(owner) => {
                 tracing::warn!(%client, key = %who.name, owner = %owner,
                                "a request naming another key's client refused");
@@ -75,7 +75,7 @@ impl Namespace {
                 "{client} is not known to this server"
             ))),
             None => {
-                bind_client(&mut st.owners, client, &who.name);
+                bind_client(&mut st.owners, client, &who.key_label());
                 Ok(())
             }
         }

@@ -84,6 +84,18 @@ pub struct PeerIdentity {
     pub role: Role,
 }
 
+impl PeerIdentity {
+    /// The key this peer holds, as one string: its name, and for a client its key id
+    /// (`name#id`). A key made again under a name is another key: whatever is kept per
+    /// key (a scope, the client ids it was given) is not inherited by the next one.
+    pub fn key_label(&self) -> String {
+        match &self.key_id {
+            Some(id) => format!("{}#{id}", self.name),
+            None => self.name.clone(),
+        }
+    }
+}
+
 /// What a [`Verifier`] knows of a `Hello`.
 #[derive(Clone, Debug)]
 pub enum Lookup {
