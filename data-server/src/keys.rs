@@ -32,10 +32,12 @@ struct Inner {
     list: Mutex<RevocationList>,
 }
 
-/// The revoked keys known here, and the metadata server's version of the last one.
+/// The revoked keys known here, and the metadata server's version of the last one
+/// in its epoch.
 #[derive(Default)]
 struct RevocationList {
     version: u64,
+    epoch: Option<u64>,
     revoked: HashSet<(String, KeyId)>,
 }
 
@@ -58,15 +60,29 @@ impl DataVerifier {
         let mut new = 0;
         // Bounded: every page but the last is full, and the list holds at most
         // MAX_REVOCATIONS.
-        let max_pages = MAX_REVOCATIONS / proto::meta::cluster::MAX_REVOCATIONS_PER_PAGE + 2;
+        // (and one more page for a new epoch's restart from the beginning).
+        let max_pages = MAX_REVOCATIONS / proto::meta::cluster::MAX_REVOCATIONS_PER_PAGE + 3;
         for _ in 0..max_pages {
             let since = self.0.list.lock().version;
             let page = self.0.ask_meta(since).await?;
+            {
+                let mut list = self.0.list.lock();
+                if list.epoch != Some(page.epoch) {
+                    // Versions of another start of the metadata server mean nothing
+                    // here: pull the whole list again (adding to the set is harmless).
+                    list.epoch = Some(page.epoch);
+                    if since != 0 {
+                        list.version = 0;
+                        continue;
+                    }
+                }
+            }
+            let mut full = false;
             for r in &page.revoked {
                 let fresh = {
                     let mut list = self.0.list.lock();
                     if list.revoked.len() >= MAX_REVOCATIONS {
-                        warn!("more than {MAX_REVOCATIONS} revocations: the rest not kept");
+                        full = true;
                         break;
                     }
                     list.revoked.insert((r.name.clone(), r.key_id))
@@ -79,6 +95,11 @@ impl DataVerifier {
                     .upgrade()
                     .map_or(0, |l| l.close_key(&r.name, &r.key_id));
                 info!(name = %r.name, key_id = %r.key_id, closed, "client key revoked");
+            }
+            if full {
+                // The version stays where the list stopped, so nothing is skipped.
+                warn!("more than {MAX_REVOCATIONS} revocations: the rest not kept");
+                return Ok(new);
             }
             let mut list = self.0.list.lock();
             list.version = list.version.max(page.version);
@@ -162,5 +183,81 @@ impl Verifier for DataVerifier {
             (Role::Client(_), Some(id)) => self.0.is_revoked(&who.name, id),
             (Role::Client(_), None) => true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use proto::meta::cluster::Revoked;
+    use proto::meta::{ClusterRequest, MetaRequest};
+    use transport::{Backend, Connection, Handler, HandlerFuture, TransportConfig};
+
+    /// A metadata server that answers `Revocations` from a list it is told, in one
+    /// epoch it is told: versions are positions in the list, from 1.
+    #[derive(Clone, Default)]
+    struct FakeMeta(Arc<Mutex<(u64, Vec<Revoked>)>>);
+
+    impl Handler for FakeMeta {
+        fn handle(&self, _conn: Connection, request: Bytes) -> HandlerFuture {
+            let (epoch, list) = self.0.lock().clone();
+            Box::pin(async move {
+                let Ok(MetaRequest::Cluster(ClusterRequest::Revocations(r))) =
+                    proto::codec::decode::<MetaRequest>(&request)
+                else {
+                    return Bytes::new();
+                };
+                let page = RevocationPage {
+                    revoked: list.iter().skip(r.since as usize).cloned().collect(),
+                    version: list.len() as u64,
+                    done: true,
+                    epoch,
+                };
+                Bytes::from(proto::rpc::answer(&Ok(page), usize::MAX))
+            })
+        }
+    }
+
+    fn revoked(name: &str, n: u8) -> Revoked {
+        Revoked {
+            name: name.into(),
+            key_id: KeyId([n; 16]),
+        }
+    }
+
+    /// Guards against a data server skipping revocations whose versions the metadata
+    /// server handed out again (a crash lost them before they were durable, or a store
+    /// was restored, or the cluster key rotated): it pulled "after 1" and never saw the
+    /// new first one.
+    #[tokio::test]
+    async fn another_epoch_pulls_the_whole_list_again() {
+        let ep = || {
+            Endpoint::new(
+                Backend::Tcp,
+                TransportConfig::default(),
+                proto::PROTOCOL_VERSION,
+            )
+            .unwrap()
+        };
+        let meta = FakeMeta::default();
+        *meta.0.lock() = (1, vec![revoked("ann", 1)]);
+        let listener = ep()
+            .listen("127.0.0.1:0", Arc::new(meta.clone()))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().to_string();
+        let verifier = DataVerifier::new(Key::generate().unwrap(), ep(), addr);
+        let none = Weak::new();
+        assert_eq!(verifier.pull(&none).await.unwrap(), 1);
+        assert!(verifier.0.is_revoked("ann", &KeyId([1; 16])));
+        // The same version 1, another key, another epoch.
+        *meta.0.lock() = (2, vec![revoked("bob", 2)]);
+        assert_eq!(verifier.pull(&none).await.unwrap(), 1);
+        assert!(verifier.0.is_revoked("bob", &KeyId([2; 16])));
+        assert!(
+            verifier.0.is_revoked("ann", &KeyId([1; 16])),
+            "the list only grows"
+        );
     }
 }

@@ -18,6 +18,12 @@ use transport::{Key, KeyTable, Listener, PeerIdentity, Role};
 pub struct Keys {
     table: Arc<KeyTable>,
     listener: OnceLock<Weak<Listener>>,
+    /// Held across a key change's store write and its table update, so that two
+    /// changes of one name (two creates, a create and a revoke) reach the store and
+    /// the table in the same order.
+    changes: parking_lot::Mutex<()>,
+    /// This start's epoch of the revocation list (see `RevocationPage::epoch`).
+    epoch: u64,
 }
 
 impl Keys {
@@ -25,6 +31,21 @@ impl Keys {
     /// of the previous format (a stored key, not a derived one) is left out, so its
     /// client is refused, with one line telling the operator to make it again.
     pub fn load(ns: &Namespace, cluster: Key) -> Result<Keys, MetaError> {
+        let mark = proto::mac::tag(cluster.bytes(), &[CLUSTER_MARK_DOMAIN]);
+        if let Some(marked) = ns.adopt_cluster_key(&mark)? {
+            warn!(
+                revoked = marked,
+                "the cluster key changed: every client key made under the previous one is \
+                 revoked and the revocation list emptied; make each again with \
+                 `tessera key create NAME --replace ...`"
+            );
+        }
+        // Random per start (the standard library seeds RandomState from the OS); it
+        // need not be secret, only differ from the previous start's.
+        let epoch = std::hash::BuildHasher::hash_one(
+            &std::collections::hash_map::RandomState::new(),
+            std::time::SystemTime::now(),
+        );
         let table = Arc::new(KeyTable::new(cluster));
         for (name, rec) in ns.client_keys()? {
             match rec {
@@ -50,6 +71,8 @@ impl Keys {
         Ok(Keys {
             table,
             listener: OnceLock::new(),
+            changes: parking_lot::Mutex::new(()),
+            epoch,
         })
     }
 
@@ -80,22 +103,12 @@ impl Keys {
                 "the name 'admin' and the key id of zeros are the administrator's",
             ));
         }
-        if !req.replace {
-            if let Some(StoredClient::Derived(r)) = ns.client_key(&req.name)? {
-                if !r.revoked {
-                    return Err(WireError::new(
-                        ErrorCode::AlreadyExists,
-                        format!(
-                            "client '{}' has a valid key ({}): `tessera key create --replace` \
-                             makes a new one and revokes it",
-                            req.name, r.key_id
-                        ),
-                    ));
-                }
-            }
+        if req.name.starts_with(proto::auth::SERVER_NAME_PREFIX) {
+            return Err(invalid("names starting with 'server/' are the servers'"));
         }
         let rec = ClientRecord::new(req.key_id, req.caps.clone());
-        ns.put_client_key(&req.name, &rec)?;
+        let _order = self.changes.lock();
+        ns.put_client_key(&req.name, &rec, req.replace)?;
         let record = KeyRecord {
             key_id: req.key_id,
             caps: req.caps,
@@ -136,6 +149,7 @@ impl Keys {
 
     /// Revokes a client key and closes its connections at once.
     pub fn revoke(&self, ns: &Namespace, req: KeyRevoke) -> Result<(), WireError> {
+        let _order = self.changes.lock();
         ns.revoke_client_key(&req.name)?;
         // Recorded first, closed second (see `transport::auth::Verifier::revoked`).
         self.table.revoke(&req.name);
@@ -145,16 +159,27 @@ impl Keys {
     }
 }
 
-/// The revocations a data server has not seen, from the store.
-pub fn revocations(ns: &Namespace, req: &Revocations) -> Result<RevocationPage, WireError> {
-    let (page, done) = ns.revocations(req.since, MAX_REVOCATIONS_PER_PAGE)?;
-    let version = page.last().map_or(req.since, |(v, _)| *v);
-    Ok(RevocationPage {
-        revoked: page.into_iter().map(|(_, r)| r).collect(),
-        version,
-        done,
-    })
+impl Keys {
+    /// The revocations a data server has not seen, from the store, with this start's
+    /// epoch.
+    pub fn revocations(
+        &self,
+        ns: &Namespace,
+        req: &Revocations,
+    ) -> Result<RevocationPage, WireError> {
+        let (page, done) = ns.revocations(req.since, MAX_REVOCATIONS_PER_PAGE)?;
+        let version = page.last().map_or(req.since, |(v, _)| *v);
+        Ok(RevocationPage {
+            revoked: page.into_iter().map(|(_, r)| r).collect(),
+            version,
+            done,
+            epoch: self.epoch,
+        })
+    }
 }
+
+/// What the cluster key's mark in the store is a MAC of.
+const CLUSTER_MARK_DOMAIN: &[u8] = b"tessera cluster key mark 1";
 
 fn invalid(why: &str) -> WireError {
     WireError::new(ErrorCode::InvalidArgument, why.to_string())

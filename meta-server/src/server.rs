@@ -137,9 +137,9 @@ impl Handler for MetaService {
                 MetaRequest::Admin(A::KeyRevoke(r)) => key_call(ns, keys, &conn, limit, r).await,
                 MetaRequest::Cluster(C::Revocations(r)) => {
                     let answer = match &keys {
-                        Some(_) if keys::is_server(who.as_deref()) => {
-                            let ns = ns.clone();
-                            tokio::task::spawn_blocking(move || keys::revocations(&ns, &r))
+                        Some(k) if keys::is_server(who.as_deref()) => {
+                            let (ns, k) = (ns.clone(), k.clone());
+                            tokio::task::spawn_blocking(move || k.revocations(&ns, &r))
                                 .await
                                 .unwrap_or_else(|e| {
                                     Err(WireError::new(ErrorCode::Io, format!("failed: {e}")))

@@ -392,6 +392,10 @@ async fn a_key_made_again_supersedes_the_previous_one(b: Backend) {
 enum Stage {
     /// After the `Hello`, as the `Proof` is checked: the lookup sees it.
     AtLookup,
+    /// Just after the lookup read the table (a stale "known"), before the connection is
+    /// marked as alice's: the revocation's closing finds nothing to close, so only the
+    /// gate's check after marking it can refuse her.
+    AfterLookup,
     /// Between the last check of the key and the end of the handshake: the check missed
     /// it, so the revocation's closing of the key's connections must reach this one.
     AfterCheck,
@@ -422,6 +426,11 @@ impl Verifier for Racing {
         if matches!(self.stage, Stage::AtLookup) && name == "alice" {
             self.revoke_alice();
         }
+        if matches!(self.stage, Stage::AfterLookup) && name == "alice" {
+            let stale = self.table.lookup_now(name, claim);
+            self.revoke_alice();
+            return Box::pin(async move { stale });
+        }
         self.table.lookup(name, claim)
     }
 
@@ -435,10 +444,10 @@ impl Verifier for Racing {
 }
 
 /// Guards against a handshake racing a revocation staying authenticated: revoked
-/// between the `Hello` and the check of the `Proof`, or right after that check, alice
-/// ends refused or closed, never served.
+/// between the `Hello` and the check of the `Proof`, just after the lookup, or right
+/// after the last check, alice ends refused or closed, never served.
 async fn a_handshake_racing_a_revocation_ends_refused_or_closed(b: Backend) {
-    for stage in [Stage::AtLookup, Stage::AfterCheck] {
+    for stage in [Stage::AtLookup, Stage::AfterLookup, Stage::AfterCheck] {
         let racing = Arc::new(Racing {
             table: Arc::new(known_table()),
             listener: std::sync::OnceLock::new(),

@@ -112,18 +112,75 @@ impl Namespace {
         }
     }
 
-    /// Stores a client's record, durably. A name that had a key gets this one instead:
-    /// its previous key id goes to the revocation list (unless revoked already).
-    pub fn put_client_key(&self, name: &str, rec: &ClientRecord) -> Result<(), MetaError> {
+    /// Stores a client's record, durably. A name that holds a valid key is refused
+    /// (`AlreadyExists`) unless `replace`: then it gets this one instead, and its
+    /// previous key id goes to the revocation list. Decided inside the transaction, so
+    /// that two creates of one name cannot both pass the check. The name's current key
+    /// id is refused (it would revoke nothing and keep its connections).
+    pub fn put_client_key(
+        &self,
+        name: &str,
+        rec: &ClientRecord,
+        replace: bool,
+    ) -> Result<(), MetaError> {
         self.change_client(name, |old| {
             let superseded = match old {
-                Some(StoredClient::Derived(r)) if !r.revoked && r.key_id != rec.key_id => {
-                    Some(r.key_id)
+                Some(StoredClient::Derived(r)) if r.key_id == rec.key_id => {
+                    return Err(MetaError::InvalidArgument(format!(
+                        "key id {} is client '{name}''s current one: a new key needs a new id",
+                        rec.key_id
+                    )))
                 }
+                Some(StoredClient::Derived(r)) if !r.revoked && !replace => {
+                    return Err(MetaError::AlreadyExists(format!(
+                        "client '{name}' has a valid key ({}): `tessera key create \
+                         --replace` makes a new one and revokes it",
+                        r.key_id
+                    )))
+                }
+                Some(StoredClient::Derived(r)) if !r.revoked => Some(r.key_id),
                 _ => None,
             };
             Ok((rec.clone(), superseded))
         })
+    }
+
+    /// Records the mark of the cluster key the client keys are made under (a MAC under
+    /// it). Started under another cluster key, every client key is marked revoked (each
+    /// was derived from the previous cluster key: none can prove itself any more) and
+    /// the revocation list is emptied (its entries name keys no server can derive now;
+    /// kept, a list that only grows would fill up after a few rotations). Returns how
+    /// many keys were marked revoked then, `None` if the key is the recorded one (or
+    /// the first one recorded).
+    pub fn adopt_cluster_key(&self, mark: &[u8]) -> Result<Option<usize>, MetaError> {
+        let rotated = self.mutate(|txn, _| {
+            let old = self.store.get(&keys::cluster_mark())?;
+            if old.as_deref() == Some(mark) {
+                return Ok(None);
+            }
+            txn.put(keys::cluster_mark(), mark.to_vec());
+            if old.is_none() {
+                // The first start that marks: the keys were made under this key.
+                return Ok(None);
+            }
+            let (start, end) = (keys::revocation(0), keys::revocation_end());
+            for (k, _) in self.store.scan(&start, &end, MAX_REVOCATIONS + 1)? {
+                txn.delete(k);
+            }
+            let mut marked = 0;
+            for (name, rec) in self.client_keys()? {
+                if let StoredClient::Derived(mut r) = rec {
+                    if !r.revoked {
+                        r.revoked = true;
+                        marked += 1;
+                        txn.put(keys::client_key(&name), encode(&r)?);
+                    }
+                }
+            }
+            Ok(Some(marked))
+        })?;
+        self.wait_pending()?;
+        Ok(rotated)
     }
 
     /// Marks a client's key revoked and adds it to the revocation list, durably;

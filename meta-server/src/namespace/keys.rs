@@ -14,6 +14,7 @@
 //! | `V`                  | cluster map version                    |
 //! | `K` name             | client key: key id, capabilities, revoked |
 //! | `R` version          | revoked client key: name, key id        |
+//! | `F`                  | mark of the cluster key the client keys were made under |
 
 use proto::{ChainId, InodeId, NodeId};
 
@@ -29,6 +30,12 @@ const CHAIN: u8 = b'C';
 const MAP_VERSION: u8 = b'V';
 const CLIENT_KEY: u8 = b'K';
 const REVOCATION: u8 = b'R';
+const CLUSTER_MARK: u8 = b'F';
+
+/// The key of the cluster key's mark (a MAC under it; the key itself is not stored).
+pub(crate) fn cluster_mark() -> Vec<u8> {
+    vec![CLUSTER_MARK]
+}
 
 /// Prefix of every client key record.
 pub(crate) fn client_key_prefix() -> Vec<u8> {

@@ -19,8 +19,9 @@ crate::rpc_requests! {
 }
 
 /// Most revocations a metadata server records, and a data server keeps (each revoke,
-/// and each key made again under a name, adds one); beyond it both refuse: rotate the
-/// cluster key, which re-derives every client key, and start anew.
+/// and each key made again under a name, adds one); beyond it both refuse. Rotating
+/// the cluster key empties the list: every key on it was derived from the previous
+/// cluster key, which no server holds any more.
 pub const MAX_REVOCATIONS: usize = 100_000;
 
 /// Most revocations one [`Revocations`] answer carries; the data server asks again
@@ -54,6 +55,11 @@ pub struct RevocationPage {
     pub version: u64,
     /// No revocation follows the last one.
     pub done: bool,
+    /// Drawn at random by the metadata server at each start: versions compare only
+    /// within one epoch (a crash can lose the last versions handed out before they
+    /// were durable, a restored store or a rotated cluster key starts them anew), so a
+    /// data server that sees another epoch pulls the whole list again.
+    pub epoch: u64,
 }
 
 /// A data server announces itself (first start: `node` is `None`).

@@ -25,17 +25,17 @@ fn revoked(name: &str, n: u8) -> Revoked {
 fn revocations_list_each_revoked_or_superseded_key_once_in_order(kind: StoreKind) {
     let mut h = H::new(kind);
     let ns = h.ns();
-    ns.put_client_key("alice", &ClientRecord::new(id(1), Caps::default()))
+    ns.put_client_key("alice", &ClientRecord::new(id(1), Caps::default()), true)
         .unwrap();
-    ns.put_client_key("bob", &ClientRecord::new(id(2), Caps::default()))
+    ns.put_client_key("bob", &ClientRecord::new(id(2), Caps::default()), true)
         .unwrap();
     assert_eq!(ns.revocations(0, 10).unwrap(), (vec![], true));
     ns.revoke_client_key("bob").unwrap();
-    ns.put_client_key("alice", &ClientRecord::new(id(3), Caps::default()))
+    ns.put_client_key("alice", &ClientRecord::new(id(3), Caps::default()), true)
         .unwrap();
     ns.revoke_client_key("alice").unwrap();
     ns.revoke_client_key("alice").unwrap();
-    ns.put_client_key("bob", &ClientRecord::new(id(4), Caps::default()))
+    ns.put_client_key("bob", &ClientRecord::new(id(4), Caps::default()), true)
         .unwrap();
     let want = vec![
         (1, revoked("bob", 2)),
@@ -104,7 +104,7 @@ fn a_record_of_a_stored_key_is_refused_to_be_made_again(kind: StoreKind) {
         "{found:?}"
     );
     h.ns()
-        .put_client_key("old", &ClientRecord::new(id(5), Caps::default()))
+        .put_client_key("old", &ClientRecord::new(id(5), Caps::default()), true)
         .unwrap();
     assert!(matches!(
         h.ns().client_key("old").unwrap(),
@@ -112,7 +112,51 @@ fn a_record_of_a_stored_key_is_refused_to_be_made_again(kind: StoreKind) {
     ));
 }
 
+/// Guards against a mistyped `key create` revoking a team's valid key, and a "new" key
+/// reusing the current id (it revoked nothing and kept the old connections).
+fn a_valid_key_is_replaced_only_when_asked(kind: StoreKind) {
+    let h = H::new(kind);
+    let ns = h.ns();
+    let rec = |n| ClientRecord::new(id(n), Caps::default());
+    ns.put_client_key("alice", &rec(1), false).unwrap();
+    let err = ns.put_client_key("alice", &rec(2), false).unwrap_err();
+    assert!(err.to_string().contains("--replace"), "{err}");
+    let err = ns.put_client_key("alice", &rec(1), true).unwrap_err();
+    assert!(err.to_string().contains("current one"), "{err}");
+    assert_eq!(ns.revocations(0, 10).unwrap(), (vec![], true));
+    ns.put_client_key("alice", &rec(2), true).unwrap();
+    assert_eq!(
+        ns.revocations(0, 10).unwrap().0,
+        vec![(1, revoked("alice", 1))]
+    );
+    ns.revoke_client_key("alice").unwrap();
+    ns.put_client_key("alice", &rec(3), false).unwrap();
+}
+
+/// Guards against a rotated cluster key leaving the revocation list full for good
+/// (it only grew) and the previous key's records valid.
+fn a_new_cluster_key_revokes_every_client_key_and_empties_the_list(kind: StoreKind) {
+    let mut h = H::new(kind);
+    let rec = |n| ClientRecord::new(id(n), Caps::default());
+    assert_eq!(h.ns().adopt_cluster_key(b"one").unwrap(), None);
+    h.ns().put_client_key("alice", &rec(1), false).unwrap();
+    h.ns().put_client_key("bob", &rec(2), false).unwrap();
+    h.ns().revoke_client_key("bob").unwrap();
+    assert_eq!(h.ns().adopt_cluster_key(b"one").unwrap(), None);
+    assert_eq!(h.ns().revocations(0, 10).unwrap().0.len(), 1);
+    h.restart();
+    assert_eq!(h.ns().adopt_cluster_key(b"two").unwrap(), Some(1));
+    assert_eq!(h.ns().revocations(0, 10).unwrap(), (vec![], true));
+    let alice = h.ns().client_key("alice").unwrap();
+    assert!(matches!(alice, Some(StoredClient::Derived(r)) if r.revoked));
+    h.restart();
+    assert_eq!(h.ns().adopt_cluster_key(b"two").unwrap(), None);
+    h.ns().put_client_key("alice", &rec(3), false).unwrap();
+}
+
 engine_tests!(
     revocations_list_each_revoked_or_superseded_key_once_in_order,
     a_record_of_a_stored_key_is_refused_to_be_made_again,
+    a_valid_key_is_replaced_only_when_asked,
+    a_new_cluster_key_revokes_every_client_key_and_empties_the_list,
 );
