@@ -73,9 +73,9 @@ pub struct Client {
     dir_names: DirNames,
     /// Sessions whose close carries no commit, waiting to be ended in one call.
     releases: Mutex<Vec<SessionId>>,
-    /// Sessions with a live handle, and their files: what a new metadata connection
-    /// resumes (see `client::resume`).
-    sessions: Mutex<HashMap<SessionId, InodeId>>,
+    /// Sessions with a live handle, their files, open modes and openers: what a new
+    /// metadata connection resumes (see `client::resume`).
+    sessions: Mutex<HashMap<SessionId, resume::Opener>>,
     /// The metadata connection (`Link::made` count) the sessions were last resumed on.
     resumed: std::sync::atomic::AtomicU64,
     /// One resume at a time.

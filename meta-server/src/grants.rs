@@ -113,6 +113,25 @@ impl Namespace {
         }
     }
 
+    /// New grants for the sessions a `Resume` took back on `at`'s connection, each of
+    /// its session's mode (none without keys, or for a revoked client).
+    pub(crate) fn resume_grants(
+        &self,
+        at: &Origin,
+        kept: &[(SessionId, InodeId, bool)],
+    ) -> Vec<(SessionId, Grant)> {
+        let Some(g) = self.granter.get() else {
+            return Vec::new();
+        };
+        let version = self.map_version();
+        kept.iter()
+            .filter_map(|&(session, ino, writes)| {
+                let grant = g.grant(at.who.as_deref(), ino, writes, version)?;
+                Some((session, grant))
+            })
+            .collect()
+    }
+
     /// A new grant for `session`, opened on `at`'s connection (none without keys).
     pub(crate) fn regrant(
         &self,

@@ -61,9 +61,9 @@ impl Client {
             client: self.id,
             access,
         };
-        let reply = self.meta_opening(req, Some(caller)).await?;
+        let reply = self.meta_opening(req, Some(caller.clone())).await?;
         let existed = matches!(&reply.parent, Some(c) if !c.changed());
-        let (attr, fh) = self.opened(reply).await?;
+        let (attr, fh) = self.opened(reply, access.writes(), caller).await?;
         self.emptied_if(truncate && existed, attr, fh).await
     }
 
@@ -87,7 +87,9 @@ impl Client {
             truncate: false,
             access,
         };
-        let (attr, fh) = self.opened(self.meta_opening(req, None).await?).await?;
+        let reply = self.meta_opening(req, None).await?;
+        let caller = super::caller::current();
+        let (attr, fh) = self.opened(reply, access.writes(), caller).await?;
         let regular = attr.kind == FileKind::Regular;
         self.emptied_if(truncate && regular, attr, fh).await
     }
@@ -112,7 +114,13 @@ impl Client {
 
     /// Takes an open's reply: the file's state, shared by this client's opens of it,
     /// and a handle; first the cut of what a vanished writer left, if the server asks.
-    async fn opened(&self, reply: Opened) -> Result<(Attr, FileHandle)> {
+    /// `writes`: the open was for writing, by `caller` (a resume names both).
+    async fn opened(
+        &self,
+        reply: Opened,
+        writes: bool,
+        caller: Caller,
+    ) -> Result<(Attr, FileHandle)> {
         let Opened {
             attr,
             session,
@@ -154,7 +162,12 @@ impl Client {
         let mut attr = attr;
         state.overlay(&mut attr);
         let fh = FileHandle::new(state, session, &attr, self.config().atime);
-        self.session_opened(session, attr.ino);
+        let open = fs::OpenSession {
+            session,
+            ino: attr.ino,
+            writes,
+        };
+        self.session_opened(open, caller);
         Ok((attr, fh))
     }
 

@@ -378,9 +378,17 @@ impl Handle for fs::Resume {
     fn span_id(&self) -> u64 {
         self.sessions.len() as u64
     }
-    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+    fn run(mut self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
         ns.may_name_client(self.client, at.who.as_deref())?;
-        ns.resume(self.client, &self.sessions, at.conn, &at.caller)
+        if crate::gate::caps_of(at.who.as_deref()).read_only {
+            // A read-only key opens nothing for writing (an `Open` would be EROFS).
+            self.sessions.iter_mut().for_each(|o| o.writes = false);
+        }
+        let r = ns.resume(self.client, &self.sessions, at.conn, &at.caller)?;
+        Ok(fs::Resumed {
+            grants: ns.resume_grants(at, &r.kept),
+            lost: r.lost,
+        })
     }
 }
 

@@ -91,7 +91,7 @@ impl FsRequest {
             F::SetLock(r) => vec![&mut r.ino],
             F::GetLock(r) => vec![&mut r.ino],
             F::ReleaseLocks(r) => vec![&mut r.ino],
-            F::Resume(r) => r.sessions.iter_mut().map(|(_, ino)| ino).collect(),
+            F::Resume(r) => r.sessions.iter_mut().map(|s| &mut s.ino).collect(),
         }
     }
 }
@@ -115,7 +115,11 @@ pub fn one_of_each(dir: InodeId, file: InodeId, client: ClientId) -> Vec<FsReque
         kind: LockKind::Read,
     };
     let access = OpenAccess::ReadWrite;
-    let sessions = vec![(SessionId(1), file)];
+    let sessions = vec![OpenSession {
+        session: SessionId(1),
+        ino: file,
+        writes: true,
+    }];
     vec![
         FsRequest::Hello(Hello { name: "t".into() }),
         FsRequest::Lookup(Lookup {
