@@ -722,8 +722,15 @@ impl MapSource for Client {
         Box::pin(async move { self.meta(GetMap).await })
     }
 
+    /// One try, no waiting for a server that is away: the grant held is used
+    /// meanwhile, and data servers take it past its expiry while they cannot reach the
+    /// server either (reads and writes of open files must not wait on it).
     fn regrant(&self, session: proto::SessionId) -> GrantFetch<'_> {
-        Box::pin(async move { self.meta(proto::meta::fs::Regrant { session }).await })
+        Box::pin(async move {
+            let req = Request::new(fs::Regrant { session }).with_caller(caller::current());
+            let (grant, _) = self.meta_waiting(&req, Duration::ZERO).await?;
+            Ok(grant)
+        })
     }
 }
 

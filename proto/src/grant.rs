@@ -128,6 +128,32 @@ pub struct Need<'a> {
     pub mode: GrantMode,
 }
 
+/// What a data server knows of its metadata server when it checks a grant. A grant
+/// that ran out while the metadata server could not be reached is still taken until it
+/// can be again: its client could not renew it, and the open files' reads and writes
+/// must not stop for an outage longer than a grant's lifetime. Once the metadata
+/// server answers, the client renews and the old grant is refused again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetaReach {
+    /// The last call to the metadata server was answered.
+    Reached,
+    /// The last call was not answered; the metadata server was last reached at this
+    /// unix time in milliseconds (the data server's clock; its start if never).
+    LostSince(u64),
+}
+
+impl MetaReach {
+    /// Whether the outage excuses `g`'s expiry, judged as `skew_ms` late: the metadata
+    /// server was last reached before the grant ran out, so its client had no chance
+    /// to renew it since. A grant that ran out before the outage began stays refused.
+    fn excuses(self, g: &Grant, skew_ms: u64) -> bool {
+        match self {
+            MetaReach::Reached => false,
+            MetaReach::LostSince(t) => t <= g.expires_ms.saturating_add(skew_ms),
+        }
+    }
+}
+
 /// The MAC's fields: the domain, then every field of the grant but the MAC.
 fn with_fields<T>(g: &Grant, f: impl FnOnce(&[&[u8]]) -> T) -> T {
     let (inode, mode) = (g.inode.0.to_be_bytes(), [g.mode.byte()]);
@@ -170,12 +196,14 @@ pub fn sealed_by(key: &[u8], g: &Grant) -> bool {
 }
 
 /// Checks everything but the MAC: the cheap comparisons made on every request, at
-/// `now_ms` with a clock margin of `skew_ms`.
+/// `now_ms` with a clock margin of `skew_ms`, an expiry excused by an outage of the
+/// metadata server as `reach` says.
 pub fn check_fields(
     g: &Grant,
     need: Need<'_>,
     now_ms: u64,
     skew_ms: u64,
+    reach: MetaReach,
 ) -> Result<(), GrantFault> {
     if g.client != need.client {
         return Err(GrantFault::WrongClient);
@@ -186,7 +214,7 @@ pub fn check_fields(
     if !g.mode.allows(need.mode) {
         return Err(GrantFault::WrongMode);
     }
-    if now_ms > g.expires_ms.saturating_add(skew_ms) {
+    if now_ms > g.expires_ms.saturating_add(skew_ms) && !reach.excuses(g, skew_ms) {
         return Err(GrantFault::Expired);
     }
     Ok(())
@@ -199,7 +227,7 @@ pub fn check(key: &[u8], g: Option<&Grant>, need: Need<'_>, now_ms: u64) -> Resu
     if !sealed_by(key, g) {
         return Err(GrantFault::Forged);
     }
-    check_fields(g, need, now_ms, CLOCK_SKEW_MS)
+    check_fields(g, need, now_ms, CLOCK_SKEW_MS, MetaReach::Reached)
 }
 
 /// The current unix time in milliseconds (the clock grants are made and checked by).
@@ -308,6 +336,38 @@ mod tests {
         assert_eq!(
             check(&KEY, Some(&g), other, NOW),
             Err(GrantFault::WrongFile)
+        );
+    }
+
+    /// Guards against reads and writes of open files stopping during a metadata server
+    /// outage longer than a grant's lifetime: a grant that ran out while the metadata
+    /// server was away is taken until it answers again, one that ran out before is not.
+    #[test]
+    fn an_outage_excuses_an_expiry_that_fell_within_it() {
+        let g = good();
+        let late = g.expires_ms + CLOCK_SKEW_MS + 60_000;
+        let at = |reach| check_fields(&g, need(GrantMode::ReadWrite), late, CLOCK_SKEW_MS, reach);
+        assert_eq!(at(MetaReach::Reached), Err(GrantFault::Expired));
+        assert_eq!(
+            at(MetaReach::LostSince(NOW)),
+            Ok(()),
+            "lost before it ran out"
+        );
+        let after = g.expires_ms + CLOCK_SKEW_MS + 1;
+        assert_eq!(
+            at(MetaReach::LostSince(after)),
+            Err(GrantFault::Expired),
+            "ran out while the metadata server was there to renew it"
+        );
+        // Every other check still holds during an outage.
+        let bob = Need {
+            client: "bob",
+            ..need(GrantMode::Read)
+        };
+        let lost = MetaReach::LostSince(NOW);
+        assert_eq!(
+            check_fields(&g, bob, late, CLOCK_SKEW_MS, lost),
+            Err(GrantFault::WrongClient)
         );
     }
 

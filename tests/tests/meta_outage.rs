@@ -192,6 +192,60 @@ fn a_file_open_for_writing_stays_writable_across_a_metadata_restart() {
     assert_eq!(fs::read(&path).expect("read back"), want);
 }
 
+/// Guards against reads and writes of open files stopping with EACCES during a
+/// metadata server outage longer than a grant's lifetime (nobody could renew their
+/// grants), and shows they go on once it is back (renewed then). The file is open with
+/// `O_DIRECT`, and the mount buffers no writes, so every read and write reaches the
+/// data server.
+#[test]
+fn open_files_read_and_write_through_an_outage_longer_than_a_grant() {
+    let mut cluster = ProcessCluster::start_with(short_grants());
+    let config = "write_buffer_file_bytes = 0\nreadahead_max_bytes = 0\n";
+    let m = cluster.mount_with_config("m", config);
+    let path = m.path.join("o");
+    let mut want: Vec<u8> = b"0123456789".repeat(1000);
+    fs::write(&path, &want).expect("write");
+    let mut a = Agent::start(&User::root(), "holder");
+    a.expect(&format!("open f {} rwd", path.display()), "ok");
+    let mut step = 0usize;
+    let mut read_and_write = |a: &mut Agent, when: &str| {
+        let off = (step * 37) % (want.len() - 4);
+        step += 1;
+        let text = format!("w{:03}", step % 1000);
+        assert_eq!(a.ask(&format!("pwrite f {off} {text}")), "ok 4", "{when}");
+        want[off..off + 4].copy_from_slice(text.as_bytes());
+        let back = a.ask(&format!("pread f {off} 4"));
+        assert_eq!(back, format!("ok {text}"), "{when}");
+        let other = (off + 5000) % (want.len() - 4);
+        let expect = String::from_utf8_lossy(&want[other..other + 4]).to_string();
+        assert_eq!(
+            a.ask(&format!("pread f {other} 4")),
+            format!("ok {expect}"),
+            "{when}"
+        );
+    };
+    read_and_write(&mut a, "before the outage");
+
+    cluster.kill_meta();
+    let until = Instant::now() + Duration::from_millis(2 * GRANT_LIFE_MS);
+    while Instant::now() < until {
+        read_and_write(&mut a, "with the metadata server away");
+    }
+    cluster.restart_meta();
+    wait_until("the mount resumed its open file", NOTICE, || {
+        last_resume_count(&m.log_text()) == Some(1)
+    });
+    let until = Instant::now() + Duration::from_millis(2 * GRANT_LIFE_MS);
+    while Instant::now() < until {
+        read_and_write(&mut a, "with the metadata server back");
+    }
+    a.expect("close f", "ok");
+    assert!(
+        fs::read(&path).expect("read back") == want,
+        "the file's bytes"
+    );
+}
+
 /// Directories named after `ino` under the data servers' directories of `cluster_dir`.
 fn inode_dirs(cluster_dir: &std::path::Path, ino: u64) -> Vec<std::path::PathBuf> {
     fn walk(dir: &std::path::Path, name: &str, out: &mut Vec<std::path::PathBuf>) {
