@@ -379,7 +379,7 @@ impl Client {
         };
         if let Some(size) = set.size {
             if let Some(layout) = self.layout_of(ino).await? {
-                self.data.truncate_data(ino, &layout, size).await?;
+                self.data.truncate_data(ino, &layout, size, None).await?;
             }
             if let Some(st) = self.live_file(ino) {
                 st.gate.changed().await;

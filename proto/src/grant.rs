@@ -22,25 +22,36 @@ pub const CLOCK_SKEW_MS: u64 = 30_000;
 /// bytes that start this way.
 const DOMAIN: &[u8] = b"tessera-grant-1";
 
-/// What a grant allows.
+/// What a grant allows (and, as a request's need, what it asks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum GrantMode {
     /// Reads of the file's chunks.
     Read,
     /// Reads, writes, truncation and fsync of the file's chunks.
     ReadWrite,
+    /// Reads, and a truncation of the file to exactly this length: the cut of what a
+    /// writer that vanished left past the committed length, which the next open makes
+    /// first, even one for reading (as a need: a truncation to this length).
+    CutTo(u64),
 }
 
 impl GrantMode {
     /// Whether a grant of this mode allows what `need` asks.
     pub fn allows(self, need: GrantMode) -> bool {
-        self == GrantMode::ReadWrite || need == GrantMode::Read
+        match (self, need) {
+            (GrantMode::ReadWrite, _) => true,
+            (GrantMode::Read | GrantMode::CutTo(_), GrantMode::Read) => true,
+            (GrantMode::CutTo(have), GrantMode::CutTo(want)) => have == want,
+            (GrantMode::Read | GrantMode::CutTo(_), _) => false,
+        }
     }
 
-    fn byte(self) -> u8 {
+    /// The mode's bytes under the MAC: a kind byte, and a cut's length.
+    fn bytes(self) -> Vec<u8> {
         match self {
-            GrantMode::Read => 1,
-            GrantMode::ReadWrite => 2,
+            GrantMode::Read => vec![1],
+            GrantMode::ReadWrite => vec![2],
+            GrantMode::CutTo(len) => [&[3u8][..], &len.to_be_bytes()].concat(),
         }
     }
 }
@@ -156,7 +167,7 @@ impl MetaReach {
 
 /// The MAC's fields: the domain, then every field of the grant but the MAC.
 fn with_fields<T>(g: &Grant, f: impl FnOnce(&[&[u8]]) -> T) -> T {
-    let (inode, mode) = (g.inode.0.to_be_bytes(), [g.mode.byte()]);
+    let (inode, mode) = (g.inode.0.to_be_bytes(), g.mode.bytes());
     let (expires, version) = (g.expires_ms.to_be_bytes(), g.map_version.to_be_bytes());
     f(&[
         DOMAIN,
@@ -281,6 +292,33 @@ mod tests {
             check(&KEY, None, need(GrantMode::Read), NOW),
             Err(GrantFault::Missing)
         );
+    }
+
+    /// Guards against the cut of a vanished writer's tail needing a writable grant (a
+    /// reader could write the file with it): a cut grant allows reads and a truncation
+    /// to its own length only, and its length is under the MAC.
+    #[test]
+    fn a_cut_grant_allows_reads_and_its_own_truncation_only() {
+        let cut = seal(
+            &KEY,
+            InodeId(5),
+            "alice",
+            GrantMode::CutTo(10),
+            NOW + 1000,
+            3,
+        );
+        let at = |mode| check(&KEY, Some(&cut), need(mode), NOW);
+        assert_eq!(at(GrantMode::Read), Ok(()));
+        assert_eq!(at(GrantMode::CutTo(10)), Ok(()));
+        assert_eq!(at(GrantMode::CutTo(0)), Err(GrantFault::WrongMode));
+        assert_eq!(at(GrantMode::ReadWrite), Err(GrantFault::WrongMode));
+        let read = seal(&KEY, InodeId(5), "alice", GrantMode::Read, NOW + 1000, 3);
+        let cut_with = |g: &Grant| check(&KEY, Some(g), need(GrantMode::CutTo(10)), NOW);
+        assert_eq!(cut_with(&read), Err(GrantFault::WrongMode));
+        assert_eq!(cut_with(&good()), Ok(()), "a writable grant cuts anywhere");
+        let mut longer = cut.clone();
+        longer.mode = GrantMode::CutTo(0);
+        assert!(!sealed_by(&KEY, &longer), "the length is sealed");
     }
 
     #[test]

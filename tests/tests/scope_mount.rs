@@ -9,6 +9,9 @@ use std::io::ErrorKind;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
+use tessera_tests::agent::Agent;
+use tessera_tests::posix::{wait_until, User};
 use tessera_tests::ProcessCluster;
 
 /// Makes client key `name` with the `tessera key create` flags `flags`; returns the
@@ -168,4 +171,32 @@ fn a_non_admin_key_cannot_run_status_fsck_or_key_list() {
     }
     let (code, text) = cluster.tessera(&["status"]);
     assert_eq!(code, 0, "the administrator's status: {text}");
+}
+
+/// Guards against a read-only key's mount failing to open a file whose writer was killed
+/// with it open: the open must first cut what the writer left past the committed
+/// length, and that cut was refused as a change (EROFS).
+#[test]
+fn a_read_only_mount_opens_a_file_a_killed_writer_left() {
+    let cluster = ProcessCluster::start(1);
+    let mut w = cluster.mount("writer");
+    let path = w.path.join("left");
+    fs::write(&path, b"committed").unwrap();
+    let mut writer = Agent::start(&User::root(), "writer");
+    writer.expect(&format!("open f {} rw", path.display()), "ok");
+    writer.expect("pwrite f 9 tail", "ok 4");
+    writer.expect("fsync f", "ok");
+    writer.expect("pwrite f 13 more", "ok 4");
+    w.kill_client();
+    drop(writer);
+    let (_, conf) = client_key(&cluster, "late-reader", &["--read-only"]);
+    let m = cluster.mount_with_config("reader", &conf);
+    let read = fs::read(m.path.join("left"));
+    assert_eq!(read.unwrap(), b"committedtail", "what the writer committed");
+    let meta_log = || fs::read_to_string(cluster.dir().join("meta.log")).unwrap_or_default();
+    wait_until(
+        "the reader's open made the cut",
+        Duration::from_secs(10),
+        || meta_log().contains("its opener cuts the chunks past the length"),
+    );
 }

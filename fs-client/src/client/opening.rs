@@ -13,6 +13,7 @@ use super::Client;
 use crate::error::Result;
 use crate::file::{FileHandle, FileState};
 use crate::rpc::MetaCall;
+use proto::grant::Grant;
 use proto::meta::fs::{self, Opened};
 use proto::meta::{Caller, OpenAccess};
 use proto::{Attr, ErrorCode, FileKind, InodeId, Layout, SessionId, SetAttr};
@@ -128,12 +129,13 @@ impl Client {
             parent,
             cut_tail,
             grant,
+            cut_grant,
         } = reply;
         self.data.grants.put(grant, session);
         if cut_tail {
             // On failure the session ends with the caller's error (the handle is not
             // made), and with it the duty: the next open is asked to cut.
-            let cut = self.cut_tail(&attr, &layout, session).await;
+            let cut = self.cut_tail(&attr, &layout, session, cut_grant).await;
             if let Err(e) = &cut {
                 tracing::warn!(ino = %attr.ino, error = %e, "cutting what a vanished writer left failed");
                 self.release_unmade(session).await;
@@ -195,11 +197,21 @@ impl Client {
         }
     }
 
-    /// Cuts the chunks of `attr`'s file at its length on every member of its chains,
-    /// then tells the server, which forgets the vanished writer.
-    async fn cut_tail(&self, attr: &Attr, layout: &Layout, session: SessionId) -> Result<()> {
+    /// Cuts the chunks of `attr`'s file at its length on every member of its chains
+    /// (with the open's `grant` for the cut), then tells the server, which forgets the
+    /// vanished writer.
+    async fn cut_tail(
+        &self,
+        attr: &Attr,
+        layout: &Layout,
+        session: SessionId,
+        grant: Option<Grant>,
+    ) -> Result<()> {
         tracing::info!(ino = %attr.ino, size = attr.size, "cutting what a vanished writer left past the end");
-        self.data.truncate_data(attr.ino, layout, attr.size).await?;
+        let (ino, size) = (attr.ino, attr.size);
+        self.data
+            .truncate_data(ino, layout, size, grant.as_ref())
+            .await?;
         let req = fs::TailCut {
             ino: attr.ino,
             session,
@@ -245,11 +257,12 @@ impl Client {
             layout,
             cut_tail: cut,
             grant,
+            cut_grant,
             ..
         } = self.meta_opening(req, None).await?;
         self.data.grants.put(grant, session);
         let cut = match cut {
-            true => self.cut_tail(&attr, &layout, session).await,
+            true => self.cut_tail(&attr, &layout, session, cut_grant).await,
             false => Ok(()),
         };
         self.release_unmade(session).await;

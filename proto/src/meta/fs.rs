@@ -419,6 +419,10 @@ pub struct Opened {
     /// the metadata server (`None` for non-regular files and where the cluster runs
     /// without keys). Renewed with [`Regrant`] before it runs out.
     pub grant: Option<Grant>,
+    /// With `cut_tail`, a grant for that cut alone (reads, and a truncation to
+    /// `attr.size`), short-lived and never renewed: an open for reading gets a read
+    /// `grant` even when it must cut first.
+    pub cut_grant: Option<Grant>,
 }
 
 /// A new grant for an open session's file, as the open gave (the same mode, a new
