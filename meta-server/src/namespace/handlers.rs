@@ -97,6 +97,7 @@ impl Handle for fs::MkNod {
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
         let r = self;
         ns.may_add(&at.caller, r.parent, &r.name)?;
+        super::perm::may_mknod(&at.caller, r.kind)?;
         ns.mknod(r.parent, &r.name, r.kind, r.perm, r.rdev, at.caller.clone())
     }
 }
