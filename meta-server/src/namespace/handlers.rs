@@ -332,7 +332,9 @@ impl Handle for fs::Accessed {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        // An access time is moved by a read: only a caller who may read the file.
+        ns.may_open(&at.caller, self.ino, proto::meta::OpenAccess::Read, false)?;
         ns.accessed(self.ino, self.strict)
     }
 }
@@ -358,6 +360,9 @@ impl Handle for fs::GetLock {
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
         ns.may_name_client(self.client, at.who.as_deref())?;
+        // As a lock is taken, a lock is probed on an open descriptor (`F_GETLK`): the
+        // file must be open on this connection, so its open's checks were passed.
+        ns.may_lock(self.ino, at.conn)?;
         Ok(ns.locks.lock().conflict(self.ino, self.client, &self.lock))
     }
 }

@@ -61,12 +61,21 @@ fn set_lock(ino: InodeId, client: ClientId, kind: LockKind) -> SetLock {
 
 /// Whether `client` (of key `name`) is refused a whole-file write lock of `ino`.
 fn locked_for(h: &H, ino: InodeId, client: ClientId, name: &str, conn: u64) -> bool {
+    // A lock is probed on an open descriptor: the file is open on its connection.
+    let owner = SessionOwner {
+        client,
+        conn: ConnId(conn),
+        access: OpenAccess::Read,
+    };
+    let probe = h.ns().open_inode(ino, false, owner).unwrap();
     let req = GetLock {
         ino,
         client,
         lock: lock(1, LockKind::Write),
     };
-    h.ns().handle(req, from(name, conn)).unwrap().is_some()
+    let locked = h.ns().handle(req, from(name, conn)).unwrap().is_some();
+    h.ns().release(probe.session, None).unwrap();
+    locked
 }
 
 /// File `f`, which key alice's client (on connection 1) has open for writing and

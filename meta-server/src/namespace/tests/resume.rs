@@ -32,15 +32,19 @@ fn exclusive(owner: u64) -> LockSpec {
 
 /// Whether another client (5) is refused the whole-file lock of `ino`.
 fn locked(h: &H, ino: InodeId) -> bool {
+    // A lock is probed on an open descriptor: the file is open on its connection.
+    let probe = h.ns().open_inode(ino, false, of(5, 50)).unwrap();
     let req = GetLock {
         ino,
         client: ClientId(5),
         lock: exclusive(1),
     };
-    match h.ns().handle(req, ConnId(50)) {
+    let locked = match h.ns().handle(req, ConnId(50)) {
         Ok(l) => l.is_some(),
         other => panic!("getlock: {other:?}"),
-    }
+    };
+    h.ns().release(probe.session, None).unwrap();
+    locked
 }
 
 /// Sessions a client resumes, named opened for reading.
