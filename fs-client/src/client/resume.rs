@@ -3,7 +3,9 @@
 //! client sends on each new connection is `Resume` with the sessions it has open. A
 //! session the server ended meanwhile (the client stayed away too long, or the file is
 //! gone) is lost: its file's uncommitted writes may have been cut by another client, so
-//! they are never committed, and its writes, fsyncs and close fail with EIO.
+//! they are never committed, and its writes, fsyncs and close fail with EIO. A server
+//! that restarted meanwhile opens a session again as the caller that opened it may open
+//! the file today (for writing if it was opened so), and answers with a grant for each.
 
 use super::Client;
 use crate::error::{ClientError, Result};

@@ -108,13 +108,7 @@ impl Namespace {
                 proto::meta::MAX_RESUMES
             )));
         }
-        // Permission checks read the store: made before the state lock is taken.
-        let mut reopen = HashMap::new();
-        for o in sessions {
-            if o.session.0 < self.boot_floor() && !reopen.contains_key(&o.session) {
-                reopen.insert(o.session, self.reopen_mode(caller, o)?);
-            }
-        }
+        let reopen = self.reopen_modes(caller, sessions)?;
         let mut guard = self.state.lock();
         let st = &mut *guard;
         let live = sessions.iter().find_map(|o| {
@@ -207,6 +201,23 @@ impl Namespace {
             return Ok(Some(true));
         }
         Ok(may(OpenAccess::Read)?.then_some(false))
+    }
+
+    /// [`Self::reopen_mode`] of each session of a previous start in `sessions`. The
+    /// checks read the store: made before the state lock is taken.
+    fn reopen_modes(
+        &self,
+        caller: &Caller,
+        sessions: &[OpenSession],
+    ) -> Result<HashMap<SessionId, Option<bool>>, MetaError> {
+        let floor = self.boot_floor();
+        let mut reopen = HashMap::new();
+        for o in sessions {
+            if o.session.0 < floor && !reopen.contains_key(&o.session) {
+                reopen.insert(o.session, self.reopen_mode(caller, o)?);
+            }
+        }
+        Ok(reopen)
     }
 
     /// Sessions of ids below this are of a previous start.
