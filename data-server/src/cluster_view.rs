@@ -3,20 +3,69 @@
 
 use crate::DataError;
 use parking_lot::{Mutex, RwLock};
+use proto::grant::{unix_ms, MetaReach};
 use proto::meta::cluster::GetMap;
 use proto::meta::{ClusterMap, MemberState, MetaRequest, WATCH_AFTER, WATCH_EVERY};
 use proto::{ChainId, NodeId, Request, Rpc};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use transport::{Connection, Endpoint, Link};
 
 /// Peer links kept at most; past it the table is cleared (links reconnect on use).
 const MAX_PEER_LINKS: usize = 1024;
 
+/// Whether this data server reaches its metadata server, from the outcome of its calls
+/// there (a heartbeat every `heartbeat_ms`): grants that ran out during an outage are
+/// taken until it answers again (see [`MetaReach`]).
+pub struct MetaContact {
+    /// Unix milliseconds of the last answer (or of the server's start).
+    last_ms: AtomicU64,
+    /// The last call got no answer.
+    lost: AtomicBool,
+}
+
+impl MetaContact {
+    /// Contact as of now: nothing lost yet, so a grant that ran out before this server
+    /// started is never excused.
+    pub fn new() -> MetaContact {
+        MetaContact {
+            last_ms: AtomicU64::new(unix_ms()),
+            lost: AtomicBool::new(false),
+        }
+    }
+
+    /// The metadata server answered at `now_ms`.
+    pub fn answered(&self, now_ms: u64) {
+        self.last_ms.fetch_max(now_ms, Ordering::AcqRel);
+        self.lost.store(false, Ordering::Release);
+    }
+
+    /// A call to it got no answer (it is down, or cut off).
+    pub fn unanswered(&self) {
+        self.lost.store(true, Ordering::Release);
+    }
+
+    /// What a grant check is to know.
+    pub fn reach(&self) -> MetaReach {
+        match self.lost.load(Ordering::Acquire) {
+            false => MetaReach::Reached,
+            true => MetaReach::LostSince(self.last_ms.load(Ordering::Acquire)),
+        }
+    }
+}
+
+impl Default for MetaContact {
+    fn default() -> Self {
+        MetaContact::new()
+    }
+}
+
 /// The cluster as one data server sees it.
 pub struct ClusterView {
     ep: Endpoint,
     meta: Link,
+    contact: Arc<MetaContact>,
     me: OnceLock<NodeId>,
     map: RwLock<Arc<ClusterMap>>,
     /// One fetch of the map at a time; the others wait and use its result.
@@ -27,9 +76,15 @@ pub struct ClusterView {
 impl ClusterView {
     /// A view that knows nothing yet.
     pub fn new(ep: Endpoint, meta_addr: String) -> ClusterView {
+        ClusterView::with_contact(ep, meta_addr, Arc::default())
+    }
+
+    /// A view that records whether the metadata server answers in `contact`.
+    pub fn with_contact(ep: Endpoint, meta_addr: String, contact: Arc<MetaContact>) -> ClusterView {
         ClusterView {
             ep,
             meta: Link::new(meta_addr),
+            contact,
             me: OnceLock::new(),
             map: RwLock::new(Arc::new(ClusterMap::default())),
             refreshing: tokio::sync::Mutex::new(()),
@@ -83,6 +138,20 @@ impl ClusterView {
 
     /// Calls the metadata server (heartbeats, registration, map fetches: one link).
     pub async fn meta_call<R: Rpc<Envelope = MetaRequest>>(
+        &self,
+        req: R,
+    ) -> Result<R::Reply, DataError> {
+        let r = self.meta_try(req).await;
+        match &r {
+            // A refusal is an answer too.
+            Ok(_) | Err(DataError::Remote(_)) => self.contact.answered(unix_ms()),
+            Err(DataError::Transport(_)) => self.contact.unanswered(),
+            Err(_) => {}
+        }
+        r
+    }
+
+    async fn meta_try<R: Rpc<Envelope = MetaRequest>>(
         &self,
         req: R,
     ) -> Result<R::Reply, DataError> {

@@ -1,7 +1,7 @@
 //! A running data server: the listener, its registration with the metadata server, and
 //! the heartbeat that carries garbage-collection work back.
 
-use crate::cluster_view::ClusterView;
+use crate::cluster_view::{ClusterView, MetaContact};
 use crate::config::DataConfig;
 use crate::error::{DataError, StartError};
 use crate::keys::DataVerifier;
@@ -26,14 +26,19 @@ const MAX_GC_PER_HEARTBEAT: usize = 256;
 /// With a `key_file`: connections out authenticate as `server/data` with the cluster
 /// key, the listener checks every handshake ([`DataVerifier`]), and the service every
 /// client's grants ([`GrantCheck`]).
-fn with_keys(ep: Endpoint, config: &DataConfig) -> Result<Keyed, StartError> {
+fn with_keys(
+    ep: Endpoint,
+    config: &DataConfig,
+    contact: &Arc<MetaContact>,
+) -> Result<Keyed, StartError> {
     if config.key_file.as_os_str().is_empty() {
         warn!(listen = %config.listen, "serving WITHOUT authentication: anyone who \
               reaches this address can read and overwrite every chunk");
         return Ok((ep, None, None));
     }
     let cluster = Key::load(&config.key_file).map_err(StartError::Key)?;
-    let grants = GrantCheck::new(cluster.clone(), config.grant_clock_skew_ms);
+    let skew = config.grant_clock_skew_ms;
+    let grants = GrantCheck::new(cluster.clone(), skew, contact.clone());
     let out = ep.with_credentials(Credentials::server("data", cluster.clone()));
     let verifier = DataVerifier::new(cluster, out.clone(), config.meta_addr.clone());
     Ok((
@@ -82,7 +87,8 @@ impl DataServer {
         let limits = config.transport_limits.clone();
         let ep = Endpoint::new(config.transport, limits.clone(), PROTOCOL_VERSION)
             .map_err(StartError::Transport)?;
-        let (ep, verifier, grants) = with_keys(ep, &config)?;
+        let contact = Arc::new(MetaContact::new());
+        let (ep, verifier, grants) = with_keys(ep, &config, &contact)?;
         let buffers = |count| {
             BufferPool::new(&ep, count, config.io_buffer_bytes).map_err(StartError::Buffers)
         };
@@ -91,7 +97,8 @@ impl DataServer {
             relay: buffers(config.io_buffers.div_ceil(2))?,
             tail: buffers(config.io_buffers.div_ceil(2))?,
         };
-        let view = Arc::new(ClusterView::new(ep.clone(), config.meta_addr.clone()));
+        let meta_addr = config.meta_addr.clone();
+        let view = Arc::new(ClusterView::with_contact(ep.clone(), meta_addr, contact));
         let max_msg = limits.max_msg_bytes;
         let service = DataService::new(store.clone(), pools, max_msg, view.clone(), grants);
         let interval = Duration::from_millis(config.heartbeat_ms);

@@ -73,9 +73,9 @@ pub struct Client {
     dir_names: DirNames,
     /// Sessions whose close carries no commit, waiting to be ended in one call.
     releases: Mutex<Vec<SessionId>>,
-    /// Sessions with a live handle, and their files: what a new metadata connection
-    /// resumes (see `client::resume`).
-    sessions: Mutex<HashMap<SessionId, InodeId>>,
+    /// Sessions with a live handle, their files, open modes and openers: what a new
+    /// metadata connection resumes (see `client::resume`).
+    sessions: Mutex<HashMap<SessionId, resume::Opener>>,
     /// The metadata connection (`Link::made` count) the sessions were last resumed on.
     resumed: std::sync::atomic::AtomicU64,
     /// One resume at a time.
@@ -379,7 +379,7 @@ impl Client {
         };
         if let Some(size) = set.size {
             if let Some(layout) = self.layout_of(ino).await? {
-                self.data.truncate_data(ino, &layout, size).await?;
+                self.data.truncate_data(ino, &layout, size, None).await?;
             }
             if let Some(st) = self.live_file(ino) {
                 st.gate.changed().await;
@@ -722,8 +722,15 @@ impl MapSource for Client {
         Box::pin(async move { self.meta(GetMap).await })
     }
 
+    /// One try, no waiting for a server that is away: the grant held is used
+    /// meanwhile, and data servers take it past its expiry while they cannot reach the
+    /// server either (reads and writes of open files must not wait on it).
     fn regrant(&self, session: proto::SessionId) -> GrantFetch<'_> {
-        Box::pin(async move { self.meta(proto::meta::fs::Regrant { session }).await })
+        Box::pin(async move {
+            let req = Request::new(fs::Regrant { session }).with_caller(caller::current());
+            let (grant, _) = self.meta_waiting(&req, Duration::ZERO).await?;
+            Ok(grant)
+        })
     }
 }
 

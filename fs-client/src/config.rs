@@ -56,6 +56,14 @@ pub struct ClientConfig {
     pub fuse_threads: usize,
     /// Let users other than the mounting one use the mount (`allow_other`).
     pub allow_other: bool,
+    /// Honour device nodes: opening one reaches the device (`dev`). Off by default
+    /// (`nodev`): anyone root on some client could make a node of a disk here.
+    /// `tessera mount -o dev` sets it too.
+    pub dev: bool,
+    /// Honour the setuid and setgid bits of programs run from the mount (`suid`). Off
+    /// by default (`nosuid`): a client names its users itself, so a file's owner is
+    /// that client's word. `tessera mount -o suid` sets it too.
+    pub suid: bool,
     /// How long a read, write, fsync or truncation keeps retrying while a data server is
     /// unreachable, waiting for the metadata server to take it out of its chains (its
     /// `node_lease_ms` plus a heartbeat), in milliseconds.
@@ -113,6 +121,8 @@ impl Default for ClientConfig {
             writeback_cache: false,
             fuse_threads: 4,
             allow_other: true,
+            dev: false,
+            suid: false,
             failover_timeout_ms: 30_000,
             meta_wait_ms: 30_000,
             atime: AtimeMode::RelAtime,
@@ -154,16 +164,19 @@ impl ClientConfig {
     }
 
     /// Applies the mount options of `tessera mount -o` (comma-separated, as `mount -o`
-    /// takes them): `noatime`, `relatime`, `strictatime`, and `rw`, `defaults`, `dev`,
-    /// `suid`, `exec`, `async`, which are what the mount does anyway. Any other option
-    /// is refused by name rather than ignored.
+    /// takes them): `noatime`, `relatime`, `strictatime`, `dev`, `nodev`, `suid`,
+    /// `nosuid`, and `rw`, `defaults`, `exec`, `async`, which are what the mount does
+    /// anyway (`defaults` keeps `nodev,nosuid`). Any other option is refused by name
+    /// rather than ignored.
     pub fn apply_mount_options(&mut self, options: &str) -> Result<(), String> {
         for o in options.split(',').filter(|o| !o.is_empty()) {
             match o {
                 "noatime" => self.atime = AtimeMode::NoAtime,
                 "relatime" => self.atime = AtimeMode::RelAtime,
                 "strictatime" => self.atime = AtimeMode::StrictAtime,
-                "rw" | "defaults" | "dev" | "suid" | "exec" | "async" => {}
+                "dev" | "nodev" => self.dev = o == "dev",
+                "suid" | "nosuid" => self.suid = o == "suid",
+                "rw" | "defaults" | "exec" | "async" => {}
                 _ => return Err(format!("mount option {o:?} is not supported")),
             }
         }
@@ -236,6 +249,11 @@ mod tests {
         c.apply_mount_options("relatime,").unwrap();
         assert_eq!(c.atime, AtimeMode::RelAtime);
         assert!(c.apply_mount_options("sync").unwrap_err().contains("sync"));
+        assert!(!c.dev && !c.suid, "nodev,nosuid by default");
+        c.apply_mount_options("dev,suid").unwrap();
+        assert!(c.dev && c.suid);
+        c.apply_mount_options("nodev,defaults").unwrap();
+        assert!(!c.dev && c.suid);
         let parsed: ClientConfig = toml::from_str("atime = \"strictatime\"").unwrap();
         assert_eq!(parsed.atime, AtimeMode::StrictAtime);
     }

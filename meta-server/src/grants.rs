@@ -16,6 +16,10 @@ pub const DEFAULT_GRANT_LIFETIME_MS: u64 = 600_000;
 /// Bounds of `MetaConfig::grant_lifetime_ms`: from one second (tests) to a day.
 pub const GRANT_LIFETIME_RANGE_MS: std::ops::RangeInclusive<u64> = 1000..=86_400_000;
 
+/// Longest life of a grant for the cut of a vanished writer's tail: the opener cuts at
+/// once, and the grant allows a truncation to a length the file may outgrow later.
+pub const CUT_GRANT_LIFETIME_MS: u64 = 60_000;
+
 /// Seals grants (present on a server with keys).
 pub struct Granter {
     lifetime_ms: u64,
@@ -41,6 +45,23 @@ impl Granter {
         writes: bool,
         map_version: u64,
     ) -> Option<Grant> {
+        let mode = match writes {
+            true => GrantMode::ReadWrite,
+            false => GrantMode::Read,
+        };
+        self.sealed(who, ino, mode, self.lifetime_ms, map_version)
+    }
+
+    /// A grant of `mode` (`ReadWrite` is `Read` for a read-only key) on `ino` for the
+    /// client at the other end of a connection, for `lifetime_ms`.
+    fn sealed(
+        &self,
+        who: Option<&PeerIdentity>,
+        ino: InodeId,
+        mode: GrantMode,
+        lifetime_ms: u64,
+        map_version: u64,
+    ) -> Option<Grant> {
         let who = who?;
         let Role::Client(caps) = &who.role else {
             return None;
@@ -51,11 +72,11 @@ impl Granter {
         if !valid {
             return None;
         }
-        let mode = match writes && !caps.read_only {
-            true => GrantMode::ReadWrite,
-            false => GrantMode::Read,
+        let mode = match mode {
+            GrantMode::ReadWrite if caps.read_only => GrantMode::Read,
+            m => m,
         };
-        let expires_ms = unix_ms().saturating_add(self.lifetime_ms);
+        let expires_ms = unix_ms().saturating_add(lifetime_ms);
         Some(seal(
             self.table.cluster_key().bytes(),
             ino,
@@ -67,7 +88,10 @@ impl Granter {
     }
 
     /// Adds the grant to an open's reply (regular files only): writable if the open
-    /// `writes` or must cut a vanished writer's tail first.
+    /// `writes`; and if it must cut a vanished writer's tail first, a grant for that
+    /// cut alone (a truncation to the committed length, a read-only key's too: the
+    /// bytes it takes away are past what any reader sees), lasting at most
+    /// [`CUT_GRANT_LIFETIME_MS`], so a reader holds no writable grant for it.
     pub fn attach(
         &self,
         who: Option<&PeerIdentity>,
@@ -78,11 +102,13 @@ impl Granter {
         if opened.attr.kind != FileKind::Regular {
             return;
         }
-        // An open that must first cut what a vanished writer left past the committed
-        // length (`cut_tail`) truncates chunks, a write at the data servers, even when
-        // it only reads: without a writable grant a reader could not open such a file.
-        let writes = writes || opened.cut_tail;
-        opened.grant = self.grant(who, opened.attr.ino, writes, ns.map_version());
+        let (ino, version) = (opened.attr.ino, ns.map_version());
+        opened.grant = self.grant(who, ino, writes, version);
+        if opened.cut_tail {
+            let cut = GrantMode::CutTo(opened.attr.size);
+            let life = self.lifetime_ms.min(CUT_GRANT_LIFETIME_MS);
+            opened.cut_grant = self.sealed(who, ino, cut, life, version);
+        }
     }
 
     /// A new grant for `session`, opened on connection `conn`: refused for a session
@@ -111,6 +137,25 @@ impl Namespace {
         if let Some(g) = self.granter.get() {
             g.attach(at.who.as_deref(), opened, writes, self);
         }
+    }
+
+    /// New grants for the sessions a `Resume` took back on `at`'s connection, each of
+    /// its session's mode (none without keys, or for a revoked client).
+    pub(crate) fn resume_grants(
+        &self,
+        at: &Origin,
+        kept: &[(SessionId, InodeId, bool)],
+    ) -> Vec<(SessionId, Grant)> {
+        let Some(g) = self.granter.get() else {
+            return Vec::new();
+        };
+        let version = self.map_version();
+        kept.iter()
+            .filter_map(|&(session, ino, writes)| {
+                let grant = g.grant(at.who.as_deref(), ino, writes, version)?;
+                Some((session, grant))
+            })
+            .collect()
     }
 
     /// A new grant for `session`, opened on `at`'s connection (none without keys).

@@ -22,25 +22,36 @@ pub const CLOCK_SKEW_MS: u64 = 30_000;
 /// bytes that start this way.
 const DOMAIN: &[u8] = b"tessera-grant-1";
 
-/// What a grant allows.
+/// What a grant allows (and, as a request's need, what it asks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum GrantMode {
     /// Reads of the file's chunks.
     Read,
     /// Reads, writes, truncation and fsync of the file's chunks.
     ReadWrite,
+    /// Reads, and a truncation of the file to exactly this length: the cut of what a
+    /// writer that vanished left past the committed length, which the next open makes
+    /// first, even one for reading (as a need: a truncation to this length).
+    CutTo(u64),
 }
 
 impl GrantMode {
     /// Whether a grant of this mode allows what `need` asks.
     pub fn allows(self, need: GrantMode) -> bool {
-        self == GrantMode::ReadWrite || need == GrantMode::Read
+        match (self, need) {
+            (GrantMode::ReadWrite, _) => true,
+            (GrantMode::Read | GrantMode::CutTo(_), GrantMode::Read) => true,
+            (GrantMode::CutTo(have), GrantMode::CutTo(want)) => have == want,
+            (GrantMode::Read | GrantMode::CutTo(_), _) => false,
+        }
     }
 
-    fn byte(self) -> u8 {
+    /// The mode's bytes under the MAC: a kind byte, and a cut's length.
+    fn bytes(self) -> Vec<u8> {
         match self {
-            GrantMode::Read => 1,
-            GrantMode::ReadWrite => 2,
+            GrantMode::Read => vec![1],
+            GrantMode::ReadWrite => vec![2],
+            GrantMode::CutTo(len) => [&[3u8][..], &len.to_be_bytes()].concat(),
         }
     }
 }
@@ -128,9 +139,35 @@ pub struct Need<'a> {
     pub mode: GrantMode,
 }
 
+/// What a data server knows of its metadata server when it checks a grant. A grant
+/// that ran out while the metadata server could not be reached is still taken until it
+/// can be again: its client could not renew it, and the open files' reads and writes
+/// must not stop for an outage longer than a grant's lifetime. Once the metadata
+/// server answers, the client renews and the old grant is refused again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetaReach {
+    /// The last call to the metadata server was answered.
+    Reached,
+    /// The last call was not answered; the metadata server was last reached at this
+    /// unix time in milliseconds (the data server's clock; its start if never).
+    LostSince(u64),
+}
+
+impl MetaReach {
+    /// Whether the outage excuses `g`'s expiry, judged as `skew_ms` late: the metadata
+    /// server was last reached before the grant ran out, so its client had no chance
+    /// to renew it since. A grant that ran out before the outage began stays refused.
+    fn excuses(self, g: &Grant, skew_ms: u64) -> bool {
+        match self {
+            MetaReach::Reached => false,
+            MetaReach::LostSince(t) => t <= g.expires_ms.saturating_add(skew_ms),
+        }
+    }
+}
+
 /// The MAC's fields: the domain, then every field of the grant but the MAC.
 fn with_fields<T>(g: &Grant, f: impl FnOnce(&[&[u8]]) -> T) -> T {
-    let (inode, mode) = (g.inode.0.to_be_bytes(), [g.mode.byte()]);
+    let (inode, mode) = (g.inode.0.to_be_bytes(), g.mode.bytes());
     let (expires, version) = (g.expires_ms.to_be_bytes(), g.map_version.to_be_bytes());
     f(&[
         DOMAIN,
@@ -170,12 +207,14 @@ pub fn sealed_by(key: &[u8], g: &Grant) -> bool {
 }
 
 /// Checks everything but the MAC: the cheap comparisons made on every request, at
-/// `now_ms` with a clock margin of `skew_ms`.
+/// `now_ms` with a clock margin of `skew_ms`, an expiry excused by an outage of the
+/// metadata server as `reach` says.
 pub fn check_fields(
     g: &Grant,
     need: Need<'_>,
     now_ms: u64,
     skew_ms: u64,
+    reach: MetaReach,
 ) -> Result<(), GrantFault> {
     if g.client != need.client {
         return Err(GrantFault::WrongClient);
@@ -186,7 +225,7 @@ pub fn check_fields(
     if !g.mode.allows(need.mode) {
         return Err(GrantFault::WrongMode);
     }
-    if now_ms > g.expires_ms.saturating_add(skew_ms) {
+    if now_ms > g.expires_ms.saturating_add(skew_ms) && !reach.excuses(g, skew_ms) {
         return Err(GrantFault::Expired);
     }
     Ok(())
@@ -199,7 +238,7 @@ pub fn check(key: &[u8], g: Option<&Grant>, need: Need<'_>, now_ms: u64) -> Resu
     if !sealed_by(key, g) {
         return Err(GrantFault::Forged);
     }
-    check_fields(g, need, now_ms, CLOCK_SKEW_MS)
+    check_fields(g, need, now_ms, CLOCK_SKEW_MS, MetaReach::Reached)
 }
 
 /// The current unix time in milliseconds (the clock grants are made and checked by).
@@ -255,6 +294,33 @@ mod tests {
         );
     }
 
+    /// Guards against the cut of a vanished writer's tail needing a writable grant (a
+    /// reader could write the file with it): a cut grant allows reads and a truncation
+    /// to its own length only, and its length is under the MAC.
+    #[test]
+    fn a_cut_grant_allows_reads_and_its_own_truncation_only() {
+        let cut = seal(
+            &KEY,
+            InodeId(5),
+            "alice",
+            GrantMode::CutTo(10),
+            NOW + 1000,
+            3,
+        );
+        let at = |mode| check(&KEY, Some(&cut), need(mode), NOW);
+        assert_eq!(at(GrantMode::Read), Ok(()));
+        assert_eq!(at(GrantMode::CutTo(10)), Ok(()));
+        assert_eq!(at(GrantMode::CutTo(0)), Err(GrantFault::WrongMode));
+        assert_eq!(at(GrantMode::ReadWrite), Err(GrantFault::WrongMode));
+        let read = seal(&KEY, InodeId(5), "alice", GrantMode::Read, NOW + 1000, 3);
+        let cut_with = |g: &Grant| check(&KEY, Some(g), need(GrantMode::CutTo(10)), NOW);
+        assert_eq!(cut_with(&read), Err(GrantFault::WrongMode));
+        assert_eq!(cut_with(&good()), Ok(()), "a writable grant cuts anywhere");
+        let mut longer = cut.clone();
+        longer.mode = GrantMode::CutTo(0);
+        assert!(!sealed_by(&KEY, &longer), "the length is sealed");
+    }
+
     #[test]
     fn every_changed_field_makes_a_forgery() {
         let g = good();
@@ -308,6 +374,38 @@ mod tests {
         assert_eq!(
             check(&KEY, Some(&g), other, NOW),
             Err(GrantFault::WrongFile)
+        );
+    }
+
+    /// Guards against reads and writes of open files stopping during a metadata server
+    /// outage longer than a grant's lifetime: a grant that ran out while the metadata
+    /// server was away is taken until it answers again, one that ran out before is not.
+    #[test]
+    fn an_outage_excuses_an_expiry_that_fell_within_it() {
+        let g = good();
+        let late = g.expires_ms + CLOCK_SKEW_MS + 60_000;
+        let at = |reach| check_fields(&g, need(GrantMode::ReadWrite), late, CLOCK_SKEW_MS, reach);
+        assert_eq!(at(MetaReach::Reached), Err(GrantFault::Expired));
+        assert_eq!(
+            at(MetaReach::LostSince(NOW)),
+            Ok(()),
+            "lost before it ran out"
+        );
+        let after = g.expires_ms + CLOCK_SKEW_MS + 1;
+        assert_eq!(
+            at(MetaReach::LostSince(after)),
+            Err(GrantFault::Expired),
+            "ran out while the metadata server was there to renew it"
+        );
+        // Every other check still holds during an outage.
+        let bob = Need {
+            client: "bob",
+            ..need(GrantMode::Read)
+        };
+        let lost = MetaReach::LostSince(NOW);
+        assert_eq!(
+            check_fields(&g, bob, late, CLOCK_SKEW_MS, lost),
+            Err(GrantFault::WrongClient)
         );
     }
 

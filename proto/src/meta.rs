@@ -434,6 +434,10 @@ pub struct LockSpec {
 /// Most sessions one [`fs::ReleaseMany`] ends.
 pub const MAX_RELEASES: usize = 1024;
 
+/// Most sessions one [`fs::Resume`] takes back: its reply carries a grant for each
+/// (about 130 bytes with a long key name), well within the default 128 KiB message.
+pub const MAX_RESUMES: usize = 256;
+
 /// A request to the metadata server, as it travels: one variant per subsystem.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaRequest {

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 pub const ANSWER: Duration = Duration::from_secs(30);
 
 /// The agent's program. Commands (`KEY` names an open descriptor):
-/// `open KEY PATH r|w|rw|a|c`, `close KEY`, `flock KEY ex|sh|un [nb]`,
+/// `open KEY PATH r|w|rw|a|c|rwd` (`rwd`: `O_RDWR | O_DIRECT`, past the page cache),
+/// `close KEY`, `flock KEY ex|sh|un [nb]`,
 /// `lock KEY ex|sh|un START LEN [wait]` (fcntl locks through `lockf`),
 /// `ofd KEY ex|sh|un START LEN [wait]` (open file description locks, `F_OFD_SETLK[W]`),
 /// `pwrite KEY OFFSET TEXT`, `pread KEY OFFSET LEN`, `sha KEY`, `fstat KEY`,
@@ -23,7 +24,8 @@ const SCRIPT: &str = r#"
 import errno, fcntl, hashlib, os, struct, sys
 fds = {}
 FLAGS = {"r": os.O_RDONLY, "w": os.O_WRONLY, "rw": os.O_RDWR,
-         "a": os.O_WRONLY | os.O_APPEND, "c": os.O_RDWR | os.O_CREAT}
+         "a": os.O_WRONLY | os.O_APPEND, "c": os.O_RDWR | os.O_CREAT,
+         "rwd": os.O_RDWR | os.O_DIRECT}
 LOCKS = {"ex": fcntl.LOCK_EX, "sh": fcntl.LOCK_SH, "un": fcntl.LOCK_UN}
 def sha(fd):
     h, off = hashlib.sha256(), 0

@@ -139,6 +139,9 @@ fn read_addr(file: &Path) -> Option<String> {
 pub struct ClusterOptions {
     /// Data servers to start.
     pub data_servers: usize,
+    /// Lines of the metadata server's configuration before its `[namespace]` section
+    /// (e.g. `grant_lifetime_ms = 2000`).
+    pub meta_toml: String,
     /// Lines of the metadata server's `[namespace]` configuration section.
     pub namespace_toml: String,
     /// The data servers' heartbeat interval, in milliseconds.
@@ -164,6 +167,7 @@ impl Default for ClusterOptions {
     fn default() -> Self {
         ClusterOptions {
             data_servers: 3,
+            meta_toml: String::new(),
             namespace_toml: String::new(),
             heartbeat_ms: 1000,
             data_toml: String::new(),
@@ -208,7 +212,7 @@ impl ProcessCluster {
         let d = dir.path();
         fs::write(
             d.join("meta.toml"),
-            format!("[namespace]\n{}\n", opts.namespace_toml),
+            format!("{}\n[namespace]\n{}\n", opts.meta_toml, opts.namespace_toml),
         )
         .expect("meta config");
         fs::write(

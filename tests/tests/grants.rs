@@ -9,7 +9,9 @@
 
 use bytes::Bytes;
 use proto::auth::Caps;
-use proto::data::{ListChunks, Placement, ReadChunk, ReplicaData, Replicate, WriteInline};
+use proto::data::{
+    ListChunks, Placement, ReadChunk, ReplicaData, Replicate, TruncateFile, WriteInline,
+};
 use proto::grant::{seal, unix_ms, Grant, GrantMode};
 use proto::meta::{fs, Caller, MetaRequest, OpenAccess};
 use proto::{codec, ChunkId, ErrorCode, InodeId, Request, WireError};
@@ -427,4 +429,126 @@ async fn closing_one_open_keeps_the_other_opens_of_the_file_working() {
             "refused for {reason}: a closed open took the renewals along"
         );
     }
+}
+
+/// Guards against the cut of what a vanished writer left past the committed length
+/// needing a writable grant: a reader's open of such a file got one (and could write
+/// the file with it until it ran out), and a read-only key could not open the file at
+/// all (its cut was refused as a change). The open now gets a read grant and a grant
+/// for the cut alone: a truncation to the committed length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reader_that_must_cut_a_vanished_writers_tail_gets_no_write_grant() {
+    let cluster = cluster_on(Backend::Tcp, 600_000).await;
+    let admin = cluster.client().await;
+    let caps = Caps {
+        read_only: true,
+        ..Caps::default()
+    };
+    let reader = cluster.make_client_key(&admin, "cut-reader", caps).await;
+    let reader_ep = cluster
+        .endpoint()
+        .with_credentials(transport::Credentials::client(reader));
+    // The writer's connection closes with the file open: the next open must cut.
+    let writer = cluster
+        .endpoint()
+        .connect(&cluster.meta_addr())
+        .await
+        .unwrap();
+    let writer_id = rpc(&writer, fs::Hello { name: "w".into() }).await.unwrap();
+    let create = fs::Create {
+        parent: InodeId::ROOT,
+        name: b"left".to_vec(),
+        perm: 0o644,
+        exclusive: true,
+        access: OpenAccess::ReadWrite,
+        client: writer_id,
+    };
+    let made = rpc(&writer, create).await.unwrap();
+    writer.close();
+
+    let reader = reader_ep.connect(&cluster.meta_addr()).await.unwrap();
+    let reader_id = rpc(&reader, fs::Hello { name: "r".into() }).await.unwrap();
+    let open = fs::Open {
+        ino: made.attr.ino,
+        client: reader_id,
+        truncate: false,
+        access: OpenAccess::Read,
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let opened = loop {
+        let o = rpc(&reader, open.clone())
+            .await
+            .expect("a read-only key opens it");
+        if o.cut_tail || std::time::Instant::now() > deadline {
+            break o;
+        }
+        // The server had not seen the writer's connection close yet.
+        rpc(
+            &reader,
+            fs::Release {
+                session: o.session,
+                commit: None,
+            },
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(opened.cut_tail, "the writer vanished with the file open");
+    let (grant, cut) = (opened.grant.unwrap(), opened.cut_grant.unwrap());
+    assert_eq!(grant.mode, GrantMode::Read, "a reader reads");
+    assert_eq!(cut.mode, GrantMode::CutTo(0), "and cuts to the length only");
+
+    let map = admin.cluster_map().await.unwrap();
+    let place = Placement {
+        chain: map.chains[0].chain,
+        map_version: map.version,
+        replicas: 1,
+    };
+    let data = reader_ep
+        .connect(cluster.data[0].advertise())
+        .await
+        .unwrap();
+    let ino = made.attr.ino;
+    let write = |grant: &Grant| WriteInline {
+        chunk: ChunkId {
+            inode: ino,
+            index: 0,
+        },
+        place,
+        chunk_size_bytes: 4 << 20,
+        offset: 0,
+        data: vec![1; 100],
+        grant: Some(grant.clone()),
+    };
+    assert_eq!(
+        call(&data, write(&grant)).await,
+        Some(ErrorCode::GrantWrongMode)
+    );
+    assert_eq!(
+        call(&data, write(&cut)).await,
+        Some(ErrorCode::GrantWrongMode)
+    );
+    let truncate = |size, grant: &Grant| TruncateFile {
+        inode: ino,
+        size,
+        chunk_size_bytes: 4 << 20,
+        grant: Some(grant.clone()),
+    };
+    assert_eq!(
+        call(&data, truncate(4096, &cut)).await,
+        Some(ErrorCode::GrantWrongMode)
+    );
+    assert_eq!(
+        call(&data, truncate(0, &grant)).await,
+        Some(ErrorCode::GrantWrongMode)
+    );
+    assert_eq!(call(&data, truncate(0, &cut)).await, None, "the cut itself");
+    let cut_done = fs::TailCut {
+        ino,
+        session: opened.session,
+    };
+    rpc(&reader, cut_done)
+        .await
+        .expect("a read-only key's cut is no change");
 }

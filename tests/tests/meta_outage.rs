@@ -6,14 +6,30 @@
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tessera_tests::agent::Agent;
 use tessera_tests::posix::{chunk_files, wait_chunks, wait_until, User};
-use tessera_tests::{pseudo_random, sha256_hex, ProcessCluster};
+use tessera_tests::{pseudo_random, sha256_hex, ClusterOptions, ProcessCluster};
 
 const MIB: usize = 1 << 20;
 /// How long a mount may take to notice the restarted server and say so in its log.
 const NOTICE: Duration = Duration::from_secs(20);
+
+/// The metadata server's `grant_lifetime_ms` in the tests of grants across its absence.
+const GRANT_LIFE_MS: u64 = 2000;
+
+/// A cluster whose grants last [`GRANT_LIFE_MS`] and whose data servers take no clock
+/// margin past it, nor wait long to notice a metadata server gone (heartbeats every
+/// 200 ms, well within a grant's last half).
+fn short_grants() -> ClusterOptions {
+    ClusterOptions {
+        data_servers: 1,
+        meta_toml: format!("grant_lifetime_ms = {GRANT_LIFE_MS}"),
+        data_toml: "grant_clock_skew_ms = 0".into(),
+        heartbeat_ms: 200,
+        ..ClusterOptions::default()
+    }
+}
 
 /// The `open=N` of the mount's last "open files resumed" log line, if there is one.
 fn last_resume_count(log: &str) -> Option<usize> {
@@ -139,6 +155,95 @@ fn open_files_and_new_calls_carry_on_across_a_metadata_restart() {
     let after = fs::read(&path).expect("read back");
     assert_eq!(after.len(), len + 8);
     assert!(after[..len] == data[..] && after.ends_with(b"appended"));
+}
+
+/// Guards against files open for writing coming back read-only after a metadata server
+/// restart (the resumed session was read-only): their writes failed with EACCES once
+/// the grant they held before the restart ran out.
+#[test]
+fn a_file_open_for_writing_stays_writable_across_a_metadata_restart() {
+    let mut cluster = ProcessCluster::start_with(short_grants());
+    let m = cluster.mount("m");
+    let path = m.path.join("w");
+    let mut a = Agent::start(&User::root(), "writer");
+    a.expect(&format!("open f {} c", path.display()), "ok");
+    a.expect("pwrite f 0 before", "ok 6");
+    a.expect("fsync f", "ok");
+    cluster.restart_meta();
+    wait_until("the mount resumed its open file", NOTICE, || {
+        last_resume_count(&m.log_text()) == Some(1)
+    });
+    // Writes until every grant sealed before the restart has run out twice over.
+    let until = Instant::now() + Duration::from_millis(2 * GRANT_LIFE_MS);
+    let mut want = b"before".to_vec();
+    while Instant::now() < until {
+        a.expect(&format!("pwrite f {} after", want.len()), "ok 5");
+        let synced = a.ask("fsync f");
+        assert_eq!(
+            synced,
+            "ok",
+            "fsync at {} bytes:\n{}",
+            want.len(),
+            m.log_text()
+        );
+        want.extend_from_slice(b"after");
+    }
+    a.expect("close f", "ok");
+    assert_eq!(fs::read(&path).expect("read back"), want);
+}
+
+/// Guards against reads and writes of open files stopping with EACCES during a
+/// metadata server outage longer than a grant's lifetime (nobody could renew their
+/// grants), and shows they go on once it is back (renewed then). The file is open with
+/// `O_DIRECT`, and the mount buffers no writes, so every read and write reaches the
+/// data server.
+#[test]
+fn open_files_read_and_write_through_an_outage_longer_than_a_grant() {
+    let mut cluster = ProcessCluster::start_with(short_grants());
+    let config = "write_buffer_file_bytes = 0\nreadahead_max_bytes = 0\n";
+    let m = cluster.mount_with_config("m", config);
+    let path = m.path.join("o");
+    let mut want: Vec<u8> = b"0123456789".repeat(1000);
+    fs::write(&path, &want).expect("write");
+    let mut a = Agent::start(&User::root(), "holder");
+    a.expect(&format!("open f {} rwd", path.display()), "ok");
+    let mut step = 0usize;
+    let mut read_and_write = |a: &mut Agent, when: &str| {
+        let off = (step * 37) % (want.len() - 4);
+        step += 1;
+        let text = format!("w{:03}", step % 1000);
+        assert_eq!(a.ask(&format!("pwrite f {off} {text}")), "ok 4", "{when}");
+        want[off..off + 4].copy_from_slice(text.as_bytes());
+        let back = a.ask(&format!("pread f {off} 4"));
+        assert_eq!(back, format!("ok {text}"), "{when}");
+        let other = (off + 5000) % (want.len() - 4);
+        let expect = String::from_utf8_lossy(&want[other..other + 4]).to_string();
+        assert_eq!(
+            a.ask(&format!("pread f {other} 4")),
+            format!("ok {expect}"),
+            "{when}"
+        );
+    };
+    read_and_write(&mut a, "before the outage");
+
+    cluster.kill_meta();
+    let until = Instant::now() + Duration::from_millis(2 * GRANT_LIFE_MS);
+    while Instant::now() < until {
+        read_and_write(&mut a, "with the metadata server away");
+    }
+    cluster.restart_meta();
+    wait_until("the mount resumed its open file", NOTICE, || {
+        last_resume_count(&m.log_text()) == Some(1)
+    });
+    let until = Instant::now() + Duration::from_millis(2 * GRANT_LIFE_MS);
+    while Instant::now() < until {
+        read_and_write(&mut a, "with the metadata server back");
+    }
+    a.expect("close f", "ok");
+    assert!(
+        fs::read(&path).expect("read back") == want,
+        "the file's bytes"
+    );
 }
 
 /// Directories named after `ino` under the data servers' directories of `cluster_dir`.

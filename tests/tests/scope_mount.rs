@@ -9,6 +9,9 @@ use std::io::ErrorKind;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
+use tessera_tests::agent::Agent;
+use tessera_tests::posix::{mknod, wait_until, User};
 use tessera_tests::ProcessCluster;
 
 /// Makes client key `name` with the `tessera key create` flags `flags`; returns the
@@ -34,6 +37,16 @@ fn names(dir: &Path) -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+/// The options of the mount at `path`, as the kernel lists them.
+fn mount_options(path: &Path) -> Vec<String> {
+    let mounts = fs::read_to_string("/proc/self/mounts").expect("/proc/self/mounts");
+    let line = mounts
+        .lines()
+        .find(|l| l.split(' ').nth(1) == Some(&*path.to_string_lossy()));
+    let options = line.and_then(|l| l.split(' ').nth(3)).unwrap_or_default();
+    options.split(',').map(String::from).collect()
 }
 
 fn errno(r: std::io::Result<impl Sized>) -> Option<i32> {
@@ -105,12 +118,8 @@ fn a_read_only_mount_fails_every_change_with_erofs() {
     let p = |s: &str| m.path.join(s);
 
     assert_eq!(fs::read(p("teamA/a")).unwrap(), b"A");
-    let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
-    let line = mounts
-        .lines()
-        .find(|l| l.contains(&*m.path.to_string_lossy()));
-    let options = line.and_then(|l| l.split(' ').nth(3)).unwrap_or_default();
-    assert!(options.split(',').any(|o| o == "ro"), "mounted {options}");
+    let options = mount_options(&m.path);
+    assert!(options.contains(&"ro".to_string()), "mounted {options:?}");
     assert_eq!(names(&p("teamB")), ["b"]);
     let append = fs::OpenOptions::new().append(true).open(p("teamA/a"));
     let changes = [
@@ -168,4 +177,66 @@ fn a_non_admin_key_cannot_run_status_fsck_or_key_list() {
     }
     let (code, text) = cluster.tessera(&["status"]);
     assert_eq!(code, 0, "the administrator's status: {text}");
+}
+
+/// Guards against a read-only key's mount failing to open a file whose writer was killed
+/// with it open: the open must first cut what the writer left past the committed
+/// length, and that cut was refused as a change (EROFS).
+#[test]
+fn a_read_only_mount_opens_a_file_a_killed_writer_left() {
+    let cluster = ProcessCluster::start(1);
+    let mut w = cluster.mount("writer");
+    let path = w.path.join("left");
+    fs::write(&path, b"committed").unwrap();
+    let mut writer = Agent::start(&User::root(), "writer");
+    writer.expect(&format!("open f {} rw", path.display()), "ok");
+    writer.expect("pwrite f 9 tail", "ok 4");
+    writer.expect("fsync f", "ok");
+    writer.expect("pwrite f 13 more", "ok 4");
+    w.kill_client();
+    drop(writer);
+    let (_, conf) = client_key(&cluster, "late-reader", &["--read-only"]);
+    let m = cluster.mount_with_config("reader", &conf);
+    let read = fs::read(m.path.join("left"));
+    assert_eq!(read.unwrap(), b"committedtail", "what the writer committed");
+    let meta_log = || fs::read_to_string(cluster.dir().join("meta.log")).unwrap_or_default();
+    wait_until(
+        "the reader's open made the cut",
+        Duration::from_secs(10),
+        || meta_log().contains("its opener cuts the chunks past the length"),
+    );
+}
+
+/// Guards against device nodes and set-id programs taking effect through the mount: any
+/// caller could make a device node (root of a root-squashed client too, whose kernel
+/// lets root), and mounts were neither `nodev` nor `nosuid`.
+#[test]
+fn only_root_makes_device_nodes_and_mounts_are_nodev_nosuid() {
+    let cluster = ProcessCluster::start(1);
+    let admin = cluster.mount("admin");
+    let open = admin.path.join("open");
+    fs::create_dir(&open).unwrap();
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+    let (_, conf) = client_key(&cluster, "squashed", &[]);
+    let m = cluster.mount_with_config("squashed", &conf);
+    let null = libc::makedev(1, 3);
+    let chr = mknod(&m.path.join("open/null"), libc::S_IFCHR | 0o666, null);
+    assert_eq!(errno(chr), Some(libc::EPERM), "root squashed to nobody");
+    let blk = mknod(&m.path.join("open/disk"), libc::S_IFBLK | 0o666, null);
+    assert_eq!(errno(blk), Some(libc::EPERM));
+    mknod(&m.path.join("open/fifo"), libc::S_IFIFO | 0o666, 0).expect("a FIFO is no device");
+    mknod(&admin.path.join("open/null"), libc::S_IFCHR | 0o666, null).expect("root makes one");
+
+    for (mount, what) in [(&admin.path, "admin"), (&m.path, "squashed")] {
+        let options = mount_options(mount);
+        for o in ["nodev", "nosuid"] {
+            assert!(options.contains(&o.to_string()), "{what}: {options:?}");
+        }
+    }
+    let honours = cluster.mount_with_config("honours", "dev = true\nsuid = true\n");
+    let options = mount_options(&honours.path);
+    assert!(
+        !options.iter().any(|o| o == "nodev" || o == "nosuid"),
+        "dev and suid asked: {options:?}"
+    );
 }

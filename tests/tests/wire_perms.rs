@@ -13,7 +13,7 @@
 //! | chown a file of another user | EPERM |
 //! | setxattr `trusted.x` | EPERM |
 
-use proto::meta::{fs, Caller, MetaRequest, OpenAccess, XattrMode};
+use proto::meta::{fs, Caller, LockKind, LockSpec, MetaRequest, OpenAccess, XattrMode};
 use proto::TimeSet;
 use proto::{ErrorCode, InodeId, Request, Rpc, SetAttr, WireError};
 use std::path::Path;
@@ -232,4 +232,49 @@ async fn a_request_naming_no_caller_is_made_for_nobody() {
     };
     let r = w.call(&nobody, get).await.map(drop);
     assert_eq!(r, Err(Refused(ErrorCode::NoData)));
+}
+
+/// Guards against `Accessed` and `GetLock` serving any caller: an access time moved for
+/// a user who may not read the file, and a lock was probed on a file the connection
+/// had not opened (so whose open checks it never passed), unlike `SetLock`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn access_times_need_read_and_lock_probes_need_an_open_file() {
+    let cluster = InProcessCluster::start(1).await;
+    let w = Wire::connect(&cluster).await;
+    let (root, bob) = (Caller::ROOT, Caller::new(BOB_UID, BOB_UID));
+    let secret = w.create(&root, InodeId::ROOT, "secret", 0o600).await;
+    let accessed = fs::Accessed {
+        ino: secret,
+        strict: true,
+    };
+    let r = w.call(&bob, accessed.clone()).await.map(drop);
+    assert_eq!(outcome(r), "EACCES", "bob may not read root's 0600 file");
+    w.call(&root, accessed).await.expect("root may");
+
+    let probe = fs::GetLock {
+        ino: secret,
+        client: w.0.client,
+        lock: LockSpec {
+            owner: 1,
+            pid: 1,
+            start: 0,
+            end: u64::MAX,
+            kind: LockKind::Write,
+        },
+    };
+    let r = w.call(&root, probe.clone()).await.map(drop);
+    assert_eq!(
+        r,
+        Err(Refused(ErrorCode::Stale)),
+        "not open on this connection"
+    );
+    let open = fs::Open {
+        ino: secret,
+        client: w.0.client,
+        truncate: false,
+        access: OpenAccess::Read,
+    };
+    let opened = w.call(&root, open).await.expect("open");
+    assert_eq!(w.call(&root, probe).await, Ok(None), "open: answered");
+    w.0.close(&root, opened.session).await;
 }

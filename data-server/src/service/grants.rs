@@ -4,15 +4,18 @@
 //! A grant's MAC is verified once and remembered (keyed by the MAC, compared field by
 //! field on a hit), so the requests after the first of a file cost a table lookup and a
 //! few comparisons: the client name against the connection's authenticated name, the
-//! file, the mode and the expiry, which are checked on every request. Refusals are
+//! file, the mode and the expiry, which are checked on every request. An expiry that fell
+//! within an outage of the metadata server is excused until it answers again. Refusals are
 //! counted per reason and logged once per connection and reason, not per request.
 
+use crate::cluster_view::MetaContact;
 use crate::error::DataError;
 use parking_lot::Mutex;
 use proto::grant::{check_fields, sealed_by, unix_ms, Grant, GrantFault, GrantMode, Need};
 use proto::InodeId;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use tracing::warn;
 use transport::{ConnId, Connection, Key, Role};
 
@@ -28,6 +31,8 @@ const MAX_LOGGED_REFUSALS: usize = 4096;
 pub struct GrantCheck {
     key: Key,
     skew_ms: u64,
+    /// Whether the metadata server answers: an outage excuses an expiry.
+    contact: Arc<MetaContact>,
     verified: Mutex<HashMap<[u8; proto::grant::GRANT_MAC_BYTES], Grant>>,
     refused: [AtomicU64; GrantFault::ALL.len()],
     logged: Mutex<HashSet<(ConnId, GrantFault)>>,
@@ -35,11 +40,13 @@ pub struct GrantCheck {
 
 impl GrantCheck {
     /// Checks grants sealed with `key` (the cluster key), taking them `skew_ms` past
-    /// their expiry.
-    pub fn new(key: Key, skew_ms: u64) -> GrantCheck {
+    /// their expiry, and past it while `contact` says the metadata server is away and
+    /// was since before they ran out.
+    pub fn new(key: Key, skew_ms: u64, contact: Arc<MetaContact>) -> GrantCheck {
         GrantCheck {
             key,
             skew_ms,
+            contact,
             verified: Mutex::new(HashMap::new()),
             refused: Default::default(),
             logged: Mutex::new(HashSet::new()),
@@ -87,7 +94,7 @@ impl GrantCheck {
             }
             verified.insert(g.mac, g.clone());
         }
-        check_fields(g, need, unix_ms(), self.skew_ms)
+        check_fields(g, need, unix_ms(), self.skew_ms, self.contact.reach())
     }
 
     fn refuse(&self, conn: &Connection, name: &str, ino: InodeId, fault: GrantFault) -> DataError {

@@ -249,7 +249,7 @@ impl Inner {
     /// server or the admin capability. Everything passes on a server without keys.
     fn permitted(&self, conn: &Connection, req: &DataRequest) -> Result<(), DataError> {
         use DataRequest as D;
-        use GrantMode::{Read, ReadWrite};
+        use GrantMode::{CutTo, Read, ReadWrite};
         let Some(g) = &self.grants else {
             return Ok(());
         };
@@ -258,7 +258,8 @@ impl Inner {
             D::WriteChunk(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, ReadWrite),
             D::WriteInline(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, ReadWrite),
             D::WriteZeros(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, ReadWrite),
-            D::TruncateFile(r) => g.chunk_access(conn, r.grant.as_ref(), r.inode, ReadWrite),
+            // A cut grant allows a truncation to its own length.
+            D::TruncateFile(r) => g.chunk_access(conn, r.grant.as_ref(), r.inode, CutTo(r.size)),
             // Durability only: any grant of the file will do, for every chunk named.
             D::Fsync(r) => r
                 .chunks

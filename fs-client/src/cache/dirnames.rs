@@ -308,7 +308,7 @@ mod tests {
     }
 
     fn created(d: u64, before: u32, after: u32) -> Reply {
-        Reply::Opened(fs::Opened {
+        Reply::Opened(Box::new(fs::Opened {
             attr: dir(99, 0),
             session: proto::SessionId(1),
             layout: proto::Layout {
@@ -323,7 +323,8 @@ mod tests {
             }),
             cut_tail: false,
             grant: None,
-        })
+            cut_grant: None,
+        }))
     }
 
     /// The reply to a call that made a name for `attr` in `d` (ctime `before` ->
@@ -366,7 +367,7 @@ mod tests {
     /// The replies these tests send, owned.
     enum Reply {
         Attr(Attr),
-        Opened(fs::Opened),
+        Opened(Box<fs::Opened>),
         Made(fs::Made),
         Removed(DirChange),
         Dir(fs::DirPage),

@@ -39,7 +39,8 @@ pub enum Cmd {
         /// Mount even if the mount point holds files (hidden while mounted).
         #[arg(long)]
         nonempty: bool,
-        /// Mount options, comma-separated: noatime, relatime (the default), strictatime.
+        /// Mount options, comma-separated: noatime, relatime (the default), strictatime;
+        /// dev, suid (the mount is nodev,nosuid unless told).
         #[arg(short = 'o')]
         options: Vec<String>,
         /// This client's key file (`key_file`), which names its client.

@@ -13,6 +13,7 @@ use super::Client;
 use crate::error::Result;
 use crate::file::{FileHandle, FileState};
 use crate::rpc::MetaCall;
+use proto::grant::Grant;
 use proto::meta::fs::{self, Opened};
 use proto::meta::{Caller, OpenAccess};
 use proto::{Attr, ErrorCode, FileKind, InodeId, Layout, SessionId, SetAttr};
@@ -61,9 +62,9 @@ impl Client {
             client: self.id,
             access,
         };
-        let reply = self.meta_opening(req, Some(caller)).await?;
+        let reply = self.meta_opening(req, Some(caller.clone())).await?;
         let existed = matches!(&reply.parent, Some(c) if !c.changed());
-        let (attr, fh) = self.opened(reply).await?;
+        let (attr, fh) = self.opened(reply, access.writes(), caller).await?;
         self.emptied_if(truncate && existed, attr, fh).await
     }
 
@@ -87,7 +88,9 @@ impl Client {
             truncate: false,
             access,
         };
-        let (attr, fh) = self.opened(self.meta_opening(req, None).await?).await?;
+        let reply = self.meta_opening(req, None).await?;
+        let caller = super::caller::current();
+        let (attr, fh) = self.opened(reply, access.writes(), caller).await?;
         let regular = attr.kind == FileKind::Regular;
         self.emptied_if(truncate && regular, attr, fh).await
     }
@@ -112,7 +115,13 @@ impl Client {
 
     /// Takes an open's reply: the file's state, shared by this client's opens of it,
     /// and a handle; first the cut of what a vanished writer left, if the server asks.
-    async fn opened(&self, reply: Opened) -> Result<(Attr, FileHandle)> {
+    /// `writes`: the open was for writing, by `caller` (a resume names both).
+    async fn opened(
+        &self,
+        reply: Opened,
+        writes: bool,
+        caller: Caller,
+    ) -> Result<(Attr, FileHandle)> {
         let Opened {
             attr,
             session,
@@ -120,12 +129,13 @@ impl Client {
             parent,
             cut_tail,
             grant,
+            cut_grant,
         } = reply;
         self.data.grants.put(grant, session);
         if cut_tail {
             // On failure the session ends with the caller's error (the handle is not
             // made), and with it the duty: the next open is asked to cut.
-            let cut = self.cut_tail(&attr, &layout, session).await;
+            let cut = self.cut_tail(&attr, &layout, session, cut_grant).await;
             if let Err(e) = &cut {
                 tracing::warn!(ino = %attr.ino, error = %e, "cutting what a vanished writer left failed");
                 self.release_unmade(session).await;
@@ -154,7 +164,12 @@ impl Client {
         let mut attr = attr;
         state.overlay(&mut attr);
         let fh = FileHandle::new(state, session, &attr, self.config().atime);
-        self.session_opened(session, attr.ino);
+        let open = fs::OpenSession {
+            session,
+            ino: attr.ino,
+            writes,
+        };
+        self.session_opened(open, caller);
         Ok((attr, fh))
     }
 
@@ -182,11 +197,21 @@ impl Client {
         }
     }
 
-    /// Cuts the chunks of `attr`'s file at its length on every member of its chains,
-    /// then tells the server, which forgets the vanished writer.
-    async fn cut_tail(&self, attr: &Attr, layout: &Layout, session: SessionId) -> Result<()> {
+    /// Cuts the chunks of `attr`'s file at its length on every member of its chains
+    /// (with the open's `grant` for the cut), then tells the server, which forgets the
+    /// vanished writer.
+    async fn cut_tail(
+        &self,
+        attr: &Attr,
+        layout: &Layout,
+        session: SessionId,
+        grant: Option<Grant>,
+    ) -> Result<()> {
         tracing::info!(ino = %attr.ino, size = attr.size, "cutting what a vanished writer left past the end");
-        self.data.truncate_data(attr.ino, layout, attr.size).await?;
+        let (ino, size) = (attr.ino, attr.size);
+        self.data
+            .truncate_data(ino, layout, size, grant.as_ref())
+            .await?;
         let req = fs::TailCut {
             ino: attr.ino,
             session,
@@ -232,11 +257,12 @@ impl Client {
             layout,
             cut_tail: cut,
             grant,
+            cut_grant,
             ..
         } = self.meta_opening(req, None).await?;
         self.data.grants.put(grant, session);
         let cut = match cut {
-            true => self.cut_tail(&attr, &layout, session).await,
+            true => self.cut_tail(&attr, &layout, session, cut_grant).await,
             false => Ok(()),
         };
         self.release_unmade(session).await;

@@ -3,14 +3,16 @@
 //! client sends on each new connection is `Resume` with the sessions it has open. A
 //! session the server ended meanwhile (the client stayed away too long, or the file is
 //! gone) is lost: its file's uncommitted writes may have been cut by another client, so
-//! they are never committed, and its writes, fsyncs and close fail with EIO.
+//! they are never committed, and its writes, fsyncs and close fail with EIO. A server
+//! that restarted meanwhile opens a session again as the caller that opened it may open
+//! the file today (for writing if it was opened so), and answers with a grant for each.
 
 use super::Client;
 use crate::error::{ClientError, Result};
 use crate::rpc;
-use proto::meta::{fs, MAX_RELEASES};
+use proto::meta::{fs, Caller, MAX_RESUMES};
 use proto::Request;
-use proto::{ErrorCode, InodeId, SessionId, WireError};
+use proto::{ErrorCode, SessionId, WireError};
 use std::sync::atomic::Ordering;
 use std::sync::Weak;
 use std::time::Duration;
@@ -19,10 +21,37 @@ use std::time::Duration;
 /// stands, and reconnects and resumes if not: well within the server's grace.
 pub(crate) const RESUME_CHECK: Duration = Duration::from_secs(1);
 
+/// An open session as a resume names it, and whom it was opened for: a metadata server
+/// that restarted since opens it again only if that caller may open it so today.
+pub(crate) struct Opener {
+    pub(crate) open: fs::OpenSession,
+    pub(crate) caller: Caller,
+}
+
+/// The `Resume` calls that take back `openers`: one per caller (the call names it), of
+/// at most [`MAX_RESUMES`] sessions each.
+fn resume_calls<'a>(
+    openers: impl Iterator<Item = &'a Opener>,
+) -> Vec<(Caller, Vec<fs::OpenSession>)> {
+    let mut groups: Vec<(Caller, Vec<fs::OpenSession>)> = Vec::new();
+    for o in openers {
+        let open = groups
+            .iter_mut()
+            .find(|(c, g)| *c == o.caller && g.len() < MAX_RESUMES);
+        match open {
+            Some((_, g)) => g.push(o.open),
+            None => groups.push((o.caller.clone(), vec![o.open])),
+        }
+    }
+    groups
+}
+
 impl Client {
-    /// Records an open session (its handle exists now), for [`Client::resume_sessions`].
-    pub(crate) fn session_opened(&self, session: SessionId, ino: InodeId) {
-        self.sessions.lock().insert(session, ino);
+    /// Records an open session (its handle exists now) and the caller it was opened
+    /// for, for [`Client::resume_sessions`].
+    pub(crate) fn session_opened(&self, open: fs::OpenSession, caller: Caller) {
+        let opener = Opener { open, caller };
+        self.sessions.lock().insert(open.session, opener);
     }
 
     /// Forgets a session its handle ended (its file's grant is no longer renewed with it).
@@ -44,16 +73,27 @@ impl Client {
         if made <= self.resumed.load(Ordering::Acquire) {
             return Ok(());
         }
-        let open: Vec<(SessionId, InodeId)> =
-            self.sessions.lock().iter().map(|(&s, &i)| (s, i)).collect();
+        let calls = resume_calls(self.sessions.lock().values());
+        let open: usize = calls.iter().map(|(_, o)| o.len()).sum();
         let mut lost = Vec::new();
-        for part in open.chunks(MAX_RELEASES) {
+        for (caller, sessions) in calls {
             let req = Request::new(fs::Resume {
                 client: self.id,
-                sessions: part.to_vec(),
-            });
+                sessions,
+            })
+            .with_caller(caller);
             match rpc::meta_call(&self.ep, &self.meta, &req).await {
-                Ok(l) => lost.extend(l),
+                Ok(r) => {
+                    // A restarted server sealed these afresh, writable for an open
+                    // for writing it opened so again: its grant before may run out.
+                    for (session, grant) in r.grants {
+                        // Not for a session whose handle closed meanwhile.
+                        if self.sessions.lock().contains_key(&session) {
+                            self.data.grants.put(Some(grant), session);
+                        }
+                    }
+                    lost.extend(r.lost);
+                }
                 Err(e @ ClientError::Transport(_)) => return Err(e),
                 Err(e) => {
                     tracing::warn!(error = %e, "resuming open files failed; trying again later");
@@ -63,7 +103,7 @@ impl Client {
         }
         self.resumed.store(made, Ordering::Release);
         tracing::info!(
-            open = open.len(),
+            open,
             lost = lost.len(),
             "metadata connection made again, open files resumed"
         );
@@ -76,7 +116,7 @@ impl Client {
     /// A session the server no longer has: nothing more is committed for its file,
     /// and its handles fail from now on.
     fn lose(&self, session: SessionId) {
-        let Some(ino) = self.sessions.lock().get(&session).copied() else {
+        let Some(ino) = self.sessions.lock().get(&session).map(|o| o.open.ino) else {
             return;
         };
         tracing::warn!(%session, %ino, "the metadata server ended this open while the client was cut off");

@@ -20,6 +20,10 @@ use std::time::{Duration, Instant};
 /// dropped, then all.
 pub(crate) const MAX_HELD_GRANTS: usize = 65_536;
 
+/// How long a run-out grant of an open file is used before its renewal is tried again
+/// after one failed (the metadata server is away: data servers take the grant meanwhile).
+const RENEW_RETRY: Duration = Duration::from_secs(1);
+
 /// One file's grant.
 #[derive(Clone)]
 struct Held {
@@ -146,7 +150,9 @@ impl GrantBook {
     /// and renewals no longer name it (another open of the file renews at the next
     /// request). With none left to ask, or the server failing, the grant is kept until
     /// it runs out without asking again before then; once it has, a file with no open
-    /// left drops it (a request then fails at once instead of asking for every request).
+    /// left drops it (a request then fails at once instead of asking for every request),
+    /// and an open file keeps using it, asking again every [`RENEW_RETRY`] (data
+    /// servers take it while the metadata server is away).
     pub(crate) fn renewal_failed(&self, ino: InodeId, session: SessionId, gone: bool) {
         if gone {
             self.ended(session);
@@ -160,7 +166,11 @@ impl GrantBook {
                 h.renew_at = h.ends_at;
                 false
             }
-            Some(h) => h.sessions.is_empty(),
+            Some(h) if h.sessions.is_empty() => true,
+            Some(h) => {
+                h.renew_at = now + RENEW_RETRY;
+                false
+            }
         };
         if ran_out {
             book.held.remove(&ino);

@@ -300,15 +300,19 @@ impl DataPath {
         .await
     }
 
-    /// Cuts a file's chunks to `size` on every member of its chains that takes writes.
+    /// Cuts a file's chunks to `size` on every member of its chains that takes writes,
+    /// with `cut_grant` if given (an open's grant for the cut of a vanished writer's
+    /// tail), else the file's grant.
     pub(crate) async fn truncate_data(
         &self,
         ino: InodeId,
         layout: &Layout,
         size: u64,
+        cut_grant: Option<&proto::grant::Grant>,
     ) -> Result<()> {
         self.with_failover("truncate", ino, |map, grant| async move {
             let nodes = truncate_targets(&map, layout)?;
+            let grant = cut_grant.cloned().or(grant);
             let cuts = nodes.into_iter().map(|node| {
                 let grant = grant.clone();
                 async move {

@@ -438,6 +438,8 @@ fn session_config(client: &Client) -> fuser::Config {
         // The kernel checks permission bits against the attributes we return.
         O::DefaultPermissions,
         O::NoAtime,
+        if c.dev { O::Dev } else { O::NoDev },
+        if c.suid { O::Suid } else { O::NoSuid },
     ];
     // A read-only key: the kernel answers EROFS itself, before asking the server.
     if client.caps().read_only {

@@ -185,6 +185,7 @@ impl Namespace {
             parent: None,
             cut_tail,
             grant: None,
+            cut_grant: None,
         }
     }
 

@@ -97,6 +97,7 @@ impl Handle for fs::MkNod {
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
         let r = self;
         ns.may_add(&at.caller, r.parent, &r.name)?;
+        super::perm::may_mknod(&at.caller, r.kind)?;
         ns.mknod(r.parent, &r.name, r.kind, r.perm, r.rdev, at.caller.clone())
     }
 }
@@ -331,7 +332,9 @@ impl Handle for fs::Accessed {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
-    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        // An access time is moved by a read: only a caller who may read the file.
+        ns.may_open(&at.caller, self.ino, proto::meta::OpenAccess::Read, false)?;
         ns.accessed(self.ino, self.strict)
     }
 }
@@ -357,6 +360,9 @@ impl Handle for fs::GetLock {
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
         ns.may_name_client(self.client, at.who.as_deref())?;
+        // As a lock is taken, a lock is probed on an open descriptor (`F_GETLK`): the
+        // file must be open on this connection, so its open's checks were passed.
+        ns.may_lock(self.ino, at.conn)?;
         Ok(ns.locks.lock().conflict(self.ino, self.client, &self.lock))
     }
 }
@@ -378,9 +384,17 @@ impl Handle for fs::Resume {
     fn span_id(&self) -> u64 {
         self.sessions.len() as u64
     }
-    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+    fn run(mut self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
         ns.may_name_client(self.client, at.who.as_deref())?;
-        ns.resume(self.client, &self.sessions, at.conn, &at.caller)
+        if crate::gate::caps_of(at.who.as_deref()).read_only {
+            // A read-only key opens nothing for writing (an `Open` would be EROFS).
+            self.sessions.iter_mut().for_each(|o| o.writes = false);
+        }
+        let r = ns.resume(self.client, &self.sessions, at.conn, &at.caller)?;
+        Ok(fs::Resumed {
+            grants: ns.resume_grants(at, &r.kept),
+            lost: r.lost,
+        })
     }
 }
 

@@ -48,6 +48,7 @@ use transport::PeerIdentity;
 use txn::Txn;
 
 pub use files::SessionOwner;
+pub use resume::Resumption;
 
 /// Most entries one `ReadDir` returns, whatever the client asks for.
 pub const MAX_READDIR_ENTRIES: u32 = 1024;

@@ -75,6 +75,20 @@ pub fn may_create(c: &Caller, dir: &Mode) -> Result<(), MetaError> {
     check(c, dir, W | X, "add a name to the directory")
 }
 
+/// May `c` make a special file of `kind` (`vfs_mknod`): a block or character device
+/// node only as root (`CAP_MKNOD`, which no other user has), else EPERM; a FIFO or a
+/// socket anyone who may add the name.
+pub fn may_mknod(c: &Caller, kind: FileKind) -> Result<(), MetaError> {
+    let device = matches!(kind, FileKind::BlockDevice | FileKind::CharDevice);
+    if device && !c.is_root() {
+        return Err(MetaError::NotPermitted(format!(
+            "uid {} may not make a device node (only root may)",
+            c.uid
+        )));
+    }
+    Ok(())
+}
+
 /// May `c` remove (or rename away) the name of `victim` from `dir` (`may_delete`):
 /// write and search on the directory (EACCES), then, in a sticky directory, only
 /// the owner of the directory or of the victim, or root (EPERM).

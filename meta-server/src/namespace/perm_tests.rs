@@ -242,3 +242,18 @@ fn xattr_namespaces_follow_linux() {
     assert!(lists_xattr(&user(ALICE), b"user.x"));
     assert!(lists_xattr(&Caller::ROOT, b"trusted.x"));
 }
+
+/// Guards against any user making device nodes (a block device of a disk it may then
+/// read and write on a mount that honours devices): only root may, as without
+/// `CAP_MKNOD` on Linux; FIFOs and sockets need no privilege.
+#[test]
+fn only_root_makes_device_nodes() {
+    for kind in [FileKind::BlockDevice, FileKind::CharDevice] {
+        let e = may_mknod(&user(ALICE), kind).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::NotPermitted, "{kind:?}");
+        may_mknod(&Caller::ROOT, kind).unwrap();
+    }
+    for kind in [FileKind::Fifo, FileKind::Socket] {
+        may_mknod(&user(ALICE), kind).unwrap();
+    }
+}

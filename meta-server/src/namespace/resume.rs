@@ -12,10 +12,21 @@
 
 use super::{ConnId, Namespace, Session};
 use crate::error::MetaError;
+use proto::meta::fs::OpenSession;
 use proto::meta::{Caller, OpenAccess};
 use proto::{ClientId, InodeId, SessionId};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
+
+/// What a [`Namespace::resume`] did.
+#[derive(Debug, Default)]
+pub struct Resumption {
+    /// The sessions taken back, with their files and whether each is open for writing
+    /// (their grants are sealed from these).
+    pub kept: Vec<(SessionId, InodeId, bool)>,
+    /// The sessions the server no longer has.
+    pub lost: Vec<SessionId>,
+}
 
 impl Namespace {
     /// A connection broke under a client that may be alive: its sessions and locks
@@ -74,8 +85,9 @@ impl Namespace {
     /// Moves `client`'s sessions (and its locks) from their broken connections to
     /// `conn`, its new connection. A session this server ended already is returned as
     /// lost. One opened before this server started is opened again if its file still
-    /// exists, the caller may open it for reading, and nobody is cutting its tail: a
-    /// restart ends no session on purpose, so nothing was cut for it.
+    /// exists, the caller may open it (for writing if the client says it was opened so
+    /// and the caller may write it now; else for reading), and nobody is cutting its
+    /// tail: a restart ends no session on purpose, so nothing was cut for it.
     ///
     /// A session still on a live connection is not taken: the resume fails `Busy` and
     /// changes nothing (the client tries again; its old connection is either found
@@ -85,23 +97,24 @@ impl Namespace {
     pub fn resume(
         &self,
         client: ClientId,
-        sessions: &[(SessionId, InodeId)],
+        sessions: &[OpenSession],
         conn: ConnId,
         caller: &Caller,
-    ) -> Result<Vec<SessionId>, MetaError> {
-        if sessions.len() > proto::meta::MAX_RELEASES {
+    ) -> Result<Resumption, MetaError> {
+        if sessions.len() > proto::meta::MAX_RESUMES {
             return Err(MetaError::InvalidArgument(format!(
                 "{} sessions in one resume, at most {}",
                 sessions.len(),
-                proto::meta::MAX_RELEASES
+                proto::meta::MAX_RESUMES
             )));
         }
+        let reopen = self.reopen_modes(caller, sessions)?;
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let live = sessions.iter().find_map(|(session, ino)| {
-            let s = st.sessions.get(session)?;
-            let mine = s.client == client && s.ino == *ino;
-            (mine && s.conn != conn && !st.detached.contains_key(&s.conn)).then_some(*session)
+        let live = sessions.iter().find_map(|o| {
+            let s = st.sessions.get(&o.session)?;
+            let mine = s.client == client && s.ino == o.ino;
+            (mine && s.conn != conn && !st.detached.contains_key(&s.conn)).then_some(o.session)
         });
         if let Some(session) = live {
             return Err(MetaError::Busy(format!(
@@ -110,36 +123,36 @@ impl Namespace {
         }
         // Locks move only off a broken connection (or one whose sessions move).
         let mut from: HashSet<ConnId> = st.detached.keys().copied().collect();
-        let mut lost = Vec::new();
-        let mut moved = 0usize;
-        for &(session, ino) in sessions {
+        let mut r = Resumption::default();
+        for o in sessions {
+            let (session, ino) = (o.session, o.ino);
             match st.sessions.get_mut(&session) {
                 Some(s) if s.client == client && s.ino == ino => {
                     from.insert(s.conn);
                     s.conn = conn;
-                    moved += 1;
+                    r.kept.push((session, ino, s.write));
                 }
                 // Another client's, or another file's: never taken over.
-                Some(_) => lost.push(session),
+                Some(_) => r.lost.push(session),
                 None if session.0 < st.boot_floor && !st.cutting.contains_key(&ino) => {
-                    if self.may_reopen(caller, ino)? {
-                        // Its open mode died with the previous start, and a resume
-                        // names none: it grants no write without the mode bit (a
-                        // mount running as root needs none).
-                        let s = Session {
-                            ino,
-                            conn,
-                            client,
-                            write: false,
-                        };
-                        st.sessions.insert(session, s);
-                        *st.open_counts.entry(ino).or_insert(0) += 1;
-                        moved += 1;
-                    } else {
-                        lost.push(session);
+                    match reopen.get(&session).copied().flatten() {
+                        // Its open mode died with the previous start: the client names
+                        // it, and the checks of today decide (`reopen_mode`).
+                        Some(write) => {
+                            let s = Session {
+                                ino,
+                                conn,
+                                client,
+                                write,
+                            };
+                            st.sessions.insert(session, s);
+                            *st.open_counts.entry(ino).or_insert(0) += 1;
+                            r.kept.push((session, ino, write));
+                        }
+                        None => r.lost.push(session),
                     }
                 }
-                None => lost.push(session),
+                None => r.lost.push(session),
             }
         }
         // A connection whose sessions all moved has nothing left to end.
@@ -150,8 +163,9 @@ impl Namespace {
         }
         drop(guard);
         self.locks.lock().move_client(client, conn, &from);
-        tracing::info!(%client, conn = conn.0, resumed = moved, lost = lost.len(), "client resumed its sessions");
-        Ok(lost)
+        let (kept, lost) = (r.kept.len(), r.lost.len());
+        tracing::info!(%client, conn = conn.0, resumed = kept, lost, "client resumed its sessions");
+        Ok(r)
     }
 
     /// The time by the namespace's clock, the one graces and leases are measured on.
@@ -164,17 +178,50 @@ impl Namespace {
         self.state.lock().detached.len()
     }
 
-    /// Whether a session of a previous start on `ino` may be opened again for `caller`:
-    /// the file exists and the caller may open it for reading (a resume must not open
-    /// what an `Open` would refuse).
-    fn may_reopen(&self, caller: &Caller, ino: InodeId) -> Result<bool, MetaError> {
-        if !self.inodes_exist(&[ino])?.first().copied().unwrap_or(false) {
-            return Ok(false);
+    /// How a session of a previous start may be opened again for `caller` (a resume
+    /// must not open what an `Open` would refuse): `Some(true)` for writing if it was
+    /// opened so and the caller may open the file for writing now, else `Some(false)`
+    /// if it may open it for reading, `None` if neither or the file is gone. A
+    /// read-only key's caller never gets here with a write: the handler clears it.
+    fn reopen_mode(&self, caller: &Caller, o: &OpenSession) -> Result<Option<bool>, MetaError> {
+        if !self
+            .inodes_exist(&[o.ino])?
+            .first()
+            .copied()
+            .unwrap_or(false)
+        {
+            return Ok(None);
         }
-        match self.may_open(caller, ino, OpenAccess::Read, false) {
+        let may = |access| match self.may_open(caller, o.ino, access, false) {
             Ok(()) => Ok(true),
             Err(MetaError::PermissionDenied(_) | MetaError::NotFound(_)) => Ok(false),
             Err(e) => Err(e),
+        };
+        if o.writes && may(OpenAccess::Write)? {
+            return Ok(Some(true));
         }
+        Ok(may(OpenAccess::Read)?.then_some(false))
+    }
+
+    /// [`Self::reopen_mode`] of each session of a previous start in `sessions`. The
+    /// checks read the store: made before the state lock is taken.
+    fn reopen_modes(
+        &self,
+        caller: &Caller,
+        sessions: &[OpenSession],
+    ) -> Result<HashMap<SessionId, Option<bool>>, MetaError> {
+        let floor = self.boot_floor();
+        let mut reopen = HashMap::new();
+        for o in sessions {
+            if o.session.0 < floor && !reopen.contains_key(&o.session) {
+                reopen.insert(o.session, self.reopen_mode(caller, o)?);
+            }
+        }
+        Ok(reopen)
+    }
+
+    /// Sessions of ids below this are of a previous start.
+    fn boot_floor(&self) -> u64 {
+        self.state.lock().boot_floor
     }
 }

@@ -27,8 +27,6 @@ impl FsRequest {
             | F::RemoveXattr(_)
             | F::Append(_)
             | F::Commit(_)
-            // Cutting a vanished writer's tail changes the file's chunks.
-            | F::TailCut(_)
             // An access time is a change too; a read-only mount sends none (`ro`
             // implies `noatime`).
             | F::Accessed(_) => true,
@@ -48,6 +46,9 @@ impl FsRequest {
             | F::SetLock(_)
             | F::GetLock(_)
             | F::ReleaseLocks(_)
+            // Cutting a vanished writer's tail takes away only bytes past the committed
+            // length, which no reader sees: a read-only key's open makes it too.
+            | F::TailCut(_)
             | F::Resume(_)
             | F::MyCaps(_)
             // A renewed grant has its session's mode: a read-only key's is a read grant.
@@ -91,7 +92,7 @@ impl FsRequest {
             F::SetLock(r) => vec![&mut r.ino],
             F::GetLock(r) => vec![&mut r.ino],
             F::ReleaseLocks(r) => vec![&mut r.ino],
-            F::Resume(r) => r.sessions.iter_mut().map(|(_, ino)| ino).collect(),
+            F::Resume(r) => r.sessions.iter_mut().map(|s| &mut s.ino).collect(),
         }
     }
 }
@@ -115,7 +116,11 @@ pub fn one_of_each(dir: InodeId, file: InodeId, client: ClientId) -> Vec<FsReque
         kind: LockKind::Read,
     };
     let access = OpenAccess::ReadWrite;
-    let sessions = vec![(SessionId(1), file)];
+    let sessions = vec![OpenSession {
+        session: SessionId(1),
+        ino: file,
+        writes: true,
+    }];
     vec![
         FsRequest::Hello(Hello { name: "t".into() }),
         FsRequest::Lookup(Lookup {
@@ -279,7 +284,6 @@ mod tests {
             "open",
             "commit",
             "release",
-            "tail_cut",
             "setxattr",
             "removexattr",
             "append",

@@ -41,7 +41,7 @@ crate::rpc_requests! {
         GetLock => Option<LockSpec>, "getlock", idempotent: true;
         ReleaseLocks => (), "release_locks", idempotent: true;
         // Moving sessions to the connection it arrives on, again, changes nothing.
-        Resume => Vec<SessionId>, "resume", idempotent: true;
+        Resume => Resumed, "resume", idempotent: true;
         MyCaps => crate::auth::Caps, "my_caps", idempotent: true;
         Regrant => Option<Grant>, "regrant", idempotent: true;
     }
@@ -354,13 +354,36 @@ pub struct ReleaseLocks {
 
 /// Sent by a client first on a new connection after its previous one broke: its
 /// open sessions (and locks) move to this connection, instead of ending when the
-/// server gives up on the broken one. At most [`super::MAX_RELEASES`] sessions per call.
+/// server gives up on the broken one. At most [`super::MAX_RESUMES`] sessions per call.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Resume {
     /// The client, from its `Hello`.
     pub client: ClientId,
-    /// The sessions the client still has open, with their files.
-    pub sessions: Vec<(SessionId, InodeId)>,
+    /// The sessions the client still has open.
+    pub sessions: Vec<OpenSession>,
+}
+
+/// One open session a client takes back with [`Resume`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenSession {
+    /// The session.
+    pub session: SessionId,
+    /// Its file.
+    pub ino: InodeId,
+    /// It was opened for writing: a server that restarted since (and so forgot the
+    /// open's mode) opens it for writing again if the caller may still write the file.
+    pub writes: bool,
+}
+
+/// The reply to [`Resume`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resumed {
+    /// The sessions the server no longer has (ended, or not to be opened again).
+    pub lost: Vec<SessionId>,
+    /// A new grant for each session taken back (of the mode the server kept or gave
+    /// it), so that a file opened for writing stays writable once the grant held
+    /// before runs out; empty where the cluster runs without keys.
+    pub grants: Vec<(SessionId, Grant)>,
 }
 
 /// Asks for the capabilities of the key this connection authenticated with (a mount
@@ -396,6 +419,10 @@ pub struct Opened {
     /// the metadata server (`None` for non-regular files and where the cluster runs
     /// without keys). Renewed with [`Regrant`] before it runs out.
     pub grant: Option<Grant>,
+    /// With `cut_tail`, a grant for that cut alone (reads, and a truncation to
+    /// `attr.size`), short-lived and never renewed: an open for reading gets a read
+    /// `grant` even when it must cut first.
+    pub cut_grant: Option<Grant>,
 }
 
 /// A new grant for an open session's file, as the open gave (the same mode, a new

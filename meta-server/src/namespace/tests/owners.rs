@@ -6,7 +6,7 @@ use super::{engine_tests, touch, H, ROOT};
 use crate::kv::StoreKind;
 use crate::namespace::{ConnId, Origin, SessionOwner};
 use proto::auth::Caps;
-use proto::meta::fs::{GetLock, Hello, ReleaseLocks, Resume, SetLock};
+use proto::meta::fs::{GetLock, Hello, OpenSession, ReleaseLocks, Resume, SetLock};
 use proto::meta::{Caller, LockKind, LockSpec, OpenAccess};
 use proto::{ClientId, ErrorCode, InodeId, SessionId};
 use std::sync::Arc;
@@ -22,6 +22,15 @@ fn from(name: &str, conn: u64) -> Origin {
             key_id: Some(proto::auth::KeyId([1; 16])),
             role: Role::Client(Caps::default()),
         })),
+    }
+}
+
+/// Session `session` of `ino`, as a resume names it.
+fn open(session: SessionId, ino: InodeId, writes: bool) -> OpenSession {
+    OpenSession {
+        session,
+        ino,
+        writes,
     }
 }
 
@@ -52,12 +61,21 @@ fn set_lock(ino: InodeId, client: ClientId, kind: LockKind) -> SetLock {
 
 /// Whether `client` (of key `name`) is refused a whole-file write lock of `ino`.
 fn locked_for(h: &H, ino: InodeId, client: ClientId, name: &str, conn: u64) -> bool {
+    // A lock is probed on an open descriptor: the file is open on its connection.
+    let owner = SessionOwner {
+        client,
+        conn: ConnId(conn),
+        access: OpenAccess::Read,
+    };
+    let probe = h.ns().open_inode(ino, false, owner).unwrap();
     let req = GetLock {
         ino,
         client,
         lock: lock(1, LockKind::Write),
     };
-    h.ns().handle(req, from(name, conn)).unwrap().is_some()
+    let locked = h.ns().handle(req, from(name, conn)).unwrap().is_some();
+    h.ns().release(probe.session, None).unwrap();
+    locked
 }
 
 /// File `f`, which key alice's client (on connection 1) has open for writing and
@@ -98,7 +116,7 @@ fn another_keys_client_is_refused(kind: StoreKind) {
     refused(ns.handle(release, from("bob", 2)));
     let resume = Resume {
         client: a,
-        sessions: vec![(o.session, f.ino)],
+        sessions: vec![open(o.session, f.ino, true)],
     };
     refused(ns.handle(resume, from("bob", 2)).map(drop));
     let probe = GetLock {
@@ -129,7 +147,7 @@ fn a_live_session_is_not_taken_over(kind: StoreKind) {
     // Another mount with the same key, on connection 2.
     let resume = Resume {
         client: a,
-        sessions: vec![(o.session, f.ino)],
+        sessions: vec![open(o.session, f.ino, true)],
     };
     let err = h.ns().handle(resume.clone(), from("alice", 2)).unwrap_err();
     assert_eq!(err.code, ErrorCode::Busy, "{err}");
@@ -139,7 +157,7 @@ fn a_live_session_is_not_taken_over(kind: StoreKind) {
 
     // Once connection 1 broke, the same resume takes them.
     h.ns().connection_broken(ConnId(1));
-    let lost = h.ns().handle(resume, from("alice", 3)).unwrap();
+    let lost = h.ns().handle(resume, from("alice", 3)).unwrap().lost;
     assert!(lost.is_empty(), "{lost:?}");
     h.ns().may_lock(f.ino, ConnId(3)).unwrap();
 }
@@ -158,26 +176,81 @@ fn a_resume_after_a_restart_checks_the_caller(kind: StoreKind) {
     h.ns().stop();
     h.restart();
 
-    let old = |ino: InodeId| (SessionId(1), ino);
+    let old = |ino: InodeId| open(SessionId(1), ino, false);
     let mut at = from("alice", 4);
     at.caller = Caller::new(1000, 1000);
     let resume = Resume {
         client: a,
         sessions: vec![old(secret.attr.ino)],
     };
-    let lost = h.ns().handle(resume, at.clone()).unwrap();
+    let lost = h.ns().handle(resume, at.clone()).unwrap().lost;
     assert_eq!(lost, vec![SessionId(1)], "mode 0600 of root: not readable");
     let resume = Resume {
         client: a,
         sessions: vec![old(f.ino)],
     };
-    assert!(h.ns().handle(resume.clone(), at).unwrap().is_empty());
+    assert!(h.ns().handle(resume.clone(), at).unwrap().lost.is_empty());
     let err = h.ns().handle(resume, from("bob", 5)).unwrap_err();
     assert_eq!(err.code, ErrorCode::NotPermitted, "bound to alice: {err}");
+}
+
+/// Guards against a file opened for writing coming back read-only after a metadata
+/// server restart (its writes failed once the grant it held ran out): a session the
+/// client names as writing is opened for writing again when its caller may write the
+/// file today, for reading when it may only read it or its key is read-only.
+fn a_writer_resumed_after_a_restart_writes_again(kind: StoreKind) {
+    let mut h = H::with_nodes(kind, 1);
+    // `touch` makes files of user 1000.
+    let mine = touch(h.ns(), ROOT, "mine");
+    let roots = h
+        .ns()
+        .create(ROOT, b"roots", 0o644, Caller::ROOT, true, super::owner(1))
+        .unwrap();
+    h.ns().release(roots.session, None).unwrap();
+    let f = roots.attr;
+    let a = hello(&h, "alice", 1);
+    h.ns().stop();
+    h.restart();
+
+    let mut at = from("alice", 4);
+    at.caller = Caller::new(1000, 1000);
+    let resume = Resume {
+        client: a,
+        sessions: vec![
+            open(SessionId(1), mine.ino, true),
+            open(SessionId(2), f.ino, true),
+            open(SessionId(3), mine.ino, false),
+        ],
+    };
+    let r = h.ns().handle(resume, at.clone()).unwrap();
+    assert!(r.lost.is_empty(), "{:?}", r.lost);
+    let write_of = |s| h.ns().session_file(SessionId(s), ConnId(4)).unwrap().1;
+    assert!(write_of(1), "hers, opened for writing: writing again");
+    assert!(!write_of(2), "root's 0644: she may only read it");
+    assert!(!write_of(3), "opened for reading: reading");
+
+    // A read-only key's writer comes back reading.
+    let ro = Caps {
+        read_only: true,
+        ..Caps::default()
+    };
+    at.who = Some(Arc::new(PeerIdentity {
+        name: "alice".into(),
+        key_id: Some(proto::auth::KeyId([1; 16])),
+        role: Role::Client(ro),
+    }));
+    at.conn = ConnId(6);
+    let resume = Resume {
+        client: a,
+        sessions: vec![open(SessionId(4), mine.ino, true)],
+    };
+    assert!(h.ns().handle(resume, at).unwrap().lost.is_empty());
+    assert!(!h.ns().session_file(SessionId(4), ConnId(6)).unwrap().1);
 }
 
 engine_tests!(
     another_keys_client_is_refused,
     a_live_session_is_not_taken_over,
     a_resume_after_a_restart_checks_the_caller,
+    a_writer_resumed_after_a_restart_writes_again,
 );

@@ -6,9 +6,9 @@ use crate::kv::StoreKind;
 use crate::namespace::SessionOwner;
 use crate::namespace::{keys, ConnId};
 use crate::ManualClock;
-use proto::meta::fs::{GetLock, SetLock};
+use proto::meta::fs::{GetLock, OpenSession, SetLock};
 use proto::meta::{Caller, LockKind, LockSpec};
-use proto::{ClientId, ErrorCode, InodeId};
+use proto::{ClientId, ErrorCode, InodeId, SessionId};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,15 +32,29 @@ fn exclusive(owner: u64) -> LockSpec {
 
 /// Whether another client (5) is refused the whole-file lock of `ino`.
 fn locked(h: &H, ino: InodeId) -> bool {
+    // A lock is probed on an open descriptor: the file is open on its connection.
+    let probe = h.ns().open_inode(ino, false, of(5, 50)).unwrap();
     let req = GetLock {
         ino,
         client: ClientId(5),
         lock: exclusive(1),
     };
-    match h.ns().handle(req, ConnId(50)) {
+    let locked = match h.ns().handle(req, ConnId(50)) {
         Ok(l) => l.is_some(),
         other => panic!("getlock: {other:?}"),
-    }
+    };
+    h.ns().release(probe.session, None).unwrap();
+    locked
+}
+
+/// Sessions a client resumes, named opened for reading.
+fn opens(list: &[(SessionId, InodeId)]) -> Vec<OpenSession> {
+    let open = |&(session, ino)| OpenSession {
+        session,
+        ino,
+        writes: false,
+    };
+    list.iter().map(open).collect()
 }
 
 fn later() -> Instant {
@@ -74,11 +88,12 @@ fn a_resumed_client_keeps_its_opens_and_locks(kind: StoreKind) {
     let lost = ns
         .resume(
             ClientId(3),
-            &[(o.session, f.ino), (u.session, gone.ino)],
+            &opens(&[(o.session, f.ino), (u.session, gone.ino)]),
             ConnId(9),
             &Caller::ROOT,
         )
-        .unwrap();
+        .unwrap()
+        .lost;
     assert!(lost.is_empty(), "{lost:?}");
     assert_eq!(ns.expire_detached(later()), 0, "nothing left to expire");
     ns.connection_closed(ConnId(7));
@@ -128,11 +143,12 @@ fn after_the_grace_the_sessions_end_and_are_lost(kind: StoreKind) {
     let lost = ns
         .resume(
             ClientId(3),
-            &[(o.session, f.ino), (theirs.session, f.ino)],
+            &opens(&[(o.session, f.ino), (theirs.session, f.ino)]),
             ConnId(9),
             &Caller::ROOT,
         )
-        .unwrap();
+        .unwrap()
+        .lost;
     assert_eq!(
         lost,
         vec![o.session, theirs.session],
@@ -193,11 +209,12 @@ fn a_resume_after_a_restart_opens_again(kind: StoreKind) {
     let lost = ns
         .resume(
             ClientId(3),
-            &[(of_f.session, f.ino), (of_g.session, g.ino)],
+            &opens(&[(of_f.session, f.ino), (of_g.session, g.ino)]),
             ConnId(9),
             &Caller::ROOT,
         )
-        .unwrap();
+        .unwrap()
+        .lost;
     assert_eq!(lost, vec![of_g.session]);
     ns.unlink(ROOT, b"f").unwrap();
     assert!(
@@ -207,7 +224,7 @@ fn a_resume_after_a_restart_opens_again(kind: StoreKind) {
     ns.release(of_f.session, None).unwrap();
     assert!(!h.has_key(&keys::inode(f.ino)), "freed at its close");
 
-    let many = vec![(of_f.session, f.ino); proto::meta::MAX_RELEASES + 1];
+    let many = opens(&vec![(of_f.session, f.ino); proto::meta::MAX_RESUMES + 1]);
     assert_eq!(
         code(ns.resume(ClientId(3), &many, ConnId(9), &Caller::ROOT)),
         ErrorCode::InvalidArgument
