@@ -2,13 +2,16 @@
 //! it derives itself from the cluster key for their claim (name, key id, capabilities),
 //! and the revocation list it pulls from the metadata server every
 //! [`REVOCATION_POLL`]. No key is asked for or sent: a client is checked with the
-//! metadata server away as with it up; the list kept is the last one pulled.
+//! metadata server away as with it up; the list kept is the last one pulled, also in
+//! the data directory ([`REVOKED_FILE`]), so that a data server started while the
+//! metadata server is away refuses what was revoked before.
 
 use parking_lot::Mutex;
 use proto::auth::{Claim, KeyId};
 use proto::meta::cluster::{RevocationPage, Revocations, MAX_REVOCATIONS};
 use proto::Request;
 use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tracing::{info, warn};
@@ -20,6 +23,13 @@ use transport::{Endpoint, Key, Link, Listener, PeerIdentity, Role, Verifier};
 /// server is reachable).
 pub const REVOCATION_POLL: Duration = Duration::from_secs(10);
 
+/// The revocation list's copy in the data directory: a header line, then one
+/// `NAME KEY_ID` line per revoked key (names have no spaces: `check_peer_name`).
+pub const REVOKED_FILE: &str = "revoked-keys";
+
+/// The first line of [`REVOKED_FILE`].
+const REVOKED_HEADER: &str = "tessera-revoked-keys 1";
+
 /// The verifier of a data server's listener.
 #[derive(Clone)]
 pub struct DataVerifier(Arc<Inner>);
@@ -30,6 +40,8 @@ struct Inner {
     ep: Endpoint,
     meta: Link,
     list: Mutex<RevocationList>,
+    /// Where the list is kept across restarts (`None`: in memory only).
+    saved: Option<PathBuf>,
 }
 
 /// The revoked keys known here, and the metadata server's version of the last one
@@ -43,13 +55,19 @@ struct RevocationList {
 
 impl DataVerifier {
     /// A verifier that pulls revocations from the metadata server at `meta_addr`
-    /// through `ep`.
-    pub fn new(cluster: Key, ep: Endpoint, meta_addr: String) -> DataVerifier {
+    /// through `ep`, starting from the list saved in `dir` (if any), where it keeps it.
+    pub fn new(cluster: Key, ep: Endpoint, meta_addr: String, dir: Option<&Path>) -> DataVerifier {
+        let saved = dir.map(|d| d.join(REVOKED_FILE));
+        let revoked = saved.as_deref().map(load_revoked).unwrap_or_default();
         DataVerifier(Arc::new(Inner {
             cluster,
             ep,
             meta: Link::new(meta_addr),
-            list: Mutex::new(RevocationList::default()),
+            list: Mutex::new(RevocationList {
+                revoked,
+                ..RevocationList::default()
+            }),
+            saved,
         }))
     }
 
@@ -99,7 +117,7 @@ impl DataVerifier {
             if full {
                 // The version stays where the list stopped, so nothing is skipped.
                 warn!("more than {MAX_REVOCATIONS} revocations: the rest not kept");
-                return Ok(new);
+                break;
             }
             let mut list = self.0.list.lock();
             list.version = list.version.max(page.version);
@@ -107,7 +125,24 @@ impl DataVerifier {
                 break;
             }
         }
+        if new > 0 {
+            self.save().await;
+        }
         Ok(new)
+    }
+
+    /// Writes the list to the data directory (a new file renamed over the old one, so
+    /// a crash leaves one or the other). A failure is logged: the list in memory still
+    /// holds, and the next revocation writes it again.
+    async fn save(&self) {
+        let Some(path) = self.0.saved.clone() else {
+            return;
+        };
+        let text = render_revoked(&self.0.list.lock().revoked);
+        let wrote = tokio::task::spawn_blocking(move || write_atomically(&path, &text)).await;
+        if let Err(e) = wrote.map_err(std::io::Error::other).and_then(|r| r) {
+            warn!(error = %e, "cannot save the revocation list; kept in memory");
+        }
     }
 
     /// Pulls the revocation list now and every [`REVOCATION_POLL`]; ends with the
@@ -186,6 +221,80 @@ impl Verifier for DataVerifier {
     }
 }
 
+/// The text of [`REVOKED_FILE`] for `revoked`, in a stable order.
+fn render_revoked(revoked: &HashSet<(String, KeyId)>) -> String {
+    let mut lines: Vec<String> = revoked.iter().map(|(n, id)| format!("{n} {id}")).collect();
+    lines.sort();
+    let mut text = format!("{REVOKED_HEADER}\n");
+    for line in lines {
+        text.push_str(&line);
+        text.push('\n');
+    }
+    text
+}
+
+/// Parses [`REVOKED_FILE`]'s text: the revoked keys it names, at most
+/// [`MAX_REVOCATIONS`]; a line that is not a valid name and a 32-hex-digit key id is
+/// skipped (and counted in the error), as is a file of another format.
+fn parse_revoked(text: &str) -> (HashSet<(String, KeyId)>, usize) {
+    let mut lines = text.lines();
+    if lines.next() != Some(REVOKED_HEADER) {
+        return (HashSet::new(), 1);
+    }
+    let (mut set, mut bad) = (HashSet::new(), 0);
+    for line in lines {
+        let mut id = [0u8; proto::auth::KEY_ID_BYTES];
+        let parsed = match line.split_once(' ') {
+            Some((name, hex_id)) if proto::auth::check_peer_name(name).is_ok() => {
+                hex::decode_to_slice(hex_id, &mut id).map(|()| name)
+            }
+            _ => Err(hex::FromHexError::InvalidStringLength),
+        };
+        match parsed {
+            Ok(name) if set.len() < MAX_REVOCATIONS => {
+                set.insert((name.to_string(), KeyId(id)));
+            }
+            _ => bad += 1,
+        }
+    }
+    (set, bad)
+}
+
+/// The list saved at `path`: empty when there is none; a file that cannot be read, or
+/// lines that cannot be parsed, are logged and left out.
+fn load_revoked(path: &Path) -> HashSet<(String, KeyId)> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return HashSet::new(),
+        Err(e) => {
+            warn!(path = %path.display(), error = %e, "cannot read the saved revocation list");
+            return HashSet::new();
+        }
+    };
+    let (set, bad) = parse_revoked(&text);
+    if bad > 0 {
+        warn!(path = %path.display(), bad, "lines of the saved revocation list left out");
+    }
+    info!(
+        revoked = set.len(),
+        "revocation list read from the data directory"
+    );
+    set
+}
+
+fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("new");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +335,26 @@ mod tests {
         }
     }
 
+    /// Guards against a saved revocation list that does not read back, or a damaged one
+    /// that stops a start: bad lines are left out, good ones kept.
+    #[test]
+    fn the_saved_list_reads_back_and_bad_lines_are_left_out() {
+        let set: HashSet<_> = [("ann", 1), ("bob", 2)]
+            .iter()
+            .map(|(n, b)| (n.to_string(), KeyId([*b; 16])))
+            .collect();
+        let text = render_revoked(&set);
+        assert_eq!(parse_revoked(&text), (set.clone(), 0));
+        let damaged = format!("{text}no-id\nbad name {}\ncid 12zz\n", KeyId([3; 16]));
+        assert_eq!(parse_revoked(&damaged), (set, 3));
+        assert_eq!(parse_revoked("something else\nann 00").0.len(), 0);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(REVOKED_FILE);
+        assert!(load_revoked(&path).is_empty(), "no file: an empty list");
+        write_atomically(&path, &text).unwrap();
+        assert_eq!(load_revoked(&path).len(), 2);
+    }
+
     /// Guards against a data server skipping revocations whose versions the metadata
     /// server handed out again (a crash lost them before they were durable, or a store
     /// was restored, or the cluster key rotated): it pulled "after 1" and never saw the
@@ -247,7 +376,7 @@ mod tests {
             .await
             .unwrap();
         let addr = listener.local_addr().to_string();
-        let verifier = DataVerifier::new(Key::generate().unwrap(), ep(), addr);
+        let verifier = DataVerifier::new(Key::generate().unwrap(), ep(), addr, None);
         let none = Weak::new();
         assert_eq!(verifier.pull(&none).await.unwrap(), 1);
         assert!(verifier.0.is_revoked("ann", &KeyId([1; 16])));
@@ -258,6 +387,47 @@ mod tests {
         assert!(
             verifier.0.is_revoked("ann", &KeyId([1; 16])),
             "the list only grows"
+        );
+    }
+
+    /// Guards against a data server started while the metadata server is away letting
+    /// in a key revoked before (its list lived in memory only).
+    #[tokio::test]
+    async fn a_data_server_started_with_the_metadata_server_away_keeps_its_list() {
+        let ep = || {
+            Endpoint::new(
+                Backend::Tcp,
+                TransportConfig::default(),
+                proto::PROTOCOL_VERSION,
+            )
+            .unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let meta = FakeMeta::default();
+        *meta.0.lock() = (1, vec![revoked("ann", 1)]);
+        let listener = ep()
+            .listen("127.0.0.1:0", Arc::new(meta.clone()))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().to_string();
+        let cluster = Key::generate().unwrap();
+        let first = DataVerifier::new(cluster.clone(), ep(), addr, Some(dir.path()));
+        assert_eq!(first.pull(&Weak::new()).await.unwrap(), 1);
+        drop((first, listener));
+        // Nobody listens at port 1: the metadata server is away.
+        let again = DataVerifier::new(cluster, ep(), "127.0.0.1:1".into(), Some(dir.path()));
+        assert!(
+            again.pull(&Weak::new()).await.is_err(),
+            "the metadata server answered"
+        );
+        let claim = Claim {
+            key_id: KeyId([1; 16]),
+            caps: proto::auth::Caps::default(),
+        };
+        let found = again.lookup("ann", Some(&claim)).await;
+        assert!(
+            matches!(found, Lookup::Refused { why: "revoked", .. }),
+            "{found:?}"
         );
     }
 }

@@ -40,7 +40,8 @@ fn with_keys(
     let skew = config.grant_clock_skew_ms;
     let grants = GrantCheck::new(cluster.clone(), skew, contact.clone());
     let out = ep.with_credentials(Credentials::server("data", cluster.clone()));
-    let verifier = DataVerifier::new(cluster, out.clone(), config.meta_addr.clone());
+    let dir = Some(config.data_dir.as_path());
+    let verifier = DataVerifier::new(cluster, out.clone(), config.meta_addr.clone(), dir);
     Ok((
         out.with_verifier(Arc::new(verifier.clone())),
         Some(verifier),
