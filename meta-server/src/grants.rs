@@ -105,7 +105,7 @@ impl Granter {
         let (ino, version) = (opened.attr.ino, ns.map_version());
         opened.grant = self.grant(who, ino, writes, version);
         if opened.cut_tail {
-            let cut = GrantMode::CutTo(opened.attr.size);
+            let cut = GrantMode::CutTo(opened.attr.size, opened.layout.chunk_size_bytes);
             let life = self.lifetime_ms.min(CUT_GRANT_LIFETIME_MS);
             opened.cut_grant = self.sealed(who, ino, cut, life, version);
         }

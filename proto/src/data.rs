@@ -309,7 +309,7 @@ mod tests {
                 &[0; 32],
                 InodeId(u64::MAX),
                 &"c".repeat(crate::auth::MAX_PEER_NAME_BYTES),
-                crate::grant::GrantMode::CutTo(u64::MAX),
+                crate::grant::GrantMode::CutTo(u64::MAX, u32::MAX),
                 u64::MAX,
                 u64::MAX,
             )),

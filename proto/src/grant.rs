@@ -29,10 +29,12 @@ pub enum GrantMode {
     Read,
     /// Reads, writes, truncation and fsync of the file's chunks.
     ReadWrite,
-    /// Reads, and a truncation of the file to exactly this length: the cut of what a
-    /// writer that vanished left past the committed length, which the next open makes
-    /// first, even one for reading (as a need: a truncation to this length).
-    CutTo(u64),
+    /// Reads, and a truncation of the file to exactly this length (`.0`) with exactly
+    /// the file's chunk size (`.1`: which chunks a truncation removes is counted in
+    /// it, so another would remove chunks below the length): the cut of what a writer
+    /// that vanished left past the committed length, which the next open makes first,
+    /// even one for reading (as a need: that truncation).
+    CutTo(u64, u32),
 }
 
 impl GrantMode {
@@ -40,18 +42,22 @@ impl GrantMode {
     pub fn allows(self, need: GrantMode) -> bool {
         match (self, need) {
             (GrantMode::ReadWrite, _) => true,
-            (GrantMode::Read | GrantMode::CutTo(_), GrantMode::Read) => true,
-            (GrantMode::CutTo(have), GrantMode::CutTo(want)) => have == want,
-            (GrantMode::Read | GrantMode::CutTo(_), _) => false,
+            (GrantMode::Read | GrantMode::CutTo(..), GrantMode::Read) => true,
+            (GrantMode::CutTo(len, cs), GrantMode::CutTo(want, want_cs)) => {
+                len == want && cs == want_cs
+            }
+            (GrantMode::Read | GrantMode::CutTo(..), _) => false,
         }
     }
 
-    /// The mode's bytes under the MAC: a kind byte, and a cut's length.
+    /// The mode's bytes under the MAC: a kind byte, and a cut's length and chunk size.
     fn bytes(self) -> Vec<u8> {
         match self {
             GrantMode::Read => vec![1],
             GrantMode::ReadWrite => vec![2],
-            GrantMode::CutTo(len) => [&[3u8][..], &len.to_be_bytes()].concat(),
+            GrantMode::CutTo(len, cs) => {
+                [&[4u8][..], &len.to_be_bytes(), &cs.to_be_bytes()].concat()
+            }
         }
     }
 }
@@ -160,6 +166,8 @@ impl MetaReach {
     fn excuses(self, g: &Grant, skew_ms: u64) -> bool {
         match self {
             MetaReach::Reached => false,
+            // A cut grant is for the open that asked, now: never stretched.
+            MetaReach::LostSince(_) if matches!(g.mode, GrantMode::CutTo(..)) => false,
             MetaReach::LostSince(t) => t <= g.expires_ms.saturating_add(skew_ms),
         }
     }
@@ -303,22 +311,35 @@ mod tests {
             &KEY,
             InodeId(5),
             "alice",
-            GrantMode::CutTo(10),
+            GrantMode::CutTo(10, 4096),
             NOW + 1000,
             3,
         );
         let at = |mode| check(&KEY, Some(&cut), need(mode), NOW);
         assert_eq!(at(GrantMode::Read), Ok(()));
-        assert_eq!(at(GrantMode::CutTo(10)), Ok(()));
-        assert_eq!(at(GrantMode::CutTo(0)), Err(GrantFault::WrongMode));
+        assert_eq!(at(GrantMode::CutTo(10, 4096)), Ok(()));
+        assert_eq!(at(GrantMode::CutTo(0, 4096)), Err(GrantFault::WrongMode));
+        // Counted in larger chunks, a cut to the same length removes chunks below it.
+        assert_eq!(at(GrantMode::CutTo(10, 65536)), Err(GrantFault::WrongMode));
         assert_eq!(at(GrantMode::ReadWrite), Err(GrantFault::WrongMode));
         let read = seal(&KEY, InodeId(5), "alice", GrantMode::Read, NOW + 1000, 3);
-        let cut_with = |g: &Grant| check(&KEY, Some(g), need(GrantMode::CutTo(10)), NOW);
+        let cut_with = |g: &Grant| check(&KEY, Some(g), need(GrantMode::CutTo(10, 4096)), NOW);
         assert_eq!(cut_with(&read), Err(GrantFault::WrongMode));
         assert_eq!(cut_with(&good()), Ok(()), "a writable grant cuts anywhere");
         let mut longer = cut.clone();
-        longer.mode = GrantMode::CutTo(0);
+        longer.mode = GrantMode::CutTo(0, 4096);
         assert!(!sealed_by(&KEY, &longer), "the length is sealed");
+        let coarser = GrantMode::CutTo(10, 65536);
+        assert!(
+            !sealed_by(
+                &KEY,
+                &Grant {
+                    mode: coarser,
+                    ..cut
+                }
+            ),
+            "so is the chunk size"
+        );
     }
 
     #[test]

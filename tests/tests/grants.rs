@@ -497,7 +497,11 @@ async fn a_reader_that_must_cut_a_vanished_writers_tail_gets_no_write_grant() {
     assert!(opened.cut_tail, "the writer vanished with the file open");
     let (grant, cut) = (opened.grant.unwrap(), opened.cut_grant.unwrap());
     assert_eq!(grant.mode, GrantMode::Read, "a reader reads");
-    assert_eq!(cut.mode, GrantMode::CutTo(0), "and cuts to the length only");
+    let cut_to = GrantMode::CutTo(0, 4 << 20);
+    assert_eq!(
+        cut.mode, cut_to,
+        "and cuts to the length, in the file's chunks, only"
+    );
 
     let map = admin.cluster_map().await.unwrap();
     let place = Placement {
@@ -529,14 +533,20 @@ async fn a_reader_that_must_cut_a_vanished_writers_tail_gets_no_write_grant() {
         call(&data, write(&cut)).await,
         Some(ErrorCode::GrantWrongMode)
     );
-    let truncate = |size, grant: &Grant| TruncateFile {
+    let truncate_in = |size, chunk_size_bytes, grant: &Grant| TruncateFile {
         inode: ino,
         size,
-        chunk_size_bytes: 4 << 20,
+        chunk_size_bytes,
         grant: Some(grant.clone()),
     };
+    let truncate = |size, grant: &Grant| truncate_in(size, 4 << 20, grant);
     assert_eq!(
         call(&data, truncate(4096, &cut)).await,
+        Some(ErrorCode::GrantWrongMode)
+    );
+    // Counted in larger chunks, a cut to the length would remove chunks below it.
+    assert_eq!(
+        call(&data, truncate_in(0, 64 << 20, &cut)).await,
         Some(ErrorCode::GrantWrongMode)
     );
     assert_eq!(

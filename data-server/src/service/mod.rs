@@ -259,7 +259,12 @@ impl Inner {
             D::WriteInline(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, ReadWrite),
             D::WriteZeros(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, ReadWrite),
             // A cut grant allows a truncation to its own length.
-            D::TruncateFile(r) => g.chunk_access(conn, r.grant.as_ref(), r.inode, CutTo(r.size)),
+            D::TruncateFile(r) => g.chunk_access(
+                conn,
+                r.grant.as_ref(),
+                r.inode,
+                CutTo(r.size, r.chunk_size_bytes),
+            ),
             // Durability only: any grant of the file will do, for every chunk named.
             D::Fsync(r) => r
                 .chunks

@@ -11,7 +11,7 @@ use crate::error::{show, MetaError};
 use proto::attr::TimeSet;
 use proto::meta::{Caller, Commit, DirChange, OpenAccess};
 use proto::{Attr, ClientId, FileKind, InodeId, Layout, SessionId, SetAttr};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Who a new session belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -333,29 +333,32 @@ impl Namespace {
     /// client may have left bytes past their length.
     fn end_sessions_of(&self, conn: ConnId) {
         let mut st = self.state.lock();
-        let ended: Vec<(SessionId, InodeId)> = st
+        let ended: Vec<(SessionId, InodeId, bool)> = st
             .sessions
             .iter()
             .filter(|(_, s)| s.conn == conn)
-            .map(|(&id, s)| (id, s.ino))
+            .map(|(&id, s)| (id, s.ino, s.write))
             .collect();
         if ended.is_empty() {
             return;
         }
         let mut closing: HashMap<InodeId, u32> = HashMap::new();
-        for (_, ino) in &ended {
+        for (_, ino, _) in &ended {
             *closing.entry(*ino).or_insert(0) += 1;
         }
+        // Only a writer can leave bytes past the committed length: a reader's vanished
+        // session leaves no tail to cut (and so hands the next opener no cut grant).
+        let written: HashSet<InodeId> = ended.iter().filter(|e| e.2).map(|e| e.1).collect();
         let mut txn = Txn::new(&*self.store, &st.sb);
         // The sessions end either way: the connection is gone. An orphan whose purge
         // failed keeps its `O` key and is purged at the next start.
         let freed = purge_closing(&mut txn, &st, &closing)
-            .and_then(|()| mark_tails(&mut txn, closing.keys()))
+            .and_then(|()| mark_tails(&mut txn, written.iter()))
             .and_then(|()| Self::commit_txn(&mut st, txn));
         if let Err(e) = freed {
             tracing::warn!(conn = conn.0, error = %e, "freeing orphans or marking the files left open failed");
         }
-        for (session, _) in ended {
+        for (session, _, _) in ended {
             end_session(&mut st, session);
         }
         drop(st);
