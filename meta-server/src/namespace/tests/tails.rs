@@ -3,7 +3,8 @@
 
 use super::{caller, code, engine_tests, mkdir, owner, touch, H, ROOT};
 use crate::kv::StoreKind;
-use crate::namespace::{keys, ConnId};
+use crate::namespace::{keys, ConnId, SessionOwner};
+use proto::meta::OpenAccess;
 use proto::ErrorCode;
 
 /// Marks, duty, waiting and the end of the duty with a `TailCut`.
@@ -111,7 +112,35 @@ fn the_mark_survives_a_restart_and_goes_with_the_file_and_a_stop_marks_nothing(k
     assert!(!h.has_key(&keys::tail(live.ino)));
 }
 
+/// Guards against a reader handing itself a cut grant: its vanished session marked the
+/// file, so its next open was given the cut (a truncation at the data servers).
+fn a_readers_vanished_session_leaves_no_tail(kind: StoreKind) {
+    let h = H::with_nodes(kind, 1);
+    let ns = h.ns();
+    let f = touch(ns, ROOT, "f");
+    let reader = SessionOwner {
+        access: OpenAccess::Read,
+        ..owner(7)
+    };
+    ns.open_inode(f.ino, false, reader).unwrap();
+    ns.connection_closed(ConnId(7));
+    assert!(!h.has_key(&keys::tail(f.ino)), "a reader leaves no bytes");
+    assert!(
+        !ns.open_inode(f.ino, false, reader_again())
+            .unwrap()
+            .cut_tail
+    );
+}
+
+fn reader_again() -> SessionOwner {
+    SessionOwner {
+        access: OpenAccess::Read,
+        ..owner(1)
+    }
+}
+
 engine_tests!(
+    a_readers_vanished_session_leaves_no_tail,
     the_next_opener_cuts_and_others_wait,
     the_duty_waits_for_other_sessions_and_outlives_its_cutter,
     the_mark_survives_a_restart_and_goes_with_the_file_and_a_stop_marks_nothing,
