@@ -44,6 +44,10 @@ impl fuser::Filesystem for TesseraFs {
             // Every listing with attributes (see "Directory listings" in
             // ARCHITECTURE.md).
             F::FUSE_DO_READDIRPLUS,
+            // Shared mappings of files opened with FOPEN_DIRECT_IO (O_DIRECT, O_APPEND:
+            // `Inner::direct_open`); the kernel (6.6+) writes back and drops the
+            // mapped pages a direct read or write covers, so they stay coherent.
+            F::FUSE_DIRECT_IO_ALLOW_MMAP,
         ];
         for cap in caps {
             let _ = config.add_capabilities(cap);
