@@ -146,6 +146,46 @@ fn shared_writable_mmap_reaches_another_mount() {
     );
 }
 
+/// Guards against `mmap` of a file opened with `O_DIRECT` or `O_APPEND` failing with
+/// ENODEV (issue 28, item 5): such opens bypass the page cache, and the kernel refused
+/// shared mappings of them. Stores through the mapping reach another mount, and an
+/// `O_DIRECT` write through the descriptor shows in the mapping.
+#[test]
+fn o_direct_and_o_append_files_can_be_mapped_shared() {
+    let cluster = ProcessCluster::start(1);
+    let (a, b) = (cluster.mount("a"), cluster.mount("b"));
+    let len = 3 * 4096;
+    let mut want = pseudo_random(len, 41);
+    for (name, flags) in [("direct", libc::O_DIRECT), ("append", libc::O_APPEND)] {
+        let p = a.path.join(name);
+        fs::write(&p, &want).unwrap();
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(flags)
+            .open(&p)
+            .unwrap();
+        with_shared_map(&f, len, true, |m| {
+            assert_eq!(sha256_hex(m), sha256_hex(&want), "{name}: mapped bytes");
+            m[5000..5004].copy_from_slice(b"MAPD");
+            if flags == libc::O_DIRECT {
+                let mut page = Aligned::new(4096);
+                page.bytes().fill(b'd');
+                f.write_all_at(page.bytes(), 8192).unwrap();
+                assert!(m[8192..].iter().all(|&c| c == b'd'), "{name}: write in map");
+            }
+        });
+        drop(f);
+        want[5000..5004].copy_from_slice(b"MAPD");
+        if flags == libc::O_DIRECT {
+            want[8192..].fill(b'd');
+        }
+        let seen = fs::read(b.path.join(name)).unwrap();
+        assert_eq!(sha256_hex(&seen), sha256_hex(&want), "{name}: other mount");
+        want = pseudo_random(len, 41);
+    }
+}
+
 /// Checks the SEEK_DATA/SEEK_HOLE answers at `off` against POSIX and the bytes: a data
 /// offset is at or after `off` and inside the file, a hole offset at or after `off`
 /// and at most the size, and whatever is reported as a hole reads as zeros.

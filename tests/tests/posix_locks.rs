@@ -294,3 +294,62 @@ fn locks_go_when_the_holders_client_dies() {
     waiter.expect("close f", "ok");
     eventually_ok(&mut h2, "lock f ex 0 0");
 }
+
+/// An OFD lock on `fd` over the whole file, `F_OFD_GETLK` or `F_OFD_SETLK` as `cmd`;
+/// returns the type `F_OFD_GETLK` found, or the errno of a refused `F_OFD_SETLK`.
+fn ofd(fd: i32, cmd: i32) -> Result<i32, i32> {
+    // SAFETY: plain data, zero is a valid bit pattern (l_pid must be 0 for OFD locks).
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    // SAFETY: a valid descriptor and a valid struct flock.
+    let r = unsafe { libc::fcntl(fd, cmd, &mut fl) };
+    if r == 0 {
+        Ok(i32::from(fl.l_type))
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    }
+}
+
+/// Guards against an OFD lock still reported after `close` of its last descriptor
+/// returned (the kernel sends that release in the background; issue 28, item 2).
+#[test]
+fn an_ofd_lock_is_gone_when_close_of_its_last_descriptor_returns() {
+    let (_cluster, a, _b) = setup(&["f"]);
+    let path = a.path.join("f");
+    let open = || {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap()
+    };
+    let other = open();
+    for round in 0..200 {
+        let holder = open();
+        assert_eq!(
+            ofd(holder.as_raw_fd(), libc::F_OFD_SETLK),
+            Ok(libc::F_WRLCK)
+        );
+        assert_eq!(
+            ofd(other.as_raw_fd(), libc::F_OFD_SETLK),
+            Err(libc::EAGAIN),
+            "round {round}: held through the other descriptor"
+        );
+        drop(holder);
+        assert_eq!(
+            ofd(other.as_raw_fd(), libc::F_OFD_GETLK),
+            Ok(libc::F_UNLCK),
+            "round {round}: F_OFD_GETLK right after the close"
+        );
+        assert_eq!(ofd(other.as_raw_fd(), libc::F_OFD_SETLK), Ok(libc::F_WRLCK));
+        let unlock = |fd: i32| {
+            // SAFETY: as in `ofd`.
+            let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+            fl.l_type = libc::F_UNLCK as libc::c_short;
+            // SAFETY: a valid descriptor and a valid struct flock.
+            unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &mut fl) }
+        };
+        assert_eq!(unlock(other.as_raw_fd()), 0);
+    }
+}

@@ -9,6 +9,7 @@ mod callers;
 mod dir;
 mod errno;
 mod ops;
+mod releases;
 mod replies;
 
 #[cfg(test)]
@@ -71,6 +72,8 @@ struct Inner {
     /// asks to drop: without this they would outlive their last close until the
     /// mount's connection ends.
     lock_owners: Mutex<HashMap<u64, HashSet<u64>>>,
+    /// Releases of locks at a last close still on their way to the metadata server.
+    releases: Arc<releases::Releases>,
     /// Sends cache invalidations to the kernel; set once the session exists.
     notifier: OnceLock<fuser::Notifier>,
     /// The kernel took `FUSE_WRITEBACK_CACHE` at init: it owns the length of the files
@@ -126,6 +129,7 @@ impl TesseraFs {
             notifier: OnceLock::new(),
             locked: Mutex::new(HashSet::new()),
             lock_owners: Mutex::new(HashMap::new()),
+            releases: Arc::default(),
             writeback: AtomicBool::new(false),
         };
         TesseraFs {

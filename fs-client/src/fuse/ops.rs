@@ -44,6 +44,10 @@ impl fuser::Filesystem for TesseraFs {
             // Every listing with attributes (see "Directory listings" in
             // ARCHITECTURE.md).
             F::FUSE_DO_READDIRPLUS,
+            // Shared mappings of files opened with FOPEN_DIRECT_IO (O_DIRECT, O_APPEND:
+            // `Inner::direct_open`); the kernel (6.6+) writes back and drops the
+            // mapped pages a direct read or write covers, so they stay coherent.
+            F::FUSE_DIRECT_IO_ALLOW_MMAP,
         ];
         for cap in caps {
             let _ = config.add_capabilities(cap);
@@ -492,6 +496,9 @@ impl fuser::Filesystem for TesseraFs {
                 return reply.ok();
             }
         }
+        // Lock calls of this mount read after this release wait for it (see
+        // `releases`): `close` returned before the kernel sent it.
+        let releasing = self.inner.releases.start(ino(i));
         let inner = self.inner.clone();
         self.spawn(req, async move {
             // The last close of an open file drops its flock (the kernel names the owner)
@@ -503,6 +510,7 @@ impl fuser::Filesystem for TesseraFs {
                     debug!(error = %e, "releasing flock and OFD locks failed");
                 }
             }
+            drop(releasing);
             let file = inner.files.lock().remove(&fh.0).map(|o| o.file);
             let r = match file {
                 Some(file) => inner.client.release(&file).await,
@@ -802,6 +810,7 @@ impl fuser::Filesystem for TesseraFs {
         };
         let inner = self.inner.clone();
         self.spawn(req, async move {
+            inner.releases.settled(ino(i)).await;
             let r = inner.client.getlk(ino(i), lock).await;
             finish(reply, r, |reply, held| match held {
                 Some(h) => reply.locked(h.start, h.end, lock_type(h.kind), h.pid),
@@ -828,6 +837,7 @@ impl fuser::Filesystem for TesseraFs {
         };
         let inner = self.inner.clone();
         self.spawn(req, async move {
+            inner.releases.settled(ino(i)).await;
             if lock.kind != LockKind::Unlock {
                 inner.locked.lock().insert(ino(i));
                 let mut owners = inner.lock_owners.lock();

@@ -56,8 +56,16 @@ pub const MAX_READDIR_ENTRIES: u32 = 1024;
 pub const READDIR_BUDGET_BYTES: usize = 48 << 10;
 /// Most hard links to one inode (as ext4).
 pub const MAX_LINKS: u32 = 65_000;
-/// Most extended attributes on one inode; keeps `ListXattr` inside one message.
-pub const MAX_XATTRS_PER_INODE: u32 = 256;
+/// Most bytes of the names of one inode's extended attributes, each counted with the
+/// NUL that ends it in `listxattr(2)`'s list: Linux's `XATTR_LIST_MAX`, so every list
+/// fits what the kernel passes on, and `ListXattr` fits one message.
+pub const MAX_XATTR_NAMES_BYTES: usize = 65_536;
+/// Most bytes of one inode's extended attributes, names (as above) and values together;
+/// a value alone is at most `proto::MAX_XATTR_VALUE_BYTES` (64 KiB, as Linux).
+pub const MAX_XATTR_TOTAL_BYTES: usize = 1 << 20;
+/// Most extended attributes on one inode, implied by [`MAX_XATTR_NAMES_BYTES`] (a name
+/// has at least one byte and its NUL); bounds the scans of an inode's attributes.
+pub const MAX_XATTRS_PER_INODE: u32 = (MAX_XATTR_NAMES_BYTES / 2) as u32;
 /// Most data servers the cluster may have.
 pub const MAX_NODES: usize = 1024;
 /// Most pending deletions returned to one heartbeat.

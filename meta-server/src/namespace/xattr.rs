@@ -2,8 +2,10 @@
 
 use super::names::{check_xattr_name, check_xattr_value};
 use super::records::{decode, encode};
+use super::txn::Txn;
 use super::txn::{Reads, StoreReads};
 use super::{keys, now, Namespace, MAX_XATTRS_PER_INODE};
+use super::{MAX_XATTR_NAMES_BYTES, MAX_XATTR_TOTAL_BYTES};
 use crate::error::{show, MetaError};
 use proto::meta::XattrMode;
 use proto::InodeId;
@@ -44,12 +46,8 @@ impl Namespace {
                 }
                 _ => {}
             }
+            check_room(txn, ino, name, value)?;
             if !exists {
-                if rec.xattr_count >= MAX_XATTRS_PER_INODE {
-                    return Err(MetaError::NoSpace(format!(
-                        "{ino} has {MAX_XATTRS_PER_INODE} extended attributes, the limit"
-                    )));
-                }
                 rec.xattr_count += 1;
             }
             rec.changed_at(now());
@@ -88,4 +86,47 @@ impl Namespace {
             txn.put_inode(ino, &rec)
         })
     }
+}
+
+/// Refuses with ENOSPC a `value` for `name` that would take `ino`'s extended attributes
+/// past [`MAX_XATTR_NAMES_BYTES`] or [`MAX_XATTR_TOTAL_BYTES`] (what the attribute holds
+/// now, if it exists, is replaced). The sums come from a scan of the inode's attributes,
+/// at most [`MAX_XATTRS_PER_INODE`] of them, so no stored record carries them.
+fn check_room(txn: &Txn<'_>, ino: InodeId, name: &[u8], value: &[u8]) -> Result<(), MetaError> {
+    let prefix = keys::xattr_prefix(ino);
+    let rows = txn.scan(
+        &prefix,
+        &keys::prefix_end(&prefix),
+        MAX_XATTRS_PER_INODE as usize,
+    )?;
+    let (mut names, mut total) = (name.len() + 1, name.len() + 1 + value.len());
+    for (k, v) in rows {
+        let other = &k[prefix.len()..];
+        if other == name {
+            continue;
+        }
+        names += other.len() + 1;
+        total += other.len() + 1 + stored_value_len(&v)?;
+    }
+    if names > MAX_XATTR_NAMES_BYTES || total > MAX_XATTR_TOTAL_BYTES {
+        return Err(MetaError::NoSpace(format!(
+            "{ino}: extended attributes of {names} bytes of names and {total} in all, the \
+             limits are {MAX_XATTR_NAMES_BYTES} and {MAX_XATTR_TOTAL_BYTES}"
+        )));
+    }
+    Ok(())
+}
+
+/// The length of a stored value without decoding (copying) it: the record's version
+/// byte, then postcard's varint length of the bytes, then the bytes.
+fn stored_value_len(stored: &[u8]) -> Result<usize, MetaError> {
+    let body = stored.get(1..).unwrap_or_default();
+    let mut len = 0usize;
+    for (i, &b) in body.iter().enumerate().take(10) {
+        len |= usize::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return Ok(len);
+        }
+    }
+    Err(MetaError::Corrupt("xattr value: bad length".into()))
 }
