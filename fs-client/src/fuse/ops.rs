@@ -44,6 +44,10 @@ impl fuser::Filesystem for TesseraFs {
             // Every listing with attributes (see "Directory listings" in
             // ARCHITECTURE.md).
             F::FUSE_DO_READDIRPLUS,
+            // File handles that outlive the kernel's cache and a remount: the kernel
+            // looks up "." in the inode a handle names and ".." in a directory
+            // (`Client::lookup`). Node ids are inode numbers, never reused.
+            F::FUSE_EXPORT_SUPPORT,
         ];
         for cap in caps {
             let _ = config.add_capabilities(cap);
