@@ -324,6 +324,17 @@ impl Client {
 
     /// Finds `name` in `parent`.
     pub async fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr> {
+        // The kernel turns a file handle into an inode with a lookup of "." in the
+        // inode it names, and finds a directory's parent with one of ".." (export
+        // operations: `open_by_handle_at`, NFS); no name lookup asks either.
+        match name {
+            b"." => return self.getattr(parent).await,
+            b".." => {
+                let attr = self.meta(fs::LookupParent { dir: parent }).await?;
+                return Ok(self.overlay(attr));
+            }
+            _ => {}
+        }
         if self.dir_names.absent(parent, name) {
             return Err(ClientError::KnownAbsent(format!(
                 "no {} in {parent}",

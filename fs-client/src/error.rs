@@ -28,6 +28,9 @@ pub enum ClientError {
     /// The file's layout has no chain for the chunk to be written.
     #[error("no data servers: {0}")]
     NoDataServers(String),
+    /// The data servers have less free space than an allocation needs.
+    #[error("no space: {0}")]
+    NoSpace(String),
     /// An offset or range ends past the largest file offset (`i64::MAX`).
     #[error("too large: {0}")]
     TooLarge(String),
@@ -61,7 +64,7 @@ impl ClientError {
             ClientError::Protocol(_) => ErrorCode::Malformed,
             ClientError::Invalid(_) | ClientError::Config(_) => ErrorCode::InvalidArgument,
             ClientError::NotInMap(_) | ClientError::MetaAway(_) => ErrorCode::Unavailable,
-            ClientError::NoDataServers(_) => ErrorCode::NoSpace,
+            ClientError::NoDataServers(_) | ClientError::NoSpace(_) => ErrorCode::NoSpace,
             ClientError::TooLarge(_) => ErrorCode::TooBig,
             ClientError::NotSupported(_) => ErrorCode::NotSupported,
             ClientError::KnownAbsent(_) => ErrorCode::NotFound,

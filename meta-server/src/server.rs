@@ -319,6 +319,7 @@ async fn route(
                 F::ReleaseLocks(r) => serve(ns, r, at, limit).await,
                 F::Resume(r) => serve(ns, r, at, limit).await,
                 F::MyCaps(r) => serve(ns, r, at, limit).await,
+                F::LookupParent(r) => lookup_parent(ns, r, at, limit, scope).await,
             }
         }
         MetaRequest::Cluster(req) => match req {
@@ -410,6 +411,32 @@ impl Reveals for proto::meta::fs::ReadDir {
             note(e.ino, e.kind);
         }
     }
+}
+
+/// Answers a directory's parent. A scoped key's root (which it names as the root) is
+/// its own parent and is answered as the root, so ".." never leads out of the scope.
+async fn lookup_parent(
+    ns: Arc<Namespace>,
+    req: proto::meta::fs::LookupParent,
+    at: Origin,
+    limit: usize,
+    scope: Option<Arc<Scope>>,
+) -> Vec<u8> {
+    let Some(root) = scope.map(|s| s.root) else {
+        return serve(ns, req, at, limit).await;
+    };
+    let own = req.dir == root;
+    // The scope's root too has its search permission checked, as any directory.
+    let mut result = run(ns.clone(), req, at).await;
+    if own {
+        result = result.and_then(|_| ns.getattr(root).map_err(WireError::from));
+    }
+    if let Ok(a) = &mut result {
+        if a.ino == root {
+            a.ino = proto::InodeId::ROOT;
+        }
+    }
+    rpc::answer(&result, limit)
 }
 
 /// Runs one request and encodes its answer.

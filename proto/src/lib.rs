@@ -33,8 +33,9 @@ pub use rpc::{Request, Rpc, RpcResult};
 /// carry the metadata server's grant ([`grant`]). 14: client keys are derived from the
 /// cluster key: `Hello` carries the key id and capabilities, `KeyCreate` records them
 /// without a key, and data servers pull revocations instead of asking for keys. 15:
-/// `Resume` names each session's open mode and its reply carries new grants.
-pub const PROTOCOL_VERSION: u16 = 15;
+/// `Resume` names each session's open mode and its reply carries new grants. 16:
+/// `LookupParent` (a directory's parent, for file handles).
+pub const PROTOCOL_VERSION: u16 = 16;
 
 /// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
 pub const MAX_NAME_BYTES: usize = 255;

@@ -12,8 +12,8 @@ use std::process::{Child, Stdio};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use tessera_tests::posix::{
-    chunk_files, errno_of, fallocate, file_owned, open_to_all, times, wait_chunks, wait_until,
-    User, ALICE_UID, PYTHON,
+    chunk_files, errno_of, fallocate, file_owned, open_to_all, statvfs, times, wait_chunks,
+    wait_until, User, ALICE_UID, PYTHON,
 };
 use tessera_tests::{pseudo_random, sha256_hex, Agent, ProcessCluster};
 
@@ -161,6 +161,40 @@ fn fallocate_modes_grow_keep_and_punch() {
     drop(h);
     let other = fs::read(b.path.join("punch")).unwrap();
     assert_eq!(sha256_hex(&other), sha256_hex(&want), "the other mount too");
+}
+
+/// Guards against an `fallocate` of more than the free space succeeding (it only grew
+/// the file, so a program that reserved its output ran out of space mid-write).
+#[test]
+fn fallocate_beyond_the_free_space_fails_with_enospc() {
+    let cluster = ProcessCluster::start(1);
+    let m = cluster.mount("mnt");
+    let s = statvfs(&m.path);
+    let free = s.f_bavail * s.f_frsize;
+    assert!(free > 64 * MIB, "free space {free}");
+    let h = File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(m.path.join("big"))
+        .unwrap();
+    fallocate(&h, 0, 0, MIB).unwrap();
+    for (name, mode) in [
+        ("grow", 0),
+        ("KEEP_SIZE", libc::FALLOC_FL_KEEP_SIZE),
+        ("ZERO_RANGE", libc::FALLOC_FL_ZERO_RANGE),
+    ] {
+        let e = fallocate(&h, mode, 0, free + 64 * MIB);
+        assert_eq!(errno_of(name, e), libc::ENOSPC, "{name}");
+        assert_eq!(h.metadata().unwrap().len(), MIB, "{name} left the length");
+    }
+    // What the file already covers needs no new space, and what fits is granted.
+    fallocate(&h, 0, 0, MIB).unwrap();
+    fallocate(&h, 0, MIB, free / 2).unwrap();
+    assert_eq!(h.metadata().unwrap().len(), MIB + free / 2);
+    // Punching holes frees space: never refused.
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    fallocate(&h, punch, 0, free + 64 * MIB).unwrap();
 }
 
 /// One appender: `n` records of varying length, each one `write` on an O_APPEND fd.

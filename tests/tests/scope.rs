@@ -89,7 +89,8 @@ impl Wire {
             ReleaseLocks,
             Resume,
             MyCaps,
-            Regrant
+            Regrant,
+            LookupParent
         )
         .map_err(|e| e.code)
     }
@@ -174,6 +175,18 @@ async fn a_scoped_client_sees_its_directory_as_root_and_nothing_outside() {
     };
     let e = scoped.call(&root, up).await.unwrap_err();
     assert_eq!(e.code, ErrorCode::InvalidArgument, "`..` is no name: {e}");
+    // Nor does a directory's parent (file handles) lead out: the scope's root is its
+    // own parent, and is answered as the root the client knows (inode 1).
+    let sub = fs::Lookup {
+        parent: InodeId::ROOT,
+        name: b"sub".to_vec(),
+    };
+    let sub = scoped.call(&root, sub).await.unwrap().ino;
+    for dir in [InodeId::ROOT, sub] {
+        let up = fs::LookupParent { dir };
+        let got = scoped.call(&root, up).await.unwrap();
+        assert_eq!(got.ino, InodeId::ROOT, "the parent of {dir}");
+    }
     let a = fs::Lookup {
         parent: InodeId::ROOT,
         name: b"a".to_vec(),
@@ -266,6 +279,7 @@ fn names_dir(req: &FsRequest) -> bool {
     matches!(
         req,
         FsRequest::Lookup(_)
+            | FsRequest::LookupParent(_)
             | FsRequest::Create(_)
             | FsRequest::MkNod(_)
             | FsRequest::Mkdir(_)

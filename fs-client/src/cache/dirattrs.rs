@@ -75,6 +75,7 @@ impl DirAttrs {
             req,
             R::Hello(fs::Hello { .. })
                 | R::Lookup(fs::Lookup { .. })
+                | R::LookupParent(fs::LookupParent { .. })
                 | R::GetAttr(fs::GetAttr { .. })
                 | R::Readlink(fs::Readlink { .. })
                 | R::ReadDir(fs::ReadDir { .. })

@@ -595,7 +595,8 @@ impl Client {
     /// changes nothing visible; `PUNCH_HOLE | KEEP_SIZE` makes the range read as zeros;
     /// `ZERO_RANGE` does too and, without `KEEP_SIZE`, grows the file to cover it (there
     /// is no space to reserve, so zeroing and punching are the same here). Other modes
-    /// (collapse, insert, unshare) are not supported.
+    /// (collapse, insert, unshare) are not supported. Every mode but a punch first
+    /// checks the free space (see [`Client::check_space`]).
     pub async fn fallocate(&self, fh: &FileHandle, offset: u64, len: u64, mode: i32) -> Result<()> {
         let end = offset
             .checked_add(len)
@@ -603,6 +604,9 @@ impl Client {
             .ok_or_else(|| ClientError::TooLarge("range too large".into()))?;
         let keep = libc::FALLOC_FL_KEEP_SIZE;
         let (punch, zero) = (libc::FALLOC_FL_PUNCH_HOLE, libc::FALLOC_FL_ZERO_RANGE);
+        if mode & punch == 0 {
+            self.check_space(fh, offset, end).await?;
+        }
         match mode {
             0 => self.grow_to(fh, end).await,
             m if m == keep => Ok(()),
@@ -613,6 +617,29 @@ impl Client {
             }
             m => Err(ClientError::NotSupported(format!("fallocate mode {m:#x}"))),
         }
+    }
+
+    /// Fails with ENOSPC when the bytes of `[offset, end)` past the file's end need more
+    /// than the free space. A local file system refuses an allocation it cannot back;
+    /// here nothing is reserved, so this is a check at the time of the call against the
+    /// metadata server's `statfs`: the data servers' free space as of their last
+    /// heartbeats, summed and divided by the default copies (so `replicas` x the new
+    /// bytes must fit). It can still be wrong: writes since the last heartbeats are not
+    /// counted, two allocations at once may each fit alone, chunks go round-robin over
+    /// the chains so one full server can fail a write the total allows, and holes inside
+    /// the file are not counted (the client does not know which chunks exist).
+    async fn check_space(&self, fh: &FileHandle, offset: u64, end: u64) -> Result<()> {
+        let new_bytes = end.saturating_sub(offset.max(fh.state.size()));
+        if new_bytes == 0 {
+            return Ok(());
+        }
+        let free = self.statfs().await?.free_bytes;
+        if new_bytes > free {
+            return Err(ClientError::NoSpace(format!(
+                "fallocate of {new_bytes} new bytes with {free} free"
+            )));
+        }
+        Ok(())
     }
 
     /// Makes the file at least `end` bytes long (never shorter).

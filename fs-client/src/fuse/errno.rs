@@ -70,6 +70,7 @@ mod tests {
             (E::NotInMap(String::new()), Errno::EIO),
             (E::MetaAway(String::new()), Errno::EIO),
             (E::NoDataServers(String::new()), Errno::ENOSPC),
+            (E::NoSpace(String::new()), Errno::ENOSPC),
             (E::TooLarge(String::new()), Errno::EFBIG),
             (E::NotSupported(String::new()), Errno::EOPNOTSUPP),
             (E::KnownAbsent(String::new()), Errno::ENOENT),

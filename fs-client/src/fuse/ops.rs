@@ -48,6 +48,10 @@ impl fuser::Filesystem for TesseraFs {
             // `Inner::direct_open`); the kernel (6.6+) writes back and drops the
             // mapped pages a direct read or write covers, so they stay coherent.
             F::FUSE_DIRECT_IO_ALLOW_MMAP,
+            // File handles that outlive the kernel's cache and a remount: the kernel
+            // looks up "." in the inode a handle names and ".." in a directory
+            // (`Client::lookup`). Node ids are inode numbers, never reused.
+            F::FUSE_EXPORT_SUPPORT,
         ];
         for cap in caps {
             let _ = config.add_capabilities(cap);

@@ -22,6 +22,13 @@ impl Namespace {
         Ok(r.inode(ino)?.attr(ino))
     }
 
+    /// The attributes of directory `dir`'s parent (the root's is the root).
+    pub fn lookup_parent(&self, dir: InodeId) -> Result<Attr, MetaError> {
+        let r = StoreReads(&*self.store);
+        let parent = InodeId(r.dir(dir)?.parent);
+        Ok(r.inode(parent)?.attr(parent))
+    }
+
     /// The attributes of `ino`.
     pub fn getattr(&self, ino: InodeId) -> Result<Attr, MetaError> {
         Ok(StoreReads(&*self.store).inode(ino)?.attr(ino))

@@ -46,6 +46,18 @@ impl Handle for fs::Lookup {
     }
 }
 
+impl Handle for fs::LookupParent {
+    const POINT_READ: bool = true;
+    fn span_id(&self) -> u64 {
+        self.dir.0
+    }
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        // As a lookup of ".." in it: searching the directory is what is checked.
+        ns.may_search(&at.caller, self.dir)?;
+        ns.lookup_parent(self.dir)
+    }
+}
+
 impl Handle for fs::GetAttr {
     const POINT_READ: bool = true;
     fn span_id(&self) -> u64 {

@@ -52,7 +52,8 @@ impl FsRequest {
             | F::Resume(_)
             | F::MyCaps(_)
             // A renewed grant has its session's mode: a read-only key's is a read grant.
-            | F::Regrant(_) => false,
+            | F::Regrant(_)
+            | F::LookupParent(_) => false,
         }
     }
 
@@ -68,6 +69,7 @@ impl FsRequest {
             | F::MyCaps(_)
             | F::Regrant(_) => Vec::new(),
             F::Lookup(r) => vec![&mut r.parent],
+            F::LookupParent(r) => vec![&mut r.dir],
             F::GetAttr(r) => vec![&mut r.ino],
             F::SetAttr(r) => vec![&mut r.ino],
             F::Create(r) => vec![&mut r.parent],
@@ -244,6 +246,7 @@ pub fn one_of_each(dir: InodeId, file: InodeId, client: ClientId) -> Vec<FsReque
         FsRequest::Regrant(Regrant {
             session: SessionId(1),
         }),
+        FsRequest::LookupParent(LookupParent { dir }),
     ]
 }
 

@@ -44,6 +44,7 @@ crate::rpc_requests! {
         Resume => Resumed, "resume", idempotent: true;
         MyCaps => crate::auth::Caps, "my_caps", idempotent: true;
         Regrant => Option<Grant>, "regrant", idempotent: true;
+        LookupParent => Attr, "lookup_parent", idempotent: true;
     }
 }
 
@@ -431,6 +432,15 @@ pub struct Opened {
 pub struct Regrant {
     /// The session.
     pub session: SessionId,
+}
+
+/// The parent of directory `dir` (the root's is itself): what the kernel asks for when
+/// it turns a file handle of a directory into a path (`open_by_handle_at`, an NFS
+/// export), a lookup of ".." that a name lookup refuses.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LookupParent {
+    /// The directory.
+    pub dir: InodeId,
 }
 
 /// A new name: its inode's attributes and its directory's change, for the same

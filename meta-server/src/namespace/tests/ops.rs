@@ -87,6 +87,13 @@ fn lookup_finds_and_refuses(kind: StoreKind) {
     assert_eq!(code(ns.lookup(f.ino, b"x")), ErrorCode::NotADirectory);
     assert_eq!(code(ns.getattr(InodeId(0))), ErrorCode::NotFound);
     assert_eq!(code(ns.getattr(InodeId(u64::MAX))), ErrorCode::NotFound);
+    // A directory's parent, for file handles; the root is its own.
+    let e = mkdir(ns, d.ino, "e");
+    assert_eq!(ns.lookup_parent(e.ino).unwrap(), ns.getattr(d.ino).unwrap());
+    assert_eq!(ns.lookup_parent(d.ino).unwrap().ino, ROOT);
+    assert_eq!(ns.lookup_parent(ROOT).unwrap().ino, ROOT);
+    assert_eq!(code(ns.lookup_parent(f.ino)), ErrorCode::NotADirectory);
+    assert_eq!(code(ns.lookup_parent(InodeId(999))), ErrorCode::NotFound);
 }
 
 fn hostile_requests_get_errors_not_panics(kind: StoreKind) {
