@@ -101,21 +101,31 @@ impl GrantBook {
             && mode == GrantMode::Read
             && held.ends_at > now
             && held.writable_open();
-        if !keep_old {
+        if keep_old {
+            // Not asked again for every request until the old grant runs out.
+            held.renew_at = held.ends_at.min(now + life / 2);
+        } else {
             held.grant = grant;
             held.renew_at = now + life / 2;
             held.ends_at = now + life;
         }
     }
 
-    /// What a request of `ino` carries now.
+    /// What a request of `ino` carries now. One request renews at a time: the one
+    /// told to renew moves the next renewal [`RENEW_RETRY`] on, so that the others
+    /// carry the grant held meanwhile instead of each queueing a renewal behind a
+    /// metadata server that does not answer.
     pub(crate) fn attach(&self, ino: InodeId) -> Attach {
-        let book = self.book.lock();
-        let Some(h) = book.held.get(&ino) else {
+        let mut book = self.book.lock();
+        let Some(h) = book.held.get_mut(&ino) else {
             return Attach::Use(None);
         };
+        let now = Instant::now();
         match h.renewer() {
-            Some(s) if Instant::now() >= h.renew_at => Attach::Renew(s, Some(h.grant.clone())),
+            Some(s) if now >= h.renew_at => {
+                h.renew_at = now + RENEW_RETRY;
+                Attach::Renew(s, Some(h.grant.clone()))
+            }
             _ => Attach::Use(Some(h.grant.clone())),
         }
     }
@@ -254,5 +264,18 @@ mod tests {
             book.attach(InodeId(7)),
             Attach::Renew(SessionId(1), _)
         ));
+    }
+
+    /// Guards against every request renewing at once (each queued behind a metadata
+    /// server that does not answer, I/O nearly stopped): one renews, the others carry
+    /// the grant held until it answers or [`RENEW_RETRY`] passes.
+    #[test]
+    fn one_request_renews_at_a_time() {
+        let book = GrantBook::default();
+        book.put(grant(GrantMode::ReadWrite, 0), SessionId(1));
+        assert!(matches!(book.attach(InodeId(7)), Attach::Renew(..)));
+        for _ in 0..3 {
+            assert!(matches!(book.attach(InodeId(7)), Attach::Use(Some(_))));
+        }
     }
 }
