@@ -42,6 +42,13 @@ fn check_open(
         OpenAccess::Exec => X,
     };
     let want = if truncate { want | W } else { want };
+    // As Linux: a directory opens for reading only (a writable open of one would get
+    // a writable grant for chunks that belong to no file).
+    if rec.is_dir() && (access.writes() || truncate) {
+        return Err(MetaError::IsADirectory(
+            "a directory opens for reading only".into(),
+        ));
+    }
     perm::check(c, &m, want, "open the file so")
 }
 

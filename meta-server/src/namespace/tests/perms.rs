@@ -116,6 +116,12 @@ fn opens_are_checked_against_the_mode(kind: StoreKind) {
     assert_eq!(as_user(ns, ALICE, open(ro, OpenAccess::Write)), EACCES);
     assert_eq!(as_user(ns, ALICE, open(ro, OpenAccess::ReadWrite)), EACCES);
     assert_eq!(as_user(ns, ALICE, open(exec_only, OpenAccess::Exec)), None);
+    // A directory opens for reading only, even by root in a 0777 one: a writable open
+    // got a writable grant for chunks of no file.
+    let eisdir = Some(ErrorCode::IsADirectory);
+    assert_eq!(as_user(ns, 0, open(dir, OpenAccess::Write)), eisdir);
+    assert_eq!(as_user(ns, 0, open(dir, OpenAccess::ReadWrite)), eisdir);
+    assert_eq!(as_user(ns, 0, open(dir, OpenAccess::Read)), None);
     assert_eq!(
         as_user(ns, ALICE, open(exec_only, OpenAccess::Read)),
         EACCES
