@@ -8,7 +8,7 @@ use crate::namespace::scope::Scope;
 use crate::namespace::Namespace;
 use proto::auth::Caps;
 use proto::auth::ADMIN_NAME;
-use proto::meta::{AdminRequest, ClusterRequest, FsCall};
+use proto::meta::{AdminRequest, ClusterRequest, FsCall, FsRequest};
 use proto::{ErrorCode, InodeId, WireError};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -64,6 +64,15 @@ impl Gate {
             return Ok((call, None));
         }
         let scope = self.scope(ns, peer, caps)?;
+        if let FsRequest::Resume(r) = &call.req {
+            // A restart forgot which files this key reached inside its scope: a grant
+            // the cluster sealed for it and the file shows it did.
+            for s in &r.sessions {
+                if s.grant.as_ref().is_some_and(|g| ns.vouches(g, name, s.ino)) {
+                    scope.note(s.ino);
+                }
+            }
+        }
         let what = call.req.name();
         for ino in call.req.inodes_mut() {
             if *ino == InodeId::ROOT {

@@ -132,6 +132,17 @@ impl Granter {
 }
 
 impl Namespace {
+    /// Whether `g` was sealed by this cluster for `name` and file `ino` (whatever its
+    /// expiry): the metadata server gave `name` a grant for it, so reached it.
+    pub(crate) fn vouches(&self, g: &Grant, name: &str, ino: InodeId) -> bool {
+        let Some(granter) = self.granter.get() else {
+            return false;
+        };
+        g.inode == ino
+            && g.client == name
+            && proto::grant::sealed_by(granter.table.cluster_key().bytes(), g)
+    }
+
     /// Adds the grant of `at`'s client to an open's reply (none without keys).
     pub(crate) fn attach_grant(&self, at: &Origin, opened: &mut Opened, writes: bool) {
         if let Some(g) = self.granter.get() {

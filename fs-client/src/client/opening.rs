@@ -131,7 +131,7 @@ impl Client {
             grant,
             cut_grant,
         } = reply;
-        self.data.grants.put(grant, session);
+        self.data.grants.put(grant.clone(), session);
         if cut_tail {
             // On failure the session ends with the caller's error (the handle is not
             // made), and with it the duty: the next open is asked to cut.
@@ -168,6 +168,7 @@ impl Client {
             session,
             ino: attr.ino,
             writes,
+            grant,
         };
         self.session_opened(open, caller);
         Ok((attr, fh))

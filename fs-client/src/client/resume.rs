@@ -39,8 +39,8 @@ fn resume_calls<'a>(
             .iter_mut()
             .find(|(c, g)| *c == o.caller && g.len() < MAX_RESUMES);
         match open {
-            Some((_, g)) => g.push(o.open),
-            None => groups.push((o.caller.clone(), vec![o.open])),
+            Some((_, g)) => g.push(o.open.clone()),
+            None => groups.push((o.caller.clone(), vec![o.open.clone()])),
         }
     }
     groups
@@ -50,8 +50,9 @@ impl Client {
     /// Records an open session (its handle exists now) and the caller it was opened
     /// for, for [`Client::resume_sessions`].
     pub(crate) fn session_opened(&self, open: fs::OpenSession, caller: Caller) {
+        let session = open.session;
         let opener = Opener { open, caller };
-        self.sessions.lock().insert(open.session, opener);
+        self.sessions.lock().insert(session, opener);
     }
 
     /// Forgets a session its handle ended (its file's grant is no longer renewed with it).

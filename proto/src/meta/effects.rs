@@ -122,6 +122,7 @@ pub fn one_of_each(dir: InodeId, file: InodeId, client: ClientId) -> Vec<FsReque
         session: SessionId(1),
         ino: file,
         writes: true,
+        grant: None,
     }];
     vec![
         FsRequest::Hello(Hello { name: "t".into() }),

@@ -365,7 +365,7 @@ pub struct Resume {
 }
 
 /// One open session a client takes back with [`Resume`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpenSession {
     /// The session.
     pub session: SessionId,
@@ -374,6 +374,11 @@ pub struct OpenSession {
     /// It was opened for writing: a server that restarted since (and so forgot the
     /// open's mode) opens it for writing again if the caller may still write the file.
     pub writes: bool,
+    /// The grant the open was given, whatever its expiry (none without keys): sealed
+    /// by the cluster, it shows a server that restarted since that this key reached
+    /// the file inside its scope (a scoped key reaches a file by number only after
+    /// reaching it by a name inside, which a restart forgets).
+    pub grant: Option<crate::grant::Grant>,
 }
 
 /// The reply to [`Resume`].

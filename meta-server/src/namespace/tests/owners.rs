@@ -31,6 +31,7 @@ fn open(session: SessionId, ino: InodeId, writes: bool) -> OpenSession {
         session,
         ino,
         writes,
+        grant: None,
     }
 }
 

@@ -53,6 +53,7 @@ fn opens(list: &[(SessionId, InodeId)]) -> Vec<OpenSession> {
         session,
         ino,
         writes: false,
+        grant: None,
     };
     list.iter().map(open).collect()
 }
