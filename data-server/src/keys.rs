@@ -328,6 +328,27 @@ mod tests {
         }
     }
 
+    fn ep() -> Endpoint {
+        Endpoint::new(
+            Backend::Tcp,
+            TransportConfig::default(),
+            proto::PROTOCOL_VERSION,
+        )
+        .unwrap()
+    }
+
+    /// A [`FakeMeta`] in epoch 1 with `list`, listening: it, its listener, its address.
+    async fn fake_meta(list: Vec<Revoked>) -> (FakeMeta, Listener, String) {
+        let meta = FakeMeta::default();
+        *meta.0.lock() = (1, list);
+        let listener = ep()
+            .listen("127.0.0.1:0", Arc::new(meta.clone()))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().to_string();
+        (meta, listener, addr)
+    }
+
     fn revoked(name: &str, n: u8) -> Revoked {
         Revoked {
             name: name.into(),
@@ -361,21 +382,7 @@ mod tests {
     /// new first one.
     #[tokio::test]
     async fn another_epoch_pulls_the_whole_list_again() {
-        let ep = || {
-            Endpoint::new(
-                Backend::Tcp,
-                TransportConfig::default(),
-                proto::PROTOCOL_VERSION,
-            )
-            .unwrap()
-        };
-        let meta = FakeMeta::default();
-        *meta.0.lock() = (1, vec![revoked("ann", 1)]);
-        let listener = ep()
-            .listen("127.0.0.1:0", Arc::new(meta.clone()))
-            .await
-            .unwrap();
-        let addr = listener.local_addr().to_string();
+        let (meta, _listener, addr) = fake_meta(vec![revoked("ann", 1)]).await;
         let verifier = DataVerifier::new(Key::generate().unwrap(), ep(), addr, None);
         let none = Weak::new();
         assert_eq!(verifier.pull(&none).await.unwrap(), 1);
@@ -394,22 +401,8 @@ mod tests {
     /// in a key revoked before (its list lived in memory only).
     #[tokio::test]
     async fn a_data_server_started_with_the_metadata_server_away_keeps_its_list() {
-        let ep = || {
-            Endpoint::new(
-                Backend::Tcp,
-                TransportConfig::default(),
-                proto::PROTOCOL_VERSION,
-            )
-            .unwrap()
-        };
         let dir = tempfile::tempdir().unwrap();
-        let meta = FakeMeta::default();
-        *meta.0.lock() = (1, vec![revoked("ann", 1)]);
-        let listener = ep()
-            .listen("127.0.0.1:0", Arc::new(meta.clone()))
-            .await
-            .unwrap();
-        let addr = listener.local_addr().to_string();
+        let (_meta, listener, addr) = fake_meta(vec![revoked("ann", 1)]).await;
         let cluster = Key::generate().unwrap();
         let first = DataVerifier::new(cluster.clone(), ep(), addr, Some(dir.path()));
         assert_eq!(first.pull(&Weak::new()).await.unwrap(), 1);
