@@ -135,12 +135,18 @@ impl DataVerifier {
     /// a crash leaves one or the other). A failure is logged: the list in memory still
     /// holds, and the next revocation writes it again.
     async fn save(&self) {
-        let Some(path) = self.0.saved.clone() else {
+        let Some(dir) = self.0.saved.as_deref().and_then(Path::parent) else {
             return;
         };
-        let text = render_revoked(&self.0.list.lock().revoked);
-        let wrote = tokio::task::spawn_blocking(move || write_atomically(&path, &text)).await;
-        if let Err(e) = wrote.map_err(std::io::Error::other).and_then(|r| r) {
+        let (dir, text) = (
+            dir.to_path_buf(),
+            render_revoked(&self.0.list.lock().revoked),
+        );
+        let wrote = tokio::task::spawn_blocking(move || save_revoked(&dir, &text)).await;
+        if let Err(e) = wrote
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+        {
             warn!(error = %e, "cannot save the revocation list; kept in memory");
         }
     }
@@ -282,17 +288,10 @@ fn load_revoked(path: &Path) -> HashSet<(String, KeyId)> {
     set
 }
 
-fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension("new");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+/// Writes [`REVOKED_FILE`] in `dir` durably, as the store saves its own small files.
+fn save_revoked(dir: &Path, text: &str) -> Result<(), crate::DataError> {
+    let tmp = format!("{REVOKED_FILE}.new");
+    crate::store::dirs::save_atomically(dir, REVOKED_FILE, &tmp, text.as_bytes())
 }
 
 #[cfg(test)]
@@ -372,7 +371,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(REVOKED_FILE);
         assert!(load_revoked(&path).is_empty(), "no file: an empty list");
-        write_atomically(&path, &text).unwrap();
+        save_revoked(dir.path(), &text).unwrap();
         assert_eq!(load_revoked(&path).len(), 2);
     }
 

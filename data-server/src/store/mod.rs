@@ -112,7 +112,7 @@
 
 mod cache;
 mod chunk;
-mod dirs;
+pub(crate) mod dirs;
 pub mod format;
 #[doc(hidden)]
 pub mod fuzzing;
