@@ -76,7 +76,7 @@ impl Client {
         }
         let calls = resume_calls(self.sessions.lock().values());
         let open: usize = calls.iter().map(|(_, o)| o.len()).sum();
-        let mut lost = Vec::new();
+        let mut lost = 0;
         for (caller, sessions) in calls {
             let req = Request::new(fs::Resume {
                 client: self.id,
@@ -93,7 +93,11 @@ impl Client {
                             self.data.grants.put(Some(grant), session);
                         }
                     }
-                    lost.extend(r.lost);
+                    // Lost as each call answers, so a later call's refusal drops none.
+                    lost += r.lost.len();
+                    for session in r.lost {
+                        self.lose(session);
+                    }
                 }
                 Err(e @ ClientError::Transport(_)) => return Err(e),
                 Err(e) => {
@@ -105,12 +109,9 @@ impl Client {
         self.resumed.store(made, Ordering::Release);
         tracing::info!(
             open,
-            lost = lost.len(),
+            lost,
             "metadata connection made again, open files resumed"
         );
-        for session in lost {
-            self.lose(session);
-        }
         Ok(())
     }
 
