@@ -163,7 +163,9 @@ setup() {
 
 # The base revision's tree is exported (git archive: no worktree left registered) under
 # BENCH_DIR and built into its own target directory, kept between runs so that a second
-# A/B builds little.
+# A/B builds little. The files are extracted with the time of extraction (`tar -m`):
+# with the commit's times, older than the last base's build, cargo would take the
+# previous base's binaries as fresh and measure them under the new name.
 BASE_SRC=$BENCH_DIR/base-src
 BASE_BIN=$BENCH_DIR/base-target/release
 build_base() {
@@ -171,9 +173,15 @@ build_base() {
   rev=$(git -C "$ROOT" rev-parse --verify "$BASE_REV^{commit}") ||
     { echo "--base $BASE_REV: not a revision of $ROOT" >&2; return 1; }
   rm -rf "$BASE_SRC" && mkdir -p "$BASE_SRC"
-  git -C "$ROOT" archive "$rev" | tar -x -C "$BASE_SRC"
+  git -C "$ROOT" archive "$rev" | tar -x -m -C "$BASE_SRC"
   log "cargo build --release --bins at $(git -C "$ROOT" rev-parse --short "$rev") (tessera-base)"
-  (cd "$BASE_SRC" && CARGO_TARGET_DIR="$BENCH_DIR/base-target" cargo build --release --bins)
+  (cd "$BASE_SRC" && CARGO_TARGET_DIR="$BENCH_DIR/base-target" cargo build --release --bins) ||
+    return 1
+  local b
+  for b in tessera tessera-meta tessera-data; do
+    [ "$BASE_BIN/$b" -nt "$BASE_SRC/Cargo.toml" ] ||
+      { echo "tessera-base: $BASE_BIN/$b was not rebuilt from $BASE_REV" >&2; return 1; }
+  done
 }
 
 # ---------------------------------------------------------------- systems
