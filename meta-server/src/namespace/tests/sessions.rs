@@ -210,6 +210,7 @@ fn restart_purges_orphans_and_old_sessions(kind: StoreKind) {
 }
 
 fn heartbeat_done_tasks_are_forgotten(kind: StoreKind) {
+    // On etcd: guards against a heartbeat's done tasks in one transaction over its 128.
     let h = H::with_nodes(kind, 1);
     let ns = h.ns();
     let mut inos = Vec::new();
