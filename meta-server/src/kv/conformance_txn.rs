@@ -374,3 +374,66 @@ fn etcd_cluster_conflicts_across_members() {
     assert!(is_conflict_on(r, b"k"));
     assert_eq!(a.get(b"k").unwrap(), Some(b"b".to_vec()));
 }
+
+/// A group of more writes than one transaction takes is committed whole, in several.
+#[test]
+fn etcd_a_large_group_is_packed_into_several_transactions() {
+    // Guards against group commit failing the store on a busy moment's large group.
+    let Some(etcd) = shared_etcd() else { return };
+    let store = open_engine(StoreKind::Etcd, std::path::Path::new("."), &etcd.config()).unwrap();
+    let batches: Vec<WriteBatch> = (0u16..300)
+        .map(|i| {
+            let mut b = put(&i.to_be_bytes(), b"v");
+            b.put(b"shared".to_vec(), i.to_be_bytes().to_vec());
+            b
+        })
+        .collect();
+    assert!(
+        !store.log_group(&batches).unwrap(),
+        "etcd applies as it logs"
+    );
+    assert_eq!(
+        store.scan(&[], &[0xff, 0xff], usize::MAX).unwrap().len(),
+        301
+    );
+    assert_eq!(
+        store.get(b"shared").unwrap(),
+        Some(299u16.to_be_bytes().to_vec())
+    );
+}
+
+/// Two of three members stopped: a commit waits, then fails with `Unavailable` within
+/// its configured time; with one member back the cluster goes on.
+#[test]
+fn etcd_cluster_without_quorum_fails_in_time_then_recovers() {
+    // Guards against a call hanging past its timeout when etcd has no quorum.
+    if shared_etcd().is_none() {
+        return;
+    }
+    let mut cluster = LocalEtcd::start(3).expect("starting 3 etcd members");
+    let mut config = cluster.config();
+    config.request_timeout_ms = 1_000;
+    config.retry_for_ms = 2_000;
+    let store = open_engine(StoreKind::Etcd, std::path::Path::new("."), &config).unwrap();
+    store.commit(put(b"before", b"1")).unwrap();
+    cluster.kill(1);
+    cluster.kill(2);
+    let t = Instant::now();
+    let e = store.commit(put(b"during", b"1")).unwrap_err();
+    let took = t.elapsed();
+    assert!(matches!(e, KvError::Unavailable { .. }), "{e}");
+    assert!(
+        e.to_string().contains("retry_for_ms"),
+        "says which setting: {e}"
+    );
+    // retry_for_ms, one attempt and one pause past it at most.
+    assert!(took < Duration::from_millis(4_000), "took {took:?}");
+    eprintln!("no quorum: failed after {} ms: {e}", took.as_millis());
+    cluster.restart(1).unwrap();
+    cluster.wait_ready().unwrap();
+    let mut config = config.clone();
+    config.retry_for_ms = 20_000;
+    let store = open_engine(StoreKind::Etcd, std::path::Path::new("."), &config).unwrap();
+    store.commit(put(b"after", b"1")).unwrap();
+    assert_eq!(store.get(b"before").unwrap(), Some(b"1".to_vec()));
+}

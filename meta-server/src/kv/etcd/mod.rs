@@ -272,11 +272,13 @@ pub fn txn_bytes(prefix_len: usize, checks: &[ReadCheck], ops: &Ops) -> usize {
         .iter()
         .map(|c| 2 * (prefix_len + c.key.len() + OP_OVERHEAD_BYTES))
         .sum();
-    let writes: usize = ops
-        .iter()
-        .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len) + OP_OVERHEAD_BYTES)
-        .sum();
+    let writes: usize = ops.iter().map(|(k, v)| op_bytes(k, v)).sum();
     TXN_OVERHEAD_BYTES + compares + writes
+}
+
+/// What one write adds to [`txn_bytes`].
+fn op_bytes(key: &[u8], value: &Option<Vec<u8>>) -> usize {
+    key.len() + value.as_ref().map_or(0, Vec::len) + OP_OVERHEAD_BYTES
 }
 
 /// Spawns `fut` on `handle` and waits for its answer on a channel, for at most
@@ -352,21 +354,35 @@ impl KvStore for EtcdStore {
 
     fn log_group(&self, batches: &[WriteBatch]) -> Result<bool, KvError> {
         // Whole batches into each transaction while they fit: each batch stays atomic.
-        let mut from = 0;
-        while from < batches.len() {
-            let mut to = from + 1;
-            while to < batches.len()
-                && self
-                    .check_limits(&[], &self.collapse(&batches[from..=to]))
-                    .is_ok()
-            {
-                to += 1;
+        // What a batch adds is counted against the pending ones' keys (a key written
+        // twice is one write), so the packing is linear in the group's operations.
+        let mut pending = Ops::new();
+        let mut bytes = TXN_OVERHEAD_BYTES;
+        for batch in batches {
+            let own = self.collapse([batch]);
+            self.check_limits(&[], &own)?;
+            let (mut n, mut after) = (pending.len(), bytes);
+            for (k, v) in &own {
+                match pending.get(k) {
+                    Some(old) => after = after - op_bytes(k, old) + op_bytes(k, v),
+                    None => {
+                        n += 1;
+                        after += op_bytes(k, v);
+                    }
+                }
             }
-            let ops = self.collapse(&batches[from..to]);
-            self.check_limits(&[], &ops)?;
-            self.put_all(ops)?;
-            from = to;
+            if n > self.config.max_txn_ops || after > self.config.max_txn_bytes {
+                self.put_all(std::mem::take(&mut pending))?;
+                bytes = TXN_OVERHEAD_BYTES;
+            }
+            for (k, v) in own {
+                bytes += op_bytes(&k, &v);
+                if let Some(old) = pending.insert(k.clone(), v) {
+                    bytes -= op_bytes(&k, &old);
+                }
+            }
         }
+        self.put_all(pending)?;
         Ok(false)
     }
 

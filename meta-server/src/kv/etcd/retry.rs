@@ -93,17 +93,20 @@ where
                     message: format!("{what}: {why}; it may have been applied"),
                 })
             }
-            Failure::NotSent(why) | Failure::Unknown(why) => why,
+            Failure::NotSent(why) => (why, ""),
+            Failure::Unknown(why) => (why, "; it may have been applied"),
         };
         if Instant::now() + backoff >= deadline {
+            let (why, outcome) = why;
             return Err(KvError::Unavailable {
                 engine: ENGINE,
                 message: format!(
-                    "{what}: {why} (tried {tries} times in {} ms; etcd.retry_for_ms)",
+                    "{what}: {why} (tried {tries} times in {} ms; etcd.retry_for_ms){outcome}",
                     timing.retry_for.as_millis()
                 ),
             });
         }
+        let why = why.0;
         tracing::debug!(what, tries, error = %why, "etcd call failed; retrying");
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(MAX_BACKOFF);
