@@ -13,6 +13,9 @@ packages=(fuse3 python3 git rsync procps iproute2 attr)
 packages+=(libibverbs-dev librdmacm-dev libclang-dev clang pkg-config)
 #   g++: the fuzz targets' libFuzzer, which the libfuzzer-sys crate compiles from C++
 packages+=(g++)
+#   protobuf-compiler, libprotobuf-dev: the etcd-client crate's build (protoc and the
+#   well-known types); etcd-server: the etcd the etcd store's tests start on 127.0.0.1
+packages+=(protobuf-compiler libprotobuf-dev etcd-server)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,6 +4,9 @@
 # ones in tests/pjdfstest-known-failures.txt (one "test::name  # reason" per line).
 #   scripts/pjdfstest.sh            uses target/debug binaries (scripts/test.sh builds them)
 #   BIN_DIR=target/release scripts/pjdfstest.sh
+#   STORE=etcd scripts/pjdfstest.sh   the namespace on etcd: the script starts one etcd
+#                                     member on 127.0.0.1 (data on /dev/shm) and stops it
+#   STORE=sled scripts/pjdfstest.sh   (or redb, the default) the embedded engines
 # Exits non-zero on any failure that is not listed as known.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,15 +29,45 @@ state=$work/state
 # `up --state-dir` records the state directory under /var/lib/tessera, named after the
 # mount point's path (`tessera`'s default_state_dir): removed too, so no run leaves it.
 recorded="/var/lib/tessera/$(printf '%s' "${mnt#/}" | tr -c 'A-Za-z0-9._' '-')"
+etcd_pid=""
+etcd_dir=""
 cleanup() {
   "$BIN_DIR/tessera" down "$mnt" --state-dir "$state" >/dev/null 2>&1 || true
+  if [ -n "$etcd_pid" ]; then kill "$etcd_pid" 2>/dev/null || true; wait "$etcd_pid" 2>/dev/null || true; fi
+  [ -z "$etcd_dir" ] || rm -rf "$etcd_dir"
   rm -rf "$work"
   rm -f "$recorded/redirect" && rmdir "$recorded" 2>/dev/null || true
 }
 trap cleanup EXIT
 chmod 755 "$work"   # the suite's unprivileged users must reach the mount
 mkdir -p "$work/secondary"
-"$BIN_DIR/tessera" up "$mnt" --state-dir "$state" >/dev/null
+store_args=()
+case "${STORE:-}" in
+  ""|redb|sled) [ -z "${STORE:-}" ] || store_args=(--store "$STORE") ;;
+  etcd)
+    command -v etcd >/dev/null || { echo "STORE=etcd needs etcd (Debian's etcd-server)" >&2; exit 1; }
+    ports=$(python3 -c 'import socket
+for _ in range(2):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
+    client_port=$(sed -n 1p <<<"$ports"); peer_port=$(sed -n 2p <<<"$ports")
+    etcd_dir=$(mktemp -d /dev/shm/tessera-pjd-etcd.XXXXXX)
+    etcd --name pjd --data-dir "$etcd_dir/data" \
+      --listen-client-urls "http://127.0.0.1:$client_port" \
+      --advertise-client-urls "http://127.0.0.1:$client_port" \
+      --listen-peer-urls "http://127.0.0.1:$peer_port" \
+      --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
+      --initial-cluster "pjd=http://127.0.0.1:$peer_port" > "$etcd_dir/etcd.log" 2>&1 &
+    etcd_pid=$!
+    for _ in $(seq 300); do   # up to 30 s for it to answer
+      (exec 3<>"/dev/tcp/127.0.0.1/$client_port") 2>/dev/null && break
+      kill -0 "$etcd_pid" 2>/dev/null || { cat "$etcd_dir/etcd.log" >&2; exit 1; }
+      sleep 0.1
+    done
+    store_args=(--store etcd --etcd "http://127.0.0.1:$client_port")
+    echo "== the namespace on etcd at http://127.0.0.1:$client_port (pid $etcd_pid)" ;;
+  *) echo "STORE must be redb, sled or etcd" >&2; exit 1 ;;
+esac
+"$BIN_DIR/tessera" up "$mnt" --state-dir "$state" "${store_args[@]}" >/dev/null
 mkdir "$mnt/pjd"
 cat > "$work/pjdfstest.toml" <<'TOML'
 [features]

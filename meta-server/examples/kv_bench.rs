@@ -105,7 +105,7 @@ fn main() {
         "disk: {:.0} appends+fdatasync/s",
         fdatasync_rate(probe.path(), 2000)
     );
-    for kind in StoreKind::ALL {
+    for kind in StoreKind::EMBEDDED {
         if only.as_deref().is_some_and(|o| o != kind.name()) {
             continue;
         }
@@ -118,7 +118,8 @@ fn main() {
         let one = serial(&*store, n);
         drop(store);
         let serial_mib = disk_bytes(&dir.path().join("serial")) as f64 / f64::from(1 << 20);
-        let store = open_store(kind, &dir.path().join("concurrent")).expect("open");
+        let store: Arc<dyn KvStore> =
+            open_store(kind, &dir.path().join("concurrent")).expect("open");
         let four = concurrent(&store, n);
         println!(
             "{:5} serial {:7.0} commits/s ({:5.2} s, {:6.1} MiB on disk)  \

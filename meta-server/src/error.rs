@@ -105,6 +105,11 @@ impl MetaError {
             MetaError::Store(KvError::NoSpace { .. }) => ErrorCode::NoSpace,
             MetaError::Store(KvError::Corruption { .. }) => ErrorCode::Corrupt,
             MetaError::Store(KvError::Engine { .. }) => ErrorCode::Io,
+            // One server holds the namespace lock for now: a conflict means another
+            // writer of the same etcd prefix, and the caller may try again.
+            MetaError::Store(KvError::Conflict { .. }) => ErrorCode::Busy,
+            MetaError::Store(KvError::TooLarge { .. }) => ErrorCode::TooBig,
+            MetaError::Store(KvError::Unavailable { .. }) => ErrorCode::Unavailable,
         }
     }
 }

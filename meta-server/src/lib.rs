@@ -22,5 +22,8 @@ pub mod server;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::NamespaceConfig;
 pub use error::{MetaError, StartError};
-pub use kv::{open_store, KvError, KvPair, KvStore, StoreKind, WriteBatch};
+pub use kv::{
+    open_engine, open_store, EtcdConfig, KvError, KvPair, KvStore, ReadCheck, Revision, StoreKind,
+    TxnLimits, TxnStore, Versioned, WriteBatch,
+};
 pub use namespace::{ConnId, DirPage, FsStats, Made, Namespace, Opened, SessionOwner};

@@ -19,9 +19,15 @@ struct Args {
     /// Directory of the embedded store.
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Store engine: sled or redb.
+    /// Store engine: redb, sled (embedded) or etcd (with --etcd).
     #[arg(long)]
     store: Option<String>,
+    /// etcd client URLs, comma-separated (http://host:port,...); `etcd.endpoints`.
+    #[arg(long, value_delimiter = ',')]
+    etcd: Option<Vec<String>>,
+    /// Key prefix of this namespace in etcd; `etcd.prefix`.
+    #[arg(long)]
+    etcd_prefix: Option<String>,
     /// Write the bound address here once serving.
     #[arg(long)]
     addr_file: Option<PathBuf>,
@@ -58,11 +64,16 @@ fn load(args: &Args) -> anyhow::Result<MetaConfig> {
         c.data_dir = v.clone();
     }
     if let Some(v) = &args.store {
-        c.store = match v.as_str() {
-            "sled" => StoreKind::Sled,
-            "redb" => StoreKind::Redb,
-            other => bail!("unknown store {other:?}: choose \"sled\" or \"redb\""),
+        c.store = match StoreKind::from_name(v) {
+            Some(kind) => kind,
+            None => bail!("unknown store {v:?}: choose \"redb\", \"sled\" or \"etcd\""),
         };
+    }
+    if let Some(v) = &args.etcd {
+        c.etcd.endpoints = v.clone();
+    }
+    if let Some(v) = &args.etcd_prefix {
+        c.etcd.prefix = v.clone();
     }
     if let Some(v) = &args.addr_file {
         c.addr_file = v.clone();

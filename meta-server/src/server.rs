@@ -7,7 +7,7 @@ use crate::error::StartError;
 use crate::gate::{self, Gate};
 use crate::grants::{self, Granter};
 use crate::keys::{self, Keys};
-use crate::kv::{open_store, StoreKind};
+use crate::kv::{open_engine, EtcdConfig, StoreKind};
 use crate::namespace::scope::Scope;
 use crate::namespace::{ConnId, Handle, Namespace, Origin};
 use crate::MetaError;
@@ -29,10 +29,12 @@ use transport::{
 pub struct MetaConfig {
     /// Address the transport listens on (port 0: any free port).
     pub listen: String,
-    /// Directory of the embedded store.
+    /// Directory of the embedded store (with etcd: of nothing yet, but still made).
     pub data_dir: PathBuf,
-    /// Embedded store engine.
+    /// Store engine: an embedded one, or etcd (then `etcd` says where).
     pub store: StoreKind,
+    /// The etcd cluster, read when `store` is etcd.
+    pub etcd: EtcdConfig,
     /// Where to write the bound address once serving (for scripts); empty: nowhere.
     pub addr_file: PathBuf,
     /// Transport backend.
@@ -61,6 +63,7 @@ impl Default for MetaConfig {
             listen: "127.0.0.1:7600".into(),
             data_dir: PathBuf::from("/var/lib/tessera/meta"),
             store: StoreKind::default(),
+            etcd: EtcdConfig::default(),
             addr_file: PathBuf::new(),
             transport: Backend::Tcp,
             transport_limits: TransportConfig::default(),
@@ -83,6 +86,9 @@ impl MetaConfig {
         }
         if self.data_dir.as_os_str().is_empty() {
             return Err("data_dir must be set".into());
+        }
+        if self.store == StoreKind::Etcd {
+            self.etcd.validate()?;
         }
         if self.key_file.as_os_str().is_empty() && !self.admin_key_file.as_os_str().is_empty() {
             return Err("admin_key_file needs key_file (the cluster key)".into());
@@ -446,9 +452,9 @@ async fn serve<R: Handle>(ns: Arc<Namespace>, req: R, at: Origin, limit: usize) 
 
 /// Runs one request.
 async fn run<R: Handle>(ns: Arc<Namespace>, req: R, at: Origin) -> Result<R::Reply, WireError> {
-    if R::POINT_READ {
+    if R::POINT_READ && ns.reads_are_local() {
         // A few cached reads under the namespace lock: handing them to the blocking
-        // pool would cost more than they take.
+        // pool would cost more than they take (not so over the network, with etcd).
         ns.handle(req, at)
     } else {
         // Store commits fsync and scans may be long: keep them off the async workers.
@@ -542,10 +548,11 @@ impl MetaServer {
         // Every client and data server holds a connection: more than 1024 of them need
         // more than the usual soft limit.
         transport::raise_open_file_limit();
-        let (dir, kind, ns_config) = (
+        let (dir, kind, ns_config, etcd) = (
             config.data_dir.clone(),
             config.store,
             config.namespace.clone(),
+            config.etcd.clone(),
         );
         let ns = tokio::task::spawn_blocking(move || -> Result<Namespace, StartError> {
             std::fs::create_dir_all(&dir).map_err(|source| StartError::DataDir {
@@ -553,9 +560,11 @@ impl MetaServer {
                 source,
             })?;
             let open = || -> Result<Namespace, MetaError> {
-                Namespace::open(open_store(kind, &dir)?, ns_config)
+                Namespace::open(open_engine(kind, &dir, &etcd)?, ns_config)
             };
             match open() {
+                // The disk guard keeps room on the store's disk, which etcd's is not.
+                Ok(ns) if kind == StoreKind::Etcd => Ok(ns),
                 Ok(ns) => Ok(ns.with_disk_guard(dir)),
                 Err(source) => Err(StartError::Open { dir, source }),
             }
@@ -671,6 +680,67 @@ mod tests {
         let parsed: MetaConfig = toml::from_str(text).expect("example parses");
         assert_eq!(parsed, MetaConfig::default());
         parsed.validate().expect("defaults are valid");
+    }
+
+    /// Guards against an etcd configuration that cannot work being found at a call.
+    #[test]
+    fn an_etcd_store_needs_endpoints_and_a_prefix() {
+        let mut c = MetaConfig {
+            store: StoreKind::Etcd,
+            ..MetaConfig::default()
+        };
+        c.validate().unwrap();
+        c.etcd.endpoints.clear();
+        assert!(c.validate().unwrap_err().contains("etcd.endpoints"));
+        c.etcd = EtcdConfig {
+            prefix: String::new(),
+            ..EtcdConfig::default()
+        };
+        assert!(c.validate().unwrap_err().contains("etcd.prefix"));
+        // Not read unless the store is etcd.
+        c.store = StoreKind::Redb;
+        c.validate().unwrap();
+    }
+
+    /// A server on etcd serves its namespace, and a new one on the same prefix finds it.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_server_on_etcd_finds_its_namespace_after_a_restart() {
+        use crate::kv::etcd::local::LocalEtcd;
+        if LocalEtcd::binary().is_none() {
+            assert!(std::env::var_os("CI").is_none(), "no etcd binary under CI");
+            eprintln!("skipped: no etcd binary (install Debian's etcd-server)");
+            return;
+        }
+        let etcd = tokio::task::spawn_blocking(LocalEtcd::shared)
+            .await
+            .unwrap()
+            .unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let config = MetaConfig {
+            listen: "127.0.0.1:0".into(),
+            data_dir: tmp.path().join("meta"),
+            store: StoreKind::Etcd,
+            etcd: etcd.config(),
+            ..MetaConfig::default()
+        };
+        let server = MetaServer::start(config.clone()).await.unwrap();
+        let ns = server.namespace().clone();
+        let root = proto::InodeId::ROOT;
+        let (caller, mode) = (Caller::new(0, 0), 0o755);
+        let made = tokio::task::spawn_blocking(move || ns.mkdir(root, b"d", mode, caller))
+            .await
+            .unwrap()
+            .unwrap();
+        server.shutdown();
+        drop(server);
+        let again = MetaServer::start(config).await.unwrap();
+        let ns = again.namespace().clone();
+        let found = tokio::task::spawn_blocking(move || ns.lookup(root, b"d"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(found.ino, made.attr.ino);
+        again.shutdown();
     }
 
     /// Guards against a bad data directory being reported as a request's InvalidArgument.

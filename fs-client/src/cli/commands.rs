@@ -70,9 +70,12 @@ pub enum Cmd {
         /// Number of data servers.
         #[arg(long, default_value_t = 3)]
         data_servers: usize,
-        /// Metadata store engine: sled or redb.
+        /// Metadata store engine: redb, sled, or etcd (with --etcd).
         #[arg(long)]
         store: Option<String>,
+        /// With --store etcd: client URLs of a running etcd cluster (comma-separated).
+        #[arg(long)]
+        etcd: Option<String>,
         /// Copies of each chunk (1 to 8, capped by the data servers; default 3).
         #[arg(long)]
         replicas: Option<u8>,
@@ -342,6 +345,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             state_dir,
             data_servers,
             store,
+            etcd,
             replicas,
             nonempty,
         } => {
@@ -353,6 +357,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 state_dir,
                 data_servers,
                 store,
+                etcd,
                 bin_dir: None,
                 replicas,
                 nonempty,

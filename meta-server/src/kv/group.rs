@@ -194,16 +194,16 @@ impl Shared {
             let group = std::mem::take(&mut st.queue);
             let last = st.staged;
             drop(st);
-            let mut merged = WriteBatch::new();
-            for b in group {
-                merged.extend(b);
-            }
-            let result = self.inner.log(&merged);
+            let result = self.inner.log_group(&group);
             st = self.state.lock();
             match result {
                 Ok(apply) => {
                     st.durable = last;
                     if apply {
+                        let mut merged = WriteBatch::new();
+                        for b in group {
+                            merged.extend(b);
+                        }
                         st.logged.push_back((merged, last));
                     } else {
                         st.mark_applied(last);
@@ -330,6 +330,9 @@ impl KvStore for GroupCommit {
         if batch.is_empty() {
             return Ok(None);
         }
+        // A batch the engine would refuse fails here, for its caller only: in a group
+        // it would fail the group, and the store with it.
+        self.shared.inner.check_batch(&batch)?;
         let mut st = self.shared.state.lock();
         if let Some(why) = &st.failed {
             return Err(self.failed(why));
@@ -359,6 +362,14 @@ impl KvStore for GroupCommit {
 
     fn wait(&self, ticket: u64) -> Result<(), KvError> {
         self.wait_until(|st| st.durable >= ticket)
+    }
+
+    fn check_batch(&self, batch: &WriteBatch) -> Result<(), KvError> {
+        self.shared.inner.check_batch(batch)
+    }
+
+    fn reads_are_local(&self) -> bool {
+        self.shared.inner.reads_are_local()
     }
 
     fn engine(&self) -> &'static str {

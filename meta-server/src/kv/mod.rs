@@ -1,17 +1,25 @@
-//! The embedded key-value store under the namespace: one small trait, two engines.
+//! The key-value store under the namespace: one small trait, three engines.
 //!
 //! The namespace only needs point reads, ordered range scans and atomic, durable batches,
-//! so that is all [`KvStore`] offers. Both engines pass one conformance suite
-//! (`conformance`), which is what lets the configuration choose between them.
+//! so that is all [`KvStore`] offers. [`TxnStore`] adds what several metadata servers on
+//! one engine will need (issue 24): reads that carry a [`Revision`] and commits that hold
+//! only if what was read is unchanged. Every engine (redb and sled in this process, etcd
+//! over the network) passes one conformance suite (`conformance`), which is what lets the
+//! configuration choose between them.
 
+pub mod etcd;
 mod group;
 mod redb;
+mod revisions;
 mod sled;
 pub(crate) mod wal;
 
 #[cfg(test)]
 mod conformance;
+#[cfg(test)]
+mod conformance_txn;
 
+pub use self::etcd::{EtcdConfig, EtcdStore};
 pub use self::group::{lazily, take_pending, GroupCommit, LAZY_DELAY};
 pub use self::redb::RedbStore;
 pub use self::sled::SledStore;
@@ -48,6 +56,45 @@ pub enum KvError {
         /// What the engine reported.
         message: String,
     },
+    /// A transaction read `key` at a revision that is no longer its current one (or read
+    /// it absent and it exists, or the reverse): nothing was written. Read again and retry.
+    #[error(
+        "{engine} store: conflict: key {} changed since it was read",
+        Escaped(key)
+    )]
+    Conflict {
+        /// Name of the engine.
+        engine: &'static str,
+        /// The first key found changed.
+        key: Vec<u8>,
+    },
+    /// A transaction is over one of the engine's limits ([`TxnStore::limits`]); nothing
+    /// was written. The message names the limit and the setting behind it.
+    #[error("{engine} store: transaction too large: {message}")]
+    TooLarge {
+        /// Name of the engine.
+        engine: &'static str,
+        /// Which limit, by how much.
+        message: String,
+    },
+    /// The engine could not be reached, or did not answer, within the configured time;
+    /// the message says whether a change may have been applied all the same.
+    #[error("{engine} store unavailable: {message}")]
+    Unavailable {
+        /// Name of the engine.
+        engine: &'static str,
+        /// What failed, and for how long it was retried.
+        message: String,
+    },
+}
+
+/// Shows a key as text where it is printable, `\xNN` elsewhere.
+struct Escaped<'a>(&'a [u8]);
+
+impl std::fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "\"{}\"", self.0.escape_ascii())
+    }
 }
 
 impl KvError {
@@ -176,11 +223,104 @@ pub trait KvStore: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Logs a group of batches, each atomic on its own ([`GroupCommit`] stages them
+    /// apart), as [`KvStore::log`] does. The default merges them into one batch; an
+    /// engine with a per-transaction limit (etcd) packs them into several transactions,
+    /// cutting only between batches.
+    fn log_group(&self, batches: &[WriteBatch]) -> Result<bool, KvError> {
+        let mut merged = WriteBatch::new();
+        for b in batches {
+            merged.extend(b.clone());
+        }
+        self.log(&merged)
+    }
+
+    /// Refuses, before anything is staged, a batch that this engine could never commit
+    /// (over a transaction limit); group commit asks, so that only the caller of that
+    /// batch hears it.
+    fn check_batch(&self, _batch: &WriteBatch) -> Result<(), KvError> {
+        Ok(())
+    }
+
+    /// Whether reads are local and brief (an embedded engine): the server may then run
+    /// point reads on its async workers. A store across the network answers `false`.
+    fn reads_are_local(&self) -> bool {
+        true
+    }
+
     /// The engine's name, for logs.
     fn engine(&self) -> &'static str;
 }
 
-/// Which engine to run the namespace on; configuration names them `"sled"` and `"redb"`.
+/// The version of a key's value in a store: a new value gets a new, higher revision, so
+/// a transaction can check that a key is unchanged since it read it.
+///
+/// Revisions of different keys are comparable only for order within one engine
+/// (etcd's `mod_revision`, the store-wide revision of the key's last write; in the
+/// embedded engines, a counter of this process, see `revisions`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Revision(pub u64);
+
+/// A value with the revision it was read at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Versioned {
+    /// The value.
+    pub value: Vec<u8>,
+    /// Its revision.
+    pub revision: Revision,
+}
+
+/// What a transaction read of one key, checked again at commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadCheck {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The revision read; `None`: the key was absent (and must still be).
+    pub revision: Option<Revision>,
+}
+
+impl ReadCheck {
+    /// The check for what [`TxnStore::get_versioned`] answered for `key`.
+    pub fn of(key: impl Into<Vec<u8>>, read: &Option<Versioned>) -> ReadCheck {
+        ReadCheck {
+            key: key.into(),
+            revision: read.as_ref().map(|v| v.revision),
+        }
+    }
+}
+
+/// The most a transaction may carry; `None` where the engine sets no limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TxnLimits {
+    /// Checks, and (separately) puts and deletes after one operation per key is kept.
+    pub max_ops: Option<usize>,
+    /// Bytes of keys and values of one transaction, as the engine counts them.
+    pub max_bytes: Option<usize>,
+}
+
+/// The engine interface of issue 24: a [`KvStore`] whose reads carry revisions and whose
+/// commits can be made conditional on them (optimistic transactions).
+///
+/// Narrow on purpose: point reads with a revision, and one commit that compares the
+/// revisions of the keys read (or their absence) and applies a [`WriteBatch`] all or
+/// nothing. etcd does it in one `Txn`; TiKV's and FoundationDB's optimistic
+/// transactions (a read version, writes buffered, conflicts found at commit) do it with
+/// the reads made inside the transaction (see ARCHITECTURE.md).
+pub trait TxnStore: KvStore {
+    /// The value under `key` and its revision, if the key exists.
+    fn get_versioned(&self, key: &[u8]) -> Result<Option<Versioned>, KvError>;
+
+    /// Applies `batch` atomically and durably if every check holds at the moment of the
+    /// commit; otherwise writes nothing and answers [`KvError::Conflict`] naming a key
+    /// that changed. A batch over [`TxnStore::limits`] is [`KvError::TooLarge`].
+    fn commit_if(&self, checks: &[ReadCheck], batch: WriteBatch) -> Result<(), KvError>;
+
+    /// This engine's limits on one transaction.
+    fn limits(&self) -> TxnLimits;
+}
+
+/// Which engine to run the namespace on; configuration names them `"sled"`, `"redb"` and
+/// `"etcd"` (whose endpoints and key prefix are [`EtcdConfig`]).
 ///
 /// The default is redb: both engines pass the conformance and kill -9 suites, and sled
 /// creates faster (`examples/kv_bench.rs`), but redb makes its commits durable with its
@@ -196,29 +336,53 @@ pub enum StoreKind {
     /// transaction without durability; a checkpoint is one with immediate durability.
     #[default]
     Redb,
+    /// An etcd v3 cluster: each commit one `Txn`, nothing kept in this process.
+    Etcd,
 }
 
 impl StoreKind {
-    /// Every engine, for tests and benchmarks that run on each.
-    pub const ALL: [StoreKind; 2] = [StoreKind::Sled, StoreKind::Redb];
+    /// Every engine.
+    pub const ALL: [StoreKind; 3] = [StoreKind::Sled, StoreKind::Redb, StoreKind::Etcd];
+    /// The engines kept in a local directory, for tests and benchmarks that need no
+    /// etcd.
+    pub const EMBEDDED: [StoreKind; 2] = [StoreKind::Sled, StoreKind::Redb];
 
     /// The engine's configuration name.
     pub fn name(self) -> &'static str {
         match self {
             StoreKind::Sled => "sled",
             StoreKind::Redb => "redb",
+            StoreKind::Etcd => "etcd",
         }
+    }
+
+    /// The engine of configuration name `name`.
+    pub fn from_name(name: &str) -> Option<StoreKind> {
+        StoreKind::ALL.into_iter().find(|k| k.name() == name)
     }
 }
 
-/// Opens (creating if needed) the store of engine `kind` inside directory `dir`.
+/// Opens (creating if needed) the embedded store of engine `kind` inside directory `dir`;
+/// etcd needs its endpoints: [`open_engine`].
 ///
 /// Each engine keeps its files under its own name in `dir` (`dir/sled/`,
-/// `dir/meta.redb`, each with its log `dir/<name>.wal`), so switching the engine in the configuration never feeds one
-/// engine's files to the other.
-pub fn open_store(kind: StoreKind, dir: &Path) -> Result<Arc<dyn KvStore>, KvError> {
-    std::fs::create_dir_all(dir).map_err(|e| KvError::from_io(kind.name(), &e))?;
+/// `dir/meta.redb`, each with its log `dir/<name>.wal`), so switching the engine in the
+/// configuration never feeds one engine's files to the other.
+pub fn open_store(kind: StoreKind, dir: &Path) -> Result<Arc<dyn TxnStore>, KvError> {
+    open_engine(kind, dir, &EtcdConfig::default())
+}
+
+/// Opens the store of engine `kind`: an embedded one in `dir`, or etcd as `etcd` says.
+pub fn open_engine(
+    kind: StoreKind,
+    dir: &Path,
+    etcd: &EtcdConfig,
+) -> Result<Arc<dyn TxnStore>, KvError> {
+    if kind != StoreKind::Etcd {
+        std::fs::create_dir_all(dir).map_err(|e| KvError::from_io(kind.name(), &e))?;
+    }
     Ok(match kind {
+        StoreKind::Etcd => Arc::new(EtcdStore::connect(etcd)?),
         StoreKind::Sled => Arc::new(LoggedStore::open(
             SledStore::open(&dir.join("sled"))?,
             &dir.join("sled.wal"),
@@ -241,6 +405,7 @@ mod tests {
         for kind in StoreKind::ALL {
             let de: StrDeserializer<'_, Error> = kind.name().into_deserializer();
             assert_eq!(StoreKind::deserialize(de).unwrap(), kind);
+            assert_eq!(StoreKind::from_name(kind.name()), Some(kind));
         }
         let de: StrDeserializer<'_, Error> = "Sled".into_deserializer();
         assert!(StoreKind::deserialize(de).is_err());

@@ -26,6 +26,7 @@
 //!   `seq` and `body`. Reading stops at the first record whose crc fails or whose seq is
 //!   not the next one: what follows it is a torn write or an older pass over the file.
 
+use super::revisions::Revisions;
 use super::{BatchOp, KvError, KvPair, KvStore, WriteBatch};
 use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
@@ -64,10 +65,14 @@ pub trait Engine: KvStore {
 
 /// An [`Engine`] behind a redo log; see the module documentation.
 pub struct LoggedStore<E: Engine> {
-    engine: E,
+    pub(super) engine: E,
     log: Mutex<Log>,
-    /// Held by [`KvStore::commit`] from logging to applying.
-    order: Mutex<()>,
+    /// Held by [`KvStore::commit`] (and `commit_if`) from logging to applying.
+    pub(super) order: Mutex<()>,
+    /// Each key's revision (`super::revisions`). Held while the engine applies a batch
+    /// and while a versioned read reads, so a value and its revision always agree.
+    /// Taken before `log`, never after.
+    pub(super) revs: Mutex<Revisions>,
 }
 
 struct Log {
@@ -150,6 +155,7 @@ impl<E: Engine> LoggedStore<E> {
             engine,
             log: Mutex::new(log),
             order: Mutex::new(()),
+            revs: Mutex::new(Revisions::default()),
         })
     }
 }
@@ -315,40 +321,79 @@ impl<E: Engine> KvStore for LoggedStore<E> {
     /// [`KvStore::apply_logged`]. The caller logs and applies one batch at a time, in
     /// order, and applies every logged batch before logging one too big for a record.
     fn log(&self, batch: &WriteBatch) -> Result<bool, KvError> {
-        if batch.is_empty() {
-            return Ok(false);
-        }
-        let mut log = self.log.lock();
-        if let Some(why) = &log.failed {
-            return Err(KvError::Engine {
-                engine: ENGINE,
-                message: format!(
-                    "an earlier write of the log failed ({why}); restart the metadata server"
-                ),
-            });
-        }
-        let body = encode(batch);
-        if body.len() > MAX_RECORD_BODY {
-            // Everything logged before it reaches the engine's disk first, which needs
-            // the engine to have applied it.
-            if log.applied != log.seq {
-                return Err(KvError::Engine {
-                    engine: ENGINE,
-                    message: "a batch too big for the log came before the ones logged were applied"
-                        .into(),
-                });
-            }
-            log.checkpoint(&self.engine)?;
-            self.engine.apply(batch)?;
-            self.engine.persist()?;
-            return Ok(false);
-        }
-        log.append(&body)?;
-        Ok(true)
+        self.log_with(batch, None)
     }
 
     fn apply_logged(&self, batch: &WriteBatch) -> Result<(), KvError> {
-        let applied = self.engine.apply(batch);
+        let applied = self.apply_with(batch, &mut self.revs.lock());
+        self.after_apply(applied)
+    }
+
+    fn engine(&self) -> &'static str {
+        self.engine.engine()
+    }
+}
+
+impl<E: Engine> LoggedStore<E> {
+    /// [`KvStore::log`], with the revision table already held by the caller or not.
+    pub(super) fn log_with(
+        &self,
+        batch: &WriteBatch,
+        held: Option<&mut Revisions>,
+    ) -> Result<bool, KvError> {
+        if batch.is_empty() {
+            return Ok(false);
+        }
+        let body = encode(batch);
+        if body.len() <= MAX_RECORD_BODY {
+            let mut log = self.log.lock();
+            refuse_if_failed(&log)?;
+            log.append(&body)?;
+            return Ok(true);
+        }
+        // Too big for a record: the engine commits it durably itself. The revision table
+        // is taken before the log, as everywhere.
+        let mut own;
+        let revs = match held {
+            Some(r) => r,
+            None => {
+                own = self.revs.lock();
+                &mut *own
+            }
+        };
+        let mut log = self.log.lock();
+        refuse_if_failed(&log)?;
+        // Everything logged before it reaches the engine's disk first, which needs
+        // the engine to have applied it.
+        if log.applied != log.seq {
+            return Err(KvError::Engine {
+                engine: ENGINE,
+                message: "a batch too big for the log came before the ones logged were applied"
+                    .into(),
+            });
+        }
+        log.checkpoint(&self.engine)?;
+        self.engine.apply(batch)?;
+        revs.bump(batch);
+        self.engine.persist()?;
+        Ok(false)
+    }
+
+    /// Applies a logged batch to the engine and moves its keys' revisions, under the
+    /// revision table's lock.
+    pub(super) fn apply_with(
+        &self,
+        batch: &WriteBatch,
+        revs: &mut Revisions,
+    ) -> Result<(), KvError> {
+        self.engine.apply(batch)?;
+        revs.bump(batch);
+        Ok(())
+    }
+
+    /// What follows the apply of a logged batch: stop on its failure, else count it and
+    /// checkpoint when due. Takes the log's lock: call it without the revision table's.
+    pub(super) fn after_apply(&self, applied: Result<(), KvError>) -> Result<(), KvError> {
         let mut log = self.log.lock();
         if let Err(e) = applied {
             // The change is in the log and would come back on a restart although its
@@ -362,9 +407,18 @@ impl<E: Engine> KvStore for LoggedStore<E> {
         }
         Ok(())
     }
+}
 
-    fn engine(&self) -> &'static str {
-        self.engine.engine()
+/// Refuses every change after a failed write of the log.
+fn refuse_if_failed(log: &Log) -> Result<(), KvError> {
+    match &log.failed {
+        Some(why) => Err(KvError::Engine {
+            engine: ENGINE,
+            message: format!(
+                "an earlier write of the log failed ({why}); restart the metadata server"
+            ),
+        }),
+        None => Ok(()),
     }
 }
 

@@ -428,7 +428,9 @@ impl Namespace {
     /// Sessions live in memory only, so after a restart no orphan (a file unlinked while
     /// open) has a session any more, and nothing else would ever free it.
     pub(super) fn purge_orphans(&self) -> Result<(), MetaError> {
-        const PAGE: usize = 256;
+        // One commit per page: each orphan's purge is a few writes (more with xattrs),
+        // and a page must fit one engine transaction (etcd takes 128 writes).
+        const PAGE: usize = 16;
         let prefix = keys::orphan_prefix();
         let end = keys::prefix_end(&prefix);
         loop {

@@ -70,6 +70,10 @@ pub const MAX_XATTRS_PER_INODE: u32 = (MAX_XATTR_NAMES_BYTES / 2) as u32;
 pub const MAX_NODES: usize = 1024;
 /// Most pending deletions returned to one heartbeat.
 pub const MAX_GC_TASKS_PER_HEARTBEAT: usize = 256;
+/// Done deletions forgotten per commit: a heartbeat's may be more than one etcd
+/// transaction takes (128 writes), and they need no atomicity (one left behind is only
+/// handed out again).
+pub const GC_DONE_PER_COMMIT: usize = 64;
 /// Longest data server address accepted, in bytes.
 pub const MAX_ADDR_BYTES: usize = 256;
 /// Session and client ids reserved per superblock write; see [`Namespace::open`].
@@ -301,6 +305,12 @@ impl Namespace {
     /// changes by themselves; this is for tools and tests that look at the store).
     pub fn sync(&self) -> Result<(), MetaError> {
         Ok(self.group.sync()?)
+    }
+
+    /// Whether the store's reads are local and brief (not etcd's network round trips):
+    /// the server runs point reads on its async workers only then.
+    pub fn reads_are_local(&self) -> bool {
+        self.store.reads_are_local()
     }
 
     /// Waits until what this thread staged is durable.

@@ -3,7 +3,8 @@
 
 use super::records::{decode, encode, NodeRecord, Superblock};
 use super::txn::Reads;
-use super::{keys, FsStats, Namespace, ID_BLOCK, MAX_ADDR_BYTES, MAX_GC_TASKS_PER_HEARTBEAT};
+use super::MAX_GC_TASKS_PER_HEARTBEAT;
+use super::{keys, FsStats, Namespace, GC_DONE_PER_COMMIT, ID_BLOCK, MAX_ADDR_BYTES};
 use super::{Txn, MAX_NODES};
 use crate::error::MetaError;
 use proto::meta::{ClusterMap, GcTask, ResyncReport};
@@ -139,9 +140,19 @@ impl Namespace {
         // Alive as of the beat's arrival: a slow commit below (the disk busy with chunk
         // writes) must not count against the server's lease.
         self.liveness.lock().insert(node, self.clock.now());
+        let mut chunks: Vec<&[GcTask]> = done.chunks(GC_DONE_PER_COMMIT).collect();
+        let last = chunks.pop().unwrap_or_default();
+        for chunk in chunks {
+            self.mutate(|txn, _| {
+                for GcTask::DeleteFile(ino) in chunk {
+                    txn.delete(keys::gc(node, *ino));
+                }
+                Ok(())
+            })?;
+        }
         self.mutate(|txn, _| {
             let mut rec = load_node(txn, node)?;
-            for GcTask::DeleteFile(ino) in done {
+            for GcTask::DeleteFile(ino) in last {
                 txn.delete(keys::gc(node, *ino));
             }
             // Usage rarely changes between beats; skip the durable write when it did not.

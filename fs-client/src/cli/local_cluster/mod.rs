@@ -31,8 +31,11 @@ pub struct UpOptions {
     pub state_dir: Option<PathBuf>,
     /// Number of data servers.
     pub data_servers: usize,
-    /// Metadata store engine ("sled" or "redb"); `None`: the server's default.
+    /// Metadata store engine ("redb", "sled" or "etcd"); `None`: the server's default.
     pub store: Option<String>,
+    /// With `store` "etcd": the client URLs of an etcd cluster already running
+    /// (comma-separated); `up` does not start one yet.
+    pub etcd: Option<String>,
     /// Directory holding `tessera-meta` and `tessera-data`; `None`: next to this program.
     pub bin_dir: Option<PathBuf>,
     /// Copies of each chunk; `None`: the metadata server's default (3).
@@ -511,6 +514,9 @@ fn meta_argv(opts: &UpOptions, state: &Path) -> Result<Vec<String>, ClusterError
     ];
     if let Some(s) = &opts.store {
         argv.extend(["--store".into(), s.clone()]);
+    }
+    if let Some(e) = &opts.etcd {
+        argv.extend(["--etcd".into(), e.clone()]);
     }
     if let Some(r) = opts.replicas {
         argv.extend(["--replicas".into(), r.to_string()]);

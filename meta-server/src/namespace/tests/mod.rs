@@ -1,4 +1,5 @@
-//! Namespace tests, each run on every engine (`...::sled::name`, `...::redb::name`).
+//! Namespace tests, each run on every engine (`...::sled::name`, `...::redb::name`,
+//! `...::etcd::name`, on one etcd member this process starts, a key prefix per test).
 
 mod changes;
 mod client_keys;
@@ -18,7 +19,8 @@ use super::{ConnId, Namespace, SessionOwner};
 use crate::clock::{Clock, SystemClock};
 use crate::config::NamespaceConfig;
 use crate::error::MetaError;
-use crate::kv::{open_store, KvStore, StoreKind};
+use crate::kv::etcd::local::LocalEtcd;
+use crate::kv::{open_engine, EtcdConfig, KvStore, StoreKind, TxnStore};
 use proto::meta::{Caller, OpenAccess};
 use proto::{Attr, ClientId, ErrorCode, InodeId};
 use std::collections::BTreeMap;
@@ -52,6 +54,17 @@ macro_rules! engine_tests {
                 super::$test(crate::kv::StoreKind::Redb);
             })*
         }
+        mod etcd {
+            $(#[test]
+            fn $test() {
+                if crate::kv::etcd::local::LocalEtcd::binary().is_none() {
+                    assert!(std::env::var_os("CI").is_none(), "no etcd binary under CI");
+                    eprintln!("skipped: no etcd binary (install Debian's etcd-server)");
+                    return;
+                }
+                super::$test(crate::kv::StoreKind::Etcd);
+            })*
+        }
     };
 }
 pub(crate) use engine_tests;
@@ -73,6 +86,8 @@ pub(super) struct H {
     clock: Arc<dyn Clock>,
     ns: Option<Namespace>,
     store: Option<Arc<dyn KvStore>>,
+    /// With etcd: the member, kept running while this namespace lives, and its prefix.
+    etcd: Option<(Arc<LocalEtcd>, EtcdConfig)>,
 }
 
 impl H {
@@ -86,17 +101,28 @@ impl H {
 
     /// A namespace whose leases and graces run on `clock`.
     pub fn with_clock(kind: StoreKind, config: NamespaceConfig, clock: Arc<dyn Clock>) -> H {
+        let mut h = H::unstarted(kind, config, clock);
+        h.start();
+        h
+    }
+
+    /// A place for a store of `kind`, with nothing opened on it yet.
+    pub fn unstarted(kind: StoreKind, config: NamespaceConfig, clock: Arc<dyn Clock>) -> H {
         let dir = tempfile::tempdir().unwrap();
-        let mut h = H {
+        let etcd = (kind == StoreKind::Etcd).then(|| {
+            let etcd = LocalEtcd::shared().expect("starting etcd");
+            let config = etcd.config();
+            (etcd, config)
+        });
+        H {
             kind,
             dir,
             config,
             clock,
             ns: None,
             store: None,
-        };
-        h.start();
-        h
+            etcd,
+        }
     }
 
     /// A namespace with `n` registered data servers (ids 1..=n).
@@ -110,8 +136,18 @@ impl H {
         h
     }
 
+    /// Opens this place's store, on its own (the namespace's must be stopped).
+    pub fn open_store(&self) -> Arc<dyn TxnStore> {
+        let etcd = self
+            .etcd
+            .as_ref()
+            .map(|(_, c)| c.clone())
+            .unwrap_or_default();
+        open_engine(self.kind, self.dir.path(), &etcd).unwrap()
+    }
+
     fn start(&mut self) {
-        let store = open_store(self.kind, self.dir.path()).unwrap();
+        let store: Arc<dyn KvStore> = self.open_store();
         let ns = Namespace::open_with_clock(
             Arc::clone(&store),
             self.config.clone(),

@@ -2,7 +2,8 @@
 
 use super::each_result;
 use super::{caller, code, engine_tests, mkdir, owner, touch, written, H, ROOT};
-use crate::kv::{open_store, StoreKind, WriteBatch};
+use crate::clock::SystemClock;
+use crate::kv::{StoreKind, WriteBatch};
 use crate::namespace::{keys, ConnId, Namespace};
 use crate::{MetaError, NamespaceConfig};
 use proto::attr::TimeSet;
@@ -30,7 +31,7 @@ fn open_formats_root(kind: StoreKind) {
 fn open_refuses_other_format_versions(kind: StoreKind) {
     let mut h = H::new(kind);
     h.stop();
-    let store = open_store(kind, h.dir.path()).unwrap();
+    let store = h.open_store();
     let mut sb = store.get(&keys::superblock()).unwrap().unwrap();
     sb[0] = 2;
     let mut b = WriteBatch::new();
@@ -53,8 +54,8 @@ fn open_refuses_other_format_versions(kind: StoreKind) {
 
 fn open_refuses_keys_without_superblock(kind: StoreKind) {
     // Guards against reformatting (and so losing) a namespace whose superblock is gone.
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_store(kind, dir.path()).unwrap();
+    let place = H::unstarted(kind, NamespaceConfig::default(), Arc::new(SystemClock));
+    let store = place.open_store();
     let mut b = WriteBatch::new();
     b.put(keys::inode(InodeId(5)), vec![1]);
     store.commit(b).unwrap();
@@ -65,8 +66,8 @@ fn open_refuses_keys_without_superblock(kind: StoreKind) {
 }
 
 fn open_refuses_bad_config(kind: StoreKind) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open_store(kind, dir.path()).unwrap();
+    let place = H::unstarted(kind, NamespaceConfig::default(), Arc::new(SystemClock));
+    let store: Arc<dyn crate::kv::KvStore> = place.open_store();
     let config = NamespaceConfig {
         chunk_size_bytes: 1000,
         ..NamespaceConfig::default()

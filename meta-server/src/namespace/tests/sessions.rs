@@ -209,7 +209,29 @@ fn restart_purges_orphans_and_old_sessions(kind: StoreKind) {
     assert!(fresh.session > keep.session);
 }
 
+fn restart_purges_many_orphans(kind: StoreKind) {
+    // On etcd: guards against the start's purge of orphans in pages over 128 writes.
+    let mut h = H::with_nodes(kind, 1);
+    let mut inos = Vec::new();
+    for i in 0..100 {
+        let name = format!("f{i}");
+        let o = h
+            .ns()
+            .create(ROOT, name.as_bytes(), 0o644, caller(), true, owner(1))
+            .unwrap();
+        written(h.ns(), o.attr.ino, 10);
+        h.ns().unlink(ROOT, name.as_bytes()).unwrap();
+        inos.push(o.attr.ino);
+    }
+    h.restart();
+    for ino in inos {
+        assert_eq!(code(h.ns().getattr(ino)), ErrorCode::NotFound);
+        assert!(!h.has_key(&keys::orphan(ino)));
+    }
+}
+
 fn heartbeat_done_tasks_are_forgotten(kind: StoreKind) {
+    // On etcd: guards against a heartbeat's done tasks in one transaction over its 128.
     let h = H::with_nodes(kind, 1);
     let ns = h.ns();
     let mut inos = Vec::new();
@@ -272,5 +294,6 @@ engine_tests!(
     unlink_while_open_keeps_inode_until_release,
     connection_close_ends_its_sessions_only,
     restart_purges_orphans_and_old_sessions,
+    restart_purges_many_orphans,
     heartbeat_done_tasks_are_forgotten,
 );

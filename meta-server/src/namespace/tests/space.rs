@@ -30,7 +30,7 @@ fn a_disk_short_of_room_refuses_new_records_and_takes_deletions() {
     // deletions, which make room, still go through.
     let mut h = H::new(StoreKind::Redb);
     let guarded = |h: &H| {
-        let store = open_store(h.kind, h.dir.path()).unwrap();
+        let store = h.open_store();
         Namespace::open(store, h.config.clone())
             .unwrap()
             .with_disk_guard(h.dir.path().to_path_buf())

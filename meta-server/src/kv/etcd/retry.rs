@@ -1,0 +1,193 @@
+//! Deadlines and retries of the etcd engine's calls: which failures may be tried again,
+//! and for how long.
+
+use super::ENGINE;
+use crate::kv::KvError;
+use std::future::Future;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// First pause between two attempts; it doubles up to [`MAX_BACKOFF`].
+pub const FIRST_BACKOFF: Duration = Duration::from_millis(20);
+/// Longest pause between two attempts (an etcd election takes about a second).
+pub const MAX_BACKOFF: Duration = Duration::from_millis(500);
+
+/// How long one attempt, and all of them, may take.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// One attempt.
+    pub attempt: Duration,
+    /// From the first attempt to the start of the last.
+    pub retry_for: Duration,
+}
+
+impl Timing {
+    /// How long a caller waits for the whole call: every attempt and pause, and a margin.
+    pub fn backstop(&self) -> Duration {
+        self.retry_for + self.attempt + MAX_BACKOFF + Duration::from_secs(1)
+    }
+}
+
+/// Which failures a call may be tried again after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retry {
+    /// Any failure that may pass (reads; commits whose replay is harmless).
+    Always,
+    /// Only a failure that shows the request never reached etcd (conditional commits).
+    IfNotSent,
+}
+
+/// What a failed attempt tells.
+#[derive(Debug, PartialEq, Eq)]
+enum Failure {
+    /// The request did not reach a member: a retry is safe for every call.
+    NotSent(String),
+    /// It may pass, but the request may have been applied.
+    Unknown(String),
+    /// Over etcd's limits: the same request fails again.
+    TooLarge(String),
+    /// Anything else: the same request fails again.
+    Refused(String),
+}
+
+/// Runs `attempt` until it succeeds, fails for good, or [`Timing::retry_for`] is spent.
+pub async fn retrying<T, F, Fut>(
+    timing: Timing,
+    retry: Retry,
+    what: &str,
+    mut attempt: F,
+) -> Result<T, KvError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    let deadline = Instant::now() + timing.retry_for;
+    let mut backoff = FIRST_BACKOFF;
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        let failure = match tokio::time::timeout(timing.attempt, attempt()).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) => classify(&e),
+            Err(_) => Failure::Unknown(format!(
+                "no answer within {} ms",
+                timing.attempt.as_millis()
+            )),
+        };
+        let why = match failure {
+            Failure::TooLarge(message) => {
+                return Err(KvError::TooLarge {
+                    engine: ENGINE,
+                    message,
+                })
+            }
+            Failure::Refused(message) => {
+                return Err(KvError::Engine {
+                    engine: ENGINE,
+                    message: format!("{what}: {message}"),
+                })
+            }
+            Failure::Unknown(why) if retry == Retry::IfNotSent => {
+                return Err(KvError::Unavailable {
+                    engine: ENGINE,
+                    message: format!("{what}: {why}; it may have been applied"),
+                })
+            }
+            Failure::NotSent(why) => (why, ""),
+            Failure::Unknown(why) => (why, "; it may have been applied"),
+        };
+        if Instant::now() + backoff >= deadline {
+            let (why, outcome) = why;
+            return Err(KvError::Unavailable {
+                engine: ENGINE,
+                message: format!(
+                    "{what}: {why} (tried {tries} times in {} ms; etcd.retry_for_ms){outcome}",
+                    timing.retry_for.as_millis()
+                ),
+            });
+        }
+        let why = why.0;
+        tracing::debug!(what, tries, error = %why, "etcd call failed; retrying");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Sorts an etcd client error by what a retry would do (etcd's gRPC errors:
+/// `api/v3rpc/rpctypes`).
+fn classify(e: &etcd_client::Error) -> Failure {
+    use etcd_client::Error as E;
+    use tonic::Code;
+    match e {
+        // Made before a request is written: the channel could not reach a member.
+        E::TransportError(t) => Failure::NotSent(t.to_string()),
+        E::GRpcStatus(s) => {
+            let m = s.message().to_string();
+            match s.code() {
+                Code::Unavailable if is_connect_failure(&m) => Failure::NotSent(m),
+                // "too many requests": refused before it was proposed.
+                Code::ResourceExhausted if !m.contains("larger than max") => Failure::NotSent(m),
+                Code::ResourceExhausted => Failure::TooLarge(m),
+                Code::InvalidArgument
+                    if m.contains("too large") || m.contains("too many operations") =>
+                {
+                    Failure::TooLarge(m)
+                }
+                // "leader changed", "request timed out", "no leader", a broken stream:
+                // the proposal may or may not have been committed.
+                Code::Unavailable
+                | Code::DeadlineExceeded
+                | Code::Unknown
+                | Code::Aborted
+                | Code::Cancelled => Failure::Unknown(m),
+                _ => Failure::Refused(format!("{:?}: {m}", s.code())),
+            }
+        }
+        E::IoError(io) => Failure::Unknown(io.to_string()),
+        other => Failure::Refused(other.to_string()),
+    }
+}
+
+/// Whether a gRPC `Unavailable` says the connection was never made.
+fn is_connect_failure(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    [
+        "connection refused",
+        "tcp connect error",
+        "error trying to connect",
+    ]
+    .iter()
+    .any(|p| m.contains(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: tonic::Code, m: &str) -> etcd_client::Error {
+        etcd_client::Error::GRpcStatus(tonic::Status::new(code, m))
+    }
+
+    #[test]
+    fn only_failures_before_sending_are_safe_for_conditional_commits() {
+        use tonic::Code;
+        let sent = |c, m| matches!(classify(&status(c, m)), Failure::NotSent(_));
+        assert!(sent(
+            Code::Unavailable,
+            "tcp connect error: Connection refused"
+        ));
+        assert!(sent(
+            Code::ResourceExhausted,
+            "etcdserver: too many requests"
+        ));
+        assert!(!sent(Code::Unavailable, "etcdserver: leader changed"));
+        assert!(!sent(Code::Unavailable, "etcdserver: request timed out"));
+        let too_large = status(Code::InvalidArgument, "etcdserver: request is too large");
+        assert!(matches!(classify(&too_large), Failure::TooLarge(_)));
+        let dup = status(
+            Code::InvalidArgument,
+            "etcdserver: duplicate key given in txn request",
+        );
+        assert!(matches!(classify(&dup), Failure::Refused(_)));
+    }
+}
