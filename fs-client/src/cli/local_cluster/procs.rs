@@ -100,6 +100,13 @@ fn resolve(pid: i32, arg: &Path) -> Option<PathBuf> {
 /// The role `pid` plays for `state` (and its mount point `mnt`), or `None` if it is not
 /// a member: not Tessera's, not ours, or its command line names neither.
 fn role_of(pid: i32, state: &Path, mnt: &Path) -> Option<String> {
+    // The name first: reading another process's command line (or stat) waits for locks
+    // that a process stuck on a hung FUSE mount holds, and `up`/`down` must not hang on
+    // someone else's process. `comm` needs none of them.
+    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    if !comm.starts_with("tessera") || !owned_by_us(pid) {
+        return None;
+    }
     let args = argv(pid);
     let prog = program(&args);
     if !prog.starts_with("tessera") || !owned_by_us(pid) {
