@@ -434,8 +434,20 @@ async fn lookup_parent(
     let own = req.dir == root;
     // The scope's root too has its search permission checked, as any directory.
     let mut result = run(ns.clone(), req, at).await;
-    if own {
-        result = result.and_then(|_| ns.getattr(root).map_err(WireError::from));
+    if own && result.is_ok() {
+        // A store read: off the async workers unless it is local (as in `run`).
+        result = if ns.reads_are_local() {
+            ns.getattr(root).map_err(WireError::from)
+        } else {
+            let ns = ns.clone();
+            match tokio::task::spawn_blocking(move || ns.getattr(root)).await {
+                Ok(r) => r.map_err(WireError::from),
+                Err(e) => Err(WireError::new(
+                    ErrorCode::Io,
+                    format!("request failed: {e}"),
+                )),
+            }
+        };
     }
     if let Ok(a) = &mut result {
         if a.ino == root {

@@ -428,8 +428,10 @@ impl Namespace {
     /// Sessions live in memory only, so after a restart no orphan (a file unlinked while
     /// open) has a session any more, and nothing else would ever free it.
     pub(super) fn purge_orphans(&self) -> Result<(), MetaError> {
-        // One commit per page: each orphan's purge is a few writes (more with xattrs),
-        // and a page must fit one engine transaction (etcd takes 128 writes).
+        // One batch per orphan: its purge is a few writes, more with xattrs and data
+        // servers, and a batch must fit one engine transaction (etcd takes 128 writes),
+        // which several orphans together could pass. Group commit still makes one
+        // durable commit of the page's batches.
         const PAGE: usize = 16;
         let prefix = keys::orphan_prefix();
         let end = keys::prefix_end(&prefix);
@@ -439,16 +441,16 @@ impl Namespace {
                 return Ok(());
             }
             let mut st = self.state.lock();
-            let mut txn = Txn::new(&*self.store, &st.sb);
             for (k, _) in &page {
+                let mut txn = Txn::new(&*self.store, &st.sb);
                 match keys::u64_at(k, prefix.len()).map(InodeId) {
                     Some(ino) => purge_if_orphan(&mut txn, ino)?,
                     // A key we cannot read is of no use: drop it rather than loop on it.
                     None => txn.delete(k.clone()),
                 }
+                Self::commit_txn(&mut st, txn)?;
             }
             tracing::info!(count = page.len(), "purged orphans of the previous run");
-            Self::commit_txn(&mut st, txn)?;
         }
     }
 }

@@ -49,8 +49,21 @@ impl LocalEtcd {
             .find(|p| p.is_file())
     }
 
-    /// Starts `members` members as one new cluster and waits until each answers.
+    /// Starts `members` members as one new cluster and waits until each answers, up to
+    /// three times: a free port found here may be taken by another test's process
+    /// before etcd binds it.
     pub fn start(members: usize) -> Result<LocalEtcd, String> {
+        let mut last = String::new();
+        for _ in 0..3 {
+            match LocalEtcd::start_once(members) {
+                Ok(etcd) => return Ok(etcd),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn start_once(members: usize) -> Result<LocalEtcd, String> {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let token = format!("tessera-{}-{n}", std::process::id());
         let base = if Path::new("/dev/shm").is_dir() {

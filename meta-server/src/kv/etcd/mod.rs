@@ -25,6 +25,7 @@
 //! [`EtcdConfig::max_txn_bytes`]; group commit asks first (`check_batch`), and packs the
 //! batches of a group into as few transactions as fit, cutting only between batches.
 
+#[cfg(test)]
 pub mod local;
 mod retry;
 
@@ -103,8 +104,13 @@ impl EtcdConfig {
                 "etcd.endpoints: {e:?} is not an http:// URL (TLS is not supported yet)"
             ));
         }
-        if self.prefix.is_empty() {
-            return Err("etcd.prefix must not be empty".into());
+        // Without a separator at its end, one prefix is the start of another
+        // (`ns1`, `ns10`) and a scan of one would return the other's keys.
+        if !self.prefix.ends_with('/') || self.prefix.len() < 2 {
+            return Err(format!(
+                "etcd.prefix {:?} must be a name ending in '/' (\"/tessera/\")",
+                self.prefix
+            ));
         }
         for (name, v) in [
             ("connect_timeout_ms", self.connect_timeout_ms),
@@ -332,7 +338,13 @@ impl KvStore for EtcdStore {
                 }
                 let kvs = resp.kvs();
                 for kv in kvs {
-                    out.push((kv.key()[skip..].to_vec(), kv.value().to_vec()));
+                    // etcd answers the range asked, all under the prefix; anything else
+                    // is a corrupt answer, not a reason to panic.
+                    let key = kv.key().get(skip..).ok_or_else(|| KvError::Corruption {
+                        engine: "etcd",
+                        message: "a key outside the prefix in a scan's answer".into(),
+                    })?;
+                    out.push((key.to_vec(), kv.value().to_vec()));
                 }
                 match kvs.last() {
                     Some(last) if kvs.len() == page => {
