@@ -253,13 +253,7 @@ impl fuser::Filesystem for TesseraFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let mode = if flags.contains(RenameFlags::RENAME_EXCHANGE) {
-            RenameMode::Exchange
-        } else if flags.contains(RenameFlags::RENAME_NOREPLACE) {
-            RenameMode::NoReplace
-        } else if flags.is_empty() {
-            RenameMode::Replace
-        } else {
+        let Some(mode) = rename_mode(flags) else {
             return reply.error(Errno::EINVAL);
         };
         let inner = self.inner.clone();
@@ -856,4 +850,19 @@ impl fuser::Filesystem for TesseraFs {
         // With default_permissions the kernel checks access itself.
         reply.ok();
     }
+}
+
+/// The rename `renameat2`'s flags ask for; `None` for a combination it refuses (the
+/// kernel already refuses `RENAME_EXCHANGE` with either other flag).
+fn rename_mode(flags: RenameFlags) -> Option<RenameMode> {
+    const NOREPLACE: RenameFlags = RenameFlags::RENAME_NOREPLACE;
+    const WHITEOUT: RenameFlags = RenameFlags::RENAME_WHITEOUT;
+    Some(match flags {
+        f if f.is_empty() => RenameMode::Replace,
+        RenameFlags::RENAME_EXCHANGE => RenameMode::Exchange,
+        NOREPLACE => RenameMode::NoReplace,
+        WHITEOUT => RenameMode::Whiteout,
+        f if f == NOREPLACE | WHITEOUT => RenameMode::WhiteoutNoReplace,
+        _ => return None,
+    })
 }

@@ -185,7 +185,11 @@ impl Handle for fs::Rename {
         let r = self;
         let (from, to) = ((r.parent, &r.name[..]), (r.new_parent, &r.new_name[..]));
         ns.may_rename(&at.caller, from, to, r.mode)?;
-        ns.rename(r.parent, &r.name, r.new_parent, &r.new_name, r.mode)
+        if r.mode.whiteout() {
+            // A whiteout is a device node: only root may make one, as mknod.
+            super::perm::may_mknod(&at.caller, proto::FileKind::CharDevice)?;
+        }
+        ns.rename_as(from, to, r.mode, (at.caller.uid, at.caller.gid))
     }
 }
 
