@@ -331,11 +331,15 @@ impl fuser::Filesystem for TesseraFs {
         let truncate = flags & libc::O_TRUNC != 0;
         let direct = inner.direct_open(flags);
         self.spawn(req, async move {
-            let how = (exclusive, truncate, open_access(flags));
-            let r = inner
-                .client
-                .create_for(ino(parent), &name, perm, who, how)
-                .await;
+            let (c, access) = (&inner.client, open_access(flags));
+            let r = if name == TMPFILE_NAME {
+                // `O_TMPFILE`, which `O_EXCL` makes never linkable.
+                let how = (!exclusive, access);
+                c.tmpfile_for(ino(parent), perm, who, how).await
+            } else {
+                let how = (exclusive, truncate, access);
+                c.create_for(ino(parent), &name, perm, who, how).await
+            };
             if let (Ok((_, fh)), true) = (&r, writable(flags)) {
                 fh.mark_writer().await;
             }
@@ -851,6 +855,11 @@ impl fuser::Filesystem for TesseraFs {
         reply.ok();
     }
 }
+
+/// The name a create carries when it is the kernel's `FUSE_TMPFILE` (`O_TMPFILE`), which
+/// the patched fuser hands to `create` (vendor/fuser/TESSERA.md): the kernel names an
+/// unnamed file's dentry "/", which no entry can be named.
+const TMPFILE_NAME: &[u8] = b"/";
 
 /// The rename `renameat2`'s flags ask for; `None` for a combination it refuses (the
 /// kernel already refuses `RENAME_EXCHANGE` with either other flag).

@@ -101,6 +101,26 @@ impl Handle for fs::Create {
     }
 }
 
+impl Handle for fs::TmpFile {
+    const ADDS_RECORDS: bool = true;
+    fn span_id(&self) -> u64 {
+        self.parent.0
+    }
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_name_client(self.client, at.who.as_deref())?;
+        ns.may_make_tmpfile(&at.caller, self.parent)?;
+        let owner = SessionOwner {
+            client: self.client,
+            conn: at.conn,
+            access: self.access,
+        };
+        let caller = at.caller.clone();
+        let mut opened = ns.tmpfile(self.parent, self.perm, caller, self.linkable, owner)?;
+        ns.attach_grant(at, &mut opened, self.access.writes());
+        Ok(opened)
+    }
+}
+
 impl Handle for fs::MkNod {
     const ADDS_RECORDS: bool = true;
     fn span_id(&self) -> u64 {

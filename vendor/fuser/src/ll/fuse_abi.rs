@@ -161,6 +161,9 @@ pub(crate) enum fuse_opcode {
     FUSE_RENAME2 = 45,
     FUSE_LSEEK = 46,
     FUSE_COPY_FILE_RANGE = 47,
+    // Tessera: `open(dir, O_TMPFILE)` (Linux 6.1, protocol 7.37); see TESSERA.md.
+    #[cfg(target_os = "linux")]
+    FUSE_TMPFILE = 51,
 
     #[cfg(target_os = "macos")]
     FUSE_SETVOLNAME = 61,

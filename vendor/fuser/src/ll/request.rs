@@ -1852,6 +1852,14 @@ mod op {
                 header,
                 arg: data.fetch()?,
             }),
+            // Tessera: a tmpfile's request and reply are those of a create, under the
+            // name "/" (see TESSERA.md).
+            #[cfg(target_os = "linux")]
+            fuse_opcode::FUSE_TMPFILE => Operation::Create(Create {
+                header,
+                arg: data.fetch()?,
+                name: data.fetch_str()?.as_ref(),
+            }),
 
             #[cfg(target_os = "macos")]
             fuse_opcode::FUSE_SETVOLNAME => Operation::SetVolName(SetVolName {
