@@ -298,6 +298,7 @@ async fn route(
                 F::GetAttr(r) => serve(ns, r, at, limit).await,
                 F::SetAttr(r) => serve(ns, r, at, limit).await,
                 F::Create(r) => serve_noting(ns, r, at, limit, scope).await,
+                F::TmpFile(r) => serve_noting(ns, r, at, limit, scope).await,
                 F::Open(r) => serve(ns, r, at, limit).await,
                 F::Regrant(r) => serve(ns, r, at, limit).await,
                 F::MkNod(r) => serve_noting(ns, r, at, limit, scope).await,
@@ -402,6 +403,7 @@ macro_rules! reveals_attr {
 reveals_attr! {
     proto::meta::fs::Lookup => |r| r;
     proto::meta::fs::Create => |r| &r.attr;
+    proto::meta::fs::TmpFile => |r| &r.attr;
     proto::meta::fs::MkNod => |r| &r.attr;
     proto::meta::fs::Mkdir => |r| &r.attr;
     proto::meta::fs::Symlink => |r| &r.attr;

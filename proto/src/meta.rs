@@ -167,6 +167,19 @@ pub enum RenameMode {
     NoReplace,
     /// Swap source and target atomically (`RENAME_EXCHANGE`).
     Exchange,
+    /// As `Replace`, and leave a whiteout (a character device 0/0) at the source name
+    /// in the same change (`RENAME_WHITEOUT`, for an overlay's upper layer).
+    Whiteout,
+    /// As `NoReplace`, and leave a whiteout at the source name
+    /// (`RENAME_WHITEOUT | RENAME_NOREPLACE`).
+    WhiteoutNoReplace,
+}
+
+impl RenameMode {
+    /// Whether the rename leaves a whiteout at the source name.
+    pub fn whiteout(self) -> bool {
+        matches!(self, RenameMode::Whiteout | RenameMode::WhiteoutNoReplace)
+    }
 }
 
 /// What `setxattr` does when the attribute exists or not.

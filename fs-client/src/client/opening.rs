@@ -68,6 +68,27 @@ impl Client {
         self.emptied_if(truncate && existed, attr, fh).await
     }
 
+    /// Makes an unnamed regular file in `parent` and opens it for `access`
+    /// (`O_TMPFILE`); `linkable` (no `O_EXCL`) lets a link name it later. It has no
+    /// link: the metadata server frees it at its last close.
+    pub async fn tmpfile_for(
+        &self,
+        parent: InodeId,
+        perm: u32,
+        caller: Caller,
+        (linkable, access): (bool, OpenAccess),
+    ) -> Result<(Attr, FileHandle)> {
+        let req = fs::TmpFile {
+            parent,
+            perm,
+            linkable,
+            access,
+            client: self.id,
+        };
+        let reply = self.meta_opening(req, Some(caller.clone())).await?;
+        self.opened(reply, access.writes(), caller).await
+    }
+
     /// Opens an existing inode for reading and writing; `truncate` empties it first
     /// (`O_TRUNC`).
     pub async fn open(&self, ino: InodeId, truncate: bool) -> Result<(Attr, FileHandle)> {

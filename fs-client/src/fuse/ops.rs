@@ -253,13 +253,7 @@ impl fuser::Filesystem for TesseraFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let mode = if flags.contains(RenameFlags::RENAME_EXCHANGE) {
-            RenameMode::Exchange
-        } else if flags.contains(RenameFlags::RENAME_NOREPLACE) {
-            RenameMode::NoReplace
-        } else if flags.is_empty() {
-            RenameMode::Replace
-        } else {
+        let Some(mode) = rename_mode(flags) else {
             return reply.error(Errno::EINVAL);
         };
         let inner = self.inner.clone();
@@ -337,11 +331,15 @@ impl fuser::Filesystem for TesseraFs {
         let truncate = flags & libc::O_TRUNC != 0;
         let direct = inner.direct_open(flags);
         self.spawn(req, async move {
-            let how = (exclusive, truncate, open_access(flags));
-            let r = inner
-                .client
-                .create_for(ino(parent), &name, perm, who, how)
-                .await;
+            let (c, access) = (&inner.client, open_access(flags));
+            let r = if name == TMPFILE_NAME {
+                // `O_TMPFILE`, which `O_EXCL` makes never linkable.
+                let how = (!exclusive, access);
+                c.tmpfile_for(ino(parent), perm, who, how).await
+            } else {
+                let how = (exclusive, truncate, access);
+                c.create_for(ino(parent), &name, perm, who, how).await
+            };
             if let (Ok((_, fh)), true) = (&r, writable(flags)) {
                 fh.mark_writer().await;
             }
@@ -856,4 +854,24 @@ impl fuser::Filesystem for TesseraFs {
         // With default_permissions the kernel checks access itself.
         reply.ok();
     }
+}
+
+/// The name a create carries when it is the kernel's `FUSE_TMPFILE` (`O_TMPFILE`), which
+/// the patched fuser hands to `create` (vendor/fuser/TESSERA.md): the kernel names an
+/// unnamed file's dentry "/", which no entry can be named.
+const TMPFILE_NAME: &[u8] = b"/";
+
+/// The rename `renameat2`'s flags ask for; `None` for a combination it refuses (the
+/// kernel already refuses `RENAME_EXCHANGE` with either other flag).
+fn rename_mode(flags: RenameFlags) -> Option<RenameMode> {
+    const NOREPLACE: RenameFlags = RenameFlags::RENAME_NOREPLACE;
+    const WHITEOUT: RenameFlags = RenameFlags::RENAME_WHITEOUT;
+    Some(match flags {
+        f if f.is_empty() => RenameMode::Replace,
+        RenameFlags::RENAME_EXCHANGE => RenameMode::Exchange,
+        NOREPLACE => RenameMode::NoReplace,
+        WHITEOUT => RenameMode::Whiteout,
+        f if f == NOREPLACE | WHITEOUT => RenameMode::WhiteoutNoReplace,
+        _ => return None,
+    })
 }

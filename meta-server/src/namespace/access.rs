@@ -77,6 +77,13 @@ impl Namespace {
         perm::may_create(c, &m)
     }
 
+    /// An unnamed file in `dir` (`O_TMPFILE`): as a create of a new name, write and
+    /// search on the directory.
+    pub(super) fn may_make_tmpfile(&self, c: &Caller, dir: InodeId) -> Result<(), MetaError> {
+        let m = StoreReads(&*self.store).dir(dir)?.mode();
+        perm::may_create(c, &m)
+    }
+
     /// Removing `name` from `dir` (unlink, rmdir): search first (EACCES), then a
     /// missing name is the method's `NotFound`, then write and the sticky rule.
     pub(super) fn may_remove(

@@ -111,7 +111,7 @@ impl Namespace {
         new_name: &[u8],
     ) -> Result<Made, MetaError> {
         check_name(new_name)?;
-        self.mutate(|txn, _| {
+        let made = self.mutate(|txn, st| {
             let now = now();
             let before = txn.dir(new_parent)?.ctime;
             let mut rec = txn.inode(ino)?;
@@ -120,9 +120,13 @@ impl Namespace {
                     "hard link to directory {ino}"
                 )));
             }
-            if rec.nlink == 0 {
-                // Unlinked while open: Linux refuses to bring such a file back (ENOENT).
+            if rec.nlink == 0 && !(st.linkable.contains(&ino) && st.is_open(ino)) {
+                // Unlinked while open: Linux refuses to bring such a file back (ENOENT),
+                // except an open `O_TMPFILE` made without `O_EXCL` (`tmpfile`).
                 return Err(MetaError::NotFound(format!("{ino} has been unlinked")));
+            }
+            if rec.nlink == 0 {
+                txn.delete(keys::orphan(ino));
             }
             ensure_absent(txn, new_parent, new_name)?;
             if rec.nlink >= MAX_LINKS {
@@ -142,7 +146,10 @@ impl Namespace {
                     after: after.attr(new_parent),
                 },
             })
-        })
+        })?;
+        // Linked once, a tmpfile is a file like any other (Linux clears `I_LINKABLE`).
+        self.state.lock().linkable.remove(&ino);
+        Ok(made)
     }
 
     /// Removes non-directory entry `name` from `parent`; returns the directory's change.

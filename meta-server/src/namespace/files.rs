@@ -90,6 +90,22 @@ impl Namespace {
         perm: u32,
         caller: Caller,
     ) -> Result<(InodeId, InodeRecord, InodeRecord), MetaError> {
+        let (ino, rec) = self.new_inode(txn, parent, parent_rec, perm, caller)?;
+        txn.put_inode(ino, &rec)?;
+        let parent_after = add_entry(txn, parent, name, ino, FileKind::Regular, rec.ctime)?;
+        Ok((ino, rec, parent_after))
+    }
+
+    /// A new regular file's number and record (owner, mode, layout) as `parent`'s
+    /// settings make it, not yet stored.
+    pub(super) fn new_inode(
+        &self,
+        txn: &mut Txn<'_>,
+        parent: InodeId,
+        parent_rec: &InodeRecord,
+        perm: u32,
+        caller: Caller,
+    ) -> Result<(InodeId, InodeRecord), MetaError> {
         let chains = self.chain_ids();
         if chains.is_empty() {
             return Err(MetaError::NoSpace("no data servers registered".into()));
@@ -106,9 +122,7 @@ impl Namespace {
             chains,
             replicas,
         });
-        txn.put_inode(ino, &rec)?;
-        let parent_after = add_entry(txn, parent, name, ino, FileKind::Regular, now)?;
-        Ok((ino, rec, parent_after))
+        Ok((ino, rec))
     }
 
     /// Opens `ino` and starts a session; `truncate` empties a regular file first.
@@ -146,7 +160,7 @@ impl Namespace {
 
     /// Records a session whose batch has committed (with the cut of the file's tail,
     /// if given), and builds the reply.
-    fn start_session(
+    pub(super) fn start_session(
         &self,
         st: &mut State,
         session: SessionId,
@@ -538,7 +552,7 @@ fn purge_if_orphan(txn: &mut Txn<'_>, ino: InodeId) -> Result<(), MetaError> {
 
 /// The id of the next session; reserves a new block in the superblock (written with the
 /// caller's batch) when the current one is used up.
-fn reserve_session(st: &State, txn: &mut Txn<'_>) -> SessionId {
+pub(super) fn reserve_session(st: &State, txn: &mut Txn<'_>) -> SessionId {
     let id = st.next_session;
     if id >= txn.sb.session_ceiling {
         txn.sb.session_ceiling = id + ID_BLOCK;

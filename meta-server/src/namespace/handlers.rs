@@ -101,6 +101,26 @@ impl Handle for fs::Create {
     }
 }
 
+impl Handle for fs::TmpFile {
+    const ADDS_RECORDS: bool = true;
+    fn span_id(&self) -> u64 {
+        self.parent.0
+    }
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_name_client(self.client, at.who.as_deref())?;
+        ns.may_make_tmpfile(&at.caller, self.parent)?;
+        let owner = SessionOwner {
+            client: self.client,
+            conn: at.conn,
+            access: self.access,
+        };
+        let caller = at.caller.clone();
+        let mut opened = ns.tmpfile(self.parent, self.perm, caller, self.linkable, owner)?;
+        ns.attach_grant(at, &mut opened, self.access.writes());
+        Ok(opened)
+    }
+}
+
 impl Handle for fs::MkNod {
     const ADDS_RECORDS: bool = true;
     fn span_id(&self) -> u64 {
@@ -185,7 +205,11 @@ impl Handle for fs::Rename {
         let r = self;
         let (from, to) = ((r.parent, &r.name[..]), (r.new_parent, &r.new_name[..]));
         ns.may_rename(&at.caller, from, to, r.mode)?;
-        ns.rename(r.parent, &r.name, r.new_parent, &r.new_name, r.mode)
+        if r.mode.whiteout() {
+            // A whiteout is a device node: only root may make one, as mknod.
+            super::perm::may_mknod(&at.caller, proto::FileKind::CharDevice)?;
+        }
+        ns.rename_as(from, to, r.mode, (at.caller.uid, at.caller.gid))
     }
 }
 

@@ -27,6 +27,7 @@ mod rename;
 mod resume;
 pub mod scope;
 mod space;
+mod tmpfile;
 mod txn;
 mod xattr;
 
@@ -41,7 +42,7 @@ use parking_lot::Mutex;
 use proto::meta::{Caller, ClusterMap};
 use proto::{ClientId, InodeId, NodeId, SessionId, Timestamp, WireError};
 use records::{decode, encode, InodeRecord, Superblock, FORMAT_VERSION};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 use transport::PeerIdentity;
@@ -145,6 +146,9 @@ struct State {
     client_floor: u64,
     /// The key each client id was given to or first named by (see `registry`).
     owners: BTreeMap<ClientId, Arc<str>>,
+    /// Unnamed files (`O_TMPFILE` without `O_EXCL`) that a link may still name; only
+    /// open ones count (see `tmpfile`).
+    linkable: HashSet<InodeId>,
 }
 
 impl State {
@@ -228,6 +232,7 @@ impl Namespace {
                 next_client,
                 client_floor: next_client,
                 owners: BTreeMap::new(),
+                linkable: HashSet::new(),
             }),
             clock,
             liveness: Mutex::new(HashMap::new()),

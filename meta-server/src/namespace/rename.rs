@@ -2,7 +2,7 @@
 
 use super::entries::{add_entry, drop_link, is_empty_dir, remove_entry};
 use super::names::check_name;
-use super::records::DirentRecord;
+use super::records::{DirentRecord, InodeRecord};
 use super::txn::{Reads, Txn};
 use super::{now, Namespace, State};
 use crate::error::{show, MetaError};
@@ -26,6 +26,7 @@ impl Namespace {
     ///
     /// `Replace` unlinks an existing target (which must be of the same directory-ness,
     /// and empty if a directory), `NoReplace` refuses one, `Exchange` swaps the two.
+    /// The whiteout modes leave a whiteout owned by root at the source name.
     pub fn rename(
         &self,
         parent: InodeId,
@@ -33,6 +34,18 @@ impl Namespace {
         new_parent: InodeId,
         new_name: &[u8],
         mode: RenameMode,
+    ) -> Result<(), MetaError> {
+        self.rename_as((parent, name), (new_parent, new_name), mode, (0, 0))
+    }
+
+    /// [`Namespace::rename`], a whiteout being owned by `whiteout_owner` (uid, gid):
+    /// the caller, as a local file system makes it.
+    pub fn rename_as(
+        &self,
+        (parent, name): (InodeId, &[u8]),
+        (new_parent, new_name): (InodeId, &[u8]),
+        mode: RenameMode,
+        whiteout_owner: (u32, u32),
     ) -> Result<(), MetaError> {
         check_name(name)?;
         check_name(new_name)?;
@@ -51,18 +64,26 @@ impl Namespace {
             }
             let now = now();
             match (mode, txn.dirent(new_parent, new_name)?) {
-                (RenameMode::NoReplace, Some(_)) => Err(MetaError::AlreadyExists(format!(
-                    "rename target {} in {new_parent}",
-                    show(new_name)
-                ))),
+                (RenameMode::NoReplace | RenameMode::WhiteoutNoReplace, Some(_)) => {
+                    Err(MetaError::AlreadyExists(format!(
+                        "rename target {} in {new_parent}",
+                        show(new_name)
+                    )))
+                }
                 (RenameMode::Exchange, None) => Err(MetaError::NotFound(format!(
                     "exchange target {} in {new_parent}",
                     show(new_name)
                 ))),
                 (RenameMode::Exchange, Some(dst)) => exchange(txn, e, src, dst, now),
-                (RenameMode::Replace, Some(dst)) => replace(txn, st, e, src, dst, now),
+                (RenameMode::Replace | RenameMode::Whiteout, Some(dst)) => {
+                    replace(txn, st, e, src, dst, now)
+                }
                 (_, None) => move_entry(txn, e, src, now),
+            }?;
+            if mode.whiteout() {
+                leave_whiteout(txn, e, whiteout_owner, now)?;
             }
+            Ok(())
         })
     }
 }
@@ -153,6 +174,22 @@ fn replace(
     remove_entry(txn, e.new_parent, e.new_name, dst.kind, now)?;
     drop_link(txn, st, InodeId(dst.ino), now)?;
     move_entry(txn, e, src, now)
+}
+
+/// Puts a whiteout at the source name the rename just freed: a character device 0/0
+/// with no permission bits (the kernel's `WHITEOUT_DEV`, `WHITEOUT_MODE`), which an
+/// overlay file system reads as "deleted in this layer".
+fn leave_whiteout(
+    txn: &mut Txn<'_>,
+    e: Ends<'_>,
+    (uid, gid): (u32, u32),
+    now: Timestamp,
+) -> Result<(), MetaError> {
+    let rec = InodeRecord::new(FileKind::CharDevice, 0, uid, gid, now);
+    let ino = txn.alloc_inode();
+    txn.put_inode(ino, &rec)?;
+    add_entry(txn, e.parent, e.name, ino, FileKind::CharDevice, now)?;
+    Ok(())
 }
 
 /// Swaps the entries `src` and `dst` (`RENAME_EXCHANGE`).

@@ -15,6 +15,7 @@ impl FsRequest {
         use FsRequest as F;
         match self {
             F::Create(_)
+            | F::TmpFile(_)
             | F::MkNod(_)
             | F::Mkdir(_)
             | F::Symlink(_)
@@ -73,6 +74,7 @@ impl FsRequest {
             F::GetAttr(r) => vec![&mut r.ino],
             F::SetAttr(r) => vec![&mut r.ino],
             F::Create(r) => vec![&mut r.parent],
+            F::TmpFile(r) => vec![&mut r.parent],
             F::MkNod(r) => vec![&mut r.parent],
             F::Mkdir(r) => vec![&mut r.parent],
             F::Symlink(r) => vec![&mut r.parent],
@@ -141,6 +143,13 @@ pub fn one_of_each(dir: InodeId, file: InodeId, client: ClientId) -> Vec<FsReque
             name: name("n"),
             perm: 0o644,
             exclusive: true,
+            access,
+            client,
+        }),
+        FsRequest::TmpFile(TmpFile {
+            parent: dir,
+            perm: 0o600,
+            linkable: true,
             access,
             client,
         }),
@@ -278,6 +287,7 @@ mod tests {
         let expected = [
             "setattr",
             "create",
+            "tmpfile",
             "mknod",
             "mkdir",
             "symlink",

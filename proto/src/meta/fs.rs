@@ -15,6 +15,7 @@ crate::rpc_requests! {
         GetAttr => Attr, "getattr", idempotent: true;
         SetAttr => Attr, "setattr", idempotent: true;
         Create => Opened, "create", idempotent: false;
+        TmpFile => Opened, "tmpfile", idempotent: false;
         MkNod => Made, "mknod", idempotent: false;
         Mkdir => Made, "mkdir", idempotent: false;
         Symlink => Made, "symlink", idempotent: false;
@@ -99,6 +100,23 @@ pub struct Create {
     pub exclusive: bool,
     /// What the open asks to do (checked against an existing file's mode; a new file
     /// is opened whatever its mode, as `open(O_CREAT)` does).
+    pub access: OpenAccess,
+    /// The session's client.
+    pub client: ClientId,
+}
+
+/// Makes an unnamed regular file (`O_TMPFILE`) with `parent`'s layout and opens it. It
+/// has no link: it goes when its last session ends, unless a [`Link`] names it first,
+/// which only a `linkable` one allows (`O_TMPFILE` without `O_EXCL`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TmpFile {
+    /// The directory it is made in (for its permission check and its layout).
+    pub parent: InodeId,
+    /// Permission bits.
+    pub perm: u32,
+    /// Whether a [`Link`] may give it a name.
+    pub linkable: bool,
+    /// What the open asks to do.
     pub access: OpenAccess,
     /// The session's client.
     pub client: ClientId,

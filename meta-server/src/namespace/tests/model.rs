@@ -240,6 +240,10 @@ impl Model {
         let src_dir = self.nodes[&src].is_dir();
         let dst = self.nodes[&e.new_parent].children.get(&e.new_name).copied();
         match (e.mode, dst) {
+            // Whiteouts are tested on a real mount (tests/posix_overlay.rs).
+            (RenameMode::Whiteout | RenameMode::WhiteoutNoReplace, _) => {
+                unreachable!("the model generates no whiteout rename")
+            }
             (RenameMode::NoReplace, Some(_)) => Err(ErrorCode::AlreadyExists),
             (RenameMode::Exchange, None) => Err(ErrorCode::NotFound),
             (RenameMode::Exchange, Some(dst)) => {
