@@ -294,6 +294,9 @@ impl fuser::Filesystem for TesseraFs {
                 .await;
             if let (Ok((_, fh)), true) = (&r, writable(flags.0)) {
                 fh.mark_writer().await;
+                if inner.server_append(flags.0) {
+                    inner.client.take_append_lease(fh).await;
+                }
             }
             finish(reply, r, |reply, (attr, fh)| {
                 let mut fopen = FopenFlags::empty();
@@ -342,6 +345,9 @@ impl fuser::Filesystem for TesseraFs {
             };
             if let (Ok((_, fh)), true) = (&r, writable(flags)) {
                 fh.mark_writer().await;
+                if inner.server_append(flags) {
+                    inner.client.take_append_lease(fh).await;
+                }
             }
             finish(reply, r, |reply, (attr, fh)| {
                 inner.note_created(&attr);
@@ -416,6 +422,21 @@ impl fuser::Filesystem for TesseraFs {
                 }
             }
         }
+        // An append under the file's lease, into the buffers, answered here as a plain
+        // write is, unless the kernel may hold a page of the file to drop first.
+        let mut placed = None;
+        if append && !kill_suid {
+            if let Ok(file) = self.inner.file(fh.0) {
+                if !self.inner.may_have_pages(file.ino()) {
+                    match self.inner.client.try_append_now(&file, data) {
+                        Some(Ok((_, true))) => return reply.written(data.len() as u32),
+                        Some(Ok((at, false))) => placed = Some(at),
+                        Some(Err(e)) => return reply.error(errno(e.code())),
+                        None => {}
+                    }
+                }
+            }
+        }
         let (inner, data) = (self.inner.clone(), data.to_vec());
         self.spawn(req, async move {
             let file = match inner.file(fh.0) {
@@ -427,7 +448,11 @@ impl fuser::Filesystem for TesseraFs {
             };
             let r = match file {
                 Ok(file) => {
-                    let r = if append {
+                    let r = if let Some(at) = placed {
+                        // Its range is taken under the lease: the bytes go there.
+                        let r = inner.client.write(&file, at, &data).await;
+                        r.map(|n| (at, n))
+                    } else if append {
                         let n = data.len();
                         inner.client.append(&file, &data).await.map(|at| (at, n))
                     } else {
