@@ -96,6 +96,14 @@ impl Client {
         }
     }
 
+    /// Whether `fh` is this client's only open of its file.
+    pub(crate) fn last_open_of(&self, fh: &FileHandle) -> bool {
+        let sessions = self.sessions.lock();
+        !sessions
+            .iter()
+            .any(|(s, o)| o.open.ino == fh.ino() && *s != fh.session)
+    }
+
     /// Places an append under the file's lease, if it holds one that may be used:
     /// the bytes go where this client knows the end to be, through the write buffers.
     /// `None`: append with the server's range (a lease that may not be used was given
@@ -115,6 +123,7 @@ impl Client {
         }
         fh.check_write_error()?;
         let at = st.reserve(data.len() as u64)?;
+        self.appended_here(fh);
         self.write(fh, at, data).await?;
         Ok(Some(at))
     }
@@ -136,11 +145,22 @@ impl Client {
             Ok(at) => at,
             Err(e) => return Some(Err(e)),
         };
+        self.appended_here(fh);
         match self.try_write_now(fh, at, data) {
             Some(Ok(_)) => Some(Ok((at, true))),
             Some(Err(e)) => Some(Err(e)),
             None => Some(Ok((at, false))),
         }
+    }
+
+    /// An append moved the file's length without a request: the attributes kept from
+    /// an earlier reply (a commit's) go, as an `Append` request's would make them go.
+    fn appended_here(&self, fh: &FileHandle) {
+        let req = fs::FsRequest::Append(fs::Append {
+            ino: fh.ino(),
+            len: 0,
+        });
+        self.dir_attrs.before(&req);
     }
 
     /// Gives back the lease of `st`'s file: sends its buffered writes, commits the

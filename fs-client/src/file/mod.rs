@@ -608,10 +608,15 @@ impl Client {
     /// session. The session is closed even when a write failed; the failure is returned.
     pub async fn release(&self, fh: &FileHandle) -> Result<()> {
         // Appends placed under the lease are committed with a `LeaseCommit`, which
-        // checks that the lease is still held; the release then carries no commit.
-        let leased = match fh.state.lease_dirty() {
-            true => self.commit_leased(&fh.state).await,
-            false => Ok(()),
+        // checks that the lease is still held; the release then carries no commit. The
+        // last open of the file gives the lease back with it, so that the lease this
+        // client believes it holds ends with the server's.
+        let leased = if fh.state.leased() && self.last_open_of(fh) {
+            self.give_back(&fh.state).await
+        } else if fh.state.lease_dirty() {
+            self.commit_leased(&fh.state).await
+        } else {
+            Ok(())
         };
         let pending = self.send_for_commit(&fh.state).await;
         self.session_closed(fh.session);
