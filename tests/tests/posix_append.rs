@@ -195,6 +195,40 @@ fn two_mounts_appending_at_once_lose_and_overlap_nothing() {
     );
 }
 
+/// Guards against a mount that kept believing it held a lease its last close had ended
+/// (that close went by the batched release, which ends the server's lease): its next
+/// append, made while another mount had the file open for writing, went under no lease
+/// and its length was refused, left to later opens of that mount only.
+#[test]
+fn an_append_after_the_close_that_ended_the_lease_is_committed() {
+    let cluster = ProcessCluster::start(3);
+    let (a, b) = (cluster.mount("a"), cluster.mount("b"));
+    let (fa, fb) = (a.path.join("log"), b.path.join("log"));
+    fs::write(&fa, b"").unwrap();
+    let append = |data: &[u8]| {
+        let mut f = OpenOptions::new().append(true).open(&fa).unwrap();
+        f.write_all(data).unwrap();
+        f.sync_all().expect("fsync of an append");
+    };
+    append(b"first\n");
+    // Not a readiness wait: the close's session ends in a batch sent 2 ms after it,
+    // and with it the server's lease; the other mount's open must come after that.
+    std::thread::sleep(Duration::from_millis(100));
+    let held = OpenOptions::new().write(true).open(&fb).unwrap();
+    append(b"second\n");
+    assert_eq!(
+        fs::read(&fb).unwrap(),
+        b"first\nsecond\n",
+        "the other mount"
+    );
+    drop(held);
+    assert_eq!(
+        fs::read(&fa).unwrap(),
+        b"first\nsecond\n",
+        "the appending mount"
+    );
+}
+
 /// Guards against a second writer's open that does not recall the lease: what the
 /// holder placed under it must be committed (the newcomer reads it at once) and the
 /// appends of both must follow each other, whole, in the order they were made.

@@ -96,12 +96,9 @@ impl Client {
         }
     }
 
-    /// Whether `fh` is this client's only open of its file.
-    pub(crate) fn last_open_of(&self, fh: &FileHandle) -> bool {
-        let sessions = self.sessions.lock();
-        !sessions
-            .iter()
-            .any(|(s, o)| o.open.ino == fh.ino() && *s != fh.session)
+    /// Whether this client has a session of `ino` open.
+    pub(crate) fn has_open(&self, ino: InodeId) -> bool {
+        self.sessions.lock().values().any(|o| o.open.ino == ino)
     }
 
     /// Places an append under the file's lease, if it holds one that may be used:

@@ -381,6 +381,12 @@ impl FileHandle {
         self.state.settled() && !self.has_unreported_error()
     }
 
+    /// Whether this client holds the append lease of the handle's file (see
+    /// `client::leases`).
+    pub(crate) fn leased(&self) -> bool {
+        self.state.leased()
+    }
+
     /// Whether a background write failed since this handle last reported one.
     pub(crate) fn has_unreported_error(&self) -> bool {
         self.state.error_count() != self.errors_reported.load(Ordering::SeqCst)
@@ -608,18 +614,23 @@ impl Client {
     /// session. The session is closed even when a write failed; the failure is returned.
     pub async fn release(&self, fh: &FileHandle) -> Result<()> {
         // Appends placed under the lease are committed with a `LeaseCommit`, which
-        // checks that the lease is still held; the release then carries no commit. The
-        // last open of the file gives the lease back with it, so that the lease this
-        // client believes it holds ends with the server's.
-        let leased = if fh.state.leased() && self.last_open_of(fh) {
-            self.give_back(&fh.state).await
-        } else if fh.state.lease_dirty() {
-            self.commit_leased(&fh.state).await
-        } else {
-            Ok(())
+        // checks that the lease is still held; the release then carries no commit.
+        let leased = match fh.state.lease_dirty() {
+            true => self.commit_leased(&fh.state).await,
+            false => Ok(()),
         };
         let pending = self.send_for_commit(&fh.state).await;
         self.session_closed(fh.session);
+        // The last open of the file gives the lease back before its session ends (which
+        // ends the server's lease), so that the lease this client believes it holds ends
+        // with the server's. Decided once this session is closed: of two opens closing
+        // at once, at least one sees itself last.
+        let leased = match leased {
+            Ok(()) if fh.state.leased() && !self.has_open(fh.ino()) => {
+                self.give_back(&fh.state).await
+            }
+            r => r,
+        };
         let flushed = fh.take_write_error();
         // The length and mtime are committed even when a write failed (as a local file
         // system keeps the size of a write whose page failed to reach the disk): the

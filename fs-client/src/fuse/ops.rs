@@ -512,11 +512,18 @@ impl fuser::Filesystem for TesseraFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        // No lock ever taken on the file through this mount and nothing to send or
-        // commit: the session ends in the next batch (`Client::release_later`), and the
-        // answer goes from here.
+        // No lock ever taken on the file through this mount, nothing to send or commit
+        // and no append lease to give back: the session ends in the next batch
+        // (`Client::release_later`), and the answer goes from here. A lease goes back
+        // with `Client::release`: ended by the batch instead, it would end on the server
+        // while this client still placed appends under it.
         if !self.inner.locked.lock().contains(&ino(i)) {
-            if let Some(file) = self.inner.file(fh.0).ok().filter(|f| f.settled()) {
+            let quiet = self
+                .inner
+                .file(fh.0)
+                .ok()
+                .filter(|f| f.settled() && !f.leased());
+            if let Some(file) = quiet {
                 self.inner.lock_owners.lock().remove(&fh.0);
                 self.inner.files.lock().remove(&fh.0);
                 self.inner.client.release_later(file.session);
