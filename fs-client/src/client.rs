@@ -16,6 +16,7 @@ mod leases;
 mod opening;
 
 pub use caller::acting_as;
+pub(crate) use leases::Placed;
 mod resume;
 use parking_lot::Mutex;
 use proto::meta::cluster::GetMap;

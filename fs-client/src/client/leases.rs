@@ -21,6 +21,26 @@ use proto::{ErrorCode, InodeId, Request, WireError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Where [`Client::try_append_now`] placed an append under the lease.
+pub(crate) enum Placed {
+    /// Its bytes are buffered.
+    Buffered,
+    /// Its range is taken and its bytes are not buffered yet: they go there with
+    /// [`Client::write_taken`].
+    Taken(TakenRange),
+}
+
+/// The range of an append placed under the lease whose bytes are not buffered yet.
+/// While it lives the append is still placing (`append_lock` is held shared): no commit
+/// takes the file's length and no give-back starts, so none covers a range whose bytes
+/// are not buffered (another writer could read zeros there, or have its own bytes
+/// overwritten by these when they come).
+pub(crate) struct TakenRange {
+    /// Where the bytes go.
+    at: u64,
+    _placing: tokio::sync::OwnedRwLockReadGuard<()>,
+}
+
 /// How long the poller waits before it asks again after a failed `Recalls`.
 const POLL_RETRY: Duration = Duration::from_millis(100);
 
@@ -126,15 +146,13 @@ impl Client {
     }
 
     /// [`Client::append_leased`] without waiting, for the FUSE thread: `None` if that
-    /// would wait (or no lease may be used); else where the bytes went, and whether
-    /// they are buffered already (`false`: the caller writes them there itself, with
-    /// [`Client::write`]).
-    pub fn try_append_now(&self, fh: &FileHandle, data: &[u8]) -> Option<Result<(u64, bool)>> {
+    /// would wait (or no lease may be used); else where the bytes went.
+    pub(crate) fn try_append_now(&self, fh: &FileHandle, data: &[u8]) -> Option<Result<Placed>> {
         let st = &fh.state;
         if data.is_empty() || !st.leased() || fh.has_unreported_error() || !self.leases.valid() {
             return None;
         }
-        let _placing = st.append_lock.try_read().ok()?;
+        let placing = st.append_lock.clone().try_read_owned().ok()?;
         if !st.leased() {
             return None;
         }
@@ -144,10 +162,26 @@ impl Client {
         };
         self.appended_here(fh);
         match self.try_write_now(fh, at, data) {
-            Some(Ok(_)) => Some(Ok((at, true))),
+            Some(Ok(_)) => Some(Ok(Placed::Buffered)),
             Some(Err(e)) => Some(Err(e)),
-            None => Some(Ok((at, false))),
+            // Still placing: the range is taken, its bytes are not buffered yet.
+            None => Some(Ok(Placed::Taken(TakenRange {
+                at,
+                _placing: placing,
+            }))),
         }
+    }
+
+    /// Writes the bytes of an append whose range [`Client::try_append_now`] took, then
+    /// lets commits and give-backs of the file go on. Returns where they went.
+    pub(crate) async fn write_taken(
+        &self,
+        fh: &FileHandle,
+        range: TakenRange,
+        data: &[u8],
+    ) -> Result<(u64, usize)> {
+        let n = self.write(fh, range.at, data).await?;
+        Ok((range.at, n))
     }
 
     /// An append moved the file's length without a request: the attributes kept from

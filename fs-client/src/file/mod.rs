@@ -56,7 +56,7 @@ pub struct FileState {
     /// and its bytes buffered), exclusively while the lease is given back and while a
     /// commit's length is read: no commit covers a range whose bytes are not buffered
     /// yet (see `client::leases`).
-    pub(crate) append_lock: tokio::sync::RwLock<()>,
+    pub(crate) append_lock: Arc<tokio::sync::RwLock<()>>,
 }
 
 struct FileInner {
@@ -126,7 +126,7 @@ impl FileState {
             sent: Notify::new(),
             gate: around::StoreGate::default(),
             lost: AtomicBool::new(false),
-            append_lock: tokio::sync::RwLock::new(()),
+            append_lock: Arc::new(tokio::sync::RwLock::new(())),
         }
     }
 

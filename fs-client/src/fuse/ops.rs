@@ -7,6 +7,7 @@ use super::replies::{
     writable, xattr_reply,
 };
 use super::{errno, is_stats_xattr, Freshness, TesseraFs};
+use crate::client::Placed;
 use crate::config::AtimeMode;
 use crate::error::ClientError;
 use fuser::{
@@ -429,8 +430,8 @@ impl fuser::Filesystem for TesseraFs {
             if let Ok(file) = self.inner.file(fh.0) {
                 if !self.inner.may_have_pages(file.ino()) {
                     match self.inner.client.try_append_now(&file, data) {
-                        Some(Ok((_, true))) => return reply.written(data.len() as u32),
-                        Some(Ok((at, false))) => placed = Some(at),
+                        Some(Ok(Placed::Buffered)) => return reply.written(data.len() as u32),
+                        Some(Ok(Placed::Taken(range))) => placed = Some(range),
                         Some(Err(e)) => return reply.error(errno(e.code())),
                         None => {}
                     }
@@ -448,10 +449,9 @@ impl fuser::Filesystem for TesseraFs {
             };
             let r = match file {
                 Ok(file) => {
-                    let r = if let Some(at) = placed {
+                    let r = if let Some(range) = placed {
                         // Its range is taken under the lease: the bytes go there.
-                        let r = inner.client.write(&file, at, &data).await;
-                        r.map(|n| (at, n))
+                        inner.client.write_taken(&file, range, &data).await
                     } else if append {
                         let n = data.len();
                         inner.client.append(&file, &data).await.map(|at| (at, n))
