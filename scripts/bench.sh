@@ -2,7 +2,7 @@
 # Tessera beside the local disk, a FUSE passthrough of it (bindfs: the FUSE ceiling),
 # MooseFS, GlusterFS and JuiceFS, on this machine, in one run (issue 5, item 7):
 #
-#   scripts/bench.sh [--quick] [--only SYSTEM[,SYSTEM...]] [--workloads a,b,c,d,e,f] [--base REV]
+#   scripts/bench.sh [--quick] [--only SYSTEM[,SYSTEM...]] [--workloads a,b,c,d,e] [--base REV]
 #
 #   SYSTEM: local, bindfs, tessera, moosefs, glusterfs, juicefs (default: all, in this order);
 #   tessera-base: Tessera built from git revision REV (--base), for an A/B in one run
@@ -12,9 +12,6 @@
 #       then CKPT_JOBS writers into disjoint ranges of one file, fsync at the end
 #   (d) 4 KiB random read, RAND_JOBS jobs, RAND_S seconds, on the file of (b)
 #   (e) metadata: create, stat and remove META_FILES empty files from META_PROCS processes
-#   (f) small writes: APPEND_RECORDS writes of APPEND_BYTES, plain (the reference) and
-#       O_APPEND from 1 process, then O_APPEND to one file from 2 processes, each on its
-#       own mount for Tessera (a second `tessera mount` of the cluster), on one elsewhere
 #
 # It builds a release (target/release), installs what is missing (fio, bindfs, a Python
 # venv with matplotlib; the peers install their own), then for each system: checks free
@@ -44,17 +41,15 @@ RAND_JOBS=4                   # (d)
 RAND_S=30
 META_FILES=10000              # (e)
 META_PROCS=2
-APPEND_RECORDS=20000          # (f), per writer
-APPEND_BYTES=4096
 STEP_TIMEOUT_S=1800           # bound on any one step (fio, a Python phase)
 BENCH_DIR=${BENCH_DIR:-/var/tmp/tessera-bench}   # scratch data, mounts, peer state, venv
 ALL_SYSTEMS="local bindfs tessera moosefs glusterfs juicefs"
 KNOWN_SYSTEMS="tessera-base $ALL_SYSTEMS"
-ALL_WORKLOADS="a b c d e f"
+ALL_WORKLOADS="a b c d e"
 
 quick_settings() {            # --quick: a smoke run of every path in a few minutes
   DATASET_FILES=400; DATASET_READ_MAX_S=120; SEQ_MIB=256; CKPT_MIB=64; RAND_S=5
-  META_FILES=1000; APPEND_RECORDS=2000
+  META_FILES=1000
 }
 
 # ---------------------------------------------------------------- options
@@ -281,7 +276,6 @@ CURRENT=""
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
-  stop_second_mount || true
   if [ -n "$CURRENT" ]; then log "stopping $CURRENT"; "stop_$CURRENT" || true; fi
   rmdir "$BENCH_DIR"/mnt/* "$BENCH_DIR/mnt" 2>/dev/null || true   # never rm -r a mount
   exit $rc
@@ -386,56 +380,6 @@ workload_e() {
   rmdir "$d"
 }
 
-# A second mount of the same Tessera cluster, for (f)'s appenders on two mounts; other
-# systems give their one mount again. Sets MNT2; `stop_second_mount` undoes it.
-SECOND_PID=""
-start_second_mount() {
-  local sys=$1 state
-  MNT2=$MNT
-  case $sys in
-    tessera) state=$TESSERA_STATE; BIN2=$ROOT/target/release ;;
-    tessera-base) state=$TESSERA_BASE_STATE; BIN2=$BASE_BIN ;;
-    *) return 0 ;;
-  esac
-  mkdir -p "$BENCH_DIR/mnt/$sys-2" || return 1
-  "$BIN2/tessera" mount --meta "$(cat "$state/meta.addr")" --key-file "$state/keys/admin.key" \
-    "$BENCH_DIR/mnt/$sys-2" > "$RUN/$sys-mount-2.log" 2>&1 &
-  SECOND_PID=$!
-  wait_mounted "$BENCH_DIR/mnt/$sys-2" || return 1
-  MNT2=$BENCH_DIR/mnt/$sys-2
-}
-stop_second_mount() {
-  [ -n "$SECOND_PID" ] || return 0
-  umount "$MNT2" 2>/dev/null || true
-  wait "$SECOND_PID" 2>/dev/null || true
-  SECOND_PID=""
-  rmdir "$MNT2" 2>/dev/null || true
-}
-
-workload_f() {
-  local sys=$1 d=$2/appends d2 v
-  mkdir -p "$d" || return 1
-  drop_caches
-  py_step "$sys" f-plain append plain "$APPEND_RECORDS" "$APPEND_BYTES" "$d/plain" || return 1
-  v=$(jval "$RUN/$sys-f-plain.json" records_s) || return 1
-  record "$sys" plain_small_s "$v"
-  drop_caches
-  py_step "$sys" f-append1 append append "$APPEND_RECORDS" "$APPEND_BYTES" "$d/log" || return 1
-  [ "$(jval "$RUN/$sys-f-append1.json" whole)" = True ] || note "$sys" "(f) lost appends"
-  v=$(jval "$RUN/$sys-f-append1.json" records_s) || return 1
-  record "$sys" append_one_s "$v"
-  start_second_mount "$sys" || { note "$sys" "(f) no second mount"; stop_second_mount; return 1; }
-  d2=$MNT2/tessera-bench/appends
-  drop_caches
-  py_step "$sys" f-append2 append append "$APPEND_RECORDS" "$APPEND_BYTES" "$d/log" \
-    "$d2/log" || { stop_second_mount; return 1; }
-  stop_second_mount
-  [ "$(jval "$RUN/$sys-f-append2.json" whole)" = True ] || note "$sys" "(f) lost appends"
-  v=$(jval "$RUN/$sys-f-append2.json" records_s) || return 1
-  record "$sys" append_two_s "$v"
-  rm -rf "$d"
-}
-
 has() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 
 run_workloads() {
@@ -453,7 +397,6 @@ run_workloads() {
   fi
   if has c; then workload_c "$sys" "$d" || note "$sys" "(c) failed"; fi
   if has e; then workload_e "$sys" "$d" || note "$sys" "(e) failed"; fi
-  if has f; then workload_f "$sys" "$d" || note "$sys" "(f) failed"; fi
   rm -rf "$d"
 }
 
@@ -515,8 +458,7 @@ write_info() {
   settings+=", $READERS readers, 1 MiB reads, at most $DATASET_READ_MAX_S s; (b) $SEQ_MIB MiB"
   settings+=", bs 1 MiB; (c) $CKPT_JOBS x $CKPT_MIB MiB, bs 1 MiB, end_fsync; (d) bs 4 KiB,"
   settings+=" $RAND_JOBS jobs, $RAND_S s, norandommap; (e) $META_FILES files, $META_PROCS"
-  settings+=" processes, one folder; (f) $APPEND_RECORDS writes of $APPEND_BYTES bytes per writer"
-  settings+="; quick=$QUICK"
+  settings+=" processes, one folder; quick=$QUICK"
   {
     echo "DATE=$(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "COMMAND=scripts/bench.sh${ARGS:+ $ARGS}"
@@ -535,8 +477,6 @@ write_info() {
     echo "RAND_JOBS=$RAND_JOBS"
     echo "RAND_S=$RAND_S"
     echo "META_PROCS=$META_PROCS"
-    echo "APPEND_BYTES=$APPEND_BYTES"
-    echo "APPEND_MOUNTS=two mounts (Tessera), one mount (others)"
     echo "NOTE=other work ran on this machine during the run; the load average at each system's start is in the table"
   } > "$RUN/info.env"
 }

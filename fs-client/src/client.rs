@@ -12,11 +12,9 @@ use crate::segpool::SegPool;
 
 mod away;
 mod caller;
-mod leases;
 mod opening;
 
 pub use caller::acting_as;
-pub(crate) use leases::Placed;
 mod resume;
 use parking_lot::Mutex;
 use proto::meta::cluster::GetMap;
@@ -82,8 +80,6 @@ pub struct Client {
     resumed: std::sync::atomic::AtomicU64,
     /// One resume at a time.
     resume_lock: tokio::sync::Mutex<()>,
-    /// Until when the append leases of this client may be used (see `client::leases`).
-    leases: leases::LeaseClock,
 }
 
 /// With a `key_file`, every connection (metadata and data servers) authenticates.
@@ -146,7 +142,6 @@ impl Client {
             sessions: Mutex::new(HashMap::new()),
             resumed: std::sync::atomic::AtomicU64::new(hello_conn),
             resume_lock: tokio::sync::Mutex::new(()),
-            leases: leases::LeaseClock::default(),
         });
         client.data.refresh_map().await?;
         client.spawn_resume_check();
@@ -386,8 +381,7 @@ impl Client {
         // before the data servers cut the chunks otherwise.
         let live = self.live_file(ino);
         let commit = match &live {
-            // Appends placed under a lease are committed by a `LeaseCommit` of their own.
-            Some(st) if set.size.is_none() && !st.lease_dirty() => self.send_for_commit(st).await,
+            Some(st) if set.size.is_none() => self.send_for_commit(st).await,
             Some(st) => {
                 self.commit_pending(st).await?;
                 None

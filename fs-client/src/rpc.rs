@@ -170,15 +170,6 @@ impl Replied for Attr {
     }
 }
 
-impl Replied for Option<Attr> {
-    fn seen(&self) -> Seen<'_> {
-        match self {
-            Some(a) => Seen::Attr(a),
-            None => Seen::Nothing,
-        }
-    }
-}
-
 impl Replied for Opened {
     fn seen(&self) -> Seen<'_> {
         Seen::Opened(self)

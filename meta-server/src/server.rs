@@ -327,9 +327,6 @@ async fn route(
                 F::Resume(r) => serve(ns, r, at, limit).await,
                 F::MyCaps(r) => serve(ns, r, at, limit).await,
                 F::LookupParent(r) => lookup_parent(ns, r, at, limit, scope).await,
-                F::TakeLease(r) => serve(ns, r, at, limit).await,
-                F::LeaseCommit(r) => serve(ns, r, at, limit).await,
-                F::Recalls(_) => recalls(ns, at.conn, limit).await,
             }
         }
         MetaRequest::Cluster(req) => match req {
@@ -346,25 +343,6 @@ async fn route(
             A::CheckNamespace(r) => serve(ns, r, server, limit).await,
             A::KeyCreate(_) | A::KeyList(_) | A::KeyRevoke(_) => not_here(limit),
         },
-    }
-}
-
-/// Answers a `Recalls` call: with the files whose leases held by `conn` were recalled,
-/// at once or as soon as one is, or empty after `RECALL_POLL_MS` (see
-/// `namespace::leases`). Waits on the async worker: it holds no thread meanwhile.
-async fn recalls(ns: Arc<Namespace>, conn: ConnId, limit: usize) -> Vec<u8> {
-    let poll = std::time::Duration::from_millis(proto::meta::RECALL_POLL_MS);
-    let deadline = tokio::time::Instant::now() + poll;
-    loop {
-        let notified = ns.recall_notify().notified();
-        tokio::pin!(notified);
-        // Registered before looking, so a recall made meanwhile still wakes us.
-        notified.as_mut().enable();
-        let recalled = ns.recalled(conn);
-        if !recalled.is_empty() || tokio::time::timeout_at(deadline, notified).await.is_err() {
-            let r: Result<Vec<proto::InodeId>, WireError> = Ok(recalled);
-            return rpc::answer(&r, limit);
-        }
     }
 }
 

@@ -451,23 +451,6 @@ pub const MAX_RELEASES: usize = 1024;
 /// (about 130 bytes with a long key name), well within the default 128 KiB message.
 pub const MAX_RESUMES: usize = 256;
 
-/// How long a [`fs::Recalls`] call waits for a recall before it answers that there is
-/// none: a client holding an append lease sends one after another.
-pub const RECALL_POLL_MS: u64 = 2_000;
-
-/// How long a client may place appends under its leases after sending a
-/// [`fs::Recalls`] call that answered without recalling them (or the [`fs::TakeLease`]
-/// that granted one); past it, it gives them back before appending (see
-/// [`LEASE_RECALL_MS`]).
-pub const LEASE_VALID_MS: u64 = 4_000;
-
-/// How long the metadata server waits for a recalled lease to come back before it
-/// takes it away: the holder's sessions of the file end as a vanished client's do, and
-/// what it placed past the committed length is cut. Longer than [`LEASE_VALID_MS`], so
-/// a holder cut off from the server has stopped placing appends by then; shorter than
-/// the client's wait for an open answered `Busy` (10 s).
-pub const LEASE_RECALL_MS: u64 = 6_000;
-
 /// A request to the metadata server, as it travels: one variant per subsystem.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaRequest {

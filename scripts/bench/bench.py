@@ -11,11 +11,6 @@ matplotlib for the chart).
   bench.py meta DIR FILES PROCS PHASE       PHASE: create | stat | remove
       PROCS processes create (O_CREAT|O_EXCL, then close), stat or remove FILES empty
       files in total in one shared folder. Prints JSON.
-  bench.py append MODE RECORDS BYTES PATH [PATH...]
-      One process per PATH writes RECORDS records of BYTES bytes, one `write` each:
-      MODE plain: to its own file PATH.N at increasing offsets (the reference); MODE
-      append: to PATH through an O_APPEND descriptor (several PATHs: one file seen
-      through several mounts). Checks that every record landed once. Prints JSON.
   bench.py fio-value FILE.json KIND         KIND: read-mibs | write-mibs | read-iops
   bench.py report RUN_DIR OUT_BASE          Markdown table OUT_BASE.md, chart OUT_BASE.png
 """
@@ -142,51 +137,6 @@ def meta(d, files, procs, phase):
                       "ops_s": per * procs / secs}))
 
 
-# ---------------------------------------------------------------- appends (f)
-
-def _append_part(args):
-    mode, records, size, path, proc, barrier = args
-    if mode == "plain":
-        fd = os.open(f"{path}.{proc}", os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
-    else:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-    # Each record names its writer and number, so the check below finds losses.
-    recs = [(f"{proc}:{i:08d}:".encode() + b"x" * size)[:size - 1] + b"\n"
-            for i in range(records)]
-    barrier.wait()
-    for r in recs:
-        if os.write(fd, r) != size:
-            raise SystemExit("short write")
-    os.close(fd)
-    return time.monotonic()
-
-
-def append(mode, records, size, paths):
-    if mode == "append":
-        os.close(os.open(paths[0], os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644))
-    procs = len(paths)
-    with mp.Manager() as m:
-        barrier = m.Barrier(procs + 1)
-        with mp.Pool(procs) as pool:
-            parts = [(mode, records, size, p, i, barrier) for i, p in enumerate(paths)]
-            res = pool.map_async(_append_part, parts)
-            barrier.wait()
-            t = time.monotonic()
-            ends = res.get(3600)
-    secs = max(ends) - t
-    files = [paths[0]] if mode == "append" else [f"{p}.{i}" for i, p in enumerate(paths)]
-    seen = set()
-    for f in files:
-        with open(f, "rb") as h:
-            data = h.read()
-        for line in data.split(b"\n")[:-1]:
-            seen.add(line.split(b":")[0] + b":" + line.split(b":")[1])
-        os.unlink(f)
-    whole = len(seen) == procs * records
-    print(json.dumps({"mode": mode, "records": procs * records, "seconds": secs,
-                      "records_s": procs * records / secs, "whole": whole}))
-
-
 # ---------------------------------------------------------------- fio
 
 def fio_value(path, kind):
@@ -234,12 +184,6 @@ METRICS = [
     ("creates_s", "(e) create empty files, {META_PROCS} processes", "(e) creates", "ops/s"),
     ("stats_s", "(e) stat", "(e) stats", "ops/s"),
     ("removes_s", "(e) remove", "(e) removes", "ops/s"),
-    ("plain_small_s", "(f) {APPEND_BYTES}-byte writes, 1 process (the reference)",
-     "(f) small plain writes", "writes/s"),
-    ("append_one_s", "(f) {APPEND_BYTES}-byte O_APPEND writes, 1 process", "(f) appends, 1 writer",
-     "writes/s"),
-    ("append_two_s", "(f) {APPEND_BYTES}-byte O_APPEND writes to one file, 2 processes on "
-     "{APPEND_MOUNTS}", "(f) appends, 2 writers", "writes/s"),
 ]
 
 # (metric, peer, target) from issue 5.
@@ -252,12 +196,6 @@ TARGETS = [
     ("creates_s", "moosefs", 10.0, "creates"),
     ("rand_read_iops", "moosefs", 2.0, "4 KiB random read"),
     ("seq_read_mibs", "bindfs", 0.6, "sequential read"),
-]
-
-# (metric, reference metric, target): ratios of one system's own rows (issue 28).
-OWN_TARGETS = [
-    ("append_one_s", "plain_small_s", 0.5, "small appends, 1 writer / small plain writes"),
-    ("append_two_s", "plain_small_s", 0.0, "small appends, 2 writers / small plain writes"),
 ]
 
 
@@ -354,19 +292,6 @@ def report(run, out_base):
         met = "-" if r is None else ("yes" if r >= target else "no")
         tgt = f">= {target:g}x" if target >= 1 else f">= {target * 100:.0f}%"
         lines.append(f"| {what}, Tessera / {peer_name} | {tgt} | {shown} | {met} |")
-    own = []
-    for metric, ref, target, what in OWN_TARGETS:
-        try:
-            r = float(res["tessera"][metric]) / float(res["tessera"][ref])
-        except (KeyError, ValueError, ZeroDivisionError):
-            r = None
-        if r is not None:
-            met = "yes" if r >= target else "no"
-            tgt = f">= {target:g}x" if target else "-"
-            own.append(f"| {what}, Tessera | {tgt} | {r:.2f}x | {met if target else '-'} |")
-    if own:
-        lines += ["", "| ratio (issue 28) | target | measured | met |",
-                  "| --- | --- | --- | --- |"] + own
     refs = []
     for key, _, short, _ in METRICS:
         if key in ("dataset_files_s", "dataset_write_files_s"):
@@ -399,8 +324,7 @@ def chart(res, systems, info, path):
     colors = {"local": "#9e9e9e", "bindfs": "#616161", "tessera": "#d84315",
               "tessera-base": "#ff8a65",
               "moosefs": "#1565c0", "glusterfs": "#2e7d32", "juicefs": "#6a1b9a"}
-    rows = (len(metrics) + 2) // 3
-    fig, axes = plt.subplots(rows, 3, figsize=(16, 4.4 * rows))
+    fig, axes = plt.subplots(3, 3, figsize=(16, 13))
     for ax, (key, _, title, unit) in zip(axes.flat, metrics):
         names, vals, cols = [], [], []
         for s, n in systems:
@@ -439,8 +363,6 @@ def main(argv):
         dataset_read(a[0], int(a[1]), float(a[2]))
     elif cmd == "meta":
         meta(a[0], int(a[1]), int(a[2]), a[3])
-    elif cmd == "append":
-        append(a[0], int(a[1]), int(a[2]), a[3:])
     elif cmd == "fio-value":
         fio_value(a[0], a[1])
     elif cmd == "report":

@@ -504,11 +504,6 @@ impl Mount {
         out
     }
 
-    /// The mount process's id (to stop it with SIGSTOP, say).
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// Unmounts and waits for the mount process to exit; returns its log.
     pub fn unmount(mut self) -> String {
         self.stop();

@@ -85,9 +85,6 @@ impl DirAttrs {
                     ..
                 })
                 | R::Commit(fs::Commit { .. })
-                | R::LeaseCommit(fs::LeaseCommit { .. })
-                | R::TakeLease(fs::TakeLease { .. })
-                | R::Recalls(fs::Recalls)
                 | R::Release(fs::Release { commit: None, .. })
                 | R::ReleaseMany(fs::ReleaseMany { .. })
                 | R::TailCut(fs::TailCut { .. })

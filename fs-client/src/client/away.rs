@@ -111,11 +111,6 @@ impl Client {
         };
         let ino = match &call.req {
             FsRequest::Commit(fs::Commit { ino, .. }) => *ino,
-            FsRequest::LeaseCommit(fs::LeaseCommit {
-                ino,
-                commit: Some(_),
-                ..
-            }) => *ino,
             FsRequest::SetAttr(fs::SetAttr {
                 ino,
                 commit: Some(_),

@@ -52,11 +52,6 @@ pub struct FileState {
     pub(crate) gate: around::StoreGate,
     /// This client's open was ended by the server while it was cut off.
     lost: AtomicBool,
-    /// Held shared while an append is placed under the file's lease (its range taken
-    /// and its bytes buffered), exclusively while the lease is given back and while a
-    /// commit's length is read: no commit covers a range whose bytes are not buffered
-    /// yet (see `client::leases`).
-    pub(crate) append_lock: Arc<tokio::sync::RwLock<()>>,
 }
 
 struct FileInner {
@@ -75,11 +70,6 @@ struct FileInner {
     /// The server's attributes of the file as last seen: what answers `fstat` while the
     /// metadata server is away (`client::away`).
     known: Attr,
-    /// This client holds the file's append lease (see `client::leases`).
-    leased: bool,
-    /// The write generation of the last append placed under the lease: a commit that
-    /// covers it goes as a `LeaseCommit`.
-    lease_gen: u64,
 }
 
 /// The segments of one file held in registered buffers, by segment index.
@@ -116,8 +106,6 @@ impl FileState {
                 committed_attr: None,
                 unsynced: BTreeMap::new(),
                 known: attr.clone(),
-                leased: false,
-                lease_gen: 0,
             }),
             io: Mutex::new(IoState {
                 opened_as: Some((attr.mtime, attr.size)),
@@ -126,37 +114,7 @@ impl FileState {
             sent: Notify::new(),
             gate: around::StoreGate::default(),
             lost: AtomicBool::new(false),
-            append_lock: Arc::new(tokio::sync::RwLock::new(())),
         }
-    }
-
-    /// Whether this client holds the file's append lease.
-    pub(crate) fn leased(&self) -> bool {
-        self.inner.lock().leased
-    }
-
-    /// The lease was granted (`true`), or given back or taken away.
-    pub(crate) fn set_leased(&self, leased: bool) {
-        self.inner.lock().leased = leased;
-    }
-
-    /// Whether uncommitted writes include appends placed under the lease.
-    pub(crate) fn lease_dirty(&self) -> bool {
-        let i = self.inner.lock();
-        i.lease_gen > i.committed_gen
-    }
-
-    /// Takes the range of an append of `len` bytes under the lease: at the end this
-    /// client knows, which moves past it now (the bytes follow, under `append_lock`).
-    pub(crate) fn reserve(&self, len: u64) -> Result<u64> {
-        let mut i = self.inner.lock();
-        let at = i.size;
-        check_range(at, len)?;
-        i.size = at + len;
-        i.mtime = Timestamp::now();
-        i.write_gen += 1;
-        i.lease_gen = i.write_gen;
-        Ok(at)
     }
 
     /// Another open of the same file: take the server's length unless local writes are
@@ -285,7 +243,7 @@ impl FileState {
     }
 
     /// The commit to send, with the write generation it covers; `None` if nothing is new.
-    pub(crate) fn pending_commit(&self) -> Option<(Commit, u64)> {
+    fn pending_commit(&self) -> Option<(Commit, u64)> {
         let i = self.inner.lock();
         (i.write_gen != i.committed_gen).then_some((
             Commit {
@@ -379,12 +337,6 @@ impl FileHandle {
     /// a file needs no round trip.
     pub(crate) fn settled(&self) -> bool {
         self.state.settled() && !self.has_unreported_error()
-    }
-
-    /// Whether this client holds the append lease of the handle's file (see
-    /// `client::leases`).
-    pub(crate) fn leased(&self) -> bool {
-        self.state.leased()
     }
 
     /// Whether a background write failed since this handle last reported one.
@@ -543,25 +495,7 @@ impl Client {
     /// writes are sent: every write it covers was buffered before, so it is sent first
     /// and the length never runs ahead of the bytes.
     pub(crate) async fn send_for_commit(&self, state: &Arc<FileState>) -> Option<(Commit, u64)> {
-        // No append under the lease between taking its range and buffering its bytes
-        // (a lease is given back under the same lock: once none is held, none is placing).
-        let pending = match state.leased() {
-            true => {
-                let _placing = state.append_lock.write().await;
-                state.pending_commit()
-            }
-            false => state.pending_commit(),
-        };
-        self.send_pending(state, pending).await
-    }
-
-    /// [`Client::send_for_commit`] of a commit taken already (`pending`), with no
-    /// append placing bytes meanwhile.
-    pub(crate) async fn send_pending(
-        &self,
-        state: &Arc<FileState>,
-        pending: Option<(Commit, u64)>,
-    ) -> Option<(Commit, u64)> {
+        let pending = state.pending_commit();
         self.flush_writes(state).await;
         // Another client may have cut what this one wrote past the committed length
         // while its open was lost: committing a length over that would show zeros. A
@@ -574,9 +508,6 @@ impl Client {
     /// Commits what this client wrote to a file and has not yet reported, after its
     /// buffered writes reached the data servers.
     pub(crate) async fn commit_pending(&self, state: &Arc<FileState>) -> Result<()> {
-        if state.lease_dirty() {
-            return self.commit_leased(state).await;
-        }
         let Some((commit, generation)) = self.send_for_commit(state).await else {
             return Ok(());
         };
@@ -613,24 +544,8 @@ impl Client {
     /// Ends the open: sends buffered writes, commits what is uncommitted and closes the
     /// session. The session is closed even when a write failed; the failure is returned.
     pub async fn release(&self, fh: &FileHandle) -> Result<()> {
-        // Appends placed under the lease are committed with a `LeaseCommit`, which
-        // checks that the lease is still held; the release then carries no commit.
-        let leased = match fh.state.lease_dirty() {
-            true => self.commit_leased(&fh.state).await,
-            false => Ok(()),
-        };
         let pending = self.send_for_commit(&fh.state).await;
         self.session_closed(fh.session);
-        // The last open of the file gives the lease back before its session ends (which
-        // ends the server's lease), so that the lease this client believes it holds ends
-        // with the server's. Decided once this session is closed: of two opens closing
-        // at once, at least one sees itself last.
-        let leased = match leased {
-            Ok(()) if fh.state.leased() && !self.has_open(fh.ino()) => {
-                self.give_back(&fh.state).await
-            }
-            r => r,
-        };
         let flushed = fh.take_write_error();
         // The length and mtime are committed even when a write failed (as a local file
         // system keeps the size of a write whose page failed to reach the disk): the
@@ -639,7 +554,7 @@ impl Client {
         let Some((commit, _)) = pending else {
             // Nothing to commit: the close is batched with others (`release_later`).
             self.release_later(fh.session);
-            return leased.and(flushed);
+            return flushed;
         };
         let req = fs::Release {
             session: fh.session,
@@ -649,35 +564,7 @@ impl Client {
         if let Some((_, generation)) = pending {
             fh.state.committed(generation);
         }
-        leased.and(flushed)
-    }
-
-    /// Commits, keeping the lease, what this client wrote to a file with appends
-    /// placed under its lease among it. Refused `Stale` (the lease was taken away):
-    /// those appends are lost, and the file's handles fail.
-    async fn commit_leased(&self, state: &Arc<FileState>) -> Result<()> {
-        let Some((commit, generation)) = self.send_for_commit(state).await else {
-            return Ok(());
-        };
-        let req = fs::LeaseCommit {
-            ino: state.ino,
-            commit: Some(commit),
-            keep: true,
-        };
-        match self.meta(req).await {
-            Ok(attr) => {
-                if let Some(attr) = attr {
-                    state.committed_with(generation, &attr);
-                }
-                Ok(())
-            }
-            Err(e) if e.code() == proto::ErrorCode::Stale => {
-                state.set_leased(false);
-                self.lease_lost(state, &e);
-                Err(e)
-            }
-            Err(e) => Err(e),
-        }
+        flushed
     }
 
     /// Appends `data` at the end of the file as the metadata server sees it (`O_APPEND`):
@@ -685,9 +572,6 @@ impl Client {
     /// Earlier buffered writes go first; the append itself is written through. Returns
     /// where the bytes went.
     pub async fn append(&self, fh: &FileHandle, data: &[u8]) -> Result<u64> {
-        if let Some(at) = self.append_leased(fh, data).await? {
-            return Ok(at);
-        }
         self.commit_pending(&fh.state).await?;
         fh.check_write_error()?;
         let before = fh.state.write_gen();

@@ -65,9 +65,6 @@ struct Inner {
     /// Files on which this mount ever took a lock: only their closes need to tell the
     /// metadata server to drop locks (every other close skips that round trip).
     locked: Mutex<HashSet<InodeId>>,
-    /// Files this mount ever opened through the page cache: only their appends may
-    /// leave cached pages to drop (a page holding the old end, zeros past it).
-    paged: Mutex<HashSet<InodeId>>,
     /// Per open file handle, the lock owners that took locks through it and have not
     /// flushed it since. A process's POSIX locks go at its flush (every close flushes
     /// with the process as owner); what is left at release are OFD locks
@@ -131,7 +128,6 @@ impl TesseraFs {
             seen: Mutex::new(HashMap::new()),
             notifier: OnceLock::new(),
             locked: Mutex::new(HashSet::new()),
-            paged: Mutex::new(HashSet::new()),
             lock_owners: Mutex::new(HashMap::new()),
             releases: Arc::default(),
             writeback: AtomicBool::new(false),
@@ -159,9 +155,6 @@ impl Inner {
 
     /// Records an open file handle; returns its number.
     fn add_file(&self, file: FileHandle, direct_io: bool) -> u64 {
-        if !direct_io {
-            self.paged.lock().insert(file.ino());
-        }
         let n = self.new_fh();
         let file = Arc::new(file);
         self.files.lock().insert(n, OpenFile { file, direct_io });
@@ -325,11 +318,6 @@ impl Inner {
     /// `drop_pages` without waiting: for a write through a handle whose writes go
     /// through the page cache (`fuse_perform_write` holds the written pages locked
     /// until we answer, so waiting here would wait for ourselves).
-    /// Whether the kernel may hold cached pages of `ino` that an append must drop.
-    fn may_have_pages(&self, ino: InodeId) -> bool {
-        self.paged.lock().contains(&ino)
-    }
-
     fn drop_pages_later(self: &Arc<Self>, ino: InodeId, offset: u64, len: u64) {
         drop(self.start_dropping(ino, offset, len));
     }

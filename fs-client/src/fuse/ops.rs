@@ -7,7 +7,6 @@ use super::replies::{
     writable, xattr_reply,
 };
 use super::{errno, is_stats_xattr, Freshness, TesseraFs};
-use crate::client::Placed;
 use crate::config::AtimeMode;
 use crate::error::ClientError;
 use fuser::{
@@ -295,9 +294,6 @@ impl fuser::Filesystem for TesseraFs {
                 .await;
             if let (Ok((_, fh)), true) = (&r, writable(flags.0)) {
                 fh.mark_writer().await;
-                if inner.server_append(flags.0) {
-                    inner.client.take_append_lease(fh).await;
-                }
             }
             finish(reply, r, |reply, (attr, fh)| {
                 let mut fopen = FopenFlags::empty();
@@ -346,9 +342,6 @@ impl fuser::Filesystem for TesseraFs {
             };
             if let (Ok((_, fh)), true) = (&r, writable(flags)) {
                 fh.mark_writer().await;
-                if inner.server_append(flags) {
-                    inner.client.take_append_lease(fh).await;
-                }
             }
             finish(reply, r, |reply, (attr, fh)| {
                 inner.note_created(&attr);
@@ -423,21 +416,6 @@ impl fuser::Filesystem for TesseraFs {
                 }
             }
         }
-        // An append under the file's lease, into the buffers, answered here as a plain
-        // write is, unless the kernel may hold a page of the file to drop first.
-        let mut placed = None;
-        if append && !kill_suid {
-            if let Ok(file) = self.inner.file(fh.0) {
-                if !self.inner.may_have_pages(file.ino()) {
-                    match self.inner.client.try_append_now(&file, data) {
-                        Some(Ok(Placed::Buffered)) => return reply.written(data.len() as u32),
-                        Some(Ok(Placed::Taken(range))) => placed = Some(range),
-                        Some(Err(e)) => return reply.error(errno(e.code())),
-                        None => {}
-                    }
-                }
-            }
-        }
         let (inner, data) = (self.inner.clone(), data.to_vec());
         self.spawn(req, async move {
             let file = match inner.file(fh.0) {
@@ -449,10 +427,7 @@ impl fuser::Filesystem for TesseraFs {
             };
             let r = match file {
                 Ok(file) => {
-                    let r = if let Some(range) = placed {
-                        // Its range is taken under the lease: the bytes go there.
-                        inner.client.write_taken(&file, range, &data).await
-                    } else if append {
+                    let r = if append {
                         let n = data.len();
                         inner.client.append(&file, &data).await.map(|at| (at, n))
                     } else {
@@ -512,18 +487,11 @@ impl fuser::Filesystem for TesseraFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        // No lock ever taken on the file through this mount, nothing to send or commit
-        // and no append lease to give back: the session ends in the next batch
-        // (`Client::release_later`), and the answer goes from here. A lease goes back
-        // with `Client::release`: ended by the batch instead, it would end on the server
-        // while this client still placed appends under it.
+        // No lock ever taken on the file through this mount and nothing to send or
+        // commit: the session ends in the next batch (`Client::release_later`), and the
+        // answer goes from here.
         if !self.inner.locked.lock().contains(&ino(i)) {
-            let quiet = self
-                .inner
-                .file(fh.0)
-                .ok()
-                .filter(|f| f.settled() && !f.leased());
-            if let Some(file) = quiet {
+            if let Some(file) = self.inner.file(fh.0).ok().filter(|f| f.settled()) {
                 self.inner.lock_owners.lock().remove(&fh.0);
                 self.inner.files.lock().remove(&fh.0);
                 self.inner.client.release_later(file.session);

@@ -65,9 +65,6 @@ impl Namespace {
             ),
             None => self.new_file(&mut txn, parent, &parent_rec, name, perm, caller)?,
         };
-        if owner.access.writes() {
-            self.recall_lease(&mut st, &mut txn, ino, owner.conn)?;
-        }
         let cut_tail = tail_duty(&st, &txn, ino, &rec)?;
         let session = reserve_session(&st, &mut txn);
         let change = DirChange {
@@ -154,9 +151,6 @@ impl Namespace {
                 }
                 _ => {}
             }
-        }
-        if owner.access.writes() || truncate {
-            self.recall_lease(&mut st, &mut txn, ino, owner.conn)?;
         }
         let cut_tail = tail_duty(&st, &txn, ino, &rec)?;
         let session = reserve_session(&st, &mut txn);
@@ -476,11 +470,7 @@ impl Namespace {
 }
 
 /// Applies a writer's commit to regular file `ino`: length grows to `commit.size`.
-pub(super) fn apply_commit(
-    txn: &mut Txn<'_>,
-    ino: InodeId,
-    c: Commit,
-) -> Result<InodeRecord, MetaError> {
+fn apply_commit(txn: &mut Txn<'_>, ino: InodeId, c: Commit) -> Result<InodeRecord, MetaError> {
     let mut rec = txn.inode(ino)?;
     match rec.kind {
         FileKind::Regular => {}
@@ -570,7 +560,7 @@ pub(super) fn reserve_session(st: &State, txn: &mut Txn<'_>) -> SessionId {
     SessionId(id)
 }
 
-pub(super) fn end_session(st: &mut State, session: SessionId) {
+fn end_session(st: &mut State, session: SessionId) {
     let Some(s) = st.sessions.remove(&session) else {
         return;
     };
@@ -584,7 +574,6 @@ pub(super) fn end_session(st: &mut State, session: SessionId) {
             st.open_counts.remove(&s.ino);
         }
     }
-    super::leases::session_ended(st, s.ino, s.conn);
     tracing::debug!(%session, ino = %s.ino, client = %s.client, "session ended");
 }
 

@@ -363,25 +363,6 @@ impl Handle for fs::Append {
     }
 }
 
-impl Handle for fs::TakeLease {
-    fn span_id(&self) -> u64 {
-        self.session.0
-    }
-    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
-        ns.take_lease(self.session, at.conn)
-    }
-}
-
-impl Handle for fs::LeaseCommit {
-    fn span_id(&self) -> u64 {
-        self.ino.0
-    }
-    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
-        // Only the holder gets past `lease_commit`'s check, which needs a session.
-        ns.lease_commit(self.ino, self.commit, self.keep, at.conn)
-    }
-}
-
 impl Handle for fs::Accessed {
     const LAZY: bool = true;
     fn span_id(&self) -> u64 {

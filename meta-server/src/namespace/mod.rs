@@ -17,7 +17,6 @@ mod registry;
 pub use handlers::Handle;
 mod files;
 mod keys;
-mod leases;
 mod locks;
 mod membership;
 mod names;
@@ -136,8 +135,6 @@ struct State {
     /// Files whose chunks a client is cutting after another vanished with them open
     /// (a `T` key), and the session that was given the cut; other opens wait.
     cutting: HashMap<InodeId, SessionId>,
-    /// Append leases, by file (see `leases`).
-    leases: HashMap<InodeId, leases::Lease>,
     /// Broken connections whose sessions wait for their client to resume, and until
     /// when (see `resume`).
     detached: HashMap<ConnId, Instant>,
@@ -186,8 +183,6 @@ pub struct Namespace {
     /// Seals the grants opens, creates and renewals hand out; unset on a server
     /// without keys (see `crate::grants`).
     pub(crate) granter: std::sync::OnceLock<Arc<crate::grants::Granter>>,
-    /// Woken when an append lease is recalled (see `leases`).
-    recalls: tokio::sync::Notify,
 }
 
 /// The server's clock, for every time stamp the server sets.
@@ -231,7 +226,6 @@ impl Namespace {
                 sessions: HashMap::new(),
                 open_counts: HashMap::new(),
                 cutting: HashMap::new(),
-                leases: HashMap::new(),
                 detached: HashMap::new(),
                 boot_floor: next_session,
                 next_session,
@@ -248,7 +242,6 @@ impl Namespace {
             disk: space::DiskGuard::default(),
             stopping: std::sync::atomic::AtomicBool::new(false),
             granter: std::sync::OnceLock::new(),
-            recalls: tokio::sync::Notify::new(),
         };
         ns.purge_orphans()?;
         ns.reconcile()?;

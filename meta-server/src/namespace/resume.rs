@@ -155,7 +155,6 @@ impl Namespace {
                 None => r.lost.push(session),
             }
         }
-        super::leases::moved(st, &from, conn);
         // A connection whose sessions all moved has nothing left to end.
         for &c in &from {
             if c != conn && !st.sessions.values().any(|s| s.conn == c) {

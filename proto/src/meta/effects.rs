@@ -28,7 +28,6 @@ impl FsRequest {
             | F::RemoveXattr(_)
             | F::Append(_)
             | F::Commit(_)
-            | F::LeaseCommit(_)
             // An access time is a change too; a read-only mount sends none (`ro`
             // implies `noatime`).
             | F::Accessed(_) => true,
@@ -55,10 +54,7 @@ impl FsRequest {
             | F::MyCaps(_)
             // A renewed grant has its session's mode: a read-only key's is a read grant.
             | F::Regrant(_)
-            | F::LookupParent(_)
-            // A lease changes nothing until a `LeaseCommit`.
-            | F::TakeLease(_)
-            | F::Recalls(_) => false,
+            | F::LookupParent(_) => false,
         }
     }
 
@@ -72,9 +68,7 @@ impl FsRequest {
             | F::Release(_)
             | F::ReleaseMany(_)
             | F::MyCaps(_)
-            | F::Regrant(_)
-            | F::TakeLease(_)
-            | F::Recalls(_) => Vec::new(),
+            | F::Regrant(_) => Vec::new(),
             F::Lookup(r) => vec![&mut r.parent],
             F::LookupParent(r) => vec![&mut r.dir],
             F::GetAttr(r) => vec![&mut r.ino],
@@ -92,7 +86,6 @@ impl FsRequest {
             F::ReadDir(r) => vec![&mut r.ino],
             F::Open(r) => vec![&mut r.ino],
             F::Commit(r) => vec![&mut r.ino],
-            F::LeaseCommit(r) => vec![&mut r.ino],
             F::TailCut(r) => vec![&mut r.ino],
             F::GetXattr(r) => vec![&mut r.ino],
             F::SetXattr(r) => vec![&mut r.ino],
@@ -264,15 +257,6 @@ pub fn one_of_each(dir: InodeId, file: InodeId, client: ClientId) -> Vec<FsReque
             session: SessionId(1),
         }),
         FsRequest::LookupParent(LookupParent { dir }),
-        FsRequest::TakeLease(TakeLease {
-            session: SessionId(1),
-        }),
-        FsRequest::LeaseCommit(LeaseCommit {
-            ino: file,
-            commit: Some(commit),
-            keep: false,
-        }),
-        FsRequest::Recalls(Recalls),
     ]
 }
 
@@ -318,7 +302,6 @@ mod tests {
             "removexattr",
             "append",
             "accessed",
-            "lease_commit",
         ];
         assert_eq!(changing, expected.into_iter().collect());
         let read = FsRequest::Open(super::super::fs::Open {

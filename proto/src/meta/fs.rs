@@ -46,9 +46,6 @@ crate::rpc_requests! {
         MyCaps => crate::auth::Caps, "my_caps", idempotent: true;
         Regrant => Option<Grant>, "regrant", idempotent: true;
         LookupParent => Attr, "lookup_parent", idempotent: true;
-        TakeLease => bool, "take_lease", idempotent: true;
-        LeaseCommit => Option<Attr>, "lease_commit", idempotent: false;
-        Recalls => Vec<InodeId>, "recalls", idempotent: true;
     }
 }
 
@@ -328,40 +325,6 @@ pub struct Append {
     /// Bytes to append.
     pub len: u64,
 }
-
-/// Asks for the append lease of a session's file: its client may then place
-/// `O_APPEND` writes at the end it knows, buffered as plain writes are, with no
-/// [`Append`] round trip. Granted (`true`) while the session is open for writing, the
-/// file is regular and no other connection has it open for writing; it lasts until the
-/// client gives it back ([`LeaseCommit`] with `keep: false`), its last session of the
-/// file on the connection ends, or it is recalled: another connection's open for writing
-/// is answered `Busy` and the holder hears of it from [`Recalls`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TakeLease {
-    /// An open session of this connection, opened for writing.
-    pub session: SessionId,
-}
-
-/// Commits the length of writes placed under the append lease of `ino` (held by this
-/// connection, else `Stale`: the lease was taken away, and another writer may have
-/// appended over what was placed under it); `keep: false` gives the lease back after
-/// the commit. Answers the file's attributes after a commit.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaseCommit {
-    /// The file.
-    pub ino: InodeId,
-    /// What was written, if anything is uncommitted.
-    pub commit: Option<super::Commit>,
-    /// Keep the lease after the commit.
-    pub keep: bool,
-}
-
-/// Waits up to [`super::RECALL_POLL_MS`] for a recall of an append lease of this
-/// connection and answers the files recalled (empty if none was). A client holding a
-/// lease keeps one in flight; each answer that recalls nothing lets it use its leases
-/// for [`super::LEASE_VALID_MS`] counted from when it sent the call.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Recalls;
 
 /// A read happened: moves the access time to now if `relatime` asks for it (older
 /// than the last change, or a day old), or always if `strict`; the change time does
