@@ -85,15 +85,24 @@ fn write_addr_file(path: &std::path::Path, addr: &str) -> anyhow::Result<()> {
 
 async fn run(config: DataConfig) -> anyhow::Result<()> {
     let server = DataServer::start(config.clone()).await?;
-    if !config.addr_file.as_os_str().is_empty() {
-        // Scripts wait for this file: write it only once the server is registered.
+    // Scripts wait for the address file, systemd (`Type=notify`) for the readiness
+    // message: both only once the server is registered.
+    let notify = std::env::var_os("NOTIFY_SOCKET").is_some();
+    if !config.addr_file.as_os_str().is_empty() || notify {
         let node = loop {
             if let Some(n) = server.wait_registered(Duration::from_secs(1)).await {
                 break n;
             }
         };
         tracing::info!(%node, "ready");
+    }
+    if !config.addr_file.as_os_str().is_empty() {
         write_addr_file(&config.addr_file, server.advertise())?;
+    }
+    if notify {
+        if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+            tracing::warn!(error = %e, "could not tell systemd the server is ready");
+        }
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

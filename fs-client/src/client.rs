@@ -100,6 +100,35 @@ fn with_key(ep: Endpoint, config: &ClientConfig) -> Result<Endpoint> {
     Ok(ep.with_credentials(transport::Credentials::client(file)))
 }
 
+/// The directory `config.subdir` names, looked up from the root (`None`: the root).
+async fn subdir_root(
+    ep: &RpcEndpoint,
+    meta: &Link,
+    config: &ClientConfig,
+) -> Result<Option<InodeId>> {
+    let names = config.subdir_names().map_err(ClientError::Config)?;
+    let mut at = None;
+    for name in names {
+        let parent = at.unwrap_or(InodeId::ROOT);
+        let req = Request::new(fs::Lookup {
+            parent,
+            name: name.as_bytes().to_vec(),
+        })
+        .with_caller(caller::current());
+        let attr = rpc::meta_call(ep, meta, &req)
+            .await
+            .map_err(|e| ClientError::Config(format!("subdir {}: {name}: {e}", config.subdir)))?;
+        if attr.kind != FileKind::Directory {
+            return Err(ClientError::Config(format!(
+                "subdir {}: {name} is not a directory",
+                config.subdir
+            )));
+        }
+        at = Some(attr.ino);
+    }
+    Ok(at)
+}
+
 impl Client {
     /// Connects to the metadata server named in `config` and learns the data servers.
     pub async fn connect(config: ClientConfig) -> Result<Arc<Client>> {
@@ -123,6 +152,9 @@ impl Client {
         let name = format!("fs-client pid {}", std::process::id());
         let id = rpc::meta_call(&ep, &meta, &Request::new(fs::Hello { name })).await?;
         let caps = rpc::meta_call(&ep, &meta, &Request::new(fs::MyCaps)).await?;
+        if let Some(dir) = subdir_root(&ep, &meta, &config).await? {
+            ep.set_root(dir);
+        }
         // The connection that said hello needs no resume.
         let hello_conn = meta.made();
         let client = Arc::new_cyclic(|me: &Weak<Client>| Client {

@@ -85,6 +85,17 @@ pub struct ClientConfig {
     /// The name the key was created under (`tessera key create NAME`); empty: the key
     /// file's. Checked against the key file's name.
     pub client_name: String,
+    /// The directory of the namespace the mount shows as its root (`META:/path` in
+    /// `mount -t fuse.tessera`). A convenience, not a boundary: a key scoped to the
+    /// directory (`tessera key create --path`) is what keeps a client inside.
+    pub subdir: String,
+    /// Mount read-only (`ro`): the kernel refuses every change with EROFS.
+    pub read_only: bool,
+    /// Let programs on the mount be run (`exec`, the default; `noexec` clears it).
+    pub exec: bool,
+    /// The mount's source as `/proc/mounts` and `df` show it (`mount -a` compares it
+    /// with fstab's to know what is mounted already).
+    pub fsname: String,
 }
 
 /// The mount's access-time option (see [`ClientConfig::atime`]).
@@ -128,6 +139,10 @@ impl Default for ClientConfig {
             atime: AtimeMode::RelAtime,
             key_file: PathBuf::new(),
             client_name: String::new(),
+            subdir: "/".into(),
+            read_only: false,
+            exec: true,
+            fsname: "tessera".into(),
         }
     }
 }
@@ -138,6 +153,10 @@ impl ClientConfig {
         self.transport_limits.validate()?;
         if self.meta_addr.is_empty() {
             return Err("meta_addr must name the metadata server".into());
+        }
+        self.subdir_names()?;
+        if self.fsname.is_empty() || self.fsname.contains([',', ' ', '\t', '\n']) {
+            return Err("fsname must be non-empty, without commas or blanks".into());
         }
         if !(1..=4096).contains(&self.io_buffers) {
             return Err("io_buffers must be between 1 and 4096".into());
@@ -165,9 +184,9 @@ impl ClientConfig {
 
     /// Applies the mount options of `tessera mount -o` (comma-separated, as `mount -o`
     /// takes them): `noatime`, `relatime`, `strictatime`, `dev`, `nodev`, `suid`,
-    /// `nosuid`, and `rw`, `defaults`, `exec`, `async`, which are what the mount does
-    /// anyway (`defaults` keeps `nodev,nosuid`). Any other option is refused by name
-    /// rather than ignored.
+    /// `nosuid`, `ro`, `rw`, `exec`, `noexec`, and `defaults`, `async`, which are what
+    /// the mount does anyway (`defaults` keeps `nodev,nosuid`). Any other option is
+    /// refused by name rather than ignored.
     pub fn apply_mount_options(&mut self, options: &str) -> Result<(), String> {
         for o in options.split(',').filter(|o| !o.is_empty()) {
             match o {
@@ -176,11 +195,25 @@ impl ClientConfig {
                 "strictatime" => self.atime = AtimeMode::StrictAtime,
                 "dev" | "nodev" => self.dev = o == "dev",
                 "suid" | "nosuid" => self.suid = o == "suid",
-                "rw" | "defaults" | "exec" | "async" => {}
+                "ro" | "rw" => self.read_only = o == "ro",
+                "exec" | "noexec" => self.exec = o == "exec",
+                "defaults" | "async" => {}
                 _ => return Err(format!("mount option {o:?} is not supported")),
             }
         }
         Ok(())
+    }
+
+    /// The names leading from the namespace root to `subdir` (none: the root itself).
+    pub fn subdir_names(&self) -> Result<Vec<&str>, String> {
+        let Some(rest) = self.subdir.strip_prefix('/') else {
+            return Err(format!("subdir {:?} must start with '/'", self.subdir));
+        };
+        let names: Vec<&str> = rest.split('/').filter(|n| !n.is_empty()).collect();
+        if names.iter().any(|n| *n == "." || *n == "..") {
+            return Err(format!("subdir {:?} must not hold . or ..", self.subdir));
+        }
+        Ok(names)
     }
 
     /// Checks the readahead and write-buffer sizes.
@@ -256,5 +289,24 @@ mod tests {
         assert!(!c.dev && c.suid);
         let parsed: ClientConfig = toml::from_str("atime = \"strictatime\"").unwrap();
         assert_eq!(parsed.atime, AtimeMode::StrictAtime);
+        c.apply_mount_options("ro,noexec").unwrap();
+        assert!(c.read_only && !c.exec);
+        c.apply_mount_options("rw,exec").unwrap();
+        assert!(!c.read_only && c.exec);
+    }
+
+    #[test]
+    fn subdir_must_be_absolute_and_plain() {
+        let mut c = ClientConfig::default();
+        assert!(c.subdir_names().unwrap().is_empty());
+        c.subdir = "/data//sets/".into();
+        assert_eq!(c.subdir_names().unwrap(), ["data", "sets"]);
+        c.subdir = "data".into();
+        assert!(c.validate().unwrap_err().contains("start with '/'"));
+        c.subdir = "/a/../b".into();
+        assert!(c.validate().unwrap_err().contains(".."));
+        c.subdir = "/".into();
+        c.fsname = "a b".into();
+        assert!(c.validate().unwrap_err().contains("fsname"));
     }
 }

@@ -49,6 +49,9 @@ pub struct RpcEndpoint {
     meta_calls: AtomicU64,
     data_calls: AtomicU64,
     retries: AtomicU64,
+    /// The directory a mount of a subdirectory shows as its root (`subdir`), set once
+    /// at connect: see [`meta_call`].
+    root: std::sync::OnceLock<proto::InodeId>,
 }
 
 impl RpcEndpoint {
@@ -59,7 +62,14 @@ impl RpcEndpoint {
             meta_calls: AtomicU64::new(0),
             data_calls: AtomicU64::new(0),
             retries: AtomicU64::new(0),
+            root: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Makes `dir` the root every later metadata call names (a mount of a
+    /// subdirectory); the first call wins.
+    pub(crate) fn set_root(&self, dir: proto::InodeId) {
+        let _ = self.root.set(dir);
     }
 
     /// The calls sent so far.
@@ -95,7 +105,13 @@ pub async fn meta_call<R: Rpc<Envelope = MetaRequest>>(
 ) -> Result<R::Reply> {
     let conn = link.get(ep).await?;
     ep.meta_calls.fetch_add(1, Ordering::Relaxed);
-    transport::rpc::call(&conn, req, ep.config().max_msg_bytes).await
+    let limit = ep.config().max_msg_bytes;
+    // Mapped here, below the caches, so that they all see the root as the FUSE layer
+    // names it, as for a client whose key is scoped to a directory.
+    match ep.root.get().and_then(|&dir| req.rooted_at(dir)) {
+        Some(rooted) => transport::rpc::call(&conn, &rooted, limit).await,
+        None => transport::rpc::call(&conn, req, limit).await,
+    }
 }
 
 /// Whether `e`, the failure of request `R`, says the metadata server is away (not

@@ -107,6 +107,10 @@ async fn run(config: MetaConfig) -> anyhow::Result<()> {
             .with_context(|| format!("writing {tmp:?}"))?;
         std::fs::rename(&tmp, path).with_context(|| format!("renaming to {path:?}"))?;
     }
+    // systemd (`Type=notify`): started once serving; nothing without NOTIFY_SOCKET.
+    if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+        tracing::warn!(error = %e, "could not tell systemd the server is ready");
+    }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}

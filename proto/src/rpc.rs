@@ -81,6 +81,28 @@ impl<R: Rpc<Envelope = crate::meta::MetaRequest>> Request<R> {
         }
         self
     }
+
+    /// This request with the namespace root replaced by `root`, for a mount of a
+    /// subdirectory: the client's caches keep speaking of the root, and only what goes
+    /// on the wire names the directory mounted (as a scoped key's server does). `None`
+    /// when the request names no root and goes unchanged.
+    pub fn rooted_at(&self, root: crate::InodeId) -> Option<Request<R>> {
+        let crate::meta::MetaRequest::Fs(call) = &self.envelope else {
+            return None;
+        };
+        let mut call = call.clone();
+        let mut named = false;
+        for ino in call.req.inodes_mut() {
+            if *ino == crate::InodeId::ROOT {
+                *ino = root;
+                named = true;
+            }
+        }
+        named.then_some(Request {
+            envelope: crate::meta::MetaRequest::Fs(call),
+            _reply: PhantomData,
+        })
+    }
 }
 
 /// Encodes a server's answer. One that does not fit `limit_bytes` becomes a `TooBig`
@@ -186,5 +208,35 @@ mod tests {
             codec::decode::<MetaRequest>(&bytes).unwrap(),
             MetaRequest::Fs(_)
         ));
+    }
+
+    #[test]
+    fn rooted_at_maps_only_the_root_and_only_when_named() {
+        use crate::meta::fs::{Lookup, Rename};
+        use crate::meta::RenameMode;
+        let s = InodeId(42);
+        // Unchanged: a request naming no root is sent as it is.
+        assert!(Request::new(Readlink { ino: InodeId(3) })
+            .rooted_at(s)
+            .is_none());
+        let req = Request::new(Rename {
+            parent: InodeId::ROOT,
+            name: b"a".to_vec(),
+            new_parent: InodeId(9),
+            new_name: b"b".to_vec(),
+            mode: RenameMode::Replace,
+        });
+        let MetaRequest::Fs(call) = req.rooted_at(s).unwrap().envelope else {
+            panic!("not a file-system call");
+        };
+        let crate::meta::FsRequest::Rename(r) = call.req else {
+            panic!("not a rename");
+        };
+        assert_eq!((r.parent, r.new_parent), (s, InodeId(9)));
+        let lookup = Request::new(Lookup {
+            parent: InodeId::ROOT,
+            name: b"x".to_vec(),
+        });
+        assert!(lookup.rooted_at(s).is_some());
     }
 }

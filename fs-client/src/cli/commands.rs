@@ -248,7 +248,13 @@ pub fn client_config(
     Ok(c)
 }
 
-fn mount(mountpoint: PathBuf, config: ClientConfig) -> anyhow::Result<()> {
+/// Connects, mounts and serves until unmounted. `mounted` runs once the mount is in
+/// place; systemd (a `Type=notify` unit) is told then too.
+pub fn mount(
+    mountpoint: PathBuf,
+    config: ClientConfig,
+    mounted: impl FnOnce(),
+) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -257,9 +263,21 @@ fn mount(mountpoint: PathBuf, config: ClientConfig) -> anyhow::Result<()> {
     let client = rt
         .block_on(Client::connect(config))
         .with_context(|| format!("connecting to the metadata server at {meta}"))?;
-    crate::fuse::mount_and_serve(client, &mountpoint, &rt)
+    let ready = || {
+        notify_ready();
+        mounted();
+    };
+    crate::fuse::mount_and_serve(client, &mountpoint, &rt, ready)
         .with_context(|| format!("mounting {}", mountpoint.display()))?;
     Ok(())
+}
+
+/// Tells systemd the service is ready, when it runs under a `Type=notify` unit
+/// (`NOTIFY_SOCKET` set); a no-op elsewhere.
+pub fn notify_ready() {
+    if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+        tracing::warn!(error = %e, "could not tell systemd the service is ready");
+    }
 }
 
 /// Runs `f` with a client on a new runtime.
@@ -333,7 +351,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             // Resolve `auto` and check `rdma` before mounting: one clear sentence on a
             // host without RDMA.
             c.transport = c.transport.resolve_for_process(&c.transport_limits)?;
-            mount(mountpoint, c)
+            mount(mountpoint, c, || {})
         }
         Cmd::TransportInfo { config } => {
             let c = client_config(&config, &None, &None)?;

@@ -437,7 +437,7 @@ fn session_config(client: &Client) -> fuser::Config {
     let c = client.config();
     let mut config = fuser::Config::default();
     config.mount_options = vec![
-        O::FSName("tessera".into()),
+        O::FSName(c.fsname.clone()),
         O::Subtype("tessera".into()),
         // The kernel checks permission bits against the attributes we return.
         O::DefaultPermissions,
@@ -445,8 +445,12 @@ fn session_config(client: &Client) -> fuser::Config {
         if c.dev { O::Dev } else { O::NoDev },
         if c.suid { O::Suid } else { O::NoSuid },
     ];
-    // A read-only key: the kernel answers EROFS itself, before asking the server.
-    if client.caps().read_only {
+    if !c.exec {
+        config.mount_options.push(O::NoExec);
+    }
+    // A read-only key or mount: the kernel answers EROFS itself, before asking the
+    // server.
+    if client.caps().read_only || c.read_only {
         config.mount_options.push(O::RO);
     }
     if c.allow_other {
@@ -458,11 +462,13 @@ fn session_config(client: &Client) -> fuser::Config {
 }
 
 /// Mounts `client` on `mountpoint` and serves it until it is unmounted, or until SIGINT
-/// or SIGTERM arrive (then it unmounts cleanly first).
+/// or SIGTERM arrive (then it unmounts cleanly first). `mounted` runs once the mount is
+/// in place (a `stat` of it then waits for this process, not for the directory below).
 pub fn mount_and_serve(
     client: Arc<Client>,
     mountpoint: &Path,
     rt: &tokio::runtime::Runtime,
+    mounted: impl FnOnce(),
 ) -> std::io::Result<()> {
     let config = session_config(&client);
     let fs = TesseraFs::new(client, rt.handle().clone());
@@ -476,6 +482,7 @@ pub fn mount_and_serve(
     // Stat answers only once the session runs: do it off this thread.
     std::thread::spawn(move || set_readahead(&target, ra_bytes));
     info!(mountpoint = %mountpoint.display(), "mounted");
+    mounted();
     let target = mountpoint.to_path_buf();
     rt.spawn(async move {
         let mut term =

@@ -213,8 +213,9 @@ pub fn resolve_state(mountpoint: &Path, named: Option<&Path>) -> PathBuf {
     }
 }
 
-/// Whether `mountpoint` is a mounted Tessera file system (a FUSE mount whose source is
-/// "tessera": mounted without the setuid helper, the kernel shows no subtype).
+/// Whether `mountpoint` is a mounted Tessera file system: of type `fuse.tessera`, or a
+/// FUSE mount whose source is "tessera" (one made by an older Tessera, whose type
+/// showed no subtype).
 pub fn is_mounted(mountpoint: &Path) -> bool {
     let Ok(text) = fs::read_to_string("/proc/self/mountinfo") else {
         return false;
@@ -224,7 +225,9 @@ pub fn is_mounted(mountpoint: &Path) -> bool {
         let point = l.split(' ').nth(4);
         let mut tail = l.split(" - ").nth(1).unwrap_or_default().split(' ');
         let (fstype, source) = (tail.next().unwrap_or_default(), tail.next());
-        point == Some(want.as_str()) && fstype.starts_with("fuse") && source == Some("tessera")
+        let ours =
+            fstype == "fuse.tessera" || fstype.starts_with("fuse") && source == Some("tessera");
+        point == Some(want.as_str()) && ours
     })
 }
 

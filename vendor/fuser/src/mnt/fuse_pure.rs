@@ -477,11 +477,21 @@ fn fuse_mount_sys(
         source = name;
     }
 
+    // Tessera: the type is "fuse.SUBTYPE" when a subtype is given, as libfuse mounts it,
+    // so that /proc/mounts, findmnt and df show "fuse.tessera" (not plain "fuse").
+    #[cfg(target_os = "linux")]
+    let fstype = match options.iter().find_map(|x| match x {
+        MountOption::Subtype(s) => Some(s),
+        _ => None,
+    }) {
+        Some(subtype) => format!("fuse.{subtype}"),
+        None => "fuse".to_string(),
+    };
     #[cfg(target_os = "linux")]
     let result = nix::mount::mount(
         Some(source),
         mountpoint,
-        Some("fuse"),
+        Some(fstype.as_str()),
         flags,
         Some(mount_options.as_str()),
     );

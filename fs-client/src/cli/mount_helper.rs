@@ -1,0 +1,375 @@
+//! `mount.fuse.tessera`: what `mount -t fuse.tessera SOURCE DIR -o OPTIONS` and an fstab
+//! line run. The `tessera` binary acts as the helper when called by that name (a link
+//! installed beside `mount.fuse3`'s, in `/sbin`). `mount(8)` calls it as
+//! `mount.fuse.tessera SOURCE DIR [-sfnv] [-N NAMESPACE] [-o OPTIONS] [-t TYPE]`.
+//!
+//! SOURCE is `META_ADDR:/path` (the metadata server and the directory to mount),
+//! `META_ADDR` (the root), or any word without a colon (the metadata server then comes
+//! from the configuration file). OPTIONS are the mount's (`ro`, `noatime`, `noexec`,
+//! ...), the helper's own (`config=FILE`, `log_file=FILE`, `foreground`, `nonempty`),
+//! options only `mount(8)` reads (`_netdev`, `noauto`, `nofail`, `x-systemd.*`, ...),
+//! and any client setting by its configuration name (`key_file=/etc/tessera/a.key`,
+//! `readahead_max_bytes=67108864`, `transport_limits.max_msg_bytes=...`).
+
+use super::daemon::{self, LogTo};
+use crate::ClientConfig;
+use anyhow::{bail, Context};
+use std::path::{Path, PathBuf};
+
+/// The configuration read when `config=` is not given, if it exists.
+pub const DEFAULT_CONFIG: &str = "/etc/tessera/client.toml";
+
+/// What `mount(8)` passed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct HelperArgs {
+    /// SOURCE.
+    pub source: String,
+    /// DIR.
+    pub mountpoint: PathBuf,
+    /// Every `-o` list, in order.
+    pub options: Vec<String>,
+    /// `-f`: do everything but mount (`mount -f`).
+    pub fake: bool,
+}
+
+/// Whether `argv0` names the helper (`mount.fuse.tessera`, or `mount.fuse` with the
+/// type given by `-t fuse.tessera`: only the former is used by `mount(8)`).
+pub fn invoked_as_helper(argv0: &std::ffi::OsStr) -> bool {
+    Path::new(argv0)
+        .file_name()
+        .is_some_and(|n| n == "mount.fuse.tessera")
+}
+
+/// Parses the helper's command line (without argv[0]).
+pub fn parse_args(args: &[String]) -> Result<HelperArgs, String> {
+    let mut out = HelperArgs::default();
+    let mut positional = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if let Some(opts) = a.strip_prefix("-o") {
+            let opts = if opts.is_empty() {
+                it.next().cloned()
+            } else {
+                Some(opts.to_string())
+            };
+            let Some(opts) = opts else {
+                return Err("-o needs a list of options".into());
+            };
+            out.options.push(opts);
+        } else if a == "-t" || a == "-N" {
+            // The type is ours by definition; a mount namespace is not supported.
+            let Some(v) = it.next() else {
+                return Err(format!("{a} needs a value"));
+            };
+            if a == "-N" {
+                return Err(format!(
+                    "mounting in another namespace (-N {v}) is not supported"
+                ));
+            }
+        } else if let Some(flags) = a.strip_prefix('-').filter(|f| !f.is_empty()) {
+            for f in flags.chars() {
+                match f {
+                    'f' => out.fake = true,
+                    // Sloppy, no mtab, verbose: nothing to do differently.
+                    's' | 'n' | 'v' => {}
+                    _ => return Err(format!("unknown flag -{f}")),
+                }
+            }
+        } else {
+            positional.push(a.clone());
+        }
+    }
+    let [source, mountpoint] = <[String; 2]>::try_from(positional)
+        .map_err(|p| format!("expected SOURCE and DIR, got {} arguments", p.len()))?;
+    out.source = source;
+    out.mountpoint = PathBuf::from(mountpoint);
+    Ok(out)
+}
+
+/// The options sorted by who reads them.
+#[derive(Debug, Default, PartialEq)]
+pub struct SortedOptions {
+    /// For [`ClientConfig::apply_mount_options`].
+    pub mount: Vec<String>,
+    /// Client settings by name, with their values as given (`true` for a bare name).
+    pub settings: Vec<(String, String)>,
+    /// `config=`.
+    pub config: Option<PathBuf>,
+    /// `log_file=`.
+    pub log_file: Option<PathBuf>,
+    /// `foreground`: do not fork (to watch a mount's log on the terminal).
+    pub foreground: bool,
+    /// `nonempty`: mount over a directory that holds files.
+    pub nonempty: bool,
+}
+
+/// The mount options `ClientConfig::apply_mount_options` takes.
+const MOUNT_OPTIONS: &[&str] = &[
+    "noatime",
+    "relatime",
+    "strictatime",
+    "dev",
+    "nodev",
+    "suid",
+    "nosuid",
+    "ro",
+    "rw",
+    "exec",
+    "noexec",
+    "defaults",
+    "async",
+];
+
+/// Options that only `mount(8)`, systemd or FUSE's kernel side read, or that name what
+/// a Tessera mount always does (`default_permissions`).
+fn for_others(o: &str) -> bool {
+    const NAMES: &[&str] = &[
+        "_netdev",
+        "auto",
+        "noauto",
+        "nofail",
+        "user",
+        "users",
+        "nouser",
+        "owner",
+        "group",
+        "loud",
+        "silent",
+        "default_permissions",
+    ];
+    NAMES.contains(&o) || o.starts_with("x-") || o.starts_with("comment=")
+}
+
+/// Sorts the comma-separated lists `lists`.
+pub fn sort_options(lists: &[String]) -> SortedOptions {
+    let mut s = SortedOptions::default();
+    for o in lists
+        .iter()
+        .flat_map(|l| l.split(','))
+        .filter(|o| !o.is_empty())
+    {
+        let (name, value) = match o.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (o, None),
+        };
+        match (name, value) {
+            (n, None) if MOUNT_OPTIONS.contains(&n) => s.mount.push(n.to_string()),
+            _ if for_others(o) => {}
+            ("config", Some(v)) => s.config = Some(PathBuf::from(v)),
+            ("log_file", Some(v)) => s.log_file = Some(PathBuf::from(v)),
+            ("foreground", None) => s.foreground = true,
+            ("nonempty", None) => s.nonempty = true,
+            (n, v) => s
+                .settings
+                .push((n.to_string(), v.unwrap_or("true").to_string())),
+        }
+    }
+    s
+}
+
+/// A setting's value as TOML would read it: an integer, a boolean, a float, else a
+/// string.
+fn toml_value(v: &str) -> toml::Value {
+    if let Ok(i) = v.parse::<i64>() {
+        toml::Value::Integer(i)
+    } else if let Ok(b) = v.parse::<bool>() {
+        toml::Value::Boolean(b)
+    } else if let Ok(f) = v.parse::<f64>() {
+        toml::Value::Float(f)
+    } else {
+        toml::Value::String(v.to_string())
+    }
+}
+
+/// The configuration text `base` with `settings` set over it (dotted names reach into
+/// tables: `transport_limits.max_msg_bytes`).
+pub fn config_with(base: &str, settings: &[(String, String)]) -> anyhow::Result<ClientConfig> {
+    let mut table: toml::Table = toml::from_str(base).context("parsing the configuration")?;
+    for (name, value) in settings {
+        let mut at = &mut table;
+        let mut parts = name.split('.').peekable();
+        while let Some(part) = parts.next() {
+            if parts.peek().is_none() {
+                at.insert(part.to_string(), toml_value(value));
+                break;
+            }
+            let entry = at
+                .entry(part.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            let Some(t) = entry.as_table_mut() else {
+                bail!("mount option {name}: {part} is not a table of settings");
+            };
+            at = t;
+        }
+    }
+    table
+        .try_into()
+        .context("the client settings given as mount options")
+}
+
+/// Splits SOURCE into the metadata address (if it names one) and the directory.
+pub fn split_source(source: &str) -> (Option<&str>, &str) {
+    match source.find(":/") {
+        Some(i) => (Some(&source[..i]), &source[i + 1..]),
+        None if source.contains(':') => (Some(source), "/"),
+        None => (None, "/"),
+    }
+}
+
+/// The client configuration for `args`, and the sorted options.
+pub fn plan(args: &HelperArgs) -> anyhow::Result<(ClientConfig, SortedOptions)> {
+    let opts = sort_options(&args.options);
+    let path = opts.config.clone().or_else(|| {
+        let default = PathBuf::from(DEFAULT_CONFIG);
+        default.exists().then_some(default)
+    });
+    let base = match &path {
+        Some(p) => std::fs::read_to_string(p).with_context(|| format!("reading {p:?}"))?,
+        None => String::new(),
+    };
+    let mut c = config_with(&base, &opts.settings)?;
+    let (meta, subdir) = split_source(&args.source);
+    if let Some(m) = meta {
+        c.meta_addr = m.to_string();
+    }
+    if subdir != "/" {
+        c.subdir = subdir.to_string();
+    }
+    c.fsname = args.source.clone();
+    c.apply_mount_options(&opts.mount.join(","))
+        .map_err(anyhow::Error::msg)?;
+    c.validate()
+        .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    Ok((c, opts))
+}
+
+/// Runs the helper on `args` (without argv[0]); returns the exit code.
+pub fn run(args: &[String]) -> i32 {
+    match run_checked(args) {
+        Ok(()) => 0,
+        Err(e) => {
+            let causes = e.chain().map(|c| c.to_string());
+            eprintln!("tessera: {}", crate::error::each_cause_once(causes));
+            1
+        }
+    }
+}
+
+fn run_checked(args: &[String]) -> anyhow::Result<()> {
+    let args = parse_args(args).map_err(anyhow::Error::msg)?;
+    let (mut config, opts) = plan(&args)?;
+    super::local_cluster::check_mountpoint(&args.mountpoint, opts.nonempty)?;
+    config.transport = config
+        .transport
+        .resolve_for_process(&config.transport_limits)?;
+    if args.fake {
+        return Ok(());
+    }
+    if opts.foreground {
+        super::init_logging();
+        return super::commands::mount(args.mountpoint, config, || {});
+    }
+    let journal = std::env::var_os("JOURNAL_STREAM").is_some();
+    let log = match (opts.log_file, journal) {
+        (Some(f), _) => LogTo::File(f),
+        (None, true) => LogTo::Journal,
+        (None, false) => LogTo::File(daemon::default_log(&args.mountpoint)),
+    };
+    let mut ready = daemon::daemonize(&log).context("starting the mount process")?;
+    super::init_logging();
+    let result = super::commands::mount(args.mountpoint, config, || ready.mounted());
+    if let Err(e) = &result {
+        let causes = e.chain().map(|c| c.to_string());
+        ready.failed(&crate::error::each_cause_once(causes));
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_command_line_mount_passes_is_parsed() {
+        let a = parse_args(&strings(&[
+            "10.0.0.1:7600:/data",
+            "/mnt/x",
+            "-sv",
+            "-o",
+            "rw,noatime",
+            "-oro",
+            "-t",
+            "fuse.tessera",
+        ]))
+        .unwrap();
+        assert_eq!(a.source, "10.0.0.1:7600:/data");
+        assert_eq!(a.mountpoint, Path::new("/mnt/x"));
+        assert_eq!(a.options, ["rw,noatime", "ro"]);
+        assert!(!a.fake);
+        assert!(parse_args(&strings(&["a", "/m", "-f"])).unwrap().fake);
+        assert!(parse_args(&strings(&["a"])).is_err());
+        assert!(parse_args(&strings(&["a", "/m", "-o"])).is_err());
+        assert!(parse_args(&strings(&["a", "/m", "-N", "x"])).is_err());
+        assert!(parse_args(&strings(&["a", "/m", "-q"])).is_err());
+    }
+
+    #[test]
+    fn options_are_sorted_by_who_reads_them() {
+        let s = sort_options(&strings(&[
+            "_netdev,noauto,x-systemd.automount,ro,noatime,config=/etc/t.toml",
+            "allow_other,readahead_max_bytes=1024,log_file=/tmp/l,foreground,nonempty",
+        ]));
+        assert_eq!(s.mount, ["ro", "noatime"]);
+        assert_eq!(s.config, Some(PathBuf::from("/etc/t.toml")));
+        assert_eq!(s.log_file, Some(PathBuf::from("/tmp/l")));
+        assert!(s.foreground && s.nonempty);
+        assert_eq!(
+            s.settings,
+            [
+                ("allow_other".to_string(), "true".to_string()),
+                ("readahead_max_bytes".to_string(), "1024".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    fn settings_by_name_override_the_file_and_unknown_ones_are_refused() {
+        let base = "attr_ttl_ms = 5\n[transport_limits]\nmax_msg_bytes = 65536\n";
+        let set = |n: &str, v: &str| (n.to_string(), v.to_string());
+        let c = config_with(
+            base,
+            &[
+                set("attr_ttl_ms", "7"),
+                set("writeback_cache", "true"),
+                set("key_file", "/etc/tessera/a.key"),
+                set("transport_limits.max_msg_bytes", "131072"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.attr_ttl_ms, 7);
+        assert!(c.writeback_cache);
+        assert_eq!(c.key_file, Path::new("/etc/tessera/a.key"));
+        assert_eq!(c.transport_limits.max_msg_bytes, 131072);
+        let e = config_with("", &[set("sync", "true")]).unwrap_err();
+        assert!(format!("{e:#}").contains("sync"), "{e:#}");
+        assert!(config_with("", &[set("attr_ttl_ms.x", "1")]).is_err());
+    }
+
+    #[test]
+    fn the_source_names_the_server_and_the_directory() {
+        assert_eq!(split_source("h:7600:/a/b"), (Some("h:7600"), "/a/b"));
+        assert_eq!(split_source("[::1]:7600:/"), (Some("[::1]:7600"), "/"));
+        assert_eq!(split_source("h:7600"), (Some("h:7600"), "/"));
+        assert_eq!(split_source("tessera"), (None, "/"));
+    }
+
+    #[test]
+    fn only_the_helper_name_selects_the_helper() {
+        assert!(invoked_as_helper("/sbin/mount.fuse.tessera".as_ref()));
+        assert!(!invoked_as_helper("/usr/bin/tessera".as_ref()));
+    }
+}

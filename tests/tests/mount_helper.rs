@@ -1,0 +1,275 @@
+//! `mount -t fuse.tessera` and fstab (issue 26 item 4): the helper `mount.fuse.tessera`
+//! (the `tessera` binary called by that name) mounts `META:/path`, returns once the
+//! mount is usable with the mount process in the background, takes mount options and
+//! client settings by name, mounts a subdirectory, and `umount` ends the process. An
+//! error (no server, no such directory) is one line on `mount`'s standard error, with
+//! nothing mounted and nothing left running.
+//!
+//! `mount(8)` finds helpers in `/sbin` only, so the test links `/sbin/mount.fuse.tessera`
+//! to the built binary for its run (and removes the link after). Needs root and
+//! /dev/fuse (as every mount test).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::Duration;
+use tessera_tests::posix::wait_until;
+use tessera_tests::ProcessCluster;
+
+const HELPER: &str = "/sbin/mount.fuse.tessera";
+
+/// The tests share the one helper link.
+static HELPER_LOCK: Mutex<()> = Mutex::new(());
+
+/// The helper link, removed on drop.
+struct HelperLink;
+
+impl HelperLink {
+    fn install() -> HelperLink {
+        let target = tessera_tests::process::bin_dir().join("tessera");
+        if let Ok(old) = fs::read_link(HELPER) {
+            assert!(
+                old.starts_with(tessera_tests::process::bin_dir()),
+                "{HELPER} links to {} (an installed Tessera?): not replacing it",
+                old.display()
+            );
+            let _ = fs::remove_file(HELPER);
+        }
+        assert!(
+            !Path::new(HELPER).exists(),
+            "{HELPER} exists and is not a link (an installed Tessera?): not replacing it"
+        );
+        std::os::unix::fs::symlink(&target, HELPER).expect("linking the helper into /sbin");
+        HelperLink
+    }
+}
+
+impl Drop for HelperLink {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(HELPER);
+    }
+}
+
+/// Unmounts (lazily) and stops the helper processes of the mount points it holds, also
+/// when a test fails half-way.
+struct Cleanup(Vec<PathBuf>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for dir in &self.0 {
+            if fs_client::cli::local_cluster::is_mounted(dir) {
+                let _ = Command::new("umount").arg("-l").arg(dir).status();
+            }
+            for pid in helper_pids(dir) {
+                // SAFETY: kill has no memory preconditions; the pid is a helper of ours.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+/// Processes running the helper for mount point `dir`.
+fn helper_pids(dir: &Path) -> Vec<i32> {
+    let dir = dir.to_string_lossy().to_string();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cmd = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+            args.first()
+                .is_some_and(|a| a.ends_with(b"mount.fuse.tessera"))
+                && args.contains(&dir.as_bytes())
+        })
+        .collect()
+}
+
+/// The `/proc/self/mounts` fields (source, type, options) of the mount at `dir`.
+fn mount_entry(dir: &Path) -> Option<(String, String, Vec<String>)> {
+    let mounts = fs::read_to_string("/proc/self/mounts").expect("/proc/self/mounts");
+    let dir = dir.to_string_lossy();
+    mounts.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.get(1) == Some(&&*dir)).then(|| {
+            let opts = f[3].split(',').map(String::from).collect();
+            (f[0].to_string(), f[2].to_string(), opts)
+        })
+    })
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("running a command")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Unmounts `dir` with `umount` and waits for its helper process to end.
+fn umount_and_wait(dir: &Path) {
+    let pids = helper_pids(dir);
+    assert_eq!(pids.len(), 1, "one helper process serves {}", dir.display());
+    let out = run(Command::new("umount").arg(dir));
+    assert!(out.status.success(), "umount: {}", text(&out));
+    wait_until("the helper process ends", Duration::from_secs(20), || {
+        helper_pids(dir).is_empty()
+    });
+    assert!(
+        mount_entry(dir).is_none(),
+        "{} still mounted",
+        dir.display()
+    );
+}
+
+/// Guards against `mount -t fuse.tessera` not mounting, blocking in the foreground, or
+/// leaving its process behind after `umount`.
+#[test]
+fn mount_t_fuse_tessera_mounts_in_the_background_and_umount_ends_it() {
+    let _lock = HELPER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = ProcessCluster::start(1);
+    let _link = HelperLink::install();
+    let dir = cluster.dir().join("m");
+    fs::create_dir(&dir).unwrap();
+    let _cleanup = Cleanup(vec![dir.clone()]);
+    let key = cluster.key_file("admin.key");
+    let log = cluster.dir().join("helper.log");
+    let source = format!("{}:/", cluster.meta_addr());
+    let opts = format!(
+        "noexec,attr_ttl_ms=500,key_file={},log_file={}",
+        key.display(),
+        log.display()
+    );
+    // `output()` waits for standard output and error to close: it returns only if the
+    // background process let go of them.
+    let out = run(Command::new("mount")
+        .args(["-t", "fuse.tessera", &source])
+        .arg(&dir)
+        .args(["-o", &opts]));
+    assert!(out.status.success(), "mount: {}", text(&out));
+    let (src, fstype, options) = mount_entry(&dir).expect("mounted");
+    assert_eq!(
+        (src.as_str(), fstype.as_str()),
+        (source.as_str(), "fuse.tessera")
+    );
+    assert!(options.contains(&"noexec".to_string()), "{options:?}");
+    fs::create_dir(dir.join("data")).unwrap();
+    fs::write(dir.join("data/a"), b"through the helper").unwrap();
+    assert_eq!(fs::read(dir.join("data/a")).unwrap(), b"through the helper");
+    umount_and_wait(&dir);
+    let logged = fs::read_to_string(&log).unwrap_or_default();
+    assert!(logged.contains("mounted"), "the log file: {logged}");
+}
+
+/// Guards against fstab lines not mounting (`mount -a`), options being ignored, the
+/// subdirectory of `META:/path` not becoming the root, and `noauto` lines mounting.
+#[test]
+fn fstab_lines_mount_with_mount_a_a_subdirectory_read_only() {
+    let _lock = HELPER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = ProcessCluster::start(1);
+    let _link = HelperLink::install();
+    let admin = cluster.mount("admin");
+    fs::create_dir_all(admin.path.join("sets/images")).unwrap();
+    fs::write(admin.path.join("sets/images/0.jpg"), b"pixels").unwrap();
+    fs::write(admin.path.join("top"), b"above the subdirectory").unwrap();
+    let (sub, skipped) = (cluster.dir().join("sub"), cluster.dir().join("skipped"));
+    fs::create_dir(&sub).unwrap();
+    fs::create_dir(&skipped).unwrap();
+    let _cleanup = Cleanup(vec![sub.clone(), skipped.clone()]);
+    let key = cluster.key_file("admin.key");
+    let conf = cluster.dir().join("client.toml");
+    fs::write(&conf, format!("key_file = {:?}\n", key.to_string_lossy())).unwrap();
+    let log = cluster.dir().join("fstab.log");
+    let addr = cluster.meta_addr();
+    let fstab = cluster.dir().join("fstab");
+    fs::write(
+        &fstab,
+        format!(
+            "# Tessera, as an operator writes it\n\
+             {addr}:/sets {} fuse.tessera _netdev,ro,noatime,config={},log_file={} 0 0\n\
+             {addr}:/ {} fuse.tessera _netdev,noauto,config={} 0 0\n",
+            sub.display(),
+            conf.display(),
+            log.display(),
+            skipped.display(),
+            conf.display()
+        ),
+    )
+    .unwrap();
+    let mount_a = || run(Command::new("mount").arg("-a").arg("-T").arg(&fstab));
+    let out = mount_a();
+    assert!(out.status.success(), "mount -a: {}", text(&out));
+    let (src, _, options) = mount_entry(&sub).expect("the fstab line mounted");
+    assert_eq!(src, format!("{addr}:/sets"));
+    assert!(options.contains(&"ro".to_string()), "{options:?}");
+    assert!(mount_entry(&skipped).is_none(), "a noauto line was mounted");
+    assert_eq!(fs::read(sub.join("images/0.jpg")).unwrap(), b"pixels");
+    assert!(
+        !sub.join("top").exists(),
+        "the root above the subdirectory shows"
+    );
+    let e = fs::write(sub.join("images/new"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    // Already mounted: a second `mount -a` leaves it as it is.
+    let out = mount_a();
+    assert!(out.status.success(), "mount -a again: {}", text(&out));
+    assert_eq!(
+        helper_pids(&sub).len(),
+        1,
+        "mount -a mounted the line twice"
+    );
+    umount_and_wait(&sub);
+}
+
+/// Guards against a failed mount hanging `mount`, reporting nothing, or leaving a
+/// process: no server at the address, and a subdirectory that does not exist.
+#[test]
+fn a_mount_that_cannot_be_made_fails_with_the_reason() {
+    let _lock = HELPER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = ProcessCluster::start(1);
+    let _link = HelperLink::install();
+    let dir = cluster.dir().join("m");
+    fs::create_dir(&dir).unwrap();
+    let _cleanup = Cleanup(vec![dir.clone()]);
+    let key = cluster.key_file("admin.key");
+    let log = cluster.dir().join("helper.log");
+    let opts = format!("key_file={},log_file={}", key.display(), log.display());
+    let mount = |source: &str, opts: &str| {
+        run(Command::new("mount")
+            .args(["-t", "fuse.tessera", source])
+            .arg(&dir)
+            .args(["-o", opts]))
+    };
+    let cases = [
+        (
+            format!("{}:/nope", cluster.meta_addr()),
+            opts.clone(),
+            "nope",
+        ),
+        // Port 9 (discard) has no listener on 127.0.0.1 here.
+        ("127.0.0.1:9:/".to_string(), opts.clone(), "127.0.0.1:9"),
+        (
+            format!("{}:/", cluster.meta_addr()),
+            format!("{opts},no_such_setting=1"),
+            "no_such_setting",
+        ),
+    ];
+    for (source, opts, named) in cases {
+        let out = mount(&source, &opts);
+        assert!(!out.status.success(), "{source} mounted: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(named), "{source}: {err}");
+        assert!(mount_entry(&dir).is_none(), "{source}: mounted anyway");
+        wait_until("no helper process left", Duration::from_secs(10), || {
+            helper_pids(&dir).is_empty()
+        });
+    }
+}
