@@ -16,6 +16,9 @@ packages+=(g++)
 #   protobuf-compiler, libprotobuf-dev: the etcd-client crate's build (protoc and the
 #   well-known types); etcd-server: the etcd the etcd store's tests start on 127.0.0.1
 packages+=(protobuf-compiler libprotobuf-dev etcd-server)
+#   mount, systemd: `mount -t fuse.tessera` and fstab in the mount helper's tests, and
+#   `systemd-analyze verify` of the units (scripts/check-units.sh); systemd need not run
+packages+=(mount systemd)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -21,6 +21,8 @@ for bin in tessera tessera-meta tessera-data; do
     echo "$bin links libibverbs in the default build" >&2; exit 1
   fi
 done
+echo "== systemd units (systemd-analyze verify; README: Operating a cluster)"
+scripts/check-units.sh
 echo "== cargo test"
 cargo test --workspace -- --test-threads="${TEST_THREADS:-2}"
 echo "== fuzz targets: every decoder, a short bounded run (scripts/fuzz.sh; README: Fuzzing)"
