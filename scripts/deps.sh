@@ -19,6 +19,8 @@ packages+=(protobuf-compiler libprotobuf-dev etcd-server)
 #   mount, systemd: `mount -t fuse.tessera` and fstab in the mount helper's tests, and
 #   `systemd-analyze verify` of the units (scripts/check-units.sh); systemd need not run
 packages+=(mount systemd)
+#   debootstrap: the fresh Debian 12 root the package test installs the .deb into
+packages+=(debootstrap)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,7 +4,8 @@
 # every test of the workspace, a short run of every fuzz target (scripts/fuzz.sh), the
 # same with the `rdma` transport feature (build, clippy and its device-free tests), the
 # rdma conformance cases and a whole cluster over rdma on soft-RoCE inside a QEMU guest
-# (scripts/rdma-vm.sh), and the public POSIX suite pjdfstest on a fresh mount.
+# (scripts/rdma-vm.sh), the public POSIX suite pjdfstest on a fresh mount, and the
+# Debian package installed into a fresh Debian 12 root and mounted from there.
 # FUSE tests need root and /dev/fuse, as CI has.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,4 +44,6 @@ echo "== a whole cluster over rdma in the soft-RoCE VM"
 RDMA_VM_PROFILE=dev scripts/rdma-vm-cluster.sh
 echo "== pjdfstest (public POSIX suite) on a fresh mount"
 scripts/pjdfstest.sh
+echo "== Debian package: built, installed into a fresh Debian 12 root, a mount from it"
+scripts/package-test.sh
 echo "== all checks passed"
