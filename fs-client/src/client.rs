@@ -206,6 +206,11 @@ impl Client {
         &self.caps
     }
 
+    /// The directory a mount of a subdirectory shows as its root (`subdir`), if any.
+    pub fn subdir_root(&self) -> Option<InodeId> {
+        self.ep.root()
+    }
+
     /// The configuration in use.
     pub fn config(&self) -> &ClientConfig {
         &self.config
@@ -448,8 +453,9 @@ impl Client {
     /// with `noatime`). Best effort, as a lazily written atime is: a failure is logged,
     /// never returned.
     pub async fn accessed(&self, ino: InodeId) {
-        // A read-only key moves no access time (the server would refuse it).
-        if self.caps.read_only {
+        // A read-only key or mount moves no access time (the server would refuse the
+        // key's; a mount made `ro` promised to change nothing).
+        if self.caps.read_only || self.config.read_only {
             return;
         }
         let strict = match self.config().atime {

@@ -86,8 +86,9 @@ pub struct ClientConfig {
     /// file's. Checked against the key file's name.
     pub client_name: String,
     /// The directory of the namespace the mount shows as its root (`META:/path` in
-    /// `mount -t fuse.tessera`). A convenience, not a boundary: a key scoped to the
-    /// directory (`tessera key create --path`) is what keeps a client inside.
+    /// `mount -t fuse.tessera`), below the scope's root for a scoped key. A
+    /// convenience, not a boundary: a key scoped to the directory (`tessera key create
+    /// --path`) is what keeps a client inside.
     pub subdir: String,
     /// Mount read-only (`ro`): the kernel refuses every change with EROFS.
     pub read_only: bool,

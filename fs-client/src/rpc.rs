@@ -66,6 +66,11 @@ impl RpcEndpoint {
         }
     }
 
+    /// The directory set by [`RpcEndpoint::set_root`].
+    pub(crate) fn root(&self) -> Option<proto::InodeId> {
+        self.root.get().copied()
+    }
+
     /// Makes `dir` the root every later metadata call names (a mount of a
     /// subdirectory); the first call wins.
     pub(crate) fn set_root(&self, dir: proto::InodeId) {

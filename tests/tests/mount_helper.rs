@@ -29,8 +29,10 @@ impl HelperLink {
     fn install() -> HelperLink {
         let target = tessera_tests::process::bin_dir().join("tessera");
         if let Ok(old) = fs::read_link(HELPER) {
+            // A link a test run left (from any checkout) is replaced; the package's
+            // link to /usr/bin/tessera is not.
             assert!(
-                old.starts_with(tessera_tests::process::bin_dir()),
+                !old.starts_with("/usr"),
                 "{HELPER} links to {} (an installed Tessera?): not replacing it",
                 old.display()
             );
@@ -58,7 +60,7 @@ struct Cleanup(Vec<PathBuf>);
 impl Drop for Cleanup {
     fn drop(&mut self) {
         for dir in &self.0 {
-            if fs_client::cli::local_cluster::is_mounted(dir) {
+            if mount_entry(dir).is_some() {
                 let _ = Command::new("umount").arg("-l").arg(dir).status();
             }
             for pid in helper_pids(dir) {
@@ -248,14 +250,18 @@ fn a_mount_that_cannot_be_made_fails_with_the_reason() {
             .arg(&dir)
             .args(["-o", opts]))
     };
+    // A port just closed: nothing listens there.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .to_string();
     let cases = [
         (
             format!("{}:/nope", cluster.meta_addr()),
             opts.clone(),
             "nope",
         ),
-        // Port 9 (discard) has no listener on 127.0.0.1 here.
-        ("127.0.0.1:9:/".to_string(), opts.clone(), "127.0.0.1:9"),
+        (format!("{closed}:/"), opts.clone(), closed.as_str()),
         (
             format!("{}:/", cluster.meta_addr()),
             format!("{opts},no_such_setting=1"),
@@ -264,7 +270,8 @@ fn a_mount_that_cannot_be_made_fails_with_the_reason() {
     ];
     for (source, opts, named) in cases {
         let out = mount(&source, &opts);
-        assert!(!out.status.success(), "{source} mounted: {}", text(&out));
+        let code = out.status.code();
+        assert_eq!(code, Some(32), "mount(8)'s mount failure: {}", text(&out));
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(named), "{source}: {err}");
         assert!(mount_entry(&dir).is_none(), "{source}: mounted anyway");
@@ -272,4 +279,48 @@ fn a_mount_that_cannot_be_made_fails_with_the_reason() {
             helper_pids(&dir).is_empty()
         });
     }
+}
+
+/// Guards against a read-only mount still writing access times, and against the helper
+/// keeping a caller's pipe open when `JOURNAL_STREAM` is inherited but standard error is
+/// not the journal (a script capturing `mount`'s output then waited for the unmount).
+#[test]
+fn an_ro_mount_moves_no_atime_and_a_stale_journal_stream_is_not_kept() {
+    let _lock = HELPER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = ProcessCluster::start(1);
+    let _link = HelperLink::install();
+    let admin = cluster.mount("admin");
+    fs::write(admin.path.join("f"), b"read me").unwrap();
+    let before = fs::metadata(admin.path.join("f"))
+        .unwrap()
+        .accessed()
+        .unwrap();
+    let dir = cluster.dir().join("ro");
+    fs::create_dir(&dir).unwrap();
+    let _cleanup = Cleanup(vec![dir.clone()]);
+    let key = cluster.key_file("admin.key");
+    // No log_file: the default log, named after the mount point, removed below.
+    let log = fs_client::cli::daemon::default_log(&dir);
+    let out = run(Command::new("mount")
+        .env("JOURNAL_STREAM", "1:1")
+        .args(["-t", "fuse.tessera", &format!("{}:/", cluster.meta_addr())])
+        .arg(&dir)
+        .args(["-o", &format!("ro,strictatime,key_file={}", key.display())]));
+    assert!(out.status.success(), "mount: {}", text(&out));
+    assert_eq!(fs::read(dir.join("f")).unwrap(), b"read me");
+    umount_and_wait(&dir);
+    let logged = fs::read_to_string(&log).unwrap_or_default();
+    let _ = fs::remove_file(&log);
+    assert!(
+        logged.contains("mounted"),
+        "the default log {}: {logged}",
+        log.display()
+    );
+    // Seen from another mount, whose cache holds nothing of the file.
+    let m2 = cluster.mount("check");
+    let after = fs::metadata(m2.path.join("f")).unwrap().accessed().unwrap();
+    assert_eq!(
+        before, after,
+        "a read through an ro mount moved the access time"
+    );
 }

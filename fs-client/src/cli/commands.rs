@@ -40,7 +40,7 @@ pub enum Cmd {
         #[arg(long)]
         nonempty: bool,
         /// Mount options, comma-separated: noatime, relatime (the default), strictatime;
-        /// dev, suid (the mount is nodev,nosuid unless told).
+        /// dev, suid (the mount is nodev,nosuid unless told); ro, noexec.
         #[arg(short = 'o')]
         options: Vec<String>,
         /// This client's key file (`key_file`), which names its client.

@@ -67,6 +67,10 @@ pub fn daemonize(log: &LogTo) -> std::io::Result<Ready> {
     }
     drop(read);
     detach(log_file.as_ref())?;
+    drop(log_file);
+    // A descriptor the caller left open (a pipe it reads to its end) would keep the
+    // caller waiting as long as the mount lives.
+    close_inherited(write.as_raw_fd())?;
     Ok(Ready {
         pipe: Some(File::from(write)),
     })
@@ -79,11 +83,12 @@ fn wait_for_child(pipe: File, log: &LogTo) -> i32 {
         eprintln!("tessera: reading the mount process's report: {e}");
         return 1;
     }
+    let failed = super::mount_helper::EXIT_MOUNT_FAILED;
     match report.split_first() {
         Some((b'0', _)) => 0,
         Some((_, message)) => {
             eprintln!("tessera: {}", String::from_utf8_lossy(message));
-            1
+            failed
         }
         None => {
             let seen = match log {
@@ -91,7 +96,7 @@ fn wait_for_child(pipe: File, log: &LogTo) -> i32 {
                 LogTo::Journal => " (see the journal)".into(),
             };
             eprintln!("tessera: the mount process ended before mounting{seen}");
-            1
+            failed
         }
     }
 }
@@ -112,9 +117,47 @@ fn detach(log: Option<&File>) -> std::io::Result<()> {
             redirect(f, libc::STDERR_FILENO)?;
         }
         // The journal keeps standard error; standard output goes nowhere.
-        None => redirect(&File::options().write(true).open("/dev/null")?, 1)?,
+        None => redirect(
+            &File::options().write(true).open("/dev/null")?,
+            libc::STDOUT_FILENO,
+        )?,
     }
     Ok(())
+}
+
+/// Closes every descriptor above standard error but `keep`.
+fn close_inherited(keep: libc::c_int) -> std::io::Result<()> {
+    let open: Vec<libc::c_int> = std::fs::read_dir("/proc/self/fd")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    for fd in open
+        .into_iter()
+        .filter(|&fd| fd > libc::STDERR_FILENO && fd != keep)
+    {
+        // SAFETY: no thread or object of this process uses these descriptors: they
+        // were inherited from the caller (the listing's own is closed already, and
+        // closing it again fails harmlessly with EBADF).
+        unsafe { libc::close(fd) };
+    }
+    Ok(())
+}
+
+/// Whether standard error is systemd's journal: `JOURNAL_STREAM` (which every process
+/// a unit starts inherits) names the device and inode of the journal's stream, and
+/// standard error is still that stream (not a pipe some script set up since).
+pub fn stderr_is_the_journal() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some(stream) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Some((dev, ino)) = stream.to_str().and_then(|s| s.split_once(':')) else {
+        return false;
+    };
+    match std::fs::metadata("/proc/self/fd/2") {
+        Ok(m) => dev.parse() == Ok(m.dev()) && ino.parse() == Ok(m.ino()),
+        Err(_) => false,
+    }
 }
 
 fn redirect(from: &File, to: libc::c_int) -> std::io::Result<()> {
@@ -151,7 +194,8 @@ fn open_log(path: &Path) -> std::io::Result<File> {
 }
 
 /// The default log of a mount at `mountpoint`: `/var/log/tessera/mount-<path>.log`, the
-/// path's slashes made dashes (as systemd names mount units).
+/// path's slashes made dashes (`/mnt/a-b` and `/mnt/a/b` share one: `log_file=` sets
+/// another).
 pub fn default_log(mountpoint: &Path) -> std::path::PathBuf {
     let name: String = mountpoint
         .to_string_lossy()

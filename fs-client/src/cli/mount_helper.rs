@@ -30,10 +30,11 @@ pub struct HelperArgs {
     pub options: Vec<String>,
     /// `-f`: do everything but mount (`mount -f`).
     pub fake: bool,
+    /// `-s`: ignore options this helper does not know, with a warning (`mount -s`).
+    pub sloppy: bool,
 }
 
-/// Whether `argv0` names the helper (`mount.fuse.tessera`, or `mount.fuse` with the
-/// type given by `-t fuse.tessera`: only the former is used by `mount(8)`).
+/// Whether `argv0` names the helper (`mount.fuse.tessera`, as `mount(8)` runs it).
 pub fn invoked_as_helper(argv0: &std::ffi::OsStr) -> bool {
     Path::new(argv0)
         .file_name()
@@ -70,8 +71,9 @@ pub fn parse_args(args: &[String]) -> Result<HelperArgs, String> {
             for f in flags.chars() {
                 match f {
                     'f' => out.fake = true,
-                    // Sloppy, no mtab, verbose: nothing to do differently.
-                    's' | 'n' | 'v' => {}
+                    's' => out.sloppy = true,
+                    // No mtab, verbose: nothing to do differently.
+                    'n' | 'v' => {}
                     _ => return Err(format!("unknown flag -{f}")),
                 }
             }
@@ -104,7 +106,7 @@ pub struct SortedOptions {
 }
 
 /// The mount options `ClientConfig::apply_mount_options` takes.
-const MOUNT_OPTIONS: &[&str] = &[
+pub const MOUNT_OPTIONS: &[&str] = &[
     "noatime",
     "relatime",
     "strictatime",
@@ -120,9 +122,11 @@ const MOUNT_OPTIONS: &[&str] = &[
     "async",
 ];
 
-/// Options that only `mount(8)`, systemd or FUSE's kernel side read, or that name what
-/// a Tessera mount always does (`default_permissions`).
-fn for_others(o: &str) -> bool {
+/// Options (by name, without `=value`) that only `mount(8)` or systemd read, that name
+/// what a Tessera mount always does (`default_permissions`), or that change nothing on
+/// it (directory atimes follow the mount's atime option; `lazytime` has no page cache
+/// times to defer).
+fn for_others(name: &str) -> bool {
     const NAMES: &[&str] = &[
         "_netdev",
         "auto",
@@ -135,9 +139,14 @@ fn for_others(o: &str) -> bool {
         "group",
         "loud",
         "silent",
+        "comment",
         "default_permissions",
+        "diratime",
+        "nodiratime",
+        "lazytime",
+        "nolazytime",
     ];
-    NAMES.contains(&o) || o.starts_with("x-") || o.starts_with("comment=")
+    NAMES.contains(&name) || name.starts_with("x-")
 }
 
 /// Sorts the comma-separated lists `lists`.
@@ -154,7 +163,7 @@ pub fn sort_options(lists: &[String]) -> SortedOptions {
         };
         match (name, value) {
             (n, None) if MOUNT_OPTIONS.contains(&n) => s.mount.push(n.to_string()),
-            _ if for_others(o) => {}
+            (n, _) if for_others(n) => {}
             ("config", Some(v)) => s.config = Some(PathBuf::from(v)),
             ("log_file", Some(v)) => s.log_file = Some(PathBuf::from(v)),
             ("foreground", None) => s.foreground = true,
@@ -167,30 +176,59 @@ pub fn sort_options(lists: &[String]) -> SortedOptions {
     s
 }
 
-/// A setting's value as TOML would read it: an integer, a boolean, a float, else a
-/// string.
-fn toml_value(v: &str) -> toml::Value {
-    if let Ok(i) = v.parse::<i64>() {
-        toml::Value::Integer(i)
-    } else if let Ok(b) = v.parse::<bool>() {
-        toml::Value::Boolean(b)
-    } else if let Ok(f) = v.parse::<f64>() {
-        toml::Value::Float(f)
-    } else {
-        toml::Value::String(v.to_string())
+/// The default value of the client setting named `name` (dotted into tables:
+/// `transport_limits.max_msg_bytes`), if there is such a setting.
+fn default_of(defaults: &toml::Table, name: &str) -> Option<toml::Value> {
+    let mut at = defaults;
+    let mut parts = name.split('.').peekable();
+    while let Some(part) = parts.next() {
+        let v = at.get(part)?;
+        if parts.peek().is_none() {
+            return Some(v.clone());
+        }
+        at = v.as_table()?;
     }
+    None
 }
 
-/// The configuration text `base` with `settings` set over it (dotted names reach into
-/// tables: `transport_limits.max_msg_bytes`).
-pub fn config_with(base: &str, settings: &[(String, String)]) -> anyhow::Result<ClientConfig> {
+/// `value` read as the type of the setting's default (a string stays a string even
+/// when it looks like a number: `client_name=1234`).
+fn typed(name: &str, value: &str, default: &toml::Value) -> anyhow::Result<toml::Value> {
+    use toml::Value as V;
+    let bad = |what: &str| anyhow::anyhow!("mount option {name}={value}: not {what}");
+    Ok(match default {
+        V::String(_) => V::String(value.to_string()),
+        V::Integer(_) => V::Integer(value.parse().map_err(|_| bad("an integer"))?),
+        V::Boolean(_) => V::Boolean(value.parse().map_err(|_| bad("true or false"))?),
+        V::Float(_) => V::Float(value.parse().map_err(|_| bad("a number"))?),
+        _ => bail!("mount option {name}: a table of settings, set its fields by name"),
+    })
+}
+
+/// The configuration text `base` with `settings` set over it. A name that is no client
+/// setting fails, or with `sloppy` is left out with a warning.
+pub fn config_with(
+    base: &str,
+    settings: &[(String, String)],
+    sloppy: bool,
+) -> anyhow::Result<ClientConfig> {
     let mut table: toml::Table = toml::from_str(base).context("parsing the configuration")?;
+    let defaults =
+        toml::Table::try_from(ClientConfig::default()).context("the client settings' defaults")?;
     for (name, value) in settings {
+        let Some(default) = default_of(&defaults, name) else {
+            if sloppy {
+                eprintln!("tessera: ignoring mount option {name} (-s)");
+                continue;
+            }
+            bail!("unknown mount option or client setting {name:?}");
+        };
+        let value = typed(name, value, &default)?;
         let mut at = &mut table;
         let mut parts = name.split('.').peekable();
         while let Some(part) = parts.next() {
             if parts.peek().is_none() {
-                at.insert(part.to_string(), toml_value(value));
+                at.insert(part.to_string(), value);
                 break;
             }
             let entry = at
@@ -227,13 +265,17 @@ pub fn plan(args: &HelperArgs) -> anyhow::Result<(ClientConfig, SortedOptions)> 
         Some(p) => std::fs::read_to_string(p).with_context(|| format!("reading {p:?}"))?,
         None => String::new(),
     };
-    let mut c = config_with(&base, &opts.settings)?;
+    let mut c = config_with(&base, &opts.settings, args.sloppy)?;
     let (meta, subdir) = split_source(&args.source);
     if let Some(m) = meta {
         c.meta_addr = m.to_string();
-    }
-    if subdir != "/" {
+        // `META:/` mounts the root whatever the configuration's `subdir` says: the
+        // source is what `/proc/mounts` shows.
         c.subdir = subdir.to_string();
+    }
+    if !c.key_file.as_os_str().is_empty() {
+        c.key_file = std::path::absolute(&c.key_file)
+            .with_context(|| format!("key_file {}", c.key_file.display()))?;
     }
     c.fsname = args.source.clone();
     c.apply_mount_options(&opts.mount.join(","))
@@ -243,20 +285,34 @@ pub fn plan(args: &HelperArgs) -> anyhow::Result<(ClientConfig, SortedOptions)> 
     Ok((c, opts))
 }
 
+/// `mount(8)`'s exit code for a command line it cannot use.
+pub const EXIT_USAGE: i32 = 1;
+/// `mount(8)`'s exit code for a mount that failed.
+pub const EXIT_MOUNT_FAILED: i32 = 32;
+
 /// Runs the helper on `args` (without argv[0]); returns the exit code.
 pub fn run(args: &[String]) -> i32 {
+    let args = match parse_args(args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("tessera: {e}");
+            return EXIT_USAGE;
+        }
+    };
     match run_checked(args) {
         Ok(()) => 0,
         Err(e) => {
             let causes = e.chain().map(|c| c.to_string());
             eprintln!("tessera: {}", crate::error::each_cause_once(causes));
-            1
+            EXIT_MOUNT_FAILED
         }
     }
 }
 
-fn run_checked(args: &[String]) -> anyhow::Result<()> {
-    let args = parse_args(args).map_err(anyhow::Error::msg)?;
+fn run_checked(mut args: HelperArgs) -> anyhow::Result<()> {
+    // The mount process works from `/` once it is in the background.
+    args.mountpoint = std::path::absolute(&args.mountpoint)
+        .with_context(|| format!("mount point {}", args.mountpoint.display()))?;
     let (mut config, opts) = plan(&args)?;
     super::local_cluster::check_mountpoint(&args.mountpoint, opts.nonempty)?;
     config.transport = config
@@ -269,8 +325,7 @@ fn run_checked(args: &[String]) -> anyhow::Result<()> {
         super::init_logging();
         return super::commands::mount(args.mountpoint, config, || {});
     }
-    let journal = std::env::var_os("JOURNAL_STREAM").is_some();
-    let log = match (opts.log_file, journal) {
+    let log = match (opts.log_file, daemon::stderr_is_the_journal()) {
         (Some(f), _) => LogTo::File(f),
         (None, true) => LogTo::Journal,
         (None, false) => LogTo::File(daemon::default_log(&args.mountpoint)),
@@ -309,7 +364,7 @@ mod tests {
         assert_eq!(a.source, "10.0.0.1:7600:/data");
         assert_eq!(a.mountpoint, Path::new("/mnt/x"));
         assert_eq!(a.options, ["rw,noatime", "ro"]);
-        assert!(!a.fake);
+        assert!(!a.fake && a.sloppy);
         assert!(parse_args(&strings(&["a", "/m", "-f"])).unwrap().fake);
         assert!(parse_args(&strings(&["a"])).is_err());
         assert!(parse_args(&strings(&["a", "/m", "-o"])).is_err());
@@ -320,7 +375,8 @@ mod tests {
     #[test]
     fn options_are_sorted_by_who_reads_them() {
         let s = sort_options(&strings(&[
-            "_netdev,noauto,x-systemd.automount,ro,noatime,config=/etc/t.toml",
+            "_netdev,noauto,x-systemd.automount,user=alice,nodiratime,comment=x",
+            "ro,noatime,config=/etc/t.toml",
             "allow_other,readahead_max_bytes=1024,log_file=/tmp/l,foreground,nonempty",
         ]));
         assert_eq!(s.mount, ["ro", "noatime"]);
@@ -346,17 +402,24 @@ mod tests {
                 set("attr_ttl_ms", "7"),
                 set("writeback_cache", "true"),
                 set("key_file", "/etc/tessera/a.key"),
+                set("client_name", "1234"),
                 set("transport_limits.max_msg_bytes", "131072"),
             ],
+            false,
         )
         .unwrap();
         assert_eq!(c.attr_ttl_ms, 7);
         assert!(c.writeback_cache);
         assert_eq!(c.key_file, Path::new("/etc/tessera/a.key"));
+        assert_eq!(c.client_name, "1234", "a string that looks like a number");
         assert_eq!(c.transport_limits.max_msg_bytes, 131072);
-        let e = config_with("", &[set("sync", "true")]).unwrap_err();
+        let e = config_with("", &[set("sync", "true")], false).unwrap_err();
         assert!(format!("{e:#}").contains("sync"), "{e:#}");
-        assert!(config_with("", &[set("attr_ttl_ms.x", "1")]).is_err());
+        assert!(config_with("", &[set("sync", "true")], true).is_ok(), "-s");
+        let e = config_with("", &[set("attr_ttl_ms", "soon")], false).unwrap_err();
+        assert!(format!("{e:#}").contains("integer"), "{e:#}");
+        assert!(config_with("", &[set("attr_ttl_ms.x", "1")], false).is_err());
+        assert!(config_with("", &[set("transport_limits", "1")], false).is_err());
     }
 
     #[test]

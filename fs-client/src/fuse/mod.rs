@@ -470,6 +470,14 @@ pub fn mount_and_serve(
     rt: &tokio::runtime::Runtime,
     mounted: impl FnOnce(),
 ) -> std::io::Result<()> {
+    // Watched from before the mount exists: a stop that comes as soon as the mount is
+    // ready (systemd's, after `mounted` says so) unmounts instead of killing the
+    // process under a mount that would then answer ENOTCONN.
+    let signals = {
+        let _in = rt.enter();
+        use tokio::signal::unix::{signal, SignalKind};
+        signal(SignalKind::terminate()).and_then(|t| Ok((t, signal(SignalKind::interrupt())?)))
+    };
     let config = session_config(&client);
     let fs = TesseraFs::new(client, rt.handle().clone());
     let inner = fs.inner.clone();
@@ -485,13 +493,12 @@ pub fn mount_and_serve(
     mounted();
     let target = mountpoint.to_path_buf();
     rt.spawn(async move {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(t) => t,
-                Err(e) => return warn!(error = %e, "cannot watch SIGTERM"),
-            };
+        let (mut term, mut int) = match signals {
+            Ok(s) => s,
+            Err(e) => return warn!(error = %e, "cannot watch SIGTERM and SIGINT"),
+        };
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
+            _ = int.recv() => {}
             _ = term.recv() => {}
         }
         info!("signal received, unmounting");

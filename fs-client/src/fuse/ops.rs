@@ -16,7 +16,7 @@ use fuser::{
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use proto::meta::{LockKind, RenameMode, XattrMode};
-use proto::{ErrorCode, FileKind, SetAttr};
+use proto::{ErrorCode, FileKind, InodeId, SetAttr};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -73,8 +73,13 @@ impl fuser::Filesystem for TesseraFs {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (inner, name) = (self.inner.clone(), name.as_bytes().to_vec());
         self.spawn(req, async move {
-            let r = inner.client.lookup(ino(parent), &name).await;
-            if let Ok(a) = &r {
+            let mut r = inner.client.lookup(ino(parent), &name).await;
+            if let Ok(a) = &mut r {
+                // `..` of a top-level directory of a subdirectory mount (the kernel's
+                // export operations ask it): the kernel knows that directory as the root.
+                if Some(a.ino) == inner.client.subdir_root() {
+                    a.ino = InodeId::ROOT;
+                }
                 inner.revalidate(a).await;
             }
             inner.entry(reply, r)

@@ -213,9 +213,9 @@ pub fn resolve_state(mountpoint: &Path, named: Option<&Path>) -> PathBuf {
     }
 }
 
-/// Whether `mountpoint` is a mounted Tessera file system: of type `fuse.tessera`, or a
-/// FUSE mount whose source is "tessera" (one made by an older Tessera, whose type
-/// showed no subtype).
+/// Whether `mountpoint` is a Tessera mount that `tessera mount` made (a FUSE mount whose
+/// source is "tessera"). A mount made by `mount -t fuse.tessera` (its source is
+/// `META:/path`) is not one: `tessera down` must never unmount an fstab mount.
 pub fn is_mounted(mountpoint: &Path) -> bool {
     let Ok(text) = fs::read_to_string("/proc/self/mountinfo") else {
         return false;
@@ -225,9 +225,7 @@ pub fn is_mounted(mountpoint: &Path) -> bool {
         let point = l.split(' ').nth(4);
         let mut tail = l.split(" - ").nth(1).unwrap_or_default().split(' ');
         let (fstype, source) = (tail.next().unwrap_or_default(), tail.next());
-        let ours =
-            fstype == "fuse.tessera" || fstype.starts_with("fuse") && source == Some("tessera");
-        point == Some(want.as_str()) && ours
+        point == Some(want.as_str()) && fstype.starts_with("fuse") && source == Some("tessera")
     })
 }
 
