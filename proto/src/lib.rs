@@ -17,6 +17,7 @@ pub mod ids;
 pub mod mac;
 pub mod meta;
 pub mod rpc;
+pub mod runs;
 
 pub use attr::{Attr, FileKind, Layout, SetAttr, TimeSet, Timestamp};
 pub use error::{ErrorCode, ProtoError, WireError};
