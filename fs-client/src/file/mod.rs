@@ -246,11 +246,13 @@ impl FileState {
     }
 
     /// `fallocate` reserved `[offset, end)`: its chunks count as holding data, as a
-    /// write's do, and a commit is due to say so.
+    /// write's do, and a commit is due to say so. The commit carries an mtime: now,
+    /// never the one this client saw at its open (another mount may have moved it).
     fn allocated(&self, offset: u64, end: u64) {
         let chunks = runs::touched(offset, end, u64::from(self.layout.chunk_size_bytes));
         let mut i = self.inner.lock();
         i.chunks.wrote(&chunks);
+        i.mtime = Timestamp::now();
         i.write_gen += 1;
     }
 
