@@ -434,13 +434,14 @@ impl Client {
                 st.truncated(size);
             }
         }
+        let generation = commit.as_ref().map(|(_, g)| *g);
         let req = fs::SetAttr {
             ino,
             set,
             commit: commit.map(|(c, _)| c),
         };
         let (attr, since) = self.meta_keeping(req).await?;
-        if let (Some(st), Some((_, generation))) = (&live, commit) {
+        if let (Some(st), Some(generation)) = (&live, generation) {
             st.committed_with(generation, &attr);
         }
         // For the kernel's `getattr` before a `chown` that follows (see `dirattrs.rs`).

@@ -117,6 +117,9 @@ pub struct Attr {
     /// listing of them itself for the attribute TTL (`ls -l` reads `security.selinux`
     /// of every entry, `cp -a` lists each file's).
     pub xattr_count: u32,
+    /// Space it takes, in 512-byte blocks (`st_blocks`): for a regular file, the bytes
+    /// below its length of the chunks that hold data, so holes count nothing.
+    pub blocks: u64,
 }
 
 /// How a time stamp is to be set.

@@ -17,6 +17,7 @@ pub mod ids;
 pub mod mac;
 pub mod meta;
 pub mod rpc;
+pub mod runs;
 
 pub use attr::{Attr, FileKind, Layout, SetAttr, TimeSet, Timestamp};
 pub use error::{ErrorCode, ProtoError, WireError};
@@ -36,8 +37,9 @@ pub use rpc::{Request, Rpc, RpcResult};
 /// `Resume` names each session's open mode and its reply carries new grants. 16:
 /// `LookupParent` (a directory's parent, for file handles). 17: `Resume` carries each
 /// session's grant (a scoped key's proof that it reached the file). 18: `RenameMode`'s
-/// whiteout modes (`RENAME_WHITEOUT`) and `TmpFile` (`O_TMPFILE`).
-pub const PROTOCOL_VERSION: u16 = 18;
+/// whiteout modes (`RENAME_WHITEOUT`) and `TmpFile` (`O_TMPFILE`). 19: `Attr::blocks`,
+/// and the chunks a `Commit` wrote and punched.
+pub const PROTOCOL_VERSION: u16 = 19;
 
 /// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
 pub const MAX_NAME_BYTES: usize = 255;

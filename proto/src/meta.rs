@@ -19,6 +19,7 @@ pub use fs::FsRequest;
 
 use crate::attr::{Attr, FileKind, Layout, Timestamp};
 use crate::ids::{ChainId, InodeId, NodeId};
+use crate::runs::ChunkRuns;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -193,14 +194,33 @@ pub enum XattrMode {
     Replace,
 }
 
-/// The length and modification time a writer reports at close and fsync.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// The length and modification time a writer reports at close and fsync, and which
+/// chunks its writes since its last commit filled or punched.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Commit {
     /// End of the highest byte written through the session; the server keeps the maximum
     /// of this and the current length.
     pub size: u64,
     /// Time of the last write.
     pub mtime: Timestamp,
+    /// Chunks written (at most [`crate::runs::MAX_COMMIT_RUNS`] runs): they hold data.
+    pub wrote: ChunkRuns,
+    /// Chunks a punched hole or zeroed range covered whole, and not written after
+    /// (at most [`crate::runs::MAX_COMMIT_RUNS`] runs): they hold none. Disjoint from
+    /// `wrote`.
+    pub punched: ChunkRuns,
+}
+
+impl Commit {
+    /// A commit of a length and mtime alone, no chunk written or punched.
+    pub fn length(size: u64, mtime: Timestamp) -> Commit {
+        Commit {
+            size,
+            mtime,
+            wrote: ChunkRuns::default(),
+            punched: ChunkRuns::default(),
+        }
+    }
 }
 
 /// One entry returned by [`fs::ReadDir`].

@@ -178,10 +178,7 @@ mod tests {
         c.before(&release(None));
         assert!(c.take(InodeId(5)).is_some(), "a plain release keeps it");
         c.put(dir(5, 0o755));
-        let commit = proto::meta::Commit {
-            size: 1,
-            mtime: proto::Timestamp::now(),
-        };
+        let commit = proto::meta::Commit::length(1, proto::Timestamp::now());
         c.before(&release(Some(commit)));
         assert_eq!(
             c.take(InodeId(5)),

@@ -27,6 +27,7 @@ use crate::error::{ClientError, Result};
 use datapath::DataPath;
 use parking_lot::Mutex;
 use proto::meta::{fs, Commit};
+use proto::runs::{self, ChunkRuns, MAX_COMMIT_RUNS};
 use proto::{Attr, ChainId, ChunkId, InodeId, Layout, SessionId, Timestamp, WireError};
 use read::CacheSeg;
 use readahead::Readahead;
@@ -67,9 +68,40 @@ struct FileInner {
     committed_attr: Option<Attr>,
     /// Chunks written since the last fsync, per chain.
     unsynced: BTreeMap<ChainId, BTreeSet<ChunkId>>,
+    /// Chunks written and punched since the last commit, for the next one.
+    chunks: ChunkDelta,
     /// The server's attributes of the file as last seen: what answers `fstat` while the
     /// metadata server is away (`client::away`).
     known: Attr,
+}
+
+/// The chunks a client's writes filled and its punches emptied since its last commit
+/// (see `proto::meta::Commit`): disjoint, each at most `MAX_COMMIT_RUNS` runs (writes
+/// merge past it, punches drop runs, so a commit only ever counts more held).
+#[derive(Clone, Default)]
+struct ChunkDelta {
+    wrote: ChunkRuns,
+    punched: ChunkRuns,
+}
+
+impl ChunkDelta {
+    fn wrote(&mut self, chunks: &ChunkRuns) {
+        self.wrote.union(chunks);
+        self.wrote.cap_merging(MAX_COMMIT_RUNS);
+        self.punched.subtract(chunks);
+    }
+
+    fn punched(&mut self, chunks: &ChunkRuns) {
+        self.punched.union(chunks);
+        self.punched.cap_dropping(MAX_COMMIT_RUNS);
+        self.wrote.subtract(chunks);
+    }
+
+    /// The file was cut to `chunks` chunks: none past them is written or punched.
+    fn clip(&mut self, chunks: u64) {
+        self.wrote.clip(chunks);
+        self.punched.clip(chunks);
+    }
 }
 
 /// The segments of one file held in registered buffers, by segment index.
@@ -105,6 +137,7 @@ impl FileState {
                 committed_gen: 0,
                 committed_attr: None,
                 unsynced: BTreeMap::new(),
+                chunks: ChunkDelta::default(),
                 known: attr.clone(),
             }),
             io: Mutex::new(IoState {
@@ -139,12 +172,14 @@ impl FileState {
         }
     }
 
-    /// Replaces length and mtime by the local view while writes are uncommitted.
+    /// Replaces length, blocks and mtime by the local view while writes are
+    /// uncommitted.
     pub(crate) fn overlay(&self, attr: &mut Attr) {
         let mut i = self.inner.lock();
         i.known = attr.clone();
         if i.write_gen != i.committed_gen {
             attr.size = attr.size.max(i.size);
+            attr.blocks = self.blocks_with_writes(&i, attr.blocks, attr.size);
             // A write changes the contents and the inode: both times move.
             attr.mtime = i.mtime;
             attr.ctime = attr.ctime.max(i.mtime);
@@ -160,16 +195,32 @@ impl FileState {
         let mut attr = i.known.clone();
         attr.size = i.size;
         if i.write_gen != i.committed_gen {
+            attr.blocks = self.blocks_with_writes(&i, attr.blocks, attr.size);
             attr.mtime = i.mtime;
             attr.ctime = attr.ctime.max(i.mtime);
         }
         attr
     }
 
+    /// The server's `blocks` of a file `size` long, with the chunks this client wrote
+    /// and has not committed: as many blocks as they count at that length more, but
+    /// never more than a dense file has (some may be held already). A stale count of
+    /// its own writes lasts no longer than a stale length does.
+    fn blocks_with_writes(&self, i: &FileInner, blocks: u64, size: u64) -> u64 {
+        let cs = u64::from(self.layout.chunk_size_bytes);
+        let written = runs::blocks(Some(&i.chunks.wrote), size, cs);
+        blocks
+            .saturating_add(written)
+            .min(size.div_ceil(runs::BLOCK_BYTES))
+            .max(blocks)
+    }
+
     /// The file was cut or grown to `size`: cached bytes past or around it are stale.
     pub(crate) fn truncated(&self, size: u64) {
         self.drop_cache();
         let mut i = self.inner.lock();
+        let cs = u64::from(self.layout.chunk_size_bytes);
+        i.chunks.clip(runs::chunks_of(size, cs));
         i.size = size;
         i.mtime = Timestamp::now();
     }
@@ -183,11 +234,34 @@ impl FileState {
         self.io.lock().cache.clear();
     }
 
-    /// A local write ending at `end` was accepted: the length and mtime this client
-    /// shows move now, and a commit is due.
-    fn wrote(&self, end: u64) {
+    /// A local write of `[offset, end)` was accepted: the length and mtime this client
+    /// shows move now, its chunks hold data, and a commit is due.
+    fn wrote(&self, offset: u64, end: u64) {
+        let chunks = runs::touched(offset, end, u64::from(self.layout.chunk_size_bytes));
         let mut i = self.inner.lock();
+        i.chunks.wrote(&chunks);
         i.size = i.size.max(end);
+        i.mtime = Timestamp::now();
+        i.write_gen += 1;
+    }
+
+    /// `fallocate` reserved `[offset, end)`: its chunks count as holding data, as a
+    /// write's do, and a commit is due to say so. The commit carries an mtime: now,
+    /// never the one this client saw at its open (another mount may have moved it).
+    fn allocated(&self, offset: u64, end: u64) {
+        let chunks = runs::touched(offset, end, u64::from(self.layout.chunk_size_bytes));
+        let mut i = self.inner.lock();
+        i.chunks.wrote(&chunks);
+        i.mtime = Timestamp::now();
+        i.write_gen += 1;
+    }
+
+    /// `[offset, end)` was punched (or zeroed): the chunks it covers whole hold no
+    /// data, and a commit is due to say so.
+    fn punched(&self, offset: u64, end: u64) {
+        let chunks = runs::covered(offset, end, u64::from(self.layout.chunk_size_bytes));
+        let mut i = self.inner.lock();
+        i.chunks.punched(&chunks);
         i.mtime = Timestamp::now();
         i.write_gen += 1;
     }
@@ -247,8 +321,9 @@ impl FileState {
         let i = self.inner.lock();
         (i.write_gen != i.committed_gen).then_some((
             Commit {
-                size: i.size,
-                mtime: i.mtime,
+                wrote: i.chunks.wrote.clone(),
+                punched: i.chunks.punched.clone(),
+                ..Commit::length(i.size, i.mtime)
             },
             i.write_gen,
         ))
@@ -262,13 +337,17 @@ impl FileState {
     fn committed(&self, generation: u64) {
         let mut i = self.inner.lock();
         i.committed_gen = i.committed_gen.max(generation);
+        // A write since the commit was taken keeps every chunk for the next one: sent
+        // twice, a chunk counts once.
+        if i.write_gen == generation {
+            i.chunks = ChunkDelta::default();
+        }
     }
 
     /// A commit up to `generation` was answered with `attr`.
     pub(crate) fn committed_with(&self, generation: u64, attr: &Attr) {
-        let mut i = self.inner.lock();
-        i.committed_gen = i.committed_gen.max(generation);
-        i.committed_attr = Some(attr.clone());
+        self.committed(generation);
+        self.inner.lock().committed_attr = Some(attr.clone());
     }
 }
 
@@ -551,7 +630,7 @@ impl Client {
         // system keeps the size of a write whose page failed to reach the disk): the
         // bytes that did arrive become visible, and the changed mtime tells every other
         // client's next open that its cached bytes are stale. The failure is returned.
-        let Some((commit, _)) = pending else {
+        let Some((commit, generation)) = pending else {
             // Nothing to commit: the close is batched with others (`release_later`).
             self.release_later(fh.session);
             return flushed;
@@ -561,9 +640,7 @@ impl Client {
             commit: Some(commit),
         };
         self.meta(req).await?;
-        if let Some((_, generation)) = pending {
-            fh.state.committed(generation);
-        }
+        fh.state.committed(generation);
         flushed
     }
 
@@ -608,8 +685,11 @@ impl Client {
             self.check_space(fh, offset, end).await?;
         }
         match mode {
-            0 => self.grow_to(fh, end).await,
-            m if m == keep => Ok(()),
+            0 => {
+                self.grow_to(fh, end).await?;
+                self.allocate(fh, offset, end).await
+            }
+            m if m == keep => self.allocate(fh, offset, end).await,
             m if m == punch | keep || m == zero | keep => self.punch(fh, offset, end).await,
             m if m == zero => {
                 self.punch(fh, offset, end).await?;
@@ -654,12 +734,28 @@ impl Client {
         Ok(())
     }
 
+    /// Counts the chunks of `[offset, end)` below the file's length as holding data, as
+    /// a local file system counts the blocks `fallocate` reserves (nothing is written:
+    /// they read as zeros until written), and commits that.
+    async fn allocate(&self, fh: &FileHandle, offset: u64, end: u64) -> Result<()> {
+        let end = end.min(fh.state.size());
+        if offset >= end {
+            return Ok(());
+        }
+        fh.state.allocated(offset, end);
+        self.commit_pending(&fh.state).await
+    }
+
     /// Zeroes `[offset, end)` (clamped to the file's length) on the data servers, after
     /// the buffered writes (which may cover the range) went out.
     async fn punch(&self, fh: &FileHandle, offset: u64, end: u64) -> Result<()> {
         self.flush_writes(&fh.state).await;
         fh.check_write_error()?;
-        let end = end.min(fh.state.size());
+        let size = fh.state.size();
+        // A range past the end frees the last chunk too: its bytes below the end are
+        // all in the range.
+        let covers_to = if end >= size { u64::MAX } else { end };
+        let end = end.min(size);
         if offset >= end {
             return Ok(());
         }
@@ -672,7 +768,8 @@ impl Client {
         zeroed?;
         let chunks: Vec<_> = ps.iter().map(|p| (p.chain, p.chunk)).collect();
         fh.state.stored(&chunks);
-        fh.state.wrote(0);
-        Ok(())
+        fh.state.punched(offset, covers_to);
+        // Committed now, so that `stat` and `du` show the freed chunks at once.
+        self.commit_pending(&fh.state).await
     }
 }

@@ -148,7 +148,7 @@ impl Client {
             self.buffer_piece(&fh.state, p.seg, p.in_seg, &data[p.data])
                 .await?;
         }
-        fh.state.wrote(end);
+        fh.state.wrote(offset, end);
         Ok(data.len())
     }
 
@@ -177,7 +177,7 @@ impl Client {
         let in_seg = (offset % seg) as usize;
         match self.try_buffer(&fh.state, offset / seg, in_seg, data) {
             Ok(Step::Done) => {
-                fh.state.wrote(end);
+                fh.state.wrote(offset, end);
                 Some(Ok(data.len()))
             }
             Ok(_) => None,
@@ -207,7 +207,7 @@ impl Client {
             fh.state.drop_cache();
             fh.state.stored(&sent?);
         }
-        fh.state.wrote(end);
+        fh.state.wrote(offset, end);
         Ok(data.len())
     }
 

@@ -37,7 +37,7 @@ pub fn fuse_attr(a: &Attr, blksize: u32) -> FileAttr {
     FileAttr {
         ino: INodeNo(a.ino.0),
         size: a.size,
-        blocks: a.size.div_ceil(512),
+        blocks: a.blocks,
         atime: SystemTime::from(a.atime),
         mtime: SystemTime::from(a.mtime),
         ctime: SystemTime::from(a.ctime),

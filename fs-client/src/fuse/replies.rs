@@ -162,6 +162,7 @@ pub(crate) fn dot_attr(ino: InodeId, kind: FileKind) -> Attr {
         atime: Timestamp::default(),
         mtime: Timestamp::default(),
         ctime: Timestamp::default(),
+        blocks: 0,
     }
 }
 

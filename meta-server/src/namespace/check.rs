@@ -270,6 +270,7 @@ impl Namespace {
                 note(format!("inode {ino} is unreachable and not an orphan"));
             }
         }
+        self.check_held(&inodes, &mut note)?;
         let sb: Superblock = decode(
             &self
                 .store
@@ -286,5 +287,26 @@ impl Namespace {
         }
         drop(st);
         Ok(problems)
+    }
+
+    /// Checks every held-chunks key against `inodes` (see `held::check`).
+    fn check_held(
+        &self,
+        inodes: &HashMap<u64, InodeRecord>,
+        note: &mut impl FnMut(String),
+    ) -> Result<(), MetaError> {
+        let inode = |ino: InodeId| {
+            inodes.get(&ino.0).map(|r| {
+                let cs = r
+                    .layout
+                    .as_ref()
+                    .map_or(1, |l| u64::from(l.chunk_size_bytes));
+                (r.kind, r.size, cs)
+            })
+        };
+        self.for_each(&keys::held_prefix(), |k, v| {
+            super::held::check(k, v, inode, note);
+            Ok(())
+        })
     }
 }

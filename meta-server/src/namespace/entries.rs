@@ -19,7 +19,8 @@ impl Namespace {
         let ino = InodeId(r.entry(parent, name)?.ino);
         // The inode may vanish between the two reads (an unlink that does not wait for
         // us): that is a plain NotFound, as if the lookup had come a moment later.
-        Ok(r.inode(ino)?.attr(ino))
+        let rec = r.inode(ino)?;
+        r.attr_of(ino, &rec)
     }
 
     /// The attributes of directory `dir`'s parent (the root's is the root).
@@ -31,7 +32,9 @@ impl Namespace {
 
     /// The attributes of `ino`.
     pub fn getattr(&self, ino: InodeId) -> Result<Attr, MetaError> {
-        Ok(StoreReads(&*self.store).inode(ino)?.attr(ino))
+        let r = StoreReads(&*self.store);
+        let rec = r.inode(ino)?;
+        r.attr_of(ino, &rec)
     }
 
     /// Creates directory `name` in `parent`; returns it and the directory's change.
@@ -140,7 +143,7 @@ impl Namespace {
             rec.changed_at(now);
             txn.put_inode(ino, &rec)?;
             Ok(Made {
-                attr: rec.attr(ino),
+                attr: txn.attr_of(ino, &rec)?,
                 parent: DirChange {
                     before,
                     after: after.attr(new_parent),
@@ -335,6 +338,9 @@ pub(super) fn delete_inode(
     txn.delete(keys::inode(ino));
     txn.delete(keys::orphan(ino));
     txn.delete(keys::tail(ino));
+    if rec.kind == FileKind::Regular {
+        txn.delete(keys::held(ino));
+    }
     let prefix = keys::xattr_prefix(ino);
     // xattr_count bounds the scan; the slack guards against a count gone wrong.
     let limit = rec.xattr_count as usize + super::MAX_XATTRS_PER_INODE as usize;

@@ -15,6 +15,7 @@
 //! | `K` name             | client key: key id, capabilities, revoked |
 //! | `R` version          | revoked client key: name, key id        |
 //! | `F`                  | mark of the cluster key the client keys were made under |
+//! | `H` ino              | a sparse regular file's chunks that hold data |
 
 use proto::{ChainId, InodeId, NodeId};
 
@@ -31,6 +32,7 @@ const MAP_VERSION: u8 = b'V';
 const CLIENT_KEY: u8 = b'K';
 const REVOCATION: u8 = b'R';
 const CLUSTER_MARK: u8 = b'F';
+const HELD: u8 = b'H';
 
 /// The key of the cluster key's mark (a MAC under it; the key itself is not stored).
 pub(crate) fn cluster_mark() -> Vec<u8> {
@@ -170,6 +172,17 @@ pub(crate) fn orphan(ino: InodeId) -> Vec<u8> {
 /// chunks may hold bytes past the committed length (see `proto::meta::fs::Opened::cut_tail`).
 pub(crate) fn tail(ino: InodeId) -> Vec<u8> {
     with(TAIL, &[&ino.0.to_be_bytes()])
+}
+
+/// The key of the chunks of regular file `ino` that hold data (absent: every chunk
+/// below its length).
+pub(crate) fn held(ino: InodeId) -> Vec<u8> {
+    with(HELD, &[&ino.0.to_be_bytes()])
+}
+
+/// Prefix of every held-chunks key.
+pub(crate) fn held_prefix() -> Vec<u8> {
+    vec![HELD]
 }
 
 /// The smallest key greater than every key that starts with `prefix`: the scan end.

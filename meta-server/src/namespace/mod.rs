@@ -13,6 +13,7 @@ pub use clients::{ClientRecord, RevocationRecord, StoredClient, MAX_CLIENT_KEYS,
 mod dirlayout;
 mod entries;
 mod handlers;
+mod held;
 mod registry;
 pub use handlers::Handle;
 mod files;

@@ -47,7 +47,7 @@ impl Namespace {
             let attr = if plus {
                 // An inode gone since the scan was unlinked meanwhile: leave it out.
                 match r.try_inode(child)? {
-                    Some(rec) => Some(rec.attr(child)),
+                    Some(rec) => Some(r.attr_of(child, &rec)?),
                     None => continue,
                 }
             } else {

@@ -133,7 +133,8 @@ impl InodeRecord {
         }
     }
 
-    /// The attributes as `stat` shows them.
+    /// The attributes as `stat` shows them, with blocks as a dense file's: a regular
+    /// file's come from its held chunks (`held::attr`).
     pub(crate) fn attr(&self, ino: InodeId) -> Attr {
         Attr {
             ino,
@@ -148,6 +149,7 @@ impl InodeRecord {
             mtime: self.mtime,
             ctime: self.ctime,
             xattr_count: self.xattr_count,
+            blocks: self.size.div_ceil(proto::runs::BLOCK_BYTES),
         }
     }
 

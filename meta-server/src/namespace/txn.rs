@@ -31,6 +31,12 @@ pub(crate) trait Reads {
             .ok_or_else(|| MetaError::NotFound(format!("no inode {ino}")))
     }
 
+    /// The attributes of `ino` (record `rec`), a regular file's blocks from its held
+    /// chunks.
+    fn attr_of(&self, ino: InodeId, rec: &InodeRecord) -> Result<proto::Attr, MetaError> {
+        super::held::attr(self, ino, rec)
+    }
+
     /// Directory `ino`, or `NotFound` / `NotADirectory`.
     fn dir(&self, ino: InodeId) -> Result<InodeRecord, MetaError> {
         let rec = self.inode(ino)?;

@@ -108,10 +108,7 @@ impl FsRequest {
 pub fn one_of_each(dir: InodeId, file: InodeId, client: ClientId) -> Vec<FsRequest> {
     use super::fs::*;
     let name = |n: &str| n.as_bytes().to_vec();
-    let commit = super::Commit {
-        size: 1,
-        mtime: Timestamp { secs: 1, nanos: 0 },
-    };
+    let commit = super::Commit::length(1, Timestamp { secs: 1, nanos: 0 });
     let lock = LockSpec {
         owner: 1,
         pid: 1,
@@ -204,7 +201,10 @@ pub fn one_of_each(dir: InodeId, file: InodeId, client: ClientId) -> Vec<FsReque
             truncate: false,
             access,
         }),
-        FsRequest::Commit(Commit { ino: file, commit }),
+        FsRequest::Commit(Commit {
+            ino: file,
+            commit: commit.clone(),
+        }),
         FsRequest::Release(Release {
             session: SessionId(1),
             commit: Some(commit),

@@ -4,6 +4,7 @@
 mod changes;
 mod client_keys;
 mod cluster;
+mod held;
 mod model;
 mod ops;
 mod owners;
@@ -215,10 +216,8 @@ pub(super) fn mkdir(ns: &Namespace, parent: InodeId, name: &str) -> Attr {
 /// Commits `size` bytes as written to regular file `ino` (a file with bytes has chunks
 /// to collect when it goes).
 pub(super) fn written(ns: &Namespace, ino: InodeId, size: u64) {
-    let commit = proto::meta::Commit {
-        size,
-        mtime: proto::Timestamp::now(),
-    };
+    let mut commit = proto::meta::Commit::length(size, proto::Timestamp::now());
+    commit.wrote = proto::runs::ChunkRuns::range(0, u64::MAX); // every chunk
     ns.commit(ino, commit).unwrap();
 }
 

@@ -191,10 +191,7 @@ fn unknown_inodes_are_not_found(kind: StoreKind) {
             fs::ListXattr { ino: ghost },
             fs::Commit {
                 ino: ghost,
-                commit: Commit {
-                    size: 1,
-                    mtime: Timestamp::now(),
-                },
+                commit: Commit::length(1, Timestamp::now()),
             },
             fs::Mkdir {
                 parent: ghost,
@@ -554,26 +551,18 @@ fn commit_keeps_the_largest_size(kind: StoreKind) {
         secs: 2_000_000_000,
         nanos: 0,
     };
-    let a = ns
-        .commit(
-            f.ino,
-            Commit {
-                size: 100,
-                mtime: t,
-            },
-        )
-        .unwrap();
+    let a = ns.commit(f.ino, Commit::length(100, t)).unwrap();
     assert_eq!((a.size, a.mtime), (100, t));
-    let b = ns.commit(f.ino, Commit { size: 50, mtime: t }).unwrap();
+    let b = ns.commit(f.ino, Commit::length(50, t)).unwrap();
     assert_eq!(b.size, 100, "a late, shorter commit never shrinks the file");
     assert_eq!(
-        code(ns.commit(ROOT, Commit { size: 1, mtime: t })),
+        code(ns.commit(ROOT, Commit::length(1, t))),
         ErrorCode::IsADirectory
     );
     let reply = ns.handle(
         fs::Commit {
             ino: f.ino,
-            commit: Commit { size: 7, mtime: t },
+            commit: Commit::length(7, t),
         },
         ConnId(3),
     );
@@ -604,10 +593,7 @@ fn setattr_applies_its_commit_first(kind: StoreKind) {
             mtime: mtime.map(TimeSet::At),
             ..SetAttr::default()
         },
-        commit: Some(Commit {
-            size: 4096,
-            mtime: written,
-        }),
+        commit: Some(Commit::length(4096, written)),
     };
     let a = ns.handle(req(f.ino, Some(set_to)), ConnId(3)).unwrap();
     assert_eq!((a.size, a.perm, a.mtime), (4096, 0o640, set_to));
@@ -722,14 +708,8 @@ fn restart_keeps_everything(kind: StoreKind) {
     let ns = h.ns();
     let d = mkdir(ns, ROOT, "dir");
     let f = touch(ns, d.ino, "file");
-    ns.commit(
-        f.ino,
-        Commit {
-            size: 12345,
-            mtime: Timestamp::now(),
-        },
-    )
-    .unwrap();
+    ns.commit(f.ino, Commit::length(12345, Timestamp::now()))
+        .unwrap();
     ns.link(f.ino, ROOT, b"hard").unwrap();
     ns.symlink(d.ino, b"sym", b"file", caller()).unwrap();
     ns.mknod(ROOT, b"fifo", FileKind::Fifo, 0o600, 0, caller())

@@ -156,10 +156,7 @@ fn truncation_and_commits_go_through_a_write_session(kind: StoreKind) {
     };
     let commit = || fs::Commit {
         ino: f,
-        commit: proto::meta::Commit {
-            size: 9,
-            mtime: proto::Timestamp::now(),
-        },
+        commit: proto::meta::Commit::length(9, proto::Timestamp::now()),
     };
     assert_eq!(as_user(ns, BOB, cut()), EACCES);
     assert_eq!(as_user(ns, BOB, commit()), EACCES);
@@ -323,10 +320,10 @@ fn sessions_and_locks_belong_to_their_connection(kind: StoreKind) {
     let s = ns.handle(open, at(ALICE, 2)).unwrap().session;
     let release = fs::Release {
         session: s,
-        commit: Some(proto::meta::Commit {
-            size: 1 << 40,
-            mtime: proto::Timestamp::now(),
-        }),
+        commit: Some(proto::meta::Commit::length(
+            1 << 40,
+            proto::Timestamp::now(),
+        )),
     };
     assert_eq!(as_user(ns, 0, release.clone()), Some(ErrorCode::Stale));
     let many = fs::ReleaseMany { sessions: vec![s] };

@@ -17,14 +17,8 @@ fn open_and_release(kind: StoreKind) {
     let h = H::with_nodes(kind, 2);
     let ns = h.ns();
     let f = touch(ns, ROOT, "f");
-    ns.commit(
-        f.ino,
-        Commit {
-            size: 10,
-            mtime: Timestamp::now(),
-        },
-    )
-    .unwrap();
+    ns.commit(f.ino, Commit::length(10, Timestamp::now()))
+        .unwrap();
     let a = ns.open_inode(f.ino, false, owner(1)).unwrap();
     let b = ns.open_inode(f.ino, false, owner(2)).unwrap();
     assert_ne!(a.session, b.session);
@@ -33,14 +27,8 @@ fn open_and_release(kind: StoreKind) {
         secs: 1_800_000_000,
         nanos: 1,
     };
-    ns.release(
-        a.session,
-        Some(Commit {
-            size: 4096,
-            mtime: t,
-        }),
-    )
-    .unwrap();
+    ns.release(a.session, Some(Commit::length(4096, t)))
+        .unwrap();
     let attr = ns.getattr(f.ino).unwrap();
     assert_eq!((attr.size, attr.mtime), (4096, t));
     assert_eq!(code(ns.release(a.session, None)), ErrorCode::Stale);
@@ -59,14 +47,8 @@ fn open_truncate_and_directories(kind: StoreKind) {
     let h = H::with_nodes(kind, 1);
     let ns = h.ns();
     let f = touch(ns, ROOT, "f");
-    ns.commit(
-        f.ino,
-        Commit {
-            size: 99,
-            mtime: Timestamp { secs: 5, nanos: 0 },
-        },
-    )
-    .unwrap();
+    ns.commit(f.ino, Commit::length(99, Timestamp { secs: 5, nanos: 0 }))
+        .unwrap();
     let o = ns.open_inode(f.ino, true, owner(1)).unwrap();
     assert_eq!(o.attr.size, 0);
     assert!(o.attr.mtime.secs > 5 && o.attr.ctime >= o.attr.mtime);
@@ -85,14 +67,8 @@ fn open_truncate_and_directories(kind: StoreKind) {
     // A directory removed while open: release still ends the session cleanly.
     let od = ns.open_inode(d.ino, false, owner(1)).unwrap();
     ns.rmdir(ROOT, b"d").unwrap();
-    ns.release(
-        od.session,
-        Some(Commit {
-            size: 1,
-            mtime: Timestamp::now(),
-        }),
-    )
-    .unwrap();
+    ns.release(od.session, Some(Commit::length(1, Timestamp::now())))
+        .unwrap();
 }
 
 fn unlink_while_open_keeps_inode_until_release(kind: StoreKind) {
@@ -115,14 +91,8 @@ fn unlink_while_open_keeps_inode_until_release(kind: StoreKind) {
         "chunks stay while the file is open"
     );
     // Writes and length commits still land on the orphan.
-    ns.commit(
-        o.attr.ino,
-        Commit {
-            size: 77,
-            mtime: Timestamp::now(),
-        },
-    )
-    .unwrap();
+    ns.commit(o.attr.ino, Commit::length(77, Timestamp::now()))
+        .unwrap();
     assert_eq!(
         code(ns.link(o.attr.ino, ROOT, b"back")),
         ErrorCode::NotFound
