@@ -505,9 +505,14 @@ fn apply_commit(txn: &mut Txn<'_>, ino: InodeId, c: &Commit) -> Result<InodeReco
     rec.mtime = c.mtime;
     rec.changed_at(now());
     txn.put_inode(ino, &rec)?;
+    let cs = rec
+        .layout
+        .as_ref()
+        .map_or(1, |l| u64::from(l.chunk_size_bytes));
+    let punched = held::punch_within(&c.punched, c.size, old_size, cs);
     let change = held::Change {
         wrote: Some(&c.wrote),
-        punched: Some(&c.punched),
+        punched: Some(&punched),
     };
     held::update(txn, ino, old_size, &rec, change)?;
     Ok(rec)
@@ -529,6 +534,9 @@ fn purge_closing(
 
 /// Marks the regular files among `inos` that still exist (`T` key): a client vanished
 /// with them open, and whatever it wrote past their length may be on the data servers.
+/// Their held-chunk sets go too (dense from then on): the vanished writer's chunks
+/// inside the length were never reported, and `st_blocks` must not count less than the
+/// data a reader finds.
 fn mark_tails<'i>(
     txn: &mut Txn<'_>,
     inos: impl Iterator<Item = &'i InodeId>,
@@ -539,6 +547,7 @@ fn mark_tails<'i>(
             .is_some_and(|r| r.kind == FileKind::Regular)
         {
             txn.put(keys::tail(ino), super::records::encode(&())?);
+            txn.delete(keys::held(ino));
         }
     }
     Ok(())

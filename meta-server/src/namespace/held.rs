@@ -8,7 +8,8 @@
 //! report the chunks they wrote and punched in their commits (`proto::meta::Commit`);
 //! length changes the server sees itself (truncation, `O_TRUNC`, `Append`) are applied
 //! here. Every change errs towards counting a chunk: a run bound merges runs, never
-//! drops one.
+//! drops one; a file a vanished writer had open counts dense (see `files::mark_tails`).
+//! README "Not yet" lists the ways known to count less.
 
 use super::keys;
 use super::records::{decode, encode, InodeRecord};
@@ -28,15 +29,24 @@ struct HeldRecord {
     runs: Vec<(u64, u64)>,
 }
 
-/// The chunks of `ino` that hold data, `None` for every chunk below its length.
+/// The chunks of `ino` that hold data, `None` for every chunk below its length. A key
+/// that does not decode counts as dense (logged; `tessera fsck` reports it): a stat or
+/// a listing must not fail for a count.
 pub(crate) fn read<R: Reads + ?Sized>(r: &R, ino: InodeId) -> Result<Option<ChunkRuns>, MetaError> {
     let Some(v) = r.raw(&keys::held(ino))? else {
         return Ok(None);
     };
-    let rec: HeldRecord = decode(&v, "held chunks")?;
-    ChunkRuns::try_from(rec.runs)
-        .map(Some)
-        .map_err(|e| MetaError::Corrupt(format!("held chunks of {ino}: {e}")))
+    let runs = decode::<HeldRecord>(&v, "held chunks").and_then(|rec| {
+        ChunkRuns::try_from(rec.runs)
+            .map_err(|e| MetaError::Corrupt(format!("held chunks of {ino}: {e}")))
+    });
+    match runs {
+        Ok(r) => Ok(Some(r)),
+        Err(e) => {
+            tracing::warn!(%ino, error = %e, "held chunks unreadable: counted as dense");
+            Ok(None)
+        }
+    }
 }
 
 /// The attributes of `ino` (record `rec`) with its blocks: a regular file's read from
@@ -64,6 +74,21 @@ pub(crate) struct Change<'a> {
     pub wrote: Option<&'a ChunkRuns>,
     /// Chunks punched whole: they hold none.
     pub punched: Option<&'a ChunkRuns>,
+}
+
+/// The chunks of `punched` a writer that knows the file as `seen` bytes long may take
+/// out, on a file `size` bytes long at the server: the chunks whole below `seen`, and
+/// the last one it knows in part only if nothing lies past `seen` (another mount may
+/// have grown the file and written there since this writer looked). A pure function.
+pub(crate) fn punch_within(punched: &ChunkRuns, seen: u64, size: u64, cs: u64) -> ChunkRuns {
+    let mut p = punched.clone();
+    let end = if size <= seen {
+        runs::chunks_of(seen, cs)
+    } else {
+        seen / cs.max(1)
+    };
+    p.clip(end);
+    p
 }
 
 /// The held set after a change of a file from `old_size` to `new_size` bytes (chunks of
@@ -121,6 +146,12 @@ pub(crate) fn update(
     let nothing = change.wrote.is_none_or(ChunkRuns::is_empty)
         && change.punched.is_none_or(ChunkRuns::is_empty);
     if nothing && old_size == rec.size {
+        return Ok(());
+    }
+    // A vanished writer's chunks (the file is marked) may hold data no commit named: the
+    // file stays dense until its next opener has cut what lies past the length.
+    if txn.raw(&keys::tail(ino))?.is_some() {
+        txn.delete(keys::held(ino));
         return Ok(());
     }
     let old = read(&*txn, ino)?;
@@ -181,6 +212,22 @@ mod tests {
 
     fn runs(r: &[(u64, u64)]) -> ChunkRuns {
         ChunkRuns::try_from(r.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn a_punch_takes_out_only_what_its_writer_saw() {
+        let to_end = runs(&[(1, 100)]);
+        // The file as the writer saw it: whole chunks 1 and 2, and chunk 3 in part.
+        assert_eq!(
+            punch_within(&to_end, 3 * CS + 5, 3 * CS + 5, CS),
+            runs(&[(1, 4)])
+        );
+        // Grown meanwhile by another mount: its part of chunk 3 may hold that data.
+        assert_eq!(
+            punch_within(&to_end, 3 * CS + 5, 8 * CS, CS),
+            runs(&[(1, 3)])
+        );
+        assert!(punch_within(&to_end, 0, 8 * CS, CS).is_empty());
     }
 
     #[test]

@@ -133,7 +133,34 @@ fn a_commit_over_the_run_bound_is_refused(kind: StoreKind) {
     assert_eq!(code(h.ns().commit(f.ino, c)), ErrorCode::InvalidArgument);
 }
 
+/// Guards against `st_blocks` counting less than the data a reader finds: a writer that
+/// vanished with the file open wrote chunks no commit named (after `truncate -s 1G`, a
+/// dead writer's chunk counted 0 blocks, and `tar --sparse` would skip its data).
+fn a_vanished_writer_leaves_the_file_counted_dense(kind: StoreKind) {
+    let h = H::with_nodes(kind, 1);
+    let ns = h.ns();
+    let cs = u64::from(h.config.chunk_size_bytes);
+    let f = touch(ns, ROOT, "f");
+    ns.setattr(f.ino, &cut(GIB)).unwrap();
+    assert_eq!(ns.getattr(f.ino).unwrap().blocks, 0, "all hole");
+    let owner = crate::namespace::SessionOwner {
+        client: proto::ClientId(3),
+        conn: crate::namespace::ConnId(7),
+        access: proto::meta::OpenAccess::ReadWrite,
+    };
+    ns.open_inode(f.ino, false, owner).unwrap();
+    // Its writes of chunk 100 reached the data servers; its commit never came.
+    ns.connection_closed(crate::namespace::ConnId(7));
+    assert!(h.has_key(&keys::tail(f.ino)), "a vanished writer's file");
+    assert!(!h.has_key(&keys::held(f.ino)), "its held set kept");
+    assert_eq!(ns.getattr(f.ino).unwrap().blocks, GIB / 512);
+    // Still dense after another writer's commit while the mark stays.
+    let c = commit(GIB, touched(0, cs, cs), ChunkRuns::default());
+    assert_eq!(ns.commit(f.ino, c).unwrap().blocks, GIB / 512);
+}
+
 engine_tests!(
+    a_vanished_writer_leaves_the_file_counted_dense,
     sparse_writes_punches_and_cuts_move_the_blocks,
     files_without_a_record_count_their_whole_length,
     a_commit_over_the_run_bound_is_refused,
