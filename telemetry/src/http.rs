@@ -51,6 +51,29 @@ impl MetricsServer {
         Ok(MetricsServer { addr, task })
     }
 
+    /// Starts the endpoint `config` asks for (`None` when it asks for none) and writes
+    /// its address to `config.addr_file`, if set.
+    pub async fn from_config(
+        config: &crate::MetricsConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<Option<MetricsServer>, TelemetryError> {
+        if !config.enabled() {
+            return Ok(None);
+        }
+        let server = MetricsServer::start(&config.listen, metrics).await?;
+        let path = &config.addr_file;
+        if !path.as_os_str().is_empty() {
+            let fail = |source| TelemetryError::AddrFile {
+                path: path.clone(),
+                source,
+            };
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, server.local_addr().to_string()).map_err(fail)?;
+            std::fs::rename(&tmp, path).map_err(fail)?;
+        }
+        Ok(Some(server))
+    }
+
     /// The address the endpoint is bound to.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr

@@ -33,6 +33,14 @@ pub enum TelemetryError {
         /// Why.
         source: std::io::Error,
     },
+    /// The address file could not be written.
+    #[error("writing the metrics address to {}: {source}", path.display())]
+    AddrFile {
+        /// The configured file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// A metric could not be made or registered (a name used twice, a bad name).
     #[error("metric: {0}")]
     Register(#[from] prometheus::Error),
@@ -62,6 +70,9 @@ pub struct MetricsConfig {
     /// free port). Empty: no endpoint. Nothing listens on other interfaces unless this
     /// names one.
     pub listen: String,
+    /// Where to write the endpoint's bound address once serving (for scripts and
+    /// `tessera up`, with port 0); empty: nowhere.
+    pub addr_file: std::path::PathBuf,
 }
 
 impl MetricsConfig {
@@ -208,6 +219,7 @@ mod tests {
         assert!(c.validate().is_ok());
         let bad = MetricsConfig {
             listen: "localhost".into(),
+            ..MetricsConfig::default()
         };
         assert!(bad.validate().unwrap_err().contains("metrics.listen"));
         assert!(toml::from_str::<MetricsConfig>("other = 1").is_err());
