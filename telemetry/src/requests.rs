@@ -87,6 +87,12 @@ pub struct RequestMetrics {
 }
 
 impl RequestMetrics {
+    /// Requests counted so far over every name (a sum over the label sets: for tools
+    /// and tests, not for a request's path).
+    pub fn total(&self) -> u64 {
+        self.by_name.values().map(|h| h.requests.get()).sum()
+    }
+
     /// Counts one request `name` that took `elapsed`; a name not in the table given at
     /// start is not counted (it cannot be: every name comes from that table).
     pub fn record(&self, name: &str, elapsed: Duration, failed: bool) {
