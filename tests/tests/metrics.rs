@@ -141,6 +141,7 @@ fn every_endpoint_serves_the_named_metrics_and_they_move_with_traffic() {
     );
     drop(held);
 
+    check_dashboard(&after);
     check_top(&top, &addrs);
     check_status_json(&cluster);
     mount.unmount();
@@ -340,6 +341,38 @@ fn check_top(out: &std::process::Output, addrs: &[String]) {
         .map(|e| e["total_ops_per_second"].as_f64().unwrap())
         .sum();
     assert!(data_ops > 0.0, "the data servers' load");
+}
+
+/// Guards against a panel of the Grafana dashboard naming a metric no process serves.
+fn check_dashboard(scrapes: &[Scrape]) {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../packaging/grafana/tessera-dashboard.json"
+    );
+    let v: serde_json::Value = serde_json::from_str(&fs::read_to_string(path).unwrap()).unwrap();
+    let mut named = 0;
+    for panel in v["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            let words = expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+            for w in words.filter(|w| w.starts_with("tessera_") || w.starts_with("process_")) {
+                let family = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| {
+                        w.strip_suffix(s)
+                            .filter(|f| scrapes.iter().any(|x| x.kind(f) == Some("histogram")))
+                    })
+                    .unwrap_or(w);
+                assert!(
+                    scrapes.iter().any(|s| s.kind(family).is_some()),
+                    "{} names {w}",
+                    panel["title"]
+                );
+                named += 1;
+            }
+        }
+    }
+    assert!(named >= 20, "the dashboard names {named} metrics");
 }
 
 fn check_status_json(cluster: &ProcessCluster) {
