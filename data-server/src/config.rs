@@ -57,6 +57,8 @@ pub struct DataConfig {
     /// How long past its expiry a client's grant is still taken: the most this server's
     /// clock may run ahead of the metadata server's.
     pub grant_clock_skew_ms: u64,
+    /// The Prometheus endpoint (off unless `metrics.listen` is set).
+    pub metrics: telemetry::MetricsConfig,
 }
 
 impl Default for DataConfig {
@@ -78,6 +80,7 @@ impl Default for DataConfig {
             key_file: PathBuf::new(),
             insecure: false,
             grant_clock_skew_ms: proto::grant::CLOCK_SKEW_MS,
+            metrics: telemetry::MetricsConfig::default(),
         }
     }
 }
@@ -86,6 +89,7 @@ impl DataConfig {
     /// Checks the values; the error names the field.
     pub fn validate(&self) -> Result<(), String> {
         self.transport_limits.validate()?;
+        self.metrics.validate()?;
         if self.listen.is_empty() || self.meta_addr.is_empty() {
             return Err("listen and meta_addr must be addresses (host:port)".into());
         }

@@ -232,6 +232,9 @@ pub enum StartError {
     /// The I/O buffers could not be allocated or registered with the transport.
     #[error("registering the I/O buffers")]
     Buffers(#[source] TransportError),
+    /// The metrics endpoint could not be started.
+    #[error("starting the metrics endpoint")]
+    Metrics(#[source] telemetry::TelemetryError),
     /// The listener could not be bound.
     #[error("listening on {addr}")]
     Listen {

@@ -10,6 +10,7 @@ pub mod cluster_view;
 pub mod config;
 pub mod error;
 pub mod keys;
+pub mod metrics;
 pub mod server;
 pub mod service;
 pub mod store;

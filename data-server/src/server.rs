@@ -5,6 +5,7 @@ use crate::cluster_view::{ClusterView, MetaContact};
 use crate::config::DataConfig;
 use crate::error::{DataError, StartError};
 use crate::keys::DataVerifier;
+use crate::metrics::DataMetrics;
 use crate::service::{DataService, GrantCheck, Pools, Resync};
 use crate::store::ChunkStore;
 use parking_lot::Mutex;
@@ -15,6 +16,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use telemetry::MetricsServer;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -64,6 +66,8 @@ pub struct DataServer {
     resync: JoinHandle<()>,
     store: Arc<ChunkStore>,
     service: DataService,
+    /// The Prometheus endpoint, when configured.
+    metrics: Option<MetricsServer>,
 }
 
 impl DataServer {
@@ -104,6 +108,8 @@ impl DataServer {
         let service = DataService::new(store.clone(), pools, max_msg, view.clone(), grants);
         let interval = Duration::from_millis(config.heartbeat_ms);
         let resync_task = service.resync(interval);
+        let metrics = Arc::new(DataMetrics::new().map_err(StartError::Metrics)?);
+        service.count_in(metrics.clone());
         let listener = ep
             .listen(&config.listen, Arc::new(service.clone()))
             .await
@@ -112,6 +118,9 @@ impl DataServer {
                 source,
             })?;
         let listener = Arc::new(listener);
+        let transport = ep.backend().name();
+        let metrics = metrics.serve(&config.metrics, &store, &listener, transport);
+        let metrics = metrics.await?;
         let revocations = verifier.map(|v| v.watch(Arc::downgrade(&listener)));
         let advertise = match config.advertise.as_str() {
             "" => listener.local_addr().to_string(),
@@ -138,7 +147,13 @@ impl DataServer {
             resync,
             store,
             service,
+            metrics,
         })
+    }
+
+    /// The address of the metrics endpoint, when one serves.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(MetricsServer::local_addr)
     }
 
     /// Chunk requests refused for their grant so far, per reason (empty without keys).

@@ -7,6 +7,7 @@ use crate::config::{AtimeMode, ClientConfig};
 use crate::error::{ClientError, Result};
 use crate::file::datapath::{DataPath, GrantFetch, MapFetch, MapSource, Pools};
 use crate::file::FileState;
+use crate::metrics::ClientMetrics;
 use crate::rpc::{self, MetaCall, Replied, RpcCounts, RpcEndpoint, Seen};
 use crate::segpool::SegPool;
 
@@ -138,13 +139,16 @@ impl Client {
             config.transport_limits.clone(),
             PROTOCOL_VERSION,
         )?;
-        let ep = Arc::new(RpcEndpoint::new(with_key(ep, &config)?));
+        let metrics = ClientMetrics::new().map_err(|e| ClientError::Config(e.to_string()))?;
+        let ep = Arc::new(RpcEndpoint::new(with_key(ep, &config)?, metrics));
         let seg = config.segment_bytes;
         let pools = Pools {
             io: BufferPool::new(&ep, config.io_buffers, config.io_buffer_bytes)?,
             read: SegPool::new((**ep).clone(), seg, config.readahead_mount_bytes),
             write: SegPool::new((**ep).clone(), seg, config.write_buffer_mount_bytes),
         };
+        let watched = ep.metrics().watch_pools(&pools.read, &pools.write);
+        watched.map_err(|e| ClientError::Config(e.to_string()))?;
         let failover = Duration::from_millis(config.failover_timeout_ms);
         let meta = Link::new(config.meta_addr.clone());
         let dir_ttl = Duration::from_millis(config.attr_ttl_ms);
@@ -220,6 +224,11 @@ impl Client {
     /// that `tests/tests/round_trips.rs` bounds).
     pub fn rpc_counts(&self) -> RpcCounts {
         self.ep.counts()
+    }
+
+    /// This client's metrics (a mount serves them on `[metrics] listen`).
+    pub fn metrics(&self) -> &ClientMetrics {
+        self.ep.metrics()
     }
 
     /// Sends `req`, waiting up to `meta_wait_ms` for a server that is away.

@@ -97,6 +97,9 @@ pub struct ClientConfig {
     /// The mount's source as `/proc/mounts` and `df` show it (`mount -a` compares it
     /// with fstab's to know what is mounted already).
     pub fsname: String,
+    /// The mount's Prometheus endpoint (off unless `metrics.listen` is set; a library
+    /// user serves `Client::metrics` itself).
+    pub metrics: telemetry::MetricsConfig,
 }
 
 /// The mount's access-time option (see [`ClientConfig::atime`]).
@@ -144,6 +147,7 @@ impl Default for ClientConfig {
             read_only: false,
             exec: true,
             fsname: "tessera".into(),
+            metrics: telemetry::MetricsConfig::default(),
         }
     }
 }
@@ -152,6 +156,7 @@ impl ClientConfig {
     /// Checks the values; the error names the field.
     pub fn validate(&self) -> Result<(), String> {
         self.transport_limits.validate()?;
+        self.metrics.validate()?;
         if self.meta_addr.is_empty() {
             return Err("meta_addr must name the metadata server".into());
         }

@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 mod file;
 pub mod fuse;
+pub mod metrics;
 mod rpc;
 mod segpool;
 

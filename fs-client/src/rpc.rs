@@ -1,6 +1,7 @@
 //! Calls to the metadata server and the data servers: encoding, decoding, reconnecting.
 
 use crate::error::{ClientError, Result};
+use crate::metrics::ClientMetrics;
 use parking_lot::Mutex;
 use proto::data::DataRequest;
 use proto::meta::cluster::FilesPage;
@@ -9,7 +10,7 @@ use proto::meta::{ClusterMap, ClusterStatus, DirChange, LockSpec, MetaRequest, N
 use proto::{Attr, ClientId, NodeId, Request, Rpc, SessionId};
 use std::collections::HashMap;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 use transport::{Connection, Endpoint, Link, TransportError};
 
 /// Round trips sent by one client so far, by server kind: what the regression guard in
@@ -42,13 +43,11 @@ impl std::ops::Sub for RpcCounts {
     }
 }
 
-/// A client's endpoint with counters of the calls sent through it. Relaxed atomic
-/// increments: one uncontended add per round trip, cheap beside the round trip itself.
+/// A client's endpoint with the metrics of the calls sent through it (atomic adds: no
+/// lock, cheap beside the round trip itself).
 pub struct RpcEndpoint {
     ep: Endpoint,
-    meta_calls: AtomicU64,
-    data_calls: AtomicU64,
-    retries: AtomicU64,
+    metrics: ClientMetrics,
     /// The directory a mount of a subdirectory shows as its root (`subdir`), set once
     /// at connect: see [`meta_call`].
     root: std::sync::OnceLock<proto::InodeId>,
@@ -56,12 +55,10 @@ pub struct RpcEndpoint {
 
 impl RpcEndpoint {
     /// Wraps `ep` with counters at zero.
-    pub fn new(ep: Endpoint) -> RpcEndpoint {
+    pub fn new(ep: Endpoint, metrics: ClientMetrics) -> RpcEndpoint {
         RpcEndpoint {
             ep,
-            meta_calls: AtomicU64::new(0),
-            data_calls: AtomicU64::new(0),
-            retries: AtomicU64::new(0),
+            metrics,
             root: std::sync::OnceLock::new(),
         }
     }
@@ -77,18 +74,23 @@ impl RpcEndpoint {
         let _ = self.root.set(dir);
     }
 
-    /// The calls sent so far.
+    /// The calls sent so far (each counted once answered, or once it failed).
     pub fn counts(&self) -> RpcCounts {
         RpcCounts {
-            meta_calls: self.meta_calls.load(Ordering::Relaxed),
-            data_calls: self.data_calls.load(Ordering::Relaxed),
-            retries: self.retries.load(Ordering::Relaxed),
+            meta_calls: self.metrics.meta_calls(),
+            data_calls: self.metrics.data_calls(),
+            retries: self.metrics.retries.get(),
         }
+    }
+
+    /// The metrics of this client.
+    pub fn metrics(&self) -> &ClientMetrics {
+        &self.metrics
     }
 
     /// Records that a failed request is about to be tried again.
     pub(crate) fn count_retry(&self) {
-        self.retries.fetch_add(1, Ordering::Relaxed);
+        self.metrics.retries.inc();
     }
 }
 
@@ -109,14 +111,16 @@ pub async fn meta_call<R: Rpc<Envelope = MetaRequest>>(
     req: &Request<R>,
 ) -> Result<R::Reply> {
     let conn = link.get(ep).await?;
-    ep.meta_calls.fetch_add(1, Ordering::Relaxed);
     let limit = ep.config().max_msg_bytes;
+    let started = Instant::now();
     // Mapped here, below the caches, so that they all see the root as the FUSE layer
     // names it, as for a client whose key is scoped to a directory.
-    match ep.root.get().and_then(|&dir| req.rooted_at(dir)) {
+    let r = match ep.root.get().and_then(|&dir| req.rooted_at(dir)) {
         Some(rooted) => transport::rpc::call(&conn, &rooted, limit).await,
         None => transport::rpc::call(&conn, req, limit).await,
-    }
+    };
+    ep.metrics.meta_call(R::NAME, started.elapsed(), r.is_err());
+    r
 }
 
 /// Whether `e`, the failure of request `R`, says the metadata server is away (not
@@ -148,9 +152,12 @@ pub async fn data_call<R: Rpc<Envelope = DataRequest>>(
     conn: &Connection,
     req: R,
 ) -> Result<R::Reply> {
-    ep.data_calls.fetch_add(1, Ordering::Relaxed);
     let limit = ep.config().max_msg_bytes;
-    transport::rpc::call(conn, &Request::new(req), limit).await
+    let (req, started) = (Request::new(req), Instant::now());
+    let r = transport::rpc::call(conn, &req, limit).await;
+    ep.metrics
+        .data_call(req.envelope(), started.elapsed(), r.is_err());
+    r
 }
 
 /// A metadata request whose reply the caches can look at: every request sent through

@@ -19,6 +19,8 @@ pub(crate) struct SegPool {
     free: Mutex<Vec<MemoryRegion>>,
     /// One permit per buffer that may be out at once.
     permits: Arc<Semaphore>,
+    /// How many permits there are.
+    count: usize,
 }
 
 /// A buffer taken from a [`SegPool`]; it goes back when dropped.
@@ -38,7 +40,14 @@ impl SegPool {
             seg_bytes,
             free: Mutex::new(Vec::new()),
             permits: Arc::new(Semaphore::new(count)),
+            count,
         })
+    }
+
+    /// Bytes of the buffers out now (for the metrics).
+    pub(crate) fn in_use_bytes(&self) -> u64 {
+        let out = self.count.saturating_sub(self.permits.available_permits());
+        (out * self.seg_bytes) as u64
     }
 
     /// Size of each buffer, in bytes.

@@ -165,6 +165,9 @@ pub enum StartError {
         #[source]
         source: TransportError,
     },
+    /// The metrics endpoint could not be started.
+    #[error("starting the metrics endpoint")]
+    Metrics(#[source] telemetry::TelemetryError),
 }
 
 /// A name for an error message: lossy UTF-8, cut short so a 10 KB name stays readable.

@@ -16,6 +16,7 @@ pub mod grants;
 pub mod keys;
 pub mod kv;
 pub(crate) mod membership;
+pub(crate) mod metrics;
 pub mod namespace;
 pub mod server;
 

@@ -47,6 +47,12 @@ struct Args {
     /// Serve without authentication even on a non-loopback address (warned about).
     #[arg(long)]
     insecure: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (host:port); `metrics.listen`.
+    #[arg(long)]
+    metrics_listen: Option<String>,
+    /// Write the metrics endpoint's bound address here; `metrics.addr_file`.
+    #[arg(long)]
+    metrics_addr_file: Option<PathBuf>,
 }
 
 fn load(args: &Args) -> anyhow::Result<MetaConfig> {
@@ -91,6 +97,12 @@ fn load(args: &Args) -> anyhow::Result<MetaConfig> {
         c.admin_key_file = v.clone();
     }
     c.insecure |= args.insecure;
+    if let Some(v) = &args.metrics_listen {
+        c.metrics.listen = v.clone();
+    }
+    if let Some(v) = &args.metrics_addr_file {
+        c.metrics.addr_file = v.clone();
+    }
     // Resolve `auto` and check `rdma` now, so a host without RDMA gets one clear
     // sentence before anything starts.
     c.transport = c.transport.resolve_for_process(&c.transport_limits)?;

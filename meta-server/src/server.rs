@@ -8,6 +8,7 @@ use crate::gate::{self, Gate};
 use crate::grants::{self, Granter};
 use crate::keys::{self, Keys};
 use crate::kv::{open_engine, EtcdConfig, StoreKind};
+use crate::metrics::{self, MetaMetrics};
 use crate::namespace::scope::Scope;
 use crate::namespace::{ConnId, Handle, Namespace, Origin};
 use crate::MetaError;
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use telemetry::{MetricsConfig, MetricsServer};
 use tracing::{info, warn};
 use transport::{
     Backend, Closed, Connection, Endpoint, Handler, HandlerFuture, Listener, TransportConfig,
@@ -55,6 +57,8 @@ pub struct MetaConfig {
     /// How long a grant handed out with a file's layout lasts (clients renew it at half
     /// its lifetime).
     pub grant_lifetime_ms: u64,
+    /// The Prometheus endpoint (off unless `metrics.listen` is set).
+    pub metrics: MetricsConfig,
 }
 
 impl Default for MetaConfig {
@@ -72,6 +76,7 @@ impl Default for MetaConfig {
             admin_key_file: PathBuf::new(),
             insecure: false,
             grant_lifetime_ms: grants::DEFAULT_GRANT_LIFETIME_MS,
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -80,6 +85,7 @@ impl MetaConfig {
     /// Checks the values; the error names the field.
     pub fn validate(&self) -> Result<(), String> {
         self.transport_limits.validate()?;
+        self.metrics.validate()?;
         self.namespace.validate().map_err(|e| e.to_string())?;
         if self.listen.is_empty() {
             return Err("listen must be an address (host:port)".into());
@@ -114,12 +120,13 @@ struct MetaService {
     keys: Option<Arc<Keys>>,
     /// The capabilities of client keys, applied before a call is served.
     gate: Arc<Gate>,
+    metrics: Arc<MetaMetrics>,
 }
 
 impl Handler for MetaService {
     fn handle(&self, conn: Connection, request: Bytes) -> HandlerFuture {
         let (ns, limit) = (self.ns.clone(), self.max_msg_bytes);
-        let (keys, gate) = (self.keys.clone(), self.gate.clone());
+        let (keys, gate, metrics) = (self.keys.clone(), self.gate.clone(), self.metrics.clone());
         Box::pin(async move {
             let req = match codec::decode::<MetaRequest>(&request) {
                 Ok(req) => req,
@@ -128,42 +135,11 @@ impl Handler for MetaService {
                     return refuse(WireError::from(e), limit);
                 }
             };
-            let who = conn.peer_identity();
-            let allowed = match &req {
-                MetaRequest::Admin(r) => gate::admin_call(who.as_deref(), r),
-                MetaRequest::Cluster(r) => gate::cluster_call(who.as_deref(), r),
-                MetaRequest::Fs(_) => Ok(()),
-            };
-            if let Err(e) = allowed {
-                return refuse(e, limit);
-            }
-            match req {
-                MetaRequest::Admin(A::KeyCreate(r)) => key_call(ns, keys, &conn, limit, r).await,
-                MetaRequest::Admin(A::KeyList(r)) => key_call(ns, keys, &conn, limit, r).await,
-                MetaRequest::Admin(A::KeyRevoke(r)) => key_call(ns, keys, &conn, limit, r).await,
-                MetaRequest::Cluster(C::Revocations(r)) => {
-                    let answer = match &keys {
-                        Some(k) if keys::is_server(who.as_deref()) => {
-                            let (ns, k) = (ns.clone(), k.clone());
-                            tokio::task::spawn_blocking(move || k.revocations(&ns, &r))
-                                .await
-                                .unwrap_or_else(|e| {
-                                    Err(WireError::new(ErrorCode::Io, format!("failed: {e}")))
-                                })
-                        }
-                        _ => Err(keys::not_permitted("the revocation list")),
-                    };
-                    Bytes::from(rpc::answer(&answer, limit))
-                }
-                MetaRequest::Fs(call) => match admit(&ns, &gate, who.clone(), call).await {
-                    Ok((call, scope)) => {
-                        let (req, conn_id) = (MetaRequest::Fs(call), ConnId(conn.id().0));
-                        Bytes::from(route(ns, req, conn_id, who, limit, scope).await)
-                    }
-                    Err(e) => refuse(e, limit),
-                },
-                req => Bytes::from(route(ns, req, ConnId(conn.id().0), who, limit, None).await),
-            }
+            let (name, started) = (req.name(), std::time::Instant::now());
+            let answer = dispatch(ns, keys, gate, conn, req, limit).await;
+            let failed = rpc::is_error(&answer);
+            metrics.requests.record(name, started.elapsed(), failed);
+            answer
         })
     }
 
@@ -180,6 +156,53 @@ impl Handler for MetaService {
             Ok(rt) => drop(rt.spawn_blocking(end)),
             Err(_) => end(),
         }
+    }
+}
+
+/// Applies the gate, then serves `req`: the answer's bytes.
+async fn dispatch(
+    ns: Arc<Namespace>,
+    keys: Option<Arc<Keys>>,
+    gate: Arc<Gate>,
+    conn: Connection,
+    req: MetaRequest,
+    limit: usize,
+) -> Bytes {
+    let who = conn.peer_identity();
+    let allowed = match &req {
+        MetaRequest::Admin(r) => gate::admin_call(who.as_deref(), r),
+        MetaRequest::Cluster(r) => gate::cluster_call(who.as_deref(), r),
+        MetaRequest::Fs(_) => Ok(()),
+    };
+    if let Err(e) = allowed {
+        return refuse(e, limit);
+    }
+    match req {
+        MetaRequest::Admin(A::KeyCreate(r)) => key_call(ns, keys, &conn, limit, r).await,
+        MetaRequest::Admin(A::KeyList(r)) => key_call(ns, keys, &conn, limit, r).await,
+        MetaRequest::Admin(A::KeyRevoke(r)) => key_call(ns, keys, &conn, limit, r).await,
+        MetaRequest::Cluster(C::Revocations(r)) => {
+            let answer = match &keys {
+                Some(k) if keys::is_server(who.as_deref()) => {
+                    let (ns, k) = (ns.clone(), k.clone());
+                    tokio::task::spawn_blocking(move || k.revocations(&ns, &r))
+                        .await
+                        .unwrap_or_else(|e| {
+                            Err(WireError::new(ErrorCode::Io, format!("failed: {e}")))
+                        })
+                }
+                _ => Err(keys::not_permitted("the revocation list")),
+            };
+            Bytes::from(rpc::answer(&answer, limit))
+        }
+        MetaRequest::Fs(call) => match admit(&ns, &gate, who.clone(), call).await {
+            Ok((call, scope)) => {
+                let (req, conn_id) = (MetaRequest::Fs(call), ConnId(conn.id().0));
+                Bytes::from(route(ns, req, conn_id, who, limit, scope).await)
+            }
+            Err(e) => refuse(e, limit),
+        },
+        req => Bytes::from(route(ns, req, ConnId(conn.id().0), who, limit, None).await),
     }
 }
 
@@ -493,6 +516,8 @@ pub struct MetaServer {
     gate: Arc<Gate>,
     /// Ends the sessions of broken connections nobody resumed; stopped on drop.
     expiry: tokio::task::JoinHandle<()>,
+    /// The Prometheus endpoint, when configured.
+    metrics: Option<MetricsServer>,
 }
 
 impl Drop for MetaServer {
@@ -596,6 +621,7 @@ impl MetaServer {
                   reaches this address can read and change every file");
         }
         let gate = Arc::new(Gate::default());
+        let meta_metrics = Arc::new(MetaMetrics::new(&ns)?);
         if let Some(k) = &keys {
             ns.set_granter(Arc::new(Granter::new(config.grant_lifetime_ms, k.table())));
         }
@@ -604,6 +630,7 @@ impl MetaServer {
             max_msg_bytes: limits.max_msg_bytes,
             keys: keys.clone(),
             gate: gate.clone(),
+            metrics: meta_metrics.clone(),
         };
         let listener = ep
             .listen(&config.listen, Arc::new(service))
@@ -618,7 +645,10 @@ impl MetaServer {
         }
         info!(addr = %listener.local_addr(), store = kind.name(), "metadata server started");
         let expiry = spawn_expiry(&ns);
+        let transport = ep.backend().name();
+        let metrics = metrics::serve(&config.metrics, &meta_metrics, &ns, &listener, transport);
         Ok(MetaServer {
+            metrics: metrics.await?,
             listener,
             ns,
             gate,
@@ -629,6 +659,11 @@ impl MetaServer {
     /// The address the listener is bound to.
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr()
+    }
+
+    /// The address of the metrics endpoint, when one serves.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(MetricsServer::local_addr)
     }
 
     /// The namespace (for tests and tools).

@@ -117,6 +117,12 @@ pub fn answer<T: Serialize>(result: &Result<T, WireError>, limit_bytes: usize) -
     }
 }
 
+/// Whether `answer`, as [`answer`] encoded it, is an error: postcard writes a
+/// `Result`'s variant tag first, 1 for `Err` (for the servers' error counts).
+pub fn is_error(answer: &[u8]) -> bool {
+    answer.first() == Some(&1)
+}
+
 /// Declares one subsystem's request enum from a table of request types: the enum (one
 /// tuple variant per request), `From` each request into it, and each request's [`Rpc`]
 /// impl (reply type, name, idempotence, envelope).
@@ -200,6 +206,8 @@ mod tests {
         let req = Request::new(Readlink { ino: InodeId(3) });
         let big: RpcResult<Readlink> = Ok(vec![7; 64]);
         let bytes = answer(&big, 4);
+        assert!(is_error(&bytes));
+        assert!(!is_error(&answer(&RpcResult::<Readlink>::Ok(vec![1]), 64)));
         let back = req.decode_reply(&bytes).unwrap();
         assert_eq!(back.unwrap_err().code, ErrorCode::TooBig);
         // The envelope is what travels.

@@ -134,6 +134,17 @@ fn read_addr(file: &Path) -> Option<String> {
         .map(|s| s.trim().into())
 }
 
+/// The flags that make a server serve metrics on a free loopback port, recorded in
+/// `<dir>/<name>.metrics`.
+fn metrics_args(dir: &Path, name: &str) -> [String; 4] {
+    [
+        "--metrics-listen".into(),
+        "127.0.0.1:0".into(),
+        "--metrics-addr-file".into(),
+        path_text(&dir.join(format!("{name}.metrics"))),
+    ]
+}
+
 /// How a [`ProcessCluster`] is set up.
 #[derive(Clone, Debug)]
 pub struct ClusterOptions {
@@ -161,6 +172,9 @@ pub struct ClusterOptions {
     /// Run without keys; by default the servers, mounts and `tessera` commands
     /// authenticate with keys made in the cluster's directory (`keys/`).
     pub insecure: bool,
+    /// Serve every server's Prometheus metrics on a free loopback port, recorded in
+    /// `<dir>/<name>.metrics` (see [`ProcessCluster::metrics_addr`]).
+    pub metrics: bool,
 }
 
 impl Default for ClusterOptions {
@@ -176,6 +190,7 @@ impl Default for ClusterOptions {
             transport: None,
             bin_dir: None,
             insecure: false,
+            metrics: false,
         }
     }
 }
@@ -263,6 +278,9 @@ impl ProcessCluster {
         .map(String::from)
         .to_vec();
         args.extend(transport_args(&opts.transport));
+        if opts.metrics {
+            args.extend(metrics_args(d, "meta"));
+        }
         if !opts.insecure {
             let keys = d.join("keys");
             args.extend(["--key-file".into(), path_text(&keys.join(CLUSTER_KEY))]);
@@ -296,6 +314,9 @@ impl ProcessCluster {
             (16u64 << 30).to_string(),
         ];
         owned.extend(transport_args(&self.opts.transport));
+        if self.opts.metrics {
+            owned.extend(metrics_args(d, &format!("data-{i}")));
+        }
         if !self.opts.insecure {
             owned.extend(["--key-file".into(), path_text(&self.key_file(CLUSTER_KEY))]);
         }
@@ -415,6 +436,13 @@ impl ProcessCluster {
     /// The cluster's scratch directory (logs, server state).
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The address of the metrics endpoint of `name` (`meta`, `data-0`, ..., or a mount
+    /// whose configuration named `<dir>/<name>.metrics` as `metrics.addr_file`), once
+    /// the process wrote it.
+    pub fn metrics_addr(&self, name: &str) -> Option<String> {
+        read_addr(&self.dir.path().join(format!("{name}.metrics")))
     }
 
     /// Mounts the cluster at `<dir>/<name>` with a new `tessera mount` process.

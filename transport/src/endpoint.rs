@@ -209,6 +209,28 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
+/// A listener's live connections by the role their peer proved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerCounts {
+    /// Servers of the cluster (data servers).
+    pub servers: usize,
+    /// Clients (mounts and tools).
+    pub clients: usize,
+    /// Peers that proved no key: in their handshake, or on a listener without keys.
+    pub unauthenticated: usize,
+}
+
+impl PeerCounts {
+    /// `(peer kind, count)` pairs, for a metric's `peer` label.
+    pub fn by_kind(&self) -> [(&'static str, usize); 3] {
+        [
+            ("server", self.servers),
+            ("client", self.clients),
+            ("unauthenticated", self.unauthenticated),
+        ]
+    }
+}
+
 /// The connections a listener accepted, so it can bound and close them. Connections
 /// still in their handshake count against `max_connections` like the others, and
 /// against `max_unauthenticated_connections` besides.
@@ -232,6 +254,14 @@ impl ConnSet {
         let set = ConnSet::default();
         set.0.lock().handshake_timeout_ms = ep.verifies().then(|| ep.handshake_timeout_ms());
         set
+    }
+
+    /// The live connections, each as the identity its peer proved (`None`: still in
+    /// its handshake, or no keys on this listener).
+    pub(crate) fn peers(&self) -> Vec<Option<Arc<PeerIdentity>>> {
+        let inner = self.0.lock();
+        let live = inner.conns.values().filter_map(Weak::upgrade);
+        live.map(|c| c.identity().cloned()).collect()
     }
 
     /// Closes the connections whose peer proved a key of `name` (with `key_id`: that key
@@ -390,6 +420,20 @@ impl Listener {
     /// The address it listens on (with the port chosen for port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The live accepted connections, counted by the role their peer proved: for the
+    /// servers' metrics.
+    pub fn peer_counts(&self) -> PeerCounts {
+        let mut n = PeerCounts::default();
+        for who in self.conns.peers() {
+            match who.as_deref().map(|w| &w.role) {
+                Some(crate::Role::Server) => n.servers += 1,
+                Some(crate::Role::Client(_)) => n.clients += 1,
+                None => n.unauthenticated += 1,
+            }
+        }
+        n
     }
 
     /// Closes every connection whose peer authenticated as `name`, whichever key of it

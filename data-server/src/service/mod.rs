@@ -19,6 +19,7 @@ pub use resync::Resync;
 
 use crate::cluster_view::ClusterView;
 use crate::error::DataError;
+use crate::metrics::{DataMetrics, Payload};
 use crate::store::{ChunkStore, ReplicaFields};
 use bytes::Bytes;
 use chain::{ChainWrite, Source};
@@ -61,6 +62,8 @@ struct Inner {
     stale_found: Arc<Notify>,
     /// Checks of grants and roles; `None` on a server without keys, which serves all.
     grants: Option<GrantCheck>,
+    /// Requests and bytes counted for the metrics; unset: not counted (unit tests).
+    metrics: std::sync::OnceLock<Arc<DataMetrics>>,
     #[cfg(test)]
     pauses: pause::Pauses,
 }
@@ -96,6 +99,7 @@ impl DataService {
                 locks: ChunkLocks::default(),
                 stale_found: Arc::new(Notify::new()),
                 grants,
+                metrics: std::sync::OnceLock::new(),
                 #[cfg(test)]
                 pauses: pause::Pauses::default(),
             }),
@@ -105,6 +109,11 @@ impl DataService {
     /// The background task that brings this server's copies up to date.
     pub fn resync(&self, interval: std::time::Duration) -> Resync {
         Resync::new(self.inner.clone(), interval)
+    }
+
+    /// Counts every request from now on in `metrics` (a second call is ignored).
+    pub fn count_in(&self, metrics: Arc<DataMetrics>) {
+        let _ = self.inner.metrics.set(metrics);
     }
 
     /// Grant refusals so far, per reason (empty on a server without keys).
@@ -124,7 +133,13 @@ impl Handler for DataService {
             match codec::decode::<DataRequest>(&request) {
                 Ok(req) => {
                     let span = tracing::debug_span!("data", op = req.name(), peer = conn.peer());
-                    Bytes::from(inner.route(&conn, req, limit).instrument(span).await)
+                    let (name, moved) = (req.name(), Payload::of(&req));
+                    let started = std::time::Instant::now();
+                    let answer = inner.route(&conn, req, limit).instrument(span).await;
+                    if let Some(m) = inner.metrics.get() {
+                        m.record(name, moved, started.elapsed(), &answer);
+                    }
+                    Bytes::from(answer)
                 }
                 Err(e) => {
                     warn!(peer = conn.peer(), error = %e, "undecodable request");

@@ -2,10 +2,12 @@
 //! only parses and reports; the work is here, where the library's types are.
 
 use super::local_cluster::{self, UpOptions};
+use super::top::MIN_INTERVAL_MS;
 use crate::{Client, ClientConfig};
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
+use telemetry::MetricsServer;
 
 /// Data servers `tessera up` starts at most.
 const MAX_UP_DATA_SERVERS: usize = 64;
@@ -50,6 +52,13 @@ pub enum Cmd {
         /// file's.
         #[arg(long)]
         client_name: Option<String>,
+        /// Serve the mount's Prometheus metrics at http://ADDR/metrics (host:port);
+        /// `metrics.listen`.
+        #[arg(long)]
+        metrics_listen: Option<String>,
+        /// Write the metrics endpoint's bound address here; `metrics.addr_file`.
+        #[arg(long)]
+        metrics_addr_file: Option<PathBuf>,
     },
     /// Show the RDMA devices, ports, link layers and GIDs of this host, and the
     /// transport that `auto` would pick.
@@ -95,6 +104,30 @@ pub enum Cmd {
         /// Seconds `--watch` waits at most.
         #[arg(long, default_value_t = 3600)]
         timeout: u64,
+        /// Print the status once as JSON (the map, chains, replication and resyncs).
+        #[arg(long, conflicts_with = "watch")]
+        json: bool,
+    },
+    /// Watch mounts and servers live from their metrics endpoints: requests per second
+    /// by type, bytes per second, latency percentiles, CPU and memory of each.
+    Top {
+        /// Mount point of a cluster started by `tessera up`: every member's endpoint.
+        mountpoint: Option<PathBuf>,
+        /// State directory of a cluster started by `tessera up`.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// A metrics endpoint to watch (host:port of `metrics.listen`); repeatable.
+        #[arg(long = "endpoint")]
+        endpoints: Vec<String>,
+        /// Show one interval, then exit.
+        #[arg(long)]
+        once: bool,
+        /// Print each interval as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Milliseconds between refreshes.
+        #[arg(long, default_value_t = 1000)]
+        interval_ms: u64,
     },
     /// Check the namespace and every chunk copy (present, checksums valid, same version
     /// on every replica); exits 1 if anything is wrong.
@@ -259,10 +292,17 @@ pub fn mount(
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    let meta = config.meta_addr.clone();
+    let (meta, metrics) = (config.meta_addr.clone(), config.metrics.clone());
     let client = rt
         .block_on(Client::connect(config))
         .with_context(|| format!("connecting to the metadata server at {meta}"))?;
+    // Serves until the mount ends (dropped on return).
+    let _endpoint = rt
+        .block_on(MetricsServer::from_config(
+            &metrics,
+            client.metrics().registry().clone(),
+        ))
+        .context("starting the metrics endpoint")?;
     let ready = || {
         notify_ready();
         mounted();
@@ -340,11 +380,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             options,
             key_file,
             client_name,
+            metrics_listen,
+            metrics_addr_file,
         } => {
             local_cluster::check_mountpoint(&mountpoint, nonempty)?;
             let mut c = client_config(&config, &meta, &transport)?;
             c.key_file = key_file.unwrap_or(c.key_file);
             c.client_name = client_name.unwrap_or(c.client_name);
+            c.metrics.listen = metrics_listen.unwrap_or(c.metrics.listen);
+            c.metrics.addr_file = metrics_addr_file.unwrap_or(c.metrics.addr_file);
+            c.validate().map_err(anyhow::Error::msg)?;
             for o in &options {
                 c.apply_mount_options(o).map_err(anyhow::Error::msg)?;
             }
@@ -385,8 +430,38 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         Cmd::Status {
             cluster,
+            json: true,
+            ..
+        } => {
+            let (c, _) = cluster.client_config()?;
+            let s = with_client(c, |client| async move { client.status().await })?;
+            println!("{}", serde_json::to_string_pretty(&s)?);
+            Ok(())
+        }
+        Cmd::Top {
+            mountpoint,
+            state_dir,
+            mut endpoints,
+            once,
+            json,
+            interval_ms,
+        } => {
+            if let Some(state) = local_cluster::state_of(mountpoint, state_dir) {
+                let recorded = local_cluster::state::metrics_addrs(&state);
+                endpoints.extend(recorded.into_iter().map(|(_, addr)| addr));
+            }
+            let interval = std::time::Duration::from_millis(interval_ms.max(MIN_INTERVAL_MS));
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the runtime")?;
+            rt.block_on(super::top::run(endpoints, interval, once, json))
+        }
+        Cmd::Status {
+            cluster,
             watch,
             timeout,
+            json: false,
         } => {
             let (c, state) = cluster.client_config()?;
             let names = state

@@ -40,6 +40,10 @@ pub const LAZY_DELAY: Duration = Duration::from_secs(1);
 /// in the namespace waits for its batch: this only bounds what a missed wait would cost.
 const ORPHAN_DELAY: Duration = Duration::from_millis(20);
 
+/// Told of every group made durable: how many batches (mutations) it held and how long
+/// logging it took. Called once per group, on the committing thread (for metrics).
+pub type GroupObserver = Box<dyn Fn(usize, Duration) + Send + Sync>;
+
 /// A [`KvStore`] whose commits are staged in memory and made durable in groups.
 pub struct GroupCommit {
     shared: Arc<Shared>,
@@ -54,6 +58,7 @@ struct Shared {
     /// Signals waiters that a group became durable (or failed), or that the commit
     /// under way ended.
     flushed: Condvar,
+    observer: std::sync::OnceLock<GroupObserver>,
 }
 
 #[derive(Default)]
@@ -120,6 +125,7 @@ impl GroupCommit {
             state: Mutex::new(State::default()),
             work: Condvar::new(),
             flushed: Condvar::new(),
+            observer: std::sync::OnceLock::new(),
         });
         let s = shared.clone();
         let flusher = std::thread::Builder::new()
@@ -130,6 +136,11 @@ impl GroupCommit {
             shared,
             flusher: Some(flusher),
         }
+    }
+
+    /// Sets the observer of every group from now on; a second one is ignored.
+    pub fn observe(&self, observer: GroupObserver) {
+        let _ = self.shared.observer.set(observer);
     }
 
     /// Waits until everything staged before this call is durable and visible in the
@@ -194,7 +205,11 @@ impl Shared {
             let group = std::mem::take(&mut st.queue);
             let last = st.staged;
             drop(st);
+            let started = Instant::now();
             let result = self.inner.log_group(&group);
+            if let (Some(observe), true) = (self.observer.get(), result.is_ok()) {
+                observe(group.len(), started.elapsed());
+            }
             st = self.state.lock();
             match result {
                 Ok(apply) => {

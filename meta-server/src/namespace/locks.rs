@@ -44,6 +44,11 @@ pub struct LockTable {
 }
 
 impl LockTable {
+    /// Locks held over every file (for the metrics).
+    pub fn held(&self) -> usize {
+        self.files.values().map(Vec::len).sum()
+    }
+
     /// The first lock of another owner that conflicts with `want`, if any.
     pub fn conflict(&self, ino: InodeId, client: ClientId, want: &LockSpec) -> Option<LockSpec> {
         self.files

@@ -17,6 +17,7 @@ mod held;
 mod registry;
 pub use handlers::Handle;
 mod files;
+mod gauges;
 mod keys;
 mod locks;
 mod membership;
@@ -50,6 +51,7 @@ use transport::PeerIdentity;
 use txn::Txn;
 
 pub use files::SessionOwner;
+pub use gauges::Gauges;
 pub use resume::Resumption;
 
 /// Most entries one `ReadDir` returns, whatever the client asks for.

@@ -60,6 +60,8 @@ pub struct UpReport {
     pub restarted: Vec<(String, String)>,
     /// Whether the cluster was already running (then only `restarted` were started).
     pub was_running: bool,
+    /// Each member's metrics endpoint (`tessera top` reads them from the state).
+    pub metrics: Vec<(String, String)>,
 }
 
 impl std::fmt::Display for UpReport {
@@ -81,6 +83,9 @@ impl std::fmt::Display for UpReport {
             )?;
         }
         writeln!(f, "metadata server: {}", self.meta_addr)?;
+        for (role, addr) in &self.metrics {
+            writeln!(f, "metrics of {role}: http://{addr}/metrics")?;
+        }
         writeln!(f, "state: {}", self.state.display())?;
         writeln!(f, "logs: {}", self.logs.display())
     }
@@ -387,6 +392,16 @@ pub fn meta_of(
     Ok((Some(addr), Some(state)))
 }
 
+/// The state directory named by `state_dir`, or the one of the cluster `tessera up`
+/// mounted at `mountpoint`; `None` if neither is given.
+pub fn state_of(mountpoint: Option<PathBuf>, state_dir: Option<PathBuf>) -> Option<PathBuf> {
+    match (mountpoint, state_dir) {
+        (_, Some(s)) => Some(s),
+        (Some(m), None) => Some(resolve_state(&resolve_mount(&m), None)),
+        (None, None) => None,
+    }
+}
+
 /// Starts the cluster and mounts it, or, if some of its processes run, brings back the
 /// missing ones; returns once the mount is usable.
 pub fn up(opts: &UpOptions) -> Result<UpReport, ClusterError> {
@@ -413,10 +428,12 @@ pub fn up(opts: &UpOptions) -> Result<UpReport, ClusterError> {
         logs,
         restarted: Vec::new(),
         was_running: !running.is_empty(),
+        metrics: Vec::new(),
     };
     if !running.is_empty() {
         report.restarted = bring_back(&mnt, &state, &running)?;
         report.meta_addr = state::meta_addr(&state)?;
+        report.metrics = state::metrics_addrs(&state);
         return Ok(report);
     }
     if is_mounted(&mnt) {
@@ -438,6 +455,7 @@ pub fn up(opts: &UpOptions) -> Result<UpReport, ClusterError> {
         pids.remove();
     }
     report.meta_addr = result?;
+    report.metrics = state::metrics_addrs(&state);
     Ok(report)
 }
 
@@ -522,6 +540,7 @@ fn meta_argv(opts: &UpOptions, state: &Path) -> Result<Vec<String>, ClusterError
     if let Some(r) = opts.replicas {
         argv.extend(["--replicas".into(), r.to_string()]);
     }
+    argv.extend(state::metrics_args(state, state::META));
     Ok(argv)
 }
 
@@ -541,7 +560,7 @@ fn start_all(
         let role = state::data_role(i);
         let addr_file = state::addr_file(state, &role);
         let _ = fs::remove_file(&addr_file);
-        let argv: Vec<String> = vec![
+        let mut argv: Vec<String> = vec![
             data_bin.clone(),
             "--listen".into(),
             "127.0.0.1:0".into(),
@@ -554,6 +573,7 @@ fn start_all(
             "--key-file".into(),
             path_arg(&state::cluster_key_file(state)),
         ];
+        argv.extend(state::metrics_args(state, &role));
         let (child, log) = launch(state, &role, &argv, pids, false)?;
         started.push((child, addr_file, log, role));
     }
@@ -577,6 +597,7 @@ fn start_all(
     if opts.nonempty {
         argv.push("--nonempty".into());
     }
+    argv.extend(state::metrics_args(state, state::MOUNT));
     argv.push(path_arg(mnt));
     launch_mount(mnt, state, &argv, pids, false)?;
     Ok(meta_addr)

@@ -96,6 +96,29 @@ pub fn addr_file(state: &Path, role: &str) -> PathBuf {
     state.join(format!("{role}.addr"))
 }
 
+/// The file holding the address of `role`'s metrics endpoint (written by the process).
+pub fn metrics_file(state: &Path, role: &str) -> PathBuf {
+    state.join(format!("{role}.metrics"))
+}
+
+/// The flags that make `role` serve its metrics on a free loopback port and record it.
+pub fn metrics_args(state: &Path, role: &str) -> [String; 4] {
+    [
+        "--metrics-listen".into(),
+        "127.0.0.1:0".into(),
+        "--metrics-addr-file".into(),
+        metrics_file(state, role).to_string_lossy().into_owned(),
+    ]
+}
+
+/// The metrics endpoints recorded in `state`, by role, in start order.
+pub fn metrics_addrs(state: &Path) -> Vec<(String, String)> {
+    recorded_roles(state)
+        .into_iter()
+        .filter_map(|r| Some((r.clone(), read_addr(&metrics_file(state, &r))?)))
+        .collect()
+}
+
 /// The address recorded in `file`, if any.
 pub fn read_addr(file: &Path) -> Option<String> {
     fs::read_to_string(file)

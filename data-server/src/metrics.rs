@@ -1,0 +1,140 @@
+//! The data server's metrics: requests served by type, bytes moved, checksum failures,
+//! and what the store and the listener say at each scrape.
+
+use crate::error::StartError;
+use crate::store::ChunkStore;
+use proto::data::{DataRequest, ReplicaData};
+use proto::{codec, ErrorCode, WireError};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use telemetry::{IntCounter, IntCounterVec, Metrics, RequestFamilies, RequestMetrics};
+use telemetry::{MetricsConfig, MetricsServer, TelemetryError};
+use transport::Listener;
+
+/// What the request handler counts.
+pub struct DataMetrics {
+    metrics: Arc<Metrics>,
+    requests: RequestMetrics,
+    /// Bytes by direction (`read`, `written`, `replicated`).
+    bytes: IntCounterVec,
+    checksum_failures: IntCounter,
+}
+
+impl DataMetrics {
+    /// Registers the request families and the byte counters.
+    pub fn new() -> Result<DataMetrics, TelemetryError> {
+        let metrics = Metrics::new()?;
+        let families = RequestFamilies::register(&metrics, "tessera_server")?;
+        let requests = families.server("data", DataRequest::NAMES);
+        let bytes = metrics.counter_vec(
+            "tessera_data_bytes_total",
+            "Chunk bytes moved by requests answered without error, by direction (read: to \
+             clients and resyncing peers; written: from clients; replicated: from a chain \
+             predecessor).",
+            &["direction"],
+        )?;
+        let checksum_failures = metrics.counter(
+            "tessera_data_checksum_failures_total",
+            "Requests answered Corrupt: a block whose crc32c did not match, or a damaged \
+             chunk header.",
+        )?;
+        Ok(DataMetrics {
+            metrics,
+            requests,
+            bytes,
+            checksum_failures,
+        })
+    }
+
+    /// Counts one request `name` whose payload was `moved` and whose encoded answer is
+    /// `answer`.
+    pub(crate) fn record(&self, name: &str, moved: Payload, took: Duration, answer: &[u8]) {
+        let failed = proto::rpc::is_error(answer);
+        self.requests.record(name, took, failed);
+        if failed {
+            // Decoded only on errors; the Ok type does not matter for an `Err`.
+            let err = codec::decode::<Result<(), WireError>>(answer);
+            if matches!(err, Ok(Err(e)) if e.code == ErrorCode::Corrupt) {
+                self.checksum_failures.inc();
+            }
+        } else if let Some((direction, n)) = moved.0 {
+            self.bytes.with_label_values(&[direction]).inc_by(n);
+        }
+    }
+
+    /// Starts the endpoint `config` asks for, with the store's and `listener`'s gauges.
+    pub async fn serve(
+        &self,
+        config: &MetricsConfig,
+        store: &Arc<ChunkStore>,
+        listener: &Arc<Listener>,
+        transport: &'static str,
+    ) -> Result<Option<MetricsServer>, StartError> {
+        if !config.enabled() {
+            return Ok(None);
+        }
+        on_scrape(
+            &self.metrics,
+            Arc::downgrade(store),
+            Arc::downgrade(listener),
+            transport,
+        )
+        .map_err(StartError::Metrics)?;
+        MetricsServer::from_config(config, self.metrics.clone())
+            .await
+            .map_err(StartError::Metrics)
+    }
+}
+
+/// The chunk bytes a request moves, and which way (`None`: none).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Payload(Option<(&'static str, u64)>);
+
+impl Payload {
+    /// What `req` moves if it succeeds.
+    pub(crate) fn of(req: &DataRequest) -> Payload {
+        use DataRequest as D;
+        Payload(match req {
+            D::ReadChunk(r) => Some(("read", u64::from(r.len))),
+            D::WriteChunk(r) => Some(("written", r.src.len)),
+            D::WriteInline(r) => Some(("written", r.data.len() as u64)),
+            D::Replicate(r) => match &r.data {
+                ReplicaData::Bytes(b) => Some(("replicated", b.len)),
+                ReplicaData::Inline(d) => Some(("replicated", d.len() as u64)),
+                ReplicaData::Zeros(_) => None,
+            },
+            _ => None,
+        })
+    }
+}
+
+fn on_scrape(
+    m: &Metrics,
+    store: Weak<ChunkStore>,
+    listener: Weak<Listener>,
+    transport: &'static str,
+) -> Result<(), TelemetryError> {
+    let capacity = m.gauge("tessera_data_capacity_bytes", "The store's capacity.")?;
+    let used = m.gauge("tessera_data_used_bytes", "Bytes charged to chunks.")?;
+    let chunks = m.gauge("tessera_data_chunk_files", "Chunk files in the store.")?;
+    let connections = m.gauge_vec(
+        "tessera_connections",
+        "Open connections accepted, by transport and peer kind.",
+        &["transport", "peer"],
+    )?;
+    m.on_scrape(move || {
+        if let Some(u) = store.upgrade().and_then(|s| s.usage().ok()) {
+            capacity.set(u.capacity_bytes as i64);
+            used.set(u.used_bytes as i64);
+            chunks.set(u.chunks as i64);
+        }
+        if let Some(l) = listener.upgrade() {
+            for (peer, n) in l.peer_counts().by_kind() {
+                connections
+                    .with_label_values(&[transport, peer])
+                    .set(n as i64);
+            }
+        }
+    });
+    Ok(())
+}

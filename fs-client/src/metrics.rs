@@ -1,0 +1,115 @@
+//! The client's metrics: calls sent by server kind and type with their latency, chunk
+//! bytes moved to and from data servers, retries, and the segment buffers in use.
+//! Served by a mount on `[metrics] listen` (see `cli::commands`).
+
+use crate::segpool::SegPool;
+use proto::data::DataRequest;
+use proto::meta::{AdminRequest, ClusterRequest, FsRequest};
+use std::sync::Arc;
+use std::time::Duration;
+use telemetry::TelemetryError;
+use telemetry::{IntCounter, IntCounterVec, Metrics, RequestFamilies, RequestMetrics};
+
+/// What one client counts.
+pub struct ClientMetrics {
+    metrics: Arc<Metrics>,
+    meta: RequestMetrics,
+    data: RequestMetrics,
+    /// Chunk bytes by direction (`read`, `written`) of data calls that succeeded.
+    data_bytes: IntCounterVec,
+    pub(crate) retries: IntCounter,
+}
+
+impl ClientMetrics {
+    /// Registers the client's metrics in a registry of its own.
+    pub fn new() -> Result<ClientMetrics, TelemetryError> {
+        let metrics = Metrics::new()?;
+        let families = RequestFamilies::register(&metrics, "tessera_client")?;
+        let names: Vec<&'static str> = FsRequest::NAMES
+            .iter()
+            .chain(ClusterRequest::NAMES)
+            .chain(AdminRequest::NAMES)
+            .copied()
+            .collect();
+        let meta = families.server("meta", &names);
+        let data = families.server("data", DataRequest::NAMES);
+        let data_bytes = metrics.counter_vec(
+            "tessera_client_data_bytes_total",
+            "Chunk bytes moved by data calls that succeeded (one-sided transfers and \
+             inline writes), by direction (read, written); readahead included.",
+            &["direction"],
+        )?;
+        let retries = metrics.counter(
+            "tessera_client_retries_total",
+            "Requests tried again after a failure: a stale map, a busy or unreachable \
+             server, another member of the chain (a failover), a metadata call on a new \
+             connection.",
+        )?;
+        Ok(ClientMetrics {
+            metrics,
+            meta,
+            data,
+            data_bytes,
+            retries,
+        })
+    }
+
+    /// The registry, for the endpoint.
+    pub fn registry(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Metadata calls sent so far.
+    pub(crate) fn meta_calls(&self) -> u64 {
+        self.meta.total()
+    }
+
+    /// Data calls sent so far.
+    pub(crate) fn data_calls(&self) -> u64 {
+        self.data.total()
+    }
+
+    pub(crate) fn meta_call(&self, name: &str, took: Duration, failed: bool) {
+        self.meta.record(name, took, failed);
+    }
+
+    pub(crate) fn data_call(&self, req: &DataRequest, took: Duration, failed: bool) {
+        self.data.record(req.name(), took, failed);
+        if failed {
+            return;
+        }
+        let moved = match req {
+            DataRequest::ReadChunk(r) => Some(("read", u64::from(r.len))),
+            DataRequest::WriteChunk(r) => Some(("written", r.src.len)),
+            DataRequest::WriteInline(r) => Some(("written", r.data.len() as u64)),
+            _ => None,
+        };
+        if let Some((direction, n)) = moved {
+            self.data_bytes.with_label_values(&[direction]).inc_by(n);
+        }
+    }
+
+    /// Shows the bytes of segment buffers in use at each scrape: readahead (`read`) and
+    /// buffered writes not yet on the data servers (`write`, the write-behind).
+    pub(crate) fn watch_pools(
+        &self,
+        read: &Arc<SegPool>,
+        write: &Arc<SegPool>,
+    ) -> Result<(), TelemetryError> {
+        let g = self.metrics.gauge_vec(
+            "tessera_client_buffer_bytes",
+            "Bytes of registered segment buffers in use, by pool (read: readahead; write: \
+             written data not yet sent, the write-behind).",
+            &["pool"],
+        )?;
+        let (read, write) = (Arc::downgrade(read), Arc::downgrade(write));
+        self.metrics.on_scrape(move || {
+            for (pool, p) in [("read", &read), ("write", &write)] {
+                if let Some(p) = p.upgrade() {
+                    g.with_label_values(&[pool]).set(p.in_use_bytes() as i64);
+                }
+            }
+        });
+        Ok(())
+    }
+}
