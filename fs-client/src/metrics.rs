@@ -4,7 +4,7 @@
 
 use crate::segpool::SegPool;
 use proto::data::DataRequest;
-use proto::meta::{AdminRequest, ClusterRequest, FsRequest};
+use proto::meta::MetaRequest;
 use std::sync::Arc;
 use std::time::Duration;
 use telemetry::TelemetryError;
@@ -25,13 +25,7 @@ impl ClientMetrics {
     pub fn new() -> Result<ClientMetrics, TelemetryError> {
         let metrics = Metrics::new()?;
         let families = RequestFamilies::register(&metrics, "tessera_client")?;
-        let names: Vec<&'static str> = FsRequest::NAMES
-            .iter()
-            .chain(ClusterRequest::NAMES)
-            .chain(AdminRequest::NAMES)
-            .copied()
-            .collect();
-        let meta = families.server("meta", &names);
+        let meta = families.server("meta", &MetaRequest::names());
         let data = families.server("data", DataRequest::NAMES);
         let data_bytes = metrics.counter_vec(
             "tessera_client_data_bytes_total",

@@ -4,7 +4,7 @@
 
 use crate::error::StartError;
 use crate::namespace::Namespace;
-use proto::meta::{AdminRequest, ClusterRequest, ClusterStatus, FsRequest, MemberState, NodeState};
+use proto::meta::{ClusterStatus, MemberState, MetaRequest, NodeState};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use telemetry::{
@@ -27,14 +27,8 @@ impl MetaMetrics {
     pub(crate) fn new(ns: &Namespace) -> Result<MetaMetrics, StartError> {
         let made = || -> Result<MetaMetrics, TelemetryError> {
             let metrics = Metrics::new()?;
-            let names: Vec<&'static str> = FsRequest::NAMES
-                .iter()
-                .chain(ClusterRequest::NAMES)
-                .chain(AdminRequest::NAMES)
-                .copied()
-                .collect();
             let families = RequestFamilies::register(&metrics, "tessera_server")?;
-            let requests = families.server("meta", &names);
+            let requests = families.server("meta", &MetaRequest::names());
             observe_commits(&metrics, ns)?;
             Ok(MetaMetrics { metrics, requests })
         };

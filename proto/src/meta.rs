@@ -483,6 +483,17 @@ pub enum MetaRequest {
 }
 
 impl MetaRequest {
+    /// Every request type's name, of every subsystem (the label values of a request
+    /// metric: a bounded set).
+    pub fn names() -> Vec<&'static str> {
+        FsRequest::NAMES
+            .iter()
+            .chain(ClusterRequest::NAMES)
+            .chain(AdminRequest::NAMES)
+            .copied()
+            .collect()
+    }
+
     /// The request's name, for logs.
     pub fn name(&self) -> &'static str {
         match self {
