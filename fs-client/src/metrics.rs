@@ -6,17 +6,18 @@ use crate::segpool::SegPool;
 use proto::data::DataRequest;
 use proto::meta::MetaRequest;
 use std::sync::Arc;
-use std::time::Duration;
 use telemetry::TelemetryError;
-use telemetry::{IntCounter, IntCounterVec, Metrics, RequestFamilies, RequestMetrics};
+use telemetry::{InFlight, IntCounter, Metrics, RequestFamilies, RequestMetrics};
 
 /// What one client counts.
 pub struct ClientMetrics {
     metrics: Arc<Metrics>,
     meta: RequestMetrics,
     data: RequestMetrics,
-    /// Chunk bytes by direction (`read`, `written`) of data calls that succeeded.
-    data_bytes: IntCounterVec,
+    /// Chunk bytes read and written by data calls that succeeded (the two label sets of
+    /// `tessera_client_data_bytes_total`, resolved once: no lookup per call).
+    read_bytes: IntCounter,
+    written_bytes: IntCounter,
     pub(crate) retries: IntCounter,
 }
 
@@ -43,7 +44,8 @@ impl ClientMetrics {
             metrics,
             meta,
             data,
-            data_bytes,
+            read_bytes: data_bytes.with_label_values(&["read"]),
+            written_bytes: data_bytes.with_label_values(&["written"]),
             retries,
         })
     }
@@ -63,23 +65,24 @@ impl ClientMetrics {
         self.data.total()
     }
 
-    pub(crate) fn meta_call(&self, name: &str, took: Duration, failed: bool) {
-        self.meta.record(name, took, failed);
+    /// Counts a metadata call `name` as sent (what `RpcCounts` reads); finish the
+    /// guard with its outcome.
+    pub(crate) fn meta_call(&self, name: &str) -> InFlight<'_> {
+        self.meta.start(name)
     }
 
-    pub(crate) fn data_call(&self, req: &DataRequest, took: Duration, failed: bool) {
-        self.data.record(req.name(), took, failed);
-        if failed {
-            return;
-        }
-        let moved = match req {
-            DataRequest::ReadChunk(r) => Some(("read", u64::from(r.len))),
-            DataRequest::WriteChunk(r) => Some(("written", r.src.len)),
-            DataRequest::WriteInline(r) => Some(("written", r.data.len() as u64)),
-            _ => None,
-        };
-        if let Some((direction, n)) = moved {
-            self.data_bytes.with_label_values(&[direction]).inc_by(n);
+    /// Counts a data call as sent; finish the guard with its outcome.
+    pub(crate) fn data_call(&self, req: &DataRequest) -> InFlight<'_> {
+        self.data.start(req.name())
+    }
+
+    /// Counts the chunk bytes data call `req` moved, once it succeeded.
+    pub(crate) fn data_moved(&self, req: &DataRequest) {
+        match req {
+            DataRequest::ReadChunk(r) => self.read_bytes.inc_by(u64::from(r.len)),
+            DataRequest::WriteChunk(r) => self.written_bytes.inc_by(r.src.len),
+            DataRequest::WriteInline(r) => self.written_bytes.inc_by(r.data.len() as u64),
+            _ => {}
         }
     }
 

@@ -10,7 +10,6 @@ use proto::meta::{ClusterMap, ClusterStatus, DirChange, LockSpec, MetaRequest, N
 use proto::{Attr, ClientId, NodeId, Request, Rpc, SessionId};
 use std::collections::HashMap;
 use std::ops::Deref;
-use std::time::Instant;
 use transport::{Connection, Endpoint, Link, TransportError};
 
 /// Round trips sent by one client so far, by server kind: what the regression guard in
@@ -112,14 +111,14 @@ pub async fn meta_call<R: Rpc<Envelope = MetaRequest>>(
 ) -> Result<R::Reply> {
     let conn = link.get(ep).await?;
     let limit = ep.config().max_msg_bytes;
-    let started = Instant::now();
+    let call = ep.metrics.meta_call(R::NAME);
     // Mapped here, below the caches, so that they all see the root as the FUSE layer
     // names it, as for a client whose key is scoped to a directory.
     let r = match ep.root.get().and_then(|&dir| req.rooted_at(dir)) {
         Some(rooted) => transport::rpc::call(&conn, &rooted, limit).await,
         None => transport::rpc::call(&conn, req, limit).await,
     };
-    ep.metrics.meta_call(R::NAME, started.elapsed(), r.is_err());
+    call.finish(r.is_err());
     r
 }
 
@@ -153,10 +152,13 @@ pub async fn data_call<R: Rpc<Envelope = DataRequest>>(
     req: R,
 ) -> Result<R::Reply> {
     let limit = ep.config().max_msg_bytes;
-    let (req, started) = (Request::new(req), Instant::now());
+    let req = Request::new(req);
+    let call = ep.metrics.data_call(req.envelope());
     let r = transport::rpc::call(conn, &req, limit).await;
-    ep.metrics
-        .data_call(req.envelope(), started.elapsed(), r.is_err());
+    call.finish(r.is_err());
+    if r.is_ok() {
+        ep.metrics.data_moved(req.envelope());
+    }
     r
 }
 

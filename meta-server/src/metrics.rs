@@ -5,15 +5,15 @@
 use crate::error::StartError;
 use crate::namespace::Namespace;
 use proto::meta::{ClusterStatus, MemberState, MetaRequest, NodeState};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use telemetry::{
     Histogram, IntGauge, IntGaugeVec, Metrics, RequestFamilies, RequestMetrics, TelemetryError,
 };
 use transport::Listener;
 
-/// How long a computed [`ClusterStatus`] is shown before a scrape computes it again:
-/// it walks every inode record, so a scrape every few seconds must not pay it each time.
+/// Time between two walks of every inode record for the chunk gauges (the last
+/// [`ClusterStatus`] is shown meanwhile): a walk is too costly for every scrape.
 pub const STATUS_REFRESH: Duration = Duration::from_secs(30);
 
 /// What the request handler counts.
@@ -145,16 +145,17 @@ impl ScrapeGauges {
     }
 }
 
-/// Registers the gauges read at each scrape from `ns` and `listener`.
+/// Registers the gauges read at each scrape from `ns` and `listener`, and starts the
+/// status walk that refreshes the chunk gauges.
 pub(crate) fn on_scrape(
     metrics: &Metrics,
     ns: &Arc<Namespace>,
     listener: &Arc<Listener>,
     transport: &'static str,
 ) -> Result<(), StartError> {
-    let g = ScrapeGauges::register(metrics).map_err(StartError::Metrics)?;
+    let g = Arc::new(ScrapeGauges::register(metrics).map_err(StartError::Metrics)?);
+    start_status_walk(Arc::downgrade(ns), g.clone());
     let (ns, listener) = (Arc::downgrade(ns), Arc::downgrade(listener));
-    let last_status: Mutex<Option<Instant>> = Mutex::new(None);
     metrics.on_scrape(move || {
         let (Some(ns), Some(listener)) = (ns.upgrade(), listener.upgrade()) else {
             return;
@@ -164,19 +165,41 @@ pub(crate) fn on_scrape(
         g.open_files.set(n.open_files as i64);
         g.locks.set(n.locks_held as i64);
         g.waiting_resume.set(n.waiting_resume as i64);
-        if let Ok(map) = ns.cluster_map() {
-            show_map(&g, &map);
-        }
+        // The map as last made: a scrape must not reconcile (and perhaps change) it.
+        show_map(&g, &ns.current_map());
         show_connections(&g, &listener, transport);
-        let mut last = last_status.lock().unwrap_or_else(|p| p.into_inner());
-        if last.is_none_or(|t| t.elapsed() >= STATUS_REFRESH) {
-            if let Ok(st) = ns.status() {
-                g.show_status(&st);
-            }
-            *last = Some(Instant::now());
-        }
     });
     Ok(())
+}
+
+/// Walks every inode for the chunk and resync gauges every [`STATUS_REFRESH`] on a
+/// thread of its own, until the namespace is gone: a scrape only reads what the last
+/// walk found (on a large namespace a walk outlasts a scrape's timeout).
+fn start_status_walk(ns: std::sync::Weak<Namespace>, g: Arc<ScrapeGauges>) {
+    const POLL: Duration = Duration::from_secs(1);
+    let walk = move || {
+        let mut last: Option<Instant> = None;
+        loop {
+            let Some(ns) = ns.upgrade() else {
+                return;
+            };
+            if last.is_none_or(|t| t.elapsed() >= STATUS_REFRESH) {
+                match ns.status() {
+                    Ok(st) => g.show_status(&st),
+                    Err(e) => tracing::warn!(error = %e, "status walk for metrics failed"),
+                }
+                last = Some(Instant::now());
+            }
+            drop(ns);
+            std::thread::sleep(POLL);
+        }
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("metrics-status".into())
+        .spawn(walk)
+    {
+        tracing::warn!(error = %e, "no status walk for metrics: chunk gauges stay 0");
+    }
 }
 
 fn show_map(g: &ScrapeGauges, map: &proto::meta::ClusterMap) {

@@ -12,9 +12,12 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-/// Scrapes served at once; more wait for a turn (a scraper is a handful of Prometheus
-/// servers and `tessera top`, never a crowd).
+/// Connections served at once; more are closed as they come (a scraper is a handful
+/// of Prometheus servers and `tessera top`, never a crowd).
 pub const MAX_CONCURRENT_SCRAPES: usize = 8;
+
+/// How long a connection may take to send its request's head.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long one connection to the endpoint may last, or one scrape may take.
 pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -48,6 +51,10 @@ impl MetricsServer {
         let addr = listener.local_addr().map_err(bind_err)?;
         let task = tokio::spawn(accept_loop(listener, metrics));
         tracing::info!(%addr, "metrics endpoint serving /metrics");
+        if !addr.ip().is_loopback() {
+            tracing::warn!(%addr, "the metrics endpoint is reachable from other hosts, \
+                           without authentication (paths never appear in it)");
+        }
         Ok(MetricsServer { addr, task })
     }
 
@@ -67,7 +74,9 @@ impl MetricsServer {
                 path: path.clone(),
                 source,
             };
-            let tmp = path.with_extension("tmp");
+            let mut tmp = path.clone().into_os_string();
+            tmp.push(".tmp");
+            let tmp = std::path::PathBuf::from(tmp);
             std::fs::write(&tmp, server.local_addr().to_string()).map_err(fail)?;
             std::fs::rename(&tmp, path).map_err(fail)?;
         }
@@ -88,13 +97,18 @@ async fn accept_loop(listener: TcpListener, metrics: Arc<Metrics>) {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let Ok(turn) = turns.clone().acquire_owned().await else {
-            return;
+        // All turns taken (perhaps by idle connections): this one is closed at once
+        // rather than left to wait, so a few idle peers cannot stall the accept loop.
+        let Ok(turn) = turns.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
         };
         let metrics = metrics.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| answer(req, metrics.clone()));
             let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
                 .keep_alive(false)
                 .serve_connection(TokioIo::new(stream), service);
             let _ = tokio::time::timeout(SCRAPE_TIMEOUT, conn).await;

@@ -14,7 +14,7 @@ pub mod text;
 
 pub use http::{scrape, MetricsServer};
 pub use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
-pub use requests::{RequestFamilies, RequestMetrics};
+pub use requests::{InFlight, RequestFamilies, RequestMetrics};
 
 use hooks::HookList;
 use prometheus::{Encoder, HistogramOpts, Opts, Registry, TextEncoder};
@@ -99,6 +99,10 @@ pub struct Metrics {
     registry: Registry,
     hooks: HookList,
     process: process::ProcessMetrics,
+    /// Held by the one render under way (see [`Metrics::render`]).
+    rendering: std::sync::Mutex<()>,
+    /// The text the last render made.
+    last: std::sync::Mutex<String>,
 }
 
 impl Metrics {
@@ -110,6 +114,8 @@ impl Metrics {
             registry,
             hooks: HookList::default(),
             process,
+            rendering: std::sync::Mutex::new(()),
+            last: std::sync::Mutex::new(String::new()),
         }))
     }
 
@@ -168,15 +174,32 @@ impl Metrics {
         self.hooks.push(Box::new(hook));
     }
 
-    /// The text exposition of every metric, after running the hooks.
+    /// The text exposition of every metric, after running the hooks. One render at a
+    /// time: a scrape that comes while another renders gets that one's predecessor's
+    /// text, so scrapes never queue threads behind a slow hook, and the hooks and the
+    /// process counters (which add what `/proc` says since their last reading) are
+    /// never run twice at once.
     pub fn render(&self) -> String {
+        let _only = match self.rendering.try_lock() {
+            Ok(g) => g,
+            Err(_) => {
+                let last = self.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                if !last.is_empty() {
+                    return last;
+                }
+                // Nothing rendered yet: wait for the first render instead.
+                self.rendering.lock().unwrap_or_else(|p| p.into_inner())
+            }
+        };
         self.process.update();
         self.hooks.run();
         let mut out = Vec::new();
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
             tracing::warn!(error = %e, "metrics could not be encoded");
         }
-        String::from_utf8(out).unwrap_or_default()
+        let text = String::from_utf8(out).unwrap_or_default();
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = text.clone();
+        text
     }
 }
 

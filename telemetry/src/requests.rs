@@ -93,6 +93,22 @@ impl RequestMetrics {
         self.by_name.values().map(|h| h.requests.get()).sum()
     }
 
+    /// Counts one call `name` as sent now; its time and outcome are recorded when the
+    /// returned guard is finished, or as a failure when it is dropped unfinished (a
+    /// call given up on, as a failover's race drops the slower one). A name not in the
+    /// table is not counted.
+    pub fn start(&self, name: &str) -> InFlight<'_> {
+        let handles = self.by_name.get(name);
+        if let Some(h) = handles {
+            h.requests.inc();
+        }
+        InFlight {
+            handles,
+            started: std::time::Instant::now(),
+            done: false,
+        }
+    }
+
     /// Counts one request `name` that took `elapsed`; a name not in the table given at
     /// start is not counted (it cannot be: every name comes from that table).
     pub fn record(&self, name: &str, elapsed: Duration, failed: bool) {
@@ -103,6 +119,38 @@ impl RequestMetrics {
             }
             h.seconds.observe(elapsed.as_secs_f64());
         }
+    }
+}
+
+/// A call counted as sent (see [`RequestMetrics::start`]).
+pub struct InFlight<'a> {
+    handles: Option<&'a Handles>,
+    started: std::time::Instant,
+    done: bool,
+}
+
+impl InFlight<'_> {
+    /// Records the call's time, and a failure if `failed`.
+    pub fn finish(mut self, failed: bool) {
+        self.end(failed);
+    }
+
+    fn end(&mut self, failed: bool) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
+        if let Some(h) = self.handles {
+            if failed {
+                h.errors.inc();
+            }
+            h.seconds.observe(self.started.elapsed().as_secs_f64());
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.end(true);
     }
 }
 
@@ -128,5 +176,22 @@ mod tests {
         assert_eq!(s.value("t_request_duration_seconds_count", &l), Some(2.0));
         let mk = [("server", "meta"), ("request", "mkdir")];
         assert_eq!(s.value("t_requests_total", &mk), Some(0.0));
+    }
+
+    #[test]
+    fn a_call_counts_when_sent_and_a_dropped_one_as_failed() {
+        let m = Metrics::new().unwrap();
+        let meta = RequestFamilies::register(&m, "t")
+            .unwrap()
+            .server("meta", &["lookup"]);
+        let call = meta.start("lookup");
+        assert_eq!(meta.total(), 1, "counted when sent, before its answer");
+        call.finish(false);
+        drop(meta.start("lookup"));
+        let s = text::parse(&m.render()).unwrap();
+        let l = [("server", "meta"), ("request", "lookup")];
+        assert_eq!(s.value("t_requests_total", &l), Some(2.0));
+        assert_eq!(s.value("t_request_errors_total", &l), Some(1.0));
+        assert_eq!(s.value("t_request_duration_seconds_count", &l), Some(2.0));
     }
 }

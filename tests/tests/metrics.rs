@@ -100,12 +100,21 @@ fn every_endpoint_serves_the_named_metrics_and_they_move_with_traffic() {
     for a in &addrs {
         top.args(["--endpoint", a]);
     }
-    let top = top
+    let mut top = top
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     traffic(&mount.path, &writer.path);
+    // Creates go on until `top` is done, so its interval holds some whenever its first
+    // scrape came (a loaded machine may start it late).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    for i in 0.. {
+        if top.try_wait().unwrap().is_some() || std::time::Instant::now() > deadline {
+            break;
+        }
+        fs::write(mount.path.join(format!("work/more-{i}")), b"x").unwrap();
+    }
     // A file held open: a session and an open file on the metadata server.
     let held = fs::File::open(mount.path.join("work/big")).unwrap();
     let after: Vec<Scrape> = addrs.iter().map(|a| scrape(a)).collect();

@@ -179,6 +179,11 @@ impl Namespace {
         Ok((gc, map))
     }
 
+    /// The cluster map as last reconciled, without reconciling it (for metrics).
+    pub fn current_map(&self) -> Arc<ClusterMap> {
+        self.map.read().clone()
+    }
+
     /// The cluster map: every registered data server with its state, and the chains.
     pub fn cluster_map(&self) -> Result<ClusterMap, MetaError> {
         Ok((*self.reconcile()?).clone())
