@@ -233,10 +233,7 @@ impl Namespace {
 
     /// Records a writer's length and mtime for regular file `ino`.
     pub fn commit(&self, ino: InodeId, commit: Commit) -> Result<Attr, MetaError> {
-        self.mutate(|txn, _| {
-            let rec = apply_commit(txn, ino, &commit)?;
-            txn.attr_of(ino, &rec)
-        })
+        self.mutate(|txn, _| apply_commit(txn, ino, &commit))
     }
 
     /// Ends `session`, applying a last length commit first; frees the file if it was
@@ -455,8 +452,7 @@ impl Namespace {
             rec.mtime = set.mtime.map_or(rec.mtime, at);
             rec.changed_at(now);
             txn.put_inode(ino, &rec)?;
-            held::update(txn, ino, old_size, &rec, held::Change::default())?;
-            txn.attr_of(ino, &rec)
+            held::update(txn, ino, old_size, &rec, held::Change::default())
         })
     }
 
@@ -493,7 +489,8 @@ impl Namespace {
 }
 
 /// Applies a writer's commit to regular file `ino`: length grows to `commit.size`.
-fn apply_commit(txn: &mut Txn<'_>, ino: InodeId, c: &Commit) -> Result<InodeRecord, MetaError> {
+/// Returns its attributes after it.
+fn apply_commit(txn: &mut Txn<'_>, ino: InodeId, c: &Commit) -> Result<Attr, MetaError> {
     let mut rec = txn.inode(ino)?;
     match rec.kind {
         FileKind::Regular => {}
@@ -514,8 +511,7 @@ fn apply_commit(txn: &mut Txn<'_>, ino: InodeId, c: &Commit) -> Result<InodeReco
         wrote: Some(&c.wrote),
         punched: Some(&punched),
     };
-    held::update(txn, ino, old_size, &rec, change)?;
-    Ok(rec)
+    held::update(txn, ino, old_size, &rec, change)
 }
 
 /// Purges the orphans among `closing` (inode -> sessions ending) left with no session.

@@ -56,15 +56,20 @@ pub(crate) fn attr<R: Reads + ?Sized>(
     ino: InodeId,
     rec: &InodeRecord,
 ) -> Result<Attr, MetaError> {
+    let counted = rec.kind == FileKind::Regular && rec.layout.is_some() && rec.size > 0;
+    let held = if counted { read(r, ino)? } else { None };
+    Ok(attr_with(ino, rec, held.as_ref()))
+}
+
+/// The attributes of `ino` (record `rec`) whose held chunks are `held` (`None`: every
+/// chunk below the length).
+fn attr_with(ino: InodeId, rec: &InodeRecord, held: Option<&ChunkRuns>) -> Attr {
     let mut attr = rec.attr(ino);
     if let (FileKind::Regular, Some(layout)) = (rec.kind, &rec.layout) {
-        if rec.size > 0 {
-            let held = read(r, ino)?;
-            let cs = u64::from(layout.chunk_size_bytes);
-            attr.blocks = runs::blocks(held.as_ref(), rec.size, cs);
-        }
+        let cs = u64::from(layout.chunk_size_bytes);
+        attr.blocks = runs::blocks(held, rec.size, cs);
     }
-    Ok(attr)
+    attr
 }
 
 /// What a change does to a file's chunks besides its length.
@@ -121,19 +126,21 @@ pub(crate) fn next(
 
 /// Applies a change of regular file `ino` from `old_size` to `rec`'s length (and the
 /// chunks `change` wrote and punched) to its held key; writes only what differs.
+/// Returns the file's attributes after it, their blocks from the set just computed
+/// (the key is not read twice).
 pub(crate) fn update(
     txn: &mut Txn<'_>,
     ino: InodeId,
     old_size: u64,
     rec: &InodeRecord,
     change: Change<'_>,
-) -> Result<(), MetaError> {
+) -> Result<Attr, MetaError> {
     let Some(layout) = rec
         .layout
         .as_ref()
         .filter(|_| rec.kind == FileKind::Regular)
     else {
-        return Ok(());
+        return Ok(rec.attr(ino));
     };
     for (what, r) in [("written", change.wrote), ("punched", change.punched)] {
         if let Some(r) = r.filter(|r| r.len() > MAX_COMMIT_RUNS) {
@@ -146,30 +153,29 @@ pub(crate) fn update(
     let nothing = change.wrote.is_none_or(ChunkRuns::is_empty)
         && change.punched.is_none_or(ChunkRuns::is_empty);
     if nothing && old_size == rec.size {
-        return Ok(());
+        return attr(&*txn, ino, rec);
     }
     // A vanished writer's chunks (the file is marked) may hold data no commit named: the
     // file stays dense until its next opener has cut what lies past the length.
     if txn.raw(&keys::tail(ino))?.is_some() {
         txn.delete(keys::held(ino));
-        return Ok(());
+        return Ok(attr_with(ino, rec, None));
     }
     let old = read(&*txn, ino)?;
     let cs = u64::from(layout.chunk_size_bytes);
     let new = next(old.clone(), old_size, rec.size, cs, change);
-    if new == old {
-        return Ok(());
-    }
-    match new {
-        Some(held) => {
-            let value = encode(&HeldRecord {
-                runs: held.runs().to_vec(),
-            })?;
-            txn.put(keys::held(ino), value);
+    if new != old {
+        match &new {
+            Some(held) => {
+                let value = encode(&HeldRecord {
+                    runs: held.runs().to_vec(),
+                })?;
+                txn.put(keys::held(ino), value);
+            }
+            None => txn.delete(keys::held(ino)),
         }
-        None => txn.delete(keys::held(ino)),
     }
-    Ok(())
+    Ok(attr_with(ino, rec, new.as_ref()))
 }
 
 /// Checks one held key `k` (value `v`) against the inodes (for `fsck`): it decodes,
