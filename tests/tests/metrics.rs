@@ -36,8 +36,11 @@ fn addr(cluster: &ProcessCluster, name: &str) -> String {
 }
 
 /// Asserts family `name` has type `kind`.
-fn typed(s: &Scrape, who: &str, name: &str, kind: &str) {
-    assert_eq!(s.kind(name), Some(kind), "{who}: type of {name}");
+/// Asserts that each `(name, type)` of `expected` is served with that type.
+fn typed(s: &Scrape, who: &str, expected: &[(&str, &str)]) {
+    for &(name, kind) in expected {
+        assert_eq!(s.kind(name), Some(kind), "{who}: type of {name}");
+    }
 }
 
 /// Asserts `name{labels}` grew from `a` to `b` by at least `by`.
@@ -159,20 +162,21 @@ fn every_endpoint_serves_the_named_metrics_and_they_move_with_traffic() {
 
 fn check_mount(a: &Scrape, b: &Scrape) {
     let who = "mount";
-    typed(b, who, "tessera_client_requests_total", "counter");
-    typed(b, who, "tessera_client_request_errors_total", "counter");
     typed(
         b,
         who,
-        "tessera_client_request_duration_seconds",
-        "histogram",
+        &[
+            ("tessera_client_requests_total", "counter"),
+            ("tessera_client_request_errors_total", "counter"),
+            ("tessera_client_request_duration_seconds", "histogram"),
+            ("tessera_client_data_bytes_total", "counter"),
+            ("tessera_client_retries_total", "counter"),
+            ("tessera_client_buffer_bytes", "gauge"),
+            ("process_cpu_seconds_total", "counter"),
+            ("process_resident_memory_bytes", "gauge"),
+            ("process_open_fds", "gauge"),
+        ],
     );
-    typed(b, who, "tessera_client_data_bytes_total", "counter");
-    typed(b, who, "tessera_client_retries_total", "counter");
-    typed(b, who, "tessera_client_buffer_bytes", "gauge");
-    typed(b, who, "process_cpu_seconds_total", "counter");
-    typed(b, who, "process_resident_memory_bytes", "gauge");
-    typed(b, who, "process_open_fds", "gauge");
     let create = [("server", "meta"), ("request", "create")];
     grew(who, a, b, "tessera_client_requests_total", &create, 21.0);
     grew(
@@ -208,18 +212,19 @@ fn check_mount(a: &Scrape, b: &Scrape) {
 
 fn check_meta(a: &Scrape, b: &Scrape) {
     let who = "meta";
-    typed(b, who, "tessera_server_requests_total", "counter");
-    typed(b, who, "tessera_server_request_errors_total", "counter");
     typed(
         b,
         who,
-        "tessera_server_request_duration_seconds",
-        "histogram",
+        &[
+            ("tessera_server_requests_total", "counter"),
+            ("tessera_server_request_errors_total", "counter"),
+            ("tessera_server_request_duration_seconds", "histogram"),
+            ("tessera_meta_commits_total", "counter"),
+            ("tessera_meta_commit_groups_total", "counter"),
+            ("tessera_meta_commit_group_size", "histogram"),
+            ("tessera_meta_commit_duration_seconds", "histogram"),
+        ],
     );
-    typed(b, who, "tessera_meta_commits_total", "counter");
-    typed(b, who, "tessera_meta_commit_groups_total", "counter");
-    typed(b, who, "tessera_meta_commit_group_size", "histogram");
-    typed(b, who, "tessera_meta_commit_duration_seconds", "histogram");
     for g in [
         "tessera_meta_open_sessions",
         "tessera_meta_open_files",
@@ -231,7 +236,7 @@ fn check_meta(a: &Scrape, b: &Scrape) {
         "tessera_connections",
         "process_resident_memory_bytes",
     ] {
-        typed(b, who, g, "gauge");
+        typed(b, who, &[(g, "gauge")]);
     }
     let create = [("server", "meta"), ("request", "create")];
     grew(who, a, b, "tessera_server_requests_total", &create, 21.0);
@@ -275,20 +280,21 @@ fn check_meta(a: &Scrape, b: &Scrape) {
 }
 
 fn check_data(who: &str, a: &Scrape, b: &Scrape) {
-    typed(b, who, "tessera_server_requests_total", "counter");
     typed(
         b,
         who,
-        "tessera_server_request_duration_seconds",
-        "histogram",
+        &[
+            ("tessera_server_requests_total", "counter"),
+            ("tessera_server_request_duration_seconds", "histogram"),
+            ("tessera_data_bytes_total", "counter"),
+            ("tessera_data_checksum_failures_total", "counter"),
+            ("tessera_data_used_bytes", "gauge"),
+            ("tessera_data_capacity_bytes", "gauge"),
+            ("tessera_data_chunk_files", "gauge"),
+            ("tessera_connections", "gauge"),
+            ("process_cpu_seconds_total", "counter"),
+        ],
     );
-    typed(b, who, "tessera_data_bytes_total", "counter");
-    typed(b, who, "tessera_data_checksum_failures_total", "counter");
-    typed(b, who, "tessera_data_used_bytes", "gauge");
-    typed(b, who, "tessera_data_capacity_bytes", "gauge");
-    typed(b, who, "tessera_data_chunk_files", "gauge");
-    typed(b, who, "tessera_connections", "gauge");
-    typed(b, who, "process_cpu_seconds_total", "counter");
     grew(
         who,
         a,

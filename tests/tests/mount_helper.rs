@@ -53,6 +53,49 @@ impl Drop for HelperLink {
     }
 }
 
+/// What every test here holds: the helper lock, a cluster of one data server, and the
+/// helper link (dropped in that order: the link, then the servers, then the lock).
+struct Fixture {
+    cluster: ProcessCluster,
+    _link: HelperLink,
+    _lock: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Fixture {
+    fn start() -> Fixture {
+        let lock = HELPER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let cluster = ProcessCluster::start(1);
+        Fixture {
+            cluster,
+            _link: HelperLink::install(),
+            _lock: lock,
+        }
+    }
+
+    /// New empty mount points `names` in the cluster's directory, and their cleanup.
+    fn mount_points<const N: usize>(&self, names: [&str; N]) -> ([PathBuf; N], Cleanup) {
+        let dirs = names.map(|n| self.cluster.dir().join(n));
+        for d in &dirs {
+            fs::create_dir(d).expect("a mount point");
+        }
+        let cleanup = Cleanup(dirs.to_vec());
+        (dirs, cleanup)
+    }
+
+    /// The administrator's key file.
+    fn key(&self) -> PathBuf {
+        self.cluster.key_file("admin.key")
+    }
+}
+
+/// `mount -t fuse.tessera SOURCE DIR -o OPTS`, its output once it returned.
+fn mount_t(source: &str, dir: &Path, opts: &str) -> Output {
+    run(Command::new("mount")
+        .args(["-t", "fuse.tessera", source])
+        .arg(dir)
+        .args(["-o", opts]))
+}
+
 /// Unmounts (lazily) and stops the helper processes of the mount points it holds, also
 /// when a test fails half-way.
 struct Cleanup(Vec<PathBuf>);
@@ -136,13 +179,9 @@ fn umount_and_wait(dir: &Path) {
 /// leaving its process behind after `umount`.
 #[test]
 fn mount_t_fuse_tessera_mounts_in_the_background_and_umount_ends_it() {
-    let _lock = HELPER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let cluster = ProcessCluster::start(1);
-    let _link = HelperLink::install();
-    let dir = cluster.dir().join("m");
-    fs::create_dir(&dir).unwrap();
-    let _cleanup = Cleanup(vec![dir.clone()]);
-    let key = cluster.key_file("admin.key");
+    let f = Fixture::start();
+    let ([dir], _cleanup) = f.mount_points(["m"]);
+    let (cluster, key) = (&f.cluster, f.key());
     let log = cluster.dir().join("helper.log");
     let source = format!("{}:/", cluster.meta_addr());
     let opts = format!(
@@ -152,10 +191,7 @@ fn mount_t_fuse_tessera_mounts_in_the_background_and_umount_ends_it() {
     );
     // `output()` waits for standard output and error to close: it returns only if the
     // background process let go of them.
-    let out = run(Command::new("mount")
-        .args(["-t", "fuse.tessera", &source])
-        .arg(&dir)
-        .args(["-o", &opts]));
+    let out = mount_t(&source, &dir, &opts);
     assert!(out.status.success(), "mount: {}", text(&out));
     let (src, fstype, options) = mount_entry(&dir).expect("mounted");
     assert_eq!(
@@ -175,18 +211,14 @@ fn mount_t_fuse_tessera_mounts_in_the_background_and_umount_ends_it() {
 /// subdirectory of `META:/path` not becoming the root, and `noauto` lines mounting.
 #[test]
 fn fstab_lines_mount_with_mount_a_a_subdirectory_read_only() {
-    let _lock = HELPER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let cluster = ProcessCluster::start(1);
-    let _link = HelperLink::install();
+    let f = Fixture::start();
+    let cluster = &f.cluster;
     let admin = cluster.mount("admin");
     fs::create_dir_all(admin.path.join("sets/images")).unwrap();
     fs::write(admin.path.join("sets/images/0.jpg"), b"pixels").unwrap();
     fs::write(admin.path.join("top"), b"above the subdirectory").unwrap();
-    let (sub, skipped) = (cluster.dir().join("sub"), cluster.dir().join("skipped"));
-    fs::create_dir(&sub).unwrap();
-    fs::create_dir(&skipped).unwrap();
-    let _cleanup = Cleanup(vec![sub.clone(), skipped.clone()]);
-    let key = cluster.key_file("admin.key");
+    let ([sub, skipped], _cleanup) = f.mount_points(["sub", "skipped"]);
+    let key = f.key();
     let conf = cluster.dir().join("client.toml");
     fs::write(&conf, format!("key_file = {:?}\n", key.to_string_lossy())).unwrap();
     let log = cluster.dir().join("fstab.log");
@@ -235,21 +267,12 @@ fn fstab_lines_mount_with_mount_a_a_subdirectory_read_only() {
 /// process: no server at the address, and a subdirectory that does not exist.
 #[test]
 fn a_mount_that_cannot_be_made_fails_with_the_reason() {
-    let _lock = HELPER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let cluster = ProcessCluster::start(1);
-    let _link = HelperLink::install();
-    let dir = cluster.dir().join("m");
-    fs::create_dir(&dir).unwrap();
-    let _cleanup = Cleanup(vec![dir.clone()]);
-    let key = cluster.key_file("admin.key");
+    let f = Fixture::start();
+    let ([dir], _cleanup) = f.mount_points(["m"]);
+    let (cluster, key) = (&f.cluster, f.key());
     let log = cluster.dir().join("helper.log");
     let opts = format!("key_file={},log_file={}", key.display(), log.display());
-    let mount = |source: &str, opts: &str| {
-        run(Command::new("mount")
-            .args(["-t", "fuse.tessera", source])
-            .arg(&dir)
-            .args(["-o", opts]))
-    };
+    let mount = |source: &str, opts: &str| mount_t(source, &dir, opts);
     // A port just closed: nothing listens there.
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -286,19 +309,16 @@ fn a_mount_that_cannot_be_made_fails_with_the_reason() {
 /// not the journal (a script capturing `mount`'s output then waited for the unmount).
 #[test]
 fn an_ro_mount_moves_no_atime_and_a_stale_journal_stream_is_not_kept() {
-    let _lock = HELPER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let cluster = ProcessCluster::start(1);
-    let _link = HelperLink::install();
+    let f = Fixture::start();
+    let cluster = &f.cluster;
     let admin = cluster.mount("admin");
     fs::write(admin.path.join("f"), b"read me").unwrap();
     let before = fs::metadata(admin.path.join("f"))
         .unwrap()
         .accessed()
         .unwrap();
-    let dir = cluster.dir().join("ro");
-    fs::create_dir(&dir).unwrap();
-    let _cleanup = Cleanup(vec![dir.clone()]);
-    let key = cluster.key_file("admin.key");
+    let ([dir], _cleanup) = f.mount_points(["ro"]);
+    let key = f.key();
     // No log_file: the default log, named after the mount point, removed below.
     let log = fs_client::cli::daemon::default_log(&dir);
     let out = run(Command::new("mount")
