@@ -16,6 +16,7 @@ mod caller;
 mod opening;
 
 pub use caller::acting_as;
+pub(crate) use caller::current as current_caller;
 mod resume;
 use parking_lot::Mutex;
 use proto::meta::cluster::GetMap;

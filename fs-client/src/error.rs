@@ -53,6 +53,9 @@ pub enum ClientError {
     /// A signal came for the process waiting on a lock.
     #[error("interrupted: {0}")]
     Interrupted(String),
+    /// A path named more symbolic links in a row than [`crate::api`] follows.
+    #[error("too many levels of symbolic links: {0}")]
+    SymlinkLoop(String),
 }
 
 impl ClientError {
@@ -71,7 +74,64 @@ impl ClientError {
             ClientError::NoXattr(_) => ErrorCode::NoData,
             ClientError::OpenLost(_) => ErrorCode::Io,
             ClientError::Interrupted(_) => ErrorCode::Interrupted,
+            // The kernel resolves a mount's paths itself: only the library API's own
+            // resolution meets this, and `errno` tells it apart.
+            ClientError::SymlinkLoop(_) => ErrorCode::InvalidArgument,
         }
+    }
+
+    /// The errno an application sees for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            ClientError::SymlinkLoop(_) => libc::ELOOP,
+            e => errno(e.code()),
+        }
+    }
+}
+
+/// The errno an application sees for `code`, through the mount or the library API. Exhaustive on purpose: a new code does not
+/// compile until someone decides what applications see for it.
+pub fn errno(code: ErrorCode) -> i32 {
+    match code {
+        ErrorCode::NotFound => libc::ENOENT,
+        ErrorCode::AlreadyExists => libc::EEXIST,
+        ErrorCode::NotADirectory => libc::ENOTDIR,
+        ErrorCode::IsADirectory => libc::EISDIR,
+        ErrorCode::NotEmpty => libc::ENOTEMPTY,
+        ErrorCode::InvalidArgument => libc::EINVAL,
+        ErrorCode::NameTooLong => libc::ENAMETOOLONG,
+        ErrorCode::PermissionDenied => libc::EACCES,
+        ErrorCode::NotPermitted => libc::EPERM,
+        ErrorCode::NoSpace => libc::ENOSPC,
+        ErrorCode::Io => libc::EIO,
+        // Never hand out bytes that failed their checksum: the read fails instead.
+        ErrorCode::Corrupt => libc::EIO,
+        ErrorCode::Stale => libc::ESTALE,
+        ErrorCode::VersionMismatch => libc::EPROTO,
+        ErrorCode::Malformed => libc::EPROTO,
+        ErrorCode::UnknownMessage => libc::EPROTO,
+        ErrorCode::Unavailable => libc::EIO,
+        ErrorCode::TimedOut => libc::ETIMEDOUT,
+        ErrorCode::TooBig => libc::EFBIG,
+        ErrorCode::NoData => libc::ENODATA,
+        ErrorCode::Range => libc::ERANGE,
+        ErrorCode::NotSupported => libc::EOPNOTSUPP,
+        ErrorCode::TooManyLinks => libc::EMLINK,
+        ErrorCode::Busy => libc::EBUSY,
+        ErrorCode::AccessViolation => libc::EIO,
+        ErrorCode::Overloaded => libc::EAGAIN,
+        ErrorCode::WouldBlock => libc::EAGAIN,
+        ErrorCode::Interrupted => libc::EINTR,
+        ErrorCode::ReadOnly => libc::EROFS,
+        // A data server refused the grant even after the client renewed it: the
+        // metadata server no longer lets this client at the file.
+        ErrorCode::GrantMissing
+        | ErrorCode::GrantForged
+        | ErrorCode::GrantExpired
+        | ErrorCode::GrantWrongClient
+        | ErrorCode::GrantWrongFile
+        | ErrorCode::GrantWrongMode => libc::EACCES,
+        ErrorCode::Unknown => libc::EIO,
     }
 }
 

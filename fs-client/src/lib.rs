@@ -1,6 +1,7 @@
 //! Tessera's client: the [`Client`] API over the transport, the FUSE mount built on it,
 //! and the local-cluster commands behind `tessera up` and `tessera down`.
 
+pub mod api;
 mod cache;
 pub mod cli;
 mod client;

@@ -225,7 +225,7 @@ impl FileState {
         i.mtime = Timestamp::now();
     }
 
-    fn size(&self) -> u64 {
+    pub(crate) fn size(&self) -> u64 {
         self.inner.lock().size
     }
 

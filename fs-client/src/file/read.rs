@@ -418,6 +418,11 @@ impl Client {
         Ok(plain(Held::Pooled(buf), len))
     }
 
+    /// The most bytes one [`Client::read_buf`] returns: one registered I/O buffer.
+    pub(crate) fn io_buffer_bytes(&self) -> usize {
+        self.data.pool.buffer_bytes()
+    }
+
     /// Reads up to `len` bytes at `offset` (fewer at the end of the file).
     pub async fn read(&self, fh: &FileHandle, offset: u64, len: usize) -> Result<Vec<u8>> {
         let step = self.data.pool.buffer_bytes();

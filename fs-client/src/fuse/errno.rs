@@ -1,52 +1,11 @@
-//! The one place where Tessera error codes become errno values.
+//! Tessera error codes as the kernel's errno values, for FUSE replies.
 
 use fuser::Errno;
 use proto::ErrorCode;
 
-/// The errno an application sees for `code`. Exhaustive on purpose: a new code does not
-/// compile until someone decides what applications see for it.
+/// The errno an application sees for `code` (mapped in `crate::error::errno`).
 pub fn errno(code: ErrorCode) -> Errno {
-    match code {
-        ErrorCode::NotFound => Errno::ENOENT,
-        ErrorCode::AlreadyExists => Errno::EEXIST,
-        ErrorCode::NotADirectory => Errno::ENOTDIR,
-        ErrorCode::IsADirectory => Errno::EISDIR,
-        ErrorCode::NotEmpty => Errno::ENOTEMPTY,
-        ErrorCode::InvalidArgument => Errno::EINVAL,
-        ErrorCode::NameTooLong => Errno::ENAMETOOLONG,
-        ErrorCode::PermissionDenied => Errno::EACCES,
-        ErrorCode::NotPermitted => Errno::EPERM,
-        ErrorCode::NoSpace => Errno::ENOSPC,
-        ErrorCode::Io => Errno::EIO,
-        // Never hand out bytes that failed their checksum: the read fails instead.
-        ErrorCode::Corrupt => Errno::EIO,
-        ErrorCode::Stale => Errno::ESTALE,
-        ErrorCode::VersionMismatch => Errno::EPROTO,
-        ErrorCode::Malformed => Errno::EPROTO,
-        ErrorCode::UnknownMessage => Errno::EPROTO,
-        ErrorCode::Unavailable => Errno::EIO,
-        ErrorCode::TimedOut => Errno::ETIMEDOUT,
-        ErrorCode::TooBig => Errno::EFBIG,
-        ErrorCode::NoData => Errno::ENODATA,
-        ErrorCode::Range => Errno::ERANGE,
-        ErrorCode::NotSupported => Errno::EOPNOTSUPP,
-        ErrorCode::TooManyLinks => Errno::EMLINK,
-        ErrorCode::Busy => Errno::EBUSY,
-        ErrorCode::AccessViolation => Errno::EIO,
-        ErrorCode::Overloaded => Errno::EAGAIN,
-        ErrorCode::WouldBlock => Errno::EAGAIN,
-        ErrorCode::Interrupted => Errno::EINTR,
-        ErrorCode::ReadOnly => Errno::EROFS,
-        // A data server refused the grant even after the client renewed it: the
-        // metadata server no longer lets this client at the file.
-        ErrorCode::GrantMissing
-        | ErrorCode::GrantForged
-        | ErrorCode::GrantExpired
-        | ErrorCode::GrantWrongClient
-        | ErrorCode::GrantWrongFile
-        | ErrorCode::GrantWrongMode => Errno::EACCES,
-        ErrorCode::Unknown => Errno::EIO,
-    }
+    Errno::from_i32(crate::error::errno(code))
 }
 
 #[cfg(test)]

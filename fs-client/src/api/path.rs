@@ -1,0 +1,117 @@
+//! Namespace paths as the library API takes them: pure functions, no I/O.
+
+use crate::error::{ClientError, Result};
+
+/// The longest path the API takes, as Linux's `PATH_MAX`.
+pub const MAX_PATH_BYTES: usize = 4096;
+
+/// The names of `path` from the namespace root: "/a/b" and "a/b" both name `b` in `a`
+/// in the root (a library has no working directory), "." is dropped and ".." takes the
+/// name before it off (lexically; at the root it stays there, as "/.." does).
+pub fn components(path: &str) -> Result<Vec<&str>> {
+    if path.len() > MAX_PATH_BYTES {
+        return Err(ClientError::Invalid(format!(
+            "a path of {} bytes is longer than {MAX_PATH_BYTES}",
+            path.len()
+        )));
+    }
+    if path.contains('\0') {
+        return Err(ClientError::Invalid(format!("{path:?} holds a NUL byte")));
+    }
+    let mut names = Vec::new();
+    for name in path.split('/') {
+        match name {
+            "" | "." => {}
+            ".." => {
+                names.pop();
+            }
+            n => names.push(n),
+        }
+    }
+    Ok(names)
+}
+
+/// `path` split into its parent's names and its last name; the root has no last name.
+pub fn split_last(path: &str) -> Result<(Vec<&str>, &str)> {
+    let mut names = components(path)?;
+    match names.pop() {
+        Some(last) => Ok((names, last)),
+        None => Err(ClientError::Remote(proto::WireError::new(
+            proto::ErrorCode::Busy,
+            format!("{path:?} is the root"),
+        ))),
+    }
+}
+
+/// `path` in its canonical form ("/a/b"), the key under which a directory's inode is
+/// kept.
+pub fn canonical(names: &[&str]) -> String {
+    let mut s = String::with_capacity(names.iter().map(|n| n.len() + 1).sum());
+    for n in names {
+        s.push('/');
+        s.push_str(n);
+    }
+    if s.is_empty() {
+        s.push('/');
+    }
+    s
+}
+
+/// The names a symlink's `target` leads to when it stood at `parent` (the names of the
+/// directory holding the link), followed by `rest`: an absolute target starts again
+/// at the namespace root.
+pub fn spliced<'a>(parent: &[&'a str], target: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
+    let mut names: Vec<&str> = if target.starts_with('/') {
+        Vec::new()
+    } else {
+        parent.to_vec()
+    };
+    for name in target.split('/') {
+        match name {
+            "" | "." => {}
+            ".." => {
+                names.pop();
+            }
+            n => names.push(n),
+        }
+    }
+    names.extend_from_slice(rest);
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_read_from_the_root_with_dots_resolved_by_name() {
+        assert_eq!(components("/a/b").unwrap(), ["a", "b"]);
+        assert_eq!(components("a//b/").unwrap(), ["a", "b"]);
+        assert_eq!(components("/a/./b/../c").unwrap(), ["a", "c"]);
+        assert_eq!(components("/../..").unwrap(), Vec::<&str>::new());
+        assert_eq!(components("").unwrap(), Vec::<&str>::new());
+        assert!(components("a\0b").is_err());
+        assert!(components(&"x".repeat(MAX_PATH_BYTES + 1)).is_err());
+    }
+
+    #[test]
+    fn the_last_name_is_split_off_and_the_root_has_none() {
+        assert_eq!(split_last("/a/b").unwrap(), (vec!["a"], "b"));
+        assert_eq!(split_last("b").unwrap(), (vec![], "b"));
+        let root = split_last("/").unwrap_err();
+        assert_eq!(root.errno(), libc::EBUSY, "{root}");
+    }
+
+    #[test]
+    fn canonical_paths_key_directories() {
+        assert_eq!(canonical(&[]), "/");
+        assert_eq!(canonical(&["a", "b"]), "/a/b");
+    }
+
+    #[test]
+    fn symlink_targets_splice_relative_to_their_directory_or_the_root() {
+        assert_eq!(spliced(&["a", "b"], "../c", &["d"]), ["a", "c", "d"]);
+        assert_eq!(spliced(&["a"], "/x/y", &[]), ["x", "y"]);
+        assert_eq!(spliced(&["a"], "./z", &["w"]), ["a", "z", "w"]);
+    }
+}
