@@ -56,6 +56,14 @@ pub enum ClientError {
     /// A path named more symbolic links in a row than [`crate::api`] follows.
     #[error("too many levels of symbolic links: {0}")]
     SymlinkLoop(String),
+    /// The client refused a call itself, with the code a server would have answered
+    /// (the library API's path walk: a name that is not a directory, say).
+    #[error("{0}")]
+    Refused(WireError),
+    /// A handle that is closed, not open for the call (a write through a read-only
+    /// open), or a connection used in a process forked from the one that made it.
+    #[error("bad handle: {0}")]
+    BadHandle(String),
 }
 
 impl ClientError {
@@ -74,9 +82,10 @@ impl ClientError {
             ClientError::NoXattr(_) => ErrorCode::NoData,
             ClientError::OpenLost(_) => ErrorCode::Io,
             ClientError::Interrupted(_) => ErrorCode::Interrupted,
-            // The kernel resolves a mount's paths itself: only the library API's own
-            // resolution meets this, and `errno` tells it apart.
-            ClientError::SymlinkLoop(_) => ErrorCode::InvalidArgument,
+            // Only the library API meets these (the kernel resolves a mount's paths and
+            // checks its handles itself): `errno` tells them apart.
+            ClientError::SymlinkLoop(_) | ClientError::BadHandle(_) => ErrorCode::InvalidArgument,
+            ClientError::Refused(e) => e.code,
         }
     }
 
@@ -84,6 +93,7 @@ impl ClientError {
     pub fn errno(&self) -> i32 {
         match self {
             ClientError::SymlinkLoop(_) => libc::ELOOP,
+            ClientError::BadHandle(_) => libc::EBADF,
             e => errno(e.code()),
         }
     }

@@ -8,22 +8,28 @@ use fs_client::ClientError;
 use std::sync::Arc;
 use tessera_tests::{client_io, pseudo_random, sha256_hex, InProcessCluster};
 
-/// Runs `f` on a thread outside the runtime with an API connection to `cluster`.
+/// Runs `f` on a thread outside the runtime with an API connection to `cluster`; a
+/// panic in `f` fails the test with its own message.
 async fn with_api<R: Send + 'static>(
     cluster: &InProcessCluster,
     f: impl FnOnce(Tessera) -> R + Send + 'static,
 ) -> R {
-    let options = Options {
+    let mut options = Options {
         config: cluster.client_config(),
         ..Options::new()
     };
+    // Writes to stopped data servers fail within a second (the tests that stop them).
+    options.config.failover_timeout_ms = 1000;
     let addr = cluster.meta_addr();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::spawn(move || {
+    let thread = std::thread::spawn(move || {
         let fs = Tessera::connect(&[addr], options).expect("the API connects");
-        let _ = tx.send(f(fs));
+        f(fs)
     });
-    rx.await.expect("the API thread ends with a result")
+    match tokio::task::spawn_blocking(move || thread.join()).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(e) => panic!("joining the API thread: {e}"),
+    }
 }
 
 fn errno(r: Result<impl std::fmt::Debug, ClientError>) -> i32 {
@@ -70,30 +76,38 @@ async fn files_written_read_and_listed_by_path() {
         assert!(fs.metadata("/data").unwrap().is_dir());
         assert!(fs.metadata("/").unwrap().is_dir());
 
-        // Many small files, read at once, in the order asked.
+        // Many files, read at once, in the order asked: small ones, and some of several
+        // buffers each, so that 16 at once ask for more buffers than the pool has.
+        let size = |i: usize| {
+            if i.is_multiple_of(20) {
+                (3 << 20) + i * 4099
+            } else {
+                1000 + i
+            }
+        };
         let names: Vec<String> = (0..200).map(|i| format!("/data/small/{i:04}")).collect();
         fs.create_dir("/data/small", 0o755).unwrap();
         for (i, n) in names.iter().enumerate() {
-            fs.write(n, &pseudo_random(1000 + i, i as u64)).unwrap();
+            fs.write(n, &pseudo_random(size(i), i as u64)).unwrap();
         }
         let mut asked = names.clone();
         asked.push("/data/small/missing".into());
         let got = fs.read_many(&asked);
         for (i, r) in got[..200].iter().enumerate() {
-            assert_eq!(
-                r.as_ref().unwrap(),
-                &pseudo_random(1000 + i, i as u64),
-                "file {i}"
-            );
+            let want = pseudo_random(size(i), i as u64);
+            assert!(r.as_ref().unwrap() == &want, "file {i} differs");
         }
         assert_eq!(got[200].as_ref().unwrap_err().errno(), libc::ENOENT);
 
         let mut listed: Vec<String> = fs
-            .read_dir("/data/small")
+            .read_dir_plus("/data/small")
             .unwrap()
             .into_iter()
             .map(|e| {
                 assert_eq!(e.kind, FileType::File);
+                let m = e.metadata.expect("read_dir_plus gives attributes");
+                let i: usize = e.name.parse().unwrap();
+                assert_eq!(m.size, size(i) as u64, "{}", e.name);
                 e.name
             })
             .collect();
@@ -150,6 +164,59 @@ async fn handles_write_append_truncate_sync_and_close() {
         fs.open("/ckpt", &trunc).unwrap().close().unwrap();
         assert_eq!(fs.metadata("/ckpt").unwrap().size, 0);
 
+        // What the open allows: EBADF otherwise, and after close.
+        let ro = fs.open("/ckpt", &OpenOptions::new()).unwrap();
+        assert_eq!(errno(ro.write_at(b"x", 0)), libc::EBADF);
+        assert_eq!(errno(ro.append(b"x")), libc::EBADF);
+        assert_eq!(errno(ro.set_len(10)), libc::EBADF);
+        ro.close().unwrap();
+        assert_eq!(errno(ro.close()), libc::EBADF);
+        assert_eq!(errno(ro.read_at(&mut buf, 0)), libc::EBADF);
+        let wo = fs
+            .open("/ckpt", OpenOptions::new().read(false).write(true))
+            .unwrap();
+        assert_eq!(errno(wo.read_at(&mut buf, 0)), libc::EBADF);
+        // Writing nothing past the end changes nothing, as pwrite(2) of 0 bytes.
+        assert_eq!(wo.write_at(b"", 1000).unwrap(), 0);
+        // Growing with set_len reads as zeros; reads past the end read nothing.
+        wo.set_len(3000).unwrap();
+        wo.close().unwrap();
+        assert_eq!(fs.read("/ckpt").unwrap(), vec![0u8; 3000]);
+        let f = fs.open("/ckpt", &OpenOptions::new()).unwrap();
+        assert_eq!(f.read_at(&mut buf, 5000).unwrap(), 0);
+        assert_eq!(errno(f.read_at(&mut buf, u64::MAX - 3)), libc::EFBIG);
+        f.close().unwrap();
+        let trunc_ro = OpenOptions {
+            truncate: true,
+            ..OpenOptions::new()
+        };
+        assert_eq!(errno(fs.open("/ckpt", &trunc_ro)), libc::EINVAL);
+
+        // O_CREAT follows a link at the last name, dangling or not.
+        fs.symlink("step-1", "/latest").unwrap();
+        fs.write("/latest", b"one").unwrap();
+        assert_eq!(fs.read("/step-1").unwrap(), b"one");
+        fs.write("/latest", b"two").unwrap();
+        assert_eq!(fs.read("/step-1").unwrap(), b"two");
+        let excl = OpenOptions::new().write(true).create_new(true).clone();
+        assert_eq!(errno(fs.open("/latest", &excl)), libc::EEXIST);
+
+        // A file dropped without close is closed in the background, its bytes kept.
+        let f = fs
+            .open("/dropped", OpenOptions::new().write(true).create(true))
+            .unwrap();
+        f.write_at(&pseudo_random(100_000, 7), 0).unwrap();
+        drop(f);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while fs.metadata("/dropped").unwrap().size != 100_000 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the dropped file's length never came"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(fs.read("/dropped").unwrap() == pseudo_random(100_000, 7));
+
         // Created files and directories get the mode less the umask (022 in tests).
         let m = fs.metadata("/ckpt").unwrap();
         assert_eq!(m.mode & 0o777, 0o666 & !current_umask());
@@ -177,13 +244,18 @@ async fn renames_symlinks_removals_and_the_errors_os_gives() {
         assert_eq!(fs.read("/d/final").unwrap(), b"new");
         assert_eq!(errno(fs.metadata("/d/new.tmp")), libc::ENOENT);
 
-        // A directory renamed by this client is found under its new name at once.
+        // A directory renamed by this client is found under its new name at once, and
+        // a new one under the old name is not taken for it.
         fs.create_dir_all("/a/b", 0o755).unwrap();
         fs.write("/a/b/f", b"x").unwrap();
         assert_eq!(fs.read("/a/b/f").unwrap(), b"x");
         fs.rename("/a", "/z").unwrap();
         assert_eq!(fs.read("/z/b/f").unwrap(), b"x");
         assert_eq!(errno(fs.read("/a/b/f")), libc::ENOENT);
+        fs.create_dir_all("/a/b", 0o755).unwrap();
+        fs.write("/a/b/f", b"new").unwrap();
+        assert_eq!(fs.read("/z/b/f").unwrap(), b"x");
+        assert_eq!(fs.read("/a/b/f").unwrap(), b"new");
 
         // Symbolic links: relative and absolute targets, in the middle and at the end.
         fs.symlink("b", "/z/link").unwrap();
@@ -210,6 +282,30 @@ async fn renames_symlinks_removals_and_the_errors_os_gives() {
         assert_eq!(errno(fs.remove_file("/d")), libc::EISDIR);
         assert_eq!(errno(fs.read_dir("/d/final")), libc::ENOTDIR);
         assert_eq!(errno(fs.remove_file("/missing")), libc::ENOENT);
+        assert_eq!(errno(fs.remove_file("/d/final/")), libc::ENOTDIR);
+        assert_eq!(errno(fs.remove_file("/")), libc::EISDIR);
+        assert_eq!(errno(fs.create_dir("/", 0o755)), libc::EEXIST);
+        assert_eq!(errno(fs.remove_dir("/")), libc::EBUSY);
+        assert_eq!(errno(fs.metadata(&"/x".repeat(3000))), libc::ENAMETOOLONG);
+        assert_eq!(errno(fs.metadata("/d/final/")), libc::ENOTDIR);
+        assert!(fs.exists("/d/final").unwrap());
+        assert!(!fs.exists("/d/nothing").unwrap());
+
+        // Attributes by path, hard links, a rename that will not replace.
+        fs.set_permissions("/d/final", 0o600).unwrap();
+        assert_eq!(fs.metadata("/d/final").unwrap().mode & 0o7777, 0o600);
+        let then = std::time::UNIX_EPOCH + std::time::Duration::new(1_000_000_000, 5);
+        fs.set_times("/d/final", Some(then), Some(then)).unwrap();
+        let m = fs.metadata("/d/final").unwrap();
+        assert_eq!((m.atime, m.mtime), (then, then));
+        fs.hard_link("/d/final", "/d/again").unwrap();
+        assert_eq!(fs.metadata("/d/again").unwrap().nlink, 2);
+        assert_eq!(
+            errno(fs.rename_noreplace("/d/again", "/d/final")),
+            libc::EEXIST
+        );
+        fs.remove_file("/d/again").unwrap();
+        assert!(fs.statfs().unwrap().total_bytes > 0);
         let nothing = OpenOptions {
             read: false,
             ..OpenOptions::new()
@@ -246,6 +342,106 @@ async fn clones_share_one_connection_across_threads() {
             t.join().expect("a writer thread panicked");
         }
         assert_eq!(fs.read_dir("/t").unwrap().len(), 100);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_the_data_servers_refuse_is_reported_by_sync_and_close() {
+    let cluster = InProcessCluster::start(3).await;
+    let fs = with_api(&cluster, |fs| {
+        let how = OpenOptions::new().write(true).create(true).clone();
+        let f = fs.open("/a", &how).unwrap();
+        let g = fs.open("/b", &how).unwrap();
+        (fs, f, g)
+    })
+    .await;
+    for i in 0..3 {
+        cluster.stop_data(i);
+    }
+    let failed = tokio::task::spawn_blocking(move || {
+        let (fs, f, g) = fs;
+        // Buffered: the write itself is taken; sync and close say it never landed.
+        f.write_at(&[7u8; 70_000], 0).unwrap();
+        let synced = f.sync_all();
+        g.write_at(&[8u8; 70_000], 0).unwrap();
+        let closed = g.close();
+        let _ = f.close();
+        drop(fs);
+        (synced.is_err(), closed.is_err())
+    });
+    // spawn_blocking threads are inside the runtime: the calls take the multi-thread
+    // path (block_in_place), which this also shows works.
+    assert_eq!(failed.await.unwrap(), (true, true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_calls_from_async_code_work_or_fail_clearly() {
+    let cluster = InProcessCluster::start(3).await;
+    with_api(&cluster, |fs| {
+        fs.write("/x", b"x").unwrap();
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        let fs2 = fs.clone();
+        let seen = multi.block_on(async move { fs2.read("/x") }).unwrap();
+        assert_eq!(seen, b"x");
+        let current = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let e = current.block_on(async { fs.read("/x") }).unwrap_err();
+        assert_eq!(e.errno(), libc::EBADF, "{e}");
+        let e = current.block_on(async { Tessera::connect(&["127.0.0.1:1"], Options::new()) });
+        assert!(e.is_err());
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forked_child_fails_clearly_and_its_drops_do_not_hang() {
+    let cluster = InProcessCluster::start(3).await;
+    with_api(&cluster, |fs| {
+        fs.write("/forked", b"parent's").unwrap();
+        let f = fs.open("/forked", &OpenOptions::new()).unwrap();
+        // SAFETY: the child only calls the API (which checks its pid before touching
+        // anything the parent's threads own), drops and exits with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let ok = fs.metadata("/forked").map_err(|e| e.errno()) == Err(libc::EBADF)
+                && fs.read_many(&["/forked"])[0]
+                    .as_ref()
+                    .map_err(|e| e.errno())
+                    == Err(libc::EBADF);
+            drop(f);
+            drop(fs);
+            // SAFETY: ends the child at once, running no atexit handler of the parent's.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut status = 0;
+        loop {
+            // SAFETY: waits for our own child without blocking.
+            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if r == pid {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                // SAFETY: our own child, which hung.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                panic!("the forked child hung");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child: {status}"
+        );
+        // The parent's connection and open file still work.
+        let mut buf = [0u8; 8];
+        assert_eq!(f.read_at(&mut buf, 0).unwrap(), 8);
+        f.close().unwrap();
     })
     .await;
 }

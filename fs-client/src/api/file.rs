@@ -1,13 +1,15 @@
 //! Open files of the library API: positioned reads and writes into and out of the
 //! caller's buffers, `fsync`, truncation, and a close that reports what failed.
 
+use super::path::refused;
 use super::{is_a_directory, Metadata, Shared};
 use crate::error::{ClientError, Result};
 use crate::file::FileHandle;
-use futures::stream::{self, StreamExt, TryStreamExt};
+use futures::stream::{self, FuturesOrdered, StreamExt};
+use parking_lot::RwLock;
 use proto::meta::OpenAccess;
 use proto::{FileKind, SetAttr};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 
 /// Reads of one I/O buffer each that one `read_at` keeps in flight: a large read is
 /// fetched from several data servers at once, in buffers the pool bounds.
@@ -52,6 +54,48 @@ impl OpenOptions {
         OpenOptions::default()
     }
 
+    /// Sets whether to read.
+    pub fn read(&mut self, on: bool) -> &mut Self {
+        self.read = on;
+        self
+    }
+
+    /// Sets whether to write.
+    pub fn write(&mut self, on: bool) -> &mut Self {
+        self.write = on;
+        self
+    }
+
+    /// Sets whether every write goes to the end.
+    pub fn append(&mut self, on: bool) -> &mut Self {
+        self.append = on;
+        self
+    }
+
+    /// Sets whether to create the file if missing.
+    pub fn create(&mut self, on: bool) -> &mut Self {
+        self.create = on;
+        self
+    }
+
+    /// Sets whether to create the file, failing if it exists.
+    pub fn create_new(&mut self, on: bool) -> &mut Self {
+        self.create_new = on;
+        self
+    }
+
+    /// Sets whether to empty the file once open.
+    pub fn truncate(&mut self, on: bool) -> &mut Self {
+        self.truncate = on;
+        self
+    }
+
+    /// Sets the permission bits of a created file.
+    pub fn mode(&mut self, mode: u32) -> &mut Self {
+        self.mode = mode;
+        self
+    }
+
     fn access(&self) -> Result<OpenAccess> {
         let write = self.write || self.append;
         match (self.read, write) {
@@ -65,19 +109,22 @@ impl OpenOptions {
     }
 }
 
-/// An open file. Dropping it closes it without reporting a failed write: call
-/// [`File::close`] to learn of one.
+/// An open file. Many threads may read and write through it at once. Dropping it
+/// closes it without reporting a failed write: call [`File::close`] to learn of one.
 pub struct File {
     shared: Arc<Shared>,
-    fh: Option<FileHandle>,
+    /// `None` once closed; a close waits for calls in flight (they hold it shared).
+    fh: RwLock<Option<FileHandle>>,
+    access: OpenAccess,
     append: bool,
 }
 
 impl std::fmt::Debug for File {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ino = self.fh.as_ref().map(|fh| fh.ino());
+        let ino = self.fh.read().as_ref().map(|fh| fh.ino());
         f.debug_struct("File")
             .field("ino", &ino)
+            .field("access", &self.access)
             .field("append", &self.append)
             .finish()
     }
@@ -85,18 +132,57 @@ impl std::fmt::Debug for File {
 
 impl Drop for File {
     fn drop(&mut self) {
-        let Some(fh) = self.fh.take() else { return };
-        let client = self.shared.client.clone();
-        let release = async move {
-            if let Err(e) = client.release(&fh).await {
-                tracing::warn!(ino = %fh.ino(), error = %e, "a file dropped without close failed to close");
-            }
+        let Some(fh) = self.fh.get_mut().take() else {
+            return;
         };
-        // Blocking is not allowed inside a runtime: the close then runs on its own.
-        if tokio::runtime::Handle::try_current().is_err() {
-            self.shared.handle.block_on(release);
-        } else {
-            self.shared.handle.spawn(release);
+        if self.shared.usable().is_err() {
+            // A forked child: the parent owns the open and the runtime; nothing of
+            // either may be touched here (see `Shared::drop`).
+            std::mem::forget(fh);
+            std::mem::forget(self.shared.clone());
+            return;
+        }
+        // Never waits here (in Python a drop holds the GIL): the closer thread ends
+        // the open, and keeps the runtime alive until it has.
+        self.shared.closer.close_later(fh, self.shared.clone());
+    }
+}
+
+/// One open to end for a `File` dropped without `close`.
+struct Closing {
+    fh: FileHandle,
+    shared: Arc<Shared>,
+}
+
+/// A thread that ends the opens of dropped files, one after the other. Its queue is
+/// not bounded by a number: each entry is a file the program had open, which the
+/// server bounds (and a drop must not wait for room).
+pub(super) struct Closer {
+    tx: mpsc::Sender<Closing>,
+}
+
+impl Closer {
+    pub(super) fn start() -> Result<Closer> {
+        let (tx, rx) = mpsc::channel::<Closing>();
+        std::thread::Builder::new()
+            .name("tessera-close".into())
+            .spawn(move || {
+                // Ends when the `Shared` holding the sender is gone.
+                for c in rx {
+                    let client = c.shared.client.clone();
+                    if let Err(e) = c.shared.handle.block_on(client.release(&c.fh)) {
+                        let ino = c.fh.ino();
+                        tracing::warn!(%ino, error = %e, "a file dropped without close failed to close");
+                    }
+                }
+            })
+            .map_err(|e| ClientError::Config(format!("starting the close thread: {e}")))?;
+        Ok(Closer { tx })
+    }
+
+    fn close_later(&self, fh: FileHandle, shared: Arc<Shared>) {
+        if let Err(mpsc::SendError(c)) = self.tx.send(Closing { fh, shared }) {
+            tracing::warn!(ino = %c.fh.ino(), "no close thread: the server ends the open with the connection");
         }
     }
 }
@@ -104,54 +190,119 @@ impl Drop for File {
 /// Opens `path` as `how` says.
 pub(super) async fn open(sh: Arc<Shared>, path: &str, how: &OpenOptions) -> Result<File> {
     let access = how.access()?;
+    if how.truncate && !access.writes() {
+        return Err(ClientError::Invalid(format!(
+            "{path:?}: truncating needs an open for writing"
+        )));
+    }
     let client = &sh.client;
     let (attr, fh) = if how.create || how.create_new {
-        let (parent, name) = sh.paths.parent(client, path).await?;
-        let caller = super::caller();
-        let flags = (how.create_new, how.truncate, access);
-        client
-            .create_for(parent, name.as_bytes(), sh.mode(how.mode), caller, flags)
-            .await?
+        create(&sh, path, how, access).await?
     } else {
         let attr = sh.paths.resolve(client, path, true).await?;
         if attr.kind == FileKind::Directory {
             return Err(is_a_directory(path));
         }
+        if super::path::wants_dir(path) {
+            return Err(super::not_a_directory(path));
+        }
         client.open_for(attr.ino, access, how.truncate).await?
     };
-    if attr.kind == FileKind::Directory {
-        // A create of a name that is a directory opens nothing: close it again.
-        let _ = client.release(&fh).await;
-        return Err(is_a_directory(path));
+    if access.writes() {
+        fh.mark_writer().await;
     }
+    debug_assert_ne!(attr.kind, FileKind::Directory);
     Ok(File {
         shared: sh.clone(),
-        fh: Some(fh),
+        fh: RwLock::new(Some(fh)),
+        access,
         append: how.append,
     })
+}
+
+/// `O_CREAT`: a symbolic link at the last name is followed (without `O_EXCL`), and
+/// the file is made where it points if nothing is there, as `open(2)` does.
+async fn create(
+    sh: &Shared,
+    path: &str,
+    how: &OpenOptions,
+    access: OpenAccess,
+) -> Result<(proto::Attr, FileHandle)> {
+    /// Links followed at the last name at most, as Linux's `MAXSYMLINKS`.
+    const MAX_LINKS: usize = 40;
+    if super::path::wants_dir(path) {
+        return Err(is_a_directory(path));
+    }
+    let client = &sh.client;
+    let mut at = super::canonical_of(path)?;
+    for _ in 0..=MAX_LINKS {
+        let (parent, name) = sh.parent(&at, proto::ErrorCode::IsADirectory).await?;
+        if !how.create_new {
+            match client.lookup(parent, name.as_bytes()).await {
+                Ok(a) if a.kind == FileKind::Symlink => {
+                    let target = client.readlink(a.ino).await?;
+                    let target = String::from_utf8(target).map_err(|_| {
+                        ClientError::Invalid(format!("{path:?}: a link's target is not UTF-8"))
+                    })?;
+                    let dir = super::path::components(&at)?;
+                    let dir = &dir[..dir.len().saturating_sub(1)];
+                    at = super::path::canonical(&super::path::spliced(dir, &target, &[]));
+                    continue;
+                }
+                Ok(a) if a.kind == FileKind::Directory => return Err(is_a_directory(path)),
+                _ => {}
+            }
+        }
+        let flags = (how.create_new, how.truncate, access);
+        let mode = sh.mode(how.mode);
+        return client
+            .create_for(parent, name.as_bytes(), mode, super::caller(), flags)
+            .await;
+    }
+    Err(ClientError::SymlinkLoop(path.to_string()))
 }
 
 /// Reads into `buf` from `offset` until it is full or the file ends, several buffers
 /// at once.
 async fn read_into(sh: &Shared, fh: &FileHandle, buf: &mut [u8], offset: u64) -> Result<usize> {
+    check_range(offset, buf.len())?;
     let client = &*sh.client;
     let step = client.io_buffer_bytes();
-    let mut reads = Vec::new();
-    for (i, window) in buf.chunks_mut(step).enumerate() {
-        reads.push(read_window(client, fh, offset + (i * step) as u64, window));
-    }
-    let got: Vec<(usize, usize)> = stream::iter(reads)
-        .buffered(WINDOWS_IN_FLIGHT)
-        .try_collect()
-        .await?;
+    // Reads are made as earlier ones finish: a large buffer does not start them all.
+    let mut windows = buf.chunks_mut(step).enumerate();
+    let mut in_flight = FuturesOrdered::new();
     let mut total = 0;
-    for (n, asked) in got {
+    loop {
+        while in_flight.len() < WINDOWS_IN_FLIGHT {
+            let Some((i, window)) = windows.next() else {
+                break;
+            };
+            let at = offset + (i * step) as u64;
+            in_flight.push_back(read_window(client, fh, at, window));
+        }
+        let Some(done) = in_flight.next().await else {
+            return Ok(total);
+        };
+        let (n, asked) = done?;
         total += n;
         if n < asked {
-            break;
+            // The end of the file: the windows after it read nothing.
+            return Ok(total);
         }
     }
-    Ok(total)
+}
+
+/// `offset + len` within the largest file offset.
+fn check_range(offset: u64, len: usize) -> Result<()> {
+    let fits = offset
+        .checked_add(len as u64)
+        .is_some_and(|end| end <= i64::MAX as u64);
+    if !fits {
+        return Err(ClientError::TooLarge(format!(
+            "{len} bytes at offset {offset}"
+        )));
+    }
+    Ok(())
 }
 
 /// One buffer's read into `window`: the bytes read, and how many were asked.
@@ -168,22 +319,32 @@ async fn read_window(
 }
 
 impl File {
-    fn fh(&self) -> &FileHandle {
-        self.fh
+    /// Runs `f` with the open handle: `EBADF` once closed, or if the open does not
+    /// allow the call (`writes`: a write, `reads`: a read).
+    fn with<T>(&self, need: Need, f: impl FnOnce(&FileHandle) -> Result<T>) -> Result<T> {
+        let allowed = match need {
+            Need::Read => self.access != OpenAccess::Write,
+            Need::Write => self.access.writes(),
+            Need::Any => true,
+        };
+        if !allowed {
+            return Err(ClientError::BadHandle(format!(
+                "the file is open for {:?}",
+                self.access
+            )));
+        }
+        let guard = self.fh.read();
+        let fh = guard
             .as_ref()
-            .expect("a File has its handle until it is closed")
+            .ok_or_else(|| ClientError::BadHandle("the file is closed".into()))?;
+        f(fh)
     }
 
     /// Reads up to `buf.len()` bytes at `offset`; 0 at or past the end. It fills `buf`
     /// unless the file ends first.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
-        self.shared
-            .block_on(read_into(&self.shared, self.fh(), buf, offset))
-    }
-
-    /// [`File::read_at`]; the name says what callers rely on.
-    pub(super) fn read_exact_or_eof(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
-        self.read_at(buf, offset)
+        let sh = &self.shared;
+        self.with(Need::Read, |fh| sh.block_on(read_into(sh, fh, buf, offset)))
     }
 
     /// Writes `buf` at `offset`, or at the end if the file was opened to append (as
@@ -194,20 +355,31 @@ impl File {
         if self.append {
             return self.append(buf).map(|_| buf.len());
         }
-        let client = &self.shared.client;
-        self.shared.block_on(client.write(self.fh(), offset, buf))
+        let sh = &self.shared;
+        self.with(Need::Write, |fh| {
+            if buf.is_empty() {
+                // As pwrite(2) of nothing: no change, not even of the length.
+                return Ok(0);
+            }
+            sh.block_on(sh.client.write(fh, offset, buf))
+        })
     }
 
     /// Writes `buf` at the end of the file as the metadata server sees it (appends
     /// from several clients never overlap); returns where it went.
     pub fn append(&self, buf: &[u8]) -> Result<u64> {
-        let client = &self.shared.client;
-        self.shared.block_on(client.append(self.fh(), buf))
+        let sh = &self.shared;
+        self.with(Need::Write, |fh| {
+            if buf.is_empty() {
+                return Ok(fh.state.size());
+            }
+            sh.block_on(sh.client.append(fh, buf))
+        })
     }
 
-    /// The length as this client sees it, its own writes included.
+    /// The length as this client sees it, its own writes included (0 once closed).
     pub fn len(&self) -> u64 {
-        self.fh().state.size()
+        self.with(Need::Any, |fh| Ok(fh.state.size())).unwrap_or(0)
     }
 
     /// Whether the length is 0.
@@ -217,52 +389,69 @@ impl File {
 
     /// The file's attributes.
     pub fn metadata(&self) -> Result<Metadata> {
-        let client = &self.shared.client;
-        let attr = self.shared.block_on(client.getattr(self.fh().ino()))?;
+        let sh = &self.shared;
+        let attr = self.with(Need::Any, |fh| sh.block_on(sh.client.getattr(fh.ino())))?;
         Ok(Metadata::from(&attr))
     }
 
-    /// Cuts or extends the file to `size` bytes.
+    /// Cuts or extends the file to `size` bytes (an open for writing only).
     pub fn set_len(&self, size: u64) -> Result<()> {
-        let client = &self.shared.client;
+        let sh = &self.shared;
         let set = SetAttr {
             size: Some(size),
             ..SetAttr::default()
         };
-        let ino = self.fh().ino();
-        self.shared.block_on(client.setattr(ino, set)).map(drop)
+        self.with(Need::Write, |fh| {
+            sh.block_on(sh.client.setattr(fh.ino(), set)).map(drop)
+        })
     }
 
     /// Sends buffered writes and commits the length, so other clients see them.
     pub fn flush(&self) -> Result<()> {
-        let client = &self.shared.client;
-        self.shared.block_on(client.flush(self.fh()))
+        let sh = &self.shared;
+        self.with(Need::Any, |fh| sh.block_on(sh.client.flush(fh)))
     }
 
     /// Makes every byte written durable on the data servers and commits the length
     /// (`fsync(2)`).
     pub fn sync_all(&self) -> Result<()> {
-        let client = &self.shared.client;
-        self.shared.block_on(client.fsync(self.fh()))
+        let sh = &self.shared;
+        self.with(Need::Any, |fh| sh.block_on(sh.client.fsync(fh)))
     }
 
-    /// Closes the file: buffered writes are sent and the length committed; a write that
-    /// failed on the way is returned here.
-    pub fn close(mut self) -> Result<()> {
+    /// Closes the file once calls in flight are done: buffered writes are sent and the
+    /// length committed; a write that failed on the way is returned here. A second
+    /// close, and any call after it, fails with `EBADF`.
+    pub fn close(&self) -> Result<()> {
+        self.shared.usable()?;
         let fh = self
             .fh
+            .write()
             .take()
-            .expect("a File has its handle until it is closed");
-        let client = &self.shared.client;
-        self.shared.block_on(client.release(&fh))
+            .ok_or_else(|| ClientError::BadHandle("the file is closed".into()))?;
+        let sh = &self.shared;
+        sh.block_on(sh.client.release(&fh))
     }
+
+    /// Whether [`File::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.fh.read().is_none()
+    }
+}
+
+/// What a call needs of the open's access mode.
+#[derive(Clone, Copy)]
+enum Need {
+    Read,
+    Write,
+    Any,
 }
 
 /// The whole file at `path`: its length as the open saw it (a read never goes past
 /// the length this client knows).
 pub(super) async fn read_whole(sh: Arc<Shared>, path: String) -> Result<Vec<u8>> {
-    let mut file = open(sh.clone(), &path, &OpenOptions::new()).await?;
-    let fh = file.fh.take().expect("just opened");
+    let file = open(sh.clone(), &path, &OpenOptions::new()).await?;
+    let fh = file.fh.write().take().expect("just opened");
     let size = usize::try_from(fh.state.size())
         .map_err(|_| ClientError::TooLarge(format!("{path:?} does not fit in memory")))?;
     let mut out = vec![0; size];
@@ -282,7 +471,10 @@ pub(super) async fn read_many(sh: Arc<Shared>, paths: Vec<String>) -> Vec<Result
             async move {
                 match tokio::spawn(read_whole(sh, p)).await {
                     Ok(r) => r,
-                    Err(e) => Err(ClientError::Invalid(format!("a read task failed: {e}"))),
+                    Err(e) => {
+                        let msg = format!("a read task failed: {e}");
+                        Err(refused(proto::ErrorCode::Io, msg))
+                    }
                 }
             }
         })

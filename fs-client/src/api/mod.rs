@@ -9,9 +9,13 @@
 //! applies the process's umask to the modes of what it creates.
 //!
 //! A [`Tessera`] owns a small tokio runtime; its calls block the calling thread, and
-//! many threads may call at once. Do not call it from inside an async task (the calls
-//! would block that task's worker): use [`Tessera::client`], the async API, there. It
-//! does not survive `fork()`: a child process connects anew.
+//! many threads may call at once. Inside async code use [`Tessera::client`], the async
+//! API (a blocking call there takes its worker out of the runtime for the wait, and
+//! fails on a current-thread runtime). It does not survive `fork()`: in a child every
+//! call fails with `EBADF` and dropping does nothing (the parent owns the opens); the
+//! child connects anew. Paths are the namespace's: an absolute symbolic link target is
+//! resolved from the namespace root, where a mount resolves it from the host's root,
+//! so links meant for both are best relative.
 //!
 //! ```no_run
 //! use fs_client::api::{OpenOptions, Options, Tessera};
@@ -33,18 +37,23 @@
 mod file;
 mod path;
 mod resolve;
+mod types;
 
 pub use file::{File, OpenOptions};
 pub use path::MAX_PATH_BYTES;
+use types::timestamp;
+pub use types::{DirEntry, FileType, Metadata};
 
-use crate::client::Client;
+use crate::client::{Client, FsStats};
 use crate::config::ClientConfig;
 use crate::error::{ClientError, Result};
+use file::Closer;
+use path::refused;
 use proto::meta::{Caller, RenameMode};
-use proto::{Attr, ErrorCode, FileKind, WireError};
+use proto::{ErrorCode, FileKind, InodeId, SetAttr, TimeSet};
 use resolve::Resolver;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 /// How many worker threads the runtime gets by default at most: the transfers are
 /// asynchronous, the threads only copy bytes and run the protocol.
@@ -97,120 +106,9 @@ impl Options {
     }
 }
 
-/// What kind of inode a path names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FileType {
-    /// A regular file.
-    File,
-    /// A directory.
-    Dir,
-    /// A symbolic link (seen only by [`Tessera::symlink_metadata`] and listings).
-    Symlink,
-    /// A FIFO, socket or device node.
-    Other,
-}
-
-impl From<FileKind> for FileType {
-    fn from(k: FileKind) -> FileType {
-        match k {
-            FileKind::Regular => FileType::File,
-            FileKind::Directory => FileType::Dir,
-            FileKind::Symlink => FileType::Symlink,
-            _ => FileType::Other,
-        }
-    }
-}
-
-/// A file's attributes, as `stat(2)` reports them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Metadata {
-    /// The inode number (`st_ino`).
-    pub ino: u64,
-    /// The kind of inode.
-    pub kind: FileType,
-    /// `st_mode`: the file type bits and the permission bits.
-    pub mode: u32,
-    /// Length in bytes.
-    pub size: u64,
-    /// Hard links.
-    pub nlink: u32,
-    /// Owner.
-    pub uid: u32,
-    /// Group.
-    pub gid: u32,
-    /// Space held, in 512-byte blocks (holes hold none).
-    pub blocks: u64,
-    /// Last access.
-    pub atime: SystemTime,
-    /// Last change of the contents.
-    pub mtime: SystemTime,
-    /// Last change of the inode.
-    pub ctime: SystemTime,
-}
-
-impl Metadata {
-    /// Whether it is a directory.
-    pub fn is_dir(&self) -> bool {
-        self.kind == FileType::Dir
-    }
-
-    /// Whether it is a regular file.
-    pub fn is_file(&self) -> bool {
-        self.kind == FileType::File
-    }
-}
-
-/// `ts` as a `SystemTime` (times before 1970 included).
-fn system_time(ts: proto::Timestamp) -> SystemTime {
-    let nanos = Duration::from_nanos(u64::from(ts.nanos));
-    if ts.secs >= 0 {
-        UNIX_EPOCH + Duration::from_secs(ts.secs.unsigned_abs()) + nanos
-    } else {
-        UNIX_EPOCH - Duration::from_secs(ts.secs.unsigned_abs()) + nanos
-    }
-}
-
-impl From<&Attr> for Metadata {
-    fn from(a: &Attr) -> Metadata {
-        let type_bits = match a.kind {
-            FileKind::Regular => libc::S_IFREG,
-            FileKind::Directory => libc::S_IFDIR,
-            FileKind::Symlink => libc::S_IFLNK,
-            FileKind::Fifo => libc::S_IFIFO,
-            FileKind::Socket => libc::S_IFSOCK,
-            FileKind::CharDevice => libc::S_IFCHR,
-            FileKind::BlockDevice => libc::S_IFBLK,
-        };
-        Metadata {
-            ino: a.ino.0,
-            kind: a.kind.into(),
-            mode: type_bits | (a.perm & 0o7777),
-            size: a.size,
-            nlink: a.nlink,
-            uid: a.uid,
-            gid: a.gid,
-            blocks: a.blocks,
-            atime: system_time(a.atime),
-            mtime: system_time(a.mtime),
-            ctime: system_time(a.ctime),
-        }
-    }
-}
-
-/// One name in a directory listing.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DirEntry {
-    /// The name (a name that is not UTF-8 shows U+FFFD where its bytes are not).
-    pub name: String,
-    /// The inode it names.
-    pub ino: u64,
-    /// The kind of that inode.
-    pub kind: FileType,
-}
-
 /// What the handles and the runtime share; dropped after the last of them.
 struct Shared {
-    /// Kept in an `Option` to be shut down without waiting in `Drop`.
+    /// Kept in an `Option` to be moved out in `Drop`.
     rt: Option<tokio::runtime::Runtime>,
     handle: tokio::runtime::Handle,
     client: Arc<Client>,
@@ -218,42 +116,102 @@ struct Shared {
     parallel: usize,
     /// The process's umask, read once at connect.
     umask: u32,
+    /// The process that connected: in a forked child the runtime's threads are gone.
+    pid: u32,
+    /// Ends the opens of files dropped without `close`, on a thread of its own.
+    closer: Closer,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        // Closes without a commit are batched for a moment: end them before the
-        // connection goes (as an unmount does), unless dropped inside a runtime, where
-        // blocking is not allowed (the server ends them with the connection then).
-        if tokio::runtime::Handle::try_current().is_err() {
-            self.handle.block_on(self.client.send_releases());
+        let rt = self.rt.take();
+        if std::process::id() != self.pid {
+            // A forked child: the runtime's threads are the parent's; touching what
+            // they own could wait forever.
+            std::mem::forget(rt);
+            return;
         }
-        if let Some(rt) = self.rt.take() {
-            rt.shutdown_background();
+        // Closes without a commit are batched for a moment: end them before the
+        // connection goes (as an unmount does). On a thread of its own, so that a drop
+        // never waits on the network (in Python it would hold the GIL meanwhile); at
+        // process exit it may not finish, and the server ends them with the connection.
+        let client = self.client.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tessera-drop".into())
+            .spawn(move || {
+                if let Some(rt) = rt {
+                    rt.block_on(client.send_releases());
+                    drop(client);
+                    rt.shutdown_background();
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no thread to end the connection on");
         }
     }
 }
 
 impl Shared {
-    /// Runs `f` on the runtime and waits for it.
-    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
-        self.handle.block_on(f)
+    /// Runs `f` on the runtime and waits for it: from a plain thread as is; from a
+    /// worker of a multi-thread runtime (async code calling the blocking API) after
+    /// handing its other tasks to other workers; from a current-thread runtime, or in
+    /// a process forked from the one that connected, it fails.
+    fn block_on<T, F: std::future::Future<Output = Result<T>>>(&self, f: F) -> Result<T> {
+        self.usable()?;
+        match tokio::runtime::Handle::try_current() {
+            Err(_) => self.handle.block_on(f),
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(|| self.handle.block_on(f))
+            }
+            Ok(_) => Err(ClientError::BadHandle(
+                "a blocking call of the library API from a current-thread runtime: use \
+                 Tessera::client(), the async API, there"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Fails in a process forked from the one that connected.
+    fn usable(&self) -> Result<()> {
+        if std::process::id() != self.pid {
+            return Err(ClientError::BadHandle(format!(
+                "this connection was made by process {}, and this is {} (a fork): connect \
+                 anew in the child",
+                self.pid,
+                std::process::id()
+            )));
+        }
+        Ok(())
     }
 
     fn mode(&self, mode: u32) -> u32 {
         mode & 0o7777 & !self.umask
     }
+
+    /// The directory holding `path`'s last name, and the name; the root has none, and
+    /// fails with `at_root` (the errno Linux gives for the call).
+    async fn parent(&self, path: &str, at_root: ErrorCode) -> Result<(InodeId, String)> {
+        let Some((dir, name)) = path::split_last(path)? else {
+            return Err(refused(at_root, format!("{path:?} is the root")));
+        };
+        let ino = self.paths.dir(&self.client, path, &dir).await?;
+        Ok((ino, name.to_string()))
+    }
+}
+
+/// The umask in the text of `/proc/self/status`, if it has one.
+fn umask_in(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Umask:"))
+        .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
 }
 
 /// The process's umask, from `/proc/self/status` (calling `umask(2)` to read it would
 /// change it for a moment under the process's other threads); 0o022 if unreadable.
 fn process_umask() -> u32 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Umask:"))
-        .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
-        .unwrap_or(0o022)
+    umask_in(&status).unwrap_or(0o022)
 }
 
 /// A connection to one Tessera cluster, by path. Cheap to clone; every clone shares
@@ -261,6 +219,15 @@ fn process_umask() -> u32 {
 #[derive(Clone)]
 pub struct Tessera {
     shared: Arc<Shared>,
+}
+
+impl Drop for Tessera {
+    fn drop(&mut self) {
+        if self.shared.usable().is_err() {
+            // A forked child: see `Shared::drop`; nothing it owns is touched here.
+            std::mem::forget(self.shared.clone());
+        }
+    }
 }
 
 impl std::fmt::Debug for Tessera {
@@ -283,6 +250,12 @@ impl Tessera {
         if !(1..=256).contains(&options.threads) || !(1..=1024).contains(&options.parallel) {
             return Err(ClientError::Config(
                 "threads must be between 1 and 256 and parallel between 1 and 1024".into(),
+            ));
+        }
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(ClientError::Config(
+                "Tessera::connect blocks: call it outside async code (or use Client::connect)"
+                    .into(),
             ));
         }
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -314,11 +287,14 @@ impl Tessera {
                 paths: Resolver::new(entry_ttl),
                 parallel: options.parallel,
                 umask: process_umask(),
+                pid: std::process::id(),
+                closer: Closer::start()?,
             }),
         })
     }
 
-    /// The async client underneath, for use inside async code.
+    /// The async client underneath, for use inside async code. It works while this
+    /// `Tessera`, a clone or one of its files lives (they own its runtime).
     pub fn client(&self) -> &Arc<Client> {
         &self.shared.client
     }
@@ -330,45 +306,81 @@ impl Tessera {
     /// Opens a file as `how` says.
     pub fn open(&self, path: &str, how: &OpenOptions) -> Result<File> {
         let sh = self.shared.clone();
-        let path = path.to_string();
-        let how = how.clone();
-        self.sh()
-            .block_on(async move { file::open(sh, &path, &how).await })
+        self.sh().block_on(file::open(sh, path, how))
     }
 
     /// The attributes of what `path` names, following symbolic links.
     pub fn metadata(&self, path: &str) -> Result<Metadata> {
         let sh = self.sh();
-        sh.block_on(sh.paths.resolve(&sh.client, path, true))
-            .map(|a| Metadata::from(&a))
+        let attr = sh.block_on(sh.paths.resolve(&sh.client, path, true))?;
+        if path::wants_dir(path) && attr.kind != FileKind::Directory {
+            return Err(not_a_directory(path));
+        }
+        Ok(Metadata::from(&attr))
     }
 
     /// The attributes of what `path` names, not following a symbolic link at its end.
     pub fn symlink_metadata(&self, path: &str) -> Result<Metadata> {
         let sh = self.sh();
-        sh.block_on(sh.paths.resolve(&sh.client, path, false))
-            .map(|a| Metadata::from(&a))
+        let follow = path::wants_dir(path);
+        let attr = sh.block_on(sh.paths.resolve(&sh.client, path, follow))?;
+        Ok(Metadata::from(&attr))
+    }
+
+    /// Whether `path` names something (links followed); errors other than "no such
+    /// name" are returned.
+    pub fn exists(&self, path: &str) -> Result<bool> {
+        match self.metadata(path) {
+            Ok(_) => Ok(true),
+            Err(e) if e.errno() == libc::ENOENT => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// The names in a directory, without "." and "..", in the server's order.
     pub fn read_dir(&self, path: &str) -> Result<Vec<DirEntry>> {
+        self.list(path, false)
+    }
+
+    /// [`Tessera::read_dir`] with each entry's attributes, in the same calls (for
+    /// `scandir` and listings with details: no call per entry).
+    pub fn read_dir_plus(&self, path: &str) -> Result<Vec<DirEntry>> {
+        self.list(path, true)
+    }
+
+    fn list(&self, path: &str, plus: bool) -> Result<Vec<DirEntry>> {
+        /// Entries asked for per page.
+        const PAGE: u32 = 1024;
         let sh = self.sh();
         sh.block_on(async {
             let dir = sh.paths.resolve(&sh.client, path, true).await?;
             if dir.kind != FileKind::Directory {
                 return Err(not_a_directory(path));
             }
-            let all = sh.client.readdir_all(dir.ino).await?;
+            let mut out: Vec<DirEntry> = Vec::new();
+            let mut after: Option<Vec<u8>> = None;
+            loop {
+                let (page, done) = sh
+                    .client
+                    .readdir_page(dir.ino, after.take(), PAGE, plus)
+                    .await?;
+                after = page.last().map(|e| e.name.clone());
+                out.extend(
+                    page.into_iter()
+                        .filter(|e| e.name != b"." && e.name != b"..")
+                        .map(|e| DirEntry {
+                            name: String::from_utf8_lossy(&e.name).into_owned(),
+                            ino: e.ino.0,
+                            kind: e.kind.into(),
+                            metadata: e.attr.as_ref().map(Metadata::from),
+                        }),
+                );
+                if done || after.is_none() {
+                    break;
+                }
+            }
             sh.client.accessed(dir.ino).await;
-            Ok(all
-                .into_iter()
-                .filter(|e| e.name != b"." && e.name != b"..")
-                .map(|e| DirEntry {
-                    name: String::from_utf8_lossy(&e.name).into_owned(),
-                    ino: e.ino.0,
-                    kind: e.kind.into(),
-                })
-                .collect())
+            Ok(out)
         })
     }
 
@@ -376,12 +388,13 @@ impl Tessera {
     pub fn create_dir(&self, path: &str, mode: u32) -> Result<()> {
         let sh = self.sh();
         sh.block_on(async {
-            let (parent, name) = sh.paths.parent(&sh.client, path).await?;
-            let caller = caller();
-            sh.client
-                .mkdir(parent, name.as_bytes(), sh.mode(mode), caller)
-                .await
-                .map(drop)
+            let (parent, name) = sh.parent(path, ErrorCode::AlreadyExists).await?;
+            let mode = sh.mode(mode);
+            let made = sh
+                .client
+                .mkdir(parent, name.as_bytes(), mode, caller())
+                .await;
+            made.map(drop)
         })
     }
 
@@ -408,7 +421,15 @@ impl Tessera {
     pub fn remove_file(&self, path: &str) -> Result<()> {
         let sh = self.sh();
         sh.block_on(async {
-            let (parent, name) = sh.paths.parent(&sh.client, path).await?;
+            let (parent, name) = sh.parent(path, ErrorCode::IsADirectory).await?;
+            if path::wants_dir(path) {
+                // "f/" names a directory or nothing: unlink(2) says which.
+                let attr = sh.client.lookup(parent, name.as_bytes()).await?;
+                return Err(match attr.kind {
+                    FileKind::Directory => is_a_directory(path),
+                    _ => not_a_directory(path),
+                });
+            }
             sh.client.unlink(parent, name.as_bytes()).await
         })
     }
@@ -417,32 +438,51 @@ impl Tessera {
     pub fn remove_dir(&self, path: &str) -> Result<()> {
         let sh = self.sh();
         sh.block_on(async {
-            let (parent, name) = sh.paths.parent(&sh.client, path).await?;
-            sh.paths.forget();
-            sh.client.rmdir(parent, name.as_bytes()).await
+            let (parent, name) = sh.parent(path, ErrorCode::Busy).await?;
+            let key = canonical_of(path)?;
+            sh.paths.forget_under(&key);
+            let r = sh.client.rmdir(parent, name.as_bytes()).await;
+            sh.paths.forget_under(&key);
+            r
         })
     }
 
     /// Renames `from` to `to` atomically, replacing what `to` named (a file, or an
     /// empty directory when `from` is one).
     pub fn rename(&self, from: &str, to: &str) -> Result<()> {
+        self.rename_as(from, to, RenameMode::Replace)
+    }
+
+    /// Renames `from` to `to` atomically if nothing is named `to` (`RENAME_NOREPLACE`),
+    /// else fails with `EEXIST`.
+    pub fn rename_noreplace(&self, from: &str, to: &str) -> Result<()> {
+        self.rename_as(from, to, RenameMode::NoReplace)
+    }
+
+    fn rename_as(&self, from: &str, to: &str, mode: RenameMode) -> Result<()> {
         let sh = self.sh();
         sh.block_on(async {
-            let (p1, n1) = sh.paths.parent(&sh.client, from).await?;
-            let (p2, n2) = sh.paths.parent(&sh.client, to).await?;
-            sh.paths.forget();
+            let (p1, n1) = sh.parent(from, ErrorCode::Busy).await?;
+            let (p2, n2) = sh.parent(to, ErrorCode::Busy).await?;
+            let (k1, k2) = (canonical_of(from)?, canonical_of(to)?);
+            let forget = || {
+                sh.paths.forget_under(&k1);
+                sh.paths.forget_under(&k2);
+            };
+            forget();
             let (n1, n2) = (n1.as_bytes(), n2.as_bytes());
-            sh.client.rename(p1, n1, p2, n2, RenameMode::Replace).await
+            let r = sh.client.rename(p1, n1, p2, n2, mode).await;
+            forget();
+            r
         })
     }
 
-    /// Makes a symbolic link at `path` that points to `target` (a namespace path or one
-    /// relative to the link's directory; this API resolves an absolute target from the
-    /// namespace root).
+    /// Makes a symbolic link at `path` that points to `target` (see the module's note
+    /// on absolute targets).
     pub fn symlink(&self, target: &str, path: &str) -> Result<()> {
         let sh = self.sh();
         sh.block_on(async {
-            let (parent, name) = sh.paths.parent(&sh.client, path).await?;
+            let (parent, name) = sh.parent(path, ErrorCode::AlreadyExists).await?;
             let (name, target) = (name.as_bytes(), target.as_bytes());
             sh.client
                 .symlink(parent, name, target, caller())
@@ -458,10 +498,7 @@ impl Tessera {
             let attr = sh.paths.resolve(&sh.client, path, false).await?;
             if attr.kind != FileKind::Symlink {
                 let msg = format!("{path:?} is not a symbolic link");
-                return Err(ClientError::Remote(WireError::new(
-                    ErrorCode::InvalidArgument,
-                    msg,
-                )));
+                return Err(refused(ErrorCode::InvalidArgument, msg));
             }
             sh.client.readlink(attr.ino).await
         })?;
@@ -469,27 +506,111 @@ impl Tessera {
             .map_err(|_| ClientError::Invalid(format!("{path:?}: the target is not UTF-8")))
     }
 
+    /// Adds the name `link` for the file at `path` (a hard link).
+    pub fn hard_link(&self, path: &str, link: &str) -> Result<()> {
+        let sh = self.sh();
+        sh.block_on(async {
+            let attr = sh.paths.resolve(&sh.client, path, false).await?;
+            let (parent, name) = sh.parent(link, ErrorCode::AlreadyExists).await?;
+            sh.client
+                .link(attr.ino, parent, name.as_bytes())
+                .await
+                .map(drop)
+        })
+    }
+
+    /// Sets the permission bits of what `path` names (links followed), as `chmod(2)`.
+    pub fn set_permissions(&self, path: &str, mode: u32) -> Result<()> {
+        let set = SetAttr {
+            perm: Some(mode & 0o7777),
+            ..SetAttr::default()
+        };
+        self.set_attr(path, set)
+    }
+
+    /// Sets the access and modification times (`None`: left as they are), as
+    /// `utimensat(2)`.
+    pub fn set_times(
+        &self,
+        path: &str,
+        atime: Option<SystemTime>,
+        mtime: Option<SystemTime>,
+    ) -> Result<()> {
+        let set = SetAttr {
+            atime: atime.map(|t| TimeSet::At(timestamp(t))),
+            mtime: mtime.map(|t| TimeSet::At(timestamp(t))),
+            ..SetAttr::default()
+        };
+        self.set_attr(path, set)
+    }
+
+    fn set_attr(&self, path: &str, set: SetAttr) -> Result<()> {
+        let sh = self.sh();
+        sh.block_on(async {
+            let attr = sh.paths.resolve(&sh.client, path, true).await?;
+            sh.client.setattr(attr.ino, set).await.map(drop)
+        })
+    }
+
+    /// The file system's totals (`statvfs`).
+    pub fn statfs(&self) -> Result<FsStats> {
+        let sh = self.sh();
+        sh.block_on(sh.client.statfs())
+    }
+
+    /// Sends every open file's buffered writes and commits them, and ends the closes
+    /// waiting to be batched: what a program calls before it exits (Python's `atexit`),
+    /// since files it did not close are otherwise closed by nobody. Handles stay open.
+    pub fn flush_all(&self) -> Result<()> {
+        let sh = self.sh();
+        sh.block_on(async {
+            let mut first_error = None;
+            for st in sh.client.open_files() {
+                if let Err(e) = sh.client.commit_pending(&st).await {
+                    first_error.get_or_insert(e);
+                }
+            }
+            sh.client.send_releases().await;
+            first_error.map_or(Ok(()), Err)
+        })
+    }
+
     /// The whole file.
     pub fn read(&self, path: &str) -> Result<Vec<u8>> {
         let sh = self.shared.clone();
-        let path = path.to_string();
-        self.sh().block_on(file::read_whole(sh, path))
+        self.sh().block_on(file::read_whole(sh, path.to_string()))
     }
 
     /// Reads into `buf` from `offset` of the file: fewer bytes only at its end.
     pub fn read_into(&self, path: &str, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let file = self.open(path, &OpenOptions::new())?;
-        let n = file.read_exact_or_eof(buf, offset)?;
-        file.close()?;
+        let read = file.read_at(buf, offset);
+        let closed = file.close();
+        let n = read?;
+        closed?;
         Ok(n)
     }
 
     /// Reads many whole files at once, at most `Options::parallel` at a time, each on
-    /// the runtime's threads: the results are in the order of `paths`.
+    /// the runtime's threads: the results are in the order of `paths`, and all of them
+    /// are held until the last is read (pass batches to bound the memory).
     pub fn read_many<S: AsRef<str>>(&self, paths: &[S]) -> Vec<Result<Vec<u8>>> {
         let sh = self.shared.clone();
         let paths: Vec<String> = paths.iter().map(|p| p.as_ref().to_string()).collect();
-        self.sh().block_on(file::read_many(sh, paths))
+        let n = paths.len();
+        match self
+            .sh()
+            .block_on(async { Ok(file::read_many(sh, paths).await) })
+        {
+            Ok(all) => all,
+            Err(e) => {
+                // Not run at all (a fork, a current-thread runtime): each fails alike.
+                let msg = e.to_string();
+                (0..n)
+                    .map(|_| Err(ClientError::BadHandle(msg.clone())))
+                    .collect()
+            }
+        }
     }
 
     /// Creates or empties the file at `path` (mode 0o666 less the umask) and writes
@@ -503,8 +624,10 @@ impl Tessera {
             ..OpenOptions::new()
         };
         let file = self.open(path, &how)?;
-        file.write_at(data, 0)?;
-        file.close()
+        let wrote = file.write_at(data, 0);
+        let closed = file.close();
+        wrote?;
+        closed
     }
 }
 
@@ -513,58 +636,27 @@ fn caller() -> Caller {
     crate::client::current_caller()
 }
 
+/// `path` in canonical form, the key of kept directories.
+fn canonical_of(path: &str) -> Result<String> {
+    Ok(path::canonical(&path::components(path)?))
+}
+
 /// `ENOTDIR` for `path`.
 fn not_a_directory(path: &str) -> ClientError {
-    let msg = format!("{path:?} is not a directory");
-    ClientError::Remote(WireError::new(ErrorCode::NotADirectory, msg))
+    refused(
+        ErrorCode::NotADirectory,
+        format!("{path:?} is not a directory"),
+    )
 }
 
 /// `EISDIR` for `path`.
 fn is_a_directory(path: &str) -> ClientError {
-    let msg = format!("{path:?} is a directory");
-    ClientError::Remote(WireError::new(ErrorCode::IsADirectory, msg))
+    refused(ErrorCode::IsADirectory, format!("{path:?} is a directory"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proto::InodeId;
-
-    #[test]
-    fn metadata_carries_the_type_bits_in_its_mode() {
-        let t = proto::Timestamp { secs: 1, nanos: 0 };
-        let a = Attr {
-            ino: InodeId(9),
-            kind: FileKind::Directory,
-            perm: 0o4755,
-            nlink: 2,
-            uid: 1,
-            gid: 2,
-            rdev: 0,
-            size: 0,
-            atime: t,
-            mtime: t,
-            ctime: t,
-            xattr_count: 0,
-            blocks: 0,
-        };
-        let m = Metadata::from(&a);
-        assert_eq!(m.mode, libc::S_IFDIR | 0o4755);
-        assert!(m.is_dir() && !m.is_file());
-        assert_eq!(m.ino, 9);
-    }
-
-    #[test]
-    fn times_before_1970_stay_before_it() {
-        let t = system_time(proto::Timestamp {
-            secs: -2,
-            nanos: 500_000_000,
-        });
-        assert_eq!(
-            UNIX_EPOCH.duration_since(t).unwrap(),
-            Duration::from_millis(1500)
-        );
-    }
 
     #[test]
     fn settings_are_set_by_name_and_unknown_names_refused() {
@@ -576,14 +668,9 @@ mod tests {
     }
 
     #[test]
-    fn the_umask_is_read_from_proc() {
-        // The test process's umask, set through the call that reads and sets it.
-        // SAFETY: umask cannot fail; it is set back at once.
-        let real = unsafe {
-            let m = libc::umask(0o022);
-            libc::umask(m);
-            m
-        };
-        assert_eq!(process_umask(), real);
+    fn the_umask_is_read_from_procs_status_text() {
+        let status = "Name:\tx\nUmask:\t0027\nState:\tR (running)\n";
+        assert_eq!(umask_in(status), Some(0o027));
+        assert_eq!(umask_in("Name:\tx\n"), None);
     }
 }

@@ -1,6 +1,7 @@
 //! Namespace paths as the library API takes them: pure functions, no I/O.
 
 use crate::error::{ClientError, Result};
+use proto::{ErrorCode, WireError};
 
 /// The longest path the API takes, as Linux's `PATH_MAX`.
 pub const MAX_PATH_BYTES: usize = 4096;
@@ -10,10 +11,11 @@ pub const MAX_PATH_BYTES: usize = 4096;
 /// name before it off (lexically; at the root it stays there, as "/.." does).
 pub fn components(path: &str) -> Result<Vec<&str>> {
     if path.len() > MAX_PATH_BYTES {
-        return Err(ClientError::Invalid(format!(
+        let msg = format!(
             "a path of {} bytes is longer than {MAX_PATH_BYTES}",
             path.len()
-        )));
+        );
+        return Err(refused(ErrorCode::NameTooLong, msg));
     }
     if path.contains('\0') {
         return Err(ClientError::Invalid(format!("{path:?} holds a NUL byte")));
@@ -31,16 +33,23 @@ pub fn components(path: &str) -> Result<Vec<&str>> {
     Ok(names)
 }
 
-/// `path` split into its parent's names and its last name; the root has no last name.
-pub fn split_last(path: &str) -> Result<(Vec<&str>, &str)> {
+/// `path` split into its parent's names and its last name; `None` for the root, which
+/// has no last name (each call fails on it with the errno Linux gives).
+pub fn split_last(path: &str) -> Result<Option<(Vec<&str>, &str)>> {
     let mut names = components(path)?;
-    match names.pop() {
-        Some(last) => Ok((names, last)),
-        None => Err(ClientError::Remote(proto::WireError::new(
-            proto::ErrorCode::Busy,
-            format!("{path:?} is the root"),
-        ))),
-    }
+    Ok(names.pop().map(|last| (names, last)))
+}
+
+/// Whether `path` can only name a directory: it ends in "/", "/." or "/.." (so
+/// `remove_file("f/")` fails with `ENOTDIR`, as `unlink(2)` does).
+pub fn wants_dir(path: &str) -> bool {
+    let last = path.rsplit('/').next().unwrap_or("");
+    path.contains('/') && matches!(last, "" | "." | "..") || matches!(path, "." | "..")
+}
+
+/// An error with `code`, refused by the client itself.
+pub fn refused(code: ErrorCode, msg: String) -> ClientError {
+    ClientError::Refused(WireError::new(code, msg))
 }
 
 /// `path` in its canonical form ("/a/b"), the key under which a directory's inode is
@@ -91,15 +100,26 @@ mod tests {
         assert_eq!(components("/../..").unwrap(), Vec::<&str>::new());
         assert_eq!(components("").unwrap(), Vec::<&str>::new());
         assert!(components("a\0b").is_err());
-        assert!(components(&"x".repeat(MAX_PATH_BYTES + 1)).is_err());
+        let long = components(&"x".repeat(MAX_PATH_BYTES + 1)).unwrap_err();
+        assert_eq!(long.errno(), libc::ENAMETOOLONG);
     }
 
     #[test]
     fn the_last_name_is_split_off_and_the_root_has_none() {
-        assert_eq!(split_last("/a/b").unwrap(), (vec!["a"], "b"));
-        assert_eq!(split_last("b").unwrap(), (vec![], "b"));
-        let root = split_last("/").unwrap_err();
-        assert_eq!(root.errno(), libc::EBUSY, "{root}");
+        assert_eq!(split_last("/a/b").unwrap(), Some((vec!["a"], "b")));
+        assert_eq!(split_last("b").unwrap(), Some((vec![], "b")));
+        assert_eq!(split_last("/").unwrap(), None);
+        assert_eq!(split_last("/a/..").unwrap(), None);
+    }
+
+    #[test]
+    fn a_trailing_slash_or_dot_asks_for_a_directory() {
+        for p in ["/a/", "a/.", "/a/..", ".", "/"] {
+            assert!(wants_dir(p), "{p}");
+        }
+        for p in ["/a", "a", "/a/.b", ""] {
+            assert!(!wants_dir(p), "{p}");
+        }
     }
 
     #[test]

@@ -1,11 +1,11 @@
 //! Paths to inodes for the library API: one lookup per name, symbolic links followed,
 //! the directories walked kept for a while (as the kernel keeps a mount's dentries).
 
-use super::path::{canonical, components, spliced, split_last};
+use super::path::{canonical, components, spliced};
 use crate::client::Client;
 use crate::error::{ClientError, Result};
 use parking_lot::Mutex;
-use proto::{Attr, FileKind, InodeId};
+use proto::{Attr, ErrorCode, FileKind, InodeId};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -17,87 +17,148 @@ const MAX_KEPT_DIRS: usize = 16_384;
 /// Resolves paths, keeping the inode of each directory walked for `ttl`.
 pub(super) struct Resolver {
     ttl: Duration,
-    dirs: Mutex<HashMap<String, (InodeId, Instant)>>,
+    dirs: Mutex<Kept>,
+}
+
+/// The directories kept, and a generation that every forget moves: a walk that began
+/// before a forget keeps nothing it found (it may have seen the old name).
+#[derive(Default)]
+struct Kept {
+    by_path: HashMap<String, (InodeId, Instant)>,
+    generation: u64,
 }
 
 impl Resolver {
     pub(super) fn new(ttl: Duration) -> Resolver {
         Resolver {
             ttl,
-            dirs: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(Kept::default()),
         }
     }
 
-    /// Forgets every directory kept: after a rename or removal of one by this client
-    /// (the kernel drops such dentries at once too; other clients' changes are seen
-    /// after the TTL, as through a mount).
-    pub(super) fn forget(&self) {
-        self.dirs.lock().clear();
+    /// Forgets the directories at and under `path` (canonical): before and after this
+    /// client renames or removes it (the kernel drops such dentries at once too; other
+    /// clients' changes are seen after the TTL, as through a mount).
+    pub(super) fn forget_under(&self, path: &str) {
+        let mut kept = self.dirs.lock();
+        kept.generation += 1;
+        let under = format!("{}/", path.trim_end_matches('/'));
+        kept.by_path
+            .retain(|k, _| k != path && !k.starts_with(&under));
+    }
+
+    /// Forgets every directory kept.
+    fn forget_all(&self) {
+        let mut kept = self.dirs.lock();
+        kept.generation += 1;
+        kept.by_path.clear();
+    }
+
+    fn generation(&self) -> u64 {
+        self.dirs.lock().generation
     }
 
     fn kept(&self, key: &str) -> Option<InodeId> {
-        let mut dirs = self.dirs.lock();
-        match dirs.get(key) {
+        let mut kept = self.dirs.lock();
+        match kept.by_path.get(key) {
             Some(&(ino, at)) if at.elapsed() < self.ttl => Some(ino),
             Some(_) => {
-                dirs.remove(key);
+                kept.by_path.remove(key);
                 None
             }
             None => None,
         }
     }
 
-    fn keep(&self, key: String, ino: InodeId) {
+    /// Keeps `key`'s inode, unless a forget came since the walk began (`generation`).
+    fn keep(&self, key: String, ino: InodeId, generation: u64) {
         if self.ttl.is_zero() {
             return;
         }
-        let mut dirs = self.dirs.lock();
-        if dirs.len() >= MAX_KEPT_DIRS {
-            dirs.clear();
+        let mut kept = self.dirs.lock();
+        if kept.generation != generation {
+            return;
         }
-        dirs.insert(key, (ino, Instant::now()));
+        if kept.by_path.len() >= MAX_KEPT_DIRS {
+            kept.by_path.clear();
+        }
+        kept.by_path.insert(key, (ino, Instant::now()));
     }
 
     /// The attributes of what `path` names; a symbolic link at its end is followed if
     /// `follow`, those before it always.
     pub(super) async fn resolve(&self, client: &Client, path: &str, follow: bool) -> Result<Attr> {
         let names: Vec<String> = components(path)?.into_iter().map(str::to_string).collect();
-        self.walk(client, path, names, follow).await
+        self.walk_again(client, path, names, follow, false).await
     }
 
-    /// The directory holding `path`'s last name, and that name.
-    pub(super) async fn parent(&self, client: &Client, path: &str) -> Result<(InodeId, String)> {
-        let (dir, name) = split_last(path)?;
-        let name = name.to_string();
-        if dir.is_empty() {
-            return Ok((InodeId::ROOT, name));
+    /// The inode of the directory `names` (from the root) lead to, links followed; a
+    /// kept one answers without a call.
+    pub(super) async fn dir(&self, client: &Client, path: &str, names: &[&str]) -> Result<InodeId> {
+        if names.is_empty() {
+            return Ok(InodeId::ROOT);
         }
-        let dir: Vec<String> = dir.into_iter().map(str::to_string).collect();
-        let attr = self.walk(client, path, dir, true).await?;
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let attr = self.walk_again(client, path, names, true, true).await?;
         if attr.kind != FileKind::Directory {
             return Err(super::not_a_directory(path));
         }
-        Ok((attr.ino, name))
+        Ok(attr.ino)
+    }
+
+    /// [`Resolver::walk`], once more from scratch if a lookup under a kept directory
+    /// found nothing: the directory may have been renamed or removed by another client
+    /// within the TTL (through a mount, the kernel revalidates such a dentry).
+    async fn walk_again(
+        &self,
+        client: &Client,
+        path: &str,
+        names: Vec<String>,
+        follow: bool,
+        dir_ok: bool,
+    ) -> Result<Attr> {
+        let mut used_kept = false;
+        match self
+            .walk(client, path, names.clone(), follow, dir_ok, &mut used_kept)
+            .await
+        {
+            Err(e) if used_kept && matches!(e.code(), ErrorCode::NotFound | ErrorCode::Stale) => {
+                self.forget_all();
+                let mut again = false;
+                self.walk(client, path, names, follow, dir_ok, &mut again)
+                    .await
+            }
+            r => r,
+        }
     }
 
     /// Walks `names` from the root. After a symbolic link the walk starts again from
     /// the root with the link's target spliced in (the directories on the way are
-    /// kept, so that costs no calls).
+    /// kept, so that costs no calls). `dir_ok`: the last name may be answered from the
+    /// kept directories too (its attributes then are a directory's, read afresh only
+    /// for its inode). `used_kept` is set when a kept directory was used.
     async fn walk(
         &self,
         client: &Client,
         path: &str,
         mut names: Vec<String>,
         follow: bool,
+        dir_ok: bool,
+        used_kept: &mut bool,
     ) -> Result<Attr> {
+        let generation = self.generation();
         let mut links = 0;
         'walk: loop {
             let mut dir = InodeId::ROOT;
             for i in 0..names.len() {
                 let last = i + 1 == names.len();
                 let key = canonical(&str_refs(&names[..=i]));
-                if !last {
+                if !last || dir_ok {
                     if let Some(ino) = self.kept(&key) {
+                        *used_kept = true;
+                        if last {
+                            return Ok(kept_dir(ino));
+                        }
                         dir = ino;
                         continue;
                     }
@@ -118,17 +179,41 @@ impl Resolver {
                         names = next.into_iter().map(str::to_string).collect();
                         continue 'walk;
                     }
-                    _ if last => return Ok(attr),
                     FileKind::Directory => {
-                        self.keep(key, attr.ino);
+                        self.keep(key, attr.ino, generation);
+                        if last {
+                            return Ok(attr);
+                        }
                         dir = attr.ino;
                     }
+                    _ if last => return Ok(attr),
                     _ => return Err(super::not_a_directory(path)),
                 }
             }
             // No names (the root itself, or a link to it).
             return client.getattr(InodeId::ROOT).await;
         }
+    }
+}
+
+/// What a walk that only needs a directory's inode returns for a kept one: the kind
+/// and the inode are all its callers read.
+fn kept_dir(ino: InodeId) -> Attr {
+    let t = proto::Timestamp { secs: 0, nanos: 0 };
+    Attr {
+        ino,
+        kind: FileKind::Directory,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        size: 0,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        xattr_count: 0,
+        blocks: 0,
     }
 }
 

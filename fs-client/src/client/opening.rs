@@ -130,8 +130,16 @@ impl Client {
             size: Some(0),
             ..SetAttr::default()
         };
-        let attr = self.setattr(attr.ino, set).await?;
-        Ok((attr, fh))
+        match self.setattr(attr.ino, set).await {
+            Ok(attr) => Ok((attr, fh)),
+            Err(e) => {
+                // The open failed: its session must not stay open (nor be resumed).
+                if let Err(r) = self.release(&fh).await {
+                    tracing::debug!(ino = %attr.ino, error = %r, "release after a failed truncation");
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Takes an open's reply: the file's state, shared by this client's opens of it,

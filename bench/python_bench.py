@@ -1,0 +1,273 @@
+"""Issue 29's benchmark: a data set and a checkpoint through the Python package and
+through the mount, beside the local disk's own rates, in one run (scripts/bench-python.sh
+starts the cluster, drops the caches and calls this).
+
+Phases, each timed alone, caches dropped before every read:
+  dataset-write   the data set written through the package (the setup; timed for the table)
+  dataset-local   the same files read cold from the local disk by WORKERS processes: the limit
+  dataset-mount   read cold through the mount by WORKERS processes, whole files
+  dataset-package read cold through the package by WORKERS processes (read_many batches)
+  ckpt-local      a CKPT_MIB checkpoint written to the local disk, fsync: local rate / copies
+                  is what the disk allows with the copies written
+  ckpt-mount      the checkpoint saved through the mount (write, fsync, rename)
+  ckpt-package    the checkpoint saved through the package (the same steps)
+  load-local, load-mount, load-package: the checkpoint read back cold
+
+With torch importable, the data set is read by a torch DataLoader with WORKERS workers
+(TesseraDataset through the package, a plain file Dataset through the mount) and the
+checkpoint is a state dict saved with torch.save / tessera.torch.save; without it, the
+same bytes move through multiprocessing workers and numpy.save, and the table says so.
+"""
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import time
+
+MIB = 1 << 20
+
+
+def drop_caches():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def sizes(n, lo, hi, seed=29):
+    rng = random.Random(seed)
+    return [rng.randint(lo, hi) for _ in range(n)]
+
+
+def names(n):
+    # 100 files per directory, as data sets shard their samples.
+    return [f"d{i // 100:04d}/{i:06d}.bin" for i in range(n)]
+
+
+def connect(addr):
+    import tessera
+
+    return tessera.connect([addr])
+
+
+# ------------------------------------------------------------------ data set
+def write_dataset(addr, local_dir, files, lo, hi):
+    fs = connect(addr)
+    payload = os.urandom(hi)
+    total = 0
+    t0 = time.monotonic()
+    made = set()
+    for name, size in zip(names(files), sizes(files, lo, hi)):
+        d = os.path.dirname(name)
+        if d not in made:
+            fs.makedirs("/ds/" + d, exist_ok=True)
+            os.makedirs(os.path.join(local_dir, d), exist_ok=True)
+            made.add(d)
+        fs.write_bytes("/ds/" + name, payload[:size])
+        with open(os.path.join(local_dir, name), "wb") as f:
+            f.write(payload[:size])
+        total += size
+    return total, time.monotonic() - t0
+
+
+def read_local_part(args):
+    root, part = args
+    n = 0
+    for name in part:
+        with open(os.path.join(root, name), "rb") as f:
+            n += len(f.read())
+    return n
+
+
+def read_package_part(args):
+    addr, part, batch = args
+    fs = connect(addr)
+    n = 0
+    for i in range(0, len(part), batch):
+        for data in fs.read_many(["/ds/" + p for p in part[i : i + batch]]):
+            n += len(data)
+    return n
+
+
+def split(items, k):
+    return [items[i::k] for i in range(k)]
+
+
+def timed_pool(fn, parts):
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(len(parts)) as pool:
+        t0 = time.monotonic()
+        got = sum(pool.map(fn, parts))
+        return got, time.monotonic() - t0
+
+
+def torch_loader(dataset, workers):
+    import torch.utils.data as tud
+
+    loader = tud.DataLoader(dataset, batch_size=16, num_workers=workers, collate_fn=lambda b: b)
+    t0 = time.monotonic()
+    n = sum(len(x) for batch in loader for x in batch)
+    return n, time.monotonic() - t0
+
+
+def dataset_reads(addr, mnt, local_dir, files, workers, use_torch):
+    all_names = names(files)
+    out = {}
+    drop_caches()
+    out["dataset-local"] = timed_pool(read_local_part, [(local_dir, p) for p in split(all_names, workers)])
+    if use_torch:
+        import torch.utils.data as tud
+        import tessera.torch as tt
+
+        class Plain(tud.Dataset):
+            def __len__(self):
+                return len(all_names)
+
+            def __getitem__(self, i):
+                with open(os.path.join(mnt, "ds", all_names[i]), "rb") as f:
+                    return f.read()
+
+        drop_caches()
+        out["dataset-mount"] = torch_loader(Plain(), workers)
+        drop_caches()
+        ds = tt.TesseraDataset([addr], ["/ds/" + n for n in all_names])
+        out["dataset-package"] = torch_loader(ds, workers)
+    else:
+        drop_caches()
+        mount_parts = [(os.path.join(mnt, "ds"), p) for p in split(all_names, workers)]
+        out["dataset-mount"] = timed_pool(read_local_part, mount_parts)
+        drop_caches()
+        out["dataset-package"] = timed_pool(read_package_part, [(addr, p, 64) for p in split(all_names, workers)])
+    return out
+
+
+# ------------------------------------------------------------------ checkpoint
+def state(ckpt_mib, use_torch):
+    """A state dict of 16 tensors (float32) adding up to ckpt_mib."""
+    import numpy as np
+
+    per = ckpt_mib * MIB // 16 // 4
+    rng = np.random.default_rng(29)
+    arrays = {f"layer{i}.weight": rng.standard_normal(per, dtype=np.float32) for i in range(16)}
+    if use_torch:
+        import torch
+
+        return {k: torch.from_numpy(v) for k, v in arrays.items()}
+    return arrays
+
+
+def save_to(f, obj, use_torch):
+    if use_torch:
+        import torch
+
+        torch.save(obj, f)
+    else:
+        import numpy as np
+
+        np.savez(f, **obj)
+
+
+def load_from(f, use_torch):
+    if use_torch:
+        import torch
+
+        return torch.load(f)
+    import numpy as np
+
+    with np.load(f) as z:
+        return {k: z[k] for k in z.files}
+
+
+def ckpt_local_or_mount(root, obj, use_torch):
+    final = os.path.join(root, "ckpt.bin")
+    tmp = final + ".tmp"
+    t0 = time.monotonic()
+    with open(tmp, "wb") as f:
+        save_to(f, obj, use_torch)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, final)
+    return os.path.getsize(final), time.monotonic() - t0
+
+
+def ckpt_package(addr, obj, use_torch):
+    fs = connect(addr)
+    t0 = time.monotonic()
+    if use_torch:
+        import tessera.torch as tt
+
+        tt.save(obj, "/ckpt.bin", fs=fs)
+    else:
+        with fs.open("/ckpt.bin.tmp", "wb") as f:
+            save_to(f, obj, use_torch)
+            f.flush()
+            fs.fsync(f) if hasattr(fs, "fsync") else f.fsync()
+        fs.rename("/ckpt.bin.tmp", "/ckpt.bin")
+    return fs.stat("/ckpt.bin").st_size, time.monotonic() - t0
+
+
+def load_local_or_mount(root, use_torch):
+    path = os.path.join(root, "ckpt.bin")
+    t0 = time.monotonic()
+    with open(path, "rb") as f:
+        obj = load_from(f, use_torch)
+    return os.path.getsize(path), time.monotonic() - t0, len(obj)
+
+
+def load_package(addr, use_torch):
+    fs = connect(addr)
+    t0 = time.monotonic()
+    if use_torch:
+        import tessera.torch as tt
+
+        obj = tt.load("/ckpt.bin", fs=fs)
+    else:
+        with fs.open("/ckpt.bin", "rb") as f:
+            obj = load_from(f, use_torch)
+    return fs.stat("/ckpt.bin").st_size, time.monotonic() - t0, len(obj)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--addr", required=True)
+    p.add_argument("--mount", required=True)
+    p.add_argument("--local", required=True)
+    p.add_argument("--files", type=int, default=20000)
+    p.add_argument("--min-bytes", type=int, default=100 * 1024)
+    p.add_argument("--max-bytes", type=int, default=MIB)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--ckpt-mib", type=int, default=4096)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    try:
+        import torch  # noqa: F401
+
+        use_torch = True
+    except ImportError:
+        use_torch = False
+    res = {"torch": use_torch, "files": a.files, "workers": a.workers, "ckpt_mib": a.ckpt_mib}
+    n, s = write_dataset(a.addr, a.local, a.files, a.min_bytes, a.max_bytes)
+    res["dataset-write"] = (n, s)
+    res.update(dataset_reads(a.addr, a.mount, a.local, a.files, a.workers, use_torch))
+    obj = state(a.ckpt_mib, use_torch)
+    drop_caches()
+    res["ckpt-local"] = ckpt_local_or_mount(a.local, obj, use_torch)
+    drop_caches()
+    res["ckpt-mount"] = ckpt_local_or_mount(a.mount, obj, use_torch)
+    drop_caches()
+    res["ckpt-package"] = ckpt_package(a.addr, obj, use_torch)
+    del obj
+    for name, fn in (
+        ("load-local", lambda: load_local_or_mount(a.local, use_torch)),
+        ("load-mount", lambda: load_local_or_mount(a.mount, use_torch)),
+        ("load-package", lambda: load_package(a.addr, use_torch)),
+    ):
+        drop_caches()
+        res[name] = fn()[:2]
+    with open(a.out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
