@@ -17,6 +17,7 @@ mod opening;
 
 pub use caller::acting_as;
 mod resume;
+mod watch;
 use parking_lot::Mutex;
 use proto::meta::cluster::GetMap;
 use proto::meta::{
@@ -180,6 +181,7 @@ impl Client {
             resume_lock: tokio::sync::Mutex::new(()),
         });
         client.data.refresh_map().await?;
+        client.watch_links()?;
         client.spawn_resume_check();
         Ok(client)
     }
