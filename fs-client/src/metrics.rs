@@ -35,7 +35,9 @@ pub struct ClientMetrics {
 /// `tessera_client_failovers_total`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum FailoverOp {
+    /// A read of a piece, from another serving member.
     Read = 0,
+    /// A write of a piece, through another head of its chain.
     Write = 1,
 }
 
