@@ -124,6 +124,15 @@ impl From<WireError> for DataError {
 }
 
 impl DataError {
+    /// Whether this is a checksum failure found here: a block whose crc32c did not
+    /// match, or a damaged chunk header (not one a peer reported).
+    pub fn is_checksum_failure(&self) -> bool {
+        matches!(
+            self,
+            DataError::Corrupt { .. } | DataError::CorruptHeader { .. }
+        )
+    }
+
     /// The stable wire code of this error.
     pub fn code(&self) -> ErrorCode {
         match self {

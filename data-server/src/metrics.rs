@@ -1,13 +1,13 @@
-//! The data server's metrics: requests served by type, bytes moved, checksum failures,
-//! and what the store and the listener say at each scrape.
+//! The data server's metrics: requests served by type, bytes moved, the one-sided
+//! transfers it issues (bytes and time), the chunk store's I/O and checksum failures
+//! (`store/io.rs`), and what the store and the listener say at each scrape.
 
 use crate::error::StartError;
-use crate::store::ChunkStore;
+use crate::store::{ChunkStore, StoreIo};
 use proto::data::{DataRequest, ReplicaData};
-use proto::{codec, ErrorCode, WireError};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
-use telemetry::{IntCounter, Metrics, RequestFamilies, RequestMetrics};
+use telemetry::{Histogram, IntCounter, Metrics, RequestFamilies, RequestMetrics};
 use telemetry::{MetricsConfig, MetricsServer, TelemetryError};
 use transport::Listener;
 
@@ -18,7 +18,18 @@ pub struct DataMetrics {
     /// Bytes by direction (`read`, `written`, `replicated`: the label sets of
     /// `tessera_data_bytes_total`, resolved once, so a request looks nothing up).
     bytes: [IntCounter; 3],
-    checksum_failures: IntCounter,
+    /// One-sided transfers this server issued, by [`OneSided`]: bytes and time.
+    one_sided_bytes: [IntCounter; 2],
+    one_sided_seconds: [Histogram; 2],
+}
+
+/// A one-sided operation this server issues (the `op` label of its metrics).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum OneSided {
+    /// A READ of a peer's granted buffer: a client's write, or a chain predecessor's.
+    Read = 0,
+    /// A WRITE into a peer's granted buffer: a client's read, or a copy for a resync.
+    Write = 1,
 }
 
 impl DataMetrics {
@@ -34,17 +45,41 @@ impl DataMetrics {
              resync's copies are not counted.",
             &["direction"],
         )?;
-        let checksum_failures = metrics.counter(
-            "tessera_data_checksum_failures_total",
-            "Requests answered Corrupt: a block whose crc32c did not match, or a damaged \
-             chunk header.",
+        let one_sided_bytes = metrics.counter_vec(
+            "tessera_data_one_sided_bytes_total",
+            "Bytes of the one-sided transfers this server issued and that succeeded, by \
+             operation: read (a READ of a client's or a predecessor's buffer, for a \
+             write), write (a WRITE into a client's buffer for a read, or a peer's for a \
+             resync copy). On tcp, the emulated operations.",
+            &["op"],
         )?;
+        let one_sided_seconds = metrics.histogram_vec(
+            "tessera_data_one_sided_duration_seconds",
+            "Time of one one-sided transfer this server issued (at most one buffer), from \
+             its start to its completion, by operation (read, write).",
+            telemetry::latency_buckets(),
+            &["op"],
+        )?;
+        let ops = ["read", "write"];
         Ok(DataMetrics {
             metrics,
             requests,
             bytes: DIRECTIONS.map(|d| bytes.with_label_values(&[d])),
-            checksum_failures,
+            one_sided_bytes: ops.map(|op| one_sided_bytes.with_label_values(&[op])),
+            one_sided_seconds: ops.map(|op| one_sided_seconds.with_label_values(&[op])),
         })
+    }
+
+    /// The chunk store's metrics, registered here (give them to the store with
+    /// `ChunkStore::count_io`).
+    pub fn store_io(&self) -> Result<StoreIo, TelemetryError> {
+        StoreIo::register(&self.metrics)
+    }
+
+    /// Counts a one-sided transfer of `bytes` that took `took`.
+    pub(crate) fn one_sided(&self, op: OneSided, bytes: u64, took: Duration) {
+        self.one_sided_bytes[op as usize].inc_by(bytes);
+        self.one_sided_seconds[op as usize].observe(took.as_secs_f64());
     }
 
     /// Counts one request `name` whose payload was `moved` and whose encoded answer is
@@ -52,13 +87,7 @@ impl DataMetrics {
     pub(crate) fn record(&self, name: &str, moved: Payload, took: Duration, answer: &[u8]) {
         let failed = proto::rpc::is_error(answer);
         self.requests.record(name, took, failed);
-        if failed {
-            // Decoded only on errors; the Ok type does not matter for an `Err`.
-            let err = codec::decode::<Result<(), WireError>>(answer);
-            if matches!(err, Ok(Err(e)) if e.code == ErrorCode::Corrupt) {
-                self.checksum_failures.inc();
-            }
-        } else if let Some((direction, n)) = moved.0 {
+        if let (false, Some((direction, n))) = (failed, moved.0) {
             self.bytes[direction as usize].inc_by(n);
         }
     }

@@ -83,8 +83,13 @@ impl DataServer {
             n => n,
         };
         let (direct_io, disk_reserve) = (config.direct_io, config.disk_reserve_bytes);
+        let metrics = Arc::new(DataMetrics::new().map_err(StartError::Metrics)?);
+        let io = metrics.store_io().map_err(StartError::Metrics)?;
         let store = tokio::task::spawn_blocking(move || match ChunkStore::open(&dir, capacity) {
-            Ok(s) => Ok(s.direct_io(direct_io).disk_reserve(disk_reserve)),
+            Ok(s) => Ok(s
+                .direct_io(direct_io)
+                .disk_reserve(disk_reserve)
+                .count_io(io)),
             Err(source) => Err(StartError::Store { dir, source }),
         })
         .await??;
@@ -108,7 +113,6 @@ impl DataServer {
         let service = DataService::new(store.clone(), pools, max_msg, view.clone(), grants);
         let interval = Duration::from_millis(config.heartbeat_ms);
         let resync_task = service.resync(interval);
-        let metrics = Arc::new(DataMetrics::new().map_err(StartError::Metrics)?);
         service.count_in(metrics.clone());
         let listener = ep
             .listen(&config.listen, Arc::new(service.clone()))

@@ -18,6 +18,7 @@ mod opening;
 pub use caller::acting_as;
 pub(crate) use caller::current as current_caller;
 mod resume;
+mod watch;
 use parking_lot::Mutex;
 use proto::meta::cluster::GetMap;
 use proto::meta::{
@@ -181,6 +182,7 @@ impl Client {
             resume_lock: tokio::sync::Mutex::new(()),
         });
         client.data.refresh_map().await?;
+        client.watch_links()?;
         client.spawn_resume_check();
         Ok(client)
     }

@@ -156,8 +156,12 @@ pub async fn data_call<R: Rpc<Envelope = DataRequest>>(
     let call = ep.metrics.data_call(req.envelope());
     let r = transport::rpc::call(conn, &req, limit).await;
     call.finish(r.is_err());
-    if r.is_ok() {
-        ep.metrics.data_moved(req.envelope());
+    match &r {
+        Ok(_) => ep.metrics.data_moved(req.envelope()),
+        Err(ClientError::Remote(w)) if w.code == proto::ErrorCode::Corrupt => {
+            ep.metrics.checksum_failure();
+        }
+        Err(_) => {}
     }
     r
 }
@@ -268,6 +272,11 @@ impl DataLinks {
                 }
             }
         }
+    }
+
+    /// Connections to data servers open now.
+    pub fn open_count(&self) -> usize {
+        self.links.lock().values().filter(|l| l.is_open()).count()
     }
 
     /// The link to `node`, if the map names it.

@@ -13,7 +13,7 @@ pub mod requests;
 pub mod text;
 
 pub use http::{scrape, MetricsServer};
-pub use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
+pub use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 pub use requests::{InFlight, RequestFamilies, RequestMetrics};
 
 use hooks::HookList;
@@ -165,6 +165,19 @@ impl Metrics {
         buckets: Vec<f64>,
     ) -> Result<Histogram, TelemetryError> {
         let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))?;
+        self.registry.register(Box::new(h.clone()))?;
+        Ok(h)
+    }
+
+    /// Registers histograms with upper bounds `buckets` and labels `labels`.
+    pub fn histogram_vec(
+        &self,
+        name: &str,
+        help: &str,
+        buckets: Vec<f64>,
+        labels: &[&str],
+    ) -> Result<HistogramVec, TelemetryError> {
+        let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)?;
         self.registry.register(Box::new(h.clone()))?;
         Ok(h)
     }

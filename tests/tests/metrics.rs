@@ -1,16 +1,19 @@
 //! Issue 26 items 1 and 2: every server and a mount serve Prometheus metrics over HTTP
 //! on 127.0.0.1; after real traffic each endpoint has the named metrics, of the right
-//! type, and the counters moved; `tessera top --once --json` and `tessera status
-//! --json` show the same cluster to scripts.
+//! type, and the counters moved; failovers, checksum failures and metadata reconnects
+//! made to happen are counted where they happened; `tessera top --once --json` and
+//! `tessera status --json` show the same cluster to scripts.
 // A panic in a test helper fails the test, as unwrap in a #[test] does.
 #![allow(clippy::unwrap_used)]
 
 use std::fs;
 use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use telemetry::text::{self, Scrape};
-use tessera_tests::process::{bin_dir, ClusterOptions, ProcessCluster};
+use tessera_tests::process::{bin_dir, ClusterOptions, Mount, ProcessCluster};
 
 /// How long a process may take to write its metrics address.
 const READY: Duration = Duration::from_secs(30);
@@ -128,6 +131,7 @@ fn every_endpoint_serves_the_named_metrics_and_they_move_with_traffic() {
     for (i, b) in before[2..].iter().enumerate() {
         check_data(&format!("data-{i}"), b, &after[2 + i]);
     }
+    check_data_io(&before[2..], &after[2..]);
     // Every chunk is written to both data servers: one takes it from the client, the
     // other down the chain.
     let moved = |dir| {
@@ -172,6 +176,11 @@ fn check_mount(a: &Scrape, b: &Scrape) {
             ("tessera_client_data_bytes_total", "counter"),
             ("tessera_client_retries_total", "counter"),
             ("tessera_client_buffer_bytes", "gauge"),
+            ("tessera_client_readahead_total", "counter"),
+            ("tessera_client_failovers_total", "counter"),
+            ("tessera_client_checksum_failures_total", "counter"),
+            ("tessera_client_meta_reconnects_total", "counter"),
+            ("tessera_client_connections", "gauge"),
             ("process_cpu_seconds_total", "counter"),
             ("process_resident_memory_bytes", "gauge"),
             ("process_open_fds", "gauge"),
@@ -208,6 +217,22 @@ fn check_mount(a: &Scrape, b: &Scrape) {
     );
     grew(who, a, b, "process_cpu_seconds_total", &[], 1e-9);
     assert!(b.sum("process_resident_memory_bytes") > 0.0);
+    // The 2 MiB read sequentially: its first read fetches, the next ones find their
+    // bytes prefetched.
+    let ra = "tessera_client_readahead_total";
+    grew(who, a, b, ra, &[("result", "miss")], 1.0);
+    grew(who, a, b, ra, &[("result", "hit")], 1.0);
+    // Nothing failed: no failover, no checksum failure, one metadata connection.
+    assert_eq!(b.sum("tessera_client_failovers_total"), 0.0);
+    assert_eq!(b.sum("tessera_client_checksum_failures_total"), 0.0);
+    assert_eq!(b.sum("tessera_client_meta_reconnects_total"), 0.0);
+    let conns = "tessera_client_connections";
+    assert_eq!(b.value(conns, &[("peer", "meta")]), Some(1.0));
+    assert_eq!(
+        b.sum_where(conns, &[("peer", "data")]),
+        2.0,
+        "both data servers"
+    );
 }
 
 fn check_meta(a: &Scrape, b: &Scrape) {
@@ -288,6 +313,11 @@ fn check_data(who: &str, a: &Scrape, b: &Scrape) {
             ("tessera_server_request_duration_seconds", "histogram"),
             ("tessera_data_bytes_total", "counter"),
             ("tessera_data_checksum_failures_total", "counter"),
+            ("tessera_data_one_sided_bytes_total", "counter"),
+            ("tessera_data_one_sided_duration_seconds", "histogram"),
+            ("tessera_data_store_operations_total", "counter"),
+            ("tessera_data_store_bytes_total", "counter"),
+            ("tessera_data_store_duration_seconds", "histogram"),
             ("tessera_data_used_bytes", "gauge"),
             ("tessera_data_capacity_bytes", "gauge"),
             ("tessera_data_chunk_files", "gauge"),
@@ -309,6 +339,46 @@ fn check_data(who: &str, a: &Scrape, b: &Scrape) {
     );
     assert_eq!(b.sum("tessera_data_checksum_failures_total"), 0.0);
     assert!(b.sum_where("tessera_connections", &[("peer", "server")]) >= 1.0);
+    // Every chunk write here is at least a store write, and the syncs reach each
+    // server (each is a member of every chain).
+    let store = "tessera_data_store_operations_total";
+    grew(who, a, b, store, &[("op", "write")], 1.0);
+    grew(who, a, b, store, &[("op", "fsync")], 1.0);
+    let secs = "tessera_data_store_duration_seconds_count";
+    grew(who, a, b, secs, &[("op", "write")], 1.0);
+    grew(who, a, b, secs, &[("op", "fsync")], 1.0);
+}
+
+/// The one-sided transfers and store I/O of both data servers together: which server
+/// heads the chain of a chunk (READs the client's buffer, reads the chunk for the
+/// client) depends on the file, so the sums are checked.
+fn check_data_io(before: &[Scrape], after: &[Scrape]) {
+    let grown = |name: &str, op: &str| -> f64 {
+        let sum =
+            |s: &[Scrape]| -> f64 { s.iter().map(|x| x.sum_where(name, &[("op", op)])).sum() };
+        sum(after) - sum(before)
+    };
+    let two_mib = f64::from(2u32 << 20);
+    // Writes: the head READs the client's buffer, the tail its predecessor's.
+    let bytes = "tessera_data_one_sided_bytes_total";
+    assert!(
+        grown(bytes, "read") >= 2.0 * two_mib,
+        "{}",
+        grown(bytes, "read")
+    );
+    // Reads: the member WRITEs into the client's buffer.
+    assert!(
+        grown(bytes, "write") >= two_mib,
+        "{}",
+        grown(bytes, "write")
+    );
+    let secs = "tessera_data_one_sided_duration_seconds_count";
+    assert!(grown(secs, "read") >= 2.0 && grown(secs, "write") >= 1.0);
+    let sum = "tessera_data_one_sided_duration_seconds_sum";
+    assert!(grown(sum, "read") > 0.0 && grown(sum, "write") > 0.0);
+    let store = "tessera_data_store_bytes_total";
+    assert!(grown(store, "write") >= 2.0 * two_mib, "both copies stored");
+    assert!(grown(store, "read") >= two_mib, "{}", grown(store, "read"));
 }
 
 /// `tessera top --once --json`: one entry per endpoint, each of the right role, and the
@@ -399,4 +469,114 @@ fn check_status_json(cluster: &ProcessCluster) {
     // be syncing in a cluster this young.
     assert!(v["chunks"].as_u64().unwrap() >= 22, "{v}");
     assert!(v["under_replicated_chunks"].is_u64(), "{v}");
+}
+
+/// A cluster of two data servers, each in every chain, whose metadata server, data
+/// servers and mount `m` serve metrics, with a second mount `w` for the writes that `m`
+/// then reads from the data servers (not from its page cache).
+fn cluster_with_metered_mount() -> (ProcessCluster, Mount, Mount) {
+    let cluster = ProcessCluster::start_with(ClusterOptions {
+        data_servers: 2,
+        metrics: true,
+        ..ClusterOptions::default()
+    });
+    let mfile = cluster.dir().join("m.metrics");
+    let conf = format!(
+        "[metrics]\nlisten = \"127.0.0.1:0\"\naddr_file = \"{}\"\n",
+        mfile.display()
+    );
+    let mount = cluster.mount_with_config("m", &conf);
+    let writer = cluster.mount("w");
+    (cluster, mount, writer)
+}
+
+fn write_synced(path: &Path, data: &[u8]) {
+    let mut f = fs::File::create(path).unwrap();
+    f.write_all(data).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// Every copy of file `ino`'s chunks, on every data server of the cluster in `dir`.
+fn chunk_copies(dir: &Path, ino: u64) -> Vec<PathBuf> {
+    let inode = format!("{ino:016x}");
+    let bucket = format!("{:02x}", ino % 256);
+    let mut copies = Vec::new();
+    for i in 0..2 {
+        let d = dir.join(format!("data-{i}/chunks/{bucket}/{inode}"));
+        for e in fs::read_dir(&d).unwrap() {
+            copies.push(e.unwrap().path());
+        }
+    }
+    copies
+}
+
+/// Guards against a failover, a checksum failure or a metadata reconnect that no
+/// counter shows: each is made to happen and the counters of the processes that saw it
+/// must move.
+#[test]
+fn failovers_checksum_failures_and_reconnects_are_counted_where_they_happen() {
+    let (mut cluster, mount, writer) = cluster_with_metered_mount();
+    let m = addr(&cluster, "m");
+    let data: Vec<String> = ["data-0", "data-1"].map(|n| addr(&cluster, n)).into();
+    // Both servers serve in both chains (a young cluster's second copies may still be
+    // syncing): then every read below can go to either member.
+    let meta = addr(&cluster, "meta");
+    tessera_tests::wait_until_blocking("every chain member serving", READY, || {
+        let s = scrape(&meta);
+        let members = |state| s.value("tessera_chain_members", &[("state", state)]);
+        members("serving") == Some(4.0)
+    });
+    let small = tessera_tests::pseudo_random(256 << 10, 1);
+    // Three 4 MiB chunks: some on the chain data-0 heads, some on data-1's.
+    let large = tessera_tests::pseudo_random(12 << 20, 2);
+    write_synced(&writer.path.join("ck"), &small);
+    write_synced(&writer.path.join("fo"), &large);
+    let ino = fs::metadata(mount.path.join("ck")).unwrap().ino();
+    let m0 = scrape(&m);
+    let d0: Vec<Scrape> = data.iter().map(|a| scrape(a)).collect();
+
+    // Damage: the last stored byte of each copy of `ck`'s chunk (the data area ends
+    // the chunk file), as bit rot would. No good copy is left, so the read fails.
+    let copies = chunk_copies(cluster.dir(), ino);
+    assert_eq!(copies.len(), 2, "{copies:?}");
+    for c in &copies {
+        let mut bytes = fs::read(c).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x5a;
+        fs::write(c, &bytes).unwrap();
+    }
+    let read = fs::read(mount.path.join("ck"));
+    assert!(read.is_err(), "a read of a chunk corrupt everywhere fails");
+    let m1 = scrape(&m);
+    let d1: Vec<Scrape> = data.iter().map(|a| scrape(a)).collect();
+    let failures = "tessera_client_checksum_failures_total";
+    grew("mount", &m0, &m1, failures, &[], 2.0);
+    for (i, (a, b)) in d0.iter().zip(&d1).enumerate() {
+        let who = format!("data-{i}");
+        let found = "tessera_data_checksum_failures_total";
+        grew(&who, a, b, found, &[("op", "read")], 1.0);
+    }
+
+    // Failover: a data server killed, the file on both chains read at once (before the
+    // metadata server notices: reads of chunks of its chain ask it first).
+    cluster.kill_data(0);
+    let back = fs::read(mount.path.join("fo")).unwrap();
+    assert!(back == large, "read from the surviving copies");
+    let m2 = scrape(&m);
+    let failovers = "tessera_client_failovers_total";
+    grew("mount", &m1, &m2, failovers, &[("op", "read")], 1.0);
+    grew("mount", &m1, &m2, "tessera_client_retries_total", &[], 1.0);
+
+    // Reconnect: the metadata server restarted; the next metadata call makes a new
+    // connection.
+    let reconnects = "tessera_client_meta_reconnects_total";
+    assert_eq!(m2.sum(reconnects), 0.0);
+    cluster.restart_meta();
+    fs::create_dir(mount.path.join("after-restart")).unwrap();
+    let m3 = scrape(&m);
+    grew("mount", &m2, &m3, reconnects, &[], 1.0);
+    let conns = "tessera_client_connections";
+    assert_eq!(m3.value(conns, &[("peer", "meta")]), Some(1.0));
+    mount.unmount();
+    writer.unmount();
 }

@@ -10,7 +10,12 @@ use tracing::debug;
 /// it breaks. Callers decide whether a failed request may be repeated.
 pub struct Link {
     addr: Mutex<String>,
-    conn: AsyncMutex<Option<Connection>>,
+    /// The connection last made and its number (see `made`); it may have closed since.
+    /// A plain mutex, held for a clone: a call on a live connection waits for nothing.
+    conn: Mutex<Option<(Connection, u64)>>,
+    /// Held while connecting, so that callers finding the connection gone make one
+    /// new connection between them.
+    connecting: AsyncMutex<()>,
     /// Connections made so far: a caller that must act once per new connection (say
     /// hello again) compares it with the count it last acted on.
     made: AtomicU64,
@@ -21,7 +26,8 @@ impl Link {
     pub fn new(addr: String) -> Link {
         Link {
             addr: Mutex::new(addr),
-            conn: AsyncMutex::new(None),
+            conn: Mutex::new(None),
+            connecting: AsyncMutex::new(()),
             made: AtomicU64::new(0),
         }
     }
@@ -45,16 +51,37 @@ impl Link {
     /// As [`Link::get`], with the number of connections made so far, this one
     /// included (1 for the first).
     pub async fn get_counted(&self, ep: &Endpoint) -> Result<(Connection, u64), TransportError> {
-        let mut slot = self.conn.lock().await;
-        if let Some(c) = slot.as_ref().filter(|c| !c.is_closed()) {
-            return Ok((c.clone(), self.made.load(Ordering::Acquire)));
+        if let Some(live) = self.live() {
+            return Ok(live);
+        }
+        let _one = self.connecting.lock().await;
+        // Another caller may have connected while this one waited.
+        if let Some(live) = self.live() {
+            return Ok(live);
         }
         let addr = self.addr();
         let c = ep.connect(&addr).await?;
         debug!(%addr, "connected");
-        *slot = Some(c.clone());
         let made = self.made.fetch_add(1, Ordering::AcqRel) + 1;
+        *self.conn.lock() = Some((c.clone(), made));
         Ok((c, made))
+    }
+
+    /// The connection and its number, if one is open.
+    fn live(&self) -> Option<(Connection, u64)> {
+        self.conn
+            .lock()
+            .as_ref()
+            .filter(|(c, _)| !c.is_closed())
+            .cloned()
+    }
+
+    /// Whether a connection is open now (for the metrics: no connecting, no waiting).
+    pub fn is_open(&self) -> bool {
+        self.conn
+            .lock()
+            .as_ref()
+            .is_some_and(|(c, _)| !c.is_closed())
     }
 
     /// Connections made so far (see [`Link::get_counted`]).

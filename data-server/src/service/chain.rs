@@ -16,6 +16,7 @@
 
 use super::{blocking, call_peer, range_error, Inner};
 use crate::error::DataError;
+use crate::metrics::OneSided;
 use crate::store::{Fill, ReplicaFields, Stamp};
 use bytes::Bytes;
 use proto::data::fits_inline;
@@ -236,7 +237,8 @@ impl Inner {
                         len: u64::from(n),
                         key: src.key,
                     };
-                    if let Err(e) = conn.read(part, &mr, 0).await {
+                    let read = conn.read(part, &mr, 0);
+                    if let Err(e) = self.one_sided(OneSided::Read, u64::from(n), read).await {
                         // Earlier steps may have been stored: the version still moves.
                         result = Err(DataError::from(e));
                         break;

@@ -19,7 +19,7 @@ pub use resync::Resync;
 
 use crate::cluster_view::ClusterView;
 use crate::error::DataError;
-use crate::metrics::{DataMetrics, Payload};
+use crate::metrics::{DataMetrics, OneSided, Payload};
 use crate::store::{ChunkStore, ReplicaFields};
 use bytes::Bytes;
 use chain::{ChainWrite, Source};
@@ -228,6 +228,23 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl Inner {
+    /// Runs one one-sided `transfer` of `bytes` bytes, timed for the metrics: this
+    /// server issues it, so its time here is the transfer's (on tcp, the emulated
+    /// operation's round trip; on rdma, the NIC's until its completion).
+    async fn one_sided(
+        &self,
+        op: OneSided,
+        bytes: u64,
+        transfer: impl std::future::Future<Output = Result<(), TransportError>>,
+    ) -> Result<(), TransportError> {
+        let started = std::time::Instant::now();
+        let r = transfer.await;
+        if let (Ok(()), Some(m)) = (&r, self.metrics.get()) {
+            m.one_sided(op, bytes, started.elapsed());
+        }
+        r
+    }
+
     /// Where the service tests may hold a request; nothing outside tests.
     async fn pause_point(&self, _at: PausePoint) {
         #[cfg(test)]
@@ -456,7 +473,10 @@ impl Inner {
                 len: u64::from(n),
                 key: dest.key,
             };
-            conn.write(target, &mr, 0).await.map_err(DataError::from)?;
+            let write = conn.write(target, &mr, 0);
+            self.one_sided(OneSided::Write, u64::from(n), write)
+                .await
+                .map_err(DataError::from)?;
         }
         debug!(%chunk, offset, len, "read");
         Ok(())

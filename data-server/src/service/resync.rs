@@ -4,6 +4,7 @@
 
 use super::{blocking, call_peer, Inner, MAX_LIST_CHUNKS};
 use crate::error::DataError;
+use crate::metrics::OneSided;
 use crate::store::ReplicaFields;
 use parking_lot::Mutex;
 use proto::data::{ChunkInfo, ChunkMeta, FetchChunk, ListChunks};
@@ -56,7 +57,10 @@ impl Inner {
                 len: part.len() as u64,
                 key: dest.key,
             };
-            conn.write(target, &mr, 0).await.map_err(DataError::from)?;
+            let write = conn.write(target, &mr, 0);
+            self.one_sided(OneSided::Write, part.len() as u64, write)
+                .await
+                .map_err(DataError::from)?;
         }
         Ok(meta)
     }

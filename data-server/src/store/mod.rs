@@ -116,7 +116,9 @@ pub(crate) mod dirs;
 pub mod format;
 #[doc(hidden)]
 pub mod fuzzing;
+mod io;
 mod node_id;
+mod removed;
 mod saved_usage;
 
 use crate::error::{DataError, IoContext};
@@ -124,8 +126,11 @@ use cache::{OpenFiles, MAX_OPEN_CHUNK_FILES};
 use chunk::{measure, ChunkFile, Opened, WritePlan, DIRECT_MIN_CHUNK_BYTES};
 use dirs::{DirKey, DirtyDirs, MAX_DIRTY_DIRS};
 use format::{bucket_of, chunk_path, chunks_root, inode_dir, Geometry};
+pub use io::StoreIo;
+use io::{Found, IoOp};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use proto::{ChunkId, InodeId, NodeId};
+use removed::Removed;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -184,31 +189,10 @@ pub struct ChunkStore {
     /// not be installed after it (it would stay, space no deletion frees, until a
     /// sweep). Taken by [`ChunkStore::delete_file`] and around an install's writes.
     removed: Mutex<Removed>,
+    /// Counts operations and checksum failures (see `io.rs`); `None`: nothing counted.
+    io: Option<StoreIo>,
     /// Holds the flock on `<dir>/LOCK` until the store is dropped.
     _lock_file: File,
-}
-
-/// How many deleted files [`ChunkStore`] remembers (about 16 bytes each, twice).
-const REMOVED_KEPT: usize = 65_536;
-
-/// The latest deleted files, oldest first, bounded by [`REMOVED_KEPT`].
-#[derive(Default)]
-struct Removed {
-    set: std::collections::HashSet<InodeId>,
-    order: std::collections::VecDeque<InodeId>,
-}
-
-impl Removed {
-    fn insert(&mut self, inode: InodeId) {
-        if self.set.insert(inode) {
-            self.order.push_back(inode);
-            if self.order.len() > REMOVED_KEPT {
-                if let Some(old) = self.order.pop_front() {
-                    self.set.remove(&old);
-                }
-            }
-        }
-    }
 }
 
 impl ChunkStore {
@@ -259,6 +243,7 @@ impl ChunkStore {
             closed: AtomicBool::new(false),
             node_id_lock: Mutex::new(()),
             removed: Mutex::new(Removed::default()),
+            io: None,
             _lock_file: lock_file,
         })
     }
@@ -289,7 +274,11 @@ impl ChunkStore {
         offset: u32,
         buf: &mut [u8],
     ) -> Result<(), DataError> {
-        let result = self.read_checked(chunk, chunk_size, offset, buf);
+        let n = buf.len() as u64;
+        let result = self.counted(IoOp::Read, n, || {
+            self.read_checked(chunk, chunk_size, offset, buf)
+        });
+        let result = self.noted(Found::Read, result);
         if result.is_err() {
             buf.fill(0);
         }
@@ -355,6 +344,21 @@ impl ChunkStore {
 
     /// [`ChunkStore::write`], with the chunk's stripe held exclusively by the caller.
     fn write_locked(
+        &self,
+        chunk: ChunkId,
+        chunk_size: u32,
+        offset: u32,
+        data: &[u8],
+    ) -> Result<(), DataError> {
+        let n = data.len() as u64;
+        let r = self.counted(IoOp::Write, n, || {
+            self.store_locked(chunk, chunk_size, offset, data)
+        });
+        self.noted(Found::Write, r)
+    }
+
+    /// The write of [`ChunkStore::write_locked`], uncounted.
+    fn store_locked(
         &self,
         chunk: ChunkId,
         chunk_size: u32,
@@ -615,6 +619,11 @@ impl ChunkStore {
     /// Puts the data of these chunks, and the directory entries that lead to them, on
     /// stable storage. Chunks that do not exist are skipped.
     pub fn fsync(&self, chunks: &[ChunkId]) -> Result<(), DataError> {
+        self.counted(IoOp::Fsync, 0, || self.sync_chunks(chunks))
+    }
+
+    /// The syncs of [`ChunkStore::fsync`], uncounted.
+    fn sync_chunks(&self, chunks: &[ChunkId]) -> Result<(), DataError> {
         let mut list = chunks.to_vec();
         list.sort_unstable();
         list.dedup();

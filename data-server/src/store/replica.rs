@@ -32,6 +32,7 @@
 
 use super::chunk::{crash_point, CrashPoint, Opened};
 use super::format::{bucket_dir, bucket_of, inode_dir, parse_hex16, read_full_at};
+use super::io::{Found, IoOp};
 use super::{scan, ChunkStore};
 use crate::error::{DataError, IoContext};
 use proto::data::ChunkMeta;
@@ -221,7 +222,7 @@ impl ChunkStore {
     /// What this store holds of `chunk`: `None` if it holds no file for it.
     pub fn chunk_meta(&self, chunk: ChunkId) -> Result<Option<ChunkMeta>, DataError> {
         let _shared = self.read_lock(chunk);
-        self.meta_locked(chunk)
+        self.noted(Found::Header, self.meta_locked(chunk))
     }
 
     fn meta_locked(&self, chunk: ChunkId) -> Result<Option<ChunkMeta>, DataError> {
@@ -261,6 +262,11 @@ impl ChunkStore {
     /// The whole chunk's bytes and its state, read under one lock so they agree.
     pub fn fetch(&self, chunk: ChunkId) -> Result<Option<(ChunkMeta, Vec<u8>)>, DataError> {
         let _shared = self.read_lock(chunk);
+        let r = self.fetch_locked(chunk);
+        self.noted(Found::Fetch, r)
+    }
+
+    fn fetch_locked(&self, chunk: ChunkId) -> Result<Option<(ChunkMeta, Vec<u8>)>, DataError> {
         let Some(meta) = self.meta_locked(chunk)? else {
             return Ok(None);
         };
@@ -268,7 +274,7 @@ impl ChunkStore {
             return Ok(None);
         };
         let mut buf = vec![0u8; meta.len as usize];
-        cf.read(0, &mut buf)?;
+        self.counted(IoOp::Read, meta.len, || cf.read(0, &mut buf))?;
         Ok(Some((meta, buf)))
     }
 

@@ -270,3 +270,47 @@ fn a_chunk_file_longer_than_its_chunk_size_is_corrupt() {
         Err(DataError::CorruptHeader { .. })
     ));
 }
+
+/// Guards against the store's I/O metrics missing an operation, counting the bytes of
+/// a failed read, or a checksum failure under the wrong operation.
+#[test]
+fn a_counting_store_counts_its_io_and_where_each_checksum_failure_was_found() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = telemetry::Metrics::new().unwrap();
+    let io = StoreIo::register(&m).unwrap();
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap().count_io(io);
+    let c = chunk(3, 0);
+    s.write(c, MIB, 0, &[7; 2 * KIB64 as usize]).unwrap();
+    s.fsync(&[c]).unwrap();
+    assert_eq!(read_vec(&s, c, MIB, 0, 100), vec![7; 100]);
+    flip(&s.chunk_file_path(c), data_offset(MIB) + 5);
+    let mut buf = [0u8; 10];
+    assert!(is_corrupt(s.read(c, MIB, 0, &mut buf), c, 0));
+    assert!(is_corrupt(s.write(c, MIB, 1, &[0]), c, 0));
+    assert!(s.fetch(c).is_err());
+    let t = telemetry::text::parse(&m.render()).unwrap();
+    let v = |name: &str, op: &str| t.value(name, &[("op", op)]).unwrap_or(-1.0);
+    let ops = "tessera_data_store_operations_total";
+    assert_eq!(v(ops, "write"), 2.0, "the write and the refused one");
+    assert_eq!(v(ops, "fsync"), 1.0);
+    assert_eq!(v(ops, "read"), 3.0, "two reads and the fetch's");
+    let bytes = "tessera_data_store_bytes_total";
+    assert_eq!(v(bytes, "write"), 2.0 * f64::from(KIB64));
+    assert_eq!(v(bytes, "read"), 100.0, "failed reads move no bytes");
+    let secs = "tessera_data_store_duration_seconds_count";
+    assert_eq!(v(secs, "fsync"), 1.0);
+    let failures = "tessera_data_checksum_failures_total";
+    for (op, n) in [
+        ("read", 1.0),
+        ("write", 1.0),
+        ("fetch", 1.0),
+        ("header", 0.0),
+    ] {
+        assert_eq!(v(failures, op), n, "{op}");
+    }
+    assert_eq!(t.kind(failures), Some("counter"));
+    assert_eq!(
+        t.kind("tessera_data_store_duration_seconds"),
+        Some("histogram")
+    );
+}

@@ -162,4 +162,9 @@ impl DataPath {
         };
         Ok(link.get(&self.ep).await?)
     }
+
+    /// Connections to data servers open now (for the metrics).
+    pub(crate) fn open_connections(&self) -> usize {
+        self.links.open_count()
+    }
 }

@@ -292,6 +292,9 @@ impl Client {
         let seg = self.data.read_pool.seg_bytes() as u64;
         let mut io = st.io.lock();
         let plan = read_plan::plan_read(&*io, offset, len, advice, size, seg);
+        if let Some(hit) = plan.readahead_hit() {
+            self.ep.metrics().readahead(hit);
+        }
         let mut fetches = Fetches {
             client: self,
             st,

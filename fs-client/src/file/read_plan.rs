@@ -69,6 +69,19 @@ pub(super) enum Plan<S, W> {
     Exact,
 }
 
+impl<S, W> Plan<S, W> {
+    /// Whether the read is a readahead hit (every segment of its range cached or on its
+    /// way) or a miss (it fetches a segment itself, or reads directly); `None` while it
+    /// must first send writes and plan again.
+    pub(super) fn readahead_hit(&self) -> Option<bool> {
+        match self {
+            Plan::SendWrites(_) => None,
+            Plan::Segments(p) => Some(p.serve.iter().all(|s| matches!(s, Source::Cached(_)))),
+            Plan::Direct | Plan::Exact => Some(false),
+        }
+    }
+}
+
 /// Decides how to serve `[offset, offset + len)` of a file of `size` bytes, cut in
 /// segments of `seg` bytes, as `advice` says. Pure: `io` is only looked at.
 pub(super) fn plan_read<V: SegView>(

@@ -397,3 +397,29 @@ fn old_plan_read(io: &mut Model, offset: u64, len: u64, advice: Advice) -> Step<
     }
     Step::Serve(needed)
 }
+
+/// Guards against the readahead counters calling a read a hit when it fetched for
+/// itself, or a miss when prefetching had its bytes on the way.
+#[test]
+fn a_sequential_stream_misses_once_then_hits_and_random_reads_miss() {
+    let mut m = Model::new(64 * MIB, 64);
+    let mut ra = Readahead::default();
+    let mut hits = Vec::new();
+    for i in 0..8 {
+        let advice = ra.observe(i * MIB, MIB, P);
+        let plan = m.plan(i * MIB, MIB, advice);
+        hits.push(plan.readahead_hit());
+        apply(plan, &mut m).expect("the model's fetches do not fail");
+    }
+    let mut want = vec![Some(true); 8];
+    want[0] = Some(false);
+    assert_eq!(
+        hits, want,
+        "the first read fetches, the prefetched ones hit"
+    );
+    let random = m.plan(40 * MIB, MIB, RANDOM);
+    assert_eq!(random, Plan::Direct);
+    assert_eq!(random.readahead_hit(), Some(false));
+    m.dirty.insert(10, vec![(40 * MIB, 40 * MIB + 10)]);
+    assert_eq!(m.plan(40 * MIB, MIB, RANDOM).readahead_hit(), None);
+}

@@ -15,6 +15,7 @@ use super::members::{
 };
 use super::Piece;
 use crate::error::{ClientError, Result};
+use crate::metrics::FailoverOp;
 use crate::rpc;
 use proto::data::{
     fits_inline, Fsync, Moved, Placement, ReadChunk, TruncateFile, WriteChunk, WriteInline,
@@ -23,6 +24,7 @@ use proto::data::{
 use proto::meta::{ClusterMap, WATCH_AFTER, WATCH_EVERY};
 use proto::{ChainId, ChunkId, InodeId, Layout, NodeId};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::debug;
@@ -157,66 +159,88 @@ impl DataPath {
         p: Piece,
         mr: Option<&MemoryRegion>,
     ) -> Result<()> {
+        let tried = Tried::default();
+        let tried = &tried;
         self.with_failover("write", p.chunk.inode, |map, file_grant| async move {
             let head = write_head(&map, layout.replicas, p.chain)?;
-            let conn = self.data_conn(head).await?;
-            let place = Self::placement(&map, layout, p.chain);
-            let chunk_size_bytes = layout.chunk_size_bytes;
-            // A few KiB go inside the request: a READ of them would cost each chain
-            // member a round trip.
-            let inline = fits_inline(p.len as usize, conn.max_request_bytes());
-            let grant = match mr {
-                Some(mr) if !inline => {
-                    Some(conn.grant(mr, p.buf_offset, p.len as usize, Access::RemoteRead)?)
-                }
-                _ => None,
-            };
-            let offset = p.offset_in_chunk;
-            let written = match (&grant, mr) {
-                (Some(g), _) => {
-                    let src = g.remote();
-                    let req = WriteChunk {
-                        chunk: p.chunk,
-                        place,
-                        chunk_size_bytes,
-                        offset,
-                        src,
-                        grant: file_grant,
-                    };
-                    self.unless_down(head, rpc::data_call(&self.ep, &conn, req))
-                        .await?
-                }
-                (None, Some(mr)) => {
-                    let data = mr.lock()[p.buf_offset..p.buf_offset + p.len as usize].to_vec();
-                    let req = WriteInline {
-                        chunk: p.chunk,
-                        place,
-                        chunk_size_bytes,
-                        offset,
-                        data,
-                        grant: file_grant,
-                    };
-                    self.unless_down(head, rpc::data_call(&self.ep, &conn, req))
-                        .await?
-                }
-                (None, None) => {
-                    let (chunk, len) = (p.chunk, p.len);
-                    let req = WriteZeros {
-                        chunk,
-                        place,
-                        chunk_size_bytes,
-                        offset,
-                        len,
-                        grant: file_grant,
-                    };
-                    self.unless_down(head, rpc::data_call(&self.ep, &conn, req))
-                        .await?
-                }
-            };
-            drop(grant);
-            moved_all(written, p.len, "write")
+            if tried.moves_to(head) {
+                self.ep.metrics().failover(FailoverOp::Write);
+            }
+            let r = self.write_to(head, &map, layout, p, mr, file_grant).await;
+            if r.is_err() {
+                tried.failed(head);
+            }
+            r
         })
         .await
+    }
+
+    /// Writes one piece through `head`, the head of its chain in `map`.
+    async fn write_to(
+        &self,
+        head: NodeId,
+        map: &ClusterMap,
+        layout: &Layout,
+        p: Piece,
+        mr: Option<&MemoryRegion>,
+        file_grant: Option<proto::grant::Grant>,
+    ) -> Result<()> {
+        let conn = self.data_conn(head).await?;
+        let place = Self::placement(map, layout, p.chain);
+        let chunk_size_bytes = layout.chunk_size_bytes;
+        // A few KiB go inside the request: a READ of them would cost each chain
+        // member a round trip.
+        let inline = fits_inline(p.len as usize, conn.max_request_bytes());
+        let grant = match mr {
+            Some(mr) if !inline => {
+                Some(conn.grant(mr, p.buf_offset, p.len as usize, Access::RemoteRead)?)
+            }
+            _ => None,
+        };
+        let offset = p.offset_in_chunk;
+        let written = match (&grant, mr) {
+            (Some(g), _) => {
+                let src = g.remote();
+                let req = WriteChunk {
+                    chunk: p.chunk,
+                    place,
+                    chunk_size_bytes,
+                    offset,
+                    src,
+                    grant: file_grant,
+                };
+                self.unless_down(head, rpc::data_call(&self.ep, &conn, req))
+                    .await?
+            }
+            (None, Some(mr)) => {
+                let data = mr.lock()[p.buf_offset..p.buf_offset + p.len as usize].to_vec();
+                let req = WriteInline {
+                    chunk: p.chunk,
+                    place,
+                    chunk_size_bytes,
+                    offset,
+                    data,
+                    grant: file_grant,
+                };
+                self.unless_down(head, rpc::data_call(&self.ep, &conn, req))
+                    .await?
+            }
+            (None, None) => {
+                let (chunk, len) = (p.chunk, p.len);
+                let req = WriteZeros {
+                    chunk,
+                    place,
+                    chunk_size_bytes,
+                    offset,
+                    len,
+                    grant: file_grant,
+                };
+                self.unless_down(head, rpc::data_call(&self.ep, &conn, req))
+                    .await?
+            }
+        };
+        drop(grant);
+        moved_all(written, p.len, "write")
     }
 
     /// Reads one piece into `mr` from a serving member of its chain, trying the others
@@ -227,6 +251,8 @@ impl DataPath {
         p: Piece,
         mr: &MemoryRegion,
     ) -> Result<()> {
+        let tried = Tried::default();
+        let tried = &tried;
         self.with_failover("read", p.chunk.inode, |map, grant| async move {
             let readers = read_order(&map, layout.replicas, p.chain)?;
             let mut last = None;
@@ -234,10 +260,14 @@ impl DataPath {
                 if last.is_some() {
                     self.ep.count_retry();
                 }
+                if tried.moves_to(node) {
+                    self.ep.metrics().failover(FailoverOp::Read);
+                }
                 match self.read_from(&map, layout, p, mr, node, &grant).await {
                     Ok(()) => return Ok(()),
                     Err(e) => {
                         debug!(error = %e, %node, chunk = %p.chunk, "read failed, trying another member");
+                        tried.failed(node);
                         last = Some(e);
                     }
                 }
@@ -331,6 +361,25 @@ impl DataPath {
             Ok(())
         })
         .await
+    }
+}
+
+/// The member a call of one request last failed on (0: none yet, else the node's
+/// number plus one, which cannot overflow a u64), to tell a failover (the request goes to another member) from a
+/// retry on the same one. An atomic: checked before every call, it costs a load.
+#[derive(Default)]
+struct Tried(AtomicU64);
+
+impl Tried {
+    /// Records that the call to `node` failed.
+    fn failed(&self, node: NodeId) {
+        self.0.store(u64::from(node.0) + 1, Ordering::Relaxed);
+    }
+
+    /// Whether a call to `node` now moves away from a member that failed.
+    fn moves_to(&self, node: NodeId) -> bool {
+        let last = self.0.load(Ordering::Relaxed);
+        last != 0 && last != u64::from(node.0) + 1
     }
 }
 
