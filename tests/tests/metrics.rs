@@ -217,11 +217,11 @@ fn check_mount(a: &Scrape, b: &Scrape) {
     );
     grew(who, a, b, "process_cpu_seconds_total", &[], 1e-9);
     assert!(b.sum("process_resident_memory_bytes") > 0.0);
-    // The 2 MiB read sequentially: its first read fetches, the next ones find their
-    // bytes prefetched.
+    // The 2 MiB read: each of its reads is judged a hit or a miss. Which depends on
+    // the order the kernel's parallel reads arrive in; the 12 MiB read of the other
+    // test shows hits.
     let ra = "tessera_client_readahead_total";
-    grew(who, a, b, ra, &[("result", "miss")], 1.0);
-    grew(who, a, b, ra, &[("result", "hit")], 1.0);
+    grew(who, a, b, ra, &[], 1.0);
     // Nothing failed: no failover, no checksum failure, one metadata connection.
     assert_eq!(b.sum("tessera_client_failovers_total"), 0.0);
     assert_eq!(b.sum("tessera_client_checksum_failures_total"), 0.0);
@@ -554,7 +554,7 @@ fn failovers_checksum_failures_and_reconnects_are_counted_where_they_happen() {
     for (i, (a, b)) in d0.iter().zip(&d1).enumerate() {
         let who = format!("data-{i}");
         let found = "tessera_data_checksum_failures_total";
-        grew(&who, a, b, found, &[("op", "read")], 1.0);
+        grew(&who, a, b, found, &[("found", "read")], 1.0);
     }
 
     // Failover: a data server killed, the file on both chains read at once (before the
@@ -565,6 +565,9 @@ fn failovers_checksum_failures_and_reconnects_are_counted_where_they_happen() {
     let m2 = scrape(&m);
     let failovers = "tessera_client_failovers_total";
     grew("mount", &m1, &m2, failovers, &[("op", "read")], 1.0);
+    // Three segments read in order: once the stream is seen, the rest is prefetched.
+    let ra = "tessera_client_readahead_total";
+    grew("mount", &m1, &m2, ra, &[("result", "hit")], 1.0);
     grew("mount", &m1, &m2, "tessera_client_retries_total", &[], 1.0);
 
     // Reconnect: the metadata server restarted; the next metadata call makes a new

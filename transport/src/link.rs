@@ -63,7 +63,9 @@ impl Link {
         let c = ep.connect(&addr).await?;
         debug!(%addr, "connected");
         let made = self.made.fetch_add(1, Ordering::AcqRel) + 1;
-        *self.conn.lock() = Some((c.clone(), made));
+        // The connection replaced is dropped after the lock (its drop shuts it down).
+        let old = self.conn.lock().replace((c.clone(), made));
+        drop(old);
         Ok((c, made))
     }
 

@@ -21,7 +21,7 @@ pub(crate) enum IoOp {
 
 const IO_OPS: [&str; 3] = ["read", "write", "fsync"];
 
-/// What the store was reading when it found a checksum failure (the `op` label of
+/// What the store was reading when it found a checksum failure (the `found` label of
 /// `tessera_data_checksum_failures_total`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Found {
@@ -63,19 +63,20 @@ impl StoreIo {
         )?;
         let seconds = m.histogram_vec(
             "tessera_data_store_duration_seconds",
-            "Time of one chunk store operation (read, write, fsync), its lock wait \
-             included.",
+            "Time of one chunk store operation (read, write, fsync): a read's chunk lock \
+             wait included, a write's not (taken before it).",
             telemetry::latency_buckets(),
             &["op"],
         )?;
         let failures = m.counter_vec(
             "tessera_data_checksum_failures_total",
-            "Checksum failures found in the chunk store (a block whose crc32c did not \
-             match, or a damaged chunk header), by what was read: read (blocks of a \
+            "Checksum failures the chunk store detected (a block whose crc32c did not \
+             match, or a damaged chunk header; a damaged chunk counts at every \
+             detection until repaired), by what was being read: read (blocks of a \
              read), write (the block a partial write merges with), fetch (a whole chunk \
              for a peer's resync or repair, or fsck), header (a chunk's header, before \
-             reads and writes and in the listings of the resync and the sweep).",
-            &["op"],
+             reads and in the listings of the resync and the sweep).",
+            &["found"],
         )?;
         Ok(StoreIo {
             ops: IO_OPS.map(|op| ops.with_label_values(&[op])),
