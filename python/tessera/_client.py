@@ -226,6 +226,14 @@ class Tessera:
         in the order of `paths`, is raised."""
         return self._native().read_many([_fspath(p) for p in paths])
 
+    def symlink(self, target, path) -> None:
+        """Makes `path` a symbolic link to `target`."""
+        self._native().symlink(_fspath(target), _fspath(path))
+
+    def readlink(self, path) -> str:
+        """The target of symbolic link `path`."""
+        return self._native().read_link(_fspath(path))
+
     # Attributes and directories
 
     def stat(self, path, *, follow_symlinks: bool = True) -> os.stat_result:
