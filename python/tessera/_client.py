@@ -30,9 +30,11 @@ _FORKED: list = []
 
 
 def _after_fork_in_child() -> None:
-    with _HOLDERS_LOCK:
-        holders = list(_HOLDERS)
-    for h in holders:
+    # Only the forking thread exists in the child: a lock another thread held at the
+    # fork stays held forever, so the child makes its locks anew instead of taking them.
+    global _HOLDERS_LOCK
+    _HOLDERS_LOCK = threading.Lock()
+    for h in list(_HOLDERS):
         h._forget_native()
 
 

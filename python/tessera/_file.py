@@ -76,6 +76,7 @@ class TesseraFile(io.RawIOBase):
         if self._native is not None:
             _client._FORKED.append(self._native)
         self._native = None
+        self._lock = threading.Lock()  # another thread may have held it at the fork
 
     def _file(self):
         if self._native is None:

@@ -44,6 +44,15 @@ _connections: dict = {}
 _connections_lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    # A lock held by another thread at the fork would stay held in the child.
+    global _connections_lock
+    _connections_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _resolve(path, fs, options: dict) -> tuple[Tessera, str]:
     """The connection and namespace path for `path` (a path with `fs`, or a URL)."""
     p = _fspath(path)
