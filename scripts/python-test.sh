@@ -10,7 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
-target="${CARGO_TARGET_DIR:-$repo/target}"
+# Absolute: the script changes directory before it is done with it.
+target=$(realpath -m "${CARGO_TARGET_DIR:-$repo/target}")
 venv="$target/py-venv"
 # The versions this was last run with; numpy 2.4 is the last line for Python 3.11.
 pins=(maturin==1.16.0 pytest==9.2.0 numpy==2.4.6 safetensors==0.8.0 fsspec==2026.9.0)
