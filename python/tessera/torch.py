@@ -108,6 +108,8 @@ class _Prefetcher:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tessera-prefetch")
         # index -> the future of the batch that holds it
         self.pending: dict = {}
+        # The index asked for last.
+        self.last = None
 
     def _fetch(self, indices: list[int]) -> dict:
         try:
@@ -119,8 +121,12 @@ class _Prefetcher:
     def get(self, index: int) -> bytes:
         with self.lock:
             fut = self.pending.pop(index, None)
+            # Fetch ahead only while the reads go in order (the first read counts as
+            # such): after a jump, a window of files nobody asks for would be wasted.
+            in_order = self.last is None or index == self.last + 1
+            self.last = index
             ahead = [i for i in range(index + 1, min(index + 1 + self.window, len(self.files)))
-                     if i not in self.pending]
+                     if i not in self.pending] if in_order else []
             # Start the next batch only once most of the window is used up, so reads go
             # out in batches and not one file at a time.
             if len(ahead) >= self.window // 2 and ahead:
@@ -177,6 +183,16 @@ class _MapDataset(_FileSource):
                 pf = self._prefetcher = _Prefetcher(self.fs, self.files, self.prefetch)
             data = pf.get(index)
         return self._decode(data, self.files[index])
+
+    def __getitems__(self, indices: list) -> list:
+        # What a DataLoader worker asks for a whole batch (torch 2.0 and later): one
+        # parallel read_many of exactly those files.
+        idx = [i + len(self.files) if i < 0 else i for i in indices]
+        for i in idx:
+            if not 0 <= i < len(self.files):
+                raise IndexError(i)
+        data = self.fs.read_many([self.files[i] for i in idx])
+        return [self._decode(d, self.files[i]) for i, d in zip(idx, data)]
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -279,9 +295,11 @@ def __getattr__(name: str):
 _MAP_DOC = """A map-style data set over files: `ds[i]` is `decode(bytes of file i)`.
 
 `TesseraDataset(source, decode=None, *, fs, prefetch=32, **options)`: `source` is a list
-of paths or a folder (every file under it, sorted). Asking for file i starts fetching
-files i+1 .. i+prefetch in one parallel `read_many` in a background thread, so a
-DataLoader worker reading its indices in order finds them fetched.
+of paths or a folder (every file under it, sorted). While files are asked for in order,
+asking for file i starts fetching files i+1 .. i+prefetch in one parallel `read_many`
+in a background thread. A DataLoader worker asks for a whole batch at once
+(`__getitems__`): its files are fetched by one `read_many`, and the DataLoader's own
+`prefetch_factor` keeps the next batches coming.
 """
 
 _ITER_DOC = """An iterable data set over files, sharded by rank and DataLoader worker.

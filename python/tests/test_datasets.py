@@ -47,6 +47,15 @@ def test_map_dataset_reads_and_prefetches(fs, base):
     assert ds[5] == want5
     for i in range(6, FILES):
         assert ds[i] == fs.read_bytes(paths[i]).decode(), i
+    # A jump back starts no new window (random access would waste it).
+    before = set(ds._prefetcher.pending)
+    assert ds[50] == fs.read_bytes(paths[50]).decode()
+    assert set(ds._prefetcher.pending) <= before
+    # A batch, as a DataLoader worker asks for it: one read_many.
+    batch = [7, 3, 190, -1]
+    assert ds.__getitems__(batch) == [fs.read_bytes(paths[i]).decode() for i in batch]
+    with pytest.raises(IndexError):
+        ds.__getitems__([0, FILES])
     assert ds[-1] == ds[FILES - 1]
     with pytest.raises(IndexError):
         ds[FILES]
