@@ -37,8 +37,13 @@ LOAD_BUFFER_BYTES = 16 << 20
 #: The largest safetensors header read: the format's own reference implementation
 #: refuses headers over 100 MB, so a larger length is a damaged or hostile file.
 MAX_SAFETENSORS_HEADER_BYTES = 100_000_000
-#: Tensors `load_safetensors` reads at once (each read releases the GIL).
+#: Reads `load_safetensors` has in flight at once (each releases the GIL).
 SAFETENSORS_PARALLEL = 16
+#: Tensors larger than this are read in pieces of this size, so that one large tensor
+#: is fetched by all SAFETENSORS_PARALLEL reads at once (from every chain) instead of
+#: one. Small enough that a few hundred MiB make many pieces, large enough that each
+#: piece is whole segments.
+SAFETENSORS_PIECE_BYTES = 8 << 20
 
 _connections: dict = {}
 _connections_lock = threading.Lock()
@@ -432,15 +437,21 @@ def load_safetensors(path, framework: str = "pt", fs=None, **options) -> dict:
         else:
             raise ValueError(f"tensor {name!r}: numpy has no {dtype}; use framework='pt'")
 
-    def fill(name):
-        _dtype, _shape, begin, end = tensors[name]
-        arr = arrays[name]
-        got = conn.read_into(p, start + begin, arr.reshape(-1).view(np.uint8)) if end > begin else 0
-        if got != end - begin:
-            raise OSError(f"{p}: tensor {name!r} read {got} of {end - begin} bytes")
+    # (tensor, first byte, bytes) of every read: whole tensors, large ones in pieces.
+    pieces = []
+    for name, (_dtype, _shape, begin, end) in tensors.items():
+        for off in range(0, end - begin, SAFETENSORS_PIECE_BYTES):
+            pieces.append((name, off, min(SAFETENSORS_PIECE_BYTES, end - begin - off)))
+
+    def fill(piece):
+        name, off, n = piece
+        dst = arrays[name].reshape(-1).view(np.uint8)[off:off + n]
+        got = conn.read_into(p, start + tensors[name][2] + off, dst)
+        if got != n:
+            raise OSError(f"{p}: tensor {name!r} read {got} of {n} bytes at {off}")
 
     with ThreadPoolExecutor(max_workers=SAFETENSORS_PARALLEL) as pool:
-        list(pool.map(fill, list(arrays)))
+        list(pool.map(fill, pieces))
     if torch is None:
         return arrays
     out = {}

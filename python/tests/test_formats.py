@@ -43,6 +43,8 @@ def test_safetensors_written_by_the_package_read_back(fs, base, mount):
         "scalar": np.array(3.5, dtype=np.float64),
         "empty": np.zeros((0, 4), dtype=np.int32),
         "big": rng.integers(0, 255, (5 << 20,), dtype=np.uint8),  # crosses chunks
+        # Read in pieces (SAFETENSORS_PIECE_BYTES), the last one short.
+        "huge": rng.standard_normal((5, 1 << 20)).astype(np.float32),  # 20 MiB
     }
     # Once through the mount by safetensors itself, once as bytes through the package.
     save_file(tensors, f"{mount}{base}/m.safetensors", metadata={"format": "np"})
