@@ -2,12 +2,13 @@
 # Installs the Debian packages Tessera's build, mount and tests need, if any is missing.
 #   fuse3        fusermount3 (unprivileged mounts and unmounts) and /etc/fuse.conf
 #   python3      the checkpoint test
+#   python3-venv the Python package's virtual environment (scripts/python-test.sh)
 #   git, rsync   tools the tests drive on the mount
 #   procps       ps/pgrep for scripts that look at processes
 #   iproute2     `ip netns` and veth pairs for the network partition test
 #   attr         getfattr, which the xattr tests compare `cp -a` and `rsync -X` copies with
 set -euo pipefail
-packages=(fuse3 python3 git rsync procps iproute2 attr)
+packages=(fuse3 python3 python3-venv git rsync procps iproute2 attr)
 #   libibverbs-dev, librdmacm-dev, libclang-dev, clang, pkg-config: the `rdma` build feature
 #   (rdma-sys generates its bindings with bindgen); the default build needs none of them
 packages+=(libibverbs-dev librdmacm-dev libclang-dev clang pkg-config)

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Every check and test, on a fresh machine: installs what is missing, then formatting,
 # clippy with -D warnings, a build of every binary (the FUSE and process tests run them),
-# every test of the workspace, a short run of every fuzz target (scripts/fuzz.sh), the
-# same with the `rdma` transport feature (build, clippy and its device-free tests), the
-# rdma conformance cases and a whole cluster over rdma on soft-RoCE inside a QEMU guest
-# (scripts/rdma-vm.sh), the public POSIX suite pjdfstest on a fresh mount, and the
-# Debian package installed into a fresh Debian 12 root and mounted from there.
+# every test of the workspace, the Python package's tests (scripts/python-test.sh), a
+# short run of every fuzz target (scripts/fuzz.sh), the same with the `rdma` transport
+# feature (build, clippy and its device-free tests), the rdma conformance cases and a
+# whole cluster over rdma on soft-RoCE inside a QEMU guest (scripts/rdma-vm.sh), the
+# public POSIX suite pjdfstest on a fresh mount, and the Debian package installed into
+# a fresh Debian 12 root and mounted from there.
 # FUSE tests need root and /dev/fuse, as CI has.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,8 @@ echo "== systemd units (systemd-analyze verify; README: Operating a cluster)"
 scripts/check-units.sh
 echo "== cargo test"
 cargo test --workspace -- --test-threads="${TEST_THREADS:-2}"
+echo "== python package: pytest against a local cluster and mount (scripts/python-test.sh)"
+scripts/python-test.sh
 echo "== fuzz targets: every decoder, a short bounded run (scripts/fuzz.sh; README: Fuzzing)"
 scripts/fuzz.sh "${FUZZ_SECONDS:-15}"
 echo "== rdma feature: clippy, build, device-free unit tests, conformance (skipped: no device)"

@@ -1,0 +1,270 @@
+//! `tessera._native`: Tessera's Rust client API (`fs_client::api`) as a Python extension
+//! module. The Python package `tessera` (python/tessera) builds the user-facing API on
+//! it: file objects, `os`-like calls, fsspec and PyTorch helpers.
+//!
+//! Every call that may wait on the network releases the GIL (`Python::detach`), so
+//! Python threads (a data loader's prefetch, a training step) run meanwhile.
+
+mod buffers;
+mod errors;
+mod file;
+
+use buffers::{ReadableBuffer, WritableBuffer};
+use errors::{at, os_error};
+use fs_client::api::{self, DirEntry, FileType, Metadata, OpenOptions};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// A connection to one Tessera cluster (`fs_client::api::Tessera`).
+#[pyclass(frozen, module = "tessera._native")]
+struct Client {
+    inner: api::Tessera,
+}
+
+/// What `stat` returns: `(st_mode, st_ino, st_nlink, st_uid, st_gid, st_size, st_blocks,
+/// atime_ns, mtime_ns, ctime_ns, kind)`, `kind` one of "file", "dir", "symlink", "other".
+pub(crate) type StatTuple = (
+    u32,
+    u64,
+    u32,
+    u32,
+    u32,
+    u64,
+    u64,
+    i64,
+    i64,
+    i64,
+    &'static str,
+);
+
+fn kind_name(kind: FileType) -> &'static str {
+    match kind {
+        FileType::File => "file",
+        FileType::Dir => "dir",
+        FileType::Symlink => "symlink",
+        FileType::Other => "other",
+    }
+}
+
+/// Nanoseconds since the epoch (negative before it), saturating at i64's range (the
+/// year 2262), which is what `os.stat_result.st_mtime_ns` holds.
+fn nanos(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
+        Err(e) => i64::try_from(e.duration().as_nanos()).map_or(i64::MIN, |n| -n),
+    }
+}
+
+pub(crate) fn stat_tuple(m: &Metadata) -> StatTuple {
+    (
+        m.mode,
+        m.ino,
+        m.nlink,
+        m.uid,
+        m.gid,
+        m.size,
+        m.blocks,
+        nanos(m.atime),
+        nanos(m.mtime),
+        nanos(m.ctime),
+        kind_name(m.kind),
+    )
+}
+
+#[pymethods]
+impl Client {
+    /// Opens `path`; the flags are those of `fs_client::api::OpenOptions`.
+    #[pyo3(signature = (path, read, write, append, create, create_new, truncate, mode=0o666))]
+    #[allow(clippy::too_many_arguments)] // one keyword per open flag, as Python passes them
+    fn open(
+        &self,
+        py: Python<'_>,
+        path: &str,
+        read: bool,
+        write: bool,
+        append: bool,
+        create: bool,
+        create_new: bool,
+        truncate: bool,
+        mode: u32,
+    ) -> PyResult<file::NativeFile> {
+        let mut how = OpenOptions::new();
+        how.read = read;
+        how.write = write;
+        how.append = append;
+        how.create = create;
+        how.create_new = create_new;
+        how.truncate = truncate;
+        how.mode = mode;
+        let f = py
+            .detach(|| self.inner.open(path, &how))
+            .map_err(at(path))?;
+        Ok(file::NativeFile::new(f, path))
+    }
+
+    /// The attributes of `path`, following a final symlink (`follow`) or not.
+    #[pyo3(signature = (path, follow=true))]
+    fn stat(&self, py: Python<'_>, path: &str, follow: bool) -> PyResult<StatTuple> {
+        let m = py
+            .detach(|| {
+                if follow {
+                    self.inner.metadata(path)
+                } else {
+                    self.inner.symlink_metadata(path)
+                }
+            })
+            .map_err(at(path))?;
+        Ok(stat_tuple(&m))
+    }
+
+    /// The entries of directory `path` as `(name, ino, kind)`, without "." and "..".
+    fn read_dir(&self, py: Python<'_>, path: &str) -> PyResult<Vec<(String, u64, &'static str)>> {
+        let entries: Vec<DirEntry> = py.detach(|| self.inner.read_dir(path)).map_err(at(path))?;
+        Ok(entries
+            .into_iter()
+            .map(|e| (e.name, e.ino, kind_name(e.kind)))
+            .collect())
+    }
+
+    /// Makes directory `path` (`parents`: and every missing one above it).
+    #[pyo3(signature = (path, mode=0o777, parents=false))]
+    fn mkdir(&self, py: Python<'_>, path: &str, mode: u32, parents: bool) -> PyResult<()> {
+        py.detach(|| {
+            if parents {
+                self.inner.create_dir_all(path, mode)
+            } else {
+                self.inner.create_dir(path, mode)
+            }
+        })
+        .map_err(at(path))
+    }
+
+    /// Removes the file (or symlink) `path`.
+    fn remove_file(&self, py: Python<'_>, path: &str) -> PyResult<()> {
+        py.detach(|| self.inner.remove_file(path)).map_err(at(path))
+    }
+
+    /// Removes the empty directory `path`.
+    fn remove_dir(&self, py: Python<'_>, path: &str) -> PyResult<()> {
+        py.detach(|| self.inner.remove_dir(path)).map_err(at(path))
+    }
+
+    /// Renames `src` to `dst` atomically, replacing `dst`.
+    fn rename(&self, py: Python<'_>, src: &str, dst: &str) -> PyResult<()> {
+        py.detach(|| self.inner.rename(src, dst))
+            .map_err(|e| os_error(&e, src, Some(dst)))
+    }
+
+    /// Makes `path` a symlink to `target`.
+    fn symlink(&self, py: Python<'_>, target: &str, path: &str) -> PyResult<()> {
+        py.detach(|| self.inner.symlink(target, path))
+            .map_err(at(path))
+    }
+
+    /// The target of symlink `path`.
+    fn read_link(&self, py: Python<'_>, path: &str) -> PyResult<String> {
+        py.detach(|| self.inner.read_link(path)).map_err(at(path))
+    }
+
+    /// The whole of file `path`.
+    fn read<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyBytes>> {
+        let data = py.detach(|| self.inner.read(path)).map_err(at(path))?;
+        Ok(PyBytes::new(py, &data))
+    }
+
+    /// Reads `path` from `offset` into `buffer` (any writable buffer: bytearray,
+    /// memoryview, numpy array), in place; returns the bytes read (fewer at the end).
+    fn read_into(
+        &self,
+        py: Python<'_>,
+        path: &str,
+        offset: u64,
+        buffer: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let mut buf = WritableBuffer::get(buffer)?;
+        let mut raw = buf.slice_mut();
+        py.detach(move || self.inner.read_into(path, offset, raw.as_mut_slice()))
+            .map_err(at(path))
+    }
+
+    /// The whole of each file of `paths`, fetched in parallel; the first failure (in
+    /// the order of `paths`) is raised.
+    fn read_many<'py>(
+        &self,
+        py: Python<'py>,
+        paths: Vec<String>,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let results = py.detach(|| self.inner.read_many(&paths));
+        paths
+            .iter()
+            .zip(results)
+            .map(|(p, r)| {
+                r.map(|d| PyBytes::new(py, &d))
+                    .map_err(|e| os_error(&e, p, None))
+            })
+            .collect()
+    }
+
+    /// Creates or truncates `path` and writes `data` (any bytes-like object) into it.
+    fn write(&self, py: Python<'_>, path: &str, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let buf = ReadableBuffer::get(data)?;
+        let raw = buf.slice();
+        py.detach(move || self.inner.write(path, raw.as_slice()))
+            .map_err(at(path))
+    }
+}
+
+/// Connects to the cluster whose metadata server listens on one of `addrs`, with client
+/// settings by name (`ClientConfig`'s fields, plus `threads` and `parallel`).
+#[pyfunction]
+#[pyo3(signature = (addrs, settings=Vec::new()))]
+fn connect(
+    py: Python<'_>,
+    addrs: Vec<String>,
+    settings: Vec<(String, String)>,
+) -> PyResult<Client> {
+    if addrs.is_empty() {
+        return Err(PyValueError::new_err(
+            "connect needs at least one metadata server address",
+        ));
+    }
+    let mut threads = None;
+    let mut parallel = None;
+    let mut pairs: Vec<(&str, &str)> = Vec::new();
+    for (k, v) in &settings {
+        match k.as_str() {
+            "threads" => threads = Some(count(k, v)?),
+            "parallel" => parallel = Some(count(k, v)?),
+            _ => pairs.push((k.as_str(), v.as_str())),
+        }
+    }
+    let mut options =
+        api::Options::with_settings(&pairs).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    options.threads = threads.unwrap_or(options.threads);
+    options.parallel = parallel.unwrap_or(options.parallel);
+    let inner = py
+        .detach(|| api::Tessera::connect(&addrs, options))
+        .map_err(|e| os_error(&e, &addrs.join(","), None))?;
+    Ok(Client { inner })
+}
+
+/// The value of setting `name` that counts threads or files: at least 1.
+fn count(name: &str, value: &str) -> PyResult<usize> {
+    match value.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(PyValueError::new_err(format!(
+            "{name} must be a whole number of at least 1, not {value:?}"
+        ))),
+    }
+}
+
+/// The module `tessera._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Client>()?;
+    m.add_class::<file::NativeFile>()?;
+    m.add_function(wrap_pyfunction!(connect, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,328 @@
+"""The `Tessera` connection: `os`-like calls on the cluster's namespace.
+
+Paths are namespace paths: "/a/b" and "a/b" both name b in a under the root; "." and ".."
+are resolved lexically by the native client.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat as statmod
+import threading
+import weakref
+from typing import Iterable, Iterator
+
+from . import _native
+
+#: How many files `read_many` and the data sets fetch at once unless told otherwise
+#: (the native client's `parallel` setting).
+DEFAULT_PARALLEL = 16
+
+# Objects holding a native handle, so that a forked child can drop its references to
+# them without running their destructors (see `_after_fork_in_child`).
+_HOLDERS: "weakref.WeakSet[object]" = weakref.WeakSet()
+_HOLDERS_LOCK = threading.Lock()
+# Native handles inherited through fork(). Their runtime's threads do not exist in the
+# child, so dropping them could wait forever on threads that will never answer: they are
+# kept here, unused, for the life of the process.
+_FORKED: list = []
+
+
+def _after_fork_in_child() -> None:
+    # Only the forking thread exists in the child: a lock another thread held at the
+    # fork stays held forever, so the child makes its locks anew instead of taking them.
+    global _HOLDERS_LOCK
+    _HOLDERS_LOCK = threading.Lock()
+    for h in list(_HOLDERS):
+        h._forget_native()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _register(holder: object) -> None:
+    with _HOLDERS_LOCK:
+        _HOLDERS.add(holder)
+
+
+def _fspath(path) -> str:
+    p = os.fspath(path)
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    return p
+
+
+def _addrs(addrs) -> list[str]:
+    if isinstance(addrs, str):
+        out = [a.strip() for a in addrs.split(",") if a.strip()]
+    else:
+        out = [str(a) for a in addrs]
+    if not out:
+        raise ValueError("connect needs at least one metadata server address (HOST:PORT)")
+    return out
+
+
+def _setting(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _stat_result(t) -> os.stat_result:
+    mode, ino, nlink, uid, gid, size, blocks, atime, mtime, ctime, _kind = t
+    seq = (mode, ino, 0, nlink, uid, gid, size, atime // 10**9, mtime // 10**9, ctime // 10**9)
+    extra = {
+        "st_atime": atime / 1e9,
+        "st_mtime": mtime / 1e9,
+        "st_ctime": ctime / 1e9,
+        "st_atime_ns": atime,
+        "st_mtime_ns": mtime,
+        "st_ctime_ns": ctime,
+        "st_blocks": blocks,
+        "st_blksize": 4096,
+        "st_rdev": 0,
+    }
+    return os.stat_result(seq, extra)
+
+
+class DirEntry:
+    """One entry of `Tessera.scandir`, like `os.DirEntry`."""
+
+    __slots__ = ("name", "path", "inode_number", "_kind", "_fs", "_stat")
+
+    def __init__(self, fs: "Tessera", parent: str, name: str, ino: int, kind: str):
+        self.name = name
+        self.path = parent.rstrip("/") + "/" + name if parent not in ("", "/") else "/" + name
+        self.inode_number = ino
+        self._kind = kind
+        self._fs = fs
+        self._stat = None
+
+    def inode(self) -> int:
+        return self.inode_number
+
+    def is_dir(self, *, follow_symlinks: bool = True) -> bool:
+        if self._kind == "symlink" and follow_symlinks:
+            return self._fs.isdir(self.path)
+        return self._kind == "dir"
+
+    def is_file(self, *, follow_symlinks: bool = True) -> bool:
+        if self._kind == "symlink" and follow_symlinks:
+            return self._fs.isfile(self.path)
+        return self._kind == "file"
+
+    def is_symlink(self) -> bool:
+        return self._kind == "symlink"
+
+    def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
+        if not follow_symlinks or self._kind != "symlink":
+            if self._stat is None:
+                self._stat = self._fs.stat(self.path, follow_symlinks=False)
+            return self._stat
+        return self._fs.stat(self.path)
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def __repr__(self) -> str:
+        return f"<tessera.DirEntry {self.name!r}>"
+
+
+class _ScandirIterator:
+    """What `scandir` returns: an iterator that is also a context manager."""
+
+    def __init__(self, entries: list[DirEntry]):
+        self._it = iter(entries)
+
+    def __iter__(self) -> "_ScandirIterator":
+        return self
+
+    def __next__(self) -> DirEntry:
+        return next(self._it)
+
+    def close(self) -> None:
+        self._it = iter(())
+
+    def __enter__(self) -> "_ScandirIterator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Tessera:
+    """A connection to one Tessera cluster (made by `tessera.connect`).
+
+    Safe to use from many threads: every call releases the GIL while it waits. It
+    survives `fork()`: a child process (a DataLoader worker) connects again on its first
+    call, with the same addresses and options.
+    """
+
+    def __init__(self, addrs, options: dict | None = None):
+        self.addrs = _addrs(addrs)
+        self.options = dict(options or {})
+        self._lock = threading.Lock()
+        self._pid = None
+        self._client = None
+        _register(self)
+        self._native()  # connect now, so a bad address fails here and not later
+
+    def _native(self):
+        client = self._client
+        if client is not None and self._pid == os.getpid():
+            return client
+        with self._lock:
+            if self._client is None or self._pid != os.getpid():
+                settings = [(k, _setting(v)) for k, v in self.options.items()]
+                self._client = _native.connect(self.addrs, settings)
+                self._pid = os.getpid()
+            return self._client
+
+    def _forget_native(self) -> None:
+        # In a forked child: keep the parent's handle alive and unused (see _FORKED).
+        if self._client is not None:
+            _FORKED.append(self._client)
+        self._client = None
+        self._lock = threading.Lock()
+
+    def __reduce__(self):
+        # Pickled into spawned DataLoader workers: the addresses and options travel, the
+        # connection is made again on the other side.
+        return (Tessera, (self.addrs, self.options))
+
+    def __repr__(self) -> str:
+        return f"tessera.Tessera({','.join(self.addrs)!r})"
+
+    # Files
+
+    def open(self, path, mode: str = "rb", buffering: int = -1, encoding=None,
+             errors=None, newline=None):
+        """Opens `path` like the built-in `open`: a `TesseraFile` (an `io.RawIOBase`)
+        with `buffering=0`, else wrapped in `io.BufferedReader`/`Writer`/`Random`, and
+        in `io.TextIOWrapper` in text mode."""
+        from ._file import open_file
+
+        return open_file(self, _fspath(path), mode, buffering, encoding, errors, newline)
+
+    def read_bytes(self, path) -> bytes:
+        """The whole of file `path`."""
+        p = _fspath(path)
+        return self._native().read(p)
+
+    def write_bytes(self, path, data) -> int:
+        """Creates or truncates `path` and writes `data` (any bytes-like object)."""
+        p = _fspath(path)
+        self._native().write(p, data)
+        return memoryview(data).nbytes
+
+    def read_into(self, path, offset: int, buffer) -> int:
+        """Reads `path` from `offset` straight into `buffer` (a bytearray, memoryview,
+        numpy array: anything writable with the buffer protocol, C-contiguous), with no
+        copy on the Python side; returns the bytes read (fewer at the end of the file)."""
+        return self._native().read_into(_fspath(path), int(offset), buffer)
+
+    def read_many(self, paths: Iterable) -> list[bytes]:
+        """The whole of each of `paths`, fetched in parallel by the native client (at
+        most its `parallel` setting at once) with the GIL released. The first failure,
+        in the order of `paths`, is raised."""
+        return self._native().read_many([_fspath(p) for p in paths])
+
+    def symlink(self, target, path) -> None:
+        """Makes `path` a symbolic link to `target`."""
+        self._native().symlink(_fspath(target), _fspath(path))
+
+    def readlink(self, path) -> str:
+        """The target of symbolic link `path`."""
+        return self._native().read_link(_fspath(path))
+
+    # Attributes and directories
+
+    def stat(self, path, *, follow_symlinks: bool = True) -> os.stat_result:
+        """`os.stat` of `path`."""
+        return _stat_result(self._native().stat(_fspath(path), follow_symlinks))
+
+    def lstat(self, path) -> os.stat_result:
+        """`os.lstat` of `path`."""
+        return self.stat(path, follow_symlinks=False)
+
+    def exists(self, path) -> bool:
+        try:
+            self.stat(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def isdir(self, path) -> bool:
+        try:
+            return statmod.S_ISDIR(self.stat(path).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
+    def isfile(self, path) -> bool:
+        try:
+            return statmod.S_ISREG(self.stat(path).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
+    def listdir(self, path="/") -> list[str]:
+        """The names in directory `path`, without "." and ".."."""
+        return [name for name, _ino, _kind in self._native().read_dir(_fspath(path))]
+
+    def scandir(self, path="/") -> _ScandirIterator:
+        """The entries of directory `path` as `DirEntry` objects (name, path, is_dir(),
+        is_file(), stat())."""
+        p = _fspath(path)
+        entries = [DirEntry(self, p, n, i, k) for n, i, k in self._native().read_dir(p)]
+        return _ScandirIterator(entries)
+
+    def walk(self, top="/") -> Iterator[tuple[str, list[str], list[str]]]:
+        """`os.walk` of `top`, top-down."""
+        stack = [_fspath(top)]
+        while stack:
+            d = stack.pop()
+            dirs, files = [], []
+            for e in self.scandir(d):
+                (dirs if e.is_dir(follow_symlinks=False) else files).append(e.name)
+            yield d, dirs, files
+            base = d.rstrip("/")
+            stack.extend(f"{base}/{n}" for n in reversed(dirs))
+
+    def mkdir(self, path, mode: int = 0o777) -> None:
+        """Makes directory `path` (FileExistsError if it exists)."""
+        self._native().mkdir(_fspath(path), mode, False)
+
+    def makedirs(self, path, mode: int = 0o777, exist_ok: bool = False) -> None:
+        """Makes directory `path` and every missing one above it."""
+        p = _fspath(path)
+        if not exist_ok and self.exists(p):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), p)
+        self._native().mkdir(p, mode, True)
+
+    def rename(self, src, dst) -> None:
+        """Renames `src` to `dst` atomically, replacing a file at `dst`."""
+        self._native().rename(_fspath(src), _fspath(dst))
+
+    replace = rename
+
+    def remove(self, path) -> None:
+        """Removes the file (or symlink) `path`."""
+        self._native().remove_file(_fspath(path))
+
+    unlink = remove
+
+    def rmdir(self, path) -> None:
+        """Removes the empty directory `path`."""
+        self._native().remove_dir(_fspath(path))
+
+
+def connect(addrs, **options) -> Tessera:
+    """Connects to the cluster whose metadata server listens at `addrs` ("HOST:PORT", a
+    comma-separated list, or a list of them).
+
+    `options` are the client's settings by name (those of the client configuration file,
+    e.g. `io_buffers=64`, `readahead_max_bytes=...`), plus `threads` (the native runtime's
+    threads) and `parallel` (files `read_many` fetches at once).
+    """
+    return Tessera(addrs, options)
+

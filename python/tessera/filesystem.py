@@ -1,0 +1,225 @@
+"""`TesseraFileSystem`: the fsspec file system of `tessera://HOST:PORT/path` URLs.
+
+Registered for the protocol `tessera` by the package's entry point (`fsspec.specs`), so
+`fsspec.filesystem("tessera", addrs="HOST:PORT", key_file=...)`,
+`fsspec.open("tessera://HOST:PORT/data/x.parquet", key_file=...)` and the libraries on
+top of fsspec (pandas, Hugging Face `datasets`, Ray, ...) reach the cluster directly.
+"""
+
+from __future__ import annotations
+
+import stat as statmod
+
+from fsspec.spec import AbstractFileSystem
+
+from ._client import Tessera
+
+
+def _split_url(url: str) -> tuple[str | None, str]:
+    """(the "HOST:PORT" of a `tessera://HOST:PORT/path` URL or None, the path)."""
+    if url.startswith("tessera://"):
+        rest = url[len("tessera://"):]
+        netloc, slash, path = rest.partition("/")
+        return (netloc or None), "/" + path
+    if url.startswith("tessera::"):
+        return None, url[len("tessera::"):]
+    return None, url
+
+
+class TesseraFileSystem(AbstractFileSystem):
+    """fsspec's view of one Tessera cluster.
+
+    `addrs`: the metadata server's "HOST:PORT" (or several, comma-separated); a URL's
+    HOST:PORT gives it too. Other keyword arguments are client settings, as for
+    `tessera.connect` (`key_file` for a cluster with keys).
+    """
+
+    protocol = "tessera"
+    root_marker = "/"
+
+    # What fsspec itself may pass to a file system: not client settings.
+    _FSSPEC_ARGS = ("use_listings_cache", "listings_expiry_time", "max_paths",
+                    "asynchronous", "loop")
+
+    def __init__(self, addrs=None, host=None, port=None, auto_mkdir=True, **options):
+        super().__init__(addrs=addrs, host=host, port=port, auto_mkdir=auto_mkdir, **options)
+        # Writing a file makes its missing parent directories, as object stores and
+        # fsspec's memory file system behave (and LocalFileSystem(auto_mkdir=True)).
+        self.auto_mkdir = auto_mkdir
+        if addrs is None and host is not None:
+            addrs = f"{host}:{port}" if port is not None else host
+        if addrs is None:
+            raise ValueError("TesseraFileSystem needs addrs='HOST:PORT' "
+                             "(or a tessera://HOST:PORT/ URL)")
+        settings = {k: v for k, v in options.items() if k not in self._FSSPEC_ARGS}
+        self.client = Tessera(addrs, settings)
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        if isinstance(path, list):
+            return [cls._strip_protocol(p) for p in path]
+        from fsspec.utils import stringify_path
+
+        _netloc, p = _split_url(stringify_path(path))
+        p = "/" + p.strip("/")
+        return p
+
+    @staticmethod
+    def _get_kwargs_from_urls(path):
+        netloc, _p = _split_url(str(path))
+        return {"addrs": netloc} if netloc else {}
+
+    def unstrip_protocol(self, name: str) -> str:
+        if name.startswith("tessera://"):
+            return name
+        return f"tessera://{self.client.addrs[0]}{self._strip_protocol(name)}"
+
+    # Listing and attributes.
+
+    def _info_of(self, path: str, st) -> dict:
+        if statmod.S_ISDIR(st.st_mode):
+            kind = "directory"
+        elif statmod.S_ISREG(st.st_mode):
+            kind = "file"
+        else:
+            kind = "other"
+        return {
+            "name": path,
+            "size": st.st_size,
+            "type": kind,
+            "mode": st.st_mode,
+            "ino": st.st_ino,
+            "nlink": st.st_nlink,
+            "uid": st.st_uid,
+            "gid": st.st_gid,
+            "mtime": st.st_mtime,
+            "created": st.st_ctime,
+        }
+
+    def info(self, path, **kwargs):
+        p = self._strip_protocol(path)
+        lst = self.client.lstat(p)
+        info = self._info_of(p, self.client.stat(p) if statmod.S_ISLNK(lst.st_mode) else lst)
+        info["islink"] = statmod.S_ISLNK(lst.st_mode)
+        return info
+
+    def ls(self, path, detail=True, **kwargs):
+        p = self._strip_protocol(path)
+        st = self.client.stat(p)
+        if not statmod.S_ISDIR(st.st_mode):
+            entries = [self.info(p)]
+        else:
+            entries = []
+            for e in self.client.scandir(p):
+                if detail:
+                    info = self._info_of(e.path, e.stat())
+                    info["islink"] = e.is_symlink()
+                    entries.append(info)
+                else:
+                    entries.append({"name": e.path})
+        if detail:
+            return entries
+        return sorted(e["name"] for e in entries)
+
+    def exists(self, path, **kwargs):
+        return self.client.exists(self._strip_protocol(path))
+
+    def created(self, path):
+        import datetime
+
+        return datetime.datetime.fromtimestamp(self.info(path)["created"], datetime.timezone.utc)
+
+    def modified(self, path):
+        import datetime
+
+        return datetime.datetime.fromtimestamp(self.info(path)["mtime"], datetime.timezone.utc)
+
+    # Contents.
+
+    def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None,
+              **kwargs):
+        if not autocommit:
+            raise NotImplementedError("tessera:// writes are committed as they are written")
+        p = self._strip_protocol(path)
+        if self.auto_mkdir and "r" not in mode:
+            self.client.makedirs(self._parent(p), exist_ok=True)
+        buffering = -1 if block_size in (None, "default") else block_size
+        return self.client.open(p, mode, buffering=buffering)
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        p = self._strip_protocol(path)
+        if start is None and end is None:
+            return self.client.read_bytes(p)
+        size = self.client.stat(p).st_size
+        start = 0 if start is None else (start + size if start < 0 else start)
+        end = size if end is None else (end + size if end < 0 else end)
+        start, end = max(0, min(start, size)), max(0, min(end, size))
+        if end <= start:
+            return b""
+        buf = bytearray(end - start)
+        n = self.client.read_into(p, start, buf)
+        del buf[n:]
+        return bytes(buf)
+
+    def cat(self, path, recursive=False, on_error="raise", **kwargs):
+        # Several whole files are fetched in parallel by the native client (read_many);
+        # one file, a range or per-path errors go the generic way.
+        paths = self.expand_path(path, recursive=recursive)
+        many = len(paths) > 1 or isinstance(path, list) or paths[0] != self._strip_protocol(path)
+        if not many or on_error != "raise" or kwargs:
+            return super().cat(path, recursive=recursive, on_error=on_error, **kwargs)
+        files = [p for p in paths if not self.isdir(p)]
+        return dict(zip(files, self.client.read_many(files)))
+
+    def pipe_file(self, path, value, mode="overwrite", **kwargs):
+        p = self._strip_protocol(path)
+        if mode == "create" and self.client.exists(p):
+            raise FileExistsError(p)
+        if self.auto_mkdir:
+            self.client.makedirs(self._parent(p), exist_ok=True)
+        self.client.write_bytes(p, value)
+
+    # Namespace changes.
+
+    def mkdir(self, path, create_parents=True, **kwargs):
+        p = self._strip_protocol(path)
+        if create_parents:
+            self.client.makedirs(p, exist_ok=True)
+        else:
+            self.client.mkdir(p)
+
+    def makedirs(self, path, exist_ok=False):
+        self.client.makedirs(self._strip_protocol(path), exist_ok=exist_ok)
+
+    def rmdir(self, path):
+        self.client.rmdir(self._strip_protocol(path))
+
+    def rm_file(self, path):
+        self.client.remove(self._strip_protocol(path))
+
+    def _rm(self, path):
+        p = self._strip_protocol(path)
+        if self.client.isdir(p):
+            self.client.rmdir(p)
+        else:
+            self.client.remove(p)
+
+    def rm(self, path, recursive=False, maxdepth=None):
+        paths = self.expand_path(path, recursive=recursive, maxdepth=maxdepth)
+        for p in reversed(paths):
+            self._rm(p)
+
+    def mv(self, path1, path2, recursive=False, maxdepth=None, **kwargs):
+        """An atomic rename (of a file or a whole directory), not a copy and delete."""
+        self.client.rename(self._strip_protocol(path1), self._strip_protocol(path2))
+
+    def cp_file(self, path1, path2, **kwargs):
+        p1, p2 = self._strip_protocol(path1), self._strip_protocol(path2)
+        if self.client.isdir(p1):
+            self.client.makedirs(p2, exist_ok=True)
+            return
+        if self.auto_mkdir:
+            self.client.makedirs(self._parent(p2), exist_ok=True)
+        with self.client.open(p1, "rb") as src, self.client.open(p2, "wb") as dst:
+            while chunk := src.read(16 << 20):
+                dst.write(chunk)

@@ -1,0 +1,71 @@
+"""read_many, read_into and write_bytes with buffers of every kind."""
+
+import hashlib
+
+import numpy as np
+import pytest
+
+#: Files of the read_many test: the issue's number.
+MANY_FILES = 1000
+
+
+def _content(i: int) -> bytes:
+    # Sizes from 0 to ~20 KiB, each file's bytes its own.
+    return hashlib.sha256(str(i).encode()).digest() * (i % 640)
+
+
+def test_read_many_of_a_thousand_files(fs, base):
+    paths = [f"{base}/f{i:04}" for i in range(MANY_FILES)]
+    for i, p in enumerate(paths):
+        fs.write_bytes(p, _content(i))
+    got = fs.read_many(paths)
+    assert len(got) == MANY_FILES
+    for i, data in enumerate(got):
+        assert data == _content(i), paths[i]
+    # Order is the order asked, repeats included.
+    rev = list(reversed(paths[:50])) + paths[:3]
+    assert fs.read_many(rev) == [_content(int(p[-4:])) for p in rev]
+    assert fs.read_many([]) == []
+    with pytest.raises(FileNotFoundError) as e:
+        fs.read_many(paths[:10] + [f"{base}/none"] + paths[10:20])
+    assert e.value.filename == f"{base}/none"
+
+
+def test_read_into_buffers(fs, base):
+    data = np.arange(3 << 20, dtype=np.uint8) * 7  # 3 MiB, crosses segment boundaries
+    fs.write_bytes(f"{base}/a", data)  # a numpy array as the source, no copy
+    arr = np.zeros(1 << 20, dtype=np.uint8)
+    assert fs.read_into(f"{base}/a", 1 << 20, arr) == 1 << 20
+    assert np.array_equal(arr, data[1 << 20:2 << 20])
+    floats = np.zeros(1000, dtype=np.float32)  # any dtype: bytes land as they are
+    assert fs.read_into(f"{base}/a", 12, floats) == 4000
+    assert floats.tobytes() == data[12:4012].tobytes()
+    ba = bytearray(100)
+    assert fs.read_into(f"{base}/a", len(data) - 40, ba) == 40  # short at the end
+    assert bytes(ba[:40]) == data[-40:].tobytes() and ba[40:] == bytearray(60)
+    mv = memoryview(bytearray(10))
+    assert fs.read_into(f"{base}/a", 5, mv[2:8]) == 6
+    assert bytes(mv[2:8]) == data[5:11].tobytes()
+    assert fs.read_into(f"{base}/a", len(data) + 10, bytearray(5)) == 0
+    with pytest.raises(TypeError):
+        fs.read_into(f"{base}/a", 0, b"read-only bytes")
+    with pytest.raises(BufferError):
+        fs.read_into(f"{base}/a", 0, np.zeros((4, 4), dtype=np.uint8)[:, 1])
+    with pytest.raises(IsADirectoryError):
+        fs.read_into(base, 0, bytearray(4))
+
+
+def test_file_readinto_numpy_and_write_memoryview(fs, base):
+    src = np.random.default_rng(1).integers(0, 255, 5 << 20, dtype=np.uint8)
+    with fs.open(f"{base}/b", "wb", buffering=0) as f:
+        assert f.write(memoryview(src)[: 2 << 20]) == 2 << 20
+        assert f.write(src[2 << 20:]) == 3 << 20
+    dst = np.empty_like(src)
+    with fs.open(f"{base}/b", "rb", buffering=0) as f:
+        n = 0
+        while n < len(dst):
+            got = f.readinto(memoryview(dst)[n:])
+            assert got > 0
+            n += got
+        assert f.readinto(bytearray(1)) == 0
+    assert np.array_equal(src, dst)

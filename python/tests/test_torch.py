@@ -1,0 +1,111 @@
+"""PyTorch: DataLoader workers over the data sets, save/load of a state dict, kill -9
+during save. Skipped, saying so, where torch is not installed."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import tessera.torch as tt
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+# Each test is reported as skipped, with the reason, where torch cannot be imported.
+pytestmark = pytest.mark.skipif(
+    torch is None, reason="torch is not installed (a 539 MB wheel plus CUDA wheels); "
+                          "scripts/python-test.sh does not install it")
+
+#: Files of the DataLoader tests.
+FILES = 256
+#: How long the killed saver gets before the test gives up on it.
+CHILD_TIMEOUT_S = 120
+
+
+def _decode(b: bytes):
+    return torch.frombuffer(bytearray(b), dtype=torch.uint8).to(torch.int64).sum()
+
+
+def _files(fs, base):
+    paths = []
+    for i in range(FILES):
+        p = f"{base}/d/f{i:04}"
+        if i == 0:
+            fs.makedirs(f"{base}/d")
+        fs.write_bytes(p, bytes([i % 256]) * (1000 + i))
+        paths.append(p)
+    return paths
+
+
+def test_dataloader_four_workers_map_style(fs, base):
+    paths = _files(fs, base)
+    ds = tt.TesseraDataset(f"{base}/d", decode=_decode, fs=fs)
+    assert isinstance(ds, torch.utils.data.Dataset)
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=4)
+    got = torch.cat(list(loader)).tolist()
+    assert got == [(i % 256) * (1000 + i) for i in range(FILES)]
+
+
+def test_dataloader_four_workers_iterable(fs, base):
+    _files(fs, base)
+    ds = tt.TesseraIterableDataset(f"{base}/d", decode=_decode, fs=fs, rank=0, world_size=1)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=4)
+    got = sorted(int(x) for x in loader)
+    assert got == sorted((i % 256) * (1000 + i) for i in range(FILES))
+
+
+def test_save_load_state_dict(fs, base):
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
+                                torch.nn.Linear(1024, 10))
+    state = model.state_dict()
+    tt.save(state, f"{base}/model.pt", fs=fs)
+    assert fs.listdir(base) == ["model.pt"]
+    loaded = tt.load(f"{base}/model.pt", fs=fs, weights_only=True)
+    assert loaded.keys() == state.keys()
+    for k in state:
+        assert torch.equal(loaded[k], state[k]), k
+
+
+def test_safetensors_as_torch(fs, base):
+    from safetensors.torch import save
+
+    tensors = {"w": torch.randn(64, 32), "h": torch.randn(7).to(torch.bfloat16)}
+    fs.write_bytes(f"{base}/t.safetensors", save(tensors))
+    got = tt.load_safetensors(f"{base}/t.safetensors", framework="pt", fs=fs)
+    for k, v in tensors.items():
+        assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+
+
+SAVER = r"""
+import sys, torch, tessera, tessera.torch as tt
+fs = tessera.connect(sys.argv[1], key_file=sys.argv[2])
+big = {"w": torch.ones(256 << 20, dtype=torch.uint8)}  # 256 MiB
+print("saving", flush=True)
+for _ in range(100):
+    tt.save(big, sys.argv[3], fs=fs)
+"""
+
+
+def test_kill_during_save_keeps_the_old_checkpoint(fs, base, meta_addr, key_file):
+    old = {"w": torch.arange(1000)}
+    tt.save(old, f"{base}/ckpt.pt", fs=fs)
+    child = subprocess.Popen([sys.executable, "-c", SAVER, meta_addr, key_file,
+                              f"{base}/ckpt.pt"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "saving"
+        time.sleep(0.5)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(CHILD_TIMEOUT_S)
+    got = tt.load(f"{base}/ckpt.pt", fs=fs, weights_only=True)
+    # Killed during the first save: the old checkpoint, whole. (Had a save finished,
+    # the new one, whole: never a torn file.)
+    if got["w"].dtype == torch.uint8:
+        assert got["w"].numel() == 256 << 20
+    else:
+        assert torch.equal(got["w"], old["w"])

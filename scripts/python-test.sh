@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The Python package's tests (issue 29; README "From Python"): builds and installs the
+# package (`pip install ./python`, maturin with the dev profile into the workspace's
+# target directory) into a virtual environment under target/py-venv with pytest, numpy,
+# safetensors and fsspec at pinned versions, starts a local cluster with a mount
+# (`tessera up`), runs python/tests against it, and stops the cluster (`tessera down`,
+# by the PIDs `up` recorded) also on failure. torch is not installed: its tests report
+# skipped unless the environment already has it.
+#   scripts/python-test.sh [pytest arguments...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+# Absolute: the script changes directory before it is done with it.
+target=$(realpath -m "${CARGO_TARGET_DIR:-$repo/target}")
+venv="$target/py-venv"
+# The versions this was last run with; numpy 2.4 is the last line for Python 3.11.
+pins=(maturin==1.16.0 pytest==9.2.0 numpy==2.4.6 safetensors==0.8.0 fsspec==2026.9.0)
+
+echo "== python: virtual environment $venv"
+[ -x "$venv/bin/python" ] || "${PYTHON:-python3}" -m venv "$venv"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "${pins[@]}"
+
+echo "== python: pip install ./python (maturin, dev profile, target $target)"
+# maturin is the venv's; --no-build-isolation uses it instead of fetching another copy
+# for every build. The workspace's target directory keeps the build incremental.
+PATH="$venv/bin:$PATH" CARGO_TARGET_DIR="$target" MATURIN_PEP517_ARGS="--profile dev" \
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation \
+  --force-reinstall --no-deps ./python
+
+echo "== python: the tessera binary and a local cluster"
+# The same build as scripts/test.sh's (so nothing is built twice with other features).
+cargo build -q --workspace --bins
+work=$(mktemp -d /tmp/tessera-python.XXXXXX)
+mnt="$work/mnt"
+state="$work/state"
+mkdir -p "$mnt"
+cleanup() {
+  "$target/debug/tessera" down --state-dir "$state" "$mnt" >/dev/null || true
+  # Never remove files under a mount point still mounted.
+  if ! mountpoint -q "$mnt"; then rm -rf "$work"; fi
+}
+trap cleanup EXIT
+"$target/debug/tessera" up --state-dir "$state" "$mnt" >/dev/null
+
+echo "== python: pytest python/tests"
+# Run from python/ with the installed package first on the path (not the source tree,
+# which has no native module).
+cd "$repo/python/tests"
+TESSERA_TEST_META=$(cat "$state/meta.addr") \
+TESSERA_TEST_KEY="$state/keys/admin.key" \
+TESSERA_TEST_MOUNT="$mnt" \
+  "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$@" .
