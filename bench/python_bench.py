@@ -45,10 +45,13 @@ def names(n):
     return [f"d{i // 100:04d}/{i:06d}.bin" for i in range(n)]
 
 
+KEY_FILE = os.environ.get("TESSERA_KEY_FILE", "")
+
+
 def connect(addr):
     import tessera
 
-    return tessera.connect([addr])
+    return tessera.connect([addr], key_file=KEY_FILE) if KEY_FILE else tessera.connect([addr])
 
 
 # ------------------------------------------------------------------ data set
@@ -56,19 +59,23 @@ def write_dataset(addr, local_dir, files, lo, hi):
     fs = connect(addr)
     payload = os.urandom(hi)
     total = 0
-    t0 = time.monotonic()
+    spent = 0.0
     made = set()
     for name, size in zip(names(files), sizes(files, lo, hi)):
         d = os.path.dirname(name)
+        t0 = time.monotonic()
         if d not in made:
             fs.makedirs("/ds/" + d, exist_ok=True)
+        fs.write_bytes("/ds/" + name, payload[:size])
+        spent += time.monotonic() - t0
+        if d not in made:
             os.makedirs(os.path.join(local_dir, d), exist_ok=True)
             made.add(d)
-        fs.write_bytes("/ds/" + name, payload[:size])
         with open(os.path.join(local_dir, name), "wb") as f:
             f.write(payload[:size])
         total += size
-    return total, time.monotonic() - t0
+    # The package's own time: one writer, one file at a time.
+    return total, spent
 
 
 def read_local_part(args):
@@ -131,7 +138,7 @@ def dataset_reads(addr, mnt, local_dir, files, workers, use_torch):
         drop_caches()
         out["dataset-mount"] = torch_loader(Plain(), workers)
         drop_caches()
-        ds = tt.TesseraDataset([addr], ["/ds/" + n for n in all_names])
+        ds = tt.TesseraDataset(["/ds/" + n for n in all_names], fs=connect(addr))
         out["dataset-package"] = torch_loader(ds, workers)
     else:
         drop_caches()
@@ -180,7 +187,7 @@ def load_from(f, use_torch):
 
 
 def ckpt_local_or_mount(root, obj, use_torch):
-    final = os.path.join(root, "ckpt.bin")
+    final = os.path.join(root, "ckpt-posix.bin")
     tmp = final + ".tmp"
     t0 = time.monotonic()
     with open(tmp, "wb") as f:
@@ -197,18 +204,19 @@ def ckpt_package(addr, obj, use_torch):
     if use_torch:
         import tessera.torch as tt
 
-        tt.save(obj, "/ckpt.bin", fs=fs)
+        tt.save(obj, "/ckpt-package.bin", fs=fs)
     else:
-        with fs.open("/ckpt.bin.tmp", "wb") as f:
+        # The steps tessera.torch.save takes, with numpy in place of torch.
+        with fs.open("/ckpt-package.bin.tmp", "wb") as f:
             save_to(f, obj, use_torch)
             f.flush()
-            fs.fsync(f) if hasattr(fs, "fsync") else f.fsync()
-        fs.rename("/ckpt.bin.tmp", "/ckpt.bin")
-    return fs.stat("/ckpt.bin").st_size, time.monotonic() - t0
+            f.raw.sync() if hasattr(f, "raw") else f.sync()
+        fs.rename("/ckpt-package.bin.tmp", "/ckpt-package.bin")
+    return fs.stat("/ckpt-package.bin").st_size, time.monotonic() - t0
 
 
 def load_local_or_mount(root, use_torch):
-    path = os.path.join(root, "ckpt.bin")
+    path = os.path.join(root, "ckpt-posix.bin")
     t0 = time.monotonic()
     with open(path, "rb") as f:
         obj = load_from(f, use_torch)
@@ -221,11 +229,11 @@ def load_package(addr, use_torch):
     if use_torch:
         import tessera.torch as tt
 
-        obj = tt.load("/ckpt.bin", fs=fs)
+        obj = tt.load("/ckpt-package.bin", fs=fs)
     else:
-        with fs.open("/ckpt.bin", "rb") as f:
+        with fs.open("/ckpt-package.bin", "rb") as f:
             obj = load_from(f, use_torch)
-    return fs.stat("/ckpt.bin").st_size, time.monotonic() - t0, len(obj)
+    return fs.stat("/ckpt-package.bin").st_size, time.monotonic() - t0, len(obj)
 
 
 def main():

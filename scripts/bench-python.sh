@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Issue 29's benchmark: the Python package against the mount and the local disk, in one
+# run on this machine (bench/python_bench.py says what each phase does):
+#   scripts/bench-python.sh [--quick] [--torch]
+#   --quick  400 files and a 256 MiB checkpoint (a smoke run of every phase)
+#   --torch  install torch into the benchmark's own venv (a large download: the CUDA
+#            wheels come with it) and use a DataLoader, torch.save and torch.load
+# It builds a release (target/release and the package with maturin's release profile;
+# BENCH_PROFILE=dev uses the optimized dev build instead, for a quick check of the script),
+# starts a cluster (`tessera up`: 3 data servers, 3 copies) and runs the phases with
+# caches dropped before each; everything it started is stopped in a trap, also on
+# failure. Output: bench/results/DATE-python.md (table and ratios) and the raw JSON
+# under BENCH_DIR. Needs root (drop_caches, the FUSE mount).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BENCH_DIR=${BENCH_DIR:-/var/tmp/tessera-bench}
+FILES=20000
+MIN_BYTES=$((100 * 1024))
+MAX_BYTES=$((1024 * 1024))
+WORKERS=4
+CKPT_MIB=4096
+COPIES=${BENCH_COPIES:-3}
+PROFILE=${BENCH_PROFILE:-release}
+case "$PROFILE" in
+  release) BIN_DIR=release; MATURIN_ARGS="--release" ;;
+  dev) BIN_DIR=debug; MATURIN_ARGS="--profile dev" ;;
+  *) echo "BENCH_PROFILE must be release or dev" >&2; exit 2 ;;
+esac
+TORCH=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) FILES=400; CKPT_MIB=256; shift ;;
+    --torch) TORCH=1; shift ;;
+    *) sed -n '3,6p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+  esac
+done
+[ "$(id -u)" -eq 0 ] || { echo "needs root (drop_caches, FUSE)" >&2; exit 1; }
+log() { echo "[$(date +%H:%M:%S)] $*"; }
+
+VENV=$BENCH_DIR/py-venv
+MNT=$BENCH_DIR/mnt/tessera-py
+STATE=$BENCH_DIR/tessera-py-state
+LOCAL=$BENCH_DIR/local-py
+RAW=$BENCH_DIR/python-bench.json
+# A dataset and a checkpoint on the local disk, three copies of each on the cluster.
+need=$(( (FILES * (MIN_BYTES + MAX_BYTES) / 2 * (COPIES + 1) + CKPT_MIB * 1048576 * (COPIES + 1) * 2) / 1048576 ))
+mkdir -p "$BENCH_DIR"
+free=$(df -m --output=avail "$BENCH_DIR" | tail -1)
+[ "$free" -gt "$need" ] || { echo "need about $need MiB free under $BENCH_DIR, have $free" >&2; exit 1; }
+
+cleanup() {
+  if [ -d "$STATE" ]; then
+    "$ROOT/target/$BIN_DIR/tessera" down "$MNT" --state-dir "$STATE" >/dev/null 2>&1 || true
+  fi
+  mountpoint -q "$MNT" || rm -rf "$STATE" "$LOCAL"
+}
+trap cleanup EXIT
+
+log "cargo build --profile $PROFILE --bins"
+(cd "$ROOT" && cargo build --profile "$PROFILE" --bins)
+log "venv $VENV: numpy, maturin, the package (release)"
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/pip" install -q --disable-pip-version-check maturin==1.16.0 numpy==2.4.6
+if [ "$TORCH" = 1 ]; then
+  log "installing torch into $VENV (large)"
+  "$VENV/bin/pip" install -q --disable-pip-version-check torch
+fi
+PATH="$VENV/bin:$PATH" CARGO_TARGET_DIR="$ROOT/target" MATURIN_PEP517_ARGS="$MATURIN_ARGS" \
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation \
+  --force-reinstall --no-deps "$ROOT/python"
+
+log "tessera up $MNT ($COPIES copies)"
+rm -rf "$STATE" "$LOCAL"
+mkdir -p "$MNT" "$LOCAL"
+up=$("$ROOT/target/$BIN_DIR/tessera" up "$MNT" --state-dir "$STATE" --data-servers 3 \
+  --replicas "$COPIES")
+echo "$up"
+addr=$(echo "$up" | sed -n 's/^metadata server: //p' | head -1)
+[ -n "$addr" ] || { echo "no metadata server address in tessera up's output" >&2; exit 1; }
+
+log "phases (files $FILES, workers $WORKERS, checkpoint $CKPT_MIB MiB)"
+TESSERA_KEY_FILE="$STATE/keys/admin.key" timeout 7200 "$VENV/bin/python" \
+  "$ROOT/bench/python_bench.py" --addr "$addr" --mount "$MNT" --local "$LOCAL" \
+  --files "$FILES" --min-bytes "$MIN_BYTES" --max-bytes "$MAX_BYTES" --workers "$WORKERS" \
+  --ckpt-mib "$CKPT_MIB" --out "$RAW"
+
+out="$ROOT/bench/results/$(date +%Y-%m-%d-%H%M)-python.md"
+python3 - "$RAW" "$COPIES" "$(git -C "$ROOT" rev-parse --short HEAD)" > "$out" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1])); copies = int(sys.argv[2]); rev = sys.argv[3]
+mib = lambda k: r[k][0] / r[k][1] / 2**20
+print(f"# Python package benchmark ({rev}, {'torch' if r['torch'] else 'numpy, no torch'})\n")
+print(f"{r['files']} files, {r['workers']} workers, checkpoint {r['ckpt_mib']} MiB, {copies} copies; caches dropped before each phase.\n")
+print("| phase | MiB/s |\n| --- | --- |")
+for k in ["dataset-write", "dataset-local", "dataset-mount", "dataset-package", "ckpt-local",
+          "ckpt-mount", "ckpt-package", "load-local", "load-mount", "load-package"]:
+    print(f"| {k} | {mib(k):,.0f} |")
+print("\n| target (issue 29) | ratio |\n| --- | --- |")
+print(f"| data set: package / mount (>= 2) | {mib('dataset-package') / mib('dataset-mount'):.2f} |")
+print(f"| data set: package / local cold read (>= 0.8) | {mib('dataset-package') / mib('dataset-local'):.2f} |")
+print(f"| save: package / (local write / copies) (>= 0.9) | {mib('ckpt-package') / (mib('ckpt-local') / copies):.2f} |")
+print(f"| save: package / mount (> 1) | {mib('ckpt-package') / mib('ckpt-mount'):.2f} |")
+print(f"| load: package / local cold read | {mib('load-package') / mib('load-local'):.2f} |")
+print(f"| load: package / mount (> 1) | {mib('load-package') / mib('load-mount'):.2f} |")
+EOF
+cat "$out"
+log "wrote $out"
