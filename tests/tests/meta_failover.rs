@@ -1,0 +1,167 @@
+//! A standby metadata server on the same etcd: a cluster whose data servers and mount
+//! know two metadata addresses (`A,B`) goes on when A is killed (`kill -9`) and B is
+//! started on A's etcd prefix: the open file keeps writing and its `fsync` succeeds,
+//! new files are made, what was written before reads back, and the data servers
+//! heartbeat to B. Real processes, a real FUSE mount, a real etcd on 127.0.0.1 with its
+//! data on /dev/shm.
+
+use meta_server::kv::etcd::local::LocalEtcd;
+use std::fs;
+use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tessera_tests::{pseudo_random, sha256_hex, ClusterOptions, ProcessCluster};
+
+const MIB: usize = 1 << 20;
+/// How long any one file operation may take across the failover: the mount waits
+/// `meta_wait_ms` for a metadata server to answer, and B needs a start.
+const OP_LIMIT: Duration = Duration::from_secs(60);
+/// How long B may take to see all three data servers' heartbeats.
+const REGISTER_LIMIT: Duration = Duration::from_secs(30);
+
+/// Runs `f` on a thread of its own and waits at most [`OP_LIMIT`] for it: a call stuck
+/// on the mount fails the test (whose guards then unmount and stop everything).
+fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    let start = Instant::now();
+    let out = rx
+        .recv_timeout(OP_LIMIT)
+        .unwrap_or_else(|_| panic!("{what}: no answer within {OP_LIMIT:?}"));
+    eprintln!("{what}: {:?}", start.elapsed());
+    out
+}
+
+/// The metadata server's configuration lines for `etcd`, under a prefix of its own.
+fn etcd_toml(etcd: &LocalEtcd) -> String {
+    let c = etcd.config();
+    let endpoints: Vec<String> = c.endpoints.iter().map(|e| format!("{e:?}")).collect();
+    format!(
+        "store = \"etcd\"\n[etcd]\nendpoints = [{}]\nprefix = {:?}\nretry_for_ms = {}\n",
+        endpoints.join(", "),
+        c.prefix,
+        c.retry_for_ms
+    )
+}
+
+/// The data servers whose state is `Up` in `tessera status --json` through `meta`.
+fn up_nodes(cluster: &ProcessCluster, meta: &str) -> Option<usize> {
+    let (code, out) = cluster.tessera_at(meta, &["status", "--json"]);
+    if code != 0 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+    let nodes = v["map"]["nodes"].as_array()?;
+    Some(nodes.iter().filter(|n| n["state"] == "Up").count())
+}
+
+#[test]
+fn a_standby_metadata_server_on_the_same_etcd_takes_over() {
+    if LocalEtcd::binary().is_none() {
+        assert!(std::env::var_os("CI").is_none(), "no etcd binary under CI");
+        eprintln!("skipped: no etcd binary (install Debian's etcd-server)");
+        return;
+    }
+    let etcd = LocalEtcd::start(1).expect("etcd");
+    let mut cluster = ProcessCluster::start_with(ClusterOptions {
+        data_servers: 3,
+        meta_toml: etcd_toml(&etcd),
+        heartbeat_ms: 200,
+        standby_meta: true,
+        ..ClusterOptions::default()
+    });
+    let a = cluster.meta_addr().to_string();
+    let addrs = cluster.meta_addrs().to_string();
+    assert!(addrs.starts_with(&format!("{a},")), "{addrs}");
+    let m = cluster.mount("m");
+
+    // Closed files, and one file open for writing across the failover.
+    let closed: Vec<Vec<u8>> = (0..8u64).map(|i| pseudo_random(MIB + 100, i)).collect();
+    for (i, data) in closed.iter().enumerate() {
+        fs::write(m.path.join(format!("f{i}")), data).expect("write");
+    }
+    let first = pseudo_random(6 * MIB, 100);
+    let second = pseudo_random(5 * MIB + 7, 101);
+    let open_path = m.path.join("open.bin");
+    let mut open = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&open_path)
+        .expect("create open.bin");
+    open.write_all(&first).expect("write before");
+    open.sync_all().expect("fsync before");
+
+    let t = Instant::now();
+    cluster.fail_over_meta();
+    eprintln!("A killed, B listening after {:?}", t.elapsed());
+    let b = cluster.meta_addr().to_string();
+    assert_ne!(a, b);
+    assert!(addrs.ends_with(&format!(",{b}")), "{addrs}");
+
+    // The open file writes on and its fsync succeeds, through B.
+    let second_copy = second.clone();
+    let open = bounded("write and fsync of the open file", move || {
+        open.seek(SeekFrom::End(0)).expect("seek");
+        open.write_all(&second_copy)
+            .expect("write after the failover");
+        open.sync_all().expect("fsync after the failover");
+        open
+    });
+    // New files are made.
+    let made: Vec<Vec<u8>> = (0..4u64).map(|i| pseudo_random(300_000, 200 + i)).collect();
+    let root = m.path.clone();
+    let copies = made.clone();
+    bounded("creates after the failover", move || {
+        for (i, data) in copies.iter().enumerate() {
+            fs::write(root.join(format!("g{i}")), data).expect("create after the failover");
+        }
+    });
+    // What was written before reads back, the open file's bytes before its close too.
+    let mut head = vec![0; 4096];
+    open.read_exact_at(&mut head, 0)
+        .expect("read the open file");
+    assert_eq!(head, first[..4096]);
+    drop(open);
+    for (i, data) in closed.iter().enumerate() {
+        let back = fs::read(m.path.join(format!("f{i}"))).expect("read back");
+        assert_eq!(sha256_hex(&back), sha256_hex(data), "f{i}");
+    }
+    let whole = fs::read(&open_path).expect("read open.bin");
+    assert_eq!(whole.len(), first.len() + second.len());
+    assert_eq!(sha256_hex(&whole[..first.len()]), sha256_hex(&first));
+    assert_eq!(sha256_hex(&whole[first.len()..]), sha256_hex(&second));
+    for (i, data) in made.iter().enumerate() {
+        let back = fs::read(m.path.join(format!("g{i}"))).expect("read new file");
+        assert_eq!(sha256_hex(&back), sha256_hex(data), "g{i}");
+    }
+    let names = fs::read_dir(&m.path).expect("list").count();
+    assert_eq!(names, closed.len() + 1 + made.len());
+
+    // B has only the heartbeats it received itself: all three up means all three
+    // moved on to it.
+    let deadline = Instant::now() + REGISTER_LIMIT;
+    loop {
+        let up = up_nodes(&cluster, &b);
+        if up == Some(3) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "data servers up on B after {REGISTER_LIMIT:?}: {up:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("three data servers up on B after {:?}", t.elapsed());
+    // The mount moved to B and took its open file along.
+    let log = m.log_text();
+    assert!(log.contains("connected to another address"), "{log}");
+    let resumed = log
+        .lines()
+        .rfind(|l| l.contains("open files resumed"))
+        .unwrap_or_else(|| panic!("no resume in the mount's log:\n{log}"));
+    assert!(resumed.contains("lost=0"), "{resumed}");
+}
