@@ -6,6 +6,8 @@
 //! data on /dev/shm.
 
 use meta_server::kv::etcd::local::LocalEtcd;
+use meta_server::kv::{EtcdConfig, StoreKind};
+use meta_server::server::{MetaConfig, MetaServer};
 use std::fs;
 use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
@@ -35,16 +37,43 @@ fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static
     out
 }
 
-/// The metadata server's configuration lines for `etcd`, under a prefix of its own.
-fn etcd_toml(etcd: &LocalEtcd) -> String {
-    let c = etcd.config();
+/// The owner lease of the test's metadata servers: B, started right after A's kill,
+/// waits it out.
+const OWNER_LEASE_MS: u64 = 2000;
+
+/// The metadata server's configuration lines for `c`.
+fn etcd_toml(c: &EtcdConfig) -> String {
     let endpoints: Vec<String> = c.endpoints.iter().map(|e| format!("{e:?}")).collect();
     format!(
-        "store = \"etcd\"\n[etcd]\nendpoints = [{}]\nprefix = {:?}\nretry_for_ms = {}\n",
+        "store = \"etcd\"\n[etcd]\nendpoints = [{}]\nprefix = {:?}\nretry_for_ms = {}\n\
+         owner_lease_ms = {}\n",
         endpoints.join(", "),
         c.prefix,
-        c.retry_for_ms
+        c.retry_for_ms,
+        c.owner_lease_ms
     )
+}
+
+/// Starts one more metadata server on `etcd`'s prefix, in this process, refusing at
+/// once if the owner key is held; returns its start error.
+fn second_server_refused(etcd: EtcdConfig) -> String {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = MetaConfig {
+        listen: "127.0.0.1:0".into(),
+        data_dir: dir.path().join("meta-c"),
+        store: StoreKind::Etcd,
+        etcd: EtcdConfig {
+            owner_wait_ms: 0,
+            ..etcd
+        },
+        insecure: true,
+        ..MetaConfig::default()
+    };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    match rt.block_on(MetaServer::start(config)) {
+        Ok(_) => panic!("a second metadata server started on a served prefix"),
+        Err(e) => format!("{:?}", anyhow::Error::from(e)),
+    }
 }
 
 /// The data servers whose state is `Up` in `tessera status --json` through `meta`.
@@ -66,9 +95,13 @@ fn a_standby_metadata_server_on_the_same_etcd_takes_over() {
         return;
     }
     let etcd = LocalEtcd::start(1).expect("etcd");
+    let etcd_config = EtcdConfig {
+        owner_lease_ms: OWNER_LEASE_MS,
+        ..etcd.config()
+    };
     let mut cluster = ProcessCluster::start_with(ClusterOptions {
         data_servers: 3,
-        meta_toml: etcd_toml(&etcd),
+        meta_toml: etcd_toml(&etcd_config),
         heartbeat_ms: 200,
         standby_meta: true,
         ..ClusterOptions::default()
@@ -101,6 +134,12 @@ fn a_standby_metadata_server_on_the_same_etcd_takes_over() {
     let b = cluster.meta_addr().to_string();
     assert_ne!(a, b);
     assert!(addrs.ends_with(&format!(",{b}")), "{addrs}");
+    // B waited out A's lease (A died holding it) before it listened.
+    let b_log = fs::read_to_string(cluster.dir().join("meta-b.log")).expect("B's log");
+    assert!(b_log.contains("owner key held: waiting"), "{b_log}");
+    // While B serves, a third server on the prefix is refused, naming B.
+    let refused = second_server_refused(etcd_config.clone());
+    assert!(refused.contains(&format!("served by {b}")), "{refused}");
 
     // The open file writes on and its fsync succeeds, through B.
     let second_copy = second.clone();
