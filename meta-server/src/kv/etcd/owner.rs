@@ -215,7 +215,8 @@ async fn put_if_absent(
 }
 
 /// Renews `lease` every `period`; tells `lost` when etcd says it expired, or when no
-/// renewal succeeded for a whole `lifetime`.
+/// renewal succeeded for a whole `lifetime` (counted from the request's sending, so
+/// this server stops no later than etcd lets the key go).
 async fn keep_alive(
     client: Client,
     lease: i64,
@@ -227,6 +228,9 @@ async fn keep_alive(
     let mut stream = None;
     loop {
         tokio::time::sleep(period).await;
+        // Before the request: etcd restarts the lease when it handles it, later than
+        // this, so the lease counted from here ends no later than etcd's.
+        let sent = Instant::now();
         if stream.is_none() {
             stream = client.lease_client().keep_alive(lease).await.ok();
         }
@@ -241,7 +245,7 @@ async fn keep_alive(
             None => None,
         };
         match ttl {
-            Some(t) if t > 0 => renewed = Instant::now(),
+            Some(t) if t > 0 => renewed = sent,
             Some(_) => {
                 error!("the owner lease expired: another server may serve the namespace now");
                 let _ = lost.send(true);
@@ -335,5 +339,38 @@ mod tests {
         );
         assert!(took < Duration::from_secs(10), "{took:?}");
         drop(b);
+    }
+
+    /// An owner cut off from etcd past its lease is told, so its server stops rather
+    /// than serve beside a standby that took the key.
+    #[test]
+    fn an_owner_cut_off_from_etcd_past_its_lease_learns_it_lost_the_key() {
+        if etcd_config().is_none() {
+            return;
+        }
+        let mut etcd = LocalEtcd::start(1).unwrap();
+        let config = EtcdConfig {
+            owner_lease_ms: 1000,
+            owner_wait_ms: 0,
+            ..etcd.config()
+        };
+        let owner = Owner::acquire(&config, "A").unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let within = |limit| rt.block_on(async { tokio::time::timeout(limit, owner.lost()).await });
+        let alive = within(Duration::from_secs(3));
+        assert!(alive.is_err(), "lost while etcd answered");
+        let t = Instant::now();
+        etcd.kill(0);
+        let told = within(Duration::from_secs(10));
+        assert!(told.is_ok(), "not told within 10 s");
+        assert!(
+            t.elapsed() >= Duration::from_millis(300),
+            "{:?}",
+            t.elapsed()
+        );
+        eprintln!("told {:?} after etcd went", t.elapsed());
     }
 }
