@@ -92,7 +92,7 @@ impl ClusterView {
         }
     }
 
-    /// The metadata server's address.
+    /// The metadata server's address (of several, the one last answering).
     pub fn meta_addr(&self) -> String {
         self.meta.addr()
     }

@@ -19,7 +19,9 @@ pub struct DataConfig {
     pub listen: String,
     /// Address clients are told to use; empty: the address actually bound.
     pub advertise: String,
-    /// Address of the metadata server.
+    /// Address of the metadata server (`host:port`), or several, comma-separated (a
+    /// server and its standbys on one etcd): registration and heartbeats go to the
+    /// first that answers, and to the next when it stops answering.
     pub meta_addr: String,
     /// Directory holding the chunks and the node id.
     pub data_dir: PathBuf,
@@ -90,7 +92,7 @@ impl DataConfig {
     pub fn validate(&self) -> Result<(), String> {
         self.transport_limits.validate()?;
         self.metrics.validate()?;
-        if self.listen.is_empty() || self.meta_addr.is_empty() {
+        if self.listen.is_empty() || transport::split_addrs(&self.meta_addr).is_empty() {
             return Err("listen and meta_addr must be addresses (host:port)".into());
         }
         if self.data_dir.as_os_str().is_empty() {

@@ -16,7 +16,7 @@ struct Args {
     /// Address to listen on (host:port; port 0 picks one).
     #[arg(long)]
     listen: Option<String>,
-    /// Metadata server address.
+    /// Metadata server address (host:port), or several, comma-separated.
     #[arg(long)]
     meta: Option<String>,
     /// Directory for chunks.

@@ -8,7 +8,9 @@ use transport::{Backend, TransportConfig};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClientConfig {
-    /// Address of the metadata server (`host:port`).
+    /// Address of the metadata server (`host:port`), or several, comma-separated (a
+    /// server and its standbys on one etcd): the first that answers is used, and the
+    /// next when it stops answering.
     pub meta_addr: String,
     /// Transport backend.
     pub transport: Backend,
@@ -157,8 +159,10 @@ impl ClientConfig {
     pub fn validate(&self) -> Result<(), String> {
         self.transport_limits.validate()?;
         self.metrics.validate()?;
-        if self.meta_addr.is_empty() {
-            return Err("meta_addr must name the metadata server".into());
+        if transport::split_addrs(&self.meta_addr).is_empty() {
+            return Err(
+                "meta_addr must name the metadata server (or several, comma-separated)".into(),
+            );
         }
         self.subdir_names()?;
         if self.fsname.is_empty() || self.fsname.contains([',', ' ', '\t', '\n']) {

@@ -147,6 +147,10 @@ pub enum StartError {
         #[source]
         source: MetaError,
     },
+    /// On etcd, the namespace's owner key could not be taken: another server holds it
+    /// (the message names it), or etcd did not answer.
+    #[error("taking the namespace's owner key on etcd")]
+    Owner(#[source] crate::kv::KvError),
     /// The blocking task that opens the store panicked or was cancelled.
     #[error("the task opening the namespace did not finish")]
     Task(#[from] tokio::task::JoinError),

@@ -127,6 +127,11 @@ async fn run(config: MetaConfig) -> anyhow::Result<()> {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+        _ = server.owner_lost() => {
+            server.shutdown();
+            anyhow::bail!("lost the namespace's owner key on etcd: another metadata \
+                           server may serve it now, so this one stops");
+        }
     }
     tracing::info!("stopping");
     server.shutdown();

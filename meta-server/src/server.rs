@@ -7,6 +7,7 @@ use crate::error::StartError;
 use crate::gate::{self, Gate};
 use crate::grants::{self, Granter};
 use crate::keys::{self, Keys};
+use crate::kv::etcd::owner::Owner;
 use crate::kv::{open_engine, EtcdConfig, StoreKind};
 use crate::metrics::{self, MetaMetrics};
 use crate::namespace::scope::Scope;
@@ -518,6 +519,8 @@ pub struct MetaServer {
     expiry: tokio::task::JoinHandle<()>,
     /// The Prometheus endpoint, when configured.
     metrics: Option<MetricsServer>,
+    /// On etcd, the namespace's owner key (released when dropped, after the rest).
+    owner: Option<Owner>,
 }
 
 impl Drop for MetaServer {
@@ -593,18 +596,24 @@ impl MetaServer {
             config.namespace.clone(),
             config.etcd.clone(),
         );
-        let ns = tokio::task::spawn_blocking(move || -> Result<Namespace, StartError> {
+        let who = format!("{} (pid {})", config.listen, std::process::id());
+        let (ns, owner) = tokio::task::spawn_blocking(move || -> Result<_, StartError> {
             std::fs::create_dir_all(&dir).map_err(|source| StartError::DataDir {
                 dir: dir.clone(),
                 source,
             })?;
+            // Before the namespace is opened: opening writes (the purge of orphans).
+            let owner = match kind {
+                StoreKind::Etcd => Some(Owner::acquire(&etcd, &who).map_err(StartError::Owner)?),
+                _ => None,
+            };
             let open = || -> Result<Namespace, MetaError> {
                 Namespace::open(open_engine(kind, &dir, &etcd)?, ns_config)
             };
             match open() {
                 // The disk guard keeps room on the store's disk, which etcd's is not.
-                Ok(ns) if kind == StoreKind::Etcd => Ok(ns),
-                Ok(ns) => Ok(ns.with_disk_guard(dir)),
+                Ok(ns) if kind == StoreKind::Etcd => Ok((ns, owner)),
+                Ok(ns) => Ok((ns.with_disk_guard(dir), owner)),
                 Err(source) => Err(StartError::Open { dir, source }),
             }
         })
@@ -653,7 +662,18 @@ impl MetaServer {
             ns,
             gate,
             expiry,
+            owner,
         })
+    }
+
+    /// Returns once this server lost the namespace's owner key on etcd (its lease
+    /// expired): another server may serve the namespace now, so this one must stop.
+    /// Never returns on an embedded store.
+    pub async fn owner_lost(&self) {
+        match &self.owner {
+            Some(o) => o.lost().await,
+            None => std::future::pending().await,
+        }
     }
 
     /// The address the listener is bound to.

@@ -127,6 +127,13 @@ fn path_text(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
+/// A loopback address whose port was free a moment ago (bound and let go): for a
+/// server a test starts there later.
+fn free_addr(host: &str) -> String {
+    let l = std::net::TcpListener::bind((host, 0)).expect("a free port");
+    l.local_addr().expect("its address").to_string()
+}
+
 fn read_addr(file: &Path) -> Option<String> {
     fs::read_to_string(file)
         .ok()
@@ -175,6 +182,11 @@ pub struct ClusterOptions {
     /// Serve every server's Prometheus metrics on a free loopback port, recorded in
     /// `<dir>/<name>.metrics` (see [`ProcessCluster::metrics_addr`]).
     pub metrics: bool,
+    /// Reserve a second metadata address (a free port on `host`, nobody listening yet)
+    /// and name it after the first in every `--meta` the cluster gives out (`A,B`):
+    /// [`ProcessCluster::fail_over_meta`] starts a metadata server there. For a store
+    /// both can reach (`store = "etcd"` in `meta_toml`).
+    pub standby_meta: bool,
 }
 
 impl Default for ClusterOptions {
@@ -191,6 +203,7 @@ impl Default for ClusterOptions {
             bin_dir: None,
             insecure: false,
             metrics: false,
+            standby_meta: false,
         }
     }
 }
@@ -204,7 +217,13 @@ pub struct ProcessCluster {
     opts: ClusterOptions,
     meta: Child,
     data: Vec<Child>,
+    /// The address of the metadata server running now.
     meta_addr: String,
+    /// What data servers, mounts and commands are given: `meta_addr`, then the standby
+    /// address if there is one.
+    meta_addrs: String,
+    /// The standby address ([`ClusterOptions::standby_meta`]).
+    standby: Option<String>,
 }
 
 impl ProcessCluster {
@@ -239,7 +258,7 @@ impl ProcessCluster {
             crate::inprocess::make_keys(&d.join("keys"));
         }
         let listen = format!("{}:0", opts.host);
-        let meta = Self::spawn_meta(&bin, d, &listen, &opts);
+        let meta = Self::spawn_meta(&bin, d, "meta", &listen, &opts);
         // Built before any wait, so whatever was started is stopped if a wait fails.
         let mut cluster = ProcessCluster {
             dir,
@@ -248,6 +267,8 @@ impl ProcessCluster {
             meta,
             data: Vec::new(),
             meta_addr: String::new(),
+            meta_addrs: String::new(),
+            standby: None,
         };
         let addr_file = cluster.dir.path().join("meta.addr");
         let log = cluster.dir.path().join("meta.log");
@@ -255,6 +276,12 @@ impl ProcessCluster {
             read_addr(&addr_file).is_some()
         });
         cluster.meta_addr = read_addr(&addr_file).expect("meta address");
+        cluster.meta_addrs = cluster.meta_addr.clone();
+        if cluster.opts.standby_meta {
+            let standby = free_addr(&cluster.opts.host);
+            cluster.meta_addrs = format!("{},{standby}", cluster.meta_addr);
+            cluster.standby = Some(standby);
+        }
         for i in 0..cluster.opts.data_servers {
             let child = cluster.spawn_data(i);
             cluster.data.push(child);
@@ -263,23 +290,26 @@ impl ProcessCluster {
         cluster
     }
 
-    fn spawn_meta(bin: &Path, d: &Path, listen: &str, opts: &ClusterOptions) -> Child {
-        let _ = fs::remove_file(d.join("meta.addr"));
+    /// Starts `tessera-meta` with `<d>/<name>` as its data directory, writing
+    /// `<name>.addr` and `<name>.log`.
+    fn spawn_meta(bin: &Path, d: &Path, name: &str, listen: &str, opts: &ClusterOptions) -> Child {
+        let addr_file = d.join(format!("{name}.addr"));
+        let _ = fs::remove_file(&addr_file);
         let mut args: Vec<String> = [
             "--config",
             &d.join("meta.toml").to_string_lossy(),
             "--listen",
             listen,
             "--data-dir",
-            &d.join("meta").to_string_lossy(),
+            &d.join(name).to_string_lossy(),
             "--addr-file",
-            &d.join("meta.addr").to_string_lossy(),
+            &addr_file.to_string_lossy(),
         ]
         .map(String::from)
         .to_vec();
         args.extend(transport_args(&opts.transport));
         if opts.metrics {
-            args.extend(metrics_args(d, "meta"));
+            args.extend(metrics_args(d, name));
         }
         if !opts.insecure {
             let keys = d.join("keys");
@@ -287,7 +317,12 @@ impl ProcessCluster {
             args.extend(["--admin-key-file".into(), path_text(&keys.join(ADMIN_KEY))]);
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        spawn(&[], &bin.join("tessera-meta"), &args, &d.join("meta.log"))
+        spawn(
+            &[],
+            &bin.join("tessera-meta"),
+            &args,
+            &d.join(format!("{name}.log")),
+        )
     }
 
     fn spawn_data(&self, i: usize) -> Child {
@@ -305,7 +340,7 @@ impl ProcessCluster {
             "--listen".into(),
             format!("{host}:0"),
             "--meta".into(),
-            self.meta_addr.clone(),
+            self.meta_addrs.clone(),
             "--data-dir".into(),
             d.join(format!("data-{i}")).to_string_lossy().into(),
             "--addr-file".into(),
@@ -376,16 +411,41 @@ impl ProcessCluster {
     pub fn restart_meta(&mut self) {
         stop(&mut self.meta);
         let d = self.dir.path().to_path_buf();
-        self.meta = Self::spawn_meta(&self.bin, &d, &self.meta_addr, &self.opts);
+        self.meta = Self::spawn_meta(&self.bin, &d, "meta", &self.meta_addr, &self.opts);
         let addr_file = d.join("meta.addr");
         wait_for("tessera-meta", &mut self.meta, &d.join("meta.log"), || {
             read_addr(&addr_file).is_some()
         });
     }
 
+    /// Kills the metadata server with SIGKILL and starts another at the standby address
+    /// ([`ClusterOptions::standby_meta`]) with a data directory of its own (`meta-b`),
+    /// as a standby machine would; returns once it listens. Its address is then
+    /// [`ProcessCluster::meta_addr`].
+    pub fn fail_over_meta(&mut self) {
+        let standby = self.standby.clone().expect("a cluster with standby_meta");
+        self.kill_meta();
+        let d = self.dir.path().to_path_buf();
+        self.meta = Self::spawn_meta(&self.bin, &d, "meta-b", &standby, &self.opts);
+        let addr_file = d.join("meta-b.addr");
+        wait_for(
+            "tessera-meta",
+            &mut self.meta,
+            &d.join("meta-b.log"),
+            || read_addr(&addr_file).is_some(),
+        );
+        self.meta_addr = standby;
+    }
+
     /// Runs the `tessera` command with `args` and `--meta` of this cluster; returns its
     /// exit code and standard output.
     pub fn tessera(&self, args: &[&str]) -> (i32, String) {
+        self.tessera_at(&self.meta_addrs, args)
+    }
+
+    /// Runs the `tessera` command with `args` and `--meta META` (one address or a
+    /// list); returns its exit code and standard output.
+    pub fn tessera_at(&self, meta: &str, args: &[&str]) -> (i32, String) {
         let mut key = Vec::new();
         if !self.opts.insecure && !args.contains(&"--key-file") {
             key = vec![
@@ -395,7 +455,7 @@ impl ProcessCluster {
         }
         let out = Command::new(self.bin.join("tessera"))
             .args(args)
-            .args(["--meta", &self.meta_addr])
+            .args(["--meta", meta])
             .args(&key)
             .stdin(Stdio::null())
             .output()
@@ -411,15 +471,21 @@ impl ProcessCluster {
         (out.status.code().unwrap_or(-1), text)
     }
 
-    /// The metadata server's address.
+    /// The address of the metadata server running now.
     pub fn meta_addr(&self) -> &str {
         &self.meta_addr
+    }
+
+    /// What data servers, mounts and commands are given as `--meta`: the server's
+    /// address, then the standby's if there is one (`A,B`).
+    pub fn meta_addrs(&self) -> &str {
+        &self.meta_addrs
     }
 
     /// A client configuration that reaches this cluster as its administrator.
     pub fn client_config(&self) -> fs_client::ClientConfig {
         fs_client::ClientConfig {
-            meta_addr: self.meta_addr.clone(),
+            meta_addr: self.meta_addrs.clone(),
             key_file: match self.opts.insecure {
                 true => PathBuf::new(),
                 false => self.key_file(ADMIN_KEY),
@@ -464,7 +530,7 @@ impl ProcessCluster {
             "--config",
             &conf.to_string_lossy(),
             "--meta",
-            &self.meta_addr,
+            &self.meta_addrs,
         ]
         .map(String::from)
         .to_vec();

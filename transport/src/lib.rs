@@ -42,7 +42,7 @@ pub use conn::{Closed, ConnId, Connection, Handler, HandlerFuture};
 pub use endpoint::{Endpoint, Listener, PeerCounts, MAX_REGION_BYTES};
 pub use error::TransportError;
 pub use host::{disk_space, raise_open_file_limit};
-pub use link::Link;
+pub use link::{next_addr, split_addrs, Link};
 pub use mr::{AlignedBuf, MemoryRegion, REGION_ALIGN_BYTES};
 pub use pool::{BufferPool, PooledBuf};
 pub use proto::{MrKey, RemoteBuf};

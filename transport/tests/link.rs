@@ -59,3 +59,43 @@ async fn callers_share_one_connection_and_one_reconnect() {
         assert_eq!(link.get_counted(&ep).await.unwrap().1, 3, "{backend:?}");
     }
 }
+
+/// Guards the failover of a link with several addresses: a server that stopped
+/// listening is passed over for the next address in the same call, the address that
+/// answered is kept, and a round with nobody listening fails instead of looping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_of_several_addresses_moves_on_from_one_that_is_down() {
+    for backend in [Backend::Mem, Backend::Tcp] {
+        let a = server(backend, TransportConfig::default()).await;
+        let b = server(backend, TransportConfig::default()).await;
+        let ep = endpoint(backend, TransportConfig::default());
+        // Nobody listens on port 1: the first address is skipped at once.
+        let link = Link::new(format!("127.0.0.1:1, {},{}", a.addr, b.addr));
+        assert_eq!(link.addrs().len(), 3, "{backend:?}");
+        let (conn, made) = link.get_counted(&ep).await.unwrap();
+        assert_eq!(made, 1, "{backend:?}");
+        assert_eq!(link.addr(), a.addr, "{backend:?}: the first that answered");
+
+        // A goes away: its connection closes, the next call reaches B.
+        let a_addr = a.addr.clone();
+        drop(a);
+        for _ in 0..200 {
+            if conn.is_closed() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(conn.is_closed(), "{backend:?}: A's connection closed");
+        let (_, made) = link.get_counted(&ep).await.unwrap();
+        assert_eq!(made, 2, "{backend:?}");
+        assert_eq!(link.addr(), b.addr, "{backend:?}: moved on to B");
+
+        // Nobody left: one round, then the failure of an unreachable server.
+        let b_addr = b.addr.clone();
+        drop(b);
+        let lonely = Link::new(format!("127.0.0.1:1,{a_addr},{b_addr}"));
+        let err = lonely.get_counted(&ep).await.unwrap_err();
+        assert!(err.never_connected(), "{backend:?}: {err:?}");
+        assert_eq!(lonely.made(), 0, "{backend:?}");
+    }
+}

@@ -239,8 +239,9 @@ impl std::fmt::Debug for Tessera {
 }
 
 impl Tessera {
-    /// Connects to the first of `meta_addrs` (`host:port`) that answers. One metadata
-    /// server serves a cluster today: the others are tried only when connecting.
+    /// Connects to the first of `meta_addrs` (`host:port`) that answers, and moves on to
+    /// the next when it stops answering (a standby metadata server on the same etcd;
+    /// see `ClientConfig::meta_addr`).
     pub fn connect<S: AsRef<str>>(meta_addrs: &[S], options: Options) -> Result<Tessera> {
         if meta_addrs.is_empty() {
             return Err(ClientError::Config(
@@ -264,19 +265,10 @@ impl Tessera {
             .enable_all()
             .build()
             .map_err(|e| ClientError::Config(format!("starting the runtime: {e}")))?;
-        let connected = rt.block_on(async {
-            let mut last = None;
-            for addr in meta_addrs {
-                let mut config = options.config.clone();
-                config.meta_addr = addr.as_ref().to_string();
-                match Client::connect(config).await {
-                    Ok(c) => return Ok(c),
-                    Err(e @ ClientError::Transport(_)) => last = Some(e),
-                    Err(e) => return Err(e),
-                }
-            }
-            Err(last.expect("at least one address was tried"))
-        });
+        let mut config = options.config.clone();
+        let addrs: Vec<&str> = meta_addrs.iter().map(AsRef::as_ref).collect();
+        config.meta_addr = addrs.join(",");
+        let connected = rt.block_on(Client::connect(config));
         let client = connected?;
         let entry_ttl = Duration::from_millis(client.config().entry_ttl_ms);
         Ok(Tessera {

@@ -32,7 +32,7 @@ pub enum Cmd {
         /// Client configuration file (TOML); flags override it.
         #[arg(long)]
         config: Option<PathBuf>,
-        /// Metadata server address (host:port).
+        /// Metadata server address (host:port), or several, comma-separated.
         #[arg(long)]
         meta: Option<String>,
         /// Transport backend: tcp, rdma, or auto (rdma when a device is usable, else tcp).
@@ -227,7 +227,7 @@ pub struct ClusterArgs {
     /// State directory of a cluster started by `tessera up`.
     #[arg(long)]
     state_dir: Option<PathBuf>,
-    /// Metadata server address (host:port).
+    /// Metadata server address (host:port), or several, comma-separated.
     #[arg(long)]
     meta: Option<String>,
     /// Client configuration file (TOML).

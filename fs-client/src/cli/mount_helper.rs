@@ -254,6 +254,13 @@ pub fn split_source(source: &str) -> (Option<&str>, &str) {
     }
 }
 
+/// The name the mount shows for SOURCE: an option string is cut at commas, so a
+/// source of several metadata addresses (`META1,META2:/path`) is shown with `+`
+/// between them.
+fn fsname_of(source: &str) -> String {
+    source.replace(',', "+")
+}
+
 /// The client configuration for `args`, and the sorted options.
 pub fn plan(args: &HelperArgs) -> anyhow::Result<(ClientConfig, SortedOptions)> {
     let opts = sort_options(&args.options);
@@ -277,7 +284,7 @@ pub fn plan(args: &HelperArgs) -> anyhow::Result<(ClientConfig, SortedOptions)> 
         c.key_file = std::path::absolute(&c.key_file)
             .with_context(|| format!("key_file {}", c.key_file.display()))?;
     }
-    c.fsname = args.source.clone();
+    c.fsname = fsname_of(&args.source);
     c.apply_mount_options(&opts.mount.join(","))
         .map_err(anyhow::Error::msg)?;
     c.validate()
@@ -428,6 +435,9 @@ mod tests {
         assert_eq!(split_source("[::1]:7600:/"), (Some("[::1]:7600"), "/"));
         assert_eq!(split_source("h:7600"), (Some("h:7600"), "/"));
         assert_eq!(split_source("tessera"), (None, "/"));
+        // A server and its standby: the list is the client's `meta_addr`.
+        assert_eq!(split_source("a:1,b:2:/x"), (Some("a:1,b:2"), "/x"));
+        assert_eq!(fsname_of("a:1,b:2:/x"), "a:1+b:2:/x");
     }
 
     #[test]

@@ -25,8 +25,9 @@
 //! [`EtcdConfig::max_txn_bytes`]; group commit asks first (`check_batch`), and packs the
 //! batches of a group into as few transactions as fit, cutting only between batches.
 
-#[cfg(test)]
+#[cfg(any(test, feature = "local-etcd"))]
 pub mod local;
+pub mod owner;
 mod retry;
 
 use self::retry::{retrying, Retry, Timing};
@@ -77,6 +78,12 @@ pub struct EtcdConfig {
     /// Bytes per transaction as [`txn_bytes`] counts them: at most etcd's
     /// `--max-request-bytes`.
     pub max_txn_bytes: usize,
+    /// Lease of the owner key a serving metadata server holds (see `owner`): how long
+    /// after a server died a standby may take over. etcd counts whole seconds.
+    pub owner_lease_ms: u64,
+    /// How long a starting server waits for another's owner key to go before it
+    /// refuses to start; a standby started beside a live server sets it long.
+    pub owner_wait_ms: u64,
 }
 
 impl Default for EtcdConfig {
@@ -89,6 +96,9 @@ impl Default for EtcdConfig {
             retry_for_ms: 30_000,
             max_txn_ops: 128,
             max_txn_bytes: 1_572_864,
+            owner_lease_ms: 5_000,
+            // Past one lease: a server started right after another died waits it out.
+            owner_wait_ms: 15_000,
         }
     }
 }
@@ -120,6 +130,12 @@ impl EtcdConfig {
             if !(1..=3_600_000).contains(&v) {
                 return Err(format!("etcd.{name} must be between 1 and 3600000"));
             }
+        }
+        if !(1_000..=600_000).contains(&self.owner_lease_ms) {
+            return Err("etcd.owner_lease_ms must be between 1000 and 600000".into());
+        }
+        if self.owner_wait_ms > 86_400_000 {
+            return Err("etcd.owner_wait_ms must be at most 86400000 (a day)".into());
         }
         if self.max_txn_ops == 0 || self.max_txn_bytes < 4096 {
             return Err("etcd.max_txn_ops must be at least 1, max_txn_bytes 4096".into());

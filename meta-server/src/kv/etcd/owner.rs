@@ -1,0 +1,376 @@
+//! Which metadata server serves a namespace on etcd: the one holding its owner key.
+//!
+//! Two servers must not serve one prefix at once yet (sessions, locks and the cluster
+//! map live in a server's memory, and namespace changes are not checked transactions).
+//! The owner key (`<prefix without '/'>.owner`, outside the namespace's keys) is put
+//! only if absent, attached to an etcd lease that the serving process keeps alive. A
+//! second server finds it held and waits (`etcd.owner_wait_ms`) for it to go: revoked
+//! when its owner stops, or expired `etcd.owner_lease_ms` after its owner died. This is
+//! a guard, not a fence: a server stalled past its lease (stopped, or cut off from
+//! etcd) learns it lost the key only when its keep-alive fails, and stops then.
+
+use super::{EtcdConfig, ENGINE};
+use crate::kv::KvError;
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+/// How often a waiting server asks whether the owner key is free again: a few polls
+/// per lease, so a standby starts well within a second of the key going.
+pub const OWNER_POLL: Duration = Duration::from_millis(250);
+/// Keep-alives sent per lease: a lost one or two are survived.
+pub const KEEPALIVES_PER_LEASE: u32 = 3;
+/// How long a stopping server waits for its revoke (the next server waits out the
+/// lease otherwise).
+pub const REVOKE_WAIT: Duration = Duration::from_secs(2);
+
+/// The owner key of the namespace under `prefix` (which ends in '/': the key is not
+/// under it, so no scan of the namespace sees it).
+pub fn owner_key(prefix: &str) -> String {
+    format!("{}.owner", prefix.trim_end_matches('/'))
+}
+
+/// The lease length etcd is asked for, in whole seconds (its unit), at least one.
+pub fn lease_secs(owner_lease_ms: u64) -> i64 {
+    owner_lease_ms.div_ceil(1000).max(1) as i64
+}
+
+/// The owner key, held while this value lives: kept alive on a runtime of its own,
+/// revoked when dropped.
+pub struct Owner {
+    /// `None` only while dropping.
+    runtime: Option<tokio::runtime::Runtime>,
+    client: Client,
+    lease: i64,
+    /// Turns `true` once the lease is known lost (expired, or not renewed in time).
+    lost: watch::Receiver<bool>,
+}
+
+impl Owner {
+    /// Takes the owner key of `config.prefix` for `who` (an address and process, for
+    /// the log of a server that finds it held), waiting up to `config.owner_wait_ms`
+    /// for a holder's lease to go. Blocking.
+    pub fn acquire(config: &EtcdConfig, who: &str) -> Result<Owner, KvError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("etcd-owner")
+            .enable_all()
+            .build()
+            .map_err(|e| KvError::from_io(ENGINE, &e))?;
+        let (client, lease) = runtime.block_on(take(config, who))?;
+        let (tx, lost) = watch::channel(false);
+        let period = Duration::from_millis(config.owner_lease_ms) / KEEPALIVES_PER_LEASE;
+        let lifetime = Duration::from_millis(config.owner_lease_ms);
+        runtime.spawn(keep_alive(client.clone(), lease, period, lifetime, tx));
+        Ok(Owner {
+            runtime: Some(runtime),
+            client,
+            lease,
+            lost,
+        })
+    }
+
+    /// Returns once the lease is lost: another server may hold the key now, so this
+    /// one must stop serving.
+    pub async fn lost(&self) {
+        let mut lost = self.lost.clone();
+        // An error: the keep-alive task ended, which it does only when lost.
+        let _ = lost.wait_for(|l| *l).await;
+    }
+
+    /// Stops renewing without revoking, as a process killed with SIGKILL does: the key
+    /// goes when the lease expires. For tests.
+    #[cfg(any(test, feature = "local-etcd"))]
+    pub fn abandon(mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Owner {
+    /// Revokes the lease (waiting at most [`REVOKE_WAIT`] on a plain channel, so it
+    /// works on any thread) so that a standby starts at once.
+    fn drop(&mut self) {
+        let Some(rt) = self.runtime.take() else {
+            return;
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let (mut leases, lease) = (self.client.lease_client(), self.lease);
+        rt.spawn(async move {
+            let _ = tx.send(leases.revoke(lease).await);
+        });
+        match rx.recv_timeout(REVOKE_WAIT) {
+            Ok(Ok(_)) => info!("owner key released"),
+            Ok(Err(e)) => warn!(error = %e, "owner key not released: it expires with its lease"),
+            Err(_) => warn!("owner key not released in time: it expires with its lease"),
+        }
+        rt.shutdown_background();
+    }
+}
+
+fn unavailable(what: &str, e: impl std::fmt::Display) -> KvError {
+    KvError::Unavailable {
+        engine: ENGINE,
+        message: format!("{what}: {e}"),
+    }
+}
+
+/// Connects and takes the owner key under a new lease once it is absent, polling every
+/// [`OWNER_POLL`] until `owner_wait_ms` has passed.
+async fn take(config: &EtcdConfig, who: &str) -> Result<(Client, i64), KvError> {
+    let options = ConnectOptions::default()
+        .with_connect_timeout(Duration::from_millis(config.connect_timeout_ms))
+        .with_timeout(Duration::from_millis(config.request_timeout_ms));
+    let mut client = Client::connect(config.endpoints.clone(), Some(options))
+        .await
+        .map_err(|e| unavailable("connecting", e))?;
+    let key = owner_key(&config.prefix);
+    let deadline = Instant::now() + Duration::from_millis(config.owner_wait_ms);
+    let mut said = false;
+    loop {
+        // The lease is granted only once the key looks free: one granted earlier would
+        // expire during a long wait, unrenewed.
+        let holder = match holder(&mut client, &key).await? {
+            None => match put_if_absent(&mut client, &key, who, config).await? {
+                Ok(lease) => {
+                    info!(%key, "owner key taken: this server serves the namespace");
+                    return Ok((client, lease));
+                }
+                // Taken meanwhile by another server.
+                Err(holder) => holder,
+            },
+            Some(h) => h,
+        };
+        if Instant::now() >= deadline {
+            return Err(KvError::Engine {
+                engine: ENGINE,
+                message: format!(
+                    "the namespace under {:?} is served by {holder} (its owner key {key} \
+                     is held); two metadata servers on one prefix are not safe yet. It \
+                     goes when that server stops, or etcd.owner_lease_ms after it died; \
+                     etcd.owner_wait_ms says how long a server waits for it",
+                    config.prefix
+                ),
+            });
+        }
+        if !said {
+            info!(%key, %holder, "owner key held: waiting for it to go");
+            said = true;
+        }
+        tokio::time::sleep(OWNER_POLL).await;
+    }
+}
+
+/// The value of the owner key (its holder), if it exists.
+async fn holder(client: &mut Client, key: &str) -> Result<Option<String>, KvError> {
+    let resp = client
+        .get(key, None)
+        .await
+        .map_err(|e| unavailable("reading the owner key", e))?;
+    Ok(resp
+        .kvs()
+        .first()
+        .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
+}
+
+/// Grants a lease and puts the owner key under it if the key is absent: `Ok(lease)`,
+/// or `Err(holder)` (the lease revoked) when another server put it first.
+async fn put_if_absent(
+    client: &mut Client,
+    key: &str,
+    who: &str,
+    config: &EtcdConfig,
+) -> Result<Result<i64, String>, KvError> {
+    let lease = client
+        .lease_grant(lease_secs(config.owner_lease_ms), None)
+        .await
+        .map_err(|e| unavailable("granting the owner lease", e))?
+        .id();
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(
+            key,
+            who,
+            Some(PutOptions::new().with_lease(lease)),
+        )])
+        .or_else([TxnOp::get(key, None)]);
+    let resp = client
+        .txn(txn)
+        .await
+        .map_err(|e| unavailable("taking the owner key", e))?;
+    if resp.succeeded() {
+        return Ok(Ok(lease));
+    }
+    let _ = client.lease_revoke(lease).await;
+    let holder = match resp.op_responses().first() {
+        Some(etcd_client::TxnOpResponse::Get(g)) => g
+            .kvs()
+            .first()
+            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+        _ => None,
+    };
+    Ok(Err(holder.unwrap_or_default()))
+}
+
+/// Renews `lease` every `period`; tells `lost` when etcd says it expired, or when no
+/// renewal succeeded for a whole `lifetime` (counted from the request's sending, so
+/// this server stops no later than etcd lets the key go).
+async fn keep_alive(
+    client: Client,
+    lease: i64,
+    period: Duration,
+    lifetime: Duration,
+    lost: watch::Sender<bool>,
+) {
+    let mut renewed = Instant::now();
+    let mut stream = None;
+    loop {
+        tokio::time::sleep(period).await;
+        // Before the request: etcd restarts the lease when it handles it, later than
+        // this, so the lease counted from here ends no later than etcd's.
+        let sent = Instant::now();
+        if stream.is_none() {
+            stream = client.lease_client().keep_alive(lease).await.ok();
+        }
+        let ttl = match stream.as_mut() {
+            Some((keeper, answers)) => match keeper.keep_alive().await {
+                Ok(()) => match tokio::time::timeout(period, answers.message()).await {
+                    Ok(Ok(Some(r))) => Some(r.ttl()),
+                    _ => None,
+                },
+                Err(_) => None,
+            },
+            None => None,
+        };
+        match ttl {
+            Some(t) if t > 0 => renewed = sent,
+            Some(_) => {
+                error!("the owner lease expired: another server may serve the namespace now");
+                let _ = lost.send(true);
+                return;
+            }
+            None => {
+                // A broken stream is made again next time.
+                stream = None;
+                if renewed.elapsed() >= lifetime {
+                    error!("the owner lease was not renewed in time: it may have expired");
+                    let _ = lost.send(true);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::etcd::local::LocalEtcd;
+
+    #[test]
+    fn the_owner_key_is_outside_the_namespace_and_leases_are_whole_seconds() {
+        assert_eq!(owner_key("tessera/"), "tessera.owner");
+        assert!(!owner_key("t7/").starts_with("t7/"));
+        assert_eq!(lease_secs(5000), 5);
+        assert_eq!(lease_secs(1500), 2);
+        assert_eq!(lease_secs(1), 1);
+    }
+
+    fn etcd_config() -> Option<EtcdConfig> {
+        if LocalEtcd::binary().is_none() {
+            assert!(std::env::var_os("CI").is_none(), "no etcd binary under CI");
+            eprintln!("skipped: no etcd binary (install Debian's etcd-server)");
+            return None;
+        }
+        let etcd = LocalEtcd::shared().unwrap();
+        // The shared etcd lives while a holder does: leak one for this test process.
+        let config = etcd.config();
+        std::mem::forget(etcd);
+        Some(EtcdConfig {
+            owner_lease_ms: 1000,
+            owner_wait_ms: 0,
+            ..config
+        })
+    }
+
+    /// A second server is refused while the first holds the key, and gets it at once
+    /// when the first stops.
+    #[test]
+    fn a_second_owner_is_refused_until_the_first_stops() {
+        let Some(config) = etcd_config() else { return };
+        let a = Owner::acquire(&config, "A").unwrap();
+        let e = Owner::acquire(&config, "B").err().unwrap().to_string();
+        assert!(e.contains("served by A"), "{e}");
+        drop(a);
+        let t = Instant::now();
+        let b = Owner::acquire(&config, "B").unwrap();
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        drop(b);
+    }
+
+    /// A standby waiting for the key gets it once the lease of an owner that died
+    /// (no revoke, no renewal) expires, not before. Guards against the standby's own
+    /// lease, once granted before its wait, expiring during it ("lease not found").
+    #[test]
+    fn a_waiting_standby_takes_over_when_a_dead_owners_lease_expires() {
+        let Some(config) = etcd_config() else { return };
+        let a = Owner::acquire(&config, "A").unwrap();
+        let waiting = EtcdConfig {
+            owner_wait_ms: 20_000,
+            ..config.clone()
+        };
+        // Alive and renewing: the key stays A's for several leases.
+        let held = EtcdConfig {
+            owner_wait_ms: 2_500,
+            ..config.clone()
+        };
+        assert!(Owner::acquire(&held, "B").is_err());
+        let t = Instant::now();
+        a.abandon();
+        let b = Owner::acquire(&waiting, "B").unwrap();
+        let took = t.elapsed();
+        // The lease (1 s asked, at least 1.5 s as etcd grants it) was renewed at most a
+        // third of it before the abandon: the rest of it must have passed.
+        assert!(
+            took >= Duration::from_millis(500),
+            "before the lease expired: {took:?}"
+        );
+        assert!(took < Duration::from_secs(10), "{took:?}");
+        drop(b);
+    }
+
+    /// An owner cut off from etcd past its lease is told, so its server stops rather
+    /// than serve beside a standby that took the key.
+    #[test]
+    fn an_owner_cut_off_from_etcd_past_its_lease_learns_it_lost_the_key() {
+        if etcd_config().is_none() {
+            return;
+        }
+        let mut etcd = LocalEtcd::start(1).unwrap();
+        let config = EtcdConfig {
+            owner_lease_ms: 1000,
+            owner_wait_ms: 0,
+            ..etcd.config()
+        };
+        let owner = Owner::acquire(&config, "A").unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let within = |limit| rt.block_on(async { tokio::time::timeout(limit, owner.lost()).await });
+        let alive = within(Duration::from_secs(3));
+        assert!(alive.is_err(), "lost while etcd answered");
+        let t = Instant::now();
+        etcd.kill(0);
+        let told = within(Duration::from_secs(10));
+        assert!(told.is_ok(), "not told within 10 s");
+        assert!(
+            t.elapsed() >= Duration::from_millis(300),
+            "{:?}",
+            t.elapsed()
+        );
+        eprintln!("told {:?} after etcd went", t.elapsed());
+    }
+}

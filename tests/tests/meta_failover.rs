@@ -1,0 +1,206 @@
+//! A standby metadata server on the same etcd: a cluster whose data servers and mount
+//! know two metadata addresses (`A,B`) goes on when A is killed (`kill -9`) and B is
+//! started on A's etcd prefix: the open file keeps writing and its `fsync` succeeds,
+//! new files are made, what was written before reads back, and the data servers
+//! heartbeat to B. Real processes, a real FUSE mount, a real etcd on 127.0.0.1 with its
+//! data on /dev/shm.
+
+use meta_server::kv::etcd::local::LocalEtcd;
+use meta_server::kv::{EtcdConfig, StoreKind};
+use meta_server::server::{MetaConfig, MetaServer};
+use std::fs;
+use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tessera_tests::{pseudo_random, sha256_hex, ClusterOptions, ProcessCluster};
+
+const MIB: usize = 1 << 20;
+/// How long any one file operation may take across the failover: the mount waits
+/// `meta_wait_ms` for a metadata server to answer, and B needs a start.
+const OP_LIMIT: Duration = Duration::from_secs(60);
+/// How long B may take to see all three data servers' heartbeats.
+const REGISTER_LIMIT: Duration = Duration::from_secs(30);
+
+/// Runs `f` on a thread of its own and waits at most [`OP_LIMIT`] for it: a call stuck
+/// on the mount fails the test (whose guards then unmount and stop everything).
+fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    let start = Instant::now();
+    let out = rx
+        .recv_timeout(OP_LIMIT)
+        .unwrap_or_else(|_| panic!("{what}: no answer within {OP_LIMIT:?}"));
+    eprintln!("{what}: {:?}", start.elapsed());
+    out
+}
+
+/// The owner lease of the test's metadata servers: B, started right after A's kill,
+/// waits it out.
+const OWNER_LEASE_MS: u64 = 2000;
+
+/// The metadata server's configuration lines for `c`.
+fn etcd_toml(c: &EtcdConfig) -> String {
+    let endpoints: Vec<String> = c.endpoints.iter().map(|e| format!("{e:?}")).collect();
+    format!(
+        "store = \"etcd\"\n[etcd]\nendpoints = [{}]\nprefix = {:?}\nretry_for_ms = {}\n\
+         owner_lease_ms = {}\n",
+        endpoints.join(", "),
+        c.prefix,
+        c.retry_for_ms,
+        c.owner_lease_ms
+    )
+}
+
+/// Starts one more metadata server on `etcd`'s prefix, in this process, refusing at
+/// once if the owner key is held; returns its start error.
+fn second_server_refused(etcd: EtcdConfig) -> String {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = MetaConfig {
+        listen: "127.0.0.1:0".into(),
+        data_dir: dir.path().join("meta-c"),
+        store: StoreKind::Etcd,
+        etcd: EtcdConfig {
+            owner_wait_ms: 0,
+            ..etcd
+        },
+        insecure: true,
+        ..MetaConfig::default()
+    };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    match rt.block_on(MetaServer::start(config)) {
+        Ok(_) => panic!("a second metadata server started on a served prefix"),
+        Err(e) => format!("{:?}", anyhow::Error::from(e)),
+    }
+}
+
+/// The data servers whose state is `Up` in `tessera status --json` through `meta`.
+fn up_nodes(cluster: &ProcessCluster, meta: &str) -> Option<usize> {
+    let (code, out) = cluster.tessera_at(meta, &["status", "--json"]);
+    if code != 0 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+    let nodes = v["map"]["nodes"].as_array()?;
+    Some(nodes.iter().filter(|n| n["state"] == "Up").count())
+}
+
+#[test]
+fn a_standby_metadata_server_on_the_same_etcd_takes_over() {
+    if LocalEtcd::binary().is_none() {
+        assert!(std::env::var_os("CI").is_none(), "no etcd binary under CI");
+        eprintln!("skipped: no etcd binary (install Debian's etcd-server)");
+        return;
+    }
+    let etcd = LocalEtcd::start(1).expect("etcd");
+    let etcd_config = EtcdConfig {
+        owner_lease_ms: OWNER_LEASE_MS,
+        ..etcd.config()
+    };
+    let mut cluster = ProcessCluster::start_with(ClusterOptions {
+        data_servers: 3,
+        meta_toml: etcd_toml(&etcd_config),
+        heartbeat_ms: 200,
+        standby_meta: true,
+        ..ClusterOptions::default()
+    });
+    let a = cluster.meta_addr().to_string();
+    let addrs = cluster.meta_addrs().to_string();
+    assert!(addrs.starts_with(&format!("{a},")), "{addrs}");
+    let m = cluster.mount("m");
+
+    // Closed files, and one file open for writing across the failover.
+    let closed: Vec<Vec<u8>> = (0..8u64).map(|i| pseudo_random(MIB + 100, i)).collect();
+    for (i, data) in closed.iter().enumerate() {
+        fs::write(m.path.join(format!("f{i}")), data).expect("write");
+    }
+    let first = pseudo_random(6 * MIB, 100);
+    let second = pseudo_random(5 * MIB + 7, 101);
+    let open_path = m.path.join("open.bin");
+    let mut open = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&open_path)
+        .expect("create open.bin");
+    open.write_all(&first).expect("write before");
+    open.sync_all().expect("fsync before");
+
+    let t = Instant::now();
+    cluster.fail_over_meta();
+    eprintln!("A killed, B listening after {:?}", t.elapsed());
+    let b = cluster.meta_addr().to_string();
+    assert_ne!(a, b);
+    assert!(addrs.ends_with(&format!(",{b}")), "{addrs}");
+    // B waited out A's lease (A died holding it) before it listened.
+    let b_log = fs::read_to_string(cluster.dir().join("meta-b.log")).expect("B's log");
+    assert!(b_log.contains("owner key held: waiting"), "{b_log}");
+    // While B serves, a third server on the prefix is refused, naming B.
+    let refused = second_server_refused(etcd_config.clone());
+    assert!(refused.contains(&format!("served by {b}")), "{refused}");
+
+    // The open file writes on and its fsync succeeds, through B.
+    let second_copy = second.clone();
+    let open = bounded("write and fsync of the open file", move || {
+        open.seek(SeekFrom::End(0)).expect("seek");
+        open.write_all(&second_copy)
+            .expect("write after the failover");
+        open.sync_all().expect("fsync after the failover");
+        open
+    });
+    // New files are made.
+    let made: Vec<Vec<u8>> = (0..4u64).map(|i| pseudo_random(300_000, 200 + i)).collect();
+    let root = m.path.clone();
+    let copies = made.clone();
+    bounded("creates after the failover", move || {
+        for (i, data) in copies.iter().enumerate() {
+            fs::write(root.join(format!("g{i}")), data).expect("create after the failover");
+        }
+    });
+    // What was written before reads back, the open file's bytes before its close too.
+    let mut head = vec![0; 4096];
+    open.read_exact_at(&mut head, 0)
+        .expect("read the open file");
+    assert_eq!(head, first[..4096]);
+    drop(open);
+    for (i, data) in closed.iter().enumerate() {
+        let back = fs::read(m.path.join(format!("f{i}"))).expect("read back");
+        assert_eq!(sha256_hex(&back), sha256_hex(data), "f{i}");
+    }
+    let whole = fs::read(&open_path).expect("read open.bin");
+    assert_eq!(whole.len(), first.len() + second.len());
+    assert_eq!(sha256_hex(&whole[..first.len()]), sha256_hex(&first));
+    assert_eq!(sha256_hex(&whole[first.len()..]), sha256_hex(&second));
+    for (i, data) in made.iter().enumerate() {
+        let back = fs::read(m.path.join(format!("g{i}"))).expect("read new file");
+        assert_eq!(sha256_hex(&back), sha256_hex(data), "g{i}");
+    }
+    let names = fs::read_dir(&m.path).expect("list").count();
+    assert_eq!(names, closed.len() + 1 + made.len());
+
+    // B has only the heartbeats it received itself: all three up means all three
+    // moved on to it.
+    let deadline = Instant::now() + REGISTER_LIMIT;
+    loop {
+        let up = up_nodes(&cluster, &b);
+        if up == Some(3) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "data servers up on B after {REGISTER_LIMIT:?}: {up:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("three data servers up on B after {:?}", t.elapsed());
+    // The mount moved to B and took its open file along.
+    let log = m.log_text();
+    assert!(log.contains("connected to another address"), "{log}");
+    let resumed = log
+        .lines()
+        .rfind(|l| l.contains("open files resumed"))
+        .unwrap_or_else(|| panic!("no resume in the mount's log:\n{log}"));
+    assert!(resumed.contains("lost=0"), "{resumed}");
+}
