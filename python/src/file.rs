@@ -10,6 +10,7 @@ use fs_client::api;
 use parking_lot::RwLock;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// An open file. Reads and writes of several threads run at once (the read lock);
 /// `close` takes the write lock, so it waits for them and later calls see it closed.
@@ -17,6 +18,9 @@ use pyo3::prelude::*;
 pub struct NativeFile {
     file: RwLock<Option<api::File>>,
     path: String,
+    /// Set when `close` begins: `closed` answers from it without the lock, which a
+    /// waiting `close` would hold against it while a long read runs (with the GIL held).
+    closing: AtomicBool,
 }
 
 impl NativeFile {
@@ -25,6 +29,7 @@ impl NativeFile {
         NativeFile {
             file: RwLock::new(Some(file)),
             path: path.to_string(),
+            closing: AtomicBool::new(false),
         }
     }
 
@@ -96,6 +101,7 @@ impl NativeFile {
     /// Closes the file, raising a write that failed in the background; closing again
     /// does nothing.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.closing.store(true, Ordering::Release);
         py.detach(|| {
             let taken = self.file.write().take();
             match taken {
@@ -108,6 +114,6 @@ impl NativeFile {
     /// Whether `close` was called.
     #[getter]
     fn closed(&self) -> bool {
-        self.file.read().is_none()
+        self.closing.load(Ordering::Acquire)
     }
 }

@@ -247,9 +247,11 @@ class Tessera:
         return self.stat(path, follow_symlinks=False)
 
     def exists(self, path) -> bool:
+        """As `os.path.exists`: False for a name that cannot be reached too (a file
+        taken for a directory, a dangling link)."""
         try:
             self.stat(path)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return False
         return True
 

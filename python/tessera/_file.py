@@ -224,6 +224,25 @@ class TesseraFile(io.RawIOBase):
         return f"<tessera.TesseraFile name={self.name!r} {state}>"
 
 
+class _FlushingWriter(io.BufferedWriter):
+    """A BufferedWriter whose flush() also flushes the raw file (CPython's does not):
+    after it, other clients and mounts see the bytes, as the raw file's flush promises."""
+
+    def flush(self) -> None:
+        super().flush()
+        if not self.raw.closed:
+            self.raw.flush()
+
+
+class _FlushingRandom(io.BufferedRandom):
+    """The same for read-write files."""
+
+    def flush(self) -> None:
+        super().flush()
+        if not self.raw.closed:
+            self.raw.flush()
+
+
 def open_file(fs, path: str, mode: str, buffering: int, encoding, errors, newline):
     """`Tessera.open`: the file object the built-in `open` would return for `mode`."""
     flags = parse_mode(mode)
@@ -247,9 +266,9 @@ def open_file(fs, path: str, mode: str, buffering: int, encoding, errors, newlin
     size = DEFAULT_BUFFER_SIZE if buffering in (-1, 1) else buffering
     try:
         if flags["read"] and flags["write"]:
-            buffered = io.BufferedRandom(raw, size)
+            buffered = _FlushingRandom(raw, size)
         elif flags["write"]:
-            buffered = io.BufferedWriter(raw, size)
+            buffered = _FlushingWriter(raw, size)
         else:
             buffered = io.BufferedReader(raw, size)
         if binary:

@@ -8,6 +8,7 @@ top of fsspec (pandas, Hugging Face `datasets`, Ray, ...) reach the cluster dire
 
 from __future__ import annotations
 
+import errno
 import stat as statmod
 
 from fsspec.spec import AbstractFileSystem
@@ -96,10 +97,20 @@ class TesseraFileSystem(AbstractFileSystem):
             "created": st.st_ctime,
         }
 
+    def _followed(self, path: str, lst):
+        """A link's target's attributes (as fsspec's local file system describes a link),
+        or the link's own when it dangles: one broken link must not fail a listing."""
+        if not statmod.S_ISLNK(lst.st_mode):
+            return lst
+        try:
+            return self.client.stat(path)
+        except FileNotFoundError:
+            return lst
+
     def info(self, path, **kwargs):
         p = self._strip_protocol(path)
         lst = self.client.lstat(p)
-        info = self._info_of(p, self.client.stat(p) if statmod.S_ISLNK(lst.st_mode) else lst)
+        info = self._info_of(p, self._followed(p, lst))
         info["islink"] = statmod.S_ISLNK(lst.st_mode)
         return info
 
@@ -112,7 +123,8 @@ class TesseraFileSystem(AbstractFileSystem):
             entries = []
             for e in self.client.scandir(p):
                 if detail:
-                    info = self._info_of(e.path, e.stat())
+                    lst = e.stat(follow_symlinks=False)
+                    info = self._info_of(e.path, self._followed(e.path, lst))
                     info["islink"] = e.is_symlink()
                     entries.append(info)
                 else:
@@ -198,16 +210,37 @@ class TesseraFileSystem(AbstractFileSystem):
         self.client.remove(self._strip_protocol(path))
 
     def _rm(self, path):
+        # A link is removed as a name, never followed (to a directory or not).
         p = self._strip_protocol(path)
-        if self.client.isdir(p):
+        if statmod.S_ISDIR(self.client.lstat(p).st_mode):
+            self.client.rmdir(p)
+        else:
+            self.client.remove(p)
+
+    def _rm_tree(self, p: str, depth, maxdepth) -> None:
+        """Removes `p` and, if it is a directory (not a link to one), what is under it,
+        as shutil.rmtree does: a link inside is removed, its target left alone."""
+        if statmod.S_ISDIR(self.client.lstat(p).st_mode):
+            if maxdepth is not None and depth >= maxdepth:
+                raise OSError(errno.ENOTEMPTY, "deeper than maxdepth", p)
+            for e in self.client.scandir(p):
+                if e.is_dir(follow_symlinks=False):
+                    self._rm_tree(e.path, depth + 1, maxdepth)
+                else:
+                    self.client.remove(e.path)
             self.client.rmdir(p)
         else:
             self.client.remove(p)
 
     def rm(self, path, recursive=False, maxdepth=None):
-        paths = self.expand_path(path, recursive=recursive, maxdepth=maxdepth)
-        for p in reversed(paths):
-            self._rm(p)
+        # Globs are expanded without recursing: the walk below never follows a link,
+        # where fsspec's (which lists a link by its target's type) would.
+        for p in self.expand_path(path, recursive=False):
+            p = self._strip_protocol(p)
+            if recursive:
+                self._rm_tree(p, 0, maxdepth)
+            else:
+                self._rm(p)
 
     def mv(self, path1, path2, recursive=False, maxdepth=None, **kwargs):
         """An atomic rename (of a file or a whole directory), not a copy and delete."""

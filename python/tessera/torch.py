@@ -22,7 +22,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
-from ._client import Tessera, _fspath
+from ._client import Tessera, _fspath, _stat_result
 
 #: Files `TesseraDataset` fetches ahead of the one asked for, in one `read_many`.
 DEFAULT_PREFETCH = 32
@@ -206,14 +206,22 @@ class _MapDataset(_FileSource):
 
 
 def shard_of(files: Sequence[str], rank: int, world_size: int, worker: int,
-             workers: int) -> list[str]:
-    """The files one DataLoader worker of one rank reads: every `world_size * workers`-th
-    file from its own offset, so the shards of all workers of all ranks are disjoint and
-    together are every file."""
+             workers: int, drop_last: bool = False) -> list[str]:
+    """The files one DataLoader worker of one rank reads. Every rank gets the same number
+    of files, as DistributedSampler gives (a rank with fewer batches would leave the loop
+    while the others wait in their next collective): the list is padded by wrapping
+    around to a multiple of `world_size` (or, with `drop_last`, cut to one), then dealt
+    out every `world_size`-th file; a rank's files are dealt out to its workers the same
+    way. Without padding the shards are disjoint and together every file."""
     if not (0 <= rank < world_size and 0 <= worker < workers):
         raise ValueError(f"rank {rank}/{world_size}, worker {worker}/{workers}")
-    n = world_size * workers
-    return list(files[rank * workers + worker::n])
+    files = list(files)
+    if drop_last:
+        files = files[: len(files) - len(files) % world_size]
+    elif files and len(files) % world_size:
+        want = -(-len(files) // world_size) * world_size
+        files = (files * (want // len(files) + 1))[:want]
+    return files[rank::world_size][worker::workers]
 
 
 def _rank_and_world(rank, world_size) -> tuple[int, int]:
@@ -234,9 +242,10 @@ class _IterDataset(_FileSource):
 
     def __init__(self, source, decode: Callable | None = None, *, fs=None, rank=None,
                  world_size=None, shuffle: bool = False, seed: int = 0,
-                 batch_files: int = DEFAULT_BATCH_FILES, **options):
+                 batch_files: int = DEFAULT_BATCH_FILES, drop_last: bool = False, **options):
         super().__init__(source, decode, fs, options)
         self.rank, self.world_size = rank, world_size
+        self.drop_last = drop_last
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
         self.batch_files = max(1, batch_files)
 
@@ -259,7 +268,7 @@ class _IterDataset(_FileSource):
             random.Random(self.seed + self.epoch).shuffle(files)
         rank, world = _rank_and_world(self.rank, self.world_size)
         worker, workers = self._worker()
-        return shard_of(files, rank, world, worker, workers)
+        return shard_of(files, rank, world, worker, workers, self.drop_last)
 
     def __iter__(self):
         files = self.shard()
@@ -418,14 +427,26 @@ def load_safetensors(path, framework: str = "pt", fs=None, **options) -> dict:
         raise ValueError(f"framework must be 'pt' or 'np', not {framework!r}")
     torch = _import_torch() if framework == "pt" else None
     conn, p = _resolve(path, fs, options)
-    size = conn.stat(p).st_size
+    # One open for the header and every piece: a save renamed over `path` meanwhile
+    # cannot mix two files' bytes (the open keeps the file it found).
+    with conn.open(p, "rb", buffering=0) as f:
+        return _load_safetensors_from(f._file(), p, np, torch)
+
+
+def _load_safetensors_from(native, p: str, np, torch) -> dict:
+    """`load_safetensors` of the open native file `native` (`p` names it in errors)."""
+
+    def read_at(buf, offset: int) -> int:
+        return native.read_at(buf, offset)
+
+    size = _stat_result(native.stat()).st_size
     head = bytearray(min(size, 8 + 64 * 1024))
-    conn.read_into(p, 0, head)
+    read_at(head, 0)
     if len(head) >= 8:
         (n,) = struct.unpack("<Q", head[:8])
         if 8 + n > len(head) and n <= MAX_SAFETENSORS_HEADER_BYTES and 8 + n <= size:
             head = bytearray(8 + n)
-            conn.read_into(p, 0, head)
+            read_at(head, 0)
     start, tensors = parse_safetensors_header(head, size)
 
     arrays = {}
@@ -446,7 +467,7 @@ def load_safetensors(path, framework: str = "pt", fs=None, **options) -> dict:
     def fill(piece):
         name, off, n = piece
         dst = arrays[name].reshape(-1).view(np.uint8)[off:off + n]
-        got = conn.read_into(p, start + tensors[name][2] + off, dst)
+        got = read_at(dst, start + tensors[name][2] + off)
         if got != n:
             raise OSError(f"{p}: tensor {name!r} read {got} of {n} bytes at {off}")
 

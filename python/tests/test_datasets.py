@@ -67,10 +67,22 @@ def test_map_dataset_reads_and_prefetches(fs, base):
 
 def test_sharding_covers_every_file_once(fs, base):
     files = [f"f{i}" for i in range(103)]
-    shards = [shard_of(files, r, 2, w, 3) for r in range(2) for w in range(3)]
+    # Divisible: every file exactly once.
+    shards = [shard_of(files[:102], r, 2, w, 3) for r in range(2) for w in range(3)]
     seen = [f for s in shards for f in s]
-    assert sorted(seen) == sorted(files) and len(seen) == len(files)
-    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+    assert sorted(seen) == sorted(files[:102]) and len(seen) == 102
+    # Not divisible: every rank the same count (DDP hangs otherwise), padded by
+    # wrapping around, or cut with drop_last.
+    for world in (2, 4, 7):
+        per_rank = [sum((shard_of(files, r, world, w, 3) for w in range(3)), [])
+                    for r in range(world)]
+        assert len({len(p) for p in per_rank}) == 1, world
+        seen = [f for p in per_rank for f in p]
+        assert set(seen) == set(files) and len(seen) - len(files) < world
+        cut = [sum((shard_of(files, r, world, w, 3, drop_last=True) for w in range(3)), [])
+               for r in range(world)]
+        assert len({len(p) for p in cut}) == 1
+        assert len(set(f for p in cut for f in p)) == len(files) - len(files) % world
     with pytest.raises(ValueError):
         shard_of(files, 2, 2, 0, 1)
     paths = _make_files(fs, base, 40)

@@ -182,3 +182,10 @@ def test_sync_flush_and_stat(fs, base):
         assert f.stat().st_size == 5100
     with fs.open(p, "rb") as f, pytest.raises(io.UnsupportedOperation):
         f.fileno()
+    # Buffered (the default) and text files: flush() reaches the raw file too, so
+    # another connection sees the bytes without a close.
+    for mode, data in (("wb", b"z" * 3000), ("w", "t" * 3000)):
+        with fs.open(p, mode) as f:
+            f.write(data)
+            f.flush()
+            assert fs.stat(p).st_size == 3000, mode

@@ -55,3 +55,21 @@ def test_url(meta_addr, key_file, base, fs):
     assert ufs.info(path)["size"] == 10
     assert TesseraFileSystem._strip_protocol(url) == f"{base}/u.txt"
     assert ufs.unstrip_protocol(path) == url
+
+
+def test_rm_never_follows_a_link_and_a_dangling_link_lists(meta_addr, key_file, base, fs):
+    ffs = fsspec.filesystem("tessera", addrs=meta_addr, key_file=key_file)
+    fs.makedirs(f"{base}/important")
+    fs.write_bytes(f"{base}/important/keep", b"keep")
+    fs.makedirs(f"{base}/scratch/sub")
+    fs.write_bytes(f"{base}/scratch/sub/f", b"f")
+    fs.symlink(f"{base}/important", f"{base}/scratch/link")
+    fs.symlink(f"{base}/nowhere", f"{base}/scratch/dangling")
+    listed = {d["name"]: d for d in ffs.ls(f"{base}/scratch")}
+    assert listed[f"{base}/scratch/link"]["islink"]
+    assert listed[f"{base}/scratch/link"]["type"] == "directory"  # its target's, as local
+    assert listed[f"{base}/scratch/dangling"]["type"] == "other"
+    assert ffs.info(f"{base}/scratch/dangling")["islink"]
+    ffs.rm(f"{base}/scratch", recursive=True)
+    assert not fs.exists(f"{base}/scratch")
+    assert fs.read_bytes(f"{base}/important/keep") == b"keep"  # the link's target stays
