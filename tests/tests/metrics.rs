@@ -84,18 +84,7 @@ fn traffic(dir: &std::path::Path, other: &std::path::Path) {
 /// that do not move with traffic, on the mount and on both kinds of server.
 #[test]
 fn every_endpoint_serves_the_named_metrics_and_they_move_with_traffic() {
-    let cluster = ProcessCluster::start_with(ClusterOptions {
-        data_servers: 2,
-        metrics: true,
-        ..ClusterOptions::default()
-    });
-    let mfile = cluster.dir().join("m.metrics");
-    let conf = format!(
-        "[metrics]\nlisten = \"127.0.0.1:0\"\naddr_file = \"{}\"\n",
-        mfile.display()
-    );
-    let mount = cluster.mount_with_config("m", &conf);
-    let writer = cluster.mount("w");
+    let (cluster, mount, writer) = cluster_with_metered_mount();
     let names = ["m", "meta", "data-0", "data-1"];
     let addrs: Vec<String> = names.iter().map(|n| addr(&cluster, n)).collect();
     let before: Vec<Scrape> = addrs.iter().map(|a| scrape(a)).collect();
