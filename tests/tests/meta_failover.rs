@@ -15,6 +15,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tessera_tests::{pseudo_random, sha256_hex, ClusterOptions, ProcessCluster};
 
+/// The metadata servers' node lease (a data server not heard from for this long is
+/// down), short so that the test sees past B's load-time grace.
+const NODE_LEASE_MS: u64 = 1000;
 const MIB: usize = 1 << 20;
 /// How long any one file operation may take across the failover: the mount waits
 /// `meta_wait_ms` for a metadata server to answer, and B needs a start.
@@ -99,9 +102,12 @@ fn a_standby_metadata_server_on_the_same_etcd_takes_over() {
         owner_lease_ms: OWNER_LEASE_MS,
         ..etcd.config()
     };
+    // A short node lease: B counts every data server live for one lease when it loads
+    // (membership's grace), so only "up" well past it shows heartbeats reached B.
     let mut cluster = ProcessCluster::start_with(ClusterOptions {
         data_servers: 3,
         meta_toml: etcd_toml(&etcd_config),
+        namespace_toml: format!("node_lease_ms = {NODE_LEASE_MS}"),
         heartbeat_ms: 200,
         standby_meta: true,
         ..ClusterOptions::default()
@@ -130,6 +136,7 @@ fn a_standby_metadata_server_on_the_same_etcd_takes_over() {
 
     let t = Instant::now();
     cluster.fail_over_meta();
+    let b_listening = Instant::now();
     eprintln!("A killed, B listening after {:?}", t.elapsed());
     let b = cluster.meta_addr().to_string();
     assert_ne!(a, b);
@@ -180,8 +187,10 @@ fn a_standby_metadata_server_on_the_same_etcd_takes_over() {
     let names = fs::read_dir(&m.path).expect("list").count();
     assert_eq!(names, closed.len() + 1 + made.len());
 
-    // B has only the heartbeats it received itself: all three up means all three
-    // moved on to it.
+    // B has only the heartbeats it received itself once its load-time grace (one node
+    // lease) is over: all three up after it means all three moved on to it.
+    let past_grace = b_listening + 3 * Duration::from_millis(NODE_LEASE_MS);
+    std::thread::sleep(past_grace.saturating_duration_since(Instant::now()));
     let deadline = Instant::now() + REGISTER_LIMIT;
     loop {
         let up = up_nodes(&cluster, &b);

@@ -159,9 +159,52 @@ pub struct EtcdStore {
     kv: KvClient,
     prefix: Vec<u8>,
     config: EtcdConfig,
+    /// The owner key and the lease this server holds it under (see `owner.rs`): every
+    /// transaction applies only while etcd still has the key under that lease, so a
+    /// server that lost it (stalled past its lease, cut off) writes nothing more.
+    fence: Option<(String, i64)>,
 }
 
 impl EtcdStore {
+    /// Fences every commit by the owner key `key` held under `lease`.
+    pub fn fenced_by(mut self, key: String, lease: i64) -> EtcdStore {
+        self.fence = Some((key, lease));
+        self
+    }
+
+    /// The compare that fences a transaction, if the store is fenced.
+    fn fence_compare(&self) -> Vec<Compare> {
+        self.fence
+            .iter()
+            .map(|(key, lease)| Compare::lease(key.clone(), CompareOp::Equal, *lease))
+            .collect()
+    }
+
+    /// The error of a transaction the fence refused.
+    fn fenced(&self) -> KvError {
+        let key = self.fence.as_ref().map_or("", |(k, _)| k.as_str());
+        KvError::Engine {
+            engine: ENGINE,
+            message: format!(
+                "the owner key {key} is no longer this server's (its lease ended): another \
+                 metadata server may serve the namespace, so this one writes nothing more"
+            ),
+        }
+    }
+
+    /// Whether the owner key is still under this server's lease, in the reply to a
+    /// failed transaction whose last read is the key.
+    fn still_owner(&self, resp: &etcd_client::TxnResponse) -> bool {
+        let Some((_, lease)) = &self.fence else {
+            return true;
+        };
+        match resp.op_responses().last() {
+            Some(etcd_client::TxnOpResponse::Get(g)) => {
+                g.kvs().first().is_some_and(|kv| kv.lease() == *lease)
+            }
+            _ => false,
+        }
+    }
     /// Connects to the cluster `config` names (the first call waits for a member).
     pub fn connect(config: &EtcdConfig) -> Result<EtcdStore, KvError> {
         config.validate().map_err(|message| KvError::Engine {
@@ -197,6 +240,7 @@ impl EtcdStore {
             kv,
             prefix: config.prefix.as_bytes().to_vec(),
             config: config.clone(),
+            fence: None,
         })
     }
 
@@ -261,15 +305,20 @@ impl EtcdStore {
             return Ok(());
         }
         let (kv, timing) = (self.kv.clone(), self.config.timing());
-        self.run(async move {
+        let fence = self.fence_compare();
+        let resp = self.run(async move {
             retrying(timing, Retry::Always, "commit", || {
                 let mut kv = kv.clone();
-                let txn = Txn::new().and_then(txn_ops(&ops));
+                let txn = Txn::new().when(fence.clone()).and_then(txn_ops(&ops));
                 async move { kv.txn(txn).await }
             })
             .await
-            .map(drop)
-        })
+        })?;
+        // With no compare (not fenced) a transaction always succeeds.
+        if !resp.succeeded() {
+            return Err(self.fenced());
+        }
+        Ok(())
     }
 }
 
@@ -446,7 +495,7 @@ impl TxnStore for EtcdStore {
     fn commit_if(&self, checks: &[ReadCheck], batch: WriteBatch) -> Result<(), KvError> {
         let ops = self.collapse([&batch]);
         self.check_limits(checks, &ops)?;
-        let compares: Vec<Compare> = checks
+        let mut compares: Vec<Compare> = checks
             .iter()
             .map(|c| match c.revision {
                 // An absent key was never created (etcd's idiom for "does not exist").
@@ -454,11 +503,16 @@ impl TxnStore for EtcdStore {
                 Some(r) => Compare::mod_revision(self.key(&c.key), CompareOp::Equal, r.0 as i64),
             })
             .collect();
-        // On failure the same transaction reads the checked keys, to name one that moved.
-        let reads: Vec<TxnOp> = checks
+        compares.extend(self.fence_compare());
+        // On failure the same transaction reads the checked keys, to name one that moved,
+        // and last the owner key, to tell a fenced server from a conflict.
+        let mut reads: Vec<TxnOp> = checks
             .iter()
             .map(|c| TxnOp::get(self.key(&c.key), None))
             .collect();
+        if let Some((key, _)) = &self.fence {
+            reads.push(TxnOp::get(key.clone(), None));
+        }
         let (kv, timing, writes) = (self.kv.clone(), self.config.timing(), txn_ops(&ops));
         let resp = self.run(async move {
             retrying(timing, Retry::IfNotSent, "conditional commit", || {
@@ -473,6 +527,9 @@ impl TxnStore for EtcdStore {
         })?;
         if resp.succeeded() {
             return Ok(());
+        }
+        if !self.still_owner(&resp) {
+            return Err(self.fenced());
         }
         let moved = checks.iter().zip(resp.op_responses()).find(|(c, r)| {
             let now = match r {

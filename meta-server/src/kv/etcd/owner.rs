@@ -43,6 +43,8 @@ pub struct Owner {
     runtime: Option<tokio::runtime::Runtime>,
     client: Client,
     lease: i64,
+    /// The owner key (see [`owner_key`]).
+    key: String,
     /// Turns `true` once the lease is known lost (expired, or not renewed in time).
     lost: watch::Receiver<bool>,
 }
@@ -67,8 +69,15 @@ impl Owner {
             runtime: Some(runtime),
             client,
             lease,
+            key: owner_key(&config.prefix),
             lost,
         })
+    }
+
+    /// The owner key and the lease it is held under: what fences the store's commits
+    /// (`EtcdStore::fenced_by`).
+    pub fn fence(&self) -> (String, i64) {
+        (self.key.clone(), self.lease)
     }
 
     /// Returns once the lease is lost: another server may hold the key now, so this
@@ -215,8 +224,10 @@ async fn put_if_absent(
 }
 
 /// Renews `lease` every `period`; tells `lost` when etcd says it expired, or when no
-/// renewal succeeded for a whole `lifetime` (counted from the request's sending, so
-/// this server stops no later than etcd lets the key go).
+/// renewal succeeded for a whole `lifetime` (counted from the last good renewal's
+/// sending; every wait is bounded, so it is noticed within a period of that). What
+/// keeps a server that lost the key from writing is the fence on every commit
+/// (`EtcdStore::fenced_by`); this tells it to stop serving.
 async fn keep_alive(
     client: Client,
     lease: i64,
@@ -227,23 +238,30 @@ async fn keep_alive(
     let mut renewed = Instant::now();
     let mut stream = None;
     loop {
-        tokio::time::sleep(period).await;
+        // Never past the lease's end unnoticed: the wait and each attempt are bounded.
+        let left = lifetime.saturating_sub(renewed.elapsed());
+        tokio::time::sleep(period.min(left)).await;
         // Before the request: etcd restarts the lease when it handles it, later than
         // this, so the lease counted from here ends no later than etcd's.
         let sent = Instant::now();
-        if stream.is_none() {
-            stream = client.lease_client().keep_alive(lease).await.ok();
-        }
-        let ttl = match stream.as_mut() {
-            Some((keeper, answers)) => match keeper.keep_alive().await {
-                Ok(()) => match tokio::time::timeout(period, answers.message()).await {
-                    Ok(Ok(Some(r))) => Some(r.ttl()),
-                    _ => None,
+        let attempt = async {
+            if stream.is_none() {
+                stream = client.lease_client().keep_alive(lease).await.ok();
+            }
+            match stream.as_mut() {
+                Some((keeper, answers)) => match keeper.keep_alive().await {
+                    Ok(()) => match answers.message().await {
+                        Ok(Some(r)) => Some(r.ttl()),
+                        _ => None,
+                    },
+                    Err(_) => None,
                 },
-                Err(_) => None,
-            },
-            None => None,
+                None => None,
+            }
         };
+        // A renewal that takes a whole period is a failed one (etcd-client's own wait
+        // for a first answer is several seconds, longer than a short lease).
+        let ttl = tokio::time::timeout(period, attempt).await.ok().flatten();
         match ttl {
             Some(t) if t > 0 => renewed = sent,
             Some(_) => {
@@ -278,28 +296,33 @@ mod tests {
         assert_eq!(lease_secs(1), 1);
     }
 
-    fn etcd_config() -> Option<EtcdConfig> {
+    /// The shared test etcd (held by the test, so that it stops with the last holder)
+    /// and a configuration of a prefix of the test's own.
+    fn etcd_config() -> Option<(std::sync::Arc<LocalEtcd>, EtcdConfig)> {
         if LocalEtcd::binary().is_none() {
             assert!(std::env::var_os("CI").is_none(), "no etcd binary under CI");
             eprintln!("skipped: no etcd binary (install Debian's etcd-server)");
             return None;
         }
         let etcd = LocalEtcd::shared().unwrap();
-        // The shared etcd lives while a holder does: leak one for this test process.
         let config = etcd.config();
-        std::mem::forget(etcd);
-        Some(EtcdConfig {
-            owner_lease_ms: 1000,
-            owner_wait_ms: 0,
-            ..config
-        })
+        Some((
+            etcd,
+            EtcdConfig {
+                owner_lease_ms: 1000,
+                owner_wait_ms: 0,
+                ..config
+            },
+        ))
     }
 
     /// A second server is refused while the first holds the key, and gets it at once
     /// when the first stops.
     #[test]
     fn a_second_owner_is_refused_until_the_first_stops() {
-        let Some(config) = etcd_config() else { return };
+        let Some((_etcd, config)) = etcd_config() else {
+            return;
+        };
         let a = Owner::acquire(&config, "A").unwrap();
         let e = Owner::acquire(&config, "B").err().unwrap().to_string();
         assert!(e.contains("served by A"), "{e}");
@@ -315,7 +338,9 @@ mod tests {
     /// lease, once granted before its wait, expiring during it ("lease not found").
     #[test]
     fn a_waiting_standby_takes_over_when_a_dead_owners_lease_expires() {
-        let Some(config) = etcd_config() else { return };
+        let Some((_etcd, config)) = etcd_config() else {
+            return;
+        };
         let a = Owner::acquire(&config, "A").unwrap();
         let waiting = EtcdConfig {
             owner_wait_ms: 20_000,
@@ -338,6 +363,54 @@ mod tests {
             "before the lease expired: {took:?}"
         );
         assert!(took < Duration::from_secs(10), "{took:?}");
+        drop(b);
+    }
+
+    /// A store fenced by an owner key it lost writes nothing, plain or checked, while
+    /// the store of the server that took the key over writes: two servers never both
+    /// change the namespace, however long the first takes to notice.
+    #[test]
+    fn a_store_fenced_by_a_lost_owner_key_writes_nothing() {
+        use crate::kv::{EtcdStore, KvStore, ReadCheck, TxnStore, WriteBatch};
+        let Some((_etcd, config)) = etcd_config() else {
+            return;
+        };
+        let batch = |k: &str| {
+            let mut b = WriteBatch::new();
+            b.put(k.as_bytes().to_vec(), b"v".to_vec());
+            b
+        };
+        let a = Owner::acquire(&config, "A").unwrap();
+        let (key, lease) = a.fence();
+        let store_a = EtcdStore::connect(&config).unwrap().fenced_by(key, lease);
+        store_a.commit(batch("a-before")).unwrap();
+        // A stalls (stops renewing); B takes the key once A's lease is gone.
+        a.abandon();
+        let standby = EtcdConfig {
+            owner_wait_ms: 10_000,
+            ..config.clone()
+        };
+        let b = Owner::acquire(&standby, "B").unwrap();
+        let e = store_a.commit(batch("a-late")).unwrap_err();
+        assert!(e.to_string().contains("owner key"), "{e}");
+        let absent = ReadCheck {
+            key: b"a-late-checked".to_vec(),
+            revision: None,
+        };
+        let e = store_a
+            .commit_if(&[absent], batch("a-late-checked"))
+            .unwrap_err();
+        assert!(e.to_string().contains("owner key"), "{e}");
+        let (key, lease) = b.fence();
+        let store_b = EtcdStore::connect(&config).unwrap().fenced_by(key, lease);
+        store_b.commit(batch("b-after")).unwrap();
+        assert!(store_b.get(b"a-before").unwrap().is_some());
+        assert!(store_b.get(b"b-after").unwrap().is_some());
+        assert!(
+            store_b.get(b"a-late").unwrap().is_none(),
+            "a fenced write landed"
+        );
+        assert!(store_b.get(b"a-late-checked").unwrap().is_none());
         drop(b);
     }
 
