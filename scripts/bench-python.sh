@@ -2,7 +2,8 @@
 # Issue 29's benchmark: the Python package against the mount and the local disk, in one
 # run on this machine (bench/python_bench.py says what each phase does):
 #   scripts/bench-python.sh [--quick] [--torch]
-#   --quick  400 files and a 256 MiB checkpoint (a smoke run of every phase)
+#   --quick  400 files and a 256 MiB checkpoint (a smoke run of every phase); BENCH_FILES
+#            and BENCH_CKPT_MIB set other sizes
 #   --torch  install torch into the benchmark's own venv (a large download: the CUDA
 #            wheels come with it) and use a DataLoader, torch.save and torch.load
 # It builds a release (target/release and the package with maturin's release profile;
@@ -14,15 +15,15 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BENCH_DIR=${BENCH_DIR:-/var/tmp/tessera-bench}
-FILES=20000
+FILES=${BENCH_FILES:-20000}
 MIN_BYTES=$((100 * 1024))
 MAX_BYTES=$((1024 * 1024))
 WORKERS=4
-CKPT_MIB=4096
+CKPT_MIB=${BENCH_CKPT_MIB:-4096}
 COPIES=${BENCH_COPIES:-3}
 PROFILE=${BENCH_PROFILE:-release}
 case "$PROFILE" in
-  release) BIN_DIR=release; MATURIN_ARGS="--release" ;;
+  release) BIN_DIR=release; MATURIN_ARGS="" ;;  # maturin builds wheels in release by default
   dev) BIN_DIR=debug; MATURIN_ARGS="--profile dev" ;;
   *) echo "BENCH_PROFILE must be release or dev" >&2; exit 2 ;;
 esac
