@@ -128,6 +128,26 @@ impl Client {
             .collect())
     }
 
+    /// [`read_dir`] with each entry's attributes (not following a link), from the
+    /// listing's own calls: `scandir` needs no call per entry.
+    #[allow(clippy::type_complexity)]
+    fn read_dir_plus(
+        &self,
+        py: Python<'_>,
+        path: &str,
+    ) -> PyResult<Vec<(String, u64, &'static str, Option<StatTuple>)>> {
+        let entries: Vec<DirEntry> = py
+            .detach(|| self.inner.read_dir_plus(path))
+            .map_err(at(path))?;
+        Ok(entries
+            .into_iter()
+            .map(|e| {
+                let stat = e.metadata.as_ref().map(stat_tuple);
+                (e.name, e.ino, kind_name(e.kind), stat)
+            })
+            .collect())
+    }
+
     /// Makes directory `path` (`parents`: and every missing one above it).
     #[pyo3(signature = (path, mode=0o777, parents=false))]
     fn mkdir(&self, py: Python<'_>, path: &str, mode: u32, parents: bool) -> PyResult<()> {

@@ -275,7 +275,14 @@ class Tessera:
         """The entries of directory `path` as `DirEntry` objects (name, path, is_dir(),
         is_file(), stat())."""
         p = _fspath(path)
-        entries = [DirEntry(self, p, n, i, k) for n, i, k in self._native().read_dir(p)]
+        entries = []
+        # The attributes come with the listing: stat() of an entry (not following a
+        # link) costs no call, as os.scandir's d_type answers is_dir() for free.
+        for n, i, k, st in self._native().read_dir_plus(p):
+            e = DirEntry(self, p, n, i, k)
+            if st is not None:
+                e._stat = _stat_result(st)
+            entries.append(e)
         return _ScandirIterator(entries)
 
     def walk(self, top="/") -> Iterator[tuple[str, list[str], list[str]]]:

@@ -20,6 +20,17 @@ def test_stat_listdir_scandir(fs, base):
     assert entries["f"].is_file() and entries["f"].path == f"{base}/d/f"
     assert entries["f"].stat().st_size == 5
     assert os.fspath(entries["f"]) == f"{base}/d/f"
+    # The attributes came with the listing (read_dir_plus), and are lstat's.
+    fs.symlink("f", f"{base}/d/l")
+    entries = {e.name: e for e in fs.scandir(f"{base}/d")}
+    for name in ("e", "f", "l"):
+        assert entries[name]._stat is not None, name
+        got, want = entries[name].stat(follow_symlinks=False), fs.lstat(f"{base}/d/{name}")
+        assert (got.st_ino, got.st_mode, got.st_size) == (want.st_ino, want.st_mode,
+                                                          want.st_size), name
+    assert stat.S_ISLNK(entries["l"].stat(follow_symlinks=False).st_mode)
+    assert entries["l"].stat().st_size == 5 and entries["l"].is_file()
+    fs.remove(f"{base}/d/l")
     assert fs.exists(f"{base}/d/f") and not fs.exists(f"{base}/d/g")
     assert fs.isdir(f"{base}/d") and fs.isfile(f"{base}/d/f") and not fs.isdir(f"{base}/d/f")
     walked = {d: (sorted(ds), sorted(fl)) for d, ds, fl in fs.walk(f"{base}/d")}
