@@ -2,7 +2,7 @@
 # Tessera beside the local disk, a FUSE passthrough of it (bindfs: the FUSE ceiling),
 # MooseFS, GlusterFS and JuiceFS, on this machine, in one run (issue 5, item 7):
 #
-#   scripts/bench.sh [--quick] [--only SYSTEM[,SYSTEM...]] [--workloads a,b,c,d,e] [--base REV]
+#   scripts/bench.sh [--quick] [--only SYSTEM[,SYSTEM...]] [--workloads a,b,c,d,e,f] [--base REV]
 #
 #   SYSTEM: local, bindfs, tessera, moosefs, glusterfs, juicefs (default: all, in this order);
 #   tessera-base: Tessera built from git revision REV (--base), for an A/B in one run
@@ -12,6 +12,8 @@
 #       then CKPT_JOBS writers into disjoint ranges of one file, fsync at the end
 #   (d) 4 KiB random read, RAND_JOBS jobs, RAND_S seconds, on the file of (b)
 #   (e) metadata: create, stat and remove META_FILES empty files from META_PROCS processes
+#   (f) asked for only: the Python package against the mount and the disk, with torch
+#       (scripts/bench-python.sh --torch, its own cluster and report; issue 29)
 #
 # It builds a release (target/release), installs what is missing (fio, bindfs, a Python
 # venv with matplotlib; the peers install their own), then for each system: checks free
@@ -53,7 +55,7 @@ quick_settings() {            # --quick: a smoke run of every path in a few minu
 }
 
 # ---------------------------------------------------------------- options
-usage() { sed -n '5,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '5,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 ARGS="$*"
 QUICK=0; SYSTEMS=$ALL_SYSTEMS; WORKLOADS=$ALL_WORKLOADS; BASE_REV=""
 while [ $# -gt 0 ]; do
@@ -67,7 +69,13 @@ while [ $# -gt 0 ]; do
   esac
 done
 for s in $SYSTEMS; do [[ " $KNOWN_SYSTEMS " == *" $s "* ]] || { echo "unknown system: $s" >&2; usage; }; done
-for w in $WORKLOADS; do [[ " $ALL_WORKLOADS " == *" $w "* ]] || { echo "unknown workload: $w" >&2; usage; }; done
+for w in $WORKLOADS; do [[ " $ALL_WORKLOADS f " == *" $w "* ]] || { echo "unknown workload: $w" >&2; usage; }; done
+# (f) runs apart, after the others: it starts its own cluster and writes its own report.
+PYTHON_BENCH=0
+if [[ " $WORKLOADS " == *" f "* ]]; then
+  PYTHON_BENCH=1
+  WORKLOADS=$(echo " $WORKLOADS " | sed 's/ f / /g' | xargs)
+fi
 [ "$QUICK" = 1 ] && quick_settings
 if [[ " $SYSTEMS " == *" tessera-base "* ]] && [ -z "$BASE_REV" ]; then
   echo "tessera-base needs --base REV (the git revision to compare with)" >&2; usage
@@ -490,11 +498,21 @@ write_versions() {
   echo "VERSIONS=${v}${jfs:-juicefs not installed}" >> "$RUN/info.env"
 }
 
-log "bench: systems [$SYSTEMS], workloads [$WORKLOADS], quick=$QUICK, raw output in $RUN"
 T_START=$(date +%s)
-setup
-write_info
-for s in $SYSTEMS; do run_system "$s"; done
-write_versions
-"$VENV/bin/python" "$HELPER" report "$RUN" "$OUT"
-log "done in $(($(date +%s) - T_START)) s: $OUT.md and $OUT.png"
+if [ -n "$WORKLOADS" ]; then
+  log "bench: systems [$SYSTEMS], workloads [$WORKLOADS], quick=$QUICK, raw output in $RUN"
+  setup
+  write_info
+  for s in $SYSTEMS; do run_system "$s"; done
+  write_versions
+  "$VENV/bin/python" "$HELPER" report "$RUN" "$OUT"
+  log "done in $(($(date +%s) - T_START)) s: $OUT.md and $OUT.png"
+fi
+if [ "$PYTHON_BENCH" = 1 ]; then
+  log "bench (f): scripts/bench-python.sh --torch$([ "$QUICK" = 1 ] && echo " --quick")"
+  if [ "$QUICK" = 1 ]; then
+    "$ROOT/scripts/bench-python.sh" --torch --quick
+  else
+    "$ROOT/scripts/bench-python.sh" --torch
+  fi
+fi
