@@ -240,10 +240,7 @@ async fn create(
         if !how.create_new {
             match client.lookup(parent, name.as_bytes()).await {
                 Ok(a) if a.kind == FileKind::Symlink => {
-                    let target = client.readlink(a.ino).await?;
-                    let target = String::from_utf8(target).map_err(|_| {
-                        ClientError::Invalid(format!("{path:?}: a link's target is not UTF-8"))
-                    })?;
+                    let target = super::resolve::link_target(client, a.ino, path).await?;
                     let dir = super::path::components(&at)?;
                     let dir = &dir[..dir.len().saturating_sub(1)];
                     at = super::path::canonical(&super::path::spliced(dir, &target, &[]));

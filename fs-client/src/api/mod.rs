@@ -486,16 +486,14 @@ impl Tessera {
     /// The target of the symbolic link at `path`.
     pub fn read_link(&self, path: &str) -> Result<String> {
         let sh = self.sh();
-        let target = sh.block_on(async {
+        sh.block_on(async {
             let attr = sh.paths.resolve(&sh.client, path, false).await?;
             if attr.kind != FileKind::Symlink {
                 let msg = format!("{path:?} is not a symbolic link");
                 return Err(refused(ErrorCode::InvalidArgument, msg));
             }
-            sh.client.readlink(attr.ino).await
-        })?;
-        String::from_utf8(target)
-            .map_err(|_| ClientError::Invalid(format!("{path:?}: the target is not UTF-8")))
+            resolve::link_target(&sh.client, attr.ino, path).await
+        })
     }
 
     /// Adds the name `link` for the file at `path` (a hard link).

@@ -14,6 +14,30 @@ const MAX_SYMLINKS: usize = 40;
 /// Directories kept at most; past it the map is emptied and fills again.
 const MAX_KEPT_DIRS: usize = 16_384;
 
+/// What a walk found at the last name.
+enum Found {
+    /// Looked up: its attributes.
+    Looked(Attr),
+    /// A directory known from the kept ones (only where the caller needs its inode).
+    KeptDir(InodeId),
+}
+
+impl Found {
+    fn ino_and_kind(&self) -> (InodeId, FileKind) {
+        match self {
+            Found::Looked(a) => (a.ino, a.kind),
+            Found::KeptDir(ino) => (*ino, FileKind::Directory),
+        }
+    }
+}
+
+/// The target of the symbolic link `ino` (reached through `path`, named in errors).
+pub(super) async fn link_target(client: &Client, ino: InodeId, path: &str) -> Result<String> {
+    let target = client.readlink(ino).await?;
+    String::from_utf8(target)
+        .map_err(|_| ClientError::Invalid(format!("{path:?}: a link's target is not UTF-8")))
+}
+
 /// Resolves paths, keeping the inode of each directory walked for `ttl`.
 pub(super) struct Resolver {
     ttl: Duration,
@@ -89,7 +113,11 @@ impl Resolver {
     /// `follow`, those before it always.
     pub(super) async fn resolve(&self, client: &Client, path: &str, follow: bool) -> Result<Attr> {
         let names: Vec<String> = components(path)?.into_iter().map(str::to_string).collect();
-        self.walk_again(client, path, names, follow, false).await
+        match self.walk_again(client, path, names, follow, false).await? {
+            Found::Looked(attr) => Ok(attr),
+            // Asked for no kept answer at the last name: the root, read afresh.
+            Found::KeptDir(ino) => client.getattr(ino).await,
+        }
     }
 
     /// The inode of the directory `names` (from the root) lead to, links followed; a
@@ -99,11 +127,14 @@ impl Resolver {
             return Ok(InodeId::ROOT);
         }
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        let attr = self.walk_again(client, path, names, true, true).await?;
-        if attr.kind != FileKind::Directory {
+        let (ino, kind) = self
+            .walk_again(client, path, names, true, true)
+            .await?
+            .ino_and_kind();
+        if kind != FileKind::Directory {
             return Err(super::not_a_directory(path));
         }
-        Ok(attr.ino)
+        Ok(ino)
     }
 
     /// [`Resolver::walk`], once more from scratch if a lookup under a kept directory
@@ -116,7 +147,7 @@ impl Resolver {
         names: Vec<String>,
         follow: bool,
         dir_ok: bool,
-    ) -> Result<Attr> {
+    ) -> Result<Found> {
         let mut used_kept = false;
         match self
             .walk(client, path, names.clone(), follow, dir_ok, &mut used_kept)
@@ -135,8 +166,7 @@ impl Resolver {
     /// Walks `names` from the root. After a symbolic link the walk starts again from
     /// the root with the link's target spliced in (the directories on the way are
     /// kept, so that costs no calls). `dir_ok`: the last name may be answered from the
-    /// kept directories too (its attributes then are a directory's, read afresh only
-    /// for its inode). `used_kept` is set when a kept directory was used.
+    /// kept directories too. `used_kept` is set when a kept directory was used.
     async fn walk(
         &self,
         client: &Client,
@@ -145,7 +175,7 @@ impl Resolver {
         follow: bool,
         dir_ok: bool,
         used_kept: &mut bool,
-    ) -> Result<Attr> {
+    ) -> Result<Found> {
         let generation = self.generation();
         let mut links = 0;
         'walk: loop {
@@ -157,7 +187,7 @@ impl Resolver {
                     if let Some(ino) = self.kept(&key) {
                         *used_kept = true;
                         if last {
-                            return Ok(kept_dir(ino));
+                            return Ok(Found::KeptDir(ino));
                         }
                         dir = ino;
                         continue;
@@ -170,10 +200,7 @@ impl Resolver {
                         if links > MAX_SYMLINKS {
                             return Err(ClientError::SymlinkLoop(path.to_string()));
                         }
-                        let target = client.readlink(attr.ino).await?;
-                        let target = String::from_utf8(target).map_err(|_| {
-                            ClientError::Invalid(format!("{path:?}: a link's target is not UTF-8"))
-                        })?;
+                        let target = link_target(client, attr.ino, path).await?;
                         let refs = str_refs(&names);
                         let next = spliced(&refs[..i], &target, &refs[i + 1..]);
                         names = next.into_iter().map(str::to_string).collect();
@@ -182,38 +209,17 @@ impl Resolver {
                     FileKind::Directory => {
                         self.keep(key, attr.ino, generation);
                         if last {
-                            return Ok(attr);
+                            return Ok(Found::Looked(attr));
                         }
                         dir = attr.ino;
                     }
-                    _ if last => return Ok(attr),
+                    _ if last => return Ok(Found::Looked(attr)),
                     _ => return Err(super::not_a_directory(path)),
                 }
             }
             // No names (the root itself, or a link to it).
-            return client.getattr(InodeId::ROOT).await;
+            return Ok(Found::KeptDir(InodeId::ROOT));
         }
-    }
-}
-
-/// What a walk that only needs a directory's inode returns for a kept one: the kind
-/// and the inode are all its callers read.
-fn kept_dir(ino: InodeId) -> Attr {
-    let t = proto::Timestamp { secs: 0, nanos: 0 };
-    Attr {
-        ino,
-        kind: FileKind::Directory,
-        perm: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        size: 0,
-        atime: t,
-        mtime: t,
-        ctime: t,
-        xattr_count: 0,
-        blocks: 0,
     }
 }
 
