@@ -646,10 +646,15 @@ impl Client {
 
     /// The whole listing of a directory (for tools and tests; the mount pages).
     pub async fn readdir_all(&self, ino: InodeId) -> Result<Vec<DirEntry>> {
+        self.readdir_all_plus(ino, false).await
+    }
+
+    /// [`Client::readdir_all`], with each entry's attributes if `plus`.
+    pub async fn readdir_all_plus(&self, ino: InodeId, plus: bool) -> Result<Vec<DirEntry>> {
         let mut all: Vec<DirEntry> = Vec::new();
         loop {
             let after = all.last().map(|e| e.name.clone());
-            let (page, done) = self.readdir_page(ino, after, 1024, false).await?;
+            let (page, done) = self.readdir_page(ino, after, 1024, plus).await?;
             all.extend(page);
             if done {
                 return Ok(all);

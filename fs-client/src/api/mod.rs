@@ -341,38 +341,24 @@ impl Tessera {
     }
 
     fn list(&self, path: &str, plus: bool) -> Result<Vec<DirEntry>> {
-        /// Entries asked for per page.
-        const PAGE: u32 = 1024;
         let sh = self.sh();
         sh.block_on(async {
             let dir = sh.paths.resolve(&sh.client, path, true).await?;
             if dir.kind != FileKind::Directory {
                 return Err(not_a_directory(path));
             }
-            let mut out: Vec<DirEntry> = Vec::new();
-            let mut after: Option<Vec<u8>> = None;
-            loop {
-                let (page, done) = sh
-                    .client
-                    .readdir_page(dir.ino, after.take(), PAGE, plus)
-                    .await?;
-                after = page.last().map(|e| e.name.clone());
-                out.extend(
-                    page.into_iter()
-                        .filter(|e| e.name != b"." && e.name != b"..")
-                        .map(|e| DirEntry {
-                            name: String::from_utf8_lossy(&e.name).into_owned(),
-                            ino: e.ino.0,
-                            kind: e.kind.into(),
-                            metadata: e.attr.as_ref().map(Metadata::from),
-                        }),
-                );
-                if done || after.is_none() {
-                    break;
-                }
-            }
+            let all = sh.client.readdir_all_plus(dir.ino, plus).await?;
             sh.client.accessed(dir.ino).await;
-            Ok(out)
+            Ok(all
+                .into_iter()
+                .filter(|e| e.name != b"." && e.name != b"..")
+                .map(|e| DirEntry {
+                    name: String::from_utf8_lossy(&e.name).into_owned(),
+                    ino: e.ino.0,
+                    kind: e.kind.into(),
+                    metadata: e.attr.as_ref().map(Metadata::from),
+                })
+                .collect())
         })
     }
 
