@@ -53,6 +53,17 @@ def _fspath(path) -> str:
     return p
 
 
+def _split_url(url: str) -> tuple[str | None, str]:
+    """(the "HOST:PORT" of a `tessera://HOST:PORT/path` URL or None, the path)."""
+    if url.startswith("tessera://"):
+        rest = url[len("tessera://"):]
+        netloc, slash, path = rest.partition("/")
+        return (netloc or None), "/" + path
+    if url.startswith("tessera::"):
+        return None, url[len("tessera::"):]
+    return None, url
+
+
 def _addrs(addrs) -> list[str]:
     if isinstance(addrs, str):
         out = [a.strip() for a in addrs.split(",") if a.strip()]

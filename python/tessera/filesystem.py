@@ -13,18 +13,7 @@ import stat as statmod
 
 from fsspec.spec import AbstractFileSystem
 
-from ._client import Tessera
-
-
-def _split_url(url: str) -> tuple[str | None, str]:
-    """(the "HOST:PORT" of a `tessera://HOST:PORT/path` URL or None, the path)."""
-    if url.startswith("tessera://"):
-        rest = url[len("tessera://"):]
-        netloc, slash, path = rest.partition("/")
-        return (netloc or None), "/" + path
-    if url.startswith("tessera::"):
-        return None, url[len("tessera::"):]
-    return None, url
+from ._client import Tessera, _split_url
 
 
 class TesseraFileSystem(AbstractFileSystem):

@@ -22,7 +22,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
-from ._client import Tessera, _fspath, _stat_result
+from ._client import Tessera, _fspath, _split_url, _stat_result
 
 #: Files `TesseraDataset` fetches ahead of the one asked for, in one `read_many`.
 DEFAULT_PREFETCH = 32
@@ -60,12 +60,9 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def _resolve(path, fs, options: dict) -> tuple[Tessera, str]:
     """The connection and namespace path for `path` (a path with `fs`, or a URL)."""
-    p = _fspath(path)
-    if p.startswith("tessera://"):
-        netloc, _, rest = p[len("tessera://"):].partition("/")
-        p = "/" + rest
-        if fs is None:
-            fs = netloc
+    netloc, p = _split_url(_fspath(path))
+    if fs is None:
+        fs = netloc
     if fs is None:
         raise ValueError(f"{p!r}: give the cluster as fs=... or use a tessera://HOST:PORT/ URL")
     if isinstance(fs, Tessera):
