@@ -5,15 +5,11 @@ use super::path::refused;
 use super::{is_a_directory, Metadata, Shared};
 use crate::error::{ClientError, Result};
 use crate::file::FileHandle;
-use futures::stream::{self, FuturesOrdered, StreamExt};
+use futures::stream::{self, StreamExt};
 use parking_lot::RwLock;
 use proto::meta::OpenAccess;
 use proto::{FileKind, SetAttr};
 use std::sync::{mpsc, Arc};
-
-/// Reads of one I/O buffer each that one `read_at` keeps in flight: a large read is
-/// fetched from several data servers at once, in buffers the pool bounds.
-const WINDOWS_IN_FLIGHT: usize = 8;
 
 /// How to open a file, as `open(2)`'s flags say it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -259,62 +255,6 @@ async fn create(
     Err(ClientError::SymlinkLoop(path.to_string()))
 }
 
-/// Reads into `buf` from `offset` until it is full or the file ends, several buffers
-/// at once.
-async fn read_into(sh: &Shared, fh: &FileHandle, buf: &mut [u8], offset: u64) -> Result<usize> {
-    check_range(offset, buf.len())?;
-    let client = &*sh.client;
-    let step = client.io_buffer_bytes();
-    // Reads are made as earlier ones finish: a large buffer does not start them all.
-    let mut windows = buf.chunks_mut(step).enumerate();
-    let mut in_flight = FuturesOrdered::new();
-    let mut total = 0;
-    loop {
-        while in_flight.len() < WINDOWS_IN_FLIGHT {
-            let Some((i, window)) = windows.next() else {
-                break;
-            };
-            let at = offset + (i * step) as u64;
-            in_flight.push_back(read_window(client, fh, at, window));
-        }
-        let Some(done) = in_flight.next().await else {
-            return Ok(total);
-        };
-        let (n, asked) = done?;
-        total += n;
-        if n < asked {
-            // The end of the file: the windows after it read nothing.
-            return Ok(total);
-        }
-    }
-}
-
-/// `offset + len` within the largest file offset.
-fn check_range(offset: u64, len: usize) -> Result<()> {
-    let fits = offset
-        .checked_add(len as u64)
-        .is_some_and(|end| end <= i64::MAX as u64);
-    if !fits {
-        return Err(ClientError::TooLarge(format!(
-            "{len} bytes at offset {offset}"
-        )));
-    }
-    Ok(())
-}
-
-/// One buffer's read into `window`: the bytes read, and how many were asked.
-async fn read_window(
-    client: &crate::Client,
-    fh: &FileHandle,
-    at: u64,
-    window: &mut [u8],
-) -> Result<(usize, usize)> {
-    let bytes = client.read_buf(fh, at, window.len()).await?;
-    let n = bytes.len();
-    bytes.with(|b| window[..n].copy_from_slice(b));
-    Ok((n, window.len()))
-}
-
 impl File {
     /// Runs `f` with the open handle: `EBADF` once closed, or if the open does not
     /// allow the call (`writes`: a write, `reads`: a read).
@@ -341,7 +281,9 @@ impl File {
     /// unless the file ends first.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
         let sh = &self.shared;
-        self.with(Need::Read, |fh| sh.block_on(read_into(sh, fh, buf, offset)))
+        self.with(Need::Read, |fh| {
+            sh.block_on(sh.client.read_into(fh, buf, offset))
+        })
     }
 
     /// Writes `buf` at `offset`, or at the end if the file was opened to append (as
@@ -452,7 +394,7 @@ pub(super) async fn read_whole(sh: Arc<Shared>, path: String) -> Result<Vec<u8>>
     let size = usize::try_from(fh.state.size())
         .map_err(|_| ClientError::TooLarge(format!("{path:?} does not fit in memory")))?;
     let mut out = vec![0; size];
-    let read = read_into(&sh, &fh, &mut out, 0).await;
+    let read = sh.client.read_into(&fh, &mut out, 0).await;
     let closed = sh.client.release(&fh).await;
     out.truncate(read?);
     closed?;

@@ -18,7 +18,7 @@ use super::{FileHandle, FileState, IoState};
 use crate::client::Client;
 use crate::error::{ClientError, Result};
 use crate::segpool::SegBuf;
-use futures::stream::{self, StreamExt, TryStreamExt};
+use futures::stream::{FuturesOrdered, StreamExt};
 use proto::WireError;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,8 +26,8 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use transport::PooledBuf;
 
-/// Buffer-sized windows of one large `Client::read` kept in flight at once.
-const WINDOWS_IN_FLIGHT: usize = 4;
+/// Buffer-sized windows of one large `Client::read_into` kept in flight at once.
+const WINDOWS_IN_FLIGHT: usize = 8;
 
 /// One aligned segment of a file, fetched (or being fetched) into a registered buffer.
 pub(crate) struct CacheSeg {
@@ -421,34 +421,62 @@ impl Client {
         Ok(plain(Held::Pooled(buf), len))
     }
 
-    /// The most bytes one [`Client::read_buf`] returns: one registered I/O buffer.
-    pub(crate) fn io_buffer_bytes(&self) -> usize {
-        self.data.pool.buffer_bytes()
-    }
-
     /// Reads up to `len` bytes at `offset` (fewer at the end of the file).
     pub async fn read(&self, fh: &FileHandle, offset: u64, len: usize) -> Result<Vec<u8>> {
+        // No room past the end this client knows of: a read never goes beyond it.
+        let known = fh.state.size().saturating_sub(offset);
+        let mut out = vec![0; len.min(usize::try_from(known).unwrap_or(usize::MAX))];
+        let n = self.read_into(fh, &mut out, offset).await?;
+        out.truncate(n);
+        Ok(out)
+    }
+
+    /// Reads into `buf` from `offset` until it is full or the file ends, one I/O buffer
+    /// per read with [`WINDOWS_IN_FLIGHT`] of them at once (a large read is fetched from
+    /// several data servers together), each copied straight into its part of `buf`.
+    pub async fn read_into(&self, fh: &FileHandle, buf: &mut [u8], offset: u64) -> Result<usize> {
+        let fits = offset
+            .checked_add(buf.len() as u64)
+            .is_some_and(|end| end <= i64::MAX as u64);
+        if !fits {
+            let msg = format!("{} bytes at offset {offset}", buf.len());
+            return Err(ClientError::TooLarge(msg));
+        }
         let step = self.data.pool.buffer_bytes();
-        let windows: Vec<(u64, usize)> = (0..len)
-            .step_by(step)
-            .map(|o| (offset + o as u64, step.min(len - o)))
-            .collect();
-        let parts: Vec<Vec<u8>> =
-            stream::iter(windows)
-                .map(|(o, n)| async move {
-                    Ok::<_, ClientError>(self.read_buf(fh, o, n).await?.to_vec())
-                })
-                .buffered(WINDOWS_IN_FLIGHT)
-                .try_collect()
-                .await?;
-        let mut out = Vec::with_capacity(len);
-        for p in parts {
-            let short = p.len() < step;
-            out.extend_from_slice(&p);
-            if short {
-                break;
+        // Reads are made as earlier ones finish: a large buffer does not start them all.
+        let mut windows = buf.chunks_mut(step).enumerate();
+        let mut in_flight = FuturesOrdered::new();
+        let mut total = 0;
+        loop {
+            while in_flight.len() < WINDOWS_IN_FLIGHT {
+                let Some((i, window)) = windows.next() else {
+                    break;
+                };
+                let at = offset + (i * step) as u64;
+                in_flight.push_back(self.read_window(fh, at, window));
+            }
+            let Some(done) = in_flight.next().await else {
+                return Ok(total);
+            };
+            let (n, asked) = done?;
+            total += n;
+            if n < asked {
+                // The end of the file: the windows after it read nothing.
+                return Ok(total);
             }
         }
-        Ok(out)
+    }
+
+    /// One buffer's read into `window`: the bytes read, and how many were asked.
+    async fn read_window(
+        &self,
+        fh: &FileHandle,
+        at: u64,
+        window: &mut [u8],
+    ) -> Result<(usize, usize)> {
+        let bytes = self.read_buf(fh, at, window.len()).await?;
+        let n = bytes.len();
+        bytes.with(|b| window[..n].copy_from_slice(b));
+        Ok((n, window.len()))
     }
 }
