@@ -3,10 +3,29 @@
 
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 import tessera
+
+
+def kill_while_writing(script: str, args: list, ready: str, after_s: float,
+                       timeout_s: float) -> int:
+    """Runs `script` in a Python child with `args`, waits for it to print `ready`, lets
+    it go on for `after_s`, kills it with SIGKILL and returns its exit status."""
+    child = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == ready
+        time.sleep(after_s)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout_s)
+    return child.returncode
 
 
 def _env(name: str) -> str:

@@ -5,12 +5,10 @@ import multiprocessing
 import os
 import pickle
 import signal
-import subprocess
-import sys
 import threading
-import time
 
 import pytest
+from conftest import kill_while_writing
 
 from tessera.torch import _atomic_write, _IterDataset, _MapDataset, shard_of
 
@@ -185,15 +183,9 @@ print("done", flush=True)
 def test_kill_during_atomic_write_keeps_the_old_file(fs, base, meta_addr, key_file):
     old = os.urandom(1 << 20)
     fs.write_bytes(f"{base}/ckpt", old)
-    child = subprocess.Popen([sys.executable, "-c", KILL_CHILD, meta_addr, key_file,
-                              f"{base}/ckpt"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "writing"
-        time.sleep(0.3)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(CHILD_TIMEOUT_S)
-    assert child.returncode == -signal.SIGKILL
+    status = kill_while_writing(KILL_CHILD, [meta_addr, key_file, f"{base}/ckpt"], "writing",
+                                0.3, CHILD_TIMEOUT_S)
+    assert status == -signal.SIGKILL
     assert fs.read_bytes(f"{base}/ckpt") == old
     # What the killed writer left is a temporary name beside it, never the final one.
     assert all(n == "ckpt" or n.startswith(".ckpt.tmp-") for n in fs.listdir(base))

@@ -1,13 +1,8 @@
 """PyTorch: DataLoader workers over the data sets, save/load of a state dict, kill -9
 during save. Skipped, saying so, where torch is not installed."""
 
-import os
-import signal
-import subprocess
-import sys
-import time
-
 import pytest
+from conftest import kill_while_writing
 
 import tessera.torch as tt
 
@@ -43,7 +38,7 @@ def _files(fs, base):
 
 
 def test_dataloader_four_workers_map_style(fs, base):
-    paths = _files(fs, base)
+    _files(fs, base)
     ds = tt.TesseraDataset(f"{base}/d", decode=_decode, fs=fs)
     assert isinstance(ds, torch.utils.data.Dataset)
     loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=4)
@@ -94,14 +89,8 @@ for _ in range(100):
 def test_kill_during_save_keeps_the_old_checkpoint(fs, base, meta_addr, key_file):
     old = {"w": torch.arange(1000)}
     tt.save(old, f"{base}/ckpt.pt", fs=fs)
-    child = subprocess.Popen([sys.executable, "-c", SAVER, meta_addr, key_file,
-                              f"{base}/ckpt.pt"], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "saving"
-        time.sleep(0.5)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(CHILD_TIMEOUT_S)
+    kill_while_writing(SAVER, [meta_addr, key_file, f"{base}/ckpt.pt"], "saving", 0.5,
+                       CHILD_TIMEOUT_S)
     got = tt.load(f"{base}/ckpt.pt", fs=fs, weights_only=True)
     # Killed during the first save: the old checkpoint, whole. (Had a save finished,
     # the new one, whole: never a torn file.)
