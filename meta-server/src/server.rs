@@ -8,7 +8,7 @@ use crate::gate::{self, Gate};
 use crate::grants::{self, Granter};
 use crate::keys::{self, Keys};
 use crate::kv::etcd::owner::Owner;
-use crate::kv::{open_engine, EtcdConfig, StoreKind};
+use crate::kv::{open_engine_fenced, EtcdConfig, StoreKind};
 use crate::metrics::{self, MetaMetrics};
 use crate::namespace::scope::Scope;
 use crate::namespace::{ConnId, Handle, Namespace, Origin};
@@ -526,6 +526,14 @@ pub struct MetaServer {
 impl Drop for MetaServer {
     fn drop(&mut self) {
         self.expiry.abort();
+        if let Some(owner) = self.owner.take() {
+            // Changes staged lazily (closes, purges) must land while the key is still
+            // ours: once it is revoked the fence refuses them, and they would be lost.
+            if let Err(e) = self.ns.sync() {
+                warn!(error = %e, "changes staged before the stop were not committed");
+            }
+            drop(owner);
+        }
     }
 }
 
@@ -607,10 +615,9 @@ impl MetaServer {
                 StoreKind::Etcd => Some(Owner::acquire(&etcd, &who).map_err(StartError::Owner)?),
                 _ => None,
             };
-            // Not fenced yet (`EtcdStore::fenced_by`): with the fence on, a restart on the
-            // same prefix lost a directory made before it (server tests), cause not found.
+            let fence = owner.as_ref().map(Owner::fence);
             let open = || -> Result<Namespace, MetaError> {
-                Namespace::open(open_engine(kind, &dir, &etcd)?, ns_config)
+                Namespace::open(open_engine_fenced(kind, &dir, &etcd, fence)?, ns_config)
             };
             match open() {
                 // The disk guard keeps room on the store's disk, which etcd's is not.

@@ -378,11 +378,28 @@ pub fn open_engine(
     dir: &Path,
     etcd: &EtcdConfig,
 ) -> Result<Arc<dyn TxnStore>, KvError> {
+    open_engine_fenced(kind, dir, etcd, None)
+}
+
+/// [`open_engine`]; on etcd every commit fenced by `fence`, the owner key and the lease
+/// this server holds it under (see `etcd/owner.rs`).
+pub fn open_engine_fenced(
+    kind: StoreKind,
+    dir: &Path,
+    etcd: &EtcdConfig,
+    fence: Option<(String, i64)>,
+) -> Result<Arc<dyn TxnStore>, KvError> {
     if kind != StoreKind::Etcd {
         std::fs::create_dir_all(dir).map_err(|e| KvError::from_io(kind.name(), &e))?;
     }
     Ok(match kind {
-        StoreKind::Etcd => Arc::new(EtcdStore::connect(etcd)?),
+        StoreKind::Etcd => {
+            let store = EtcdStore::connect(etcd)?;
+            Arc::new(match fence {
+                Some((key, lease)) => store.fenced_by(key, lease),
+                None => store,
+            })
+        }
         StoreKind::Sled => Arc::new(LoggedStore::open(
             SledStore::open(&dir.join("sled"))?,
             &dir.join("sled.wal"),

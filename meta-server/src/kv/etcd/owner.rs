@@ -5,9 +5,10 @@
 //! The owner key (`<prefix without '/'>.owner`, outside the namespace's keys) is put
 //! only if absent, attached to an etcd lease that the serving process keeps alive. A
 //! second server finds it held and waits (`etcd.owner_wait_ms`) for it to go: revoked
-//! when its owner stops, or expired `etcd.owner_lease_ms` after its owner died. This is
-//! a guard, not a fence: a server stalled past its lease (stopped, or cut off from
-//! etcd) learns it lost the key only when its keep-alive fails, and stops then.
+//! when its owner stops, or expired `etcd.owner_lease_ms` after its owner died. The key
+//! is also the fence: the server's store commits only while etcd holds the key under
+//! its lease (`EtcdStore::fenced_by`), so a server stalled past its lease (stopped, or
+//! cut off from etcd) writes nothing, and stops once its keep-alive fails.
 
 use super::{EtcdConfig, ENGINE};
 use crate::kv::KvError;
