@@ -208,7 +208,9 @@ fn mount_t_fuse_tessera_mounts_in_the_background_and_umount_ends_it() {
 }
 
 /// Guards against fstab lines not mounting (`mount -a`), options being ignored, the
-/// subdirectory of `META:/path` not becoming the root, and `noauto` lines mounting.
+/// subdirectory of `META:/path` not becoming the root, `noauto` lines mounting, and a
+/// line naming two metadata servers (`A+B`, as `/proc/mounts` shows it) being mounted
+/// again by a second `mount -a`.
 #[test]
 fn fstab_lines_mount_with_mount_a_a_subdirectory_read_only() {
     let f = Fixture::start();
@@ -223,12 +225,14 @@ fn fstab_lines_mount_with_mount_a_a_subdirectory_read_only() {
     fs::write(&conf, format!("key_file = {:?}\n", key.to_string_lossy())).unwrap();
     let log = cluster.dir().join("fstab.log");
     let addr = cluster.meta_addr();
+    // A standby that is not there (nothing listens on port 1): the list is the point.
+    let addrs = format!("{addr}+127.0.0.1:1");
     let fstab = cluster.dir().join("fstab");
     fs::write(
         &fstab,
         format!(
             "# Tessera, as an operator writes it\n\
-             {addr}:/sets {} fuse.tessera _netdev,ro,noatime,config={},log_file={} 0 0\n\
+             {addrs}:/sets {} fuse.tessera _netdev,ro,noatime,config={},log_file={} 0 0\n\
              {addr}:/ {} fuse.tessera _netdev,noauto,config={} 0 0\n",
             sub.display(),
             conf.display(),
@@ -242,7 +246,7 @@ fn fstab_lines_mount_with_mount_a_a_subdirectory_read_only() {
     let out = mount_a();
     assert!(out.status.success(), "mount -a: {}", text(&out));
     let (src, _, options) = mount_entry(&sub).expect("the fstab line mounted");
-    assert_eq!(src, format!("{addr}:/sets"));
+    assert_eq!(src, format!("{addrs}:/sets"));
     assert!(options.contains(&"ro".to_string()), "{options:?}");
     assert!(mount_entry(&skipped).is_none(), "a noauto line was mounted");
     assert_eq!(fs::read(sub.join("images/0.jpg")).unwrap(), b"pixels");

@@ -3,7 +3,8 @@
 //! installed beside `mount.fuse3`'s, in `/sbin`). `mount(8)` calls it as
 //! `mount.fuse.tessera SOURCE DIR [-sfnv] [-N NAMESPACE] [-o OPTIONS] [-t TYPE]`.
 //!
-//! SOURCE is `META_ADDR:/path` (the metadata server and the directory to mount),
+//! SOURCE is `META_ADDR:/path` (the metadata server and the directory to mount; several
+//! servers as `A,B` or `A+B`, the form `/proc/mounts` shows and fstab lines use),
 //! `META_ADDR` (the root), or any word without a colon (the metadata server then comes
 //! from the configuration file). OPTIONS are the mount's (`ro`, `noatime`, `noexec`,
 //! ...), the helper's own (`config=FILE`, `log_file=FILE`, `foreground`, `nonempty`),
@@ -254,6 +255,13 @@ pub fn split_source(source: &str) -> (Option<&str>, &str) {
     }
 }
 
+/// The client's `meta_addr` list for the addresses of SOURCE, given as `A,B` or as
+/// `A+B`: `/proc/mounts` shows the second form (see [`fsname_of`]), and `mount -a`
+/// takes an fstab line as mounted only when its source is written the same way.
+fn meta_addrs_of(addrs: &str) -> String {
+    addrs.replace('+', ",")
+}
+
 /// The name the mount shows for SOURCE: an option string is cut at commas, so a
 /// source of several metadata addresses (`META1,META2:/path`) is shown with `+`
 /// between them.
@@ -275,7 +283,7 @@ pub fn plan(args: &HelperArgs) -> anyhow::Result<(ClientConfig, SortedOptions)> 
     let mut c = config_with(&base, &opts.settings, args.sloppy)?;
     let (meta, subdir) = split_source(&args.source);
     if let Some(m) = meta {
-        c.meta_addr = m.to_string();
+        c.meta_addr = meta_addrs_of(m);
         // `META:/` mounts the root whatever the configuration's `subdir` says: the
         // source is what `/proc/mounts` shows.
         c.subdir = subdir.to_string();
@@ -438,6 +446,11 @@ mod tests {
         // A server and its standby: the list is the client's `meta_addr`.
         assert_eq!(split_source("a:1,b:2:/x"), (Some("a:1,b:2"), "/x"));
         assert_eq!(fsname_of("a:1,b:2:/x"), "a:1+b:2:/x");
+        // The form /proc/mounts shows names the same list (fstab lines use it).
+        assert_eq!(split_source("a:1+b:2:/x"), (Some("a:1+b:2"), "/x"));
+        assert_eq!(meta_addrs_of("a:1+b:2"), "a:1,b:2");
+        assert_eq!(meta_addrs_of("a:1,[::1]:2"), "a:1,[::1]:2");
+        assert_eq!(fsname_of("a:1+b:2:/x"), "a:1+b:2:/x");
     }
 
     #[test]
