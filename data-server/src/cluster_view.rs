@@ -157,7 +157,12 @@ impl ClusterView {
     ) -> Result<R::Reply, DataError> {
         let conn = self.meta.get(&self.ep).await?;
         let limit = self.ep.config().max_msg_bytes;
-        transport::rpc::call(&conn, &Request::new(req), limit).await
+        let r = transport::rpc::call(&conn, &Request::new(req), limit).await;
+        if let Err(DataError::Transport(e)) = &r {
+            // A metadata server that stopped answering: the next call tries its standby.
+            self.meta.call_failed(&conn, e);
+        }
+        r
     }
 
     /// A map at least as new as `version`: the known one, or a fresh one from the

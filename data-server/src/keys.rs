@@ -177,7 +177,11 @@ impl Inner {
         let conn = self.meta.get(&self.ep).await?;
         let limit = self.ep.config().max_msg_bytes;
         let req = Request::new(Revocations { since });
-        transport::rpc::call::<_, crate::DataError>(&conn, &req, limit).await
+        let r = transport::rpc::call::<_, crate::DataError>(&conn, &req, limit).await;
+        if let Err(crate::DataError::Transport(e)) = &r {
+            self.meta.call_failed(&conn, e);
+        }
+        r
     }
 
     fn is_revoked(&self, name: &str, key_id: &KeyId) -> bool {

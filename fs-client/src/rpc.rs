@@ -119,27 +119,36 @@ pub async fn meta_call<R: Rpc<Envelope = MetaRequest>>(
         None => transport::rpc::call(&conn, req, limit).await,
     };
     call.finish(r.is_err());
+    if let Err(ClientError::Transport(e)) = &r {
+        link.call_failed(&conn, e);
+    }
     r
 }
 
 /// Whether `e`, the failure of request `R`, says the metadata server is away (not
-/// running, restarting, or cut off) in a way that makes sending it again safe: nothing
-/// reached a server (no connection), or the connection broke under a request that may
-/// be applied twice ([`Rpc::IDEMPOTENT`]). A caller may wait for the server and try
+/// running, restarting, cut off, or not answering) in a way that makes sending it again
+/// safe: nothing reached a server (no connection), or the connection broke or the call
+/// timed out under a request that may be applied twice ([`Rpc::IDEMPOTENT`]). A caller may wait for the server and try
 /// again.
 pub(crate) fn server_away<R: Rpc>(e: &ClientError) -> bool {
     match e {
         ClientError::Transport(t) if t.never_connected() => true,
+        // A server that took the request and said nothing (stopped, hung): the link
+        // has moved on (`Link::call_failed`), as after a broken connection.
+        ClientError::Transport(t @ TransportError::TimedOut { .. }) if t.is_call_timeout() => {
+            R::IDEMPOTENT
+        }
         ClientError::Transport(TransportError::Disconnected { .. }) => R::IDEMPOTENT,
         _ => false,
     }
 }
 
-/// Whether `e` says the metadata server could not be reached or its connection broke.
+/// Whether `e` says the metadata server could not be reached, its connection broke, or
+/// it did not answer a call in time.
 pub(crate) fn unreachable(e: &ClientError) -> bool {
     match e {
         ClientError::Transport(TransportError::Disconnected { .. }) => true,
-        ClientError::Transport(t) => t.never_connected(),
+        ClientError::Transport(t) => t.never_connected() || t.is_call_timeout(),
         _ => false,
     }
 }

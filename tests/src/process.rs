@@ -224,6 +224,9 @@ pub struct ProcessCluster {
     meta_addrs: String,
     /// The standby address ([`ClusterOptions::standby_meta`]).
     standby: Option<String>,
+    /// A metadata server stopped with SIGSTOP and replaced by the standby
+    /// ([`ProcessCluster::pause_and_fail_over_meta`]); stopped on drop.
+    paused_meta: Option<Child>,
 }
 
 impl ProcessCluster {
@@ -269,6 +272,7 @@ impl ProcessCluster {
             meta_addr: String::new(),
             meta_addrs: String::new(),
             standby: None,
+            paused_meta: None,
         };
         let addr_file = cluster.dir.path().join("meta.addr");
         let log = cluster.dir.path().join("meta.log");
@@ -418,6 +422,48 @@ impl ProcessCluster {
         });
     }
 
+    /// Stops the metadata server with SIGSTOP (it keeps its connections open and answers
+    /// nothing, as a hung process or a paused machine does) and starts another at the
+    /// standby address, as [`ProcessCluster::fail_over_meta`] does; returns once it
+    /// listens. [`ProcessCluster::resume_paused_meta`] lets the stopped one run again.
+    pub fn pause_and_fail_over_meta(&mut self) {
+        let standby = self.standby.clone().expect("a cluster with standby_meta");
+        // SAFETY: signalling our own child by its PID.
+        unsafe {
+            libc::kill(self.meta.id() as i32, libc::SIGSTOP);
+        }
+        let d = self.dir.path().to_path_buf();
+        let b = Self::spawn_meta(&self.bin, &d, "meta-b", &standby, &self.opts);
+        self.paused_meta = Some(std::mem::replace(&mut self.meta, b));
+        let addr_file = d.join("meta-b.addr");
+        wait_for(
+            "tessera-meta",
+            &mut self.meta,
+            &d.join("meta-b.log"),
+            || read_addr(&addr_file).is_some(),
+        );
+        self.meta_addr = standby;
+    }
+
+    /// Lets the metadata server stopped by [`ProcessCluster::pause_and_fail_over_meta`]
+    /// run again and waits up to `limit` for it to exit by itself; its exit status, or
+    /// `None` if it still runs (then it is stopped on drop).
+    pub fn resume_paused_meta(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let child = self.paused_meta.as_mut().expect("a paused metadata server");
+        // SAFETY: signalling our own child by its PID.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGCONT);
+        }
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
     /// Kills the metadata server with SIGKILL and starts another at the standby address
     /// ([`ClusterOptions::standby_meta`]) with a data directory of its own (`meta-b`),
     /// as a standby machine would; returns once it listens. Its address is then
@@ -563,6 +609,9 @@ impl Drop for ProcessCluster {
             stop(c);
         }
         stop(&mut self.meta);
+        if let Some(c) = &mut self.paused_meta {
+            stop(c);
+        }
     }
 }
 

@@ -213,3 +213,89 @@ fn a_standby_metadata_server_on_the_same_etcd_takes_over() {
         .unwrap_or_else(|| panic!("no resume in the mount's log:\n{log}"));
     assert!(resumed.contains("lost=0"), "{resumed}");
 }
+
+/// The call timeout of the mount and the data servers in
+/// [`a_metadata_server_that_hangs_is_passed_over_for_its_standby`]: a server that
+/// answers nothing holds a call this long before the link moves on.
+const CALL_TIMEOUT_MS: u64 = 3000;
+
+/// Guards against clients and data servers staying on a metadata server that stopped
+/// answering without closing its connections (SIGSTOP here; a hung process or a paused
+/// machine alike) while a standby serves: each call timed out after the call timeout,
+/// on the same connection, for as long as the server stayed stopped. Now a call that
+/// times out moves the link to the next address. Also: the stopped server, let run
+/// again, finds its lease lost and exits, and its writes are fenced meanwhile (what B
+/// made is intact).
+#[test]
+fn a_metadata_server_that_hangs_is_passed_over_for_its_standby() {
+    if LocalEtcd::binary().is_none() {
+        assert!(std::env::var_os("CI").is_none(), "no etcd binary under CI");
+        eprintln!("skipped: no etcd binary (install Debian's etcd-server)");
+        return;
+    }
+    let etcd = LocalEtcd::start(1).expect("etcd");
+    let etcd_config = EtcdConfig {
+        owner_lease_ms: OWNER_LEASE_MS,
+        ..etcd.config()
+    };
+    let limits = format!("[transport_limits]\ncall_timeout_ms = {CALL_TIMEOUT_MS}\n");
+    let mut cluster = ProcessCluster::start_with(ClusterOptions {
+        data_servers: 3,
+        meta_toml: etcd_toml(&etcd_config),
+        namespace_toml: format!("node_lease_ms = {NODE_LEASE_MS}"),
+        data_toml: limits.clone(),
+        heartbeat_ms: 200,
+        standby_meta: true,
+        ..ClusterOptions::default()
+    });
+    let m = cluster.mount_with_config("m", &limits);
+    let before = pseudo_random(2 * MIB + 3, 300);
+    fs::write(m.path.join("before"), &before).expect("write before");
+
+    let t = Instant::now();
+    cluster.pause_and_fail_over_meta();
+    eprintln!("A stopped, B listening after {:?}", t.elapsed());
+    let b = cluster.meta_addr().to_string();
+
+    // A file made and synced through B: the mount's calls to A time out once, then it
+    // connects to B. (A create is not sent twice: a first one that timed out may fail.)
+    let after = pseudo_random(MIB + 5, 301);
+    let root = m.path.clone();
+    let copy = after.clone();
+    let took = Instant::now();
+    let tries = bounded("create, write and fsync with A stopped", move || {
+        for attempt in 1..=3 {
+            let made = fs::File::create(root.join("after")).and_then(|mut f| {
+                f.write_all(&copy)?;
+                f.sync_all()
+            });
+            match made {
+                Ok(()) => return attempt,
+                Err(e) => eprintln!("attempt {attempt}: {e}"),
+            }
+        }
+        panic!("no create went through B in three attempts");
+    });
+    eprintln!("made through B after {:?}, attempt {tries}", took.elapsed());
+    assert_eq!(fs::read(m.path.join("after")).expect("read"), after);
+    assert_eq!(fs::read(m.path.join("before")).expect("read"), before);
+    let log = m.log_text();
+    assert!(log.contains("a call timed out"), "{log}");
+
+    // The data servers moved on too: all three up on B by their own heartbeats.
+    let deadline = Instant::now() + REGISTER_LIMIT;
+    while up_nodes(&cluster, &b) != Some(3) {
+        assert!(Instant::now() < deadline, "data servers not all up on B");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // A runs again: its lease is gone, so it stops by itself, writing nothing.
+    let status = cluster.resume_paused_meta(Duration::from_secs(20));
+    let status = status.expect("A still runs 20 s after it was let run again");
+    assert!(!status.success(), "A exited with {status}");
+    let a_log = fs::read_to_string(cluster.dir().join("meta.log")).expect("A's log");
+    assert!(a_log.contains("owner key"), "{a_log}");
+    assert_eq!(fs::read(m.path.join("after")).expect("read"), after);
+    let names = fs::read_dir(&m.path).expect("list").count();
+    assert_eq!(names, 2);
+}

@@ -252,6 +252,11 @@ impl Connection {
         &self.core
     }
 
+    /// Whether `other` is a handle of this same connection.
+    pub fn same_as(&self, other: &Connection) -> bool {
+        Arc::ptr_eq(&self.core, &other.core)
+    }
+
     /// Whether the connection has closed; every operation on it fails from then on.
     pub fn is_closed(&self) -> bool {
         self.core.state.lock().closed.is_some()
@@ -277,7 +282,7 @@ impl Connection {
             let _credit = core.call_credits.acquire().await.map_err(|_| core.gone())?;
             core.wire_call(request).await
         };
-        core.with_timeout("call", core.config.call_timeout_ms, op)
+        core.with_timeout(crate::error::OP_CALL, core.config.call_timeout_ms, op)
             .await
     }
 

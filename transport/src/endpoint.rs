@@ -174,12 +174,16 @@ impl Endpoint {
             match tokio::time::timeout(Duration::from_millis(ms), hs).await {
                 Ok(r) => r?,
                 Err(_) => {
+                    // Nothing was asked of the server yet: a connect that timed out, so
+                    // a link moves on to its next address (a server stopped or hung
+                    // keeps accepting connections in the kernel, and answers none).
                     conn.close();
-                    let why =
-                        format!("the server at {addr} did not finish the handshake in {ms} ms");
-                    warn!("{why}");
-                    let peer = addr.to_string();
-                    return Err(TransportError::Auth { peer, why });
+                    warn!("the server at {addr} did not finish the handshake in {ms} ms");
+                    return Err(TransportError::TimedOut {
+                        op: crate::error::OP_CONNECT,
+                        peer: addr.to_string(),
+                        ms,
+                    });
                 }
             }
         }

@@ -120,6 +120,9 @@ fn os_error(errno: i32) -> std::io::Error {
 /// The `op` of a [`TransportError::TimedOut`] for a connection attempt that did not
 /// complete: no request was sent on it.
 pub(crate) const OP_CONNECT: &str = "connect";
+/// The `op` of a [`TransportError::TimedOut`] for a call whose reply did not come in
+/// `call_timeout_ms`: the request may have been applied.
+pub(crate) const OP_CALL: &str = "call";
 
 impl TransportError {
     /// Whether no connection was made (refused, unreachable, or an attempt that timed
@@ -130,6 +133,14 @@ impl TransportError {
             TransportError::TimedOut { op, .. } => *op == OP_CONNECT,
             _ => false,
         }
+    }
+
+    /// Whether a call's reply did not come within `call_timeout_ms`: the peer took the
+    /// request (it may have been applied) and then said nothing. A peer that stops
+    /// answering while keeping its connection open (stopped, hung, paused) shows this
+    /// way only.
+    pub fn is_call_timeout(&self) -> bool {
+        matches!(self, TransportError::TimedOut { op, .. } if *op == OP_CALL)
     }
 
     /// The stable code this error is reported with.

@@ -152,6 +152,33 @@ impl Link {
         }
     }
 
+    /// Tells the link that a call on `conn` (which it made) failed with `e`. A call that
+    /// timed out closes the connection, so the next caller connects again, and points
+    /// the link at the next address of its list: a server that stopped answering but
+    /// keeps its connections open (stopped, hung, its machine paused) would otherwise
+    /// hold every caller for a call timeout each, for as long as it stays so, while a
+    /// standby serves. Calls in flight on the connection fail as disconnected.
+    pub fn call_failed(&self, conn: &Connection, e: &TransportError) {
+        if !e.is_call_timeout() {
+            return;
+        }
+        let ours = self
+            .conn
+            .lock()
+            .as_ref()
+            .is_some_and(|(c, _)| c.same_as(conn));
+        conn.close();
+        if !ours {
+            return;
+        }
+        let mut a = self.addrs.lock();
+        if a.list.len() > 1 {
+            let from = a.current;
+            a.current = (from + 1) % a.list.len();
+            info!(addr = %a.list[from], next = %a.list[a.current], "a call timed out: connecting again, to the next address first");
+        }
+    }
+
     /// The connection and its number, if one is open.
     fn live(&self) -> Option<(Connection, u64)> {
         self.conn

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{endpoint, server};
+use common::{endpoint, op, server};
 use std::sync::Arc;
 use transport::{Backend, Link, TransportConfig};
 
@@ -97,5 +97,56 @@ async fn a_link_of_several_addresses_moves_on_from_one_that_is_down() {
         let err = lonely.get_counted(&ep).await.unwrap_err();
         assert!(err.never_connected(), "{backend:?}: {err:?}");
         assert_eq!(lonely.made(), 0, "{backend:?}");
+    }
+}
+
+/// Guards against a link staying on a server that accepts its calls and never answers
+/// (stopped with SIGSTOP, hung, its machine paused: the connection stays open): the call
+/// that timed out closes the connection and points the link at the next address, so the
+/// next call reaches the other server instead of timing out again, for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_timed_out_moves_the_link_to_the_next_address() {
+    use bytes::Bytes;
+    for backend in [Backend::Mem, Backend::Tcp] {
+        let a = server(backend, TransportConfig::default()).await;
+        let b = server(backend, TransportConfig::default()).await;
+        let config = TransportConfig {
+            call_timeout_ms: 300,
+            ..TransportConfig::default()
+        };
+        let ep = endpoint(backend, config);
+        let link = Link::new(format!("{},{}", a.addr, b.addr));
+        let conn = link.get(&ep).await.unwrap();
+        assert_eq!(link.addr(), a.addr, "{backend:?}");
+        // A takes the call and says nothing.
+        let err = conn
+            .call(Bytes::from_static(&[op::HANG]))
+            .await
+            .unwrap_err();
+        assert!(err.is_call_timeout(), "{backend:?}: {err:?}");
+        link.call_failed(&conn, &err);
+        assert!(
+            conn.is_closed(),
+            "{backend:?}: the silent connection is closed"
+        );
+        let (next, made) = link.get_counted(&ep).await.unwrap();
+        assert_eq!(made, 2, "{backend:?}");
+        assert_eq!(
+            link.addr(),
+            b.addr,
+            "{backend:?}: B first after A's silence"
+        );
+        let echo = next.call(Bytes::from_static(&[op::ECHO, 7])).await.unwrap();
+        assert_eq!(&echo[..], &[op::ECHO, 7], "{backend:?}: B answers");
+
+        // Any other failure leaves the connection and the address alone.
+        let other = transport::TransportError::InvalidArgument("not a timeout".into());
+        link.call_failed(&next, &other);
+        assert!(!next.is_closed(), "{backend:?}");
+        assert_eq!(link.addr(), b.addr, "{backend:?}");
+        // A timeout on a connection the link no longer holds closes it and moves
+        // nothing: the link already moved on.
+        link.call_failed(&conn, &err);
+        assert_eq!(link.addr(), b.addr, "{backend:?}");
     }
 }
