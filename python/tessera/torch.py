@@ -86,13 +86,17 @@ def _import_torch():
 
 def _list_files(fs: Tessera, source) -> list[str]:
     """The files of `source`: a list of paths as given, or every file under a folder,
-    sorted (so every worker and rank sees the same order)."""
+    sorted (so every worker and rank sees the same order). In a folder, names that
+    start with '.' are left out, files and directories alike: the temporary file of a
+    `save` that was killed (`.NAME.tmp-...`), editors' and tools' own files, and a
+    folder's metadata directories are not samples."""
     if isinstance(source, (str, os.PathLike)):
         top = _fspath(source)
         files = []
-        for d, _dirs, names in fs.walk(top):
+        for d, dirs, names in fs.walk(top):
+            dirs[:] = [n for n in dirs if not n.startswith(".")]
             base = d.rstrip("/")
-            files.extend(f"{base}/{n}" for n in names)
+            files.extend(f"{base}/{n}" for n in names if not n.startswith("."))
         return sorted(files)
     return [_fspath(p) for p in source]
 

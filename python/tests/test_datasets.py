@@ -189,3 +189,18 @@ def test_kill_during_atomic_write_keeps_the_old_file(fs, base, meta_addr, key_fi
     assert fs.read_bytes(f"{base}/ckpt") == old
     # What the killed writer left is a temporary name beside it, never the final one.
     assert all(n == "ckpt" or n.startswith(".ckpt.tmp-") for n in fs.listdir(base))
+
+
+def test_a_folder_data_set_leaves_out_hidden_names(fs, base):
+    """The temporary file a killed `save` leaves (`.NAME.tmp-...`) and other names
+    starting with '.' (files, and directories with what is under them) are not samples."""
+    paths = _make_files(fs, base, n=6)
+    fs.write_bytes(f"{base}/data/.model.pt.tmp-123-0000abcd", b"half a checkpoint")
+    fs.makedirs(f"{base}/data/.cache/deeper")
+    fs.write_bytes(f"{base}/data/.cache/deeper/x", b"not a sample")
+    fs.write_bytes(f"{base}/data/sub/.DS_Store", b"not a sample")
+    ds = _MapDataset(f"{base}/data", decode=bytes, fs=fs)
+    assert ds.files == paths
+    # A list of paths is taken as given, hidden or not.
+    hidden = [f"{base}/data/.model.pt.tmp-123-0000abcd"]
+    assert _MapDataset(hidden, decode=bytes, fs=fs).files == hidden
