@@ -13,6 +13,7 @@ use crate::segpool::SegPool;
 
 mod away;
 mod caller;
+mod locks;
 mod opening;
 
 pub use caller::acting_as;
@@ -79,6 +80,9 @@ pub struct Client {
     /// Sessions with a live handle, their files, open modes and openers: what a new
     /// metadata connection resumes (see `client::resume`).
     sessions: Mutex<HashMap<SessionId, resume::Opener>>,
+    /// The locks this client holds, by file: what a new metadata connection takes back
+    /// (see `client::locks`).
+    held_locks: Mutex<HashMap<InodeId, Vec<LockSpec>>>,
     /// The metadata connection (`Link::made` count) the sessions were last resumed on.
     resumed: std::sync::atomic::AtomicU64,
     /// One resume at a time.
@@ -178,6 +182,7 @@ impl Client {
             dir_names: DirNames::new(entry_ttl),
             releases: Mutex::new(Vec::new()),
             sessions: Mutex::new(HashMap::new()),
+            held_locks: Mutex::new(HashMap::new()),
             resumed: std::sync::atomic::AtomicU64::new(hello_conn),
             resume_lock: tokio::sync::Mutex::new(()),
         });
@@ -729,57 +734,6 @@ impl Client {
         };
         self.meta(req).await.map(drop)
     }
-
-    /// Takes or releases a lock. With `wait`, a conflicting lock is waited out (polling
-    /// with backoff) for as long as process `pid` lives; without, it is `WouldBlock`.
-    pub async fn setlk(&self, ino: InodeId, lock: LockSpec, wait: bool) -> Result<()> {
-        const FIRST_WAIT: Duration = Duration::from_millis(5);
-        const LONGEST_WAIT: Duration = Duration::from_millis(200);
-        let mut pause = FIRST_WAIT;
-        loop {
-            let req = fs::SetLock {
-                ino,
-                client: self.id,
-                lock,
-            };
-            match self.meta(req).await {
-                Ok(_) => return Ok(()),
-                Err(e) if wait && e.code() == proto::ErrorCode::WouldBlock => {
-                    // fuser does not pass FUSE_INTERRUPT on: look for a signal ourselves,
-                    // or a waiter that was killed would hang in the kernel for good.
-                    if signal_pending(lock.pid) {
-                        return Err(ClientError::Interrupted(format!(
-                            "pid {} got a signal while waiting for a lock",
-                            lock.pid
-                        )));
-                    }
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(LONGEST_WAIT);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    /// The lock of another owner that would conflict with `lock`, if any (`F_GETLK`).
-    pub async fn getlk(&self, ino: InodeId, lock: LockSpec) -> Result<Option<LockSpec>> {
-        let req = fs::GetLock {
-            ino,
-            client: self.id,
-            lock,
-        };
-        self.meta(req).await
-    }
-
-    /// Drops every lock the kernel's lock owner `owner` holds on `ino`.
-    pub async fn release_locks(&self, ino: InodeId, owner: u64) -> Result<()> {
-        let req = fs::ReleaseLocks {
-            ino,
-            client: self.id,
-            owner,
-        };
-        self.meta(req).await.map(drop)
-    }
 }
 
 impl MapSource for Client {
@@ -816,30 +770,10 @@ fn privs_to_kill(perm: u32, gid: u32, groups: Option<&[u32]>) -> u32 {
     kill
 }
 
-/// Whether process `pid` has a signal pending that it neither blocks nor ignores (or is
-/// gone): a lock wait must then end with EINTR, as `F_SETLKW` does on a local file.
-fn signal_pending(pid: u32) -> bool {
-    if pid == 0 {
-        return false;
-    }
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return true;
-    };
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            .unwrap_or(0)
-    };
-    const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
-    let pending = field("SigPnd:") | field("ShdPnd:");
-    pending & SIGKILL_BIT != 0 || pending & !field("SigBlk:") & !field("SigIgn:") != 0
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{privs_to_kill, signal_pending};
+    use super::locks::signal_pending;
+    use super::privs_to_kill;
 
     #[test]
     fn setgid_without_group_exec_goes_only_for_a_writer_outside_the_group() {

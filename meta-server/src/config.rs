@@ -28,6 +28,13 @@ pub struct NamespaceConfig {
     /// end as a vanished client's. A client whose process ended closes its connection
     /// in order, and its sessions end at once. 0: end them at once too.
     pub session_grace_ms: u64,
+    /// How long (milliseconds) a server that started on an existing namespace (a
+    /// restart, or a standby taking over) refuses new locks, while the clients that
+    /// held locks before take them back (`SetLock::reclaim`): a lock taken meanwhile by
+    /// someone else would steal one still held. Clients holding locks reconnect within
+    /// about a second of the server listening. 0: no grace (locks taken before may be
+    /// lost to another client).
+    pub lock_grace_ms: u64,
 }
 
 impl Default for NamespaceConfig {
@@ -39,6 +46,7 @@ impl Default for NamespaceConfig {
             replace_after_ms: 600_000,
             disk_reserve_bytes: 16 << 20,
             session_grace_ms: 60_000,
+            lock_grace_ms: 5_000,
         }
     }
 }
@@ -77,6 +85,12 @@ impl NamespaceConfig {
             return Err(MetaError::InvalidArgument(format!(
                 "session_grace_ms {} must be at most 3600000",
                 self.session_grace_ms
+            )));
+        }
+        if self.lock_grace_ms > 600_000 {
+            return Err(MetaError::InvalidArgument(format!(
+                "lock_grace_ms {} must be at most 600000",
+                self.lock_grace_ms
             )));
         }
         if self.replace_after_ms < self.node_lease_ms {

@@ -464,6 +464,43 @@ pub struct LockSpec {
     pub kind: LockKind,
 }
 
+/// Applies `want` to the locks of one file `held`, POSIX style, for the owner whose
+/// locks `mine` picks: that owner's locks inside `want`'s range go, the parts of them
+/// sticking out stay, and `want` itself is added unless it is an unlock; other owners'
+/// locks are kept as they are. `spec` reaches an item's range. The metadata server's
+/// lock table and a client's record of its own locks both use it.
+pub fn set_lock_range<T: Clone>(
+    held: Vec<T>,
+    want: &LockSpec,
+    mine: impl Fn(&T) -> bool,
+    spec: impl Fn(&mut T) -> &mut LockSpec,
+    new: impl FnOnce() -> T,
+) -> Vec<T> {
+    let overlaps = |a: &LockSpec| a.start <= want.end && want.start <= a.end;
+    let mut kept = Vec::with_capacity(held.len() + 2);
+    for mut h in held {
+        let s = *spec(&mut h);
+        if !mine(&h) || !overlaps(&s) {
+            kept.push(h);
+            continue;
+        }
+        if s.start < want.start {
+            let mut left = h.clone();
+            spec(&mut left).end = want.start - 1;
+            kept.push(left);
+        }
+        if s.end > want.end {
+            let mut right = h;
+            spec(&mut right).start = want.end + 1;
+            kept.push(right);
+        }
+    }
+    if want.kind != LockKind::Unlock {
+        kept.push(new());
+    }
+    kept
+}
+
 /// Most sessions one [`fs::ReleaseMany`] ends.
 pub const MAX_RELEASES: usize = 1024;
 

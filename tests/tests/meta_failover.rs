@@ -299,3 +299,72 @@ fn a_metadata_server_that_hangs_is_passed_over_for_its_standby() {
     let names = fs::read_dir(&m.path).expect("list").count();
     assert_eq!(names, 2);
 }
+
+/// The lock grace of [`locks_are_still_held_by_their_owners_after_a_failover`]'s
+/// servers: new locks are refused this long after B starts.
+const LOCK_GRACE_MS: u64 = 3000;
+
+/// Guards against locks lost with their metadata server (they lived only in its
+/// memory): a byte-range lock and a whole-file lock held through one mount stay held
+/// across a `kill -9` of the serving server and the standby's start (the holder's
+/// mount takes them back on its new connection), another mount cannot take them
+/// meanwhile nor after, and the holder's unlock frees them.
+#[test]
+fn locks_are_still_held_by_their_owners_after_a_failover() {
+    use tessera_tests::posix::User;
+    use tessera_tests::Agent;
+    if LocalEtcd::binary().is_none() {
+        assert!(std::env::var_os("CI").is_none(), "no etcd binary under CI");
+        eprintln!("skipped: no etcd binary (install Debian's etcd-server)");
+        return;
+    }
+    let etcd = LocalEtcd::start(1).expect("etcd");
+    let etcd_config = EtcdConfig {
+        owner_lease_ms: OWNER_LEASE_MS,
+        ..etcd.config()
+    };
+    let mut cluster = ProcessCluster::start_with(ClusterOptions {
+        data_servers: 1,
+        meta_toml: etcd_toml(&etcd_config),
+        namespace_toml: format!("replicas = 1\nlock_grace_ms = {LOCK_GRACE_MS}"),
+        heartbeat_ms: 200,
+        standby_meta: true,
+        ..ClusterOptions::default()
+    });
+    let (a, b) = (cluster.mount("a"), cluster.mount("b"));
+    fs::write(a.path.join("f"), b"lock me").expect("write");
+    fs::write(a.path.join("g"), b"and me").expect("write");
+    let open = |name: &str, m: &tessera_tests::Mount, file: &str| {
+        let mut ag = Agent::start(&User::root(), name);
+        ag.expect(&format!("open f {} rw", m.path.join(file).display()), "ok");
+        ag
+    };
+    let mut holder = open("holder", &a, "f");
+    let mut flocker = open("flocker", &a, "g");
+    let mut other = open("other", &b, "f");
+    let mut other_g = open("other-g", &b, "g");
+    holder.expect("lock f ex 0 100", "ok");
+    flocker.expect("flock f ex nb", "ok");
+    other.expect("lock f ex 50 10", "err EAGAIN");
+    other_g.expect("flock f ex nb", "err EAGAIN");
+
+    let t = Instant::now();
+    cluster.fail_over_meta();
+    eprintln!("A killed, B listening after {:?}", t.elapsed());
+    // At once (B in its lock grace, or the holder's mount already back), and again
+    // past the grace: the locks are held.
+    other.expect("lock f ex 50 10", "err EAGAIN");
+    other_g.expect("flock f ex nb", "err EAGAIN");
+    std::thread::sleep(Duration::from_millis(LOCK_GRACE_MS + 500));
+    other.expect("lock f ex 50 10", "err EAGAIN");
+    other_g.expect("flock f ex nb", "err EAGAIN");
+    // Outside the held range nothing is locked.
+    other.expect("lock f ex 100 10", "ok");
+    // The holders' mount took them back, and their owners can unlock them.
+    let log = a.log_text();
+    assert!(log.contains("locks taken back"), "{log}");
+    holder.expect("lock f un 0 100", "ok");
+    flocker.expect("flock f un", "ok");
+    other.expect("lock f ex 50 10", "ok");
+    other_g.expect("flock f ex nb", "ok");
+}

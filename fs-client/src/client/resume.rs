@@ -106,6 +106,7 @@ impl Client {
                 }
             }
         }
+        self.reclaim_locks().await?;
         self.resumed.store(made, Ordering::Release);
         tracing::info!(
             open,

@@ -383,6 +383,9 @@ impl Handle for fs::SetLock {
         ns.may_name_client(self.client, at.who.as_deref())?;
         if self.lock.kind != LockKind::Unlock {
             ns.may_lock(self.ino, at.conn)?;
+            if !self.reclaim {
+                ns.check_lock_grace()?;
+            }
         }
         ns.locks
             .lock()

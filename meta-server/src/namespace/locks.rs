@@ -1,8 +1,10 @@
 //! Byte-range and whole-file locks, held for every client in one table so that they
 //! hold across mounts.
 //!
-//! Locks live in memory: like NFS locks they do not survive a restart of the metadata
-//! server, and they are dropped when the connection of the client that took them closes
+//! Locks live in memory. As NFS locks are, they are taken back by their clients after a
+//! restart of the metadata server (`SetLock::reclaim`, within `lock_grace_ms`, when no
+//! other new lock is given), and they are dropped when the connection of the client
+//! that took them closes
 //! (the client died), or `session_grace_ms` after it broke unless the client resumed
 //! (see `resume`), so a dead holder never blocks anyone for good.
 
@@ -81,31 +83,18 @@ impl LockTable {
             }
         }
         let held = self.files.entry(ino).or_default();
-        let mut kept = Vec::with_capacity(held.len() + 2);
-        for h in held.drain(..) {
-            if !h.same_owner(client, want.owner) || !overlaps(&h.spec, &want) {
-                kept.push(h);
-                continue;
-            }
-            // Keep the parts of the old lock outside the new range.
-            if h.spec.start < want.start {
-                let mut left = h;
-                left.spec.end = want.start - 1;
-                kept.push(left);
-            }
-            if h.spec.end > want.end {
-                let mut right = h;
-                right.spec.start = want.end + 1;
-                kept.push(right);
-            }
-        }
-        if want.kind != LockKind::Unlock {
-            kept.push(Held {
+        // On a copy: a refusal below leaves the file's locks as they were.
+        let kept = proto::meta::set_lock_range(
+            held.clone(),
+            &want,
+            |h: &Held| h.same_owner(client, want.owner),
+            |h| &mut h.spec,
+            || Held {
                 client,
                 conn,
                 spec: want,
-            });
-        }
+            },
+        );
         if kept.len() > MAX_LOCKS_PER_FILE {
             return Err(MetaError::NoSpace(format!(
                 "more than {MAX_LOCKS_PER_FILE} locks on {ino}"
@@ -170,6 +159,23 @@ mod tests {
             end,
             kind,
         }
+    }
+
+    /// Guards against a refused lock (too many on the file) dropping the file's locks:
+    /// the table was emptied before the count was checked.
+    #[test]
+    fn a_lock_refused_for_the_count_leaves_the_files_locks_as_they_were() {
+        let mut t = LockTable::default();
+        for i in 0..MAX_LOCKS_PER_FILE as u64 {
+            t.set(F, A, ConnId(1), spec(1, 2 * i, 2 * i, LockKind::Write))
+                .unwrap();
+        }
+        let e = t
+            .set(F, A, ConnId(1), spec(1, 1, 1, LockKind::Write))
+            .unwrap_err();
+        assert!(matches!(e, MetaError::NoSpace(_)), "{e}");
+        assert_eq!(t.held(), MAX_LOCKS_PER_FILE);
+        assert!(t.conflict(F, B, &spec(1, 0, 0, LockKind::Read)).is_some());
     }
 
     #[test]

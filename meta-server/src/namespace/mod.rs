@@ -46,7 +46,7 @@ use proto::{ClientId, InodeId, NodeId, SessionId, Timestamp, WireError};
 use records::{decode, encode, InodeRecord, Superblock, FORMAT_VERSION};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use transport::PeerIdentity;
 use txn::Txn;
 
@@ -178,6 +178,9 @@ pub struct Namespace {
     map: parking_lot::RwLock<Arc<ClusterMap>>,
     /// Locks of every client (in memory; see `locks`).
     locks: Mutex<locks::LockTable>,
+    /// Until when new locks are refused while clients take back the ones they held
+    /// before this server started (`lock_grace_ms`); `None` on a new namespace.
+    lock_grace_until: Option<Instant>,
     /// Refuses new records while the store's disk is short of room (see `space`).
     disk: space::DiskGuard,
     /// Set when the server stops: the connections it closes then are not clients that
@@ -210,7 +213,9 @@ impl Namespace {
         config.validate()?;
         let group = Arc::new(GroupCommit::new(store));
         let store: Arc<dyn KvStore> = group.clone();
-        let sb = load_or_format(&*store)?;
+        let (sb, existed) = load_or_format(&*store)?;
+        let lock_grace = Duration::from_millis(config.lock_grace_ms);
+        let lock_grace_until = (existed && !lock_grace.is_zero()).then(|| clock.now() + lock_grace);
         // Sessions and client ids live in memory, but a client may still hold one from
         // before a restart. Ids come from a block reserved in the superblock above every
         // block used before, so an old id is answered `Stale` instead of being taken for
@@ -242,6 +247,7 @@ impl Namespace {
             members: Mutex::new(membership::Members::default()),
             map: parking_lot::RwLock::new(Arc::new(ClusterMap::default())),
             locks: Mutex::new(locks::LockTable::default()),
+            lock_grace_until,
             disk: space::DiskGuard::default(),
             stopping: std::sync::atomic::AtomicBool::new(false),
             granter: std::sync::OnceLock::new(),
@@ -309,6 +315,20 @@ impl Namespace {
         result.map_err(Into::into)
     }
 
+    /// Refuses a new lock while clients take back the locks they held before this
+    /// server started (see `lock_grace_ms`): `WouldBlock`, which a waiting locker waits
+    /// out and `F_SETLK` reports as EAGAIN, as a lock held by another would be.
+    pub(crate) fn check_lock_grace(&self) -> Result<(), MetaError> {
+        match self.lock_grace_until {
+            Some(until) if self.clock.now() < until => Err(MetaError::WouldBlock(
+                "the metadata server started on an existing namespace moments ago: locks \
+                 held before are being taken back by their clients"
+                    .into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Waits until every change made so far is durable (requests wait for their own
     /// changes by themselves; this is for tools and tests that look at the store).
     pub fn sync(&self) -> Result<(), MetaError> {
@@ -349,7 +369,9 @@ impl Namespace {
 }
 
 /// Reads the superblock, or formats an empty store: root directory plus superblock.
-fn load_or_format(store: &dyn KvStore) -> Result<Superblock, MetaError> {
+/// The superblock, and whether the store held a namespace already (`false`: formatted
+/// now).
+fn load_or_format(store: &dyn KvStore) -> Result<(Superblock, bool), MetaError> {
     if let Some(bytes) = store.get(&keys::superblock())? {
         // The first byte of every record is the format version: check it before decoding,
         // so a store from another format reports its version instead of garbage.
@@ -368,7 +390,7 @@ fn load_or_format(store: &dyn KvStore) -> Result<Superblock, MetaError> {
                 expected: FORMAT_VERSION,
             });
         }
-        return Ok(sb);
+        return Ok((sb, true));
     }
     // Formatting over existing keys would silently drop a namespace whose superblock was
     // lost: refuse instead.
@@ -387,5 +409,5 @@ fn load_or_format(store: &dyn KvStore) -> Result<Superblock, MetaError> {
     batch.put(keys::superblock(), encode(&sb)?);
     store.commit(batch)?;
     tracing::info!("formatted an empty metadata store");
-    Ok(sb)
+    Ok((sb, false))
 }

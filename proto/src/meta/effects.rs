@@ -240,6 +240,7 @@ pub fn one_of_each(dir: InodeId, file: InodeId, client: ClientId) -> Vec<FsReque
             ino: file,
             client,
             lock,
+            reclaim: false,
         }),
         FsRequest::GetLock(GetLock {
             ino: file,

@@ -346,6 +346,9 @@ pub struct SetLock {
     pub client: ClientId,
     /// The lock.
     pub lock: LockSpec,
+    /// A lock the client held before its metadata server restarted (or a standby took
+    /// over) and takes back: a server in its lock grace refuses every other lock.
+    pub reclaim: bool,
 }
 
 /// Finds a lock of another owner that conflicts with `lock` (`F_GETLK`).

@@ -57,6 +57,7 @@ fn set_lock(ino: InodeId, client: ClientId, kind: LockKind) -> SetLock {
         ino,
         client,
         lock: lock(9, kind),
+        reclaim: false,
     }
 }
 

@@ -339,6 +339,7 @@ fn sessions_and_locks_belong_to_their_connection(kind: StoreKind) {
             end: u64::MAX,
             kind,
         },
+        reclaim: false,
     };
     use proto::meta::LockKind;
     assert_eq!(

@@ -76,6 +76,7 @@ fn a_resumed_client_keeps_its_opens_and_locks(kind: StoreKind) {
         ino: f.ino,
         client: ClientId(3),
         lock: exclusive(9),
+        reclaim: false,
     };
     ns.handle(lock, ConnId(7)).unwrap();
     ns.unlink(ROOT, b"gone").unwrap();
@@ -130,6 +131,7 @@ fn after_the_grace_the_sessions_end_and_are_lost(kind: StoreKind) {
         ino: f.ino,
         client: ClientId(3),
         lock: exclusive(9),
+        reclaim: false,
     };
     ns.handle(lock, ConnId(7)).unwrap();
     ns.connection_broken(ConnId(7));
@@ -259,7 +261,74 @@ fn a_manual_clock_runs_out_the_grace(kind: StoreKind) {
     );
 }
 
+/// After a restart (a namespace that existed), new locks are refused for
+/// `lock_grace_ms` while clients take back theirs (`reclaim`); an unlock and a reclaim
+/// go through; the grace over, locks are taken as before. A new namespace has none.
+fn a_restarted_server_keeps_new_locks_out_while_old_ones_are_taken_back(kind: StoreKind) {
+    let config = crate::config::NamespaceConfig {
+        lock_grace_ms: 5_000,
+        ..Default::default()
+    };
+    let clock = Arc::new(ManualClock::new());
+    let mut h = H::with_clock(kind, config, clock.clone());
+    h.ns()
+        .register_data(None, "10.0.0.1:7000", 1000, 10)
+        .unwrap();
+    let f = touch(h.ns(), ROOT, "f");
+    let set = |client: u64, owner: u64, kind: LockKind, reclaim: bool| SetLock {
+        ino: f.ino,
+        client: ClientId(client),
+        lock: LockSpec {
+            kind,
+            ..exclusive(owner)
+        },
+        reclaim,
+    };
+    // A new namespace: no grace.
+    let held = h.ns().open_inode(f.ino, false, of(3, 7)).unwrap();
+    h.ns()
+        .handle(set(3, 9, LockKind::Write, false), ConnId(7))
+        .unwrap();
+    h.ns().stop();
+    h.restart();
+    let ns = h.ns();
+    // The holder resumes its open and takes its lock back; another client is refused
+    // meanwhile, even with no lock held yet.
+    let other = ns.open_inode(f.ino, false, of(4, 8)).unwrap();
+    assert_eq!(
+        ns.handle(set(4, 1, LockKind::Read, false), ConnId(8))
+            .map_err(|e| e.code),
+        Err(ErrorCode::WouldBlock)
+    );
+    ns.resume(
+        ClientId(3),
+        &opens(&[(held.session, f.ino)]),
+        ConnId(9),
+        &Caller::ROOT,
+    )
+    .unwrap();
+    ns.handle(set(3, 9, LockKind::Write, true), ConnId(9))
+        .unwrap();
+    assert!(locked(&h, f.ino));
+    // An unlock goes through in the grace.
+    ns.handle(set(3, 9, LockKind::Unlock, false), ConnId(9))
+        .unwrap();
+    assert!(!locked(&h, f.ino));
+    assert_eq!(
+        ns.handle(set(4, 1, LockKind::Write, false), ConnId(8))
+            .map_err(|e| e.code),
+        Err(ErrorCode::WouldBlock),
+        "still in the grace"
+    );
+    clock.advance(Duration::from_millis(5_000));
+    ns.handle(set(4, 1, LockKind::Write, false), ConnId(8))
+        .unwrap();
+    assert!(locked(&h, f.ino));
+    ns.release(other.session, None).unwrap();
+}
+
 engine_tests!(
+    a_restarted_server_keeps_new_locks_out_while_old_ones_are_taken_back,
     a_manual_clock_runs_out_the_grace,
     a_resumed_client_keeps_its_opens_and_locks,
     after_the_grace_the_sessions_end_and_are_lost,

@@ -1,0 +1,155 @@
+//! File locks (`fcntl`, `flock`, OFD) through the metadata server, and the record of
+//! the locks this client holds: on a new metadata connection (a restarted server, or a
+//! standby that took over) the client takes them back (`SetLock::reclaim`) after its
+//! open files, within the server's lock grace, during which the server refuses every
+//! other new lock. A lock the server gives to nobody else is thereby held across the
+//! loss of the server by the owner that took it, as an open file is.
+
+use super::{caller, Client};
+use crate::error::{ClientError, Result};
+use crate::rpc;
+use proto::meta::{fs, LockKind, LockSpec};
+use proto::{InodeId, Request};
+use std::time::Duration;
+
+impl Client {
+    /// Takes or releases a lock. With `wait`, a conflicting lock is waited out (polling
+    /// with backoff) for as long as process `pid` lives; without, it is `WouldBlock`.
+    pub async fn setlk(&self, ino: InodeId, lock: LockSpec, wait: bool) -> Result<()> {
+        const FIRST_WAIT: Duration = Duration::from_millis(5);
+        const LONGEST_WAIT: Duration = Duration::from_millis(200);
+        let mut pause = FIRST_WAIT;
+        loop {
+            let req = fs::SetLock {
+                ino,
+                client: self.id,
+                lock,
+                reclaim: false,
+            };
+            match self.meta(req).await {
+                Ok(_) => {
+                    self.note_lock(ino, &lock);
+                    return Ok(());
+                }
+                Err(e) if wait && e.code() == proto::ErrorCode::WouldBlock => {
+                    // fuser does not pass FUSE_INTERRUPT on: look for a signal ourselves,
+                    // or a waiter that was killed would hang in the kernel for good.
+                    if signal_pending(lock.pid) {
+                        return Err(ClientError::Interrupted(format!(
+                            "pid {} got a signal while waiting for a lock",
+                            lock.pid
+                        )));
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(LONGEST_WAIT);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The lock of another owner that would conflict with `lock`, if any (`F_GETLK`).
+    pub async fn getlk(&self, ino: InodeId, lock: LockSpec) -> Result<Option<LockSpec>> {
+        let req = fs::GetLock {
+            ino,
+            client: self.id,
+            lock,
+        };
+        self.meta(req).await
+    }
+
+    /// Drops every lock the kernel's lock owner `owner` holds on `ino`.
+    pub async fn release_locks(&self, ino: InodeId, owner: u64) -> Result<()> {
+        // Forgotten first: whatever the answer, the owner wants none of them back.
+        self.forget_locks(ino, owner);
+        let req = fs::ReleaseLocks {
+            ino,
+            client: self.id,
+            owner,
+        };
+        self.meta(req).await.map(drop)
+    }
+
+    /// Records a lock the server granted (or an unlock it applied), as the server's
+    /// table holds it.
+    fn note_lock(&self, ino: InodeId, lock: &LockSpec) {
+        let mut held = self.held_locks.lock();
+        let mine = held.remove(&ino).unwrap_or_default();
+        let now =
+            proto::meta::set_lock_range(mine, lock, |l| l.owner == lock.owner, |l| l, || *lock);
+        if !now.is_empty() {
+            held.insert(ino, now);
+        }
+    }
+
+    /// Forgets the locks of `owner` on `ino`.
+    fn forget_locks(&self, ino: InodeId, owner: u64) {
+        let mut held = self.held_locks.lock();
+        if let Some(locks) = held.get_mut(&ino) {
+            locks.retain(|l| l.owner != owner);
+            if locks.is_empty() {
+                held.remove(&ino);
+            }
+        }
+    }
+
+    /// Takes back every lock this client holds, on a new metadata connection whose
+    /// open files were resumed (their opens are what a lock needs). A lock the server
+    /// refuses (another client took it while this one was away, past the server's lock
+    /// grace) is lost: logged, and forgotten. Fails on a transport error (the caller
+    /// tries again on the next connection).
+    pub(super) async fn reclaim_locks(&self) -> Result<()> {
+        let held: Vec<(InodeId, LockSpec)> = self
+            .held_locks
+            .lock()
+            .iter()
+            .flat_map(|(&ino, locks)| locks.iter().map(move |l| (ino, *l)))
+            .collect();
+        let (mut kept, mut lost) = (0, 0);
+        for (ino, lock) in held {
+            let req = Request::new(fs::SetLock {
+                ino,
+                client: self.id,
+                lock,
+                reclaim: true,
+            })
+            .with_caller(caller::current());
+            match rpc::meta_call(&self.ep, &self.meta, &req).await {
+                Ok(()) => kept += 1,
+                Err(e @ ClientError::Transport(_)) => return Err(e),
+                Err(e) => {
+                    lost += 1;
+                    tracing::warn!(%ino, pid = lock.pid, start = lock.start, end = lock.end, error = %e,
+                        "a lock held before the metadata connection was lost could not be taken back");
+                    let mut unlock = lock;
+                    unlock.kind = LockKind::Unlock;
+                    self.note_lock(ino, &unlock);
+                }
+            }
+        }
+        if kept + lost > 0 {
+            tracing::info!(kept, lost, "locks taken back on a new metadata connection");
+        }
+        Ok(())
+    }
+}
+/// Whether process `pid` has a signal pending that it neither blocks nor ignores (or is
+/// gone): a lock wait must then end with EINTR, as `F_SETLKW` does on a local file.
+pub(super) fn signal_pending(pid: u32) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return true;
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0)
+    };
+    const SIGKILL_BIT: u64 = 1 << (libc::SIGKILL - 1);
+    let pending = field("SigPnd:") | field("ShdPnd:");
+    pending & SIGKILL_BIT != 0 || pending & !field("SigBlk:") & !field("SigIgn:") != 0
+}
