@@ -98,6 +98,17 @@ fn up_on_etcd_keeps_the_mount_through_a_kill_of_the_serving_metadata_server() {
         state: state.clone(),
     };
     let (m, s) = (mnt.to_string_lossy(), state.to_string_lossy());
+    // A state directory with an earlier cluster's data is refused before anything
+    // starts: `down` would remove those directories with the new namespace.
+    fs::create_dir_all(state.join("data-0")).unwrap();
+    let out = run(&["up", &m, "--state-dir", &s, "--engine", "etcd"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("earlier cluster"),
+        "{err}"
+    );
+    assert!(pids(&state).is_empty() && !state.join("etcd.dir").exists());
+    fs::remove_dir(state.join("data-0")).unwrap();
     let started = Instant::now();
     let out = tessera(&["up", &m, "--state-dir", &s, "--engine", "etcd"]);
     eprintln!("up on etcd took {:?}", started.elapsed());

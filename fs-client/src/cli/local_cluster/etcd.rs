@@ -249,6 +249,7 @@ pub(super) fn start_metas(
             urls.clone()
         }
         None => {
+            refuse_old_data(state)?;
             let meta_bin = super::bin(&opts.bin_dir, "tessera-meta")?;
             start_local(&meta_bin, opts.etcd_dir.as_deref(), state, pids)?
         }
@@ -263,6 +264,30 @@ pub(super) fn start_metas(
         launch_meta(state, &role, &argv, pids, (i > 0, false))?;
     }
     Ok(addrs.join(","))
+}
+
+/// Refuses a state directory holding servers' directories: a local etcd cluster's
+/// namespace is new, and `down` removes the directories of its servers, which must not
+/// be those of an earlier cluster (its store, its chunks).
+fn refuse_old_data(state: &Path) -> Result<(), ClusterError> {
+    let old: Vec<String> = fs::read_dir(state)
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| is_meta_role(n) || n.starts_with("data-"))
+                .filter(|n| state.join(n).is_dir())
+                .collect()
+        })
+        .unwrap_or_default();
+    if old.is_empty() {
+        return Ok(());
+    }
+    Err(ClusterError::Other(format!(
+        "{} holds the data of an earlier cluster ({}): a local etcd cluster starts a new \
+         namespace and `tessera down` removes its servers' directories. Name another \
+         --state-dir, or `tessera down` the earlier one (a local etcd cluster's) first",
+        state.display(),
+        old.join(", ")
+    )))
 }
 
 /// Starts metadata server `role`; `(standby, append_log)`: a standby is ready once it

@@ -466,6 +466,7 @@ pub fn up(opts: &UpOptions) -> Result<UpReport, ClusterError> {
             procs::stop(m);
         }
         pids.remove();
+        etcd::remove_local(&state);
     }
     report.meta_addr = result?;
     report.metrics = state::metrics_addrs(&state);
