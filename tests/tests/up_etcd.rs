@@ -1,8 +1,9 @@
 //! `tessera up --engine etcd`: the local HA cluster (3 etcd members, 2 metadata servers
 //! on one prefix, the data servers and the mount, each given both metadata addresses)
 //! survives a `kill -9` of the serving metadata server: the standby takes over and an
-//! open file keeps writing; `tessera down` then leaves no process, no mount and
-//! nothing on /dev/shm. Real processes, a real FUSE mount, real etcd members.
+//! open file keeps writing; `up` brings back a killed etcd member and the killed server
+//! (a standby now); `tessera down` then leaves no process, no mount and nothing on
+//! /dev/shm. Real processes, a real FUSE mount, real etcd members.
 // A panic in a test helper fails the test, as unwrap in a #[test] does.
 #![allow(clippy::unwrap_used)]
 
@@ -177,6 +178,30 @@ fn up_on_etcd_keeps_the_mount_through_a_kill_of_the_serving_metadata_server() {
     let status = tessera(&["status", &m, "--state-dir", &s]);
     assert!(meta_line(&status, "meta-1").ends_with("serves"), "{status}");
     assert!(!meta_line(&status, "meta").ends_with("serves"), "{status}");
+
+    // `up` brings back a killed etcd member on its data, and the killed metadata
+    // server as a standby of the one serving now.
+    let member = pids(&state)
+        .into_iter()
+        .find(|(r, _)| r == "etcd-m1")
+        .unwrap()
+        .1;
+    // SAFETY: kill(2) on the PID `up` recorded for an etcd member it started.
+    assert_eq!(unsafe { libc::kill(member, libc::SIGKILL) }, 0);
+    let started = Instant::now();
+    let out = tessera(&["up", &m, "--state-dir", &s]);
+    eprintln!("up bringing back took {:?}", started.elapsed());
+    assert!(out.contains("brought back etcd-m1"), "{out}");
+    assert!(out.contains("brought back meta "), "{out}");
+    let status = tessera(&["status", &m, "--state-dir", &s]);
+    assert_eq!(status.matches(": answers").count(), 3, "{status}");
+    assert!(meta_line(&status, "meta").contains("standby"), "{status}");
+    assert!(meta_line(&status, "meta-1").ends_with("serves"), "{status}");
+    fs::write(mnt.join("dir/after"), b"after the bring-back").unwrap();
+    assert_eq!(
+        fs::read(mnt.join("dir/after")).unwrap(),
+        b"after the bring-back"
+    );
 
     let before: Vec<(String, i32)> = pids(&state);
     let started = Instant::now();
