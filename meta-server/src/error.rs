@@ -5,6 +5,27 @@ use proto::{ErrorCode, WireError};
 use std::path::PathBuf;
 use transport::TransportError;
 
+/// Why `tessera-meta migrate` stopped (`migrate.rs`); nothing was written when it
+/// refused.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    /// A check before the first write failed: the sentence says which and what to do.
+    #[error("{0}")]
+    Refused(String),
+    /// A store call failed.
+    #[error("{context}")]
+    Store {
+        /// What was being done to which store.
+        context: String,
+        /// The store's error.
+        #[source]
+        source: KvError,
+    },
+    /// The comparison after the copy found the stores different.
+    #[error("the stores differ after the copy: {0}")]
+    Differs(String),
+}
+
 /// Everything a namespace operation can fail with.
 ///
 /// Each variant carries a sentence for logs; [`MetaError::code`] gives the stable wire

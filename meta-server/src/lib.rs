@@ -17,12 +17,13 @@ pub mod keys;
 pub mod kv;
 pub(crate) mod membership;
 pub(crate) mod metrics;
+pub mod migrate;
 pub mod namespace;
 pub mod server;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::NamespaceConfig;
-pub use error::{MetaError, StartError};
+pub use error::{MetaError, MigrateError, StartError};
 pub use kv::{
     open_engine, open_store, EtcdConfig, KvError, KvPair, KvStore, ReadCheck, Revision, StoreKind,
     TxnLimits, TxnStore, Versioned, WriteBatch,

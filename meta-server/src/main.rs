@@ -8,8 +8,11 @@ use std::path::PathBuf;
 
 /// Tessera metadata server: the namespace, file layouts and data-server membership.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(version, args_conflicts_with_subcommands = true)]
 struct Args {
+    /// A tool instead of the server.
+    #[command(subcommand)]
+    tool: Option<Tool>,
     /// Configuration file (TOML); flags below override it.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -53,6 +56,69 @@ struct Args {
     /// Write the metrics endpoint's bound address here; `metrics.addr_file`.
     #[arg(long)]
     metrics_addr_file: Option<PathBuf>,
+    /// How long a server waits for another's owner key on etcd to go (a standby:
+    /// long); `etcd.owner_wait_ms`.
+    #[arg(long)]
+    etcd_owner_wait_ms: Option<u64>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Tool {
+    /// Copy a stopped namespace from one store to another, then compare them key for
+    /// key: STORE is redb:DIR, sled:DIR or etcd:URL,...[/PREFIX/] (the prefix defaults
+    /// to tessera/). Every metadata server on either store must be stopped.
+    Migrate {
+        /// The store copied from.
+        #[arg(long)]
+        from: meta_server::migrate::StoreSpec,
+        /// The store copied into; refused if it holds keys, unless --overwrite.
+        #[arg(long)]
+        to: meta_server::migrate::StoreSpec,
+        /// Delete what the target holds first.
+        #[arg(long)]
+        overwrite: bool,
+    },
+    /// Start a local etcd cluster on 127.0.0.1 (free ports) with its data in a new
+    /// directory under DIR, and leave it running: prints the directory, then one line
+    /// per member, `NAME PID CLIENT_URL`. `tessera up --engine etcd` runs this.
+    LocalEtcd {
+        /// Number of members.
+        #[arg(long, default_value_t = 3)]
+        members: usize,
+        /// Where the cluster's directory is made (default: /dev/shm, a tmpfs).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+/// The most members `local-etcd` starts (etcd advises at most 7 per cluster).
+const MAX_LOCAL_ETCD_MEMBERS: usize = 7;
+
+fn run_tool(tool: Tool) -> anyhow::Result<()> {
+    match tool {
+        Tool::Migrate {
+            from,
+            to,
+            overwrite,
+        } => {
+            let report = meta_server::migrate::migrate(&from, &to, overwrite)?;
+            println!("migrated {from} to {to}: {report}");
+        }
+        Tool::LocalEtcd { members, dir } => {
+            use meta_server::kv::etcd::local::{default_base, LocalEtcd};
+            if !(1..=MAX_LOCAL_ETCD_MEMBERS).contains(&members) {
+                bail!("--members must be between 1 and {MAX_LOCAL_ETCD_MEMBERS}");
+            }
+            let base = dir.unwrap_or_else(default_base);
+            std::fs::create_dir_all(&base).with_context(|| format!("creating {base:?}"))?;
+            let etcd = LocalEtcd::start_in(members, &base, true).map_err(anyhow::Error::msg)?;
+            println!("{}", etcd.dir().display());
+            for m in etcd.detach() {
+                println!("{} {} {}", m.name, m.pid, m.client_url);
+            }
+        }
+    }
+    Ok(())
 }
 
 fn load(args: &Args) -> anyhow::Result<MetaConfig> {
@@ -103,6 +169,9 @@ fn load(args: &Args) -> anyhow::Result<MetaConfig> {
     if let Some(v) = &args.metrics_addr_file {
         c.metrics.addr_file = v.clone();
     }
+    if let Some(v) = args.etcd_owner_wait_ms {
+        c.etcd.owner_wait_ms = v;
+    }
     // Resolve `auto` and check `rdma` now, so a host without RDMA gets one clear
     // sentence before anything starts.
     c.transport = c.transport.resolve_for_process(&c.transport_limits)?;
@@ -148,16 +217,21 @@ fn main() {
         // A log file gets plain text, a terminal colours.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let result = Args::try_parse()
-        .map_err(|e| e.exit())
-        .and_then(|args| load(&args))
-        .and_then(|config| {
-            tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("starting the runtime")?
-                .block_on(run(config))
-        });
+    let args = Args::try_parse().unwrap_or_else(|e| e.exit());
+    if let Some(tool) = args.tool {
+        if let Err(e) = run_tool(tool) {
+            eprintln!("tessera-meta: {e:#}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    let result = load(&args).and_then(|config| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("starting the runtime")?
+            .block_on(run(config))
+    });
     if let Err(e) = result {
         eprintln!("tessera-meta: {e:#}");
         std::process::exit(1);

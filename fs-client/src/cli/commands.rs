@@ -79,12 +79,17 @@ pub enum Cmd {
         /// Number of data servers.
         #[arg(long, default_value_t = 3)]
         data_servers: usize,
-        /// Metadata store engine: redb, sled, or etcd (with --etcd).
-        #[arg(long)]
+        /// Metadata store engine: redb, sled, or etcd (3 local etcd members and 2
+        /// metadata servers, one a standby; with --etcd, an etcd already running).
+        #[arg(long, visible_alias = "engine")]
         store: Option<String>,
         /// With --store etcd: client URLs of a running etcd cluster (comma-separated).
         #[arg(long)]
         etcd: Option<String>,
+        /// With --store etcd and no --etcd: where the local etcd members keep their data
+        /// (default: /dev/shm, a tmpfs; `tessera down` removes it either way).
+        #[arg(long, conflicts_with = "etcd")]
+        etcd_dir: Option<PathBuf>,
         /// Copies of each chunk (1 to 8, capped by the data servers; default 3).
         #[arg(long)]
         replicas: Option<u8>,
@@ -409,11 +414,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             data_servers,
             store,
             etcd,
+            etcd_dir,
             replicas,
             nonempty,
         } => {
             if !(1..=MAX_UP_DATA_SERVERS).contains(&data_servers) {
                 bail!("--data-servers must be between 1 and {MAX_UP_DATA_SERVERS}");
+            }
+            if (etcd.is_some() || etcd_dir.is_some()) && store.as_deref() != Some("etcd") {
+                bail!("--etcd and --etcd-dir go with --store etcd (--engine etcd)");
             }
             let opts = UpOptions {
                 mountpoint,
@@ -421,6 +430,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 data_servers,
                 store,
                 etcd,
+                etcd_dir,
                 bin_dir: None,
                 replicas,
                 nonempty,
@@ -464,6 +474,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             json: false,
         } => {
             let (c, state) = cluster.client_config()?;
+            // On etcd: its members, and which metadata server serves.
+            if let Some(etcd) = state.as_deref().and_then(local_cluster::etcd::describe) {
+                print!("{etcd}");
+            }
             let names = state
                 .map(|s| local_cluster::state::data_names(&s))
                 .unwrap_or_default();

@@ -89,7 +89,7 @@ pub enum KvError {
 }
 
 /// Shows a key as text where it is printable, `\xNN` elsewhere.
-struct Escaped<'a>(&'a [u8]);
+pub(crate) struct Escaped<'a>(pub(crate) &'a [u8]);
 
 impl std::fmt::Display for Escaped<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

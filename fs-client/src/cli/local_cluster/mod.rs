@@ -1,8 +1,9 @@
 //! `tessera up` and `tessera down`: a local cluster (one metadata server, several data
-//! servers on 127.0.0.1) and its mount, as child processes whose PIDs, start times,
+//! servers on 127.0.0.1; on etcd, 3 etcd members and 2 metadata servers) and its mount, as child processes whose PIDs, start times,
 //! command lines and addresses are recorded in the cluster's state directory. `up` on a
 //! running cluster brings back the members that are missing, on their old addresses.
 
+pub mod etcd;
 mod procs;
 pub mod state;
 
@@ -34,8 +35,10 @@ pub struct UpOptions {
     /// Metadata store engine ("redb", "sled" or "etcd"); `None`: the server's default.
     pub store: Option<String>,
     /// With `store` "etcd": the client URLs of an etcd cluster already running
-    /// (comma-separated); `up` does not start one yet.
+    /// (comma-separated); `None`: `up` starts a local one of 3 members.
     pub etcd: Option<String>,
+    /// Where the local etcd cluster keeps its data; `None`: tmpfs (`/dev/shm`).
+    pub etcd_dir: Option<PathBuf>,
     /// Directory holding `tessera-meta` and `tessera-data`; `None`: next to this program.
     pub bin_dir: Option<PathBuf>,
     /// Copies of each chunk; `None`: the metadata server's default (3).
@@ -102,6 +105,9 @@ pub struct DownReport {
     pub stopped: Vec<String>,
     /// Whether the mount point was mounted.
     pub was_mounted: bool,
+    /// What was removed: a local etcd cluster's data, and the directories of the
+    /// servers whose namespace it held.
+    pub removed: Vec<PathBuf>,
 }
 
 impl std::fmt::Display for DownReport {
@@ -118,7 +124,14 @@ impl std::fmt::Display for DownReport {
             "Tessera at {} is down: {unmounted}{stopped} (state kept in {}).",
             self.mountpoint.display(),
             self.state.display()
-        )
+        )?;
+        if !self.removed.is_empty() {
+            writeln!(f, "The local etcd cluster's namespace is gone; removed:")?;
+        }
+        for d in &self.removed {
+            writeln!(f, "  {}", d.display())?;
+        }
+        Ok(())
     }
 }
 
@@ -453,6 +466,7 @@ pub fn up(opts: &UpOptions) -> Result<UpReport, ClusterError> {
             procs::stop(m);
         }
         pids.remove();
+        etcd::remove_local(&state);
     }
     report.meta_addr = result?;
     report.metrics = state::metrics_addrs(&state);
@@ -517,15 +531,22 @@ fn path_arg(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
-fn meta_argv(opts: &UpOptions, state: &Path) -> Result<Vec<String>, ClusterError> {
+/// The command line of metadata server `role` listening on `listen`; on etcd at
+/// `etcd` (client URLs), with the standby's long wait for the owner key.
+fn meta_argv(
+    opts: &UpOptions,
+    state: &Path,
+    (role, listen): (&str, &str),
+    etcd: Option<&str>,
+) -> Result<Vec<String>, ClusterError> {
     let mut argv = vec![
         path_arg(&bin(&opts.bin_dir, "tessera-meta")?),
         "--listen".into(),
-        "127.0.0.1:0".into(),
+        listen.into(),
         "--data-dir".into(),
-        path_arg(&state.join(state::META)),
+        path_arg(&state.join(role)),
         "--addr-file".into(),
-        path_arg(&state::addr_file(state, state::META)),
+        path_arg(&state::addr_file(state, role)),
         "--key-file".into(),
         path_arg(&state::cluster_key_file(state)),
         "--admin-key-file".into(),
@@ -534,13 +555,18 @@ fn meta_argv(opts: &UpOptions, state: &Path) -> Result<Vec<String>, ClusterError
     if let Some(s) = &opts.store {
         argv.extend(["--store".into(), s.clone()]);
     }
-    if let Some(e) = &opts.etcd {
-        argv.extend(["--etcd".into(), e.clone()]);
+    if let Some(e) = etcd {
+        argv.extend([
+            "--etcd".into(),
+            e.to_string(),
+            "--etcd-owner-wait-ms".into(),
+            etcd::STANDBY_WAIT_MS.to_string(),
+        ]);
     }
     if let Some(r) = opts.replicas {
         argv.extend(["--replicas".into(), r.to_string()]);
     }
-    argv.extend(state::metrics_args(state, state::META));
+    argv.extend(state::metrics_args(state, role));
     Ok(argv)
 }
 
@@ -551,7 +577,12 @@ fn start_all(
     pids: &mut Pids,
 ) -> Result<String, ClusterError> {
     state::ensure_keys(state)?;
-    let meta_addr = launch_server(state, state::META, &meta_argv(opts, state)?, pids, false)?;
+    let meta_addr = if opts.store.as_deref() == Some("etcd") {
+        etcd::start_metas(opts, state, pids)?
+    } else {
+        let argv = meta_argv(opts, state, (state::META, "127.0.0.1:0"), None)?;
+        launch_server(state, state::META, &argv, pids, false)?
+    };
     // All started before any is waited for: after a crash each counts its store's
     // chunks before it is ready (a disk read per chunk), and they count at once.
     let data_bin = path_arg(&bin(&opts.bin_dir, "tessera-data")?);
@@ -643,6 +674,21 @@ fn bring_back(
         if role.as_str() == state::MOUNT {
             continue; // last, once the servers are back
         }
+        if etcd::is_etcd_role(role) {
+            let url = etcd::bring_back_member(state, role, &argv, &mut pids)?;
+            restarted.push((role.to_string(), url));
+            continue;
+        }
+        if etcd::is_meta_role(role) && etcd::meta_addrs(state).is_some() {
+            // On etcd: on its fixed address; a standby while another serves.
+            let another = |r: &str| etcd::is_meta_role(r) && r != role.as_str();
+            let standby = running.iter().any(|m| another(&m.role))
+                || restarted.iter().any(|(r, _)| another(r));
+            etcd::launch_meta(state, role, &argv, &mut pids, (standby, true))?;
+            let addr = state::option_value(&argv, "--listen").unwrap_or_default();
+            restarted.push((role.to_string(), addr.to_string()));
+            continue;
+        }
         let addr = state::read_addr(&state::addr_file(state, role)).ok_or_else(|| {
             ClusterError::Other(format!(
                 "no address recorded for {role} in {}",
@@ -692,6 +738,8 @@ pub fn down(mountpoint: &Path, state_dir: Option<&Path>) -> Result<DownReport, C
     let was_mounted = is_mounted(&mnt);
     if !was_mounted && members.is_empty() {
         Pids::load(&state).remove();
+        // Its members gone (killed), a local etcd's data is still to remove.
+        etcd::remove_local(&state);
         return Err(ClusterError::NothingRunning {
             mountpoint: mnt,
             state,
@@ -702,6 +750,7 @@ pub fn down(mountpoint: &Path, state_dir: Option<&Path>) -> Result<DownReport, C
         state: state.clone(),
         stopped: Vec::new(),
         was_mounted,
+        removed: Vec::new(),
     };
     let mut left = Vec::new();
     let (mount, servers): (Vec<&Member>, Vec<&Member>) =
@@ -712,11 +761,24 @@ pub fn down(mountpoint: &Path, state_dir: Option<&Path>) -> Result<DownReport, C
     if is_mounted(&mnt) {
         crate::fuse::unmount(&mnt).map_err(io_err(format!("unmounting {}", mnt.display())))?;
     }
-    // Data servers before the metadata server: they report to it until they stop.
+    let (etcd_members, servers): (Vec<&Member>, Vec<&Member>) =
+        servers.iter().partition(|m| etcd::is_etcd_role(&m.role));
+    // Data servers before the metadata servers: they report to them until they stop;
+    // etcd last, and all its members at once (see `procs::stop_together`).
     for m in servers.iter().rev() {
         stop_one(m, &mut report, &mut left);
     }
+    let etcd_members: Vec<Member> = etcd_members.into_iter().cloned().collect();
+    for (m, gone) in etcd_members.iter().zip(procs::stop_together(&etcd_members)) {
+        match gone {
+            true => report.stopped.push(m.role.clone()),
+            false => left.push(format!("{} (pid {})", m.role, m.pid)),
+        }
+    }
     Pids::load(&state).remove();
+    if left.is_empty() {
+        report.removed = etcd::remove_local(&state);
+    }
     if !left.is_empty() {
         return Err(ClusterError::Other(format!(
             "could not stop {}",

@@ -58,6 +58,14 @@ fn argv(pid: i32) -> Vec<PathBuf> {
         .collect()
 }
 
+/// The command line of `pid`, as text (empty if it is gone).
+pub fn cmdline(pid: i32) -> Vec<String> {
+    argv(pid)
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect()
+}
+
 /// Program name of a command line: the file name of its first argument.
 fn program(args: &[PathBuf]) -> String {
     args.first()
@@ -104,6 +112,9 @@ fn role_of(pid: i32, state: &Path, mnt: &Path) -> Option<String> {
     // that a process stuck on a hung FUSE mount holds, and `up`/`down` must not hang on
     // someone else's process. `comm` needs none of them.
     let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    if comm.trim_end() == "etcd" {
+        return etcd_role_of(pid, state);
+    }
     if !comm.starts_with("tessera") || !owned_by_us(pid) {
         return None;
     }
@@ -124,7 +135,7 @@ fn role_of(pid: i32, state: &Path, mnt: &Path) -> Option<String> {
             let dir = inside(&resolve(pid, Path::new(data_dir))?)?;
             let role = dir.to_string_lossy().into_owned();
             let fits = if prog == "tessera-meta" {
-                role == state::META
+                super::etcd::is_meta_role(&role)
             } else {
                 role.starts_with("data-")
             };
@@ -140,6 +151,23 @@ fn role_of(pid: i32, state: &Path, mnt: &Path) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// The role of an etcd process of ours whose `--data-dir` is inside the local etcd
+/// directory `up` recorded in `state`: `etcd-NAME`, after the directory's name.
+fn etcd_role_of(pid: i32, state: &Path) -> Option<String> {
+    let dir = super::etcd::local_dir(state)?;
+    if !owned_by_us(pid) {
+        return None;
+    }
+    let args = cmdline(pid);
+    let data_dir = resolve(pid, Path::new(state::option_value(&args, "--data-dir")?))?;
+    let name = data_dir
+        .strip_prefix(&dir)
+        .ok()?
+        .to_string_lossy()
+        .into_owned();
+    (!name.is_empty() && !name.contains('/')).then(|| super::etcd::role(&name))
 }
 
 /// Every running member of the cluster in `state`: the recorded processes that are still
@@ -218,12 +246,29 @@ fn wait_gone(m: &Member, limit: Duration) -> bool {
 
 /// Stops `m`: SIGTERM, then SIGKILL after a grace period. Returns whether it is gone.
 pub fn stop(m: &Member) -> bool {
-    signal(m, libc::SIGTERM);
-    if wait_gone(m, STOP_TIMEOUT) {
-        return true;
+    stop_together(std::slice::from_ref(m))[0]
+}
+
+/// Stops every member of `ms` at once (SIGTERM to all, then SIGKILL to those left
+/// after the grace period): an etcd member stopped alone first hands its leadership
+/// to one still running, and the last one waits for peers already gone. Returns, for
+/// each, whether it is gone.
+pub fn stop_together(ms: &[Member]) -> Vec<bool> {
+    for m in ms {
+        signal(m, libc::SIGTERM);
     }
-    signal(m, libc::SIGKILL);
-    wait_gone(m, KILL_TIMEOUT)
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    let mut gone: Vec<bool> = ms
+        .iter()
+        .map(|m| wait_gone(m, deadline.saturating_duration_since(Instant::now())))
+        .collect();
+    for (m, g) in ms.iter().zip(gone.iter_mut()) {
+        if !*g {
+            signal(m, libc::SIGKILL);
+            *g = wait_gone(m, KILL_TIMEOUT);
+        }
+    }
+    gone
 }
 
 #[cfg(test)]

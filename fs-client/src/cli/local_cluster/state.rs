@@ -167,17 +167,20 @@ pub fn recorded_roles(state: &Path) -> Vec<String> {
     roles
 }
 
-/// Start order: the metadata server, the data servers by number, the mount.
+/// Start order: the etcd members, the metadata servers, the data servers by number,
+/// the mount.
 pub fn role_order(role: &str) -> (u8, usize) {
+    let number = |prefix: &str| {
+        role.strip_prefix(prefix)
+            .and_then(|n| n.trim_start_matches('m').parse().ok())
+            .unwrap_or(usize::MAX)
+    };
     match role {
-        META => (0, 0),
-        MOUNT => (2, 0),
-        r => (
-            1,
-            r.strip_prefix("data-")
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(usize::MAX),
-        ),
+        META => (1, 0),
+        MOUNT => (3, 0),
+        r if super::etcd::is_etcd_role(r) => (0, number("etcd-")),
+        r if super::etcd::is_meta_role(r) => (1, number("meta-")),
+        _ => (2, number("data-")),
     }
 }
 
@@ -204,8 +207,12 @@ pub fn option_value<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     })
 }
 
-/// The metadata server's address as `up` recorded it in `state`.
+/// The metadata server's address as `up` recorded it in `state`; on etcd, every
+/// metadata server's, comma-separated.
 pub fn meta_addr(state: &Path) -> Result<String, ClusterError> {
+    if let Some(all) = super::etcd::meta_addrs(state) {
+        return Ok(all);
+    }
     let file = addr_file(state, META);
     read_addr(&file).ok_or_else(|| {
         ClusterError::Other(format!(
@@ -311,8 +318,13 @@ mod tests {
 
     #[test]
     fn roles_start_meta_first_and_mount_last() {
-        let mut roles = vec!["mount", "data-10", "data-2", "meta"];
+        let mut roles = vec![
+            "mount", "data-10", "meta-1", "data-2", "etcd-m1", "meta", "etcd-m0",
+        ];
         roles.sort_by_key(|r| role_order(r));
-        assert_eq!(roles, ["meta", "data-2", "data-10", "mount"]);
+        assert_eq!(
+            roles,
+            ["etcd-m0", "etcd-m1", "meta", "meta-1", "data-2", "data-10", "mount"]
+        );
     }
 }

@@ -1,6 +1,8 @@
-//! etcd members started on 127.0.0.1 for tests and benchmarks: free ports, data on
-//! tmpfs (each etcd write costs every member an fsync; on a shared disk that is a few
-//! tens of transactions a second), stopped by PID when dropped.
+//! etcd members started on 127.0.0.1 for tests, benchmarks and `tessera up --engine
+//! etcd`: free ports, data on tmpfs unless told otherwise (each etcd write costs every
+//! member an fsync; on a shared disk that is a few tens of transactions a second),
+//! stopped by PID when dropped, or left running once [`LocalEtcd::detach`]ed (the local
+//! cluster of `tessera up` records their PIDs and `tessera down` stops them).
 //!
 //! The `etcd` binary is Debian's `etcd-server` (or `$TESSERA_ETCD`); [`LocalEtcd::binary`]
 //! says whether there is one, so a test without it can say so and be skipped.
@@ -35,6 +37,29 @@ pub struct LocalEtcd {
     members: Vec<Member>,
     dir: PathBuf,
     token: String,
+    /// Members in process groups of their own, so that a signal to the starting
+    /// terminal's group (Ctrl-C) does not reach them: they outlive their starter.
+    detached: bool,
+}
+
+/// A member left running by [`LocalEtcd::detach`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Running {
+    /// Its name in the cluster (`m0`, `m1`, ...).
+    pub name: String,
+    /// Its PID.
+    pub pid: u32,
+    /// Its client URL.
+    pub client_url: String,
+}
+
+/// The directory test members keep their data in: tmpfs (`/dev/shm`) where there is one.
+pub fn default_base() -> PathBuf {
+    if Path::new("/dev/shm").is_dir() {
+        PathBuf::from("/dev/shm")
+    } else {
+        std::env::temp_dir()
+    }
 }
 
 impl LocalEtcd {
@@ -53,9 +78,15 @@ impl LocalEtcd {
     /// three times: a free port found here may be taken by another test's process
     /// before etcd binds it.
     pub fn start(members: usize) -> Result<LocalEtcd, String> {
+        LocalEtcd::start_in(members, &default_base(), false)
+    }
+
+    /// [`LocalEtcd::start`] with the data in a new directory under `base`; `detached`:
+    /// each member in a process group of its own (for [`LocalEtcd::detach`]).
+    pub fn start_in(members: usize, base: &Path, detached: bool) -> Result<LocalEtcd, String> {
         let mut last = String::new();
         for _ in 0..3 {
-            match LocalEtcd::start_once(members) {
+            match LocalEtcd::start_once(members, base, detached) {
                 Ok(etcd) => return Ok(etcd),
                 Err(e) => last = e,
             }
@@ -63,20 +94,16 @@ impl LocalEtcd {
         Err(last)
     }
 
-    fn start_once(members: usize) -> Result<LocalEtcd, String> {
+    fn start_once(members: usize, base: &Path, detached: bool) -> Result<LocalEtcd, String> {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let token = format!("tessera-{}-{n}", std::process::id());
-        let base = if Path::new("/dev/shm").is_dir() {
-            PathBuf::from("/dev/shm")
-        } else {
-            std::env::temp_dir()
-        };
         let dir = base.join(&token);
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let mut etcd = LocalEtcd {
             members: Vec::new(),
             dir,
             token,
+            detached,
         };
         for i in 0..members {
             etcd.members.push(Member {
@@ -129,6 +156,30 @@ impl LocalEtcd {
         format!("http://127.0.0.1:{}", self.members[i].client_port)
     }
 
+    /// The directory holding every member's data and log.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Leaves the members running and their directory in place: the caller stops them
+    /// by PID and removes [`LocalEtcd::dir`]. Returns what runs.
+    pub fn detach(mut self) -> Vec<Running> {
+        let running = (0..self.members.len())
+            .filter_map(|i| {
+                let child = self.members[i].child.take()?;
+                Some(Running {
+                    name: self.members[i].name.clone(),
+                    pid: child.id(),
+                    client_url: self.endpoint(i),
+                })
+            })
+            .collect();
+        // Nothing left for `drop` to stop; the directory stays.
+        self.members.clear();
+        self.dir = PathBuf::new();
+        running
+    }
+
     /// Number of members.
     pub fn len(&self) -> usize {
         self.members.len()
@@ -153,7 +204,12 @@ impl LocalEtcd {
         let client = format!("http://127.0.0.1:{}", m.client_port);
         let peer = format!("http://127.0.0.1:{}", m.peer_port);
         let state = if data.exists() { "existing" } else { "new" };
-        let child = Command::new(bin)
+        let mut cmd = Command::new(bin);
+        if self.detached {
+            use std::os::unix::process::CommandExt;
+            cmd.process_group(0);
+        }
+        let child = cmd
             .arg("--name")
             .arg(&m.name)
             .arg("--data-dir")
@@ -239,7 +295,9 @@ impl Drop for LocalEtcd {
         for i in 0..self.members.len() {
             self.kill(i);
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if !self.dir.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

@@ -25,7 +25,6 @@
 //! [`EtcdConfig::max_txn_bytes`]; group commit asks first (`check_batch`), and packs the
 //! batches of a group into as few transactions as fit, cutting only between batches.
 
-#[cfg(any(test, feature = "local-etcd"))]
 pub mod local;
 pub mod owner;
 mod retry;

@@ -138,20 +138,36 @@ async fn take(config: &EtcdConfig, who: &str) -> Result<(Client, i64), KvError> 
         .map_err(|e| unavailable("connecting", e))?;
     let key = owner_key(&config.prefix);
     let deadline = Instant::now() + Duration::from_millis(config.owner_wait_ms);
-    let mut said = false;
+    let (mut said, mut unanswered) = (false, false);
     loop {
         // The lease is granted only once the key looks free: one granted earlier would
         // expire during a long wait, unrenewed.
-        let holder = match holder(&mut client, &key).await? {
-            None => match put_if_absent(&mut client, &key, who, config).await? {
-                Ok(lease) => {
+        let looked = match holder(&mut client, &key).await {
+            Ok(None) => match put_if_absent(&mut client, &key, who, config).await {
+                Ok(Ok(lease)) => {
                     info!(%key, "owner key taken: this server serves the namespace");
                     return Ok((client, lease));
                 }
                 // Taken meanwhile by another server.
-                Err(holder) => holder,
+                Ok(Err(holder)) => Ok(holder),
+                Err(e) => Err(e),
             },
-            Some(h) => h,
+            Ok(Some(h)) => Ok(h),
+            Err(e) => Err(e),
+        };
+        let holder = match looked {
+            Ok(h) => h,
+            // A member away (stopped, restarting) fails the call that went to it; a
+            // standby keeps waiting through that, as the serving server does.
+            Err(e @ KvError::Unavailable { .. }) if Instant::now() < deadline => {
+                if !unanswered {
+                    warn!(error = %e, "etcd did not answer; asking again");
+                    unanswered = true;
+                }
+                tokio::time::sleep(OWNER_POLL).await;
+                continue;
+            }
+            Err(e) => return Err(e),
         };
         if Instant::now() >= deadline {
             return Err(KvError::Engine {
@@ -171,6 +187,26 @@ async fn take(config: &EtcdConfig, who: &str) -> Result<(Client, i64), KvError> 
         }
         tokio::time::sleep(OWNER_POLL).await;
     }
+}
+
+/// Who holds the owner key of `config.prefix` (the server's address and pid), if a
+/// server does: what an offline tool asks before it touches the namespace. Blocking;
+/// fails if etcd does not answer within `config.connect_timeout_ms` and
+/// `request_timeout_ms`.
+pub fn current_holder(config: &EtcdConfig) -> Result<Option<String>, KvError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| KvError::from_io(ENGINE, &e))?;
+    runtime.block_on(async {
+        let options = ConnectOptions::default()
+            .with_connect_timeout(Duration::from_millis(config.connect_timeout_ms))
+            .with_timeout(Duration::from_millis(config.request_timeout_ms));
+        let mut client = Client::connect(config.endpoints.clone(), Some(options))
+            .await
+            .map_err(|e| unavailable("connecting", e))?;
+        holder(&mut client, &owner_key(&config.prefix)).await
+    })
 }
 
 /// The value of the owner key (its holder), if it exists.

@@ -1,0 +1,222 @@
+//! `tessera up --engine etcd`: the local HA cluster (3 etcd members, 2 metadata servers
+//! on one prefix, the data servers and the mount, each given both metadata addresses)
+//! survives a `kill -9` of the serving metadata server: the standby takes over and an
+//! open file keeps writing; `up` brings back a killed etcd member and the killed server
+//! (a standby now); `tessera down` then leaves no process, no mount and nothing on
+//! /dev/shm. Real processes, a real FUSE mount, real etcd members.
+// A panic in a test helper fails the test, as unwrap in a #[test] does.
+#![allow(clippy::unwrap_used)]
+
+use meta_server::kv::etcd::local::LocalEtcd;
+use std::fs;
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// How long the standby may take to serve after the kill: the owner lease (5 s) and
+/// its polling, with room for a loaded machine.
+const TAKEOVER: Duration = Duration::from_secs(30);
+
+fn run(args: &[&str]) -> Output {
+    let bin = tessera_tests::process::bin_dir().join("tessera");
+    Command::new(&bin)
+        .args(args)
+        .output()
+        .expect("tessera runs")
+}
+
+fn tessera(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "tessera {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `tessera down` when dropped, so a failing test leaves nothing behind; then the
+/// redirect `up --state-dir` left under the default state root.
+struct Down {
+    mnt: PathBuf,
+    state: PathBuf,
+}
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        let (m, s) = (self.mnt.to_string_lossy(), self.state.to_string_lossy());
+        let _ = run(&["down", &m, "--state-dir", &s]);
+        let default = fs_client::cli::local_cluster::default_state_dir(&self.mnt);
+        let _ = fs::remove_file(default.join("redirect"));
+        let _ = fs::remove_dir(&default);
+    }
+}
+
+/// `(role, pid)` of every process `up` recorded.
+fn pids(state: &Path) -> Vec<(String, i32)> {
+    fs::read_to_string(state.join("pids"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?.to_string(), w.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Whether `pid` runs (a zombie waiting for its parent does not).
+fn running(pid: i32) -> bool {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit(')')
+        .next()
+        .is_some_and(|r| !r.trim_start().is_empty() && !r.trim_start().starts_with('Z'))
+}
+
+/// The line `status` prints for metadata server `role`.
+fn meta_line(status: &str, role: &str) -> String {
+    let prefix = format!("  {role} ");
+    status
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn up_on_etcd_keeps_the_mount_through_a_kill_of_the_serving_metadata_server() {
+    if LocalEtcd::binary().is_none() {
+        assert!(std::env::var_os("CI").is_none(), "no etcd binary under CI");
+        eprintln!("skipped: no etcd binary (install Debian's etcd-server)");
+        return;
+    }
+    tessera_tests::process::require_fuse();
+    let dir = tempfile::tempdir().unwrap();
+    let (mnt, state) = (dir.path().join("mnt"), dir.path().join("state"));
+    let _down = Down {
+        mnt: mnt.clone(),
+        state: state.clone(),
+    };
+    let (m, s) = (mnt.to_string_lossy(), state.to_string_lossy());
+    // A state directory with an earlier cluster's data is refused before anything
+    // starts: `down` would remove those directories with the new namespace.
+    fs::create_dir_all(state.join("data-0")).unwrap();
+    let out = run(&["up", &m, "--state-dir", &s, "--engine", "etcd"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("earlier cluster"),
+        "{err}"
+    );
+    assert!(pids(&state).is_empty() && !state.join("etcd.dir").exists());
+    fs::remove_dir(state.join("data-0")).unwrap();
+    let started = Instant::now();
+    let out = tessera(&["up", &m, "--state-dir", &s, "--engine", "etcd"]);
+    eprintln!("up on etcd took {:?}", started.elapsed());
+    assert!(out.contains("mounted"), "{out}");
+    let roles: Vec<String> = pids(&state).into_iter().map(|(r, _)| r).collect();
+    assert_eq!(
+        roles,
+        [
+            "etcd-m0", "etcd-m1", "etcd-m2", "meta", "meta-1", "data-0", "data-1", "data-2",
+            "mount"
+        ]
+    );
+    let etcd_dir = PathBuf::from(fs::read_to_string(state.join("etcd.dir")).unwrap());
+    assert!(
+        etcd_dir.starts_with("/dev/shm"),
+        "tmpfs by default: {etcd_dir:?}"
+    );
+    // Every client and data server knows both metadata addresses.
+    let addrs = fs::read_to_string(state.join("meta.addrs")).unwrap();
+    assert_eq!(addrs.split(',').count(), 2, "{addrs}");
+    let mount_cmd = fs::read_to_string(state.join("cmd/mount")).unwrap();
+    let data_cmd = fs::read_to_string(state.join("cmd/data-0")).unwrap();
+    assert!(mount_cmd.lines().any(|l| l == addrs), "{mount_cmd}");
+    assert!(data_cmd.lines().any(|l| l == addrs), "{data_cmd}");
+
+    let status = tessera(&["status", &m, "--state-dir", &s]);
+    assert_eq!(status.matches(": answers").count(), 3, "{status}");
+    assert!(meta_line(&status, "meta").ends_with("serves"), "{status}");
+    assert!(meta_line(&status, "meta-1").contains("standby"), "{status}");
+
+    fs::create_dir(mnt.join("dir")).unwrap();
+    let big = tessera_tests::pseudo_random(9 << 20, 24);
+    fs::write(mnt.join("dir/big"), &big).unwrap();
+    let mut open = fs::OpenOptions::new()
+        .create_new(true)
+        .read(true)
+        .write(true)
+        .open(mnt.join("dir/open"))
+        .unwrap();
+    open.write_all(b"before the kill\n").unwrap();
+    open.sync_all().unwrap();
+
+    let serving = pids(&state)
+        .into_iter()
+        .find(|(r, _)| r == "meta")
+        .unwrap()
+        .1;
+    // SAFETY: kill(2) on the PID `up` recorded for the metadata server it started.
+    assert_eq!(unsafe { libc::kill(serving, libc::SIGKILL) }, 0);
+    let killed = Instant::now();
+    open.write_all(b"after the kill\n").unwrap();
+    open.sync_all().unwrap();
+    eprintln!("write + fsync after the kill took {:?}", killed.elapsed());
+    assert!(killed.elapsed() < TAKEOVER, "{:?}", killed.elapsed());
+    let mut back = String::new();
+    open.rewind().unwrap();
+    open.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "before the kill\nafter the kill\n");
+    drop(open);
+    fs::write(mnt.join("dir/new"), b"made on the standby").unwrap();
+    assert_eq!(
+        fs::read(mnt.join("dir/new")).unwrap(),
+        b"made on the standby"
+    );
+    assert_eq!(fs::read(mnt.join("dir/big")).unwrap(), big);
+    let status = tessera(&["status", &m, "--state-dir", &s]);
+    assert!(meta_line(&status, "meta-1").ends_with("serves"), "{status}");
+    assert!(!meta_line(&status, "meta").ends_with("serves"), "{status}");
+
+    // `up` brings back a killed etcd member on its data, and the killed metadata
+    // server as a standby of the one serving now.
+    let member = pids(&state)
+        .into_iter()
+        .find(|(r, _)| r == "etcd-m1")
+        .unwrap()
+        .1;
+    // SAFETY: kill(2) on the PID `up` recorded for an etcd member it started.
+    assert_eq!(unsafe { libc::kill(member, libc::SIGKILL) }, 0);
+    let started = Instant::now();
+    let out = tessera(&["up", &m, "--state-dir", &s]);
+    eprintln!("up bringing back took {:?}", started.elapsed());
+    assert!(out.contains("brought back etcd-m1"), "{out}");
+    assert!(out.contains("brought back meta "), "{out}");
+    let status = tessera(&["status", &m, "--state-dir", &s]);
+    assert_eq!(status.matches(": answers").count(), 3, "{status}");
+    assert!(meta_line(&status, "meta").contains("standby"), "{status}");
+    assert!(meta_line(&status, "meta-1").ends_with("serves"), "{status}");
+    fs::write(mnt.join("dir/after"), b"after the bring-back").unwrap();
+    assert_eq!(
+        fs::read(mnt.join("dir/after")).unwrap(),
+        b"after the bring-back"
+    );
+
+    let before: Vec<(String, i32)> = pids(&state);
+    let started = Instant::now();
+    let out = tessera(&["down", &m, "--state-dir", &s]);
+    eprintln!("down took {:?}", started.elapsed());
+    assert!(out.contains("etcd-m0") && out.contains("meta-1"), "{out}");
+    assert!(!fs_client::cli::local_cluster::is_mounted(&mnt));
+    for (role, pid) in before {
+        assert!(!running(pid), "{role} (pid {pid}) still runs after down");
+    }
+    assert!(!etcd_dir.exists(), "{etcd_dir:?} removed");
+    let name = etcd_dir.file_name().unwrap();
+    assert!(
+        !Path::new("/dev/shm").join(name).exists(),
+        "nothing left on /dev/shm"
+    );
+    assert!(!state.join("data-0").exists() && !state.join("meta").exists());
+}
