@@ -5,7 +5,10 @@
 #   scripts/bench.sh [--quick] [--only SYSTEM[,SYSTEM...]] [--workloads a,b,c,d,e,f] [--base REV]
 #
 #   SYSTEM: local, bindfs, tessera, moosefs, glusterfs, juicefs (default: all, in this order);
-#   tessera-base: Tessera built from git revision REV (--base), for an A/B in one run
+#   tessera-base: Tessera built from git revision REV (--base), for an A/B in one run;
+#   tessera-etcd, tessera-etcd-disk: Tessera with its metadata on a local 3-member etcd
+#   (`tessera up --engine etcd`: a serving metadata server and a standby), etcd's data on
+#   tmpfs or on this disk (asked for only; issue 24: what HA costs, best with -w e)
 #   (a) data-set read: DATASET_FILES files of DATASET_MIN..MAX bytes, READERS readers
 #   (b) sequential read of a SEQ_MIB file in 1 MiB blocks (its 1-writer write is shown too)
 #   (c) checkpoint write: CKPT_JOBS writers x CKPT_MIB in 1 MiB blocks, fsync at the end;
@@ -46,7 +49,7 @@ META_PROCS=2
 STEP_TIMEOUT_S=1800           # bound on any one step (fio, a Python phase)
 BENCH_DIR=${BENCH_DIR:-/var/tmp/tessera-bench}   # scratch data, mounts, peer state, venv
 ALL_SYSTEMS="local bindfs tessera moosefs glusterfs juicefs"
-KNOWN_SYSTEMS="tessera-base $ALL_SYSTEMS"
+KNOWN_SYSTEMS="tessera-base tessera-etcd tessera-etcd-disk $ALL_SYSTEMS"
 ALL_WORKLOADS="a b c d e"
 
 quick_settings() {            # --quick: a smoke run of every path in a few minutes
@@ -237,6 +240,31 @@ stop_tessera() {
   recorded="/var/lib/tessera/$(printf '%s' "${m#/}" | tr -c 'A-Za-z0-9._' '-')"
   rm -f "$recorded/redirect" && rmdir "$recorded" 2>/dev/null || true
 }
+
+# tessera-etcd(-disk): the same cluster shape, its namespace on 3 local etcd members
+# (data on /dev/shm, or in BENCH_DIR on the disk), two metadata servers (one a standby).
+TESSERA_ETCD_STATE=$BENCH_DIR/tessera-etcd-state
+start_tessera_on_etcd() {
+  MNT=$BENCH_DIR/mnt/tessera-etcd
+  "$ROOT/target/release/tessera" up "$MNT" --state-dir "$TESSERA_ETCD_STATE" \
+    --data-servers "$TESSERA_DATA_SERVERS" --replicas "$COPIES" --engine etcd "$@"
+}
+stop_tessera_on_etcd() {
+  local m=$BENCH_DIR/mnt/tessera-etcd recorded
+  if [ -d "$TESSERA_ETCD_STATE" ]; then
+    "$ROOT/target/release/tessera" down "$m" --state-dir "$TESSERA_ETCD_STATE" || true
+  fi
+  rm -rf "$TESSERA_ETCD_STATE" "$BENCH_DIR/etcd-data"
+  recorded="/var/lib/tessera/$(printf '%s' "${m#/}" | tr -c 'A-Za-z0-9._' '-')"
+  rm -f "$recorded/redirect" && rmdir "$recorded" 2>/dev/null || true
+}
+start_tessera-etcd() { start_tessera_on_etcd; }
+stop_tessera-etcd() { stop_tessera_on_etcd; }
+start_tessera-etcd-disk() {
+  mkdir -p "$BENCH_DIR/etcd-data" || return 1
+  start_tessera_on_etcd --etcd-dir "$BENCH_DIR/etcd-data"
+}
+stop_tessera-etcd-disk() { stop_tessera_on_etcd; }
 
 # tessera-base: the same cluster shape, from the base revision's binaries.
 TESSERA_BASE_STATE=$BENCH_DIR/tessera-base-state

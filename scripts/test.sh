@@ -47,6 +47,8 @@ echo "== a whole cluster over rdma in the soft-RoCE VM"
 RDMA_VM_PROFILE=dev scripts/rdma-vm-cluster.sh
 echo "== pjdfstest (public POSIX suite) on a fresh mount"
 scripts/pjdfstest.sh
+echo "== pjdfstest on a mount whose namespace is on etcd"
+STORE=etcd scripts/pjdfstest.sh
 echo "== Debian package: built, installed into a fresh Debian 12 root, a mount from it"
 scripts/package-test.sh
 echo "== all checks passed"

@@ -161,6 +161,8 @@ SYSTEMS = [
     ("bindfs", "bindfs (FUSE passthrough)"),
     ("tessera-base", "Tessera at the base revision"),
     ("tessera", "Tessera"),
+    ("tessera-etcd", "Tessera on etcd (tmpfs)"),
+    ("tessera-etcd-disk", "Tessera on etcd (disk)"),
     ("moosefs", "MooseFS"),
     ("glusterfs", "GlusterFS"),
     ("juicefs", "JuiceFS"),
@@ -309,6 +311,15 @@ def report(run, out_base):
     if ab:
         lines += ["", f"## Tessera / Tessera at the base revision (`{info.get('BASE', '?')}`)", "",
                   "| workload | ratio |", "| --- | --- |"] + ab
+    ha = []
+    for key in ("creates_s", "stats_s", "removes_s"):
+        for s in ("tessera-etcd", "tessera-etcd-disk"):
+            r = ratio(res, key, s, "tessera")
+            if r is not None:
+                ha.append(f"| {key.removesuffix('_s')} | {dict(SYSTEMS)[s]} | {r:.2f}x |")
+    if ha:
+        lines += ["", "## What the namespace on etcd costs: Tessera on etcd / on its embedded store",
+                  "", "| metadata operation | system | ratio |", "| --- | --- | --- |"] + ha
     lines.append("")
     with open(out_base + ".md", "w") as f:
         f.write("\n".join(lines))
@@ -322,7 +333,8 @@ def chart(res, systems, info, path):
 
     metrics = [m for m in METRICS if m[0] not in ("dataset_files_s", "dataset_write_files_s")]
     colors = {"local": "#9e9e9e", "bindfs": "#616161", "tessera": "#d84315",
-              "tessera-base": "#ff8a65",
+              "tessera-base": "#ff8a65", "tessera-etcd": "#ffb74d",
+              "tessera-etcd-disk": "#a1887f",
               "moosefs": "#1565c0", "glusterfs": "#2e7d32", "juicefs": "#6a1b9a"}
     fig, axes = plt.subplots(3, 3, figsize=(16, 13))
     for ax, (key, _, title, unit) in zip(axes.flat, metrics):
