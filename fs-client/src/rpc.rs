@@ -127,19 +127,45 @@ pub async fn meta_call<R: Rpc<Envelope = MetaRequest>>(
 
 /// Whether `e`, the failure of request `R`, says the metadata server is away (not
 /// running, restarting, cut off, or not answering) in a way that makes sending it again
-/// safe: nothing reached a server (no connection), or the connection broke or the call
-/// timed out under a request that may be applied twice ([`Rpc::IDEMPOTENT`]). A caller may wait for the server and try
+/// safe: nothing reached a server (no connection), the connection broke under a request
+/// that may be applied twice ([`Rpc::IDEMPOTENT`]), or the call timed out under one that
+/// only reads. A caller may wait for the server and try
 /// again.
-pub(crate) fn server_away<R: Rpc>(e: &ClientError) -> bool {
+pub(crate) fn server_away<R: Rpc>(e: &ClientError, req: &MetaRequest) -> bool {
     match e {
         ClientError::Transport(t) if t.never_connected() => true,
         // A server that took the request and said nothing (stopped, hung): the link
-        // has moved on (`Link::call_failed`), as after a broken connection.
+        // has moved on (`Link::call_failed`). Only a request that reads is sent again:
+        // the first one may still be under way on a slow server, and a change sent
+        // again could land before it, and be undone by it, after later ones.
         ClientError::Transport(t @ TransportError::TimedOut { .. }) if t.is_call_timeout() => {
-            R::IDEMPOTENT
+            only_reads(req)
         }
         ClientError::Transport(TransportError::Disconnected { .. }) => R::IDEMPOTENT,
         _ => false,
+    }
+}
+
+/// Whether `req` only reads (no change to files, sessions or locks): the same answer
+/// whenever and however often it is applied.
+fn only_reads(req: &MetaRequest) -> bool {
+    use proto::meta::fs::FsRequest as F;
+    match req {
+        MetaRequest::Fs(call) => matches!(
+            call.req,
+            F::Lookup(_)
+                | F::GetAttr(_)
+                | F::Readlink(_)
+                | F::ReadDir(_)
+                | F::StatFs(_)
+                | F::GetXattr(_)
+                | F::ListXattr(_)
+                | F::GetLock(_)
+                | F::MyCaps(_)
+                | F::LookupParent(_)
+        ),
+        MetaRequest::Cluster(c) => matches!(c, proto::meta::cluster::ClusterRequest::GetMap(_)),
+        MetaRequest::Admin(_) => false,
     }
 }
 

@@ -128,9 +128,10 @@ pub fn migrate(
     to: &StoreSpec,
     overwrite: bool,
 ) -> Result<MigrateReport, MigrateError> {
-    if from == to {
+    if overlap(from, to) {
         return Err(MigrateError::Refused(format!(
-            "{from} is both source and target"
+            "{from} and {to} overlap (the same store, or one etcd prefix inside the \
+             other): a copy would read what it writes, or clear its own source"
         )));
     }
     let source = open_side(from, "source", true)?;
@@ -159,6 +160,23 @@ pub fn migrate(
         )));
     }
     Ok(report)
+}
+
+/// Whether `a` and `b` may name the same keys: one data directory (as given, or the
+/// same directory by its real path), or etcd prefixes one of which starts with the
+/// other, whatever the endpoints (two lists can name one cluster: `127.0.0.1` and
+/// `localhost`, another order). Embedded and etcd never overlap.
+fn overlap(a: &StoreSpec, b: &StoreSpec) -> bool {
+    match (a, b) {
+        (StoreSpec::Embedded { dir: x, .. }, StoreSpec::Embedded { dir: y, .. }) => {
+            let real = |d: &Path| std::fs::canonicalize(d).unwrap_or_else(|_| d.to_path_buf());
+            x == y || real(x) == real(y)
+        }
+        (StoreSpec::Etcd(x), StoreSpec::Etcd(y)) => {
+            x.prefix.starts_with(&y.prefix) || y.prefix.starts_with(&x.prefix)
+        }
+        _ => false,
+    }
 }
 
 fn store_err(spec: &StoreSpec, what: &str) -> impl FnOnce(KvError) -> MigrateError {
@@ -426,6 +444,38 @@ mod tests {
         for bad in ["redb", "redb:", "tikv:/x", "etcd:a:1", "etcd:http://a:1/ns"] {
             assert!(bad.parse::<StoreSpec>().is_err(), "{bad}");
         }
+    }
+
+    /// Guards against a migration whose target is its source under another name (it
+    /// cleared the source with `--overwrite`), or a prefix inside the other (a copy
+    /// into a child prefix is read back by its own scan, without end).
+    #[test]
+    fn overlapping_stores_are_refused_before_anything_is_opened() {
+        let spec = |s: &str| s.parse::<StoreSpec>().expect("parses");
+        for (a, b) in [
+            (
+                "etcd:http://127.0.0.1:2379/t/",
+                "etcd:http://localhost:2379/t/",
+            ),
+            (
+                "etcd:http://a:1,http://b:2/t/",
+                "etcd:http://b:2,http://a:1/t/",
+            ),
+            ("etcd:http://a:1/t/", "etcd:http://a:1/t/new/"),
+            ("etcd:http://a:1/t/v1/", "etcd:http://a:1/t/"),
+            ("redb:/var/lib/m", "sled:/var/lib/m"),
+        ] {
+            let (a, b) = (spec(a), spec(b));
+            assert!(overlap(&a, &b) && overlap(&b, &a), "{a} {b}");
+            let e = migrate(&a, &b, true).unwrap_err();
+            assert!(e.to_string().contains("overlap"), "{e}");
+        }
+        assert!(!overlap(
+            &spec("etcd:http://a:1/t/"),
+            &spec("etcd:http://a:1/u/")
+        ));
+        assert!(!overlap(&spec("redb:/a"), &spec("redb:/b")));
+        assert!(!overlap(&spec("redb:/a"), &spec("etcd:http://a:1/")));
     }
 
     /// Guards the page walk: keys on both sides of a page's end are all copied, and a

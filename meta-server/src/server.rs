@@ -519,7 +519,8 @@ pub struct MetaServer {
     expiry: tokio::task::JoinHandle<()>,
     /// The Prometheus endpoint, when configured.
     metrics: Option<MetricsServer>,
-    /// On etcd, the namespace's owner key (released when dropped, after the rest).
+    /// On etcd, the namespace's owner key: revoked in `drop`, after serving stopped and
+    /// what was staged is committed.
     owner: Option<Owner>,
 }
 
@@ -527,8 +528,10 @@ impl Drop for MetaServer {
     fn drop(&mut self) {
         self.expiry.abort();
         if let Some(owner) = self.owner.take() {
-            // Changes staged lazily (closes, purges) must land while the key is still
-            // ours: once it is revoked the fence refuses them, and they would be lost.
+            // Serving stops first, so nothing is staged after the sync; and changes
+            // staged lazily (closes, purges) must land while the key is still ours:
+            // once it is revoked the fence refuses them, and they would be lost.
+            self.shutdown();
             if let Err(e) = self.ns.sync() {
                 warn!(error = %e, "changes staged before the stop were not committed");
             }

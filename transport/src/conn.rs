@@ -262,6 +262,25 @@ impl Connection {
         self.core.state.lock().closed.is_some()
     }
 
+    /// Gives the connection up while this process lives on (a call on it timed out):
+    /// as [`Connection::close`], but the peer is told, so that it takes the connection
+    /// for broken ([`Closed::Broken`]) rather than closed by an ended process, and keeps
+    /// what it holds for this peer (a metadata server: open files and locks, for the
+    /// grace) until it comes back on another. On rdma the peer sees an orderly close.
+    pub fn abandon(&self) {
+        if self.is_closed() {
+            return;
+        }
+        match &self.core.wire {
+            Wire::Tcp(_) => crate::tcp::abandon(&self.core),
+            Wire::Mem(w) => w.abandon(),
+            #[cfg(feature = "rdma")]
+            Wire::Rdma(_) => {}
+        }
+        self.core
+            .shutdown_as("given up: a call on it timed out".into(), Closed::Locally);
+    }
+
     /// Closes the connection; operations in flight fail with `Disconnected`.
     pub fn close(&self) {
         self.core

@@ -47,6 +47,9 @@ pub enum Kind {
     Read = 6,
     /// Completion of a read; payload = the bytes, or status = a code.
     ReadResp = 7,
+    /// The sender gives the connection up but lives on (a call on it timed out): the
+    /// receiver closes it as broken, not as closed by its peer (tcp only).
+    Abandon = 8,
 }
 
 impl Kind {
@@ -60,6 +63,7 @@ impl Kind {
             5 => Kind::WriteAck,
             6 => Kind::Read,
             7 => Kind::ReadResp,
+            8 => Kind::Abandon,
             _ => return None,
         })
     }
@@ -185,7 +189,8 @@ mod tests {
         assert_eq!(Header::decode(&h.encode()), h);
         assert_eq!(Kind::from_u8(h.kind), Some(Kind::Read));
         assert_eq!(Kind::from_u8(0), None);
-        assert_eq!(Kind::from_u8(8), None);
+        assert_eq!(Kind::from_u8(8), Some(Kind::Abandon));
+        assert_eq!(Kind::from_u8(9), None);
     }
 
     #[test]

@@ -153,7 +153,8 @@ impl Link {
     }
 
     /// Tells the link that a call on `conn` (which it made) failed with `e`. A call that
-    /// timed out closes the connection, so the next caller connects again, and points
+    /// timed out gives the connection up (`Connection::abandon`: the server takes it for
+    /// broken), so the next caller connects again, and points
     /// the link at the next address of its list: a server that stopped answering but
     /// keeps its connections open (stopped, hung, its machine paused) would otherwise
     /// hold every caller for a call timeout each, for as long as it stays so, while a
@@ -162,12 +163,19 @@ impl Link {
         if !e.is_call_timeout() {
             return;
         }
-        let ours = self
-            .conn
-            .lock()
-            .as_ref()
-            .is_some_and(|(c, _)| c.same_as(conn));
-        conn.close();
+        // Only the first caller to report this connection moves the address on: the slot
+        // is emptied here, so a second timeout of the same moment finds it gone.
+        let ours = {
+            let mut slot = self.conn.lock();
+            let ours = slot.as_ref().is_some_and(|(c, _)| c.same_as(conn));
+            if ours {
+                *slot = None;
+            }
+            ours
+        };
+        // Given up, not closed: the server keeps this client's open files and locks for
+        // its grace, as after a broken network, for the next connection to take back.
+        conn.abandon();
         if !ours {
             return;
         }

@@ -232,6 +232,13 @@ impl MemWire {
             );
         }
     }
+
+    /// The peer sees the connection broken, not closed in order (`Connection::abandon`).
+    pub(crate) fn abandon(&self) {
+        if let Some(p) = self.peer() {
+            p.shutdown_as("the peer gave the connection up".into(), Closed::Broken);
+        }
+    }
 }
 
 fn mem_wire(core: &ConnCore) -> &MemWire {

@@ -150,3 +150,56 @@ async fn a_call_that_timed_out_moves_the_link_to_the_next_address() {
         assert_eq!(link.addr(), b.addr, "{backend:?}");
     }
 }
+
+/// A server that never answers and reports how each of its connections ended.
+struct Silent(tokio::sync::mpsc::UnboundedSender<transport::Closed>);
+
+impl transport::Handler for Silent {
+    fn handle(&self, _conn: transport::Connection, _req: bytes::Bytes) -> transport::HandlerFuture {
+        Box::pin(async {
+            tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+            bytes::Bytes::new()
+        })
+    }
+    fn disconnected(&self, _conn: transport::ConnId, how: transport::Closed) {
+        let _ = self.0.send(how);
+    }
+}
+
+/// Guards against a call timeout ending what the server holds for a client that lives
+/// on: the connection given up after a timeout must reach the server as broken (it keeps
+/// the client's open files and locks for its grace), not as closed by an ended process
+/// (which ends them at once). A plain close still reaches it as closed by its peer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_given_up_after_a_timeout_is_broken_for_the_server() {
+    use std::time::Duration;
+    for backend in [Backend::Mem, Backend::Tcp] {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let server_ep = endpoint(backend, TransportConfig::default());
+        let listener = server_ep
+            .listen("127.0.0.1:0", Arc::new(Silent(tx)))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().to_string();
+        let config = TransportConfig {
+            call_timeout_ms: 200,
+            ..TransportConfig::default()
+        };
+        let ep = endpoint(backend, config);
+        let link = Link::new(addr.clone());
+        let conn = link.get(&ep).await.unwrap();
+        let err = conn
+            .call(bytes::Bytes::from_static(b"x"))
+            .await
+            .unwrap_err();
+        link.call_failed(&conn, &err);
+        let how = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+        assert_eq!(how.unwrap(), Some(transport::Closed::Broken), "{backend:?}");
+        // One address: the next call connects to it again.
+        let again = link.get(&ep).await.unwrap();
+        assert!(!again.is_closed(), "{backend:?}");
+        again.close();
+        let how = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+        assert_eq!(how.unwrap(), Some(transport::Closed::ByPeer), "{backend:?}");
+    }
+}

@@ -85,7 +85,7 @@ impl Client {
                 // Nothing of `req` was sent yet: safe to try again whatever it is.
                 Err(e) => e,
                 Ok(()) => match self.meta_once(req).await {
-                    Err(e) if rpc::server_away::<R>(&e) => e,
+                    Err(e) if rpc::server_away::<R>(&e, req.envelope()) => e,
                     r => {
                         patience.answered();
                         return r;

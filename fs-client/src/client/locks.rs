@@ -10,6 +10,7 @@ use crate::error::{ClientError, Result};
 use crate::rpc;
 use proto::meta::{fs, LockKind, LockSpec};
 use proto::{InodeId, Request};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 impl Client {
@@ -26,9 +27,21 @@ impl Client {
                 lock,
                 reclaim: false,
             };
+            let sent_on = self.meta.made();
             match self.meta(req).await {
                 Ok(_) => {
-                    self.note_lock(ino, &lock);
+                    // Noted while no resume runs: a resume that took its list of locks
+                    // before this note, on a connection made since this call was sent,
+                    // may have missed this lock (its grant came from the server before),
+                    // so it is taken back here.
+                    let missed = {
+                        let _no_resume = self.resume_lock.lock().await;
+                        self.note_lock(ino, &lock);
+                        self.resumed.load(Ordering::Acquire) > sent_on
+                    };
+                    if missed && lock.kind != LockKind::Unlock {
+                        self.reclaim(ino, lock).await?;
+                    }
                     return Ok(());
                 }
                 Err(e) if wait && e.code() == proto::ErrorCode::WouldBlock => {
@@ -107,30 +120,40 @@ impl Client {
             .collect();
         let (mut kept, mut lost) = (0, 0);
         for (ino, lock) in held {
-            let req = Request::new(fs::SetLock {
-                ino,
-                client: self.id,
-                lock,
-                reclaim: true,
-            })
-            .with_caller(caller::current());
-            match rpc::meta_call(&self.ep, &self.meta, &req).await {
-                Ok(()) => kept += 1,
-                Err(e @ ClientError::Transport(_)) => return Err(e),
-                Err(e) => {
-                    lost += 1;
-                    tracing::warn!(%ino, pid = lock.pid, start = lock.start, end = lock.end, error = %e,
-                        "a lock held before the metadata connection was lost could not be taken back");
-                    let mut unlock = lock;
-                    unlock.kind = LockKind::Unlock;
-                    self.note_lock(ino, &unlock);
-                }
+            match self.reclaim(ino, lock).await? {
+                true => kept += 1,
+                false => lost += 1,
             }
         }
         if kept + lost > 0 {
             tracing::info!(kept, lost, "locks taken back on a new metadata connection");
         }
         Ok(())
+    }
+
+    /// Takes back one lock on the current metadata connection, without waiting for a
+    /// server that is away (the caller's resume does that). `Ok(false)`: the server
+    /// refused it, and it is forgotten (logged as lost).
+    async fn reclaim(&self, ino: InodeId, lock: LockSpec) -> Result<bool> {
+        let req = Request::new(fs::SetLock {
+            ino,
+            client: self.id,
+            lock,
+            reclaim: true,
+        })
+        .with_caller(caller::current());
+        match rpc::meta_call(&self.ep, &self.meta, &req).await {
+            Ok(()) => Ok(true),
+            Err(e @ ClientError::Transport(_)) => Err(e),
+            Err(e) => {
+                tracing::warn!(%ino, pid = lock.pid, start = lock.start, end = lock.end, error = %e,
+                    "a lock held before the metadata connection was lost could not be taken back");
+                let mut unlock = lock;
+                unlock.kind = LockKind::Unlock;
+                self.note_lock(ino, &unlock);
+                Ok(false)
+            }
+        }
     }
 }
 /// Whether process `pid` has a signal pending that it neither blocks nor ignores (or is

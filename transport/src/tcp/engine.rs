@@ -124,6 +124,18 @@ pub(crate) fn respond(core: &Arc<ConnCore>, id: u64, result: Result<Bytes, (Erro
     send(core, h, Payload::Bytes(payload), true);
 }
 
+/// Queues the frame that tells the peer this end gives the connection up while it lives
+/// (see `Connection::abandon`); the close that follows sends it before the end of the
+/// stream.
+pub(crate) fn abandon(core: &ConnCore) {
+    send(
+        core,
+        Header::new(Kind::Abandon, 0),
+        Payload::Bytes(Bytes::new()),
+        false,
+    );
+}
+
 /// Stops the reader at once and lets the writer flush what is queued, for a while.
 pub(crate) fn close(core: &ConnCore) {
     wire(core).close();
@@ -145,7 +157,7 @@ pub(crate) fn close(core: &ConnCore) {
 fn frame_limit(core: &ConnCore, kind: Option<Kind>) -> usize {
     match kind {
         Some(Kind::Write) | Some(Kind::ReadResp) => core.config.max_one_sided_bytes,
-        Some(Kind::WriteAck) | Some(Kind::Read) => 0,
+        Some(Kind::WriteAck) | Some(Kind::Read) | Some(Kind::Abandon) => 0,
         Some(Kind::Call) | Some(Kind::Reply) | Some(Kind::CallError) | None => {
             core.config.max_msg_bytes
         }
@@ -227,6 +239,13 @@ async fn dispatch(core: &Arc<ConnCore>, r: &mut Reader, h: Header) -> Result<(),
         Some(Kind::WriteAck) => core.complete(h.id, Ok(Completion::Done)),
         Some(Kind::ReadResp) => read_response(core, r, &h).await?,
         Some(Kind::Read) => serve_read(core, &h),
+        Some(Kind::Abandon) => {
+            return Err(
+                "the peer gave the connection up (a call on it timed out); it may \
+                        come back on another"
+                    .into(),
+            )
+        }
         None => {
             discard(r, h.len).await?;
             warn!(peer = %core.peer, kind = h.kind, "unknown frame kind");

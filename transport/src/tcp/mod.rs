@@ -5,7 +5,7 @@
 mod engine;
 mod writer;
 
-pub(crate) use engine::{call, close, one_sided, respond};
+pub(crate) use engine::{abandon, call, close, one_sided, respond};
 pub(crate) use writer::TcpWire;
 
 use crate::conn::{Connection, Handler};
