@@ -395,12 +395,20 @@ impl Client {
             name: name.to_vec(),
         };
         let attr = self.meta(req).await?;
-        Ok(self.overlay(attr))
+        match self.live_file(attr.ino) {
+            // The length must include this mount's appends: placed, then asked again.
+            Some(st) if !st.appends_idle() => self.getattr(attr.ino).await,
+            _ => Ok(self.overlay(attr)),
+        }
     }
 
     /// The attributes a create, unlink or commit reply brought, if fresh (taken), with
-    /// this client's later writes laid over them.
+    /// this client's later writes laid over them; `None` while appends to the file wait
+    /// to be placed (their length is not in them).
     pub(crate) fn take_kept_attr(&self, ino: InodeId) -> Option<Attr> {
+        if self.live_file(ino).is_some_and(|st| !st.appends_idle()) {
+            return None;
+        }
         self.dir_attrs.take(ino).map(|a| self.overlay(a))
     }
 
