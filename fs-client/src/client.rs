@@ -395,8 +395,14 @@ impl Client {
             name: name.to_vec(),
         };
         let attr = self.meta(req).await?;
+        self.fresh_overlay(attr).await
+    }
+
+    /// [`Client::overlay`] for attributes a lookup or listing brought: while appends to
+    /// the file wait to be placed, their length is in neither, so they are placed and
+    /// the attributes asked for again.
+    pub(crate) async fn fresh_overlay(&self, attr: Attr) -> Result<Attr> {
         match self.live_file(attr.ino) {
-            // The length must include this mount's appends: placed, then asked again.
             Some(st) if !st.appends_idle() => self.getattr(attr.ino).await,
             _ => Ok(self.overlay(attr)),
         }
