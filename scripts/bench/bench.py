@@ -314,9 +314,9 @@ def report(run, out_base):
         "and under half a core busy: background work left by the previous phase, such as "
         "deleting its files, is then in neither) and caches are dropped (`sync; echo 3 > /proc/sys/vm/drop_caches`), so reads are "
         "cold in the kernel (JuiceFS keeps its own block cache on "
-        "disk and MooseFS's client its own read cache: neither is dropped). (a) and (e) are "
+        "disk and MooseFS's client its own read cache: neither is dropped). (a), (e) and (g) are "
         "`scripts/bench/bench.py` (a data loader's open/read whole/close; create, stat, remove "
-        "with `os` calls), (b)-(d) are fio with the `psync` engine, buffered.",
+        "with `os` calls; small `os.write`s, plain and `O_APPEND`), (b)-(d) are fio with the `psync` engine, buffered.",
         f"- note: {info.get('NOTE', '')}",
         "",
         "## Results",
