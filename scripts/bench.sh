@@ -15,6 +15,9 @@
 #       then CKPT_JOBS writers into disjoint ranges of one file, fsync at the end
 #   (d) 4 KiB random read, RAND_JOBS jobs, RAND_S seconds, on the file of (b)
 #   (e) metadata: create, stat and remove META_FILES empty files from META_PROCS processes
+#   (g) small writes: APPEND_RECORDS records of APPEND_BYTES, one write(2) each, to one
+#       file: plain writes; O_APPEND writes from one process; from two mounts at once
+#       (Tessera: a second mount of the cluster; the others: two processes on one mount)
 #   (f) asked for only: the Python package against the mount and the disk, with torch
 #       (scripts/bench-python.sh --torch, its own cluster and report; issue 29)
 #
@@ -46,19 +49,21 @@ RAND_JOBS=4                   # (d)
 RAND_S=30
 META_FILES=10000              # (e)
 META_PROCS=2
+APPEND_RECORDS=20000          # (g)
+APPEND_BYTES=100
 STEP_TIMEOUT_S=1800           # bound on any one step (fio, a Python phase)
 BENCH_DIR=${BENCH_DIR:-/var/tmp/tessera-bench}   # scratch data, mounts, peer state, venv
 ALL_SYSTEMS="local bindfs tessera moosefs glusterfs juicefs"
 KNOWN_SYSTEMS="tessera-base tessera-etcd tessera-etcd-disk $ALL_SYSTEMS"
-ALL_WORKLOADS="a b c d e"
+ALL_WORKLOADS="a b c d e g"
 
 quick_settings() {            # --quick: a smoke run of every path in a few minutes
   DATASET_FILES=400; DATASET_READ_MAX_S=120; SEQ_MIB=256; CKPT_MIB=64; RAND_S=5
-  META_FILES=1000
+  META_FILES=1000; APPEND_RECORDS=4000
 }
 
 # ---------------------------------------------------------------- options
-usage() { sed -n '5,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '5,19p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 ARGS="$*"
 QUICK=0; SYSTEMS=$ALL_SYSTEMS; WORKLOADS=$ALL_WORKLOADS; BASE_REV=""
 while [ $# -gt 0 ]; do
@@ -228,8 +233,27 @@ start_tessera() {
   "$ROOT/target/release/tessera" up "$MNT" --state-dir "$TESSERA_STATE" \
     --data-servers "$TESSERA_DATA_SERVERS" --replicas "$COPIES"
 }
+# (g)'s second mount of the cluster, in the foreground of a process of the benchmark's.
+TESSERA_MOUNT2_PID=""
+start_tessera_mount2() {
+  MNT2=$BENCH_DIR/mnt/tessera-2; mkdir -p "$MNT2" || return 1
+  "$ROOT/target/release/tessera" mount --meta "$(cat "$TESSERA_STATE/meta.addr")" \
+    --key-file "$TESSERA_STATE/keys/admin.key" "$MNT2" > "$RUN/tessera-mount2.log" 2>&1 &
+  TESSERA_MOUNT2_PID=$!
+  wait_mounted "$MNT2" || { echo "the second tessera mount did not mount" >&2; return 1; }
+}
+stop_tessera_mount2() {
+  local m=$BENCH_DIR/mnt/tessera-2
+  if mountpoint -q "$m"; then umount "$m" 2>/dev/null || umount -l "$m"; fi
+  if [ -n "$TESSERA_MOUNT2_PID" ]; then
+    for _ in $(seq 100); do kill -0 "$TESSERA_MOUNT2_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -TERM "$TESSERA_MOUNT2_PID" 2>/dev/null || true
+    TESSERA_MOUNT2_PID=""
+  fi
+}
 stop_tessera() {
   local m=$BENCH_DIR/mnt/tessera
+  stop_tessera_mount2
   if [ -d "$TESSERA_STATE" ]; then
     "$ROOT/target/release/tessera" down "$m" --state-dir "$TESSERA_STATE" || true
   fi
@@ -416,6 +440,27 @@ workload_e() {
   rmdir "$d"
 }
 
+# (g): the second writer's directory is the same folder through a second mount where the
+# system has one here (Tessera), else the same mount.
+workload_g() {
+  local sys=$1 d=$2/appends d2 mode v
+  mkdir -p "$d" || return 1
+  d2=$d
+  if [ "$sys" = tessera ]; then
+    start_tessera_mount2 || return 1
+    d2=$MNT2/tessera-bench/appends
+  fi
+  for mode in plain append append2; do
+    drop_caches
+    py_step "$sys" "g-$mode" appends "$d" "$d2" "$APPEND_RECORDS" "$APPEND_BYTES" "$mode" ||
+      return 1
+    v=$(jval "$RUN/$sys-g-$mode.json" ops_s) || return 1
+    record "$sys" "${mode}_writes_s" "$v"
+  done
+  [ "$sys" != tessera ] || stop_tessera_mount2
+  rm -rf "$d"
+}
+
 has() { [[ " $WORKLOADS " == *" $1 "* ]]; }
 
 run_workloads() {
@@ -433,16 +478,19 @@ run_workloads() {
   fi
   if has c; then workload_c "$sys" "$d" || note "$sys" "(c) failed"; fi
   if has e; then workload_e "$sys" "$d" || note "$sys" "(e) failed"; fi
+  if has g; then workload_g "$sys" "$d" || note "$sys" "(g) failed"; fi
   rm -rf "$d"
 }
 
-# Peak bytes one system holds: the largest workload's data (each is deleted before the
-# next) times COPIES (all copies land on this one disk), at least twice for JuiceFS's
-# block cache, plus 5 GiB of slack (MooseFS keeps 1 GiB free).
+# Peak bytes one system holds: the largest data of the workloads asked for (each is
+# deleted before the next) times COPIES (all copies land on this one disk), at least
+# twice for JuiceFS's block cache, plus 5 GiB of slack (MooseFS keeps 1 GiB free).
 need_bytes() {
-  local ds=$((DATASET_FILES * (DATASET_MIN_BYTES + DATASET_MAX_BYTES) / 2))
-  local seq=$((SEQ_MIB << 20)) ck=$((CKPT_JOBS * CKPT_MIB << 20)) max
-  max=$ds; [ $seq -gt $max ] && max=$seq; [ $ck -gt $max ] && max=$ck
+  local ds=0 seq=0 ck=0 max=$((APPEND_RECORDS * APPEND_BYTES))
+  if has a; then ds=$((DATASET_FILES * (DATASET_MIN_BYTES + DATASET_MAX_BYTES) / 2)); fi
+  if has b || has d; then seq=$((SEQ_MIB << 20)); fi
+  if has c; then ck=$((CKPT_JOBS * CKPT_MIB << 20)); fi
+  [ $ds -gt $max ] && max=$ds; [ $seq -gt $max ] && max=$seq; [ $ck -gt $max ] && max=$ck
   local copies=$COPIES; [ "$copies" -lt 2 ] && copies=2
   echo $((copies * max + (5 << 30)))
 }
@@ -494,7 +542,7 @@ write_info() {
   settings+=", $READERS readers, 1 MiB reads, at most $DATASET_READ_MAX_S s; (b) $SEQ_MIB MiB"
   settings+=", bs 1 MiB; (c) $CKPT_JOBS x $CKPT_MIB MiB, bs 1 MiB, end_fsync; (d) bs 4 KiB,"
   settings+=" $RAND_JOBS jobs, $RAND_S s, norandommap; (e) $META_FILES files, $META_PROCS"
-  settings+=" processes, one folder; quick=$QUICK"
+  settings+=" processes, one folder; (g) $APPEND_RECORDS x $APPEND_BYTES bytes; quick=$QUICK"
   {
     echo "DATE=$(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "COMMAND=scripts/bench.sh${ARGS:+ $ARGS}"
@@ -513,6 +561,7 @@ write_info() {
     echo "RAND_JOBS=$RAND_JOBS"
     echo "RAND_S=$RAND_S"
     echo "META_PROCS=$META_PROCS"
+    echo "APPENDS=$APPEND_RECORDS x $APPEND_BYTES B"
     echo "NOTE=other work ran on this machine during the run; the load average at each system's start is in the table"
   } > "$RUN/info.env"
 }

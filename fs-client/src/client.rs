@@ -400,12 +400,26 @@ impl Client {
             name: name.to_vec(),
         };
         let attr = self.meta(req).await?;
-        Ok(self.overlay(attr))
+        self.fresh_overlay(attr).await
+    }
+
+    /// [`Client::overlay`] for attributes a lookup or listing brought: while appends to
+    /// the file wait to be placed, their length is in neither, so they are placed and
+    /// the attributes asked for again.
+    pub(crate) async fn fresh_overlay(&self, attr: Attr) -> Result<Attr> {
+        match self.live_file(attr.ino) {
+            Some(st) if !st.appends_idle() => self.getattr(attr.ino).await,
+            _ => Ok(self.overlay(attr)),
+        }
     }
 
     /// The attributes a create, unlink or commit reply brought, if fresh (taken), with
-    /// this client's later writes laid over them.
+    /// this client's later writes laid over them; `None` while appends to the file wait
+    /// to be placed (their length is not in them).
     pub(crate) fn take_kept_attr(&self, ino: InodeId) -> Option<Attr> {
+        if self.live_file(ino).is_some_and(|st| !st.appends_idle()) {
+            return None;
+        }
         self.dir_attrs.take(ino).map(|a| self.overlay(a))
     }
 

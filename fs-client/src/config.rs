@@ -45,6 +45,11 @@ pub struct ClientConfig {
     /// Registered memory for buffered writes of the whole mount, in bytes; writers wait
     /// while it is in use.
     pub write_buffer_mount_bytes: u64,
+    /// How long small `O_APPEND` writes wait in a file's append queue before they are
+    /// placed at the end of the file (one reservation for the batch), in milliseconds:
+    /// how late a lone append becomes visible to other mounts. 0: each append is placed
+    /// when it is made, as with `write_buffer_file_bytes = 0`.
+    pub append_linger_ms: u64,
     /// The kernel's readahead for the mount (`read_ahead_kb` of its backing device), in
     /// bytes: how far ahead of a sequential reader the kernel asks, in requests of
     /// `io_buffer_bytes` that are served in parallel. Set when the mount starts, as root.
@@ -134,6 +139,7 @@ impl Default for ClientConfig {
             readahead_mount_bytes: 256 << 20,
             write_buffer_file_bytes: 64 << 20,
             write_buffer_mount_bytes: 256 << 20,
+            append_linger_ms: crate::file::APPEND_LINGER_MS,
             kernel_readahead_bytes: 8 << 20,
             writeback_cache: false,
             fuse_threads: 4,
@@ -251,6 +257,9 @@ impl ClientConfig {
         }
         if self.write_buffer_file_bytes > self.write_buffer_mount_bytes {
             return Err("write_buffer_file_bytes must not exceed write_buffer_mount_bytes".into());
+        }
+        if self.append_linger_ms > crate::file::MAX_APPEND_LINGER_MS {
+            return Err("append_linger_ms must be at most 60000".into());
         }
         if self.kernel_readahead_bytes > MAX_KERNEL_READAHEAD_BYTES {
             return Err("kernel_readahead_bytes must be at most 1 GiB".into());

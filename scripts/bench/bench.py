@@ -11,6 +11,11 @@ matplotlib for the chart).
   bench.py meta DIR FILES PROCS PHASE       PHASE: create | stat | remove
       PROCS processes create (O_CREAT|O_EXCL, then close), stat or remove FILES empty
       files in total in one shared folder. Prints JSON.
+  bench.py appends DIR DIR2 RECORDS BYTES MODE   MODE: plain | append | append2
+      RECORDS records of BYTES, one os.write each, to DIR/MODE.log, then close: plain
+      writes, O_APPEND writes, or O_APPEND writes from two processes at once, the second
+      through DIR2 (the same folder through another mount, or DIR), RECORDS / 2 each.
+      Checks the file's length. Prints JSON.
   bench.py fio-value FILE.json KIND         KIND: read-mibs | write-mibs | read-iops
   bench.py report RUN_DIR OUT_BASE          Markdown table OUT_BASE.md, chart OUT_BASE.png
 """
@@ -137,6 +142,52 @@ def meta(d, files, procs, phase):
                       "ops_s": per * procs / secs}))
 
 
+# ---------------------------------------------------------------- small writes (g)
+
+def _append_part(args):
+    path, count, nbytes, flags, barrier = args
+    rec = (b"r" * (nbytes - 1)) + b"\n"
+    barrier.wait()
+    fd = os.open(path, flags, 0o644)
+    for _ in range(count):
+        os.write(fd, rec)
+    os.close(fd)
+    return time.monotonic()
+
+
+def appends(d, d2, records, nbytes, mode):
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, f"{mode}.log")
+    os.close(os.open(path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644))
+    if mode == "plain":
+        parts = [(path, records, nbytes, os.O_WRONLY)]
+    elif mode == "append":
+        parts = [(path, records, nbytes, os.O_WRONLY | os.O_APPEND)]
+    else:
+        half = records // 2
+        flags = os.O_WRONLY | os.O_APPEND
+        parts = [(path, half, nbytes, flags), (os.path.join(d2, f"{mode}.log"), half, nbytes, flags)]
+    with mp.Manager() as m:
+        barrier = m.Barrier(len(parts) + 1)
+        with mp.Pool(len(parts)) as pool:
+            res = pool.map_async(_append_part, [p + (barrier,) for p in parts])
+            barrier.wait()
+            t = time.monotonic()
+            ends = res.get(3600)
+    secs = max(ends) - t
+    total = sum(p[1] for p in parts)
+    # Another mount's appends reach this mount's view of the length once its cached
+    # attributes expire (a second at most).
+    for _ in range(50):
+        size = os.stat(path).st_size
+        if size == total * nbytes:
+            break
+        time.sleep(0.1)
+    if size != total * nbytes:
+        raise SystemExit(f"{path}: {size} bytes, {total * nbytes} written")
+    print(json.dumps({"mode": mode, "writes": total, "seconds": secs, "ops_s": total / secs}))
+
+
 # ---------------------------------------------------------------- fio
 
 def fio_value(path, kind):
@@ -186,6 +237,12 @@ METRICS = [
     ("creates_s", "(e) create empty files, {META_PROCS} processes", "(e) creates", "ops/s"),
     ("stats_s", "(e) stat", "(e) stats", "ops/s"),
     ("removes_s", "(e) remove", "(e) removes", "ops/s"),
+    ("plain_writes_s", "(g) small writes to one file, {APPENDS}, + close", "(g) small writes",
+     "writes/s"),
+    ("append_writes_s", "(g) the same with O_APPEND, 1 process", "(g) O_APPEND, 1 writer",
+     "writes/s"),
+    ("append2_writes_s", "(g) O_APPEND from 2 mounts at once (peers: 2 processes)",
+     "(g) O_APPEND, 2 mounts", "writes/s"),
 ]
 
 # (metric, peer, target) from issue 5.
@@ -259,9 +316,9 @@ def report(run, out_base):
         "and under half a core busy: background work left by the previous phase, such as "
         "deleting its files, is then in neither) and caches are dropped (`sync; echo 3 > /proc/sys/vm/drop_caches`), so reads are "
         "cold in the kernel (JuiceFS keeps its own block cache on "
-        "disk and MooseFS's client its own read cache: neither is dropped). (a) and (e) are "
+        "disk and MooseFS's client its own read cache: neither is dropped). (a), (e) and (g) are "
         "`scripts/bench/bench.py` (a data loader's open/read whole/close; create, stat, remove "
-        "with `os` calls), (b)-(d) are fio with the `psync` engine, buffered.",
+        "with `os` calls; small `os.write`s, plain and `O_APPEND`), (b)-(d) are fio with the `psync` engine, buffered.",
         f"- note: {info.get('NOTE', '')}",
         "",
         "## Results",
@@ -336,7 +393,9 @@ def chart(res, systems, info, path):
               "tessera-base": "#ff8a65", "tessera-etcd": "#ffb74d",
               "tessera-etcd-disk": "#a1887f",
               "moosefs": "#1565c0", "glusterfs": "#2e7d32", "juicefs": "#6a1b9a"}
-    fig, axes = plt.subplots(3, 3, figsize=(16, 13))
+    fig, axes = plt.subplots(4, 3, figsize=(16, 17))
+    for ax in axes.flat[len(metrics):]:
+        ax.set_visible(False)
     for ax, (key, _, title, unit) in zip(axes.flat, metrics):
         names, vals, cols = [], [], []
         for s, n in systems:
@@ -375,6 +434,8 @@ def main(argv):
         dataset_read(a[0], int(a[1]), float(a[2]))
     elif cmd == "meta":
         meta(a[0], int(a[1]), int(a[2]), a[3])
+    elif cmd == "appends":
+        appends(a[0], a[1], int(a[2]), int(a[3]), a[4])
     elif cmd == "fio-value":
         fio_value(a[0], a[1])
     elif cmd == "report":

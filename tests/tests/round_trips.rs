@@ -596,3 +596,53 @@ fn creating_files_in_a_listed_directory_asks_no_lookups() {
         0,
     );
 }
+
+/// Small `O_APPEND` writes in [`small_appends_are_placed_in_batches`].
+const APPENDS: usize = 1000;
+/// Metadata calls of an open, 1,000 100-byte `O_APPEND` writes and the close, on a mount
+/// whose append linger outlasts the writes: the open, one `Append` placing the whole
+/// batch (100,000 bytes fit one append queue) at the close, and the release (batched
+/// with other closes, so it may fall outside the count). It was 1,002: each write sent
+/// an `Append` of its own before its bytes.
+const APPEND_META_CALLS: u64 = 3;
+/// Data calls of the same: the batch's one write to the chunk it lands in.
+const APPEND_DATA_CALLS: u64 = 1;
+
+/// Guards against each small `O_APPEND` write costing a round trip to the metadata
+/// server (about 415 appends per second): they are queued and placed in batches.
+#[test]
+fn small_appends_are_placed_in_batches() {
+    use std::io::Write;
+    let cluster = tessera_tests::ProcessCluster::start(3);
+    let m = cluster.mount_with_config("m", "append_linger_ms = 60000\n");
+    let record = |i: usize| format!("{i:05} {}\n", "x".repeat(93));
+    let used = measure_mount_without_retries("appends", |run| {
+        let path = m.path.join(format!("log{run}"));
+        std::fs::write(&path, b"head\n").unwrap();
+        let before = mount_counts(&m.path);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        for i in 0..APPENDS {
+            f.write_all(record(i).as_bytes()).unwrap();
+        }
+        drop(f);
+        let used = mount_counts(&m.path) - before;
+        let want: String = std::iter::once("head\n".to_string())
+            .chain((0..APPENDS).map(record))
+            .collect();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            want,
+            "every record, in order, after the head"
+        );
+        used
+    });
+    assert_within(
+        "1,000 small appends and a close",
+        used,
+        APPEND_META_CALLS,
+        APPEND_DATA_CALLS,
+    );
+}

@@ -170,6 +170,10 @@ impl Client {
     /// client knows of it while the server is away, without waiting: `fstat`, and the
     /// kernel's size check when a read reaches the end, go on through a restart.
     pub async fn getattr(&self, ino: InodeId) -> Result<Attr> {
+        // The length shown includes this mount's appends: placed first.
+        if let Some(st) = self.live_file(ino) {
+            self.place_appends(&st).await;
+        }
         if let Some(attr) = self.take_kept_attr(ino) {
             return Ok(attr);
         }

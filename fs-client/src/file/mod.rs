@@ -8,6 +8,7 @@
 //! both maps and is never held across a network call; the ordering rules that keep
 //! cached bytes correct are in `read.rs` and `write.rs`.
 
+mod append;
 pub(crate) mod around;
 pub(crate) mod datapath;
 mod extents;
@@ -19,6 +20,7 @@ mod readahead;
 mod replicas;
 mod write;
 
+pub(crate) use append::{APPEND_LINGER_MS, MAX_APPEND_LINGER_MS};
 pub use read::ReadBuf;
 
 use crate::client::Client;
@@ -53,6 +55,11 @@ pub struct FileState {
     pub(crate) gate: around::StoreGate,
     /// This client's open was ended by the server while it was cut off.
     lost: AtomicBool,
+    /// `O_APPEND` writes not yet placed (`append.rs`). Taken briefly, never across a
+    /// network call, nor while `io` or `inner` is held.
+    appends: Mutex<append::AppendQueue>,
+    /// Held while appends are placed: one placement per file at a time, in order.
+    placing: tokio::sync::Mutex<()>,
 }
 
 struct FileInner {
@@ -147,6 +154,8 @@ impl FileState {
             sent: Notify::new(),
             gate: around::StoreGate::default(),
             lost: AtomicBool::new(false),
+            appends: Mutex::new(append::AppendQueue::default()),
+            placing: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -274,10 +283,11 @@ impl FileState {
         }
     }
 
-    /// Nothing to send or commit: no buffered write, no uncommitted length.
+    /// Nothing to send or commit: no buffered write or queued append, no uncommitted
+    /// length.
     fn settled(&self) -> bool {
         let io_quiet = self.io.lock().dirty.is_empty();
-        io_quiet && self.pending_commit().is_none()
+        io_quiet && self.appends_idle() && self.pending_commit().is_none()
     }
 
     /// The metadata server ended this client's open of the file while the client was
@@ -569,11 +579,17 @@ impl Client {
         fh.take_write_error()
     }
 
-    /// Sends the file's buffered writes and returns the commit that covers them, with
-    /// its write generation; `None` if nothing is new. The commit is taken before the
-    /// writes are sent: every write it covers was buffered before, so it is sent first
-    /// and the length never runs ahead of the bytes.
+    /// Places the file's queued appends, sends its buffered writes and returns the
+    /// commit that covers them, with its write generation; `None` if nothing is new.
     pub(crate) async fn send_for_commit(&self, state: &Arc<FileState>) -> Option<(Commit, u64)> {
+        self.place_appends(state).await;
+        self.send_written(state).await
+    }
+
+    /// [`Client::send_for_commit`] without placing appends (a placement calls it). The
+    /// commit is taken before the writes are sent: every write it covers was buffered
+    /// before, so it is sent first and the length never runs ahead of the bytes.
+    async fn send_written(&self, state: &Arc<FileState>) -> Option<(Commit, u64)> {
         let pending = state.pending_commit();
         self.flush_writes(state).await;
         // Another client may have cut what this one wrote past the committed length
@@ -585,9 +601,15 @@ impl Client {
     }
 
     /// Commits what this client wrote to a file and has not yet reported, after its
-    /// buffered writes reached the data servers.
+    /// queued appends were placed and its buffered writes reached the data servers.
     pub(crate) async fn commit_pending(&self, state: &Arc<FileState>) -> Result<()> {
-        let Some((commit, generation)) = self.send_for_commit(state).await else {
+        self.place_appends(state).await;
+        self.commit_written(state).await
+    }
+
+    /// [`Client::commit_pending`] without placing appends (a placement calls it).
+    async fn commit_written(&self, state: &Arc<FileState>) -> Result<()> {
+        let Some((commit, generation)) = self.send_written(state).await else {
             return Ok(());
         };
         let req = fs::Commit {
@@ -604,9 +626,11 @@ impl Client {
     }
 
     /// Makes every byte written through this client durable on the data servers, then
-    /// commits the length (the fsync order in ARCHITECTURE.md): buffered writes are
-    /// sent first, and a write that failed in the background fails the fsync, once.
+    /// commits the length (the fsync order in ARCHITECTURE.md): queued appends are
+    /// placed and buffered writes sent first, and a write that failed in the background
+    /// fails the fsync, once.
     pub async fn fsync(&self, fh: &FileHandle) -> Result<()> {
+        self.place_appends(&fh.state).await;
         self.flush_writes(&fh.state).await;
         let unsynced = std::mem::take(&mut fh.state.inner.lock().unsynced);
         if let Err(e) = self.data.sync_chains(&fh.state.layout, &unsynced).await {
@@ -644,30 +668,6 @@ impl Client {
         flushed
     }
 
-    /// Appends `data` at the end of the file as the metadata server sees it (`O_APPEND`):
-    /// the range is reserved there first, so appenders on several clients never overlap.
-    /// Earlier buffered writes go first; the append itself is written through. Returns
-    /// where the bytes went.
-    pub async fn append(&self, fh: &FileHandle, data: &[u8]) -> Result<u64> {
-        self.commit_pending(&fh.state).await?;
-        fh.check_write_error()?;
-        let before = fh.state.write_gen();
-        let req = fs::Append {
-            ino: fh.ino(),
-            len: data.len() as u64,
-        };
-        let offset = self.meta(req).await?;
-        self.write_through(fh, offset, data).await?;
-        // The reservation already committed this write's length. Writes through other
-        // handles that landed meanwhile were not: then the commit stays due.
-        if let Some((_, generation)) = fh.state.pending_commit() {
-            if generation == before + 1 {
-                fh.state.committed(generation);
-            }
-        }
-        Ok(offset)
-    }
-
     /// `fallocate(2)`: mode 0 grows the file to cover the range; `KEEP_SIZE` alone
     /// changes nothing visible; `PUNCH_HOLE | KEEP_SIZE` makes the range read as zeros;
     /// `ZERO_RANGE` does too and, without `KEEP_SIZE`, grows the file to cover it (there
@@ -675,6 +675,8 @@ impl Client {
     /// (collapse, insert, unshare) are not supported. Every mode but a punch first
     /// checks the free space (see [`Client::check_space`]).
     pub async fn fallocate(&self, fh: &FileHandle, offset: u64, len: u64, mode: i32) -> Result<()> {
+        // The length it checks and grows must include this mount's appends.
+        self.place_appends(&fh.state).await;
         let end = offset
             .checked_add(len)
             .filter(|&e| e <= i64::MAX as u64)

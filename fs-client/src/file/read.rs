@@ -221,6 +221,8 @@ impl Client {
         len: usize,
         around: bool,
     ) -> Result<ReadBuf<'_>> {
+        // This mount's appends are part of what it reads.
+        self.place_appends(&fh.state).await;
         let size = fh.state.size();
         let len = len.min(self.data.pool.buffer_bytes());
         let len = if offset >= size {
@@ -423,6 +425,7 @@ impl Client {
 
     /// Reads up to `len` bytes at `offset` (fewer at the end of the file).
     pub async fn read(&self, fh: &FileHandle, offset: u64, len: usize) -> Result<Vec<u8>> {
+        self.place_appends(&fh.state).await;
         // No room past the end this client knows of: a read never goes beyond it.
         let known = fh.state.size().saturating_sub(offset);
         let mut out = vec![0; len.min(usize::try_from(known).unwrap_or(usize::MAX))];

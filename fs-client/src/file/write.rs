@@ -6,7 +6,7 @@
 //!   write-buffer room, and before anything that must see the bytes on the data
 //!   servers: a read of its buffered bytes (a read beside them reads the servers'
 //!   copy, uncached), flush (close), fsync, truncation, hole punching,
-//!   an `O_APPEND` write. Once sent, it is sealed: a later write to it waits until the
+//!   the placement of `O_APPEND` writes (`append.rs`). Once sent, it is sealed: a later write to it waits until the
 //!   transfer ended and starts a new segment, so two versions of the same bytes are
 //!   never in flight at once and the newest always lands last.
 //! - Writers of different segments share only the file's short `io` lock; each copies
@@ -140,8 +140,10 @@ impl Client {
     pub async fn write(&self, fh: &FileHandle, offset: u64, data: &[u8]) -> Result<usize> {
         let end = check_range(offset, data.len() as u64)?;
         fh.check_write_error()?;
+        // Appends made before this write land before it.
+        self.place_appends(&fh.state).await;
         if !self.buffers_writes() {
-            return self.write_through(fh, offset, data).await;
+            return self.write_through(&fh.state, offset, data).await;
         }
         let seg = self.data.write_pool.seg_bytes();
         for p in seg_pieces(offset, data.len(), seg) {
@@ -166,6 +168,10 @@ impl Client {
         if !self.buffers_writes() || data.is_empty() || fh.has_unreported_error() {
             return None;
         }
+        // Appends made before this write must be placed first (see `append.rs`).
+        if !fh.state.appends_idle() {
+            return None;
+        }
         let end = match check_range(offset, data.len() as u64) {
             Ok(end) => end,
             Err(e) => return Some(Err(e)),
@@ -188,7 +194,7 @@ impl Client {
     /// Writes `data` at `offset` straight to the data servers (no buffering).
     pub(crate) async fn write_through(
         &self,
-        fh: &FileHandle,
+        st: &FileState,
         offset: u64,
         data: &[u8],
     ) -> Result<usize> {
@@ -201,13 +207,13 @@ impl Client {
             let at = offset + o as u64;
             let sent = self
                 .data
-                .transfer_range(&fh.state, at, part.len(), buf.mr(), 0, true)
+                .transfer_range(st, at, part.len(), buf.mr(), 0, true)
                 .await;
             // After the bytes are stored, so that no fetch can cache the old ones.
-            fh.state.drop_cache();
-            fh.state.stored(&sent?);
+            st.drop_cache();
+            st.stored(&sent?);
         }
-        fh.state.wrote(offset, end);
+        st.wrote(offset, end);
         Ok(data.len())
     }
 
@@ -249,7 +255,7 @@ impl Client {
     /// segments of idle writers: those are sent first, or a writer here could wait for
     /// memory nobody will free. They are sent again on every tick of the wait, as a
     /// buffer that came back may have gone to another writer's new segment meanwhile.
-    async fn take_write_buffer(&self) -> Result<SegBuf> {
+    pub(super) async fn take_write_buffer(&self) -> Result<SegBuf> {
         loop {
             self.send_all_buffered();
             let wait = tokio::time::timeout(MOUNT_FULL_RESEND, self.data.write_pool.take());

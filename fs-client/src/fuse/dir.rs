@@ -107,12 +107,20 @@ impl DirHandle {
             }
             let e = &self.page[(index - self.base) as usize];
             index += 1;
+            // A failure to ask again (the file just went) answers with the page's.
+            let attr = match e.attr.clone() {
+                Some(a) => Some(match client.fresh_overlay(a.clone()).await {
+                    Ok(fresh) => fresh,
+                    Err(_) => client.overlay(a),
+                }),
+                None => None,
+            };
             out.push(Listed {
                 next_offset: index + 2,
                 ino: e.ino,
                 kind: e.kind,
                 name: e.name.clone(),
-                attr: e.attr.clone().map(|a| client.overlay(a)),
+                attr,
             });
         }
         Ok(out)

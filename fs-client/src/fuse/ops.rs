@@ -406,17 +406,27 @@ impl fuser::Filesystem for TesseraFs {
     ) {
         let append = self.inner.server_append(flags.0);
         // Written past the page cache (`FOPEN_DIRECT_IO`): cached pages of the range
-        // that other handles read are dropped after it (for an append, where it landed).
+        // that other handles read are dropped after it. An append is queued and placed
+        // later (`file/append.rs`): the pages from the end this mount knew are dropped
+        // when a write starts a new batch, and any read of this mount places the queue
+        // before it reads, so no page it caches again misses an append.
         // With the writeback cache the kernel does that itself (`Inner::direct_open`).
         let direct = flags.0 & libc::O_DIRECT != 0 && !self.inner.writeback_on();
         // The kernel clears setuid/setgid itself before writes through the page cache,
         // but leaves it to us for direct I/O (O_DIRECT and, here, O_APPEND files) by an
         // unprivileged writer.
         let kill_suid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        if !append && !kill_suid && !direct {
-            // Most writes fit the buffers at once: answer here, sparing a copy and a task.
+        if !kill_suid && !direct {
+            // Most writes fit the buffers (or the append queue) at once: answer here,
+            // sparing a copy and a task.
             if let Ok(file) = self.inner.file(fh.0) {
-                if let Some(r) = self.inner.client.try_write_now(&file, offset, data) {
+                let client = &self.inner.client;
+                let now = if append {
+                    client.try_append_now(&file, data)
+                } else {
+                    client.try_write_now(&file, offset, data)
+                };
+                if let Some(r) = now {
                     return finish(reply, r, |reply, n| reply.written(n as u32));
                 }
             }
@@ -432,20 +442,22 @@ impl fuser::Filesystem for TesseraFs {
             };
             let r = match file {
                 Ok(file) => {
+                    // The range whose cached pages are stale (length 0: to the end).
                     let r = if append {
                         let n = data.len();
-                        inner.client.append(&file, &data).await.map(|at| (at, n))
+                        let r = inner.client.append_queued(&file, &data).await;
+                        r.map(|stale| (stale.map(|from| (from, 0)), n))
                     } else {
                         let r = inner.client.write(&file, offset, &data).await;
-                        r.map(|n| (offset, n))
+                        r.map(|n| (direct.then_some((offset, n as u64)), n))
                     };
-                    if let (Ok((at, n)), true) = (&r, append || direct) {
+                    if let Ok((Some((at, len)), _)) = &r {
                         if inner.direct_io(fh.0) {
-                            inner.drop_pages(file.ino(), *at, *n as u64).await;
+                            inner.drop_pages(file.ino(), *at, *len).await;
                         } else {
                             // O_APPEND or O_DIRECT set after the open (fcntl): the
                             // kernel holds the written pages locked until this reply.
-                            inner.drop_pages_later(file.ino(), *at, *n as u64);
+                            inner.drop_pages_later(file.ino(), *at, *len);
                         }
                     }
                     r
