@@ -247,3 +247,65 @@ fn a_batch_that_fails_after_the_answer_is_reported_by_fsync_and_close() {
     agent.expect("close closed", "err EIO");
     agent.expect("close synced", "ok");
 }
+
+/// Guards against appends (and plain writes) made under a lock still waiting on their
+/// mount when the lock is released: the next holder, on another mount, must find them,
+/// as it did when every append was placed before its `write(2)` returned. With flock
+/// and with an fcntl range lock, the linger timer kept out of it.
+#[test]
+fn what_was_written_under_a_lock_is_seen_by_its_next_holder() {
+    use std::os::unix::io::AsRawFd;
+    let cluster = ProcessCluster::start(3);
+    let a = cluster.mount_with_config("a", NO_LINGER);
+    let b = cluster.mount_with_config("b", NO_LINGER);
+    fs::write(a.path.join("log"), b"").unwrap();
+    fs::write(a.path.join("data"), vec![b'.'; 64]).unwrap();
+    let log = appender(&a.path.join("log"));
+    let data = OpenOptions::new()
+        .write(true)
+        .open(a.path.join("data"))
+        .unwrap();
+    let fcntl = |f: &File, kind: i32| {
+        // SAFETY: plain data, zero is a valid bit pattern.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = kind as libc::c_short;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        // SAFETY: a valid descriptor and a valid struct flock.
+        let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLKW, &fl) };
+        assert_eq!(r, 0, "fcntl: {}", std::io::Error::last_os_error());
+    };
+    let flock = |f: &File, op: i32| {
+        // SAFETY: a valid descriptor.
+        let r = unsafe { libc::flock(f.as_raw_fd(), op) };
+        assert_eq!(r, 0, "flock: {}", std::io::Error::last_os_error());
+    };
+    let mut want = String::new();
+    for seq in 0..3 {
+        let r = record('a', seq);
+        flock(&log, libc::LOCK_EX);
+        (&log).write_all(r.as_bytes()).unwrap();
+        want.push_str(&r);
+        flock(&log, libc::LOCK_UN);
+        assert_eq!(
+            fs::read_to_string(b.path.join("log")).unwrap(),
+            want,
+            "after flock's unlock {seq}"
+        );
+    }
+    let r = record('a', 3);
+    fcntl(&log, libc::F_WRLCK as i32);
+    (&log).write_all(r.as_bytes()).unwrap();
+    want.push_str(&r);
+    fcntl(&log, libc::F_UNLCK as i32);
+    assert_eq!(
+        fs::read_to_string(b.path.join("log")).unwrap(),
+        want,
+        "after fcntl's unlock"
+    );
+    // A plain write under a lock, as an NFS client flushes it before the unlock.
+    fcntl(&data, libc::F_WRLCK as i32);
+    data.write_all_at(b"written under the lock", 8).unwrap();
+    fcntl(&data, libc::F_UNLCK as i32);
+    let seen = fs::read(b.path.join("data")).unwrap();
+    assert_eq!(&seen[8..30], b"written under the lock");
+}

@@ -19,6 +19,9 @@ impl Client {
     pub async fn setlk(&self, ino: InodeId, lock: LockSpec, wait: bool) -> Result<()> {
         const FIRST_WAIT: Duration = Duration::from_millis(5);
         const LONGEST_WAIT: Duration = Duration::from_millis(200);
+        if lock.kind == LockKind::Unlock {
+            self.publish_before_unlock(ino).await;
+        }
         let mut pause = FIRST_WAIT;
         loop {
             let req = fs::SetLock {
@@ -75,12 +78,29 @@ impl Client {
     pub async fn release_locks(&self, ino: InodeId, owner: u64) -> Result<()> {
         // Forgotten first: whatever the answer, the owner wants none of them back.
         self.forget_locks(ino, owner);
+        self.publish_before_unlock(ino).await;
         let req = fs::ReleaseLocks {
             ino,
             client: self.id,
             owner,
         };
         self.meta(req).await.map(drop)
+    }
+
+    /// Before a lock on `ino` is released: what this client appended and wrote to the
+    /// file reaches the data servers and the length the metadata server keeps, so the
+    /// next holder, on any mount, finds it (as an NFS client flushes before an unlock).
+    /// Queued appends especially: they are answered before they are placed, and a
+    /// writer that appends under a lock counts on the next holder seeing its records.
+    /// A failure is left for the file's next fsync or close to report; the unlock goes
+    /// on (a lock must never outlive its release).
+    async fn publish_before_unlock(&self, ino: InodeId) {
+        let Some(st) = self.open_file(ino) else {
+            return;
+        };
+        if let Err(e) = self.commit_pending(&st).await {
+            tracing::warn!(%ino, error = %e, "writes made under a lock were not committed before its release");
+        }
     }
 
     /// Records a lock the server granted (or an unlock it applied), as the server's

@@ -23,6 +23,14 @@
 //! - A failed placement after the writes were answered is recorded as a failed
 //!   background write is: the next fsync or close of each handle reports it, writes
 //!   fail early until then.
+//! - Before a lock of the file is released (`client/locks.rs`): appends made under a
+//!   lock are seen by its next holder on any mount.
+//! - Bounds of what this does not cover: a `write(2)` larger than the mount's
+//!   `io_buffer_bytes` reaches the client as several FUSE writes, each whole but not
+//!   together; a lost reply to a placement's `Append` leaves its reserved range as
+//!   zeros and the batch is reported failed; while the metadata server is away, a
+//!   read or `fstat` on this mount of a file with queued appends waits for it (up to
+//!   `meta_wait_ms`) where other open files answer from what the client knows.
 
 use super::{FileHandle, FileState};
 use crate::client::Client;
@@ -116,7 +124,10 @@ impl Client {
             let end = st.size();
             match self.push(st, data, &mut spare) {
                 Push::Queued { first } => return Ok(first.then_some(end)),
-                Push::Full => self.place_appends(st).await,
+                Push::Full => {
+                    self.place_appends(st).await;
+                    fh.check_write_error()?;
+                }
                 Push::NoBuffer => spare = Some(self.take_write_buffer().await?),
             }
         }

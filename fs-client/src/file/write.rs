@@ -140,8 +140,9 @@ impl Client {
     pub async fn write(&self, fh: &FileHandle, offset: u64, data: &[u8]) -> Result<usize> {
         let end = check_range(offset, data.len() as u64)?;
         fh.check_write_error()?;
-        // Appends made before this write land before it.
+        // Appends made before this write land before it (and one that failed fails it).
         self.place_appends(&fh.state).await;
+        fh.check_write_error()?;
         if !self.buffers_writes() {
             return self.write_through(&fh.state, offset, data).await;
         }
