@@ -448,10 +448,13 @@ impl Client {
         // nothing is cut (`tar x` sets the time, owner and mode of each file it wrote),
         // before the data servers cut the chunks otherwise.
         let live = self.live_file(ino);
+        // Held to the end: no queued append is placed across a cut (`file/append.rs`).
+        let mut _no_placement = None;
         let commit = match &live {
             Some(st) if set.size.is_none() => self.send_for_commit(st).await,
             Some(st) => {
-                self.commit_pending(st).await?;
+                _no_placement = Some(self.hold_appends(st).await);
+                self.commit_written(st).await?;
                 None
             }
             None => None,

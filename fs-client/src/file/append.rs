@@ -31,6 +31,8 @@
 //!   zeros and the batch is reported failed; while the metadata server is away, a
 //!   read or `fstat` on this mount of a file with queued appends waits for it (up to
 //!   `meta_wait_ms`) where other open files answer from what the client knows.
+//! - A truncation holds the placement lock across its cut ([`Client::hold_appends`]):
+//!   appends made before it are cut by it, appends made during it land after it.
 
 use super::{FileHandle, FileState};
 use crate::client::Client;
@@ -203,6 +205,18 @@ impl Client {
         }
         let _placing = st.placing.lock().await;
         self.place_queue(st).await;
+    }
+
+    /// Places the queue and keeps other placements out until the guard is dropped: a
+    /// truncation holds it across its cut, so that a linger placement cannot reserve
+    /// at the old end and write past the new one.
+    pub(crate) async fn hold_appends<'a>(
+        &self,
+        st: &'a Arc<FileState>,
+    ) -> tokio::sync::MutexGuard<'a, ()> {
+        let guard = st.placing.lock().await;
+        self.place_queue(st).await;
+        guard
     }
 
     /// Places the queue; the caller holds `st.placing`. A failure is recorded.

@@ -607,8 +607,9 @@ impl Client {
         self.commit_written(state).await
     }
 
-    /// [`Client::commit_pending`] without placing appends (a placement calls it).
-    async fn commit_written(&self, state: &Arc<FileState>) -> Result<()> {
+    /// [`Client::commit_pending`] without placing appends (a placement calls it, and a
+    /// truncation holding the placement lock).
+    pub(crate) async fn commit_written(&self, state: &Arc<FileState>) -> Result<()> {
         let Some((commit, generation)) = self.send_written(state).await else {
             return Ok(());
         };
