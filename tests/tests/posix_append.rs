@@ -293,19 +293,19 @@ fn what_was_written_under_a_lock_is_seen_by_its_next_holder() {
         );
     }
     let r = record('a', 3);
-    fcntl(&log, libc::F_WRLCK as i32);
+    fcntl(&log, libc::F_WRLCK);
     (&log).write_all(r.as_bytes()).unwrap();
     want.push_str(&r);
-    fcntl(&log, libc::F_UNLCK as i32);
+    fcntl(&log, libc::F_UNLCK);
     assert_eq!(
         fs::read_to_string(b.path.join("log")).unwrap(),
         want,
         "after fcntl's unlock"
     );
     // A plain write under a lock, as an NFS client flushes it before the unlock.
-    fcntl(&data, libc::F_WRLCK as i32);
+    fcntl(&data, libc::F_WRLCK);
     data.write_all_at(b"written under the lock", 8).unwrap();
-    fcntl(&data, libc::F_UNLCK as i32);
+    fcntl(&data, libc::F_UNLCK);
     let seen = fs::read(b.path.join("data")).unwrap();
     assert_eq!(&seen[8..30], b"written under the lock");
 }
