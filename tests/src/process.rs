@@ -427,14 +427,29 @@ impl ProcessCluster {
     /// standby address, as [`ProcessCluster::fail_over_meta`] does; returns once it
     /// listens. [`ProcessCluster::resume_paused_meta`] lets the stopped one run again.
     pub fn pause_and_fail_over_meta(&mut self) {
-        let standby = self.standby.clone().expect("a cluster with standby_meta");
         // SAFETY: signalling our own child by its PID.
         unsafe {
             libc::kill(self.meta.id() as i32, libc::SIGSTOP);
         }
+        self.start_standby(true);
+    }
+
+    /// Starts a metadata server at the standby address ([`ClusterOptions::standby_meta`])
+    /// with a data directory of its own (`meta-b`), as a standby machine would, in place
+    /// of the current one (kept as the paused one with `keep`, else already reaped);
+    /// returns once it listens. Its address is then [`ProcessCluster::meta_addr`].
+    fn start_standby(&mut self, keep: bool) {
+        let standby = self.standby.clone().expect("a cluster with standby_meta");
         let d = self.dir.path().to_path_buf();
         let b = Self::spawn_meta(&self.bin, &d, "meta-b", &standby, &self.opts);
-        self.paused_meta = Some(std::mem::replace(&mut self.meta, b));
+        let old = std::mem::replace(&mut self.meta, b);
+        if keep {
+            self.paused_meta = Some(old);
+        } else {
+            // Reaped already: this answers its status again.
+            let mut old = old;
+            let _ = old.wait();
+        }
         let addr_file = d.join("meta-b.addr");
         wait_for(
             "tessera-meta",
@@ -469,18 +484,8 @@ impl ProcessCluster {
     /// as a standby machine would; returns once it listens. Its address is then
     /// [`ProcessCluster::meta_addr`].
     pub fn fail_over_meta(&mut self) {
-        let standby = self.standby.clone().expect("a cluster with standby_meta");
         self.kill_meta();
-        let d = self.dir.path().to_path_buf();
-        self.meta = Self::spawn_meta(&self.bin, &d, "meta-b", &standby, &self.opts);
-        let addr_file = d.join("meta-b.addr");
-        wait_for(
-            "tessera-meta",
-            &mut self.meta,
-            &d.join("meta-b.log"),
-            || read_addr(&addr_file).is_some(),
-        );
-        self.meta_addr = standby;
+        self.start_standby(false);
     }
 
     /// Runs the `tessera` command with `args` and `--meta` of this cluster; returns its

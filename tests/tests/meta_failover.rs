@@ -90,28 +90,45 @@ fn up_nodes(cluster: &ProcessCluster, meta: &str) -> Option<usize> {
     Some(nodes.iter().filter(|n| n["state"] == "Up").count())
 }
 
-#[test]
-fn a_standby_metadata_server_on_the_same_etcd_takes_over() {
+/// A cluster whose metadata server and its standby share a one-member etcd started for
+/// the test, owner lease [`OWNER_LEASE_MS`], data servers heartbeating every 200 ms;
+/// `None`, after saying so, where no etcd binary is installed (never under CI). The
+/// etcd is returned to be kept (it stops when dropped).
+fn etcd_cluster(
+    data_servers: usize,
+    namespace_toml: String,
+    data_toml: String,
+) -> Option<(LocalEtcd, EtcdConfig, ProcessCluster)> {
     if LocalEtcd::binary().is_none() {
         assert!(std::env::var_os("CI").is_none(), "no etcd binary under CI");
         eprintln!("skipped: no etcd binary (install Debian's etcd-server)");
-        return;
+        return None;
     }
     let etcd = LocalEtcd::start(1).expect("etcd");
     let etcd_config = EtcdConfig {
         owner_lease_ms: OWNER_LEASE_MS,
         ..etcd.config()
     };
-    // A short node lease: B counts every data server live for one lease when it loads
-    // (membership's grace), so only "up" well past it shows heartbeats reached B.
-    let mut cluster = ProcessCluster::start_with(ClusterOptions {
-        data_servers: 3,
+    let cluster = ProcessCluster::start_with(ClusterOptions {
+        data_servers,
         meta_toml: etcd_toml(&etcd_config),
-        namespace_toml: format!("node_lease_ms = {NODE_LEASE_MS}"),
+        namespace_toml,
+        data_toml,
         heartbeat_ms: 200,
         standby_meta: true,
         ..ClusterOptions::default()
     });
+    Some((etcd, etcd_config, cluster))
+}
+
+#[test]
+fn a_standby_metadata_server_on_the_same_etcd_takes_over() {
+    // A short node lease: B counts every data server live for one lease when it loads
+    // (membership's grace), so only "up" well past it shows heartbeats reached B.
+    let namespace = format!("node_lease_ms = {NODE_LEASE_MS}");
+    let Some((_etcd, etcd_config, mut cluster)) = etcd_cluster(3, namespace, String::new()) else {
+        return;
+    };
     let a = cluster.meta_addr().to_string();
     let addrs = cluster.meta_addrs().to_string();
     assert!(addrs.starts_with(&format!("{a},")), "{addrs}");
@@ -228,26 +245,11 @@ const CALL_TIMEOUT_MS: u64 = 3000;
 /// made is intact).
 #[test]
 fn a_metadata_server_that_hangs_is_passed_over_for_its_standby() {
-    if LocalEtcd::binary().is_none() {
-        assert!(std::env::var_os("CI").is_none(), "no etcd binary under CI");
-        eprintln!("skipped: no etcd binary (install Debian's etcd-server)");
-        return;
-    }
-    let etcd = LocalEtcd::start(1).expect("etcd");
-    let etcd_config = EtcdConfig {
-        owner_lease_ms: OWNER_LEASE_MS,
-        ..etcd.config()
-    };
     let limits = format!("[transport_limits]\ncall_timeout_ms = {CALL_TIMEOUT_MS}\n");
-    let mut cluster = ProcessCluster::start_with(ClusterOptions {
-        data_servers: 3,
-        meta_toml: etcd_toml(&etcd_config),
-        namespace_toml: format!("node_lease_ms = {NODE_LEASE_MS}"),
-        data_toml: limits.clone(),
-        heartbeat_ms: 200,
-        standby_meta: true,
-        ..ClusterOptions::default()
-    });
+    let namespace = format!("node_lease_ms = {NODE_LEASE_MS}");
+    let Some((_etcd, _, mut cluster)) = etcd_cluster(3, namespace, limits.clone()) else {
+        return;
+    };
     let m = cluster.mount_with_config("m", &limits);
     let before = pseudo_random(2 * MIB + 3, 300);
     fs::write(m.path.join("before"), &before).expect("write before");
@@ -313,24 +315,10 @@ const LOCK_GRACE_MS: u64 = 3000;
 fn locks_are_still_held_by_their_owners_after_a_failover() {
     use tessera_tests::posix::User;
     use tessera_tests::Agent;
-    if LocalEtcd::binary().is_none() {
-        assert!(std::env::var_os("CI").is_none(), "no etcd binary under CI");
-        eprintln!("skipped: no etcd binary (install Debian's etcd-server)");
+    let namespace = format!("replicas = 1\nlock_grace_ms = {LOCK_GRACE_MS}");
+    let Some((_etcd, _, mut cluster)) = etcd_cluster(1, namespace, String::new()) else {
         return;
-    }
-    let etcd = LocalEtcd::start(1).expect("etcd");
-    let etcd_config = EtcdConfig {
-        owner_lease_ms: OWNER_LEASE_MS,
-        ..etcd.config()
     };
-    let mut cluster = ProcessCluster::start_with(ClusterOptions {
-        data_servers: 1,
-        meta_toml: etcd_toml(&etcd_config),
-        namespace_toml: format!("replicas = 1\nlock_grace_ms = {LOCK_GRACE_MS}"),
-        heartbeat_ms: 200,
-        standby_meta: true,
-        ..ClusterOptions::default()
-    });
     let (a, b) = (cluster.mount("a"), cluster.mount("b"));
     fs::write(a.path.join("f"), b"lock me").expect("write");
     fs::write(a.path.join("g"), b"and me").expect("write");
