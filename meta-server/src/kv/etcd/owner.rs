@@ -130,12 +130,7 @@ fn unavailable(what: &str, e: impl std::fmt::Display) -> KvError {
 /// Connects and takes the owner key under a new lease once it is absent, polling every
 /// [`OWNER_POLL`] until `owner_wait_ms` has passed.
 async fn take(config: &EtcdConfig, who: &str) -> Result<(Client, i64), KvError> {
-    let options = ConnectOptions::default()
-        .with_connect_timeout(Duration::from_millis(config.connect_timeout_ms))
-        .with_timeout(Duration::from_millis(config.request_timeout_ms));
-    let mut client = Client::connect(config.endpoints.clone(), Some(options))
-        .await
-        .map_err(|e| unavailable("connecting", e))?;
+    let mut client = connect(config).await?;
     let key = owner_key(&config.prefix);
     let deadline = Instant::now() + Duration::from_millis(config.owner_wait_ms);
     let (mut said, mut unanswered) = (false, false);
@@ -199,14 +194,19 @@ pub fn current_holder(config: &EtcdConfig) -> Result<Option<String>, KvError> {
         .build()
         .map_err(|e| KvError::from_io(ENGINE, &e))?;
     runtime.block_on(async {
-        let options = ConnectOptions::default()
-            .with_connect_timeout(Duration::from_millis(config.connect_timeout_ms))
-            .with_timeout(Duration::from_millis(config.request_timeout_ms));
-        let mut client = Client::connect(config.endpoints.clone(), Some(options))
-            .await
-            .map_err(|e| unavailable("connecting", e))?;
+        let mut client = connect(config).await?;
         holder(&mut client, &owner_key(&config.prefix)).await
     })
+}
+
+/// A client of the cluster `config` names, with its connect and request timeouts.
+async fn connect(config: &EtcdConfig) -> Result<Client, KvError> {
+    let options = ConnectOptions::default()
+        .with_connect_timeout(Duration::from_millis(config.connect_timeout_ms))
+        .with_timeout(Duration::from_millis(config.request_timeout_ms));
+    Client::connect(config.endpoints.clone(), Some(options))
+        .await
+        .map_err(|e| unavailable("connecting", e))
 }
 
 /// The value of the owner key (its holder), if it exists.
