@@ -608,6 +608,30 @@ impl ProcessCluster {
     }
 }
 
+/// `tessera down` of a cluster made by `tessera up MNT --state-dir STATE` when dropped,
+/// so a failing test leaves nothing behind; then the redirect `up --state-dir` left
+/// under the default state root.
+pub struct UpGuard {
+    /// The mount point given to `up`.
+    pub mnt: PathBuf,
+    /// Its `--state-dir`.
+    pub state: PathBuf,
+}
+
+impl Drop for UpGuard {
+    fn drop(&mut self) {
+        let _ = Command::new(bin_dir().join("tessera"))
+            .arg("down")
+            .arg(&self.mnt)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .output();
+        let default = fs_client::cli::local_cluster::default_state_dir(&self.mnt);
+        let _ = fs::remove_file(default.join("redirect"));
+        let _ = fs::remove_dir(&default);
+    }
+}
+
 impl Drop for ProcessCluster {
     fn drop(&mut self) {
         for c in &mut self.data {

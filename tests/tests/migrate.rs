@@ -15,9 +15,10 @@ use std::ffi::CString;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Instant;
+use tessera_tests::process::UpGuard;
 
 fn run(bin: &str, args: &[&str]) -> Output {
     let bin = tessera_tests::process::bin_dir().join(bin);
@@ -42,21 +43,6 @@ fn refused(args: &[&str]) -> String {
     let out = run("tessera-meta", &all);
     assert!(!out.status.success(), "migrate {args:?} succeeded");
     String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-struct Down {
-    mnt: PathBuf,
-    state: PathBuf,
-}
-
-impl Drop for Down {
-    fn drop(&mut self) {
-        let (m, s) = (self.mnt.to_string_lossy(), self.state.to_string_lossy());
-        let _ = run("tessera", &["down", &m, "--state-dir", &s]);
-        let default = fs_client::cli::local_cluster::default_state_dir(&self.mnt);
-        let _ = fs::remove_file(default.join("redirect"));
-        let _ = fs::remove_dir(&default);
-    }
 }
 
 fn cstr(p: &Path) -> CString {
@@ -196,7 +182,7 @@ fn a_namespace_moves_from_redb_to_etcd_and_back() {
     let url = etcd.endpoint(0);
     let dir = tempfile::tempdir().unwrap();
     let (mnt, state) = (dir.path().join("mnt"), dir.path().join("state"));
-    let _down = Down {
+    let _down = UpGuard {
         mnt: mnt.clone(),
         state: state.clone(),
     };

@@ -13,6 +13,7 @@ use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
+use tessera_tests::process::UpGuard;
 
 /// How long the standby may take to serve after the kill: the owner lease (5 s) and
 /// its polling, with room for a loaded machine.
@@ -35,23 +36,6 @@ fn tessera(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// `tessera down` when dropped, so a failing test leaves nothing behind; then the
-/// redirect `up --state-dir` left under the default state root.
-struct Down {
-    mnt: PathBuf,
-    state: PathBuf,
-}
-
-impl Drop for Down {
-    fn drop(&mut self) {
-        let (m, s) = (self.mnt.to_string_lossy(), self.state.to_string_lossy());
-        let _ = run(&["down", &m, "--state-dir", &s]);
-        let default = fs_client::cli::local_cluster::default_state_dir(&self.mnt);
-        let _ = fs::remove_file(default.join("redirect"));
-        let _ = fs::remove_dir(&default);
-    }
 }
 
 /// `(role, pid)` of every process `up` recorded.
@@ -94,7 +78,7 @@ fn up_on_etcd_keeps_the_mount_through_a_kill_of_the_serving_metadata_server() {
     tessera_tests::process::require_fuse();
     let dir = tempfile::tempdir().unwrap();
     let (mnt, state) = (dir.path().join("mnt"), dir.path().join("state"));
-    let _down = Down {
+    let _down = UpGuard {
         mnt: mnt.clone(),
         state: state.clone(),
     };
