@@ -15,6 +15,7 @@ mod away;
 mod caller;
 mod locks;
 mod opening;
+pub use opening::OpenedByName;
 
 pub use caller::acting_as;
 pub(crate) use caller::current as current_caller;
@@ -488,20 +489,28 @@ impl Client {
     /// with `noatime`). Best effort, as a lazily written atime is: a failure is logged,
     /// never returned.
     pub async fn accessed(&self, ino: InodeId) {
-        // A read-only key or mount moves no access time (the server would refuse the
-        // key's; a mount made `ro` promised to change nothing).
-        if self.caps.read_only || self.config.read_only {
+        let Some(strict) = self.atime_strictness() else {
             return;
-        }
-        let strict = match self.config().atime {
-            AtimeMode::NoAtime => return,
-            AtimeMode::RelAtime => false,
-            AtimeMode::StrictAtime => true,
         };
         // Best effort: not worth holding a read while the server is away.
         let req = Request::new(fs::Accessed { ino, strict }).with_caller(caller::current());
         if let Err(e) = self.meta_waiting(&req, Duration::ZERO).await {
             tracing::debug!(%ino, error = %e, "atime update failed");
+        }
+    }
+
+    /// What a read asks of the access time: `None` moves none (a read-only key or
+    /// mount, whose server would refuse it or which promised to change nothing, and
+    /// `noatime`), else whether every read moves it (`strictatime`) or `relatime`'s
+    /// rule decides.
+    pub(crate) fn atime_strictness(&self) -> Option<bool> {
+        if self.caps.read_only || self.config.read_only {
+            return None;
+        }
+        match self.config().atime {
+            AtimeMode::NoAtime => None,
+            AtimeMode::RelAtime => Some(false),
+            AtimeMode::StrictAtime => Some(true),
         }
     }
 

@@ -113,6 +113,11 @@ impl ClientMetrics {
         self.meta.total()
     }
 
+    /// Metadata calls `name` sent so far.
+    pub(crate) fn meta_calls_of(&self, name: &str) -> u64 {
+        self.meta.count(name)
+    }
+
     /// Data calls sent so far.
     pub(crate) fn data_calls(&self) -> u64 {
         self.data.total()

@@ -5,7 +5,7 @@ use crate::metrics::ClientMetrics;
 use parking_lot::Mutex;
 use proto::data::DataRequest;
 use proto::meta::cluster::FilesPage;
-use proto::meta::fs::{DirPage, FsStats, Made, Opened};
+use proto::meta::fs::{DirPage, FsStats, Made, Opened, OpenedAt};
 use proto::meta::{ClusterMap, ClusterStatus, DirChange, LockSpec, MetaRequest, NodeInfo};
 use proto::{Attr, ClientId, NodeId, Request, Rpc, SessionId};
 use std::collections::HashMap;
@@ -27,6 +27,10 @@ pub struct RpcCounts {
     /// above (one that fails to connect sends none): counts taken with no retry are
     /// those of the path alone.
     pub retries: u64,
+    /// Of `meta_calls`, the `ReleaseMany` calls: each ends the closes of a moment
+    /// together (a read-only close waits a few milliseconds for others), so a path's
+    /// close costs a share of one rather than a call of its own.
+    pub release_batches: u64,
 }
 
 impl std::ops::Sub for RpcCounts {
@@ -38,6 +42,7 @@ impl std::ops::Sub for RpcCounts {
             meta_calls: self.meta_calls - earlier.meta_calls,
             data_calls: self.data_calls - earlier.data_calls,
             retries: self.retries - earlier.retries,
+            release_batches: self.release_batches - earlier.release_batches,
         }
     }
 }
@@ -79,6 +84,9 @@ impl RpcEndpoint {
             meta_calls: self.metrics.meta_calls(),
             data_calls: self.metrics.data_calls(),
             retries: self.metrics.retries.get(),
+            release_batches: self
+                .metrics
+                .meta_calls_of(proto::meta::fs::ReleaseMany::NAME),
         }
     }
 
@@ -242,6 +250,15 @@ impl Replied for Attr {
 impl Replied for Opened {
     fn seen(&self) -> Seen<'_> {
         Seen::Opened(self)
+    }
+}
+
+impl Replied for OpenedAt {
+    fn seen(&self) -> Seen<'_> {
+        match self {
+            OpenedAt::Opened(o) => Seen::Opened(o),
+            OpenedAt::Found(a) => Seen::Attr(a),
+        }
     }
 }
 

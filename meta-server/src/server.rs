@@ -324,6 +324,7 @@ async fn route(
                 F::Create(r) => serve_noting(ns, r, at, limit, scope).await,
                 F::TmpFile(r) => serve_noting(ns, r, at, limit, scope).await,
                 F::Open(r) => serve(ns, r, at, limit).await,
+                F::OpenAt(r) => serve_noting(ns, r, at, limit, scope).await,
                 F::Regrant(r) => serve(ns, r, at, limit).await,
                 F::MkNod(r) => serve_noting(ns, r, at, limit, scope).await,
                 F::Mkdir(r) => serve_noting(ns, r, at, limit, scope).await,
@@ -432,6 +433,16 @@ reveals_attr! {
     proto::meta::fs::Mkdir => |r| &r.attr;
     proto::meta::fs::Symlink => |r| &r.attr;
     proto::meta::fs::Link => |r| &r.attr;
+}
+
+impl Reveals for proto::meta::fs::OpenAt {
+    fn reveals(
+        reply: &proto::meta::fs::OpenedAt,
+        note: &mut dyn FnMut(proto::InodeId, proto::FileKind),
+    ) {
+        let a = reply.attr();
+        note(a.ino, a.kind);
+    }
 }
 
 impl Reveals for proto::meta::fs::ReadDir {

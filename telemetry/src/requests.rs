@@ -93,6 +93,11 @@ impl RequestMetrics {
         self.by_name.values().map(|h| h.requests.get()).sum()
     }
 
+    /// Requests `name` counted so far (for tools and tests).
+    pub fn count(&self, name: &str) -> u64 {
+        self.by_name.get(name).map_or(0, |h| h.requests.get())
+    }
+
     /// Counts one call `name` as sent now; its time and outcome are recorded when the
     /// returned guard is finished, or as a failure when it is dropped unfinished (a
     /// call given up on, as a failover's race drops the slower one). A name not in the

@@ -330,6 +330,30 @@ impl InProcessCluster {
         }
     }
 
+    /// Runs `f` on a thread outside the runtime (the library API's calls block) with an
+    /// API connection to this cluster; a panic in `f` fails the caller with its own
+    /// message. Writes to stopped data servers fail within a second.
+    pub async fn with_api<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(fs_client::api::Tessera) -> R + Send + 'static,
+    ) -> R {
+        let mut options = fs_client::api::Options {
+            config: self.client_config(),
+            ..fs_client::api::Options::new()
+        };
+        options.config.failover_timeout_ms = 1000;
+        let addr = self.meta_addr();
+        let thread = std::thread::spawn(move || {
+            let fs = fs_client::api::Tessera::connect(&[addr], options).expect("the API connects");
+            f(fs)
+        });
+        match tokio::task::spawn_blocking(move || thread.join()).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(panic)) => std::panic::resume_unwind(panic),
+            Err(e) => panic!("joining the API thread: {e}"),
+        }
+    }
+
     /// A key file of the cluster: [`CLUSTER_KEY`] or [`ADMIN_KEY`].
     pub fn key_file(&self, name: &str) -> PathBuf {
         self.dir.path().join("keys").join(name)

@@ -8,28 +8,12 @@ use fs_client::ClientError;
 use std::sync::Arc;
 use tessera_tests::{client_io, pseudo_random, sha256_hex, InProcessCluster};
 
-/// Runs `f` on a thread outside the runtime with an API connection to `cluster`; a
-/// panic in `f` fails the test with its own message.
+/// Runs `f` with an API connection to `cluster` on a thread of its own.
 async fn with_api<R: Send + 'static>(
     cluster: &InProcessCluster,
     f: impl FnOnce(Tessera) -> R + Send + 'static,
 ) -> R {
-    let mut options = Options {
-        config: cluster.client_config(),
-        ..Options::new()
-    };
-    // Writes to stopped data servers fail within a second (the tests that stop them).
-    options.config.failover_timeout_ms = 1000;
-    let addr = cluster.meta_addr();
-    let thread = std::thread::spawn(move || {
-        let fs = Tessera::connect(&[addr], options).expect("the API connects");
-        f(fs)
-    });
-    match tokio::task::spawn_blocking(move || thread.join()).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(panic)) => std::panic::resume_unwind(panic),
-        Err(e) => panic!("joining the API thread: {e}"),
-    }
+    cluster.with_api(f).await
 }
 
 fn errno(r: Result<impl std::fmt::Debug, ClientError>) -> i32 {

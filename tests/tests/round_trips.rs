@@ -15,6 +15,7 @@
 //! | the 64 MiB read with some reads arriving 16 MiB late | 4 | 16 |
 //! | on a mount: list 1,000 names, then `lstat`, `getxattr`, `listxattr` each | 4 | 0 |
 //! | on a mount: `tar x`'s calls for one 4 KiB file | 6 | 1 |
+//! | library API: a 200 KiB file read whole by path (its close batched apart) | 1 | 1 |
 //!
 //! When a change lowers a count, lower its bound here too, so that the gain is kept.
 // A panic in a test helper fails the test, as unwrap in a #[test] does.
@@ -167,6 +168,72 @@ async fn reading_a_64_mib_file_sequentially_does_not_take_more_round_trips() {
         used,
         READ_64_MIB_META_CALLS,
         READ_64_MIB_DATA_CALLS,
+    );
+}
+
+/// Reading a 200 KiB file whole by path through the library API (a data loader's
+/// sample), with nothing of it cached: one `OpenAt` (the lookup of the last name, the
+/// open, and the access time `relatime` moves on the first read, in one call) and one
+/// `ReadChunk`. The close carries no commit: it ends in a `ReleaseMany` a moment later
+/// with the other closes of that moment (`RpcCounts::release_batches`), a share of one
+/// call per file rather than a call of its own. Before `OpenAt`: a lookup, an open, an
+/// `Accessed` and the read (3 metadata calls and 1 data call).
+const WHOLE_READ_META_CALLS: u64 = 1;
+/// See [`WHOLE_READ_META_CALLS`].
+const WHOLE_READ_DATA_CALLS: u64 = 1;
+
+/// Guards against a cold whole-file read by path taking more calls (issue 25: at most
+/// 2 calls to any server for a 200 KiB file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reading_a_small_file_whole_by_path_takes_two_calls() {
+    let cluster = InProcessCluster::start(3).await;
+    let data = pseudo_random(200 << 10, 25);
+    let writer = cluster.client().await;
+    for run in 0..RUNS {
+        write_file(&writer, format!("sample-{run}.bin").as_bytes(), &data).await;
+    }
+    let written = writer.lookup(InodeId::ROOT, b"sample-0.bin").await.unwrap();
+
+    let (used, released) = measure_without_retries(&cluster, "whole read by path", |run| {
+        let data = data.clone();
+        // A fresh connection each run: nothing cached from the write or a run before.
+        cluster.with_api(move |fs| {
+            let before = fs.client().rpc_counts();
+            let back = fs.read(&format!("/sample-{run}.bin")).unwrap();
+            let used = fs.client().rpc_counts() - before;
+            assert!(back == data, "the file read back differs");
+            fs.flush_all().unwrap();
+            let released = fs.client().rpc_counts() - before;
+            (used, released)
+        })
+    })
+    .await;
+    let batched = released.release_batches;
+    assert_eq!(batched, 1, "the close was sent, in one batch: {released:?}");
+    assert_eq!(
+        released.meta_calls - batched,
+        used.meta_calls - used.release_batches
+    );
+    let unbatched = RpcCounts {
+        meta_calls: used.meta_calls - used.release_batches,
+        ..used
+    };
+    assert_within(
+        "a whole 200 KiB file read by path (the batched close apart)",
+        unbatched,
+        WHOLE_READ_META_CALLS,
+        WHOLE_READ_DATA_CALLS,
+    );
+
+    // The open moved the access time, as the first read would have: another client
+    // sees it after the read returned.
+    // (A fresh client: the writer may answer from the copy its commit brought.)
+    let after = cluster.client().await.getattr(written.ino).await.unwrap();
+    assert!(
+        after.atime > written.atime && after.atime >= after.mtime,
+        "relatime moves the access time of a file read since its change: {:?} -> {:?}",
+        written.atime,
+        after.atime
     );
 }
 
@@ -354,6 +421,7 @@ fn mount_counts(root: &std::path::Path) -> RpcCounts {
         meta_calls: field("meta_calls"),
         data_calls: field("data_calls"),
         retries: field("retries"),
+        release_batches: field("release_batches"),
     }
 }
 

@@ -91,7 +91,8 @@ impl Wire {
             Resume,
             MyCaps,
             Regrant,
-            LookupParent
+            LookupParent,
+            OpenAt
         )
         .map_err(|e| e.code)
     }
@@ -248,6 +249,23 @@ async fn a_scoped_client_sees_its_directory_as_root_and_nothing_outside() {
         access: OpenAccess::Read,
     };
     assert!(scoped.call(&root, open).await.is_ok());
+    // A file found by an open by name is its to name by number next (the gate noted
+    // it, as it notes a lookup's).
+    let fresh = admin.create(&root, t.team_a, "fresh", 0o644).await.ino;
+    let open_at = fs::OpenAt {
+        parent: InodeId::ROOT,
+        name: b"fresh".to_vec(),
+        client: scoped.client,
+        access: OpenAccess::Read,
+        accessed: Some(false),
+    };
+    let opened = scoped
+        .call(&root, open_at)
+        .await
+        .expect("open /teamA/fresh by name");
+    assert!(matches!(&opened, fs::OpenedAt::Opened(o) if o.attr.ino == fresh));
+    let again = scoped.call(&root, fs::GetAttr { ino: fresh }).await;
+    assert_eq!(again.map(|a| a.ino).ok(), Some(fresh));
 
     // The administrator renames /teamA: the scope follows the directory, not the name,
     // so it neither widens to / nor breaks.
@@ -267,7 +285,10 @@ async fn a_scoped_client_sees_its_directory_as_root_and_nothing_outside() {
         top.ino, t.team_a,
         "the scope is still the renamed directory"
     );
-    assert_eq!(scoped.names(InodeId::ROOT).await, ["a", "new", "sub"]);
+    assert_eq!(
+        scoped.names(InodeId::ROOT).await,
+        ["a", "fresh", "new", "sub"]
+    );
     let e = scoped
         .call(&root, fs::GetAttr { ino: t.team_b })
         .await
@@ -281,6 +302,7 @@ fn names_dir(req: &FsRequest) -> bool {
         req,
         FsRequest::Lookup(_)
             | FsRequest::LookupParent(_)
+            | FsRequest::OpenAt(_)
             | FsRequest::Create(_)
             | FsRequest::TmpFile(_)
             | FsRequest::MkNod(_)
@@ -315,7 +337,7 @@ async fn a_read_only_client_gets_erofs_for_every_change() {
         }
     }
     // A tail cut is no change: it takes away only bytes past the committed length.
-    assert_eq!(changes, 17, "every changing kind was sent");
+    assert_eq!(changes, 18, "every changing kind was sent");
     assert_eq!(
         admin.names(t.team_a).await,
         ["a", "sub"],
@@ -331,6 +353,18 @@ async fn a_read_only_client_gets_erofs_for_every_change() {
         reader.call(&root, open).await.is_ok(),
         "an open for reading"
     );
+    let open_at = fs::OpenAt {
+        parent: t.team_a,
+        name: b"a".to_vec(),
+        client: reader.client,
+        access: OpenAccess::Read,
+        accessed: None,
+    };
+    let got = reader
+        .call(&root, open_at)
+        .await
+        .expect("an open by name for reading");
+    assert!(matches!(got, fs::OpenedAt::Opened(o) if o.attr.ino == t.a));
 }
 
 /// Guards against a client's root acting as the cluster's root (issue 23): files it

@@ -3,6 +3,7 @@
 
 use super::path::refused;
 use super::{is_a_directory, Metadata, Shared};
+use crate::client::OpenedByName;
 use crate::error::{ClientError, Result};
 use crate::file::FileHandle;
 use futures::stream::{self, StreamExt};
@@ -185,6 +186,17 @@ impl Closer {
 
 /// Opens `path` as `how` says.
 pub(super) async fn open(sh: Arc<Shared>, path: &str, how: &OpenOptions) -> Result<File> {
+    open_for(sh, path, how, false).await
+}
+
+/// [`open`]; `reading`: the caller reads at once (the first read's access time moves
+/// with the open).
+pub(super) async fn open_for(
+    sh: Arc<Shared>,
+    path: &str,
+    how: &OpenOptions,
+    reading: bool,
+) -> Result<File> {
     let access = how.access()?;
     if how.truncate && !access.writes() {
         return Err(ClientError::Invalid(format!(
@@ -195,14 +207,19 @@ pub(super) async fn open(sh: Arc<Shared>, path: &str, how: &OpenOptions) -> Resu
     let (attr, fh) = if how.create || how.create_new {
         create(&sh, path, how, access).await?
     } else {
-        let attr = sh.paths.resolve(client, path, true).await?;
-        if attr.kind == FileKind::Directory {
-            return Err(is_a_directory(path));
+        match open_by_name(&sh, path, access, how.truncate, reading).await? {
+            Some(opened) => opened,
+            None => {
+                let attr = sh.paths.resolve(client, path, true).await?;
+                if attr.kind == FileKind::Directory {
+                    return Err(is_a_directory(path));
+                }
+                if super::path::wants_dir(path) {
+                    return Err(super::not_a_directory(path));
+                }
+                client.open_for(attr.ino, access, how.truncate).await?
+            }
         }
-        if super::path::wants_dir(path) {
-            return Err(super::not_a_directory(path));
-        }
-        client.open_for(attr.ino, access, how.truncate).await?
     };
     if access.writes() {
         fh.mark_writer().await;
@@ -214,6 +231,43 @@ pub(super) async fn open(sh: Arc<Shared>, path: &str, how: &OpenOptions) -> Resu
         access,
         append: how.append,
     })
+}
+
+/// The common open of an existing regular file: its directory (kept, as a walk keeps
+/// it) and one `OpenAt` of the last name, where a lookup then an open took two calls.
+/// `None` where the walk must do it: a symbolic link at the last name, a device or
+/// FIFO, a name not found (a kept directory may be stale: the walk looks again), a
+/// path that asks for a directory, or `O_TRUNC` (the truncation goes with `Open`).
+async fn open_by_name(
+    sh: &Shared,
+    path: &str,
+    access: OpenAccess,
+    truncate: bool,
+    reading: bool,
+) -> Result<Option<(proto::Attr, FileHandle)>> {
+    if truncate || super::path::wants_dir(path) {
+        return Ok(None);
+    }
+    let at = super::canonical_of(path)?;
+    let (parent, name) = sh.parent(&at, proto::ErrorCode::IsADirectory).await?;
+    let client = &sh.client;
+    match client
+        .open_at(parent, name.as_bytes(), access, reading)
+        .await
+    {
+        Ok(OpenedByName::File(attr, fh)) => Ok(Some((attr, fh))),
+        Ok(OpenedByName::Other(a)) if a.kind == FileKind::Directory => Err(is_a_directory(path)),
+        Ok(OpenedByName::Other(_)) => Ok(None),
+        Err(e)
+            if matches!(
+                e.code(),
+                proto::ErrorCode::NotFound | proto::ErrorCode::Stale
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// `O_CREAT`: a symbolic link at the last name is followed (without `O_EXCL`), and
@@ -389,7 +443,7 @@ enum Need {
 /// The whole file at `path`: its length as the open saw it (a read never goes past
 /// the length this client knows).
 pub(super) async fn read_whole(sh: Arc<Shared>, path: String) -> Result<Vec<u8>> {
-    let file = open(sh.clone(), &path, &OpenOptions::new()).await?;
+    let file = open_for(sh.clone(), &path, &OpenOptions::new(), true).await?;
     let fh = file.fh.write().take().expect("just opened");
     let size = usize::try_from(fh.state.size())
         .map_err(|_| ClientError::TooLarge(format!("{path:?} does not fit in memory")))?;

@@ -559,7 +559,9 @@ impl Tessera {
 
     /// Reads into `buf` from `offset` of the file: fewer bytes only at its end.
     pub fn read_into(&self, path: &str, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        let file = self.open(path, &OpenOptions::new())?;
+        let sh = self.shared.clone();
+        let how = OpenOptions::new();
+        let file = self.sh().block_on(file::open_for(sh, path, &how, true))?;
         let read = file.read_at(buf, offset);
         let closed = file.close();
         let n = read?;

@@ -76,6 +76,9 @@ impl DirAttrs {
             R::Hello(fs::Hello { .. })
                 | R::Lookup(fs::Lookup { .. })
                 | R::LookupParent(fs::LookupParent { .. })
+                // With `accessed`, the access time of an inode the request does not
+                // name may move: every copy is forgotten (below).
+                | R::OpenAt(fs::OpenAt { accessed: None, .. })
                 | R::GetAttr(fs::GetAttr { .. })
                 | R::Readlink(fs::Readlink { .. })
                 | R::ReadDir(fs::ReadDir { .. })

@@ -14,11 +14,20 @@ use crate::error::Result;
 use crate::file::{FileHandle, FileState};
 use crate::rpc::MetaCall;
 use proto::grant::Grant;
-use proto::meta::fs::{self, Opened};
+use proto::meta::fs::{self, Opened, OpenedAt};
 use proto::meta::{Caller, OpenAccess};
 use proto::{Attr, ErrorCode, FileKind, InodeId, Layout, SessionId, SetAttr};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
+
+/// What [`Client::open_at`] found at the name.
+pub enum OpenedByName {
+    /// A regular file, now open.
+    File(Attr, FileHandle),
+    /// Not a regular file (a directory, a symbolic link, a device): its attributes;
+    /// nothing was opened.
+    Other(Attr),
+}
 
 /// How long an open waits at most while another client cuts the same file.
 const CUT_WAIT: Duration = Duration::from_secs(10);
@@ -116,6 +125,41 @@ impl Client {
         self.emptied_if(truncate && regular, attr, fh).await
     }
 
+    /// Opens `name` in `parent` for `access` if it names a regular file: the lookup and
+    /// the open in one call. `reading`: the caller reads the file at once (a whole-file
+    /// read), so the access time the first read would move moves in the same call.
+    pub async fn open_at(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        access: OpenAccess,
+        reading: bool,
+    ) -> Result<OpenedByName> {
+        let accessed = if reading && access != OpenAccess::Write {
+            self.atime_strictness()
+        } else {
+            None
+        };
+        let req = fs::OpenAt {
+            parent,
+            name: name.to_vec(),
+            client: self.id,
+            access,
+            accessed,
+        };
+        match self.meta_opening(req, None).await? {
+            OpenedAt::Found(attr) => Ok(OpenedByName::Other(attr)),
+            OpenedAt::Opened(reply) => {
+                let caller = super::caller::current();
+                let (attr, fh) = self.opened(*reply, access.writes(), caller).await?;
+                if accessed.is_some() {
+                    fh.atime_moved();
+                }
+                Ok(OpenedByName::File(attr, fh))
+            }
+        }
+    }
+
     /// The open file, cut to length 0 first if `empty` (`O_TRUNC` on a regular file).
     async fn emptied_if(
         &self,
@@ -206,11 +250,7 @@ impl Client {
     /// An open or create, asked again while the server answers `Busy` (another client
     /// is cutting the file), for at most [`CUT_WAIT`].
     /// `caller` names whom the call is made for, if not the current request's.
-    async fn meta_opening<R: MetaCall<Reply = Opened>>(
-        &self,
-        req: R,
-        caller: Option<Caller>,
-    ) -> Result<Opened> {
+    async fn meta_opening<R: MetaCall>(&self, req: R, caller: Option<Caller>) -> Result<R::Reply> {
         let deadline = Instant::now() + CUT_WAIT;
         let caller = caller.unwrap_or_else(super::caller::current);
         loop {

@@ -421,6 +421,11 @@ impl FileHandle {
         }
     }
 
+    /// The open moved the access time its first read would have moved (`OpenAt`).
+    pub(crate) fn atime_moved(&self) {
+        self.atime_due.store(false, Ordering::Relaxed);
+    }
+
     /// Nothing to send, commit or report: no buffered write, no uncommitted length, no
     /// failed background write this handle has yet to report. A flush or close of such
     /// a file needs no round trip.

@@ -424,8 +424,8 @@ impl Inner {
     fn stats_text(&self) -> Vec<u8> {
         let c = self.client.rpc_counts();
         format!(
-            "meta_calls {}\ndata_calls {}\nretries {}\n",
-            c.meta_calls, c.data_calls, c.retries
+            "meta_calls {}\ndata_calls {}\nretries {}\nrelease_batches {}\n",
+            c.meta_calls, c.data_calls, c.retries, c.release_batches
         )
         .into_bytes()
     }

@@ -250,6 +250,40 @@ impl Handle for fs::Open {
     }
 }
 
+impl Handle for fs::OpenAt {
+    fn span_id(&self) -> u64 {
+        self.parent.0
+    }
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.may_search(&at.caller, self.parent)?;
+        let found = ns.lookup(self.parent, &self.name)?;
+        if found.kind != proto::FileKind::Regular {
+            return Ok(fs::OpenedAt::Found(found));
+        }
+        let ino = found.ino;
+        ns.may_name_client(self.client, at.who.as_deref())?;
+        ns.may_open(&at.caller, ino, self.access, false)?;
+        let owner = SessionOwner {
+            client: self.client,
+            conn: at.conn,
+            access: self.access,
+        };
+        let mut opened = ns.open_inode(ino, false, owner)?;
+        ns.attach_grant(at, &mut opened, self.access.writes());
+        // An open that may read was allowed to, which is what `Accessed` checks. The
+        // open stands if the access time cannot move: a lazily written atime is best
+        // effort, as the client's own `Accessed` is.
+        if let (Some(strict), true) = (self.accessed, self.access != proto::meta::OpenAccess::Write)
+        {
+            match ns.accessed(ino, strict) {
+                Ok(attr) => opened.attr = attr,
+                Err(e) => tracing::debug!(%ino, error = %e, "atime update of an open failed"),
+            }
+        }
+        Ok(fs::OpenedAt::Opened(Box::new(opened)))
+    }
+}
+
 impl Handle for fs::Regrant {
     // A look at the session in memory, and a MAC.
     const POINT_READ: bool = true;

@@ -32,6 +32,8 @@ impl FsRequest {
             // implies `noatime`).
             | F::Accessed(_) => true,
             F::Open(r) => r.truncate || r.access.writes(),
+            // An access time is a change (see `Accessed` above).
+            F::OpenAt(r) => r.access.writes() || r.accessed.is_some(),
             F::Release(r) => r.commit.is_some(),
             F::Hello(_)
             | F::Lookup(_)
@@ -71,6 +73,7 @@ impl FsRequest {
             | F::Regrant(_) => Vec::new(),
             F::Lookup(r) => vec![&mut r.parent],
             F::LookupParent(r) => vec![&mut r.dir],
+            F::OpenAt(r) => vec![&mut r.parent],
             F::GetAttr(r) => vec![&mut r.ino],
             F::SetAttr(r) => vec![&mut r.ino],
             F::Create(r) => vec![&mut r.parent],
@@ -258,6 +261,13 @@ pub fn one_of_each(dir: InodeId, file: InodeId, client: ClientId) -> Vec<FsReque
             session: SessionId(1),
         }),
         FsRequest::LookupParent(LookupParent { dir }),
+        FsRequest::OpenAt(OpenAt {
+            parent: dir,
+            name: name("f"),
+            client,
+            access,
+            accessed: Some(false),
+        }),
     ]
 }
 
@@ -303,6 +313,7 @@ mod tests {
             "removexattr",
             "append",
             "accessed",
+            "open_at",
         ];
         assert_eq!(changing, expected.into_iter().collect());
         let read = FsRequest::Open(super::super::fs::Open {
@@ -312,6 +323,17 @@ mod tests {
             access: super::super::OpenAccess::Read,
         });
         assert!(!read.changes(), "an open for reading changes nothing");
+        let read_at = FsRequest::OpenAt(super::super::fs::OpenAt {
+            parent: InodeId(2),
+            name: b"f".to_vec(),
+            client: ClientId(1),
+            access: super::super::OpenAccess::Read,
+            accessed: None,
+        });
+        assert!(
+            !read_at.changes(),
+            "nor does one by name that moves no atime"
+        );
     }
 
     /// Guards against an inode a request names escaping the scope check.

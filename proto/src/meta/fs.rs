@@ -46,6 +46,7 @@ crate::rpc_requests! {
         MyCaps => crate::auth::Caps, "my_caps", idempotent: true;
         Regrant => Option<Grant>, "regrant", idempotent: true;
         LookupParent => Attr, "lookup_parent", idempotent: true;
+        OpenAt => OpenedAt, "open_at", idempotent: true;
     }
 }
 
@@ -467,6 +468,47 @@ pub struct Regrant {
 pub struct LookupParent {
     /// The directory.
     pub dir: InodeId,
+}
+
+/// Finds `name` in directory `parent` and, if it names a regular file, opens it: a
+/// [`Lookup`] and an [`Open`] in one call, for a library client that opens by path
+/// (a data loader opens, reads and closes thousands of files, and each call it saves
+/// is a round trip per file). What is not a regular file (a directory, a symbolic
+/// link, a device) is only looked up: the client follows or refuses it as before.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenAt {
+    /// The directory.
+    pub parent: InodeId,
+    /// The name to open.
+    pub name: Vec<u8>,
+    /// The session's client.
+    pub client: ClientId,
+    /// What the open asks to do, checked against the file's mode (no `O_TRUNC`: a
+    /// truncating open goes through [`Open`]).
+    pub access: OpenAccess,
+    /// The caller reads the file as soon as it is open: the access time moves as an
+    /// [`Accessed`] with this `strict` would move it, in the same call. `None` for an
+    /// open that may never read (an open for writing only, a `noatime` client).
+    pub accessed: Option<bool>,
+}
+
+/// The reply to [`OpenAt`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OpenedAt {
+    /// A regular file, opened (boxed: an open's reply is four times a lookup's).
+    Opened(Box<Opened>),
+    /// Not a regular file: its attributes, nothing opened.
+    Found(Attr),
+}
+
+impl OpenedAt {
+    /// The attributes of what the name led to.
+    pub fn attr(&self) -> &Attr {
+        match self {
+            OpenedAt::Opened(o) => &o.attr,
+            OpenedAt::Found(a) => a,
+        }
+    }
 }
 
 /// A new name: its inode's attributes and its directory's change, for the same

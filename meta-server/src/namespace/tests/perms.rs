@@ -369,7 +369,86 @@ fn sessions_and_locks_belong_to_their_connection(kind: StoreKind) {
     assert_eq!(ns.getattr(f).unwrap().size, 0);
 }
 
+/// `OpenAt` is a lookup and an open in one: both checks apply (search on the directory,
+/// the open against the file's mode); what is not a regular file is only looked up;
+/// with `accessed`, the access time moves as `Accessed` moves it.
+fn an_open_by_name_checks_the_lookup_and_the_open(kind: StoreKind) {
+    let h = H::with_nodes(kind, 1);
+    let ns = h.ns();
+    let private = mkdir(ns, 0, ROOT, "private", 0o700);
+    let dir = mkdir(ns, 0, ROOT, "d", 0o755);
+    let ro = file(ns, 0, dir, "ro", 0o644);
+    file(ns, 0, private, "hidden", 0o644);
+    let link = fs::Symlink {
+        parent: dir,
+        name: "link".into(),
+        target: b"ro".to_vec(),
+    };
+    ns.handle(link, at(0, 1)).unwrap();
+    let open_at = |parent, name: &str, access, accessed| fs::OpenAt {
+        parent,
+        name: name.into(),
+        client: ClientId(1),
+        access,
+        accessed,
+    };
+    let read = OpenAccess::Read;
+    assert_eq!(
+        as_user(ns, ALICE, open_at(private, "hidden", read, None)),
+        EACCES
+    );
+    assert_eq!(
+        as_user(ns, ALICE, open_at(dir, "none", read, None)),
+        Some(ErrorCode::NotFound)
+    );
+    assert_eq!(
+        as_user(ns, ALICE, open_at(dir, "ro", OpenAccess::Write, None)),
+        EACCES
+    );
+    // A directory, a symbolic link: found, not opened (no session to end).
+    for (parent, name, kind) in [
+        (ROOT, "d", proto::FileKind::Directory),
+        (dir, "link", proto::FileKind::Symlink),
+    ] {
+        match ns
+            .handle(open_at(parent, name, read, Some(false)), at(ALICE, 1))
+            .unwrap()
+        {
+            fs::OpenedAt::Found(a) => assert_eq!(a.kind, kind, "{name}"),
+            fs::OpenedAt::Opened(o) => panic!("{name} was opened: {o:?}"),
+        }
+    }
+    // The file was just written (its atime is not after its mtime): relatime moves it.
+    let before = ns.getattr(ro).unwrap();
+    let o = match ns
+        .handle(open_at(dir, "ro", read, Some(false)), at(ALICE, 1))
+        .unwrap()
+    {
+        fs::OpenedAt::Opened(o) => o,
+        fs::OpenedAt::Found(a) => panic!("a regular file was not opened: {a:?}"),
+    };
+    assert_eq!(o.attr.ino, ro);
+    assert!(
+        o.attr.atime > before.atime,
+        "the reply carries the moved atime"
+    );
+    assert_eq!(ns.getattr(ro).unwrap().atime, o.attr.atime);
+    ns.release(o.session, None).unwrap();
+    // Read again at once: relatime leaves it; without `accessed` nothing moves either.
+    for accessed in [Some(false), None] {
+        let fs::OpenedAt::Opened(again) = ns
+            .handle(open_at(dir, "ro", read, accessed), at(ALICE, 1))
+            .unwrap()
+        else {
+            panic!("not opened");
+        };
+        assert_eq!(again.attr.atime, o.attr.atime, "{accessed:?}");
+        ns.release(again.session, None).unwrap();
+    }
+}
+
 engine_tests!(
+    an_open_by_name_checks_the_lookup_and_the_open,
     sessions_and_locks_belong_to_their_connection,
     names_need_search_and_write_on_the_directory,
     opens_are_checked_against_the_mode,
