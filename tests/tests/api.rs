@@ -429,3 +429,34 @@ async fn a_forked_child_fails_clearly_and_its_drops_do_not_hang() {
     })
     .await;
 }
+
+/// A name another client made after this one listed its directory (whole, so the
+/// client knows every name there) is read by an open by name and then found by a
+/// lookup: neither takes it for absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_an_open_found_is_known_after_a_listing() {
+    let cluster = InProcessCluster::start(3).await;
+    let fs = with_api(&cluster, |fs| {
+        fs.create_dir_all("/d", 0o755).unwrap();
+        assert!(fs.read_dir("/d").unwrap().is_empty(), "listed whole, empty");
+        fs
+    })
+    .await;
+    let other = cluster.client().await;
+    let caller = proto::meta::Caller::ROOT;
+    let d = other.lookup(proto::InodeId::ROOT, b"d").await.unwrap();
+    let (_, fh) = other
+        .create(d.ino, b"x", 0o644, caller, true, false)
+        .await
+        .unwrap();
+    assert_eq!(other.write(&fh, 0, b"made elsewhere").await.unwrap(), 14);
+    other.release(&fh).await.unwrap();
+    let (read, exists) = tokio::task::spawn_blocking(move || {
+        let read = fs.read("/d/x").map_err(|e| e.to_string());
+        (read, fs.exists("/d/x").map_err(|e| e.to_string()))
+    })
+    .await
+    .unwrap();
+    assert_eq!(read.as_deref(), Ok(&b"made elsewhere"[..]));
+    assert_eq!(exists, Ok(true), "a name just read is not absent");
+}

@@ -237,7 +237,8 @@ pub(super) async fn open_for(
 /// it) and one `OpenAt` of the last name, where a lookup then an open took two calls.
 /// `None` where the walk must do it: a symbolic link at the last name, a device or
 /// FIFO, a name not found (a kept directory may be stale: the walk looks again), a
-/// path that asks for a directory, or `O_TRUNC` (the truncation goes with `Open`).
+/// refusal of a read-only key, a path that asks for a directory, or `O_TRUNC` (the
+/// truncation goes with `Open`).
 async fn open_by_name(
     sh: &Shared,
     path: &str,
@@ -258,10 +259,12 @@ async fn open_by_name(
         Ok(OpenedByName::File(attr, fh)) => Ok(Some((attr, fh))),
         Ok(OpenedByName::Other(a)) if a.kind == FileKind::Directory => Err(is_a_directory(path)),
         Ok(OpenedByName::Other(_)) => Ok(None),
+        // A read-only key's open for writing is refused before the lookup: the walk
+        // gives the lookup's error first, as Linux does on a read-only mount.
         Err(e)
             if matches!(
                 e.code(),
-                proto::ErrorCode::NotFound | proto::ErrorCode::Stale
+                proto::ErrorCode::NotFound | proto::ErrorCode::Stale | proto::ErrorCode::ReadOnly
             ) =>
         {
             Ok(None)

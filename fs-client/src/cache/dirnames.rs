@@ -148,7 +148,11 @@ impl DirNames {
                     self.seen(&mut lists, a);
                 }
             }
-            (R::Lookup(fs::Lookup { parent, name }), Some(P::Attr(a))) => {
+            (R::Lookup(fs::Lookup { parent, name }), Some(P::Attr(a)))
+            | (
+                R::OpenAt(fs::OpenAt { parent, name, .. }),
+                Some(P::Attr(a) | P::Opened(Opened { attr: a, .. })),
+            ) => {
                 // Made by someone else since the list was confirmed.
                 if lists
                     .dirs

@@ -111,6 +111,16 @@ pub fn lazily<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// [`lazily`] inside a request whose own changes are waited for: what `f` stages is
+/// not waited for, what the request staged before still is (a lazy batch's later
+/// ticket would otherwise stand in for it, and the reply wait for both).
+pub fn lazily_within<T>(f: impl FnOnce() -> T) -> T {
+    let own = take_pending();
+    let r = lazily(f);
+    PENDING.with(|p| p.set(own));
+    r
+}
+
 /// Takes the newest ticket this thread staged since the last call. The namespace stages
 /// under its lock and waits for this ticket after releasing it, before replying.
 pub fn take_pending() -> Option<u64> {
@@ -503,6 +513,32 @@ mod tests {
         g.sync().unwrap();
         assert!(start.elapsed() < LAZY_DELAY, "sync waited for the delay");
         assert_eq!(inner.get(b"atime").unwrap(), Some(b"4".to_vec()));
+    }
+
+    /// Guards against an open by name waiting for its access time's sync (`OpenAt`): the
+    /// request's own ticket stays the one it waits for, or none if it staged nothing.
+    #[test]
+    fn a_lazy_change_within_a_request_leaves_it_its_own_ticket() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = open_store(StoreKind::Redb, dir.path()).unwrap();
+        let g = GroupCommit::new(inner.clone());
+        let _ = take_pending();
+        let own = g.stage(put(b"session", b"1")).unwrap().unwrap();
+        let lazy = lazily_within(|| g.stage(put(b"atime", b"1")))
+            .unwrap()
+            .unwrap();
+        assert!(lazy > own);
+        assert_eq!(
+            take_pending(),
+            Some(own),
+            "the request waits for its own change"
+        );
+        lazily_within(|| g.stage(put(b"atime", b"2"))).unwrap();
+        assert_eq!(
+            take_pending(),
+            None,
+            "and for nothing when it staged nothing"
+        );
     }
 
     #[test]

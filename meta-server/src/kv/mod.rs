@@ -20,7 +20,9 @@ mod conformance;
 mod conformance_txn;
 
 pub use self::etcd::{EtcdConfig, EtcdStore};
-pub use self::group::{lazily, take_pending, GroupCommit, GroupObserver, LAZY_DELAY};
+pub use self::group::{
+    lazily, lazily_within, take_pending, GroupCommit, GroupObserver, LAZY_DELAY,
+};
 pub use self::redb::RedbStore;
 pub use self::sled::SledStore;
 pub use self::wal::{Engine, LoggedStore};

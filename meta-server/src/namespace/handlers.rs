@@ -271,12 +271,14 @@ impl Handle for fs::OpenAt {
         let mut opened = ns.open_inode(ino, false, owner)?;
         ns.attach_grant(at, &mut opened, self.access.writes());
         // An open that may read was allowed to, which is what `Accessed` checks. The
-        // open stands if the access time cannot move: a lazily written atime is best
-        // effort, as the client's own `Accessed` is.
+        // access time is written lazily, as `Accessed` writes it (the reply waits for
+        // the open's changes only), and the open stands if it cannot move: best effort,
+        // as the client's own `Accessed` is. Only the atime is taken from its reply:
+        // the grants were sealed for the attributes the open saw.
         if let (Some(strict), true) = (self.accessed, self.access != proto::meta::OpenAccess::Write)
         {
-            match ns.accessed(ino, strict) {
-                Ok(attr) => opened.attr = attr,
+            match crate::kv::lazily_within(|| ns.accessed(ino, strict)) {
+                Ok(attr) => opened.attr.atime = attr.atime,
                 Err(e) => tracing::debug!(%ino, error = %e, "atime update of an open failed"),
             }
         }
