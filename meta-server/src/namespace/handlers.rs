@@ -261,15 +261,14 @@ impl Handle for fs::OpenAt {
             return Ok(fs::OpenedAt::Found(found));
         }
         let ino = found.ino;
-        ns.may_name_client(self.client, at.who.as_deref())?;
-        ns.may_open(&at.caller, ino, self.access, false)?;
-        let owner = SessionOwner {
+        // Then exactly an `Open` of what was found: its checks, session and grant.
+        let open = fs::Open {
+            ino,
             client: self.client,
-            conn: at.conn,
+            truncate: false,
             access: self.access,
         };
-        let mut opened = ns.open_inode(ino, false, owner)?;
-        ns.attach_grant(at, &mut opened, self.access.writes());
+        let mut opened = open.run(ns, at)?;
         // An open that may read was allowed to, which is what `Accessed` checks. The
         // access time is written lazily, as `Accessed` writes it (the reply waits for
         // the open's changes only), and the open stands if it cannot move: best effort,
