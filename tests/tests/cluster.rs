@@ -3,6 +3,7 @@
 use proto::meta::Caller;
 use proto::{ErrorCode, InodeId};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 use tessera_tests::{pseudo_random, sha256_hex, InProcessCluster};
 
 const ROOT_CALLER: Caller = Caller::ROOT;
@@ -47,10 +48,28 @@ async fn write_and_read_back_100_mib_spread_over_all_data_servers() {
     assert_eq!(sha256_hex(&back), sha256_hex(&data));
     other.release(&fh).await.unwrap();
 
-    // 25 chunks of 4 MiB, three copies each: every data server holds every chunk.
-    for dir in &cluster.data_dirs {
-        let n = chunk_files(dir).len();
-        assert_eq!(n, 25, "{} holds {n} chunks", dir.display());
+    // 25 chunks of 4 MiB, three copies each: every data server holds every chunk. On a
+    // loaded machine a server's lease can lapse during the write and its chain go on
+    // without it; it then gets the chunks when it is back (chain recovery), so this
+    // waits for the cluster to be whole and the copies to arrive, within a bound.
+    tokio::time::timeout(Duration::from_secs(60), cluster.wait_healthy())
+        .await
+        .expect("the cluster is whole again within 60 s");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let held: Vec<usize> = cluster
+            .data_dirs
+            .iter()
+            .map(|d| chunk_files(d).len())
+            .collect();
+        if held.iter().all(|&n| n == 25) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "chunks held per data server after 60 s: {held:?}, 25 each expected"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
