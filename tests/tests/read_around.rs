@@ -175,3 +175,78 @@ fn writes_and_truncation_through_the_mount_are_never_undone_by_a_stored_block() 
     assert_eq!(back.len() as u64, cut);
     assert_eq!(back[..], expect[..cut as usize]);
 }
+
+/// Pages of `len` bytes at `map` that are in the page cache (`mincore`).
+fn resident_pages(map: *mut libc::c_void, len: usize) -> usize {
+    let mut vec = vec![0u8; len.div_ceil(PAGE)];
+    // SAFETY: `map` is a live mapping of `len` bytes and `vec` has one byte per page
+    // of it, as mincore(2) writes.
+    let rc = unsafe { libc::mincore(map, len, vec.as_mut_ptr()) };
+    assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+    vec.iter().filter(|&&v| v & 1 != 0).count()
+}
+
+/// An `O_DIRECT` reader gets the bytes it asked for and nothing is read around them:
+/// before, each 4 KiB `O_DIRECT` read fetched a whole block (256 KiB in a file that fits
+/// memory) and stored it in the kernel's page cache, which such a reader never uses.
+#[test]
+fn o_direct_reads_store_nothing_in_the_page_cache() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let cluster = ProcessCluster::start(3);
+    let (a, b) = (cluster.mount("a"), cluster.mount("b"));
+    let data = pseudo_random(8 << 20, 77);
+    fs::write(a.path.join("f"), &data).unwrap();
+    let path = b.path.join("f");
+    // A mapping of the file on the reading mount: its pages are the cache the reads
+    // below would fill.
+    let mapped = fs::File::open(&path).unwrap();
+    let len = data.len();
+    // SAFETY: a new shared read-only mapping of an open file; unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            mapped.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    let direct = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&path)
+        .unwrap();
+    // O_DIRECT needs an aligned buffer: a page of its own.
+    // SAFETY: a new private anonymous mapping of one page; unmapped below.
+    let buf = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(buf, libc::MAP_FAILED);
+    // SAFETY: `buf` is a writable mapping of PAGE bytes that nothing else uses.
+    let page = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), PAGE) };
+    let mut rng = Rng::new(77);
+    for _ in 0..32 {
+        let at = rng.index(len / PAGE) * PAGE;
+        assert_eq!(direct.read_at(page, at as u64).unwrap(), PAGE);
+        assert!(page[..] == data[at..at + PAGE], "4 KiB read at {at}");
+    }
+    let resident = resident_pages(map, len);
+    // SAFETY: both mappings were made above and are not used after this.
+    unsafe {
+        libc::munmap(buf, PAGE);
+        libc::munmap(map, len);
+    }
+    assert_eq!(
+        resident, 0,
+        "pages of the file cached after 32 O_DIRECT reads of 4 KiB"
+    );
+}

@@ -368,20 +368,28 @@ impl fuser::Filesystem for TesseraFs {
         fh: Fh,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        // An O_DIRECT reader asks for these bytes and keeps no page cache: reading a
+        // block around them (up to 256 KiB for a 4 KiB read) and storing it in the
+        // kernel's cache would only cost time, moved bytes and memory.
+        let around = flags.0 & libc::O_DIRECT == 0;
         let inner = self.inner.clone();
         self.spawn(req, async move {
             let file = match inner.file(fh.0) {
                 Ok(f) => f,
                 Err(e) => return reply.error(errno(e.code())),
             };
-            let r = inner
-                .client
-                .read_buf_around(&file, offset, size as usize)
-                .await;
+            let r = if around {
+                inner
+                    .client
+                    .read_buf_around(&file, offset, size as usize)
+                    .await
+            } else {
+                inner.client.read_buf(&file, offset, size as usize).await
+            };
             finish(reply, r, |reply, buf| {
                 buf.with(|b| reply.data(b));
                 // After the answer, so that the reader does not wait for it.
