@@ -390,7 +390,7 @@ impl Client {
             }
             _ => {}
         }
-        if self.dir_names.absent(parent, name) {
+        if self.name_known_absent(parent, name) {
             return Err(ClientError::KnownAbsent(format!(
                 "no {} in {parent}",
                 String::from_utf8_lossy(name)
@@ -433,6 +433,12 @@ impl Client {
     /// Read before sending a request whose reply's attributes may be kept.
     pub(crate) fn attr_epoch(&self) -> u64 {
         self.dir_attrs.epoch()
+    }
+
+    /// Whether `parent` is known to have no entry `name`, without asking: a directory
+    /// this mount made or listed whole (`dirnames.rs`). `.` and `..` are never absent.
+    pub(crate) fn name_known_absent(&self, parent: InodeId, name: &[u8]) -> bool {
+        !matches!(name, b"." | b"..") && self.dir_names.absent(parent, name)
     }
 
     /// Whether `name` of `ino` is known to be absent without asking: the kernel's check

@@ -71,6 +71,16 @@ impl fuser::Filesystem for TesseraFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        // The lookup before each create in a directory this mount made or listed:
+        // answered here, with no hand-off to a task. Not cached by the kernel (no
+        // negative entry), as a miss the server answers is not.
+        if self
+            .inner
+            .client
+            .name_known_absent(ino(parent), name.as_bytes())
+        {
+            return reply.error(fuser::Errno::ENOENT);
+        }
         let (inner, name) = (self.inner.clone(), name.as_bytes().to_vec());
         self.spawn(req, async move {
             let mut r = inner.client.lookup(ino(parent), &name).await;
