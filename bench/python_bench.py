@@ -12,6 +12,11 @@ Phases, each timed alone, caches dropped before every read:
   ckpt-mount      the checkpoint saved through the mount (write, fsync, rename)
   ckpt-package    the checkpoint saved through the package (the same steps)
   load-local, load-mount, load-package: the checkpoint read back cold
+  latency-local, latency-mount, latency-package: LATENCY_READS reads of 4 KiB at random
+                  aligned offsets of the checkpoint file, one at a time, caches dropped
+                  first: with O_DIRECT on the local disk and the mount, through a package
+                  file object (no FUSE) on the cluster; the median and 99th percentile of
+                  each read's time (issue 25: the package within 100 us of the local disk)
 
 With torch importable, the data set is read by a torch DataLoader with WORKERS workers
 (TesseraDataset through the package, a plain file Dataset through the mount) and the
@@ -236,6 +241,48 @@ def load_package(addr, use_torch):
     return fs.stat("/ckpt-package.bin").st_size, time.monotonic() - t0, len(obj)
 
 
+LATENCY_READS = 2000
+
+
+def latencies(read_at, size, seed=25):
+    """Times LATENCY_READS reads of 4 KiB at random aligned offsets below `size`: the
+    median and the 99th percentile, in microseconds."""
+    rng = random.Random(seed)
+    took = []
+    for _ in range(LATENCY_READS):
+        off = rng.randrange(size // 4096) * 4096
+        t = time.perf_counter_ns()
+        n = read_at(off)
+        took.append(time.perf_counter_ns() - t)
+        if n != 4096:
+            raise SystemExit(f"a 4 KiB read at {off} returned {n} bytes")
+    took.sort()
+    return took[len(took) // 2] / 1000, took[len(took) * 99 // 100] / 1000
+
+
+def latency_posix(root):
+    import mmap
+
+    path = os.path.join(root, "ckpt-posix.bin")
+    buf = mmap.mmap(-1, 4096)  # page-aligned, as O_DIRECT needs
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        return latencies(lambda off: os.preadv(fd, [buf], off), os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
+def latency_package(addr):
+    fs = connect(addr)
+    buf = bytearray(4096)
+    with fs.open("/ckpt-package.bin", "rb", buffering=0) as f:
+        def read_at(off):
+            f.seek(off)
+            return f.readinto(buf)
+
+        return latencies(read_at, fs.stat("/ckpt-package.bin").st_size)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--addr", required=True)
@@ -273,6 +320,13 @@ def main():
     ):
         drop_caches()
         res[name] = fn()[:2]
+    for name, fn in (
+        ("latency-local", lambda: latency_posix(a.local)),
+        ("latency-mount", lambda: latency_posix(a.mount)),
+        ("latency-package", lambda: latency_package(a.addr)),
+    ):
+        drop_caches()
+        res[name] = fn()
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
 

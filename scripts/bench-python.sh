@@ -103,6 +103,12 @@ print(f"| save: package / (local write / copies) (>= 0.9) | {mib('ckpt-package')
 print(f"| save: package / mount (> 1) | {mib('ckpt-package') / mib('ckpt-mount'):.2f} |")
 print(f"| load: package / local cold read | {mib('load-package') / mib('load-local'):.2f} |")
 print(f"| load: package / mount (> 1) | {mib('load-package') / mib('load-mount'):.2f} |")
+print("\n| 4 KiB random read, one at a time, cold | median us | 99th percentile us |\n| --- | --- | --- |")
+for k, what in [("latency-local", "local disk, O_DIRECT"), ("latency-mount", "the mount, O_DIRECT"),
+                ("latency-package", "the package (client API, no FUSE)")]:
+    print(f"| {what} | {r[k][0]:,.0f} | {r[k][1]:,.0f} |")
+gap = r["latency-package"][0] - r["latency-local"][0]
+print(f"\nThe package's median minus the local disk's: {gap:,.0f} us (issue 25: at most 100).")
 EOF
 cat "$out"
 log "wrote $out"

@@ -13,8 +13,12 @@
 #   (b) sequential read of a SEQ_MIB file in 1 MiB blocks (its 1-writer write is shown too)
 #   (c) checkpoint write: CKPT_JOBS writers x CKPT_MIB in 1 MiB blocks, fsync at the end;
 #       then CKPT_JOBS writers into disjoint ranges of one file, fsync at the end
-#   (d) 4 KiB random read, RAND_JOBS jobs, RAND_S seconds, on the file of (b)
+#   (d) 4 KiB random read, RAND_JOBS jobs, RAND_S seconds, on the file of (b): buffered
+#       (the page cache may serve repeats), then O_DIRECT, then one O_DIRECT job's median
+#       latency (issue 25)
 #   (e) metadata: create, stat and remove META_FILES empty files from META_PROCS processes
+#       in one folder, then from META_DIR_PROCS processes in a folder each; then
+#       SMALL_FILES files of SMALL_BYTES written whole (create, write, close) by 1 process
 #   (g) small writes: APPEND_RECORDS records of APPEND_BYTES, one write(2) each, to one
 #       file: plain writes; O_APPEND writes from one process; from two mounts at once
 #       (Tessera: a second mount of the cluster; the others: two processes on one mount)
@@ -49,6 +53,9 @@ RAND_JOBS=4                   # (d)
 RAND_S=30
 META_FILES=10000              # (e)
 META_PROCS=2
+META_DIR_PROCS=4              # (e), a folder each
+SMALL_FILES=3000              # (e), written whole by one process
+SMALL_BYTES=4096
 APPEND_RECORDS=20000          # (g)
 APPEND_BYTES=100
 STEP_TIMEOUT_S=1800           # bound on any one step (fio, a Python phase)
@@ -59,7 +66,7 @@ ALL_WORKLOADS="a b c d e g"
 
 quick_settings() {            # --quick: a smoke run of every path in a few minutes
   DATASET_FILES=400; DATASET_READ_MAX_S=120; SEQ_MIB=256; CKPT_MIB=64; RAND_S=5
-  META_FILES=1000; APPEND_RECORDS=4000
+  META_FILES=1000; SMALL_FILES=500; APPEND_RECORDS=4000
 }
 
 # ---------------------------------------------------------------- options
@@ -407,6 +414,20 @@ workload_d() {
     --randrepeat=0 --norandommap --readonly || return 1
   v=$(fio_val "$sys" d-randread read-iops) || return 1
   record "$sys" rand_read_iops "$v"
+  # The file system itself, every read sent to it (a FUSE file system opened with O_DIRECT
+  # gets each read; the buffered row above can be served by the page cache on repeats).
+  drop_caches
+  fio_step "$sys" d-direct --name=rand --filename="$f" --rw=randread --bs=4k --direct=1 \
+    --size="${SEQ_MIB}m" --numjobs="$RAND_JOBS" --time_based --runtime="$RAND_S" \
+    --randrepeat=0 --norandommap --readonly || return 1
+  v=$(fio_val "$sys" d-direct read-iops) || return 1
+  record "$sys" rand_read_direct_iops "$v"
+  drop_caches
+  fio_step "$sys" d-latency --name=lat --filename="$f" --rw=randread --bs=4k --direct=1 \
+    --size="${SEQ_MIB}m" --numjobs=1 --time_based --runtime="$RAND_S" \
+    --randrepeat=0 --norandommap --readonly || return 1
+  v=$(fio_val "$sys" d-latency read-p50-us) || return 1
+  record "$sys" rand_read_direct_p50_us "$v"
 }
 
 workload_c() {
@@ -429,15 +450,27 @@ workload_c() {
 }
 
 workload_e() {
-  local sys=$1 d=$2/meta phase key v
+  local sys=$1 d=$2/meta phase v
   for phase in create stat remove; do
     drop_caches
     py_step "$sys" "e-$phase" meta "$d" "$META_FILES" "$META_PROCS" "$phase" || return 1
-    case $phase in create) key=creates_s ;; stat) key=stats_s ;; remove) key=removes_s ;; esac
     v=$(jval "$RUN/$sys-e-$phase.json" ops_s) || return 1
-    record "$sys" "$key" "$v"
+    record "$sys" "${phase}s_s" "$v"
   done
   rmdir "$d"
+  for phase in create stat remove; do
+    drop_caches
+    py_step "$sys" "e-$phase-dirs" meta "$d" "$META_FILES" "$META_DIR_PROCS" "$phase" dirs ||
+      return 1
+    v=$(jval "$RUN/$sys-e-$phase-dirs.json" ops_s) || return 1
+    record "$sys" "${phase}s_dirs_s" "$v"
+  done
+  rmdir "$d"
+  drop_caches
+  py_step "$sys" e-small small-files "$2/small" "$SMALL_FILES" "$SMALL_BYTES" || return 1
+  v=$(jval "$RUN/$sys-e-small.json" files_s) || return 1
+  record "$sys" small_files_s "$v"
+  rm -rf "$2/small"
 }
 
 # (g): the second writer's directory is the same folder through a second mount where the
@@ -541,8 +574,10 @@ write_info() {
   settings+="; (a) $DATASET_FILES files of $DATASET_MIN_BYTES-$DATASET_MAX_BYTES bytes (seeded)"
   settings+=", $READERS readers, 1 MiB reads, at most $DATASET_READ_MAX_S s; (b) $SEQ_MIB MiB"
   settings+=", bs 1 MiB; (c) $CKPT_JOBS x $CKPT_MIB MiB, bs 1 MiB, end_fsync; (d) bs 4 KiB,"
-  settings+=" $RAND_JOBS jobs, $RAND_S s, norandommap; (e) $META_FILES files, $META_PROCS"
-  settings+=" processes, one folder; (g) $APPEND_RECORDS x $APPEND_BYTES bytes; quick=$QUICK"
+  settings+=" $RAND_JOBS jobs, $RAND_S s, norandommap, buffered then O_DIRECT; (e) $META_FILES"
+  settings+=" files, $META_PROCS processes, one folder, then $META_DIR_PROCS processes, a folder"
+  settings+=" each; $SMALL_FILES files of $SMALL_BYTES bytes written whole by 1 process"
+  settings+="; (g) $APPEND_RECORDS x $APPEND_BYTES bytes; quick=$QUICK"
   {
     echo "DATE=$(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "COMMAND=scripts/bench.sh${ARGS:+ $ARGS}"
@@ -561,6 +596,8 @@ write_info() {
     echo "RAND_JOBS=$RAND_JOBS"
     echo "RAND_S=$RAND_S"
     echo "META_PROCS=$META_PROCS"
+    echo "META_DIR_PROCS=$META_DIR_PROCS"
+    echo "SMALL=$(human "$SMALL_BYTES")"
     echo "APPENDS=$APPEND_RECORDS x $APPEND_BYTES B"
     echo "NOTE=other work ran on this machine during the run; the load average at each system's start is in the table"
   } > "$RUN/info.env"

@@ -8,15 +8,21 @@ matplotlib for the chart).
   bench.py dataset-read DIR READERS MAX_SECONDS
       READERS processes each open, read whole (1 MiB reads) and close every file of its
       folder, in a seeded shuffled order, as a data loader does. Prints JSON.
-  bench.py meta DIR FILES PROCS PHASE       PHASE: create | stat | remove
+  bench.py meta DIR FILES PROCS PHASE [dirs]   PHASE: create | stat | remove
       PROCS processes create (O_CREAT|O_EXCL, then close), stat or remove FILES empty
-      files in total in one shared folder. Prints JSON.
+      files in total in one shared folder, or with `dirs` each in a folder of its own
+      (DIR/p0 .. DIR/pN-1: the kernel's lock of a directory then serializes nothing, and
+      what is left is the file system's own rate). Prints JSON.
+  bench.py small-files DIR FILES BYTES
+      One process writes FILES files of BYTES whole: open (O_CREAT|O_EXCL), one write,
+      close, as a data set's samples or `tar x` are written. Prints JSON.
   bench.py appends DIR DIR2 RECORDS BYTES MODE   MODE: plain | append | append2
       RECORDS records of BYTES, one os.write each, to DIR/MODE.log, then close: plain
       writes, O_APPEND writes, or O_APPEND writes from two processes at once, the second
       through DIR2 (the same folder through another mount, or DIR), RECORDS / 2 each.
       Checks the file's length. Prints JSON.
-  bench.py fio-value FILE.json KIND         KIND: read-mibs | write-mibs | read-iops
+  bench.py fio-value FILE.json KIND         KIND: read-mibs | write-mibs | read-iops |
+                                            read-p50-us (the median completion latency)
   bench.py report RUN_DIR OUT_BASE          Markdown table OUT_BASE.md, chart OUT_BASE.png
 """
 
@@ -113,6 +119,7 @@ def dataset_read(d, readers, max_seconds):
 def _meta_part(args):
     d, proc, count, phase, barrier = args
     names = [os.path.join(d, f"p{proc}.{i:06d}") for i in range(count)]
+    os.makedirs(d, exist_ok=True)
     barrier.wait()
     if phase == "create":
         flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
@@ -127,19 +134,42 @@ def _meta_part(args):
     return time.monotonic()
 
 
-def meta(d, files, procs, phase):
+def meta(d, files, procs, phase, own_dirs=False):
     os.makedirs(d, exist_ok=True)
     per = files // procs
+    where = [os.path.join(d, f"p{p}") if own_dirs else d for p in range(procs)]
     with mp.Manager() as m:
         barrier = m.Barrier(procs + 1)
         with mp.Pool(procs) as pool:
-            res = pool.map_async(_meta_part, [(d, p, per, phase, barrier) for p in range(procs)])
+            res = pool.map_async(_meta_part,
+                                 [(where[p], p, per, phase, barrier) for p in range(procs)])
             barrier.wait()
             t = time.monotonic()
             ends = res.get(3600)
     secs = max(ends) - t
+    if own_dirs and phase == "remove":
+        for w in where:
+            os.rmdir(w)
     print(json.dumps({"phase": phase, "ops": per * procs, "seconds": secs,
-                      "ops_s": per * procs / secs}))
+                      "ops_s": per * procs / secs, "own_dirs": own_dirs}))
+
+
+def small_files(d, files, nbytes):
+    os.makedirs(d, exist_ok=True)
+    data = os.urandom(nbytes)
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
+    t = time.monotonic()
+    for i in range(files):
+        fd = os.open(os.path.join(d, f"s{i:06d}.bin"), flags, 0o644)
+        try:
+            if os.write(fd, data) != nbytes:
+                raise SystemExit("short write")
+        finally:
+            os.close(fd)
+    secs = time.monotonic() - t
+    if os.stat(os.path.join(d, f"s{files - 1:06d}.bin")).st_size != nbytes:
+        raise SystemExit("the last file's length differs from what was written")
+    print(json.dumps({"files": files, "bytes": nbytes, "seconds": secs, "files_s": files / secs}))
 
 
 # ---------------------------------------------------------------- small writes (g)
@@ -201,6 +231,12 @@ def fio_value(path, kind):
     errors = sum(job.get("error", 0) for job in j["jobs"])
     if errors:
         raise SystemExit(f"{path}: fio reported errors")
+    if kind == "read-p50-us":
+        if len(j["jobs"]) != 1:
+            raise SystemExit(f"{path}: a median latency needs one job (group_reporting)")
+        pct = j["jobs"][0]["read"]["clat_ns"]["percentile"]
+        print(f"{pct['50.000000'] / 1000:.1f}")
+        return
     value = {"read-mibs": read / MIB, "write-mibs": write / MIB, "read-iops": iops}[kind]
     print(f"{value:.1f}")
 
@@ -232,11 +268,22 @@ METRICS = [
      "MiB/s"),
     ("shard_write_mibs", "(c) {CKPT_JOBS} writers, disjoint ranges of one file, + fsync",
      "(c) one shared file", "MiB/s"),
-    ("rand_read_iops", "(d) 4 KiB random read, {RAND_JOBS} jobs, {RAND_S} s", "(d) 4 KiB rand read",
-     "IOPS"),
+    ("rand_read_iops", "(d) 4 KiB random read, {RAND_JOBS} jobs, {RAND_S} s, buffered (page cache "
+     "allowed)", "(d) 4 KiB rand read, cached", "IOPS"),
+    ("rand_read_direct_iops", "(d) 4 KiB random read with O_DIRECT, {RAND_JOBS} jobs (the file system, "
+     "not the page cache)",
+     "(d) 4 KiB rand read, O_DIRECT", "IOPS"),
+    ("rand_read_direct_p50_us", "(d) one O_DIRECT 4 KiB random read, 1 job: median latency "
+     "(lower is better)", "(d) O_DIRECT read latency, lower is better", "us"),
     ("creates_s", "(e) create empty files, {META_PROCS} processes", "(e) creates", "ops/s"),
     ("stats_s", "(e) stat", "(e) stats", "ops/s"),
     ("removes_s", "(e) remove", "(e) removes", "ops/s"),
+    ("creates_dirs_s", "(e) create empty files, {META_DIR_PROCS} processes, a folder each",
+     "(e) creates, own folders", "ops/s"),
+    ("stats_dirs_s", "(e) stat, a folder each", "(e) stats, own folders", "ops/s"),
+    ("removes_dirs_s", "(e) remove, a folder each", "(e) removes, own folders", "ops/s"),
+    ("small_files_s", "(e) small files written whole (create, write {SMALL}, close), 1 process",
+     "(e) small files written whole", "files/s"),
     ("plain_writes_s", "(g) small writes to one file, {APPENDS}, + close", "(g) small writes",
      "writes/s"),
     ("append_writes_s", "(g) the same with O_APPEND, 1 process", "(g) O_APPEND, 1 writer",
@@ -255,6 +302,20 @@ TARGETS = [
     ("creates_s", "moosefs", 10.0, "creates"),
     ("rand_read_iops", "moosefs", 2.0, "4 KiB random read"),
     ("seq_read_mibs", "bindfs", 0.6, "sequential read"),
+]
+
+# (metric, target against bindfs, target against MooseFS or None) from issue 25: small
+# files and metadata against the FUSE passthrough of the same disk.
+TARGETS_25 = [
+    ("dataset_mibs", 0.9, 2.0),
+    ("dataset_write_files_s", 0.9, None),
+    ("creates_s", 0.9, None),
+    ("stats_s", 0.9, None),
+    ("removes_s", 0.9, None),
+    ("creates_dirs_s", 1.0, None),
+    ("removes_dirs_s", 1.0, None),
+    ("rand_read_direct_iops", 0.5, None),
+    ("small_files_s", 0.9, None),
 ]
 
 
@@ -295,6 +356,35 @@ def ratio(res, metric, a, b):
         return float(res[a][metric]) / float(res[b][metric])
     except (KeyError, ValueError, ZeroDivisionError):
         return None
+
+
+def issue_25_table(res, info):
+    """Issue 25's rows: Tessera against bindfs (the target) and MooseFS, where measured."""
+    if "tessera" not in res or "bindfs" not in res:
+        return []
+    labels = {k: label.format(**info) for k, label, _, _ in METRICS}
+    out = ["", "## Ratios named by issue 25's targets (Tessera / bindfs, Tessera / MooseFS)", "",
+           "| workload | Tessera | bindfs | MooseFS | Tessera / bindfs | target | met "
+           "| Tessera / MooseFS | target |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for key, vs_bindfs, vs_moosefs in TARGETS_25:
+        rb = ratio(res, key, "tessera", "bindfs")
+        rm = ratio(res, key, "tessera", "moosefs")
+        cells = [fmt(res.get(s, {}).get(key)) for s in ("tessera", "bindfs", "moosefs")]
+        met = "-" if rb is None else ("yes" if rb >= vs_bindfs else "no")
+        if vs_moosefs is not None and rm is not None:
+            met += " / " + ("yes" if rm >= vs_moosefs else "no")
+        out.append(f"| {labels[key]} | " + " | ".join(cells) +
+                   f" | {'-' if rb is None else f'{rb:.2f}x'} | >= {vs_bindfs:g}x | {met}"
+                   f" | {'-' if rm is None else f'{rm:.2f}x'}"
+                   f" | {'-' if vs_moosefs is None else f'>= {vs_moosefs:g}x'} |")
+    lat = [(s, res.get(s, {}).get("rand_read_direct_p50_us")) for s in ("local", "tessera")]
+    if all(v for _, v in lat):
+        out += ["", f"O_DIRECT 4 KiB read, median: local disk {fmt(lat[0][1])} us, Tessera "
+                f"through FUSE {fmt(lat[1][1])} us (issue 25 asks for the client API's own "
+                "median within 100 us of the local disk's: scripts/bench-python.sh measures "
+                "that one)."]
+    return out
 
 
 def report(run, out_base):
@@ -351,6 +441,7 @@ def report(run, out_base):
         met = "-" if r is None else ("yes" if r >= target else "no")
         tgt = f">= {target:g}x" if target >= 1 else f">= {target * 100:.0f}%"
         lines.append(f"| {what}, Tessera / {peer_name} | {tgt} | {shown} | {met} |")
+    lines += issue_25_table(res, info)
     refs = []
     for key, _, short, _ in METRICS:
         if key in ("dataset_files_s", "dataset_write_files_s"):
@@ -393,7 +484,8 @@ def chart(res, systems, info, path):
               "tessera-base": "#ff8a65", "tessera-etcd": "#ffb74d",
               "tessera-etcd-disk": "#a1887f",
               "moosefs": "#1565c0", "glusterfs": "#2e7d32", "juicefs": "#6a1b9a"}
-    fig, axes = plt.subplots(4, 3, figsize=(16, 17))
+    rows = (len(metrics) + 2) // 3
+    fig, axes = plt.subplots(rows, 3, figsize=(16, 4.25 * rows))
     for ax in axes.flat[len(metrics):]:
         ax.set_visible(False)
     for ax, (key, _, title, unit) in zip(axes.flat, metrics):
@@ -418,8 +510,8 @@ def chart(res, systems, info, path):
                     ha="center", va="bottom", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(f"Tessera benchmark {info.get('DATE', '')}, commit {info.get('COMMIT', '?')}"
-                 f"{info.get('DIRTY', '')}: {info.get('MACHINE_SHORT', '')}; higher is better",
-                 fontsize=13)
+                 f"{info.get('DIRTY', '')}: {info.get('MACHINE_SHORT', '')}; higher is better "
+                 "unless a title says otherwise", fontsize=13)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=90)
 
@@ -433,7 +525,11 @@ def main(argv):
     elif cmd == "dataset-read":
         dataset_read(a[0], int(a[1]), float(a[2]))
     elif cmd == "meta":
-        meta(a[0], int(a[1]), int(a[2]), a[3])
+        if len(a) > 4 and a[4] != "dirs":
+            raise SystemExit(__doc__)
+        meta(a[0], int(a[1]), int(a[2]), a[3], len(a) > 4)
+    elif cmd == "small-files":
+        small_files(a[0], int(a[1]), int(a[2]))
     elif cmd == "appends":
         appends(a[0], a[1], int(a[2]), int(a[3]), a[4])
     elif cmd == "fio-value":
