@@ -17,7 +17,7 @@
 use super::{blocking, call_peer, range_error, Inner};
 use crate::error::DataError;
 use crate::metrics::OneSided;
-use crate::store::{Fill, ReplicaFields, Stamp};
+use crate::store::{ChunkStore, Fill, ReplicaFields, Stamp};
 use bytes::Bytes;
 use proto::data::fits_inline;
 use proto::data::{ChunkMeta, Placement, ReplicaData, Replicate};
@@ -339,23 +339,31 @@ impl Inner {
         Ok(fields_of(meta))
     }
 
-    /// Refuses a read of a copy that may miss committed writes: a stale copy, or a chain
-    /// this server does not serve in its newest map. Called holding the chunk's lock.
-    pub(super) async fn check_readable(
-        &self,
-        chunk: ChunkId,
-        chain: ChainId,
-    ) -> Result<(), DataError> {
-        let f = self.local_fields(chunk).await?;
+    /// Refuses a read of a copy that may miss committed writes in a chain this server
+    /// does not serve in its newest map (it is being synced). The copy's own stale flag
+    /// is the other half, checked by [`readable_copy`] where the read opens the chunk.
+    /// Called holding the chunk's lock.
+    pub(super) fn check_serving(&self, chunk: ChunkId, chain: ChainId) -> Result<(), DataError> {
         let map = self.view.current();
-        let syncing = !matches!(self.view.my_state(&map, chain), Some(MemberState::Serving));
-        if f.stale || syncing {
-            return Err(DataError::Stale(format!(
-                "{chunk}: this copy is being brought up to date"
-            )));
+        match self.view.my_state(&map, chain) {
+            Some(MemberState::Serving) => Ok(()),
+            _ => Err(being_synced(chunk)),
         }
-        Ok(())
     }
+}
+
+/// Refuses a read of a stale copy (one that missed a write); a chunk this server lacks
+/// reads as zeros. Runs on the read's blocking thread, holding the chunk's lock: the
+/// copy's header is read there anyway, so the check costs no hand-off of its own.
+pub(super) fn readable_copy(store: &ChunkStore, chunk: ChunkId) -> Result<(), DataError> {
+    if fields_of(store.chunk_meta(chunk)?).stale {
+        return Err(being_synced(chunk));
+    }
+    Ok(())
+}
+
+fn being_synced(chunk: ChunkId) -> DataError {
+    DataError::Stale(format!("{chunk}: this copy is being brought up to date"))
 }
 
 /// The replica fields of a chunk's state (zero for a chunk this server lacks).

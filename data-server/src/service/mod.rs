@@ -329,7 +329,12 @@ impl Inner {
         // Checked under the lock: a write that marks this copy stale holds it
         // exclusively, so it cannot land between the check and the read.
         let _lock = self.locks.read(chunk).await;
-        self.check_readable(chunk, place.chain).await?;
+        self.check_serving(chunk, place.chain)?;
+        if len == 0 {
+            // No step to check the copy in: checked alone.
+            let store = self.store.clone();
+            blocking(move || chain::readable_copy(&store, chunk)).await?;
+        }
         self.read(conn, chunk, chunk_size_bytes, offset, len, dest)
             .await?;
         Ok(Moved { len })
@@ -443,6 +448,10 @@ impl Inner {
             .map(move |o| (o, step.min(len - o)))
     }
 
+    /// Reads `len` bytes of a local copy into the client's buffer `dest`, step by step;
+    /// the first step also refuses a stale copy (`chain::readable_copy`), in the same
+    /// call to the blocking pool as its read: a hand-off cost about as much as a cached
+    /// read.
     async fn read(
         &self,
         conn: &Connection,
@@ -466,8 +475,13 @@ impl Inner {
             let off = offset
                 .checked_add(at)
                 .ok_or_else(|| range_error(offset, len))?;
-            blocking(move || store.read(chunk, chunk_size, off, &mut fill.lock()[..n as usize]))
-                .await?;
+            blocking(move || {
+                if at == 0 {
+                    chain::readable_copy(&store, chunk)?;
+                }
+                store.read(chunk, chunk_size, off, &mut fill.lock()[..n as usize])
+            })
+            .await?;
             let target = RemoteBuf {
                 addr: dest.addr + u64::from(at),
                 len: u64::from(n),
