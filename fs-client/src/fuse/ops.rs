@@ -79,7 +79,7 @@ impl fuser::Filesystem for TesseraFs {
             .client
             .name_known_absent(ino(parent), name.as_bytes())
         {
-            return reply.error(fuser::Errno::ENOENT);
+            return reply.error(errno(ErrorCode::NotFound));
         }
         let (inner, name) = (self.inner.clone(), name.as_bytes().to_vec());
         self.spawn(req, async move {
