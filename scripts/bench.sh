@@ -70,7 +70,7 @@ quick_settings() {            # --quick: a smoke run of every path in a few minu
 }
 
 # ---------------------------------------------------------------- options
-usage() { sed -n '5,19p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '5,25p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 ARGS="$*"
 QUICK=0; SYSTEMS=$ALL_SYSTEMS; WORKLOADS=$ALL_WORKLOADS; BASE_REV=""
 while [ $# -gt 0 ]; do
@@ -218,7 +218,10 @@ stop_local() { rm -rf "$BENCH_DIR/local"; }
 start_bindfs() {
   MNT=$BENCH_DIR/mnt/bindfs; mkdir -p "$BENCH_DIR/bindfs-src" "$MNT" || return 1
   # Multithreaded: the best a FUSE passthrough does (single-threaded bindfs serializes).
-  bindfs -f --multithreaded "$BENCH_DIR/bindfs-src" "$MNT" > "$RUN/bindfs.log" 2>&1 &
+  # O_DIRECT forwarded: bindfs clears it by default, and (d)'s O_DIRECT rows would then
+  # read the page cache under bindfs.
+  bindfs -f --multithreaded --forward-odirect=4096 "$BENCH_DIR/bindfs-src" "$MNT" \
+    > "$RUN/bindfs.log" 2>&1 &
   BINDFS_PID=$!
   wait_mounted "$MNT" || { echo "bindfs did not mount" >&2; return 1; }
 }
@@ -571,6 +574,7 @@ write_info() {
   settings+=" (4 MiB chunks, redb); MooseFS: $MOOSEFS_CHUNKSERVERS chunkservers, trash time 0"
   settings+="; GlusterFS: 3 bricks ($([ "$COPIES" = 1 ] && echo distribute || echo "replica $COPIES"))"
   settings+="; JuiceFS: Redis + local file store, trash days 0; bindfs --multithreaded"
+  settings+=" --forward-odirect=4096"
   settings+="; (a) $DATASET_FILES files of $DATASET_MIN_BYTES-$DATASET_MAX_BYTES bytes (seeded)"
   settings+=", $READERS readers, 1 MiB reads, at most $DATASET_READ_MAX_S s; (b) $SEQ_MIB MiB"
   settings+=", bs 1 MiB; (c) $CKPT_JOBS x $CKPT_MIB MiB, bs 1 MiB, end_fsync; (d) bs 4 KiB,"

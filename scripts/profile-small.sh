@@ -30,9 +30,15 @@ command -v perf >/dev/null || { echo "perf is not installed (Debian: linux-perf)
 cleanup() {
   [ -d "$STATE" ] && "$BIN" down "$MNT" --state-dir "$STATE" >/dev/null 2>&1 || true
   rm -rf "$STATE"
+  # `up --state-dir` records the state directory under /var/lib/tessera, named after the
+  # mount point's path: removed too, as bench.sh does.
+  local recorded
+  recorded="/var/lib/tessera/$(printf '%s' "${MNT#/}" | tr -c 'A-Za-z0-9._' '-')"
+  rm -f "$recorded/redirect" && rmdir "$recorded" 2>/dev/null || true
   rmdir "$MNT" 2>/dev/null || true
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 (cd "$ROOT" && cargo build --release --bins)
 rm -rf "$STATE"
@@ -138,7 +144,7 @@ EOF
   echo "Hottest functions (process name as the kernel knows it):"
   perf report -i "$OUT/$phase.perf" --stdio --no-children --sort comm,sym 2>/dev/null \
     > "$OUT/$phase.report" || true
-  grep -E '^ +[0-9.]+%' "$OUT/$phase.report" | sed -n 1,30p
+  grep -E '^ +[0-9.]+%' "$OUT/$phase.report" | sed -n 1,30p || true
 }
 
 D=$MNT/profile

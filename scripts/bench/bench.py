@@ -358,11 +358,18 @@ def ratio(res, metric, a, b):
         return None
 
 
+class Missing(dict):
+    """Settings for a label; one an older run did not record shows as `?`."""
+
+    def __missing__(self, key):
+        return "?"
+
+
 def issue_25_table(res, info):
     """Issue 25's rows: Tessera against bindfs (the target) and MooseFS, where measured."""
     if "tessera" not in res or "bindfs" not in res:
         return []
-    labels = {k: label.format(**info) for k, label, _, _ in METRICS}
+    labels = {k: label.format_map(Missing(info)) for k, label, _, _ in METRICS}
     out = ["", "## Ratios named by issue 25's targets (Tessera / bindfs, Tessera / MooseFS)", "",
            "| workload | Tessera | bindfs | MooseFS | Tessera / bindfs | target | met "
            "| Tessera / MooseFS | target |",
@@ -408,7 +415,8 @@ def report(run, out_base):
         "cold in the kernel (JuiceFS keeps its own block cache on "
         "disk and MooseFS's client its own read cache: neither is dropped). (a), (e) and (g) are "
         "`scripts/bench/bench.py` (a data loader's open/read whole/close; create, stat, remove "
-        "with `os` calls; small `os.write`s, plain and `O_APPEND`), (b)-(d) are fio with the `psync` engine, buffered.",
+        "with `os` calls; small `os.write`s, plain and `O_APPEND`), (b)-(d) are fio with the `psync` engine, buffered, and (d) "
+        "again with `O_DIRECT` (bindfs forwards it: `--forward-odirect`).",
         f"- note: {info.get('NOTE', '')}",
         "",
         "## Results",
@@ -417,7 +425,7 @@ def report(run, out_base):
     head = "| workload | unit | " + " | ".join(n for _, n in systems) + " |"
     lines += [head, "| --- | --- |" + " --- |" * len(systems)]
     for key, label, _, unit in METRICS:
-        label = label.format(**info) if "{" in label else label
+        label = label.format_map(Missing(info)) if "{" in label else label
         cells = [fmt(res[s].get(key)) for s, _ in systems]
         lines.append(f"| {label} | {unit} | " + " | ".join(cells) + " |")
     lines.append("| load average (1 min) at start | | " +
@@ -455,7 +463,7 @@ def report(run, out_base):
     for key, label, _, _ in METRICS:
         r = ratio(res, key, "tessera", "tessera-base")
         if r is not None:
-            ab.append(f"| {label.format(**info)} | {r:.2f}x |")
+            ab.append(f"| {label.format_map(Missing(info))} | {r:.2f}x |")
     if ab:
         lines += ["", f"## Tessera / Tessera at the base revision (`{info.get('BASE', '?')}`)", "",
                   "| workload | ratio |", "| --- | --- |"] + ab
