@@ -203,18 +203,9 @@ impl Client {
         self.read_buf_with(fh, offset, len, false).await
     }
 
-    /// [`Client::read_buf`] for the kernel: a small random read fetches its whole
-    /// checksum block, for the page cache (see `around.rs`).
-    pub(crate) async fn read_buf_around(
-        &self,
-        fh: &FileHandle,
-        offset: u64,
-        len: usize,
-    ) -> Result<ReadBuf<'_>> {
-        self.read_buf_with(fh, offset, len, true).await
-    }
-
-    async fn read_buf_with(
+    /// [`Client::read_buf`] for the kernel: with `around`, a small random read fetches
+    /// its whole checksum block, for the page cache (see `around.rs`).
+    pub(crate) async fn read_buf_with(
         &self,
         fh: &FileHandle,
         offset: u64,

@@ -392,14 +392,10 @@ impl fuser::Filesystem for TesseraFs {
                 Ok(f) => f,
                 Err(e) => return reply.error(errno(e.code())),
             };
-            let r = if around {
-                inner
-                    .client
-                    .read_buf_around(&file, offset, size as usize)
-                    .await
-            } else {
-                inner.client.read_buf(&file, offset, size as usize).await
-            };
+            let r = inner
+                .client
+                .read_buf_with(&file, offset, size as usize, around)
+                .await;
             finish(reply, r, |reply, buf| {
                 buf.with(|b| reply.data(b));
                 // After the answer, so that the reader does not wait for it.
