@@ -411,24 +411,21 @@ workload_b() {
 
 workload_d() {
   local sys=$1 f=$2/seq.bin v
+  local rand=(--filename="$f" --rw=randread --bs=4k --size="${SEQ_MIB}m" --time_based
+    --runtime="$RAND_S" --randrepeat=0 --norandommap --readonly)
   drop_caches
-  fio_step "$sys" d-randread --name=rand --filename="$f" --rw=randread --bs=4k \
-    --size="${SEQ_MIB}m" --numjobs="$RAND_JOBS" --time_based --runtime="$RAND_S" \
-    --randrepeat=0 --norandommap --readonly || return 1
+  fio_step "$sys" d-randread --name=rand "${rand[@]}" --numjobs="$RAND_JOBS" || return 1
   v=$(fio_val "$sys" d-randread read-iops) || return 1
   record "$sys" rand_read_iops "$v"
   # The file system itself, every read sent to it (a FUSE file system opened with O_DIRECT
   # gets each read; the buffered row above can be served by the page cache on repeats).
   drop_caches
-  fio_step "$sys" d-direct --name=rand --filename="$f" --rw=randread --bs=4k --direct=1 \
-    --size="${SEQ_MIB}m" --numjobs="$RAND_JOBS" --time_based --runtime="$RAND_S" \
-    --randrepeat=0 --norandommap --readonly || return 1
+  fio_step "$sys" d-direct --name=rand "${rand[@]}" --numjobs="$RAND_JOBS" --direct=1 ||
+    return 1
   v=$(fio_val "$sys" d-direct read-iops) || return 1
   record "$sys" rand_read_direct_iops "$v"
   drop_caches
-  fio_step "$sys" d-latency --name=lat --filename="$f" --rw=randread --bs=4k --direct=1 \
-    --size="${SEQ_MIB}m" --numjobs=1 --time_based --runtime="$RAND_S" \
-    --randrepeat=0 --norandommap --readonly || return 1
+  fio_step "$sys" d-latency --name=lat "${rand[@]}" --numjobs=1 --direct=1 || return 1
   v=$(fio_val "$sys" d-latency read-p50-us) || return 1
   record "$sys" rand_read_direct_p50_us "$v"
 }
