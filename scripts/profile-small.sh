@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Where the time of a small file goes (issue 25): one process creates FILES files of 4 KiB
 # through a mount (open O_CREAT|O_EXCL, one write, close), then, caches dropped, reads each
-# back whole (open, read, close); then it makes a 1 GiB file and, caches dropped, reads
-# FILES blocks of 4 KiB at random offsets of it with O_DIRECT, one at a time (fio's
-# 4 KiB O_DIRECT row in bench.sh). For each phase it prints:
+# back whole (open, read, close) and removes them (unlink); then it makes a 1 GiB file
+# and, caches dropped, reads FILES blocks of 4 KiB at random offsets of it with O_DIRECT,
+# one at a time (fio's 4 KiB O_DIRECT row in bench.sh). For each phase it prints:
 #   - the wall time per file;
 #   - per request type, the calls and their mean time as the mount saw them (the round
 #     trip) and as the server that answered saw them (decode to reply), from the
@@ -168,6 +168,12 @@ for i in range(n):
     assert len(os.read(fd, 65536)) == 4096
     os.close(fd)
 ' "$D" "$FILES" | tee "$OUT/read.md"
+profile remove python3 -c '
+import os, sys
+d, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    os.unlink(f"{d}/f{i:06d}")
+' "$D" "$FILES" | tee "$OUT/remove.md"
 dd if=/dev/urandom of="$D/big.bin" bs=1M count=1024 conv=fsync status=none
 sync; echo 3 > /proc/sys/vm/drop_caches
 profile direct-read python3 -c '
