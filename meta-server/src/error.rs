@@ -135,6 +135,22 @@ impl MetaError {
     }
 }
 
+impl MetaError {
+    /// Whether the failure is this server's (its store unreachable or failing, damaged
+    /// records) rather than the request's: worth a line in the server's log.
+    pub fn is_server_fault(&self) -> bool {
+        matches!(
+            self,
+            MetaError::Corrupt(_)
+                | MetaError::Store(
+                    KvError::Unavailable { .. }
+                        | KvError::Engine { .. }
+                        | KvError::Corruption { .. }
+                )
+        )
+    }
+}
+
 impl From<MetaError> for WireError {
     fn from(e: MetaError) -> WireError {
         WireError::new(e.code(), e.to_string())

@@ -411,6 +411,35 @@ impl ProcessCluster {
         let _ = self.meta.wait();
     }
 
+    /// Waits at most `limit` until every chain has all its members serving, as the
+    /// metadata server's map says (a client connects to ask).
+    pub fn wait_healthy(&self, limit: Duration) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let client = fs_client::Client::connect(self.client_config())
+                .await
+                .expect("client connects");
+            let deadline = Instant::now() + limit;
+            loop {
+                let map = client.cluster_map().await.expect("cluster map");
+                if crate::healthy(&map) {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "cluster not healthy: {map:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+    }
+
+    /// Whether the metadata server this cluster started last is still running (it has
+    /// not exited, for instance on a lost owner key).
+    pub fn meta_running(&mut self) -> bool {
+        matches!(self.meta.try_wait(), Ok(None))
+    }
+
     /// Starts the metadata server again on the same address and store.
     pub fn restart_meta(&mut self) {
         stop(&mut self.meta);

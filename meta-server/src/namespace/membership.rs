@@ -17,7 +17,7 @@ use proto::meta::{
 use proto::{ChainId, NodeId};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Membership as the metadata server keeps it in memory (a mirror of the `C` and `V`
 /// keys, plus what is not stored).
@@ -28,6 +28,79 @@ pub(crate) struct Members {
     chains: BTreeMap<u32, ChainRecord>,
     /// The last resync report of each server.
     resync: HashMap<u32, ResyncReport>,
+}
+
+/// When each data server was last heard from, and whose heartbeats are being handled.
+#[derive(Default)]
+pub(crate) struct Liveness {
+    last: HashMap<NodeId, Instant>,
+    /// Heartbeats under way, per server. A beat waiting on this server's own store (an
+    /// etcd without a quorum retries for `retry_for_ms`) holds its data server's next
+    /// one back; that silence is the store's, not the data server's, and must not mark
+    /// it offline (it would have to resync every chain once the store is back).
+    in_flight: HashMap<NodeId, u32>,
+}
+
+impl Liveness {
+    /// Records that `node` was heard from at `now`.
+    pub(crate) fn heard(&mut self, node: NodeId, now: Instant) {
+        self.last.insert(node, now);
+    }
+
+    /// Gives `node` a lease from `now` unless it was heard from already.
+    fn heard_unless_known(&mut self, node: NodeId, now: Instant) {
+        self.last.entry(node).or_insert(now);
+    }
+
+    /// A heartbeat of `node` arrived at `now` and is being handled.
+    fn begin_beat(&mut self, node: NodeId, now: Instant) {
+        self.heard(node, now);
+        *self.in_flight.entry(node).or_insert(0) += 1;
+    }
+
+    /// A heartbeat of `node` was answered (or failed) at `now`.
+    fn end_beat(&mut self, node: NodeId, now: Instant) {
+        self.heard(node, now);
+        if let Some(n) = self.in_flight.get_mut(&node) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.in_flight.remove(&node);
+            }
+        }
+    }
+
+    /// How long `node` has been silent at `now`: zero while one of its heartbeats is
+    /// being handled, `Duration::MAX` if it was never heard from.
+    fn silence(&self, node: NodeId, now: Instant) -> Duration {
+        if self.in_flight.get(&node).is_some_and(|&n| n > 0) {
+            return Duration::ZERO;
+        }
+        self.last
+            .get(&node)
+            .map_or(Duration::MAX, |&at| now.saturating_duration_since(at))
+    }
+}
+
+/// A heartbeat being handled: `node` counts as live until it is dropped, and as heard
+/// from at that moment.
+pub(crate) struct BeatInFlight<'a> {
+    ns: &'a Namespace,
+    node: NodeId,
+}
+
+impl<'a> BeatInFlight<'a> {
+    /// Marks a beat of `node` arrived now.
+    pub(crate) fn begin(ns: &'a Namespace, node: NodeId) -> BeatInFlight<'a> {
+        ns.liveness.lock().begin_beat(node, ns.clock.now());
+        BeatInFlight { ns, node }
+    }
+}
+
+impl Drop for BeatInFlight<'_> {
+    fn drop(&mut self) {
+        let now = self.ns.clock.now();
+        self.ns.liveness.lock().end_beat(self.node, now);
+    }
 }
 
 fn member_state(code: u8) -> MemberState {
@@ -60,7 +133,7 @@ impl Namespace {
         let now = self.clock.now();
         let mut live = self.liveness.lock();
         for (node, _) in self.nodes()? {
-            live.entry(node).or_insert(now);
+            live.heard_unless_known(node, now);
         }
         m.loaded = true;
         Ok(())
@@ -96,12 +169,7 @@ impl Namespace {
         let live = self.liveness.lock();
         nodes
             .iter()
-            .map(|(n, _)| {
-                let t = live
-                    .get(n)
-                    .map_or(Duration::MAX, |&at| now.saturating_duration_since(at));
-                (n.0, t)
-            })
+            .map(|(n, _)| (n.0, live.silence(*n, now)))
             .collect()
     }
 
@@ -179,9 +247,7 @@ impl Namespace {
                     .any(|c| c.members.iter().any(|m| m.node == n.node))
             })
             .map(|n| {
-                let silent = live
-                    .get(&n.node)
-                    .map_or(Duration::MAX, |&at| now.saturating_duration_since(at));
+                let silent = live.silence(n.node, now);
                 let left = gone_after.saturating_sub(silent);
                 (n.node, u64::try_from(left.as_millis()).unwrap_or(u64::MAX))
             })
@@ -260,5 +326,42 @@ fn build_map(
                     .collect(),
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod liveness_tests {
+    use super::*;
+
+    #[test]
+    fn a_server_whose_beat_is_being_handled_is_not_silent() {
+        let t0 = Instant::now();
+        let (a, b) = (NodeId(1), NodeId(2));
+        let mut live = Liveness::default();
+        assert_eq!(live.silence(a, t0), Duration::MAX, "never heard from");
+        live.heard(b, t0);
+        live.begin_beat(a, t0);
+        live.begin_beat(a, t0);
+        // A beat stuck on the store for longer than any lease: still live.
+        let later = t0 + Duration::from_secs(60);
+        assert_eq!(live.silence(a, later), Duration::ZERO);
+        assert_eq!(live.silence(b, later), Duration::from_secs(60));
+        live.end_beat(a, later);
+        assert_eq!(
+            live.silence(a, later + Duration::from_secs(1)),
+            Duration::ZERO
+        );
+        // Its last beat answered: silent from that answer on.
+        live.end_beat(a, later);
+        assert_eq!(
+            live.silence(a, later + Duration::from_secs(1)),
+            Duration::from_secs(1)
+        );
+        live.heard_unless_known(a, t0);
+        assert_eq!(
+            live.silence(a, later),
+            Duration::ZERO,
+            "the later time kept"
+        );
     }
 }

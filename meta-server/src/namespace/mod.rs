@@ -42,7 +42,7 @@ use crate::error::MetaError;
 use crate::kv::{take_pending, GroupCommit, KvStore};
 use parking_lot::Mutex;
 use proto::meta::{Caller, ClusterMap};
-use proto::{ClientId, InodeId, NodeId, SessionId, Timestamp, WireError};
+use proto::{ClientId, InodeId, SessionId, Timestamp, WireError};
 use records::{decode, encode, InodeRecord, Superblock, FORMAT_VERSION};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -171,7 +171,7 @@ pub struct Namespace {
     clock: Arc<dyn Clock>,
     /// Last heartbeat of each data server; in memory because liveness after a restart
     /// must be earned again.
-    liveness: Mutex<HashMap<NodeId, Instant>>,
+    liveness: Mutex<membership::Liveness>,
     /// Chains and member states (see `membership`). Taken before `state`, never after.
     members: Mutex<membership::Members>,
     /// The last map built, for readers that must not wait for `members`.
@@ -243,7 +243,7 @@ impl Namespace {
                 linkable: HashSet::new(),
             }),
             clock,
-            liveness: Mutex::new(HashMap::new()),
+            liveness: Mutex::new(membership::Liveness::default()),
             members: Mutex::new(membership::Members::default()),
             map: parking_lot::RwLock::new(Arc::new(ClusterMap::default())),
             locks: Mutex::new(locks::LockTable::default()),
@@ -309,8 +309,11 @@ impl Namespace {
             let durable = self.wait_pending();
             r.and_then(|r| durable.map(|()| r))
         };
-        if let Err(e) = &result {
-            tracing::debug!(error = %e, "request failed");
+        match &result {
+            // The operator's to see: the client gets only EIO.
+            Err(e) if e.is_server_fault() => tracing::warn!(error = %e, "request failed"),
+            Err(e) => tracing::debug!(error = %e, "request failed"),
+            Ok(_) => {}
         }
         result.map_err(Into::into)
     }

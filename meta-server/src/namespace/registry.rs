@@ -1,6 +1,7 @@
 //! The registry of clients and data servers: hello, registration, heartbeats with their
 //! garbage collection tasks, the cluster map, and statfs over the registered capacity.
 
+use super::membership::BeatInFlight;
 use super::records::{decode, encode, NodeRecord, Superblock};
 use super::txn::Reads;
 use super::MAX_GC_TASKS_PER_HEARTBEAT;
@@ -110,7 +111,7 @@ impl Namespace {
             txn.put(keys::node(node), encode(&rec)?);
             Ok((node, moved))
         })?;
-        self.liveness.lock().insert(node, self.clock.now());
+        self.liveness.lock().heard(node, self.clock.now());
         tracing::info!(%node, addr, "data server registered");
         if moved {
             // Peers compare map versions only: a server back on a new port (a restart
@@ -137,9 +138,10 @@ impl Namespace {
         map_version: u64,
         resync: ResyncReport,
     ) -> Result<(Vec<GcTask>, Option<ClusterMap>), MetaError> {
-        // Alive as of the beat's arrival: a slow commit below (the disk busy with chunk
-        // writes) must not count against the server's lease.
-        self.liveness.lock().insert(node, self.clock.now());
+        // Alive from the beat's arrival until its reply: a slow commit below (the disk
+        // busy with chunk writes, an etcd without a quorum) must not count against the
+        // server's lease.
+        let _beat = BeatInFlight::begin(self, node);
         let mut chunks: Vec<&[GcTask]> = done.chunks(GC_DONE_PER_COMMIT).collect();
         let last = chunks.pop().unwrap_or_default();
         for chunk in chunks {
