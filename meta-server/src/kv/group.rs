@@ -21,7 +21,15 @@
 //! time) would otherwise cost one synchronous log write per file.
 //!
 //! If a commit fails, the store refuses every later one: memory and disk may disagree
-//! from then on, and only a restart (which reads the disk) is safe.
+//! from then on, and only a restart (which reads the disk) is safe. Except when the
+//! store did not answer ([`KvError::Unavailable`]: etcd without a quorum, for longer than
+//! its `retry_for_ms`): the group goes back to the head of the queue, still staged and
+//! seen by reads, and the next commit (a waiter's, or the flusher's) tries it again.
+//! Its waiters fail now, with a message saying the change will still be committed: a
+//! group is whole puts and deletes, written by one server (the owner key fences the
+//! store), so writing it again after an attempt that may have landed changes nothing,
+//! and groups still land in staging order. Memory and store agree once it lands; a
+//! server that stops first loses it, as it would lose any staged change.
 
 use super::{KvError, KvPair, KvStore, WriteBatch};
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -39,6 +47,10 @@ pub const LAZY_DELAY: Duration = Duration::from_secs(1);
 /// before committing it alone; also how long it stays awake after work. Every stager
 /// in the namespace waits for its batch: this only bounds what a missed wait would cost.
 const ORPHAN_DELAY: Duration = Duration::from_millis(20);
+
+/// How long the flusher waits before it tries a commit again that the store did not
+/// answer (an etcd commit fails so only after its own retries, `retry_for_ms`).
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 /// Told of every group made durable: how many batches (mutations) it held and how long
 /// logging it took. Called once per group, on the committing thread (for metrics).
@@ -86,6 +98,13 @@ struct State {
     /// Every batch up to this sequence number is visible in the inner store itself.
     applied: u64,
     failed: Option<String>,
+    /// Commits that failed because the store did not answer, so far; a waiter that sees
+    /// this move while its batch is not durable fails (see the module docs).
+    unanswered: u64,
+    /// Why the last of them failed.
+    unanswered_why: String,
+    /// The last commit failed so: the flusher waits [`RETRY_PAUSE`] before the next.
+    retrying: bool,
     stop: bool,
 }
 
@@ -164,12 +183,22 @@ impl GroupCommit {
     /// is something to log or apply; fails if a commit failed before `done` held.
     fn wait_until(&self, done: impl Fn(&State) -> bool) -> Result<(), KvError> {
         let mut st = self.shared.state.lock();
+        let unanswered = st.unanswered;
         loop {
             if done(&st) {
                 return Ok(());
             }
             if let Some(why) = &st.failed {
                 return Err(self.failed(why));
+            }
+            if st.unanswered != unanswered {
+                return Err(KvError::Unavailable {
+                    engine: self.shared.inner.engine(),
+                    message: format!(
+                        "{}; the change stays staged and is committed once the store answers",
+                        st.unanswered_why
+                    ),
+                });
             }
             if !st.busy && (!st.queue.is_empty() || !st.logged.is_empty()) {
                 st = self.shared.commit_group(st, true);
@@ -223,6 +252,7 @@ impl Shared {
             st = self.state.lock();
             match result {
                 Ok(apply) => {
+                    st.retrying = false;
                     st.durable = last;
                     if apply {
                         let mut merged = WriteBatch::new();
@@ -233,6 +263,19 @@ impl Shared {
                     } else {
                         st.mark_applied(last);
                     }
+                }
+                Err(e @ KvError::Unavailable { .. }) if !st.stop => {
+                    tracing::warn!(error = %e, batches = group.len(),
+                        "metadata commit failed: the store did not answer; kept staged, tried again");
+                    let mut again = group;
+                    again.append(&mut st.queue);
+                    st.queue = again;
+                    st.eager = true;
+                    // The flusher tries again after its delay if no waiter does first.
+                    st.oldest = Some(Instant::now());
+                    st.unanswered += 1;
+                    st.unanswered_why = e.to_string();
+                    st.retrying = true;
                 }
                 Err(e) => st.fail(e),
             }
@@ -264,6 +307,7 @@ impl Shared {
             }
             let delay = match (st.stop, st.eager) {
                 (true, _) => Duration::ZERO,
+                (false, true) if st.retrying => RETRY_PAUSE,
                 (false, true) => ORPHAN_DELAY,
                 (false, false) => LAZY_DELAY,
             };
@@ -589,5 +633,56 @@ mod tests {
         g.stage(put(b"late", b"1")).unwrap();
         drop(g);
         assert_eq!(inner.get(b"late").unwrap(), Some(b"1".to_vec()));
+    }
+
+    /// A store that does not answer while `down` is set (an etcd without a quorum).
+    struct Flaky {
+        inner: Arc<dyn KvStore>,
+        down: std::sync::atomic::AtomicBool,
+    }
+
+    impl KvStore for Flaky {
+        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+            self.inner.get(key)
+        }
+        fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>, KvError> {
+            self.inner.scan(start, end, limit)
+        }
+        fn commit(&self, batch: WriteBatch) -> Result<(), KvError> {
+            if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(KvError::Unavailable {
+                    engine: "flaky",
+                    message: "no quorum".into(),
+                });
+            }
+            self.inner.commit(batch)
+        }
+        fn engine(&self) -> &'static str {
+            "flaky"
+        }
+    }
+
+    /// Guards against a metadata server that refuses every change until a restart once
+    /// one commit found its store unavailable (etcd without a quorum for longer than its
+    /// retries): the waiter of that commit fails, saying the change stays staged; the
+    /// change stays visible, and lands with the next commit once the store answers.
+    #[test]
+    fn a_commit_the_store_did_not_answer_is_tried_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = open_store(StoreKind::Redb, dir.path()).unwrap();
+        let flaky = Arc::new(Flaky {
+            inner: inner.clone(),
+            down: true.into(),
+        });
+        let g = GroupCommit::new(flaky.clone());
+        let err = g.commit(put(b"a", b"1")).unwrap_err();
+        assert!(matches!(err, KvError::Unavailable { .. }), "{err}");
+        assert!(err.to_string().contains("stays staged"), "{err}");
+        assert_eq!(g.get(b"a").unwrap(), Some(b"1".to_vec()), "still staged");
+        assert_eq!(inner.get(b"a").unwrap(), None);
+        flaky.down.store(false, std::sync::atomic::Ordering::SeqCst);
+        g.commit(put(b"b", b"2")).unwrap();
+        assert_eq!(inner.get(b"a").unwrap(), Some(b"1".to_vec()));
+        assert_eq!(inner.get(b"b").unwrap(), Some(b"2".to_vec()));
     }
 }

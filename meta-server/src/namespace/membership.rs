@@ -30,15 +30,21 @@ pub(crate) struct Members {
     resync: HashMap<u32, ResyncReport>,
 }
 
+/// How long a heartbeat being handled keeps its server live: a data server that died
+/// with a beat stuck on the store is taken for dead this long after the beat arrived, at
+/// the latest, plus its lease.
+pub(crate) const MAX_BEAT_LIVE: Duration = Duration::from_secs(60);
+
 /// When each data server was last heard from, and whose heartbeats are being handled.
 #[derive(Default)]
 pub(crate) struct Liveness {
     last: HashMap<NodeId, Instant>,
-    /// Heartbeats under way, per server. A beat waiting on this server's own store (an
-    /// etcd without a quorum retries for `retry_for_ms`) holds its data server's next
-    /// one back; that silence is the store's, not the data server's, and must not mark
-    /// it offline (it would have to resync every chain once the store is back).
-    in_flight: HashMap<NodeId, u32>,
+    /// Heartbeats under way per server, and when the oldest of them arrived. A beat
+    /// waiting on this server's own store (an etcd without a quorum retries for
+    /// `retry_for_ms`) holds its data server's next one back; that silence is the
+    /// store's, not the data server's, and must not mark it offline (it would have to
+    /// resync every chain once the store is back).
+    in_flight: HashMap<NodeId, (u32, Instant)>,
 }
 
 impl Liveness {
@@ -55,13 +61,17 @@ impl Liveness {
     /// A heartbeat of `node` arrived at `now` and is being handled.
     fn begin_beat(&mut self, node: NodeId, now: Instant) {
         self.heard(node, now);
-        *self.in_flight.entry(node).or_insert(0) += 1;
+        self.in_flight.entry(node).or_insert((0, now)).0 += 1;
     }
 
     /// A heartbeat of `node` was answered (or failed) at `now`.
     fn end_beat(&mut self, node: NodeId, now: Instant) {
         self.heard(node, now);
-        if let Some(n) = self.in_flight.get_mut(&node) {
+        debug_assert!(
+            self.in_flight.contains_key(&node),
+            "a beat ended that never began"
+        );
+        if let Some((n, _)) = self.in_flight.get_mut(&node) {
             *n = n.saturating_sub(1);
             if *n == 0 {
                 self.in_flight.remove(&node);
@@ -70,10 +80,13 @@ impl Liveness {
     }
 
     /// How long `node` has been silent at `now`: zero while one of its heartbeats is
-    /// being handled, `Duration::MAX` if it was never heard from.
+    /// being handled (for at most [`MAX_BEAT_LIVE`] since the oldest arrived),
+    /// `Duration::MAX` if it was never heard from.
     fn silence(&self, node: NodeId, now: Instant) -> Duration {
-        if self.in_flight.get(&node).is_some_and(|&n| n > 0) {
-            return Duration::ZERO;
+        if let Some(&(_, since)) = self.in_flight.get(&node) {
+            if now.saturating_duration_since(since) < MAX_BEAT_LIVE {
+                return Duration::ZERO;
+            }
         }
         self.last
             .get(&node)
@@ -130,9 +143,10 @@ impl Namespace {
                 .ok_or_else(|| MetaError::Corrupt(format!("chain key {k:x?}")))?;
             m.chains.insert(id, decode(&v, "chain record")?);
         }
+        let nodes = self.nodes()?;
         let now = self.clock.now();
         let mut live = self.liveness.lock();
-        for (node, _) in self.nodes()? {
+        for (node, _) in nodes {
             live.heard_unless_known(node, now);
         }
         m.loaded = true;
@@ -333,6 +347,9 @@ fn build_map(
 mod liveness_tests {
     use super::*;
 
+    /// Guards against a data server taken for dead while its heartbeat waits on the
+    /// metadata server's own store, and against one counted live for ever by a beat
+    /// that never ends.
     #[test]
     fn a_server_whose_beat_is_being_handled_is_not_silent() {
         let t0 = Instant::now();
@@ -343,9 +360,9 @@ mod liveness_tests {
         live.begin_beat(a, t0);
         live.begin_beat(a, t0);
         // A beat stuck on the store for longer than any lease: still live.
-        let later = t0 + Duration::from_secs(60);
+        let later = t0 + Duration::from_secs(30);
         assert_eq!(live.silence(a, later), Duration::ZERO);
-        assert_eq!(live.silence(b, later), Duration::from_secs(60));
+        assert_eq!(live.silence(b, later), Duration::from_secs(30));
         live.end_beat(a, later);
         assert_eq!(
             live.silence(a, later + Duration::from_secs(1)),
@@ -362,6 +379,13 @@ mod liveness_tests {
             live.silence(a, later),
             Duration::ZERO,
             "the later time kept"
+        );
+        // A beat stuck past the bound counts as silence again.
+        live.begin_beat(b, t0);
+        let past = t0 + MAX_BEAT_LIVE + Duration::from_secs(1);
+        assert_eq!(
+            live.silence(b, past),
+            MAX_BEAT_LIVE + Duration::from_secs(1)
         );
     }
 }

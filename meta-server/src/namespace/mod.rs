@@ -169,8 +169,9 @@ pub struct Namespace {
     state: Mutex<State>,
     /// Where leases and graces read the time (see `clock`).
     clock: Arc<dyn Clock>,
-    /// Last heartbeat of each data server; in memory because liveness after a restart
-    /// must be earned again.
+    /// Last heartbeat of each data server, and the beats being handled; in memory
+    /// because liveness after a restart must be earned again. Taken after `members`,
+    /// never before, and never held across a store call.
     liveness: Mutex<membership::Liveness>,
     /// Chains and member states (see `membership`). Taken before `state`, never after.
     members: Mutex<membership::Members>,
@@ -311,7 +312,9 @@ impl Namespace {
         };
         match &result {
             // The operator's to see: the client gets only EIO.
-            Err(e) if e.is_server_fault() => tracing::warn!(error = %e, "request failed"),
+            Err(e) if e.is_server_fault() => {
+                tracing::warn!(op = R::NAME, error = %e, "request failed")
+            }
             Err(e) => tracing::debug!(error = %e, "request failed"),
             Ok(_) => {}
         }

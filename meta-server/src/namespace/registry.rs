@@ -178,6 +178,9 @@ impl Namespace {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let map = (map.version != map_version).then(|| (*map).clone());
+        // Durable before the guard lets go: a commit stuck on the store is the store's
+        // silence too.
+        self.wait_pending()?;
         Ok((gc, map))
     }
 
