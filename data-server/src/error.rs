@@ -40,6 +40,15 @@ pub enum DataError {
         /// The version its header records.
         version: u32,
     },
+    /// The chunk tree records a layout version this server does not know (written by a
+    /// newer build, or damaged).
+    #[error("{}: chunk tree version {version:?}; this server reads version 1 and 2", path.display())]
+    UnsupportedTree {
+        /// The file recording the version.
+        path: PathBuf,
+        /// What it holds.
+        version: String,
+    },
     /// The file holding this server's node id is damaged.
     #[error("{}: damaged node id file: {reason}", path.display())]
     CorruptNodeId {
@@ -141,6 +150,7 @@ impl DataError {
             DataError::Corrupt { .. }
             | DataError::CorruptHeader { .. }
             | DataError::UnsupportedFormat { .. }
+            | DataError::UnsupportedTree { .. }
             | DataError::CorruptNodeId { .. } => ErrorCode::Corrupt,
             DataError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             DataError::NoSpace(_) => ErrorCode::NoSpace,

@@ -9,7 +9,7 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -448,32 +448,17 @@ pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool)
 
 /// Chunks held by the data servers of the cluster in `cluster_dir`, each counted once
 /// however many servers hold a copy (0 means no copy anywhere); with `ino`, only that
-/// inode's (its chunks live in a directory named by the inode in 16 hex digits).
+/// inode's.
 pub fn chunk_files(cluster_dir: &Path, ino: Option<u64>) -> usize {
-    fn walk(dir: &Path, ino_dir: Option<&str>, seen: &mut std::collections::BTreeSet<PathBuf>) {
-        let Ok(entries) = fs::read_dir(dir) else {
-            return;
-        };
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                walk(&p, ino_dir, seen);
-            } else if p.extension().is_some_and(|x| x == "chunk") {
-                let parent = p.parent().and_then(Path::file_name);
-                if ino_dir.is_none_or(|d| parent.is_some_and(|f| f == d)) {
-                    // inode directory + chunk file name: the same on every server.
-                    let key = p.iter().rev().take(2).collect::<PathBuf>();
-                    seen.insert(key);
-                }
-            }
-        }
-    }
-    let ino_dir = ino.map(|i| format!("{i:016x}"));
     let mut seen = std::collections::BTreeSet::new();
     for e in fs::read_dir(cluster_dir).expect("cluster dir").flatten() {
         let name = e.file_name();
         if name.to_string_lossy().starts_with("data-") && e.path().is_dir() {
-            walk(&e.path(), ino_dir.as_deref(), &mut seen);
+            for (_, (i, index)) in crate::chunk_tree::chunk_files_under(&e.path()) {
+                if ino.is_none_or(|want| want == i) {
+                    seen.insert((i, index));
+                }
+            }
         }
     }
     seen.len()

@@ -16,7 +16,6 @@ use fs_client::{Client, ClientConfig, FileHandle};
 use proto::meta::Caller;
 use proto::InodeId;
 use std::os::fd::AsRawFd;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -207,18 +206,8 @@ async fn cluster_on(
 
 /// Chunk files of chunk `index` of `ino` on the data servers.
 fn chunk_copies(dirs: &[std::path::PathBuf], ino: InodeId, index: u64) -> usize {
-    let name = format!("{index:016x}.chunk");
-    let ino_dir = format!("{:016x}", ino.0);
     dirs.iter()
-        .filter(|d| {
-            let buckets = std::fs::read_dir(d.join("chunks"))
-                .into_iter()
-                .flatten()
-                .flatten();
-            buckets
-                .into_iter()
-                .any(|b| Path::new(&b.path()).join(&ino_dir).join(&name).exists())
-        })
+        .filter(|d| tessera_tests::chunk_tree::chunk_file(d, ino.0, index).exists())
         .count()
 }
 

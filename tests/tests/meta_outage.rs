@@ -275,24 +275,18 @@ fn open_files_read_and_write_through_an_outage_longer_than_a_grant() {
     );
 }
 
-/// Directories named after `ino` under the data servers' directories of `cluster_dir`.
-fn inode_dirs(cluster_dir: &std::path::Path, ino: u64) -> Vec<std::path::PathBuf> {
-    fn walk(dir: &std::path::Path, name: &str, out: &mut Vec<std::path::PathBuf>) {
-        for e in fs::read_dir(dir).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                if e.file_name() == name {
-                    out.push(p);
-                } else {
-                    walk(&p, name, out);
-                }
-            }
-        }
-    }
+/// The chunk files of `ino` under the data servers' directories of `cluster_dir`.
+fn chunk_copies(cluster_dir: &std::path::Path, ino: u64) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     for e in fs::read_dir(cluster_dir).expect("cluster dir").flatten() {
         if e.file_name().to_string_lossy().starts_with("data-") && e.path().is_dir() {
-            walk(&e.path(), &format!("{ino:016x}"), &mut out);
+            let files = tessera_tests::chunk_tree::chunk_files_under(&e.path());
+            out.extend(
+                files
+                    .into_iter()
+                    .filter(|(_, c)| c.0 == ino)
+                    .map(|(p, _)| p),
+            );
         }
     }
     out
@@ -311,21 +305,11 @@ fn fsck_reports_and_repairs_chunks_of_files_that_are_gone() {
     let ino = fs::metadata(&path).expect("stat").ino();
     wait_chunks(cluster.dir(), Some(ino), 2);
     let saved = cluster.dir().join("saved");
-    let dirs = inode_dirs(cluster.dir(), ino);
-    assert_eq!(
-        dirs.len(),
-        3,
-        "one directory of the file's chunks per server"
-    );
-    for (i, d) in dirs.iter().enumerate() {
-        let to = saved.join(i.to_string());
-        fs::create_dir_all(&to).expect("saved dir");
-        let ok = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(d)
-            .arg(&to)
-            .status();
-        assert!(ok.is_ok_and(|s| s.success()), "copying {}", d.display());
+    fs::create_dir_all(&saved).expect("saved dir");
+    let copies = chunk_copies(cluster.dir(), ino);
+    assert_eq!(copies.len(), 6, "2 chunks x 3 servers");
+    for (i, c) in copies.iter().enumerate() {
+        fs::copy(c, saved.join(i.to_string())).expect("copy a chunk file");
     }
     fs::remove_file(&path).expect("remove");
     wait_chunks(cluster.dir(), Some(ino), 0);
@@ -334,18 +318,9 @@ fn fsck_reports_and_repairs_chunks_of_files_that_are_gone() {
         0,
         "clean once the deletions are done"
     );
-    for (i, d) in dirs.iter().enumerate() {
-        let from = saved.join(i.to_string()).join(d.file_name().expect("name"));
-        let ok = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(&from)
-            .arg(d.parent().expect("parent"))
-            .status();
-        assert!(
-            ok.is_ok_and(|s| s.success()),
-            "putting back {}",
-            d.display()
-        );
+    for (i, c) in copies.iter().enumerate() {
+        fs::create_dir_all(c.parent().expect("parent")).expect("inode directory");
+        fs::copy(saved.join(i.to_string()), c).expect("put a chunk file back");
     }
     assert_eq!(chunk_files(cluster.dir(), Some(ino)), 2);
     // The servers report their deletions done with their next heartbeat: until then

@@ -487,14 +487,15 @@ fn write_synced(path: &Path, data: &[u8]) {
 
 /// Every copy of file `ino`'s chunks, on every data server of the cluster in `dir`.
 fn chunk_copies(dir: &Path, ino: u64) -> Vec<PathBuf> {
-    let inode = format!("{ino:016x}");
-    let bucket = format!("{:02x}", ino % 256);
     let mut copies = Vec::new();
     for i in 0..2 {
-        let d = dir.join(format!("data-{i}/chunks/{bucket}/{inode}"));
-        for e in fs::read_dir(&d).unwrap() {
-            copies.push(e.unwrap().path());
-        }
+        let files = tessera_tests::chunk_tree::chunk_files_under(&dir.join(format!("data-{i}")));
+        copies.extend(
+            files
+                .into_iter()
+                .filter(|(_, c)| c.0 == ino)
+                .map(|(p, _)| p),
+        );
     }
     copies
 }

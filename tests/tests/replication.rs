@@ -314,10 +314,7 @@ async fn fsck_finds_a_damaged_and_a_missing_copy_and_repairs_them() {
     // Damage one copy's data and remove another chunk's copy elsewhere.
     let ino = client.lookup(InodeId::ROOT, b"f.bin").await.unwrap().ino;
     let chunk = |dir: &std::path::Path, index: u64| {
-        dir.join("chunks")
-            .join(format!("{:02x}", ino.0 % 256))
-            .join(format!("{:016x}", ino.0))
-            .join(format!("{index:016x}.chunk"))
+        tessera_tests::chunk_tree::chunk_file(dir, ino.0, index)
     };
     let damaged = chunk(&cluster.data_dirs[0], 0);
     let mut bytes = std::fs::read(&damaged).unwrap();

@@ -1,13 +1,13 @@
 //! Directory durability: which directories changed since they were last fsynced.
 //!
-//! Creating a chunk file changes its inode directory; creating or removing an inode
-//! directory changes its bucket. A chunk is durable only once those entries are on disk
+//! Creating a chunk file changes its inode directory (its bucket, for a first chunk);
+//! creating or removing an inode directory changes its bucket. A chunk is durable only once those entries are on disk
 //! too, so `fsync` of a chunk also fsyncs the directories this tracker marked dirty.
 
-use super::format::{bucket_dir, inode_dir};
+use super::format::{bucket_dir, bucket_of, inode_dir};
 use crate::error::{DataError, IoContext};
 use parking_lot::Mutex;
-use proto::InodeId;
+use proto::{ChunkId, InodeId};
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::Write;
@@ -17,13 +17,26 @@ use std::path::{Path, PathBuf};
 /// Dirty directories remembered before the tracker flushes the whole file system instead.
 pub(crate) const MAX_DIRTY_DIRS: usize = 65_536;
 
-/// A directory of the chunk tree.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// A directory of the chunk tree. Ordered children first (inode directories before
+/// buckets), the order in which syncs must go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum DirKey {
     /// The directory holding one inode's chunk files.
     Inode(InodeId),
     /// One of the 256 bucket directories holding inode directories.
     Bucket(u8),
+}
+
+impl DirKey {
+    /// The directory whose entry names `chunk`'s file: the bucket for a first chunk, the
+    /// inode directory for the others (see `format::chunk_path`).
+    pub(crate) fn holding(chunk: ChunkId) -> DirKey {
+        if chunk.index == 0 {
+            DirKey::Bucket(bucket_of(chunk.inode))
+        } else {
+            DirKey::Inode(chunk.inode)
+        }
+    }
 }
 
 /// The set of directories whose entries may not be on stable storage yet.

@@ -337,9 +337,32 @@ pub(crate) fn inode_dir(root: &Path, inode: InodeId) -> PathBuf {
     bucket_dir(root, bucket_of(inode)).join(format!("{:016x}", inode.0))
 }
 
-/// File of one chunk.
+/// File of one chunk. A file's first chunk lies in its bucket, named by the inode
+/// ([`first_chunk_path`]): a small file, one chunk, then costs no directory of its own
+/// (a `mkdir` on each copy's create, and one more dependent disk read on a cold open,
+/// per `scripts/profile-small.sh`). Its other chunks lie in its inode directory.
 pub(crate) fn chunk_path(root: &Path, chunk: ChunkId) -> PathBuf {
-    inode_dir(root, chunk.inode).join(format!("{:016x}.chunk", chunk.index))
+    if chunk.index == 0 {
+        first_chunk_path(root, chunk.inode)
+    } else {
+        inode_dir(root, chunk.inode).join(chunk_name(chunk.index))
+    }
+}
+
+/// File of an inode's chunk 0: `<bucket>/<inode>.chunk`.
+pub(crate) fn first_chunk_path(root: &Path, inode: InodeId) -> PathBuf {
+    bucket_dir(root, bucket_of(inode)).join(chunk_name(inode.0))
+}
+
+/// Where chunk 0 lay before the first chunk moved into the bucket (tree version 1):
+/// `<bucket>/<inode>/0000000000000000.chunk`.
+pub(crate) fn nested_first_chunk_path(root: &Path, inode: InodeId) -> PathBuf {
+    inode_dir(root, inode).join(chunk_name(0))
+}
+
+/// `<16 hex digits>.chunk`: a chunk index in an inode directory, an inode in a bucket.
+pub(crate) fn chunk_name(n: u64) -> String {
+    format!("{n:016x}.chunk")
 }
 
 /// Parses 16 lowercase hex digits, as written by [`inode_dir`] and [`chunk_path`].
@@ -348,7 +371,8 @@ pub(crate) fn parse_hex16(name: &str) -> Option<u64> {
     ok.then(|| u64::from_str_radix(name, 16).ok()).flatten()
 }
 
-/// The chunk index named by a chunk file name, or `None` for any other file.
+/// The number a chunk file name holds (a chunk index in an inode directory, an inode in a
+/// bucket), or `None` for any other file.
 pub(crate) fn parse_chunk_name(name: &str) -> Option<u64> {
     name.strip_suffix(".chunk").and_then(parse_hex16)
 }
@@ -503,6 +527,15 @@ mod tests {
         assert_eq!(
             p,
             Path::new("/d/chunks/34/0000000000001234/0000000000000002.chunk")
+        );
+        let first = ChunkId { index: 0, ..CHUNK };
+        assert_eq!(
+            chunk_path(Path::new("/d/chunks"), first),
+            Path::new("/d/chunks/34/0000000000001234.chunk")
+        );
+        assert_eq!(
+            nested_first_chunk_path(Path::new("/d/chunks"), CHUNK.inode),
+            Path::new("/d/chunks/34/0000000000001234/0000000000000000.chunk")
         );
         assert_eq!(parse_chunk_name("0000000000000002.chunk"), Some(2));
         assert_eq!(parse_chunk_name("000000000000000G.chunk"), None);

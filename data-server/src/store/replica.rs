@@ -31,13 +31,12 @@
 //! nothing finds them. The client was never answered for that write.
 
 use super::chunk::{crash_point, CrashPoint, Opened};
-use super::format::{bucket_dir, bucket_of, inode_dir, parse_hex16, read_full_at};
+use super::format::{bucket_of, read_full_at};
 use super::io::{Found, IoOp};
 use super::{scan, ChunkStore};
 use crate::error::{DataError, IoContext};
 use proto::data::ChunkMeta;
-use proto::{ChainId, ChunkId, InodeId};
-use std::fs;
+use proto::{ChainId, ChunkId};
 use std::os::unix::fs::FileExt;
 
 pub(super) const AT: u64 = 24;
@@ -358,21 +357,7 @@ impl ChunkStore {
         let start = after.map_or(0, |c| bucket_of(c.inode));
         let mut out = Vec::new();
         for b in start..=255u8 {
-            let dir = bucket_dir(&self.root, b);
-            let mut inodes = Vec::new();
-            for entry in fs::read_dir(&dir).ctx(|| format!("list {}", dir.display()))? {
-                let entry = entry.ctx(|| format!("list {}", dir.display()))?;
-                let inode = entry
-                    .file_name()
-                    .to_str()
-                    .and_then(parse_hex16)
-                    .map(InodeId);
-                if let Some(inode) = inode.filter(|&i| inode_dir(&self.root, i) == entry.path()) {
-                    inodes.push(inode);
-                }
-            }
-            inodes.sort_unstable();
-            for inode in inodes {
+            for inode in scan::bucket_inodes(&self.root, b)? {
                 if after.is_some_and(|a| (b, inode) < (bucket_of(a.inode), a.inode)) {
                     continue;
                 }
@@ -427,6 +412,7 @@ impl ChunkStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proto::InodeId;
 
     const C: ChunkId = ChunkId {
         inode: InodeId(5),

@@ -1,12 +1,15 @@
 //! The directory tree of a store: creating it durably, listing it, counting its usage.
 
 use super::chunk::measure;
-use super::dirs::fsync_dir;
-use super::format::{bucket_dir, chunk_path, inode_dir, parse_chunk_name, parse_hex16};
+use super::dirs::{fsync_dir, save_atomically};
+use super::format::{
+    bucket_dir, chunk_path, first_chunk_path, inode_dir, nested_first_chunk_path, parse_chunk_name,
+    parse_hex16,
+};
 use crate::error::{DataError, IoContext};
 use proto::{ChunkId, InodeId};
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Creates `path` if needed: a directory just made is durable only once its parent is
 /// synced, so each parent of a directory created here is fsynced.
@@ -46,22 +49,55 @@ fn make_dir(path: &Path) -> Result<bool, DataError> {
     }
 }
 
-/// Indexes of the chunk files of one inode, in no particular order.
+/// Indexes of the chunk files of one inode, in no particular order: its first chunk in
+/// the bucket, the others in its inode directory.
 pub(super) fn list_chunks(root: &Path, inode: InodeId) -> Result<Vec<u64>, DataError> {
+    let mut out = Vec::new();
+    let first = first_chunk_path(root, inode);
+    match fs::symlink_metadata(&first) {
+        Ok(_) => out.push(0),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(DataError::io(format!("stat {}", first.display()), e)),
+    }
     let dir = inode_dir(root, inode);
     let entries = match fs::read_dir(&dir) {
         Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
         Err(e) => return Err(DataError::io(format!("list {}", dir.display()), e)),
     };
-    let mut out = Vec::new();
     for entry in entries {
         let entry = entry.ctx(|| format!("list {}", dir.display()))?;
         match entry.file_name().to_str().and_then(parse_chunk_name) {
-            Some(index) => out.push(index),
-            None => tracing::warn!(path = %entry.path().display(), "stray file in chunk tree"),
+            // Chunk 0 lives in the bucket since the tree's version 2 (`migrate_tree`).
+            Some(index) if index > 0 => out.push(index),
+            _ => tracing::warn!(path = %entry.path().display(), "stray file in chunk tree"),
         }
     }
+    Ok(out)
+}
+
+/// The inodes holding chunks in bucket `b` (a first chunk, an inode directory, or
+/// both), sorted.
+pub(super) fn bucket_inodes(root: &Path, b: u8) -> Result<Vec<InodeId>, DataError> {
+    let bucket = bucket_dir(root, b);
+    let mut out = Vec::new();
+    for entry in fs::read_dir(&bucket).ctx(|| format!("list {}", bucket.display()))? {
+        let entry = entry.ctx(|| format!("list {}", bucket.display()))?;
+        let name = entry.file_name();
+        let name = name.to_str().unwrap_or_default();
+        let (inode, canonical) = match (parse_chunk_name(name), parse_hex16(name)) {
+            (Some(i), _) => (i, first_chunk_path(root, InodeId(i))),
+            (None, Some(i)) => (i, inode_dir(root, InodeId(i))),
+            (None, None) => (0, PathBuf::new()),
+        };
+        if canonical != entry.path() {
+            tracing::warn!(path = %entry.path().display(), "stray entry in chunk tree");
+            continue;
+        }
+        out.push(InodeId(inode));
+    }
+    out.sort_unstable();
+    out.dedup();
     Ok(out)
 }
 
@@ -69,16 +105,7 @@ pub(super) fn list_chunks(root: &Path, inode: InodeId) -> Result<Vec<u64>, DataE
 pub(super) fn count_usage(root: &Path) -> Result<(u64, u64), DataError> {
     let (mut used, mut chunks) = (0u64, 0u64);
     for b in 0..=255u8 {
-        let bucket = bucket_dir(root, b);
-        let entries = fs::read_dir(&bucket).ctx(|| format!("list {}", bucket.display()))?;
-        for entry in entries {
-            let entry = entry.ctx(|| format!("list {}", bucket.display()))?;
-            let name = entry.file_name();
-            let inode = name.to_str().and_then(parse_hex16).map(InodeId);
-            let Some(inode) = inode.filter(|&i| inode_dir(root, i) == entry.path()) else {
-                tracing::warn!(path = %entry.path().display(), "stray entry in chunk tree");
-                continue;
-            };
+        for inode in bucket_inodes(root, b)? {
             for index in list_chunks(root, inode)? {
                 let chunk = ChunkId { inode, index };
                 used = used.saturating_add(measure(&chunk_path(root, chunk), chunk)?);
@@ -87,4 +114,83 @@ pub(super) fn count_usage(root: &Path) -> Result<(u64, u64), DataError> {
         }
     }
     Ok((used, chunks))
+}
+
+/// The chunk tree's layout version, in `<dir>/chunk_tree`: 2 puts each inode's chunk 0
+/// in its bucket. A store without the file has version 1 (every chunk in its inode's
+/// directory), or is new.
+const TREE_FILE: &str = "chunk_tree";
+const TREE_TMP: &str = "chunk_tree.tmp";
+const TREE_VERSION: &str = "2\n";
+
+/// Brings the chunk tree under `root` to the current layout: a tree of version 1 has its
+/// first chunks moved into their buckets (a rename each, the directories synced, inode
+/// directories left empty removed), then the version is recorded. Run at open, before
+/// anything reads the tree. A crash in the middle leaves each chunk in one place or the
+/// other, and the next open finishes the move.
+pub(super) fn migrate_tree(dir: &Path, root: &Path) -> Result<(), DataError> {
+    let marker = dir.join(TREE_FILE);
+    match fs::read_to_string(&marker) {
+        Ok(v) if v == TREE_VERSION => return Ok(()),
+        Ok(v) => {
+            return Err(DataError::UnsupportedTree {
+                path: marker,
+                version: v.trim().to_owned(),
+            })
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(DataError::io(format!("read {}", marker.display()), e)),
+    }
+    let mut moved = 0u64;
+    for b in 0..=255u8 {
+        moved += move_first_chunks(root, b)?;
+    }
+    if moved > 0 {
+        tracing::info!(root = %root.display(), moved, "chunk tree: first chunks moved into their buckets");
+    }
+    let _ = fs::remove_file(dir.join(TREE_TMP));
+    save_atomically(dir, TREE_FILE, TREE_TMP, TREE_VERSION.as_bytes())
+}
+
+/// Moves each inode directory's chunk 0 of bucket `b` to the bucket; returns how many.
+fn move_first_chunks(root: &Path, b: u8) -> Result<u64, DataError> {
+    let bucket = bucket_dir(root, b);
+    let mut moved = 0;
+    for entry in fs::read_dir(&bucket).ctx(|| format!("list {}", bucket.display()))? {
+        let entry = entry.ctx(|| format!("list {}", bucket.display()))?;
+        let Some(inode) = entry
+            .file_name()
+            .to_str()
+            .and_then(parse_hex16)
+            .map(InodeId)
+        else {
+            continue;
+        };
+        let (from, to) = (
+            nested_first_chunk_path(root, inode),
+            first_chunk_path(root, inode),
+        );
+        if !from.exists() {
+            continue;
+        }
+        if to.exists() {
+            // Never made by this store; keep both for an operator to look at.
+            tracing::warn!(from = %from.display(), to = %to.display(),
+                "chunk 0 in both places: the one in the inode directory is left");
+            continue;
+        }
+        fs::rename(&from, &to).ctx(|| format!("move {} to {}", from.display(), to.display()))?;
+        moved += 1;
+        let dir = inode_dir(root, inode);
+        match fs::remove_dir(&dir) {
+            Ok(()) => {}
+            // The file's other chunks: the directory stays, its entry's removal synced.
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => fsync_dir(&dir)?,
+            Err(e) => return Err(DataError::io(format!("remove {}", dir.display()), e)),
+        }
+    }
+    if moved > 0 {
+        fsync_dir(&bucket)?;
+    }
+    Ok(moved)
 }

@@ -358,6 +358,7 @@ fn delete_file_is_idempotent_and_frees_space() {
     let one_chunk = s.usage().unwrap().used_bytes / 4;
     s.delete_file(InodeId(10)).unwrap();
     assert!(!s.inode_path(InodeId(10)).exists());
+    assert!(!s.chunk_file_path(chunk(10, 0)).exists());
     let u = s.usage().unwrap();
     assert_eq!((u.chunks, u.used_bytes), (1, one_chunk));
     assert_eq!(read_vec(&s, chunk(10, 1), MIB, 0, 4), vec![0; 4]);
@@ -475,8 +476,9 @@ fn fsync_syncs_the_directories_that_changed() {
     let s = ChunkStore::open(tmp.path(), BIG).unwrap();
     let (a, b) = (chunk(300, 0), chunk(300, 1));
     s.write(a, MIB, 0, &[1]).unwrap();
-    // The new inode directory (in its bucket) and the new file (in the inode directory).
-    assert_eq!(s.dirty_dirs(), 2);
+    // A first chunk's file is named in the bucket.
+    assert_eq!(s.dirty_dirs(), 1);
+    // The new inode directory (in the bucket) and the new file (in the inode directory).
     s.write(b, MIB, 0, &[1]).unwrap();
     assert_eq!(s.dirty_dirs(), 2);
     s.fsync(&[a, b, a, chunk(300, 9), chunk(999, 0)]).unwrap();
@@ -574,4 +576,62 @@ fn only_chunks_over_a_mebibyte_get_an_o_direct_descriptor() {
     let s = ChunkStore::open(tmp.path(), BIG).unwrap();
     assert_eq!(read_vec(&s, small, cs, MIB, more.len()), more);
     assert_eq!(s.files.get(small).unwrap().0 .1.is_some(), supported);
+}
+
+/// Guards against chunks lost or unreadable when a store of the first tree layout (every
+/// chunk in its inode's directory) is opened by this build: each chunk 0 moves into its
+/// bucket, the directory of a one-chunk file goes, the rest stays, usage and listings
+/// see every chunk; a tree version this build does not know is refused.
+#[test]
+fn a_version_1_tree_gets_its_first_chunks_moved_into_the_buckets() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (small, big) = (chunk(40, 0), [chunk(41, 0), chunk(41, 1)]);
+    {
+        let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+        s.write(small, MIB, 0, &[4; 3000]).unwrap();
+        for c in big {
+            s.write(c, MIB, 0, &[5; 3000]).unwrap();
+        }
+    }
+    // Back to the first layout: chunk 0 in the inode directories, no version file, no
+    // saved usage (so the open counts the tree).
+    let root = chunks_root(tmp.path());
+    for ino in [40, 41] {
+        let inode = InodeId(ino);
+        fs::create_dir_all(inode_dir(&root, inode)).unwrap();
+        fs::rename(
+            format::first_chunk_path(&root, inode),
+            format::nested_first_chunk_path(&root, inode),
+        )
+        .unwrap();
+    }
+    fs::remove_file(tmp.path().join("chunk_tree")).unwrap();
+    assert!(!tmp.path().join("usage").exists());
+
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    assert_eq!(
+        fs::read_to_string(tmp.path().join("chunk_tree")).unwrap(),
+        "2\n"
+    );
+    assert!(s.chunk_file_path(small).exists());
+    assert!(
+        !s.inode_path(InodeId(40)).exists(),
+        "an empty inode directory"
+    );
+    assert!(!format::nested_first_chunk_path(&root, InodeId(41)).exists());
+    assert_eq!(read_vec(&s, small, MIB, 2998, 3), vec![4, 4, 0]);
+    for c in big {
+        assert_eq!(read_vec(&s, c, MIB, 2999, 1), vec![5]);
+    }
+    assert_eq!(s.usage().unwrap().chunks, 3);
+    assert_eq!(s.list_after(None, 10).unwrap(), vec![small, big[0], big[1]]);
+    s.truncate_file(InodeId(41), 0, MIB).unwrap();
+    assert_eq!(s.list_after(None, 10).unwrap(), vec![small]);
+    drop(s);
+
+    fs::write(tmp.path().join("chunk_tree"), "3\n").unwrap();
+    assert!(matches!(
+        ChunkStore::open(tmp.path(), BIG),
+        Err(DataError::UnsupportedTree { .. })
+    ));
 }
