@@ -49,6 +49,14 @@ pub enum DataError {
         /// What it holds.
         version: String,
     },
+    /// The chunk tree holds what no build of this store leaves (a chunk in two places).
+    #[error("{}: chunk tree damaged: {reason}", path.display())]
+    TreeConflict {
+        /// The entry in question.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The file holding this server's node id is damaged.
     #[error("{}: damaged node id file: {reason}", path.display())]
     CorruptNodeId {
@@ -151,6 +159,7 @@ impl DataError {
             | DataError::CorruptHeader { .. }
             | DataError::UnsupportedFormat { .. }
             | DataError::UnsupportedTree { .. }
+            | DataError::TreeConflict { .. }
             | DataError::CorruptNodeId { .. } => ErrorCode::Corrupt,
             DataError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             DataError::NoSpace(_) => ErrorCode::NoSpace,

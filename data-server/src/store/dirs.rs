@@ -46,7 +46,14 @@ pub(crate) struct DirtyDirs {
     // One lock for the whole set: it is touched only when a file or directory is created
     // or removed and on fsync, never on a plain read or overwrite.
     set: Mutex<HashSet<DirKey>>,
+    /// Held by a sync of a directory across its fsync (by the key's hash), so that a
+    /// second sync of it, finding the mark gone, returns only once the first's fsync
+    /// is done.
+    syncing: Box<[Mutex<()>]>,
 }
+
+/// Locks a sync of one directory waits on (see `DirtyDirs::syncing`).
+const SYNC_STRIPES: usize = 64;
 
 impl DirtyDirs {
     /// A tracker for the chunk tree at `root`, remembering at most `limit` directories.
@@ -55,6 +62,7 @@ impl DirtyDirs {
             root: root.to_owned(),
             limit,
             set: Mutex::new(HashSet::new()),
+            syncing: (0..SYNC_STRIPES).map(|_| Mutex::new(())).collect(),
         }
     }
 
@@ -88,6 +96,13 @@ impl DirtyDirs {
 
     /// Fsyncs `key`'s directory if it is marked dirty; with `force`, in any case.
     pub fn sync(&self, key: DirKey, force: bool) -> Result<(), DataError> {
+        let stripe = {
+            use std::hash::{BuildHasher, BuildHasherDefault};
+            let h = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+                .hash_one(key);
+            &self.syncing[(h as usize) % SYNC_STRIPES]
+        };
+        let _one_at_a_time = stripe.lock();
         // Removing before the fsync is safe: any change marked after the removal happens
         // after the fsync starts and is marked again.
         let was_dirty = self.set.lock().remove(&key);

@@ -493,7 +493,8 @@ impl ChunkStore {
                 .open(path);
             match opened {
                 Ok(f) => return Ok(f),
-                // A concurrent delete_file of the inode removed the directory in between.
+                // A concurrent delete_file of the inode removed the directory in between
+                // (chunks after the first: chunk 0 needs no directory of its own).
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempts < 3 => {
                     attempts += 1;
                 }

@@ -1,7 +1,7 @@
 //! The directory tree of a store: creating it durably, listing it, counting its usage.
 
 use super::chunk::measure;
-use super::dirs::{fsync_dir, save_atomically};
+use super::dirs::{fsync_dir, remove_if_present, save_atomically, syncfs};
 use super::format::{
     bucket_dir, chunk_path, first_chunk_path, inode_dir, nested_first_chunk_path, parse_chunk_name,
     parse_hex16,
@@ -124,10 +124,13 @@ const TREE_TMP: &str = "chunk_tree.tmp";
 const TREE_VERSION: &str = "2\n";
 
 /// Brings the chunk tree under `root` to the current layout: a tree of version 1 has its
-/// first chunks moved into their buckets (a rename each, the directories synced, inode
-/// directories left empty removed), then the version is recorded. Run at open, before
-/// anything reads the tree. A crash in the middle leaves each chunk in one place or the
-/// other, and the next open finishes the move.
+/// first chunks moved into their buckets (a rename each, inode directories left empty
+/// removed), the file system synced once, then the version recorded. Run at open, with
+/// the store's lock held, before anything reads the tree; only while the version file is
+/// missing (once per store: a few minutes for millions of files, logged). A crash in the
+/// middle leaves each chunk in one place or the other, and the next open finishes the
+/// move. There is no way back: a build of the earlier layout does not see first chunks
+/// in their buckets.
 pub(super) fn migrate_tree(dir: &Path, root: &Path) -> Result<(), DataError> {
     let marker = dir.join(TREE_FILE);
     match fs::read_to_string(&marker) {
@@ -144,12 +147,31 @@ pub(super) fn migrate_tree(dir: &Path, root: &Path) -> Result<(), DataError> {
     let mut moved = 0u64;
     for b in 0..=255u8 {
         moved += move_first_chunks(root, b)?;
+        if moved > 0 && b % 32 == 31 {
+            tracing::info!(
+                buckets_done = u32::from(b) + 1,
+                moved,
+                "chunk tree: moving first chunks into their buckets"
+            );
+        }
     }
     if moved > 0 {
+        // One sync for every rename and removal: a directory fsync each would be a
+        // journal commit per file.
+        syncfs(root)?;
         tracing::info!(root = %root.display(), moved, "chunk tree: first chunks moved into their buckets");
     }
-    let _ = fs::remove_file(dir.join(TREE_TMP));
+    remove_if_present(&dir.join(TREE_TMP))?;
     save_atomically(dir, TREE_FILE, TREE_TMP, TREE_VERSION.as_bytes())
+}
+
+/// Whether `path` exists; errors other than "not found" are errors.
+fn present(path: &Path) -> Result<bool, DataError> {
+    match fs::symlink_metadata(path) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(DataError::io(format!("stat {}", path.display()), e)),
+    }
 }
 
 /// Moves each inode directory's chunk 0 of bucket `b` to the bucket; returns how many.
@@ -170,27 +192,33 @@ fn move_first_chunks(root: &Path, b: u8) -> Result<u64, DataError> {
             nested_first_chunk_path(root, inode),
             first_chunk_path(root, inode),
         );
-        if !from.exists() {
-            continue;
+        match (present(&from)?, present(&to)?) {
+            (true, true) => {
+                // Never left by a move; a build of the earlier layout run on a moved
+                // store writes a second chunk 0 there. Which one holds the file's bytes
+                // is for an operator to decide: nothing is served until then.
+                return Err(DataError::TreeConflict {
+                    path: from,
+                    reason: format!("{} exists too", to.display()),
+                });
+            }
+            (true, false) => {
+                fs::rename(&from, &to)
+                    .ctx(|| format!("move {} to {}", from.display(), to.display()))?;
+                moved += 1;
+            }
+            // Moved before a crash, maybe with its directory left: removed below.
+            (false, true) => {}
+            (false, false) => continue,
         }
-        if to.exists() {
-            // Never made by this store; keep both for an operator to look at.
-            tracing::warn!(from = %from.display(), to = %to.display(),
-                "chunk 0 in both places: the one in the inode directory is left");
-            continue;
-        }
-        fs::rename(&from, &to).ctx(|| format!("move {} to {}", from.display(), to.display()))?;
-        moved += 1;
         let dir = inode_dir(root, inode);
         match fs::remove_dir(&dir) {
-            Ok(()) => {}
-            // The file's other chunks: the directory stays, its entry's removal synced.
-            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => fsync_dir(&dir)?,
-            Err(e) => return Err(DataError::io(format!("remove {}", dir.display()), e)),
+            // The file's other chunks keep it.
+            Err(e) if e.kind() != std::io::ErrorKind::DirectoryNotEmpty => {
+                return Err(DataError::io(format!("remove {}", dir.display()), e))
+            }
+            _ => {}
         }
-    }
-    if moved > 0 {
-        fsync_dir(&bucket)?;
     }
     Ok(moved)
 }

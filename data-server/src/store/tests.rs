@@ -629,6 +629,22 @@ fn a_version_1_tree_gets_its_first_chunks_moved_into_the_buckets() {
     assert_eq!(s.list_after(None, 10).unwrap(), vec![small]);
     drop(s);
 
+    // A move a crash cut short: the chunk moved, its empty directory left behind.
+    fs::create_dir(inode_dir(&root, InodeId(40))).unwrap();
+    fs::remove_file(tmp.path().join("chunk_tree")).unwrap();
+    drop(ChunkStore::open(tmp.path(), BIG).unwrap());
+    assert!(!inode_dir(&root, InodeId(40)).exists());
+    // Chunk 0 in both places (an older build run on a moved store): refused, both kept.
+    fs::create_dir(inode_dir(&root, InodeId(40))).unwrap();
+    let nested = format::nested_first_chunk_path(&root, InodeId(40));
+    fs::copy(format::first_chunk_path(&root, InodeId(40)), &nested).unwrap();
+    fs::remove_file(tmp.path().join("chunk_tree")).unwrap();
+    assert!(matches!(
+        ChunkStore::open(tmp.path(), BIG),
+        Err(DataError::TreeConflict { .. })
+    ));
+    assert!(nested.exists() && format::first_chunk_path(&root, InodeId(40)).exists());
+
     fs::write(tmp.path().join("chunk_tree"), "3\n").unwrap();
     assert!(matches!(
         ChunkStore::open(tmp.path(), BIG),
