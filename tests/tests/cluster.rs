@@ -8,20 +8,12 @@ use tessera_tests::{pseudo_random, sha256_hex, InProcessCluster};
 
 const ROOT_CALLER: Caller = Caller::ROOT;
 
+/// Every chunk file under `dir`.
 fn chunk_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "chunk") {
-                out.push(p);
-            }
-        }
-    }
-    out
+    tessera_tests::chunk_tree::chunk_files_under(dir)
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
