@@ -16,6 +16,7 @@ mod handlers;
 mod held;
 mod registry;
 pub use handlers::Handle;
+mod faults;
 mod files;
 mod gauges;
 mod keys;
@@ -190,6 +191,8 @@ pub struct Namespace {
     /// Seals the grants opens, creates and renewals hand out; unset on a server
     /// without keys (see `crate::grants`).
     pub(crate) granter: std::sync::OnceLock<Arc<crate::grants::Granter>>,
+    /// The log of requests failed for this server's own faults.
+    faults: faults::FaultLog,
 }
 
 /// The server's clock, for every time stamp the server sets.
@@ -252,6 +255,7 @@ impl Namespace {
             disk: space::DiskGuard::default(),
             stopping: std::sync::atomic::AtomicBool::new(false),
             granter: std::sync::OnceLock::new(),
+            faults: faults::FaultLog::default(),
         };
         ns.purge_orphans()?;
         ns.reconcile()?;
@@ -312,9 +316,7 @@ impl Namespace {
         };
         match &result {
             // The operator's to see: the client gets only EIO.
-            Err(e) if e.is_server_fault() => {
-                tracing::warn!(op = R::NAME, error = %e, "request failed")
-            }
+            Err(e) if e.is_server_fault() => self.faults.note(R::NAME, e),
             Err(e) => tracing::debug!(error = %e, "request failed"),
             Ok(_) => {}
         }
