@@ -1,58 +1,7 @@
 //! The chunk store: file chunks as checksummed files on local disk.
 //!
-//! # On-disk format (version 2)
-//!
-//! ```text
-//! <dir>/LOCK                      held (flock) while a store has the directory open
-//! <dir>/node_id                   this server's node id (see `node_id.rs`)
-//! <dir>/usage                     the usage a clean shutdown saved (see `saved_usage.rs`)
-//! <dir>/chunk_tree                "2\n": the tree's layout version (see below)
-//! <dir>/chunks/<bb>/<inode>.chunk             chunk 0 of the inode
-//! <dir>/chunks/<bb>/<inode>/<index>.chunk     its other chunks
-//!     bb    = inode % 256, 2 lowercase hex digits (all 256 made at open)
-//!     inode = inode number, 16 lowercase hex digits
-//!     index = chunk index, 16 lowercase hex digits (1 and up)
-//! ```
-//!
-//! A file's first chunk lies in its bucket, so that a small file (one chunk) costs no
-//! directory of its own: no `mkdir` on each copy's create and one dependent disk read
-//! less on a cold open. Tree version 1 (no `chunk_tree` file) kept chunk 0 in the inode
-//! directory too; opening such a store moves each into its bucket first (`scan.rs`,
-//! `migrate_tree`: a rename each, synced, then the version written).
-//!
-//! A chunk file, all integers little-endian:
-//!
-//! | offset | size | contents |
-//! | --- | --- | --- |
-//! | 0 | 8 | magic `b"TSRCHNK1"` (the kind of file; the same in every version) |
-//! | 8 | 4 | format version, 2 |
-//! | 12 | 4 | block size in bytes, 65536 |
-//! | 16 | 4 | chunk size in bytes (a power of two, 64 KiB ..= 64 MiB) |
-//! | 20 | 4 | crc32c of bytes 0..20 |
-//! | 24 | 4072 | zero |
-//! | 4096 | 16 × blocks, padded with zeros to a multiple of 4096 | checksum table |
-//! | `data_offset` | chunk length | data: chunk byte `i` at `data_offset + i` |
-//!
-//! `blocks = chunk_size / block_size`, `data_offset = 4096 + round_up(16 × blocks, 4096)`.
-//! The chunk's length is the file length minus `data_offset` (0 if the file is shorter).
-//! A file of another version fails with [`DataError::UnsupportedFormat`]; version 1 (one
-//! crc per block, 8-byte entries) is not converted: there were no deployments.
-//!
-//! A table entry is 16 bytes: crc slot A (u32) at 0, crc slot B (u32) at 4, a kind (u8) at
-//! 8, three zero bytes, and the crc32c of bytes 0..12 at 12; a slot the kind does not use
-//! is 0. Sixteen zero bytes are a block never written.
-//!
-//! | kind | name | slots | the block reads as |
-//! | --- | --- | --- | --- |
-//! | – | unwritten | – | zeros, unchecked, whatever the disk holds there |
-//! | 1 | stable | A = crc | its bytes, if they match A |
-//! | 2 | pending | A = old crc, B = new crc | its bytes, if they match A or B |
-//! | 3 | pending first | A = new crc | its bytes if they match A, else zeros |
-//!
-//! Bytes that match no crc the entry allows, and any entry that is not exactly one of these
-//! encodings (a flipped bit anywhere), read as [`DataError::Corrupt`] and are never
-//! returned. A block's crc covers all `block_size` bytes, counting the bytes past the end
-//! of the file as zeros.
+//! The on-disk format (the directory tree, a chunk file's header, table and data) is
+//! described in [`mod@format`].
 //!
 //! # Updates and crashes
 //!
@@ -192,7 +141,7 @@ pub struct ChunkStore {
     /// Set by [`ChunkStore::close`]: changes are refused from then on.
     closed: AtomicBool,
     node_id_lock: Mutex<()>,
-    /// Files whose chunks were deleted here, the latest [`REMOVED_KEPT`]. Inode numbers
+    /// Files whose chunks were deleted here, the latest 65,536 (`removed.rs`). Inode numbers
     /// are never reused, so a copy a resync or repair fetched before the deletion must
     /// not be installed after it (it would stay, space no deletion frees, until a
     /// sweep). Taken by [`ChunkStore::delete_file`] and around an install's writes.
