@@ -1,8 +1,9 @@
 //! Directory durability: which directories changed since they were last fsynced.
 //!
 //! Creating a chunk file changes its inode directory (its bucket, for a first chunk);
-//! creating or removing an inode directory changes its bucket. A chunk is durable only once those entries are on disk
-//! too, so `fsync` of a chunk also fsyncs the directories this tracker marked dirty.
+//! creating or removing an inode directory changes its bucket. A chunk is durable only
+//! once those entries are on disk too, so `fsync` of a chunk also fsyncs the directories
+//! this tracker marked dirty.
 
 use super::format::{bucket_dir, bucket_of, inode_dir};
 use crate::error::{DataError, IoContext};
@@ -96,13 +97,11 @@ impl DirtyDirs {
 
     /// Fsyncs `key`'s directory if it is marked dirty; with `force`, in any case.
     pub fn sync(&self, key: DirKey, force: bool) -> Result<(), DataError> {
-        let stripe = {
-            use std::hash::{BuildHasher, BuildHasherDefault};
-            let h = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
-                .hash_one(key);
-            &self.syncing[(h as usize) % SYNC_STRIPES]
+        let stripe = match key {
+            DirKey::Inode(inode) => inode.0 as usize,
+            DirKey::Bucket(b) => usize::from(b),
         };
-        let _one_at_a_time = stripe.lock();
+        let _one_at_a_time = self.syncing[stripe % SYNC_STRIPES].lock();
         // Removing before the fsync is safe: any change marked after the removal happens
         // after the fsync starts and is marked again.
         let was_dirty = self.set.lock().remove(&key);

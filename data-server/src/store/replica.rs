@@ -357,11 +357,11 @@ impl ChunkStore {
         let start = after.map_or(0, |c| bucket_of(c.inode));
         let mut out = Vec::new();
         for b in start..=255u8 {
-            for inode in scan::bucket_inodes(&self.root, b)? {
+            for (inode, seen) in scan::bucket_inodes(&self.root, b)? {
                 if after.is_some_and(|a| (b, inode) < (bucket_of(a.inode), a.inode)) {
                     continue;
                 }
-                let mut indexes = scan::list_chunks(&self.root, inode)?;
+                let mut indexes = scan::chunks_seen(&self.root, inode, seen)?;
                 indexes.sort_unstable();
                 for index in indexes {
                     let c = ChunkId { inode, index };

@@ -9,7 +9,7 @@ use super::format::{
 use crate::error::{DataError, IoContext};
 use proto::{ChunkId, InodeId};
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Creates `path` if needed: a directory just made is durable only once its parent is
 /// synced, so each parent of a directory created here is fsynced.
@@ -52,12 +52,29 @@ fn make_dir(path: &Path) -> Result<bool, DataError> {
 /// Indexes of the chunk files of one inode, in no particular order: its first chunk in
 /// the bucket, the others in its inode directory.
 pub(super) fn list_chunks(root: &Path, inode: InodeId) -> Result<Vec<u64>, DataError> {
+    let seen = Seen {
+        first: present(&first_chunk_path(root, inode))?,
+        dir: true,
+    };
+    chunks_seen(root, inode, seen)
+}
+
+/// What a bucket's listing showed of one inode: its first chunk, its directory.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Seen {
+    first: bool,
+    dir: bool,
+}
+
+/// [`list_chunks`] for an inode whose bucket entries are known: no `stat` of its first
+/// chunk, and no look into a directory it does not have.
+pub(super) fn chunks_seen(root: &Path, inode: InodeId, seen: Seen) -> Result<Vec<u64>, DataError> {
     let mut out = Vec::new();
-    let first = first_chunk_path(root, inode);
-    match fs::symlink_metadata(&first) {
-        Ok(_) => out.push(0),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(DataError::io(format!("stat {}", first.display()), e)),
+    if seen.first {
+        out.push(0);
+    }
+    if !seen.dir {
+        return Ok(out);
     }
     let dir = inode_dir(root, inode);
     let entries = match fs::read_dir(&dir) {
@@ -77,36 +94,41 @@ pub(super) fn list_chunks(root: &Path, inode: InodeId) -> Result<Vec<u64>, DataE
 }
 
 /// The inodes holding chunks in bucket `b` (a first chunk, an inode directory, or
-/// both), sorted.
-pub(super) fn bucket_inodes(root: &Path, b: u8) -> Result<Vec<InodeId>, DataError> {
+/// both), sorted, with what the listing showed of each.
+pub(super) fn bucket_inodes(root: &Path, b: u8) -> Result<Vec<(InodeId, Seen)>, DataError> {
     let bucket = bucket_dir(root, b);
-    let mut out = Vec::new();
+    let mut out = std::collections::BTreeMap::<u64, Seen>::new();
     for entry in fs::read_dir(&bucket).ctx(|| format!("list {}", bucket.display()))? {
         let entry = entry.ctx(|| format!("list {}", bucket.display()))?;
         let name = entry.file_name();
         let name = name.to_str().unwrap_or_default();
-        let (inode, canonical) = match (parse_chunk_name(name), parse_hex16(name)) {
-            (Some(i), _) => (i, first_chunk_path(root, InodeId(i))),
-            (None, Some(i)) => (i, inode_dir(root, InodeId(i))),
-            (None, None) => (0, PathBuf::new()),
+        let (inode, first) = match (parse_chunk_name(name), parse_hex16(name)) {
+            (Some(i), _) if first_chunk_path(root, InodeId(i)) == entry.path() => (i, true),
+            (None, Some(i)) if inode_dir(root, InodeId(i)) == entry.path() => (i, false),
+            _ => {
+                tracing::warn!(path = %entry.path().display(), "stray entry in chunk tree");
+                continue;
+            }
         };
-        if canonical != entry.path() {
-            tracing::warn!(path = %entry.path().display(), "stray entry in chunk tree");
-            continue;
+        let seen = out.entry(inode).or_default();
+        if first {
+            seen.first = true;
+        } else {
+            seen.dir = true;
         }
-        out.push(InodeId(inode));
     }
-    out.sort_unstable();
-    out.dedup();
-    Ok(out)
+    Ok(out
+        .into_iter()
+        .map(|(i, seen)| (InodeId(i), seen))
+        .collect())
 }
 
 /// Bytes charged to all chunk files under `root`, and their number.
 pub(super) fn count_usage(root: &Path) -> Result<(u64, u64), DataError> {
     let (mut used, mut chunks) = (0u64, 0u64);
     for b in 0..=255u8 {
-        for inode in bucket_inodes(root, b)? {
-            for index in list_chunks(root, inode)? {
+        for (inode, seen) in bucket_inodes(root, b)? {
+            for index in chunks_seen(root, inode, seen)? {
                 let chunk = ChunkId { inode, index };
                 used = used.saturating_add(measure(&chunk_path(root, chunk), chunk)?);
                 chunks += 1;
