@@ -105,6 +105,21 @@ impl Rng {
     }
 }
 
+/// Waits at most `within` until every chain of the cluster `client` talks to has all its
+/// members serving; a map call that fails (a server busy or failing over) is asked again
+/// until then.
+pub async fn wait_healthy(client: &fs_client::Client, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let map = client.cluster_map().await;
+        if map.as_ref().is_ok_and(|m| healthy(m)) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "cluster not healthy: {map:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Whether every chain of `map` has `min(3, servers up)` members, all serving.
 pub fn healthy(map: &proto::meta::ClusterMap) -> bool {
     map.healthy(3)

@@ -422,15 +422,7 @@ impl ProcessCluster {
             let client = fs_client::Client::connect(self.client_config())
                 .await
                 .expect("client connects");
-            let deadline = Instant::now() + limit;
-            loop {
-                let map = client.cluster_map().await.expect("cluster map");
-                if crate::healthy(&map) {
-                    return;
-                }
-                assert!(Instant::now() < deadline, "cluster not healthy: {map:?}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            crate::wait_healthy(&client, limit).await;
         });
     }
 

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_tests::client_io::{read_whole, write_fsync};
-use tessera_tests::{pseudo_random, sha256_hex, ClusterOptions, ProcessCluster, Rng};
+use tessera_tests::{pseudo_random, sha256_hex, wait_healthy, ClusterOptions, ProcessCluster, Rng};
 
 const ROOT_CALLER: Caller = Caller::ROOT;
 const MIB: usize = 1 << 20;
@@ -34,19 +34,6 @@ async fn client(cluster: &ProcessCluster) -> Arc<Client> {
     Client::connect(config).await.expect("client connects")
 }
 
-/// Waits until every chain has all its members serving.
-async fn wait_healthy(client: &Client) {
-    let deadline = Instant::now() + HEAL;
-    loop {
-        let map = client.cluster_map().await.expect("cluster map");
-        if tessera_tests::healthy(&map) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "cluster not healthy: {map:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 fn fsck_clean(cluster: &ProcessCluster) {
     let (code, out) = cluster.tessera(&["fsck"]);
     assert_eq!(code, 0, "tessera fsck found problems:\n{out}");
@@ -59,7 +46,7 @@ async fn kill_9_of_random_data_servers_during_writes_fsyncs_and_reads_loses_noth
     let mut rng = Rng::from_env("TESSERA_KILL_SEED");
     let mut cluster = ProcessCluster::start_with(fast(3, ""));
     let c = client(&cluster).await;
-    wait_healthy(&c).await;
+    wait_healthy(&c, HEAL).await;
     let mut acked: BTreeMap<String, String> = BTreeMap::new();
     let mut failed = 0;
     for round in 0..ROUNDS {
@@ -106,7 +93,7 @@ async fn kill_9_of_random_data_servers_during_writes_fsyncs_and_reads_loses_noth
         failed += failures;
         acked.extend(done);
         cluster.restart_data(victim);
-        wait_healthy(&c).await;
+        wait_healthy(&c, HEAL).await;
     }
     eprintln!("{} files acknowledged, {failed} not", acked.len());
     assert!(
@@ -131,7 +118,7 @@ async fn kill_9_of_random_data_servers_during_writes_fsyncs_and_reads_loses_noth
 async fn a_data_server_that_hangs_is_left_behind_and_io_goes_on() {
     let cluster = ProcessCluster::start_with(fast(3, ""));
     let c = client(&cluster).await;
-    wait_healthy(&c).await;
+    wait_healthy(&c, HEAL).await;
     let before = pseudo_random(12 * MIB, 1);
     write_fsync(&c, "before", &before)
         .await
@@ -152,7 +139,7 @@ async fn a_data_server_that_hangs_is_left_behind_and_io_goes_on() {
         assert_eq!(sha256_hex(&back), sha256_hex(data), "{name}");
     }
     cluster.resume_data(1);
-    wait_healthy(&c).await;
+    wait_healthy(&c, HEAL).await;
     for (name, data) in [("before", &before), ("during", &during)] {
         let back = read_whole(&c, name).await.expect("read after the resync");
         assert_eq!(sha256_hex(&back), sha256_hex(data), "{name}");
@@ -165,7 +152,7 @@ async fn kill_9_of_the_metadata_server_during_creates_and_renames_keeps_every_an
     let mut rng = Rng::from_env("TESSERA_META_KILL_SEED");
     let mut cluster = ProcessCluster::start_with(fast(3, ""));
     let c = client(&cluster).await;
-    wait_healthy(&c).await;
+    wait_healthy(&c, HEAL).await;
     // Three writers of disjoint names: create fN (with a few bytes), then rename half of
     // them to gN; every answered operation is logged.
     let mut workers = Vec::new();
@@ -227,7 +214,7 @@ async fn kill_9_of_the_metadata_server_during_creates_and_renames_keeps_every_an
     }
     cluster.restart_meta();
     let c = client(&cluster).await;
-    wait_healthy(&c).await;
+    wait_healthy(&c, HEAL).await;
     let mut checked = 0;
     for log in &logs {
         for (f, renamed) in log {
@@ -261,7 +248,7 @@ async fn kill_9_of_the_metadata_server_during_creates_and_renames_keeps_every_an
 async fn a_data_server_that_stays_down_is_replaced_as_tessera_status_shows() {
     let mut cluster = ProcessCluster::start_with(fast(4, "replace_after_ms = 4000"));
     let c = client(&cluster).await;
-    wait_healthy(&c).await;
+    wait_healthy(&c, HEAL).await;
     let data = pseudo_random(24 * MIB, 77);
     write_fsync(&c, "f.bin", &data).await.unwrap();
     let (code, out) = cluster.tessera(&["status"]);
