@@ -120,6 +120,13 @@ pub async fn wait_healthy(client: &fs_client::Client, within: Duration) {
     }
 }
 
+/// A metadata server's configuration lines for a namespace on etcd with settings `c`
+/// (every field of the `[etcd]` table, as the server reads it).
+pub fn etcd_meta_toml(c: &meta_server::kv::EtcdConfig) -> String {
+    let table = toml::to_string(c).expect("etcd settings as TOML");
+    format!("store = \"etcd\"\n[etcd]\n{table}")
+}
+
 /// Whether every chain of `map` has `min(3, servers up)` members, all serving.
 pub fn healthy(map: &proto::meta::ClusterMap) -> bool {
     map.healthy(3)

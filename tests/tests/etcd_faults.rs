@@ -30,20 +30,6 @@ const APPEND: usize = 64 * 1024;
 /// after the faults (before `fsck`, which counts a syncing copy as a problem).
 const HEAL_LIMIT: Duration = Duration::from_secs(60);
 
-/// The metadata server's configuration lines for `c`.
-fn etcd_toml(c: &EtcdConfig) -> String {
-    let endpoints: Vec<String> = c.endpoints.iter().map(|e| format!("{e:?}")).collect();
-    format!(
-        "store = \"etcd\"\n[etcd]\nendpoints = [{}]\nprefix = {:?}\nrequest_timeout_ms = {}\n\
-         retry_for_ms = {}\nowner_lease_ms = {}\n",
-        endpoints.join(", "),
-        c.prefix,
-        c.request_timeout_ms,
-        c.retry_for_ms,
-        c.owner_lease_ms
-    )
-}
-
 /// A 3-member etcd and a cluster (3 data servers) whose metadata server uses it with
 /// `tune` applied to its etcd settings; `None`, after saying so, where no etcd binary is
 /// installed (never under CI).
@@ -63,7 +49,7 @@ fn cluster_on_three_members(
     tune(&mut config);
     let cluster = ProcessCluster::start_with(ClusterOptions {
         data_servers: 3,
-        meta_toml: etcd_toml(&config),
+        meta_toml: tessera_tests::etcd_meta_toml(&config),
         namespace_toml: namespace_toml.to_owned(),
         heartbeat_ms: 200,
         ..ClusterOptions::default()

@@ -44,19 +44,6 @@ fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static
 /// waits it out.
 const OWNER_LEASE_MS: u64 = 2000;
 
-/// The metadata server's configuration lines for `c`.
-fn etcd_toml(c: &EtcdConfig) -> String {
-    let endpoints: Vec<String> = c.endpoints.iter().map(|e| format!("{e:?}")).collect();
-    format!(
-        "store = \"etcd\"\n[etcd]\nendpoints = [{}]\nprefix = {:?}\nretry_for_ms = {}\n\
-         owner_lease_ms = {}\n",
-        endpoints.join(", "),
-        c.prefix,
-        c.retry_for_ms,
-        c.owner_lease_ms
-    )
-}
-
 /// Starts one more metadata server on `etcd`'s prefix, in this process, refusing at
 /// once if the owner key is held; returns its start error.
 fn second_server_refused(etcd: EtcdConfig) -> String {
@@ -111,7 +98,7 @@ fn etcd_cluster(
     };
     let cluster = ProcessCluster::start_with(ClusterOptions {
         data_servers,
-        meta_toml: etcd_toml(&etcd_config),
+        meta_toml: tessera_tests::etcd_meta_toml(&etcd_config),
         namespace_toml,
         data_toml,
         heartbeat_ms: 200,
