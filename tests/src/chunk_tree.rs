@@ -51,6 +51,26 @@ pub fn chunk_files_under(dir: &Path) -> Vec<(PathBuf, (u64, u64))> {
     out
 }
 
+/// Every chunk file of inode `ino` on the data servers of the cluster in `cluster_dir`
+/// (its `data-*` directories); all inodes' with `None`.
+pub fn cluster_chunk_files(cluster_dir: &Path, ino: Option<u64>) -> Vec<(PathBuf, (u64, u64))> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(cluster_dir)
+        .expect("cluster dir")
+        .flatten()
+    {
+        if e.file_name().to_string_lossy().starts_with("data-") && e.path().is_dir() {
+            let files = chunk_files_under(&e.path());
+            out.extend(
+                files
+                    .into_iter()
+                    .filter(|(_, c)| ino.is_none_or(|i| c.0 == i)),
+            );
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

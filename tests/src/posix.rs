@@ -450,18 +450,10 @@ pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool)
 /// however many servers hold a copy (0 means no copy anywhere); with `ino`, only that
 /// inode's.
 pub fn chunk_files(cluster_dir: &Path, ino: Option<u64>) -> usize {
-    let mut seen = std::collections::BTreeSet::new();
-    for e in fs::read_dir(cluster_dir).expect("cluster dir").flatten() {
-        let name = e.file_name();
-        if name.to_string_lossy().starts_with("data-") && e.path().is_dir() {
-            for (_, (i, index)) in crate::chunk_tree::chunk_files_under(&e.path()) {
-                if ino.is_none_or(|want| want == i) {
-                    seen.insert((i, index));
-                }
-            }
-        }
-    }
-    seen.len()
+    let chunks = crate::chunk_tree::cluster_chunk_files(cluster_dir, ino);
+    let distinct: std::collections::BTreeSet<(u64, u64)> =
+        chunks.into_iter().map(|(_, c)| c).collect();
+    distinct.len()
 }
 
 /// How long chunk deletions may take: they travel in heartbeat replies (one a second).

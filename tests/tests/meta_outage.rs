@@ -275,23 +275,6 @@ fn open_files_read_and_write_through_an_outage_longer_than_a_grant() {
     );
 }
 
-/// The chunk files of `ino` under the data servers' directories of `cluster_dir`.
-fn chunk_copies(cluster_dir: &std::path::Path, ino: u64) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in fs::read_dir(cluster_dir).expect("cluster dir").flatten() {
-        if e.file_name().to_string_lossy().starts_with("data-") && e.path().is_dir() {
-            let files = tessera_tests::chunk_tree::chunk_files_under(&e.path());
-            out.extend(
-                files
-                    .into_iter()
-                    .filter(|(_, c)| c.0 == ino)
-                    .map(|(p, _)| p),
-            );
-        }
-    }
-    out
-}
-
 /// Guards against `tessera fsck` reporting 0 problems while data servers hold chunks
 /// of files that no longer exist (space that leaks until a sweep or a restart): the
 /// chunks of a removed file are put back behind the servers' backs, as a deletion that
@@ -306,7 +289,10 @@ fn fsck_reports_and_repairs_chunks_of_files_that_are_gone() {
     wait_chunks(cluster.dir(), Some(ino), 2);
     let saved = cluster.dir().join("saved");
     fs::create_dir_all(&saved).expect("saved dir");
-    let copies = chunk_copies(cluster.dir(), ino);
+    let copies: Vec<_> = tessera_tests::chunk_tree::cluster_chunk_files(cluster.dir(), Some(ino))
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
     assert_eq!(copies.len(), 6, "2 chunks x 3 servers");
     for (i, c) in copies.iter().enumerate() {
         fs::copy(c, saved.join(i.to_string())).expect("copy a chunk file");

@@ -485,21 +485,6 @@ fn write_synced(path: &Path, data: &[u8]) {
     f.sync_all().unwrap();
 }
 
-/// Every copy of file `ino`'s chunks, on every data server of the cluster in `dir`.
-fn chunk_copies(dir: &Path, ino: u64) -> Vec<PathBuf> {
-    let mut copies = Vec::new();
-    for i in 0..2 {
-        let files = tessera_tests::chunk_tree::chunk_files_under(&dir.join(format!("data-{i}")));
-        copies.extend(
-            files
-                .into_iter()
-                .filter(|(_, c)| c.0 == ino)
-                .map(|(p, _)| p),
-        );
-    }
-    copies
-}
-
 /// Guards against a failover, a checksum failure or a metadata reconnect that no
 /// counter shows: each is made to happen and the counters of the processes that saw it
 /// must move.
@@ -527,7 +512,11 @@ fn failovers_checksum_failures_and_reconnects_are_counted_where_they_happen() {
 
     // Damage: the last stored byte of each copy of `ck`'s chunk (the data area ends
     // the chunk file), as bit rot would. No good copy is left, so the read fails.
-    let copies = chunk_copies(cluster.dir(), ino);
+    let copies: Vec<PathBuf> =
+        tessera_tests::chunk_tree::cluster_chunk_files(cluster.dir(), Some(ino))
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect();
     assert_eq!(copies.len(), 2, "{copies:?}");
     for c in &copies {
         let mut bytes = fs::read(c).unwrap();
