@@ -86,7 +86,7 @@ pub async fn run(opts: CheckOptions) -> Result<Report> {
     );
     let result = check(&mut cluster, &opts).await;
     if result.is_err() {
-        print_logs(&cluster);
+        cluster.print_log_tails(40);
     }
     result
 }
@@ -274,25 +274,4 @@ async fn read_killing(
         t.elapsed().as_secs_f64()
     );
     Ok(sum)
-}
-
-/// Prints the end of every server's log, for a check that failed.
-fn print_logs(cluster: &ProcessCluster) {
-    const TAIL_LINES: usize = 40;
-    let mut logs: Vec<_> = std::fs::read_dir(cluster.dir())
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "log"))
-        .collect();
-    logs.sort();
-    for p in logs {
-        let text = std::fs::read_to_string(&p).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        println!("--- {} (last {TAIL_LINES} lines)", p.display());
-        for l in &lines[lines.len().saturating_sub(TAIL_LINES)..] {
-            println!("{l}");
-        }
-    }
 }

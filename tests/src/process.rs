@@ -576,6 +576,27 @@ impl ProcessCluster {
         self.dir.path()
     }
 
+    /// Prints the last `lines` lines of every log in [`ProcessCluster::dir`] (servers'
+    /// and mounts'), for a test that failed: the directory goes with the cluster.
+    pub fn print_log_tails(&self, lines: usize) {
+        let mut logs: Vec<_> = fs::read_dir(self.dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "log"))
+            .collect();
+        logs.sort();
+        for p in logs {
+            let text = fs::read_to_string(&p).unwrap_or_default();
+            let all: Vec<&str> = text.lines().collect();
+            println!("--- {} (last {lines} lines)", p.display());
+            for l in &all[all.len().saturating_sub(lines)..] {
+                println!("{l}");
+            }
+        }
+    }
+
     /// The address of the metrics endpoint of `name` (`meta`, `data-0`, ..., or a mount
     /// whose configuration named `<dir>/<name>.metrics` as `metrics.addr_file`), once
     /// the process wrote it.

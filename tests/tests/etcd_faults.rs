@@ -122,7 +122,7 @@ fn start_workload(
             }
             let t = Instant::now();
             if let Err(e) = workload_op(&dir, &mut open, i) {
-                result = Err(format!("operation {i}: {e}"));
+                result = Err(format!("operation {i}, after {:?}: {e}", t.elapsed()));
                 break;
             }
             times.push(t.elapsed());
@@ -190,7 +190,10 @@ fn a_killed_etcd_leader_is_a_pause_for_the_file_system() {
     let times = results
         .recv_timeout(WORKLOAD_LIMIT + Duration::from_secs(10))
         .expect("the workload ended")
-        .unwrap_or_else(|e| panic!("an operation failed with etcd's leader killed: {e}"));
+        .unwrap_or_else(|e| {
+            cluster.print_log_tails(60);
+            panic!("an operation failed with etcd's leader killed: {e}")
+        });
     let (longest_at, longest) = times
         .iter()
         .enumerate()

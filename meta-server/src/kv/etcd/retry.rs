@@ -114,7 +114,10 @@ where
 }
 
 /// Sorts an etcd client error by what a retry would do (etcd's gRPC errors:
-/// `api/v3rpc/rpctypes`).
+/// `api/v3rpc/rpctypes`). Only what etcd answers for a request it will refuse again is
+/// final; anything else may pass, since a member killed under a request fails it in
+/// many ways (a reset stream, a broken pipe, an early end of the body) whose codes say
+/// nothing about the request.
 fn classify(e: &etcd_client::Error) -> Failure {
     use etcd_client::Error as E;
     use tonic::Code;
@@ -133,14 +136,24 @@ fn classify(e: &etcd_client::Error) -> Failure {
                 {
                     Failure::TooLarge(m)
                 }
-                // "leader changed", "request timed out", "no leader", a broken stream:
+                // Made on this side from a failed connection or stream (tonic keeps that
+                // error as the status's source): whatever its code (a broken pipe is
+                // `Internal`, an early end `OutOfRange`), the request may have landed.
+                _ if std::error::Error::source(s).is_some() => Failure::Unknown(m),
+                // etcd's answers for a request it refuses as it is (a bad argument, a
+                // lease or revision it does not have, no permission, a corrupt member).
+                Code::InvalidArgument
+                | Code::FailedPrecondition
+                | Code::NotFound
+                | Code::AlreadyExists
+                | Code::PermissionDenied
+                | Code::Unauthenticated
+                | Code::Unimplemented
+                | Code::OutOfRange
+                | Code::DataLoss => Failure::Refused(format!("{:?}: {m}", s.code())),
+                // "leader changed", "request timed out", "no leader", a reset stream:
                 // the proposal may or may not have been committed.
-                Code::Unavailable
-                | Code::DeadlineExceeded
-                | Code::Unknown
-                | Code::Aborted
-                | Code::Cancelled => Failure::Unknown(m),
-                _ => Failure::Refused(format!("{:?}: {m}", s.code())),
+                _ => Failure::Unknown(m),
             }
         }
         E::IoError(io) => Failure::Unknown(io.to_string()),
@@ -189,5 +202,30 @@ mod tests {
             "etcdserver: duplicate key given in txn request",
         );
         assert!(matches!(classify(&dup), Failure::Refused(_)));
+    }
+
+    /// A member killed under a request fails its stream with errors that tonic turns
+    /// into `Internal` (a broken pipe) or `OutOfRange` (an early end) on this side:
+    /// the request may have landed, and a retry may pass.
+    #[test]
+    fn a_stream_broken_on_this_side_may_pass_whatever_its_code() {
+        use std::io::{Error as IoError, ErrorKind};
+        for kind in [ErrorKind::BrokenPipe, ErrorKind::UnexpectedEof] {
+            let broken = tonic::Status::from_error(Box::new(IoError::from(kind)));
+            assert!(std::error::Error::source(&broken).is_some(), "{broken:?}");
+            let e = etcd_client::Error::GRpcStatus(broken);
+            assert!(matches!(classify(&e), Failure::Unknown(_)), "{kind:?}: {e}");
+        }
+        let internal = etcd_client::Error::GRpcStatus(tonic::Status::from(IoError::from(
+            ErrorKind::BrokenPipe,
+        )));
+        // Without a source (as etcd would send it) an `Internal` may pass too.
+        assert!(matches!(classify(&internal), Failure::Unknown(_)));
+        // What etcd answers for a revision it compacted is final.
+        let compacted = status(
+            tonic::Code::OutOfRange,
+            "etcdserver: mvcc: required revision has been compacted",
+        );
+        assert!(matches!(classify(&compacted), Failure::Refused(_)));
     }
 }
