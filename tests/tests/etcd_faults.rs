@@ -304,10 +304,10 @@ fn calls_fail_clearly_without_an_etcd_quorum_and_go_on_when_it_returns() {
         took >= Duration::from_millis(RETRY_FOR_MS / 2),
         "failed at once ({took:?}), without waiting for the quorum"
     );
-    assert!(
-        took < Duration::from_millis(RETRY_FOR_MS + 4 * REQUEST_TIMEOUT_MS),
-        "failed only after {took:?}"
-    );
+    if took >= Duration::from_millis(RETRY_FOR_MS + 4 * REQUEST_TIMEOUT_MS) {
+        cluster.print_log_tails(60);
+        panic!("failed only after {took:?}");
+    }
     // The metadata server says why, for its operator.
     let log = fs::read_to_string(cluster.dir().join("meta.log")).expect("meta log");
     assert!(log.contains("etcd store unavailable"), "{log}");

@@ -29,7 +29,7 @@ pub mod local;
 pub mod owner;
 mod retry;
 
-use self::retry::{retrying, Retry, Timing};
+use self::retry::{retrying, Outage, Retry, Timing};
 use super::{
     BatchOp, KvError, KvPair, KvStore, ReadCheck, Revision, TxnLimits, TxnStore, Versioned,
     WriteBatch,
@@ -162,6 +162,8 @@ pub struct EtcdStore {
     /// transaction applies only while etcd still has the key under that lease, so a
     /// server that lost it (stalled past its lease, cut off) writes nothing more.
     fence: Option<(String, i64)>,
+    /// Whether etcd is known not to answer: calls then fail at once (see [`Outage`]).
+    outage: std::sync::Arc<Outage>,
 }
 
 impl EtcdStore {
@@ -240,6 +242,7 @@ impl EtcdStore {
             prefix: config.prefix.as_bytes().to_vec(),
             config: config.clone(),
             fence: None,
+            outage: Default::default(),
         })
     }
 
@@ -303,10 +306,10 @@ impl EtcdStore {
         if ops.is_empty() {
             return Ok(());
         }
-        let (kv, timing) = (self.kv.clone(), self.config.timing());
+        let (kv, timing, outage) = (self.kv.clone(), self.config.timing(), self.outage.clone());
         let fence = self.fence_compare();
         let resp = self.run(async move {
-            retrying(timing, Retry::Always, "commit", || {
+            retrying(timing, &outage, Retry::Always, "commit", || {
                 let mut kv = kv.clone();
                 let txn = Txn::new().when(fence.clone()).and_then(txn_ops(&ops));
                 async move { kv.txn(txn).await }
@@ -379,7 +382,7 @@ impl KvStore for EtcdStore {
         if start >= end || limit == 0 {
             return Ok(Vec::new());
         }
-        let (kv, timing) = (self.kv.clone(), self.config.timing());
+        let (kv, timing, outage) = (self.kv.clone(), self.config.timing(), self.outage.clone());
         let (mut from, to, skip) = (self.key(start), self.key(end), self.prefix.len());
         self.run(async move {
             let mut out: Vec<KvPair> = Vec::new();
@@ -392,7 +395,7 @@ impl KvStore for EtcdStore {
                 if at_revision > 0 {
                     opts = opts.with_revision(at_revision);
                 }
-                let resp = retrying(timing, Retry::Always, "scan", || {
+                let resp = retrying(timing, &outage, Retry::Always, "scan", || {
                     let (mut kv, from, opts) = (kv.clone(), from.clone(), opts.clone());
                     async move { kv.get(from, Some(opts)).await }
                 })
@@ -478,8 +481,9 @@ impl KvStore for EtcdStore {
 impl TxnStore for EtcdStore {
     fn get_versioned(&self, key: &[u8]) -> Result<Option<Versioned>, KvError> {
         let (kv, timing, key) = (self.kv.clone(), self.config.timing(), self.key(key));
+        let outage = self.outage.clone();
         self.run(async move {
-            let resp = retrying(timing, Retry::Always, "get", || {
+            let resp = retrying(timing, &outage, Retry::Always, "get", || {
                 let (mut kv, key) = (kv.clone(), key.clone());
                 async move { kv.get(key, None).await }
             })
@@ -513,15 +517,22 @@ impl TxnStore for EtcdStore {
             reads.push(TxnOp::get(key.clone(), None));
         }
         let (kv, timing, writes) = (self.kv.clone(), self.config.timing(), txn_ops(&ops));
+        let outage = self.outage.clone();
         let resp = self.run(async move {
-            retrying(timing, Retry::IfNotSent, "conditional commit", || {
-                let mut kv = kv.clone();
-                let txn = Txn::new()
-                    .when(compares.clone())
-                    .and_then(writes.clone())
-                    .or_else(reads.clone());
-                async move { kv.txn(txn).await }
-            })
+            retrying(
+                timing,
+                &outage,
+                Retry::IfNotSent,
+                "conditional commit",
+                || {
+                    let mut kv = kv.clone();
+                    let txn = Txn::new()
+                        .when(compares.clone())
+                        .and_then(writes.clone())
+                        .or_else(reads.clone());
+                    async move { kv.txn(txn).await }
+                },
+            )
             .await
         })?;
         if resp.succeeded() {

@@ -22,6 +22,9 @@ use tracing::{error, info, warn};
 pub const OWNER_POLL: Duration = Duration::from_millis(250);
 /// Keep-alives sent per lease: a lost one or two are survived.
 pub const KEEPALIVES_PER_LEASE: u32 = 3;
+/// How soon a renewal that failed is tried again: a call that went to a member that
+/// died fails at once, and the channel picks a live one on another try.
+pub const KEEPALIVE_RETRY: Duration = Duration::from_millis(250);
 /// How long a stopping server waits for its revoke (the next server waits out the
 /// lease otherwise).
 pub const REVOKE_WAIT: Duration = Duration::from_secs(2);
@@ -274,10 +277,11 @@ async fn keep_alive(
 ) {
     let mut renewed = Instant::now();
     let mut stream = None;
+    let mut pause = period;
     loop {
         // Never past the lease's end unnoticed: the wait and each attempt are bounded.
         let left = lifetime.saturating_sub(renewed.elapsed());
-        tokio::time::sleep(period.min(left)).await;
+        tokio::time::sleep(pause.min(left)).await;
         // Before the request: etcd restarts the lease when it handles it, later than
         // this, so the lease counted from here ends no later than etcd's.
         let sent = Instant::now();
@@ -299,6 +303,8 @@ async fn keep_alive(
         // A renewal that takes a whole period is a failed one (etcd-client's own wait
         // for a first answer is several seconds, longer than a short lease).
         let ttl = tokio::time::timeout(period, attempt).await.ok().flatten();
+        let failed_before = pause == KEEPALIVE_RETRY;
+        pause = period;
         match ttl {
             Some(t) if t > 0 => renewed = sent,
             Some(_) => {
@@ -307,8 +313,16 @@ async fn keep_alive(
                 return;
             }
             None => {
-                // A broken stream is made again next time.
+                // A broken stream is made again on the next try, soon: one failed try
+                // (the member it went to died) must not cost a whole period.
                 stream = None;
+                if !failed_before {
+                    warn!(
+                        renewed_ms_ago = renewed.elapsed().as_millis() as u64,
+                        "the owner lease was not renewed: trying again"
+                    );
+                }
+                pause = KEEPALIVE_RETRY;
                 if renewed.elapsed() >= lifetime {
                     error!("the owner lease was not renewed in time: it may have expired");
                     let _ = lost.send(true);

@@ -28,6 +28,87 @@ impl Timing {
     }
 }
 
+/// How often, while etcd is known not to answer ([`Outage`]), one call tries it again
+/// (a single attempt); the others fail at once.
+pub const PROBE_EVERY: Duration = Duration::from_millis(250);
+
+/// An etcd outage as the store's calls saw it: begun when a call's retries ran out
+/// with no answer, ended by the next answer. Meanwhile calls fail at once, saying why,
+/// but one every [`PROBE_EVERY`] makes a single attempt. Requests that reach the store
+/// one after another (a namespace change holds the namespace's lock across its reads)
+/// then fail within about `retry_for_ms` of the outage's start, as the configuration
+/// says, rather than each waiting `retry_for_ms` in turn behind the one before.
+#[derive(Debug, Default)]
+pub struct Outage(parking_lot::Mutex<Option<Down>>);
+
+#[derive(Debug)]
+struct Down {
+    why: String,
+    since: Instant,
+    next_probe: Instant,
+}
+
+/// What [`Outage::admit`] lets a call do.
+#[derive(Debug, PartialEq, Eq)]
+enum Admit {
+    /// Retry for `retry_for_ms`, as usual.
+    Retrying,
+    /// One attempt, for an outage.
+    Probe,
+    /// Fail now, for this reason.
+    Refuse(String),
+}
+
+impl Outage {
+    fn admit(&self, now: Instant) -> Admit {
+        let mut down = self.0.lock();
+        match down.as_mut() {
+            None => Admit::Retrying,
+            Some(d) if now >= d.next_probe => {
+                d.next_probe = now + PROBE_EVERY;
+                Admit::Probe
+            }
+            Some(d) => Admit::Refuse(format!(
+                "etcd has not answered for {} ms ({}); asked again every {} ms",
+                now.saturating_duration_since(d.since).as_millis(),
+                d.why,
+                PROBE_EVERY.as_millis()
+            )),
+        }
+    }
+
+    fn answered(&self) {
+        let mut down = self.0.lock();
+        if let Some(d) = down.take() {
+            tracing::info!(
+                after_ms = d.since.elapsed().as_millis() as u64,
+                "etcd answers again"
+            );
+        }
+    }
+
+    fn unanswered(&self, why: &str, now: Instant) {
+        let mut down = self.0.lock();
+        match down.as_mut() {
+            Some(d) => {
+                d.why = why.to_owned();
+                d.next_probe = now + PROBE_EVERY;
+            }
+            None => {
+                tracing::warn!(
+                    error = why,
+                    "etcd does not answer: calls fail at once until it does"
+                );
+                *down = Some(Down {
+                    why: why.to_owned(),
+                    since: now,
+                    next_probe: now + PROBE_EVERY,
+                });
+            }
+        }
+    }
+}
+
 /// Which failures a call may be tried again after.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Retry {
@@ -50,9 +131,11 @@ enum Failure {
     Refused(String),
 }
 
-/// Runs `attempt` until it succeeds, fails for good, or [`Timing::retry_for`] is spent.
+/// Runs `attempt` until it succeeds, fails for good, or [`Timing::retry_for`] is spent;
+/// during an `outage`, once or not at all.
 pub async fn retrying<T, F, Fut>(
     timing: Timing,
+    outage: &Outage,
     retry: Retry,
     what: &str,
     mut attempt: F,
@@ -61,13 +144,26 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, etcd_client::Error>>,
 {
+    let probe = match outage.admit(Instant::now()) {
+        Admit::Retrying => false,
+        Admit::Probe => true,
+        Admit::Refuse(why) => {
+            return Err(KvError::Unavailable {
+                engine: ENGINE,
+                message: format!("{what}: {why}"),
+            })
+        }
+    };
     let deadline = Instant::now() + timing.retry_for;
     let mut backoff = FIRST_BACKOFF;
     let mut tries = 0u32;
     loop {
         tries += 1;
         let failure = match tokio::time::timeout(timing.attempt, attempt()).await {
-            Ok(Ok(v)) => return Ok(v),
+            Ok(Ok(v)) => {
+                outage.answered();
+                return Ok(v);
+            }
             Ok(Err(e)) => classify(&e),
             Err(_) => Failure::Unknown(format!(
                 "no answer within {} ms",
@@ -96,8 +192,9 @@ where
             Failure::NotSent(why) => (why, ""),
             Failure::Unknown(why) => (why, "; it may have been applied"),
         };
-        if Instant::now() + backoff >= deadline {
+        if probe || Instant::now() + backoff >= deadline {
             let (why, outcome) = why;
+            outage.unanswered(&why, Instant::now());
             return Err(KvError::Unavailable {
                 engine: ENGINE,
                 message: format!(
@@ -227,5 +324,60 @@ mod tests {
             "etcdserver: mvcc: required revision has been compacted",
         );
         assert!(matches!(classify(&compacted), Failure::Refused(_)));
+    }
+
+    /// Guards against every request queued behind a call to an etcd without a quorum
+    /// waiting `retry_for_ms` in turn: once one call's retries ran out, the next fail at
+    /// once without trying, one every `PROBE_EVERY` tries once, and an answer ends it.
+    #[tokio::test]
+    async fn after_an_outage_calls_fail_at_once_and_one_probes() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let timing = Timing {
+            attempt: Duration::from_millis(20),
+            retry_for: Duration::from_millis(200),
+        };
+        let outage = Outage::default();
+        let (tries, up) = (AtomicUsize::new(0), AtomicBool::new(false));
+        let call = || {
+            retrying(timing, &outage, Retry::Always, "get", || {
+                tries.fetch_add(1, Ordering::SeqCst);
+                let up = up.load(Ordering::SeqCst);
+                async move {
+                    match up {
+                        true => Ok(()),
+                        false => Err(status(tonic::Code::Unavailable, "tcp connect error")),
+                    }
+                }
+            })
+        };
+        let t = Instant::now();
+        assert!(call().await.is_err());
+        assert!(
+            t.elapsed() >= Duration::from_millis(100),
+            "{:?}",
+            t.elapsed()
+        );
+        assert!(tries.load(Ordering::SeqCst) > 1, "retried");
+
+        // Down: no attempt at all.
+        let before = tries.load(Ordering::SeqCst);
+        let t = Instant::now();
+        let err = call().await.expect_err("refused");
+        assert!(t.elapsed() < Duration::from_millis(20), "{:?}", t.elapsed());
+        assert!(err.to_string().contains("has not answered"), "{err}");
+        assert_eq!(tries.load(Ordering::SeqCst), before);
+
+        // A probe: one attempt, then refused again until the next.
+        tokio::time::sleep(PROBE_EVERY).await;
+        assert!(call().await.is_err());
+        assert_eq!(tries.load(Ordering::SeqCst), before + 1);
+        assert!(call().await.is_err());
+        assert_eq!(tries.load(Ordering::SeqCst), before + 1);
+
+        // etcd is back: the next probe's answer ends the outage.
+        up.store(true, Ordering::SeqCst);
+        tokio::time::sleep(PROBE_EVERY).await;
+        assert!(call().await.is_ok());
+        assert_eq!(outage.admit(Instant::now()), Admit::Retrying);
     }
 }
