@@ -7,6 +7,7 @@
 //! over the network) passes one conformance suite (`conformance`), which is what lets the
 //! configuration choose between them.
 
+pub mod deadline;
 pub mod etcd;
 mod group;
 mod redb;

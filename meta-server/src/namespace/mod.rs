@@ -300,8 +300,11 @@ impl Namespace {
         // the inode some time later: the reply does not wait for the sync, and the batch
         // goes with the next group someone waits for, or alone after `LAZY_DELAY` (a
         // crash before may lose it, nothing else).
+        // Store reads count their retry window from here (see `kv::deadline`).
+        let arrived = std::time::Instant::now();
+        let run = |req: R| crate::kv::deadline::for_request(arrived, || req.run(self, &at));
         let result = if R::LAZY {
-            let r = crate::kv::lazily(|| req.run(self, &at));
+            let r = crate::kv::lazily(|| run(req));
             let _ = take_pending();
             r
         } else {
@@ -310,7 +313,7 @@ impl Namespace {
             // its own.
             // A request that failed may have staged changes before it did (they are
             // visible already): it waits for them too, as nobody else would.
-            let r = req.run(self, &at);
+            let r = run(req);
             let durable = self.wait_pending();
             r.and_then(|r| durable.map(|()| r))
         };

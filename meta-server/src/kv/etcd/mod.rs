@@ -11,7 +11,9 @@
 //! futures, so a slow etcd never stalls them, nor the server's.
 //!
 //! Every call has a deadline: each attempt `request_timeout_ms`, retries (with backoff)
-//! for at most `retry_for_ms`. What is retried depends on whether a second try is safe
+//! for at most `retry_for_ms`; a read made for a request, `retry_for_ms` from the
+//! request's arrival (`kv::deadline`: requests queued behind the namespace's lock do
+//! not wait a window each). What is retried depends on whether a second try is safe
 //! (`retry`): reads always; an unconditional commit too (its puts and deletes carry
 //! whole values, so applying it twice ends in the same state, and one metadata server
 //! writes the namespace for now); a conditional commit only when the request surely did
@@ -29,7 +31,7 @@ pub mod local;
 pub mod owner;
 mod retry;
 
-use self::retry::{retrying, Outage, Retry, Timing};
+use self::retry::{retrying, Retry, Timing};
 use super::{
     BatchOp, KvError, KvPair, KvStore, ReadCheck, Revision, TxnLimits, TxnStore, Versioned,
     WriteBatch,
@@ -146,7 +148,17 @@ impl EtcdConfig {
         Timing {
             attempt: Duration::from_millis(self.request_timeout_ms),
             retry_for: Duration::from_millis(self.retry_for_ms),
+            until: None,
         }
+    }
+
+    /// The timing of a read: within `retry_for_ms` of its request's arrival, when a
+    /// request is being served (see `kv::deadline`).
+    fn read_timing(&self) -> Timing {
+        let mut timing = self.timing();
+        timing.until = super::deadline::request_started()
+            .map(|t| tokio::time::Instant::from_std(t) + timing.retry_for);
+        timing
     }
 }
 
@@ -162,8 +174,6 @@ pub struct EtcdStore {
     /// transaction applies only while etcd still has the key under that lease, so a
     /// server that lost it (stalled past its lease, cut off) writes nothing more.
     fence: Option<(String, i64)>,
-    /// Whether etcd is known not to answer: calls then fail at once (see [`Outage`]).
-    outage: std::sync::Arc<Outage>,
 }
 
 impl EtcdStore {
@@ -242,7 +252,6 @@ impl EtcdStore {
             prefix: config.prefix.as_bytes().to_vec(),
             config: config.clone(),
             fence: None,
-            outage: Default::default(),
         })
     }
 
@@ -306,10 +315,10 @@ impl EtcdStore {
         if ops.is_empty() {
             return Ok(());
         }
-        let (kv, timing, outage) = (self.kv.clone(), self.config.timing(), self.outage.clone());
+        let (kv, timing) = (self.kv.clone(), self.config.timing());
         let fence = self.fence_compare();
         let resp = self.run(async move {
-            retrying(timing, &outage, Retry::Always, "commit", || {
+            retrying(timing, Retry::Always, "commit", || {
                 let mut kv = kv.clone();
                 let txn = Txn::new().when(fence.clone()).and_then(txn_ops(&ops));
                 async move { kv.txn(txn).await }
@@ -382,7 +391,7 @@ impl KvStore for EtcdStore {
         if start >= end || limit == 0 {
             return Ok(Vec::new());
         }
-        let (kv, timing, outage) = (self.kv.clone(), self.config.timing(), self.outage.clone());
+        let (kv, timing) = (self.kv.clone(), self.config.read_timing());
         let (mut from, to, skip) = (self.key(start), self.key(end), self.prefix.len());
         self.run(async move {
             let mut out: Vec<KvPair> = Vec::new();
@@ -395,7 +404,7 @@ impl KvStore for EtcdStore {
                 if at_revision > 0 {
                     opts = opts.with_revision(at_revision);
                 }
-                let resp = retrying(timing, &outage, Retry::Always, "scan", || {
+                let resp = retrying(timing, Retry::Always, "scan", || {
                     let (mut kv, from, opts) = (kv.clone(), from.clone(), opts.clone());
                     async move { kv.get(from, Some(opts)).await }
                 })
@@ -480,10 +489,9 @@ impl KvStore for EtcdStore {
 
 impl TxnStore for EtcdStore {
     fn get_versioned(&self, key: &[u8]) -> Result<Option<Versioned>, KvError> {
-        let (kv, timing, key) = (self.kv.clone(), self.config.timing(), self.key(key));
-        let outage = self.outage.clone();
+        let (kv, timing, key) = (self.kv.clone(), self.config.read_timing(), self.key(key));
         self.run(async move {
-            let resp = retrying(timing, &outage, Retry::Always, "get", || {
+            let resp = retrying(timing, Retry::Always, "get", || {
                 let (mut kv, key) = (kv.clone(), key.clone());
                 async move { kv.get(key, None).await }
             })
@@ -517,22 +525,15 @@ impl TxnStore for EtcdStore {
             reads.push(TxnOp::get(key.clone(), None));
         }
         let (kv, timing, writes) = (self.kv.clone(), self.config.timing(), txn_ops(&ops));
-        let outage = self.outage.clone();
         let resp = self.run(async move {
-            retrying(
-                timing,
-                &outage,
-                Retry::IfNotSent,
-                "conditional commit",
-                || {
-                    let mut kv = kv.clone();
-                    let txn = Txn::new()
-                        .when(compares.clone())
-                        .and_then(writes.clone())
-                        .or_else(reads.clone());
-                    async move { kv.txn(txn).await }
-                },
-            )
+            retrying(timing, Retry::IfNotSent, "conditional commit", || {
+                let mut kv = kv.clone();
+                let txn = Txn::new()
+                    .when(compares.clone())
+                    .and_then(writes.clone())
+                    .or_else(reads.clone());
+                async move { kv.txn(txn).await }
+            })
             .await
         })?;
         if resp.succeeded() {

@@ -19,93 +19,32 @@ pub struct Timing {
     pub attempt: Duration,
     /// From the first attempt to the start of the last.
     pub retry_for: Duration,
+    /// An earlier end for the whole call: `retry_for` from its request's arrival (see
+    /// `kv::deadline`); each attempt is cut to it.
+    pub until: Option<Instant>,
 }
 
 impl Timing {
+    /// When a call starting now must give up; an error if its request's window is
+    /// spent already.
+    fn deadline(&self, what: &str) -> Result<Instant, KvError> {
+        let start = Instant::now();
+        match self.until {
+            Some(u) if start >= u => Err(KvError::Unavailable {
+                engine: ENGINE,
+                message: format!(
+                    "{what}: not tried: its request waited behind others for \
+                     etcd.retry_for_ms ({} ms)",
+                    self.retry_for.as_millis()
+                ),
+            }),
+            Some(u) => Ok(u.min(start + self.retry_for)),
+            None => Ok(start + self.retry_for),
+        }
+    }
     /// How long a caller waits for the whole call: every attempt and pause, and a margin.
     pub fn backstop(&self) -> Duration {
         self.retry_for + self.attempt + MAX_BACKOFF + Duration::from_secs(1)
-    }
-}
-
-/// How often, while etcd is known not to answer ([`Outage`]), one call tries it again
-/// (a single attempt); the others fail at once.
-pub const PROBE_EVERY: Duration = Duration::from_millis(250);
-
-/// An etcd outage as the store's calls saw it: begun when a call's retries ran out
-/// with no answer, ended by the next answer. Meanwhile calls fail at once, saying why,
-/// but one every [`PROBE_EVERY`] makes a single attempt. Requests that reach the store
-/// one after another (a namespace change holds the namespace's lock across its reads)
-/// then fail within about `retry_for_ms` of the outage's start, as the configuration
-/// says, rather than each waiting `retry_for_ms` in turn behind the one before.
-#[derive(Debug, Default)]
-pub struct Outage(parking_lot::Mutex<Option<Down>>);
-
-#[derive(Debug)]
-struct Down {
-    why: String,
-    since: Instant,
-    next_probe: Instant,
-}
-
-/// What [`Outage::admit`] lets a call do.
-#[derive(Debug, PartialEq, Eq)]
-enum Admit {
-    /// Retry for `retry_for_ms`, as usual.
-    Retrying,
-    /// One attempt, for an outage.
-    Probe,
-    /// Fail now, for this reason.
-    Refuse(String),
-}
-
-impl Outage {
-    fn admit(&self, now: Instant) -> Admit {
-        let mut down = self.0.lock();
-        match down.as_mut() {
-            None => Admit::Retrying,
-            Some(d) if now >= d.next_probe => {
-                d.next_probe = now + PROBE_EVERY;
-                Admit::Probe
-            }
-            Some(d) => Admit::Refuse(format!(
-                "etcd has not answered for {} ms ({}); asked again every {} ms",
-                now.saturating_duration_since(d.since).as_millis(),
-                d.why,
-                PROBE_EVERY.as_millis()
-            )),
-        }
-    }
-
-    fn answered(&self) {
-        let mut down = self.0.lock();
-        if let Some(d) = down.take() {
-            tracing::info!(
-                after_ms = d.since.elapsed().as_millis() as u64,
-                "etcd answers again"
-            );
-        }
-    }
-
-    fn unanswered(&self, why: &str, now: Instant) {
-        let mut down = self.0.lock();
-        match down.as_mut() {
-            Some(d) => {
-                d.why = why.to_owned();
-                d.next_probe = now + PROBE_EVERY;
-            }
-            None => {
-                tracing::warn!(
-                    error = why,
-                    "etcd does not answer: calls fail at once until it does"
-                );
-                *down = Some(Down {
-                    why: why.to_owned(),
-                    since: now,
-                    next_probe: now + PROBE_EVERY,
-                });
-            }
-        }
     }
 }
 
@@ -131,11 +70,9 @@ enum Failure {
     Refused(String),
 }
 
-/// Runs `attempt` until it succeeds, fails for good, or [`Timing::retry_for`] is spent;
-/// during an `outage`, once or not at all.
+/// Runs `attempt` until it succeeds, fails for good, or [`Timing::retry_for`] is spent.
 pub async fn retrying<T, F, Fut>(
     timing: Timing,
-    outage: &Outage,
     retry: Retry,
     what: &str,
     mut attempt: F,
@@ -144,26 +81,19 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, etcd_client::Error>>,
 {
-    let probe = match outage.admit(Instant::now()) {
-        Admit::Retrying => false,
-        Admit::Probe => true,
-        Admit::Refuse(why) => {
-            return Err(KvError::Unavailable {
-                engine: ENGINE,
-                message: format!("{what}: {why}"),
-            })
-        }
-    };
-    let deadline = Instant::now() + timing.retry_for;
+    let deadline = timing.deadline(what)?;
     let mut backoff = FIRST_BACKOFF;
     let mut tries = 0u32;
     loop {
         tries += 1;
-        let failure = match tokio::time::timeout(timing.attempt, attempt()).await {
-            Ok(Ok(v)) => {
-                outage.answered();
-                return Ok(v);
-            }
+        let this_try = match timing.until {
+            Some(_) => timing
+                .attempt
+                .min(deadline.saturating_duration_since(Instant::now())),
+            None => timing.attempt,
+        };
+        let failure = match tokio::time::timeout(this_try, attempt()).await {
+            Ok(Ok(v)) => return Ok(v),
             Ok(Err(e)) => classify(&e),
             Err(_) => Failure::Unknown(format!(
                 "no answer within {} ms",
@@ -192,9 +122,8 @@ where
             Failure::NotSent(why) => (why, ""),
             Failure::Unknown(why) => (why, "; it may have been applied"),
         };
-        if probe || Instant::now() + backoff >= deadline {
+        if Instant::now() + backoff >= deadline {
             let (why, outcome) = why;
-            outage.unanswered(&why, Instant::now());
             return Err(KvError::Unavailable {
                 engine: ENGINE,
                 message: format!(
@@ -301,23 +230,38 @@ mod tests {
         assert!(matches!(classify(&dup), Failure::Refused(_)));
     }
 
-    /// A member killed under a request fails its stream with errors that tonic turns
-    /// into `Internal` (a broken pipe) or `OutOfRange` (an early end) on this side:
-    /// the request may have landed, and a retry may pass.
+    /// Guards against a request that failed on this side of the connection (a member
+    /// killed under it) counting as refused by etcd: it may have landed, and a retry
+    /// may pass. tonic makes a broken pipe `Internal` (no source), and keeps the error
+    /// a status was found in as its source, whatever code that status has.
     #[test]
     fn a_stream_broken_on_this_side_may_pass_whatever_its_code() {
         use std::io::{Error as IoError, ErrorKind};
-        for kind in [ErrorKind::BrokenPipe, ErrorKind::UnexpectedEof] {
-            let broken = tonic::Status::from_error(Box::new(IoError::from(kind)));
-            assert!(std::error::Error::source(&broken).is_some(), "{broken:?}");
-            let e = etcd_client::Error::GRpcStatus(broken);
-            assert!(matches!(classify(&e), Failure::Unknown(_)), "{kind:?}: {e}");
+        let pipe = tonic::Status::from(IoError::from(ErrorKind::BrokenPipe));
+        assert_eq!(pipe.code(), tonic::Code::Internal);
+        let pipe = etcd_client::Error::GRpcStatus(pipe);
+        assert!(matches!(classify(&pipe), Failure::Unknown(_)), "{pipe}");
+
+        #[derive(Debug)]
+        struct Broken(tonic::Status);
+        impl std::fmt::Display for Broken {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "stream broken")
+            }
         }
-        let internal = etcd_client::Error::GRpcStatus(tonic::Status::from(IoError::from(
-            ErrorKind::BrokenPipe,
-        )));
-        // Without a source (as etcd would send it) an `Internal` may pass too.
-        assert!(matches!(classify(&internal), Failure::Unknown(_)));
+        impl std::error::Error for Broken {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let found = tonic::Status::from_error(Box::new(Broken(tonic::Status::out_of_range(
+            "unexpected end",
+        ))));
+        assert_eq!(found.code(), tonic::Code::OutOfRange);
+        assert!(std::error::Error::source(&found).is_some());
+        let found = etcd_client::Error::GRpcStatus(found);
+        assert!(matches!(classify(&found), Failure::Unknown(_)), "{found}");
+
         // What etcd answers for a revision it compacted is final.
         let compacted = status(
             tonic::Code::OutOfRange,
@@ -326,58 +270,40 @@ mod tests {
         assert!(matches!(classify(&compacted), Failure::Refused(_)));
     }
 
-    /// Guards against every request queued behind a call to an etcd without a quorum
-    /// waiting `retry_for_ms` in turn: once one call's retries ran out, the next fail at
-    /// once without trying, one every `PROBE_EVERY` tries once, and an answer ends it.
+    /// Guards against a read of a request that queued behind others (the namespace lock,
+    /// held across reads) retrying a whole `retry_for` of its own: its window ends
+    /// `retry_for` after the request arrived, and past that it is not tried at all.
     #[tokio::test]
-    async fn after_an_outage_calls_fail_at_once_and_one_probes() {
-        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-        let timing = Timing {
-            attempt: Duration::from_millis(20),
-            retry_for: Duration::from_millis(200),
-        };
-        let outage = Outage::default();
-        let (tries, up) = (AtomicUsize::new(0), AtomicBool::new(false));
-        let call = || {
-            retrying(timing, &outage, Retry::Always, "get", || {
+    async fn a_read_ends_within_its_request_window() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let tries = AtomicUsize::new(0);
+        let call = |until| {
+            let timing = Timing {
+                attempt: Duration::from_secs(1),
+                retry_for: Duration::from_secs(30),
+                until,
+            };
+            retrying(timing, Retry::Always, "get", || {
                 tries.fetch_add(1, Ordering::SeqCst);
-                let up = up.load(Ordering::SeqCst);
-                async move {
-                    match up {
-                        true => Ok(()),
-                        false => Err(status(tonic::Code::Unavailable, "tcp connect error")),
-                    }
-                }
+                async { Err::<(), _>(status(tonic::Code::Unavailable, "etcdserver: no leader")) }
             })
         };
         let t = Instant::now();
-        assert!(call().await.is_err());
+        let err = call(Some(t + Duration::from_millis(300)))
+            .await
+            .expect_err("no answer");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
         assert!(
-            t.elapsed() >= Duration::from_millis(100),
-            "{:?}",
-            t.elapsed()
+            tries.load(Ordering::SeqCst) >= 2,
+            "retried within the window"
         );
-        assert!(tries.load(Ordering::SeqCst) > 1, "retried");
+        assert!(matches!(err, KvError::Unavailable { .. }), "{err}");
 
-        // Down: no attempt at all.
         let before = tries.load(Ordering::SeqCst);
-        let t = Instant::now();
-        let err = call().await.expect_err("refused");
-        assert!(t.elapsed() < Duration::from_millis(20), "{:?}", t.elapsed());
-        assert!(err.to_string().contains("has not answered"), "{err}");
-        assert_eq!(tries.load(Ordering::SeqCst), before);
-
-        // A probe: one attempt, then refused again until the next.
-        tokio::time::sleep(PROBE_EVERY).await;
-        assert!(call().await.is_err());
-        assert_eq!(tries.load(Ordering::SeqCst), before + 1);
-        assert!(call().await.is_err());
-        assert_eq!(tries.load(Ordering::SeqCst), before + 1);
-
-        // etcd is back: the next probe's answer ends the outage.
-        up.store(true, Ordering::SeqCst);
-        tokio::time::sleep(PROBE_EVERY).await;
-        assert!(call().await.is_ok());
-        assert_eq!(outage.admit(Instant::now()), Admit::Retrying);
+        let err = call(Some(Instant::now()))
+            .await
+            .expect_err("past the window");
+        assert_eq!(tries.load(Ordering::SeqCst), before, "not tried");
+        assert!(err.to_string().contains("waited behind others"), "{err}");
     }
 }
