@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every check and test, on a fresh machine: installs what is missing, then formatting,
-# clippy with -D warnings, a build of every binary (the FUSE and process tests run them),
-# every test of the workspace, the Python package's tests (scripts/python-test.sh), a
+# clippy with -D warnings, the docs (cargo doc, no broken link), a build of every
+# binary (the FUSE and process tests run them), every test of the workspace, the Python package's tests (scripts/python-test.sh), a
 # short run of every fuzz target (scripts/fuzz.sh), the same with the `rdma` transport
 # feature (build, clippy and its device-free tests), the rdma conformance cases and a
 # whole cluster over rdma on soft-RoCE inside a QEMU guest (scripts/rdma-vm.sh), the
@@ -15,6 +15,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo doc (the library docs build without a broken link)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 echo "== cargo build (binaries used by the tests)"
 cargo build --workspace --bins
 echo "== the default binaries do not link libibverbs"

@@ -3,7 +3,7 @@
 //! (`transport::auth`) and the grants ([`crate::grant`]) both use it, each starting its
 //! list with a domain of its own so that one's MAC never passes for the other's.
 //!
-//! Client keys are not stored anywhere: [`derive`] makes them from the cluster key with
+//! Client keys are not stored anywhere: [`derive()`] makes them from the cluster key with
 //! HKDF-SHA256 (the `hkdf` crate), over the same length-prefixed fields.
 
 use hmac::{Hmac, Mac};

@@ -10,7 +10,7 @@
 //! tag, then the error), so [`answer`] can fall back to a bare error of any reply type.
 //!
 //! The subsystem enums and the `Rpc` impls come from one table per subsystem
-//! ([`rpc_requests!`]); the request structs themselves are written out, with their docs.
+//! ([`rpc_requests!`](crate::rpc_requests)); the request structs themselves are written out, with their docs.
 
 use crate::codec;
 use crate::error::{ErrorCode, ProtoError, WireError};

@@ -11,7 +11,7 @@ pub enum FileType {
     File,
     /// A directory.
     Dir,
-    /// A symbolic link (seen only by [`Tessera::symlink_metadata`] and listings).
+    /// A symbolic link (seen only by [`Tessera::symlink_metadata`](super::Tessera::symlink_metadata) and listings).
     Symlink,
     /// A FIFO, socket or device node.
     Other,
@@ -143,7 +143,7 @@ pub struct DirEntry {
     pub ino: u64,
     /// The kind of that inode.
     pub kind: FileType,
-    /// Its attributes, from [`Tessera::read_dir_plus`] (not following a link).
+    /// Its attributes, from [`Tessera::read_dir_plus`](super::Tessera::read_dir_plus) (not following a link).
     pub metadata: Option<Metadata>,
 }
 

@@ -42,7 +42,7 @@ pub fn invoked_as_helper(argv0: &std::ffi::OsStr) -> bool {
         .is_some_and(|n| n == "mount.fuse.tessera")
 }
 
-/// Parses the helper's command line (without argv[0]).
+/// Parses the helper's command line (without `argv[0]`).
 pub fn parse_args(args: &[String]) -> Result<HelperArgs, String> {
     let mut out = HelperArgs::default();
     let mut positional = Vec::new();
@@ -305,7 +305,7 @@ pub const EXIT_USAGE: i32 = 1;
 /// `mount(8)`'s exit code for a mount that failed.
 pub const EXIT_MOUNT_FAILED: i32 = 32;
 
-/// Runs the helper on `args` (without argv[0]); returns the exit code.
+/// Runs the helper on `args` (without `argv[0]`); returns the exit code.
 pub fn run(args: &[String]) -> i32 {
     let args = match parse_args(args) {
         Ok(a) => a,

@@ -138,7 +138,7 @@ impl Client {
     /// Queues `data` at once if the file's queue has begun and has room and no failure
     /// waits to be reported: a FUSE append answered on the thread that read it, as a
     /// plain write is ([`Client::try_write_now`]). `None`: use
-    /// [`Client::append_queued`].
+    /// `Client::append_queued`.
     pub fn try_append_now(&self, fh: &FileHandle, data: &[u8]) -> Option<Result<usize>> {
         if !self.queues_appends() || data.is_empty() || fh.has_unreported_error() {
             return None;

@@ -679,7 +679,7 @@ impl Client {
     /// `ZERO_RANGE` does too and, without `KEEP_SIZE`, grows the file to cover it (there
     /// is no space to reserve, so zeroing and punching are the same here). Other modes
     /// (collapse, insert, unshare) are not supported. Every mode but a punch first
-    /// checks the free space (see [`Client::check_space`]).
+    /// checks the free space (see `Client::check_space`).
     pub async fn fallocate(&self, fh: &FileHandle, offset: u64, len: u64, mode: i32) -> Result<()> {
         // The length it checks and grows must include this mount's appends.
         self.place_appends(&fh.state).await;

@@ -426,7 +426,7 @@ impl Client {
     }
 
     /// Reads into `buf` from `offset` until it is full or the file ends, one I/O buffer
-    /// per read with [`WINDOWS_IN_FLIGHT`] of them at once (a large read is fetched from
+    /// per read with `WINDOWS_IN_FLIGHT` of them at once (a large read is fetched from
     /// several data servers together), each copied straight into its part of `buf`.
     pub async fn read_into(&self, fh: &FileHandle, buf: &mut [u8], offset: u64) -> Result<usize> {
         let fits = offset

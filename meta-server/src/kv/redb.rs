@@ -54,7 +54,7 @@ impl RedbStore {
     }
 }
 
-/// Behind the log ([`super::wal`]), batches are applied without redb's own sync; an
+/// Behind the log (`kv::wal`), batches are applied without redb's own sync; an
 /// empty transaction with immediate durability persists every earlier one.
 impl Engine for RedbStore {
     fn apply(&self, batch: &WriteBatch) -> Result<(), KvError> {

@@ -25,7 +25,7 @@ const DERIVED_RECORD: u8 = 2;
 /// One client key as stored under `K` name.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClientRecord {
-    /// [`DERIVED_RECORD`].
+    /// `DERIVED_RECORD`.
     pub format: u8,
     /// The id of the name's current key.
     pub key_id: KeyId,

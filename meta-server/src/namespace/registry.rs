@@ -55,7 +55,7 @@ impl Namespace {
     /// resume its sessions, take or drop its locks. EPERM: the caller is not unknown or
     /// late, it is not that client. An id of a previous start (bindings live in memory)
     /// is bound to the first key that names it; one of this start with no binding was
-    /// dropped for room ([`MAX_BOUND_CLIENTS`]) and is `Stale`: its client says hello
+    /// dropped for room (`MAX_BOUND_CLIENTS`) and is `Stale`: its client says hello
     /// again. A cluster without keys names no key and binds nothing.
     pub fn may_name_client(
         &self,
