@@ -4,11 +4,12 @@
 //! retried for `retry_for_ms` while the cluster does not answer (no quorum), and the
 //! requests queued behind the lock would each wait that long in turn: the fourth would
 //! fail after four windows. So the server notes each request's arrival
-//! ([`for_request`]) and the store counts a read's window from there
-//! ([`request_started`]): a request fails about `retry_for_ms` after it arrived, however
-//! long it queued, and the first request after the store answers again is served as
-//! usual (nothing is kept of the outage). Commits are not bounded so: a group commit
-//! is shared by many requests and runs outside the lock.
+//! ([`for_request`]), and while etcd is silent (a call's retries ran out unanswered,
+//! none answered since) the store counts a read's window from there
+//! ([`request_started`]): a request's reads fail about `retry_for_ms` after it arrived,
+//! however long it queued. A healthy etcd bounds nothing, so a long request (a check of
+//! a large namespace) is never cut. Commits are not bounded so: a group commit is
+//! shared by many requests, runs outside the lock and has a window of its own.
 
 use std::cell::Cell;
 use std::time::Instant;

@@ -11,9 +11,9 @@
 //! futures, so a slow etcd never stalls them, nor the server's.
 //!
 //! Every call has a deadline: each attempt `request_timeout_ms`, retries (with backoff)
-//! for at most `retry_for_ms`; a read made for a request, `retry_for_ms` from the
-//! request's arrival (`kv::deadline`: requests queued behind the namespace's lock do
-//! not wait a window each). What is retried depends on whether a second try is safe
+//! for at most `retry_for_ms`; while etcd is silent, a read made for a request ends
+//! `retry_for_ms` from the request's arrival (`kv::deadline`: requests queued behind
+//! the namespace's lock do not wait a window each). What is retried depends on whether a second try is safe
 //! (`retry`): reads always; an unconditional commit too (its puts and deletes carry
 //! whole values, so applying it twice ends in the same state, and one metadata server
 //! writes the namespace for now); a conditional commit only when the request surely did
@@ -31,7 +31,7 @@ pub mod local;
 pub mod owner;
 mod retry;
 
-use self::retry::{retrying, Retry, Timing};
+use self::retry::{retrying, Retry, Silence, Timing};
 use super::{
     BatchOp, KvError, KvPair, KvStore, ReadCheck, Revision, TxnLimits, TxnStore, Versioned,
     WriteBatch,
@@ -151,15 +151,6 @@ impl EtcdConfig {
             until: None,
         }
     }
-
-    /// The timing of a read: within `retry_for_ms` of its request's arrival, when a
-    /// request is being served (see `kv::deadline`).
-    fn read_timing(&self) -> Timing {
-        let mut timing = self.timing();
-        timing.until = super::deadline::request_started()
-            .map(|t| tokio::time::Instant::from_std(t) + timing.retry_for);
-        timing
-    }
 }
 
 /// A [`TxnStore`] on an etcd v3 cluster; see the module documentation.
@@ -174,6 +165,8 @@ pub struct EtcdStore {
     /// transaction applies only while etcd still has the key under that lease, so a
     /// server that lost it (stalled past its lease, cut off) writes nothing more.
     fence: Option<(String, i64)>,
+    /// Whether etcd is silent (see [`Silence`]).
+    silence: std::sync::Arc<Silence>,
 }
 
 impl EtcdStore {
@@ -252,7 +245,19 @@ impl EtcdStore {
             prefix: config.prefix.as_bytes().to_vec(),
             config: config.clone(),
             fence: None,
+            silence: Default::default(),
         })
+    }
+
+    /// The timing of a read: while etcd is silent, within `retry_for_ms` of the
+    /// arrival of the request being served (see `kv::deadline`).
+    fn read_timing(&self) -> Timing {
+        let mut timing = self.config.timing();
+        if self.silence.is_silent() {
+            timing.until = super::deadline::request_started()
+                .map(|t| tokio::time::Instant::from_std(t) + timing.retry_for);
+        }
+        timing
     }
 
     fn key(&self, key: &[u8]) -> Vec<u8> {
@@ -315,10 +320,10 @@ impl EtcdStore {
         if ops.is_empty() {
             return Ok(());
         }
-        let (kv, timing) = (self.kv.clone(), self.config.timing());
+        let (kv, timing, silence) = (self.kv.clone(), self.config.timing(), self.silence.clone());
         let fence = self.fence_compare();
         let resp = self.run(async move {
-            retrying(timing, Retry::Always, "commit", || {
+            retrying(timing, &silence, Retry::Always, "commit", || {
                 let mut kv = kv.clone();
                 let txn = Txn::new().when(fence.clone()).and_then(txn_ops(&ops));
                 async move { kv.txn(txn).await }
@@ -391,7 +396,7 @@ impl KvStore for EtcdStore {
         if start >= end || limit == 0 {
             return Ok(Vec::new());
         }
-        let (kv, timing) = (self.kv.clone(), self.config.read_timing());
+        let (kv, timing, silence) = (self.kv.clone(), self.read_timing(), self.silence.clone());
         let (mut from, to, skip) = (self.key(start), self.key(end), self.prefix.len());
         self.run(async move {
             let mut out: Vec<KvPair> = Vec::new();
@@ -404,7 +409,7 @@ impl KvStore for EtcdStore {
                 if at_revision > 0 {
                     opts = opts.with_revision(at_revision);
                 }
-                let resp = retrying(timing, Retry::Always, "scan", || {
+                let resp = retrying(timing, &silence, Retry::Always, "scan", || {
                     let (mut kv, from, opts) = (kv.clone(), from.clone(), opts.clone());
                     async move { kv.get(from, Some(opts)).await }
                 })
@@ -489,9 +494,10 @@ impl KvStore for EtcdStore {
 
 impl TxnStore for EtcdStore {
     fn get_versioned(&self, key: &[u8]) -> Result<Option<Versioned>, KvError> {
-        let (kv, timing, key) = (self.kv.clone(), self.config.read_timing(), self.key(key));
+        let (kv, timing, key) = (self.kv.clone(), self.read_timing(), self.key(key));
+        let silence = self.silence.clone();
         self.run(async move {
-            let resp = retrying(timing, Retry::Always, "get", || {
+            let resp = retrying(timing, &silence, Retry::Always, "get", || {
                 let (mut kv, key) = (kv.clone(), key.clone());
                 async move { kv.get(key, None).await }
             })
@@ -525,15 +531,22 @@ impl TxnStore for EtcdStore {
             reads.push(TxnOp::get(key.clone(), None));
         }
         let (kv, timing, writes) = (self.kv.clone(), self.config.timing(), txn_ops(&ops));
+        let silence = self.silence.clone();
         let resp = self.run(async move {
-            retrying(timing, Retry::IfNotSent, "conditional commit", || {
-                let mut kv = kv.clone();
-                let txn = Txn::new()
-                    .when(compares.clone())
-                    .and_then(writes.clone())
-                    .or_else(reads.clone());
-                async move { kv.txn(txn).await }
-            })
+            retrying(
+                timing,
+                &silence,
+                Retry::IfNotSent,
+                "conditional commit",
+                || {
+                    let mut kv = kv.clone();
+                    let txn = Txn::new()
+                        .when(compares.clone())
+                        .and_then(writes.clone())
+                        .or_else(reads.clone());
+                    async move { kv.txn(txn).await }
+                },
+            )
             .await
         })?;
         if resp.succeeded() {

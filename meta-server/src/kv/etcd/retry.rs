@@ -4,6 +4,7 @@
 use super::ENGINE;
 use crate::kv::KvError;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -19,9 +20,38 @@ pub struct Timing {
     pub attempt: Duration,
     /// From the first attempt to the start of the last.
     pub retry_for: Duration,
-    /// An earlier end for the whole call: `retry_for` from its request's arrival (see
-    /// `kv::deadline`); each attempt is cut to it.
+    /// An earlier end for the whole call: `retry_for` from its request's arrival, while
+    /// etcd is [`Silence`]d (see `kv::deadline`); each attempt is cut to it.
     pub until: Option<Instant>,
+}
+
+/// Least time worth an attempt: a call with less left of its request's window fails
+/// without one (an attempt cut that short fails on a healthy etcd too).
+pub const MIN_ATTEMPT: Duration = Duration::from_millis(50);
+
+/// Whether etcd is silent: a call's retries ran out with no answer, and no call has
+/// had one since. Requests that queued behind such calls (a namespace change holds the
+/// namespace's lock across its reads) then bound their reads by their own arrival
+/// (`EtcdStore::read_timing`); a healthy etcd bounds nothing, so a long request (a
+/// check of a large namespace) is never cut.
+#[derive(Debug, Default)]
+pub struct Silence(AtomicBool);
+
+impl Silence {
+    /// Whether etcd is silent now.
+    pub fn is_silent(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn answered(&self) {
+        if self.is_silent() {
+            self.0.store(false, Ordering::Relaxed);
+        }
+    }
+
+    fn unanswered(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 impl Timing {
@@ -30,11 +60,11 @@ impl Timing {
     fn deadline(&self, what: &str) -> Result<Instant, KvError> {
         let start = Instant::now();
         match self.until {
-            Some(u) if start >= u => Err(KvError::Unavailable {
+            Some(u) if start + MIN_ATTEMPT >= u => Err(KvError::Unavailable {
                 engine: ENGINE,
                 message: format!(
-                    "{what}: not tried: its request waited behind others for \
-                     etcd.retry_for_ms ({} ms)",
+                    "{what}: not tried: etcd does not answer, and its request came \
+                     etcd.retry_for_ms ({} ms) ago",
                     self.retry_for.as_millis()
                 ),
             }),
@@ -73,6 +103,7 @@ enum Failure {
 /// Runs `attempt` until it succeeds, fails for good, or [`Timing::retry_for`] is spent.
 pub async fn retrying<T, F, Fut>(
     timing: Timing,
+    silence: &Silence,
     retry: Retry,
     what: &str,
     mut attempt: F,
@@ -81,6 +112,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, etcd_client::Error>>,
 {
+    let started = Instant::now();
     let deadline = timing.deadline(what)?;
     let mut backoff = FIRST_BACKOFF;
     let mut tries = 0u32;
@@ -93,12 +125,12 @@ where
             None => timing.attempt,
         };
         let failure = match tokio::time::timeout(this_try, attempt()).await {
-            Ok(Ok(v)) => return Ok(v),
+            Ok(Ok(v)) => {
+                silence.answered();
+                return Ok(v);
+            }
             Ok(Err(e)) => classify(&e),
-            Err(_) => Failure::Unknown(format!(
-                "no answer within {} ms",
-                timing.attempt.as_millis()
-            )),
+            Err(_) => Failure::Unknown(format!("no answer within {} ms", this_try.as_millis())),
         };
         let why = match failure {
             Failure::TooLarge(message) => {
@@ -124,11 +156,12 @@ where
         };
         if Instant::now() + backoff >= deadline {
             let (why, outcome) = why;
+            silence.unanswered();
             return Err(KvError::Unavailable {
                 engine: ENGINE,
                 message: format!(
                     "{what}: {why} (tried {tries} times in {} ms; etcd.retry_for_ms){outcome}",
-                    timing.retry_for.as_millis()
+                    started.elapsed().as_millis()
                 ),
             });
         }
@@ -162,9 +195,9 @@ fn classify(e: &etcd_client::Error) -> Failure {
                 {
                     Failure::TooLarge(m)
                 }
-                // Made on this side from a failed connection or stream (tonic keeps that
-                // error as the status's source): whatever its code (a broken pipe is
-                // `Internal`, an early end `OutOfRange`), the request may have landed.
+                // Made on this side from a failed connection or stream, with that error
+                // kept as the status's source: whatever its code, the request may have
+                // landed.
                 _ if std::error::Error::source(s).is_some() => Failure::Unknown(m),
                 // etcd's answers for a request it refuses as it is (a bad argument, a
                 // lease or revision it does not have, no permission, a corrupt member).
@@ -271,25 +304,26 @@ mod tests {
     }
 
     /// Guards against a read of a request that queued behind others (the namespace lock,
-    /// held across reads) retrying a whole `retry_for` of its own: its window ends
-    /// `retry_for` after the request arrived, and past that it is not tried at all.
+    /// held across reads) retrying a whole `retry_for` of its own while etcd does not
+    /// answer: its window ends `retry_for` after the request arrived, an attempt is cut
+    /// to it, and past it the read is not tried at all.
     #[tokio::test]
     async fn a_read_ends_within_its_request_window() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        let tries = AtomicUsize::new(0);
-        let call = |until| {
-            let timing = Timing {
-                attempt: Duration::from_secs(1),
-                retry_for: Duration::from_secs(30),
-                until,
-            };
-            retrying(timing, Retry::Always, "get", || {
+        use std::sync::atomic::AtomicUsize;
+        let (tries, silence) = (AtomicUsize::new(0), Silence::default());
+        let timing = |until| Timing {
+            attempt: Duration::from_secs(5),
+            retry_for: Duration::from_secs(30),
+            until,
+        };
+        let failing = |until| {
+            retrying(timing(until), &silence, Retry::Always, "get", || {
                 tries.fetch_add(1, Ordering::SeqCst);
                 async { Err::<(), _>(status(tonic::Code::Unavailable, "etcdserver: no leader")) }
             })
         };
         let t = Instant::now();
-        let err = call(Some(t + Duration::from_millis(300)))
+        let err = failing(Some(t + Duration::from_millis(300)))
             .await
             .expect_err("no answer");
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
@@ -298,12 +332,32 @@ mod tests {
             "retried within the window"
         );
         assert!(matches!(err, KvError::Unavailable { .. }), "{err}");
+        assert!(silence.is_silent(), "retries ran out unanswered");
+
+        // An attempt that would hang is cut to the window.
+        let t = Instant::now();
+        let hung = retrying(
+            timing(Some(t + Duration::from_millis(300))),
+            &silence,
+            Retry::Always,
+            "get",
+            std::future::pending::<Result<(), etcd_client::Error>>,
+        );
+        assert!(hung.await.is_err());
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
 
         let before = tries.load(Ordering::SeqCst);
-        let err = call(Some(Instant::now()))
+        let err = failing(Some(Instant::now()))
             .await
             .expect_err("past the window");
         assert_eq!(tries.load(Ordering::SeqCst), before, "not tried");
-        assert!(err.to_string().contains("waited behind others"), "{err}");
+        assert!(err.to_string().contains("does not answer"), "{err}");
+
+        // An answer ends the silence.
+        let ok = retrying(timing(None), &silence, Retry::Always, "get", || async {
+            Ok::<(), etcd_client::Error>(())
+        });
+        assert!(ok.await.is_ok());
+        assert!(!silence.is_silent());
     }
 }
