@@ -16,6 +16,7 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use transport::AlignedBuf;
 
 const BS: u64 = BLOCK_SIZE_BYTES as u64;
 
@@ -258,7 +259,8 @@ impl ChunkFile {
     /// the file) and decides what they are; `dst` then holds what the block holds.
     fn load_block(&self, block: u32, entry: Entry, dst: &mut [u8]) -> Result<Content, DataError> {
         let pos = self.geo.data_offset + block_start(block);
-        read_full_at(&self.file, dst, pos).ctx(|| format!("read {}", self.path.display()))?;
+        self.read_run(dst, pos)
+            .ctx(|| format!("read {}", self.path.display()))?;
         self.check(block, entry, dst)
     }
 
@@ -324,7 +326,11 @@ impl ChunkFile {
                 block = run_end;
                 continue;
             } else {
-                let mut scratch = vec![0u8; BS as usize];
+                // Part of a block: the whole block is read to check it, into a
+                // page-aligned scratch so that a large chunk's goes straight from the
+                // disk (`read_run`): a cold 4 KiB read then pays no read-ahead and
+                // leaves no pages behind.
+                let mut scratch = AlignedBuf::zeroed(BS as usize);
                 self.load_block(block, entry(block), &mut scratch)?;
                 let from = (lo - block_start(block)) as usize;
                 buf[dst.clone()].copy_from_slice(&scratch[from..from + dst.len()]);
