@@ -148,10 +148,14 @@ impl Handler for MetaService {
         let ns = self.ns.clone();
         let id = ConnId(conn.0);
         // A connection that broke may belong to a client that lives on and comes back
-        // (see `namespace::resume`); one its peer closed, or this server, ends now.
-        let end = move || match how {
-            Closed::Broken => ns.connection_broken(id),
-            Closed::ByPeer | Closed::Locally => ns.connection_closed(id),
+        // (see `namespace::resume`); one its peer closed, or this server, ends now. Its
+        // store reads are bounded as a request's are (see `kv::deadline`).
+        let arrived = std::time::Instant::now();
+        let end = move || {
+            crate::kv::deadline::for_request(arrived, || match how {
+                Closed::Broken => ns.connection_broken(id),
+                Closed::ByPeer | Closed::Locally => ns.connection_closed(id),
+            })
         };
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => drop(rt.spawn_blocking(end)),
@@ -563,8 +567,11 @@ fn spawn_expiry(ns: &Arc<Namespace>) -> tokio::task::JoinHandle<()> {
             if ns.waiting_resume() == 0 {
                 continue;
             }
-            let now = ns.now();
-            let _ = tokio::task::spawn_blocking(move || ns.expire_detached(now)).await;
+            let (now, arrived) = (ns.now(), std::time::Instant::now());
+            let _ = tokio::task::spawn_blocking(move || {
+                crate::kv::deadline::for_request(arrived, || ns.expire_detached(now))
+            })
+            .await;
         }
     })
 }

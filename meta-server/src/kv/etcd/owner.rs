@@ -263,9 +263,10 @@ async fn put_if_absent(
     Ok(Err(holder.unwrap_or_default()))
 }
 
-/// Renews `lease` every `period`; tells `lost` when etcd says it expired, or when no
-/// renewal succeeded for a whole `lifetime` (counted from the last good renewal's
-/// sending; every wait is bounded, so it is noticed within a period of that). What
+/// Renews `lease` every `period` ([`KEEPALIVE_RETRY`] after a failed try); tells `lost`
+/// when etcd says it expired, or when no renewal succeeded for a whole `lifetime`
+/// (counted from the last good renewal's sending; every wait is bounded, so it is
+/// noticed within a period of that). What
 /// keeps a server that lost the key from writing is the fence on every commit
 /// (`EtcdStore::fenced_by`); this tells it to stop serving.
 async fn keep_alive(
@@ -278,6 +279,8 @@ async fn keep_alive(
     let mut renewed = Instant::now();
     let mut stream = None;
     let mut pause = period;
+    // Renewals are failing (said once, and once when they succeed again).
+    let mut failing = false;
     loop {
         // Never past the lease's end unnoticed: the wait and each attempt are bounded.
         let left = lifetime.saturating_sub(renewed.elapsed());
@@ -303,10 +306,15 @@ async fn keep_alive(
         // A renewal that takes a whole period is a failed one (etcd-client's own wait
         // for a first answer is several seconds, longer than a short lease).
         let ttl = tokio::time::timeout(period, attempt).await.ok().flatten();
-        let failed_before = pause == KEEPALIVE_RETRY;
         pause = period;
         match ttl {
-            Some(t) if t > 0 => renewed = sent,
+            Some(t) if t > 0 => {
+                if failing {
+                    info!("the owner lease is renewed again");
+                    failing = false;
+                }
+                renewed = sent;
+            }
             Some(_) => {
                 error!("the owner lease expired: another server may serve the namespace now");
                 let _ = lost.send(true);
@@ -316,7 +324,8 @@ async fn keep_alive(
                 // A broken stream is made again on the next try, soon: one failed try
                 // (the member it went to died) must not cost a whole period.
                 stream = None;
-                if !failed_before {
+                if !failing {
+                    failing = true;
                     warn!(
                         renewed_ms_ago = renewed.elapsed().as_millis() as u64,
                         "the owner lease was not renewed: trying again"
