@@ -65,7 +65,11 @@ fn cluster_on_three_members(
 fn wait_for_leader(etcd: &LocalEtcd) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while etcd.leader().is_none() {
-        assert!(Instant::now() < deadline, "no etcd leader within 30 s");
+        assert!(
+            Instant::now() < deadline,
+            "no etcd leader within 30 s; the members' logs:\n{}",
+            etcd.log_tails(30)
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }

@@ -17,6 +17,13 @@ use std::time::{Duration, Instant};
 
 /// How long a member may take to answer after its start.
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a new cluster of several members may take to elect its first leader before
+/// it is started again on other ports (a second, usually).
+pub const FIRST_LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+/// Lowest port a member is given. Members get ports below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`), which every outgoing connection draws from: a port
+/// found free there could be a new connection's own by the time etcd binds it.
+const FIRST_PORT: u16 = 20_000;
 /// Raft heartbeat and election timeout of test members (etcd's defaults are 100 and
 /// 1000 ms; these keep a leader change in tests near one second too).
 const HEARTBEAT_MS: u32 = 100;
@@ -117,7 +124,39 @@ impl LocalEtcd {
             etcd.spawn(i)?;
         }
         etcd.wait_ready()?;
+        if members > 1 {
+            let deadline = Instant::now() + FIRST_LEADER_TIMEOUT;
+            while etcd.leader().is_none() {
+                if Instant::now() > deadline {
+                    return Err(format!(
+                        "no leader within {} s; the members' logs:\n{}",
+                        FIRST_LEADER_TIMEOUT.as_secs(),
+                        etcd.log_tails(20)
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
         Ok(etcd)
+    }
+
+    /// The last `lines` lines of each member's log, for an error.
+    pub fn log_tails(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for m in &self.members {
+            let text = std::fs::read_to_string(self.dir.join(format!("{}.log", m.name)))
+                .unwrap_or_default();
+            let all: Vec<&str> = text.lines().collect();
+            out.push_str(&format!(
+                "--- {} (ports {}, {})\n",
+                m.name, m.client_port, m.peer_port
+            ));
+            for l in &all[all.len().saturating_sub(lines)..] {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
     }
 
     /// One shared single-member etcd for the tests of this process, started by the
@@ -301,8 +340,23 @@ impl Drop for LocalEtcd {
     }
 }
 
-/// A port free on 127.0.0.1 a moment ago.
+/// A port free on 127.0.0.1 a moment ago, at random between [`FIRST_PORT`] and the
+/// kernel's ephemeral range.
 fn free_port() -> Result<u16, String> {
+    use std::hash::{BuildHasher, RandomState};
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral.saturating_sub(FIRST_PORT).max(1024);
+    let random = RandomState::new();
+    for attempt in 0..256u32 {
+        let port = FIRST_PORT + (random.hash_one(attempt) % u64::from(span)) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    // Every try taken: let the kernel choose.
     let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
