@@ -46,22 +46,21 @@ fn open_direct(path: &Path) -> std::io::Result<Arc<File>> {
         .map(Arc::new)
 }
 
-/// Reads `dst` from `file` (opened with `O_DIRECT`) at `pos`. A short read means the
-/// file ends there (the next position would not be aligned): the rest reads as zeros.
-fn read_direct_at(file: &File, dst: &mut [u8], pos: u64) -> std::io::Result<()> {
+/// Reads `dst` from `file` (opened with `O_DIRECT`) at `pos` while reads stay aligned;
+/// returns the bytes read. Fewer than `dst.len()`: the file ends there, or a read came
+/// back short of an alignment boundary (the next position would not be aligned), and
+/// the caller reads the rest through the page cache.
+fn read_direct_at(file: &File, dst: &mut [u8], pos: u64) -> std::io::Result<usize> {
     let mut done = 0;
     while done < dst.len() {
         match file.read_at(&mut dst[done..], pos + done as u64) {
             Ok(n) if n > 0 && n.is_multiple_of(DIRECT_ALIGN) => done += n,
-            Ok(n) => {
-                dst[done + n..].fill(0);
-                return Ok(());
-            }
+            Ok(n) => return Ok(done + n),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(done)
 }
 
 /// What opening a chunk's file found.
@@ -382,7 +381,13 @@ impl ChunkFile {
         if let Some(direct) = self.direct_for(self.data_len, dst) {
             match read_direct_at(direct, dst, pos) {
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
-                done => return done,
+                Err(e) => return Err(e),
+                // The end of the file (zeros from here) or a short read: the rest
+                // buffered, which fills zeros past the end.
+                Ok(n) if n < dst.len() => {
+                    return read_full_at(&self.file, &mut dst[n..], pos + n as u64);
+                }
+                Ok(_) => return Ok(()),
             }
         }
         read_full_at(&self.file, dst, pos)
