@@ -8,6 +8,7 @@
 //! says whether there is one, so a test without it can say so and be skipped.
 
 use super::EtcdConfig;
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -30,6 +31,10 @@ const HEARTBEAT_MS: u32 = 100;
 const ELECTION_MS: u32 = 1000;
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// Ports given to members of this process's clusters that are alive: a member killed
+/// by a test keeps its ports for its restart, and no other cluster gets them.
+static HELD: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
 
 /// One member: its ports, its process while it runs.
 struct Member {
@@ -92,10 +97,13 @@ impl LocalEtcd {
     /// each member in a process group of its own (for [`LocalEtcd::detach`]).
     pub fn start_in(members: usize, base: &Path, detached: bool) -> Result<LocalEtcd, String> {
         let mut last = String::new();
-        for _ in 0..3 {
+        for attempt in 1..=3 {
             match LocalEtcd::start_once(members, base, detached) {
                 Ok(etcd) => return Ok(etcd),
-                Err(e) => last = e,
+                Err(e) => {
+                    eprintln!("etcd: start {attempt} of 3 failed: {e}");
+                    last = e;
+                }
             }
         }
         Err(last)
@@ -290,10 +298,10 @@ impl LocalEtcd {
             while status(&self.endpoint(i)).is_none() {
                 if Instant::now() > deadline {
                     return Err(format!(
-                        "etcd member {} did not answer within {} s; its log: {}",
+                        "etcd member {} did not answer within {} s; the members' logs:\n{}",
                         m.name,
                         START_TIMEOUT.as_secs(),
-                        self.dir.join(format!("{}.log", m.name)).display()
+                        self.log_tails(20)
                     ));
                 }
                 std::thread::sleep(Duration::from_millis(50));
@@ -334,6 +342,12 @@ impl Drop for LocalEtcd {
         for i in 0..self.members.len() {
             self.kill(i);
         }
+        if let Ok(mut held) = HELD.lock() {
+            for m in &self.members {
+                held.remove(&m.client_port);
+                held.remove(&m.peer_port);
+            }
+        }
         if !self.dir.as_os_str().is_empty() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
@@ -350,9 +364,11 @@ fn free_port() -> Result<u16, String> {
         .unwrap_or(32_768);
     let span = ephemeral.saturating_sub(FIRST_PORT).max(1024);
     let random = RandomState::new();
+    let mut held = HELD.lock().map_err(|_| "poisoned".to_string())?;
     for attempt in 0..256u32 {
         let port = FIRST_PORT + (random.hash_one(attempt) % u64::from(span)) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if !held.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            held.insert(port);
             return Ok(port);
         }
     }

@@ -249,14 +249,12 @@ impl EtcdStore {
         })
     }
 
-    /// The timing of a read: while etcd is silent, within `retry_for_ms` of the
-    /// arrival of the request being served (see `kv::deadline`).
+    /// The timing of a read, with the window of the request being served (see
+    /// `kv::deadline`), which bounds each call that starts while etcd is silent.
     fn read_timing(&self) -> Timing {
         let mut timing = self.config.timing();
-        if self.silence.is_silent() {
-            timing.until = super::deadline::request_started()
-                .map(|t| tokio::time::Instant::from_std(t) + timing.retry_for);
-        }
+        timing.until = super::deadline::request_started()
+            .map(|t| tokio::time::Instant::from_std(t) + timing.retry_for);
         timing
     }
 

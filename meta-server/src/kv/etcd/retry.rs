@@ -20,8 +20,10 @@ pub struct Timing {
     pub attempt: Duration,
     /// From the first attempt to the start of the last.
     pub retry_for: Duration,
-    /// An earlier end for the whole call: `retry_for` from its request's arrival, while
-    /// etcd is [`Silence`]d (see `kv::deadline`); each attempt is cut to it.
+    /// The end of the window of the request the call is made for (`retry_for` from its
+    /// arrival, see `kv::deadline`): the call ends there too if etcd is [`Silence`]d when
+    /// it starts, each attempt cut to it, none started with less than [`MIN_ATTEMPT`]
+    /// left.
     pub until: Option<Instant>,
 }
 
@@ -55,11 +57,11 @@ impl Silence {
 }
 
 impl Timing {
-    /// When a call starting now must give up; an error if its request's window is
-    /// spent already.
-    fn deadline(&self, what: &str) -> Result<Instant, KvError> {
+    /// When a call starting now must give up, `until` its request's window ends; an
+    /// error if that window is spent already.
+    fn deadline(&self, until: Option<Instant>, what: &str) -> Result<Instant, KvError> {
         let start = Instant::now();
-        match self.until {
+        match until {
             Some(u) if start + MIN_ATTEMPT >= u => Err(KvError::Unavailable {
                 engine: ENGINE,
                 message: format!(
@@ -113,12 +115,14 @@ where
     Fut: Future<Output = Result<T, etcd_client::Error>>,
 {
     let started = Instant::now();
-    let deadline = timing.deadline(what)?;
+    let until = timing.until.filter(|_| silence.is_silent());
+    let deadline = timing.deadline(until, what)?;
+    let least_left = until.map_or(Duration::ZERO, |_| MIN_ATTEMPT);
     let mut backoff = FIRST_BACKOFF;
     let mut tries = 0u32;
     loop {
         tries += 1;
-        let this_try = match timing.until {
+        let this_try = match until {
             Some(_) => timing
                 .attempt
                 .min(deadline.saturating_duration_since(Instant::now())),
@@ -154,7 +158,7 @@ where
             Failure::NotSent(why) => (why, ""),
             Failure::Unknown(why) => (why, "; it may have been applied"),
         };
-        if Instant::now() + backoff >= deadline {
+        if Instant::now() + backoff + least_left >= deadline {
             let (why, outcome) = why;
             silence.unanswered();
             return Err(KvError::Unavailable {
@@ -311,6 +315,8 @@ mod tests {
     async fn a_read_ends_within_its_request_window() {
         use std::sync::atomic::AtomicUsize;
         let (tries, silence) = (AtomicUsize::new(0), Silence::default());
+        // Earlier calls ran out of retries unanswered.
+        silence.unanswered();
         let timing = |until| Timing {
             attempt: Duration::from_secs(5),
             retry_for: Duration::from_secs(30),
@@ -353,11 +359,20 @@ mod tests {
         assert_eq!(tries.load(Ordering::SeqCst), before, "not tried");
         assert!(err.to_string().contains("does not answer"), "{err}");
 
-        // An answer ends the silence.
+        // An answer ends the silence, and with it the bound: a request's window that is
+        // spent no longer stops its reads.
         let ok = retrying(timing(None), &silence, Retry::Always, "get", || async {
             Ok::<(), etcd_client::Error>(())
         });
         assert!(ok.await.is_ok());
         assert!(!silence.is_silent());
+        let late = retrying(
+            timing(Some(Instant::now())),
+            &silence,
+            Retry::Always,
+            "get",
+            || async { Ok::<(), etcd_client::Error>(()) },
+        );
+        assert!(late.await.is_ok(), "a healthy etcd bounds nothing");
     }
 }
