@@ -60,18 +60,10 @@ fn cluster_on_three_members(
     Some((etcd, cluster))
 }
 
-/// Waits (at most 30 s) until the running etcd members have a leader: they answer
-/// before they have elected one.
+/// Waits (at most 30 s) until the running etcd members have a leader.
 fn wait_for_leader(etcd: &LocalEtcd) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while etcd.leader().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "no etcd leader within 30 s; the members' logs:\n{}",
-            etcd.log_tails(30)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    etcd.wait_for_leader(Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// The bytes of workload file `i`.

@@ -290,6 +290,9 @@ impl Namespace {
         let span =
             tracing::debug_span!("meta", op = R::NAME, id = req.span_id(), conn = conn.0, uid);
         let _entered = span.enter();
+        // Store reads count their retry window from here (see `kv::deadline`).
+        let arrived = std::time::Instant::now();
+        let run = |req: R| crate::kv::deadline::for_request(arrived, || req.run(self, &at));
         if R::ADDS_RECORDS {
             if let Err(e) = self.disk.check() {
                 tracing::debug!(error = %e, "refused: disk short of room");
@@ -300,9 +303,6 @@ impl Namespace {
         // the inode some time later: the reply does not wait for the sync, and the batch
         // goes with the next group someone waits for, or alone after `LAZY_DELAY` (a
         // crash before may lose it, nothing else).
-        // Store reads count their retry window from here (see `kv::deadline`).
-        let arrived = std::time::Instant::now();
-        let run = |req: R| crate::kv::deadline::for_request(arrived, || req.run(self, &at));
         let result = if R::LAZY {
             let r = crate::kv::lazily(|| run(req));
             let _ = take_pending();

@@ -133,19 +133,26 @@ impl LocalEtcd {
         }
         etcd.wait_ready()?;
         if members > 1 {
-            let deadline = Instant::now() + FIRST_LEADER_TIMEOUT;
-            while etcd.leader().is_none() {
-                if Instant::now() > deadline {
-                    return Err(format!(
-                        "no leader within {} s; the members' logs:\n{}",
-                        FIRST_LEADER_TIMEOUT.as_secs(),
-                        etcd.log_tails(20)
-                    ));
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
+            etcd.wait_for_leader(FIRST_LEADER_TIMEOUT)?;
         }
         Ok(etcd)
+    }
+
+    /// Waits up to `within` until the running members have a leader (they answer before
+    /// they have elected one); the error holds the members' logs.
+    pub fn wait_for_leader(&self, within: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + within;
+        while self.leader().is_none() {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "no etcd leader within {} s; the members' logs:\n{}",
+                    within.as_secs(),
+                    self.log_tails(20)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(())
     }
 
     /// The last `lines` lines of each member's log, for an error.

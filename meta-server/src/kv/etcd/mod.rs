@@ -13,8 +13,8 @@
 //! Every call has a deadline: each attempt `request_timeout_ms`, retries (with backoff)
 //! for at most `retry_for_ms`; while etcd is silent, a read made for a request ends
 //! `retry_for_ms` from the request's arrival (`kv::deadline`: requests queued behind
-//! the namespace's lock do not wait a window each). What is retried depends on whether a second try is safe
-//! (`retry`): reads always; an unconditional commit too (its puts and deletes carry
+//! the namespace's lock do not wait a window each). What is retried depends on whether
+//! a second try is safe (`retry`): reads always; an unconditional commit too (its puts and deletes carry
 //! whole values, so applying it twice ends in the same state, and one metadata server
 //! writes the namespace for now); a conditional commit only when the request surely did
 //! not reach etcd, since a first try that was applied would make the second one conflict.

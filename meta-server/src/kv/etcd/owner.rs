@@ -266,9 +266,9 @@ async fn put_if_absent(
 /// Renews `lease` every `period` ([`KEEPALIVE_RETRY`] after a failed try); tells `lost`
 /// when etcd says it expired, or when no renewal succeeded for a whole `lifetime`
 /// (counted from the last good renewal's sending; every wait is bounded, so it is
-/// noticed within a period of that). What
-/// keeps a server that lost the key from writing is the fence on every commit
-/// (`EtcdStore::fenced_by`); this tells it to stop serving.
+/// noticed within a period of that). What keeps a server that lost the key from
+/// writing is the fence on every commit (`EtcdStore::fenced_by`); this tells it to stop
+/// serving.
 async fn keep_alive(
     client: Client,
     lease: i64,
@@ -278,12 +278,13 @@ async fn keep_alive(
 ) {
     let mut renewed = Instant::now();
     let mut stream = None;
-    let mut pause = period;
-    // Renewals are failing (said once, and once when they succeed again).
+    // Renewals are failing: the next is tried soon (said once, and once when one
+    // succeeds again).
     let mut failing = false;
     loop {
         // Never past the lease's end unnoticed: the wait and each attempt are bounded.
         let left = lifetime.saturating_sub(renewed.elapsed());
+        let pause = if failing { KEEPALIVE_RETRY } else { period };
         tokio::time::sleep(pause.min(left)).await;
         // Before the request: etcd restarts the lease when it handles it, later than
         // this, so the lease counted from here ends no later than etcd's.
@@ -306,7 +307,6 @@ async fn keep_alive(
         // A renewal that takes a whole period is a failed one (etcd-client's own wait
         // for a first answer is several seconds, longer than a short lease).
         let ttl = tokio::time::timeout(period, attempt).await.ok().flatten();
-        pause = period;
         match ttl {
             Some(t) if t > 0 => {
                 if failing {
@@ -331,7 +331,6 @@ async fn keep_alive(
                         "the owner lease was not renewed: trying again"
                     );
                 }
-                pause = KEEPALIVE_RETRY;
                 if renewed.elapsed() >= lifetime {
                     error!("the owner lease was not renewed in time: it may have expired");
                     let _ = lost.send(true);
