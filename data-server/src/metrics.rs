@@ -138,6 +138,7 @@ impl Payload {
         use Direction::{Read, Replicated, Written};
         Payload(match req {
             D::ReadChunk(r) => Some((Read, u64::from(r.len))),
+            D::ReadInline(r) => Some((Read, u64::from(r.len))),
             D::WriteChunk(r) => Some((Written, r.src.len)),
             D::WriteInline(r) => Some((Written, r.data.len() as u64)),
             D::Replicate(r) => match &r.data {

@@ -138,6 +138,7 @@ impl ClientMetrics {
     pub(crate) fn data_moved(&self, req: &DataRequest) {
         match req {
             DataRequest::ReadChunk(r) => self.read_bytes.inc_by(u64::from(r.len)),
+            DataRequest::ReadInline(r) => self.read_bytes.inc_by(u64::from(r.len)),
             DataRequest::WriteChunk(r) => self.written_bytes.inc_by(r.src.len),
             DataRequest::WriteInline(r) => self.written_bytes.inc_by(r.data.len() as u64),
             _ => {}

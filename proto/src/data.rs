@@ -1,10 +1,11 @@
 //! Messages between clients and data servers.
 //!
 //! Bulk bytes never travel inside these messages: a read names the client buffer the
-//! server WRITEs into, a write names the client buffer the server READs from. The one
-//! exception is a small write (at most [`MAX_INLINE_WRITE_BYTES`]): its bytes ride in
-//! the request, as RDMA stacks send small payloads inline, because fetching them with
-//! a one-sided READ costs a round trip per chain member for a few KiB.
+//! server WRITEs into, a write names the client buffer the server READs from. The
+//! exceptions are small reads and writes (at most [`MAX_INLINE_WRITE_BYTES`]): a small
+//! write's bytes ride in the request and a small read's in the reply, as RDMA stacks send
+//! small payloads inline, because moving a few KiB with a one-sided operation costs one
+//! more round trip (on tcp a frame and its acknowledgement) than the call itself.
 
 use crate::grant::Grant;
 use crate::ids::{ChainId, ChunkId, InodeId};
@@ -12,7 +13,8 @@ use crate::RemoteBuf;
 use serde::{Deserialize, Serialize};
 
 /// Largest write whose bytes travel inside the request ([`WriteInline`],
-/// [`ReplicaData::Inline`]) instead of being READ from the sender's buffer.
+/// [`ReplicaData::Inline`]) instead of being READ from the sender's buffer, and largest
+/// read whose bytes travel inside the reply ([`ReadInline`]).
 pub const MAX_INLINE_WRITE_BYTES: usize = 64 * 1024;
 
 /// Room left in a request for everything but an inline write's bytes (ids, placement,
@@ -20,7 +22,8 @@ pub const MAX_INLINE_WRITE_BYTES: usize = 64 * 1024;
 const INLINE_HEADROOM_BYTES: usize = 1024;
 
 /// Whether a write of `len` bytes may travel inline on a connection whose peer takes
-/// requests of at most `max_request_bytes`.
+/// requests of at most `max_request_bytes` (for a read: whose ends both take replies of
+/// at most that).
 pub fn fits_inline(len: usize, max_request_bytes: usize) -> bool {
     len <= MAX_INLINE_WRITE_BYTES && len + INLINE_HEADROOM_BYTES <= max_request_bytes
 }
@@ -41,6 +44,8 @@ crate::rpc_requests! {
         DeleteFile => (), "delete", idempotent: true;
         Fsync => (), "fsync", idempotent: true;
         Usage => DiskUsage, "usage", idempotent: true;
+        // Last, so that the others keep their wire tags.
+        ReadInline => InlineBytes, "read_inline", idempotent: true;
     }
 }
 
@@ -60,6 +65,26 @@ pub struct ReadChunk {
     pub len: u32,
     /// Where to WRITE the bytes.
     pub dest: RemoteBuf,
+    /// The metadata server's grant for the chunk's file (`None` only where the cluster
+    /// runs without keys).
+    pub grant: Option<Grant>,
+}
+
+/// Reads `len` bytes at `offset` of a chunk (at most [`MAX_INLINE_WRITE_BYTES`]) and
+/// answers with them: a [`ReadChunk`] for small reads, whose bytes cost less in the reply
+/// than in a one-sided WRITE of their own.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadInline {
+    /// The chunk.
+    pub chunk: ChunkId,
+    /// Where the chunk lives: a member that is not serving it refuses with `Stale`.
+    pub place: Placement,
+    /// The file's chunk size.
+    pub chunk_size_bytes: u32,
+    /// Offset within the chunk.
+    pub offset: u32,
+    /// Bytes to read; `offset + len <= chunk_size_bytes`.
+    pub len: u32,
     /// The metadata server's grant for the chunk's file (`None` only where the cluster
     /// runs without keys).
     pub grant: Option<Grant>,
@@ -268,6 +293,14 @@ pub struct ChunkMeta {
 pub struct Moved {
     /// Bytes read or stored.
     pub len: u32,
+}
+
+/// The bytes a [`ReadInline`] asked for (holes and bytes past the chunk's end as zeros).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InlineBytes {
+    /// Exactly the `len` bytes asked for.
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
 }
 
 /// A data server's disk usage: the reply to [`Usage`].

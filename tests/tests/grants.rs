@@ -10,7 +10,7 @@
 use bytes::Bytes;
 use proto::auth::Caps;
 use proto::data::{
-    ListChunks, Placement, ReadChunk, ReplicaData, Replicate, TruncateFile, WriteInline,
+    ListChunks, Placement, ReadChunk, ReadInline, ReplicaData, Replicate, TruncateFile, WriteInline,
 };
 use proto::grant::{seal, unix_ms, Grant, GrantMode};
 use proto::meta::{fs, Caller, MetaRequest, OpenAccess};
@@ -180,6 +180,20 @@ async fn bad_grants_are_refused(transport: Backend, ino: InodeId) {
         let refused = call(&data, write(read_only.clone())).await;
         assert_eq!(refused, Some(ErrorCode::GrantWrongMode));
     }
+    // A small read answered inline takes the same grant as one into a buffer.
+    let inline = |grant: Option<Grant>| ReadInline {
+        chunk,
+        place,
+        chunk_size_bytes: 4 << 20,
+        offset: 0,
+        len: 4096,
+        grant,
+    };
+    assert_eq!(
+        call(&data, inline(None)).await,
+        Some(ErrorCode::GrantMissing)
+    );
+    assert_eq!(call(&data, inline(read_only.clone())).await, None);
     // The same grants that are right pass: a read-only one reads, a writable one writes.
     assert_eq!(call(&data, read(read_only)).await, None);
     assert_eq!(
@@ -188,7 +202,7 @@ async fn bad_grants_are_refused(transport: Backend, ino: InodeId) {
     );
 
     for (reason, want) in [
-        ("missing", 3),
+        ("missing", 4),
         ("wrong_file", 3),
         ("forged", 6),
         ("expired", 3),

@@ -231,6 +231,14 @@ impl Connection {
         self.core.peer_max_msg_bytes
     }
 
+    /// Largest reply a call on this connection can get: the peer encodes its answers up
+    /// to its own message limit and this end takes messages up to its own.
+    pub fn max_reply_bytes(&self) -> usize {
+        self.core
+            .peer_max_msg_bytes
+            .min(self.core.config.max_msg_bytes)
+    }
+
     /// Who the peer proved to be in the handshake: on a server, the client's or server's
     /// name and role; on a client, the server (role `Server`, named by its address).
     /// `None` on an endpoint without keys (insecure mode).

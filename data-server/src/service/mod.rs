@@ -26,9 +26,9 @@ use chain::{ChainWrite, Source};
 use locks::ChunkLocks;
 use pause::PausePoint;
 use proto::data::{
-    ChunkInfo, ChunkMeta, DataRequest, DeleteFile, DiskUsage, Fsync, ListChunks, Moved, ReadChunk,
-    Repair, ReplicaData, Replicate, TruncateFile, Usage, WriteChunk, WriteInline, WriteZeros,
-    MAX_INLINE_WRITE_BYTES,
+    ChunkInfo, ChunkMeta, DataRequest, DeleteFile, DiskUsage, Fsync, InlineBytes, ListChunks,
+    Moved, ReadChunk, ReadInline, Repair, ReplicaData, Replicate, TruncateFile, Usage, WriteChunk,
+    WriteInline, WriteZeros, MAX_INLINE_WRITE_BYTES,
 };
 use proto::grant::GrantMode;
 use proto::{codec, rpc, ChunkId, ProtoError, RemoteBuf, Request, Rpc, WireError};
@@ -263,6 +263,7 @@ impl Inner {
             D::ReadChunk(r) => answer(self.read_chunk(conn, r).await, limit),
             D::WriteChunk(r) => answer(self.write_chunk(conn, r).await, limit),
             D::WriteInline(r) => answer(self.write_inline(conn, r).await, limit),
+            D::ReadInline(r) => answer(self.read_inline(r).await, limit),
             D::WriteZeros(r) => answer(self.write_zeros(conn, r).await, limit),
             D::Replicate(r) => answer(self.replicate_in(conn, r).await, limit),
             D::ChunkInfo(r) => answer(self.chunk_info(r).await, limit),
@@ -289,6 +290,7 @@ impl Inner {
             D::ReadChunk(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, Read),
             D::WriteChunk(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, ReadWrite),
             D::WriteInline(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, ReadWrite),
+            D::ReadInline(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, Read),
             D::WriteZeros(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, ReadWrite),
             // A cut grant allows a truncation to its own length.
             D::TruncateFile(r) => g.chunk_access(
@@ -338,6 +340,38 @@ impl Inner {
         self.read(conn, chunk, chunk_size_bytes, offset, len, dest)
             .await?;
         Ok(Moved { len })
+    }
+
+    /// A small read answered with its bytes: the checks of [`Self::read_chunk`], then the
+    /// copy's check and its read in one call to the blocking pool.
+    async fn read_inline(&self, r: ReadInline) -> Reply<ReadInline> {
+        let ReadInline {
+            chunk,
+            place,
+            chunk_size_bytes,
+            offset,
+            len,
+            grant: _,
+        } = r;
+        if len as usize > MAX_INLINE_WRITE_BYTES {
+            return Err(DataError::InvalidArgument(format!(
+                "inline read of {len} bytes, limit {MAX_INLINE_WRITE_BYTES}"
+            )));
+        }
+        self.view.at(place.map_version).await?;
+        self.pause_point(PausePoint::ReadLock).await;
+        let _lock = self.locks.read(chunk).await;
+        self.check_serving(chunk, place.chain)?;
+        let store = self.store.clone();
+        let data = blocking(move || {
+            chain::readable_copy(&store, chunk)?;
+            let mut data = vec![0u8; len as usize];
+            store.read(chunk, chunk_size_bytes, offset, &mut data)?;
+            Ok(data)
+        })
+        .await?;
+        debug!(%chunk, offset, len, "read inline");
+        Ok(InlineBytes { data })
     }
 
     async fn write_chunk(&self, conn: &Connection, r: WriteChunk) -> Reply<WriteChunk> {

@@ -5,7 +5,9 @@ use super::pause::PausePoint;
 use super::{call_peer, DataService, Pools};
 use crate::cluster_view::ClusterView;
 use crate::store::{ChunkStore, ReplicaFields};
-use proto::data::{Moved, Placement, ReadChunk, ReplicaData, Replicate};
+use proto::data::{
+    Moved, Placement, ReadChunk, ReadInline, ReplicaData, Replicate, MAX_INLINE_WRITE_BYTES,
+};
 use proto::meta::{ChainInfo, ClusterMap, Member, MemberState, NodeInfo, NodeState};
 use proto::{ChainId, ChunkId, ErrorCode, InodeId, NodeId, PROTOCOL_VERSION};
 use std::sync::Arc;
@@ -106,30 +108,64 @@ async fn served() -> Served {
     }
 }
 
+/// How a test reads: the bytes written into the client's buffer, or in the reply.
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    OneSided,
+    Inline,
+}
+
+/// A read's outcome: the bytes moved, and the bytes the client got.
+type ReadOutcome = (Result<u32, crate::DataError>, Vec<u8>);
+
 impl Served {
-    /// Reads `LEN` bytes of `CHUNK` in a task of its own: the reply, and the bytes that
-    /// arrived in the client's buffer.
-    fn spawn_read(&self) -> tokio::task::JoinHandle<(Result<Moved, crate::DataError>, Vec<u8>)> {
-        let mr = self.client_ep.register(LEN).unwrap();
-        let grant = self.client.grant(&mr, 0, LEN, Access::RemoteWrite).unwrap();
-        let req = ReadChunk {
-            chunk: CHUNK,
-            place: PLACE,
-            chunk_size_bytes: CHUNK_SIZE,
-            offset: 0,
-            len: LEN as u32,
-            dest: grant.remote(),
-            grant: None,
-        };
+    /// Reads `LEN` bytes of `CHUNK` in a task of its own.
+    fn spawn_read(&self, via: Via) -> tokio::task::JoinHandle<ReadOutcome> {
         let conn = self.client.clone();
-        tokio::spawn(async move {
-            let reply = tokio::time::timeout(CALL_TIMEOUT, call_peer(&conn, req))
-                .await
-                .expect("the read hung");
-            drop(grant);
-            let bytes = mr.lock()[..LEN].to_vec();
-            (reply, bytes)
-        })
+        match via {
+            Via::OneSided => {
+                let mr = self.client_ep.register(LEN).unwrap();
+                let grant = self.client.grant(&mr, 0, LEN, Access::RemoteWrite).unwrap();
+                let req = ReadChunk {
+                    chunk: CHUNK,
+                    place: PLACE,
+                    chunk_size_bytes: CHUNK_SIZE,
+                    offset: 0,
+                    len: LEN as u32,
+                    dest: grant.remote(),
+                    grant: None,
+                };
+                tokio::spawn(async move {
+                    let reply = tokio::time::timeout(CALL_TIMEOUT, call_peer(&conn, req))
+                        .await
+                        .expect("the read hung");
+                    drop(grant);
+                    let bytes = mr.lock()[..LEN].to_vec();
+                    (reply.map(|m| m.len), bytes)
+                })
+            }
+            Via::Inline => tokio::spawn(async move {
+                let reply = tokio::time::timeout(CALL_TIMEOUT, call_peer(&conn, inline(LEN)))
+                    .await
+                    .expect("the read hung");
+                match reply {
+                    Ok(r) => (Ok(r.data.len() as u32), r.data),
+                    Err(e) => (Err(e), Vec::new()),
+                }
+            }),
+        }
+    }
+}
+
+/// An inline read of `len` bytes at the start of `CHUNK`.
+fn inline(len: usize) -> ReadInline {
+    ReadInline {
+        chunk: CHUNK,
+        place: PLACE,
+        chunk_size_bytes: CHUNK_SIZE,
+        offset: 0,
+        len: len as u32,
+        grant: None,
     }
 }
 
@@ -137,17 +173,26 @@ impl Served {
 /// the read checked it and before the read took the chunk's lock (issue 22, item 4).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_marked_stale_before_the_read_locks_is_not_read() {
+    for via in [Via::OneSided, Via::Inline] {
+        stale_before_the_read_locks(via).await;
+    }
+}
+
+async fn stale_before_the_read_locks(via: Via) {
     let s = served().await;
     // The copy is readable as set up: a read gets its bytes.
-    let (reply, bytes) = s.spawn_read().await.unwrap();
-    assert!(matches!(reply, Ok(Moved { .. })), "{reply:?}");
+    let (reply, bytes) = s.spawn_read(via).await.unwrap();
+    assert!(
+        matches!(reply, Ok(n) if n == LEN as u32),
+        "{via:?}: {reply:?}"
+    );
     assert!(
         bytes.iter().all(|&b| b == 0xaa),
         "the set-up bytes read back"
     );
 
     let mut pause = s.service.inner.pauses.arm(PausePoint::ReadLock);
-    let read = s.spawn_read();
+    let read = s.spawn_read(via);
     pause.reached().await;
     // Version 3 on top of 2: this copy, at version 1, missed a write and goes stale.
     let replicate = Replicate {
@@ -174,8 +219,8 @@ async fn a_copy_marked_stale_before_the_read_locks_is_not_read() {
     match reply {
         Err(e) if e.code() == ErrorCode::Stale => {}
         other => panic!(
-            "a read of a copy marked stale answered {other:?} with bytes {:02x?}..",
-            &bytes[..4]
+            "{via:?}: a read of a copy marked stale answered {other:?} with bytes {:02x?}..",
+            &bytes[..bytes.len().min(4)]
         ),
     }
 }
@@ -184,9 +229,15 @@ async fn a_copy_marked_stale_before_the_read_locks_is_not_read() {
 /// waited for the chunk's lock, no longer lets serve (issue 22, item 4).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_made_syncing_before_the_read_locks_does_not_serve_it() {
+    for via in [Via::OneSided, Via::Inline] {
+        syncing_before_the_read_locks(via).await;
+    }
+}
+
+async fn syncing_before_the_read_locks(via: Via) {
     let s = served().await;
     let mut pause = s.service.inner.pauses.arm(PausePoint::ReadLock);
-    let read = s.spawn_read();
+    let read = s.spawn_read(via);
     pause.reached().await;
     let mut newer = map();
     newer.version = MAP_VERSION + 1;
@@ -197,6 +248,41 @@ async fn a_member_made_syncing_before_the_read_locks_does_not_serve_it() {
     let (reply, _) = read.await.unwrap();
     assert!(
         matches!(&reply, Err(e) if e.code() == ErrorCode::Stale),
-        "a member made syncing served a read: {reply:?}"
+        "{via:?}: a member made syncing served a read: {reply:?}"
+    );
+}
+
+/// An inline read answers the chunk's bytes, zeros past its end, and refuses what it
+/// must: more than the inline limit, a range outside the chunk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inline_read_answers_its_bytes_within_its_limits() {
+    let s = served().await;
+    let call = |req: ReadInline| {
+        let conn = s.client.clone();
+        async move {
+            tokio::time::timeout(CALL_TIMEOUT, call_peer(&conn, req))
+                .await
+                .expect("the read hung")
+        }
+    };
+    let whole = call(inline(2 * LEN)).await.expect("a read past the end");
+    assert_eq!(whole.data.len(), 2 * LEN);
+    assert!(whole.data[..LEN].iter().all(|&b| b == 0xaa), "the bytes");
+    assert!(
+        whole.data[LEN..].iter().all(|&b| b == 0),
+        "zeros past the end"
+    );
+
+    let too_big = call(inline(MAX_INLINE_WRITE_BYTES + 1)).await;
+    assert!(
+        matches!(&too_big, Err(e) if e.code() == ErrorCode::InvalidArgument),
+        "{too_big:?}"
+    );
+    let mut outside = inline(LEN);
+    outside.offset = CHUNK_SIZE - 1;
+    let outside = call(outside).await;
+    assert!(
+        matches!(&outside, Err(e) if e.code() == ErrorCode::InvalidArgument),
+        "{outside:?}"
     );
 }
