@@ -30,8 +30,8 @@ pub enum DataError {
     /// blocks a crash could leave unreadable). There is no conversion: such files come
     /// from before any deployment and are to be removed.
     #[error(
-        "{chunk}: chunk file has format version {version}, this server reads only version \
-         {supported}",
+        "{chunk}: chunk file has format version {version}, this server reads only versions \
+         2 and {supported}",
         supported = crate::store::format::FORMAT_VERSION
     )]
     UnsupportedFormat {
@@ -308,7 +308,7 @@ mod tests {
         assert_eq!(v1.code(), ErrorCode::Corrupt);
         assert!(v1
             .to_string()
-            .contains("version 1, this server reads only version 2"));
+            .contains("version 1, this server reads only versions 2 and 3"));
         let locked = DataError::Locked { path: "/d".into() };
         assert_eq!(locked.code(), ErrorCode::Busy);
     }

@@ -5,8 +5,8 @@
 
 use super::cache::Fds;
 use super::format::{
-    self, accounted_bytes, block_crc, block_start, decode_header, encode_entries, encode_header,
-    read_entries, read_full_at, Content, Entry, Geometry, BLOCK_SIZE_BYTES, HEADER_USED_BYTES,
+    self, accounted_bytes, decode_header, encode_entries, encode_header, read_entries,
+    read_full_at, Content, Entry, Geometry, HEADER_USED_BYTES,
 };
 use crate::error::{DataError, IoContext};
 use proto::ChunkId;
@@ -18,11 +18,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use transport::AlignedBuf;
 
-const BS: u64 = BLOCK_SIZE_BYTES as u64;
-
 /// Alignment of buffer address, file position and length for `O_DIRECT`: the page size,
 /// a multiple of every disk's logical block size. Block runs start and end on multiples
-/// of it (the data offset is page-rounded, blocks are 64 KiB), and transport regions
+/// of it (the data offset is page-rounded, blocks are whole pages), and transport regions
 /// start on one (`transport::REGION_ALIGN_BYTES`).
 const DIRECT_ALIGN: usize = 4096;
 
@@ -257,7 +255,7 @@ impl ChunkFile {
     /// Reads the stored bytes of `block` into `dst` (a whole block; zeros past the end of
     /// the file) and decides what they are; `dst` then holds what the block holds.
     fn load_block(&self, block: u32, entry: Entry, dst: &mut [u8]) -> Result<Content, DataError> {
-        let pos = self.geo.data_offset + block_start(block);
+        let pos = self.geo.data_offset + self.geo.block_start(block);
         self.read_run(dst, pos)
             .ctx(|| format!("read {}", self.path.display()))?;
         self.check(block, entry, dst)
@@ -266,7 +264,7 @@ impl ChunkFile {
     /// Decides what the stored bytes of `block` are: bytes that are not the chunk's are
     /// zeroed, bytes that match no version the entry allows are an error.
     fn check(&self, block: u32, entry: Entry, bytes: &mut [u8]) -> Result<Content, DataError> {
-        match entry.resolve(bytes) {
+        match entry.resolve(self.geo, bytes) {
             Content::Corrupt => Err(self.corrupt(block)),
             Content::Zeros => {
                 bytes.fill(0);
@@ -288,37 +286,39 @@ impl ChunkFile {
     /// Fills `buf` with chunk bytes `[offset, offset + buf.len())`, verifying every written
     /// block it touches. The range must lie inside the chunk and `buf` must not be empty.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DataError> {
+        let geo = self.geo;
+        let bs = u64::from(geo.block_size);
         let end = offset + buf.len() as u64;
-        let (first, last) = ((offset / BS) as u32, ((end - 1) / BS) as u32);
-        // Only the entries of the blocks read: a 64 MiB chunk's table is 16 KiB.
-        let entries = read_entries(&self.file, self.geo, (first, last), &self.path)?;
+        let (first, last) = (geo.block_of(offset), geo.block_of(end - 1));
+        // Only the entries of the blocks read: a table is up to 16 KiB.
+        let entries = read_entries(&self.file, geo, (first, last), &self.path)?;
         let entry = |b: u32| entries[(b - first) as usize];
         let mut block = first;
         while block <= last {
             let (lo, hi) = (
-                block_start(block).max(offset),
-                (block_start(block) + BS).min(end),
+                geo.block_start(block).max(offset),
+                (geo.block_start(block) + bs).min(end),
             );
             let dst = (lo - offset) as usize..(hi - offset) as usize;
             if entry(block) == Entry::Unwritten {
                 // Whatever the disk holds there (a hole, or bytes of a write a crash cut
                 // short), an unwritten block reads as zeros.
                 buf[dst].fill(0);
-            } else if hi - lo == BS {
+            } else if hi - lo == bs {
                 // Whole written blocks: read a run of them straight into the caller's
                 // buffer with one pread, then check each.
                 let mut run_end = block + 1;
                 while run_end <= last
-                    && block_start(run_end) + BS <= end
+                    && geo.block_start(run_end) + bs <= end
                     && entry(run_end) != Entry::Unwritten
                 {
                     run_end += 1;
                 }
-                let span = dst.start..dst.start + (run_end - block) as usize * BS as usize;
-                let pos = self.geo.data_offset + lo;
+                let span = dst.start..dst.start + (run_end - block) as usize * bs as usize;
+                let pos = geo.data_offset + lo;
                 self.read_run(&mut buf[span.clone()], pos)
                     .ctx(|| format!("read {}", self.path.display()))?;
-                for (i, bytes) in buf[span].chunks_mut(BS as usize).enumerate() {
+                for (i, bytes) in buf[span].chunks_mut(bs as usize).enumerate() {
                     let b = block + i as u32;
                     self.check(b, entry(b), bytes)?;
                 }
@@ -329,9 +329,9 @@ impl ChunkFile {
                 // page-aligned scratch so that a large chunk's goes straight from the
                 // disk (`read_run`): a cold 4 KiB read then pays no read-ahead and
                 // leaves no pages behind.
-                let mut scratch = AlignedBuf::zeroed(BS as usize);
+                let mut scratch = AlignedBuf::zeroed(bs as usize);
                 self.load_block(block, entry(block), &mut scratch)?;
-                let from = (lo - block_start(block)) as usize;
+                let from = (lo - geo.block_start(block)) as usize;
                 buf[dst.clone()].copy_from_slice(&scratch[from..from + dst.len()]);
             }
             block += 1;
@@ -421,12 +421,15 @@ impl ChunkFile {
     /// its bad bytes under a fresh checksum.
     pub fn plan_write(
         cf: Option<&ChunkFile>,
-        geo: Geometry,
+        new_geo: Geometry,
         offset: u64,
         data: &[u8],
     ) -> Result<WritePlan, DataError> {
+        // An existing file keeps the geometry (the format version) it was made with.
+        let geo = cf.map_or(new_geo, |cf| cf.geo);
+        let bs = u64::from(geo.block_size);
         let end = offset + data.len() as u64;
-        let (first, last) = ((offset / BS) as u32, ((end - 1) / BS) as u32);
+        let (first, last) = (geo.block_of(offset), geo.block_of(end - 1));
         let (mut table, old_len) = match cf {
             Some(cf) => (cf.table()?, cf.data_len),
             None => (vec![Entry::Unwritten; geo.blocks as usize], 0),
@@ -443,21 +446,21 @@ impl ChunkFile {
         };
         for block in first..=last {
             let (lo, hi) = (
-                block_start(block).max(offset),
-                (block_start(block) + BS).min(end),
+                geo.block_start(block).max(offset),
+                (geo.block_start(block) + bs).min(end),
             );
             let src = (lo - offset) as usize..(hi - offset) as usize;
             let old = table[block as usize];
-            let (intent, crc) = if hi - lo == BS {
-                let crc = block_crc(&data[src.clone()]);
+            let (intent, crc) = if hi - lo == bs {
+                let crc = geo.block_crc(&data[src.clone()]);
                 // Only the first and last blocks can be partial: whole ones are contiguous.
                 plan.middle = Some(match plan.middle.take() {
                     Some((pos, range)) => (pos, range.start..src.end),
                     None => (lo, src),
                 });
-                (whole_block_intent(cf, block, old, crc)?, crc)
+                (whole_block_intent(cf, geo, block, old, crc)?, crc)
             } else {
-                let (edge, intent, crc) = plan_edge(cf, old, lo..hi, &data[src], old_len)?;
+                let (edge, intent, crc) = plan_edge(cf, geo, old, lo..hi, &data[src], old_len)?;
                 plan.edges.push(edge);
                 (intent, crc)
             };
@@ -515,15 +518,16 @@ impl ChunkFile {
         let table = self.table()?;
         let before = accounted_bytes(self.geo, &table, self.data_len);
         let new_len = keep.min(self.data_len);
+        let bs = u64::from(self.geo.block_size);
         let mut intent = table.clone();
         intent
             .iter_mut()
-            .skip(keep.div_ceil(BS) as usize)
+            .skip(keep.div_ceil(bs) as usize)
             .for_each(|e| *e = Entry::Unwritten);
         let mut done = intent.clone();
-        let cut = (keep / BS) as u32;
+        let cut = self.geo.block_of(keep);
         if keep < self.data_len
-            && !keep.is_multiple_of(BS)
+            && !keep.is_multiple_of(bs)
             && table[cut as usize] != Entry::Unwritten
         {
             if let Some((pending, stable)) = self.plan_cut(cut, table[cut as usize], keep)? {
@@ -556,15 +560,15 @@ impl ChunkFile {
         entry: Entry,
         keep: u64,
     ) -> Result<Option<(Entry, Entry)>, DataError> {
-        let mut bytes = vec![0u8; BS as usize];
+        let mut bytes = vec![0u8; self.geo.block_size as usize];
         match self.load_block(block, entry, &mut bytes) {
             Err(DataError::Corrupt { .. }) => Ok(None),
             Err(e) => Err(e),
             // Its stored bytes were never the chunk's, so neither are the ones kept.
             Ok(Content::Zeros) => Ok(Some((Entry::Unwritten, Entry::Unwritten))),
             Ok(current) => {
-                bytes[(keep - block_start(block)) as usize..].fill(0);
-                let new = block_crc(&bytes);
+                bytes[(keep - self.geo.block_start(block)) as usize..].fill(0);
+                let new = self.geo.block_crc(&bytes);
                 Ok(Some((Entry::intent(current, new), Entry::Stable(new))))
             }
         }
@@ -576,6 +580,7 @@ impl ChunkFile {
 /// only a block whose last update was interrupted is read, to learn which version it holds.
 fn whole_block_intent(
     cf: Option<&ChunkFile>,
+    geo: Geometry,
     block: u32,
     old: Entry,
     new: u32,
@@ -585,7 +590,7 @@ fn whole_block_intent(
         (Entry::Stable(crc), _) => Content::Stored(crc),
         (Entry::Damaged, _) => Content::Corrupt,
         (Entry::Pending { .. } | Entry::PendingFirst(_), Some(cf)) => {
-            let mut bytes = vec![0u8; BS as usize];
+            let mut bytes = vec![0u8; geo.block_size as usize];
             match cf.load_block(block, old, &mut bytes) {
                 // The write replaces all of it: no version to keep.
                 Err(DataError::Corrupt { .. }) => Content::Corrupt,
@@ -601,20 +606,22 @@ fn whole_block_intent(
 /// entry and its new crc.
 fn plan_edge(
     cf: Option<&ChunkFile>,
+    geo: Geometry,
     old: Entry,
     range: Range<u64>,
     piece: &[u8],
     old_len: u64,
 ) -> Result<(Edge, Entry, u32), DataError> {
-    let block = (range.start / BS) as u32;
-    let (start, stop) = (block_start(block), block_start(block) + BS);
-    let mut merged = vec![0u8; BS as usize];
+    let block = geo.block_of(range.start);
+    let start = geo.block_start(block);
+    let stop = start + u64::from(geo.block_size);
+    let mut merged = vec![0u8; geo.block_size as usize];
     let current = match (old, cf) {
         (Entry::Unwritten, _) | (_, None) => Content::Zeros,
         (_, Some(cf)) => cf.load_block(block, old, &mut merged)?,
     };
     merged[(range.start - start) as usize..(range.end - start) as usize].copy_from_slice(piece);
-    let crc = block_crc(&merged);
+    let crc = geo.block_crc(&merged);
     // A block without data may still hold stray bytes on disk (a write cut short by a
     // crash), so store it whole up to the chunk's end; the disk then matches the new crc.
     let (from, to) = match current {

@@ -97,7 +97,7 @@ impl Model {
 
 /// A random range inside a chunk, often starting or ending near a block boundary.
 fn random_range(rng: &mut Rng, cs: u32) -> (u32, usize) {
-    let bs = u64::from(format::BLOCK_SIZE_BYTES);
+    let bs = u64::from(format::Geometry::new(cs).unwrap().block_size);
     let off = match rng.below(3) {
         0 => rng.below(u64::from(cs)),
         1 => (rng.below(u64::from(cs) / bs) * bs + rng.below(16)).min(u64::from(cs) - 1),
@@ -122,6 +122,17 @@ fn random_writes_reads_and_truncates_match_a_model() {
 #[test]
 fn random_writes_reads_and_truncates_of_large_chunks_match_a_model() {
     model_run(2 * MIB, 0x000D_1EC7);
+}
+
+/// Files of format version 2 (64 KiB blocks), as an earlier build left them, are read,
+/// written and cut as before; 16 MiB chunks have blocks of 16 KiB in version 3.
+#[test]
+fn version_2_files_and_larger_blocks_match_the_model_too() {
+    format::NEW_FILES_V2.with(|v2| v2.set(true));
+    model_run(4 * KIB64, 0x0002_7E55);
+    model_run(2 * MIB, 0x0002_D1EC);
+    format::NEW_FILES_V2.with(|v2| v2.set(false));
+    model_run(16 * MIB, 0x0016_D1EC);
 }
 
 fn model_run(cs: u32, seed: u64) {
@@ -170,6 +181,12 @@ fn model_run(cs: u32, seed: u64) {
             read_vec(&store, c, cs, 0, cs as usize),
             model.expect(c, 0, cs as usize)
         );
+        // Each file has the geometry (format version, block size) of new files.
+        let path = chunk_path(&chunks_root(tmp.path()), c);
+        match chunk::ChunkFile::open(&path, c, false).unwrap() {
+            chunk::Opened::Chunk(cf) => assert_eq!(cf.geo, format::Geometry::new(cs).unwrap()),
+            _ => panic!("{c}: no chunk file"),
+        }
     }
     assert_eq!(store.usage().unwrap().chunks, model.chunks.len() as u64);
 }

@@ -4,11 +4,15 @@
 //! what reads and retried requests see. The steps are listed in the module docs.
 
 use super::chunk::CrashPoint::{self, TruncateIntent, TruncateLength, WriteData, WriteIntent};
-use super::tests::{chunk, read_vec, Rng, BIG, KIB64, MIB};
+use super::tests::{chunk, read_vec, Rng, BIG, KIB64};
 use super::*;
 use std::cell::Cell;
 use std::os::unix::fs::FileExt;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+
+/// The chunk size of these tests: its blocks are 64 KiB (as every block of a version 2
+/// file was), which the offsets below are placed around.
+const CS: u32 = 64 << 20;
 
 thread_local! {
     /// The step at which the next update on this thread stops; per thread, because tests
@@ -55,7 +59,7 @@ enum Cut {
 
 const WRITE_CUTS: [Cut; 3] = [Cut::At(WriteIntent), Cut::TornData, Cut::At(WriteData)];
 
-/// Crashes `write(c, MIB, off, data)` as `cut` says and restarts the store.
+/// Crashes `write(c, CS, off, data)` as `cut` says and restarts the store.
 fn crash_write(
     dir: &Path,
     s: ChunkStore,
@@ -68,9 +72,9 @@ fn crash_write(
         Cut::At(at) => at,
         Cut::TornData => WriteIntent,
     };
-    kill_at(s, at, |s| drop(s.write(c, MIB, off, data)));
+    kill_at(s, at, |s| drop(s.write(c, CS, off, data)));
     if cut == Cut::TornData {
-        let pos = Geometry::new(MIB).unwrap().data_offset + u64::from(off);
+        let pos = Geometry::new(CS).unwrap().data_offset + u64::from(off);
         raw_file(dir, c)
             .write_all_at(&data[..data.len() / 2], pos)
             .unwrap();
@@ -81,7 +85,7 @@ fn crash_write(
 /// A store holding `old` at the start of chunk `c`, fsynced.
 fn synced_store(dir: &Path, c: ChunkId, old: &[u8]) -> ChunkStore {
     let s = ChunkStore::open(dir, BIG).unwrap();
-    s.write(c, MIB, 0, old).unwrap();
+    s.write(c, CS, 0, old).unwrap();
     s.fsync(&[c]).unwrap();
     s
 }
@@ -96,7 +100,7 @@ fn restart_keeps(dir: &Path, s: ChunkStore, c: ChunkId, want: &[u8]) {
     drop(s);
     let s = ChunkStore::open(dir, BIG).unwrap();
     assert_eq!(s.usage().unwrap(), usage);
-    assert!(read_vec(&s, c, MIB, 0, want.len()) == want);
+    assert!(read_vec(&s, c, CS, 0, want.len()) == want);
 }
 
 #[test]
@@ -112,15 +116,15 @@ fn a_partial_overwrite_keeps_the_fsynced_bytes_around_it() {
         let (off, new) = (KIB64 * 3 / 2, Rng(2).bytes(2 * KIB64 as usize));
         let range = off as usize..off as usize + new.len();
         let s = crash_write(tmp.path(), s, Cut::At(at), c, off, &new);
-        let got = read_vec(&s, c, MIB, 0, want.len());
+        let got = read_vec(&s, c, CS, 0, want.len());
         let mut expect = want.clone();
         if at == WriteData {
             expect[range.clone()].copy_from_slice(&new);
         }
         assert!(got == expect, "{at:?}");
-        s.write(c, MIB, off, &new).unwrap();
+        s.write(c, CS, off, &new).unwrap();
         want[range].copy_from_slice(&new);
-        assert!(read_vec(&s, c, MIB, 0, want.len()) == want, "{at:?}");
+        assert!(read_vec(&s, c, CS, 0, want.len()) == want, "{at:?}");
         restart_keeps(tmp.path(), s, c, &want);
     }
 }
@@ -135,21 +139,21 @@ fn a_torn_partial_overwrite_reads_as_corrupt_never_as_a_mix() {
     let (off, new) = (KIB64 + 100, Rng(4).bytes(20_000));
     let s = crash_write(tmp.path(), s, Cut::TornData, c, off, &new);
     let mut buf = vec![0xA5; old.len()];
-    assert!(is_corrupt(s.read(c, MIB, 0, &mut buf), c, 1));
+    assert!(is_corrupt(s.read(c, CS, 0, &mut buf), c, 1));
     assert!(
         buf.iter().all(|&b| b == 0),
         "no byte of the mix is returned"
     );
     // The limit of this design (see the module docs): the block's bytes outside the
     // torn write go with it.
-    assert!(is_corrupt(s.read(c, MIB, KIB64, &mut buf[..10]), c, 1));
-    assert!(read_vec(&s, c, MIB, 0, KIB64 as usize) == old[..KIB64 as usize]);
-    assert!(read_vec(&s, c, MIB, 2 * KIB64, KIB64 as usize) == old[2 * KIB64 as usize..]);
+    assert!(is_corrupt(s.read(c, CS, KIB64, &mut buf[..10]), c, 1));
+    assert!(read_vec(&s, c, CS, 0, KIB64 as usize) == old[..KIB64 as usize]);
+    assert!(read_vec(&s, c, CS, 2 * KIB64, KIB64 as usize) == old[2 * KIB64 as usize..]);
     // A partial write cannot know the block's other bytes: refused; a whole one replaces it.
-    assert!(is_corrupt(s.write(c, MIB, off, &new), c, 1));
+    assert!(is_corrupt(s.write(c, CS, off, &new), c, 1));
     let whole = Rng(5).bytes(KIB64 as usize);
-    s.write(c, MIB, KIB64, &whole).unwrap();
-    assert!(read_vec(&s, c, MIB, KIB64, KIB64 as usize) == whole);
+    s.write(c, CS, KIB64, &whole).unwrap();
+    assert!(read_vec(&s, c, CS, KIB64, KIB64 as usize) == whole);
 }
 
 #[test]
@@ -170,8 +174,8 @@ fn a_whole_block_overwrite_survives_every_crash_point() {
         };
         let mut expect = old.clone();
         expect[KIB64 as usize..][..stored].copy_from_slice(&new[..stored]);
-        assert!(read_vec(&s, c, MIB, 0, old.len()) == expect, "{cut:?}");
-        s.write(c, MIB, KIB64, &new).unwrap();
+        assert!(read_vec(&s, c, CS, 0, old.len()) == expect, "{cut:?}");
+        s.write(c, CS, KIB64, &new).unwrap();
         let mut want = old.clone();
         want[KIB64 as usize..].copy_from_slice(&new);
         restart_keeps(tmp.path(), s, c, &want);
@@ -186,9 +190,9 @@ fn a_torn_whole_block_overwrite_is_corrupt_until_rewritten() {
     let new = Rng(9).bytes(KIB64 as usize);
     let s = crash_write(tmp.path(), s, Cut::TornData, c, 0, &new);
     let mut buf = [0u8; 4];
-    assert!(is_corrupt(s.read(c, MIB, 0, &mut buf), c, 0));
+    assert!(is_corrupt(s.read(c, CS, 0, &mut buf), c, 0));
     // The retried write reads the block to learn which version it holds (neither).
-    s.write(c, MIB, 0, &new).unwrap();
+    s.write(c, CS, 0, &new).unwrap();
     restart_keeps(tmp.path(), s, c, &new);
 }
 
@@ -210,8 +214,8 @@ fn a_first_write_into_an_unwritten_block_survives_every_crash_point() {
         if cut == Cut::At(WriteData) {
             expect[at.clone()].copy_from_slice(&new);
         }
-        assert!(read_vec(&s, c, MIB, 0, want.len()) == expect, "{cut:?}");
-        s.write(c, MIB, off, &new).unwrap();
+        assert!(read_vec(&s, c, CS, 0, want.len()) == expect, "{cut:?}");
+        s.write(c, CS, off, &new).unwrap();
         want[at].copy_from_slice(&new);
         restart_keeps(tmp.path(), s, c, &want);
     }
@@ -225,7 +229,7 @@ fn a_crash_in_the_first_write_of_a_chunk_leaves_a_usable_file() {
         let s = ChunkStore::open(tmp.path(), BIG).unwrap();
         let new = Rng(12).bytes(3000);
         let s = crash_write(tmp.path(), s, Cut::At(at), c, 500, &new);
-        let got = read_vec(&s, c, MIB, 500, new.len());
+        let got = read_vec(&s, c, CS, 500, new.len());
         assert!(
             got == if at == WriteData {
                 new.clone()
@@ -234,7 +238,7 @@ fn a_crash_in_the_first_write_of_a_chunk_leaves_a_usable_file() {
             }
         );
         assert_eq!(s.usage().unwrap().chunks, 1);
-        s.write(c, MIB, 500, &new).unwrap();
+        s.write(c, CS, 500, &new).unwrap();
         let mut want = vec![0; 500];
         want.extend_from_slice(&new);
         restart_keeps(tmp.path(), s, c, &want);
@@ -253,14 +257,14 @@ fn a_second_crash_keeps_the_version_the_first_one_left() {
         let (p1, p2) = (Rng(14).bytes(len), Rng(15).bytes(len));
         let s = crash_write(tmp.path(), s, Cut::At(WriteData), c, off, &p1);
         v1[off as usize..][..len].copy_from_slice(&p1);
-        assert!(read_vec(&s, c, MIB, 0, v1.len()) == v1, "{len}");
+        assert!(read_vec(&s, c, CS, 0, v1.len()) == v1, "{len}");
         let s = crash_write(tmp.path(), s, Cut::At(WriteIntent), c, off, &p2);
-        assert!(read_vec(&s, c, MIB, 0, v1.len()) == v1, "{len}");
+        assert!(read_vec(&s, c, CS, 0, v1.len()) == v1, "{len}");
         let s = crash_write(tmp.path(), s, Cut::At(WriteData), c, off, &p2);
         let mut v2 = v1.clone();
         v2[off as usize..][..len].copy_from_slice(&p2);
-        assert!(read_vec(&s, c, MIB, 0, v2.len()) == v2, "{len}");
-        s.write(c, MIB, off, &p2).unwrap();
+        assert!(read_vec(&s, c, CS, 0, v2.len()) == v2, "{len}");
+        s.write(c, CS, off, &p2).unwrap();
         restart_keeps(tmp.path(), s, c, &v2);
     }
 }
@@ -275,9 +279,9 @@ fn a_truncation_survives_every_crash_point() {
         let old = Rng(16).bytes(4 * KIB64 as usize);
         let s = synced_store(tmp.path(), c, &old);
         let keep = KIB64 as usize + 1000;
-        kill_at(s, at, |s| drop(s.truncate_file(c.inode, keep as u64, MIB)));
+        kill_at(s, at, |s| drop(s.truncate_file(c.inode, keep as u64, CS)));
         let s = restart(tmp.path());
-        let got = read_vec(&s, c, MIB, 0, old.len());
+        let got = read_vec(&s, c, CS, 0, old.len());
         assert!(got[..keep] == old[..keep], "{at:?}");
         // The rest of the boundary block: old bytes until the file is cut, then zeros.
         let tail = keep..2 * KIB64 as usize;
@@ -287,9 +291,9 @@ fn a_truncation_survives_every_crash_point() {
             assert!(got[tail.clone()].iter().all(|&b| b == 0));
         }
         assert!(got[tail.end..].iter().all(|&b| b == 0), "{at:?}");
-        s.truncate_file(c.inode, keep as u64, MIB).unwrap();
+        s.truncate_file(c.inode, keep as u64, CS).unwrap();
         // Bytes past the end read as zeros also after the chunk grows again.
-        s.write(c, MIB, 3 * KIB64 + 5, &[7]).unwrap();
+        s.write(c, CS, 3 * KIB64 + 5, &[7]).unwrap();
         let mut want = old[..keep].to_vec();
         want.resize(3 * KIB64 as usize + 6, 0);
         want[3 * KIB64 as usize + 5] = 7;
@@ -307,13 +311,13 @@ fn a_retried_truncation_clears_entries_left_past_the_end() {
     let old = Rng(17).bytes(4 * KIB64 as usize);
     drop(synced_store(tmp.path(), c, &old));
     raw_file(tmp.path(), c)
-        .set_len(Geometry::new(MIB).unwrap().data_offset + 2 * u64::from(KIB64))
+        .set_len(Geometry::new(CS).unwrap().data_offset + 2 * u64::from(KIB64))
         .unwrap();
     let s = restart(tmp.path());
     let mut buf = [0u8; 4];
-    assert!(is_corrupt(s.read(c, MIB, 2 * KIB64, &mut buf), c, 2));
-    s.truncate_file(c.inode, 2 * u64::from(KIB64), MIB).unwrap();
-    s.write(c, MIB, 3 * KIB64 + 1, &[1]).unwrap();
+    assert!(is_corrupt(s.read(c, CS, 2 * KIB64, &mut buf), c, 2));
+    s.truncate_file(c.inode, 2 * u64::from(KIB64), CS).unwrap();
+    s.write(c, CS, 3 * KIB64 + 1, &[1]).unwrap();
     let mut want = old[..2 * KIB64 as usize].to_vec();
     want.resize(4 * KIB64 as usize, 0);
     want[3 * KIB64 as usize + 1] = 1;
@@ -341,7 +345,7 @@ fn a_repair_that_crashes_leaves_a_stale_copy_never_a_missing_one() {
             version: 7,
             stale: false,
         };
-        kill_at(s, at, |s| drop(s.install(c, MIB, &new, fields)));
+        kill_at(s, at, |s| drop(s.install(c, CS, &new, fields)));
         let s = restart(tmp.path());
         let m = s.chunk_meta(c).unwrap().expect("the chunk keeps its file");
         assert!(
@@ -349,7 +353,7 @@ fn a_repair_that_crashes_leaves_a_stale_copy_never_a_missing_one() {
             "{at:?}: a copy without its new fields reads as stale"
         );
         // The sweep copies it again.
-        s.install(c, MIB, &new, fields).unwrap();
+        s.install(c, CS, &new, fields).unwrap();
         let m = s.chunk_meta(c).unwrap().unwrap();
         assert_eq!((m.version, m.stale, m.len), (7, false, new.len() as u64));
         restart_keeps(tmp.path(), s, c, &new);

@@ -1,13 +1,13 @@
-//! Read-around for small random reads: the rest of the checksum block goes into the
-//! kernel's page cache.
+//! Read-around for small random reads: the rest of a 64 KiB block goes into the kernel's
+//! page cache.
 //!
-//! A data server reads and verifies a whole 64 KiB checksum block to answer a 4 KiB read,
-//! so answering with only the 4 KiB throws 60 KiB of read disk away, and the kernel asks
-//! again for each neighbouring page. When the kernel reads less than a block at a random
-//! offset, the client reads the whole block (clamped to the file's end), answers the
-//! kernel's range, and hands the block to the kernel's page cache with a FUSE store
-//! notification, as a local file system's fault-around would. Sequential reads have
-//! their own readahead and are left alone.
+//! Buffered random reads come back to neighbouring pages (a local file system's
+//! fault-around bets the same), and the kernel asks for each page again otherwise; a
+//! 64 KiB read costs the data server's disk about twice a 4 KiB one. When the kernel
+//! reads less than a block at a random offset, the client reads the whole block (clamped
+//! to the file's end), answers the kernel's range, and hands the block to the kernel's
+//! page cache with a FUSE store notification. Sequential reads have their own readahead
+//! and are left alone.
 //!
 //! Pushing bytes into the page cache is only right if nobody wrote them since they were
 //! read: the kernel fills a writer's pages *before* the write reaches this client, so a
@@ -22,9 +22,8 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-/// Size of the block read around a small random read in a large file: the data
-/// server's checksum block (`data-server`'s `store::format::BLOCK_SIZE_BYTES`), which it
-/// reads whole anyway.
+/// Size of the block read around a small random read in a large file (the data server's
+/// checksum block before format version 3).
 pub(crate) const AROUND_BYTES: u64 = 64 << 10;
 
 /// Size of the block read around in a file that fits [`FITS_FRACTION`] of memory.
