@@ -10,7 +10,8 @@
 use bytes::Bytes;
 use proto::auth::Caps;
 use proto::data::{
-    ListChunks, Placement, ReadChunk, ReadInline, ReplicaData, Replicate, TruncateFile, WriteInline,
+    InlineBytes, ListChunks, Placement, ReadChunk, ReadInline, ReplicaData, Replicate,
+    TruncateFile, WriteInline,
 };
 use proto::grant::{seal, unix_ms, Grant, GrantMode};
 use proto::meta::{fs, Caller, MetaRequest, OpenAccess};
@@ -193,7 +194,16 @@ async fn bad_grants_are_refused(transport: Backend, ino: InodeId) {
         call(&data, inline(None)).await,
         Some(ErrorCode::GrantMissing)
     );
-    assert_eq!(call(&data, inline(read_only.clone())).await, None);
+    let request = Request::new(inline(read_only.clone()))
+        .encode(1 << 20)
+        .unwrap();
+    let reply = data.call(Bytes::from(request)).await.unwrap();
+    let answer: Result<InlineBytes, WireError> = codec::decode(&reply).unwrap();
+    assert_eq!(
+        answer.map(|r| r.data.len()),
+        Ok(4096),
+        "a read grant reads inline"
+    );
     // The same grants that are right pass: a read-only one reads, a writable one writes.
     assert_eq!(call(&data, read(read_only)).await, None);
     assert_eq!(

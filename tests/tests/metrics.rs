@@ -77,6 +77,9 @@ fn traffic(dir: &std::path::Path, other: &std::path::Path) {
     let mut f = fs::File::open(dir.join("other")).unwrap();
     f.read_to_end(&mut back).unwrap();
     assert!(back == data, "read what the other mount wrote");
+    // A small file from the other mount: its bytes come in the data server's reply.
+    fs::write(other.join("other-small"), b"small bytes").unwrap();
+    assert_eq!(fs::read(dir.join("other-small")).unwrap(), b"small bytes");
     assert_eq!(fs::read_dir(&d).unwrap().count(), 21);
 }
 
@@ -187,6 +190,9 @@ fn check_mount(a: &Scrape, b: &Scrape) {
     );
     let data = [("server", "data")];
     grew(who, a, b, "tessera_client_requests_total", &data, 1.0);
+    // A small read takes `ReadInline`, not a one-sided write into the mount's buffer.
+    let inline = [("server", "data"), ("request", "read_inline")];
+    grew(who, a, b, "tessera_client_requests_total", &inline, 1.0);
     let two_mib = f64::from(2u32 << 20);
     grew(
         who,

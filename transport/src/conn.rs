@@ -226,17 +226,10 @@ impl Connection {
         &self.core.peer
     }
 
-    /// Largest request the peer takes (its receive buffers, as agreed at the handshake).
+    /// Largest request the peer takes (its receive buffers, as agreed at the handshake),
+    /// and largest reply this end takes: the smaller of both ends' message limits.
     pub fn max_request_bytes(&self) -> usize {
         self.core.peer_max_msg_bytes
-    }
-
-    /// Largest reply a call on this connection can get: the peer encodes its answers up
-    /// to its own message limit and this end takes messages up to its own.
-    pub fn max_reply_bytes(&self) -> usize {
-        self.core
-            .peer_max_msg_bytes
-            .min(self.core.config.max_msg_bytes)
     }
 
     /// Who the peer proved to be in the handshake: on a server, the client's or server's

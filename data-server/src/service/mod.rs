@@ -26,9 +26,9 @@ use chain::{ChainWrite, Source};
 use locks::ChunkLocks;
 use pause::PausePoint;
 use proto::data::{
-    ChunkInfo, ChunkMeta, DataRequest, DeleteFile, DiskUsage, Fsync, InlineBytes, ListChunks,
-    Moved, ReadChunk, ReadInline, Repair, ReplicaData, Replicate, TruncateFile, Usage, WriteChunk,
-    WriteInline, WriteZeros, MAX_INLINE_WRITE_BYTES,
+    fits_inline, ChunkInfo, ChunkMeta, DataRequest, DeleteFile, DiskUsage, Fsync, InlineBytes,
+    ListChunks, Moved, ReadChunk, ReadInline, Repair, ReplicaData, Replicate, TruncateFile, Usage,
+    WriteChunk, WriteInline, WriteZeros, MAX_INLINE_WRITE_BYTES,
 };
 use proto::grant::GrantMode;
 use proto::{codec, rpc, ChunkId, ProtoError, RemoteBuf, Request, Rpc, WireError};
@@ -263,7 +263,7 @@ impl Inner {
             D::ReadChunk(r) => answer(self.read_chunk(conn, r).await, limit),
             D::WriteChunk(r) => answer(self.write_chunk(conn, r).await, limit),
             D::WriteInline(r) => answer(self.write_inline(conn, r).await, limit),
-            D::ReadInline(r) => answer(self.read_inline(r).await, limit),
+            D::ReadInline(r) => answer(self.read_inline(conn, r).await, limit),
             D::WriteZeros(r) => answer(self.write_zeros(conn, r).await, limit),
             D::Replicate(r) => answer(self.replicate_in(conn, r).await, limit),
             D::ChunkInfo(r) => answer(self.chunk_info(r).await, limit),
@@ -343,8 +343,10 @@ impl Inner {
     }
 
     /// A small read answered with its bytes: the checks of [`Self::read_chunk`], then the
-    /// copy's check and its read in one call to the blocking pool.
-    async fn read_inline(&self, r: ReadInline) -> Reply<ReadInline> {
+    /// copy's check and its read in one call to the blocking pool, into a buffer of the
+    /// pool that bounds the reads and writes in flight (page-aligned, so a large chunk's
+    /// whole blocks come with `O_DIRECT`), copied into the reply.
+    async fn read_inline(&self, conn: &Connection, r: ReadInline) -> Reply<ReadInline> {
         let ReadInline {
             chunk,
             place,
@@ -353,23 +355,33 @@ impl Inner {
             len,
             grant: _,
         } = r;
-        if len as usize > MAX_INLINE_WRITE_BYTES {
-            return Err(DataError::InvalidArgument(format!(
-                "inline read of {len} bytes, limit {MAX_INLINE_WRITE_BYTES}"
+        // Refused before any disk read if the reply could not carry the bytes.
+        if !fits_inline(len as usize, conn.max_request_bytes()) {
+            return Err(DataError::TooBig(format!(
+                "inline read of {len} bytes, limit {MAX_INLINE_WRITE_BYTES} and 1 KiB under \
+                 the message size {}",
+                conn.max_request_bytes()
             )));
         }
         self.view.at(place.map_version).await?;
         self.pause_point(PausePoint::ReadLock).await;
         let _lock = self.locks.read(chunk).await;
         self.check_serving(chunk, place.chain)?;
+        let buf = self.pool.take().await;
+        let mr: MemoryRegion = buf.mr().clone();
         let store = self.store.clone();
         let data = blocking(move || {
             chain::readable_copy(&store, chunk)?;
-            let mut data = vec![0u8; len as usize];
-            store.read(chunk, chunk_size_bytes, offset, &mut data)?;
-            Ok(data)
+            let mut fill = mr.lock();
+            // A buffer is at least 64 KiB (`io_buffer_bytes`), the inline limit.
+            let dst = fill.get_mut(..len as usize).ok_or_else(|| {
+                DataError::TooBig(format!("inline read of {len} bytes: larger than a buffer"))
+            })?;
+            store.read(chunk, chunk_size_bytes, offset, dst)?;
+            Ok(dst.to_vec())
         })
         .await?;
+        drop(buf);
         debug!(%chunk, offset, len, "read inline");
         Ok(InlineBytes { data })
     }

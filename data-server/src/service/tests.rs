@@ -252,8 +252,8 @@ async fn syncing_before_the_read_locks(via: Via) {
     );
 }
 
-/// An inline read answers the chunk's bytes, zeros past its end, and refuses what it
-/// must: more than the inline limit, a range outside the chunk.
+/// An inline read answers the chunk's bytes from its offset, zeros past its end, and
+/// refuses what it must: more than the inline limit, a range outside the chunk.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_inline_read_answers_its_bytes_within_its_limits() {
     let s = served().await;
@@ -265,17 +265,25 @@ async fn an_inline_read_answers_its_bytes_within_its_limits() {
                 .expect("the read hung")
         }
     };
-    let whole = call(inline(2 * LEN)).await.expect("a read past the end");
-    assert_eq!(whole.data.len(), 2 * LEN);
-    assert!(whole.data[..LEN].iter().all(|&b| b == 0xaa), "the bytes");
+    // A pattern after the set-up bytes, read from an offset, past the end.
+    let pattern: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+    s.store
+        .write(CHUNK, CHUNK_SIZE, LEN as u32, &pattern)
+        .unwrap();
+    let mut at = inline(2 * LEN);
+    at.offset = 100;
+    let got = call(at).await.expect("a read past the end").data;
+    let mut want = vec![0xaa; LEN - 100];
+    want.extend_from_slice(&pattern);
+    want.resize(2 * LEN, 0);
     assert!(
-        whole.data[LEN..].iter().all(|&b| b == 0),
-        "zeros past the end"
+        got == want,
+        "the bytes at the offset, then zeros past the end"
     );
 
     let too_big = call(inline(MAX_INLINE_WRITE_BYTES + 1)).await;
     assert!(
-        matches!(&too_big, Err(e) if e.code() == ErrorCode::InvalidArgument),
+        matches!(&too_big, Err(e) if e.code() == ErrorCode::TooBig),
         "{too_big:?}"
     );
     let mut outside = inline(LEN);

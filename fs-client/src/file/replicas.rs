@@ -287,7 +287,7 @@ impl DataPath {
         file_grant: &Option<proto::grant::Grant>,
     ) -> Result<()> {
         let conn = self.data_conn(node).await?;
-        if fits_inline(p.len as usize, conn.max_reply_bytes()) {
+        if fits_inline(p.len as usize, conn.max_request_bytes()) {
             // The bytes come in the reply, copied into `mr`: cheaper for a few KiB than
             // the one-sided WRITE's extra round trip.
             let req = ReadInline {
