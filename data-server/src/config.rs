@@ -34,7 +34,7 @@ pub struct DataConfig {
     pub io_buffers: usize,
     /// Size of each transfer buffer; larger requests are moved in several steps.
     pub io_buffer_bytes: usize,
-    /// Whole 64 KiB blocks move between disk and transfer buffers with `O_DIRECT` (no
+    /// Whole checksum blocks move between disk and transfer buffers with `O_DIRECT` (no
     /// copy through the page cache: less CPU per byte, but this server caches no chunk
     /// data, so bytes read again come from the disk again), and bytes read from small
     /// chunks, which stay buffered, leave the page cache after the read. Off: buffered

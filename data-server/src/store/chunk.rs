@@ -5,8 +5,9 @@
 
 use super::cache::Fds;
 use super::format::{
-    self, accounted_bytes, decode_header, encode_entries, encode_header, read_entries,
-    read_full_at, Content, Entry, Geometry, HEADER_USED_BYTES,
+    self, accounted_bytes, accounted_raw, decode_entries, decode_header, encode_entries,
+    encode_header, read_entries, read_full_at, read_table_bytes, Content, Entry, Geometry,
+    ENTRY_BYTES, HEADER_USED_BYTES,
 };
 use crate::error::{DataError, IoContext};
 use proto::ChunkId;
@@ -242,7 +243,8 @@ impl ChunkFile {
 
     /// Bytes this chunk is charged against the store's capacity.
     pub fn accounted(&self) -> Result<u64, DataError> {
-        Ok(accounted_bytes(self.geo, &self.table()?, self.data_len))
+        let raw = read_table_bytes(&self.file, self.geo, &self.path)?;
+        Ok(accounted_raw(self.geo, &raw, self.data_len))
     }
 
     /// Stores entries `first..first + entries.len()` with one `pwrite`.
@@ -430,12 +432,16 @@ impl ChunkFile {
         let bs = u64::from(geo.block_size);
         let end = offset + data.len() as u64;
         let (first, last) = (geo.block_of(offset), geo.block_of(end - 1));
-        let (mut table, old_len) = match cf {
-            Some(cf) => (cf.table()?, cf.data_len),
-            None => (vec![Entry::Unwritten; geo.blocks as usize], 0),
+        // The table as stored: only the entries of the blocks written are decoded; the
+        // charge before and after is counted from the bytes (`accounted_raw`).
+        let (mut raw, old_len) = match cf {
+            Some(cf) => (read_table_bytes(&cf.file, geo, &cf.path)?, cf.data_len),
+            None => (vec![0u8; geo.blocks as usize * ENTRY_BYTES], 0),
         };
+        let at = |block: u32| block as usize * ENTRY_BYTES;
+        let table = decode_entries(&raw[at(first)..at(last + 1)]);
         let mut plan = WritePlan {
-            accounted_before: cf.map_or(0, |_| accounted_bytes(geo, &table, old_len)),
+            accounted_before: cf.map_or(0, |_| accounted_raw(geo, &raw, old_len)),
             accounted_after: 0,
             first_block: first,
             intent: Vec::new(),
@@ -450,7 +456,7 @@ impl ChunkFile {
                 (geo.block_start(block) + bs).min(end),
             );
             let src = (lo - offset) as usize..(hi - offset) as usize;
-            let old = table[block as usize];
+            let old = table[(block - first) as usize];
             let (intent, crc) = if hi - lo == bs {
                 let crc = geo.block_crc(&data[src.clone()]);
                 // Only the first and last blocks can be partial: whole ones are contiguous.
@@ -466,7 +472,7 @@ impl ChunkFile {
             };
             plan.intent.push(intent);
             plan.done.push(Entry::Stable(crc));
-            table[block as usize] = Entry::Stable(crc);
+            raw[at(block)..at(block + 1)].copy_from_slice(&Entry::Stable(crc).encode());
         }
         debug_assert_eq!(plan.intent.len(), (last - first + 1) as usize);
         debug_assert_eq!(plan.intent.len(), plan.done.len());
@@ -474,7 +480,7 @@ impl ChunkFile {
             plan.edges.len() <= 2,
             "only the first and last blocks are partial"
         );
-        plan.accounted_after = accounted_bytes(geo, &table, plan.new_len);
+        plan.accounted_after = accounted_raw(geo, &raw, plan.new_len);
         Ok(plan)
     }
 

@@ -86,6 +86,8 @@ pub const MIN_BLOCK_SIZE_BYTES: u32 = 4096;
 pub const V2_BLOCK_SIZE_BYTES: u32 = 64 * 1024;
 /// Most checksum table entries a version 3 chunk has: larger chunks get larger blocks.
 const MAX_TABLE_ENTRIES: u32 = 1024;
+// `ZEROS` pads any block: no version 3 block is larger than a version 2 one.
+const _: () = assert!(MAX_CHUNK_SIZE_BYTES / MAX_TABLE_ENTRIES <= V2_BLOCK_SIZE_BYTES);
 /// Smallest chunk size a file may use.
 pub const MIN_CHUNK_SIZE_BYTES: u32 = 64 * 1024;
 /// Largest chunk size a file may use.
@@ -126,7 +128,8 @@ pub(crate) struct Geometry {
 
 impl Geometry {
     /// The geometry of a new chunk file (this version's) of a chunk size that came from a
-    /// peer or from a header, which it checks.
+    /// peer, which it checks. A file's own geometry comes from its header
+    /// ([`decode_header`]): a version 2 file's differs.
     pub fn new(chunk_size: u32) -> Result<Geometry, DataError> {
         #[cfg(test)]
         if NEW_FILES_V2.with(std::cell::Cell::get) {
@@ -402,9 +405,26 @@ pub(crate) fn encode_entries(entries: &[Entry]) -> Vec<u8> {
 /// Bytes a chunk file is charged against the capacity: the header and table, plus each
 /// written block up to the chunk's end, in whole pages (what a file system allocates).
 pub(crate) fn accounted_bytes(geo: Geometry, table: &[Entry], data_len: u64) -> u64 {
+    accounted(geo, table.iter().map(|&e| e != Entry::Unwritten), data_len)
+}
+
+/// [`accounted_bytes`] of a table as stored: an entry is written unless its 16 bytes are
+/// all zero (what [`Entry::decode`] reads as unwritten), so nothing is decoded. A write
+/// charges its chunk from the whole table, up to 1024 entries: decoding each (a crc per
+/// entry) cost a 4 KiB write into a full 4 MiB chunk half its time.
+pub(crate) fn accounted_raw(geo: Geometry, table: &[u8], data_len: u64) -> u64 {
+    let written = table
+        .chunks_exact(ENTRY_BYTES)
+        .map(|e| e.iter().any(|&b| b != 0));
+    accounted(geo, written, data_len)
+}
+
+/// The header and table, plus each block `written` says holds data, in whole pages up
+/// to the chunk's end.
+fn accounted(geo: Geometry, written: impl Iterator<Item = bool>, data_len: u64) -> u64 {
     let data: u64 = (0u32..)
-        .zip(table)
-        .filter(|(_, &entry)| entry != Entry::Unwritten)
+        .zip(written)
+        .filter(|&(_, written)| written)
         .map(|(b, _)| {
             let in_block = data_len.saturating_sub(geo.block_start(b));
             round_up_page(in_block.min(u64::from(geo.block_size)))
@@ -430,6 +450,18 @@ pub(crate) fn read_full_at(file: &File, mut dst: &mut [u8], mut pos: u64) -> std
         }
     }
     Ok(())
+}
+
+/// Reads the stored bytes of the whole table of a chunk file.
+pub(crate) fn read_table_bytes(
+    file: &File,
+    geo: Geometry,
+    path: &Path,
+) -> Result<Vec<u8>, DataError> {
+    let mut bytes = vec![0u8; geo.blocks as usize * ENTRY_BYTES];
+    read_full_at(file, &mut bytes, geo.entry_pos(0))
+        .ctx(|| format!("read checksum table of {}", path.display()))?;
+    Ok(bytes)
 }
 
 /// Reads table entries `first..=last` from a chunk file.
@@ -694,6 +726,15 @@ mod tests {
         table[3] = Entry::Stable(1);
         let len = geo.block_start(3) + 100;
         assert_eq!(accounted_bytes(geo, &table, len), geo.data_offset + 8192);
+        // The same from the stored table, damaged entries counted as written.
+        let mut raw = encode_entries(&table);
+        assert_eq!(accounted_raw(geo, &raw, len), geo.data_offset + 8192);
+        raw[2 * ENTRY_BYTES + 5] = 1;
+        assert_eq!(
+            Entry::decode(&raw[32..48].try_into().unwrap()),
+            Entry::Damaged
+        );
+        assert_eq!(accounted_raw(geo, &raw, len), geo.data_offset + 12288);
     }
 
     #[test]

@@ -39,8 +39,10 @@
 //!   request succeeds.
 //!
 //! So the bytes of a block that a write does not cover survive a crash of any step but
-//! one: a data `pwrite` interrupted in the middle of that very block. Covering that case
-//! too would need a crc per page or the written range in the entry.
+//! one: a data `pwrite` interrupted in the middle of that very block. Version 3's blocks
+//! are a page up to 4 MiB chunks, and a buffered `pwrite` that a `kill -9` cuts short
+//! stops between pages, so a kill cannot tear one there; larger blocks would need a crc
+//! per page or the written range in the entry.
 //!
 //! Which version a block holds is decided by its bytes, never assumed from an entry an
 //! interrupted update left pending: a write (also one covering a whole block) reads such a

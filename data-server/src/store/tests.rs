@@ -128,14 +128,26 @@ fn random_writes_reads_and_truncates_of_large_chunks_match_a_model() {
 /// written and cut as before; 16 MiB chunks have blocks of 16 KiB in version 3.
 #[test]
 fn version_2_files_and_larger_blocks_match_the_model_too() {
-    format::NEW_FILES_V2.with(|v2| v2.set(true));
-    model_run(4 * KIB64, 0x0002_7E55);
-    model_run(2 * MIB, 0x0002_D1EC);
-    format::NEW_FILES_V2.with(|v2| v2.set(false));
+    model_run_v2(4 * KIB64, 0x0002_7E55, usize::MAX);
+    model_run_v2(2 * MIB, 0x0002_D1EC, usize::MAX);
     model_run(16 * MIB, 0x0016_D1EC);
 }
 
+/// Version 2 files an earlier build left, then written, read, cut and recounted by this
+/// build, whose requests' geometry (version 3) is not theirs.
+#[test]
+fn version_2_files_keep_their_geometry_under_this_builds_requests() {
+    model_run_v2(4 * KIB64, 0x0023_7E55, 100);
+    model_run_v2(4 * MIB, 0x0023_D1EC, 100);
+}
+
 fn model_run(cs: u32, seed: u64) {
+    model_run_v2(cs, seed, 0);
+}
+
+/// The model run, its chunk files made as version 2 in its first `v2_steps` steps.
+fn model_run_v2(cs: u32, seed: u64, v2_steps: usize) {
+    format::NEW_FILES_V2.with(|v2| v2.set(v2_steps > 0));
     let tmp = tempfile::tempdir().unwrap();
     let mut store = ChunkStore::open(tmp.path(), BIG).unwrap();
     let mut model = Model {
@@ -145,6 +157,9 @@ fn model_run(cs: u32, seed: u64) {
     };
     let mut rng = Rng(seed);
     for step in 0..400 {
+        if step == v2_steps {
+            format::NEW_FILES_V2.with(|v2| v2.set(false));
+        }
         let c = chunk(1 + rng.below(3), rng.below(4));
         match rng.below(10) {
             0..=4 => {
@@ -176,19 +191,31 @@ fn model_run(cs: u32, seed: u64) {
             }
         }
     }
+    let mut versions = Vec::new();
     for c in model.chunks.clone() {
         assert_eq!(
             read_vec(&store, c, cs, 0, cs as usize),
             model.expect(c, 0, cs as usize)
         );
-        // Each file has the geometry (format version, block size) of new files.
+        // Each file has the geometry (format version, block size) it was made with.
         let path = chunk_path(&chunks_root(tmp.path()), c);
         match chunk::ChunkFile::open(&path, c, false).unwrap() {
-            chunk::Opened::Chunk(cf) => assert_eq!(cf.geo, format::Geometry::new(cs).unwrap()),
+            chunk::Opened::Chunk(cf) => versions.push(cf.geo.version),
             _ => panic!("{c}: no chunk file"),
         }
     }
+    format::NEW_FILES_V2.with(|v2| v2.set(false));
+    match v2_steps {
+        0 => assert!(versions.iter().all(|&v| v == 3), "{versions:?}"),
+        usize::MAX => assert!(versions.iter().all(|&v| v == 2), "{versions:?}"),
+        _ => assert!(versions.iter().all(|&v| v == 2 || v == 3), "{versions:?}"),
+    }
     assert_eq!(store.usage().unwrap().chunks, model.chunks.len() as u64);
+    // The usage recounted from every file, whatever its version, is the running count.
+    let before = store.usage().unwrap();
+    drop(store);
+    let store = ChunkStore::open(tmp.path(), BIG).unwrap();
+    assert_eq!(store.usage().unwrap(), before);
 }
 
 /// Pages of `path` in `[from, from + len)` that are in the page cache (`mincore` of a

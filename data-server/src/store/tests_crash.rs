@@ -4,7 +4,7 @@
 //! what reads and retried requests see. The steps are listed in the module docs.
 
 use super::chunk::CrashPoint::{self, TruncateIntent, TruncateLength, WriteData, WriteIntent};
-use super::tests::{chunk, read_vec, Rng, BIG, KIB64};
+use super::tests::{chunk, read_vec, Rng, BIG, KIB64, MIB};
 use super::*;
 use std::cell::Cell;
 use std::os::unix::fs::FileExt;
@@ -68,13 +68,25 @@ fn crash_write(
     off: u32,
     data: &[u8],
 ) -> ChunkStore {
+    crash_write_of(dir, s, cut, (c, CS), off, data)
+}
+
+/// [`crash_write`] of a chunk `c` of chunk size `cs`.
+fn crash_write_of(
+    dir: &Path,
+    s: ChunkStore,
+    cut: Cut,
+    (c, cs): (ChunkId, u32),
+    off: u32,
+    data: &[u8],
+) -> ChunkStore {
     let at = match cut {
         Cut::At(at) => at,
         Cut::TornData => WriteIntent,
     };
-    kill_at(s, at, |s| drop(s.write(c, CS, off, data)));
+    kill_at(s, at, |s| drop(s.write(c, cs, off, data)));
     if cut == Cut::TornData {
-        let pos = Geometry::new(CS).unwrap().data_offset + u64::from(off);
+        let pos = Geometry::new(cs).unwrap().data_offset + u64::from(off);
         raw_file(dir, c)
             .write_all_at(&data[..data.len() / 2], pos)
             .unwrap();
@@ -84,8 +96,13 @@ fn crash_write(
 
 /// A store holding `old` at the start of chunk `c`, fsynced.
 fn synced_store(dir: &Path, c: ChunkId, old: &[u8]) -> ChunkStore {
+    synced_store_of(dir, (c, CS), old)
+}
+
+/// [`synced_store`] of a chunk `c` of chunk size `cs`.
+fn synced_store_of(dir: &Path, (c, cs): (ChunkId, u32), old: &[u8]) -> ChunkStore {
     let s = ChunkStore::open(dir, BIG).unwrap();
-    s.write(c, CS, 0, old).unwrap();
+    s.write(c, cs, 0, old).unwrap();
     s.fsync(&[c]).unwrap();
     s
 }
@@ -96,36 +113,49 @@ fn is_corrupt(r: Result<(), DataError>, c: ChunkId, b: u32) -> bool {
 
 /// Restarts the store and checks that it counts the same usage and reads the same bytes.
 fn restart_keeps(dir: &Path, s: ChunkStore, c: ChunkId, want: &[u8]) {
+    restart_keeps_of(dir, s, (c, CS), want);
+}
+
+/// [`restart_keeps`] of a chunk `c` of chunk size `cs`.
+fn restart_keeps_of(dir: &Path, s: ChunkStore, (c, cs): (ChunkId, u32), want: &[u8]) {
     let usage = s.usage().unwrap();
     drop(s);
     let s = ChunkStore::open(dir, BIG).unwrap();
     assert_eq!(s.usage().unwrap(), usage);
-    assert!(read_vec(&s, c, CS, 0, want.len()) == want);
+    assert!(read_vec(&s, c, cs, 0, want.len()) == want);
 }
+
+/// The chunk sizes the update tests run with, and their blocks: version 3's 64 KiB
+/// blocks of 64 MiB chunks and 4 KiB blocks of the default 4 MiB chunks.
+const SIZES: [(u32, u32); 2] = [(CS, KIB64), (4 * MIB, 4096)];
 
 #[test]
 fn a_partial_overwrite_keeps_the_fsynced_bytes_around_it() {
     // Guards against the v1 bug: a crash between a partial overwrite's data and its crc
     // made the untouched, fsynced bytes of the block read as corrupt.
-    for at in [WriteIntent, WriteData] {
+    for ((cs, block), at) in SIZES
+        .into_iter()
+        .flat_map(|z| [(z, WriteIntent), (z, WriteData)])
+    {
+        assert_eq!(Geometry::new(cs).unwrap().block_size, block);
         let tmp = tempfile::tempdir().unwrap();
         let c = chunk(1, 0);
-        let mut want = Rng(1).bytes(4 * KIB64 as usize);
-        let s = synced_store(tmp.path(), c, &want);
+        let mut want = Rng(1).bytes(4 * block as usize);
+        let s = synced_store_of(tmp.path(), (c, cs), &want);
         // From the middle of block 1 to the middle of block 3: partial, whole, partial.
-        let (off, new) = (KIB64 * 3 / 2, Rng(2).bytes(2 * KIB64 as usize));
+        let (off, new) = (block * 3 / 2, Rng(2).bytes(2 * block as usize));
         let range = off as usize..off as usize + new.len();
-        let s = crash_write(tmp.path(), s, Cut::At(at), c, off, &new);
-        let got = read_vec(&s, c, CS, 0, want.len());
+        let s = crash_write_of(tmp.path(), s, Cut::At(at), (c, cs), off, &new);
+        let got = read_vec(&s, c, cs, 0, want.len());
         let mut expect = want.clone();
         if at == WriteData {
             expect[range.clone()].copy_from_slice(&new);
         }
-        assert!(got == expect, "{at:?}");
-        s.write(c, CS, off, &new).unwrap();
+        assert!(got == expect, "{block} {at:?}");
+        s.write(c, cs, off, &new).unwrap();
         want[range].copy_from_slice(&new);
-        assert!(read_vec(&s, c, CS, 0, want.len()) == want, "{at:?}");
-        restart_keeps(tmp.path(), s, c, &want);
+        assert!(read_vec(&s, c, cs, 0, want.len()) == want, "{block} {at:?}");
+        restart_keeps_of(tmp.path(), s, (c, cs), &want);
     }
 }
 
@@ -158,27 +188,33 @@ fn a_torn_partial_overwrite_reads_as_corrupt_never_as_a_mix() {
 
 #[test]
 fn a_whole_block_overwrite_survives_every_crash_point() {
-    for cut in WRITE_CUTS {
+    for ((cs, block), cut) in SIZES
+        .into_iter()
+        .flat_map(|z| WRITE_CUTS.map(|cut| (z, cut)))
+    {
         let tmp = tempfile::tempdir().unwrap();
         let c = chunk(3, 0);
-        let old = Rng(6).bytes(3 * KIB64 as usize);
-        let s = synced_store(tmp.path(), c, &old);
-        let new = Rng(7).bytes(2 * KIB64 as usize);
-        let s = crash_write(tmp.path(), s, cut, c, KIB64, &new);
+        let old = Rng(6).bytes(3 * block as usize);
+        let s = synced_store_of(tmp.path(), (c, cs), &old);
+        let new = Rng(7).bytes(2 * block as usize);
+        let s = crash_write_of(tmp.path(), s, cut, (c, cs), block, &new);
         // Blocks whose new bytes are stored: none, block 1 (the torn `pwrite` stopped at
         // the boundary between the two blocks), both.
         let stored = match cut {
             Cut::At(WriteIntent) => 0,
-            Cut::TornData => KIB64 as usize,
+            Cut::TornData => block as usize,
             Cut::At(_) => new.len(),
         };
         let mut expect = old.clone();
-        expect[KIB64 as usize..][..stored].copy_from_slice(&new[..stored]);
-        assert!(read_vec(&s, c, CS, 0, old.len()) == expect, "{cut:?}");
-        s.write(c, CS, KIB64, &new).unwrap();
+        expect[block as usize..][..stored].copy_from_slice(&new[..stored]);
+        assert!(
+            read_vec(&s, c, cs, 0, old.len()) == expect,
+            "{block} {cut:?}"
+        );
+        s.write(c, cs, block, &new).unwrap();
         let mut want = old.clone();
-        want[KIB64 as usize..].copy_from_slice(&new);
-        restart_keeps(tmp.path(), s, c, &want);
+        want[block as usize..].copy_from_slice(&new);
+        restart_keeps_of(tmp.path(), s, (c, cs), &want);
     }
 }
 

@@ -136,10 +136,10 @@ fn bad_sizes_and_ranges_are_invalid_arguments() {
     // A chunk written with one chunk size refuses another one.
     s.write(c, CS, 0, &[1; 8]).unwrap();
     s.write(chunk(4, 1), CS, 0, &[1]).unwrap();
-    assert!(invalid(s.write(c, 2 * CS, 0, &[1])));
-    assert!(invalid(s.read(c, 2 * CS, 0, &mut buf)));
+    assert!(invalid(s.write(c, CS / 2, 0, &[1])));
+    assert!(invalid(s.read(c, CS / 2, 0, &mut buf)));
     // Refused before it removes chunk 1 (which starts past 3 bytes at either size).
-    assert!(invalid(s.truncate_file(c.inode, 3, 2 * CS)));
+    assert!(invalid(s.truncate_file(c.inode, 3, CS / 2)));
     assert_eq!(read_vec(&s, c, CS, 0, 8), vec![1; 8]);
     let chunks = s.usage().unwrap().chunks;
     assert_eq!(chunks, 2, "refused requests create and remove nothing");
