@@ -1,5 +1,5 @@
 //! Read-around (`fs-client/src/file/around.rs`) on real mounts: a small random read
-//! hands the whole 64 KiB block around it to the kernel's page cache. These tests guard
+//! hands the read-around block around it (64 or 256 KiB) to the kernel's page cache. These tests guard
 //! against the cache ever holding bytes the file does not have: wrong offsets, bytes
 //! past the end, bytes older than a write or a truncation made through the same mount.
 //! They need root and /dev/fuse, as CI has.

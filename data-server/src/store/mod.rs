@@ -40,9 +40,11 @@
 //!
 //! So the bytes of a block that a write does not cover survive a crash of any step but
 //! one: a data `pwrite` interrupted in the middle of that very block. Version 3's blocks
-//! are a page up to 4 MiB chunks, and a buffered `pwrite` that a `kill -9` cuts short
-//! stops between pages, so a kill cannot tear one there; larger blocks would need a crc
-//! per page or the written range in the entry.
+//! are a page up to 4 MiB chunks, and Linux stops a buffered `pwrite` that a `kill -9`
+//! cuts short between pages (in practice: a copy cut short by a fault on the source can
+//! still end inside one), so there a kill does not tear a block; larger blocks (and
+//! version 2 files' 64 KiB ones) would need a crc per page or the written range in the
+//! entry.
 //!
 //! Which version a block holds is decided by its bytes, never assumed from an entry an
 //! interrupted update left pending: a write (also one covering a whole block) reads such a

@@ -204,7 +204,7 @@ impl Client {
     }
 
     /// [`Client::read_buf`] for the kernel: with `around`, a small random read fetches
-    /// the whole 64 KiB block around it, for the page cache (see `around.rs`).
+    /// the read-around block around it, for the page cache (see `around.rs`).
     pub(crate) async fn read_buf_with(
         &self,
         fh: &FileHandle,
