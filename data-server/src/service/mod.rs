@@ -27,8 +27,8 @@ use locks::ChunkLocks;
 use pause::PausePoint;
 use proto::data::{
     fits_inline, ChunkInfo, ChunkMeta, DataRequest, DeleteFile, DiskUsage, Fsync, InlineBytes,
-    ListChunks, Moved, ReadChunk, ReadInline, Repair, ReplicaData, Replicate, TruncateFile, Usage,
-    WriteChunk, WriteInline, WriteZeros, MAX_INLINE_WRITE_BYTES,
+    ListChunks, Moved, Placement, ReadChunk, ReadInline, Repair, ReplicaData, Replicate,
+    TruncateFile, Usage, WriteChunk, WriteInline, WriteZeros, MAX_INLINE_WRITE_BYTES,
 };
 use proto::grant::GrantMode;
 use proto::{codec, rpc, ChunkId, ProtoError, RemoteBuf, Request, Rpc, WireError};
@@ -314,6 +314,23 @@ impl Inner {
         }
     }
 
+    /// Takes `chunk`'s read lock for a read that names `place`, once this server may
+    /// serve it there. The map comes before the lock, as on the write paths: fetching it
+    /// may wait on the metadata server, which nobody does holding a chunk lock. Serving
+    /// is checked under the lock: a write that marks this copy stale holds it
+    /// exclusively, so it cannot land between the check and the read.
+    async fn lock_for_read(
+        &self,
+        chunk: ChunkId,
+        place: Placement,
+    ) -> Result<locks::ChunkGuard<'_>, DataError> {
+        self.view.at(place.map_version).await?;
+        self.pause_point(PausePoint::ReadLock).await;
+        let lock = self.locks.read(chunk).await;
+        self.check_serving(chunk, place.chain)?;
+        Ok(lock)
+    }
+
     async fn read_chunk(&self, conn: &Connection, r: ReadChunk) -> Reply<ReadChunk> {
         let ReadChunk {
             chunk,
@@ -324,14 +341,7 @@ impl Inner {
             dest,
             grant: _,
         } = r;
-        // The map before the lock, as on the write paths: fetching it may wait on the
-        // metadata server, which nobody does holding a chunk lock.
-        self.view.at(place.map_version).await?;
-        self.pause_point(PausePoint::ReadLock).await;
-        // Checked under the lock: a write that marks this copy stale holds it
-        // exclusively, so it cannot land between the check and the read.
-        let _lock = self.locks.read(chunk).await;
-        self.check_serving(chunk, place.chain)?;
+        let _lock = self.lock_for_read(chunk, place).await?;
         if len == 0 {
             // No step to check the copy in: checked alone.
             let store = self.store.clone();
@@ -342,8 +352,9 @@ impl Inner {
         Ok(Moved { len })
     }
 
-    /// A small read answered with its bytes: the checks of [`Self::read_chunk`], then the
-    /// copy's check and its read in one call to the blocking pool, into a buffer of the
+    /// A small read answered with its bytes: the lock and checks of a read
+    /// ([`Self::lock_for_read`]), then the copy's check and its read in one call to the
+    /// blocking pool, into a buffer of the
     /// pool that bounds the reads and writes in flight (page-aligned, so a large chunk's
     /// whole blocks come with `O_DIRECT`), copied into the reply.
     async fn read_inline(&self, conn: &Connection, r: ReadInline) -> Reply<ReadInline> {
@@ -363,10 +374,7 @@ impl Inner {
                 conn.max_request_bytes()
             )));
         }
-        self.view.at(place.map_version).await?;
-        self.pause_point(PausePoint::ReadLock).await;
-        let _lock = self.locks.read(chunk).await;
-        self.check_serving(chunk, place.chain)?;
+        let _lock = self.lock_for_read(chunk, place).await?;
         let buf = self.pool.take().await;
         let mr: MemoryRegion = buf.mr().clone();
         let store = self.store.clone();

@@ -301,23 +301,7 @@ impl DataPath {
             let reply = self
                 .unless_down(node, rpc::data_call(&self.ep, &conn, req))
                 .await?;
-            let dst = p.buf_offset..p.buf_offset + p.len as usize;
-            if reply.data.len() != dst.len() {
-                return Err(ClientError::Protocol(format!(
-                    "inline read of {} bytes answered with {}",
-                    p.len,
-                    reply.data.len()
-                )));
-            }
-            let mut buf = mr.lock();
-            let Some(dst) = buf.get_mut(dst) else {
-                return Err(ClientError::Protocol(format!(
-                    "read piece of {} bytes at {} lies outside its buffer",
-                    p.len, p.buf_offset
-                )));
-            };
-            dst.copy_from_slice(&reply.data);
-            return Ok(());
+            return fill_piece(mr, p, &reply.data);
         }
         let grant = conn.grant(mr, p.buf_offset, p.len as usize, Access::RemoteWrite)?;
         let req = ReadChunk {
@@ -416,6 +400,28 @@ impl Tried {
 }
 
 /// Checks that a data server moved all `len` bytes of a read or a write.
+/// Copies an inline read's bytes into piece `p`'s place in `mr`.
+fn fill_piece(mr: &MemoryRegion, p: Piece, data: &[u8]) -> Result<()> {
+    if data.len() != p.len as usize {
+        return Err(ClientError::Protocol(format!(
+            "inline read of {} bytes answered with {}",
+            p.len,
+            data.len()
+        )));
+    }
+    let mut buf = mr.lock();
+    let dst = buf
+        .get_mut(p.buf_offset..p.buf_offset + data.len())
+        .ok_or_else(|| {
+            ClientError::Protocol(format!(
+                "read piece of {} bytes at {} lies outside its buffer",
+                p.len, p.buf_offset
+            ))
+        })?;
+    dst.copy_from_slice(data);
+    Ok(())
+}
+
 fn moved_all(moved: Moved, len: u32, what: &str) -> Result<()> {
     if moved.len == len {
         return Ok(());
