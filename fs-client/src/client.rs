@@ -88,6 +88,8 @@ pub struct Client {
     resumed: std::sync::atomic::AtomicU64,
     /// One resume at a time.
     resume_lock: tokio::sync::Mutex<()>,
+    /// The count of changes sent with an id (see [`Client::next_op`]).
+    ops: std::sync::atomic::AtomicU64,
 }
 
 /// With a `key_file`, every connection (metadata and data servers) authenticates.
@@ -185,6 +187,7 @@ impl Client {
             sessions: Mutex::new(HashMap::new()),
             held_locks: Mutex::new(HashMap::new()),
             resumed: std::sync::atomic::AtomicU64::new(hello_conn),
+            ops: std::sync::atomic::AtomicU64::new(0),
             resume_lock: tokio::sync::Mutex::new(()),
         });
         client.data.refresh_map().await?;
@@ -245,6 +248,17 @@ impl Client {
         self.meta_keeping(req).await.map(|(reply, _)| reply)
     }
 
+    /// The id of this client's next change that is not idempotent: the server applies
+    /// it once however often a lost answer makes the client send it.
+    fn next_op(&self) -> proto::meta::OpId {
+        let seq = self.ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        proto::meta::OpId {
+            client: self.id,
+            seq,
+            retry: false,
+        }
+    }
+
     /// [`Client::meta`], also returning [`Client::attr_epoch`] as it was once the
     /// request had dropped the kept copies it changes: a reply's attributes may be kept
     /// (`keep_attr`) unless another such request went out meanwhile.
@@ -258,7 +272,11 @@ impl Client {
         req: R,
         caller: Caller,
     ) -> Result<(R::Reply, u64)> {
-        let req = Request::new(req).with_caller(caller);
+        let mut req = Request::new(req).with_caller(caller);
+        if !R::IDEMPOTENT {
+            // Applied once however often it is sent (see `proto::meta::OpId`).
+            req = req.with_op(self.next_op());
+        }
         self.meta_waiting(&req, self.meta_wait()).await
     }
 

@@ -140,8 +140,15 @@ pub async fn meta_call<R: Rpc<Envelope = MetaRequest>>(
 /// only reads. A caller may wait for the server and try
 /// again.
 pub(crate) fn server_away<R: Rpc>(e: &ClientError, req: &MetaRequest) -> bool {
+    // A change with an id is applied once however often it is sent, also by the
+    // server that takes over (which waits out the first server's lease, and fences
+    // its writes, before it serves).
+    let has_op = matches!(req, MetaRequest::Fs(call) if call.op.is_some());
     match e {
         ClientError::Transport(t) if t.never_connected() => true,
+        ClientError::Transport(t) if has_op => {
+            t.is_call_timeout() || matches!(t, TransportError::Disconnected { .. })
+        }
         // A server that took the request and said nothing (stopped, hung): the link
         // has moved on (`Link::call_failed`). Only a request that reads is sent again:
         // the first one may still be under way on a slow server, and a change sent

@@ -95,6 +95,10 @@ pub enum MetaError {
         /// The version this build writes and reads.
         expected: u32,
     },
+    /// A change sent again was applied by its first try, whose answer was lost with
+    /// the server that applied it (see `namespace::once`).
+    #[error("answer lost: {0}")]
+    AnswerLost(String),
     /// The key-value store failed.
     #[error(transparent)]
     Store(#[from] KvError),
@@ -123,6 +127,7 @@ impl MetaError {
             MetaError::WouldBlock(_) => ErrorCode::WouldBlock,
             MetaError::Corrupt(_) => ErrorCode::Corrupt,
             MetaError::FormatVersion { .. } => ErrorCode::NotSupported,
+            MetaError::AnswerLost(_) => ErrorCode::Io,
             MetaError::Store(KvError::NoSpace { .. }) => ErrorCode::NoSpace,
             MetaError::Store(KvError::Corruption { .. }) => ErrorCode::Corrupt,
             MetaError::Store(KvError::Engine { .. }) => ErrorCode::Io,

@@ -154,7 +154,12 @@ impl Handler for MetaService {
         let end = move || {
             crate::kv::deadline::for_request(arrived, || match how {
                 Closed::Broken => ns.connection_broken(id),
-                Closed::ByPeer | Closed::Locally => ns.connection_closed(id),
+                Closed::ByPeer => {
+                    ns.connection_closed(id);
+                    // Its client ended: nobody sends its changes again.
+                    ns.forget_ops(id);
+                }
+                Closed::Locally => ns.connection_closed(id),
             })
         };
         match tokio::runtime::Handle::try_current() {
@@ -314,12 +319,12 @@ async fn route(
     use proto::meta::FsRequest as F;
     // Cluster and admin calls are not made for a user: their handlers check no
     // permission, and nobody is what they are taken for if one ever did.
-    let server = Origin { conn, caller: Caller::NOBODY, who: who.clone() };
+    let server = Origin { conn, caller: Caller::NOBODY, who: who.clone(), op: None };
     match req {
         // Every file-system call is judged for the user it names (`namespace::perm`);
         // a client capability that squashes root maps it here (`Caller::squashed`).
-        MetaRequest::Fs(FsCall { caller, req }) => {
-            let at = Origin { conn, caller, who };
+        MetaRequest::Fs(FsCall { caller, req, op }) => {
+            let at = Origin { conn, caller, who, op };
             match req {
                 F::Hello(r) => serve(ns, r, at, limit).await,
                 F::Lookup(r) => serve_noting(ns, r, at, limit, scope).await,

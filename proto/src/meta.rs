@@ -18,7 +18,7 @@ pub use effects::one_of_each;
 pub use fs::FsRequest;
 
 use crate::attr::{Attr, FileKind, Layout, Timestamp};
-use crate::ids::{ChainId, InodeId, NodeId};
+use crate::ids::{ChainId, ClientId, InodeId, NodeId};
 use crate::runs::ChunkRuns;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -550,6 +550,24 @@ pub struct FsCall {
     pub caller: Caller,
     /// The call.
     pub req: FsRequest,
+    /// A change's id, on every change that is not idempotent ([`crate::Rpc::IDEMPOTENT`]):
+    /// the server applies a change once however often it arrives (see [`OpId`]).
+    pub op: Option<OpId>,
+}
+
+/// Names one change of one client, so that the change is applied once however often
+/// it is sent: a client whose metadata server died or stopped answering under a change
+/// sends it again (to the same server, or to the one that took over), and the server
+/// answers a change it applied already with the reply it recorded then, in the same
+/// engine transaction as the change itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct OpId {
+    /// The client, from its `Hello`.
+    pub client: ClientId,
+    /// The client's count of its changes, from 1; each change has its own.
+    pub seq: u64,
+    /// Sent before, with no answer: the server looks for a record of it.
+    pub retry: bool,
 }
 
 /// A file-system request wrapped without naming its caller is made for
@@ -560,6 +578,7 @@ impl From<FsRequest> for MetaRequest {
         MetaRequest::Fs(FsCall {
             caller: Caller::NOBODY,
             req,
+            op: None,
         })
     }
 }
@@ -612,6 +631,7 @@ mod tests {
             MetaRequest::Fs(FsCall {
                 caller: c,
                 req: FsRequest::StatFs(fs::StatFs),
+                op: None,
             })
         };
         let ok = crate::codec::encode(&call(MAX_GROUPS as u32), 1 << 20).unwrap();

@@ -82,6 +82,35 @@ impl<R: Rpc<Envelope = crate::meta::MetaRequest>> Request<R> {
         self
     }
 
+    /// Gives a file-system change its id (see [`crate::meta::OpId`]); ignored for
+    /// other calls.
+    pub fn with_op(mut self, op: crate::meta::OpId) -> Request<R> {
+        if let crate::meta::MetaRequest::Fs(call) = &mut self.envelope {
+            call.op = Some(op);
+        }
+        self
+    }
+
+    /// The change's id, if it has one.
+    pub fn op(&self) -> Option<crate::meta::OpId> {
+        match &self.envelope {
+            crate::meta::MetaRequest::Fs(call) => call.op,
+            _ => None,
+        }
+    }
+
+    /// This request to send again after it went unanswered: a change's id says so
+    /// (the server then looks for its record). `None` for a request without an id.
+    pub fn retried(&self) -> Option<Request<R>> {
+        let mut op = self.op()?;
+        op.retry = true;
+        let req = Request {
+            envelope: self.envelope.clone(),
+            _reply: PhantomData,
+        };
+        Some(req.with_op(op))
+    }
+
     /// This request with the namespace root replaced by `root`, for a mount of a
     /// subdirectory: the client's caches keep speaking of the root, and only what goes
     /// on the wire names the directory mounted (as a scoped key's server does). `None`

@@ -500,6 +500,19 @@ impl ProcessCluster {
         None
     }
 
+    /// Stops the metadata server with SIGSTOP, waits `frozen` (a client's next call
+    /// reaches it and stays unanswered), then kills it with SIGKILL and starts another
+    /// at the standby address, as [`ProcessCluster::fail_over_meta`] does: the call
+    /// that was under way breaks with its connection.
+    pub fn freeze_then_fail_over_meta(&mut self, frozen: Duration) {
+        // SAFETY: signalling our own child by its PID.
+        unsafe {
+            libc::kill(self.meta.id() as i32, libc::SIGSTOP);
+        }
+        std::thread::sleep(frozen);
+        self.fail_over_meta();
+    }
+
     /// Kills the metadata server with SIGKILL and starts another at the standby address
     /// ([`ClusterOptions::standby_meta`]) with a data directory of its own (`meta-b`),
     /// as a standby machine would; returns once it listens. Its address is then

@@ -80,11 +80,14 @@ impl Client {
         wait: Duration,
     ) -> Result<(R::Reply, u64)> {
         let mut patience = Patience::new(wait);
+        // A change with an id is sent again as such: the server then answers from its
+        // record if the first try was applied (see `proto::meta::OpId`).
+        let mut again: Option<Request<R>> = None;
         loop {
             let e = match self.resume_sessions().await {
                 // Nothing of `req` was sent yet: safe to try again whatever it is.
                 Err(e) => e,
-                Ok(()) => match self.meta_once(req).await {
+                Ok(()) => match self.meta_once(again.as_ref().unwrap_or(req)).await {
                     Err(e) if rpc::server_away::<R>(&e, req.envelope()) => e,
                     r => {
                         patience.answered();
@@ -96,6 +99,9 @@ impl Client {
                 return Err(e);
             }
             self.ep.count_retry();
+            if again.is_none() {
+                again = req.retried();
+            }
             if let Some(lost) = self.lost_commit(req.envelope()) {
                 return Err(lost);
             }

@@ -24,6 +24,16 @@ pub trait Handle: Rpc {
     fn span_id(&self) -> u64;
     /// Runs the request that came from `at`, checking first that its caller may.
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError>;
+    /// The reply a change recorded, answered again to the same change sent again from
+    /// `at` (see `once`): an open moves its session to `at`'s connection.
+    fn replayed(
+        &self,
+        reply: Self::Reply,
+        _ns: &Namespace,
+        _at: &Origin,
+    ) -> Result<Self::Reply, MetaError> {
+        Ok(reply)
+    }
 }
 
 impl Handle for fs::Hello {
@@ -99,6 +109,14 @@ impl Handle for fs::Create {
         ns.attach_grant(at, &mut opened, self.access.writes());
         Ok(opened)
     }
+    fn replayed(
+        &self,
+        opened: fs::Opened,
+        ns: &Namespace,
+        at: &Origin,
+    ) -> Result<fs::Opened, MetaError> {
+        ns.reopened(self.client, opened, self.access.writes(), at)
+    }
 }
 
 impl Handle for fs::TmpFile {
@@ -118,6 +136,14 @@ impl Handle for fs::TmpFile {
         let mut opened = ns.tmpfile(self.parent, self.perm, caller, self.linkable, owner)?;
         ns.attach_grant(at, &mut opened, self.access.writes());
         Ok(opened)
+    }
+    fn replayed(
+        &self,
+        opened: fs::Opened,
+        ns: &Namespace,
+        at: &Origin,
+    ) -> Result<fs::Opened, MetaError> {
+        ns.reopened(self.client, opened, self.access.writes(), at)
     }
 }
 

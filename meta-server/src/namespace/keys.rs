@@ -16,6 +16,7 @@
 //! | `R` version          | revoked client key: name, key id        |
 //! | `F`                  | mark of the cluster key the client keys were made under |
 //! | `H` ino              | a sparse regular file's chunks that hold data |
+//! | `Q` client slot      | a client's change: its count and reply (see `once`) |
 
 use proto::{ChainId, InodeId, NodeId};
 
@@ -33,6 +34,12 @@ const CLIENT_KEY: u8 = b'K';
 const REVOCATION: u8 = b'R';
 const CLUSTER_MARK: u8 = b'F';
 const HELD: u8 = b'H';
+const OP_RECORD: u8 = b'Q';
+
+/// The key of slot `slot` of `client`'s change records.
+pub(crate) fn op_record(client: proto::ClientId, slot: u64) -> Vec<u8> {
+    with(OP_RECORD, &[&client.0.to_be_bytes(), &slot.to_be_bytes()])
+}
 
 /// The key of the cluster key's mark (a MAC under it; the key itself is not stored).
 pub(crate) fn cluster_mark() -> Vec<u8> {

@@ -23,6 +23,8 @@ mod keys;
 mod locks;
 mod membership;
 mod names;
+mod once;
+pub use once::OP_SLOTS;
 pub mod perm;
 mod readdir;
 pub(crate) mod records;
@@ -101,6 +103,8 @@ pub struct Origin {
     /// The key the connection authenticated with (`None` on a cluster without keys):
     /// the owner of the client ids it gets at `Hello` (see `registry`).
     pub who: Option<Arc<PeerIdentity>>,
+    /// A change's id (see `once`): applied once however often it arrives.
+    pub op: Option<proto::meta::OpId>,
 }
 
 /// Tests that call handlers directly act as root on connection `conn`.
@@ -111,6 +115,7 @@ impl From<ConnId> for Origin {
             conn,
             caller: Caller::ROOT,
             who: None,
+            op: None,
         }
     }
 }
@@ -193,6 +198,8 @@ pub struct Namespace {
     pub(crate) granter: std::sync::OnceLock<Arc<crate::grants::Granter>>,
     /// The log of requests failed for this server's own faults.
     faults: faults::FaultLog,
+    /// Changes running, and the clients that named each connection (see `once`).
+    ops: once::Ops,
 }
 
 /// The server's clock, for every time stamp the server sets.
@@ -256,6 +263,7 @@ impl Namespace {
             stopping: std::sync::atomic::AtomicBool::new(false),
             granter: std::sync::OnceLock::new(),
             faults: faults::FaultLog::default(),
+            ops: once::Ops::default(),
         };
         ns.purge_orphans()?;
         ns.reconcile()?;
@@ -313,7 +321,11 @@ impl Namespace {
             // its own.
             // A request that failed may have staged changes before it did (they are
             // visible already): it waits for them too, as nobody else would.
-            let r = run(req);
+            let r = match at.op {
+                // A change that is not idempotent is applied once (see `once`).
+                Some(op) if !R::IDEMPOTENT => self.once(op, &at, req, run),
+                _ => run(req),
+            };
             let durable = self.wait_pending();
             r.and_then(|r| durable.map(|()| r))
         };

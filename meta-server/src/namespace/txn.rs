@@ -182,6 +182,10 @@ impl<'a> Txn<'a> {
             }
         }
         if !batch.is_empty() {
+            // The change's id is recorded with its first transaction (see `once`).
+            if let Some((k, v)) = super::once::take_mark() {
+                batch.put(k, v);
+            }
             // Staged, not yet durable: `Namespace::handle` waits for it before replying,
             // after the namespace lock is released (group commit).
             self.store.stage(batch)?;

@@ -6,6 +6,7 @@ mod client_keys;
 mod cluster;
 mod held;
 mod model;
+mod once;
 mod ops;
 mod owners;
 mod perms;

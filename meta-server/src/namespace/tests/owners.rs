@@ -22,6 +22,7 @@ fn from(name: &str, conn: u64) -> Origin {
             key_id: Some(proto::auth::KeyId([1; 16])),
             role: Role::Client(Caps::default()),
         })),
+        op: None,
     }
 }
 

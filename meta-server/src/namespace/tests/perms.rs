@@ -15,6 +15,7 @@ fn at(uid: u32, conn: u64) -> Origin {
         conn: ConnId(conn),
         caller: Caller::new(uid, uid),
         who: None,
+        op: None,
     }
 }
 

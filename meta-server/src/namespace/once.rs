@@ -1,0 +1,310 @@
+//! Changes applied once however often they arrive (issue 24: request ids).
+//!
+//! A client whose metadata server died, or stopped answering, under a change cannot
+//! tell whether the change was applied. Sending it again is safe only for a change that
+//! is idempotent; any other (a create, a rename, an append) would be applied twice, or
+//! answered as if it had failed (`EEXIST` for the file the first try made). So every
+//! change that is not idempotent carries an id ([`OpId`]: the client's id and its count
+//! of changes), and the server keeps, in the engine, what it did with it:
+//!
+//! - the change's first transaction also writes the id's record, "applied" (the
+//!   `MARK` that [`take_mark`] hands to `Txn::commit`): the change and its mark land
+//!   together or not at all;
+//! - once the handler has its reply, the record is written again with the reply, in the
+//!   next batch of the same request (waited for before the reply is sent).
+//!
+//! A change sent again (`retry`) first waits for a try of the same id still running on
+//! this server, then reads the record: the reply recorded is answered again
+//! ([`Handle::replayed`] moves an open's session to the new connection); a record
+//! "applied" with no reply (the server died between the two batches) is a clear error,
+//! never a second application; no record means the change never landed, and it runs.
+//!
+//! Records live in [`OP_SLOTS`] slots per client, the id's count modulo the slots, so a
+//! client costs at most that many keys; a slot holding a later id than the one asked
+//! about cannot tell, and says so. A client that closes its connection in order (its
+//! process ended) has its records deleted ([`Namespace::forget_ops`]).
+
+use super::keys;
+use super::records::{decode, encode};
+use super::{ConnId, Handle, Namespace, Origin};
+use crate::error::MetaError;
+use crate::kv::WriteBatch;
+use parking_lot::{Condvar, Mutex};
+use proto::meta::OpId;
+use proto::ClientId;
+use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+/// Records kept per client: a change sent again finds its record unless this many
+/// later changes of the same client were applied meanwhile (it is then refused, not
+/// applied again).
+pub const OP_SLOTS: u64 = 64;
+
+/// How long a retry waits for a try of the same change still running on this server.
+const OP_WAIT: Duration = Duration::from_secs(30);
+
+/// What the engine keeps of one change.
+#[derive(Debug, Serialize, Deserialize)]
+struct OpRecord {
+    /// The change's count (the slot is the count modulo [`OP_SLOTS`]).
+    seq: u64,
+    /// Its reply, encoded; `None` while only its application is recorded.
+    reply: Option<Vec<u8>>,
+}
+
+thread_local! {
+    /// The record that the running change's first transaction writes (see the module
+    /// docs); taken by `Txn::commit`.
+    static MARK: RefCell<Option<(Vec<u8>, Vec<u8>)>> = const { RefCell::new(None) };
+}
+
+/// The key and value of the "applied" record of the change running on this thread,
+/// once: its first non-empty transaction writes it.
+pub(super) fn take_mark() -> Option<(Vec<u8>, Vec<u8>)> {
+    MARK.with(|m| m.borrow_mut().take())
+}
+
+/// Clears the mark when the change ends, however it ends.
+struct Marked;
+
+impl Drop for Marked {
+    fn drop(&mut self) {
+        MARK.with(|m| m.borrow_mut().take());
+    }
+}
+
+/// The ids of the changes running on this server, and which client each connection
+/// named, for [`Namespace::forget_ops`].
+#[derive(Default)]
+pub(super) struct Ops {
+    running: Mutex<Running>,
+    done: Condvar,
+    /// Per connection, the clients its changes named and the highest count of each.
+    clients: Mutex<HashMap<ConnId, HashMap<ClientId, u64>>>,
+}
+
+/// Ids of changes that arrived here lately: whether a try of a change arrived before
+/// this one (its first try may arrive after the retry it caused: a slow server's queue).
+const RECENT_IDS: usize = 65_536;
+
+/// The changes running on this server, and those that arrived lately.
+#[derive(Default)]
+struct Running {
+    now: HashSet<(ClientId, u64)>,
+    recent: HashSet<(ClientId, u64)>,
+    /// `recent` in arrival order, to forget the oldest.
+    order: std::collections::VecDeque<(ClientId, u64)>,
+}
+
+/// A change's place in [`Ops::running`], left when dropped.
+struct Entered<'a> {
+    ops: &'a Ops,
+    id: (ClientId, u64),
+    /// Another try of the same change arrived before: look for its record.
+    again: bool,
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        self.ops.running.lock().now.remove(&self.id);
+        self.ops.done.notify_all();
+    }
+}
+
+impl Ops {
+    /// Enters change `op`, first waiting (at most [`OP_WAIT`]) while a try of it runs.
+    fn enter(&self, op: OpId) -> Result<Entered<'_>, MetaError> {
+        let id = (op.client, op.seq);
+        let deadline = Instant::now() + OP_WAIT;
+        let mut running = self.running.lock();
+        while running.now.contains(&id) {
+            if self.done.wait_until(&mut running, deadline).timed_out() {
+                return Err(MetaError::Busy(format!(
+                    "change {} of {} is still running on this server",
+                    op.seq, op.client
+                )));
+            }
+        }
+        running.now.insert(id);
+        let again = !running.recent.insert(id);
+        if !again {
+            running.order.push_back(id);
+            if running.order.len() > RECENT_IDS {
+                if let Some(old) = running.order.pop_front() {
+                    running.recent.remove(&old);
+                }
+            }
+        }
+        Ok(Entered {
+            ops: self,
+            id,
+            again,
+        })
+    }
+}
+
+/// The key of the slot of `op`.
+fn slot_key(op: OpId) -> Vec<u8> {
+    keys::op_record(op.client, op.seq % OP_SLOTS)
+}
+
+impl Namespace {
+    /// Runs change `op` (`run`) once: see the module docs.
+    pub(super) fn once<R: Handle>(
+        &self,
+        op: OpId,
+        at: &Origin,
+        req: R,
+        run: impl FnOnce(R) -> Result<R::Reply, MetaError>,
+    ) -> Result<R::Reply, MetaError> {
+        if op.seq == 0 {
+            return Err(MetaError::InvalidArgument(
+                "a change's count starts at 1".into(),
+            ));
+        }
+        self.may_name_client(op.client, at.who.as_deref())?;
+        let entered = self.ops.enter(op)?;
+        {
+            let mut clients = self.ops.clients.lock();
+            let highest = clients
+                .entry(at.conn)
+                .or_default()
+                .entry(op.client)
+                .or_default();
+            *highest = (*highest).max(op.seq);
+        }
+        let key = slot_key(op);
+        if op.retry || entered.again {
+            if let Some(reply) = self.recorded::<R>(op, &key)? {
+                tracing::info!(client = %op.client, seq = op.seq, "a change sent again: answered from its record");
+                return req.replayed(reply, self, at);
+            }
+        }
+        let mark = encode(&OpRecord {
+            seq: op.seq,
+            reply: None,
+        })?;
+        MARK.with(|m| *m.borrow_mut() = Some((key.clone(), mark)));
+        let marked = Marked;
+        let result = run(req);
+        drop(marked);
+        if let Ok(reply) = &result {
+            let record = OpRecord {
+                seq: op.seq,
+                reply: Some(encode(reply)?),
+            };
+            let mut batch = WriteBatch::new();
+            batch.put(key, encode(&record)?);
+            self.store.stage(batch)?;
+        }
+        drop(entered);
+        result
+    }
+
+    /// A recorded open (`opened`, by `client`'s create, for writing if `writes`)
+    /// answered again on `at`'s connection: its session moves there (or, made by a
+    /// server that has stopped since, is opened again), with a new grant. A session
+    /// that cannot be taken back fails the answer: the file exists, its open is lost.
+    pub(super) fn reopened(
+        &self,
+        client: ClientId,
+        mut opened: proto::meta::fs::Opened,
+        writes: bool,
+        at: &Origin,
+    ) -> Result<proto::meta::fs::Opened, MetaError> {
+        let session = proto::meta::fs::OpenSession {
+            session: opened.session,
+            ino: opened.attr.ino,
+            writes,
+            grant: opened.grant.clone(),
+        };
+        let r = self.resume(client, &[session], at.conn, &at.caller)?;
+        let Some(&(_, _, kept_writes)) = r.kept.first() else {
+            return Err(MetaError::AnswerLost(format!(
+                "the create of {} was applied, but its open {} was lost with the server \
+                 that made it",
+                opened.attr.ino, opened.session
+            )));
+        };
+        if let Some((_, grant)) = self.resume_grants(at, &r.kept).into_iter().next() {
+            opened.grant = Some(grant);
+        }
+        if kept_writes != writes {
+            return Err(MetaError::AnswerLost(format!(
+                "the create of {} was applied, but its open could be taken back only for \
+                 reading",
+                opened.attr.ino
+            )));
+        }
+        Ok(opened)
+    }
+
+    /// The reply recorded for `op` in its slot `key`; `None` if the change never landed.
+    fn recorded<R: Handle>(&self, op: OpId, key: &[u8]) -> Result<Option<R::Reply>, MetaError> {
+        let Some(bytes) = self.store.get(key)? else {
+            return Ok(None);
+        };
+        let record: OpRecord = decode(&bytes, "change record")?;
+        match record.seq.cmp(&op.seq) {
+            std::cmp::Ordering::Less => Ok(None),
+            std::cmp::Ordering::Greater => Err(MetaError::Stale(format!(
+                "change {} of {} is too old to tell whether it was applied: {} later \
+                 changes of the client were recorded since",
+                op.seq, op.client, OP_SLOTS
+            ))),
+            std::cmp::Ordering::Equal => match record.reply {
+                Some(reply) => Ok(Some(decode(&reply, "recorded reply")?)),
+                None => Err(MetaError::AnswerLost(format!(
+                    "change {} of {} was applied, but the metadata server stopped before \
+                     it recorded the answer",
+                    op.seq, op.client
+                ))),
+            },
+        }
+    }
+
+    /// Deletes the records of the clients that named connection `conn`, closed in
+    /// order by its client (whose process ended: nobody sends those changes again).
+    pub fn forget_ops(&self, conn: ConnId) {
+        let Some(clients) = self.ops.clients.lock().remove(&conn) else {
+            return;
+        };
+        let still_named: HashSet<ClientId> = self
+            .ops
+            .clients
+            .lock()
+            .values()
+            .flat_map(|c| c.keys())
+            .copied()
+            .collect();
+        for (&client, &highest) in clients.iter().filter(|(c, _)| !still_named.contains(c)) {
+            // Only the slots its counts reached hold anything; one batch per client
+            // stays within an etcd transaction's operations.
+            let mut batch = WriteBatch::new();
+            for slot in (0..OP_SLOTS).filter(|&slot| slot <= highest) {
+                batch.delete(keys::op_record(client, slot));
+            }
+            // Records need no atomicity with anything: one left behind is only garbage.
+            if let Err(e) = crate::kv::lazily(|| self.store.stage(batch)) {
+                tracing::warn!(error = %e, %client, "could not delete a closed client's change records");
+            }
+        }
+    }
+}
+
+/// Leaves only the mark of `client`'s change `seq`, as a server that stopped between
+/// the change and the record of its answer does.
+#[cfg(test)]
+pub(super) fn forget_answer(ns: &Namespace, client: ClientId, seq: u64) {
+    let op = OpId {
+        client,
+        seq,
+        retry: false,
+    };
+    let mut batch = WriteBatch::new();
+    let mark = OpRecord { seq, reply: None };
+    batch.put(slot_key(op), encode(&mark).unwrap());
+    ns.store.commit(batch).unwrap();
+}
