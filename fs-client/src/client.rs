@@ -90,6 +90,8 @@ pub struct Client {
     resume_lock: tokio::sync::Mutex<()>,
     /// The count of changes sent with an id (see [`Client::next_op`]).
     ops: std::sync::atomic::AtomicU64,
+    /// One permit per change with an id in flight (`proto::meta::OP_SLOTS`).
+    op_slots: tokio::sync::Semaphore,
 }
 
 /// With a `key_file`, every connection (metadata and data servers) authenticates.
@@ -188,6 +190,7 @@ impl Client {
             held_locks: Mutex::new(HashMap::new()),
             resumed: std::sync::atomic::AtomicU64::new(hello_conn),
             ops: std::sync::atomic::AtomicU64::new(0),
+            op_slots: tokio::sync::Semaphore::new(proto::meta::OP_SLOTS as usize),
             resume_lock: tokio::sync::Mutex::new(()),
         });
         client.data.refresh_map().await?;
@@ -272,11 +275,18 @@ impl Client {
         req: R,
         caller: Caller,
     ) -> Result<(R::Reply, u64)> {
-        let mut req = Request::new(req).with_caller(caller);
-        if !R::IDEMPOTENT {
-            // Applied once however often it is sent (see `proto::meta::OpId`).
-            req = req.with_op(self.next_op());
+        let req = Request::new(req).with_caller(caller);
+        if R::IDEMPOTENT {
+            return self.meta_waiting(&req, self.meta_wait()).await;
         }
+        // Applied once however often it is sent (see `proto::meta::OpId`); at most
+        // `OP_SLOTS` such changes in flight, so that none shares its record's slot.
+        let _slot = self
+            .op_slots
+            .acquire()
+            .await
+            .map_err(|_| ClientError::Config("the client is shutting down".into()))?;
+        let req = req.with_op(self.next_op());
         self.meta_waiting(&req, self.meta_wait()).await
     }
 

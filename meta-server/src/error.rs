@@ -99,6 +99,10 @@ pub enum MetaError {
     /// the server that applied it (see `namespace::once`).
     #[error("answer lost: {0}")]
     AnswerLost(String),
+    /// A try of the same change is still running on this server (see
+    /// `namespace::once`).
+    #[error("in flight: {0}")]
+    InFlight(String),
     /// The key-value store failed.
     #[error(transparent)]
     Store(#[from] KvError),
@@ -128,6 +132,7 @@ impl MetaError {
             MetaError::Corrupt(_) => ErrorCode::Corrupt,
             MetaError::FormatVersion { .. } => ErrorCode::NotSupported,
             MetaError::AnswerLost(_) => ErrorCode::Io,
+            MetaError::InFlight(_) => ErrorCode::Unavailable,
             MetaError::Store(KvError::NoSpace { .. }) => ErrorCode::NoSpace,
             MetaError::Store(KvError::Corruption { .. }) => ErrorCode::Corrupt,
             MetaError::Store(KvError::Engine { .. }) => ErrorCode::Io,

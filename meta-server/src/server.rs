@@ -154,12 +154,7 @@ impl Handler for MetaService {
         let end = move || {
             crate::kv::deadline::for_request(arrived, || match how {
                 Closed::Broken => ns.connection_broken(id),
-                Closed::ByPeer => {
-                    ns.connection_closed(id);
-                    // Its client ended: nobody sends its changes again.
-                    ns.forget_ops(id);
-                }
-                Closed::Locally => ns.connection_closed(id),
+                Closed::ByPeer | Closed::Locally => ns.connection_closed(id),
             })
         };
         match tokio::runtime::Handle::try_current() {
@@ -529,6 +524,8 @@ async fn run<R: Handle>(ns: Arc<Namespace>, req: R, at: Origin) -> Result<R::Rep
 
 /// How often the sessions of broken connections are checked for an expired grace.
 const DETACHED_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+/// How often old change records are looked for (they are kept two hours).
+const OP_PURGE_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// A metadata server running inside this process.
 pub struct MetaServer {
@@ -560,15 +557,28 @@ impl Drop for MetaServer {
     }
 }
 
-/// Ends, every [`DETACHED_CHECK`], the sessions whose client did not come back in time.
+/// Ends, every [`DETACHED_CHECK`], the sessions whose client did not come back in time,
+/// and every [`OP_PURGE_EVERY`] deletes old change records (`namespace::once`).
 fn spawn_expiry(ns: &Arc<Namespace>) -> tokio::task::JoinHandle<()> {
     let ns = Arc::downgrade(ns);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(DETACHED_CHECK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_purge = std::time::Instant::now();
         loop {
             tick.tick().await;
             let Some(ns) = ns.upgrade() else { return };
+            if last_purge.elapsed() >= OP_PURGE_EVERY {
+                last_purge = std::time::Instant::now();
+                let (ns, arrived) = (ns.clone(), std::time::Instant::now());
+                let purged = tokio::task::spawn_blocking(move || {
+                    crate::kv::deadline::for_request(arrived, || ns.purge_op_records())
+                })
+                .await;
+                if let Ok(Err(e)) = purged {
+                    warn!(error = %e, "deleting old change records failed");
+                }
+            }
             if ns.waiting_resume() == 0 {
                 continue;
             }

@@ -555,6 +555,11 @@ pub struct FsCall {
     pub op: Option<OpId>,
 }
 
+/// Change records a metadata server keeps per client, and so the most changes with an
+/// id ([`OpId`]) one client has in flight at a time: a change's record is in slot
+/// `seq % OP_SLOTS`, and no change still in flight shares its slot.
+pub const OP_SLOTS: u64 = 64;
+
 /// Names one change of one client, so that the change is applied once however often
 /// it is sent: a client whose metadata server died or stopped answering under a change
 /// sends it again (to the same server, or to the one that took over), and the server
@@ -640,6 +645,48 @@ mod tests {
         assert!(crate::codec::decode::<MetaRequest>(&bad).is_err());
         let many = Caller::with_groups(1, 1, 0..1000);
         assert_eq!(many.groups.as_slice().len(), MAX_GROUPS);
+    }
+
+    /// The fuzz target's committed seeds are messages of this protocol (a seed that no
+    /// longer decodes starts the fuzzer at a refusal).
+    #[test]
+    fn the_committed_fuzz_seeds_decode() {
+        let seeds: [(&str, &[u8]); 5] = [
+            (
+                "getattr",
+                include_bytes!("../../fuzz/corpus/meta_request/getattr"),
+            ),
+            (
+                "getmap",
+                include_bytes!("../../fuzz/corpus/meta_request/getmap"),
+            ),
+            (
+                "lookup",
+                include_bytes!("../../fuzz/corpus/meta_request/lookup"),
+            ),
+            (
+                "status",
+                include_bytes!("../../fuzz/corpus/meta_request/status"),
+            ),
+            (
+                "unlink-op",
+                include_bytes!("../../fuzz/corpus/meta_request/unlink-op"),
+            ),
+        ];
+        for (name, bytes) in seeds {
+            let req = crate::codec::decode::<MetaRequest>(bytes);
+            assert!(req.is_ok(), "{name}: {req:?}");
+        }
+        let unlink = crate::codec::decode::<MetaRequest>(seeds[4].1).unwrap();
+        let MetaRequest::Fs(call) = unlink else {
+            panic!("{unlink:?}")
+        };
+        let op = OpId {
+            client: ClientId(1),
+            seq: 1,
+            retry: true,
+        };
+        assert_eq!(call.op, Some(op));
     }
 
     #[test]

@@ -36,6 +36,11 @@ const CLUSTER_MARK: u8 = b'F';
 const HELD: u8 = b'H';
 const OP_RECORD: u8 = b'Q';
 
+/// Prefix of every change record.
+pub(crate) fn op_record_prefix() -> Vec<u8> {
+    vec![OP_RECORD]
+}
+
 /// The key of slot `slot` of `client`'s change records.
 pub(crate) fn op_record(client: proto::ClientId, slot: u64) -> Vec<u8> {
     with(OP_RECORD, &[&client.0.to_be_bytes(), &slot.to_be_bytes()])

@@ -20,27 +20,36 @@
 //! never a second application; no record means the change never landed, and it runs.
 //!
 //! Records live in [`OP_SLOTS`] slots per client, the id's count modulo the slots, so a
-//! client costs at most that many keys; a slot holding a later id than the one asked
-//! about cannot tell, and says so. A client that closes its connection in order (its
-//! process ended) has its records deleted ([`Namespace::forget_ops`]).
+//! client costs at most that many keys; a client has at most that many changes in
+//! flight (it waits for a free one), so a slot holding an earlier count than the one
+//! asked about means the change never landed, and a later one cannot tell, and says so.
+//! A record says when it was written; records older than [`OP_RECORD_TTL`] (more than
+//! any client waits to send a change again) are deleted by a periodic purge
+//! ([`Namespace::purge_op_records`]). Whether a client has ended cannot be told from
+//! its connection (a client gives up a connection that timed out, and on rdma that
+//! looks like an orderly close).
 
 use super::keys;
 use super::records::{decode, encode};
-use super::{ConnId, Handle, Namespace, Origin};
+use super::{Handle, Namespace, Origin};
 use crate::error::MetaError;
 use crate::kv::WriteBatch;
 use parking_lot::{Condvar, Mutex};
 use proto::meta::OpId;
+pub use proto::meta::OP_SLOTS;
 use proto::ClientId;
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::collections::HashSet;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// Records kept per client: a change sent again finds its record unless this many
-/// later changes of the same client were applied meanwhile (it is then refused, not
-/// applied again).
-pub const OP_SLOTS: u64 = 64;
+/// How long a change's record is kept: longer than a client waits for its metadata
+/// server before it gives a change up (`meta_wait_ms`, at most an hour).
+pub const OP_RECORD_TTL: Duration = Duration::from_secs(2 * 3600);
+/// Records looked at per page of the purge.
+const PURGE_PAGE: usize = 256;
+/// Records deleted per batch of the purge (within an etcd transaction's operations).
+const PURGE_BATCH: usize = 64;
 
 /// How long a retry waits for a try of the same change still running on this server.
 const OP_WAIT: Duration = Duration::from_secs(30);
@@ -50,8 +59,17 @@ const OP_WAIT: Duration = Duration::from_secs(30);
 struct OpRecord {
     /// The change's count (the slot is the count modulo [`OP_SLOTS`]).
     seq: u64,
+    /// When it was written, in seconds since the epoch (for the purge).
+    at: u64,
     /// Its reply, encoded; `None` while only its application is recorded.
     reply: Option<Vec<u8>>,
+}
+
+/// Seconds since the epoch.
+fn epoch_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 thread_local! {
@@ -75,14 +93,11 @@ impl Drop for Marked {
     }
 }
 
-/// The ids of the changes running on this server, and which client each connection
-/// named, for [`Namespace::forget_ops`].
+/// The ids of the changes running on this server.
 #[derive(Default)]
 pub(super) struct Ops {
     running: Mutex<Running>,
     done: Condvar,
-    /// Per connection, the clients its changes named and the highest count of each.
-    clients: Mutex<HashMap<ConnId, HashMap<ClientId, u64>>>,
 }
 
 /// Ids of changes that arrived here lately: whether a try of a change arrived before
@@ -121,7 +136,7 @@ impl Ops {
         let mut running = self.running.lock();
         while running.now.contains(&id) {
             if self.done.wait_until(&mut running, deadline).timed_out() {
-                return Err(MetaError::Busy(format!(
+                return Err(MetaError::InFlight(format!(
                     "change {} of {} is still running on this server",
                     op.seq, op.client
                 )));
@@ -166,24 +181,19 @@ impl Namespace {
         }
         self.may_name_client(op.client, at.who.as_deref())?;
         let entered = self.ops.enter(op)?;
-        {
-            let mut clients = self.ops.clients.lock();
-            let highest = clients
-                .entry(at.conn)
-                .or_default()
-                .entry(op.client)
-                .or_default();
-            *highest = (*highest).max(op.seq);
-        }
         let key = slot_key(op);
         if op.retry || entered.again {
             if let Some(reply) = self.recorded::<R>(op, &key)? {
+                // What was read may still be only staged (a group etcd did not answer
+                // goes back to the queue): answer only once it is durable.
+                self.sync()?;
                 tracing::info!(client = %op.client, seq = op.seq, "a change sent again: answered from its record");
                 return req.replayed(reply, self, at);
             }
         }
         let mark = encode(&OpRecord {
             seq: op.seq,
+            at: epoch_secs(),
             reply: None,
         })?;
         MARK.with(|m| *m.borrow_mut() = Some((key.clone(), mark)));
@@ -193,12 +203,15 @@ impl Namespace {
         if let Ok(reply) = &result {
             let record = OpRecord {
                 seq: op.seq,
+                at: epoch_secs(),
                 reply: Some(encode(reply)?),
             };
             let mut batch = WriteBatch::new();
             batch.put(key, encode(&record)?);
             self.store.stage(batch)?;
         }
+        // Durable before another try of the same change may read the record.
+        self.wait_pending()?;
         drop(entered);
         result
     }
@@ -220,7 +233,8 @@ impl Namespace {
             writes,
             grant: opened.grant.clone(),
         };
-        let r = self.resume(client, &[session], at.conn, &at.caller)?;
+        // The asker sent the create's own id: the session is its own, wherever it is.
+        let r = self.resume_taking(client, &[session], at.conn, &at.caller, true)?;
         let Some(&(_, _, kept_writes)) = r.kept.first() else {
             return Err(MetaError::AnswerLost(format!(
                 "the create of {} was applied, but its open {} was lost with the server \
@@ -232,6 +246,9 @@ impl Namespace {
             opened.grant = Some(grant);
         }
         if kept_writes != writes {
+            // Opened again for reading only (the caller may no longer write it): end
+            // it rather than leave an open the client does not know of.
+            let _ = self.release(opened.session, None);
             return Err(MetaError::AnswerLost(format!(
                 "the create of {} was applied, but its open could be taken back only for \
                  reading",
@@ -265,32 +282,39 @@ impl Namespace {
         }
     }
 
-    /// Deletes the records of the clients that named connection `conn`, closed in
-    /// order by its client (whose process ended: nobody sends those changes again).
-    pub fn forget_ops(&self, conn: ConnId) {
-        let Some(clients) = self.ops.clients.lock().remove(&conn) else {
-            return;
-        };
-        let still_named: HashSet<ClientId> = self
-            .ops
-            .clients
-            .lock()
-            .values()
-            .flat_map(|c| c.keys())
-            .copied()
-            .collect();
-        for (&client, &highest) in clients.iter().filter(|(c, _)| !still_named.contains(c)) {
-            // Only the slots its counts reached hold anything; one batch per client
-            // stays within an etcd transaction's operations.
-            let mut batch = WriteBatch::new();
-            for slot in (0..OP_SLOTS).filter(|&slot| slot <= highest) {
-                batch.delete(keys::op_record(client, slot));
+    /// Deletes the change records written more than [`OP_RECORD_TTL`] ago; returns
+    /// how many. The server runs it every few minutes.
+    pub fn purge_op_records(&self) -> Result<usize, MetaError> {
+        let cutoff = epoch_secs().saturating_sub(OP_RECORD_TTL.as_secs());
+        let prefix = keys::op_record_prefix();
+        let end = keys::prefix_end(&prefix);
+        let mut start = prefix;
+        let mut old = Vec::new();
+        loop {
+            let page = self.store.scan(&start, &end, PURGE_PAGE)?;
+            for (k, v) in &page {
+                // An undecodable record is garbage too.
+                let record = decode::<OpRecord>(v, "change record");
+                if record.map_or(true, |r| r.at < cutoff) {
+                    old.push(k.clone());
+                }
             }
-            // Records need no atomicity with anything: one left behind is only garbage.
-            if let Err(e) = crate::kv::lazily(|| self.store.stage(batch)) {
-                tracing::warn!(error = %e, %client, "could not delete a closed client's change records");
+            match page.last() {
+                Some((k, _)) if page.len() == PURGE_PAGE => start = keys::successor(k),
+                _ => break,
             }
         }
+        for chunk in old.chunks(PURGE_BATCH) {
+            let mut batch = WriteBatch::new();
+            for k in chunk {
+                batch.delete(k.clone());
+            }
+            self.store.commit(batch)?;
+        }
+        if !old.is_empty() {
+            tracing::info!(records = old.len(), "old change records deleted");
+        }
+        Ok(old.len())
     }
 }
 
@@ -304,7 +328,24 @@ pub(super) fn forget_answer(ns: &Namespace, client: ClientId, seq: u64) {
         retry: false,
     };
     let mut batch = WriteBatch::new();
-    let mark = OpRecord { seq, reply: None };
+    let mark = OpRecord {
+        seq,
+        at: epoch_secs(),
+        reply: None,
+    };
     batch.put(slot_key(op), encode(&mark).unwrap());
+    ns.store.commit(batch).unwrap();
+}
+
+/// Sets the time of `client`'s record in slot `slot` to `at` (seconds since the epoch),
+/// as if it were written then.
+#[cfg(test)]
+pub(super) fn age_record(ns: &Namespace, client: ClientId, slot: u64, at: u64) {
+    let key = keys::op_record(client, slot);
+    let bytes = ns.store.get(&key).unwrap().unwrap();
+    let mut record: OpRecord = decode(&bytes, "change record").unwrap();
+    record.at = at;
+    let mut batch = WriteBatch::new();
+    batch.put(key, encode(&record).unwrap());
     ns.store.commit(batch).unwrap();
 }

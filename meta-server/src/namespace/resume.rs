@@ -101,6 +101,20 @@ impl Namespace {
         conn: ConnId,
         caller: &Caller,
     ) -> Result<Resumption, MetaError> {
+        self.resume_taking(client, sessions, conn, caller, false)
+    }
+
+    /// [`Namespace::resume`]; with `taking`, a session of `client` still on a standing
+    /// connection is moved too (the asker proved it is the session's: it sent the
+    /// id of the create that opened it, see `once`).
+    pub(super) fn resume_taking(
+        &self,
+        client: ClientId,
+        sessions: &[OpenSession],
+        conn: ConnId,
+        caller: &Caller,
+        taking: bool,
+    ) -> Result<Resumption, MetaError> {
         if sessions.len() > proto::meta::MAX_RESUMES {
             return Err(MetaError::InvalidArgument(format!(
                 "{} sessions in one resume, at most {}",
@@ -116,7 +130,7 @@ impl Namespace {
             let mine = s.client == client && s.ino == o.ino;
             (mine && s.conn != conn && !st.detached.contains_key(&s.conn)).then_some(o.session)
         });
-        if let Some(session) = live {
+        if let Some(session) = live.filter(|_| !taking) {
             return Err(MetaError::Busy(format!(
                 "{session} is open on a connection that still stands"
             )));

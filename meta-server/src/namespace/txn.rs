@@ -182,9 +182,15 @@ impl<'a> Txn<'a> {
             }
         }
         if !batch.is_empty() {
-            // The change's id is recorded with its first transaction (see `once`).
+            // The change's id is recorded with its first transaction (see `once`),
+            // unless that would take it past what the engine commits at once (then
+            // only the answer's record, a batch later, says it landed).
             if let Some((k, v)) = super::once::take_mark() {
-                batch.put(k, v);
+                let mut marked = batch.clone();
+                marked.put(k, v);
+                if self.store.check_batch(&marked).is_ok() {
+                    batch = marked;
+                }
             }
             // Staged, not yet durable: `Namespace::handle` waits for it before replying,
             // after the namespace lock is released (group commit).
