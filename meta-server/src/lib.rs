@@ -20,6 +20,7 @@ pub(crate) mod metrics;
 pub mod migrate;
 pub mod namespace;
 pub mod server;
+mod service;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::NamespaceConfig;
