@@ -15,6 +15,7 @@ mod away;
 mod caller;
 mod locks;
 mod opening;
+mod ops;
 pub use opening::OpenedByName;
 
 pub use caller::acting_as;
@@ -88,10 +89,8 @@ pub struct Client {
     resumed: std::sync::atomic::AtomicU64,
     /// One resume at a time.
     resume_lock: tokio::sync::Mutex<()>,
-    /// The count of changes sent with an id (see [`Client::next_op`]).
-    ops: std::sync::atomic::AtomicU64,
-    /// One permit per change with an id in flight (`proto::meta::OP_SLOTS`).
-    op_slots: tokio::sync::Semaphore,
+    /// The counts of changes sent with an id, kept within a window (see `client::ops`).
+    ops: ops::OpWindow,
 }
 
 /// With a `key_file`, every connection (metadata and data servers) authenticates.
@@ -189,8 +188,7 @@ impl Client {
             sessions: Mutex::new(HashMap::new()),
             held_locks: Mutex::new(HashMap::new()),
             resumed: std::sync::atomic::AtomicU64::new(hello_conn),
-            ops: std::sync::atomic::AtomicU64::new(0),
-            op_slots: tokio::sync::Semaphore::new(proto::meta::OP_SLOTS as usize),
+            ops: ops::OpWindow::default(),
             resume_lock: tokio::sync::Mutex::new(()),
         });
         client.data.refresh_map().await?;
@@ -251,17 +249,6 @@ impl Client {
         self.meta_keeping(req).await.map(|(reply, _)| reply)
     }
 
-    /// The id of this client's next change that is not idempotent: the server applies
-    /// it once however often a lost answer makes the client send it.
-    fn next_op(&self) -> proto::meta::OpId {
-        let seq = self.ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        proto::meta::OpId {
-            client: self.id,
-            seq,
-            retry: false,
-        }
-    }
-
     /// [`Client::meta`], also returning [`Client::attr_epoch`] as it was once the
     /// request had dropped the kept copies it changes: a reply's attributes may be kept
     /// (`keep_attr`) unless another such request went out meanwhile.
@@ -279,14 +266,14 @@ impl Client {
         if R::IDEMPOTENT {
             return self.meta_waiting(&req, self.meta_wait()).await;
         }
-        // Applied once however often it is sent (see `proto::meta::OpId`); at most
-        // `OP_SLOTS` such changes in flight, so that none shares its record's slot.
-        let _slot = self
-            .op_slots
-            .acquire()
-            .await
-            .map_err(|_| ClientError::Config("the client is shutting down".into()))?;
-        let req = req.with_op(self.next_op());
+        // Applied once however often it is sent (see `proto::meta::OpId`), under a
+        // count within the window of those in flight (see `client::ops`).
+        let ticket = self.ops.enter().await;
+        let req = req.with_op(proto::meta::OpId {
+            client: self.id,
+            seq: ticket.seq,
+            retry: false,
+        });
         self.meta_waiting(&req, self.meta_wait()).await
     }
 

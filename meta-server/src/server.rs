@@ -152,19 +152,22 @@ fn spawn_expiry(ns: &Arc<Namespace>) -> tokio::task::JoinHandle<()> {
         let mut tick = tokio::time::interval(DETACHED_CHECK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_purge = std::time::Instant::now();
+        let mut purge: Option<tokio::task::JoinHandle<()>> = None;
         loop {
             tick.tick().await;
             let Some(ns) = ns.upgrade() else { return };
-            if last_purge.elapsed() >= OP_PURGE_EVERY {
+            let idle = purge.as_ref().is_none_or(|p| p.is_finished());
+            if idle && last_purge.elapsed() >= OP_PURGE_EVERY {
                 last_purge = std::time::Instant::now();
+                // On a thread of its own: the grace checks go on meanwhile.
                 let (ns, arrived) = (ns.clone(), std::time::Instant::now());
-                let purged = tokio::task::spawn_blocking(move || {
-                    crate::kv::deadline::for_request(arrived, || ns.purge_op_records())
-                })
-                .await;
-                if let Ok(Err(e)) = purged {
-                    warn!(error = %e, "deleting old change records failed");
-                }
+                purge = Some(tokio::task::spawn_blocking(move || {
+                    let purged =
+                        crate::kv::deadline::for_request(arrived, || ns.purge_op_records());
+                    if let Err(e) = purged {
+                        warn!(error = %e, "deleting old change records failed");
+                    }
+                }));
             }
             if ns.waiting_resume() == 0 {
                 continue;

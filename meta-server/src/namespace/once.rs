@@ -98,7 +98,15 @@ impl Drop for Marked {
 pub(super) struct Ops {
     running: Mutex<Running>,
     done: Condvar,
+    /// Held (shared) by every change from its mark to its answer's record, and
+    /// (exclusively) by the purge while it deletes a page: it never deletes a record
+    /// written after it read it.
+    purging: parking_lot::RwLock<()>,
 }
+
+/// Clients whose highest count [`Running::highest`] keeps; past it the map starts over
+/// (only a try older than its client's last [`OP_SLOTS`] changes is then not refused).
+const CLIENTS_KEPT: usize = 65_536;
 
 /// Ids of changes that arrived here lately: whether a try of a change arrived before
 /// this one (its first try may arrive after the retry it caused: a slow server's queue).
@@ -111,6 +119,11 @@ struct Running {
     recent: HashSet<(ClientId, u64)>,
     /// `recent` in arrival order, to forget the oldest.
     order: std::collections::VecDeque<(ClientId, u64)>,
+    /// The highest count of each client that arrived here: a first try this far
+    /// behind it would share its slot with a later change (a client keeps its changes
+    /// in flight within [`OP_SLOTS`] counts, so only a try it gave up on, still queued
+    /// on a slow server, can), and is refused rather than overwrite that record.
+    highest: std::collections::HashMap<ClientId, u64>,
 }
 
 /// A change's place in [`Ops::running`], left when dropped.
@@ -142,6 +155,18 @@ impl Ops {
                 )));
             }
         }
+        let highest = running.highest.get(&op.client).copied().unwrap_or(0);
+        if !op.retry && op.seq.saturating_add(OP_SLOTS) <= highest {
+            return Err(MetaError::Stale(format!(
+                "change {} of {} arrived after change {highest} of the same client: \
+                 too late to apply",
+                op.seq, op.client
+            )));
+        }
+        if running.highest.len() >= CLIENTS_KEPT && !running.highest.contains_key(&op.client) {
+            running.highest.clear();
+        }
+        running.highest.insert(op.client, highest.max(op.seq));
         running.now.insert(id);
         let again = !running.recent.insert(id);
         if !again {
@@ -181,6 +206,7 @@ impl Namespace {
         }
         self.may_name_client(op.client, at.who.as_deref())?;
         let entered = self.ops.enter(op)?;
+        let _unpurged = self.ops.purging.read();
         let key = slot_key(op);
         if op.retry || entered.again {
             if let Some(reply) = self.recorded::<R>(op, &key)? {
@@ -188,6 +214,11 @@ impl Namespace {
                 // goes back to the queue): answer only once it is durable.
                 self.sync()?;
                 tracing::info!(client = %op.client, seq = op.seq, "a change sent again: answered from its record");
+                if !op.retry {
+                    // A first try that arrived after its retry: its connection was
+                    // given up, and the open is the retry's. Nothing moves.
+                    return Ok(reply);
+                }
                 return req.replayed(reply, self, at);
             }
         }
@@ -200,20 +231,35 @@ impl Namespace {
         let marked = Marked;
         let result = run(req);
         drop(marked);
-        if let Ok(reply) = &result {
-            let record = OpRecord {
-                seq: op.seq,
-                at: epoch_secs(),
-                reply: Some(encode(reply)?),
-            };
-            let mut batch = WriteBatch::new();
-            batch.put(key, encode(&record)?);
-            self.store.stage(batch)?;
-        }
-        // Durable before another try of the same change may read the record.
-        self.wait_pending()?;
+        let recorded = match &result {
+            Ok(reply) => self.record_answer(op, key, reply),
+            Err(_) => Ok(()),
+        };
+        // Durable before another try of the same change may read the record, whatever
+        // failed.
+        let durable = self.wait_pending();
         drop(entered);
+        recorded?;
+        durable?;
         result
+    }
+
+    /// Stages the record of change `op`'s answer `reply` in its slot `key`.
+    fn record_answer<T: Serialize>(
+        &self,
+        op: OpId,
+        key: Vec<u8>,
+        reply: &T,
+    ) -> Result<(), MetaError> {
+        let record = OpRecord {
+            seq: op.seq,
+            at: epoch_secs(),
+            reply: Some(encode(reply)?),
+        };
+        let mut batch = WriteBatch::new();
+        batch.put(key, encode(&record)?);
+        self.store.stage(batch)?;
+        Ok(())
     }
 
     /// A recorded open (`opened`, by `client`'s create, for writing if `writes`)
@@ -283,20 +329,45 @@ impl Namespace {
     }
 
     /// Deletes the change records written more than [`OP_RECORD_TTL`] ago; returns
-    /// how many. The server runs it every few minutes.
+    /// how many. The server runs it every few minutes. A page at a time: each key is
+    /// read again and deleted while no change can write a record (see `Ops::purging`).
     pub fn purge_op_records(&self) -> Result<usize, MetaError> {
         let cutoff = epoch_secs().saturating_sub(OP_RECORD_TTL.as_secs());
+        let is_old = |v: &[u8]| {
+            // An undecodable record is garbage too.
+            decode::<OpRecord>(v, "change record").map_or(true, |r| r.at < cutoff)
+        };
         let prefix = keys::op_record_prefix();
         let end = keys::prefix_end(&prefix);
         let mut start = prefix;
-        let mut old = Vec::new();
+        let mut purged = 0;
         loop {
             let page = self.store.scan(&start, &end, PURGE_PAGE)?;
-            for (k, v) in &page {
-                // An undecodable record is garbage too.
-                let record = decode::<OpRecord>(v, "change record");
-                if record.map_or(true, |r| r.at < cutoff) {
-                    old.push(k.clone());
+            let old: Vec<&Vec<u8>> = page
+                .iter()
+                .filter(|(_, v)| is_old(v))
+                .map(|(k, _)| k)
+                .collect();
+            if !old.is_empty() {
+                let _alone = self.ops.purging.write();
+                for chunk in old.chunks(PURGE_BATCH) {
+                    let mut batch = WriteBatch::new();
+                    for &k in chunk {
+                        if self.store.get(k)?.is_some_and(|v| is_old(&v)) {
+                            batch.delete(k.clone());
+                            purged += 1;
+                        }
+                    }
+                    if self.store.check_batch(&batch).is_ok() {
+                        self.store.commit(batch)?;
+                    } else {
+                        // An engine configured for smaller transactions: one at a time.
+                        for op in batch.ops() {
+                            let mut one = WriteBatch::new();
+                            one.delete(op.key_value().0.to_vec());
+                            self.store.commit(one)?;
+                        }
+                    }
                 }
             }
             match page.last() {
@@ -304,17 +375,10 @@ impl Namespace {
                 _ => break,
             }
         }
-        for chunk in old.chunks(PURGE_BATCH) {
-            let mut batch = WriteBatch::new();
-            for k in chunk {
-                batch.delete(k.clone());
-            }
-            self.store.commit(batch)?;
+        if purged > 0 {
+            tracing::info!(records = purged, "old change records deleted");
         }
-        if !old.is_empty() {
-            tracing::info!(records = old.len(), "old change records deleted");
-        }
-        Ok(old.len())
+        Ok(purged)
     }
 }
 

@@ -142,7 +142,11 @@ impl Namespace {
             let (session, ino) = (o.session, o.ino);
             match st.sessions.get_mut(&session) {
                 Some(s) if s.client == client && s.ino == ino => {
-                    from.insert(s.conn);
+                    // Locks move with a broken connection's sessions; a session taken
+                    // from a standing one (`taking`) leaves its locks there.
+                    if !taking || st.detached.contains_key(&s.conn) {
+                        from.insert(s.conn);
+                    }
                     s.conn = conn;
                     r.kept.push((session, ino, s.write));
                 }

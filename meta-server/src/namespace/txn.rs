@@ -182,15 +182,11 @@ impl<'a> Txn<'a> {
             }
         }
         if !batch.is_empty() {
-            // The change's id is recorded with its first transaction (see `once`),
-            // unless that would take it past what the engine commits at once (then
-            // only the answer's record, a batch later, says it landed).
+            // The change's id is recorded with its first transaction (see `once`):
+            // a change whose batch cannot carry it too fails (`TooLarge` on etcd)
+            // rather than risk being applied twice.
             if let Some((k, v)) = super::once::take_mark() {
-                let mut marked = batch.clone();
-                marked.put(k, v);
-                if self.store.check_batch(&marked).is_ok() {
-                    batch = marked;
-                }
+                batch.put(k, v);
             }
             // Staged, not yet durable: `Namespace::handle` waits for it before replying,
             // after the namespace lock is released (group commit).

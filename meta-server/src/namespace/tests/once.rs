@@ -145,6 +145,19 @@ fn a_first_try_after_its_retry_is_not_applied_again(kind: StoreKind) {
     );
 }
 
+/// A create's first try arriving after its retry is answered from the record, and
+/// leaves the open where the retry put it: on the retry's connection, not on the
+/// connection the client gave up (whose close would end it).
+fn a_late_first_try_leaves_the_open_with_its_retry(kind: StoreKind) {
+    let h = H::with_nodes(kind, 3);
+    let ns = h.ns();
+    let retried = ns.handle(create("f"), at(2, 1, true)).unwrap();
+    let late = ns.handle(create("f"), at(1, 1, false)).unwrap();
+    assert_eq!(late.session, retried.session);
+    ns.connection_closed(ConnId(1));
+    ns.release(retried.session, None).unwrap();
+}
+
 /// A change whose slot a later change took cannot tell whether it was applied: it is
 /// refused (`Stale`), not applied again. A count of 0 is no change's.
 fn a_change_too_old_to_tell_is_refused(kind: StoreKind) {
@@ -156,6 +169,13 @@ fn a_change_too_old_to_tell_is_refused(kind: StoreKind) {
         wire(ns.handle(mkdir("a"), at(2, 1, true))),
         ErrorCode::Stale
     );
+    // A first try that far behind its client's latest change (one the client gave up
+    // on, late from a slow queue) would share a slot with a later one: refused.
+    assert_eq!(
+        wire(ns.handle(mkdir("c"), at(1, 1, false))),
+        ErrorCode::Stale
+    );
+    assert_eq!(code(ns.lookup(ROOT, b"c")), ErrorCode::NotFound);
     assert_eq!(
         wire(ns.handle(mkdir("c"), at(2, 0, false))),
         ErrorCode::InvalidArgument
@@ -221,6 +241,7 @@ engine_tests!(
     a_change_sent_again_is_answered_from_its_record,
     a_create_sent_again_to_a_restarted_server_keeps_its_open,
     a_first_try_after_its_retry_is_not_applied_again,
+    a_late_first_try_leaves_the_open_with_its_retry,
     a_change_too_old_to_tell_is_refused,
     an_applied_change_without_its_answer_fails_clearly,
     old_change_records_are_purged,
