@@ -20,9 +20,11 @@
 //! never a second application; no record means the change never landed, and it runs.
 //!
 //! Records live in [`OP_SLOTS`] slots per client, the id's count modulo the slots, so a
-//! client costs at most that many keys; a client has at most that many changes in
-//! flight (it waits for a free one), so a slot holding an earlier count than the one
-//! asked about means the change never landed, and a later one cannot tell, and says so.
+//! client costs at most that many keys. A client starts change n only once change
+//! n - [`OP_SLOTS`] has ended (`fs-client`'s `client/ops.rs`), and this server runs one
+//! change per slot of a client at a time and refuses a first try that far behind the
+//! client's latest, so a slot holding an earlier count than the one asked about means
+//! the change never landed, and a later one cannot tell, and says so.
 //! A record says when it was written; records older than [`OP_RECORD_TTL`] (more than
 //! any client waits to send a change again) are deleted by a periodic purge
 //! ([`Namespace::purge_op_records`]). Whether a client has ended cannot be told from
@@ -47,7 +49,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// server before it gives a change up (`meta_wait_ms`, at most an hour).
 pub const OP_RECORD_TTL: Duration = Duration::from_secs(2 * 3600);
 /// Records looked at per page of the purge.
-const PURGE_PAGE: usize = 256;
+const PURGE_PAGE: usize = 64;
 /// Records deleted per batch of the purge (within an etcd transaction's operations).
 const PURGE_BATCH: usize = 64;
 
@@ -147,7 +149,11 @@ impl Ops {
         let id = (op.client, op.seq);
         let deadline = Instant::now() + OP_WAIT;
         let mut running = self.running.lock();
-        while running.now.contains(&id) {
+        // The same change, or another of the same client in the same slot (one the
+        // client gave up on while it still ran here): its record would be overwritten.
+        let same_slot =
+            |&(c, s): &(ClientId, u64)| c == op.client && s % OP_SLOTS == op.seq % OP_SLOTS;
+        while running.now.iter().any(same_slot) {
             if self.done.wait_until(&mut running, deadline).timed_out() {
                 return Err(MetaError::InFlight(format!(
                     "change {} of {} is still running on this server",
