@@ -276,7 +276,7 @@ impl Connection {
             Wire::Tcp(_) => crate::tcp::abandon(&self.core),
             Wire::Mem(w) => w.abandon(),
             #[cfg(feature = "rdma")]
-            Wire::Rdma(_) => {}
+            Wire::Rdma(w) => w.abandon(),
         }
         self.core
             .shutdown_as("given up: a call on it timed out".into(), Closed::Locally);

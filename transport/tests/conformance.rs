@@ -39,6 +39,7 @@ fn main() {
         a_peer_dying_mid_transfer_fails_the_transfer_not_hangs,
         calls_beyond_the_servers_credits_are_refused,
         another_application_version_is_refused,
+        a_connection_given_up_is_broken_for_the_peer,
     ];
     let mut trials = Vec::new();
     for backend in [Backend::Tcp, Backend::Mem, Backend::Rdma] {
@@ -409,4 +410,50 @@ async fn another_application_version_is_refused(b: Backend) {
         matches!(r, Err(TransportError::VersionMismatch { .. })),
         "{r:?}"
     );
+}
+
+/// A server that answers nothing and reports how each of its connections ended.
+struct Mute(tokio::sync::mpsc::UnboundedSender<transport::Closed>);
+
+impl transport::Handler for Mute {
+    fn handle(&self, _conn: transport::Connection, _req: Bytes) -> transport::HandlerFuture {
+        Box::pin(async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Bytes::new()
+        })
+    }
+    fn disconnected(&self, _conn: transport::ConnId, how: transport::Closed) {
+        let _ = self.0.send(how);
+    }
+}
+
+/// Guards against a client's given-up connection reaching the server as closed by an
+/// ended process (which ends its open files and locks at once, where a client that lives
+/// on needs them kept for its grace): a connection abandoned after a call timed out is
+/// broken for the peer, on every backend (rdma: a byte on the side channel); a plain
+/// close is closed by the peer.
+async fn a_connection_given_up_is_broken_for_the_peer(b: Backend) {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let server_ep = endpoint(b, cfg());
+    let listener = server_ep
+        .listen("127.0.0.1:0", std::sync::Arc::new(Mute(tx)))
+        .await
+        .unwrap();
+    let addr = listener.local_addr().to_string();
+    let short = TransportConfig {
+        call_timeout_ms: 200,
+        ..cfg()
+    };
+    let ep = endpoint(b, short);
+    let conn = ep.connect(&addr).await.unwrap();
+    let r = conn.call(Bytes::from_static(b"x")).await;
+    assert!(matches!(r, Err(TransportError::TimedOut { .. })), "{r:?}");
+    conn.abandon();
+    let how = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+    assert_eq!(how.unwrap(), Some(transport::Closed::Broken));
+    let conn = ep.connect(&addr).await.unwrap();
+    conn.close();
+    drop(conn);
+    let how = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+    assert_eq!(how.unwrap(), Some(transport::Closed::ByPeer));
 }

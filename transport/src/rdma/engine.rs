@@ -94,7 +94,15 @@ pub(crate) struct RdmaWire {
     sq: Arc<Semaphore>,
     setup: Mutex<QpSetup>,
     psn: u32,
+    /// The side channel's sending half: after setup it carries only
+    /// [`SIDE_ABANDON`], from [`RdmaWire::abandon`].
+    side: Mutex<Option<tokio::net::tcp::OwnedWriteHalf>>,
 }
+
+/// The byte a side that gives a connection up (a call on it timed out) sends on the
+/// side channel before closing it: the peer takes the connection for broken, as a
+/// network failure, not closed by an ended process (tcp sends an `Abandon` frame).
+pub(crate) const SIDE_ABANDON: u8 = b'A';
 
 struct ChannelFd(RawFd);
 
@@ -142,6 +150,7 @@ impl RdmaWire {
             sq: Arc::new(Semaphore::new(sq_depth as usize)),
             psn: rand::random::<u32>() & MAX_QPN,
             setup: Mutex::new(QpSetup::new(dev.local, dev.mtu_cap, dev.max_rd_atomic)),
+            side: Mutex::new(None),
         };
         let init = setup.to_init().map_err(TransportError::InvalidArgument)?;
         w.modify(init)?;
@@ -150,6 +159,19 @@ impl RdmaWire {
             w.post_recv(slot)?;
         }
         Ok(w)
+    }
+
+    /// Keeps the side channel's sending half, for [`RdmaWire::abandon`].
+    pub(crate) fn keep_side(&self, tx: tokio::net::tcp::OwnedWriteHalf) {
+        *self.side.lock() = Some(tx);
+    }
+
+    /// Tells the peer this side gives the connection up ([`SIDE_ABANDON`]), before it
+    /// closes. Best effort, without waiting: one byte on an idle socket.
+    pub(crate) fn abandon(&self) {
+        if let Some(tx) = self.side.lock().as_ref() {
+            let _ = tx.try_write(&[SIDE_ABANDON]);
+        }
     }
 
     /// What this side tells the peer.
@@ -509,6 +531,10 @@ impl RdmaWire {
         for t in std::mem::take(&mut *core.tasks.lock()) {
             t.abort();
         }
+        // The side channel's end is how the peer learns the connection is gone: its
+        // sending half goes now, not when the last handle of the connection does (a
+        // request still being handled keeps one).
+        self.side.lock().take();
     }
 
     fn on_recv(&self, core: &Arc<ConnCore>, slot: u32, len: usize) -> Result<(), String> {

@@ -321,6 +321,8 @@ fn start(
     handler: Option<Arc<dyn Handler>>,
 ) -> Arc<ConnCore> {
     let max = theirs.max_msg_bytes as usize;
+    let (side, side_tx) = side.into_split();
+    wire.keep_side(side_tx);
     let core = Arc::new(ConnCore::new(peer, max, config, handler, Wire::Rdma(wire)));
     let poller = tokio::spawn(engine::poll_loop(Arc::downgrade(&core)));
     // The watcher owns the connection, as tcp's reader task does: an accepted one has
@@ -334,12 +336,17 @@ fn start(
     core
 }
 
-/// The side channel carries nothing after setup; its end means the peer is gone.
-async fn watch_side(core: Arc<ConnCore>, mut side: TcpStream) {
+/// The side channel carries nothing after setup but [`engine::SIDE_ABANDON`] (the
+/// peer gave the connection up: broken, as a network failure); its end means the peer
+/// is gone.
+async fn watch_side(core: Arc<ConnCore>, mut side: tokio::net::tcp::OwnedReadHalf) {
     let mut b = [0u8; 64];
     let (why, how) = loop {
         match side.read(&mut b).await {
             Ok(0) => break ("peer closed the connection".to_string(), Closed::ByPeer),
+            Ok(n) if b[..n].contains(&engine::SIDE_ABANDON) => {
+                break ("peer gave the connection up".to_string(), Closed::Broken)
+            }
             Ok(_) => continue,
             Err(e) => break (format!("side channel failed: {e}"), Closed::Broken),
         }
