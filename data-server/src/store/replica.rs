@@ -518,6 +518,9 @@ mod tests {
         store.install(empty, cs, &[], f).unwrap();
         assert_eq!(store.chunk_meta(empty).unwrap().unwrap().len, 0);
         assert_eq!(store.chunk_meta(empty).unwrap().unwrap().version, 9);
+        // An empty copy is fetched as such (its whole length, no bytes, read nothing).
+        let (m3, none) = store.fetch(empty).unwrap().unwrap();
+        assert_eq!((m3.len, none.len()), (0, 0));
 
         let all = store.list_after(None, 100).unwrap();
         assert_eq!(all.len(), 3);

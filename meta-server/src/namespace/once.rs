@@ -348,6 +348,11 @@ impl Namespace {
         let mut start = prefix;
         let mut purged = 0;
         loop {
+            // A stopping server writes nothing more (its owner lease may be gone: the
+            // fence would refuse the write, and fail the store).
+            if self.stopping.load(std::sync::atomic::Ordering::Acquire) {
+                break;
+            }
             let page = self.store.scan(&start, &end, PURGE_PAGE)?;
             let old: Vec<&Vec<u8>> = page
                 .iter()
