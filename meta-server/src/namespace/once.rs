@@ -334,7 +334,7 @@ impl Namespace {
         }
     }
 
-    /// Deletes the change records written more than [`OP_RECORD_TTL`] ago; returns
+    /// Deletes the change records written more than two hours ago (`OP_RECORD_TTL`); returns
     /// how many. The server runs it every few minutes. A page at a time: each key is
     /// read again and deleted while no change can write a record (see `Ops::purging`).
     pub fn purge_op_records(&self) -> Result<usize, MetaError> {
