@@ -412,21 +412,6 @@ async fn another_application_version_is_refused(b: Backend) {
     );
 }
 
-/// A server that answers nothing and reports how each of its connections ended.
-struct Mute(tokio::sync::mpsc::UnboundedSender<transport::Closed>);
-
-impl transport::Handler for Mute {
-    fn handle(&self, _conn: transport::Connection, _req: Bytes) -> transport::HandlerFuture {
-        Box::pin(async {
-            tokio::time::sleep(Duration::from_secs(3600)).await;
-            Bytes::new()
-        })
-    }
-    fn disconnected(&self, _conn: transport::ConnId, how: transport::Closed) {
-        let _ = self.0.send(how);
-    }
-}
-
 /// Guards against a client's given-up connection reaching the server as closed by an
 /// ended process (which ends its open files and locks at once, where a client that lives
 /// on needs them kept for its grace): a connection abandoned after a call timed out is
@@ -436,7 +421,7 @@ async fn a_connection_given_up_is_broken_for_the_peer(b: Backend) {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let server_ep = endpoint(b, cfg());
     let listener = server_ep
-        .listen("127.0.0.1:0", std::sync::Arc::new(Mute(tx)))
+        .listen("127.0.0.1:0", std::sync::Arc::new(common::Silent(tx)))
         .await
         .unwrap();
     let addr = listener.local_addr().to_string();

@@ -151,21 +151,6 @@ async fn a_call_that_timed_out_moves_the_link_to_the_next_address() {
     }
 }
 
-/// A server that never answers and reports how each of its connections ended.
-struct Silent(tokio::sync::mpsc::UnboundedSender<transport::Closed>);
-
-impl transport::Handler for Silent {
-    fn handle(&self, _conn: transport::Connection, _req: bytes::Bytes) -> transport::HandlerFuture {
-        Box::pin(async {
-            tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
-            bytes::Bytes::new()
-        })
-    }
-    fn disconnected(&self, _conn: transport::ConnId, how: transport::Closed) {
-        let _ = self.0.send(how);
-    }
-}
-
 /// Guards against a call timeout ending what the server holds for a client that lives
 /// on: the connection given up after a timeout must reach the server as broken (it keeps
 /// the client's open files and locks for its grace), not as closed by an ended process
@@ -177,7 +162,7 @@ async fn a_connection_given_up_after_a_timeout_is_broken_for_the_server() {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let server_ep = endpoint(backend, TransportConfig::default());
         let listener = server_ep
-            .listen("127.0.0.1:0", Arc::new(Silent(tx)))
+            .listen("127.0.0.1:0", Arc::new(common::Silent(tx)))
             .await
             .unwrap();
         let addr = listener.local_addr().to_string();

@@ -160,3 +160,18 @@ pub async fn server(backend: Backend, config: TransportConfig) -> Server {
         events: rx,
     }
 }
+
+/// A server that never answers and reports how each of its connections ended.
+pub struct Silent(pub mpsc::UnboundedSender<transport::Closed>);
+
+impl Handler for Silent {
+    fn handle(&self, _conn: Connection, _req: Bytes) -> HandlerFuture {
+        Box::pin(async {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            Bytes::new()
+        })
+    }
+    fn disconnected(&self, _conn: transport::ConnId, how: transport::Closed) {
+        let _ = self.0.send(how);
+    }
+}
