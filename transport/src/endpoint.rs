@@ -172,6 +172,10 @@ impl Endpoint {
             let ms = self.auth.handshake_timeout_ms;
             let hs = crate::auth::client_handshake(&conn, creds, addr);
             match tokio::time::timeout(Duration::from_millis(ms), hs).await {
+                Ok(Err(TransportError::Disconnected { why, .. })) => {
+                    let e = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, why);
+                    return Err(TransportError::cut_in_handshake(addr, e));
+                }
                 Ok(r) => r?,
                 Err(_) => {
                     // Nothing was asked of the server yet: a connect that timed out, so

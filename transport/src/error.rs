@@ -135,6 +135,17 @@ impl TransportError {
         }
     }
 
+    /// A connection that closed before its handshake was answered: one never made.
+    /// Nothing was asked of the server, so the caller may try again or move on to the
+    /// next address. A server killed while the connection waited in its listener's
+    /// queue (taken by the kernel, never by the process) closes it this way.
+    pub fn cut_in_handshake(addr: &str, e: std::io::Error) -> TransportError {
+        TransportError::Connect {
+            addr: addr.to_string(),
+            source: std::io::Error::new(e.kind(), format!("closed during the handshake: {e}")),
+        }
+    }
+
     /// Whether a call's reply did not come within `call_timeout_ms`: the peer took the
     /// request (it may have been applied) and then said nothing. A peer that stops
     /// answering while keeping its connection open (stopped, hung, paused) shows this

@@ -578,3 +578,33 @@ async fn a_server_that_cannot_prove_the_key_is_refused_by_the_client() {
         .is_empty());
     drop(fake.await.unwrap());
 }
+
+/// Guards against a server that died between the transport's handshake and the key
+/// exchange failing the caller's call for good: nothing was asked of it, so the
+/// connect is one never made (a client moves on to the next address, or waits).
+#[tokio::test]
+async fn a_server_gone_before_the_key_exchange_was_never_connected() {
+    let sock = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = sock.local_addr().unwrap().to_string();
+    let fake = tokio::spawn(async move {
+        let (mut s, _) = sock.accept().await.unwrap();
+        let mut hb = [0u8; HELLO_LEN];
+        s.read_exact(&mut hb).await.unwrap();
+        let hello = Hello {
+            transport_version: TRANSPORT_VERSION,
+            app_version: APP,
+            max_msg_bytes: 1 << 20,
+            status: 0,
+        };
+        s.write_all(&hello.encode()).await.unwrap();
+        let mut h = [0u8; HEADER_LEN];
+        s.read_exact(&mut h).await.unwrap();
+    });
+    let err = client(Backend::Tcp, alice())
+        .connect(&addr)
+        .await
+        .unwrap_err();
+    assert!(err.never_connected(), "{err:?}");
+    assert!(err.to_string().contains("during the handshake"), "{err}");
+    fake.await.unwrap();
+}

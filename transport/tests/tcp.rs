@@ -166,3 +166,33 @@ async fn a_full_listener_closes_its_idlest_connection_for_a_new_one() {
         c.call(echo()).await.expect("busy connections are kept");
     }
 }
+
+/// Guards against a server killed while a connection waited in its listener's queue
+/// failing the call that reconnected (the kernel took the connection, the process never
+/// answered the handshake): that was a protocol error (EPROTO through a mount), not a
+/// server that is away, so the client neither tried again nor moved on to its standby.
+/// A peer that answers with something else than a handshake is still a protocol error.
+#[tokio::test]
+async fn a_connection_closed_before_the_handshake_answer_was_never_made() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = tokio::spawn(async move {
+        // The first connection is closed unanswered, the second answered with garbage.
+        let (s, _) = listener.accept().await.unwrap();
+        drop(s);
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut b = [0u8; HELLO_LEN];
+        s.read_exact(&mut b).await.unwrap();
+        s.write_all(&[0x5a; HELLO_LEN]).await.unwrap();
+        s
+    });
+    let ep = endpoint(Backend::Tcp, TransportConfig::default());
+    let e = ep.connect(&addr).await.unwrap_err();
+    assert!(e.never_connected(), "{e:?}");
+    assert_eq!(e.code(), proto::ErrorCode::Unavailable, "{e}");
+    assert!(e.to_string().contains("during the handshake"), "{e}");
+    let e = ep.connect(&addr).await.unwrap_err();
+    assert!(matches!(e, TransportError::Handshake { .. }), "{e:?}");
+    assert!(!e.never_connected(), "{e:?}");
+    drop(server.await.unwrap());
+}

@@ -281,9 +281,11 @@ pub(crate) async fn connect(ep: &Endpoint, addr: &str) -> Result<Connection, Tra
         let ours = wire.conn_data(ep.app_version(), 0);
         s.write_all(&ours.encode())
             .await
-            .map_err(|e| hs(e.to_string()))?;
+            .map_err(|e| TransportError::cut_in_handshake(addr, e))?;
         let mut b = [0u8; CONN_DATA_LEN];
-        s.read_exact(&mut b).await.map_err(|e| hs(e.to_string()))?;
+        s.read_exact(&mut b)
+            .await
+            .map_err(|e| TransportError::cut_in_handshake(addr, e))?;
         let theirs = ConnData::decode(&b).map_err(hs)?;
         if theirs.status == Refusal::Version as u32 {
             return Err(TransportError::VersionMismatch {

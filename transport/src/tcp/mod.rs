@@ -65,21 +65,19 @@ async fn client_handshake(
     mut stream: TcpStream,
     addr: &str,
 ) -> Result<Connection, TransportError> {
-    let fail = |why: String| TransportError::Handshake {
-        peer: addr.to_string(),
-        why,
-    };
     stream
         .write_all(&hello(ep, 0).encode())
         .await
-        .map_err(|e| fail(e.to_string()))?;
+        .map_err(|e| TransportError::cut_in_handshake(addr, e))?;
     let mut buf = [0u8; HELLO_LEN];
     stream
         .read_exact(&mut buf)
         .await
-        .map_err(|e| fail(format!("no handshake answer: {e}")))?;
-    let theirs =
-        Hello::decode(&buf).ok_or_else(|| fail("not a Tessera endpoint (bad magic)".into()))?;
+        .map_err(|e| TransportError::cut_in_handshake(addr, e))?;
+    let theirs = Hello::decode(&buf).ok_or_else(|| TransportError::Handshake {
+        peer: addr.to_string(),
+        why: "not a Tessera endpoint (bad magic)".into(),
+    })?;
     if theirs.status != 0
         || theirs.transport_version != TRANSPORT_VERSION
         || theirs.app_version != ep.app_version()
