@@ -1,5 +1,5 @@
 //! `fuser::Filesystem` for [`TesseraFs`]: every callback spawns its work and replies from
-//! the task.
+//! the task; the data callbacks (read, write, flush, release) are in `io.rs`.
 
 use super::attr::{file_type, fuse_attr, kind_of_mode};
 use super::replies::{
@@ -382,28 +382,7 @@ impl fuser::Filesystem for TesseraFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        // An O_DIRECT reader asks for these bytes and keeps no page cache: reading a
-        // block around them (up to 256 KiB for a 4 KiB read) and storing it in the
-        // kernel's cache would only cost time, moved bytes and memory.
-        let around = flags.0 & libc::O_DIRECT == 0;
-        let inner = self.inner.clone();
-        self.spawn(req, async move {
-            let file = match inner.file(fh.0) {
-                Ok(f) => f,
-                Err(e) => return reply.error(errno(e.code())),
-            };
-            let r = inner
-                .client
-                .read_buf_with(&file, offset, size as usize, around)
-                .await;
-            finish(reply, r, |reply, buf| {
-                buf.with(|b| reply.data(b));
-                // After the answer, so that the reader does not wait for it.
-                buf.with_block(|start, block, stamp| {
-                    inner.store_around(&file, start, block, stamp)
-                });
-            })
-        });
+        self.read_op(req, fh, offset, size, flags, reply)
     }
 
     fn write(
@@ -418,94 +397,11 @@ impl fuser::Filesystem for TesseraFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let append = self.inner.server_append(flags.0);
-        // Written past the page cache (`FOPEN_DIRECT_IO`): cached pages of the range
-        // that other handles read are dropped after it. An append is queued and placed
-        // later (`file/append.rs`): the pages from the end this mount knew are dropped
-        // when a write starts a new batch, and any read of this mount places the queue
-        // before it reads, so no page it caches again misses an append.
-        // With the writeback cache the kernel does that itself (`Inner::direct_open`).
-        let direct = flags.0 & libc::O_DIRECT != 0 && !self.inner.writeback_on();
-        // The kernel clears setuid/setgid itself before writes through the page cache,
-        // but leaves it to us for direct I/O (O_DIRECT and, here, O_APPEND files) by an
-        // unprivileged writer.
-        let kill_suid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        if !kill_suid && !direct {
-            // Most writes fit the buffers (or the append queue) at once: answer here,
-            // sparing a copy and a task.
-            if let Ok(file) = self.inner.file(fh.0) {
-                let client = &self.inner.client;
-                let now = if append {
-                    client.try_append_now(&file, data)
-                } else {
-                    client.try_write_now(&file, offset, data)
-                };
-                if let Some(r) = now {
-                    return finish(reply, r, |reply, n| reply.written(n as u32));
-                }
-            }
-        }
-        let (inner, data) = (self.inner.clone(), data.to_vec());
-        self.spawn(req, async move {
-            let file = match inner.file(fh.0) {
-                Ok(file) if kill_suid => match inner.client.kill_suid(file.ino()).await {
-                    Ok(()) => Ok(file),
-                    Err(e) => Err(e),
-                },
-                r => r,
-            };
-            let r = match file {
-                Ok(file) => {
-                    // The range whose cached pages are stale (length 0: to the end).
-                    let r = if append {
-                        let n = data.len();
-                        let r = inner.client.append_queued(&file, &data).await;
-                        r.map(|stale| (stale.map(|from| (from, 0)), n))
-                    } else {
-                        let r = inner.client.write(&file, offset, &data).await;
-                        r.map(|n| (direct.then_some((offset, n as u64)), n))
-                    };
-                    if let Ok((Some((at, len)), _)) = &r {
-                        if inner.direct_io(fh.0) {
-                            inner.drop_pages(file.ino(), *at, *len).await;
-                        } else {
-                            // O_APPEND or O_DIRECT set after the open (fcntl): the
-                            // kernel holds the written pages locked until this reply.
-                            inner.drop_pages_later(file.ino(), *at, *len);
-                        }
-                    }
-                    r
-                }
-                Err(e) => Err(e),
-            };
-            finish(reply, r, |reply, (_, n)| reply.written(n as u32))
-        });
+        self.write_op(req, fh, offset, data, write_flags, flags, reply)
     }
 
     fn flush(&self, req: &Request, i: INodeNo, fh: Fh, owner: LockOwner, reply: ReplyEmpty) {
-        // Nothing to send and no lock ever taken on the file through this mount: answer
-        // here (every close of a file read, or created and left empty).
-        if !self.inner.locked.lock().contains(&ino(i)) {
-            if let Ok(file) = self.inner.file(fh.0) {
-                if file.settled() {
-                    self.inner.forget_lock_owner(fh.0, owner.0);
-                    return reply.ok();
-                }
-            }
-        }
-        let inner = self.inner.clone();
-        self.spawn(req, async move {
-            // Closing any descriptor drops the process's POSIX locks on the file.
-            inner.forget_lock_owner(fh.0, owner.0);
-            if let Err(e) = inner.unlock_owner(ino(i), owner.0).await {
-                return reply.error(errno(e.code()));
-            }
-            let r = match inner.file(fh.0) {
-                Ok(file) => inner.flushed(&file, inner.client.flush(&file).await),
-                Err(e) => Err(e),
-            };
-            finish(reply, r, |reply, ()| reply.ok())
-        });
+        self.flush_op(req, i, fh, owner, reply)
     }
 
     fn release(
@@ -518,39 +414,7 @@ impl fuser::Filesystem for TesseraFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        // No lock ever taken on the file through this mount and nothing to send or
-        // commit: the session ends in the next batch (`Client::release_later`), and the
-        // answer goes from here.
-        if !self.inner.locked.lock().contains(&ino(i)) {
-            if let Some(file) = self.inner.file(fh.0).ok().filter(|f| f.settled()) {
-                self.inner.lock_owners.lock().remove(&fh.0);
-                self.inner.files.lock().remove(&fh.0);
-                self.inner.client.release_later(file.session);
-                return reply.ok();
-            }
-        }
-        // Lock calls of this mount read after this release wait for it (see
-        // `releases`): `close` returned before the kernel sent it.
-        let releasing = self.inner.releases.start(ino(i));
-        let inner = self.inner.clone();
-        self.spawn(req, async move {
-            // The last close of an open file drops its flock (the kernel names the owner)
-            // and its OFD locks (the kernel does not: see `Inner::lock_owners`).
-            let mut owners = inner.lock_owners.lock().remove(&fh.0).unwrap_or_default();
-            owners.extend(lock_owner.map(|o| o.0));
-            for owner in owners {
-                if let Err(e) = inner.unlock_owner(ino(i), owner).await {
-                    debug!(error = %e, "releasing flock and OFD locks failed");
-                }
-            }
-            drop(releasing);
-            let file = inner.files.lock().remove(&fh.0).map(|o| o.file);
-            let r = match file {
-                Some(file) => inner.client.release(&file).await,
-                None => Ok(()),
-            };
-            finish(reply, r, |reply, ()| reply.ok())
-        });
+        self.release_op(req, i, fh, lock_owner, reply)
     }
 
     fn fsync(&self, req: &Request, _i: INodeNo, fh: Fh, _datasync: bool, reply: ReplyEmpty) {
