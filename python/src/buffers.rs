@@ -7,6 +7,7 @@
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
 /// A writable, C-contiguous buffer exported by a Python object.
 pub struct WritableBuffer {
@@ -106,5 +107,93 @@ impl RawSliceMut {
         // meanwhile, as with any C extension filling a buffer without the GIL: that is a
         // race on the bytes of the caller's own making, and nothing here reads them back.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// A new `bytes` object that Rust fills, with the GIL released, before Python code can
+/// see it: a whole file read straight into the object `read_many` returns, with no
+/// buffer of Rust's own between the transfer and it (one copy, not two, and no fresh
+/// pages of a Rust allocation to fault in for every file).
+pub struct FreshBytes {
+    obj: Py<PyBytes>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the object is referenced by this value only until `into_bytes` hands it to
+// Python, so no Python code reads or frees its memory while another thread fills it;
+// a `Py` may be sent between threads (pyo3 defers a reference dropped without the GIL).
+unsafe impl Send for FreshBytes {}
+
+impl FreshBytes {
+    /// A `bytes` object of `len` bytes whose contents are not yet set: made with the GIL,
+    /// zeroed ([`Unfilled::zeroed`]) without it, where the first touch of its pages costs
+    /// no other Python thread anything.
+    pub fn make(py: Python<'_>, len: usize) -> PyResult<Unfilled> {
+        let size = isize::try_from(len)
+            .map_err(|_| pyo3::exceptions::PyMemoryError::new_err("too large for bytes"))?;
+        // SAFETY: a NULL source asks CPython for an object of `size` bytes whose contents
+        // are left to the caller (stable ABI); a NULL result is the error set, taken here.
+        let obj = unsafe {
+            Bound::from_owned_ptr_or_err(
+                py,
+                pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), size),
+            )?
+            .cast_into_unchecked::<PyBytes>()
+        };
+        // SAFETY: `obj` is a bytes object; its buffer of `len` bytes (and a trailing NUL)
+        // lives as long as the object.
+        let ptr = unsafe { pyo3::ffi::PyBytes_AsString(obj.as_ptr()) }.cast::<u8>();
+        if ptr.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        Ok(Unfilled(FreshBytes {
+            obj: obj.unbind(),
+            ptr,
+            len,
+        }))
+    }
+
+    /// The object, holding the first `n` bytes filled (a file that shrank while it was
+    /// read: a new object of those bytes).
+    pub fn into_bytes(self, py: Python<'_>, n: usize) -> Bound<'_, PyBytes> {
+        if n >= self.len {
+            return self.obj.into_bound(py);
+        }
+        PyBytes::new(py, &self.as_slice()[..n])
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `len` bytes owned by `obj`, zeroed by `Unfilled::zeroed` (the only way
+        // to a `FreshBytes` outside this module).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl AsMut<[u8]> for FreshBytes {
+    fn as_mut(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: `len` initialized bytes of an object only this value references (see
+        // the `Send` impl), borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// A [`FreshBytes`] whose bytes are not set yet: nothing may read them.
+pub struct Unfilled(FreshBytes);
+
+impl Unfilled {
+    /// Sets every byte to zero; needs no GIL (the object is this value's alone).
+    pub fn zeroed(self) -> FreshBytes {
+        // SAFETY: `ptr` points at `len` writable bytes of an object that nothing else
+        // references yet (see `FreshBytes`'s `Send` impl); writing through a raw pointer
+        // reads none of them.
+        unsafe { std::ptr::write_bytes(self.0.ptr, 0, self.0.len) };
+        self.0
     }
 }

@@ -9,7 +9,7 @@ mod buffers;
 mod errors;
 mod file;
 
-use buffers::{ReadableBuffer, WritableBuffer};
+use buffers::{FreshBytes, ReadableBuffer, WritableBuffer};
 use errors::{at, os_error};
 use fs_client::api::{self, DirEntry, FileType, Metadata, OpenOptions};
 use pyo3::exceptions::PyValueError;
@@ -216,12 +216,21 @@ impl Client {
         py: Python<'py>,
         paths: Vec<String>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-        let results = py.detach(|| self.inner.read_many(&paths));
+        // Each file goes straight into the `bytes` returned (see `FreshBytes`); the GIL
+        // is taken only to make those objects.
+        let results = py.detach(|| {
+            self.inner.read_many_into(&paths, |size| {
+                let unfilled = Python::attach(|py| FreshBytes::make(py, size)).map_err(|e| {
+                    fs_client::ClientError::TooLarge(format!("a buffer of {size} bytes: {e}"))
+                })?;
+                Ok(unfilled.zeroed())
+            })
+        });
         paths
             .iter()
             .zip(results)
             .map(|(p, r)| {
-                r.map(|d| PyBytes::new(py, &d))
+                r.map(|(fresh, n)| fresh.into_bytes(py, n))
                     .map_err(|e| os_error(&e, p, None))
             })
             .collect()

@@ -26,6 +26,11 @@ def test_read_many_of_a_thousand_files(fs, base):
     rev = list(reversed(paths[:50])) + paths[:3]
     assert fs.read_many(rev) == [_content(int(p[-4:])) for p in rev]
     assert fs.read_many([]) == []
+    # Plain `bytes` (filled in place by Rust), also of files of several transfers.
+    assert all(type(d) is bytes for d in got)
+    big = bytes(range(256)) * (5 * 4096 + 7)
+    fs.write_bytes(f"{base}/big", big)
+    assert fs.read_many([f"{base}/big", paths[1]]) == [big, _content(1)]
     with pytest.raises(FileNotFoundError) as e:
         fs.read_many(paths[:10] + [f"{base}/none"] + paths[10:20])
     assert e.value.filename == f"{base}/none"

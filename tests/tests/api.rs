@@ -83,6 +83,29 @@ async fn files_written_read_and_listed_by_path() {
         }
         assert_eq!(got[200].as_ref().unwrap_err().errno(), libc::ENOENT);
 
+        // The same into buffers the caller makes (as Python's `bytes`): each sized by
+        // its open, filled whole; a buffer that cannot be made fails that file alone.
+        let some: Vec<String> = asked[..20].to_vec();
+        let into = fs.read_many_into(&some, |size| {
+            if size == 1000 + 7 {
+                return Err(fs_client::ClientError::TooLarge("no buffer for you".into()));
+            }
+            Ok(vec![0xa5u8; size].into_boxed_slice())
+        });
+        for (i, r) in into.iter().enumerate() {
+            if i == 7 {
+                let e = r.as_ref().unwrap_err();
+                assert_eq!(e.errno(), libc::EFBIG, "{e}");
+                continue;
+            }
+            let (buf, n) = r.as_ref().unwrap();
+            assert_eq!((*n, buf.len()), (size(i), size(i)), "file {i}");
+            assert!(
+                buf[..] == pseudo_random(size(i), i as u64)[..],
+                "file {i} differs"
+            );
+        }
+
         let mut listed: Vec<String> = fs
             .read_dir_plus("/data/small")
             .unwrap()

@@ -446,26 +446,67 @@ enum Need {
 /// The whole file at `path`: its length as the open saw it (a read never goes past
 /// the length this client knows).
 pub(super) async fn read_whole(sh: Arc<Shared>, path: String) -> Result<Vec<u8>> {
-    let file = open_for(sh.clone(), &path, &OpenOptions::new(), true).await?;
-    let fh = file.fh.write().take().expect("just opened");
-    let size = usize::try_from(fh.state.size())
-        .map_err(|_| ClientError::TooLarge(format!("{path:?} does not fit in memory")))?;
-    let mut out = vec![0; size];
-    let read = sh.client.read_into(&fh, &mut out, 0).await;
-    let closed = sh.client.release(&fh).await;
-    out.truncate(read?);
-    closed?;
+    let (mut out, n) = read_whole_into(sh, path, |size| async move { Ok(vec![0; size]) }).await?;
+    out.truncate(n);
     Ok(out)
 }
 
-/// Whole files, at most `sh.parallel` read at once, each in a task of its own.
-pub(super) async fn read_many(sh: Arc<Shared>, paths: Vec<String>) -> Vec<Result<Vec<u8>>> {
+/// The whole file at `path` into a buffer that `alloc` makes for the length the open
+/// saw; the buffer and the bytes read into it (fewer only if the file shrank).
+async fn read_whole_into<B, F, Fut>(sh: Arc<Shared>, path: String, alloc: F) -> Result<(B, usize)>
+where
+    B: AsMut<[u8]>,
+    F: FnOnce(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<B>>,
+{
+    let file = open_for(sh.clone(), &path, &OpenOptions::new(), true).await?;
+    let fh = file.fh.write().take().expect("just opened");
+    let made = match usize::try_from(fh.state.size()) {
+        Ok(size) => alloc(size).await,
+        Err(_) => Err(ClientError::TooLarge(format!(
+            "{path:?} does not fit in memory"
+        ))),
+    };
+    let read = match made {
+        Ok(mut out) => {
+            let n = sh.client.read_into(&fh, out.as_mut(), 0).await;
+            n.map(|n| (out, n))
+        }
+        Err(e) => Err(e),
+    };
+    let closed = sh.client.release(&fh).await;
+    let read = read?;
+    closed?;
+    Ok(read)
+}
+
+/// Whole files, at most `sh.parallel` read at once, each in a task of its own, into
+/// buffers that `alloc` makes, on a blocking thread: it may wait (as Python's does,
+/// for the interpreter's lock) without holding up the runtime's transfers.
+pub(super) async fn read_many_into<B, A>(
+    sh: Arc<Shared>,
+    paths: Vec<String>,
+    alloc: Arc<A>,
+) -> Vec<Result<(B, usize)>>
+where
+    B: AsMut<[u8]> + Send + 'static,
+    A: Fn(usize) -> Result<B> + Send + Sync + 'static,
+{
     let parallel = sh.parallel;
     stream::iter(paths)
         .map(|p| {
-            let sh = sh.clone();
+            let (sh, alloc) = (sh.clone(), alloc.clone());
+            let made = move |size: usize| async move {
+                match tokio::task::spawn_blocking(move || alloc(size)).await {
+                    Ok(r) => r,
+                    Err(e) => Err(refused(
+                        proto::ErrorCode::Io,
+                        format!("a buffer's allocation failed: {e}"),
+                    )),
+                }
+            };
             async move {
-                match tokio::spawn(read_whole(sh, p)).await {
+                match tokio::spawn(read_whole_into(sh, p, made)).await {
                     Ok(r) => r,
                     Err(e) => {
                         let msg = format!("a read task failed: {e}");

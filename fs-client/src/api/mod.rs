@@ -573,12 +573,46 @@ impl Tessera {
     /// the runtime's threads: the results are in the order of `paths`, and all of them
     /// are held until the last is read (pass batches to bound the memory).
     pub fn read_many<S: AsRef<str>>(&self, paths: &[S]) -> Vec<Result<Vec<u8>>> {
+        let all = self.read_many_into(paths, |size| Ok(vec![0; size]));
+        all.into_iter()
+            .map(|r| {
+                r.map(|(mut out, n)| {
+                    out.truncate(n);
+                    out
+                })
+            })
+            .collect()
+    }
+
+    /// [`Tessera::read_many`] into buffers that `alloc` makes, one per file, for the
+    /// length its open saw (called on a blocking thread of the runtime, never on the
+    /// caller's); each result is the buffer and the bytes read into it, fewer than its
+    /// length only if the file shrank meanwhile. The bytes go from the transfer into
+    /// the caller's buffers with one copy: Python's bindings read into `bytes` objects
+    /// this way.
+    ///
+    /// ```no_run
+    /// # fn demo(fs: &fs_client::api::Tessera) {
+    /// let files = fs.read_many_into(&["/data/a.bin", "/data/b.bin"], |size| Ok(vec![0u8; size]));
+    /// for r in files {
+    ///     let (buf, n) = r.expect("read");
+    ///     println!("{} bytes", buf[..n].len());
+    /// }
+    /// # }
+    /// ```
+    pub fn read_many_into<S, B, A>(&self, paths: &[S], alloc: A) -> Vec<Result<(B, usize)>>
+    where
+        S: AsRef<str>,
+        B: AsMut<[u8]> + Send + 'static,
+        A: Fn(usize) -> Result<B> + Send + Sync + 'static,
+    {
         let sh = self.shared.clone();
         let paths: Vec<String> = paths.iter().map(|p| p.as_ref().to_string()).collect();
         let n = paths.len();
+        let alloc = Arc::new(alloc);
         match self
             .sh()
-            .block_on(async { Ok(file::read_many(sh, paths).await) })
+            .block_on(async { Ok(file::read_many_into(sh, paths, alloc).await) })
         {
             Ok(all) => all,
             Err(e) => {
