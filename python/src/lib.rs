@@ -188,10 +188,15 @@ impl Client {
         py.detach(|| self.inner.read_link(path)).map_err(at(path))
     }
 
-    /// The whole of file `path`.
+    /// The whole of file `path`, read straight into the `bytes` returned (see
+    /// `FreshBytes`).
     fn read<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyBytes>> {
-        let data = py.detach(|| self.inner.read(path)).map_err(at(path))?;
-        Ok(PyBytes::new(py, &data))
+        let mut got = py.detach(|| self.inner.read_many_into(&[path], fresh_bytes));
+        let (fresh, n) = got
+            .pop()
+            .ok_or_else(|| PyValueError::new_err("no result for the one file asked"))?
+            .map_err(at(path))?;
+        Ok(fresh.into_bytes(py, n))
     }
 
     /// Reads `path` from `offset` into `buffer` (any writable buffer: bytearray,
@@ -218,14 +223,7 @@ impl Client {
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
         // Each file goes straight into the `bytes` returned (see `FreshBytes`); the GIL
         // is taken only to make those objects.
-        let results = py.detach(|| {
-            self.inner.read_many_into(&paths, |size| {
-                let unfilled = Python::attach(|py| FreshBytes::make(py, size)).map_err(|e| {
-                    fs_client::ClientError::TooLarge(format!("a buffer of {size} bytes: {e}"))
-                })?;
-                Ok(unfilled.zeroed())
-            })
-        });
+        let results = py.detach(|| self.inner.read_many_into(&paths, fresh_bytes));
         paths
             .iter()
             .zip(results)
@@ -243,6 +241,14 @@ impl Client {
         py.detach(move || self.inner.write(path, raw.as_slice()))
             .map_err(at(path))
     }
+}
+
+/// A `bytes` object of `size` bytes for a whole file to be read into: made under the
+/// GIL (taken here, on a blocking thread of the client's runtime), zeroed without it.
+fn fresh_bytes(size: usize) -> fs_client::Result<FreshBytes> {
+    let unfilled = Python::attach(|py| FreshBytes::make(py, size))
+        .map_err(|e| fs_client::ClientError::TooLarge(format!("a buffer of {size} bytes: {e}")))?;
+    Ok(unfilled.zeroed())
 }
 
 /// Connects to the cluster whose metadata server listens on one of `addrs`, with client
