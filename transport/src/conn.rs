@@ -20,6 +20,9 @@ use tokio::sync::{oneshot, Semaphore};
 use tokio::task::AbortHandle;
 use tracing::{debug, warn};
 
+/// How the reason of a connection closed for breaking the protocol begins.
+pub(crate) const PROTOCOL_ERROR: &str = "protocol error";
+
 /// The future a [`Handler`] returns: the encoded reply.
 pub type HandlerFuture = Pin<Box<dyn Future<Output = Bytes> + Send + 'static>>;
 
@@ -465,7 +468,7 @@ impl ConnCore {
 
     /// Closes the connection for breaking the protocol and returns the error to report.
     pub(crate) fn protocol_error(&self, why: &str) -> TransportError {
-        self.shutdown(format!("protocol error: {why}"));
+        self.shutdown(format!("{PROTOCOL_ERROR}: {why}"));
         self.gone()
     }
 
@@ -625,6 +628,10 @@ impl ConnCore {
                     Some(refusal) => Err(refusal),
                     None => Ok(reply),
                 };
+                #[cfg(feature = "rdma")]
+                if let Wire::Rdma(w) = &self.wire {
+                    return w.respond_then_shutdown(self, id, answer, c.why);
+                }
                 self.respond(id, answer);
                 return self.shutdown(c.why);
             }

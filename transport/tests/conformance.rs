@@ -40,6 +40,7 @@ fn main() {
         calls_beyond_the_servers_credits_are_refused,
         another_application_version_is_refused,
         a_connection_given_up_is_broken_for_the_peer,
+        a_refused_key_is_told_to_the_client,
     ];
     let mut trials = Vec::new();
     for backend in [Backend::Tcp, Backend::Mem, Backend::Rdma] {
@@ -437,4 +438,49 @@ async fn a_connection_given_up_is_broken_for_the_peer(b: Backend) {
     drop(conn);
     let how = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
     assert_eq!(how.unwrap(), Some(transport::Closed::ByPeer));
+}
+
+/// Guards against a refused key reaching the client as a closed connection (on rdma the
+/// connection closed before the refusal was sent): a client would then take the server
+/// for one that is away, and wait for it, where it must fail at once with why. A key of
+/// another cluster is refused, on every backend, as an authentication failure; the
+/// server's own key gets in.
+async fn a_refused_key_is_told_to_the_client(b: Backend) {
+    use proto::auth::{Caps, KeyId};
+    use transport::auth::KeyRecord;
+    use transport::{ClientKeyFile, Credentials, Key, KeyTable};
+    let cluster = Key::from_hex(&"c1".repeat(32)).unwrap();
+    let table = std::sync::Arc::new(KeyTable::new(cluster.clone()));
+    let alice = ClientKeyFile::derive(&cluster, "alice", KeyId([1; 16]), Caps::default());
+    table.insert(
+        "alice",
+        KeyRecord {
+            key_id: alice.claim.key_id,
+            caps: alice.claim.caps.clone(),
+            revoked: false,
+        },
+    );
+    let server_ep = endpoint(b, cfg()).with_verifier(table);
+    let s = server_ep
+        .listen(
+            "127.0.0.1:0",
+            std::sync::Arc::new(common::Silent(tokio::sync::mpsc::unbounded_channel().0)),
+        )
+        .await
+        .unwrap();
+    let addr = s.local_addr().to_string();
+    let other = Key::from_hex(&"d2".repeat(32)).unwrap();
+    let forged = ClientKeyFile::derive(&other, "alice", KeyId([1; 16]), Caps::default());
+    let t = Instant::now();
+    let r = endpoint(b, cfg())
+        .with_credentials(Credentials::client(forged))
+        .connect(&addr)
+        .await;
+    assert!(matches!(&r, Err(TransportError::Auth { .. })), "{r:?}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    endpoint(b, cfg())
+        .with_credentials(Credentials::client(alice))
+        .connect(&addr)
+        .await
+        .expect("the cluster's own key gets in");
 }

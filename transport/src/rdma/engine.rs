@@ -28,6 +28,10 @@ use std::sync::{Arc, Weak};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{Notify, Semaphore};
 
+/// How long a closing connection waits for its last answer to be sent and the peer to
+/// close (see `RdmaWire::respond_then_shutdown`).
+const CLOSING_REPLY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Receive buffers reserved for credit-only messages.
 const UPDATE_SLOTS: u32 = 2;
 /// Send-queue room kept for memory-window binds.
@@ -356,6 +360,36 @@ impl RdmaWire {
                 Err((code, msg)) => (MsgKind::CallError, code.number(), Bytes::from(msg)),
             };
             let _ = wire(&core).send_msg(&core, kind, status, id, &body).await;
+        });
+    }
+
+    /// Sends the last answer of a connection that is closing (a refused handshake), and
+    /// closes it once the peer has (it closes on reading the answer), or after
+    /// [`CLOSING_REPLY`]. Closed at once, the send would find the connection gone; closed
+    /// right after the send, the end of the side channel could reach the peer before
+    /// its poller took the answer from its queue. Either way the peer would learn
+    /// nothing of why, and a refused key would look like a server that is away.
+    pub(crate) fn respond_then_shutdown(
+        &self,
+        core: &Arc<ConnCore>,
+        id: u64,
+        result: Result<Bytes, (ErrorCode, String)>,
+        why: String,
+    ) {
+        let core = core.clone();
+        tokio::spawn(async move {
+            let (kind, status, body) = match result {
+                Ok(b) => (MsgKind::Reply, 0, b),
+                Err((code, msg)) => (MsgKind::CallError, code.number(), Bytes::from(msg)),
+            };
+            let answered = async {
+                let _ = wire(&core).send_msg(&core, kind, status, id, &body).await;
+                while !core.is_closed() {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+            };
+            let _ = tokio::time::timeout(CLOSING_REPLY, answered).await;
+            core.shutdown(why);
         });
     }
 

@@ -296,11 +296,22 @@ pub(crate) async fn connect(ep: &Endpoint, addr: &str) -> Result<Connection, Tra
                 our_app: ep.app_version(),
             });
         }
+        if theirs.status == Refusal::Full as u32 {
+            // As a full tcp listener that closes the connection: a server to try again
+            // later, or the next address now.
+            let e = std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "the server has no room for another connection",
+            );
+            return Err(TransportError::cut_in_handshake(addr, e));
+        }
         if theirs.status != 0 {
             return Err(hs(format!("refused (status {})", theirs.status)));
         }
         wire.connect_qp(&theirs)?;
-        s.write_all(&[1]).await.map_err(|e| hs(e.to_string()))?;
+        s.write_all(&[1])
+            .await
+            .map_err(|e| TransportError::cut_in_handshake(addr, e))?;
         let core = start(wire, s, addr.to_string(), &theirs, ep.config_arc(), None);
         Ok(Connection::new(core, true))
     };
