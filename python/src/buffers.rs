@@ -113,11 +113,14 @@ impl RawSliceMut {
 /// A new `bytes` object that Rust fills, with the GIL released, before Python code can
 /// see it: a whole file read straight into the object `read_many` returns, with no
 /// buffer of Rust's own between the transfer and it (one copy, not two, and no fresh
-/// pages of a Rust allocation to fault in for every file).
+/// pages of a Rust allocation to fault in for every file). Made under the GIL, its
+/// bytes zeroed by the first borrow (on the thread that fills it, without the GIL).
 pub struct FreshBytes {
     obj: Py<PyBytes>,
     ptr: *mut u8,
     len: usize,
+    /// Whether the bytes were set: none may be read, nor lent, before.
+    zeroed: bool,
 }
 
 // SAFETY: the object is referenced by this value only until `into_bytes` hands it to
@@ -126,10 +129,8 @@ pub struct FreshBytes {
 unsafe impl Send for FreshBytes {}
 
 impl FreshBytes {
-    /// A `bytes` object of `len` bytes whose contents are not yet set: made with the GIL,
-    /// zeroed ([`Unfilled::zeroed`]) without it, where the first touch of its pages costs
-    /// no other Python thread anything.
-    pub fn make(py: Python<'_>, len: usize) -> PyResult<Unfilled> {
+    /// A `bytes` object of `len` bytes, not yet set.
+    pub fn new(py: Python<'_>, len: usize) -> PyResult<FreshBytes> {
         let size = isize::try_from(len)
             .map_err(|_| pyo3::exceptions::PyMemoryError::new_err("too large for bytes"))?;
         // SAFETY: a NULL source asks CPython for an object of `size` bytes whose contents
@@ -147,29 +148,33 @@ impl FreshBytes {
         if ptr.is_null() {
             return Err(PyErr::fetch(py));
         }
-        Ok(Unfilled(FreshBytes {
+        Ok(FreshBytes {
             obj: obj.unbind(),
             ptr,
             len,
-        }))
+            zeroed: false,
+        })
+    }
+
+    /// Sets every byte to zero, once.
+    fn zero(&mut self) {
+        if !self.zeroed {
+            // SAFETY: `ptr` points at `len` writable bytes of an object only this value
+            // references (see the `Send` impl); a raw write reads none of them.
+            unsafe { std::ptr::write_bytes(self.ptr, 0, self.len) };
+            self.zeroed = true;
+        }
     }
 
     /// The object, holding the first `n` bytes filled (a file that shrank while it was
     /// read: a new object of those bytes).
-    pub fn into_bytes(self, py: Python<'_>, n: usize) -> Bound<'_, PyBytes> {
+    pub fn into_bytes(mut self, py: Python<'_>, n: usize) -> Bound<'_, PyBytes> {
+        self.zero();
         if n >= self.len {
             return self.obj.into_bound(py);
         }
-        PyBytes::new(py, &self.as_slice()[..n])
-    }
-
-    fn as_slice(&self) -> &[u8] {
-        if self.len == 0 {
-            return &[];
-        }
-        // SAFETY: `len` bytes owned by `obj`, zeroed by `Unfilled::zeroed` (the only way
-        // to a `FreshBytes` outside this module).
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+        let prefix = &self.as_mut()[..n];
+        PyBytes::new(py, prefix)
     }
 }
 
@@ -178,22 +183,9 @@ impl AsMut<[u8]> for FreshBytes {
         if self.len == 0 {
             return &mut [];
         }
-        // SAFETY: `len` initialized bytes of an object only this value references (see
+        self.zero();
+        // SAFETY: `len` bytes, set above, of an object only this value references (see
         // the `Send` impl), borrowed mutably through `self`.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-/// A [`FreshBytes`] whose bytes are not set yet: nothing may read them.
-pub struct Unfilled(FreshBytes);
-
-impl Unfilled {
-    /// Sets every byte to zero; needs no GIL (the object is this value's alone).
-    pub fn zeroed(self) -> FreshBytes {
-        // SAFETY: `ptr` points at `len` writable bytes of an object that nothing else
-        // references yet (see `FreshBytes`'s `Send` impl); writing through a raw pointer
-        // reads none of them.
-        unsafe { std::ptr::write_bytes(self.0.ptr, 0, self.0.len) };
-        self.0
     }
 }

@@ -191,12 +191,9 @@ impl Client {
     /// The whole of file `path`, read straight into the `bytes` returned (see
     /// `FreshBytes`).
     fn read<'py>(&self, py: Python<'py>, path: &str) -> PyResult<Bound<'py, PyBytes>> {
-        let mut got = py.detach(|| self.inner.read_many_into(&[path], fresh_bytes));
-        let (fresh, n) = got
-            .pop()
-            .ok_or_else(|| PyValueError::new_err("no result for the one file asked"))?
-            .map_err(at(path))?;
-        Ok(fresh.into_bytes(py, n))
+        let mut got = self.read_whole(py, vec![path.to_string()])?;
+        got.pop()
+            .ok_or_else(|| PyValueError::new_err("no result for the one file asked"))
     }
 
     /// Reads `path` from `offset` into `buffer` (any writable buffer: bytearray,
@@ -221,17 +218,7 @@ impl Client {
         py: Python<'py>,
         paths: Vec<String>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-        // Each file goes straight into the `bytes` returned (see `FreshBytes`); the GIL
-        // is taken only to make those objects.
-        let results = py.detach(|| self.inner.read_many_into(&paths, fresh_bytes));
-        paths
-            .iter()
-            .zip(results)
-            .map(|(p, r)| {
-                r.map(|(fresh, n)| fresh.into_bytes(py, n))
-                    .map_err(|e| os_error(&e, p, None))
-            })
-            .collect()
+        self.read_whole(py, paths)
     }
 
     /// Creates or truncates `path` and writes `data` (any bytes-like object) into it.
@@ -243,12 +230,33 @@ impl Client {
     }
 }
 
-/// A `bytes` object of `size` bytes for a whole file to be read into: made under the
-/// GIL (taken here, on a blocking thread of the client's runtime), zeroed without it.
-fn fresh_bytes(size: usize) -> fs_client::Result<FreshBytes> {
-    let unfilled = Python::attach(|py| FreshBytes::make(py, size))
-        .map_err(|e| fs_client::ClientError::TooLarge(format!("a buffer of {size} bytes: {e}")))?;
-    Ok(unfilled.zeroed())
+impl Client {
+    /// Whole files, each read straight into the `bytes` returned for it: opened with
+    /// the GIL released, their objects made under it (taken once for all), filled with
+    /// it released again. The first error, in the order of `paths`, is raised.
+    fn read_whole<'py>(
+        &self,
+        py: Python<'py>,
+        paths: Vec<String>,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let opened = py.detach(|| self.inner.open_many(&paths));
+        let mut jobs = Vec::with_capacity(opened.len());
+        for (p, r) in paths.iter().zip(opened) {
+            let file = r.map_err(|e| os_error(&e, p, None))?;
+            let len = usize::try_from(file.len())
+                .map_err(|_| pyo3::exceptions::PyMemoryError::new_err("too large for bytes"))?;
+            jobs.push((file, FreshBytes::new(py, len)?));
+        }
+        let read = py.detach(|| self.inner.read_whole_into(jobs));
+        paths
+            .iter()
+            .zip(read)
+            .map(|(p, r)| {
+                r.map(|(fresh, n)| fresh.into_bytes(py, n))
+                    .map_err(|e| os_error(&e, p, None))
+            })
+            .collect()
+    }
 }
 
 /// Connects to the cluster whose metadata server listens on one of `addrs`, with client

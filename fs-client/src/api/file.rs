@@ -446,67 +446,49 @@ enum Need {
 /// The whole file at `path`: its length as the open saw it (a read never goes past
 /// the length this client knows).
 pub(super) async fn read_whole(sh: Arc<Shared>, path: String) -> Result<Vec<u8>> {
-    let (mut out, n) = read_whole_into(sh, path, |size| async move { Ok(vec![0; size]) }).await?;
+    let file = open_for(sh.clone(), &path, &OpenOptions::new(), true).await?;
+    let out = whole_buffer(&file, &path)?;
+    let (mut out, n) = read_one_into(sh, file, out).await?;
     out.truncate(n);
     Ok(out)
 }
 
-/// The whole file at `path` into a buffer that `alloc` makes for the length the open
-/// saw; the buffer and the bytes read into it (fewer only if the file shrank).
-async fn read_whole_into<B, F, Fut>(sh: Arc<Shared>, path: String, alloc: F) -> Result<(B, usize)>
-where
-    B: AsMut<[u8]>,
-    F: FnOnce(usize) -> Fut,
-    Fut: std::future::Future<Output = Result<B>>,
-{
-    let file = open_for(sh.clone(), &path, &OpenOptions::new(), true).await?;
-    let fh = file.fh.write().take().expect("just opened");
-    let made = match usize::try_from(fh.state.size()) {
-        Ok(size) => alloc(size).await,
-        Err(_) => Err(ClientError::TooLarge(format!(
-            "{path:?} does not fit in memory"
-        ))),
-    };
-    let read = match made {
-        Ok(mut out) => {
-            let n = sh.client.read_into(&fh, out.as_mut(), 0).await;
-            n.map(|n| (out, n))
-        }
-        Err(e) => Err(e),
-    };
-    let closed = sh.client.release(&fh).await;
-    let read = read?;
-    closed?;
-    Ok(read)
+/// A zeroed buffer of `file`'s length, as its open saw it.
+pub(super) fn whole_buffer(file: &File, path: &str) -> Result<Vec<u8>> {
+    let size = usize::try_from(file.len())
+        .map_err(|_| ClientError::TooLarge(format!("{path:?} does not fit in memory")))?;
+    Ok(vec![0; size])
 }
 
-/// Whole files, at most `sh.parallel` read at once, each in a task of its own, into
-/// buffers that `alloc` makes, on a blocking thread: it may wait (as Python's does,
-/// for the interpreter's lock) without holding up the runtime's transfers.
-pub(super) async fn read_many_into<B, A>(
-    sh: Arc<Shared>,
-    paths: Vec<String>,
-    alloc: Arc<A>,
-) -> Vec<Result<(B, usize)>>
-where
-    B: AsMut<[u8]> + Send + 'static,
-    A: Fn(usize) -> Result<B> + Send + Sync + 'static,
-{
+/// Files opened to be read whole, at most `sh.parallel` opens at once, in the order of
+/// `paths`.
+pub(super) async fn open_many(sh: Arc<Shared>, paths: Vec<String>) -> Vec<Result<File>> {
     let parallel = sh.parallel;
     stream::iter(paths)
         .map(|p| {
-            let (sh, alloc) = (sh.clone(), alloc.clone());
-            let made = move |size: usize| async move {
-                match tokio::task::spawn_blocking(move || alloc(size)).await {
-                    Ok(r) => r,
-                    Err(e) => Err(refused(
-                        proto::ErrorCode::Io,
-                        format!("a buffer's allocation failed: {e}"),
-                    )),
-                }
-            };
+            let sh = sh.clone();
+            async move { open_for(sh, &p, &OpenOptions::new(), true).await }
+        })
+        .buffered(parallel)
+        .collect()
+        .await
+}
+
+/// Reads each file from its start into its buffer and closes it, at most `sh.parallel`
+/// at once, each in a task of its own; in the order given.
+pub(super) async fn read_whole_into<B>(
+    sh: Arc<Shared>,
+    files: Vec<(File, B)>,
+) -> Vec<Result<(B, usize)>>
+where
+    B: AsMut<[u8]> + Send + 'static,
+{
+    let parallel = sh.parallel;
+    stream::iter(files)
+        .map(|(file, buf)| {
+            let sh = sh.clone();
             async move {
-                match tokio::spawn(read_whole_into(sh, p, made)).await {
+                match tokio::spawn(read_one_into(sh, file, buf)).await {
                     Ok(r) => r,
                     Err(e) => {
                         let msg = format!("a read task failed: {e}");
@@ -518,4 +500,23 @@ where
         .buffered(parallel)
         .collect()
         .await
+}
+
+/// Reads `file` from its start into `buf` (as much as fits) and closes it: the buffer
+/// and the bytes read, fewer than its length only if the file shrank.
+async fn read_one_into<B: AsMut<[u8]>>(
+    sh: Arc<Shared>,
+    file: File,
+    mut buf: B,
+) -> Result<(B, usize)> {
+    let fh = file
+        .fh
+        .write()
+        .take()
+        .ok_or_else(|| ClientError::BadHandle("the file is closed".into()))?;
+    let read = sh.client.read_into(&fh, buf.as_mut(), 0).await;
+    let closed = sh.client.release(&fh).await;
+    let n = read?;
+    closed?;
+    Ok((buf, n))
 }

@@ -573,56 +573,78 @@ impl Tessera {
     /// the runtime's threads: the results are in the order of `paths`, and all of them
     /// are held until the last is read (pass batches to bound the memory).
     pub fn read_many<S: AsRef<str>>(&self, paths: &[S]) -> Vec<Result<Vec<u8>>> {
-        let all = self.read_many_into(paths, |size| Ok(vec![0; size]));
-        all.into_iter()
-            .map(|r| {
-                r.map(|(mut out, n)| {
-                    out.truncate(n);
-                    out
-                })
+        let opened = self.open_many(paths);
+        let mut jobs = Vec::with_capacity(opened.len());
+        let mut failed: Vec<Option<ClientError>> = Vec::with_capacity(opened.len());
+        for (p, r) in paths.iter().zip(opened) {
+            match r.and_then(|f| file::whole_buffer(&f, p.as_ref()).map(|b| (f, b))) {
+                Ok(job) => {
+                    jobs.push(job);
+                    failed.push(None);
+                }
+                Err(e) => failed.push(Some(e)),
+            }
+        }
+        let mut read = self.read_whole_into(jobs).into_iter();
+        failed
+            .into_iter()
+            .map(|f| match f {
+                Some(e) => Err(e),
+                None => match read.next() {
+                    Some(r) => r.map(|(mut out, n)| {
+                        out.truncate(n);
+                        out
+                    }),
+                    None => Err(ClientError::BadHandle("a read was lost".into())),
+                },
             })
             .collect()
     }
 
-    /// [`Tessera::read_many`] into buffers that `alloc` makes, one per file, for the
-    /// length its open saw (called on a blocking thread of the runtime, never on the
-    /// caller's); each result is the buffer and the bytes read into it, fewer than its
-    /// length only if the file shrank meanwhile. The bytes go from the transfer into
-    /// the caller's buffers with one copy: Python's bindings read into `bytes` objects
-    /// this way.
+    /// Opens many files to be read whole ([`Tessera::read_whole_into`]), at most
+    /// `Options::parallel` at once: each result is in the place of its path. With the
+    /// lengths the opens saw, a caller makes the buffers itself, on its own thread,
+    /// between the two calls: Python's bindings make `bytes` objects, under the GIL
+    /// taken once for all of them.
     ///
     /// ```no_run
     /// # fn demo(fs: &fs_client::api::Tessera) {
-    /// let files = fs.read_many_into(&["/data/a.bin", "/data/b.bin"], |size| Ok(vec![0u8; size]));
-    /// for r in files {
+    /// let opened = fs.open_many(&["/data/a.bin", "/data/b.bin"]);
+    /// let jobs: Vec<_> = opened
+    ///     .into_iter()
+    ///     .map(|r| r.expect("open"))
+    ///     .map(|f| { let n = f.len() as usize; (f, vec![0u8; n]) })
+    ///     .collect();
+    /// for r in fs.read_whole_into(jobs) {
     ///     let (buf, n) = r.expect("read");
     ///     println!("{} bytes", buf[..n].len());
     /// }
     /// # }
     /// ```
-    pub fn read_many_into<S, B, A>(&self, paths: &[S], alloc: A) -> Vec<Result<(B, usize)>>
-    where
-        S: AsRef<str>,
-        B: AsMut<[u8]> + Send + 'static,
-        A: Fn(usize) -> Result<B> + Send + Sync + 'static,
-    {
+    pub fn open_many<S: AsRef<str>>(&self, paths: &[S]) -> Vec<Result<File>> {
         let sh = self.shared.clone();
         let paths: Vec<String> = paths.iter().map(|p| p.as_ref().to_string()).collect();
         let n = paths.len();
-        let alloc = Arc::new(alloc);
-        match self
+        let all = self
             .sh()
-            .block_on(async { Ok(file::read_many_into(sh, paths, alloc).await) })
-        {
-            Ok(all) => all,
-            Err(e) => {
-                // Not run at all (a fork, a current-thread runtime): each fails alike.
-                let msg = e.to_string();
-                (0..n)
-                    .map(|_| Err(ClientError::BadHandle(msg.clone())))
-                    .collect()
-            }
-        }
+            .block_on(async { Ok(file::open_many(sh, paths).await) });
+        all.unwrap_or_else(|e: ClientError| fail_each(n, &e))
+    }
+
+    /// Reads each file from its start into its buffer (as much as fits) and closes it,
+    /// at most `Options::parallel` at once, each on the runtime's threads: the buffer
+    /// and the bytes read (fewer than its length only if the file shrank), in the order
+    /// given. One copy from the transfer into the caller's buffer.
+    pub fn read_whole_into<B>(&self, files: Vec<(File, B)>) -> Vec<Result<(B, usize)>>
+    where
+        B: AsMut<[u8]> + Send + 'static,
+    {
+        let sh = self.shared.clone();
+        let n = files.len();
+        let all = self
+            .sh()
+            .block_on(async { Ok(file::read_whole_into(sh, files).await) });
+        all.unwrap_or_else(|e: ClientError| fail_each(n, &e))
     }
 
     /// Creates or empties the file at `path` (mode 0o666 less the umask) and writes
@@ -641,6 +663,15 @@ impl Tessera {
         wrote?;
         closed
     }
+}
+
+/// `n` results that each fail as `e` says: a batch not run at all (a fork, a
+/// current-thread runtime).
+fn fail_each<T>(n: usize, e: &ClientError) -> Vec<Result<T>> {
+    let msg = e.to_string();
+    (0..n)
+        .map(|_| Err(ClientError::BadHandle(msg.clone())))
+        .collect()
 }
 
 /// The credentials a call is judged by: this process's.
