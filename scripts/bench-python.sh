@@ -51,7 +51,7 @@ free=$(df -m --output=avail "$BENCH_DIR" | tail -1)
 
 cleanup() {
   if [ -d "$STATE" ]; then
-    "$ROOT/target/$BIN_DIR/tessera" down "$MNT" --state-dir "$STATE" >/dev/null 2>&1 || true
+    "$ROOT/target/$BIN_DIR/tessera" down --forget "$MNT" --state-dir "$STATE" >/dev/null 2>&1 || true
   fi
   mountpoint -q "$MNT" || rm -rf "$STATE" "$LOCAL"
 }

@@ -265,14 +265,10 @@ stop_tessera() {
   local m=$BENCH_DIR/mnt/tessera
   stop_tessera_mount2
   if [ -d "$TESSERA_STATE" ]; then
-    "$ROOT/target/release/tessera" down "$m" --state-dir "$TESSERA_STATE" || true
+    # --forget: also the record `up --state-dir` left under /var/lib/tessera.
+    "$ROOT/target/release/tessera" down --forget "$m" --state-dir "$TESSERA_STATE" || true
   fi
   rm -rf "$TESSERA_STATE"
-  # `up --state-dir` records the state directory under /var/lib/tessera, named after the
-  # mount point's path (`tessera`'s default_state_dir): removed too, so no run leaves it.
-  local recorded
-  recorded="/var/lib/tessera/$(printf '%s' "${m#/}" | tr -c 'A-Za-z0-9._' '-')"
-  rm -f "$recorded/redirect" && rmdir "$recorded" 2>/dev/null || true
 }
 
 # tessera-etcd(-disk): the same cluster shape, its namespace on 3 local etcd members
@@ -284,13 +280,11 @@ start_tessera_on_etcd() {
     --data-servers "$TESSERA_DATA_SERVERS" --replicas "$COPIES" --engine etcd "$@"
 }
 stop_tessera_on_etcd() {
-  local m=$BENCH_DIR/mnt/tessera-etcd recorded
+  local m=$BENCH_DIR/mnt/tessera-etcd
   if [ -d "$TESSERA_ETCD_STATE" ]; then
-    "$ROOT/target/release/tessera" down "$m" --state-dir "$TESSERA_ETCD_STATE" || true
+    "$ROOT/target/release/tessera" down --forget "$m" --state-dir "$TESSERA_ETCD_STATE" || true
   fi
   rm -rf "$TESSERA_ETCD_STATE" "$BENCH_DIR/etcd-data"
-  recorded="/var/lib/tessera/$(printf '%s' "${m#/}" | tr -c 'A-Za-z0-9._' '-')"
-  rm -f "$recorded/redirect" && rmdir "$recorded" 2>/dev/null || true
 }
 start_tessera-etcd() { start_tessera_on_etcd; }
 stop_tessera-etcd() { stop_tessera_on_etcd; }
@@ -313,6 +307,7 @@ stop_tessera-base() {
     "$BASE_BIN/tessera" down "$m" --state-dir "$TESSERA_BASE_STATE" || true
   fi
   rm -rf "$TESSERA_BASE_STATE"
+  # The base build may predate `down --forget`: its record is removed here.
   recorded="/var/lib/tessera/$(printf '%s' "${m#/}" | tr -c 'A-Za-z0-9._' '-')"
   rm -f "$recorded/redirect" && rmdir "$recorded" 2>/dev/null || true
 }

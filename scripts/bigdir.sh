@@ -20,7 +20,7 @@ WORK=$(mktemp -d /var/tmp/tessera-bigdir.XXXXXX)
 MNT=$WORK/mnt
 mkdir -p "$MNT"
 cleanup() {
-  "$TESSERA" down "$MNT" >/dev/null 2>&1 || umount -l "$MNT" 2>/dev/null || true
+  "$TESSERA" down --forget "$MNT" >/dev/null 2>&1 || umount -l "$MNT" 2>/dev/null || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT

@@ -26,17 +26,14 @@ id tests >/dev/null 2>&1 || useradd -M -U -s /usr/sbin/nologin tests
 work=$(mktemp -d /tmp/tessera-pjdfstest.XXXXXX)
 mnt=$work/mnt
 state=$work/state
-# `up --state-dir` records the state directory under /var/lib/tessera, named after the
-# mount point's path (`tessera`'s default_state_dir): removed too, so no run leaves it.
-recorded="/var/lib/tessera/$(printf '%s' "${mnt#/}" | tr -c 'A-Za-z0-9._' '-')"
 etcd_pid=""
 etcd_dir=""
 cleanup() {
-  "$BIN_DIR/tessera" down "$mnt" --state-dir "$state" >/dev/null 2>&1 || true
+  # --forget: also the record `up --state-dir` left under /var/lib/tessera.
+  "$BIN_DIR/tessera" down --forget "$mnt" --state-dir "$state" >/dev/null 2>&1 || true
   if [ -n "$etcd_pid" ]; then kill "$etcd_pid" 2>/dev/null || true; wait "$etcd_pid" 2>/dev/null || true; fi
   [ -z "$etcd_dir" ] || rm -rf "$etcd_dir"
   rm -rf "$work"
-  rm -f "$recorded/redirect" && rmdir "$recorded" 2>/dev/null || true
 }
 trap cleanup EXIT
 chmod 755 "$work"   # the suite's unprivileged users must reach the mount

@@ -29,13 +29,9 @@ mkdir -p "$OUT" "$MNT"
 command -v perf >/dev/null || { echo "perf is not installed (Debian: linux-perf)" >&2; exit 1; }
 
 cleanup() {
-  [ -d "$STATE" ] && "$BIN" down "$MNT" --state-dir "$STATE" >/dev/null 2>&1 || true
+  # --forget: also the record `up --state-dir` left under /var/lib/tessera.
+  [ -d "$STATE" ] && "$BIN" down --forget "$MNT" --state-dir "$STATE" >/dev/null 2>&1 || true
   rm -rf "$STATE"
-  # `up --state-dir` records the state directory under /var/lib/tessera, named after the
-  # mount point's path: removed too, as bench.sh does.
-  local recorded
-  recorded="/var/lib/tessera/$(printf '%s' "${MNT#/}" | tr -c 'A-Za-z0-9._' '-')"
-  rm -f "$recorded/redirect" && rmdir "$recorded" 2>/dev/null || true
   rmdir "$MNT" 2>/dev/null || true
 }
 trap cleanup EXIT

@@ -35,7 +35,7 @@ mnt="$work/mnt"
 state="$work/state"
 mkdir -p "$mnt"
 cleanup() {
-  "$target/debug/tessera" down --state-dir "$state" "$mnt" >/dev/null || true
+  "$target/debug/tessera" down --forget --state-dir "$state" "$mnt" >/dev/null || true
   # Never remove files under a mount point still mounted.
   if ! mountpoint -q "$mnt"; then rm -rf "$work"; fi
 }

@@ -9,7 +9,7 @@ set -euo pipefail
 BIN=$1; LABEL=$2; MIB=${3:-1024}
 B=/var/tmp/tessera-ab; STATE=$B/state-$LABEL; MNT=$B/mnt-$LABEL
 mkdir -p "$B" "$MNT"
-cleanup() { "$BIN/tessera" down "$MNT" --state-dir "$STATE" >/dev/null 2>&1 || true; rm -rf "$STATE"; }
+cleanup() { "$BIN/tessera" down --forget "$MNT" --state-dir "$STATE" >/dev/null 2>&1 || true; rm -rf "$STATE"; }
 trap cleanup EXIT
 "$BIN/tessera" up "$MNT" --state-dir "$STATE" --data-servers 3 --replicas 3 >/dev/null 2>&1
 pids() { for p in /proc/[0-9]*; do e=$(readlink "$p/exe" 2>/dev/null) || continue; case $e in "$BIN"/tessera*) echo "${p#/proc/}";; esac; done; }

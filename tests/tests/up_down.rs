@@ -59,17 +59,6 @@ struct Local {
     dir: tempfile::TempDir,
 }
 
-impl Drop for Local {
-    /// `up --state-dir` records the state directory under the default state root for
-    /// the mount point (`/var/lib/tessera/...` as root): removed, so that test runs
-    /// leave nothing outside their temporary directory.
-    fn drop(&mut self) {
-        let default = fs_client::cli::local_cluster::default_state_dir(&self.mnt);
-        let _ = fs::remove_file(default.join("redirect"));
-        let _ = fs::remove_dir(&default);
-    }
-}
-
 fn local() -> Local {
     tessera_tests::process::require_fuse();
     let dir = tempfile::tempdir().unwrap();
@@ -78,8 +67,12 @@ fn local() -> Local {
         mnt.to_string_lossy().into_owned(),
         state.to_string_lossy().into_owned(),
     );
+    // `--forget`: `up --state-dir` records the state directory under the default state
+    // root for the mount point (`/var/lib/tessera/...` as root); test runs leave nothing
+    // outside their temporary directory.
     let guard = Down(vec![
         "down".into(),
+        "--forget".into(),
         m.clone(),
         "--state-dir".into(),
         s.clone(),
@@ -111,6 +104,9 @@ fn up_down_up_keeps_every_file() {
     let out = tessera(&["up", m, "--state-dir", s]);
     assert!(out.contains("mounted"), "{out}");
     assert!(fs_client::cli::local_cluster::is_mounted(mnt));
+    // Recorded, so that `status` and `down` without --state-dir find it.
+    let record = fs_client::cli::local_cluster::default_state_dir(mnt).join("redirect");
+    assert_eq!(fs::read_to_string(&record).unwrap().trim(), s);
     assert_eq!(pids(state).len(), 5, "meta, 3 data servers, mount");
     fs::create_dir(mnt.join("dir")).unwrap();
     let data = tessera_tests::pseudo_random(9 << 20, 11);
@@ -149,6 +145,15 @@ fn up_down_up_keeps_every_file() {
     }
     tessera(&["down", m, "--state-dir", s]);
     assert!(!fs_client::cli::local_cluster::is_mounted(mnt));
+    assert!(record.exists(), "a plain down keeps the record");
+    // Forgotten on request, also with nothing left running (as a script's cleanup).
+    let out = run(&["down", "--forget", m, "--state-dir", s]);
+    assert!(!out.status.success(), "nothing was running");
+    assert!(!record.exists() && !record.parent().unwrap().exists());
+    assert!(
+        state.join("meta").exists(),
+        "the state directory itself is kept"
+    );
 }
 
 /// Start time of `pid` (field 22 of its stat), `None` once it is gone or a zombie.

@@ -157,6 +157,12 @@ pub enum Cmd {
         /// State directory, if `up` was given one.
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// Also forget the state directory `up --state-dir` recorded for the mount point
+        /// (under /var/lib/tessera, or ~/.local/state/tessera): for a state directory
+        /// about to be deleted (a script's temporary cluster). Done even when nothing
+        /// was running; the state directory itself is left as it is.
+        #[arg(long)]
+        forget: bool,
     },
 }
 
@@ -505,9 +511,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Cmd::Down {
             mountpoint,
             state_dir,
+            forget,
         } => {
-            let report = local_cluster::down(&mountpoint, state_dir.as_deref())?;
-            print!("{report}");
+            let down = local_cluster::down(&mountpoint, state_dir.as_deref());
+            if forget {
+                local_cluster::forget_recorded_state(&mountpoint)?;
+            }
+            print!("{}", down?);
             Ok(())
         }
     }

@@ -678,15 +678,14 @@ pub struct UpGuard {
 
 impl Drop for UpGuard {
     fn drop(&mut self) {
+        // --forget: also the record `up --state-dir` left under the default state root.
         let _ = Command::new(bin_dir().join("tessera"))
             .arg("down")
+            .arg("--forget")
             .arg(&self.mnt)
             .arg("--state-dir")
             .arg(&self.state)
             .output();
-        let default = fs_client::cli::local_cluster::default_state_dir(&self.mnt);
-        let _ = fs::remove_file(default.join("redirect"));
-        let _ = fs::remove_dir(&default);
     }
 }
 

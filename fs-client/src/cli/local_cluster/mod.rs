@@ -231,6 +231,21 @@ pub fn resolve_state(mountpoint: &Path, named: Option<&Path>) -> PathBuf {
     }
 }
 
+/// Removes the record of the state directory that `up --state-dir` left for
+/// `mountpoint` (and the record's directory, then empty); nothing to remove is no error.
+pub fn forget_recorded_state(mountpoint: &Path) -> Result<(), ClusterError> {
+    let default = default_state_dir(&resolve_mount(mountpoint));
+    let record = default.join("redirect");
+    match fs::remove_file(&record) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err(format!("removing {}", record.display()))(e)),
+    }
+    // Left if something else is in it (a cluster whose state lives there).
+    let _ = fs::remove_dir(&default);
+    Ok(())
+}
+
 /// Whether `mountpoint` is a Tessera mount that `tessera mount` made (a FUSE mount whose
 /// source is "tessera"). A mount made by `mount -t fuse.tessera` (its source is
 /// `META:/path`) is not one: `tessera down` must never unmount an fstab mount.
