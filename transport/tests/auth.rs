@@ -529,6 +529,22 @@ on_both!(
     a_name_that_cannot_be_checked_now_is_a_server_away,
 );
 
+/// A fake server's connection (raw tcp frames): accepted, the client's transport
+/// handshake read and answered as a Tessera server would.
+async fn accept_with_hello(sock: &tokio::net::TcpListener) -> tokio::net::TcpStream {
+    let (mut s, _) = sock.accept().await.unwrap();
+    let mut hb = [0u8; HELLO_LEN];
+    s.read_exact(&mut hb).await.unwrap();
+    let hello = Hello {
+        transport_version: TRANSPORT_VERSION,
+        app_version: APP,
+        max_msg_bytes: 1 << 20,
+        status: 0,
+    };
+    s.write_all(&hello.encode()).await.unwrap();
+    s
+}
+
 /// A fake server (raw tcp frames) that challenges but cannot prove the key.
 #[tokio::test]
 async fn a_server_that_cannot_prove_the_key_is_refused_by_the_client() {
@@ -536,16 +552,7 @@ async fn a_server_that_cannot_prove_the_key_is_refused_by_the_client() {
     let sock = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = sock.local_addr().unwrap().to_string();
     let fake = tokio::spawn(async move {
-        let (mut s, _) = sock.accept().await.unwrap();
-        let mut hb = [0u8; HELLO_LEN];
-        s.read_exact(&mut hb).await.unwrap();
-        let hello = Hello {
-            transport_version: TRANSPORT_VERSION,
-            app_version: APP,
-            max_msg_bytes: 1 << 20,
-            status: 0,
-        };
-        s.write_all(&hello.encode()).await.unwrap();
+        let mut s = accept_with_hello(&sock).await;
         let replies = [
             AuthReply::Challenge { nonce: [9; 32] },
             AuthReply::Welcome { mac: [0; 32] },
@@ -587,16 +594,7 @@ async fn a_server_gone_before_the_key_exchange_was_never_connected() {
     let sock = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = sock.local_addr().unwrap().to_string();
     let fake = tokio::spawn(async move {
-        let (mut s, _) = sock.accept().await.unwrap();
-        let mut hb = [0u8; HELLO_LEN];
-        s.read_exact(&mut hb).await.unwrap();
-        let hello = Hello {
-            transport_version: TRANSPORT_VERSION,
-            app_version: APP,
-            max_msg_bytes: 1 << 20,
-            status: 0,
-        };
-        s.write_all(&hello.encode()).await.unwrap();
+        let mut s = accept_with_hello(&sock).await;
         let mut h = [0u8; HEADER_LEN];
         s.read_exact(&mut h).await.unwrap();
     });
