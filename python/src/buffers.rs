@@ -124,8 +124,10 @@ pub struct FreshBytes {
 }
 
 // SAFETY: the object is referenced by this value only until `into_bytes` hands it to
-// Python, so no Python code reads or frees its memory while another thread fills it;
-// a `Py` may be sent between threads (pyo3 defers a reference dropped without the GIL).
+// Python, so no Python code reads or frees its memory while another thread fills it
+// (of zero bytes CPython hands out one shared object, whose memory is never touched
+// here); a `Py` may be sent between threads (pyo3 defers a reference dropped without
+// the GIL).
 unsafe impl Send for FreshBytes {}
 
 impl FreshBytes {

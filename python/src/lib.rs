@@ -231,31 +231,33 @@ impl Client {
 }
 
 impl Client {
-    /// Whole files, each read straight into the `bytes` returned for it: opened with
-    /// the GIL released, their objects made under it (taken once for all), filled with
-    /// it released again. The first error, in the order of `paths`, is raised.
+    /// Whole files, each read straight into the `bytes` returned for it, a window of
+    /// `api::OPEN_WINDOW` at a time: opened with the GIL released, their objects made
+    /// under it (taken once per window), filled with it released again. An error is
+    /// raised for the first path of a window that failed to open, else for the first
+    /// that failed to read.
     fn read_whole<'py>(
         &self,
         py: Python<'py>,
         paths: Vec<String>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-        let opened = py.detach(|| self.inner.open_many(&paths));
-        let mut jobs = Vec::with_capacity(opened.len());
-        for (p, r) in paths.iter().zip(opened) {
-            let file = r.map_err(|e| os_error(&e, p, None))?;
-            let len = usize::try_from(file.len())
-                .map_err(|_| pyo3::exceptions::PyMemoryError::new_err("too large for bytes"))?;
-            jobs.push((file, FreshBytes::new(py, len)?));
+        let mut out = Vec::with_capacity(paths.len());
+        for window in paths.chunks(api::OPEN_WINDOW) {
+            let opened = py.detach(|| self.inner.open_many(window));
+            let mut jobs = Vec::with_capacity(opened.len());
+            for (p, r) in window.iter().zip(opened) {
+                let file = r.map_err(|e| os_error(&e, p, None))?;
+                let len = usize::try_from(file.len())
+                    .map_err(|_| pyo3::exceptions::PyMemoryError::new_err("too large for bytes"))?;
+                jobs.push((file, FreshBytes::new(py, len)?));
+            }
+            let read = py.detach(|| self.inner.read_whole_into(jobs));
+            for (p, r) in window.iter().zip(read) {
+                let (fresh, n) = r.map_err(|e| os_error(&e, p, None))?;
+                out.push(fresh.into_bytes(py, n));
+            }
         }
-        let read = py.detach(|| self.inner.read_whole_into(jobs));
-        paths
-            .iter()
-            .zip(read)
-            .map(|(p, r)| {
-                r.map(|(fresh, n)| fresh.into_bytes(py, n))
-                    .map_err(|e| os_error(&e, p, None))
-            })
-            .collect()
+        Ok(out)
     }
 }
 

@@ -25,6 +25,8 @@ async fn files_written_read_and_listed_by_path() {
     let cluster = InProcessCluster::start(3).await;
     let big = pseudo_random(9 << 20, 29);
     let big2 = big.clone();
+    // For a second connection of the API.
+    let (meta, config) = (cluster.meta_addr(), cluster.client_config());
     with_api(&cluster, move |fs| {
         fs.create_dir_all("/data/train/shard-0", 0o755).unwrap();
         fs.create_dir_all("data/train/shard-0", 0o755)
@@ -116,6 +118,28 @@ async fn files_written_read_and_listed_by_path() {
         let missing = fs.open_many(&["/data/small/missing", "/data/small/0001"]);
         assert_eq!(missing[0].as_ref().unwrap_err().errno(), libc::ENOENT);
         assert_eq!(missing[1].as_ref().unwrap().len(), size(1) as u64);
+        // A file of another connection, or one open only to write, is not read.
+        let options = Options {
+            config,
+            ..Options::new()
+        };
+        let other = Tessera::connect(&[meta], options).unwrap();
+        let theirs = other.open("/data/small/0002", &OpenOptions::new()).unwrap();
+        let how = OpenOptions {
+            read: false,
+            write: true,
+            ..OpenOptions::new()
+        };
+        let write_only = fs.open("/data/small/0003", &how).unwrap();
+        let refused = fs.read_whole_into(vec![(theirs, vec![0u8; 8]), (write_only, vec![0u8; 8])]);
+        for r in &refused {
+            assert_eq!(r.as_ref().unwrap_err().errno(), libc::EBADF);
+        }
+        // In the middle of a batch, a missing name fails alone, the others in place.
+        let mixed = fs.read_many(&["/data/small/0004", "/data/small/none", "/data/small/0005"]);
+        assert_eq!(mixed[0].as_ref().unwrap(), &pseudo_random(size(4), 4));
+        assert_eq!(mixed[1].as_ref().unwrap_err().errno(), libc::ENOENT);
+        assert_eq!(mixed[2].as_ref().unwrap(), &pseudo_random(size(5), 5));
 
         let mut listed: Vec<String> = fs
             .read_dir_plus("/data/small")

@@ -105,8 +105,12 @@ fn up_down_up_keeps_every_file() {
     assert!(out.contains("mounted"), "{out}");
     assert!(fs_client::cli::local_cluster::is_mounted(mnt));
     // Recorded, so that `status` and `down` without --state-dir find it.
-    let record = fs_client::cli::local_cluster::default_state_dir(mnt).join("redirect");
-    assert_eq!(fs::read_to_string(&record).unwrap().trim(), s);
+    let cluster = &fs_client::cli::local_cluster::resolve_mount;
+    let record = fs_client::cli::local_cluster::default_state_dir(&cluster(mnt)).join("redirect");
+    assert_eq!(
+        fs::canonicalize(fs::read_to_string(&record).unwrap().trim()).unwrap(),
+        fs::canonicalize(state).unwrap()
+    );
     assert_eq!(pids(state).len(), 5, "meta, 3 data servers, mount");
     fs::create_dir(mnt.join("dir")).unwrap();
     let data = tessera_tests::pseudo_random(9 << 20, 11);
@@ -146,7 +150,18 @@ fn up_down_up_keeps_every_file() {
     tessera(&["down", m, "--state-dir", s]);
     assert!(!fs_client::cli::local_cluster::is_mounted(mnt));
     assert!(record.exists(), "a plain down keeps the record");
-    // Forgotten on request, also with nothing left running (as a script's cleanup).
+    // Forgotten on request, also with nothing left running (as a script's cleanup), but
+    // not for another state directory than the one recorded.
+    let elsewhere = local_dir.dir.path().join("elsewhere");
+    let out = run(&[
+        "down",
+        "--forget",
+        m,
+        "--state-dir",
+        &elsewhere.to_string_lossy(),
+    ]);
+    assert!(!out.status.success(), "nothing was running");
+    assert!(record.exists(), "the record names another state directory");
     let out = run(&["down", "--forget", m, "--state-dir", s]);
     assert!(!out.status.success(), "nothing was running");
     assert!(!record.exists() && !record.parent().unwrap().exists());

@@ -474,6 +474,10 @@ pub(super) async fn open_many(sh: Arc<Shared>, paths: Vec<String>) -> Vec<Result
         .await
 }
 
+/// Files at least this long have their buffer's first borrow (which may do work: a
+/// fresh Python `bytes` is zeroed then) on a blocking thread, not on the runtime's.
+const PREPARE_APART_BYTES: u64 = 1 << 20;
+
 /// Reads each file from its start into its buffer and closes it, at most `sh.parallel`
 /// at once, each in a task of its own; in the order given.
 pub(super) async fn read_whole_into<B>(
@@ -503,12 +507,35 @@ where
 }
 
 /// Reads `file` from its start into `buf` (as much as fits) and closes it: the buffer
-/// and the bytes read, fewer than its length only if the file shrank.
-async fn read_one_into<B: AsMut<[u8]>>(
+/// and the bytes read, fewer than its length only if the file shrank. Refused for a
+/// file of another `Tessera` (its open is that client's) or one not open for reading.
+async fn read_one_into<B: AsMut<[u8]> + Send + 'static>(
     sh: Arc<Shared>,
     file: File,
     mut buf: B,
 ) -> Result<(B, usize)> {
+    if !Arc::ptr_eq(&sh, &file.shared) {
+        return Err(ClientError::BadHandle(
+            "the file was opened by another connection".into(),
+        ));
+    }
+    if file.access == OpenAccess::Write {
+        return Err(ClientError::BadHandle(format!(
+            "the file is open for {:?}",
+            file.access
+        )));
+    }
+    if file.len() >= PREPARE_APART_BYTES {
+        buf = match tokio::task::spawn_blocking(move || {
+            let _ = buf.as_mut();
+            buf
+        })
+        .await
+        {
+            Ok(b) => b,
+            Err(e) => return Err(refused(proto::ErrorCode::Io, format!("a buffer: {e}"))),
+        };
+    }
     let fh = file
         .fh
         .write()

@@ -55,6 +55,10 @@ use resolve::Resolver;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+/// Files [`Tessera::read_many`] (and Python's `read_many`) hold open at once at most:
+/// each is a session on the metadata server and read grants until it is read.
+pub const OPEN_WINDOW: usize = 256;
+
 /// How many worker threads the runtime gets by default at most: the transfers are
 /// asynchronous, the threads only copy bytes and run the protocol.
 const MAX_DEFAULT_THREADS: usize = 8;
@@ -571,8 +575,17 @@ impl Tessera {
 
     /// Reads many whole files at once, at most `Options::parallel` at a time, each on
     /// the runtime's threads: the results are in the order of `paths`, and all of them
-    /// are held until the last is read (pass batches to bound the memory).
+    /// are held until the last is read (pass batches to bound the memory). At most
+    /// [`OPEN_WINDOW`] of the files are open at once.
     pub fn read_many<S: AsRef<str>>(&self, paths: &[S]) -> Vec<Result<Vec<u8>>> {
+        paths
+            .chunks(OPEN_WINDOW)
+            .flat_map(|window| self.read_window(window))
+            .collect()
+    }
+
+    /// [`Tessera::read_many`] of at most [`OPEN_WINDOW`] files.
+    fn read_window<S: AsRef<str>>(&self, paths: &[S]) -> Vec<Result<Vec<u8>>> {
         let opened = self.open_many(paths);
         let mut jobs = Vec::with_capacity(opened.len());
         let mut failed: Vec<Option<ClientError>> = Vec::with_capacity(opened.len());
@@ -605,7 +618,9 @@ impl Tessera {
     /// `Options::parallel` at once: each result is in the place of its path. With the
     /// lengths the opens saw, a caller makes the buffers itself, on its own thread,
     /// between the two calls: Python's bindings make `bytes` objects, under the GIL
-    /// taken once for all of them.
+    /// taken once for all of them. Each file stays open (a session on the metadata
+    /// server, read grants) until it is read or dropped: pass windows of a few hundred
+    /// ([`OPEN_WINDOW`], as `read_many` does).
     ///
     /// ```no_run
     /// # fn demo(fs: &fs_client::api::Tessera) {
@@ -634,7 +649,9 @@ impl Tessera {
     /// Reads each file from its start into its buffer (as much as fits) and closes it,
     /// at most `Options::parallel` at once, each on the runtime's threads: the buffer
     /// and the bytes read (fewer than its length only if the file shrank), in the order
-    /// given. One copy from the transfer into the caller's buffer.
+    /// given. One copy from the transfer into the caller's buffer. A buffer's first
+    /// borrow (`as_mut`) is on a blocking thread for a file of 1 MiB or more. A file of
+    /// another `Tessera`, or one not open for reading, fails with `EBADF`.
     pub fn read_whole_into<B>(&self, files: Vec<(File, B)>) -> Vec<Result<(B, usize)>>
     where
         B: AsMut<[u8]> + Send + 'static,

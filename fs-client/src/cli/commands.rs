@@ -159,8 +159,9 @@ pub enum Cmd {
         state_dir: Option<PathBuf>,
         /// Also forget the state directory `up --state-dir` recorded for the mount point
         /// (under /var/lib/tessera, or ~/.local/state/tessera): for a state directory
-        /// about to be deleted (a script's temporary cluster). Done even when nothing
-        /// was running; the state directory itself is left as it is.
+        /// about to be deleted (a script's temporary cluster). Done once everything
+        /// stopped, or nothing was running, and only if the record names --state-dir
+        /// when it is given; the state directory itself is left as it is.
         #[arg(long)]
         forget: bool,
     },
@@ -514,8 +515,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             forget,
         } => {
             let down = local_cluster::down(&mountpoint, state_dir.as_deref());
-            if forget {
-                local_cluster::forget_recorded_state(&mountpoint)?;
+            // Not while something may still run (a member that did not stop, a failed
+            // unmount): the record is how a later `down` finds it.
+            let stopped = matches!(
+                &down,
+                Ok(_) | Err(local_cluster::ClusterError::NothingRunning { .. })
+            );
+            if forget && stopped {
+                if let Err(e) =
+                    local_cluster::forget_recorded_state(&mountpoint, state_dir.as_deref())
+                {
+                    eprintln!("tessera down: {e}");
+                }
             }
             print!("{}", down?);
             Ok(())

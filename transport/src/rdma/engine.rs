@@ -383,7 +383,13 @@ impl RdmaWire {
                 Err((code, msg)) => (MsgKind::CallError, code.number(), Bytes::from(msg)),
             };
             let answered = async {
-                let _ = wire(&core).send_msg(&core, kind, status, id, &body).await;
+                if wire(&core)
+                    .send_msg(&core, kind, status, id, &body)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
                 while !core.is_closed() {
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                 }
@@ -643,7 +649,7 @@ impl RdmaWire {
         match tag {
             TAG_RECV => {
                 if let Err(why) = self.on_recv(core, val as u32, wc.byte_len as usize) {
-                    core.shutdown(format!("protocol error: {why}"));
+                    core.shutdown(format!("{}: {why}", crate::conn::PROTOCOL_ERROR));
                 }
             }
             TAG_ONE_SIDED => core.complete(val, Ok(Completion::Done)),

@@ -9,7 +9,7 @@
 
 use super::writer::{Payload, TcpWire};
 use crate::config::TransportConfig;
-use crate::conn::{Closed, Completion, ConnCore, Dest, Handler, Wire};
+use crate::conn::{Closed, Completion, ConnCore, Dest, Handler, Wire, PROTOCOL_ERROR};
 use crate::error::TransportError;
 use crate::frame::{Header, Hello, Kind, HEADER_LEN};
 use crate::window::Access;
@@ -205,7 +205,7 @@ async fn dispatch(core: &Arc<ConnCore>, r: &mut Reader, h: Header) -> Result<(),
     let limit = frame_limit(core, kind);
     if h.len as usize > limit {
         let why = format!(
-            "peer sent a frame (kind {}) of {} bytes, limit {limit}",
+            "{PROTOCOL_ERROR}: peer sent a frame (kind {}) of {} bytes, limit {limit}",
             h.kind, h.len
         );
         // Tell the peer why before closing: the stream cannot be resynchronised.
@@ -217,7 +217,8 @@ async fn dispatch(core: &Arc<ConnCore>, r: &mut Reader, h: Header) -> Result<(),
         core.config.max_inflight_calls + core.config.max_inflight_one_sided + RESPONSE_SLACK;
     if responses > allowed {
         return Err(format!(
-            "peer has {responses} completions unread, more than its credits allow"
+            "{PROTOCOL_ERROR}: peer has {responses} completions unread, more than its \
+             credits allow"
         ));
     }
     match kind {
@@ -335,7 +336,12 @@ async fn read_response(core: &Arc<ConnCore>, r: &mut Reader, h: &Header) -> Resu
             read_into(r, &d).await?;
             core.complete(h.id, Ok(Completion::Done));
         }
-        Some(d) => return Err(format!("read of {} bytes answered with {}", d.len, h.len)),
+        Some(d) => {
+            let (want, got) = (d.len, h.len);
+            return Err(format!(
+                "{PROTOCOL_ERROR}: read of {want} bytes answered with {got}"
+            ));
+        }
         // Nobody waits any more (timed out): the bytes have nowhere to go.
         None => discard(r, h.len).await?,
     }

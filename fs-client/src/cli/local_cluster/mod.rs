@@ -232,10 +232,17 @@ pub fn resolve_state(mountpoint: &Path, named: Option<&Path>) -> PathBuf {
 }
 
 /// Removes the record of the state directory that `up --state-dir` left for
-/// `mountpoint` (and the record's directory, then empty); nothing to remove is no error.
-pub fn forget_recorded_state(mountpoint: &Path) -> Result<(), ClusterError> {
+/// `mountpoint` (and the record's directory, then empty), if it names `state` when that
+/// is given; nothing to remove is no error.
+pub fn forget_recorded_state(mountpoint: &Path, state: Option<&Path>) -> Result<(), ClusterError> {
     let default = default_state_dir(&resolve_mount(mountpoint));
     let record = default.join("redirect");
+    if let (Some(state), Ok(text)) = (state, fs::read_to_string(&record)) {
+        let same = |p: &Path| fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        if same(Path::new(text.trim())) != same(state) {
+            return Ok(());
+        }
+    }
     match fs::remove_file(&record) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
