@@ -114,7 +114,8 @@ impl RawSliceMut {
 /// see it: a whole file read straight into the object `read_many` returns, with no
 /// buffer of Rust's own between the transfer and it (one copy, not two, and no fresh
 /// pages of a Rust allocation to fault in for every file). Made under the GIL, its
-/// bytes zeroed by the first borrow (on the thread that fills it, without the GIL).
+/// bytes zeroed by the first borrow, without the GIL (by the read's task, or on a
+/// blocking thread for a file of 1 MiB or more: `read_whole_into`).
 pub struct FreshBytes {
     obj: Py<PyBytes>,
     ptr: *mut u8,
