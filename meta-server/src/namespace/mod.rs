@@ -198,7 +198,7 @@ pub struct Namespace {
     pub(crate) granter: std::sync::OnceLock<Arc<crate::grants::Granter>>,
     /// The log of requests failed for this server's own faults.
     faults: faults::FaultLog,
-    /// Changes running, and the clients that named each connection (see `once`).
+    /// Changes running, and those that arrived lately (see `once`).
     ops: once::Ops,
 }
 

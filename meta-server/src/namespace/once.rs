@@ -43,7 +43,7 @@ use proto::ClientId;
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
 use std::collections::HashSet;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// How long a change's record is kept: longer than a client waits for its metadata
 /// server before it gives a change up (`meta_wait_ms`, at most an hour).
@@ -67,11 +67,9 @@ struct OpRecord {
     reply: Option<Vec<u8>>,
 }
 
-/// Seconds since the epoch.
+/// Seconds since the epoch, by the server's clock (`namespace::now`).
 fn epoch_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    u64::try_from(super::now().secs).unwrap_or(0)
 }
 
 thread_local! {
@@ -117,6 +115,8 @@ const RECENT_IDS: usize = 65_536;
 /// The changes running on this server, and those that arrived lately.
 #[derive(Default)]
 struct Running {
+    /// The slots (client, count modulo [`OP_SLOTS`]) of the changes running: one at a
+    /// time per slot.
     now: HashSet<(ClientId, u64)>,
     recent: HashSet<(ClientId, u64)>,
     /// `recent` in arrival order, to forget the oldest.
@@ -131,14 +131,15 @@ struct Running {
 /// A change's place in [`Ops::running`], left when dropped.
 struct Entered<'a> {
     ops: &'a Ops,
-    id: (ClientId, u64),
+    /// Its slot in [`Running::now`].
+    slot: (ClientId, u64),
     /// Another try of the same change arrived before: look for its record.
     again: bool,
 }
 
 impl Drop for Entered<'_> {
     fn drop(&mut self) {
-        self.ops.running.lock().now.remove(&self.id);
+        self.ops.running.lock().now.remove(&self.slot);
         self.ops.done.notify_all();
     }
 }
@@ -147,13 +148,12 @@ impl Ops {
     /// Enters change `op`, first waiting (at most [`OP_WAIT`]) while a try of it runs.
     fn enter(&self, op: OpId) -> Result<Entered<'_>, MetaError> {
         let id = (op.client, op.seq);
+        let slot = (op.client, op.seq % OP_SLOTS);
         let deadline = Instant::now() + OP_WAIT;
         let mut running = self.running.lock();
         // The same change, or another of the same client in the same slot (one the
         // client gave up on while it still ran here): its record would be overwritten.
-        let same_slot =
-            |&(c, s): &(ClientId, u64)| c == op.client && s % OP_SLOTS == op.seq % OP_SLOTS;
-        while running.now.iter().any(same_slot) {
+        while running.now.contains(&slot) {
             if self.done.wait_until(&mut running, deadline).timed_out() {
                 return Err(MetaError::InFlight(format!(
                     "change {} of {} is still running on this server",
@@ -173,7 +173,7 @@ impl Ops {
             running.highest.clear();
         }
         running.highest.insert(op.client, highest.max(op.seq));
-        running.now.insert(id);
+        running.now.insert(slot);
         let again = !running.recent.insert(id);
         if !again {
             running.order.push_back(id);
@@ -185,7 +185,7 @@ impl Ops {
         }
         Ok(Entered {
             ops: self,
-            id,
+            slot,
             again,
         })
     }
@@ -354,32 +354,8 @@ impl Namespace {
                 break;
             }
             let page = self.store.scan(&start, &end, PURGE_PAGE)?;
-            let old: Vec<&Vec<u8>> = page
-                .iter()
-                .filter(|(_, v)| is_old(v))
-                .map(|(k, _)| k)
-                .collect();
-            if !old.is_empty() {
-                let _alone = self.ops.purging.write();
-                for chunk in old.chunks(PURGE_BATCH) {
-                    let mut batch = WriteBatch::new();
-                    for &k in chunk {
-                        if self.store.get(k)?.is_some_and(|v| is_old(&v)) {
-                            batch.delete(k.clone());
-                            purged += 1;
-                        }
-                    }
-                    if self.store.check_batch(&batch).is_ok() {
-                        self.store.commit(batch)?;
-                    } else {
-                        // An engine configured for smaller transactions: one at a time.
-                        for op in batch.ops() {
-                            let mut one = WriteBatch::new();
-                            one.delete(op.key_value().0.to_vec());
-                            self.store.commit(one)?;
-                        }
-                    }
-                }
+            if page.iter().any(|(_, v)| is_old(v)) {
+                purged += self.purge_page(&start, &end, &is_old)?;
             }
             match page.last() {
                 Some((k, _)) if page.len() == PURGE_PAGE => start = keys::successor(k),
@@ -388,6 +364,50 @@ impl Namespace {
         }
         if purged > 0 {
             tracing::info!(records = purged, "old change records deleted");
+        }
+        Ok(purged)
+    }
+
+    /// Deletes the old records of the page from `start`: read again and staged while no
+    /// change can write a record (a record written after this read is never deleted),
+    /// made durable after (staged deletes are seen at once, and a later record lands
+    /// after them). Returns how many.
+    fn purge_page(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        is_old: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<usize, MetaError> {
+        let mut tickets = Vec::new();
+        let mut purged = 0;
+        {
+            let _alone = self.ops.purging.write();
+            let page = self.store.scan(start, end, PURGE_PAGE)?;
+            let old: Vec<&Vec<u8>> = page
+                .iter()
+                .filter(|(_, v)| is_old(v))
+                .map(|(k, _)| k)
+                .collect();
+            for chunk in old.chunks(PURGE_BATCH) {
+                let mut batch = WriteBatch::new();
+                for &k in chunk {
+                    batch.delete(k.clone());
+                }
+                purged += chunk.len();
+                if self.store.check_batch(&batch).is_ok() {
+                    tickets.extend(self.store.stage(batch)?);
+                } else {
+                    // An engine configured for smaller transactions: one at a time.
+                    for &k in chunk {
+                        let mut one = WriteBatch::new();
+                        one.delete(k.clone());
+                        tickets.extend(self.store.stage(one)?);
+                    }
+                }
+            }
+        }
+        for t in tickets {
+            self.store.wait(t)?;
         }
         Ok(purged)
     }
