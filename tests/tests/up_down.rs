@@ -105,8 +105,8 @@ fn up_down_up_keeps_every_file() {
     assert!(out.contains("mounted"), "{out}");
     assert!(fs_client::cli::local_cluster::is_mounted(mnt));
     // Recorded, so that `status` and `down` without --state-dir find it.
-    let cluster = &fs_client::cli::local_cluster::resolve_mount;
-    let record = fs_client::cli::local_cluster::default_state_dir(&cluster(mnt)).join("redirect");
+    let resolved = fs_client::cli::local_cluster::resolve_mount(mnt);
+    let record = fs_client::cli::local_cluster::default_state_dir(&resolved).join("redirect");
     assert_eq!(
         fs::canonicalize(fs::read_to_string(&record).unwrap().trim()).unwrap(),
         fs::canonicalize(state).unwrap()

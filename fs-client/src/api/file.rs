@@ -447,17 +447,35 @@ enum Need {
 /// the length this client knows).
 pub(super) async fn read_whole(sh: Arc<Shared>, path: String) -> Result<Vec<u8>> {
     let file = open_for(sh.clone(), &path, &OpenOptions::new(), true).await?;
-    let out = whole_buffer(&file, &path)?;
-    let (mut out, n) = read_one_into(sh, file, out).await?;
+    let size = usize::try_from(file.len())
+        .map_err(|_| ClientError::TooLarge(format!("{path:?} does not fit in memory")))?;
+    let (mut out, n) = read_one_into(sh, file, vec![0; size]).await?;
     out.truncate(n);
     Ok(out)
 }
 
-/// A zeroed buffer of `file`'s length, as its open saw it.
-pub(super) fn whole_buffer(file: &File, path: &str) -> Result<Vec<u8>> {
-    let size = usize::try_from(file.len())
-        .map_err(|_| ClientError::TooLarge(format!("{path:?} does not fit in memory")))?;
-    Ok(vec![0; size])
+/// Whole files, at most `sh.parallel` read at once, each in a task of its own; in the
+/// order of `paths`.
+pub(super) async fn read_many(sh: Arc<Shared>, paths: Vec<String>) -> Vec<Result<Vec<u8>>> {
+    let parallel = sh.parallel;
+    stream::iter(paths)
+        .map(|p| spawned(read_whole(sh.clone(), p)))
+        .buffered(parallel)
+        .collect()
+        .await
+}
+
+/// `work`'s result, run in a task of its own (on any of the runtime's threads).
+async fn spawned<T: Send + 'static>(
+    work: impl std::future::Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    match tokio::spawn(work).await {
+        Ok(r) => r,
+        Err(e) => Err(refused(
+            proto::ErrorCode::Io,
+            format!("a read task failed: {e}"),
+        )),
+    }
 }
 
 /// Files opened to be read whole, at most `sh.parallel` opens at once, in the order of
@@ -491,25 +509,35 @@ where
     stream::iter(files)
         .map(|(file, buf)| {
             let sh = sh.clone();
-            async move {
-                match tokio::spawn(read_one_into(sh, file, buf)).await {
-                    Ok(r) => r,
-                    Err(e) => {
-                        let msg = format!("a read task failed: {e}");
-                        Err(refused(proto::ErrorCode::Io, msg))
-                    }
-                }
-            }
+            spawned(async move {
+                let buf = prepared(&file, buf).await?;
+                read_one_into(sh, file, buf).await
+            })
         })
         .buffered(parallel)
         .collect()
         .await
 }
 
+/// `buf`, borrowed once (a fresh Python `bytes` is zeroed then) on a blocking thread
+/// for a file of [`PREPARE_APART_BYTES`] or more.
+async fn prepared<B: AsMut<[u8]> + Send + 'static>(file: &File, mut buf: B) -> Result<B> {
+    if file.len() < PREPARE_APART_BYTES {
+        return Ok(buf);
+    }
+    let borrowed = tokio::task::spawn_blocking(move || {
+        let _ = buf.as_mut();
+        buf
+    });
+    borrowed
+        .await
+        .map_err(|e| refused(proto::ErrorCode::Io, format!("a buffer: {e}")))
+}
+
 /// Reads `file` from its start into `buf` (as much as fits) and closes it: the buffer
 /// and the bytes read, fewer than its length only if the file shrank. Refused for a
 /// file of another `Tessera` (its open is that client's) or one not open for reading.
-async fn read_one_into<B: AsMut<[u8]> + Send + 'static>(
+async fn read_one_into<B: AsMut<[u8]>>(
     sh: Arc<Shared>,
     file: File,
     mut buf: B,
@@ -524,17 +552,6 @@ async fn read_one_into<B: AsMut<[u8]> + Send + 'static>(
             "the file is open for {:?}",
             file.access
         )));
-    }
-    if file.len() >= PREPARE_APART_BYTES {
-        buf = match tokio::task::spawn_blocking(move || {
-            let _ = buf.as_mut();
-            buf
-        })
-        .await
-        {
-            Ok(b) => b,
-            Err(e) => return Err(refused(proto::ErrorCode::Io, format!("a buffer: {e}"))),
-        };
     }
     let fh = file
         .fh

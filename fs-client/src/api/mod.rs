@@ -55,8 +55,9 @@ use resolve::Resolver;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-/// Files [`Tessera::read_many`] (and Python's `read_many`) hold open at once at most:
-/// each is a session on the metadata server and read grants until it is read.
+/// Files a caller of [`Tessera::open_many`] should hold open at once at most (Python's
+/// `read_many` opens this many at a time): each is a session on the metadata server and
+/// read grants until it is read.
 pub const OPEN_WINDOW: usize = 256;
 
 /// How many worker threads the runtime gets by default at most: the transfers are
@@ -575,43 +576,15 @@ impl Tessera {
 
     /// Reads many whole files at once, at most `Options::parallel` at a time, each on
     /// the runtime's threads: the results are in the order of `paths`, and all of them
-    /// are held until the last is read (pass batches to bound the memory). At most
-    /// [`OPEN_WINDOW`] of the files are open at once.
+    /// are held until the last is read (pass batches to bound the memory).
     pub fn read_many<S: AsRef<str>>(&self, paths: &[S]) -> Vec<Result<Vec<u8>>> {
-        paths
-            .chunks(OPEN_WINDOW)
-            .flat_map(|window| self.read_window(window))
-            .collect()
-    }
-
-    /// [`Tessera::read_many`] of at most [`OPEN_WINDOW`] files.
-    fn read_window<S: AsRef<str>>(&self, paths: &[S]) -> Vec<Result<Vec<u8>>> {
-        let opened = self.open_many(paths);
-        let mut jobs = Vec::with_capacity(opened.len());
-        let mut failed: Vec<Option<ClientError>> = Vec::with_capacity(opened.len());
-        for (p, r) in paths.iter().zip(opened) {
-            match r.and_then(|f| file::whole_buffer(&f, p.as_ref()).map(|b| (f, b))) {
-                Ok(job) => {
-                    jobs.push(job);
-                    failed.push(None);
-                }
-                Err(e) => failed.push(Some(e)),
-            }
-        }
-        let mut read = self.read_whole_into(jobs).into_iter();
-        failed
-            .into_iter()
-            .map(|f| match f {
-                Some(e) => Err(e),
-                None => match read.next() {
-                    Some(r) => r.map(|(mut out, n)| {
-                        out.truncate(n);
-                        out
-                    }),
-                    None => Err(ClientError::BadHandle("a read was lost".into())),
-                },
-            })
-            .collect()
+        let sh = self.shared.clone();
+        let paths: Vec<String> = paths.iter().map(|p| p.as_ref().to_string()).collect();
+        let n = paths.len();
+        let all = self
+            .sh()
+            .block_on(async { Ok(file::read_many(sh, paths).await) });
+        all.unwrap_or_else(|e: ClientError| fail_each(n, &e))
     }
 
     /// Opens many files to be read whole ([`Tessera::read_whole_into`]), at most
@@ -620,7 +593,7 @@ impl Tessera {
     /// between the two calls: Python's bindings make `bytes` objects, under the GIL
     /// taken once for all of them. Each file stays open (a session on the metadata
     /// server, read grants) until it is read or dropped: pass windows of a few hundred
-    /// ([`OPEN_WINDOW`], as `read_many` does).
+    /// ([`OPEN_WINDOW`]).
     ///
     /// ```no_run
     /// # fn demo(fs: &fs_client::api::Tessera) {

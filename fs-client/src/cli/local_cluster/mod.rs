@@ -225,10 +225,18 @@ pub fn resolve_state(mountpoint: &Path, named: Option<&Path>) -> PathBuf {
         return s.to_path_buf();
     }
     let default = default_state_dir(mountpoint);
-    match fs::read_to_string(default.join("redirect")) {
-        Ok(s) if !s.trim().is_empty() => PathBuf::from(s.trim()),
-        _ => default,
-    }
+    recorded_state(&default).unwrap_or(default)
+}
+
+/// The file in a mount point's default state directory that names the state directory
+/// `up --state-dir` used.
+const RECORD: &str = "redirect";
+
+/// The state directory recorded in `default` (see [`RECORD`]), if any.
+fn recorded_state(default: &Path) -> Option<PathBuf> {
+    let text = fs::read_to_string(default.join(RECORD)).ok()?;
+    let named = text.trim();
+    (!named.is_empty()).then(|| PathBuf::from(named))
 }
 
 /// Removes the record of the state directory that `up --state-dir` left for
@@ -236,10 +244,10 @@ pub fn resolve_state(mountpoint: &Path, named: Option<&Path>) -> PathBuf {
 /// is given; nothing to remove is no error.
 pub fn forget_recorded_state(mountpoint: &Path, state: Option<&Path>) -> Result<(), ClusterError> {
     let default = default_state_dir(&resolve_mount(mountpoint));
-    let record = default.join("redirect");
-    if let (Some(state), Ok(text)) = (state, fs::read_to_string(&record)) {
+    let record = default.join(RECORD);
+    if let (Some(state), Some(named)) = (state, recorded_state(&default)) {
         let same = |p: &Path| fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-        if same(Path::new(text.trim())) != same(state) {
+        if same(&named) != same(state) {
             return Ok(());
         }
     }
@@ -452,7 +460,7 @@ pub fn up(opts: &UpOptions) -> Result<UpReport, ClusterError> {
     if opts.state_dir.is_some() {
         let d = default_state_dir(&mnt);
         fs::create_dir_all(&d).map_err(io_err(format!("creating {}", d.display())))?;
-        fs::write(d.join("redirect"), state.to_string_lossy().as_bytes())
+        fs::write(d.join(RECORD), state.to_string_lossy().as_bytes())
             .map_err(io_err("recording the state directory"))?;
     }
     let running = procs::members(&state, &mnt);
