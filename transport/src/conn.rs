@@ -270,7 +270,8 @@ impl Connection {
     /// as [`Connection::close`], but the peer is told, so that it takes the connection
     /// for broken ([`Closed::Broken`]) rather than closed by an ended process, and keeps
     /// what it holds for this peer (a metadata server: open files and locks, for the
-    /// grace) until it comes back on another. On rdma the peer sees an orderly close.
+    /// grace) until it comes back on another (tcp: an `Abandon` frame; rdma: a byte on
+    /// the side channel).
     pub fn abandon(&self) {
         if self.is_closed() {
             return;
@@ -628,12 +629,7 @@ impl ConnCore {
                     Some(refusal) => Err(refusal),
                     None => Ok(reply),
                 };
-                #[cfg(feature = "rdma")]
-                if let Wire::Rdma(w) = &self.wire {
-                    return w.respond_then_shutdown(self, id, answer, c.why);
-                }
-                self.respond(id, answer);
-                return self.shutdown(c.why);
+                return self.respond_then_shutdown(id, answer, c.why);
             }
         }
         // The smaller of both sides' limits: the peer's receive buffers hold no more.
@@ -683,6 +679,25 @@ impl ConnCore {
             Wire::Mem(_) => crate::mem::respond(self, id, result),
             #[cfg(feature = "rdma")]
             Wire::Rdma(w) => w.respond(self, id, result),
+        }
+    }
+
+    /// Sends the last answer of a connection that is closing, then closes it: on rdma
+    /// once the peer has read it (see `RdmaWire::respond_then_shutdown`); tcp and mem
+    /// deliver what was sent before the close on their one stream.
+    fn respond_then_shutdown(
+        self: &Arc<Self>,
+        id: u64,
+        result: Result<Bytes, (ErrorCode, String)>,
+        why: String,
+    ) {
+        match &self.wire {
+            #[cfg(feature = "rdma")]
+            Wire::Rdma(w) => w.respond_then_shutdown(self, id, result, why),
+            _ => {
+                self.respond(id, result);
+                self.shutdown(why);
+            }
         }
     }
 

@@ -172,15 +172,6 @@ impl Endpoint {
             let ms = self.auth.handshake_timeout_ms;
             let hs = crate::auth::client_handshake(&conn, creds, addr);
             match tokio::time::timeout(Duration::from_millis(ms), hs).await {
-                // Closed under the key exchange (the server died, or dropped it): nothing
-                // was asked of it yet. Not so when this side closed it for a broken
-                // protocol: that server is not one to try again.
-                Ok(Err(TransportError::Disconnected { why, .. }))
-                    if !why.starts_with(crate::conn::PROTOCOL_ERROR) =>
-                {
-                    let e = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, why);
-                    return Err(TransportError::cut_in_handshake(addr, e));
-                }
                 Ok(r) => r?,
                 Err(_) => {
                     // Nothing was asked of the server yet: a connect that timed out, so

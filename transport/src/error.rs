@@ -139,7 +139,7 @@ impl TransportError {
     /// Nothing was asked of the server, so the caller may try again or move on to the
     /// next address. A server killed while the connection waited in its listener's
     /// queue (taken by the kernel, never by the process) closes it this way.
-    pub fn cut_in_handshake(addr: &str, e: std::io::Error) -> TransportError {
+    pub(crate) fn cut_in_handshake(addr: &str, e: std::io::Error) -> TransportError {
         TransportError::Connect {
             addr: addr.to_string(),
             source: std::io::Error::new(e.kind(), format!("closed during the handshake: {e}")),

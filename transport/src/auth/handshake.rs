@@ -147,6 +147,15 @@ async fn exchange(
                 source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, message),
             });
         }
+        // Closed under the key exchange (the server died, or dropped it): nothing was
+        // asked of it yet. Not so when this side closed it for a broken protocol: that
+        // server is not one to try again.
+        Err(TransportError::Disconnected { why, .. })
+            if !why.starts_with(crate::conn::PROTOCOL_ERROR) =>
+        {
+            let e = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, why);
+            return Err(TransportError::cut_in_handshake(addr, e));
+        }
         Err(TransportError::Refused { message, .. }) => {
             conn.close();
             let why = format!("the server at {addr} refused the handshake: {message}");

@@ -355,11 +355,7 @@ impl RdmaWire {
     ) {
         let core = core.clone();
         tokio::spawn(async move {
-            let (kind, status, body) = match result {
-                Ok(b) => (MsgKind::Reply, 0, b),
-                Err((code, msg)) => (MsgKind::CallError, code.number(), Bytes::from(msg)),
-            };
-            let _ = wire(&core).send_msg(&core, kind, status, id, &body).await;
+            let _ = send_answer(&core, id, result).await;
         });
     }
 
@@ -378,20 +374,17 @@ impl RdmaWire {
     ) {
         let core = core.clone();
         tokio::spawn(async move {
-            let (kind, status, body) = match result {
-                Ok(b) => (MsgKind::Reply, 0, b),
-                Err((code, msg)) => (MsgKind::CallError, code.number(), Bytes::from(msg)),
-            };
             let answered = async {
-                if wire(&core)
-                    .send_msg(&core, kind, status, id, &body)
-                    .await
-                    .is_err()
-                {
+                if send_answer(&core, id, result).await.is_err() {
                     return;
                 }
-                while !core.is_closed() {
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                // Closing wakes the waiters for credits (`close`).
+                loop {
+                    let closed = wire(&core).credit_wait.notified();
+                    if core.is_closed() {
+                        return;
+                    }
+                    closed.await;
                 }
             };
             let _ = tokio::time::timeout(CLOSING_REPLY, answered).await;
@@ -649,7 +642,7 @@ impl RdmaWire {
         match tag {
             TAG_RECV => {
                 if let Err(why) = self.on_recv(core, val as u32, wc.byte_len as usize) {
-                    core.shutdown(format!("{}: {why}", crate::conn::PROTOCOL_ERROR));
+                    let _ = core.protocol_error(&why);
                 }
             }
             TAG_ONE_SIDED => core.complete(val, Ok(Completion::Done)),
@@ -760,6 +753,19 @@ fn poll_batch(core: &Arc<ConnCore>, wcs: &mut [ibv_wc]) -> Result<usize, Transpo
         w.on_completion(core, wc);
     }
     Ok(n as usize)
+}
+
+/// Sends the answer to call `id`: a reply, or the error the call failed with.
+async fn send_answer(
+    core: &Arc<ConnCore>,
+    id: u64,
+    result: Result<Bytes, (ErrorCode, String)>,
+) -> Result<(), TransportError> {
+    let (kind, status, body) = match result {
+        Ok(b) => (MsgKind::Reply, 0, b),
+        Err((code, msg)) => (MsgKind::CallError, code.number(), Bytes::from(msg)),
+    };
+    wire(core).send_msg(core, kind, status, id, &body).await
 }
 
 /// Drains the completion queue, then sleeps on the completion channel until the NIC

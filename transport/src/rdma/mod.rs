@@ -299,11 +299,13 @@ pub(crate) async fn connect(ep: &Endpoint, addr: &str) -> Result<Connection, Tra
         if theirs.status == Refusal::Full as u32 {
             // As a full tcp listener that closes the connection: a server to try again
             // later, or the next address now.
-            let e = std::io::Error::new(
-                std::io::ErrorKind::ConnectionRefused,
-                "the server has no room for another connection",
-            );
-            return Err(TransportError::cut_in_handshake(addr, e));
+            return Err(TransportError::Connect {
+                addr: addr.to_string(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    "the server has no room for another connection",
+                ),
+            });
         }
         if theirs.status != 0 {
             return Err(hs(format!("refused (status {})", theirs.status)));
