@@ -362,15 +362,7 @@ impl ChunkFile {
     ) -> Result<(), DataError> {
         let geo = self.geo;
         let entries_len = (last - first + 1) as usize * ENTRY_BYTES;
-        // SAFETY: plain system call on a descriptor this file owns.
-        unsafe {
-            libc::posix_fadvise(
-                self.file.as_raw_fd(),
-                geo.entry_pos(first) as libc::off_t,
-                entries_len as libc::off_t,
-                libc::POSIX_FADV_WILLNEED,
-            );
-        }
+        self.advise(geo.entry_pos(first), entries_len, libc::POSIX_FADV_WILLNEED);
         self.read_run(buf, geo.data_offset + offset)
             .ctx(|| format!("read {}", self.path.display()))?;
         let entries = read_entries(&self.file, geo, (first, last), &self.path)?;
@@ -384,13 +376,19 @@ impl ChunkFile {
     /// `ChunkStore::read`). Advice only: a failure changes nothing read.
     pub fn forget_read(&self, offset: u64, len: usize) {
         let pos = self.geo.data_offset + offset;
+        self.advise(pos, len, libc::POSIX_FADV_DONTNEED);
+    }
+
+    /// `posix_fadvise` of the file's bytes `[pos, pos + len)`: advice only, its failure
+    /// changes nothing read.
+    fn advise(&self, pos: u64, len: usize, advice: libc::c_int) {
         // SAFETY: plain system call on a descriptor this file owns.
         unsafe {
             libc::posix_fadvise(
                 self.file.as_raw_fd(),
                 pos as libc::off_t,
                 len as libc::off_t,
-                libc::POSIX_FADV_DONTNEED,
+                advice,
             );
         }
     }
