@@ -4,8 +4,9 @@
 #   scripts/bench-python.sh [--quick] [--torch]
 #   --quick  400 files and a 256 MiB checkpoint (a smoke run of every phase); BENCH_FILES
 #            and BENCH_CKPT_MIB set other sizes
-#   --torch  install torch into the benchmark's own venv (a large download: the CUDA
-#            wheels come with it) and use a DataLoader, torch.save and torch.load
+#   --torch  use a DataLoader, torch.save and torch.load: Debian's CPU build of PyTorch
+#            (python3-torch, installed when missing) in the benchmark's own venv,
+#            BENCH_DIR/py-venv-torch, made with Debian's python3 and its packages
 # It builds a release (target/release and the package with maturin's release profile;
 # BENCH_PROFILE=dev uses the optimized dev build instead, for a quick check of the script),
 # starts a cluster (`tessera up`: 3 data servers, 3 copies) and runs the phases with
@@ -59,12 +60,19 @@ trap cleanup EXIT
 
 log "cargo build --profile $PROFILE --bins"
 (cd "$ROOT" && cargo build --profile "$PROFILE" --bins)
-log "venv $VENV: numpy, maturin, the package (release)"
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/pip" install -q --disable-pip-version-check maturin==1.16.0 numpy==2.4.6
 if [ "$TORCH" = 1 ]; then
-  log "installing torch into $VENV (large)"
-  "$VENV/bin/pip" install -q --disable-pip-version-check torch
+  # PyPI's torch needs CUDA's wheels (gigabytes); Debian's is CPU only and imports from
+  # Debian's python3, with Debian's numpy 1.24 (torch 1.13 is built against numpy 1).
+  dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q "install ok installed" ||
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-torch
+  VENV=$BENCH_DIR/py-venv-torch
+  log "venv $VENV (Debian's python3 and torch): maturin, the package (release)"
+  [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check maturin==1.16.0
+else
+  log "venv $VENV: numpy, maturin, the package (release)"
+  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check maturin==1.16.0 numpy==2.4.6
 fi
 PATH="$VENV/bin:$PATH" CARGO_TARGET_DIR="$ROOT/target" MATURIN_PEP517_ARGS="$MATURIN_ARGS" \
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation \

@@ -22,16 +22,29 @@ packages+=(protobuf-compiler libprotobuf-dev etcd-server)
 packages+=(mount systemd)
 #   debootstrap: the fresh Debian 12 root the package test installs the .deb into
 packages+=(debootstrap)
+#   python3-torch (with --tests: scripts/test.sh): Debian's CPU build of PyTorch 1.13, so
+#   the Python package's torch tests run (scripts/python-test.sh); not needed to mount
+#   (without its recommends, about 200 packages none of the tests use)
+no_recommends=()
+[ "${1:-}" = --tests ] && no_recommends+=(python3-torch)
 missing=()
+lean=()
+for p in "${no_recommends[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || lean+=("$p")
+done
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ "${#missing[@]}" -eq 0 ] && exit 0
-echo "installing: ${missing[*]}"
+[ "${#missing[@]}" -eq 0 ] && [ "${#lean[@]}" -eq 0 ] && exit 0
+echo "installing: ${missing[*]} ${lean[*]}"
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
   command -v sudo >/dev/null || { echo "need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
   SUDO=sudo
 fi
 $SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+[ "${#missing[@]}" -eq 0 ] ||
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+[ "${#lean[@]}" -eq 0 ] ||
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    "${lean[@]}" >/dev/null

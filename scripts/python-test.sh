@@ -4,8 +4,11 @@
 # target directory) into a virtual environment under target/py-venv with pytest, numpy,
 # safetensors and fsspec at pinned versions, starts a local cluster with a mount
 # (`tessera up`), runs python/tests against it, and stops the cluster (`tessera down`,
-# by the PIDs `up` recorded) also on failure. torch is not installed: its tests report
-# skipped unless the environment already has it.
+# by the PIDs `up` recorded) also on failure. torch is not in that environment (its
+# tests report skipped there); where Debian's python3-torch is installed (scripts/deps.sh
+# and .ci/run install it: CPU only, 186 MB, where PyPI's wheel needs CUDA's), the torch
+# tests run again in a second environment, target/py-venv-torch, made with Debian's
+# python3 and its packages (numpy 1.24 among them: torch 1.13 is built against numpy 1).
 #   scripts/python-test.sh [pytest arguments...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,3 +53,25 @@ TESSERA_TEST_META=$(cat "$state/meta.addr") \
 TESSERA_TEST_KEY="$state/keys/admin.key" \
 TESSERA_TEST_MOUNT="$mnt" \
   "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$@" .
+
+# Debian's torch, importable only by Debian's own python3 (its dist-packages).
+system_python=/usr/bin/python3
+if [ $# -eq 0 ] && "$system_python" -c "import torch" 2>/dev/null; then
+  tvenv="$target/py-venv-torch"
+  echo "== python: the torch tests with Debian's torch ($tvenv)"
+  [ -x "$tvenv/bin/python" ] || "$system_python" -m venv --system-site-packages "$tvenv"
+  # Not numpy: the system's 1.24, which torch 1.13 was built against, must stay first.
+  "$tvenv/bin/python" -m pip install -q --disable-pip-version-check \
+    maturin==1.16.0 pytest==9.2.0 safetensors==0.8.0
+  cd "$repo"
+  PATH="$tvenv/bin:$PATH" CARGO_TARGET_DIR="$target" MATURIN_PEP517_ARGS="--profile dev" \
+    "$tvenv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation \
+    --force-reinstall --no-deps ./python
+  cd "$repo/python/tests"
+  TESSERA_TEST_META=$(cat "$state/meta.addr") \
+  TESSERA_TEST_KEY="$state/keys/admin.key" \
+  TESSERA_TEST_MOUNT="$mnt" \
+    "$tvenv/bin/python" -m pytest -q -rs -p no:cacheprovider test_torch.py
+elif [ $# -eq 0 ]; then
+  echo "== python: torch tests skipped: $system_python cannot import torch (Debian: python3-torch)"
+fi

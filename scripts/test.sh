@@ -10,7 +10,7 @@
 # FUSE tests need root and /dev/fuse, as CI has.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/deps.sh
+scripts/deps.sh --tests
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"

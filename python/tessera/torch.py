@@ -371,8 +371,9 @@ _NP_DTYPES = {
     "F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
     "I8": "i1", "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?",
 }
-# Types numpy lacks: read as raw integers of their width, viewed as torch's type.
-_TORCH_ONLY = {"BF16": ("<u2", "bfloat16"), "F8_E4M3": ("u1", "float8_e4m3fn"),
+# Types numpy lacks: read as raw integers of their width, viewed as torch's type. Signed
+# 16-bit for bfloat16: torch before 2.3 cannot take a numpy uint16 array.
+_TORCH_ONLY = {"BF16": ("<i2", "bfloat16"), "F8_E4M3": ("u1", "float8_e4m3fn"),
                "F8_E5M2": ("u1", "float8_e5m2")}
 
 
@@ -455,6 +456,10 @@ def _load_safetensors_from(native, p: str, np, torch) -> dict:
         if dtype in _NP_DTYPES:
             arrays[name] = np.empty(shape, dtype=_NP_DTYPES[dtype])
         elif torch is not None:
+            # Checked before any read: float8 came in torch 2.1.
+            if not hasattr(torch, _TORCH_ONLY[dtype][1]):
+                raise ValueError(f"tensor {name!r}: torch {torch.__version__} has no "
+                                 f"{_TORCH_ONLY[dtype][1]} for {dtype}")
             arrays[name] = np.empty(shape, dtype=_TORCH_ONLY[dtype][0])
         else:
             raise ValueError(f"tensor {name!r}: numpy has no {dtype}; use framework='pt'")
