@@ -29,6 +29,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import shutil
 import time
 
 MIB = 1 << 20
@@ -305,6 +306,10 @@ def main():
     n, s = write_dataset(a.addr, a.local, a.files, a.min_bytes, a.max_bytes)
     res["dataset-write"] = (n, s)
     res.update(dataset_reads(a.addr, a.mount, a.local, a.files, a.workers, use_torch))
+    # The data set's room (its copies and the local one) is the checkpoints' next.
+    for d in sorted({n.split("/")[0] for n in names(a.files)}):
+        shutil.rmtree(os.path.join(a.local, d))
+    shutil.rmtree(os.path.join(a.mount, "ds"))
     obj = state(a.ckpt_mib, use_torch)
     drop_caches()
     res["ckpt-local"] = ckpt_local_or_mount(a.local, obj, use_torch)

@@ -44,8 +44,12 @@ MNT=$BENCH_DIR/mnt/tessera-py
 STATE=$BENCH_DIR/tessera-py-state
 LOCAL=$BENCH_DIR/local-py
 RAW=$BENCH_DIR/python-bench.json
-# A dataset and a checkpoint on the local disk, three copies of each on the cluster.
-need=$(( (FILES * (MIN_BYTES + MAX_BYTES) / 2 * (COPIES + 1) + CKPT_MIB * 1048576 * (COPIES + 1) * 2) / 1048576 ))
+# The data set on the local disk and its copies on the cluster, removed before the
+# checkpoints: one on the local disk, one through the mount and one through the
+# package, the copies of each on the cluster.
+dataset=$(( FILES * (MIN_BYTES + MAX_BYTES) / 2 * (COPIES + 1) / 1048576 ))
+ckpts=$(( CKPT_MIB * (2 * COPIES + 1) ))
+need=$(( (dataset > ckpts ? dataset : ckpts) * 11 / 10 ))
 mkdir -p "$BENCH_DIR"
 free=$(df -m --output=avail "$BENCH_DIR" | tail -1)
 [ "$free" -gt "$need" ] || { echo "need about $need MiB free under $BENCH_DIR, have $free" >&2; exit 1; }
