@@ -5,7 +5,7 @@
 #   --quick  400 files and a 256 MiB checkpoint (a smoke run of every phase); BENCH_FILES
 #            and BENCH_CKPT_MIB set other sizes
 #   --torch  use a DataLoader, torch.save and torch.load: Debian's CPU build of PyTorch
-#            (python3-torch, installed when missing) in the benchmark's own venv,
+#            (python3-torch, which scripts/deps.sh --tests installs) in the benchmark's own venv,
 #            BENCH_DIR/py-venv-torch, made with Debian's python3 and its packages
 # It builds a release (target/release and the package with maturin's release profile;
 # BENCH_PROFILE=dev uses the optimized dev build instead, for a quick check of the script),
@@ -67,8 +67,7 @@ log "cargo build --profile $PROFILE --bins"
 if [ "$TORCH" = 1 ]; then
   # PyPI's torch needs CUDA's wheels (gigabytes); Debian's is CPU only and imports from
   # Debian's python3, with Debian's numpy 1.24 (torch 1.13 is built against numpy 1).
-  dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q "install ok installed" ||
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-torch
+  "$ROOT/scripts/deps.sh" --tests
   VENV=$BENCH_DIR/py-venv-torch
   log "venv $VENV (Debian's python3 and torch): maturin, the package (release)"
   [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$VENV"

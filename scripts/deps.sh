@@ -27,19 +27,16 @@ packages+=(debootstrap)
 #   (without its recommends, about 200 packages none of the tests use)
 no_recommends=()
 [ "${1:-}" = --tests ] && no_recommends+=(python3-torch)
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=()
 lean=()
-for p in "${no_recommends[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || lean+=("$p")
-done
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
+for p in "${packages[@]}"; do installed "$p" || missing+=("$p"); done
+for p in "${no_recommends[@]}"; do installed "$p" || lean+=("$p"); done
 [ "${#missing[@]}" -eq 0 ] && [ "${#lean[@]}" -eq 0 ] && exit 0
 echo "installing: ${missing[*]} ${lean[*]}"
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null || { echo "need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  command -v sudo >/dev/null || { echo "need root (or sudo) to install: ${missing[*]} ${lean[*]}" >&2; exit 1; }
   SUDO=sudo
 fi
 $SUDO apt-get update -qq

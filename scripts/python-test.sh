@@ -23,12 +23,28 @@ echo "== python: virtual environment $venv"
 [ -x "$venv/bin/python" ] || "${PYTHON:-python3}" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "${pins[@]}"
 
-echo "== python: pip install ./python (maturin, dev profile, target $target)"
-# maturin is the venv's; --no-build-isolation uses it instead of fetching another copy
-# for every build. The workspace's target directory keeps the build incremental.
-PATH="$venv/bin:$PATH" CARGO_TARGET_DIR="$target" MATURIN_PEP517_ARGS="--profile dev" \
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation \
-  --force-reinstall --no-deps ./python
+# `pip install ./python` into venv $1 (maturin, dev profile). maturin is the venv's;
+# --no-build-isolation uses it instead of fetching another copy for every build. The
+# workspace's target directory keeps the build incremental.
+install_package() {
+  echo "== python: pip install ./python into $1 (maturin, dev profile, target $target)"
+  (cd "$repo" && PATH="$1/bin:$PATH" CARGO_TARGET_DIR="$target" MATURIN_PEP517_ARGS="--profile dev" \
+    "$1/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation \
+    --force-reinstall --no-deps ./python)
+}
+# pytest with venv $1's python on python/tests, arguments after it, against the cluster.
+# Run from python/tests with the installed package first on the path (not the source
+# tree, which has no native module).
+run_pytest() {
+  local py="$1/bin/python"
+  shift
+  (cd "$repo/python/tests" &&
+    TESSERA_TEST_META=$(cat "$state/meta.addr") \
+    TESSERA_TEST_KEY="$state/keys/admin.key" \
+    TESSERA_TEST_MOUNT="$mnt" \
+      "$py" -m pytest -q -rs -p no:cacheprovider "$@")
+}
+install_package "$venv"
 
 echo "== python: the tessera binary and a local cluster"
 # The same build as scripts/test.sh's (so nothing is built twice with other features).
@@ -46,13 +62,7 @@ trap cleanup EXIT
 "$target/debug/tessera" up --state-dir "$state" "$mnt" >/dev/null
 
 echo "== python: pytest python/tests"
-# Run from python/ with the installed package first on the path (not the source tree,
-# which has no native module).
-cd "$repo/python/tests"
-TESSERA_TEST_META=$(cat "$state/meta.addr") \
-TESSERA_TEST_KEY="$state/keys/admin.key" \
-TESSERA_TEST_MOUNT="$mnt" \
-  "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "$@" .
+run_pytest "$venv" "$@" .
 
 # Debian's torch, importable only by Debian's own python3 (its dist-packages).
 system_python=/usr/bin/python3
@@ -63,15 +73,8 @@ if [ $# -eq 0 ] && "$system_python" -c "import torch" 2>/dev/null; then
   # Not numpy: the system's 1.24, which torch 1.13 was built against, must stay first.
   "$tvenv/bin/python" -m pip install -q --disable-pip-version-check \
     maturin==1.16.0 pytest==9.2.0 safetensors==0.8.0
-  cd "$repo"
-  PATH="$tvenv/bin:$PATH" CARGO_TARGET_DIR="$target" MATURIN_PEP517_ARGS="--profile dev" \
-    "$tvenv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation \
-    --force-reinstall --no-deps ./python
-  cd "$repo/python/tests"
-  TESSERA_TEST_META=$(cat "$state/meta.addr") \
-  TESSERA_TEST_KEY="$state/keys/admin.key" \
-  TESSERA_TEST_MOUNT="$mnt" \
-    "$tvenv/bin/python" -m pytest -q -rs -p no:cacheprovider test_torch.py
+  install_package "$tvenv"
+  run_pytest "$tvenv" test_torch.py
 elif [ $# -eq 0 ]; then
   echo "== python: torch tests skipped: $system_python cannot import torch (Debian: python3-torch)"
 fi
