@@ -301,49 +301,27 @@ impl ChunkFile {
         }
         // Only the entries of the blocks read: a table is up to 16 KiB.
         let entries = read_entries(&self.file, geo, (first, last), &self.path)?;
-        let entry = |b: u32| entries[(b - first) as usize];
-        let mut block = first;
-        while block <= last {
+        let at = |b: u32| (b - first) as usize;
+        // The whole blocks inside the range go straight into the caller's buffer with
+        // one read, as an aligned read's do.
+        let whole = offset.next_multiple_of(bs)..end / bs * bs;
+        if whole.start < whole.end {
+            let (a, b) = (geo.block_of(whole.start), geo.block_of(whole.end - 1));
+            let span = &mut buf[(whole.start - offset) as usize..(whole.end - offset) as usize];
+            self.read_run(span, geo.data_offset + whole.start)
+                .ctx(|| format!("read {}", self.path.display()))?;
+            self.check_run(a, &entries[at(a)..=at(b)], span)?;
+        }
+        // The part blocks at either end: one block when the range lies inside it.
+        let head = (!offset.is_multiple_of(bs)).then_some(first);
+        let tail = (!end.is_multiple_of(bs) && head != Some(last)).then_some(last);
+        for block in head.into_iter().chain(tail) {
             let (lo, hi) = (
                 geo.block_start(block).max(offset),
                 (geo.block_start(block) + bs).min(end),
             );
-            let dst = (lo - offset) as usize..(hi - offset) as usize;
-            if entry(block) == Entry::Unwritten {
-                // Whatever the disk holds there (a hole, or bytes of a write a crash cut
-                // short), an unwritten block reads as zeros.
-                buf[dst].fill(0);
-            } else if hi - lo == bs {
-                // Whole written blocks: read a run of them straight into the caller's
-                // buffer with one pread, then check each.
-                let mut run_end = block + 1;
-                while run_end <= last
-                    && geo.block_start(run_end) + bs <= end
-                    && entry(run_end) != Entry::Unwritten
-                {
-                    run_end += 1;
-                }
-                let span = dst.start..dst.start + (run_end - block) as usize * bs as usize;
-                let pos = geo.data_offset + lo;
-                self.read_run(&mut buf[span.clone()], pos)
-                    .ctx(|| format!("read {}", self.path.display()))?;
-                for (i, bytes) in buf[span].chunks_mut(bs as usize).enumerate() {
-                    let b = block + i as u32;
-                    self.check(b, entry(b), bytes)?;
-                }
-                block = run_end;
-                continue;
-            } else {
-                // Part of a block: the whole block is read to check it, into a
-                // page-aligned scratch so that a large chunk's goes straight from the
-                // disk (`read_run`): a cold 4 KiB read then pays no read-ahead and
-                // leaves no pages behind.
-                let mut scratch = AlignedBuf::zeroed(bs as usize);
-                self.load_block(block, entry(block), &mut scratch)?;
-                let from = (lo - geo.block_start(block)) as usize;
-                buf[dst.clone()].copy_from_slice(&scratch[from..from + dst.len()]);
-            }
-            block += 1;
+            let dst = &mut buf[(lo - offset) as usize..(hi - offset) as usize];
+            self.read_part(block, entries[at(block)], lo, dst)?;
         }
         Ok(())
     }
@@ -366,9 +344,39 @@ impl ChunkFile {
         self.read_run(buf, geo.data_offset + offset)
             .ctx(|| format!("read {}", self.path.display()))?;
         let entries = read_entries(&self.file, geo, (first, last), &self.path)?;
-        for (i, bytes) in buf.chunks_mut(geo.block_size as usize).enumerate() {
-            self.check(first + i as u32, entries[i], bytes)?;
+        self.check_run(first, &entries, buf)
+    }
+
+    /// Checks the whole blocks in `bytes`, from `first` on, against their `entries`.
+    fn check_run(&self, first: u32, entries: &[Entry], bytes: &mut [u8]) -> Result<(), DataError> {
+        let blocks = bytes.chunks_mut(self.geo.block_size as usize);
+        for (i, (bytes, entry)) in blocks.zip(entries).enumerate() {
+            self.check(first + i as u32, *entry, bytes)?;
         }
+        Ok(())
+    }
+
+    /// Reads chunk bytes `[lo, lo + dst.len())`, part of `block`: the whole block is read
+    /// to check it, into a page-aligned scratch so that a large chunk's goes straight
+    /// from the disk (`read_run`): a cold 4 KiB read then pays no read-ahead and leaves no
+    /// pages behind. An unwritten block is not read at all.
+    fn read_part(
+        &self,
+        block: u32,
+        entry: Entry,
+        lo: u64,
+        dst: &mut [u8],
+    ) -> Result<(), DataError> {
+        if entry == Entry::Unwritten {
+            // Whatever the disk holds there (a hole, or bytes of a write a crash cut
+            // short), an unwritten block reads as zeros.
+            dst.fill(0);
+            return Ok(());
+        }
+        let mut scratch = AlignedBuf::zeroed(self.geo.block_size as usize);
+        self.load_block(block, entry, &mut scratch)?;
+        let from = (lo - self.geo.block_start(block)) as usize;
+        dst.copy_from_slice(&scratch[from..from + dst.len()]);
         Ok(())
     }
 
