@@ -8,14 +8,15 @@
 # Prints "skipped: <reason>" and exits 0 only when QEMU itself refuses to start a guest.
 # Usage: scripts/rdma-vm-cluster.sh [cluster-check options, e.g. --size-mib 64]
 #        [-- extra rdma-vm.sh options]
-# The build uses ${CARGO_TARGET_DIR:-target}/rdma (beside the conformance suite's).
+# The build uses ${CARGO_TARGET_DIR:-target}/rdma (beside the conformance suite's), or
+# RDMA_TARGET_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 check_args=()
 while [ $# -gt 0 ] && [ "$1" != -- ]; do check_args+=("$1"); shift; done
 [ $# -gt 0 ] && shift
 scripts/deps.sh
-target="${CARGO_TARGET_DIR:-target}/rdma"
+target="${RDMA_TARGET_DIR:-${CARGO_TARGET_DIR:-target}/rdma}"
 # RDMA_VM_PROFILE=dev reuses scripts/test.sh's debug build of the rdma feature instead
 # of a release build of its own (minutes of compiling on a 2-core machine).
 profile="${RDMA_VM_PROFILE:-release}"

@@ -5,12 +5,13 @@
 # (no usable device in the guest would make them "skipped") or did not run. Prints
 # "skipped: <reason>" and exits 0 only when QEMU itself refuses to start a guest here.
 # Usage: scripts/rdma-vm-suite.sh [case filter, default rdma::] [-- extra rdma-vm.sh options]
-# The build uses ${CARGO_TARGET_DIR:-target}/rdma (beside scripts/test.sh's rdma build).
+# The build uses ${CARGO_TARGET_DIR:-target}/rdma, or RDMA_TARGET_DIR (scripts/test.sh gives its
+# own target directory, where the rdma feature's build shares every dependency's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 filter="${1:-rdma::}"
 scripts/deps.sh
-target="${CARGO_TARGET_DIR:-target}/rdma"
+target="${RDMA_TARGET_DIR:-${CARGO_TARGET_DIR:-target}/rdma}"
 # RDMA_VM_PROFILE=dev reuses scripts/test.sh's debug build of the rdma feature.
 profile="${RDMA_VM_PROFILE:-release}"
 echo "== build the conformance suite with the rdma feature ($profile)"

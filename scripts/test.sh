@@ -10,47 +10,58 @@
 # FUSE tests need root and /dev/fuse, as CI has.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each step's heading carries the minutes and seconds since the start, so a log shows
+# where the time went (README "Tests" keeps the slowest parts' times).
+step() { printf '== [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
+target="${CARGO_TARGET_DIR:-target}"
+# The build of the binaries the tests run has no libibverbs (the rdma feature's build,
+# later in the same target directory, does; the default build is uplifted again after it).
+default_bins_without_verbs() {
+  cargo build --workspace --bins
+  for bin in tessera tessera-meta tessera-data; do
+    if readelf -d "$target/debug/$bin" | grep -q 'NEEDED.*libibverbs'; then
+      echo "$bin links libibverbs in the default build" >&2; exit 1
+    fi
+  done
+}
+step "scripts/deps.sh --tests"
 scripts/deps.sh --tests
-echo "== cargo fmt --check"
+step "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy"
+step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
-echo "== cargo doc (the library docs build without a broken link)"
+step "cargo doc (the library docs build without a broken link)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
-echo "== cargo build (binaries used by the tests)"
-cargo build --workspace --bins
-echo "== the default binaries do not link libibverbs"
-for bin in tessera tessera-meta tessera-data; do
-  if readelf -d "${CARGO_TARGET_DIR:-target}/debug/$bin" | grep -q 'NEEDED.*libibverbs'; then
-    echo "$bin links libibverbs in the default build" >&2; exit 1
-  fi
-done
-echo "== systemd units (systemd-analyze verify; README: Operating a cluster)"
+step "cargo build (binaries used by the tests; they do not link libibverbs)"
+default_bins_without_verbs
+step "systemd units (systemd-analyze verify; README: Operating a cluster)"
 scripts/check-units.sh
-echo "== cargo test"
+step "cargo test"
 cargo test --workspace -- --test-threads="${TEST_THREADS:-2}"
-echo "== python package: pytest against a local cluster and mount (scripts/python-test.sh)"
+step "python package: pytest against a local cluster and mount (scripts/python-test.sh)"
 scripts/python-test.sh
-echo "== fuzz targets: every decoder, a short bounded run (scripts/fuzz.sh; README: Fuzzing)"
+step "fuzz targets: every decoder, a short bounded run (scripts/fuzz.sh; README: Fuzzing)"
 scripts/fuzz.sh "${FUZZ_SECONDS:-15}"
-echo "== rdma feature: clippy, build, device-free unit tests, conformance (skipped: no device)"
-# A separate target directory keeps the default binaries above as they were built.
-rdma_target="${CARGO_TARGET_DIR:-target}/rdma"
-cargo clippy --workspace --all-targets --features transport/rdma --target-dir "$rdma_target" \
-  -- -D warnings
-cargo build --workspace --features transport/rdma --target-dir "$rdma_target"
-cargo test -p transport --features rdma --target-dir "$rdma_target" \
-  -- --test-threads="${TEST_THREADS:-2}"
-readelf -d "$rdma_target/debug/tessera" | grep -q 'NEEDED.*libibverbs' \
+step "rdma feature: clippy, build, device-free unit tests, conformance (skipped: no device)"
+# In the same target directory: the feature changes only rdma-sys and the workspace's
+# crates, so every other dependency's build is shared (a directory of its own compiled
+# them all again, minutes on a fresh machine). The binaries it uplifts link libibverbs
+# until default_bins_without_verbs below puts the default ones back.
+cargo clippy --workspace --all-targets --features transport/rdma -- -D warnings
+cargo build --workspace --features transport/rdma
+cargo test -p transport --features rdma -- --test-threads="${TEST_THREADS:-2}"
+readelf -d "$target/debug/tessera" | grep -q 'NEEDED.*libibverbs' \
   || { echo "the rdma build of tessera does not link libibverbs" >&2; exit 1; }
-echo "== rdma conformance cases on soft-RoCE in a QEMU guest (skipped only where QEMU cannot boot)"
-RDMA_VM_PROFILE=dev scripts/rdma-vm-suite.sh
-echo "== a whole cluster over rdma in the soft-RoCE VM"
-RDMA_VM_PROFILE=dev scripts/rdma-vm-cluster.sh
-echo "== pjdfstest (public POSIX suite) on a fresh mount"
+step "rdma conformance cases on soft-RoCE in a QEMU guest (skipped only where QEMU cannot boot)"
+RDMA_VM_PROFILE=dev RDMA_TARGET_DIR="$target" scripts/rdma-vm-suite.sh
+step "a whole cluster over rdma in the soft-RoCE VM"
+RDMA_VM_PROFILE=dev RDMA_TARGET_DIR="$target" scripts/rdma-vm-cluster.sh
+step "the default binaries back (pjdfstest and the package use them)"
+default_bins_without_verbs
+step "pjdfstest (public POSIX suite) on a fresh mount"
 scripts/pjdfstest.sh
-echo "== pjdfstest on a mount whose namespace is on etcd"
+step "pjdfstest on a mount whose namespace is on etcd"
 STORE=etcd scripts/pjdfstest.sh
-echo "== Debian package: built, installed into a fresh Debian 12 root, a mount from it"
+step "Debian package: built, installed into a fresh Debian 12 root, a mount from it"
 scripts/package-test.sh
-echo "== all checks passed"
+step "all checks passed"
