@@ -15,10 +15,16 @@ if ! cargo deb --version >/dev/null 2>&1; then
   cargo install cargo-deb --locked --version "=$CARGO_DEB_VERSION" >&2
 fi
 profile="${PROFILE:-release}"
-# Every binary of the workspace, not only the three packaged: cargo enables the
-# dependencies' features for the packages a build selects, so `-p` of three of them
-# compiled most dependencies a second time next to scripts/test.sh's build (2 minutes).
-cargo build --profile "$profile" --workspace --bins >&2
+# A release package builds only the three packaged binaries' crates (the test crate's
+# features, such as meta-server's `local-etcd`, stay out of it). The test build's
+# package (PROFILE=dev) takes every binary of the workspace, as scripts/test.sh built
+# them: cargo enables the dependencies' features for the packages a build selects, so
+# `-p` of three compiled most dependencies a second time there (2 minutes, cold).
+if [ "$profile" = dev ]; then
+  cargo build --profile dev --workspace --bins >&2
+else
+  cargo build --profile "$profile" --bins -p fs-client -p meta-server -p data-server >&2
+fi
 out="${CARGO_TARGET_DIR:-target}/debian"
 mkdir -p "$out"
 # --no-build: the build above made the three binaries (cargo-deb builds only fs-client's).

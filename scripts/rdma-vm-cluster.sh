@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A whole cluster on soft-RoCE: builds tessera-meta, tessera-data and cluster-check with
-# the `rdma` feature (release; RDMA_VM_PROFILE=dev: debug) and runs, inside a QEMU
+# A whole cluster on soft-RoCE: builds the workspace's binaries (tessera-meta,
+# tessera-data and cluster-check are the ones it runs) with the `rdma` feature (release;
+# RDMA_VM_PROFILE=dev: debug) and runs, inside a QEMU
 # guest on rxe0 (scripts/rdma-vm.sh), the metadata server, three data servers and a
 # client over `--transport rdma`: it writes a file (256 MiB by default), reads it back,
 # reads it again while one data server is killed with SIGKILL, and compares sha256

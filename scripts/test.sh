@@ -16,10 +16,18 @@ step() { printf '== [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 target="${CARGO_TARGET_DIR:-target}"
 # The build of the binaries the tests run has no libibverbs (the rdma feature's build,
 # later in the same target directory, does; the default build is uplifted again after it).
+# `links_verbs BIN`: whether BIN names libibverbs among its libraries. A readelf that
+# fails (BIN missing) ends the run: in a condition, `set -e` would not, nor would a
+# pipe into `grep -q`.
+links_verbs() {
+  local d
+  d="$(readelf -d "$1")" || { echo "readelf -d $1 failed" >&2; exit 1; }
+  grep -q 'NEEDED.*libibverbs' <<<"$d"
+}
 default_bins_without_verbs() {
   cargo build --workspace --bins
   for bin in tessera tessera-meta tessera-data; do
-    if readelf -d "$target/debug/$bin" | grep -q 'NEEDED.*libibverbs'; then
+    if links_verbs "$target/debug/$bin"; then
       echo "$bin links libibverbs in the default build" >&2; exit 1
     fi
   done
@@ -43,6 +51,9 @@ scripts/python-test.sh
 step "fuzz targets: every decoder, a short bounded run (scripts/fuzz.sh; README: Fuzzing)"
 scripts/fuzz.sh "${FUZZ_SECONDS:-15}"
 step "rdma feature: clippy, build, device-free unit tests, conformance (skipped: no device)"
+# Should a step below fail, the default binaries go back all the same: a later
+# scripts/pjdfstest.sh or `tessera up` from target/debug would run the rdma build.
+trap 'cargo build --workspace --bins >/dev/null 2>&1 || true' EXIT
 # In the same target directory: the feature changes only rdma-sys and the workspace's
 # crates, so every other dependency's build is shared (a directory of its own compiled
 # them all again, minutes on a fresh machine). The binaries it uplifts link libibverbs
@@ -50,7 +61,7 @@ step "rdma feature: clippy, build, device-free unit tests, conformance (skipped:
 cargo clippy --workspace --all-targets --features transport/rdma -- -D warnings
 cargo build --workspace --features transport/rdma
 cargo test -p transport --features rdma -- --test-threads="${TEST_THREADS:-2}"
-readelf -d "$target/debug/tessera" | grep -q 'NEEDED.*libibverbs' \
+links_verbs "$target/debug/tessera" \
   || { echo "the rdma build of tessera does not link libibverbs" >&2; exit 1; }
 step "rdma conformance cases on soft-RoCE in a QEMU guest (skipped only where QEMU cannot boot)"
 RDMA_VM_PROFILE=dev RDMA_TARGET_DIR="$target" scripts/rdma-vm-suite.sh
@@ -58,6 +69,7 @@ step "a whole cluster over rdma in the soft-RoCE VM"
 RDMA_VM_PROFILE=dev RDMA_TARGET_DIR="$target" scripts/rdma-vm-cluster.sh
 step "the default binaries back (pjdfstest and the package use them)"
 default_bins_without_verbs
+trap - EXIT
 step "pjdfstest (public POSIX suite) on a fresh mount"
 scripts/pjdfstest.sh
 step "pjdfstest on a mount whose namespace is on etcd"

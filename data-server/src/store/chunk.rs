@@ -350,6 +350,8 @@ impl ChunkFile {
     /// Checks the whole blocks in `bytes`, from `first` on, against their `entries`.
     fn check_run(&self, first: u32, entries: &[Entry], bytes: &mut [u8]) -> Result<(), DataError> {
         let blocks = bytes.chunks_mut(self.geo.block_size as usize);
+        // `zip` stops at the shorter side: one entry per block, or a block goes unchecked.
+        debug_assert_eq!(blocks.len(), entries.len(), "one checksum entry per block");
         for (i, (bytes, entry)) in blocks.zip(entries).enumerate() {
             self.check(first + i as u32, *entry, bytes)?;
         }
