@@ -8,7 +8,9 @@
 #   - per request type, the calls and their mean time as the mount saw them (the round
 #     trip) and as the server that answered saw them (decode to reply), from the
 #     processes' own /metrics, and the metadata log's syncs (count, mean);
-#   - the requests the kernel sent to the mount, per file, by type (the FUSE tracepoint);
+#   - the requests the kernel sent to the mount, per file, by type, and each type's time
+#     from the kernel's send to the mount's reply (the FUSE tracepoints), and how much of
+#     the wall time per file no request covers (the program, the system call, the VFS);
 #   - a flat CPU profile of the whole machine (perf, sampled): which process, and the
 #     hottest functions, kernel included.
 #
@@ -109,9 +111,10 @@ profile() {  # profile PHASE COMMAND...: runs COMMAND under a machine-wide perf 
   scrape "$phase-before"
   local t0 t1
   t0=$(date +%s%N)
-  # The outer perf records every request the kernel sends to a FUSE daemon (the
-  # tracepoint), the inner one samples the CPU.
-  perf record -q -a -e fuse:fuse_request_send -o "$OUT/$phase.fuse.perf" -- \
+  # The outer perf records every request the kernel sends to a FUSE daemon and its
+  # reply (the tracepoints), the inner one samples the CPU.
+  perf record -q -a -e fuse:fuse_request_send -e fuse:fuse_request_end \
+    -o "$OUT/$phase.fuse.perf" -- \
     perf record -a -F 997 -o "$OUT/$phase.perf" -- "$@" 2> "$OUT/$phase.perf.log" > /dev/null
   t1=$(date +%s%N)
   scrape "$phase-after"
@@ -120,10 +123,10 @@ profile() {  # profile PHASE COMMAND...: runs COMMAND under a machine-wide perf 
   echo
   report "$phase-before" "$phase-after" "$FILES"
   echo
-  echo "Kernel requests to the mount, per file (FUSE tracepoint):"
-  { perf script -i "$OUT/$phase.fuse.perf" 2>/dev/null || true; } \
-    | { grep -o '(FUSE_[A-Z_]*)' || true; } | sort | uniq -c \
-    | awk -v n="$FILES" '{ printf "    %-20s %.2f\n", $2, $1 / n }'
+  echo "Kernel requests to the mount, per file, send to reply (FUSE tracepoints):"
+  { perf script -i "$OUT/$phase.fuse.perf" -F time,event,trace 2>/dev/null || true; } \
+    > "$OUT/$phase.fuse.txt"
+  python3 "$ROOT/scripts/bench/fuse_latency.py" "$OUT/$phase.fuse.txt" "$FILES"
   echo
   echo "CPU by process (share of all samples of both cores; idle is the kernel's idle loop):"
   perf script -i "$OUT/$phase.perf" -F pid,comm 2>/dev/null > "$OUT/$phase.samples" || true
