@@ -2,7 +2,8 @@
 # Runs the public POSIX conformance suite pjdfstest (the Rust rewrite from crates.io)
 # against a fresh Tessera mount, as root, and compares its failures with the list of known
 # ones in tests/pjdfstest-known-failures.txt (one "test::name  # reason" per line).
-#   scripts/pjdfstest.sh            uses target/debug binaries (scripts/test.sh builds them)
+#   scripts/pjdfstest.sh            uses the debug binaries of ${CARGO_TARGET_DIR:-target}
+#                                   (scripts/test.sh builds them)
 #   BIN_DIR=target/release scripts/pjdfstest.sh
 #   STORE=etcd scripts/pjdfstest.sh   the namespace on etcd: the script starts one etcd
 #                                     member on 127.0.0.1 (data on /dev/shm) and stops it
@@ -12,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PJD_VERSION=0.2.2
 PJD_ROOT=${PJD_ROOT:-$HOME/.cache/tessera/pjdfstest-$PJD_VERSION}
-BIN_DIR=${BIN_DIR:-target/debug}
+BIN_DIR=${BIN_DIR:-${CARGO_TARGET_DIR:-target}/debug}
 KNOWN=tests/pjdfstest-known-failures.txt
 
 [ "$(id -u)" -eq 0 ] || { echo "pjdfstest needs root (it switches users and makes devices)" >&2; exit 1; }

@@ -13,7 +13,12 @@ cd "$(dirname "$0")/.."
 # Each step's heading carries the minutes and seconds since the start, so a log shows
 # where the time went (README "Tests" keeps the slowest parts' times).
 step() { printf '== [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
-target="${CARGO_TARGET_DIR:-target}"
+# The target directory as cargo resolves it (CARGO_TARGET_DIR, or `build.target-dir` in
+# a cargo config, or ./target), exported so that every script below uses the same one.
+target_dir() {
+  cargo metadata --no-deps --format-version 1 \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])'
+}
 # The build of the binaries the tests run has no libibverbs (the rdma feature's build,
 # later in the same target directory, does; the default build is uplifted again after it).
 # `links_verbs BIN`: whether BIN names libibverbs among its libraries. A readelf that
@@ -34,6 +39,8 @@ default_bins_without_verbs() {
 }
 step "scripts/deps.sh --tests"
 scripts/deps.sh --tests
+target="$(target_dir)"
+export CARGO_TARGET_DIR="$target"
 step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy"
