@@ -22,6 +22,13 @@ With torch importable, the data set is read by a torch DataLoader with WORKERS w
 (TesseraDataset through the package, a plain file Dataset through the mount) and the
 checkpoint is a state dict saved with torch.save / tessera.torch.save; without it, the
 same bytes move through multiprocessing workers and numpy.save, and the table says so.
+With torch the data set is also read as uint8 tensors (what a data loader hands on):
+  dataset-mount-tensor    each file read with readinto straight into a tensor in shared
+                          memory (the best a mount's reader can do: no pipe copy)
+  dataset-package-tensor  TesseraDataset(as_tensor=True): the same, filled by the native
+                          client
+A worker's `bytes` cross to the main process through a pipe (pickled, two copies); a
+tensor in shared memory crosses as a handle.
 """
 
 import argparse
@@ -141,11 +148,37 @@ def dataset_reads(addr, mnt, local_dir, files, workers, use_torch):
                 with open(os.path.join(mnt, "ds", all_names[i]), "rb") as f:
                     return f.read()
 
+        class PlainTensor(tud.Dataset):
+            def __len__(self):
+                return len(all_names)
+
+            def __getitem__(self, i):
+                import ctypes
+
+                import torch
+
+                with open(os.path.join(mnt, "ds", all_names[i]), "rb", buffering=0) as f:
+                    n = os.fstat(f.fileno()).st_size
+                    t = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(n))
+                    view = memoryview((ctypes.c_ubyte * n).from_address(t.data_ptr())).cast("B")
+                    got = 0
+                    while got < n:
+                        k = f.readinto(view[got:])
+                        if not k:
+                            break
+                        got += k
+                    return t[:got]
+
         drop_caches()
         out["dataset-mount"] = torch_loader(Plain(), workers)
         drop_caches()
         ds = tt.TesseraDataset(["/ds/" + n for n in all_names], fs=connect(addr))
         out["dataset-package"] = torch_loader(ds, workers)
+        drop_caches()
+        out["dataset-mount-tensor"] = torch_loader(PlainTensor(), workers)
+        drop_caches()
+        ds = tt.TesseraDataset(["/ds/" + n for n in all_names], fs=connect(addr), as_tensor=True)
+        out["dataset-package-tensor"] = torch_loader(ds, workers)
     else:
         drop_caches()
         mount_parts = [(os.path.join(mnt, "ds"), p) for p in split(all_names, workers)]

@@ -40,6 +40,11 @@ impl WritableBuffer {
         Ok(WritableBuffer { buf })
     }
 
+    /// The buffer's length in bytes.
+    pub fn len(&self) -> usize {
+        self.buf.len_bytes()
+    }
+
     /// The bytes, to be filled with the GIL released.
     pub fn slice_mut(&mut self) -> RawSliceMut {
         RawSliceMut {
@@ -97,6 +102,14 @@ impl RawSlice {
 }
 
 impl RawSliceMut {
+    /// The first `len` bytes only (all of them if there are fewer).
+    pub fn prefix(self, len: usize) -> RawSliceMut {
+        RawSliceMut {
+            ptr: self.ptr,
+            len: self.len.min(len),
+        }
+    }
+
     /// The bytes as a mutable slice.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         if self.len == 0 {
@@ -190,5 +203,11 @@ impl AsMut<[u8]> for FreshBytes {
         // SAFETY: `len` bytes, set above, of an object only this value references (see
         // the `Send` impl), borrowed mutably through `self`.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl AsMut<[u8]> for RawSliceMut {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self.as_mut_slice()
     }
 }

@@ -222,6 +222,48 @@ impl Client {
         self.read_whole(py, paths)
     }
 
+    /// The whole of each file of `paths`, fetched in parallel, each read straight into
+    /// the object `alloc(length)` returns for it (anything with a writable, C-contiguous
+    /// buffer of at least `length` bytes: a bytearray, a numpy array, a tensor in shared
+    /// memory); returns `(object, bytes read)` per path. The first failure (in the order
+    /// of `paths`) is raised.
+    fn read_many_into<'py>(
+        &self,
+        py: Python<'py>,
+        paths: Vec<String>,
+        alloc: &Bound<'py, PyAny>,
+    ) -> PyResult<Vec<(Bound<'py, PyAny>, usize)>> {
+        let mut out = Vec::with_capacity(paths.len());
+        for window in paths.chunks(api::OPEN_WINDOW) {
+            let opened = py.detach(|| self.inner.open_many(window));
+            // The exports pin each object's memory until the reads are done.
+            let (mut objects, mut exports, mut jobs) = (Vec::new(), Vec::new(), Vec::new());
+            for (p, r) in window.iter().zip(opened) {
+                let file = r.map_err(|e| os_error(&e, p, None))?;
+                let len = usize::try_from(file.len())
+                    .map_err(|_| pyo3::exceptions::PyMemoryError::new_err("file too large"))?;
+                let obj = alloc.call1((len,))?;
+                let mut export = WritableBuffer::get(&obj)?;
+                if export.len() < len {
+                    return Err(PyValueError::new_err(format!(
+                        "alloc({len}) for {p:?} returned a buffer of {} bytes",
+                        export.len()
+                    )));
+                }
+                jobs.push((file, export.slice_mut().prefix(len)));
+                objects.push(obj);
+                exports.push(export);
+            }
+            let read = py.detach(|| self.inner.read_whole_into(jobs));
+            drop(exports);
+            for ((p, r), obj) in window.iter().zip(read).zip(objects) {
+                let (_, n) = r.map_err(|e| os_error(&e, p, None))?;
+                out.push((obj, n));
+            }
+        }
+        Ok(out)
+    }
+
     /// Creates or truncates `path` and writes `data` (any bytes-like object) into it.
     fn write(&self, py: Python<'_>, path: &str, data: &Bound<'_, PyAny>) -> PyResult<()> {
         let buf = ReadableBuffer::get(data)?;

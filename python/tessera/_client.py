@@ -11,7 +11,7 @@ import os
 import stat as statmod
 import threading
 import weakref
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from . import _native
 
@@ -238,6 +238,15 @@ class Tessera:
         most its `parallel` setting at once) with the GIL released. The first failure,
         in the order of `paths`, is raised."""
         return self._native().read_many([_fspath(p) for p in paths])
+
+    def read_many_into(self, paths: Iterable, alloc: Callable) -> list[tuple]:
+        """Like `read_many`, but each file goes straight into the object `alloc(length)`
+        returns for it (a bytearray, a numpy array, a tensor in shared memory: anything
+        writable with the buffer protocol, C-contiguous, of at least `length` bytes),
+        with no copy on the Python side. Returns `(object, bytes read)` per path, the
+        count less than the length only if the file shrank meanwhile. A buffer that is
+        too small raises ValueError, one that is read-only TypeError."""
+        return self._native().read_many_into([_fspath(p) for p in paths], alloc)
 
     def symlink(self, target, path) -> None:
         """Makes `path` a symbolic link to `target`."""

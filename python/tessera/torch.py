@@ -14,6 +14,7 @@ URL. The data sets keep the addresses and options, not threads: a DataLoader wor
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import random
@@ -105,9 +106,9 @@ class _Prefetcher:
     """Whole files fetched ahead in a background thread, `window` at a time, kept until
     asked for. Made again in a forked child (threads do not survive fork)."""
 
-    def __init__(self, fs: Tessera, files: Sequence[str], window: int):
-        self.fs = fs
-        self.files = files
+    def __init__(self, source: "_FileSource", window: int):
+        self.source = source
+        self.files = source.files
         self.window = window
         self.pid = os.getpid()
         self.lock = threading.Lock()
@@ -119,12 +120,12 @@ class _Prefetcher:
 
     def _fetch(self, indices: list[int]) -> dict:
         try:
-            data = self.fs.read_many([self.files[i] for i in indices])
+            data = self.source._read_many([self.files[i] for i in indices])
         except OSError:
             return {}  # each file is read again alone, so its own error is raised
         return dict(zip(indices, data))
 
-    def get(self, index: int) -> bytes:
+    def get(self, index: int):
         with self.lock:
             fut = self.pending.pop(index, None)
             # Fetch ahead only while the reads go in order (the first read counts as
@@ -147,20 +148,56 @@ class _Prefetcher:
             data = fut.result().get(index)
             if data is not None:
                 return data
-        return self.fs.read_bytes(self.files[index])
+        return self.source._read_one(self.files[index])
+
+
+def _uint8_tensor(length: int):
+    """A uint8 tensor of `length` bytes for a file to be read into. In a DataLoader
+    worker it is made in shared memory, as torch's own collate makes a worker's batches:
+    the worker then passes it to the main process as a handle to that memory, where a
+    tensor in private memory (or `bytes`) is copied through a pipe."""
+    torch = _import_torch()
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(length, dtype=torch.uint8)
+    return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(length))
+
+
+def _writable_view(tensor, length: int):
+    """The tensor's `length` bytes as a writable buffer (torch tensors have none of
+    their own, and `numpy()` would need numpy); the tensor must outlive it."""
+    return memoryview((ctypes.c_ubyte * length).from_address(tensor.data_ptr())).cast("B")
 
 
 class _FileSource:
     """What both data sets keep: the connection (by address, for workers) and files."""
 
-    def __init__(self, source, decode, fs, options):
+    def __init__(self, source, decode, fs, options, as_tensor: bool = False):
         if fs is None:
             raise ValueError("give the cluster as fs=tessera.connect(...) or fs='HOST:PORT'")
         self.fs, _ = _resolve("/", fs, options)
         self.files = _list_files(self.fs, source)
         self.decode = decode
+        self.as_tensor = as_tensor
 
-    def _decode(self, data: bytes, path: str):
+    def _read_many(self, paths: list) -> list:
+        """The whole files: `bytes`, or with `as_tensor` uint8 tensors that the native
+        client reads straight into (see `_uint8_tensor`)."""
+        if not self.as_tensor:
+            return self.fs.read_many(paths)
+        tensors = []
+
+        def alloc(length: int):
+            t = _uint8_tensor(length)
+            tensors.append(t)
+            return _writable_view(t, length)
+
+        got = self.fs.read_many_into(paths, alloc)
+        return [t if n == t.numel() else t[:n] for t, (_, n) in zip(tensors, got)]
+
+    def _read_one(self, path: str):
+        return self._read_many([path])[0] if self.as_tensor else self.fs.read_bytes(path)
+
+    def _decode(self, data, path: str):
         return data if self.decode is None else self.decode(data)
 
 
@@ -168,8 +205,8 @@ class _MapDataset(_FileSource):
     """The torch-free part of `TesseraDataset`."""
 
     def __init__(self, source, decode: Callable | None = None, *, fs=None,
-                 prefetch: int = DEFAULT_PREFETCH, **options):
-        super().__init__(source, decode, fs, options)
+                 prefetch: int = DEFAULT_PREFETCH, as_tensor: bool = False, **options):
+        super().__init__(source, decode, fs, options, as_tensor)
         self.prefetch = prefetch
         self._prefetcher = None
 
@@ -182,11 +219,11 @@ class _MapDataset(_FileSource):
         if not 0 <= index < len(self.files):
             raise IndexError(index)
         if self.prefetch <= 0:
-            data = self.fs.read_bytes(self.files[index])
+            data = self._read_one(self.files[index])
         else:
             pf = self._prefetcher
             if pf is None or pf.pid != os.getpid():
-                pf = self._prefetcher = _Prefetcher(self.fs, self.files, self.prefetch)
+                pf = self._prefetcher = _Prefetcher(self, self.prefetch)
             data = pf.get(index)
         return self._decode(data, self.files[index])
 
@@ -197,7 +234,7 @@ class _MapDataset(_FileSource):
         for i in idx:
             if not 0 <= i < len(self.files):
                 raise IndexError(i)
-        data = self.fs.read_many([self.files[i] for i in idx])
+        data = self._read_many([self.files[i] for i in idx])
         return [self._decode(d, self.files[i]) for i, d in zip(idx, data)]
 
     def __getstate__(self):
@@ -243,8 +280,9 @@ class _IterDataset(_FileSource):
 
     def __init__(self, source, decode: Callable | None = None, *, fs=None, rank=None,
                  world_size=None, shuffle: bool = False, seed: int = 0,
-                 batch_files: int = DEFAULT_BATCH_FILES, drop_last: bool = False, **options):
-        super().__init__(source, decode, fs, options)
+                 batch_files: int = DEFAULT_BATCH_FILES, drop_last: bool = False,
+                 as_tensor: bool = False, **options):
+        super().__init__(source, decode, fs, options, as_tensor)
         self.rank, self.world_size = rank, world_size
         self.drop_last = drop_last
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
@@ -277,11 +315,11 @@ class _IterDataset(_FileSource):
         if not batches:
             return
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tessera-batch") as pool:
-            nxt = pool.submit(self.fs.read_many, batches[0])
+            nxt = pool.submit(self._read_many, batches[0])
             for i, batch in enumerate(batches):
                 data = nxt.result()
                 if i + 1 < len(batches):
-                    nxt = pool.submit(self.fs.read_many, batches[i + 1])
+                    nxt = pool.submit(self._read_many, batches[i + 1])
                 for path, d in zip(batch, data):
                     yield self._decode(d, path)
 
@@ -309,21 +347,28 @@ def __getattr__(name: str):
 
 _MAP_DOC = """A map-style data set over files: `ds[i]` is `decode(bytes of file i)`.
 
-`TesseraDataset(source, decode=None, *, fs, prefetch=32, **options)`: `source` is a list
+`TesseraDataset(source, decode=None, *, fs, prefetch=32, as_tensor=False, **options)`:
+`source` is a list
 of paths or a folder (every file under it, sorted). While files are asked for in order,
 asking for file i starts fetching files i+1 .. i+prefetch in one parallel `read_many`
 in a background thread. A DataLoader worker asks for a whole batch at once
 (`__getitems__`): its files are fetched by one `read_many`, and the DataLoader's own
 `prefetch_factor` keeps the next batches coming.
+
+With `as_tensor=True` a file's bytes come as a uint8 tensor (what `decode` gets, and
+the item without one) that the native client reads into directly; in a DataLoader
+worker the tensor is made in shared memory, so it reaches the main process with no
+copy of its bytes (`bytes` go through a pipe: two copies and the pickling).
 """
 
 _ITER_DOC = """An iterable data set over files, sharded by rank and DataLoader worker.
 
 `TesseraIterableDataset(source, decode=None, *, fs, rank=None, world_size=None,
-shuffle=False, seed=0, batch_files=32, **options)`: each worker of each rank reads every
+shuffle=False, seed=0, batch_files=32, as_tensor=False, **options)`: each worker of each rank reads every
 (world_size * workers)-th file from its own offset (rank and world size from
 torch.distributed when it is initialized, else RANK and WORLD_SIZE, else 0 and 1), in
 batches fetched by `read_many`, the next batch while the current one is consumed.
+`as_tensor=True` gives each file as a uint8 tensor, as `TesseraDataset`'s does.
 """
 
 

@@ -36,6 +36,36 @@ def test_read_many_of_a_thousand_files(fs, base):
     assert e.value.filename == f"{base}/none"
 
 
+def test_read_many_into_buffers_the_caller_makes(fs, base):
+    paths = [f"{base}/g{i:03}" for i in range(200)]
+    for i, p in enumerate(paths):
+        fs.write_bytes(p, _content(i))
+    asked = []
+
+    def alloc(n):  # one call per path, in order, with the file's length
+        asked.append(n)
+        return np.empty(n + 3, dtype=np.uint8)  # a larger buffer is fine
+
+    got = fs.read_many_into(paths, alloc)
+    assert asked == [len(_content(i)) for i in range(200)]
+    for i, (arr, n) in enumerate(got):
+        assert n == len(_content(i)) and arr[:n].tobytes() == _content(i), paths[i]
+    big = bytes(range(256)) * (5 * 4096 + 7)  # several transfers, over 1 MiB
+    fs.write_bytes(f"{base}/big", big)
+    [(buf, n)] = fs.read_many_into([f"{base}/big"], bytearray)
+    assert n == len(big) and buf == big
+    assert fs.read_many_into([], bytearray) == []
+    with pytest.raises(ValueError, match="returned a buffer of"):
+        fs.read_many_into(paths[5:6], lambda n: bytearray(n - 1))
+    with pytest.raises(TypeError):
+        fs.read_many_into(paths[5:6], bytes)  # read-only
+    with pytest.raises(ZeroDivisionError):  # alloc's own error comes through as it is
+        fs.read_many_into(paths[5:6], lambda n: 1 // 0)
+    with pytest.raises(FileNotFoundError) as e:
+        fs.read_many_into(paths[:3] + [f"{base}/none"], bytearray)
+    assert e.value.filename == f"{base}/none"
+
+
 def test_read_into_buffers(fs, base):
     data = np.arange(3 << 20, dtype=np.uint8) * 7  # 3 MiB, crosses segment boundaries
     fs.write_bytes(f"{base}/a", data)  # a numpy array as the source, no copy

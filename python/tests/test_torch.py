@@ -54,6 +54,32 @@ def test_dataloader_four_workers_iterable(fs, base):
     assert got == sorted((i % 256) * (1000 + i) for i in range(FILES))
 
 
+def test_dataloader_workers_give_tensors_in_shared_memory(fs, base):
+    _files(fs, base)
+    want = [bytes([i % 256]) * (1000 + i) for i in range(FILES)]
+    # In the main process: plain uint8 tensors with the file's bytes, also one by one
+    # (no prefetch) and through the prefetcher.
+    for prefetch in (0, 32):
+        ds = tt.TesseraDataset(f"{base}/d", fs=fs, as_tensor=True, prefetch=prefetch)
+        t = ds[7]
+        assert t.dtype == torch.uint8 and bytes(t.tolist()) == want[7]
+        assert bytes(ds[8].tolist()) == want[8]
+    # In workers: each batch's tensors are made in shared memory, so the worker hands
+    # them over by handle; what arrives is the files' bytes, in order.
+    def decode(t):  # runs in the worker: a failed check there fails the loader here
+        assert t.is_shared(), "a worker's tensor is not in shared memory"
+        return t
+
+    ds = tt.TesseraDataset(f"{base}/d", decode=decode, fs=fs, as_tensor=True)
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=4,
+                                         collate_fn=lambda b: b)
+    got = [bytes(t.tolist()) for batch in loader for t in batch]
+    assert got == want
+    it = tt.TesseraIterableDataset(f"{base}/d", fs=fs, as_tensor=True, rank=0, world_size=1)
+    loader = torch.utils.data.DataLoader(it, batch_size=None, num_workers=4)
+    assert sorted(bytes(t.tolist()) for t in loader) == sorted(want)
+
+
 def test_save_load_state_dict(fs, base):
     model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
                                 torch.nn.Linear(1024, 10))
