@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 # The cargo-deb release this script was written against (pinned: CI installs it fresh).
 CARGO_DEB_VERSION="${CARGO_DEB_VERSION:-3.8.0}"
 if ! cargo deb --version >/dev/null 2>&1; then
-  cargo install cargo-deb --locked --version "=$CARGO_DEB_VERSION" >&2
+  # In cargo's own temporary directory, not the project's (test.sh exports it).
+  env -u CARGO_TARGET_DIR cargo install cargo-deb --locked --version "=$CARGO_DEB_VERSION" >&2
 fi
 profile="${PROFILE:-release}"
 # A release package builds only the three packaged binaries' crates (the test crate's

@@ -19,7 +19,9 @@ KNOWN=tests/pjdfstest-known-failures.txt
 [ "$(id -u)" -eq 0 ] || { echo "pjdfstest needs root (it switches users and makes devices)" >&2; exit 1; }
 if [ ! -x "$PJD_ROOT/bin/pjdfstest" ]; then
   echo "== installing pjdfstest $PJD_VERSION into $PJD_ROOT"
-  cargo install --quiet --locked pjdfstest --version "$PJD_VERSION" --root "$PJD_ROOT"
+  # In cargo's own temporary directory, not the project's (test.sh exports it).
+  env -u CARGO_TARGET_DIR cargo install --quiet --locked pjdfstest --version "$PJD_VERSION" \
+    --root "$PJD_ROOT"
 fi
 # The suite switches to these users; "nobody"/"nogroup" exist on Debian already.
 id tests >/dev/null 2>&1 || useradd -M -U -s /usr/sbin/nologin tests

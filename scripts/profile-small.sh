@@ -124,7 +124,7 @@ profile() {  # profile PHASE COMMAND...: runs COMMAND under a machine-wide perf 
   report "$phase-before" "$phase-after" "$FILES"
   echo
   echo "Kernel requests to the mount, per file, send to reply (FUSE tracepoints):"
-  { perf script -i "$OUT/$phase.fuse.perf" -F time,event,trace 2>/dev/null || true; } \
+  { perf script -i "$OUT/$phase.fuse.perf" --ns -F time,event,trace 2>/dev/null || true; } \
     > "$OUT/$phase.fuse.txt"
   python3 "$ROOT/scripts/bench/fuse_latency.py" "$OUT/$phase.fuse.txt" "$FILES"
   echo

@@ -110,6 +110,11 @@ impl RawSliceMut {
         }
     }
 
+    /// Where the bytes are: their start address and length.
+    pub fn span(&self) -> (usize, usize) {
+        (self.ptr as usize, self.len)
+    }
+
     /// The bytes as a mutable slice.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         if self.len == 0 {

@@ -224,9 +224,12 @@ impl Client {
 
     /// The whole of each file of `paths`, fetched in parallel, each read straight into
     /// the object `alloc(length)` returns for it (anything with a writable, C-contiguous
-    /// buffer of at least `length` bytes: a bytearray, a numpy array, a tensor in shared
-    /// memory); returns `(object, bytes read)` per path. The first failure (in the order
-    /// of `paths`) is raised.
+    /// buffer of at least `length` bytes that owns its memory or keeps its owner alive: a
+    /// bytearray, a numpy array); returns `(object, bytes read)` per path. The parts of
+    /// the buffers the files fill may not overlap (one buffer given for two files is
+    /// refused: the reads fill them at once). A window of `api::OPEN_WINDOW` files at a
+    /// time: an error is raised for the first path of a window that failed to open or to
+    /// get its buffer, else for the first that failed to read.
     fn read_many_into<'py>(
         &self,
         py: Python<'py>,
@@ -253,6 +256,13 @@ impl Client {
                 jobs.push((file, export.slice_mut().prefix(len)));
                 objects.push(obj);
                 exports.push(export);
+            }
+            let spans: Vec<(usize, usize)> = jobs.iter().map(|(_, raw)| raw.span()).collect();
+            if let Some((a, b)) = overlapping(&spans) {
+                return Err(PyValueError::new_err(format!(
+                    "alloc gave {:?} and {:?} buffers that overlap",
+                    window[a], window[b]
+                )));
             }
             let read = py.detach(|| self.inner.read_whole_into(jobs));
             drop(exports);
@@ -339,6 +349,17 @@ fn connect(
 }
 
 /// The value of setting `name` that counts threads or files: at least 1.
+/// Two of `spans` (start address, length) that share a byte, by index; empty spans share
+/// none.
+fn overlapping(spans: &[(usize, usize)]) -> Option<(usize, usize)> {
+    let mut order: Vec<usize> = (0..spans.len()).filter(|&i| spans[i].1 > 0).collect();
+    order.sort_by_key(|&i| spans[i].0);
+    order.windows(2).find_map(|w| {
+        let ((a, a_len), (b, _)) = (spans[w[0]], spans[w[1]]);
+        (b < a + a_len).then(|| (w[0].min(w[1]), w[0].max(w[1])))
+    })
+}
+
 fn count(name: &str, value: &str) -> PyResult<usize> {
     match value.parse::<usize>() {
         Ok(n) if n > 0 => Ok(n),

@@ -241,11 +241,13 @@ class Tessera:
 
     def read_many_into(self, paths: Iterable, alloc: Callable) -> list[tuple]:
         """Like `read_many`, but each file goes straight into the object `alloc(length)`
-        returns for it (a bytearray, a numpy array, a tensor in shared memory: anything
-        writable with the buffer protocol, C-contiguous, of at least `length` bytes),
-        with no copy on the Python side. Returns `(object, bytes read)` per path, the
-        count less than the length only if the file shrank meanwhile. A buffer that is
-        too small raises ValueError, one that is read-only TypeError."""
+        returns for it (a bytearray, a numpy array, a memoryview of one: anything
+        writable with the buffer protocol, C-contiguous, of at least `length` bytes, that
+        owns its memory or keeps its owner alive), with no copy on the Python side.
+        Returns `(object, bytes read)` per path, the count less than the length only if
+        the file shrank meanwhile. A buffer that is too small raises ValueError, one that
+        is read-only TypeError, and buffers whose filled parts overlap ValueError (the
+        files are read at once)."""
         return self._native().read_many_into([_fspath(p) for p in paths], alloc)
 
     def symlink(self, target, path) -> None:

@@ -104,11 +104,13 @@ def _list_files(fs: Tessera, source) -> list[str]:
 
 class _Prefetcher:
     """Whole files fetched ahead in a background thread, `window` at a time, kept until
-    asked for. Made again in a forked child (threads do not survive fork)."""
+    asked for. Made again in a forked child (threads do not survive fork). It holds the
+    connection and the file list, not the data set (which holds it)."""
 
-    def __init__(self, source: "_FileSource", window: int):
-        self.source = source
-        self.files = source.files
+    def __init__(self, fs: Tessera, files: Sequence[str], as_tensor: bool, window: int):
+        self.fs = fs
+        self.files = files
+        self.as_tensor = as_tensor
         self.window = window
         self.pid = os.getpid()
         self.lock = threading.Lock()
@@ -120,7 +122,7 @@ class _Prefetcher:
 
     def _fetch(self, indices: list[int]) -> dict:
         try:
-            data = self.source._read_many([self.files[i] for i in indices])
+            data = _read_files(self.fs, [self.files[i] for i in indices], self.as_tensor)
         except OSError:
             return {}  # each file is read again alone, so its own error is raised
         return dict(zip(indices, data))
@@ -148,24 +150,59 @@ class _Prefetcher:
             data = fut.result().get(index)
             if data is not None:
                 return data
-        return self.source._read_one(self.files[index])
+        return _read_files(self.fs, [self.files[index]], self.as_tensor)[0]
 
 
-def _uint8_tensor(length: int):
-    """A uint8 tensor of `length` bytes for a file to be read into. In a DataLoader
-    worker it is made in shared memory, as torch's own collate makes a worker's batches:
-    the worker then passes it to the main process as a handle to that memory, where a
-    tensor in private memory (or `bytes`) is copied through a pipe."""
-    torch = _import_torch()
-    if torch.utils.data.get_worker_info() is None:
-        return torch.empty(length, dtype=torch.uint8)
-    return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(length))
+#: The shared memory that one read of a DataLoader worker's files carves their tensors
+#: from (a larger file gets a segment of its own). Pages are allocated only when
+#: written, so the unused rest costs no memory; a segment lives while any of its
+#: tensors does.
+SHARED_SEGMENT_BYTES = 64 << 20
 
 
-def _writable_view(tensor, length: int):
-    """The tensor's `length` bytes as a writable buffer (torch tensors have none of
-    their own, and `numpy()` would need numpy); the tensor must outlive it."""
-    return memoryview((ctypes.c_ubyte * length).from_address(tensor.data_ptr())).cast("B")
+class _Tensors:
+    """uint8 tensors for whole files to be read into. In a DataLoader worker they are
+    views of segments of shared memory, as torch's own collate makes a worker's batch:
+    a tensor then reaches the main process as a handle to its segment, with no copy
+    (torch would first copy a tensor in private memory into shared memory; `bytes` are
+    pickled through a pipe). One segment for many files, not one each: the main process
+    keeps an open file descriptor per segment it holds (torch's default sharing
+    strategy), and a segment per file, at 128 files a batch, 4 workers and 2 batches
+    each in flight, reaches the usual limit of 1,024."""
+
+    def __init__(self):
+        self.torch = _import_torch()
+        self.shared = self.torch.utils.data.get_worker_info() is not None
+        self.segment = None
+        self.used = 0
+        self.made = []
+
+    def take(self, length: int):
+        """A tensor of `length` bytes, and its bytes as a writable buffer (torch
+        tensors have none of their own, and `numpy()` needs numpy)."""
+        torch = self.torch
+        if not self.shared:
+            t = torch.empty(length, dtype=torch.uint8)
+        else:
+            if self.segment is None or self.used + length > self.segment.numel():
+                storage = torch.UntypedStorage._new_shared(max(length, SHARED_SEGMENT_BYTES))
+                self.segment = torch.empty(0, dtype=torch.uint8).set_(storage)
+                self.used = 0
+            t = self.segment[self.used:self.used + length]
+            self.used += length
+        # The view does not keep the tensor alive: `made` does, until the read is done.
+        self.made.append(t)
+        return memoryview((ctypes.c_ubyte * length).from_address(t.data_ptr())).cast("B")
+
+
+def _read_files(fs: Tessera, paths: list, as_tensor: bool) -> list:
+    """The whole files: `bytes`, or with `as_tensor` uint8 tensors that the native
+    client reads straight into (see `_Tensors`)."""
+    if not as_tensor:
+        return fs.read_many(paths)
+    tensors = _Tensors()
+    got = fs.read_many_into(paths, tensors.take)
+    return [t if n == t.numel() else t[:n] for t, (_, n) in zip(tensors.made, got)]
 
 
 class _FileSource:
@@ -180,22 +217,7 @@ class _FileSource:
         self.as_tensor = as_tensor
 
     def _read_many(self, paths: list) -> list:
-        """The whole files: `bytes`, or with `as_tensor` uint8 tensors that the native
-        client reads straight into (see `_uint8_tensor`)."""
-        if not self.as_tensor:
-            return self.fs.read_many(paths)
-        tensors = []
-
-        def alloc(length: int):
-            t = _uint8_tensor(length)
-            tensors.append(t)
-            return _writable_view(t, length)
-
-        got = self.fs.read_many_into(paths, alloc)
-        return [t if n == t.numel() else t[:n] for t, (_, n) in zip(tensors, got)]
-
-    def _read_one(self, path: str):
-        return self._read_many([path])[0] if self.as_tensor else self.fs.read_bytes(path)
+        return _read_files(self.fs, paths, self.as_tensor)
 
     def _decode(self, data, path: str):
         return data if self.decode is None else self.decode(data)
@@ -219,11 +241,12 @@ class _MapDataset(_FileSource):
         if not 0 <= index < len(self.files):
             raise IndexError(index)
         if self.prefetch <= 0:
-            data = self._read_one(self.files[index])
+            data = self._read_many([self.files[index]])[0]
         else:
             pf = self._prefetcher
             if pf is None or pf.pid != os.getpid():
-                pf = self._prefetcher = _Prefetcher(self, self.prefetch)
+                pf = self._prefetcher = _Prefetcher(self.fs, self.files, self.as_tensor,
+                                                    self.prefetch)
             data = pf.get(index)
         return self._decode(data, self.files[index])
 
@@ -356,9 +379,11 @@ in a background thread. A DataLoader worker asks for a whole batch at once
 `prefetch_factor` keeps the next batches coming.
 
 With `as_tensor=True` a file's bytes come as a uint8 tensor (what `decode` gets, and
-the item without one) that the native client reads into directly; in a DataLoader
-worker the tensor is made in shared memory, so it reaches the main process with no
-copy of its bytes (`bytes` go through a pipe: two copies and the pickling).
+the item without one) that the native client reads into directly. In a DataLoader
+worker the tensors of one read are views of one segment of shared memory, so they
+reach the main process as a handle to it, with no copy of their bytes (`bytes` are
+pickled through a pipe; a tensor in private memory is first copied into shared
+memory). A segment lives while any of its tensors does.
 """
 
 _ITER_DOC = """An iterable data set over files, sharded by rank and DataLoader worker.

@@ -37,7 +37,8 @@ def test_read_many_of_a_thousand_files(fs, base):
 
 
 def test_read_many_into_buffers_the_caller_makes(fs, base):
-    paths = [f"{base}/g{i:03}" for i in range(200)]
+    # More files than one window of opens (256), so that the windows are joined too.
+    paths = [f"{base}/g{i:03}" for i in range(300)]
     for i, p in enumerate(paths):
         fs.write_bytes(p, _content(i))
     asked = []
@@ -47,7 +48,7 @@ def test_read_many_into_buffers_the_caller_makes(fs, base):
         return np.empty(n + 3, dtype=np.uint8)  # a larger buffer is fine
 
     got = fs.read_many_into(paths, alloc)
-    assert asked == [len(_content(i)) for i in range(200)]
+    assert asked == [len(_content(i)) for i in range(300)]
     for i, (arr, n) in enumerate(got):
         assert n == len(_content(i)) and arr[:n].tobytes() == _content(i), paths[i]
     big = bytes(range(256)) * (5 * 4096 + 7)  # several transfers, over 1 MiB
@@ -59,6 +60,16 @@ def test_read_many_into_buffers_the_caller_makes(fs, base):
         fs.read_many_into(paths[5:6], lambda n: bytearray(n - 1))
     with pytest.raises(TypeError):
         fs.read_many_into(paths[5:6], bytes)  # read-only
+    shared = bytearray(1 << 20)  # one buffer for two files: they would be filled at once
+    with pytest.raises(ValueError, match="overlap"):
+        fs.read_many_into(paths[5:7], lambda n: shared)
+    whole = memoryview(bytearray(1 << 20))
+    with pytest.raises(ValueError, match="overlap"):
+        fs.read_many_into(paths[5:7], lambda n, at=iter([0, 100]): whole[next(at):])
+    halves = iter([whole[:1 << 19], whole[1 << 19:]])  # apart: accepted
+    got = fs.read_many_into(paths[5:7], lambda n: next(halves))
+    assert [n for _, n in got] == [len(_content(5)), len(_content(6))]
+    assert bytes(whole[:len(_content(5))]) == _content(5)
     with pytest.raises(ZeroDivisionError):  # alloc's own error comes through as it is
         fs.read_many_into(paths[5:6], lambda n: 1 // 0)
     with pytest.raises(FileNotFoundError) as e:

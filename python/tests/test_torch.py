@@ -56,7 +56,8 @@ def test_dataloader_four_workers_iterable(fs, base):
 
 def test_dataloader_workers_give_tensors_in_shared_memory(fs, base):
     _files(fs, base)
-    want = [bytes([i % 256]) * (1000 + i) for i in range(FILES)]
+    fs.write_bytes(f"{base}/d/zz-empty", b"")  # sorts last in the folder
+    want = [bytes([i % 256]) * (1000 + i) for i in range(FILES)] + [b""]
     # In the main process: plain uint8 tensors with the file's bytes, also one by one
     # (no prefetch) and through the prefetcher.
     for prefetch in (0, 32):
@@ -73,9 +74,16 @@ def test_dataloader_workers_give_tensors_in_shared_memory(fs, base):
     ds = tt.TesseraDataset(f"{base}/d", decode=decode, fs=fs, as_tensor=True)
     loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=4,
                                          collate_fn=lambda b: b)
-    got = [bytes(t.tolist()) for batch in loader for t in batch]
-    assert got == want
-    it = tt.TesseraIterableDataset(f"{base}/d", fs=fs, as_tensor=True, rank=0, world_size=1)
+    batches = list(loader)
+    assert [bytes(t.tolist()) for batch in batches for t in batch] == want
+    # A batch's tensors are views of one segment (one file descriptor in this process
+    # per segment, not one per file).
+    storage = (lambda t: t.untyped_storage()) if hasattr(torch.Tensor, "untyped_storage") \
+        else (lambda t: t.storage())
+    for batch in batches:  # (the last batch holds only the empty file)
+        assert len({storage(t).data_ptr() for t in batch if t.numel()}) <= 1
+    it = tt.TesseraIterableDataset(f"{base}/d", decode=decode, fs=fs, as_tensor=True,
+                                   rank=0, world_size=1)
     loader = torch.utils.data.DataLoader(it, batch_size=None, num_workers=4)
     assert sorted(bytes(t.tolist()) for t in loader) == sorted(want)
 
