@@ -126,7 +126,8 @@ profile() {  # profile PHASE COMMAND...: runs COMMAND under a machine-wide perf 
   echo "Kernel requests to the mount, per file, send to reply (FUSE tracepoints):"
   { perf script -i "$OUT/$phase.fuse.perf" --ns -F time,event,trace 2>/dev/null || true; } \
     > "$OUT/$phase.fuse.txt"
-  python3 "$ROOT/scripts/bench/fuse_latency.py" "$OUT/$phase.fuse.txt" "$FILES"
+  python3 "$ROOT/scripts/bench/fuse_latency.py" "$OUT/$phase.fuse.txt" "$FILES" \
+    "$(mountpoint -d "$MNT" | cut -d: -f2)"
   echo
   echo "CPU by process (share of all samples of both cores; idle is the kernel's idle loop):"
   perf script -i "$OUT/$phase.perf" -F pid,comm 2>/dev/null > "$OUT/$phase.samples" || true

@@ -8,7 +8,10 @@ reply, and the time per file. Then the span from the first send to the last repl
 how much of it no request covered: the program, its system calls and the kernel's own
 work between requests (what a faster mount cannot take away).
 
-    fuse_latency.py TRACE FILES
+    fuse_latency.py TRACE FILES [CONNECTION]
+
+CONNECTION (the mount's device minor number, `mountpoint -d` prints 0:N) keeps only that
+mount's requests: the tracepoints see every FUSE mount of the machine.
 """
 import collections
 import re
@@ -29,9 +32,10 @@ def percentile(sorted_values, q):
 
 
 def main():
-    if len(sys.argv) != 3:
-        sys.exit("usage: fuse_latency.py TRACE FILES")
+    if len(sys.argv) not in (3, 4):
+        sys.exit("usage: fuse_latency.py TRACE FILES [CONNECTION]")
     path, files = sys.argv[1], int(sys.argv[2])
+    only = sys.argv[3] if len(sys.argv) == 4 else None
     sent = {}  # (connection, unique) -> (time, opcode)
     times = collections.defaultdict(list)  # opcode -> [seconds]
     counts = collections.Counter()  # every send, replied or not (FORGET never is)
@@ -40,6 +44,8 @@ def main():
         m = SEND.match(line)
         if m:
             t, conn, unique, op = float(m.group(1)), m.group(2), m.group(3), m.group(4)
+            if only is not None and conn != only:
+                continue
             sent[(conn, unique)] = (t, op)
             counts[op] += 1
             continue
