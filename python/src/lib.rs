@@ -9,7 +9,7 @@ mod buffers;
 mod errors;
 mod file;
 
-use buffers::{FreshBytes, ReadableBuffer, WritableBuffer};
+use buffers::{FreshBytes, RawSliceMut, ReadableBuffer, WritableBuffer};
 use errors::{at, os_error};
 use fs_client::api::{self, DirEntry, FileType, Metadata, OpenOptions};
 use pyo3::exceptions::PyValueError;
@@ -236,42 +236,30 @@ impl Client {
         paths: Vec<String>,
         alloc: &Bound<'py, PyAny>,
     ) -> PyResult<Vec<(Bound<'py, PyAny>, usize)>> {
-        let mut out = Vec::with_capacity(paths.len());
-        for window in paths.chunks(api::OPEN_WINDOW) {
-            let opened = py.detach(|| self.inner.open_many(window));
-            // The exports pin each object's memory until the reads are done.
-            let (mut objects, mut exports, mut jobs) = (Vec::new(), Vec::new(), Vec::new());
-            for (p, r) in window.iter().zip(opened) {
-                let file = r.map_err(|e| os_error(&e, p, None))?;
-                let len = usize::try_from(file.len())
-                    .map_err(|_| pyo3::exceptions::PyMemoryError::new_err("file too large"))?;
-                let obj = alloc.call1((len,))?;
-                let mut export = WritableBuffer::get(&obj)?;
-                if export.len() < len {
-                    return Err(PyValueError::new_err(format!(
-                        "alloc({len}) for {p:?} returned a buffer of {} bytes",
-                        export.len()
-                    )));
-                }
-                jobs.push((file, export.slice_mut().prefix(len)));
-                objects.push(obj);
-                exports.push(export);
-            }
-            let spans: Vec<(usize, usize)> = jobs.iter().map(|(_, raw)| raw.span()).collect();
-            if let Some((a, b)) = overlapping(&spans) {
+        let make = |p: &str, len: usize| {
+            let obj = alloc.call1((len,))?;
+            let mut export = WritableBuffer::get(&obj)?;
+            if export.len() < len {
                 return Err(PyValueError::new_err(format!(
-                    "alloc gave {:?} and {:?} buffers that overlap",
-                    window[a], window[b]
+                    "alloc({len}) for {p:?} returned a buffer of {} bytes",
+                    export.len()
                 )));
             }
-            let read = py.detach(|| self.inner.read_whole_into(jobs));
-            drop(exports);
-            for ((p, r), obj) in window.iter().zip(read).zip(objects) {
-                let (_, n) = r.map_err(|e| os_error(&e, p, None))?;
-                out.push((obj, n));
+            // The export, kept until the read is done, pins the object's memory.
+            Ok((export.slice_mut().prefix(len), (obj, export)))
+        };
+        let check = |window: &[String], bufs: &[&RawSliceMut]| {
+            let spans: Vec<(usize, usize)> = bufs.iter().map(|b| b.span()).collect();
+            match overlapping(&spans) {
+                Some((a, b)) => Err(PyValueError::new_err(format!(
+                    "alloc gave {:?} and {:?} buffers that overlap",
+                    window[a], window[b]
+                ))),
+                None => Ok(()),
             }
-        }
-        Ok(out)
+        };
+        let read = self.read_windows(py, &paths, make, check)?;
+        Ok(read.into_iter().map(|(_, (obj, _), n)| (obj, n)).collect())
     }
 
     /// Creates or truncates `path` and writes `data` (any bytes-like object) into it.
@@ -284,30 +272,55 @@ impl Client {
 }
 
 impl Client {
-    /// Whole files, each read straight into the `bytes` returned for it, a window of
-    /// `api::OPEN_WINDOW` at a time: opened with the GIL released, their objects made
-    /// under it (taken once per window), filled with it released again. An error is
-    /// raised for the first path of a window that failed to open, else for the first
-    /// that failed to read.
+    /// Whole files, each read straight into the `bytes` returned for it (see
+    /// [`Client::read_windows`]).
     fn read_whole<'py>(
         &self,
         py: Python<'py>,
         paths: Vec<String>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let make = |_: &str, len: usize| Ok((FreshBytes::new(py, len)?, ()));
+        let read = self.read_windows(py, &paths, make, |_, _| Ok(()))?;
+        Ok(read
+            .into_iter()
+            .map(|(fresh, (), n)| fresh.into_bytes(py, n))
+            .collect())
+    }
+
+    /// Whole files, each read into the buffer `make(path, length)` gives (with what must
+    /// live until the read is done), a window of `api::OPEN_WINDOW` at a time: opened
+    /// with the GIL released, their buffers made under it (taken once per window) and
+    /// passed to `check`, filled with it released again. An error is raised for the
+    /// first path of a window that failed to open or to get its buffer, else for the
+    /// first that failed to read. Returns each buffer, what was kept with it, and the
+    /// bytes read.
+    fn read_windows<B, K>(
+        &self,
+        py: Python<'_>,
+        paths: &[String],
+        mut make: impl FnMut(&str, usize) -> PyResult<(B, K)>,
+        check: impl Fn(&[String], &[&B]) -> PyResult<()>,
+    ) -> PyResult<Vec<(B, K, usize)>>
+    where
+        B: AsMut<[u8]> + Send + 'static,
+    {
         let mut out = Vec::with_capacity(paths.len());
         for window in paths.chunks(api::OPEN_WINDOW) {
             let opened = py.detach(|| self.inner.open_many(window));
-            let mut jobs = Vec::with_capacity(opened.len());
+            let (mut jobs, mut kept) = (Vec::new(), Vec::new());
             for (p, r) in window.iter().zip(opened) {
                 let file = r.map_err(|e| os_error(&e, p, None))?;
                 let len = usize::try_from(file.len())
-                    .map_err(|_| pyo3::exceptions::PyMemoryError::new_err("too large for bytes"))?;
-                jobs.push((file, FreshBytes::new(py, len)?));
+                    .map_err(|_| pyo3::exceptions::PyMemoryError::new_err("file too large"))?;
+                let (buf, keep) = make(p, len)?;
+                jobs.push((file, buf));
+                kept.push(keep);
             }
+            check(window, &jobs.iter().map(|(_, b)| b).collect::<Vec<_>>())?;
             let read = py.detach(|| self.inner.read_whole_into(jobs));
-            for (p, r) in window.iter().zip(read) {
-                let (fresh, n) = r.map_err(|e| os_error(&e, p, None))?;
-                out.push(fresh.into_bytes(py, n));
+            for ((p, r), keep) in window.iter().zip(read).zip(kept) {
+                let (buf, n) = r.map_err(|e| os_error(&e, p, None))?;
+                out.push((buf, keep, n));
             }
         }
         Ok(out)
@@ -348,7 +361,6 @@ fn connect(
     Ok(Client { inner })
 }
 
-/// The value of setting `name` that counts threads or files: at least 1.
 /// Two of `spans` (start address, length) that share a byte, by index; empty spans share
 /// none.
 fn overlapping(spans: &[(usize, usize)]) -> Option<(usize, usize)> {
@@ -360,6 +372,7 @@ fn overlapping(spans: &[(usize, usize)]) -> Option<(usize, usize)> {
     })
 }
 
+/// The value of setting `name` that counts threads or files: at least 1.
 fn count(name: &str, value: &str) -> PyResult<usize> {
     match value.parse::<usize>() {
         Ok(n) if n > 0 => Ok(n),

@@ -150,7 +150,7 @@ class _Prefetcher:
             data = fut.result().get(index)
             if data is not None:
                 return data
-        return _read_files(self.fs, [self.files[index]], self.as_tensor)[0]
+        return _read_one(self.fs, self.files[index], self.as_tensor)
 
 
 #: The shared memory that one read of a DataLoader worker's files carves their tensors
@@ -178,8 +178,8 @@ class _Tensors:
         self.made = []
 
     def take(self, length: int):
-        """A tensor of `length` bytes, and its bytes as a writable buffer (torch
-        tensors have none of their own, and `numpy()` needs numpy)."""
+        """A writable buffer over a new tensor of `length` bytes (torch tensors export
+        none of their own, and `numpy()` needs numpy); the tensor goes to `made`."""
         torch = self.torch
         if not self.shared:
             t = torch.empty(length, dtype=torch.uint8)
@@ -203,6 +203,12 @@ def _read_files(fs: Tessera, paths: list, as_tensor: bool) -> list:
     tensors = _Tensors()
     got = fs.read_many_into(paths, tensors.take)
     return [t if n == t.numel() else t[:n] for t, (_, n) in zip(tensors.made, got)]
+
+
+def _read_one(fs: Tessera, path: str, as_tensor: bool):
+    """One whole file as `_read_files` gives it; `bytes` in one call (`read_bytes`
+    takes the GIL once, `read_many` twice)."""
+    return _read_files(fs, [path], True)[0] if as_tensor else fs.read_bytes(path)
 
 
 class _FileSource:
@@ -241,7 +247,7 @@ class _MapDataset(_FileSource):
         if not 0 <= index < len(self.files):
             raise IndexError(index)
         if self.prefetch <= 0:
-            data = self._read_many([self.files[index]])[0]
+            data = _read_one(self.fs, self.files[index], self.as_tensor)
         else:
             pf = self._prefetcher
             if pf is None or pf.pid != os.getpid():
@@ -371,10 +377,9 @@ def __getattr__(name: str):
 _MAP_DOC = """A map-style data set over files: `ds[i]` is `decode(bytes of file i)`.
 
 `TesseraDataset(source, decode=None, *, fs, prefetch=32, as_tensor=False, **options)`:
-`source` is a list
-of paths or a folder (every file under it, sorted). While files are asked for in order,
-asking for file i starts fetching files i+1 .. i+prefetch in one parallel `read_many`
-in a background thread. A DataLoader worker asks for a whole batch at once
+`source` is a list of paths or a folder (every file under it, sorted). While files are
+asked for in order, asking for file i starts fetching files i+1 .. i+prefetch in one
+parallel `read_many` in a background thread. A DataLoader worker asks for a whole batch at once
 (`__getitems__`): its files are fetched by one `read_many`, and the DataLoader's own
 `prefetch_factor` keeps the next batches coming.
 
@@ -389,8 +394,8 @@ memory). A segment lives while any of its tensors does.
 _ITER_DOC = """An iterable data set over files, sharded by rank and DataLoader worker.
 
 `TesseraIterableDataset(source, decode=None, *, fs, rank=None, world_size=None,
-shuffle=False, seed=0, batch_files=32, as_tensor=False, **options)`: each worker of each rank reads every
-(world_size * workers)-th file from its own offset (rank and world size from
+shuffle=False, seed=0, batch_files=32, as_tensor=False, **options)`: each worker of each
+rank reads every (world_size * workers)-th file from its own offset (rank and world size from
 torch.distributed when it is initialized, else RANK and WORLD_SIZE, else 0 and 1), in
 batches fetched by `read_many`, the next batch while the current one is consumed.
 `as_tensor=True` gives each file as a uint8 tensor, as `TesseraDataset`'s does.
