@@ -39,7 +39,7 @@ impl Namespace {
     ) -> Result<Opened, MetaError> {
         check_name(name)?;
         let mut st = self.state.lock();
-        let mut txn = Txn::new(&*self.store, &st.sb);
+        let mut txn = self.begin(&st)?;
         let parent_rec = txn.dir(parent)?;
         let existing = txn.dirent(parent, name)?;
         let (ino, rec, parent_after) = match existing {
@@ -134,7 +134,7 @@ impl Namespace {
         owner: SessionOwner,
     ) -> Result<Opened, MetaError> {
         let mut st = self.state.lock();
-        let mut txn = Txn::new(&*self.store, &st.sb);
+        let mut txn = self.begin(&st)?;
         let mut rec = txn.inode(ino)?;
         if truncate {
             match rec.kind {
@@ -173,6 +173,9 @@ impl Namespace {
         cut_tail: bool,
     ) -> Opened {
         st.next_session = session.0 + 1;
+        if session.0 >= st.session_end {
+            st.session_end = session.0 + ID_BLOCK;
+        }
         if cut_tail {
             st.cutting.insert(ino, session);
             tracing::info!(%session, %ino, client = %owner.client, "a client vanished with this file open: its opener cuts the chunks past the length");
@@ -224,7 +227,7 @@ impl Namespace {
                 "{session} was not given the cut of {ino}"
             )));
         }
-        let mut txn = Txn::new(&*self.store, &st.sb);
+        let mut txn = self.begin(&st)?;
         txn.delete(keys::tail(ino));
         Self::commit_txn(&mut st, txn)?;
         st.cutting.remove(&ino);
@@ -244,7 +247,7 @@ impl Namespace {
             .sessions
             .get(&session)
             .ok_or_else(|| MetaError::Stale(format!("no {session}")))?;
-        let mut txn = Txn::new(&*self.store, &st.sb);
+        let mut txn = self.begin(&st)?;
         // A directory removed while open has no inode left to commit to; nothing is lost.
         if let Some(commit) = commit {
             if txn.try_inode(s.ino)?.is_some() {
@@ -381,12 +384,23 @@ impl Namespace {
         // Only a writer can leave bytes past the committed length: a reader's vanished
         // session leaves no tail to cut (and so hands the next opener no cut grant).
         let written: HashSet<InodeId> = ended.iter().filter(|e| e.2).map(|e| e.1).collect();
-        let mut txn = Txn::new(&*self.store, &st.sb);
         // The sessions end either way: the connection is gone. An orphan whose purge
-        // failed keeps its `O` key and is purged at the next start.
-        let freed = purge_closing(&mut txn, &st, &closing)
-            .and_then(|()| mark_tails(&mut txn, written.iter()))
-            .and_then(|()| Self::commit_txn(&mut st, txn));
+        // failed keeps its `O` key and is purged at the next start. On a shared engine
+        // the change is read and tried again while it conflicts with another server's.
+        let mut freed = Ok(());
+        for _ in 0..super::CONFLICT_RETRIES {
+            freed = self.begin(&st).and_then(|mut txn| {
+                purge_closing(&mut txn, &st, &closing)?;
+                mark_tails(&mut txn, written.iter())?;
+                Self::commit_txn(&mut st, txn)
+            });
+            if !matches!(
+                freed,
+                Err(MetaError::Store(crate::kv::KvError::Conflict { .. }))
+            ) {
+                break;
+            }
+        }
         if let Err(e) = freed {
             tracing::warn!(conn = conn.0, error = %e, "freeing orphans or marking the files left open failed");
         }
@@ -475,7 +489,7 @@ impl Namespace {
             }
             let mut st = self.state.lock();
             for (k, _) in &page {
-                let mut txn = Txn::new(&*self.store, &st.sb);
+                let mut txn = self.begin(&st)?;
                 match keys::u64_at(k, prefix.len()).map(InodeId) {
                     Some(ino) => purge_if_orphan(&mut txn, ino)?,
                     // A key we cannot read is of no use: drop it rather than loop on it.
@@ -587,8 +601,11 @@ fn purge_if_orphan(txn: &mut Txn<'_>, ino: InodeId) -> Result<(), MetaError> {
 /// The id of the next session; reserves a new block in the superblock (written with the
 /// caller's batch) when the current one is used up.
 pub(super) fn reserve_session(st: &State, txn: &mut Txn<'_>) -> SessionId {
-    let id = st.next_session;
-    if id >= txn.sb.session_ceiling {
+    let mut id = st.next_session;
+    if id >= st.session_end {
+        // A new block above every block reserved before, by any server (see `hello`);
+        // `start_session` takes it once the transaction has committed.
+        id = id.max(txn.sb.session_ceiling);
         txn.sb.session_ceiling = id + ID_BLOCK;
     }
     SessionId(id)

@@ -167,7 +167,12 @@ impl Namespace {
             lease: Duration::from_millis(self.config.node_lease_ms),
             replace_after: Duration::from_millis(self.config.replace_after_ms),
         };
-        if let Some(change) = membership::reconcile(&m.chains, &view) {
+        // On a shared engine each server hears only the data servers that beat to it,
+        // and would take the others for dead: the rules are not applied there (one
+        // elected leader will run them: the next step of issue 24), the map is what is
+        // stored.
+        let decides = self.checked.is_none();
+        if let Some(change) = membership::reconcile(&m.chains, &view).filter(|_| decides) {
             debug_assert_eq!(change.version, m.version + 1, "one version per change");
             m.chains = change.chains;
             self.persist(&mut m, &change.changed)?;

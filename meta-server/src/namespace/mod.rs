@@ -42,7 +42,7 @@ mod tests;
 use crate::clock::{Clock, SystemClock};
 use crate::config::NamespaceConfig;
 use crate::error::MetaError;
-use crate::kv::{take_pending, GroupCommit, KvStore};
+use crate::kv::{take_pending, GroupCommit, KvError, KvStore, TxnStore};
 use parking_lot::Mutex;
 use proto::meta::{Caller, ClusterMap};
 use proto::{ClientId, InodeId, SessionId, Timestamp, WireError};
@@ -85,6 +85,9 @@ pub const GC_DONE_PER_COMMIT: usize = 64;
 pub const MAX_ADDR_BYTES: usize = 256;
 /// Session and client ids reserved per superblock write; see [`Namespace::open`].
 const ID_BLOCK: u64 = 1 << 20;
+/// Times a request runs on a shared engine when each try conflicts with another
+/// server's change (see [`Namespace::open_shared`]); each try reads again.
+pub const CONFLICT_RETRIES: u32 = 64;
 
 /// The connection a request came in on, as the network layer numbers them.
 ///
@@ -150,7 +153,13 @@ struct State {
     /// The first session id of this start: lower ones were handed out before it.
     boot_floor: u64,
     next_session: u64,
+    /// The end of the block of session ids this server reserved last (see
+    /// `files::reserve_session`): on a shared engine other servers reserve theirs
+    /// above it, so the superblock's ceiling is not this server's.
+    session_end: u64,
     next_client: u64,
+    /// The end of the block of client ids this server reserved last.
+    client_end: u64,
     /// The first client id of this start: lower ones were handed out before it.
     client_floor: u64,
     /// The key each client id was given to or first named by (see `registry`).
@@ -170,6 +179,9 @@ impl State {
 pub struct Namespace {
     /// The store behind group commit: reads see staged changes.
     store: Arc<dyn KvStore>,
+    /// Set on a shared engine (see [`Namespace::open_shared`]): every mutation is a
+    /// checked transaction on it, and nothing is staged.
+    checked: Option<Arc<dyn TxnStore>>,
     group: Arc<GroupCommit>,
     config: NamespaceConfig,
     state: Mutex<State>,
@@ -221,23 +233,50 @@ impl Namespace {
         config: NamespaceConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Namespace, MetaError> {
+        Namespace::open_inner(store, None, config, clock)
+    }
+
+    /// Opens the namespace on an engine that other metadata servers write at the same
+    /// time (issue 24: several servers on one etcd prefix). Every mutation is a checked
+    /// transaction (see `txn`): it reads with revisions, commits only if nothing it read
+    /// moved, and runs again when something did (`handle`), so two servers never both
+    /// win a create of one name or a rename race. Commits go straight to the engine
+    /// (no group commit: a group's conflict would fail every change in it).
+    ///
+    /// Not yet shared between the servers (the next steps of issue 24): open sessions,
+    /// locks, membership and the data servers' liveness stay in each server's memory.
+    pub fn open_shared(
+        engine: Arc<dyn TxnStore>,
+        config: NamespaceConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Namespace, MetaError> {
+        let store: Arc<dyn KvStore> = engine.clone();
+        Namespace::open_inner(store, Some(engine), config, clock)
+    }
+
+    fn open_inner(
+        store: Arc<dyn KvStore>,
+        checked: Option<Arc<dyn TxnStore>>,
+        config: NamespaceConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Namespace, MetaError> {
         config.validate()?;
-        let group = Arc::new(GroupCommit::new(store));
+        let group = Arc::new(match checked {
+            Some(_) => GroupCommit::direct(store),
+            None => GroupCommit::new(store),
+        });
         let store: Arc<dyn KvStore> = group.clone();
-        let (sb, existed) = load_or_format(&*store)?;
+        let (sb, existed) = load_or_format(&*store, checked.as_deref())?;
         let lock_grace = Duration::from_millis(config.lock_grace_ms);
         let lock_grace_until = (existed && !lock_grace.is_zero()).then(|| clock.now() + lock_grace);
         // Sessions and client ids live in memory, but a client may still hold one from
         // before a restart. Ids come from a block reserved in the superblock above every
         // block used before, so an old id is answered `Stale` instead of being taken for
         // someone else's session; one write per million ids keeps opens write-free.
-        let (next_session, next_client) = (sb.session_ceiling, sb.client_ceiling);
-        let mut txn = Txn::new(&*store, &sb);
-        txn.sb.session_ceiling += ID_BLOCK;
-        txn.sb.client_ceiling += ID_BLOCK;
-        let sb = txn.commit()?;
+        let (sb, next_session, next_client) = reserve_id_blocks(&*store, checked.as_deref(), sb)?;
         let ns = Namespace {
             store,
+            checked,
             group,
             config,
             state: Mutex::new(State {
@@ -248,7 +287,9 @@ impl Namespace {
                 detached: HashMap::new(),
                 boot_floor: next_session,
                 next_session,
+                session_end: next_session + ID_BLOCK,
                 next_client,
+                client_end: next_client + ID_BLOCK,
                 client_floor: next_client,
                 owners: BTreeMap::new(),
                 linkable: HashSet::new(),
@@ -265,7 +306,11 @@ impl Namespace {
             faults: faults::FaultLog::default(),
             ops: once::Ops::default(),
         };
-        ns.purge_orphans()?;
+        // On a shared engine another server may hold an orphan open (sessions are in
+        // each server's memory): none is purged at start there.
+        if ns.checked.is_none() {
+            ns.purge_orphans()?;
+        }
         ns.reconcile()?;
         ns.wait_pending()?;
         tracing::info!(engine = ns.store.engine(), "namespace open");
@@ -300,7 +345,7 @@ impl Namespace {
         let _entered = span.enter();
         // Store reads count their retry window from here (see `kv::deadline`).
         let arrived = std::time::Instant::now();
-        let run = |req: R| crate::kv::deadline::for_request(arrived, || req.run(self, &at));
+        let run = |req: R| crate::kv::deadline::for_request(arrived, || self.run_checked(req, &at));
         if R::ADDS_RECORDS {
             if let Err(e) = self.disk.check() {
                 tracing::debug!(error = %e, "refused: disk short of room");
@@ -336,6 +381,30 @@ impl Namespace {
             Ok(_) => {}
         }
         result.map_err(Into::into)
+    }
+
+    /// Runs `req`; on a shared engine again (reading afresh) while its change conflicts
+    /// with another server's and nothing of it has landed yet, at most
+    /// [`CONFLICT_RETRIES`] times, the later tries after a short random pause so that
+    /// two servers racing for one key do not keep meeting.
+    fn run_checked<R: Handle>(&self, req: R, at: &Origin) -> Result<R::Reply, MetaError> {
+        if self.checked.is_none() {
+            return req.run(self, at);
+        }
+        for attempt in 0..CONFLICT_RETRIES {
+            txn::reset_committed();
+            match req.clone().run(self, at) {
+                Err(MetaError::Store(KvError::Conflict { key, .. })) if !txn::committed() => {
+                    tracing::debug!(attempt, key = %crate::kv::Escaped(&key), "conflict: running again");
+                    if attempt > 0 {
+                        let most = 1u64 << attempt.min(5);
+                        std::thread::sleep(Duration::from_millis(rand::random_range(0..=most)));
+                    }
+                }
+                r => return r,
+            }
+        }
+        Err(too_many_conflicts(R::NAME))
     }
 
     /// Refuses a new lock while clients take back the locks they held before this
@@ -378,23 +447,76 @@ impl Namespace {
         Ok(())
     }
 
+    /// A new transaction under the held state lock: checked on a shared engine.
+    fn begin(&self, st: &State) -> Result<Txn<'_>, MetaError> {
+        match &self.checked {
+            Some(engine) => Txn::checked(&*self.store, &**engine),
+            None => Ok(Txn::new(&*self.store, &st.sb)),
+        }
+    }
+
     /// Runs a mutation that needs no in-memory change beyond the superblock.
     fn mutate<T>(
         &self,
         f: impl FnOnce(&mut Txn<'_>, &State) -> Result<T, MetaError>,
     ) -> Result<T, MetaError> {
         let mut st = self.state.lock();
-        let mut txn = Txn::new(&*self.store, &st.sb);
+        let mut txn = self.begin(&st)?;
         let out = f(&mut txn, &st)?;
         Self::commit_txn(&mut st, txn)?;
         Ok(out)
     }
 }
 
+/// Reserves a block of session ids and one of client ids above every block handed out
+/// before (on a shared engine, by any server): the superblock after, and the first id
+/// of each block.
+fn reserve_id_blocks(
+    store: &dyn KvStore,
+    checked: Option<&dyn TxnStore>,
+    sb: Superblock,
+) -> Result<(Superblock, u64, u64), MetaError> {
+    let Some(engine) = checked else {
+        let (next_session, next_client) = (sb.session_ceiling, sb.client_ceiling);
+        let mut txn = Txn::new(store, &sb);
+        txn.sb.session_ceiling += ID_BLOCK;
+        txn.sb.client_ceiling += ID_BLOCK;
+        return Ok((txn.commit()?, next_session, next_client));
+    };
+    // Servers starting together race for the superblock: the loser reads it again.
+    for _ in 0..CONFLICT_RETRIES {
+        let mut txn = Txn::checked(store, engine)?;
+        let (next_session, next_client) = (txn.sb.session_ceiling, txn.sb.client_ceiling);
+        txn.sb.session_ceiling += ID_BLOCK;
+        txn.sb.client_ceiling += ID_BLOCK;
+        match txn.commit() {
+            Ok(sb) => return Ok((sb, next_session, next_client)),
+            Err(MetaError::Store(KvError::Conflict { .. })) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(too_many_conflicts("reserving id blocks at start"))
+}
+
+/// A change that kept conflicting with other servers' changes, as a clear error the
+/// client may retry (`Unavailable`, not `Busy`, which it reads as a file being cut).
+fn too_many_conflicts(what: &str) -> MetaError {
+    MetaError::Store(KvError::Unavailable {
+        engine: "shared",
+        message: format!(
+            "{what}: still conflicting with other metadata servers' changes after \
+             {CONFLICT_RETRIES} tries; nothing of it was written"
+        ),
+    })
+}
+
 /// Reads the superblock, or formats an empty store: root directory plus superblock.
 /// The superblock, and whether the store held a namespace already (`false`: formatted
-/// now).
-fn load_or_format(store: &dyn KvStore) -> Result<(Superblock, bool), MetaError> {
+/// now). On a shared engine the format holds only if no other server formatted first.
+fn load_or_format(
+    store: &dyn KvStore,
+    checked: Option<&dyn TxnStore>,
+) -> Result<(Superblock, bool), MetaError> {
     if let Some(bytes) = store.get(&keys::superblock())? {
         // The first byte of every record is the format version: check it before decoding,
         // so a store from another format reports its version instead of garbage.
@@ -430,7 +552,21 @@ fn load_or_format(store: &dyn KvStore) -> Result<(Superblock, bool), MetaError> 
     let mut batch = crate::kv::WriteBatch::new();
     batch.put(keys::inode(InodeId::ROOT), encode(&root)?);
     batch.put(keys::superblock(), encode(&sb)?);
-    store.commit(batch)?;
+    match checked {
+        Some(engine) => {
+            let absent = [crate::kv::ReadCheck {
+                key: keys::superblock(),
+                revision: None,
+            }];
+            match engine.commit_if(&absent, batch) {
+                Ok(()) => {}
+                // Another server formatted it meanwhile: use theirs.
+                Err(KvError::Conflict { .. }) => return load_or_format(store, None),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        None => store.commit(batch)?,
+    }
     tracing::info!("formatted an empty metadata store");
     Ok((sb, false))
 }

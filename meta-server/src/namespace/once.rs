@@ -84,6 +84,14 @@ pub(super) fn take_mark() -> Option<(Vec<u8>, Vec<u8>)> {
     MARK.with(|m| m.borrow_mut().take())
 }
 
+/// Puts back the mark a transaction took and did not commit (a conflict on a shared
+/// engine): the change runs again, and its first transaction must carry it.
+pub(super) fn restore_mark(mark: (Vec<u8>, Vec<u8>)) {
+    MARK.with(|m| {
+        m.borrow_mut().get_or_insert(mark);
+    });
+}
+
 /// Clears the mark when the change ends, however it ends.
 struct Marked;
 

@@ -32,13 +32,16 @@ impl Namespace {
     /// [`Namespace::may_name_client`]). `name` only goes to the log.
     pub fn hello(&self, name: &str, who: Option<&PeerIdentity>) -> Result<ClientId, MetaError> {
         let mut st = self.state.lock();
-        let id = st.next_client;
-        if id >= st.sb.client_ceiling {
+        let mut id = st.next_client;
+        if id >= st.client_end {
             // Same scheme as sessions: ids come from blocks recorded in the superblock,
-            // so they are never reused across restarts.
-            let mut txn = Txn::new(&*self.store, &st.sb);
+            // so they are never reused across restarts (nor, on a shared engine, by
+            // another server): a new block starts above every block reserved before.
+            let mut txn = self.begin(&st)?;
+            id = id.max(txn.sb.client_ceiling);
             txn.sb.client_ceiling = id + ID_BLOCK;
             Self::commit_txn(&mut st, txn)?;
+            st.client_end = id + ID_BLOCK;
         }
         st.next_client = id + 1;
         let client = ClientId(id);

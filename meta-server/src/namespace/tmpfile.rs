@@ -8,7 +8,7 @@
 //! itself to the same rule.
 
 use super::files::reserve_session;
-use super::txn::{Reads, Txn};
+use super::txn::Reads;
 use super::{keys, Namespace, Opened, SessionOwner};
 use crate::error::MetaError;
 use proto::meta::Caller;
@@ -27,7 +27,7 @@ impl Namespace {
     ) -> Result<Opened, MetaError> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let mut txn = Txn::new(&*self.store, &st.sb);
+        let mut txn = self.begin(st)?;
         let parent_rec = txn.dir(parent)?;
         let (ino, mut rec) = self.new_inode(&mut txn, parent, &parent_rec, perm, caller)?;
         rec.nlink = 0;

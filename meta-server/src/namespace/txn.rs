@@ -4,13 +4,47 @@
 //! keeps its writes in an overlay so that later reads in the same mutation see them (a
 //! rename that touches one directory twice must not lose the first change). The overlay
 //! becomes one [`WriteBatch`] at the end: all of the mutation is committed, or none.
+//!
+//! On a shared engine (several metadata servers on one etcd prefix, see
+//! `Namespace::open_shared`) a transaction is also checked: each key it reads is read
+//! with its revision, the superblock too, and the commit holds only if none of them moved
+//! meanwhile (`TxnStore::commit_if`); otherwise nothing is written and the request runs
+//! again (`Namespace::handle`). A scan is not checked (the engines compare single keys):
+//! every change to a directory's entries or an inode's attributes also writes that
+//! directory's or inode's record (its times), so a transaction that scanned them and read
+//! that record conflicts with one that changed them.
 
 use super::keys;
 use super::records::{decode, encode, DirentRecord, InodeRecord, Superblock};
 use crate::error::{show, MetaError};
-use crate::kv::{KvPair, KvStore, WriteBatch};
+use crate::kv::{KvPair, KvStore, ReadCheck, Revision, TxnStore, WriteBatch};
 use proto::InodeId;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
+
+thread_local! {
+    /// Set once a checked transaction of the running request committed: from then on a
+    /// conflict may not run the request again (its first change has landed).
+    static COMMITTED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Clears the mark of a committed checked transaction, before a request runs.
+pub(crate) fn reset_committed() {
+    COMMITTED.with(|c| c.set(false));
+}
+
+/// Whether a checked transaction committed since [`reset_committed`].
+pub(crate) fn committed() -> bool {
+    COMMITTED.with(|c| c.get())
+}
+
+/// What a checked transaction read: each key's revision at its first read.
+struct Checked<'a> {
+    engine: &'a dyn TxnStore,
+    reads: RefCell<BTreeMap<Vec<u8>, Option<Revision>>>,
+    /// The superblock's revision as this transaction read it.
+    sb_revision: Revision,
+}
 
 /// Typed reads over anything that can read a raw key.
 pub(crate) trait Reads {
@@ -76,6 +110,8 @@ impl Reads for StoreReads<'_> {
 /// The writes of one mutation, over a store, with a working copy of the superblock.
 pub(crate) struct Txn<'a> {
     store: &'a dyn KvStore,
+    /// Set on a shared engine: reads are recorded and the commit checks them.
+    checked: Option<Checked<'a>>,
     /// `None` marks a delete.
     writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
     /// The superblock as this mutation leaves it; written if it differs from `base`.
@@ -88,10 +124,34 @@ impl<'a> Txn<'a> {
     pub(crate) fn new(store: &'a dyn KvStore, sb: &Superblock) -> Txn<'a> {
         Txn {
             store,
+            checked: None,
             writes: BTreeMap::new(),
             sb: sb.clone(),
             base: sb.clone(),
         }
+    }
+
+    /// A checked transaction on the shared `engine` (behind `store`, which commits
+    /// straight to it), starting from the superblock as the engine holds it now.
+    pub(crate) fn checked(
+        store: &'a dyn KvStore,
+        engine: &'a dyn TxnStore,
+    ) -> Result<Txn<'a>, MetaError> {
+        let read = engine
+            .get_versioned(&keys::superblock())?
+            .ok_or_else(|| MetaError::Corrupt("superblock missing".into()))?;
+        let sb: Superblock = decode(&read.value, "superblock")?;
+        Ok(Txn {
+            store,
+            checked: Some(Checked {
+                engine,
+                reads: RefCell::new(BTreeMap::new()),
+                sb_revision: read.revision,
+            }),
+            writes: BTreeMap::new(),
+            sb: sb.clone(),
+            base: sb,
+        })
     }
 
     /// Sets `key` to `value`.
@@ -185,12 +245,41 @@ impl<'a> Txn<'a> {
             // The change's id is recorded with its first transaction (see `once`):
             // a change whose batch cannot carry it too fails (`TooLarge` on etcd)
             // rather than risk being applied twice.
-            if let Some((k, v)) = super::once::take_mark() {
-                batch.put(k, v);
+            let mark = super::once::take_mark();
+            if let Some((k, v)) = &mark {
+                batch.put(k.clone(), v.clone());
             }
-            // Staged, not yet durable: `Namespace::handle` waits for it before replying,
-            // after the namespace lock is released (group commit).
-            self.store.stage(batch)?;
+            match &self.checked {
+                // Durable when it returns, or not written at all (`Conflict`).
+                Some(c) => {
+                    let mut checks: Vec<ReadCheck> = c
+                        .reads
+                        .take()
+                        .into_iter()
+                        .map(|(key, revision)| ReadCheck { key, revision })
+                        .collect();
+                    if self.sb != self.base {
+                        checks.push(ReadCheck {
+                            key: keys::superblock(),
+                            revision: Some(c.sb_revision),
+                        });
+                    }
+                    if let Err(e) = c.engine.commit_if(&checks, batch) {
+                        // Nothing landed (or, unanswered, maybe it did: the request
+                        // fails then): the next try's first transaction carries the mark.
+                        if let Some(mark) = mark {
+                            super::once::restore_mark(mark);
+                        }
+                        return Err(e.into());
+                    }
+                    COMMITTED.with(|m| m.set(true));
+                }
+                // Staged, not yet durable: `Namespace::handle` waits for it before
+                // replying, after the namespace lock is released (group commit).
+                None => {
+                    self.store.stage(batch)?;
+                }
+            }
         }
         Ok(self.sb)
     }
@@ -198,10 +287,20 @@ impl<'a> Txn<'a> {
 
 impl Reads for Txn<'_> {
     fn raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
-        match self.writes.get(key) {
-            Some(v) => Ok(v.clone()),
-            None => Ok(self.store.get(key)?),
+        if let Some(v) = self.writes.get(key) {
+            return Ok(v.clone());
         }
+        let Some(c) = &self.checked else {
+            return Ok(self.store.get(key)?);
+        };
+        let read = c.engine.get_versioned(key)?;
+        // The first read is the one the transaction's decisions rest on: a later read
+        // that saw a newer value makes the commit conflict, as it should.
+        c.reads
+            .borrow_mut()
+            .entry(key.to_vec())
+            .or_insert(read.as_ref().map(|v| v.revision));
+        Ok(read.map(|v| v.value))
     }
 }
 

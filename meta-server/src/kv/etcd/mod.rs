@@ -31,6 +31,31 @@ pub mod local;
 pub mod owner;
 mod retry;
 
+/// What tests learn of the commits this thread made.
+#[cfg(test)]
+pub(crate) mod test_hooks {
+    use std::cell::Cell;
+
+    thread_local! {
+        static FIRST: Cell<Option<i64>> = const { Cell::new(None) };
+    }
+
+    /// Notes the etcd revision of a conditional commit that held, if none is noted.
+    pub(super) fn committed_at(revision: i64) {
+        FIRST.with(|f| {
+            if f.get().is_none() {
+                f.set(Some(revision));
+            }
+        });
+    }
+
+    /// The revision of this thread's first conditional commit since the last call: the
+    /// place of a change in etcd's one order of every change.
+    pub(crate) fn take_first_commit() -> Option<i64> {
+        FIRST.with(|f| f.take())
+    }
+}
+
 use self::retry::{retrying, Retry, Silence, Timing};
 use super::{
     BatchOp, KvError, KvPair, KvStore, ReadCheck, Revision, TxnLimits, TxnStore, Versioned,
@@ -548,6 +573,10 @@ impl TxnStore for EtcdStore {
             .await
         })?;
         if resp.succeeded() {
+            #[cfg(test)]
+            if let Some(h) = resp.header() {
+                test_hooks::committed_at(h.revision());
+            }
             return Ok(());
         }
         if !self.still_owner(&resp) {

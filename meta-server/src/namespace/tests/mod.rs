@@ -14,6 +14,7 @@ mod readdir;
 mod rename;
 mod resume;
 mod sessions;
+mod shared;
 mod space;
 mod tails;
 
