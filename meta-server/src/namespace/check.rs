@@ -278,10 +278,10 @@ impl Namespace {
                 .ok_or_else(|| MetaError::Corrupt("superblock missing".into()))?,
             "superblock",
         )?;
-        if sb.inode_count != inodes.len() as u64 {
+        let counted = self.inode_count(&sb)?;
+        if counted != inodes.len() as u64 {
             note(format!(
-                "superblock counts {} inodes, {} exist",
-                sb.inode_count,
+                "the inode count says {counted} inodes, {} exist",
                 inodes.len()
             ));
         }

@@ -360,6 +360,6 @@ pub(super) fn delete_inode(
             txn.put(keys::gc(NodeId(node), ino), gc_mark.clone());
         }
     }
-    txn.sb.inode_count = txn.sb.inode_count.saturating_sub(1);
+    txn.count_freed();
     Ok(())
 }

@@ -17,6 +17,7 @@
 //! | `F`                  | mark of the cluster key the client keys were made under |
 //! | `H` ino              | a sparse regular file's chunks that hold data |
 //! | `Q` client slot      | a client's change: its count and reply (see `once`) |
+//! | `Y` shard            | on a shared engine, inodes made minus freed by the servers counting in this shard (`i64`) |
 
 use proto::{ChainId, InodeId, NodeId};
 
@@ -35,6 +36,17 @@ const REVOCATION: u8 = b'R';
 const CLUSTER_MARK: u8 = b'F';
 const HELD: u8 = b'H';
 const OP_RECORD: u8 = b'Q';
+const INODE_COUNT: u8 = b'Y';
+
+/// The key of shard `shard` of the inode count on a shared engine (see `txn`).
+pub(crate) fn inode_count(shard: u8) -> Vec<u8> {
+    vec![INODE_COUNT, shard]
+}
+
+/// Prefix of every shard of the inode count.
+pub(crate) fn inode_count_prefix() -> Vec<u8> {
+    vec![INODE_COUNT]
+}
 
 /// Prefix of every change record.
 pub(crate) fn op_record_prefix() -> Vec<u8> {

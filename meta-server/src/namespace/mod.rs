@@ -160,6 +160,9 @@ struct State {
     next_client: u64,
     /// The end of the block of client ids this server reserved last.
     client_end: u64,
+    /// On a shared engine: this server's block of inode numbers and its shard of the
+    /// inode count (see `txn`).
+    shared: txn::SharedCounters,
     /// The first client id of this start: lower ones were handed out before it.
     client_floor: u64,
     /// The key each client id was given to or first named by (see `registry`).
@@ -290,6 +293,10 @@ impl Namespace {
                 session_end: next_session + ID_BLOCK,
                 next_client,
                 client_end: next_client + ID_BLOCK,
+                shared: txn::SharedCounters {
+                    inodes: 0..0,
+                    shard: rand::random_range(0..txn::COUNT_SHARDS),
+                },
                 client_floor: next_client,
                 owners: BTreeMap::new(),
                 linkable: HashSet::new(),
@@ -443,14 +450,36 @@ impl Namespace {
 
     /// Stages `txn` and records the superblock it leaves, under the held state lock.
     fn commit_txn(st: &mut State, txn: Txn<'_>) -> Result<(), MetaError> {
+        let counters = txn.counters();
         st.sb = txn.commit()?;
+        // Only a transaction that committed used up inode numbers of the block.
+        if let Some(c) = counters {
+            st.shared = c;
+        }
         Ok(())
+    }
+
+    /// The number of inodes: the superblock's count plus the shards servers on a shared
+    /// engine counted in (read always: a namespace written shared and then opened alone,
+    /// after `migrate`, keeps its shards, and the sum stays right).
+    fn inode_count(&self, sb: &Superblock) -> Result<u64, MetaError> {
+        let prefix = keys::inode_count_prefix();
+        let end = keys::prefix_end(&prefix);
+        let mut total = i128::from(sb.inode_count);
+        for (_, v) in self
+            .store
+            .scan(&prefix, &end, usize::from(txn::COUNT_SHARDS) + 1)?
+        {
+            let n: i64 = decode(&v, "inode count")?;
+            total += i128::from(n);
+        }
+        Ok(u64::try_from(total.max(0)).unwrap_or(u64::MAX))
     }
 
     /// A new transaction under the held state lock: checked on a shared engine.
     fn begin(&self, st: &State) -> Result<Txn<'_>, MetaError> {
         match &self.checked {
-            Some(engine) => Txn::checked(&*self.store, &**engine),
+            Some(engine) => Txn::checked(&*self.store, &**engine, &st.shared),
             None => Ok(Txn::new(&*self.store, &st.sb)),
         }
     }
@@ -485,7 +514,7 @@ fn reserve_id_blocks(
     };
     // Servers starting together race for the superblock: the loser reads it again.
     for _ in 0..CONFLICT_RETRIES {
-        let mut txn = Txn::checked(store, engine)?;
+        let mut txn = Txn::checked(store, engine, &txn::SharedCounters::default())?;
         let (next_session, next_client) = (txn.sb.session_ceiling, txn.sb.client_ceiling);
         txn.sb.session_ceiling += ID_BLOCK;
         txn.sb.client_ceiling += ID_BLOCK;

@@ -209,7 +209,7 @@ impl Namespace {
         let mut stats = FsStats {
             total_bytes: 0,
             free_bytes: 0,
-            files: sb.inode_count,
+            files: self.inode_count(&sb)?,
         };
         let nodes = self.nodes()?;
         for (_, rec) in &nodes {

@@ -38,12 +38,35 @@ pub(crate) fn committed() -> bool {
     COMMITTED.with(|c| c.get())
 }
 
+/// Inode numbers a server on a shared engine reserves at a time: one superblock write
+/// per block, so that servers making files do not all write (and conflict on) the
+/// superblock per file.
+pub const INODE_BLOCK: u64 = 1024;
+/// Shards of the inode count on a shared engine: each server counts the inodes it makes
+/// and frees in one, picked at start, so two servers rarely write the same count.
+pub const COUNT_SHARDS: u8 = 16;
+
 /// What a checked transaction read: each key's revision at its first read.
 struct Checked<'a> {
     engine: &'a dyn TxnStore,
     reads: RefCell<BTreeMap<Vec<u8>, Option<Revision>>>,
     /// The superblock's revision as this transaction read it.
     sb_revision: Revision,
+    /// What is left of the server's block of inode numbers; refilled from the
+    /// superblock when empty.
+    inodes: std::ops::Range<u64>,
+    /// The server's shard of the inode count, and what this transaction adds to it.
+    shard: u8,
+    count: i64,
+}
+
+/// What a server on a shared engine keeps between its transactions.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SharedCounters {
+    /// The rest of its block of inode numbers.
+    pub inodes: std::ops::Range<u64>,
+    /// Its shard of the inode count.
+    pub shard: u8,
 }
 
 /// Typed reads over anything that can read a raw key.
@@ -136,6 +159,7 @@ impl<'a> Txn<'a> {
     pub(crate) fn checked(
         store: &'a dyn KvStore,
         engine: &'a dyn TxnStore,
+        counters: &SharedCounters,
     ) -> Result<Txn<'a>, MetaError> {
         let read = engine
             .get_versioned(&keys::superblock())?
@@ -147,6 +171,9 @@ impl<'a> Txn<'a> {
                 engine,
                 reads: RefCell::new(BTreeMap::new()),
                 sb_revision: read.revision,
+                inodes: counters.inodes.clone(),
+                shard: counters.shard,
+                count: 0,
             }),
             writes: BTreeMap::new(),
             sb: sb.clone(),
@@ -220,17 +247,58 @@ impl<'a> Txn<'a> {
         Ok(())
     }
 
-    /// Hands out the next inode number and counts the inode in the superblock.
+    /// Hands out the next inode number and counts the inode: in the superblock, or on a
+    /// shared engine from the server's block and in its shard of the count.
     pub(crate) fn alloc_inode(&mut self) -> InodeId {
-        let ino = InodeId(self.sb.next_inode);
-        self.sb.next_inode += 1;
-        self.sb.inode_count += 1;
+        let Some(c) = &mut self.checked else {
+            let ino = InodeId(self.sb.next_inode);
+            self.sb.next_inode += 1;
+            self.sb.inode_count += 1;
+            return ino;
+        };
+        if c.inodes.is_empty() {
+            let start = self.sb.next_inode;
+            self.sb.next_inode += INODE_BLOCK;
+            c.inodes = start..start + INODE_BLOCK;
+        }
+        let ino = InodeId(c.inodes.start);
+        c.inodes.start += 1;
+        c.count += 1;
         ino
+    }
+
+    /// Counts an inode freed.
+    pub(crate) fn count_freed(&mut self) {
+        match &mut self.checked {
+            Some(c) => c.count -= 1,
+            None => self.sb.inode_count = self.sb.inode_count.saturating_sub(1),
+        }
+    }
+
+    /// What the server keeps of this transaction once it has committed (`None` off a
+    /// shared engine).
+    pub(crate) fn counters(&self) -> Option<SharedCounters> {
+        self.checked.as_ref().map(|c| SharedCounters {
+            inodes: c.inodes.clone(),
+            shard: c.shard,
+        })
     }
 
     /// Stages every write (and the superblock if it changed) as one atomic batch, and
     /// returns the superblock as it now is; see `kv::GroupCommit` for when it is durable.
-    pub(crate) fn commit(self) -> Result<Superblock, MetaError> {
+    pub(crate) fn commit(mut self) -> Result<Superblock, MetaError> {
+        if let Some((shard, count)) = self.checked.as_ref().map(|c| (c.shard, c.count)) {
+            if count != 0 {
+                // Read through the transaction: two servers adding to one shard
+                // conflict, and one of them adds again.
+                let key = keys::inode_count(shard);
+                let now: i64 = match self.raw(&key)? {
+                    Some(v) => decode(&v, "inode count")?,
+                    None => 0,
+                };
+                self.put(key, encode(&now.saturating_add(count))?);
+            }
+        }
         let mut batch = WriteBatch::new();
         if self.sb != self.base {
             batch.put(keys::superblock(), encode(&self.sb)?);

@@ -382,7 +382,7 @@ fn check_namespace_reports_a_damaged_store(kind: StoreKind) {
         "{problems:?}"
     );
     assert!(
-        problems.iter().any(|p| p.contains("superblock counts")),
+        problems.iter().any(|p| p.contains("the inode count says")),
         "{problems:?}"
     );
     let wrong = format!("inode {} counts 0 extended attributes, 1 exist", d.ino.0);
