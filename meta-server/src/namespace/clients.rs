@@ -4,6 +4,7 @@
 //! the cluster key.
 
 use super::records::{decode, encode};
+use super::txn::Reads;
 use super::{keys, Namespace};
 use crate::error::MetaError;
 use proto::auth::{Caps, KeyId};
@@ -153,8 +154,12 @@ impl Namespace {
     /// many keys were marked revoked then, `None` if the key is the recorded one (or
     /// the first one recorded).
     pub fn adopt_cluster_key(&self, mark: &[u8]) -> Result<Option<usize>, MetaError> {
+        self.retry_conflicts("cluster key change", || self.adopt_cluster_key_once(mark))
+    }
+
+    fn adopt_cluster_key_once(&self, mark: &[u8]) -> Result<Option<usize>, MetaError> {
         let rotated = self.mutate(|txn, _| {
-            let old = self.store.get(&keys::cluster_mark())?;
+            let old = txn.raw(&keys::cluster_mark())?;
             if old.as_deref() == Some(mark) {
                 return Ok(None);
             }
@@ -232,10 +237,26 @@ impl Namespace {
     fn change_client(
         &self,
         name: &str,
-        change: impl FnOnce(Option<StoredClient>) -> Result<(ClientRecord, Option<KeyId>), MetaError>,
+        change: impl Fn(Option<StoredClient>) -> Result<(ClientRecord, Option<KeyId>), MetaError>,
+    ) -> Result<(), MetaError> {
+        // On a shared engine another server's key change may conflict: read again.
+        self.retry_conflicts("client key change", || {
+            self.change_client_once(name, &change)
+        })
+    }
+
+    fn change_client_once(
+        &self,
+        name: &str,
+        change: &dyn Fn(Option<StoredClient>) -> Result<(ClientRecord, Option<KeyId>), MetaError>,
     ) -> Result<(), MetaError> {
         self.mutate(|txn, _| {
-            let old = self.client_key(name)?;
+            // Read through the transaction: on a shared engine another server's change
+            // of the same name conflicts with this one.
+            let old = match txn.raw(&keys::client_key(name))? {
+                Some(v) => Some(decode_client(&v)?),
+                None => None,
+            };
             if old.is_none() && self.client_keys()?.len() >= MAX_CLIENT_KEYS {
                 return Err(MetaError::NoSpace(format!(
                     "{MAX_CLIENT_KEYS} client keys exist already"
@@ -245,6 +266,14 @@ impl Namespace {
             txn.put(keys::client_key(name), encode(&rec)?);
             if let Some(key_id) = revoked {
                 let version = self.next_revocation()?;
+                // Read absent through the transaction: two servers that picked the same
+                // version conflict, and one picks again.
+                if txn.raw(&keys::revocation(version))?.is_some() {
+                    return Err(MetaError::Store(crate::kv::KvError::Conflict {
+                        engine: self.store.engine(),
+                        key: keys::revocation(version),
+                    }));
+                }
                 let name = name.to_string();
                 let rec = RevocationRecord { name, key_id };
                 txn.put(keys::revocation(version), encode(&rec)?);

@@ -254,6 +254,10 @@ pub(super) fn ensure_absent(txn: &Txn<'_>, parent: InodeId, name: &[u8]) -> Resu
 
 /// Whether directory `ino` has no entries.
 pub(super) fn is_empty_dir(txn: &Txn<'_>, ino: InodeId) -> Result<bool, MetaError> {
+    // The directory's record first: on a shared engine its revision is what stands for
+    // the scan (every change of its entries writes it), and a record read only after
+    // the scan could already include an entry the scan missed.
+    txn.inode(ino)?;
     let prefix = keys::dirent_prefix(ino);
     Ok(txn.scan(&prefix, &keys::prefix_end(&prefix), 1)?.is_empty())
 }

@@ -398,10 +398,28 @@ impl Namespace {
         if self.checked.is_none() {
             return req.run(self, at);
         }
+        self.retry_conflicts(R::NAME, || req.clone().run(self, at))
+    }
+
+    /// Runs `f` (a change that reads afresh each time) again while it conflicts on a
+    /// shared engine; once elsewhere. For changes that do not come as requests (the
+    /// administrator's key calls) and, through `run_checked`, for those that do.
+    pub(crate) fn retry_conflicts<T>(
+        &self,
+        what: &str,
+        mut f: impl FnMut() -> Result<T, MetaError>,
+    ) -> Result<T, MetaError> {
+        if self.checked.is_none() {
+            return f();
+        }
         for attempt in 0..CONFLICT_RETRIES {
             txn::reset_committed();
-            match req.clone().run(self, at) {
-                Err(MetaError::Store(KvError::Conflict { key, .. })) if !txn::committed() => {
+            match f() {
+                // A conflict on the change's own record is another server's try of the
+                // same change landing: `once` answers as that try did, never again.
+                Err(MetaError::Store(KvError::Conflict { key, .. }))
+                    if !txn::committed() && !once::is_record(&key) =>
+                {
                     tracing::debug!(attempt, key = %crate::kv::Escaped(&key), "conflict: running again");
                     if attempt > 0 {
                         let most = 1u64 << attempt.min(5);
@@ -411,7 +429,7 @@ impl Namespace {
                 r => return r,
             }
         }
-        Err(too_many_conflicts(R::NAME))
+        Err(too_many_conflicts(what))
     }
 
     /// Refuses a new lock while clients take back the locks they held before this
@@ -451,7 +469,17 @@ impl Namespace {
     /// Stages `txn` and records the superblock it leaves, under the held state lock.
     fn commit_txn(st: &mut State, txn: Txn<'_>) -> Result<(), MetaError> {
         let counters = txn.counters();
-        st.sb = txn.commit()?;
+        match txn.commit() {
+            Ok(sb) => st.sb = sb,
+            // A conflict wrote nothing: the block's numbers are still free. Any other
+            // failure may have landed unanswered (etcd's "may have been applied"): the
+            // rest of the block is given up, rather than a number handed out twice.
+            Err(e @ MetaError::Store(KvError::Conflict { .. })) => return Err(e),
+            Err(e) => {
+                st.shared.inodes = 0..0;
+                return Err(e);
+            }
+        }
         // Only a transaction that committed used up inode numbers of the block.
         if let Some(c) = counters {
             st.shared = c;

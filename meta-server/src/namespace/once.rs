@@ -35,7 +35,7 @@ use super::keys;
 use super::records::{decode, encode};
 use super::{Handle, Namespace, Origin};
 use crate::error::MetaError;
-use crate::kv::WriteBatch;
+use crate::kv::{KvError, ReadCheck, WriteBatch};
 use parking_lot::{Condvar, Mutex};
 use proto::meta::OpId;
 pub use proto::meta::OP_SLOTS;
@@ -72,21 +72,37 @@ fn epoch_secs() -> u64 {
     u64::try_from(super::now().secs).unwrap_or(0)
 }
 
+/// The "applied" record of a running change, which its first transaction writes.
+pub(super) struct Mark {
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+    /// On a shared engine, the slot as this server read it before the change ran: the
+    /// transaction holds only if no other server's try of a change in the slot landed
+    /// since (the retry of a change, sent to another server while its first try was
+    /// still running, would otherwise apply it twice).
+    pub check: Option<ReadCheck>,
+}
+
 thread_local! {
     /// The record that the running change's first transaction writes (see the module
     /// docs); taken by `Txn::commit`.
-    static MARK: RefCell<Option<(Vec<u8>, Vec<u8>)>> = const { RefCell::new(None) };
+    static MARK: RefCell<Option<Mark>> = const { RefCell::new(None) };
 }
 
-/// The key and value of the "applied" record of the change running on this thread,
-/// once: its first non-empty transaction writes it.
-pub(super) fn take_mark() -> Option<(Vec<u8>, Vec<u8>)> {
+/// The "applied" record of the change running on this thread, once: its first
+/// non-empty transaction writes it.
+pub(super) fn take_mark() -> Option<Mark> {
     MARK.with(|m| m.borrow_mut().take())
+}
+
+/// Whether `key` is a change record's.
+pub(super) fn is_record(key: &[u8]) -> bool {
+    key.starts_with(&keys::op_record_prefix())
 }
 
 /// Puts back the mark a transaction took and did not commit (a conflict on a shared
 /// engine): the change runs again, and its first transaction must carry it.
-pub(super) fn restore_mark(mark: (Vec<u8>, Vec<u8>)) {
+pub(super) fn restore_mark(mark: Mark) {
     MARK.with(|m| {
         m.borrow_mut().get_or_insert(mark);
     });
@@ -222,8 +238,30 @@ impl Namespace {
         let entered = self.ops.enter(op)?;
         let _unpurged = self.ops.purging.read();
         let key = slot_key(op);
-        if op.retry || entered.again {
-            if let Some(reply) = self.recorded::<R>(op, &key)? {
+        // On a shared engine the slot is read first, with its revision, whatever the
+        // try: another server may have applied this change already (its retry, or its
+        // first try), which this server's memory cannot tell; the change's commit then
+        // holds only if the slot is still as read here.
+        let slot = match &self.checked {
+            Some(engine) => Some(engine.get_versioned(&key)?),
+            None => None,
+        };
+        let look = op.retry || entered.again || slot.as_ref().is_some_and(|s| s.is_some());
+        if look {
+            let bytes = match &slot {
+                Some(read) => read.as_ref().map(|v| v.value.clone()),
+                None => self.store.get(&key)?,
+            };
+            let recorded = match self.recorded_in::<R>(op, bytes) {
+                // On a shared engine, applied without an answer yet is most likely
+                // another server still running it: wait for its answer.
+                Err(MetaError::AnswerLost(_)) if self.checked.is_some() => {
+                    drop(entered);
+                    return self.answered_elsewhere(op, &key, req, at);
+                }
+                r => r?,
+            };
+            if let Some(reply) = recorded {
                 // What was read may still be only staged (a group etcd did not answer
                 // goes back to the queue): answer only once it is durable.
                 self.sync()?;
@@ -241,10 +279,23 @@ impl Namespace {
             at: epoch_secs(),
             reply: None,
         })?;
-        MARK.with(|m| *m.borrow_mut() = Some((key.clone(), mark)));
+        let check = slot.map(|read| ReadCheck::of(key.clone(), &read));
+        MARK.with(|m| {
+            *m.borrow_mut() = Some(Mark {
+                key: key.clone(),
+                value: mark,
+                check,
+            })
+        });
         let marked = Marked;
-        let result = run(req);
+        let result = run(req.clone());
         drop(marked);
+        if matches!(&result, Err(MetaError::Store(KvError::Conflict { key: k, .. })) if *k == key) {
+            // Another server's try of this change landed after this one read the slot
+            // (a shared engine): answer what it answers.
+            drop(entered);
+            return self.answered_elsewhere(op, &key, req, at);
+        }
         let recorded = match &result {
             Ok(reply) => self.record_answer(op, key, reply),
             Err(_) => Ok(()),
@@ -320,7 +371,16 @@ impl Namespace {
 
     /// The reply recorded for `op` in its slot `key`; `None` if the change never landed.
     fn recorded<R: Handle>(&self, op: OpId, key: &[u8]) -> Result<Option<R::Reply>, MetaError> {
-        let Some(bytes) = self.store.get(key)? else {
+        self.recorded_in::<R>(op, self.store.get(key)?)
+    }
+
+    /// [`Namespace::recorded`] of the slot's value `bytes`, as read.
+    fn recorded_in<R: Handle>(
+        &self,
+        op: OpId,
+        bytes: Option<Vec<u8>>,
+    ) -> Result<Option<R::Reply>, MetaError> {
+        let Some(bytes) = bytes else {
             return Ok(None);
         };
         let record: OpRecord = decode(&bytes, "change record")?;
@@ -339,6 +399,45 @@ impl Namespace {
                     op.seq, op.client
                 ))),
             },
+        }
+    }
+
+    /// The answer of a try of change `op` that another server applied: its recorded
+    /// reply, once that server has written it (it writes the mark first, the reply
+    /// next), waited for at most [`OP_WAIT`].
+    fn answered_elsewhere<R: Handle>(
+        &self,
+        op: OpId,
+        key: &[u8],
+        req: R,
+        at: &Origin,
+    ) -> Result<R::Reply, MetaError> {
+        let until = Instant::now() + OP_WAIT;
+        loop {
+            match self.recorded::<R>(op, key) {
+                Ok(Some(reply)) => {
+                    tracing::info!(client = %op.client, seq = op.seq, "a change applied by another server: answered from its record");
+                    return match op.retry {
+                        true => req.replayed(reply, self, at),
+                        false => Ok(reply),
+                    };
+                }
+                // Not answered yet there (or the slot moved on): wait a little.
+                Ok(None) | Err(MetaError::AnswerLost(_)) if Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Ok(None) | Err(MetaError::AnswerLost(_)) => {
+                    return Err(MetaError::Store(KvError::Unavailable {
+                        engine: self.store.engine(),
+                        message: format!(
+                            "change {} of {} was applied by another metadata server, \
+                             which did not record its answer within {OP_WAIT:?}",
+                            op.seq, op.client
+                        ),
+                    }));
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
 
@@ -386,6 +485,28 @@ impl Namespace {
         end: &[u8],
         is_old: &dyn Fn(&[u8]) -> bool,
     ) -> Result<usize, MetaError> {
+        if let Some(engine) = &self.checked {
+            // Other servers write records too, and this server's lock does not hold
+            // them off: each delete holds only if the record is still the old one read.
+            let mut purged = 0;
+            for (k, v) in self.store.scan(start, end, PURGE_PAGE)? {
+                if !is_old(&v) {
+                    continue;
+                }
+                let read = engine.get_versioned(&k)?;
+                if !read.as_ref().is_some_and(|r| is_old(&r.value)) {
+                    continue;
+                }
+                let mut batch = WriteBatch::new();
+                batch.delete(k.clone());
+                match engine.commit_if(&[ReadCheck::of(k, &read)], batch) {
+                    Ok(()) => purged += 1,
+                    Err(KvError::Conflict { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            return Ok(purged);
+        }
         let mut tickets = Vec::new();
         let mut purged = 0;
         {

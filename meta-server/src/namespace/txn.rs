@@ -314,8 +314,8 @@ impl<'a> Txn<'a> {
             // a change whose batch cannot carry it too fails (`TooLarge` on etcd)
             // rather than risk being applied twice.
             let mark = super::once::take_mark();
-            if let Some((k, v)) = &mark {
-                batch.put(k.clone(), v.clone());
+            if let Some(m) = &mark {
+                batch.put(m.key.clone(), m.value.clone());
             }
             match &self.checked {
                 // Durable when it returns, or not written at all (`Conflict`).
@@ -332,6 +332,7 @@ impl<'a> Txn<'a> {
                             revision: Some(c.sb_revision),
                         });
                     }
+                    checks.extend(mark.as_ref().and_then(|m| m.check.clone()));
                     if let Err(e) = c.engine.commit_if(&checks, batch) {
                         // Nothing landed (or, unanswered, maybe it did: the request
                         // fails then): the next try's first transaction carries the mark.

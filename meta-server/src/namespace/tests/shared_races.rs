@@ -1,0 +1,221 @@
+//! Two servers on one shared engine, one race at a time: the other server's change lands
+//! at a chosen point of this server's request (a hook in this server's engine), where
+//! the random test of `shared.rs` would meet it only by chance.
+//!
+//! The engine is redb's (its revisions are this process's, see `kv/revisions.rs`), shared
+//! by both namespaces; `Hooked` runs the hook once, right after the read it waits for.
+
+use super::{caller, touch, H, ROOT};
+use crate::clock::SystemClock;
+use crate::config::NamespaceConfig;
+use crate::kv::{
+    KvError, KvPair, KvStore, ReadCheck, StoreKind, TxnLimits, TxnStore, Versioned, WriteBatch,
+};
+use crate::namespace::{keys, ClientRecord, ConnId, Namespace, Origin, OP_SLOTS};
+use parking_lot::Mutex;
+use proto::auth::{Caps, KeyId};
+use proto::meta::{fs, Caller, OpId, RenameMode};
+use proto::{ClientId, ErrorCode};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+type Hook = Box<dyn FnOnce() + Send>;
+
+/// An engine that runs a hook after a read of one key (or a scan from it).
+struct Hooked {
+    inner: Arc<dyn TxnStore>,
+    hook: Mutex<Option<(Vec<u8>, Hook)>>,
+    /// The next conditional commit that holds answers "unavailable, may have been
+    /// applied", as etcd does when its answer is lost.
+    lose_answer: AtomicBool,
+}
+
+impl Hooked {
+    fn after_read_of(&self, key: &[u8]) {
+        let fire = {
+            let mut h = self.hook.lock();
+            match h.as_ref() {
+                Some((k, _)) if k == key => h.take(),
+                _ => None,
+            }
+        };
+        if let Some((_, f)) = fire {
+            f();
+        }
+    }
+}
+
+impl KvStore for Hooked {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+        let r = self.inner.get(key);
+        self.after_read_of(key);
+        r
+    }
+    fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>, KvError> {
+        let r = self.inner.scan(start, end, limit);
+        self.after_read_of(start);
+        r
+    }
+    fn commit(&self, batch: WriteBatch) -> Result<(), KvError> {
+        self.inner.commit(batch)
+    }
+    fn engine(&self) -> &'static str {
+        self.inner.engine()
+    }
+}
+
+impl TxnStore for Hooked {
+    fn get_versioned(&self, key: &[u8]) -> Result<Option<Versioned>, KvError> {
+        let r = self.inner.get_versioned(key);
+        self.after_read_of(key);
+        r
+    }
+    fn commit_if(&self, checks: &[ReadCheck], batch: WriteBatch) -> Result<(), KvError> {
+        let r = self.inner.commit_if(checks, batch);
+        if r.is_ok() && self.lose_answer.swap(false, Ordering::SeqCst) {
+            return Err(KvError::Unavailable {
+                engine: "test",
+                message: "conditional commit unanswered; it may have been applied".into(),
+            });
+        }
+        r
+    }
+    fn limits(&self) -> TxnLimits {
+        self.inner.limits()
+    }
+}
+
+/// Server A (hooked) and server B on `h`'s store, which must be stopped.
+fn two_on(h: &H) -> (Arc<Hooked>, Arc<Namespace>, Arc<Namespace>) {
+    let engine = h.open_store();
+    let hooked = Arc::new(Hooked {
+        inner: engine.clone(),
+        hook: Mutex::new(None),
+        lose_answer: AtomicBool::new(false),
+    });
+    let open = |e: Arc<dyn TxnStore>| {
+        Arc::new(
+            Namespace::open_shared(e, NamespaceConfig::default(), Arc::new(SystemClock)).unwrap(),
+        )
+    };
+    let a = open(hooked.clone());
+    (hooked, a, open(engine))
+}
+
+fn two() -> (H, Arc<Hooked>, Arc<Namespace>, Arc<Namespace>) {
+    let mut h = H::new(StoreKind::Redb);
+    h.stop();
+    let (hooked, a, b) = two_on(&h);
+    (h, hooked, a, b)
+}
+
+/// The hook: `f` runs right after server A reads `key`, on a thread of its own (as
+/// server B's request would: a request's marks are kept per thread).
+fn when_read(hooked: &Hooked, key: Vec<u8>, f: impl FnOnce() + Send + 'static) {
+    let other = move || std::thread::spawn(f).join().expect("server B's change");
+    *hooked.hook.lock() = Some((key, Box::new(other)));
+}
+
+#[test]
+fn an_rmdir_that_found_the_directory_empty_loses_to_a_mkdir_in_it() {
+    let (_h, hooked, a, b) = two();
+    let x = a.mkdir(ROOT, b"x", 0o755, caller()).unwrap().attr.ino;
+    let b2 = b.clone();
+    when_read(&hooked, keys::dirent_prefix(x), move || {
+        b2.mkdir(x, b"child", 0o755, caller()).unwrap();
+    });
+    let r = a.handle(
+        fs::Rmdir {
+            parent: ROOT,
+            name: b"x".to_vec(),
+        },
+        ConnId(1),
+    );
+    assert_eq!(r.unwrap_err().code, ErrorCode::NotEmpty);
+    assert!(b.lookup(x, b"child").is_ok());
+    assert_eq!(b.check_namespace().unwrap(), Vec::<String>::new());
+}
+
+#[test]
+fn a_rename_over_an_empty_directory_loses_to_a_mkdir_in_it() {
+    let (_h, hooked, a, b) = two();
+    a.mkdir(ROOT, b"src", 0o755, caller()).unwrap();
+    let dst = a.mkdir(ROOT, b"dst", 0o755, caller()).unwrap().attr.ino;
+    let b2 = b.clone();
+    when_read(&hooked, keys::dirent_prefix(dst), move || {
+        b2.mkdir(dst, b"child", 0o755, caller()).unwrap();
+    });
+    let r = a.handle(
+        fs::Rename {
+            parent: ROOT,
+            name: b"src".to_vec(),
+            new_parent: ROOT,
+            new_name: b"dst".to_vec(),
+            mode: RenameMode::Replace,
+        },
+        ConnId(1),
+    );
+    assert_eq!(r.unwrap_err().code, ErrorCode::NotEmpty);
+    assert_eq!(b.check_namespace().unwrap(), Vec::<String>::new());
+}
+
+fn at(conn: u64, seq: u64, retry: bool) -> Origin {
+    Origin {
+        conn: ConnId(conn),
+        caller: Caller::ROOT,
+        who: None,
+        op: Some(OpId {
+            client: ClientId(1),
+            seq,
+            retry,
+        }),
+    }
+}
+
+#[test]
+fn a_change_sent_again_to_another_server_while_its_first_try_lands_is_applied_once() {
+    let mut h = H::with_nodes(StoreKind::Redb, 1);
+    let ino = touch(h.ns(), ROOT, "f").ino;
+    h.stop();
+    let (hooked, a, b) = two_on(&h);
+    // The first try is slow on B; the client sends it again to A, and B's try lands
+    // right after A read the change's slot.
+    let b2 = b.clone();
+    let slot = keys::op_record(ClientId(1), 7 % OP_SLOTS);
+    when_read(&hooked, slot, move || {
+        let first = b2.handle(fs::Append { ino, len: 100 }, at(2, 7, false));
+        assert_eq!(first.unwrap(), 0);
+    });
+    let retry = a.handle(fs::Append { ino, len: 100 }, at(3, 7, true));
+    assert_eq!(retry.unwrap(), 0, "answered as the first try was");
+    assert_eq!(b.getattr(ino).unwrap().size, 100, "applied once");
+}
+
+#[test]
+fn a_commit_that_landed_unanswered_does_not_hand_its_inode_number_out_again() {
+    let (_h, hooked, a, b) = two();
+    a.mkdir(ROOT, b"first", 0o755, caller()).unwrap();
+    hooked.lose_answer.store(true, Ordering::SeqCst);
+    assert!(a.mkdir(ROOT, b"x", 0o755, caller()).is_err());
+    let y = a.mkdir(ROOT, b"y", 0o755, caller()).unwrap().attr.ino;
+    let x = b.lookup(ROOT, b"x").unwrap().ino;
+    assert_ne!(x, y, "two names, one inode number");
+    assert_eq!(b.check_namespace().unwrap(), Vec::<String>::new());
+}
+
+#[test]
+fn two_revocations_on_two_servers_take_two_versions() {
+    let (_h, hooked, a, b) = two();
+    for (name, id) in [("alice", 1), ("bob", 2)] {
+        let rec = ClientRecord::new(KeyId([id; 16]), Caps::default());
+        a.put_client_key(name, &rec, true).unwrap();
+    }
+    let b2 = b.clone();
+    when_read(&hooked, keys::revocation(1), move || {
+        b2.revoke_client_key("bob").unwrap();
+    });
+    a.revoke_client_key("alice").unwrap();
+    let (list, _) = b.revocations(0, 10).unwrap();
+    let names: Vec<&str> = list.iter().map(|(_, r)| r.name.as_str()).collect();
+    assert_eq!(names, ["bob", "alice"]);
+}
