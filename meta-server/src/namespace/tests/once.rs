@@ -12,7 +12,7 @@ use proto::{ClientId, ErrorCode, WireError};
 const CLIENT: ClientId = ClientId(1);
 
 /// Change `seq` of the test's client, sent on `conn` (a retry if `retry`).
-fn at(conn: u64, seq: u64, retry: bool) -> Origin {
+pub(super) fn at(conn: u64, seq: u64, retry: bool) -> Origin {
     Origin {
         conn: ConnId(conn),
         caller: Caller::ROOT,

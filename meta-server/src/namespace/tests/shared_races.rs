@@ -5,16 +5,17 @@
 //! The engine is redb's (its revisions are this process's, see `kv/revisions.rs`), shared
 //! by both namespaces; `Hooked` runs the hook once, right after the read it waits for.
 
+use super::once::at;
 use super::{caller, touch, H, ROOT};
 use crate::clock::SystemClock;
 use crate::config::NamespaceConfig;
 use crate::kv::{
     KvError, KvPair, KvStore, ReadCheck, StoreKind, TxnLimits, TxnStore, Versioned, WriteBatch,
 };
-use crate::namespace::{keys, ClientRecord, ConnId, Namespace, Origin, OP_SLOTS};
+use crate::namespace::{keys, ClientRecord, ConnId, Namespace, OP_SLOTS};
 use parking_lot::Mutex;
 use proto::auth::{Caps, KeyId};
-use proto::meta::{fs, Caller, OpId, RenameMode};
+use proto::meta::{fs, RenameMode};
 use proto::{ClientId, ErrorCode};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -157,19 +158,6 @@ fn a_rename_over_an_empty_directory_loses_to_a_mkdir_in_it() {
     );
     assert_eq!(r.unwrap_err().code, ErrorCode::NotEmpty);
     assert_eq!(b.check_namespace().unwrap(), Vec::<String>::new());
-}
-
-fn at(conn: u64, seq: u64, retry: bool) -> Origin {
-    Origin {
-        conn: ConnId(conn),
-        caller: Caller::ROOT,
-        who: None,
-        op: Some(OpId {
-            client: ClientId(1),
-            seq,
-            retry,
-        }),
-    }
 }
 
 #[test]
