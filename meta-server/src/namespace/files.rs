@@ -275,7 +275,9 @@ impl Namespace {
         }
         let mut first_error = None;
         for &s in sessions {
-            match self.release(s, None) {
+            // Each close commits on its own: on a shared engine one that conflicts runs
+            // again alone (a close already made ends its session, and is `Stale` after).
+            match self.retry_conflicts("release", || self.release(s, None)) {
                 Ok(()) | Err(MetaError::Stale(_)) => {}
                 Err(e) => {
                     first_error.get_or_insert(e);
