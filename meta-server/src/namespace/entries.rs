@@ -210,7 +210,7 @@ fn make_node(
             "{parent} has too many subdirectories"
         )));
     }
-    let ino = txn.alloc_inode();
+    let ino = txn.alloc_inode()?;
     if rec.is_dir() {
         super::dirlayout::inherit(txn, parent, ino, &mut rec)?;
     }
@@ -364,6 +364,6 @@ pub(super) fn delete_inode(
             txn.put(keys::gc(NodeId(node), ino), gc_mark.clone());
         }
     }
-    txn.count_freed();
+    txn.count_freed()?;
     Ok(())
 }

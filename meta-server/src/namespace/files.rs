@@ -39,7 +39,7 @@ impl Namespace {
     ) -> Result<Opened, MetaError> {
         check_name(name)?;
         let mut st = self.state.lock();
-        let mut txn = self.begin(&st)?;
+        let mut txn = self.begin(&st);
         let parent_rec = txn.dir(parent)?;
         let existing = txn.dirent(parent, name)?;
         let (ino, rec, parent_after) = match existing {
@@ -67,7 +67,7 @@ impl Namespace {
             None => self.new_file(&mut txn, parent, &parent_rec, name, perm, caller)?,
         };
         let cut_tail = tail_duty(&st, &txn, ino, &rec)?;
-        let session = reserve_session(&st, &mut txn);
+        let session = reserve_session(&st, &mut txn)?;
         let change = DirChange {
             before: parent_rec.ctime,
             after: parent_after.attr(parent),
@@ -113,7 +113,7 @@ impl Namespace {
         }
         let (replicas, chunk_size_bytes) = dirlayout::for_new_file(txn, parent, &self.config)?;
         let now = now();
-        let ino = txn.alloc_inode();
+        let ino = txn.alloc_inode()?;
         let mut rec = InodeRecord::new(FileKind::Regular, perm, caller.uid, caller.gid, now);
         inherit_setgid(parent_rec, &mut rec);
         rec.perm = perm::new_file_mode(&caller, rec.gid, rec.perm);
@@ -134,7 +134,7 @@ impl Namespace {
         owner: SessionOwner,
     ) -> Result<Opened, MetaError> {
         let mut st = self.state.lock();
-        let mut txn = self.begin(&st)?;
+        let mut txn = self.begin(&st);
         let mut rec = txn.inode(ino)?;
         if truncate {
             match rec.kind {
@@ -156,7 +156,7 @@ impl Namespace {
             }
         }
         let cut_tail = tail_duty(&st, &txn, ino, &rec)?;
-        let session = reserve_session(&st, &mut txn);
+        let session = reserve_session(&st, &mut txn)?;
         Self::commit_txn(&mut st, txn)?;
         Ok(self.start_session(&mut st, session, ino, &rec, owner, cut_tail))
     }
@@ -227,7 +227,7 @@ impl Namespace {
                 "{session} was not given the cut of {ino}"
             )));
         }
-        let mut txn = self.begin(&st)?;
+        let mut txn = self.begin(&st);
         txn.delete(keys::tail(ino));
         Self::commit_txn(&mut st, txn)?;
         st.cutting.remove(&ino);
@@ -247,7 +247,7 @@ impl Namespace {
             .sessions
             .get(&session)
             .ok_or_else(|| MetaError::Stale(format!("no {session}")))?;
-        let mut txn = self.begin(&st)?;
+        let mut txn = self.begin(&st);
         // A directory removed while open has no inode left to commit to; nothing is lost.
         if let Some(commit) = commit {
             if txn.try_inode(s.ino)?.is_some() {
@@ -389,20 +389,12 @@ impl Namespace {
         // The sessions end either way: the connection is gone. An orphan whose purge
         // failed keeps its `O` key and is purged at the next start. On a shared engine
         // the change is read and tried again while it conflicts with another server's.
-        let mut freed = Ok(());
-        for _ in 0..super::CONFLICT_RETRIES {
-            freed = self.begin(&st).and_then(|mut txn| {
-                purge_closing(&mut txn, &st, &closing)?;
-                mark_tails(&mut txn, written.iter())?;
-                Self::commit_txn(&mut st, txn)
-            });
-            if !matches!(
-                freed,
-                Err(MetaError::Store(crate::kv::KvError::Conflict { .. }))
-            ) {
-                break;
-            }
-        }
+        let freed = self.retry_conflicts("closing a connection's sessions", || {
+            let mut txn = self.begin(&st);
+            purge_closing(&mut txn, &st, &closing)?;
+            mark_tails(&mut txn, written.iter())?;
+            Self::commit_txn(&mut st, txn)
+        });
         if let Err(e) = freed {
             tracing::warn!(conn = conn.0, error = %e, "freeing orphans or marking the files left open failed");
         }
@@ -491,7 +483,7 @@ impl Namespace {
             }
             let mut st = self.state.lock();
             for (k, _) in &page {
-                let mut txn = self.begin(&st)?;
+                let mut txn = self.begin(&st);
                 match keys::u64_at(k, prefix.len()).map(InodeId) {
                     Some(ino) => purge_if_orphan(&mut txn, ino)?,
                     // A key we cannot read is of no use: drop it rather than loop on it.
@@ -602,15 +594,16 @@ fn purge_if_orphan(txn: &mut Txn<'_>, ino: InodeId) -> Result<(), MetaError> {
 
 /// The id of the next session; reserves a new block in the superblock (written with the
 /// caller's batch) when the current one is used up.
-pub(super) fn reserve_session(st: &State, txn: &mut Txn<'_>) -> SessionId {
+pub(super) fn reserve_session(st: &State, txn: &mut Txn<'_>) -> Result<SessionId, MetaError> {
     let mut id = st.next_session;
     if id >= st.session_end {
         // A new block above every block reserved before, by any server (see `hello`);
         // `start_session` takes it once the transaction has committed.
-        id = id.max(txn.sb.session_ceiling);
-        txn.sb.session_ceiling = id + ID_BLOCK;
+        let sb = txn.sb()?;
+        id = id.max(sb.session_ceiling);
+        sb.session_ceiling = id + ID_BLOCK;
     }
-    SessionId(id)
+    Ok(SessionId(id))
 }
 
 fn end_session(st: &mut State, session: SessionId) {

@@ -407,29 +407,9 @@ impl Namespace {
     pub(crate) fn retry_conflicts<T>(
         &self,
         what: &str,
-        mut f: impl FnMut() -> Result<T, MetaError>,
+        f: impl FnMut() -> Result<T, MetaError>,
     ) -> Result<T, MetaError> {
-        if self.checked.is_none() {
-            return f();
-        }
-        for attempt in 0..CONFLICT_RETRIES {
-            txn::reset_committed();
-            match f() {
-                // A conflict on the change's own record is another server's try of the
-                // same change landing: `once` answers as that try did, never again.
-                Err(MetaError::Store(KvError::Conflict { key, .. }))
-                    if !txn::committed() && !once::is_record(&key) =>
-                {
-                    tracing::debug!(attempt, key = %crate::kv::Escaped(&key), "conflict: running again");
-                    if attempt > 0 {
-                        let most = 1u64 << attempt.min(5);
-                        std::thread::sleep(Duration::from_millis(rand::random_range(0..=most)));
-                    }
-                }
-                r => return r,
-            }
-        }
-        Err(too_many_conflicts(what))
+        retry_on_conflict(self.checked.is_some(), what, f)
     }
 
     /// Refuses a new lock while clients take back the locks they held before this
@@ -470,7 +450,11 @@ impl Namespace {
     fn commit_txn(st: &mut State, txn: Txn<'_>) -> Result<(), MetaError> {
         let counters = txn.counters();
         match txn.commit() {
-            Ok(sb) => st.sb = sb,
+            Ok(sb) => {
+                if let Some(sb) = sb {
+                    st.sb = sb;
+                }
+            }
             // A conflict wrote nothing: the block's numbers are still free. Any other
             // failure may have landed unanswered (etcd's "may have been applied"): the
             // rest of the block is given up, rather than a number handed out twice.
@@ -505,10 +489,10 @@ impl Namespace {
     }
 
     /// A new transaction under the held state lock: checked on a shared engine.
-    fn begin(&self, st: &State) -> Result<Txn<'_>, MetaError> {
+    fn begin(&self, st: &State) -> Txn<'_> {
         match &self.checked {
             Some(engine) => Txn::checked(&*self.store, &**engine, &st.shared),
-            None => Ok(Txn::new(&*self.store, &st.sb)),
+            None => Txn::new(&*self.store, &st.sb),
         }
     }
 
@@ -518,7 +502,7 @@ impl Namespace {
         f: impl FnOnce(&mut Txn<'_>, &State) -> Result<T, MetaError>,
     ) -> Result<T, MetaError> {
         let mut st = self.state.lock();
-        let mut txn = self.begin(&st)?;
+        let mut txn = self.begin(&st);
         let out = f(&mut txn, &st)?;
         Self::commit_txn(&mut st, txn)?;
         Ok(out)
@@ -533,38 +517,59 @@ fn reserve_id_blocks(
     checked: Option<&dyn TxnStore>,
     sb: Superblock,
 ) -> Result<(Superblock, u64, u64), MetaError> {
-    let Some(engine) = checked else {
-        let (next_session, next_client) = (sb.session_ceiling, sb.client_ceiling);
-        let mut txn = Txn::new(store, &sb);
-        txn.sb.session_ceiling += ID_BLOCK;
-        txn.sb.client_ceiling += ID_BLOCK;
-        return Ok((txn.commit()?, next_session, next_client));
-    };
     // Servers starting together race for the superblock: the loser reads it again.
-    for _ in 0..CONFLICT_RETRIES {
-        let mut txn = Txn::checked(store, engine, &txn::SharedCounters::default())?;
-        let (next_session, next_client) = (txn.sb.session_ceiling, txn.sb.client_ceiling);
-        txn.sb.session_ceiling += ID_BLOCK;
-        txn.sb.client_ceiling += ID_BLOCK;
-        match txn.commit() {
-            Ok(sb) => return Ok((sb, next_session, next_client)),
-            Err(MetaError::Store(KvError::Conflict { .. })) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(too_many_conflicts("reserving id blocks at start"))
+    retry_on_conflict(checked.is_some(), "reserving id blocks at start", || {
+        let mut txn = match checked {
+            Some(engine) => Txn::checked(store, engine, &txn::SharedCounters::default()),
+            None => Txn::new(store, &sb),
+        };
+        let sb = txn.sb()?;
+        let (next_session, next_client) = (sb.session_ceiling, sb.client_ceiling);
+        sb.session_ceiling += ID_BLOCK;
+        sb.client_ceiling += ID_BLOCK;
+        let sb = txn
+            .commit()?
+            .ok_or_else(|| MetaError::Corrupt("superblock missing".into()))?;
+        Ok((sb, next_session, next_client))
+    })
 }
 
-/// A change that kept conflicting with other servers' changes, as a clear error the
-/// client may retry (`Unavailable`, not `Busy`, which it reads as a file being cut).
-fn too_many_conflicts(what: &str) -> MetaError {
-    MetaError::Store(KvError::Unavailable {
+/// [`Namespace::retry_conflicts`]: runs `f` once, or on a `shared` engine again while it
+/// conflicts and nothing of it landed, at most [`CONFLICT_RETRIES`] times; then a
+/// clear error the client may retry (`Unavailable`, not `Busy`, which it reads as a
+/// file being cut).
+fn retry_on_conflict<T>(
+    shared: bool,
+    what: &str,
+    mut f: impl FnMut() -> Result<T, MetaError>,
+) -> Result<T, MetaError> {
+    if !shared {
+        return f();
+    }
+    for attempt in 0..CONFLICT_RETRIES {
+        txn::reset_committed();
+        match f() {
+            // A conflict on the change's own record is another server's try of the
+            // same change landing: `once` answers as that try did, never again.
+            Err(MetaError::Store(KvError::Conflict { key, .. }))
+                if !txn::committed() && !once::is_record(&key) =>
+            {
+                tracing::debug!(attempt, key = %crate::kv::Escaped(&key), "conflict: running again");
+                if attempt > 0 {
+                    let most = 1u64 << attempt.min(5);
+                    std::thread::sleep(Duration::from_millis(rand::random_range(0..=most)));
+                }
+            }
+            r => return r,
+        }
+    }
+    Err(MetaError::Store(KvError::Unavailable {
         engine: "shared",
         message: format!(
             "{what}: still conflicting with other metadata servers' changes after \
              {CONFLICT_RETRIES} tries; nothing of it was written"
         ),
-    })
+    }))
 }
 
 /// Reads the superblock, or formats an empty store: root directory plus superblock.

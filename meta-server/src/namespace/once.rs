@@ -215,6 +215,22 @@ impl Ops {
     }
 }
 
+/// The recorded `reply` of change `op`, answered to `req` from `at`: a retry's open
+/// moves to its connection ([`Handle::replayed`]); a first try that arrived after its
+/// retry moves nothing (its connection was given up, and the open is the retry's).
+fn answer_again<R: Handle>(
+    ns: &Namespace,
+    op: OpId,
+    req: R,
+    reply: R::Reply,
+    at: &Origin,
+) -> Result<R::Reply, MetaError> {
+    match op.retry {
+        true => req.replayed(reply, ns, at),
+        false => Ok(reply),
+    }
+}
+
 /// The key of the slot of `op`.
 fn slot_key(op: OpId) -> Vec<u8> {
     keys::op_record(op.client, op.seq % OP_SLOTS)
@@ -266,12 +282,7 @@ impl Namespace {
                 // goes back to the queue): answer only once it is durable.
                 self.sync()?;
                 tracing::info!(client = %op.client, seq = op.seq, "a change sent again: answered from its record");
-                if !op.retry {
-                    // A first try that arrived after its retry: its connection was
-                    // given up, and the open is the retry's. Nothing moves.
-                    return Ok(reply);
-                }
-                return req.replayed(reply, self, at);
+                return answer_again(self, op, req, reply, at);
             }
         }
         let mark = encode(&OpRecord {
@@ -288,11 +299,16 @@ impl Namespace {
             })
         });
         let marked = Marked;
-        let result = run(req.clone());
+        // Kept for an answer from another server's record: only a shared engine's
+        // commit can conflict on the slot.
+        let spare = self.checked.is_some().then(|| req.clone());
+        let result = run(req);
         drop(marked);
-        if matches!(&result, Err(MetaError::Store(KvError::Conflict { key: k, .. })) if *k == key) {
-            // Another server's try of this change landed after this one read the slot
-            // (a shared engine): answer what it answers.
+        if let Some(req) = spare.filter(|_| {
+            matches!(&result, Err(MetaError::Store(KvError::Conflict { key: k, .. })) if *k == key)
+        }) {
+            // Another server's try of this change landed after this one read the slot:
+            // answer what it answers.
             drop(entered);
             return self.answered_elsewhere(op, &key, req, at);
         }
@@ -417,10 +433,7 @@ impl Namespace {
             match self.recorded::<R>(op, key) {
                 Ok(Some(reply)) => {
                     tracing::info!(client = %op.client, seq = op.seq, "a change applied by another server: answered from its record");
-                    return match op.retry {
-                        true => req.replayed(reply, self, at),
-                        false => Ok(reply),
-                    };
+                    return answer_again(self, op, req, reply, at);
                 }
                 // Not answered yet there (or the slot moved on): wait a little.
                 Ok(None) | Err(MetaError::AnswerLost(_)) if Instant::now() < until => {

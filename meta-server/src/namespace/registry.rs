@@ -37,9 +37,10 @@ impl Namespace {
             // Same scheme as sessions: ids come from blocks recorded in the superblock,
             // so they are never reused across restarts (nor, on a shared engine, by
             // another server): a new block starts above every block reserved before.
-            let mut txn = self.begin(&st)?;
-            id = id.max(txn.sb.client_ceiling);
-            txn.sb.client_ceiling = id + ID_BLOCK;
+            let mut txn = self.begin(&st);
+            let sb = txn.sb()?;
+            id = id.max(sb.client_ceiling);
+            sb.client_ceiling = id + ID_BLOCK;
             Self::commit_txn(&mut st, txn)?;
             st.client_end = id + ID_BLOCK;
         }
@@ -260,12 +261,13 @@ fn new_node_id(txn: &mut Txn<'_>) -> Result<NodeId, MetaError> {
     let known = txn
         .scan(&prefix, &keys::prefix_end(&prefix), MAX_NODES)?
         .len();
-    if known >= MAX_NODES || txn.sb.next_node == u32::MAX {
+    let sb = txn.sb()?;
+    if known >= MAX_NODES || sb.next_node == u32::MAX {
         return Err(MetaError::NoSpace(format!(
             "{known} data servers, the limit"
         )));
     }
-    let node = NodeId(txn.sb.next_node);
-    txn.sb.next_node += 1;
+    let node = NodeId(sb.next_node);
+    sb.next_node += 1;
     Ok(node)
 }

@@ -186,7 +186,7 @@ fn leave_whiteout(
     now: Timestamp,
 ) -> Result<(), MetaError> {
     let rec = InodeRecord::new(FileKind::CharDevice, 0, uid, gid, now);
-    let ino = txn.alloc_inode();
+    let ino = txn.alloc_inode()?;
     txn.put_inode(ino, &rec)?;
     add_entry(txn, e.parent, e.name, ino, FileKind::CharDevice, now)?;
     Ok(())

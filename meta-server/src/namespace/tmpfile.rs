@@ -27,13 +27,13 @@ impl Namespace {
     ) -> Result<Opened, MetaError> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let mut txn = self.begin(st)?;
+        let mut txn = self.begin(st);
         let parent_rec = txn.dir(parent)?;
         let (ino, mut rec) = self.new_inode(&mut txn, parent, &parent_rec, perm, caller)?;
         rec.nlink = 0;
         txn.put_inode(ino, &rec)?;
         txn.put(keys::orphan(ino), super::records::encode(&())?);
-        let session = reserve_session(st, &mut txn);
+        let session = reserve_session(st, &mut txn)?;
         Self::commit_txn(st, txn)?;
         let opened = self.start_session(st, session, ino, &rec, owner, false);
         if linkable {

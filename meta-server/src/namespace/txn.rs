@@ -7,7 +7,8 @@
 //!
 //! On a shared engine (several metadata servers on one etcd prefix, see
 //! `Namespace::open_shared`) a transaction is also checked: each key it reads is read
-//! with its revision, the superblock too, and the commit holds only if none of them moved
+//! with its revision, the superblock too (only once a change needs it), and the commit
+//! holds only if none of them moved
 //! meanwhile (`TxnStore::commit_if`); otherwise nothing is written and the request runs
 //! again (`Namespace::handle`). A scan is not checked (the engines compare single keys):
 //! every change to a directory's entries or an inode's attributes also writes that
@@ -50,8 +51,8 @@ pub const COUNT_SHARDS: u8 = 16;
 struct Checked<'a> {
     engine: &'a dyn TxnStore,
     reads: RefCell<BTreeMap<Vec<u8>, Option<Revision>>>,
-    /// The superblock's revision as this transaction read it.
-    sb_revision: Revision,
+    /// The superblock's revision as this transaction read it (`None`: not read yet).
+    sb_revision: Option<Revision>,
     /// What is left of the server's block of inode numbers; refilled from the
     /// superblock when empty.
     inodes: std::ops::Range<u64>,
@@ -137,9 +138,11 @@ pub(crate) struct Txn<'a> {
     checked: Option<Checked<'a>>,
     /// `None` marks a delete.
     writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
-    /// The superblock as this mutation leaves it; written if it differs from `base`.
-    pub(crate) sb: Superblock,
-    base: Superblock,
+    /// The superblock as this mutation leaves it; written if it differs from `base`. On a
+    /// shared engine read only when a change first needs it ([`Txn::sb`]): most changes
+    /// never touch it there.
+    sb: Option<Superblock>,
+    base: Option<Superblock>,
 }
 
 impl<'a> Txn<'a> {
@@ -149,36 +152,50 @@ impl<'a> Txn<'a> {
             store,
             checked: None,
             writes: BTreeMap::new(),
-            sb: sb.clone(),
-            base: sb.clone(),
+            sb: Some(sb.clone()),
+            base: Some(sb.clone()),
         }
     }
 
     /// A checked transaction on the shared `engine` (behind `store`, which commits
-    /// straight to it), starting from the superblock as the engine holds it now.
+    /// straight to it); the superblock is read from the engine when first needed.
     pub(crate) fn checked(
         store: &'a dyn KvStore,
         engine: &'a dyn TxnStore,
         counters: &SharedCounters,
-    ) -> Result<Txn<'a>, MetaError> {
-        let read = engine
-            .get_versioned(&keys::superblock())?
-            .ok_or_else(|| MetaError::Corrupt("superblock missing".into()))?;
-        let sb: Superblock = decode(&read.value, "superblock")?;
-        Ok(Txn {
+    ) -> Txn<'a> {
+        Txn {
             store,
             checked: Some(Checked {
                 engine,
                 reads: RefCell::new(BTreeMap::new()),
-                sb_revision: read.revision,
+                sb_revision: None,
                 inodes: counters.inodes.clone(),
                 shard: counters.shard,
                 count: 0,
             }),
             writes: BTreeMap::new(),
-            sb: sb.clone(),
-            base: sb,
-        })
+            sb: None,
+            base: None,
+        }
+    }
+
+    /// The superblock as this mutation leaves it, to read or change; on a shared engine
+    /// read (with its revision) at the first call.
+    pub(crate) fn sb(&mut self) -> Result<&mut Superblock, MetaError> {
+        if let (None, Some(c)) = (&self.sb, &mut self.checked) {
+            let read = c
+                .engine
+                .get_versioned(&keys::superblock())?
+                .ok_or_else(|| MetaError::Corrupt("superblock missing".into()))?;
+            let sb: Superblock = decode(&read.value, "superblock")?;
+            c.sb_revision = Some(read.revision);
+            self.base = Some(sb.clone());
+            self.sb = Some(sb);
+        }
+        self.sb
+            .as_mut()
+            .ok_or_else(|| MetaError::Corrupt("superblock missing".into()))
     }
 
     /// Sets `key` to `value`.
@@ -249,30 +266,38 @@ impl<'a> Txn<'a> {
 
     /// Hands out the next inode number and counts the inode: in the superblock, or on a
     /// shared engine from the server's block and in its shard of the count.
-    pub(crate) fn alloc_inode(&mut self) -> InodeId {
-        let Some(c) = &mut self.checked else {
-            let ino = InodeId(self.sb.next_inode);
-            self.sb.next_inode += 1;
-            self.sb.inode_count += 1;
-            return ino;
-        };
-        if c.inodes.is_empty() {
-            let start = self.sb.next_inode;
-            self.sb.next_inode += INODE_BLOCK;
-            c.inodes = start..start + INODE_BLOCK;
+    pub(crate) fn alloc_inode(&mut self) -> Result<InodeId, MetaError> {
+        if self.checked.as_ref().is_some_and(|c| c.inodes.is_empty()) {
+            let sb = self.sb()?;
+            let start = sb.next_inode;
+            sb.next_inode += INODE_BLOCK;
+            if let Some(c) = &mut self.checked {
+                c.inodes = start..start + INODE_BLOCK;
+            }
         }
+        let Some(c) = &mut self.checked else {
+            let sb = self.sb()?;
+            let ino = InodeId(sb.next_inode);
+            sb.next_inode += 1;
+            sb.inode_count += 1;
+            return Ok(ino);
+        };
         let ino = InodeId(c.inodes.start);
         c.inodes.start += 1;
         c.count += 1;
-        ino
+        Ok(ino)
     }
 
     /// Counts an inode freed.
-    pub(crate) fn count_freed(&mut self) {
+    pub(crate) fn count_freed(&mut self) -> Result<(), MetaError> {
         match &mut self.checked {
             Some(c) => c.count -= 1,
-            None => self.sb.inode_count = self.sb.inode_count.saturating_sub(1),
+            None => {
+                let sb = self.sb()?;
+                sb.inode_count = sb.inode_count.saturating_sub(1);
+            }
         }
+        Ok(())
     }
 
     /// What the server keeps of this transaction once it has committed (`None` off a
@@ -285,8 +310,9 @@ impl<'a> Txn<'a> {
     }
 
     /// Stages every write (and the superblock if it changed) as one atomic batch, and
-    /// returns the superblock as it now is; see `kv::GroupCommit` for when it is durable.
-    pub(crate) fn commit(mut self) -> Result<Superblock, MetaError> {
+    /// returns the superblock as it now is (if this transaction read it); see
+    /// `kv::GroupCommit` for when it is durable.
+    pub(crate) fn commit(mut self) -> Result<Option<Superblock>, MetaError> {
         if let Some((shard, count)) = self.checked.as_ref().map(|c| (c.shard, c.count)) {
             if count != 0 {
                 // Read through the transaction: two servers adding to one shard
@@ -300,8 +326,12 @@ impl<'a> Txn<'a> {
             }
         }
         let mut batch = WriteBatch::new();
-        if self.sb != self.base {
-            batch.put(keys::superblock(), encode(&self.sb)?);
+        if let Some(sb) = self
+            .sb
+            .as_ref()
+            .filter(|&sb| Some(sb) != self.base.as_ref())
+        {
+            batch.put(keys::superblock(), encode(sb)?);
         }
         for (k, v) in self.writes {
             match v {
@@ -329,7 +359,7 @@ impl<'a> Txn<'a> {
                     if self.sb != self.base {
                         checks.push(ReadCheck {
                             key: keys::superblock(),
-                            revision: Some(c.sb_revision),
+                            revision: c.sb_revision,
                         });
                     }
                     checks.extend(mark.as_ref().and_then(|m| m.check.clone()));
