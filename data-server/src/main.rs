@@ -157,7 +157,7 @@ fn main() {
                 .block_on(run(config))
         });
     if let Err(e) = result {
-        eprintln!("tessera-data: {e:#}");
+        eprintln!("tessera-data: {}", telemetry::errors::one_line(e.as_ref()));
         std::process::exit(1);
     }
 }

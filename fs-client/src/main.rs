@@ -22,7 +22,7 @@ fn main() {
     let args = commands::Args::try_parse().unwrap_or_else(|e| e.exit());
     if let Err(e) = commands::run(args) {
         let causes = e.chain().map(|c| c.to_string());
-        eprintln!("tessera: {}", fs_client::error::each_cause_once(causes));
+        eprintln!("tessera: {}", telemetry::errors::each_cause_once(causes));
         std::process::exit(1);
     }
 }

@@ -220,7 +220,7 @@ fn main() {
     let args = Args::try_parse().unwrap_or_else(|e| e.exit());
     if let Some(tool) = args.tool {
         if let Err(e) = run_tool(tool) {
-            eprintln!("tessera-meta: {e:#}");
+            eprintln!("tessera-meta: {}", telemetry::errors::one_line(e.as_ref()));
             std::process::exit(1);
         }
         return;
@@ -233,7 +233,7 @@ fn main() {
             .block_on(run(config))
     });
     if let Err(e) = result {
-        eprintln!("tessera-meta: {e:#}");
+        eprintln!("tessera-meta: {}", telemetry::errors::one_line(e.as_ref()));
         std::process::exit(1);
     }
 }

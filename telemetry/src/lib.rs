@@ -7,6 +7,7 @@
 //! The exposition format is the `prometheus` crate's; counters and histograms are
 //! atomics, so counting on a request's path takes no lock.
 
+pub mod errors;
 pub mod http;
 pub mod process;
 pub mod requests;

@@ -13,6 +13,15 @@ pub enum TransportError {
         /// Why.
         source: std::io::Error,
     },
+    /// A server could not listen at its address (taken by another process, not an
+    /// address of this machine, a port below 1024 without the right).
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address asked for.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The connection handshake failed (not a Tessera peer, or a broken one).
     #[error("handshake with {peer} failed: {why}")]
     Handshake {
@@ -157,9 +166,9 @@ impl TransportError {
     /// The stable code this error is reported with.
     pub fn code(&self) -> ErrorCode {
         match self {
-            TransportError::Connect { .. } | TransportError::Disconnected { .. } => {
-                ErrorCode::Unavailable
-            }
+            TransportError::Connect { .. }
+            | TransportError::Listen { .. }
+            | TransportError::Disconnected { .. } => ErrorCode::Unavailable,
             TransportError::Handshake { .. } => ErrorCode::Malformed,
             TransportError::Auth { .. } => ErrorCode::PermissionDenied,
             TransportError::KeyFile { .. } => ErrorCode::InvalidArgument,

@@ -27,6 +27,7 @@ mod link;
 pub mod mem;
 mod mr;
 mod pool;
+pub mod ports;
 pub mod rdma_common;
 pub mod rpc;
 mod tcp;

@@ -486,7 +486,7 @@ pub(crate) fn listen(
     let port = match want.port() {
         0 => free_port(&listeners, want)?,
         p if listeners.contains_key(&want.to_string()) => {
-            return Err(TransportError::Connect {
+            return Err(TransportError::Listen {
                 addr: format!("{}:{p}", want.ip()),
                 source: std::io::ErrorKind::AddrInUse.into(),
             })
@@ -524,7 +524,7 @@ fn free_port(
             return Ok(p);
         }
     }
-    Err(TransportError::Connect {
+    Err(TransportError::Listen {
         addr: want.to_string(),
         source: std::io::ErrorKind::AddrInUse.into(),
     })

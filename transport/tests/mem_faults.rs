@@ -169,7 +169,7 @@ async fn listen_addresses_are_virtual_and_unique() {
         .listen(&a.addr, std::sync::Arc::new(common::Shared(handler())))
         .await;
     assert!(
-        matches!(r, Err(TransportError::Connect { .. })),
+        matches!(r, Err(TransportError::Listen { .. })),
         "address in use"
     );
     let addr = a.addr.clone();

@@ -318,7 +318,7 @@ pub fn run(args: &[String]) -> i32 {
         Ok(()) => 0,
         Err(e) => {
             let causes = e.chain().map(|c| c.to_string());
-            eprintln!("tessera: {}", crate::error::each_cause_once(causes));
+            eprintln!("tessera: {}", telemetry::errors::each_cause_once(causes));
             EXIT_MOUNT_FAILED
         }
     }
@@ -350,7 +350,7 @@ fn run_checked(mut args: HelperArgs) -> anyhow::Result<()> {
     let result = super::commands::mount(args.mountpoint, config, || ready.mounted());
     if let Err(e) = &result {
         let causes = e.chain().map(|c| c.to_string());
-        ready.failed(&crate::error::each_cause_once(causes));
+        ready.failed(&telemetry::errors::each_cause_once(causes));
     }
     result
 }

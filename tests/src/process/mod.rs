@@ -130,11 +130,12 @@ fn path_text(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
-/// A loopback address whose port was free a moment ago (bound and let go): for a
-/// server a test starts there later.
+/// A loopback address whose port was free a moment ago, below the ephemeral range (see
+/// [`transport::ports`]): for a server a test starts there later.
 fn free_addr(host: &str) -> String {
-    let l = std::net::TcpListener::bind((host, 0)).expect("a free port");
-    l.local_addr().expect("its address").to_string()
+    transport::ports::fixed_addr(host)
+        .expect("a free port")
+        .to_string()
 }
 
 fn read_addr(file: &Path) -> Option<String> {

@@ -96,7 +96,7 @@ pub(crate) async fn listen(
 ) -> Result<Listener, TransportError> {
     let listener = TcpListener::bind(addr)
         .await
-        .map_err(|source| TransportError::Connect {
+        .map_err(|source| TransportError::Listen {
             addr: addr.to_string(),
             source,
         })?;

@@ -13,7 +13,7 @@
 use super::state::{self, Pids};
 use super::{io_err, ClusterError};
 use std::fs;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -170,8 +170,7 @@ pub fn remove_local(state: &Path) -> Vec<PathBuf> {
 /// gets a fixed one, since a standby listens only once it serves and clients must know
 /// its address before.
 pub fn free_addr() -> Result<String, ClusterError> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(io_err("finding a free port"))?;
-    let addr = l.local_addr().map_err(io_err("finding a free port"))?;
+    let addr = transport::ports::fixed_addr("127.0.0.1").map_err(io_err("finding a free port"))?;
     Ok(addr.to_string())
 }
 
@@ -362,7 +361,7 @@ mod tests {
 
     #[test]
     fn an_address_nobody_listens_on_is_not_listening() {
-        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = l.local_addr().expect("addr").to_string();
         assert!(listening(&addr));
         assert!(listening(&format!("http://{addr}")));

@@ -8,8 +8,6 @@
 //! says whether there is one, so a test without it can say so and be skipped.
 
 use super::EtcdConfig;
-use std::collections::BTreeSet;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,20 +19,12 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a new cluster of several members may take to elect its first leader before
 /// it is started again on other ports (a second, usually).
 pub const FIRST_LEADER_TIMEOUT: Duration = Duration::from_secs(20);
-/// Lowest port a member is given. Members get ports below the kernel's ephemeral range
-/// (`net.ipv4.ip_local_port_range`), which every outgoing connection draws from: a port
-/// found free there could be a new connection's own by the time etcd binds it.
-const FIRST_PORT: u16 = 20_000;
 /// Raft heartbeat and election timeout of test members (etcd's defaults are 100 and
 /// 1000 ms; these keep a leader change in tests near one second too).
 const HEARTBEAT_MS: u32 = 100;
 const ELECTION_MS: u32 = 1000;
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
-
-/// Ports given to members of this process's clusters that are alive: a member killed
-/// by a test keeps its ports for its restart, and no other cluster gets them.
-static HELD: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
 
 /// One member: its ports, its process while it runs.
 struct Member {
@@ -349,39 +339,19 @@ impl Drop for LocalEtcd {
         for i in 0..self.members.len() {
             self.kill(i);
         }
-        if let Ok(mut held) = HELD.lock() {
-            for m in &self.members {
-                held.remove(&m.client_port);
-                held.remove(&m.peer_port);
-            }
-        }
         if !self.dir.as_os_str().is_empty() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
 }
 
-/// A port free on 127.0.0.1 a moment ago, at random between [`FIRST_PORT`] and the
-/// kernel's ephemeral range.
+/// A port free on 127.0.0.1 a moment ago, below the ephemeral range, never given to
+/// another member of this process: a member killed by a test keeps its ports for its
+/// restart.
 fn free_port() -> Result<u16, String> {
-    use std::hash::{BuildHasher, RandomState};
-    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32_768);
-    let span = ephemeral.saturating_sub(FIRST_PORT).max(1024);
-    let random = RandomState::new();
-    let mut held = HELD.lock().map_err(|_| "poisoned".to_string())?;
-    for attempt in 0..256u32 {
-        let port = FIRST_PORT + (random.hash_one(attempt) % u64::from(span)) as u16;
-        if !held.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            held.insert(port);
-            return Ok(port);
-        }
-    }
-    // Every try taken: let the kernel choose.
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+    transport::ports::fixed_addr("127.0.0.1")
+        .map(|a| a.port())
+        .map_err(|e| format!("finding a free port: {e}"))
 }
 
 /// `(member id, leader id)` of the member at `endpoint`, if it answers within a second.
