@@ -104,6 +104,10 @@ impl<E: Engine> TxnStore for LoggedStore<E> {
                 });
             }
         }
+        // Checks alone (a change that found nothing to write): they held, nothing to log.
+        if batch.is_empty() {
+            return Ok(());
+        }
         if !self.log_with(&batch, Some(&mut revs))? {
             return Ok(());
         }

@@ -271,6 +271,7 @@ impl Namespace {
             }
         }
         self.check_held(&inodes, &mut note)?;
+        self.check_openers(&inodes, &mut note)?;
         let sb: Superblock = decode(
             &self
                 .store
@@ -306,6 +307,29 @@ impl Namespace {
         };
         self.for_each(&keys::held_prefix(), |k, v| {
             super::held::check(k, v, inode, note);
+            Ok(())
+        })
+    }
+
+    /// Checks every openers key (`opens`): it decodes, and its file exists (a file
+    /// that goes takes its key with it).
+    fn check_openers(
+        &self,
+        inodes: &HashMap<u64, InodeRecord>,
+        note: &mut impl FnMut(String),
+    ) -> Result<(), MetaError> {
+        self.for_each(&keys::openers_prefix(), |k, v| {
+            let Some(ino) = keys::u64_at(k, 1) else {
+                note(format!("openers key {k:x?} names no inode"));
+                return Ok(());
+            };
+            match super::opens::decode_sessions(v) {
+                None => note(format!("the open sessions of inode {ino} do not decode")),
+                Some(_) if !inodes.contains_key(&ino) => {
+                    note(format!("open sessions of missing inode {ino}"))
+                }
+                Some(_) => {}
+            }
             Ok(())
         })
     }

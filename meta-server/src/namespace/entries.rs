@@ -3,6 +3,7 @@
 
 use super::keys;
 use super::names::{check_name, check_target};
+use super::opens;
 use super::records::{DirentRecord, InodeRecord};
 use super::txn::{Reads, StoreReads, Txn};
 use super::{now, Made, Namespace, State, MAX_LINKS};
@@ -316,7 +317,7 @@ pub(super) fn drop_link(
     if !rec.is_dir() {
         rec.nlink = rec.nlink.saturating_sub(1);
         rec.changed_at(now);
-        if rec.nlink > 0 || st.is_open(ino) {
+        if rec.nlink > 0 || opens::open_anywhere(txn, st, ino)? {
             txn.put_inode(ino, &rec)?;
             if rec.nlink == 0 {
                 txn.put(keys::orphan(ino), super::records::encode(&())?);

@@ -4,6 +4,7 @@
 use super::entries::{add_entry, delete_inode, inherit_setgid};
 use super::held;
 use super::names::check_name;
+use super::opens;
 use super::perm;
 use super::records::{InodeRecord, StoredLayout};
 use super::txn::{Reads, StoreReads, Txn};
@@ -67,7 +68,7 @@ impl Namespace {
             None => self.new_file(&mut txn, parent, &parent_rec, name, perm, caller)?,
         };
         let cut_tail = tail_duty(&st, &txn, ino, &rec)?;
-        let session = reserve_session(&st, &mut txn)?;
+        let session = reserve_session(&st, &mut txn, ino)?;
         let change = DirChange {
             before: parent_rec.ctime,
             after: parent_after.attr(parent),
@@ -156,7 +157,7 @@ impl Namespace {
             }
         }
         let cut_tail = tail_duty(&st, &txn, ino, &rec)?;
-        let session = reserve_session(&st, &mut txn)?;
+        let session = reserve_session(&st, &mut txn, ino)?;
         Self::commit_txn(&mut st, txn)?;
         Ok(self.start_session(&mut st, session, ino, &rec, owner, cut_tail))
     }
@@ -254,7 +255,7 @@ impl Namespace {
                 apply_commit(&mut txn, s.ino, &commit)?;
             }
         }
-        if st.open_counts.get(&s.ino) == Some(&1) {
+        if opens::closing(&mut txn, &st, s.ino, &[session])? {
             purge_if_orphan(&mut txn, s.ino)?;
         }
         Self::commit_txn(&mut st, txn)?;
@@ -379,9 +380,9 @@ impl Namespace {
         if ended.is_empty() {
             return;
         }
-        let mut closing: HashMap<InodeId, u32> = HashMap::new();
-        for (_, ino, _) in &ended {
-            *closing.entry(*ino).or_insert(0) += 1;
+        let mut closing: HashMap<InodeId, Vec<SessionId>> = HashMap::new();
+        for (session, ino, _) in &ended {
+            closing.entry(*ino).or_default().push(*session);
         }
         // Only a writer can leave bytes past the committed length: a reader's vanished
         // session leaves no tail to cut (and so hands the next opener no cut grant).
@@ -389,14 +390,22 @@ impl Namespace {
         // The sessions end either way: the connection is gone. An orphan whose purge
         // failed keeps its `O` key and is purged at the next start. On a shared engine
         // the change is read and tried again while it conflicts with another server's.
-        let freed = self.retry_conflicts("closing a connection's sessions", || {
-            let mut txn = self.begin(&st);
-            purge_closing(&mut txn, &st, &closing)?;
-            mark_tails(&mut txn, written.iter())?;
-            Self::commit_txn(&mut st, txn)
-        });
-        if let Err(e) = freed {
-            tracing::warn!(conn = conn.0, error = %e, "freeing orphans or marking the files left open failed");
+        // On a shared engine one transaction per file (each writes the file's `P` key,
+        // and an engine transaction holds 128 writes at most); one for all otherwise.
+        let groups: Vec<HashMap<InodeId, Vec<SessionId>>> = match self.checked {
+            Some(_) => closing.into_iter().map(|e| HashMap::from([e])).collect(),
+            None => vec![closing],
+        };
+        for group in &groups {
+            let freed = self.retry_conflicts("closing a connection's sessions", || {
+                let mut txn = self.begin(&st);
+                purge_closing(&mut txn, &st, group)?;
+                mark_tails(&mut txn, written.iter().filter(|i| group.contains_key(i)))?;
+                Self::commit_txn(&mut st, txn)
+            });
+            if let Err(e) = freed {
+                tracing::warn!(conn = conn.0, error = %e, "freeing orphans or marking the files left open failed");
+            }
         }
         for (session, _, _) in ended {
             end_session(&mut st, session);
@@ -522,14 +531,15 @@ fn apply_commit(txn: &mut Txn<'_>, ino: InodeId, c: &Commit) -> Result<Attr, Met
     held::update(txn, ino, old_size, &rec, change)
 }
 
-/// Purges the orphans among `closing` (inode -> sessions ending) left with no session.
+/// Ends the sessions of `closing` (inode -> sessions ending) and purges the orphans
+/// left with no session.
 fn purge_closing(
     txn: &mut Txn<'_>,
     st: &State,
-    closing: &HashMap<InodeId, u32>,
+    closing: &HashMap<InodeId, Vec<SessionId>>,
 ) -> Result<(), MetaError> {
-    for (ino, n) in closing {
-        if st.open_counts.get(ino) == Some(n) {
+    for (ino, sessions) in closing {
+        if opens::closing(txn, st, *ino, sessions)? {
             purge_if_orphan(txn, *ino)?;
         }
     }
@@ -575,7 +585,7 @@ fn tail_duty(
     }
     // Sessions still open may be writing past the end themselves: the mark stays for
     // an open that finds the file closed.
-    Ok(!st.is_open(ino))
+    Ok(!opens::open_anywhere(txn, st, ino)?)
 }
 
 /// Deletes `ino` (and queues its chunks' deletion) if it carries an orphan mark.
@@ -592,9 +602,14 @@ fn purge_if_orphan(txn: &mut Txn<'_>, ino: InodeId) -> Result<(), MetaError> {
     }
 }
 
-/// The id of the next session; reserves a new block in the superblock (written with the
-/// caller's batch) when the current one is used up.
-pub(super) fn reserve_session(st: &State, txn: &mut Txn<'_>) -> Result<SessionId, MetaError> {
+/// The id of the next session, a session that opens `ino`; reserves a new block in the
+/// superblock (written with the caller's batch) when the current one is used up, and
+/// on a shared engine names the session among the file's openers (`opens`).
+pub(super) fn reserve_session(
+    st: &State,
+    txn: &mut Txn<'_>,
+    ino: InodeId,
+) -> Result<SessionId, MetaError> {
     let mut id = st.next_session;
     if id >= st.session_end {
         // A new block above every block reserved before, by any server (see `hello`);
@@ -603,6 +618,7 @@ pub(super) fn reserve_session(st: &State, txn: &mut Txn<'_>) -> Result<SessionId
         id = id.max(sb.session_ceiling);
         sb.session_ceiling = id + ID_BLOCK;
     }
+    opens::opened(txn, ino, SessionId(id))?;
     Ok(SessionId(id))
 }
 

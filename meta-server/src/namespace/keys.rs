@@ -18,6 +18,7 @@
 //! | `H` ino              | a sparse regular file's chunks that hold data |
 //! | `Q` client slot      | a client's change: its count and reply (see `once`) |
 //! | `Y` shard            | on a shared engine, inodes made minus freed by the servers counting in this shard (`i64`) |
+//! | `P` ino              | on a shared engine, the sessions of every server that have the file open (see `opens`) |
 
 use proto::{ChainId, InodeId, NodeId};
 
@@ -37,6 +38,7 @@ const CLUSTER_MARK: u8 = b'F';
 const HELD: u8 = b'H';
 const OP_RECORD: u8 = b'Q';
 const INODE_COUNT: u8 = b'Y';
+const OPENERS: u8 = b'P';
 
 /// The key of shard `shard` of the inode count on a shared engine (see `txn`).
 pub(crate) fn inode_count(shard: u8) -> Vec<u8> {
@@ -180,6 +182,16 @@ pub(crate) fn chain(chain: ChainId) -> Vec<u8> {
 /// The cluster map version's key.
 pub(crate) fn map_version() -> Vec<u8> {
     vec![MAP_VERSION]
+}
+
+/// The key of the sessions that have `ino` open, on a shared engine.
+pub(crate) fn openers(ino: InodeId) -> Vec<u8> {
+    with(OPENERS, &[&ino.0.to_be_bytes()])
+}
+
+/// Prefix of every openers key.
+pub(crate) fn openers_prefix() -> Vec<u8> {
+    vec![OPENERS]
 }
 
 /// Prefix of every orphan key.

@@ -24,6 +24,7 @@ mod locks;
 mod membership;
 mod names;
 mod once;
+mod opens;
 pub use once::OP_SLOTS;
 pub mod perm;
 mod readdir;
@@ -246,8 +247,10 @@ impl Namespace {
     /// win a create of one name or a rename race. Commits go straight to the engine
     /// (no group commit: a group's conflict would fail every change in it).
     ///
-    /// Not yet shared between the servers (the next steps of issue 24): open sessions,
-    /// locks, membership and the data servers' liveness stay in each server's memory.
+    /// Which sessions have a file open is kept in the engine (`opens`), so an unlink on
+    /// one server keeps a file open through another. Not yet shared between the servers
+    /// (the next steps of issue 24): locks, membership and the data servers' liveness
+    /// stay in each server's memory.
     pub fn open_shared(
         engine: Arc<dyn TxnStore>,
         config: NamespaceConfig,
@@ -313,8 +316,9 @@ impl Namespace {
             faults: faults::FaultLog::default(),
             ops: once::Ops::default(),
         };
-        // On a shared engine another server may hold an orphan open (sessions are in
-        // each server's memory): none is purged at start there.
+        // On a shared engine another server may hold an orphan open (its `P` key says
+        // so, and a dead server's sessions are not yet told from live ones): none is
+        // purged at start there.
         if ns.checked.is_none() {
             ns.purge_orphans()?;
         }
@@ -503,7 +507,16 @@ impl Namespace {
     ) -> Result<T, MetaError> {
         let mut st = self.state.lock();
         let mut txn = self.begin(&st);
-        let out = f(&mut txn, &st)?;
+        let out = match f(&mut txn, &st) {
+            Ok(out) => out,
+            // A refusal is an answer too (see `Txn::check_reads`); a store's failure
+            // is not one to check.
+            Err(e @ MetaError::Store(_)) => return Err(e),
+            Err(e) => {
+                txn.check_reads()?;
+                return Err(e);
+            }
+        };
         Self::commit_txn(&mut st, txn)?;
         Ok(out)
     }

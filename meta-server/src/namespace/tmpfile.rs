@@ -33,7 +33,7 @@ impl Namespace {
         rec.nlink = 0;
         txn.put_inode(ino, &rec)?;
         txn.put(keys::orphan(ino), super::records::encode(&())?);
-        let session = reserve_session(st, &mut txn)?;
+        let session = reserve_session(st, &mut txn, ino)?;
         Self::commit_txn(st, txn)?;
         let opened = self.start_session(st, session, ino, &rec, owner, false);
         if linkable {

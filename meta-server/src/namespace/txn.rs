@@ -300,6 +300,35 @@ impl<'a> Txn<'a> {
         Ok(())
     }
 
+    /// On a shared engine, that every key read is still as read (the checks of a
+    /// commit, with nothing to write); nothing off it. An answer that writes nothing,
+    /// a refusal too, comes from reads made at several moments: they must still hold
+    /// together, or the answer fits no order of the changes (`Conflict` then, and the
+    /// request runs again).
+    pub(crate) fn check_reads(&self) -> Result<(), MetaError> {
+        let Some(c) = &self.checked else {
+            return Ok(());
+        };
+        let checks: Vec<ReadCheck> = c
+            .reads
+            .borrow()
+            .iter()
+            .map(|(key, revision)| ReadCheck {
+                key: key.clone(),
+                revision: *revision,
+            })
+            .collect();
+        if checks.is_empty() {
+            return Ok(());
+        }
+        Ok(c.engine.commit_if(&checks, WriteBatch::new())?)
+    }
+
+    /// Whether this transaction runs on a shared engine (checked at its commit).
+    pub(crate) fn is_shared(&self) -> bool {
+        self.checked.is_some()
+    }
+
     /// What the server keeps of this transaction once it has committed (`None` off a
     /// shared engine).
     pub(crate) fn counters(&self) -> Option<SharedCounters> {
@@ -333,7 +362,7 @@ impl<'a> Txn<'a> {
         {
             batch.put(keys::superblock(), encode(sb)?);
         }
-        for (k, v) in self.writes {
+        for (k, v) in std::mem::take(&mut self.writes) {
             match v {
                 Some(v) => batch.put(k, v),
                 None => batch.delete(k),
@@ -379,6 +408,10 @@ impl<'a> Txn<'a> {
                     self.store.stage(batch)?;
                 }
             }
+        } else {
+            // A change that writes nothing still answered from what it read (a rename
+            // between two names of one inode, found so by reads made at two moments).
+            self.check_reads()?;
         }
         Ok(self.sb)
     }

@@ -8,7 +8,9 @@
 //! that succeeded, replayed on a plain model in that order, must each succeed there too
 //! (the history is one serial order), and the model at the end must be the namespace
 //! each server lists. A change that failed must have failed for a reason of the
-//! namespace (a name missing or taken), never for the race itself.
+//! namespace (a name missing or taken), never for the race itself. A server keeps some
+//! of the files it creates open across its next changes: each must still be there when
+//! it closes it, whatever the other server did to its name.
 
 use super::model::Rng;
 use super::{walk, ROOT};
@@ -19,8 +21,8 @@ use crate::kv::etcd::test_hooks::take_first_commit;
 use crate::kv::{open_engine, EtcdConfig, KvStore, StoreKind};
 use crate::namespace::{ConnId, Namespace};
 use proto::meta::{fs, OpenAccess, RenameMode};
-use proto::{ClientId, ErrorCode, FileKind, InodeId};
-use std::collections::BTreeMap;
+use proto::{ClientId, ErrorCode, FileKind, InodeId, SessionId};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 /// Changes per server; both run at once.
@@ -68,8 +70,18 @@ fn random_op(rng: &mut Rng) -> Op {
     }
 }
 
-/// Runs `op` on `ns`; `dirs` are the inodes of [`DIRS`].
-fn run(ns: &Namespace, dirs: &[InodeId], op: &Op) -> Result<Option<InodeId>, ErrorCode> {
+/// Files a server keeps open across later changes (the other server may unlink them
+/// meanwhile), at most.
+const HELD_OPEN: usize = 2;
+
+/// Runs `op` on `ns`; `dirs` are the inodes of [`DIRS`]. A file created is closed at
+/// once, or kept open in `held` while it holds fewer than [`HELD_OPEN`].
+fn run(
+    ns: &Namespace,
+    dirs: &[InodeId],
+    op: &Op,
+    held: &mut VecDeque<(InodeId, SessionId)>,
+) -> Result<Option<InodeId>, ErrorCode> {
     let conn = ConnId(1);
     let code = |e: proto::WireError| e.code;
     match op {
@@ -87,7 +99,12 @@ fn run(ns: &Namespace, dirs: &[InodeId], op: &Op) -> Result<Option<InodeId>, Err
                     conn,
                 )
                 .map_err(code)?;
-            ns.release(opened.session, None).expect("release");
+            if held.len() < HELD_OPEN {
+                held.push_back((opened.attr.ino, opened.session));
+            } else {
+                ns.retry_conflicts("release", || ns.release(opened.session, None))
+                    .expect("release");
+            }
             Ok(Some(opened.attr.ino))
         }
         Op::Mkdir(d, n) => ns
@@ -145,6 +162,18 @@ fn run(ns: &Namespace, dirs: &[InodeId], op: &Op) -> Result<Option<InodeId>, Err
             )
             .map(|_| None)
             .map_err(code),
+    }
+}
+
+/// Closes the file `ns` has held open longest, which must still be there (unlinked by
+/// the other server meanwhile or not).
+fn close_oldest(ns: &Namespace, held: &mut VecDeque<(InodeId, SessionId)>) {
+    if let Some((ino, session)) = held.pop_front() {
+        if let Err(e) = ns.getattr(ino) {
+            panic!("{ino}, open in {session}, is gone: {e}");
+        }
+        ns.retry_conflicts("release", || ns.release(session, None))
+            .expect("release");
     }
 }
 
@@ -237,12 +266,18 @@ fn two_servers_on_one_etcd_prefix_keep_one_serial_order() {
                 let dirs = &dirs;
                 s.spawn(move || {
                     let mut rng = Rng(seed ^ (server as u64 + 1).wrapping_mul(0x9e37_79b9));
-                    (0..OPS_PER_SERVER)
-                        .map(|_| {
+                    let mut held = VecDeque::new();
+                    let done = (0..OPS_PER_SERVER)
+                        .map(|i| {
                             let op = random_op(&mut rng);
                             take_first_commit();
-                            let outcome = run(ns, dirs, &op);
+                            let outcome = run(ns, dirs, &op, &mut held);
                             let revision = take_first_commit();
+                            // A file kept open a few changes: whatever the other server
+                            // did to its name meanwhile, it is there until its close.
+                            if i % 3 == 0 {
+                                close_oldest(ns, &mut held);
+                            }
                             Done {
                                 server,
                                 op,
@@ -250,7 +285,11 @@ fn two_servers_on_one_etcd_prefix_keep_one_serial_order() {
                                 revision,
                             }
                         })
-                        .collect::<Vec<_>>()
+                        .collect::<Vec<_>>();
+                    while !held.is_empty() {
+                        close_oldest(ns, &mut held);
+                    }
+                    done
                 })
             })
             .collect();

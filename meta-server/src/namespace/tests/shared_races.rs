@@ -6,7 +6,7 @@
 //! by both namespaces; `Hooked` runs the hook once, right after the read it waits for.
 
 use super::once::at;
-use super::{caller, touch, H, ROOT};
+use super::{caller, owner, touch, H, ROOT};
 use crate::clock::SystemClock;
 use crate::config::NamespaceConfig;
 use crate::kv::{
@@ -25,7 +25,8 @@ type Hook = Box<dyn FnOnce() + Send>;
 /// An engine that runs a hook after a read of one key (or a scan from it).
 struct Hooked {
     inner: Arc<dyn TxnStore>,
-    hook: Mutex<Option<(Vec<u8>, Hook)>>,
+    /// The key, how many of its reads to let pass first, the hook.
+    hook: Mutex<Option<(Vec<u8>, usize, Hook)>>,
     /// The next conditional commit that holds answers "unavailable, may have been
     /// applied", as etcd does when its answer is lost.
     lose_answer: AtomicBool,
@@ -35,12 +36,16 @@ impl Hooked {
     fn after_read_of(&self, key: &[u8]) {
         let fire = {
             let mut h = self.hook.lock();
-            match h.as_ref() {
-                Some((k, _)) if k == key => h.take(),
+            match h.as_mut() {
+                Some((k, skip, _)) if k == key && *skip > 0 => {
+                    *skip -= 1;
+                    None
+                }
+                Some((k, _, _)) if k == key => h.take(),
                 _ => None,
             }
         };
-        if let Some((_, f)) = fire {
+        if let Some((_, _, f)) = fire {
             f();
         }
     }
@@ -103,8 +108,10 @@ fn two_on(h: &H) -> (Arc<Hooked>, Arc<Namespace>, Arc<Namespace>) {
     (hooked, a, open(engine))
 }
 
+/// Server A (hooked) and server B on a namespace with three data servers' chains
+/// (made before the two start: a new shared namespace forms none yet).
 fn two() -> (H, Arc<Hooked>, Arc<Namespace>, Arc<Namespace>) {
-    let mut h = H::new(StoreKind::Redb);
+    let mut h = H::with_nodes(StoreKind::Redb, 3);
     h.stop();
     let (hooked, a, b) = two_on(&h);
     (h, hooked, a, b)
@@ -113,8 +120,13 @@ fn two() -> (H, Arc<Hooked>, Arc<Namespace>, Arc<Namespace>) {
 /// The hook: `f` runs right after server A reads `key`, on a thread of its own (as
 /// server B's request would: a request's marks are kept per thread).
 fn when_read(hooked: &Hooked, key: Vec<u8>, f: impl FnOnce() + Send + 'static) {
+    when_read_again(hooked, key, 0, f);
+}
+
+/// [`when_read`] after `skip` reads of `key` have passed.
+fn when_read_again(hooked: &Hooked, key: Vec<u8>, skip: usize, f: impl FnOnce() + Send + 'static) {
     let other = move || std::thread::spawn(f).join().expect("server B's change");
-    *hooked.hook.lock() = Some((key, Box::new(other)));
+    *hooked.hook.lock() = Some((key, skip, Box::new(other)));
 }
 
 #[test]
@@ -206,4 +218,124 @@ fn two_revocations_on_two_servers_take_two_versions() {
     let (list, _) = b.revocations(0, 10).unwrap();
     let names: Vec<&str> = list.iter().map(|(_, r)| r.name.as_str()).collect();
     assert_eq!(names, ["bob", "alice"]);
+}
+
+/// Unlinks `name` from the root through `ns`'s request path (checked, retried).
+fn unlink(ns: &Namespace, name: &[u8]) {
+    let r = ns.handle(
+        fs::Unlink {
+            parent: ROOT,
+            name: name.to_vec(),
+        },
+        ConnId(1),
+    );
+    r.unwrap();
+}
+
+#[test]
+fn a_file_open_on_one_server_and_unlinked_on_the_other_stays_until_its_last_close() {
+    let (_h, _hooked, a, b) = two();
+    let ino = touch(&a, ROOT, "f").ino;
+    let first = a.open_inode(ino, false, owner(1)).unwrap().session;
+    let second = a.open_inode(ino, false, owner(2)).unwrap().session;
+    unlink(&b, b"f");
+    // Both servers still answer for the file; the check finds an orphan, no fault.
+    assert_eq!(b.getattr(ino).unwrap().nlink, 0);
+    assert_eq!(b.check_namespace().unwrap(), Vec::<String>::new());
+    a.release(first, None).unwrap();
+    assert!(b.getattr(ino).is_ok(), "freed while A still had it open");
+    a.release(second, None).unwrap();
+    assert_eq!(b.getattr(ino).unwrap_err().code(), ErrorCode::NotFound);
+    assert_eq!(a.check_namespace().unwrap(), Vec::<String>::new());
+}
+
+#[test]
+fn an_unlink_that_found_the_file_closed_loses_to_an_open_on_the_other_server() {
+    let (_h, hooked, a, b) = two();
+    let ino = touch(&a, ROOT, "f").ino;
+    let b2 = b.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    when_read(&hooked, keys::openers(ino), move || {
+        let s = b2.open_inode(ino, false, owner(2)).unwrap().session;
+        tx.send(s).unwrap();
+    });
+    unlink(&a, b"f");
+    let on_b = rx
+        .try_recv()
+        .expect("the hook ran: server B opened the file");
+    assert!(b.getattr(ino).is_ok(), "freed while B had it open");
+    b.release(on_b, None).unwrap();
+    assert_eq!(a.getattr(ino).unwrap_err().code(), ErrorCode::NotFound);
+    assert_eq!(a.check_namespace().unwrap(), Vec::<String>::new());
+}
+
+#[test]
+fn a_connection_that_closes_frees_what_only_it_held_open_on_a_shared_engine() {
+    let (_h, _hooked, a, b) = two();
+    let f = touch(&a, ROOT, "f").ino;
+    let g = touch(&a, ROOT, "g").ino;
+    a.open_inode(f, false, owner(5)).unwrap();
+    a.open_inode(g, false, owner(5)).unwrap();
+    let on_b = b.open_inode(g, false, owner(6)).unwrap().session;
+    unlink(&b, b"f");
+    unlink(&b, b"g");
+    assert!(b.getattr(f).is_ok(), "f freed while A had it open");
+    a.connection_closed(ConnId(5));
+    assert_eq!(b.getattr(f).unwrap_err().code(), ErrorCode::NotFound);
+    assert!(b.getattr(g).is_ok(), "g freed while B had it open");
+    b.release(on_b, None).unwrap();
+    assert_eq!(a.getattr(g).unwrap_err().code(), ErrorCode::NotFound);
+    assert_eq!(a.check_namespace().unwrap(), Vec::<String>::new());
+}
+
+/// Renames `from` over `to` in the root through `ns`'s request path.
+fn rename(ns: &Namespace, from: &[u8], to: &[u8]) -> Result<(), ErrorCode> {
+    let r = ns.handle(
+        fs::Rename {
+            parent: ROOT,
+            name: from.to_vec(),
+            new_parent: ROOT,
+            new_name: to.to_vec(),
+            mode: RenameMode::Replace,
+        },
+        ConnId(1),
+    );
+    r.map(|_| ()).map_err(|e| e.code)
+}
+
+/// Guards against an answer that wrote nothing going unchecked: A's rename of x over y
+/// read x, then B's same rename landed, then A read y and found x's inode there (two
+/// names of one inode, as it seemed): "nothing to do", answered without a commit, so
+/// with reads no order of the changes gives (x gone before, or there after).
+#[test]
+fn a_rename_that_writes_nothing_still_checks_what_it_read() {
+    let (_h, hooked, a, b) = two();
+    let x = touch(&a, ROOT, "x").ino;
+    touch(&a, ROOT, "y");
+    let b2 = b.clone();
+    // The first read of x is the permission check's, before the change's transaction.
+    when_read_again(&hooked, keys::dirent(ROOT, b"x"), 1, move || {
+        rename(&b2, b"x", b"y").unwrap();
+    });
+    assert_eq!(rename(&a, b"x", b"y"), Err(ErrorCode::NotFound));
+    assert_eq!(b.lookup(ROOT, b"y").unwrap().ino, x);
+    assert_eq!(a.check_namespace().unwrap(), Vec::<String>::new());
+}
+
+/// Guards against a refusal made of reads that do not hold together: A's rename of
+/// file x to the free name y read x, then B moved x away and made a directory y, then
+/// A read y: "a file over a directory" (EISDIR), an answer no order gives (before B's
+/// changes the rename succeeds, after them x is missing). The refusal's reads are
+/// checked; A runs again and answers ENOENT.
+#[test]
+fn a_refusal_checks_what_it_read() {
+    let (_h, hooked, a, b) = two();
+    touch(&a, ROOT, "x");
+    let b2 = b.clone();
+    when_read_again(&hooked, keys::dirent(ROOT, b"x"), 1, move || {
+        rename(&b2, b"x", b"z").unwrap();
+        super::mkdir(&b2, ROOT, "y");
+    });
+    assert_eq!(rename(&a, b"x", b"y"), Err(ErrorCode::NotFound));
+    assert_eq!(a.check_namespace().unwrap(), Vec::<String>::new());
 }
