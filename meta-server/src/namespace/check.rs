@@ -311,8 +311,8 @@ impl Namespace {
         })
     }
 
-    /// Checks every openers key (`opens`): it decodes, and its file exists (a file
-    /// that goes takes its key with it).
+    /// Checks every openers key (`opens`): it decodes, and its file exists (an inode
+    /// deleted takes its key with it).
     fn check_openers(
         &self,
         inodes: &HashMap<u64, InodeRecord>,

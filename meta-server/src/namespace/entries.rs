@@ -343,6 +343,11 @@ pub(super) fn delete_inode(
     txn.delete(keys::inode(ino));
     txn.delete(keys::orphan(ino));
     txn.delete(keys::tail(ino));
+    if txn.is_shared() {
+        // A directory removed while open goes with its sessions' names (their closes
+        // find no key, and free nothing).
+        txn.delete(keys::openers(ino));
+    }
     if rec.kind == FileKind::Regular {
         txn.delete(keys::held(ino));
     }

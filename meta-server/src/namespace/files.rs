@@ -388,8 +388,10 @@ impl Namespace {
         // session leaves no tail to cut (and so hands the next opener no cut grant).
         let written: HashSet<InodeId> = ended.iter().filter(|e| e.2).map(|e| e.1).collect();
         // The sessions end either way: the connection is gone. An orphan whose purge
-        // failed keeps its `O` key and is purged at the next start. On a shared engine
-        // the change is read and tried again while it conflicts with another server's.
+        // failed keeps its `O` key and is purged at the next start (on a shared engine,
+        // where nothing is purged at start, its `P` key keeps the ended sessions: the
+        // file stays until the lease step of issue 24). On a shared engine the change
+        // is read and tried again while it conflicts with another server's.
         // On a shared engine one transaction per file (each writes the file's `P` key,
         // and an engine transaction holds 128 writes at most); one for all otherwise.
         let groups: Vec<HashMap<InodeId, Vec<SessionId>>> = match self.checked {

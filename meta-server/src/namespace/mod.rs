@@ -126,7 +126,9 @@ impl From<ConnId> for Origin {
 
 pub use proto::meta::fs::{DirPage, FsStats, Made, Opened};
 
-/// An open-file session, kept in memory only: sessions do not survive a restart.
+/// An open-file session, kept in this server's memory (on a shared engine its id is
+/// also named in the file's `P` key, see `opens`); a client resumes it after a restart
+/// (`resume`).
 #[derive(Clone, Copy, Debug)]
 struct Session {
     ino: InodeId,
@@ -465,6 +467,9 @@ impl Namespace {
             Err(e @ MetaError::Store(KvError::Conflict { .. })) => return Err(e),
             Err(e) => {
                 st.shared.inodes = 0..0;
+                // Nor is the next session id used again: an open that landed
+                // unanswered named it in its file's `P` key.
+                st.next_session += 1;
                 return Err(e);
             }
         }

@@ -9,13 +9,16 @@
 //! commit fails when the key moved after that read: an open that lands between an
 //! unlink's read and its commit sends the unlink round again, and it then keeps the file.
 //!
-//! A session is named by its id, not by its server: ids are unique across servers (each
-//! takes its blocks from the superblock), and a session that a client resumes on another
-//! server keeps its id, and with it its place in the key.
+//! A session is named by its id: ids are unique across servers (each takes its blocks
+//! from the superblock).
 //!
-//! Not yet: sessions of a server that dies without its clients resuming them stay in the
-//! key, and the file with them (kept, not lost; the next step puts each server's sessions
-//! under an engine lease, swept when it expires).
+//! Not yet (the next step of issue 24 puts each server's sessions under an engine lease,
+//! with the server that holds each): a session a client resumes on another server is
+//! not written again (the first server, at the end of its grace, takes it out of the
+//! key, and an unlink then frees the file under the resumed session); sessions whose
+//! end never reached the engine (a server that died, a close whose commit failed, an
+//! open whose answer was lost) stay in the key, so their file is never freed and a
+//! vanished writer's bytes past its length are never cut.
 
 use super::keys;
 use super::records::{decode, encode};

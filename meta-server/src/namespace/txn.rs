@@ -18,7 +18,7 @@
 use super::keys;
 use super::records::{decode, encode, DirentRecord, InodeRecord, Superblock};
 use crate::error::{show, MetaError};
-use crate::kv::{KvPair, KvStore, ReadCheck, Revision, TxnStore, WriteBatch};
+use crate::kv::{KvError, KvPair, KvStore, ReadCheck, Revision, TxnStore, WriteBatch};
 use proto::InodeId;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -318,10 +318,31 @@ impl<'a> Txn<'a> {
                 revision: *revision,
             })
             .collect();
-        if checks.is_empty() {
-            return Ok(());
+        // Within the engine's count of checks per transaction (a rename's walk up a
+        // deep tree reads more keys than etcd's 128): in several transactions, each
+        // after the last read, so all the keys held their values at that moment.
+        let most = c
+            .engine
+            .limits()
+            .max_ops
+            .unwrap_or(usize::MAX)
+            .saturating_sub(2)
+            .max(1);
+        for part in checks.chunks(most) {
+            match c.engine.commit_if(part, WriteBatch::new()) {
+                Ok(()) => {}
+                // Unanswered, a write-free commit is as good as refused: the request
+                // runs again and reads afresh.
+                Err(KvError::Unavailable { engine, .. }) => {
+                    return Err(MetaError::Store(KvError::Conflict {
+                        engine,
+                        key: part[0].key.clone(),
+                    }))
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
-        Ok(c.engine.commit_if(&checks, WriteBatch::new())?)
+        Ok(())
     }
 
     /// Whether this transaction runs on a shared engine (checked at its commit).

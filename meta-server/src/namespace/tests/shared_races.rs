@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use proto::auth::{Caps, KeyId};
 use proto::meta::{fs, RenameMode};
 use proto::{ClientId, ErrorCode};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 type Hook = Box<dyn FnOnce() + Send>;
@@ -30,6 +30,10 @@ struct Hooked {
     /// The next conditional commit that holds answers "unavailable, may have been
     /// applied", as etcd does when its answer is lost.
     lose_answer: AtomicBool,
+    /// Conditional commits refused for a key that moved.
+    conflicts: AtomicUsize,
+    /// Most checks one conditional commit may carry (etcd's is 128), if set.
+    max_checks: Mutex<Option<usize>>,
 }
 
 impl Hooked {
@@ -77,7 +81,18 @@ impl TxnStore for Hooked {
         r
     }
     fn commit_if(&self, checks: &[ReadCheck], batch: WriteBatch) -> Result<(), KvError> {
+        if let Some(most) = *self.max_checks.lock() {
+            if checks.len() > most {
+                return Err(KvError::TooLarge {
+                    engine: "test",
+                    message: format!("{} checks, at most {most}", checks.len()),
+                });
+            }
+        }
         let r = self.inner.commit_if(checks, batch);
+        if matches!(r, Err(KvError::Conflict { .. })) {
+            self.conflicts.fetch_add(1, Ordering::SeqCst);
+        }
         if r.is_ok() && self.lose_answer.swap(false, Ordering::SeqCst) {
             return Err(KvError::Unavailable {
                 engine: "test",
@@ -87,7 +102,13 @@ impl TxnStore for Hooked {
         r
     }
     fn limits(&self) -> TxnLimits {
-        self.inner.limits()
+        match *self.max_checks.lock() {
+            Some(most) => TxnLimits {
+                max_ops: Some(most),
+                ..self.inner.limits()
+            },
+            None => self.inner.limits(),
+        }
     }
 }
 
@@ -98,6 +119,8 @@ fn two_on(h: &H) -> (Arc<Hooked>, Arc<Namespace>, Arc<Namespace>) {
         inner: engine.clone(),
         hook: Mutex::new(None),
         lose_answer: AtomicBool::new(false),
+        conflicts: AtomicUsize::new(0),
+        max_checks: Mutex::new(None),
     });
     let open = |e: Arc<dyn TxnStore>| {
         Arc::new(
@@ -318,6 +341,8 @@ fn a_rename_that_writes_nothing_still_checks_what_it_read() {
         rename(&b2, b"x", b"y").unwrap();
     });
     assert_eq!(rename(&a, b"x", b"y"), Err(ErrorCode::NotFound));
+    // Found out by the check, not by a try that began after B's change.
+    assert!(hooked.conflicts.load(Ordering::SeqCst) >= 1);
     assert_eq!(b.lookup(ROOT, b"y").unwrap().ino, x);
     assert_eq!(a.check_namespace().unwrap(), Vec::<String>::new());
 }
@@ -337,5 +362,31 @@ fn a_refusal_checks_what_it_read() {
         super::mkdir(&b2, ROOT, "y");
     });
     assert_eq!(rename(&a, b"x", b"y"), Err(ErrorCode::NotFound));
+    assert!(hooked.conflicts.load(Ordering::SeqCst) >= 1);
     assert_eq!(a.check_namespace().unwrap(), Vec::<String>::new());
+}
+
+/// Guards against a refusal's checks passing the engine's limit on one transaction:
+/// a directory moved into its own subtree, deep, reads a key a level (more than etcd
+/// takes in one commit); the checks go in several, and the answer stays EINVAL.
+#[test]
+fn a_refusal_that_read_more_keys_than_one_commit_takes_is_still_checked() {
+    let (_h, hooked, a, b) = two();
+    let top = super::mkdir(&b, ROOT, "top").ino;
+    let mut deep = top;
+    for i in 0..12 {
+        deep = super::mkdir(&b, deep, &format!("l{i}")).ino;
+    }
+    *hooked.max_checks.lock() = Some(8);
+    let r = a.handle(
+        fs::Rename {
+            parent: ROOT,
+            name: b"top".to_vec(),
+            new_parent: deep,
+            new_name: b"inside".to_vec(),
+            mode: RenameMode::Replace,
+        },
+        ConnId(1),
+    );
+    assert_eq!(r.unwrap_err().code, ErrorCode::InvalidArgument);
 }
