@@ -46,9 +46,25 @@ case "${STORE:-}" in
   ""|redb|sled) [ -z "${STORE:-}" ] || store_args=(--store "$STORE") ;;
   etcd)
     command -v etcd >/dev/null || { echo "STORE=etcd needs etcd (Debian's etcd-server)" >&2; exit 1; }
-    ports=$(python3 -c 'import socket
-for _ in range(2):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')
+    # Two ports free now, below the ephemeral range (which the mount's own outgoing
+    # connections draw from) as transport::ports picks them.
+    ports=$(python3 -c 'import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+got = []
+for _ in range(1000):
+    p = random.randrange(20000, max(low, 21024))
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    if p not in got:
+        got.append(p)
+    if len(got) == 2:
+        break
+print("\n".join(map(str, got)))')
     client_port=$(sed -n 1p <<<"$ports"); peer_port=$(sed -n 2p <<<"$ports")
     etcd_dir=$(mktemp -d /dev/shm/tessera-pjd-etcd.XXXXXX)
     etcd --name pjd --data-dir "$etcd_dir/data" \
