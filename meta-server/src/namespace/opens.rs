@@ -12,10 +12,12 @@
 //! A session is named by its id: ids are unique across servers (each takes its blocks
 //! from the superblock).
 //!
+//! A session a client takes back on another server (`resume`) is named again there.
+//!
 //! Not yet (the next step of issue 24 puts each server's sessions under an engine lease,
-//! with the server that holds each): a session a client resumes on another server is
-//! not written again (the first server, at the end of its grace, takes it out of the
-//! key, and an unlink then frees the file under the resumed session); sessions whose
+//! with the server that holds each): the first server, if it still runs and its grace
+//! for the session ends after the other server took it back, takes it out of the key
+//! (an unlink then frees the file under the resumed session); sessions whose
 //! end never reached the engine (a server that died, a close whose commit failed, an
 //! open whose answer was lost) stay in the key, so their file is never freed and a
 //! vanished writer's bytes past its length are never cut.

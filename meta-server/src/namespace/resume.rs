@@ -10,7 +10,8 @@
 //! bytes it wrote past the committed length and will commit at its close, and frees a
 //! file it holds open after an unlink; both lose data without telling anyone.
 
-use super::{ConnId, Namespace, Session};
+use super::txn::Reads;
+use super::{opens, ConnId, Namespace, Session, State};
 use crate::error::MetaError;
 use proto::meta::fs::OpenSession;
 use proto::meta::{Caller, OpenAccess};
@@ -156,7 +157,7 @@ impl Namespace {
                     match reopen.get(&session).copied().flatten() {
                         // Its open mode died with the previous start: the client names
                         // it, and the checks of today decide (`reopen_mode`).
-                        Some(write) => {
+                        Some(write) if self.reclaim_opener(st, ino, session) => {
                             let s = Session {
                                 ino,
                                 conn,
@@ -167,7 +168,7 @@ impl Namespace {
                             *st.open_counts.entry(ino).or_insert(0) += 1;
                             r.kept.push((session, ino, write));
                         }
-                        None => r.lost.push(session),
+                        _ => r.lost.push(session),
                     }
                 }
                 None => r.lost.push(session),
@@ -184,6 +185,30 @@ impl Namespace {
         let (kept, lost) = (r.kept.len(), r.lost.len());
         tracing::info!(%client, conn = conn.0, resumed = kept, lost, "client resumed its sessions");
         Ok(r)
+    }
+
+    /// On a shared engine, names a session taken back from a previous start among its
+    /// file's openers again (`opens`): the server that held it may have ended it there
+    /// (its grace ran out), and an unlink would then free the file under it. Whether the
+    /// session may be kept: the file is still there and the key says so. Off a shared
+    /// engine always (memory is the truth there).
+    fn reclaim_opener(&self, st: &mut State, ino: InodeId, session: SessionId) -> bool {
+        if self.checked.is_none() {
+            return true;
+        }
+        let named = self.retry_conflicts("taking back a session", || {
+            let mut txn = self.begin(st);
+            if txn.try_inode(ino)?.is_none() {
+                return Ok(false);
+            }
+            opens::opened(&mut txn, ino, session)?;
+            Self::commit_txn(st, txn)?;
+            Ok(true)
+        });
+        named.unwrap_or_else(|e| {
+            tracing::warn!(%session, %ino, error = %e, "a session taken back could not be named in its file's openers: lost");
+            false
+        })
     }
 
     /// The time by the namespace's clock, the one graces and leases are measured on.

@@ -390,3 +390,33 @@ fn a_refusal_that_read_more_keys_than_one_commit_takes_is_still_checked() {
     );
     assert_eq!(r.unwrap_err().code, ErrorCode::InvalidArgument);
 }
+
+/// Guards against a session taken back on another server missing from its file's
+/// openers: server A ended it (its client's connection closed there), the client
+/// resumed it on B, then an unlink through A found the file closed and freed it under
+/// B's session. B names the session again as it takes it back.
+#[test]
+fn a_session_taken_back_on_the_other_server_keeps_its_file() {
+    let (_h, _hooked, a, b) = two();
+    let ino = touch(&a, ROOT, "f").ino;
+    let session = a.open_inode(ino, false, owner(5)).unwrap().session;
+    a.connection_closed(ConnId(5));
+    let back = proto::meta::fs::OpenSession {
+        session,
+        ino,
+        writes: false,
+        grant: None,
+    };
+    let r = b
+        .resume(ClientId(1), &[back], ConnId(9), &caller())
+        .unwrap();
+    assert!(r.lost.is_empty(), "{:?}", r.lost);
+    unlink(&a, b"f");
+    assert!(
+        b.getattr(ino).is_ok(),
+        "freed under the session B took back"
+    );
+    b.release(session, None).unwrap();
+    assert_eq!(a.getattr(ino).unwrap_err().code(), ErrorCode::NotFound);
+    assert_eq!(a.check_namespace().unwrap(), Vec::<String>::new());
+}
