@@ -76,6 +76,21 @@ impl LocalEtcd {
             .find(|p| p.is_file())
     }
 
+    /// Whether a test that needs etcd can run here: there is an `etcd` binary
+    /// ([`LocalEtcd::binary`]). Without one the test says it is skipped, and under CI
+    /// (`$CI` set), where `.ci/run` installs Debian's `etcd-server`, it fails instead.
+    pub fn present_for_tests() -> bool {
+        if LocalEtcd::binary().is_some() {
+            return true;
+        }
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "no etcd binary under CI: .ci/run installs etcd-server"
+        );
+        eprintln!("skipped: no etcd binary (install Debian's etcd-server)");
+        false
+    }
+
     /// Starts `members` members as one new cluster and waits until each answers, up to
     /// three times: a free port found here may be taken by another test's process
     /// before etcd binds it.
