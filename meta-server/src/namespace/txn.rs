@@ -61,6 +61,15 @@ struct Checked<'a> {
     count: i64,
 }
 
+impl Checked<'_> {
+    /// The checks of every key read, for the commit (the transaction ends with it).
+    fn take_checks(&self) -> Vec<ReadCheck> {
+        let reads = self.reads.take();
+        let check = |(key, revision)| ReadCheck { key, revision };
+        reads.into_iter().map(check).collect()
+    }
+}
+
 /// What a server on a shared engine keeps between its transactions.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct SharedCounters {
@@ -301,7 +310,7 @@ impl<'a> Txn<'a> {
     }
 
     /// On a shared engine, that every key read is still as read (the checks of a
-    /// commit, with nothing to write); nothing off it. An answer that writes nothing,
+    /// commit, with nothing to write; the transaction ends with it); nothing off it. An answer that writes nothing,
     /// a refusal too, comes from reads made at several moments: they must still hold
     /// together, or the answer fits no order of the changes (`Conflict` then, and the
     /// request runs again).
@@ -309,15 +318,7 @@ impl<'a> Txn<'a> {
         let Some(c) = &self.checked else {
             return Ok(());
         };
-        let checks: Vec<ReadCheck> = c
-            .reads
-            .borrow()
-            .iter()
-            .map(|(key, revision)| ReadCheck {
-                key: key.clone(),
-                revision: *revision,
-            })
-            .collect();
+        let checks = c.take_checks();
         // Within the engine's count of checks per transaction (a rename's walk up a
         // deep tree reads more keys than etcd's 128): in several transactions, each
         // after the last read, so all the keys held their values at that moment.
@@ -400,12 +401,7 @@ impl<'a> Txn<'a> {
             match &self.checked {
                 // Durable when it returns, or not written at all (`Conflict`).
                 Some(c) => {
-                    let mut checks: Vec<ReadCheck> = c
-                        .reads
-                        .take()
-                        .into_iter()
-                        .map(|(key, revision)| ReadCheck { key, revision })
-                        .collect();
+                    let mut checks = c.take_checks();
                     if self.sb != self.base {
                         checks.push(ReadCheck {
                             key: keys::superblock(),
