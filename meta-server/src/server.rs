@@ -144,8 +144,8 @@ impl Drop for MetaServer {
     }
 }
 
-/// Ends, every [`DETACHED_CHECK`], the sessions whose client did not come back in time,
-/// and every [`OP_PURGE_EVERY`] deletes old change records (`namespace::once`).
+/// Ends, every [`DETACHED_CHECK`], the sessions whose client did not come back in time
+/// (on a shared engine, those of metadata servers that died too: `sweep`), and every [`OP_PURGE_EVERY`] deletes old change records (`namespace::once`).
 fn spawn_expiry(ns: &Arc<Namespace>) -> tokio::task::JoinHandle<()> {
     let ns = Arc::downgrade(ns);
     tokio::spawn(async move {
@@ -168,6 +168,17 @@ fn spawn_expiry(ns: &Arc<Namespace>) -> tokio::task::JoinHandle<()> {
                         warn!(error = %e, "deleting old change records failed");
                     }
                 }));
+            }
+            if ns.is_shared() {
+                let (now, arrived) = (ns.now(), std::time::Instant::now());
+                let ns = ns.clone();
+                let swept = tokio::task::spawn_blocking(move || {
+                    crate::kv::deadline::for_request(arrived, || ns.sweep_dead_servers(now))
+                })
+                .await;
+                if let Ok(Err(e)) = swept {
+                    warn!(error = %e, "ending the sessions of dead metadata servers failed");
+                }
             }
             if ns.waiting_resume() == 0 {
                 continue;

@@ -320,6 +320,67 @@ pub trait TxnStore: KvStore {
 
     /// This engine's limits on one transaction.
     fn limits(&self) -> TxnLimits;
+
+    /// Puts `key` (absent until now) for as long as the returned handle lives and
+    /// renews it: how a metadata server on a shared engine says it is alive (see
+    /// `namespace::sweep`). On etcd the key goes with a lease (`etcd.owner_lease_ms`)
+    /// when the process dies, is cut off, or drops the handle. An embedded engine
+    /// serves one process, which no other server outlives: the key is only put, and
+    /// stays until deleted.
+    fn hold_live(&self, key: &[u8], value: &[u8]) -> Result<LiveKey, KvError> {
+        let absent = ReadCheck {
+            key: key.to_vec(),
+            revision: None,
+        };
+        let mut batch = WriteBatch::new();
+        batch.put(key.to_vec(), value.to_vec());
+        self.commit_if(&[absent], batch)?;
+        let revision = self
+            .get_versioned(key)?
+            .ok_or_else(|| KvError::Engine {
+                engine: self.engine(),
+                message: "a live key vanished as it was put".into(),
+            })?
+            .revision;
+        Ok(LiveKey {
+            revision,
+            holder: Box::new(()),
+        })
+    }
+}
+
+/// What keeps a live key alive, and tells when it no longer is (see
+/// [`TxnStore::hold_live`]); dropping it lets the key go.
+pub trait KeepsAlive: Send + Sync {
+    /// Whether the key is known gone (its lease expired, or was not renewed in time).
+    fn lost(&self) -> bool;
+}
+
+/// Nothing to renew: the key of an embedded engine is never lost.
+impl KeepsAlive for () {
+    fn lost(&self) -> bool {
+        false
+    }
+}
+
+/// A key held while this value lives ([`TxnStore::hold_live`]).
+pub struct LiveKey {
+    /// The revision the key was put at; it keeps it while held (renewals do not write
+    /// it), so a commit may check it as a fence.
+    pub revision: Revision,
+    holder: Box<dyn KeepsAlive>,
+}
+
+impl LiveKey {
+    /// A key kept by `holder`, put at `revision`.
+    pub fn new(revision: Revision, holder: Box<dyn KeepsAlive>) -> LiveKey {
+        LiveKey { revision, holder }
+    }
+
+    /// Whether the key is known gone.
+    pub fn lost(&self) -> bool {
+        self.holder.lost()
+    }
 }
 
 /// Which engine to run the namespace on; configuration names them `"sled"`, `"redb"` and

@@ -68,7 +68,7 @@ impl Namespace {
             None => self.new_file(&mut txn, parent, &parent_rec, name, perm, caller)?,
         };
         let cut_tail = tail_duty(&st, &txn, ino, &rec)?;
-        let session = reserve_session(&st, &mut txn, ino)?;
+        let session = reserve_session(&st, &mut txn, ino, owner.access.writes())?;
         let change = DirChange {
             before: parent_rec.ctime,
             after: parent_after.attr(parent),
@@ -157,7 +157,7 @@ impl Namespace {
             }
         }
         let cut_tail = tail_duty(&st, &txn, ino, &rec)?;
-        let session = reserve_session(&st, &mut txn, ino)?;
+        let session = reserve_session(&st, &mut txn, ino, owner.access.writes())?;
         Self::commit_txn(&mut st, txn)?;
         Ok(self.start_session(&mut st, session, ino, &rec, owner, cut_tail))
     }
@@ -553,7 +553,7 @@ fn purge_closing(
 /// Their held-chunk sets go too (dense from then on): the vanished writer's chunks
 /// inside the length were never reported, and `st_blocks` must not count less than the
 /// data a reader finds.
-fn mark_tails<'i>(
+pub(super) fn mark_tails<'i>(
     txn: &mut Txn<'_>,
     inos: impl Iterator<Item = &'i InodeId>,
 ) -> Result<(), MetaError> {
@@ -591,7 +591,7 @@ fn tail_duty(
 }
 
 /// Deletes `ino` (and queues its chunks' deletion) if it carries an orphan mark.
-fn purge_if_orphan(txn: &mut Txn<'_>, ino: InodeId) -> Result<(), MetaError> {
+pub(super) fn purge_if_orphan(txn: &mut Txn<'_>, ino: InodeId) -> Result<(), MetaError> {
     if txn.raw(&keys::orphan(ino))?.is_none() {
         return Ok(());
     }
@@ -611,6 +611,7 @@ pub(super) fn reserve_session(
     st: &State,
     txn: &mut Txn<'_>,
     ino: InodeId,
+    write: bool,
 ) -> Result<SessionId, MetaError> {
     let mut id = st.next_session;
     if id >= st.session_end {
@@ -620,7 +621,7 @@ pub(super) fn reserve_session(
         id = id.max(sb.session_ceiling);
         sb.session_ceiling = id + ID_BLOCK;
     }
-    opens::opened(txn, ino, SessionId(id))?;
+    opens::opened(txn, ino, SessionId(id), write)?;
     Ok(SessionId(id))
 }
 

@@ -18,7 +18,8 @@
 //! | `H` ino              | a sparse regular file's chunks that hold data |
 //! | `Q` client slot      | a client's change: its count and reply (see `once`) |
 //! | `Y` shard            | on a shared engine, inodes made minus freed by the servers counting in this shard (`i64`) |
-//! | `P` ino              | on a shared engine, the sessions of every server that have the file open (see `opens`) |
+//! | `P` ino              | on a shared engine, the sessions of every server that have the file open, each with its server (see `opens`) |
+//! | `L` server           | on a shared engine, a live metadata server, held under its engine lease (see `sweep`) |
 
 use proto::{ChainId, InodeId, NodeId};
 
@@ -39,6 +40,7 @@ const HELD: u8 = b'H';
 const OP_RECORD: u8 = b'Q';
 const INODE_COUNT: u8 = b'Y';
 const OPENERS: u8 = b'P';
+const SERVER: u8 = b'L';
 
 /// The key of shard `shard` of the inode count on a shared engine (see `txn`).
 pub(crate) fn inode_count(shard: u8) -> Vec<u8> {
@@ -192,6 +194,21 @@ pub(crate) fn openers(ino: InodeId) -> Vec<u8> {
 /// Prefix of every openers key.
 pub(crate) fn openers_prefix() -> Vec<u8> {
     vec![OPENERS]
+}
+
+/// The key a live metadata server on a shared engine holds (see `sweep`).
+pub(crate) fn server(id: u64) -> Vec<u8> {
+    with(SERVER, &[&id.to_be_bytes()])
+}
+
+/// Prefix of every live server's key.
+pub(crate) fn server_prefix() -> Vec<u8> {
+    vec![SERVER]
+}
+
+/// Whether `key` is a live server's key.
+pub(crate) fn is_server(key: &[u8]) -> bool {
+    key.len() == 9 && key[0] == SERVER
 }
 
 /// Prefix of every orphan key.

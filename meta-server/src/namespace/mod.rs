@@ -33,6 +33,7 @@ mod rename;
 mod resume;
 pub mod scope;
 mod space;
+mod sweep;
 mod tmpfile;
 mod txn;
 mod xattr;
@@ -218,6 +219,10 @@ pub struct Namespace {
     faults: faults::FaultLog,
     /// Changes running, and those that arrived lately (see `once`).
     ops: once::Ops,
+    /// On a shared engine: this server's live key, held while the namespace lives
+    /// (see `sweep`), and what it remembers of the other servers'.
+    live: Option<crate::kv::LiveKey>,
+    sweeper: Mutex<sweep::Sweeper>,
 }
 
 /// The server's clock, for every time stamp the server sets.
@@ -282,6 +287,12 @@ impl Namespace {
         // block used before, so an old id is answered `Stale` instead of being taken for
         // someone else's session; one write per million ids keeps opens write-free.
         let (sb, next_session, next_client) = reserve_id_blocks(&*store, checked.as_deref(), sb)?;
+        // On a shared engine the server's id is the first session id of its start:
+        // unique among servers and starts, as the blocks are.
+        let live = match &checked {
+            Some(engine) => Some((next_session, hold_live(&**engine, next_session)?)),
+            None => None,
+        };
         let ns = Namespace {
             store,
             checked,
@@ -301,6 +312,10 @@ impl Namespace {
                 shared: txn::SharedCounters {
                     inodes: 0..0,
                     shard: rand::random_range(0..txn::COUNT_SHARDS),
+                    me: live.as_ref().map(|(id, key)| txn::Holder {
+                        id: *id,
+                        live: key.revision,
+                    }),
                 },
                 client_floor: next_client,
                 owners: BTreeMap::new(),
@@ -317,10 +332,12 @@ impl Namespace {
             granter: std::sync::OnceLock::new(),
             faults: faults::FaultLog::default(),
             ops: once::Ops::default(),
+            live: live.map(|(_, key)| key),
+            sweeper: Mutex::new(sweep::Sweeper::default()),
         };
         // On a shared engine another server may hold an orphan open (its `P` key says
-        // so, and a dead server's sessions are not yet told from live ones): none is
-        // purged at start there.
+        // so): none is purged at start there; the sessions of dead servers end
+        // through `sweep`, which frees their orphans.
         if ns.checked.is_none() {
             ns.purge_orphans()?;
         }
@@ -527,6 +544,33 @@ impl Namespace {
     }
 }
 
+/// What a server's live key says of it, for an operator reading the engine.
+#[derive(serde::Serialize)]
+struct LiveRecord {
+    pid: u32,
+    host: String,
+    started: Timestamp,
+}
+
+/// Puts this server's live key (`keys::server(id)`) on the shared `engine`.
+fn hold_live(engine: &dyn TxnStore, id: u64) -> Result<crate::kv::LiveKey, MetaError> {
+    let record = LiveRecord {
+        pid: std::process::id(),
+        host: hostname(),
+        started: now(),
+    };
+    let key = engine.hold_live(&keys::server(id), &records::encode(&record)?)?;
+    tracing::info!(server = id, "live key held on the shared engine");
+    Ok(key)
+}
+
+/// This machine's name, for the live key (empty if unknown).
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default()
+}
+
 /// Reserves a block of session ids and one of client ids above every block handed out
 /// before (on a shared engine, by any server): the superblock after, and the first id
 /// of each block.
@@ -567,6 +611,17 @@ fn retry_on_conflict<T>(
     for attempt in 0..CONFLICT_RETRIES {
         txn::reset_committed();
         match f() {
+            // This server's own live key is gone (it stalled past its lease): others
+            // may be ending its sessions, and it may give none; no try will do.
+            Err(MetaError::Store(KvError::Conflict { key, .. })) if keys::is_server(&key) => {
+                return Err(MetaError::Store(KvError::Unavailable {
+                    engine: "shared",
+                    message: format!(
+                        "{what}: this metadata server's live key is gone from the engine \
+                         (its lease ran out): it must restart to serve again"
+                    ),
+                }));
+            }
             // A conflict on the change's own record is another server's try of the
             // same change landing: `once` answers as that try did, never again.
             Err(MetaError::Store(KvError::Conflict { key, .. }))

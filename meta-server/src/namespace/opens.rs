@@ -9,36 +9,45 @@
 //! commit fails when the key moved after that read: an open that lands between an
 //! unlink's read and its commit sends the unlink round again, and it then keeps the file.
 //!
-//! A session is named by its id: ids are unique across servers (each takes its blocks
-//! from the superblock).
+//! A session is named by its id (ids are unique across servers: each takes its blocks
+//! from the superblock), with the server that holds it and whether it writes. A server
+//! takes out only the sessions it holds: one a client took back on another server
+//! (`resume`, which names that server instead) is not ended by the first server's
+//! grace running out. A server that died leaves its sessions named; a live one ends
+//! them once the dead one's live key has been gone a grace (`sweep`), as a vanished
+//! client's: the file freed if unlinked, its tail marked if the session wrote.
 //!
-//! A session a client takes back on another server (`resume`) is named again there.
-//!
-//! Not yet (the next step of issue 24 puts each server's sessions under an engine lease,
-//! with the server that holds each): the first server, if it still runs and its grace
-//! for the session ends after the other server took it back, takes it out of the key
-//! (an unlink then frees the file under the resumed session); sessions whose
-//! end never reached the engine (a server that died, a close whose commit failed, an
-//! open whose answer was lost) stay in the key, so their file is never freed and a
-//! vanished writer's bytes past its length are never cut.
+//! Not yet: a session whose close failed to commit on a live server stays named until
+//! that server stops.
 
 use super::keys;
 use super::records::{decode, encode};
-use super::txn::{Reads, Txn};
+use super::txn::{Holder, Reads, Txn};
 use super::State;
 use crate::error::MetaError;
 use proto::{InodeId, SessionId};
 use serde::{Deserialize, Serialize};
 
 /// Most sessions that may have one file open at once on a shared engine: the key is
-/// read and written whole by every open and close of the file (8 bytes a session, 32 KiB
-/// at most, well inside etcd's 1.5 MiB request). Past it an open is refused (`NoSpace`).
+/// read and written whole by every open and close of the file (17 bytes a session,
+/// about 70 KiB at most, well inside etcd's 1.5 MiB request). Past it an open is
+/// refused (`NoSpace`).
 pub(crate) const MAX_OPENERS: usize = 4096;
 
-/// The stored set: session ids, sorted.
+/// One session that has the file open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Opener {
+    pub session: u64,
+    /// The server holding it (`Holder::id`).
+    pub server: u64,
+    /// Opened for writing: it may leave bytes past the length if it vanishes.
+    pub write: bool,
+}
+
+/// The stored set, sorted by session.
 #[derive(Default, Serialize, Deserialize)]
 struct Openers {
-    sessions: Vec<u64>,
+    sessions: Vec<Opener>,
 }
 
 fn read(txn: &Txn<'_>, ino: InodeId) -> Result<Option<Openers>, MetaError> {
@@ -54,13 +63,29 @@ fn read(txn: &Txn<'_>, ino: InodeId) -> Result<Option<Openers>, MetaError> {
     }
 }
 
-fn write(txn: &mut Txn<'_>, ino: InodeId, o: &Openers) -> Result<(), MetaError> {
+fn read_whole(txn: &Txn<'_>, ino: InodeId) -> Result<Openers, MetaError> {
+    read(txn, ino)?.ok_or_else(|| {
+        MetaError::Corrupt(format!("{ino}: its open sessions' record does not decode"))
+    })
+}
+
+fn store(txn: &mut Txn<'_>, ino: InodeId, o: &Openers) -> Result<(), MetaError> {
     if o.sessions.is_empty() {
         txn.delete(keys::openers(ino));
     } else {
         txn.put(keys::openers(ino), encode(o)?);
     }
     Ok(())
+}
+
+/// This server, fenced by its live key (see `Txn::holder_fenced`).
+fn me(txn: &Txn<'_>) -> Result<Holder, MetaError> {
+    txn.holder_fenced().ok_or_else(|| {
+        MetaError::Store(crate::kv::KvError::Unavailable {
+            engine: "shared",
+            message: "this metadata server holds no live key in the engine yet".into(),
+        })
+    })
 }
 
 /// Whether a session of any server has `ino` open, as `txn` reads it. A key that does
@@ -72,29 +97,58 @@ pub(super) fn open_anywhere(txn: &Txn<'_>, st: &State, ino: InodeId) -> Result<b
     Ok(txn.raw(&keys::openers(ino))?.is_some())
 }
 
-/// Adds `session` to the openers of `ino` (on a shared engine; nothing off it).
-pub(super) fn opened(txn: &mut Txn<'_>, ino: InodeId, session: SessionId) -> Result<(), MetaError> {
+/// Adds `session` of this server to the openers of `ino` (on a shared engine; nothing
+/// off it).
+pub(super) fn opened(
+    txn: &mut Txn<'_>,
+    ino: InodeId,
+    session: SessionId,
+    write: bool,
+) -> Result<(), MetaError> {
     if !txn.is_shared() {
         return Ok(());
     }
-    let mut o = read(txn, ino)?.ok_or_else(|| {
-        MetaError::Corrupt(format!("{ino}: its open sessions' record does not decode"))
-    })?;
-    match o.sessions.binary_search(&session.0) {
-        Ok(_) => return Ok(()),
-        Err(at) if o.sessions.len() < MAX_OPENERS => o.sessions.insert(at, session.0),
+    let me = me(txn)?;
+    let mut o = read_whole(txn, ino)?;
+    let new = Opener {
+        session: session.0,
+        server: me.id,
+        write,
+    };
+    match o.sessions.binary_search_by_key(&session.0, |s| s.session) {
+        Ok(at) => o.sessions[at] = new,
+        Err(at) if o.sessions.len() < MAX_OPENERS => o.sessions.insert(at, new),
         Err(_) => {
             return Err(MetaError::NoSpace(format!(
                 "{ino} is open {MAX_OPENERS} times, the most one file may be on a shared engine"
             )))
         }
     }
-    write(txn, ino, &o)
+    store(txn, ino, &o)
 }
 
-/// Ends `sessions` of `ino`; answers whether no session anywhere has it open after
-/// them (then an orphan goes). Off a shared engine: whether they are all this server
-/// holds, its memory being the whole truth there.
+/// Takes `session` of `ino` over for this server, opened for writing or not as
+/// `write` says (a client resuming it here). Whether the key still names it: if not,
+/// it ended (closed, or ended with its dead server) and is not taken.
+pub(super) fn take_over(
+    txn: &mut Txn<'_>,
+    ino: InodeId,
+    session: SessionId,
+    write: bool,
+) -> Result<bool, MetaError> {
+    let named = read_whole(txn, ino)?
+        .sessions
+        .iter()
+        .any(|s| s.session == session.0);
+    if named {
+        opened(txn, ino, session, write)?;
+    }
+    Ok(named)
+}
+
+/// Ends `sessions` of `ino` that this server holds; answers whether no session
+/// anywhere has it open after them (then an orphan goes). Off a shared engine: whether
+/// they are all this server holds, its memory being the whole truth there.
 pub(super) fn closing(
     txn: &mut Txn<'_>,
     st: &State,
@@ -109,13 +163,72 @@ pub(super) fn closing(
     let Some(mut o) = read(txn, ino)? else {
         return Ok(false);
     };
-    o.sessions.retain(|s| !sessions.iter().any(|e| e.0 == *s));
-    write(txn, ino, &o)?;
+    // Another server's now (taken back there): its to end.
+    let mine = txn.holder().map(|h| h.id);
+    o.sessions
+        .retain(|s| Some(s.server) != mine || !sessions.iter().any(|e| e.0 == s.session));
+    store(txn, ino, &o)?;
     Ok(o.sessions.is_empty())
+}
+
+/// What ending the sessions of dead servers did to one file.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Ended {
+    /// Sessions ended.
+    pub sessions: usize,
+    /// One of them was open for writing.
+    pub wrote: bool,
+    /// No session has the file open now.
+    pub unopened: bool,
+}
+
+/// Ends the sessions of `ino` held by those of `servers` that have no live key as
+/// `txn` reads it (checked at the commit: a server's key never comes back).
+pub(super) fn end_dead(
+    txn: &mut Txn<'_>,
+    ino: InodeId,
+    servers: &[u64],
+) -> Result<Ended, MetaError> {
+    let Some(o) = read(txn, ino)? else {
+        return Ok(Ended::default());
+    };
+    let mut dead = Vec::new();
+    for &s in servers {
+        if txn.raw(&keys::server(s))?.is_none() {
+            dead.push(s);
+        }
+    }
+    let mut ended = Ended::default();
+    let mut kept = Openers::default();
+    for s in o.sessions {
+        if dead.contains(&s.server) {
+            ended.sessions += 1;
+            ended.wrote |= s.write;
+        } else {
+            kept.sessions.push(s);
+        }
+    }
+    if ended.sessions > 0 {
+        store(txn, ino, &kept)?;
+    }
+    ended.unopened = kept.sessions.is_empty();
+    Ok(ended)
+}
+
+/// The servers holding sessions in an openers key's value; `None` if it does not
+/// decode.
+pub(super) fn holders(v: &[u8]) -> Option<Vec<u64>> {
+    let o = decode::<Openers>(v, "openers").ok()?;
+    let mut servers: Vec<u64> = o.sessions.iter().map(|s| s.server).collect();
+    servers.sort_unstable();
+    servers.dedup();
+    Some(servers)
 }
 
 /// The sessions `ino`'s key names (for the namespace check); `None` if it does not
 /// decode.
 pub(super) fn decode_sessions(v: &[u8]) -> Option<Vec<u64>> {
-    decode::<Openers>(v, "openers").ok().map(|o| o.sessions)
+    decode::<Openers>(v, "openers")
+        .ok()
+        .map(|o| o.sessions.iter().map(|s| s.session).collect())
 }

@@ -157,7 +157,7 @@ impl Namespace {
                     match reopen.get(&session).copied().flatten() {
                         // Its open mode died with the previous start: the client names
                         // it, and the checks of today decide (`reopen_mode`).
-                        Some(write) if self.reclaim_opener(st, ino, session) => {
+                        Some(write) if self.reclaim_opener(st, ino, session, write) => {
                             let s = Session {
                                 ino,
                                 conn,
@@ -187,21 +187,28 @@ impl Namespace {
         Ok(r)
     }
 
-    /// On a shared engine, names a session taken back from a previous start among its
-    /// file's openers again (`opens`): the server that held it may have ended it there
-    /// (its grace ran out), and an unlink would then free the file under it. Whether the
-    /// session may be kept: the file is still there and the key says so. Off a shared
-    /// engine always (memory is the truth there).
-    fn reclaim_opener(&self, st: &mut State, ino: InodeId, session: SessionId) -> bool {
+    /// On a shared engine, takes a session of a previous start (of this server or
+    /// another) over in its file's openers (`opens`): from now on this server holds it,
+    /// and the one that held it, if it still runs, no longer ends it there when its
+    /// grace runs out. Whether the session may be kept: the file is still there and its
+    /// key still names the session (not, if it was closed, or ended with a server that
+    /// died). Off a shared engine always (memory is the truth there).
+    fn reclaim_opener(
+        &self,
+        st: &mut State,
+        ino: InodeId,
+        session: SessionId,
+        write: bool,
+    ) -> bool {
         if self.checked.is_none() {
             return true;
         }
         let named = self.retry_conflicts("taking back a session", || {
             let mut txn = self.begin(st);
-            if txn.try_inode(ino)?.is_none() {
+            if txn.try_inode(ino)?.is_none() || !opens::take_over(&mut txn, ino, session, write)? {
+                txn.check_reads()?;
                 return Ok(false);
             }
-            opens::opened(&mut txn, ino, session)?;
             Self::commit_txn(st, txn)?;
             Ok(true)
         });

@@ -33,7 +33,7 @@ impl Namespace {
         rec.nlink = 0;
         txn.put_inode(ino, &rec)?;
         txn.put(keys::orphan(ino), super::records::encode(&())?);
-        let session = reserve_session(st, &mut txn, ino)?;
+        let session = reserve_session(st, &mut txn, ino, owner.access.writes())?;
         Self::commit_txn(st, txn)?;
         let opened = self.start_session(st, session, ino, &rec, owner, false);
         if linkable {

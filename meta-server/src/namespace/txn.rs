@@ -59,6 +59,8 @@ struct Checked<'a> {
     /// The server's shard of the inode count, and what this transaction adds to it.
     shard: u8,
     count: i64,
+    /// The server this transaction runs on.
+    me: Option<Holder>,
 }
 
 impl Checked<'_> {
@@ -77,6 +79,18 @@ pub(crate) struct SharedCounters {
     pub inodes: std::ops::Range<u64>,
     /// Its shard of the inode count.
     pub shard: u8,
+    /// The server itself, once its live key is held (see `sweep`).
+    pub me: Option<Holder>,
+}
+
+/// A metadata server on a shared engine: its id, named with each session it holds
+/// (`opens`), and the revision of its live key (`keys::server`), which a commit that
+/// gives the server a session checks: a server whose key is gone (its lease ran out,
+/// and others may end its sessions) adds none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Holder {
+    pub id: u64,
+    pub live: Revision,
 }
 
 /// Typed reads over anything that can read a raw key.
@@ -182,6 +196,7 @@ impl<'a> Txn<'a> {
                 inodes: counters.inodes.clone(),
                 shard: counters.shard,
                 count: 0,
+                me: counters.me,
             }),
             writes: BTreeMap::new(),
             sb: None,
@@ -357,7 +372,26 @@ impl<'a> Txn<'a> {
         self.checked.as_ref().map(|c| SharedCounters {
             inodes: c.inodes.clone(),
             shard: c.shard,
+            me: c.me,
         })
+    }
+
+    /// The server this transaction runs on (`None` off a shared engine).
+    pub(crate) fn holder(&self) -> Option<Holder> {
+        self.checked.as_ref()?.me
+    }
+
+    /// The server this transaction runs on, fenced: the commit holds only while the
+    /// server's live key is as it put it. `None` off a shared engine (or before the
+    /// key is held: the server's start).
+    pub(crate) fn holder_fenced(&self) -> Option<Holder> {
+        let c = self.checked.as_ref()?;
+        let me = c.me?;
+        c.reads
+            .borrow_mut()
+            .entry(keys::server(me.id))
+            .or_insert(Some(me.live));
+        Some(me)
     }
 
     /// Stages every write (and the superblock if it changed) as one atomic batch, and

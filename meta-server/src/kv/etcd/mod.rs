@@ -59,8 +59,8 @@ pub(crate) mod test_hooks {
 
 use self::retry::{retrying, Retry, Silence, Timing};
 use super::{
-    BatchOp, KvError, KvPair, KvStore, ReadCheck, Revision, TxnLimits, TxnStore, Versioned,
-    WriteBatch,
+    BatchOp, KvError, KvPair, KvStore, LiveKey, ReadCheck, Revision, TxnLimits, TxnStore,
+    Versioned, WriteBatch,
 };
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
@@ -517,6 +517,18 @@ impl KvStore for EtcdStore {
 }
 
 impl TxnStore for EtcdStore {
+    fn hold_live(&self, key: &[u8], value: &[u8]) -> Result<LiveKey, KvError> {
+        let holder = owner::Owner::register(&self.config, self.key(key), value)?;
+        let revision = self
+            .get_versioned(key)?
+            .ok_or_else(|| KvError::Engine {
+                engine: ENGINE,
+                message: "a live key vanished as it was put".into(),
+            })?
+            .revision;
+        Ok(LiveKey::new(revision, Box::new(holder)))
+    }
+
     fn get_versioned(&self, key: &[u8]) -> Result<Option<Versioned>, KvError> {
         let (kv, timing, key) = (self.kv.clone(), self.read_timing(), self.key(key));
         let silence = self.silence.clone();

@@ -47,8 +47,8 @@ pub struct Owner {
     runtime: Option<tokio::runtime::Runtime>,
     client: Client,
     lease: i64,
-    /// The owner key (see [`owner_key`]).
-    key: String,
+    /// The owner key (see [`owner_key`]), or the live key of [`Owner::register`].
+    key: Vec<u8>,
     /// Turns `true` once the lease is known lost (expired, or not renewed in time).
     lost: watch::Receiver<bool>,
 }
@@ -68,12 +68,60 @@ impl Owner {
         let (tx, lost) = watch::channel(false);
         let period = Duration::from_millis(config.owner_lease_ms) / KEEPALIVES_PER_LEASE;
         let lifetime = Duration::from_millis(config.owner_lease_ms);
-        runtime.spawn(keep_alive(client.clone(), lease, period, lifetime, tx));
+        runtime.spawn(keep_alive(
+            client.clone(),
+            lease,
+            period,
+            lifetime,
+            tx,
+            "owner lease",
+        ));
         Ok(Owner {
             runtime: Some(runtime),
             client,
             lease,
-            key: owner_key(&config.prefix),
+            key: owner_key(&config.prefix).into_bytes(),
+            lost,
+        })
+    }
+
+    /// Puts `key` (the whole etcd key, prefix included) with `value` under a lease of
+    /// `config.owner_lease_ms`, kept alive as the owner key is; fails if the key
+    /// exists. What a metadata server on a shared prefix says it is alive with
+    /// (`TxnStore::hold_live`). Blocking.
+    pub fn register(config: &EtcdConfig, key: Vec<u8>, value: &[u8]) -> Result<Owner, KvError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("etcd-live")
+            .enable_all()
+            .build()
+            .map_err(|e| KvError::from_io(ENGINE, &e))?;
+        let (client, lease) = runtime.block_on(async {
+            let mut client = connect(config).await?;
+            match put_if_absent(&mut client, &key, value, config).await? {
+                Ok(lease) => Ok((client, lease)),
+                Err(_) => Err(KvError::Engine {
+                    engine: ENGINE,
+                    message: format!("live key {} exists already", crate::kv::Escaped(&key)),
+                }),
+            }
+        })?;
+        let (tx, lost) = watch::channel(false);
+        let period = Duration::from_millis(config.owner_lease_ms) / KEEPALIVES_PER_LEASE;
+        let lifetime = Duration::from_millis(config.owner_lease_ms);
+        runtime.spawn(keep_alive(
+            client.clone(),
+            lease,
+            period,
+            lifetime,
+            tx,
+            "server lease",
+        ));
+        Ok(Owner {
+            runtime: Some(runtime),
+            client,
+            lease,
+            key,
             lost,
         })
     }
@@ -81,7 +129,7 @@ impl Owner {
     /// The owner key and the lease it is held under: what fences the store's commits
     /// (`EtcdStore::fenced_by`).
     pub fn fence(&self) -> (String, i64) {
-        (self.key.clone(), self.lease)
+        (String::from_utf8_lossy(&self.key).into_owned(), self.lease)
     }
 
     /// Returns once the lease is lost: another server may hold the key now, so this
@@ -102,6 +150,12 @@ impl Owner {
     }
 }
 
+impl crate::kv::KeepsAlive for Owner {
+    fn lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+}
+
 impl Drop for Owner {
     /// Revokes the lease (waiting at most [`REVOKE_WAIT`] on a plain channel, so it
     /// works on any thread) so that a standby starts at once.
@@ -115,9 +169,13 @@ impl Drop for Owner {
             let _ = tx.send(leases.revoke(lease).await);
         });
         match rx.recv_timeout(REVOKE_WAIT) {
-            Ok(Ok(_)) => info!("owner key released"),
-            Ok(Err(e)) => warn!(error = %e, "owner key not released: it expires with its lease"),
-            Err(_) => warn!("owner key not released in time: it expires with its lease"),
+            Ok(Ok(_)) => info!(key = %crate::kv::Escaped(&self.key), "key released"),
+            Ok(Err(e)) => {
+                warn!(key = %crate::kv::Escaped(&self.key), error = %e, "key not released: it expires with its lease")
+            }
+            Err(_) => {
+                warn!(key = %crate::kv::Escaped(&self.key), "key not released in time: it expires with its lease")
+            }
         }
         rt.shutdown_background();
     }
@@ -141,15 +199,17 @@ async fn take(config: &EtcdConfig, who: &str) -> Result<(Client, i64), KvError> 
         // The lease is granted only once the key looks free: one granted earlier would
         // expire during a long wait, unrenewed.
         let looked = match holder(&mut client, &key).await {
-            Ok(None) => match put_if_absent(&mut client, &key, who, config).await {
-                Ok(Ok(lease)) => {
-                    info!(%key, "owner key taken: this server serves the namespace");
-                    return Ok((client, lease));
+            Ok(None) => {
+                match put_if_absent(&mut client, key.as_bytes(), who.as_bytes(), config).await {
+                    Ok(Ok(lease)) => {
+                        info!(%key, "owner key taken: this server serves the namespace");
+                        return Ok((client, lease));
+                    }
+                    // Taken meanwhile by another server.
+                    Ok(Err(holder)) => Ok(holder),
+                    Err(e) => Err(e),
                 }
-                // Taken meanwhile by another server.
-                Ok(Err(holder)) => Ok(holder),
-                Err(e) => Err(e),
-            },
+            }
             Ok(Some(h)) => Ok(h),
             Err(e) => Err(e),
         };
@@ -224,18 +284,18 @@ async fn holder(client: &mut Client, key: &str) -> Result<Option<String>, KvErro
         .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
 }
 
-/// Grants a lease and puts the owner key under it if the key is absent: `Ok(lease)`,
+/// Grants a lease and puts `key` = `who` under it if the key is absent: `Ok(lease)`,
 /// or `Err(holder)` (the lease revoked) when another server put it first.
 async fn put_if_absent(
     client: &mut Client,
-    key: &str,
-    who: &str,
+    key: &[u8],
+    who: &[u8],
     config: &EtcdConfig,
 ) -> Result<Result<i64, String>, KvError> {
     let lease = client
         .lease_grant(lease_secs(config.owner_lease_ms), None)
         .await
-        .map_err(|e| unavailable("granting the owner lease", e))?
+        .map_err(|e| unavailable("granting a lease", e))?
         .id();
     let txn = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, 0)])
@@ -275,6 +335,7 @@ async fn keep_alive(
     period: Duration,
     lifetime: Duration,
     lost: watch::Sender<bool>,
+    what: &'static str,
 ) {
     let mut renewed = Instant::now();
     let mut stream = None;
@@ -310,13 +371,16 @@ async fn keep_alive(
         match ttl {
             Some(t) if t > 0 => {
                 if failing {
-                    info!("the owner lease is renewed again");
+                    info!(what, "the lease is renewed again");
                     failing = false;
                 }
                 renewed = sent;
             }
             Some(_) => {
-                error!("the owner lease expired: another server may serve the namespace now");
+                error!(
+                    what,
+                    "the lease expired: other servers take over what this one held"
+                );
                 let _ = lost.send(true);
                 return;
             }
@@ -328,11 +392,14 @@ async fn keep_alive(
                     failing = true;
                     warn!(
                         renewed_ms_ago = renewed.elapsed().as_millis() as u64,
-                        "the owner lease was not renewed: trying again"
+                        what, "the lease was not renewed: trying again"
                     );
                 }
                 if renewed.elapsed() >= lifetime {
-                    error!("the owner lease was not renewed in time: it may have expired");
+                    error!(
+                        what,
+                        "the lease was not renewed in time: it may have expired"
+                    );
                     let _ = lost.send(true);
                     return;
                 }

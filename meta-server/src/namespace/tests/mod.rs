@@ -16,6 +16,7 @@ mod resume;
 mod sessions;
 mod shared;
 mod shared_races;
+mod shared_sweep;
 mod space;
 mod tails;
 

@@ -19,12 +19,13 @@ use proto::meta::{fs, RenameMode};
 use proto::{ClientId, ErrorCode};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 type Hook = Box<dyn FnOnce() + Send>;
 
 /// An engine that runs a hook after a read of one key (or a scan from it).
-struct Hooked {
-    inner: Arc<dyn TxnStore>,
+pub(super) struct Hooked {
+    pub(super) inner: Arc<dyn TxnStore>,
     /// The key, how many of its reads to let pass first, the hook.
     hook: Mutex<Option<(Vec<u8>, usize, Hook)>>,
     /// The next conditional commit that holds answers "unavailable, may have been
@@ -133,7 +134,7 @@ fn two_on(h: &H) -> (Arc<Hooked>, Arc<Namespace>, Arc<Namespace>) {
 
 /// Server A (hooked) and server B on a namespace with three data servers' chains
 /// (made before the two start: a new shared namespace forms none yet).
-fn two() -> (H, Arc<Hooked>, Arc<Namespace>, Arc<Namespace>) {
+pub(super) fn two() -> (H, Arc<Hooked>, Arc<Namespace>, Arc<Namespace>) {
     let mut h = H::with_nodes(StoreKind::Redb, 3);
     h.stop();
     let (hooked, a, b) = two_on(&h);
@@ -244,7 +245,7 @@ fn two_revocations_on_two_servers_take_two_versions() {
 }
 
 /// Unlinks `name` from the root through `ns`'s request path (checked, retried).
-fn unlink(ns: &Namespace, name: &[u8]) {
+pub(super) fn unlink(ns: &Namespace, name: &[u8]) {
     let r = ns.handle(
         fs::Unlink {
             parent: ROOT,
@@ -391,26 +392,26 @@ fn a_refusal_that_read_more_keys_than_one_commit_takes_is_still_checked() {
     assert_eq!(r.unwrap_err().code, ErrorCode::InvalidArgument);
 }
 
-/// Guards against a session taken back on another server missing from its file's
-/// openers: server A ended it (its client's connection closed there), the client
-/// resumed it on B, then an unlink through A found the file closed and freed it under
-/// B's session. B names the session again as it takes it back.
+/// Guards against the server a session was taken from ending it in its file's openers
+/// after the take-back: A's connection broke, the client took its session back on B,
+/// then A's grace for the broken connection ran out and A ended what it had of it; an
+/// unlink through A must still find the file open (B holds the session in the key).
 #[test]
 fn a_session_taken_back_on_the_other_server_keeps_its_file() {
     let (_h, _hooked, a, b) = two();
     let ino = touch(&a, ROOT, "f").ino;
     let session = a.open_inode(ino, false, owner(5)).unwrap().session;
-    a.connection_closed(ConnId(5));
-    let back = proto::meta::fs::OpenSession {
-        session,
-        ino,
-        writes: false,
-        grant: None,
-    };
+    a.connection_broken(ConnId(5));
     let r = b
-        .resume(ClientId(1), &[back], ConnId(9), &caller())
+        .resume(
+            ClientId(1),
+            &[taken_back(session, ino)],
+            ConnId(9),
+            &caller(),
+        )
         .unwrap();
     assert!(r.lost.is_empty(), "{:?}", r.lost);
+    assert_eq!(a.expire_detached(a.now() + Duration::from_secs(3600)), 1);
     unlink(&a, b"f");
     assert!(
         b.getattr(ino).is_ok(),
@@ -419,4 +420,36 @@ fn a_session_taken_back_on_the_other_server_keeps_its_file() {
     b.release(session, None).unwrap();
     assert_eq!(a.getattr(ino).unwrap_err().code(), ErrorCode::NotFound);
     assert_eq!(a.check_namespace().unwrap(), Vec::<String>::new());
+}
+
+/// A session its server ended (the client's connection closed in order) is over
+/// everywhere: taken back on another server it is lost, as on its own after a restart.
+#[test]
+fn a_session_ended_on_one_server_is_lost_on_the_other() {
+    let (_h, _hooked, a, b) = two();
+    let ino = touch(&a, ROOT, "f").ino;
+    let session = a.open_inode(ino, false, owner(5)).unwrap().session;
+    a.connection_closed(ConnId(5));
+    let r = b
+        .resume(
+            ClientId(1),
+            &[taken_back(session, ino)],
+            ConnId(9),
+            &caller(),
+        )
+        .unwrap();
+    assert_eq!(r.lost, vec![session]);
+    unlink(&a, b"f");
+    assert_eq!(b.getattr(ino).unwrap_err().code(), ErrorCode::NotFound);
+    assert_eq!(a.check_namespace().unwrap(), Vec::<String>::new());
+}
+
+/// What a client names when it takes `session` (of `ino`, read-only) back.
+fn taken_back(session: proto::SessionId, ino: proto::InodeId) -> proto::meta::fs::OpenSession {
+    proto::meta::fs::OpenSession {
+        session,
+        ino,
+        writes: false,
+        grant: None,
+    }
 }
