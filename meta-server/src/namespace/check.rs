@@ -311,8 +311,8 @@ impl Namespace {
         })
     }
 
-    /// Checks every openers key (`opens`): it decodes, and its file exists (an inode
-    /// deleted takes its key with it).
+    /// Checks every openers key (`opens`) and locks key (`shared_locks`): it decodes,
+    /// and its file exists (an inode deleted takes its keys with it).
     fn check_openers(
         &self,
         inodes: &HashMap<u64, InodeRecord>,
@@ -327,6 +327,19 @@ impl Namespace {
                 None => note(format!("the open sessions of inode {ino} do not decode")),
                 Some(_) if !inodes.contains_key(&ino) => {
                     note(format!("open sessions of missing inode {ino}"))
+                }
+                Some(_) => {}
+            }
+            Ok(())
+        })?;
+        self.for_each(&keys::locks_prefix(), |k, v| {
+            match keys::u64_at(k, 1) {
+                None => note(format!("locks key {k:x?} names no inode")),
+                Some(_) if !super::shared_locks::decodes(v) => {
+                    note(format!("the locks key {k:x?} does not decode"))
+                }
+                Some(ino) if !inodes.contains_key(&ino) => {
+                    note(format!("locks of missing inode {ino}"))
                 }
                 Some(_) => {}
             }

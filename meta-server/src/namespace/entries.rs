@@ -345,8 +345,9 @@ pub(super) fn delete_inode(
     txn.delete(keys::tail(ino));
     if txn.is_shared() {
         // A directory removed while open goes with its sessions' names (their closes
-        // find no key, and free nothing).
+        // find no key, and free nothing), and a file with its locks.
         txn.delete(keys::openers(ino));
+        txn.delete(keys::locks(ino));
     }
     if rec.kind == FileKind::Regular {
         txn.delete(keys::held(ino));

@@ -357,7 +357,7 @@ impl Namespace {
         self.end_sessions_of(conn);
         // Locks last: a waiter granted one may open the file next, and must find it
         // marked by then.
-        self.locks.lock().release_conn(conn);
+        self.release_conn_locks(conn);
     }
 
     /// Stops treating closed connections as vanished clients: the server is stopping

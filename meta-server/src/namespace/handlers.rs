@@ -448,9 +448,7 @@ impl Handle for fs::SetLock {
                 ns.check_lock_grace()?;
             }
         }
-        ns.locks
-            .lock()
-            .set(self.ino, self.client, at.conn, self.lock)
+        ns.set_lock(self.ino, self.client, at.conn, self.lock)
     }
 }
 
@@ -463,7 +461,7 @@ impl Handle for fs::GetLock {
         // As a lock is taken, a lock is probed on an open descriptor (`F_GETLK`): the
         // file must be open on this connection, so its open's checks were passed.
         ns.may_lock(self.ino, at.conn)?;
-        Ok(ns.locks.lock().conflict(self.ino, self.client, &self.lock))
+        ns.lock_conflict(self.ino, self.client, &self.lock)
     }
 }
 
@@ -473,10 +471,7 @@ impl Handle for fs::ReleaseLocks {
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
         ns.may_name_client(self.client, at.who.as_deref())?;
-        ns.locks
-            .lock()
-            .release_owner(self.ino, self.client, self.owner);
-        Ok(())
+        ns.release_lock_owner(self.ino, self.client, self.owner)
     }
 }
 

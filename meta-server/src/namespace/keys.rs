@@ -19,6 +19,7 @@
 //! | `Q` client slot      | a client's change: its count and reply (see `once`) |
 //! | `Y` shard            | on a shared engine, inodes made minus freed by the servers counting in this shard (`i64`) |
 //! | `P` ino              | on a shared engine, the sessions of every server that have the file open, each with its server (see `opens`) |
+//! | `W` ino              | on a shared engine, the file's byte-range and whole-file locks, each with its server (see `shared_locks`) |
 //! | `L` server           | on a shared engine, a live metadata server, held under its engine lease (see `sweep`) |
 
 use proto::{ChainId, InodeId, NodeId};
@@ -41,6 +42,7 @@ const OP_RECORD: u8 = b'Q';
 const INODE_COUNT: u8 = b'Y';
 const OPENERS: u8 = b'P';
 const SERVER: u8 = b'L';
+const LOCKS: u8 = b'W';
 
 /// The key of shard `shard` of the inode count on a shared engine (see `txn`).
 pub(crate) fn inode_count(shard: u8) -> Vec<u8> {
@@ -194,6 +196,16 @@ pub(crate) fn openers(ino: InodeId) -> Vec<u8> {
 /// Prefix of every openers key.
 pub(crate) fn openers_prefix() -> Vec<u8> {
     vec![OPENERS]
+}
+
+/// The key of `ino`'s locks, on a shared engine.
+pub(crate) fn locks(ino: InodeId) -> Vec<u8> {
+    with(LOCKS, &[&ino.0.to_be_bytes()])
+}
+
+/// Prefix of every locks key.
+pub(crate) fn locks_prefix() -> Vec<u8> {
+    vec![LOCKS]
 }
 
 /// The key a live metadata server on a shared engine holds (see `sweep`).

@@ -1,34 +1,81 @@
 //! Byte-range and whole-file locks, held for every client in one table so that they
 //! hold across mounts.
 //!
-//! Locks live in memory. As NFS locks are, they are taken back by their clients after a
-//! restart of the metadata server (`SetLock::reclaim`, within `lock_grace_ms`, when no
-//! other new lock is given), and they are dropped when the connection of the client
-//! that took them closes
-//! (the client died), or `session_grace_ms` after it broke unless the client resumed
-//! (see `resume`), so a dead holder never blocks anyone for good.
+//! Off a shared engine locks live in memory. As NFS locks are, they are taken back by
+//! their clients after a restart of the metadata server (`SetLock::reclaim`, within
+//! `lock_grace_ms`, when no other new lock is given), and they are dropped when the
+//! connection of the client that took them closes (the client died), or
+//! `session_grace_ms` after it broke unless the client resumed (see `resume`), so a dead
+//! holder never blocks anyone for good. On a shared engine each file's locks are a key
+//! in the engine instead, with the same rules (`shared_locks`): the table here then
+//! only knows which files this server's connections hold locks on.
 
 use super::ConnId;
 use crate::error::MetaError;
 use proto::meta::{LockKind, LockSpec};
 use proto::{ClientId, InodeId};
-use std::collections::{HashMap, HashSet};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// Most locks held on one file at once; more are refused with `NoSpace` (ENOLCK-like).
 pub const MAX_LOCKS_PER_FILE: usize = 4096;
 
 /// One held lock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Held {
-    client: ClientId,
-    conn: ConnId,
-    spec: LockSpec,
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Held {
+    pub client: ClientId,
+    /// On a shared engine, the server the lock was taken through (`Holder::id`); 0 off it.
+    pub server: u64,
+    /// The connection it was taken over, on that server.
+    pub conn: ConnId,
+    pub spec: LockSpec,
 }
 
 impl Held {
-    fn same_owner(&self, client: ClientId, owner: u64) -> bool {
+    pub(super) fn same_owner(&self, client: ClientId, owner: u64) -> bool {
         self.client == client && self.spec.owner == owner
     }
+}
+
+/// The first lock of `held` of another owner that conflicts with `want`.
+pub(super) fn conflict_in(held: &[Held], client: ClientId, want: &LockSpec) -> Option<LockSpec> {
+    held.iter()
+        .find(|h| !h.same_owner(client, want.owner) && conflicts(&h.spec, want))
+        .map(|h| h.spec)
+}
+
+/// The locks of a file (`held`) after `taker` takes, converts or releases (`Unlock`) a
+/// range for one owner, POSIX style: the owner's own locks in the range are replaced,
+/// split where they stick out. `WouldBlock` on a conflict, `NoSpace` past
+/// [`MAX_LOCKS_PER_FILE`]; `held` is left as it was either way.
+pub(super) fn set_in(held: &[Held], ino: InodeId, taker: Held) -> Result<Vec<Held>, MetaError> {
+    let want = taker.spec;
+    if want.start > want.end {
+        return Err(MetaError::InvalidArgument(
+            "lock range ends before it starts".into(),
+        ));
+    }
+    if want.kind != LockKind::Unlock {
+        if let Some(c) = conflict_in(held, taker.client, &want) {
+            return Err(MetaError::WouldBlock(format!(
+                "{ino} bytes {}..={} are locked by pid {}",
+                c.start, c.end, c.pid
+            )));
+        }
+    }
+    let kept = proto::meta::set_lock_range(
+        held.to_vec(),
+        &want,
+        |h: &Held| h.same_owner(taker.client, want.owner),
+        |h| &mut h.spec,
+        || taker,
+    );
+    if kept.len() > MAX_LOCKS_PER_FILE {
+        return Err(MetaError::NoSpace(format!(
+            "more than {MAX_LOCKS_PER_FILE} locks on {ino}"
+        )));
+    }
+    Ok(kept)
 }
 
 fn overlaps(a: &LockSpec, b: &LockSpec) -> bool {
@@ -39,25 +86,26 @@ fn conflicts(a: &LockSpec, b: &LockSpec) -> bool {
     overlaps(a, b) && (a.kind == LockKind::Write || b.kind == LockKind::Write)
 }
 
-/// All locks of all files.
+/// All locks of all files (off a shared engine).
 #[derive(Default)]
 pub struct LockTable {
     files: HashMap<InodeId, Vec<Held>>,
+    /// On a shared engine: the files each of this server's connections took a lock on
+    /// (the locks themselves are in the engine).
+    pub(super) by_conn: HashMap<ConnId, BTreeSet<InodeId>>,
 }
 
 impl LockTable {
-    /// Locks held over every file (for the metrics).
+    /// Locks held over every file (for the metrics); on a shared engine, the files
+    /// locked through this server's connections.
     pub fn held(&self) -> usize {
-        self.files.values().map(Vec::len).sum()
+        self.files.values().map(Vec::len).sum::<usize>()
+            + self.by_conn.values().map(BTreeSet::len).sum::<usize>()
     }
 
     /// The first lock of another owner that conflicts with `want`, if any.
     pub fn conflict(&self, ino: InodeId, client: ClientId, want: &LockSpec) -> Option<LockSpec> {
-        self.files
-            .get(&ino)?
-            .iter()
-            .find(|h| !h.same_owner(client, want.owner) && conflicts(&h.spec, want))
-            .map(|h| h.spec)
+        conflict_in(self.files.get(&ino)?, client, want)
     }
 
     /// Takes, converts or releases (`Unlock`) a range for one owner, POSIX style: the
@@ -69,41 +117,21 @@ impl LockTable {
         conn: ConnId,
         want: LockSpec,
     ) -> Result<(), MetaError> {
-        if want.start > want.end {
-            return Err(MetaError::InvalidArgument(
-                "lock range ends before it starts".into(),
-            ));
-        }
-        if want.kind != LockKind::Unlock {
-            if let Some(c) = self.conflict(ino, client, &want) {
-                return Err(MetaError::WouldBlock(format!(
-                    "{ino} bytes {}..={} are locked by pid {}",
-                    c.start, c.end, c.pid
-                )));
-            }
-        }
-        let held = self.files.entry(ino).or_default();
-        // On a copy: a refusal below leaves the file's locks as they were.
-        let kept = proto::meta::set_lock_range(
-            held.clone(),
-            &want,
-            |h: &Held| h.same_owner(client, want.owner),
-            |h| &mut h.spec,
-            || Held {
-                client,
-                conn,
-                spec: want,
-            },
-        );
-        if kept.len() > MAX_LOCKS_PER_FILE {
-            return Err(MetaError::NoSpace(format!(
-                "more than {MAX_LOCKS_PER_FILE} locks on {ino}"
-            )));
-        }
+        let taker = Held {
+            client,
+            server: 0,
+            conn,
+            spec: want,
+        };
+        let kept = set_in(
+            self.files.get(&ino).map_or(&[][..], Vec::as_slice),
+            ino,
+            taker,
+        )?;
         if kept.is_empty() {
             self.files.remove(&ino);
         } else {
-            *held = kept;
+            self.files.insert(ino, kept);
         }
         Ok(())
     }
@@ -129,6 +157,7 @@ impl LockTable {
     /// Whether any lock was taken over `conn`.
     pub fn holds_conn(&self, conn: ConnId) -> bool {
         self.files.values().flatten().any(|h| h.conn == conn)
+            || self.by_conn.get(&conn).is_some_and(|f| !f.is_empty())
     }
 
     /// Moves the locks of `client` held through connections `from` to `conn` (the client

@@ -25,6 +25,7 @@ mod membership;
 mod names;
 mod once;
 mod opens;
+mod shared_locks;
 pub use once::OP_SLOTS;
 pub mod perm;
 mod readdir;
@@ -94,7 +95,9 @@ pub const CONFLICT_RETRIES: u32 = 64;
 /// The connection a request came in on, as the network layer numbers them.
 ///
 /// Sessions belong to the connection that opened them: when it closes, they end.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct ConnId(pub u64);
 
 /// Where a request comes from: its connection and the user it is made for.
@@ -281,7 +284,9 @@ impl Namespace {
         let store: Arc<dyn KvStore> = group.clone();
         let (sb, existed) = load_or_format(&*store, checked.as_deref())?;
         let lock_grace = Duration::from_millis(config.lock_grace_ms);
-        let lock_grace_until = (existed && !lock_grace.is_zero()).then(|| clock.now() + lock_grace);
+        // On a shared engine locks are kept in the engine: none was lost by this start.
+        let lock_grace_until = (existed && !lock_grace.is_zero() && checked.is_none())
+            .then(|| clock.now() + lock_grace);
         // Sessions and client ids live in memory, but a client may still hold one from
         // before a restart. Ids come from a block reserved in the superblock above every
         // block used before, so an old id is answered `Stale` instead of being taken for

@@ -181,7 +181,7 @@ impl Namespace {
             }
         }
         drop(guard);
-        self.locks.lock().move_client(client, conn, &from);
+        self.move_client_locks(client, conn, &from);
         let (kept, lost) = (r.kept.len(), r.lost.len());
         tracing::info!(%client, conn = conn.0, resumed = kept, lost, "client resumed its sessions");
         Ok(r)

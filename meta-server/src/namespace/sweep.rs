@@ -8,18 +8,19 @@
 //! be freed once unlinked, and what a writer left past a file's length never cut. So
 //! every live server looks at the live keys each tick; when one it knew is gone (and at
 //! its start, and every [`FULL_SCAN_EVERY`] in case one lived and died between two
-//! looks) it reads the `P` keys, and ends the sessions of each server whose key has been
-//! gone for the session grace (`session_grace_ms`): the time its clients have to take
-//! them back on another server (`resume`, which names the new server). Ending them is
-//! what a vanished client's end does: an unlinked file with no session left is freed,
-//! a file a dead writer had open gets a `T` mark.
+//! looks) it reads the `P` and `W` keys, and ends the sessions and locks of each server
+//! whose key has been gone for the session grace (`session_grace_ms`): the time its
+//! clients have to take them back on another server (`resume`, which names the new
+//! server; locks by `SetLock::reclaim`). Ending them is what a vanished client's end
+//! does: an unlinked file with no session left is freed, a file a dead writer had open
+//! gets a `T` mark, the locks are dropped.
 //!
 //! Two servers may sweep at once: each ending is a checked transaction that reads the
 //! dead server's live key absent (and the `P` key), so the second finds nothing to do.
 //! A server whose own key went while it lived (stalled past its lease) gives no session
 //! any more: each commit that names one checks its key (`Txn::holder_fenced`).
 
-use super::{files, keys, opens, Namespace};
+use super::{files, keys, opens, shared_locks, Namespace};
 use crate::error::MetaError;
 use proto::InodeId;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -27,8 +28,20 @@ use std::time::{Duration, Instant};
 
 /// How often the `P` keys are read even when no known server went.
 pub const FULL_SCAN_EVERY: Duration = Duration::from_secs(60);
-/// `P` keys read per page of the scan.
+/// `P` and `W` keys read per page of the scan.
 const SCAN_PAGE: usize = 256;
+
+/// Reads the servers named in a `P` or `W` key's value (`None`: it does not decode).
+type Holders = fn(&[u8]) -> Option<Vec<u64>>;
+
+/// What a server may have left in a file's keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Record {
+    /// Open sessions (`P`, `opens`).
+    Opens,
+    /// Locks (`W`, `shared_locks`).
+    Locks,
+}
 
 /// What a server remembers between its looks at the live keys.
 #[derive(Debug, Default)]
@@ -58,22 +71,22 @@ pub(super) fn scan_due(
     went || graced || stale
 }
 
-/// From one read of the `P` keys (each file with the servers holding its sessions):
-/// the files whose sessions are to end now, with the servers to end them for. Servers
+/// From one read of the `P` and `W` keys (each file's record with the servers named
+/// in it): the records to change now, with the servers whose part ends. Servers
 /// without a live key are noted gone from `now` on first sight; their sessions end once
 /// they have been gone `grace`. Servers no file names any more are forgotten.
 pub(super) fn due(
     sw: &mut Sweeper,
     live: &BTreeSet<u64>,
     me: u64,
-    held: &[(InodeId, Vec<u64>)],
+    held: &[(Record, InodeId, Vec<u64>)],
     now: Instant,
     grace: Duration,
-) -> BTreeMap<InodeId, Vec<u64>> {
+) -> BTreeMap<(Record, InodeId), Vec<u64>> {
     sw.last_scan = Some(now);
     let mut named = BTreeSet::new();
-    let mut out: BTreeMap<InodeId, Vec<u64>> = BTreeMap::new();
-    for (ino, servers) in held {
+    let mut out: BTreeMap<(Record, InodeId), Vec<u64>> = BTreeMap::new();
+    for (record, ino, servers) in held {
         for &s in servers {
             if s == me || live.contains(&s) {
                 continue;
@@ -81,7 +94,7 @@ pub(super) fn due(
             named.insert(s);
             let since = *sw.gone_since.entry(s).or_insert(now);
             if since + grace <= now {
-                out.entry(*ino).or_default().push(s);
+                out.entry((*record, *ino)).or_default().push(s);
             }
         }
     }
@@ -109,19 +122,26 @@ impl Namespace {
         if !scan_due(&mut self.sweeper.lock(), &live, now, grace) {
             return Ok(0);
         }
-        let held = self.opened_files()?;
+        let held = self.held_by_servers()?;
         let due = due(&mut self.sweeper.lock(), &live, me.id, &held, now, grace);
         let mut ended = 0;
-        for (ino, servers) in due {
-            match self.end_sessions_of_dead(ino, &servers) {
+        for ((record, ino), servers) in due {
+            let r = match record {
+                Record::Opens => self.end_sessions_of_dead(ino, &servers),
+                Record::Locks => self.end_locks_of_dead(ino, &servers),
+            };
+            match r {
                 Ok(n) => ended += n,
                 Err(e) => {
-                    tracing::warn!(%ino, error = %e, "ending a dead server's sessions of a file failed; tried again later")
+                    tracing::warn!(%ino, ?record, error = %e, "ending what a dead server held of a file failed; tried again later")
                 }
             }
         }
         if ended > 0 {
-            tracing::info!(ended, "sessions of metadata servers that died ended");
+            tracing::info!(
+                ended,
+                "sessions and locks of metadata servers that died ended"
+            );
         }
         Ok(ended)
     }
@@ -156,16 +176,21 @@ impl Namespace {
         Ok(live)
     }
 
-    /// Every file with a `P` key, and the servers its sessions are held by (a key that
-    /// does not decode is left to `tessera fsck`).
-    fn opened_files(&self) -> Result<Vec<(InodeId, Vec<u64>)>, MetaError> {
-        let prefix = keys::openers_prefix();
+    /// Every file with a `P` or `W` key, and the servers its sessions or locks are
+    /// held through (a key that does not decode is left to `tessera fsck`).
+    fn held_by_servers(&self) -> Result<Vec<(Record, InodeId, Vec<u64>)>, MetaError> {
         let mut held = Vec::new();
-        self.scan_all(&prefix, |k, v| {
-            if let (Some(ino), Some(servers)) = (keys::u64_at(k, prefix.len()), opens::holders(v)) {
-                held.push((InodeId(ino), servers));
-            }
-        })?;
+        let kinds: [(Record, Vec<u8>, Holders); 2] = [
+            (Record::Opens, keys::openers_prefix(), opens::holders),
+            (Record::Locks, keys::locks_prefix(), shared_locks::holders),
+        ];
+        for (record, prefix, holders) in kinds {
+            self.scan_all(&prefix, |k, v| {
+                if let (Some(ino), Some(servers)) = (keys::u64_at(k, prefix.len()), holders(v)) {
+                    held.push((record, InodeId(ino), servers));
+                }
+            })?;
+        }
         Ok(held)
     }
 
@@ -207,6 +232,22 @@ impl Namespace {
             Ok(ended.sessions)
         })
     }
+
+    /// Drops the locks of `ino` held through `servers`, each still without a live key
+    /// as the transaction reads it. How many it dropped.
+    fn end_locks_of_dead(&self, ino: InodeId, servers: &[u64]) -> Result<usize, MetaError> {
+        self.retry_conflicts("dropping a dead server's locks", || {
+            let mut st = self.state.lock();
+            let mut txn = self.begin(&st);
+            let ended = shared_locks::end_dead(&mut txn, ino, servers)?;
+            if ended == 0 {
+                return Ok(0);
+            }
+            Self::commit_txn(&mut st, txn)?;
+            tracing::info!(%ino, locks = ended, ?servers, "dropped the locks of dead metadata servers");
+            Ok(ended)
+        })
+    }
 }
 
 #[cfg(test)]
@@ -222,7 +263,7 @@ mod tests {
         let (t0, grace) = (Instant::now(), Duration::from_secs(10));
         let mut sw = Sweeper::default();
         assert!(scan_due(&mut sw, &set(&[1, 2]), t0, grace), "first look");
-        let held = vec![(InodeId(7), vec![2, 3])];
+        let held = vec![(Record::Opens, InodeId(7), vec![2, 3])];
         // Server 3 has no live key: noted, not yet due.
         assert!(due(&mut sw, &set(&[1, 2]), 1, &held, t0, grace).is_empty());
         let t1 = t0 + Duration::from_secs(1);
@@ -237,11 +278,14 @@ mod tests {
         let t2 = t0 + grace;
         assert!(scan_due(&mut sw, &set(&[1]), t2, grace));
         let d = due(&mut sw, &set(&[1]), 1, &held, t2, grace);
-        assert_eq!(d, BTreeMap::from([(InodeId(7), vec![3])]));
+        assert_eq!(d, BTreeMap::from([((Record::Opens, InodeId(7)), vec![3])]));
         let t3 = t1 + grace;
         assert!(scan_due(&mut sw, &set(&[1]), t3, grace));
         let d = due(&mut sw, &set(&[1]), 1, &held, t3, grace);
-        assert_eq!(d, BTreeMap::from([(InodeId(7), vec![2, 3])]));
+        assert_eq!(
+            d,
+            BTreeMap::from([((Record::Opens, InodeId(7)), vec![2, 3])])
+        );
         // Once no file names them, they are forgotten, and nothing is due.
         assert!(due(&mut sw, &set(&[1]), 1, &[], t3, grace).is_empty());
         assert!(sw.gone_since.is_empty());
@@ -257,8 +301,11 @@ mod tests {
     fn a_server_never_ends_its_own_sessions_or_a_live_servers() {
         let t0 = Instant::now();
         let mut sw = Sweeper::default();
-        let held = vec![(InodeId(1), vec![1, 2]), (InodeId(2), vec![4])];
+        let held = vec![
+            (Record::Opens, InodeId(1), vec![1, 2]),
+            (Record::Locks, InodeId(1), vec![4]),
+        ];
         let d = due(&mut sw, &set(&[2]), 1, &held, t0, Duration::ZERO);
-        assert_eq!(d, BTreeMap::from([(InodeId(2), vec![4])]));
+        assert_eq!(d, BTreeMap::from([((Record::Locks, InodeId(1)), vec![4])]));
     }
 }
