@@ -354,6 +354,11 @@ pub trait TxnStore: KvStore {
 pub trait KeepsAlive: Send + Sync {
     /// Whether the key is known gone (its lease expired, or was not renewed in time).
     fn lost(&self) -> bool;
+
+    /// Stops renewing without releasing, as a process killed with SIGKILL does: the
+    /// key goes when its lease runs out. For tests.
+    #[cfg(test)]
+    fn abandon(self: Box<Self>) {}
 }
 
 /// Nothing to renew: the key of an embedded engine is never lost.
@@ -380,6 +385,12 @@ impl LiveKey {
     /// Whether the key is known gone.
     pub fn lost(&self) -> bool {
         self.holder.lost()
+    }
+
+    /// See [`KeepsAlive::abandon`]. For tests.
+    #[cfg(test)]
+    pub fn abandon(self) {
+        self.holder.abandon()
     }
 }
 

@@ -255,7 +255,7 @@ impl Namespace {
                 apply_commit(&mut txn, s.ino, &commit)?;
             }
         }
-        if opens::closing(&mut txn, &st, s.ino, &[session])? {
+        if opens::closing(&mut txn, &st, s.ino, &[session])?.unopened {
             purge_if_orphan(&mut txn, s.ino)?;
         }
         Self::commit_txn(&mut st, txn)?;
@@ -389,9 +389,9 @@ impl Namespace {
         let written: HashSet<InodeId> = ended.iter().filter(|e| e.2).map(|e| e.1).collect();
         // The sessions end either way: the connection is gone. An orphan whose purge
         // failed keeps its `O` key and is purged at the next start (on a shared engine,
-        // where nothing is purged at start, its `P` key keeps the ended sessions: the
-        // file stays until the lease step of issue 24). On a shared engine the change
-        // is read and tried again while it conflicts with another server's.
+        // where nothing is purged at start, its `P` key keeps the ended sessions until
+        // this server stops and another one's sweep ends them). On a shared engine the
+        // change is read and tried again while it conflicts with another server's.
         // On a shared engine one transaction per file (each writes the file's `P` key,
         // and an engine transaction holds 128 writes at most); one for all otherwise.
         let groups: Vec<HashMap<InodeId, Vec<SessionId>>> = match self.checked {
@@ -401,8 +401,10 @@ impl Namespace {
         for group in &groups {
             let freed = self.retry_conflicts("closing a connection's sessions", || {
                 let mut txn = self.begin(&st);
-                purge_closing(&mut txn, &st, group)?;
-                mark_tails(&mut txn, written.iter().filter(|i| group.contains_key(i)))?;
+                let ended = purge_closing(&mut txn, &st, group)?;
+                // Not a file whose sessions a client took back on another server: it
+                // writes there still.
+                mark_tails(&mut txn, written.iter().filter(|i| ended.contains(i)))?;
                 Self::commit_txn(&mut st, txn)
             });
             if let Err(e) = freed {
@@ -539,13 +541,18 @@ fn purge_closing(
     txn: &mut Txn<'_>,
     st: &State,
     closing: &HashMap<InodeId, Vec<SessionId>>,
-) -> Result<(), MetaError> {
+) -> Result<HashSet<InodeId>, MetaError> {
+    let mut ended = HashSet::new();
     for (ino, sessions) in closing {
-        if opens::closing(txn, st, *ino, sessions)? {
+        let closed = opens::closing(txn, st, *ino, sessions)?;
+        if closed.unopened {
             purge_if_orphan(txn, *ino)?;
         }
+        if closed.ended {
+            ended.insert(*ino);
+        }
     }
-    Ok(())
+    Ok(ended)
 }
 
 /// Marks the regular files among `inos` that still exist (`T` key): a client vanished
@@ -625,7 +632,7 @@ pub(super) fn reserve_session(
     Ok(SessionId(id))
 }
 
-fn end_session(st: &mut State, session: SessionId) {
+pub(super) fn end_session(st: &mut State, session: SessionId) {
     let Some(s) = st.sessions.remove(&session) else {
         return;
     };

@@ -17,8 +17,9 @@
 //! them once the dead one's live key has been gone a grace (`sweep`), as a vanished
 //! client's: the file freed if unlinked, its tail marked if the session wrote.
 //!
-//! Not yet: a session whose close failed to commit on a live server stays named until
-//! that server stops.
+//! Not yet: a session whose close failed to commit on a live server, or whose open
+//! landed with its answer lost, stays named until that server stops (then the sweep
+//! ends it).
 
 use super::keys;
 use super::records::{decode, encode};
@@ -116,6 +117,7 @@ pub(super) fn opened(
         write,
     };
     match o.sessions.binary_search_by_key(&session.0, |s| s.session) {
+        Ok(at) if o.sessions[at] == new => return Ok(()),
         Ok(at) => o.sessions[at] = new,
         Err(at) if o.sessions.len() < MAX_OPENERS => o.sessions.insert(at, new),
         Err(_) => {
@@ -146,29 +148,53 @@ pub(super) fn take_over(
     Ok(named)
 }
 
-/// Ends `sessions` of `ino` that this server holds; answers whether no session
-/// anywhere has it open after them (then an orphan goes). Off a shared engine: whether
-/// they are all this server holds, its memory being the whole truth there.
+/// What ending some of a file's sessions did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Closed {
+    /// This server held at least one of them (not all were taken back elsewhere): what
+    /// its end does to the file (a tail mark) is this server's to do.
+    pub ended: bool,
+    /// No session anywhere has the file open now: an orphan goes.
+    pub unopened: bool,
+}
+
+/// Ends `sessions` of `ino` that this server holds. Off a shared engine the server's
+/// memory is the whole truth: they end, and the file is unopened if they are all the
+/// sessions it has.
 pub(super) fn closing(
     txn: &mut Txn<'_>,
     st: &State,
     ino: InodeId,
     sessions: &[SessionId],
-) -> Result<bool, MetaError> {
+) -> Result<Closed, MetaError> {
     if !txn.is_shared() {
         let n = u32::try_from(sessions.len()).unwrap_or(u32::MAX);
-        return Ok(st.open_counts.get(&ino) == Some(&n));
+        let unopened = st.open_counts.get(&ino) == Some(&n);
+        return Ok(Closed {
+            ended: true,
+            unopened,
+        });
     }
     // Unreadable: left as it is, the file kept (`tessera fsck` reports the key).
     let Some(mut o) = read(txn, ino)? else {
-        return Ok(false);
+        return Ok(Closed {
+            ended: true,
+            unopened: false,
+        });
     };
     // Another server's now (taken back there): its to end.
     let mine = txn.holder().map(|h| h.id);
+    let before = o.sessions.len();
     o.sessions
         .retain(|s| Some(s.server) != mine || !sessions.iter().any(|e| e.0 == s.session));
-    store(txn, ino, &o)?;
-    Ok(o.sessions.is_empty())
+    let ended = o.sessions.len() < before;
+    if ended {
+        store(txn, ino, &o)?;
+    }
+    Ok(Closed {
+        ended,
+        unopened: o.sessions.is_empty(),
+    })
 }
 
 /// What ending the sessions of dead servers did to one file.

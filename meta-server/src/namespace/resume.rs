@@ -139,37 +139,54 @@ impl Namespace {
         // Locks move only off a broken connection (or one whose sessions move).
         let mut from: HashSet<ConnId> = st.detached.keys().copied().collect();
         let mut r = Resumption::default();
+        // On a shared engine any server may have held a session since (the client
+        // went there and came back): the file's key says whether it still stands.
+        let shared = self.checked.is_some();
         for o in sessions {
             let (session, ino) = (o.session, o.ino);
-            match st.sessions.get_mut(&session) {
+            let here = st.sessions.get(&session).copied();
+            match here {
                 Some(s) if s.client == client && s.ino == ino => {
+                    if !self.reclaim_opener(st, ino, session, s.write)? {
+                        // Ended on the server the client went to meanwhile.
+                        super::files::end_session(st, session);
+                        r.lost.push(session);
+                        continue;
+                    }
                     // Locks move with a broken connection's sessions; a session taken
                     // from a standing one (`taking`) leaves its locks there.
                     if !taking || st.detached.contains_key(&s.conn) {
                         from.insert(s.conn);
                     }
-                    s.conn = conn;
+                    if let Some(s) = st.sessions.get_mut(&session) {
+                        s.conn = conn;
+                    }
                     r.kept.push((session, ino, s.write));
                 }
                 // Another client's, or another file's: never taken over.
                 Some(_) => r.lost.push(session),
-                None if session.0 < st.boot_floor && !st.cutting.contains_key(&ino) => {
-                    match reopen.get(&session).copied().flatten() {
-                        // Its open mode died with the previous start: the client names
-                        // it, and the checks of today decide (`reopen_mode`).
-                        Some(write) if self.reclaim_opener(st, ino, session, write) => {
-                            let s = Session {
-                                ino,
-                                conn,
-                                client,
-                                write,
-                            };
-                            st.sessions.insert(session, s);
-                            *st.open_counts.entry(ino).or_insert(0) += 1;
-                            r.kept.push((session, ino, write));
-                        }
-                        _ => r.lost.push(session),
+                // One of a previous start (on a shared engine, of any server: ids are
+                // not ordered by the servers' starts).
+                None if (shared || session.0 < st.boot_floor) && !st.cutting.contains_key(&ino) => {
+                    // Its open mode died with the previous start: the client names it,
+                    // and the checks of today decide (`reopen_mode`).
+                    let Some(write) = reopen.get(&session).copied().flatten() else {
+                        r.lost.push(session);
+                        continue;
+                    };
+                    if !self.reclaim_opener(st, ino, session, write)? {
+                        r.lost.push(session);
+                        continue;
                     }
+                    let s = Session {
+                        ino,
+                        conn,
+                        client,
+                        write,
+                    };
+                    st.sessions.insert(session, s);
+                    *st.open_counts.entry(ino).or_insert(0) += 1;
+                    r.kept.push((session, ino, write));
                 }
                 None => r.lost.push(session),
             }
@@ -187,23 +204,25 @@ impl Namespace {
         Ok(r)
     }
 
-    /// On a shared engine, takes a session of a previous start (of this server or
-    /// another) over in its file's openers (`opens`): from now on this server holds it,
-    /// and the one that held it, if it still runs, no longer ends it there when its
-    /// grace runs out. Whether the session may be kept: the file is still there and its
-    /// key still names the session (not, if it was closed, or ended with a server that
-    /// died). Off a shared engine always (memory is the truth there).
+    /// On a shared engine, takes a session over in its file's openers (`opens`): from
+    /// now on this server holds it, and the one that held it, if it still runs, no
+    /// longer ends it there when its grace runs out. Whether the session may be kept:
+    /// the file is still there and its key still names the session (not, if it was
+    /// closed, or ended with a server that died). Off a shared engine always (memory is
+    /// the truth there). An engine that does not answer, or this server's live key
+    /// gone, fails the resume: the session may stand, and the client tries again (on
+    /// another server).
     fn reclaim_opener(
         &self,
         st: &mut State,
         ino: InodeId,
         session: SessionId,
         write: bool,
-    ) -> bool {
+    ) -> Result<bool, MetaError> {
         if self.checked.is_none() {
-            return true;
+            return Ok(true);
         }
-        let named = self.retry_conflicts("taking back a session", || {
+        self.retry_conflicts("taking back a session", || {
             let mut txn = self.begin(st);
             if txn.try_inode(ino)?.is_none() || !opens::take_over(&mut txn, ino, session, write)? {
                 txn.check_reads()?;
@@ -211,10 +230,6 @@ impl Namespace {
             }
             Self::commit_txn(st, txn)?;
             Ok(true)
-        });
-        named.unwrap_or_else(|e| {
-            tracing::warn!(%session, %ino, error = %e, "a session taken back could not be named in its file's openers: lost");
-            false
         })
     }
 
@@ -253,17 +268,20 @@ impl Namespace {
         Ok(may(OpenAccess::Read)?.then_some(false))
     }
 
-    /// [`Self::reopen_mode`] of each session of a previous start in `sessions`. The
-    /// checks read the store: made before the state lock is taken.
+    /// [`Self::reopen_mode`] of each session of a previous start in `sessions` (on a
+    /// shared engine of each session: one this server does not have may be another
+    /// server's, whatever its id). The checks read the store: made before the state
+    /// lock is taken.
     fn reopen_modes(
         &self,
         caller: &Caller,
         sessions: &[OpenSession],
     ) -> Result<HashMap<SessionId, Option<bool>>, MetaError> {
         let floor = self.boot_floor();
+        let shared = self.checked.is_some();
         let mut reopen = HashMap::new();
         for o in sessions {
-            if o.session.0 < floor && !reopen.contains_key(&o.session) {
+            if (shared || o.session.0 < floor) && !reopen.contains_key(&o.session) {
                 reopen.insert(o.session, self.reopen_mode(caller, o)?);
             }
         }

@@ -72,7 +72,8 @@ pub(super) fn scan_due(
 }
 
 /// From one read of the `P` and `W` keys (each file's record with the servers named
-/// in it): the records to change now, with the servers whose part ends. Servers
+/// in it) and a list of the live keys made after it (`live`): the records to change
+/// now, with the servers whose part ends. Servers
 /// without a live key are noted gone from `now` on first sight; their sessions end once
 /// they have been gone `grace`. Servers no file names any more are forgotten.
 pub(super) fn due(
@@ -84,6 +85,9 @@ pub(super) fn due(
     grace: Duration,
 ) -> BTreeMap<(Record, InodeId), Vec<u64>> {
     sw.last_scan = Some(now);
+    // The newer list: a server that started since the look that called for this scan
+    // is known from now on, so that its going calls for the next.
+    sw.known = live.clone();
     let mut named = BTreeSet::new();
     let mut out: BTreeMap<(Record, InodeId), Vec<u64>> = BTreeMap::new();
     for (record, ino, servers) in held {
@@ -123,6 +127,10 @@ impl Namespace {
             return Ok(0);
         }
         let held = self.held_by_servers()?;
+        // Listed again: a server that started after the first list may have opened
+        // files the scan saw, and is no dead one. A server named in the scan had its
+        // key before its first open; missing now, it died.
+        let live = self.live_servers()?;
         let due = due(&mut self.sweeper.lock(), &live, me.id, &held, now, grace);
         let mut ended = 0;
         for ((record, ino), servers) in due {
@@ -144,6 +152,15 @@ impl Namespace {
             );
         }
         Ok(ended)
+    }
+
+    /// Drops the namespace as a process killed with SIGKILL ends: its live key is not
+    /// released, and goes only when the engine's lease for it runs out. For tests.
+    #[cfg(test)]
+    pub(crate) fn crash(mut self) {
+        if let Some(key) = self.live.take() {
+            key.abandon();
+        }
     }
 
     /// This server's id on a shared engine (its live key's), for tests.

@@ -348,12 +348,19 @@ impl<'a> Txn<'a> {
             match c.engine.commit_if(part, WriteBatch::new()) {
                 Ok(()) => {}
                 // Unanswered, a write-free commit is as good as refused: the request
-                // runs again and reads afresh.
+                // runs again and reads afresh. Named by a key that is no server's
+                // live key: a conflict on one of those is taken for the server's own
+                // key gone (`retry_on_conflict`), which this is not.
                 Err(KvError::Unavailable { engine, .. }) => {
+                    let key = part
+                        .iter()
+                        .map(|c| &c.key)
+                        .find(|k| !keys::is_server(k))
+                        .unwrap_or(&part[0].key);
                     return Err(MetaError::Store(KvError::Conflict {
                         engine,
-                        key: part[0].key.clone(),
-                    }))
+                        key: key.clone(),
+                    }));
                 }
                 Err(e) => return Err(e.into()),
             }

@@ -154,6 +154,11 @@ impl crate::kv::KeepsAlive for Owner {
     fn lost(&self) -> bool {
         *self.lost.borrow()
     }
+
+    #[cfg(test)]
+    fn abandon(self: Box<Self>) {
+        Owner::abandon(*self)
+    }
 }
 
 impl Drop for Owner {

@@ -27,7 +27,7 @@ type Hook = Box<dyn FnOnce() + Send>;
 pub(super) struct Hooked {
     pub(super) inner: Arc<dyn TxnStore>,
     /// The key, how many of its reads to let pass first, the hook.
-    hook: Mutex<Option<(Vec<u8>, usize, Hook)>>,
+    pub(super) hook: Mutex<Option<(Vec<u8>, usize, Hook)>>,
     /// The next conditional commit that holds answers "unavailable, may have been
     /// applied", as etcd does when its answer is lost.
     lose_answer: AtomicBool,
@@ -395,7 +395,8 @@ fn a_refusal_that_read_more_keys_than_one_commit_takes_is_still_checked() {
 /// Guards against the server a session was taken from ending it in its file's openers
 /// after the take-back: A's connection broke, the client took its session back on B,
 /// then A's grace for the broken connection ran out and A ended what it had of it; an
-/// unlink through A must still find the file open (B holds the session in the key).
+/// unlink through A must still find the file open (B holds the session in the key),
+/// and A must not mark the file's tail for a cut.
 #[test]
 fn a_session_taken_back_on_the_other_server_keeps_its_file() {
     let (_h, _hooked, a, b) = two();
@@ -412,6 +413,8 @@ fn a_session_taken_back_on_the_other_server_keeps_its_file() {
         .unwrap();
     assert!(r.lost.is_empty(), "{:?}", r.lost);
     assert_eq!(a.expire_detached(a.now() + Duration::from_secs(3600)), 1);
+    // A's end of it marks no tail either: the session (opened for writing) writes on.
+    assert!(_hooked.inner.get(&keys::tail(ino)).unwrap().is_none());
     unlink(&a, b"f");
     assert!(
         b.getattr(ino).is_ok(),
