@@ -103,6 +103,11 @@ pub enum MetaError {
     /// `namespace::once`).
     #[error("in flight: {0}")]
     InFlight(String),
+    /// On a shared engine, a call only the leader takes (a data server's registration
+    /// or heartbeat) reached a metadata server that does not lead; the data server
+    /// asks another one.
+    #[error("not the leader: {0}")]
+    NotLeader(String),
     /// The key-value store failed.
     #[error(transparent)]
     Store(#[from] KvError),
@@ -133,6 +138,7 @@ impl MetaError {
             MetaError::FormatVersion { .. } => ErrorCode::NotSupported,
             MetaError::AnswerLost(_) => ErrorCode::Io,
             MetaError::InFlight(_) => ErrorCode::Unavailable,
+            MetaError::NotLeader(_) => ErrorCode::Unavailable,
             MetaError::Store(KvError::NoSpace { .. }) => ErrorCode::NoSpace,
             MetaError::Store(KvError::Corruption { .. }) => ErrorCode::Corrupt,
             MetaError::Store(KvError::Engine { .. }) => ErrorCode::Io,

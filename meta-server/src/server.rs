@@ -144,8 +144,27 @@ impl Drop for MetaServer {
     }
 }
 
+/// What a server on a shared engine does every tick: looks at the leader key (and
+/// takes it if its holder died), reads the stored map again if it follows, and ends
+/// what dead servers left (`namespace::sweep`).
+fn shared_tick(ns: &Namespace, now: std::time::Instant) {
+    match ns.campaign() {
+        Ok(true) => {}
+        Ok(false) => {
+            if let Err(e) = ns.cluster_map() {
+                warn!(error = %e, "reading the cluster map the leader stored failed");
+            }
+        }
+        Err(e) => warn!(error = %e, "looking at the leader key failed"),
+    }
+    if let Err(e) = ns.sweep_dead_servers(now) {
+        warn!(error = %e, "ending the sessions of dead metadata servers failed");
+    }
+}
+
 /// Ends, every [`DETACHED_CHECK`], the sessions whose client did not come back in time
-/// (on a shared engine, those of metadata servers that died too: `sweep`), and every [`OP_PURGE_EVERY`] deletes old change records (`namespace::once`).
+/// (on a shared engine, those of metadata servers that died too, and the leader
+/// looked at: `shared_tick`), and every [`OP_PURGE_EVERY`] deletes old change records (`namespace::once`).
 fn spawn_expiry(ns: &Arc<Namespace>) -> tokio::task::JoinHandle<()> {
     let ns = Arc::downgrade(ns);
     tokio::spawn(async move {
@@ -172,13 +191,10 @@ fn spawn_expiry(ns: &Arc<Namespace>) -> tokio::task::JoinHandle<()> {
             if ns.is_shared() {
                 let (now, arrived) = (ns.now(), std::time::Instant::now());
                 let ns = ns.clone();
-                let swept = tokio::task::spawn_blocking(move || {
-                    crate::kv::deadline::for_request(arrived, || ns.sweep_dead_servers(now))
+                let _ = tokio::task::spawn_blocking(move || {
+                    crate::kv::deadline::for_request(arrived, || shared_tick(&ns, now))
                 })
                 .await;
-                if let Ok(Err(e)) = swept {
-                    warn!(error = %e, "ending the sessions of dead metadata servers failed");
-                }
             }
             if ns.waiting_resume() == 0 {
                 continue;

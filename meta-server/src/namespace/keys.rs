@@ -20,6 +20,7 @@
 //! | `Y` shard            | on a shared engine, inodes made minus freed by the servers counting in this shard (`i64`) |
 //! | `P` ino              | on a shared engine, the sessions of every server that have the file open, each with its server (see `opens`) |
 //! | `W` ino              | on a shared engine, the file's byte-range and whole-file locks, each with its server (see `shared_locks`) |
+//! | `E`                  | on a shared engine, the metadata server that leads (runs membership; see `leader`) |
 //! | `L` server           | on a shared engine, a live metadata server, held under its engine lease (see `sweep`) |
 
 use proto::{ChainId, InodeId, NodeId};
@@ -43,6 +44,7 @@ const INODE_COUNT: u8 = b'Y';
 const OPENERS: u8 = b'P';
 const SERVER: u8 = b'L';
 const LOCKS: u8 = b'W';
+const LEADER: u8 = b'E';
 
 /// The key of shard `shard` of the inode count on a shared engine (see `txn`).
 pub(crate) fn inode_count(shard: u8) -> Vec<u8> {
@@ -196,6 +198,11 @@ pub(crate) fn openers(ino: InodeId) -> Vec<u8> {
 /// Prefix of every openers key.
 pub(crate) fn openers_prefix() -> Vec<u8> {
     vec![OPENERS]
+}
+
+/// The key naming the leader among the metadata servers of a shared engine.
+pub(crate) fn leader() -> Vec<u8> {
+    vec![LEADER]
 }
 
 /// The key of `ino`'s locks, on a shared engine.

@@ -5,9 +5,15 @@
 //!
 //! Chains and the map version are stored (`C`, `V` keys), so membership survives a
 //! restart; liveness is not: after a restart every server gets one lease to report.
+//!
+//! On a shared engine only the leader (`leader`) hears the data servers and applies
+//! the rules; the other servers serve the chains as stored, read again when the stored
+//! map version moves, and take a data server's state from its chains (a member is
+//! offline exactly while its server is down, see `membership::reconcile`).
 
 use super::keys;
 use super::records::{decode, encode, ChainRecord};
+use super::txn::Reads;
 use super::{Namespace, MAX_NODES};
 use crate::error::MetaError;
 use crate::membership::{self, View, SERVING, SYNCING};
@@ -131,9 +137,8 @@ impl Namespace {
         if m.loaded {
             return Ok(());
         }
-        if let Some(v) = self.store.get(&keys::map_version())? {
-            m.version = decode(&v, "map version")?;
-        }
+        m.version = self.stored_map_version()?;
+        m.chains.clear();
         let prefix = keys::chain_prefix();
         for (k, v) in self
             .store
@@ -153,10 +158,41 @@ impl Namespace {
         Ok(())
     }
 
+    /// The map version as stored (0 before the first).
+    fn stored_map_version(&self) -> Result<u64, MetaError> {
+        match self.store.get(&keys::map_version())? {
+            Some(v) => decode(&v, "map version"),
+            None => Ok(0),
+        }
+    }
+
+    /// Becoming the leader on a shared engine: the chains are read again, and every
+    /// data server gets a lease from now (this server heard none of them before).
+    pub(super) fn take_over_membership(&self) -> Result<(), MetaError> {
+        let mut m = self.members.lock();
+        m.loaded = false;
+        m.resync.clear();
+        let nodes = self.nodes()?;
+        {
+            let now = self.clock.now();
+            let mut live = self.liveness.lock();
+            for (node, _) in &nodes {
+                live.heard(*node, now);
+            }
+        }
+        self.load_members(&mut m)
+    }
+
     /// Applies the membership rules (see [`membership::reconcile`]) to the chains and
-    /// the liveness of now; stores what changed; returns the current map.
+    /// the liveness of now; stores what changed; returns the current map. A follower on
+    /// a shared engine applies none: it reads the chains again if the stored version
+    /// moved.
     pub(crate) fn reconcile(&self) -> Result<Arc<ClusterMap>, MetaError> {
         let mut m = self.members.lock();
+        let leads = self.leads();
+        if !leads && m.loaded && self.stored_map_version()? != m.version {
+            m.loaded = false;
+        }
         self.load_members(&mut m)?;
         let nodes = self.nodes()?;
         let silence = self.silence(&nodes);
@@ -167,17 +203,12 @@ impl Namespace {
             lease: Duration::from_millis(self.config.node_lease_ms),
             replace_after: Duration::from_millis(self.config.replace_after_ms),
         };
-        // On a shared engine each server hears only the data servers that beat to it,
-        // and would take the others for dead: the rules are not applied there (one
-        // elected leader will run them: the next step of issue 24), the map is what is
-        // stored.
-        let decides = self.checked.is_none();
-        if let Some(change) = membership::reconcile(&m.chains, &view).filter(|_| decides) {
+        if let Some(change) = membership::reconcile(&m.chains, &view).filter(|_| leads) {
             debug_assert_eq!(change.version, m.version + 1, "one version per change");
             m.chains = change.chains;
             self.persist(&mut m, &change.changed)?;
         }
-        let map = Arc::new(build_map(&m, &nodes, &view));
+        let map = Arc::new(build_map(&m, &nodes, &view, leads));
         *self.map.write() = map.clone();
         Ok(map)
     }
@@ -205,8 +236,19 @@ impl Namespace {
         self.persist(&mut m, &[])
     }
 
-    /// Stores the changed chains and a new map version.
+    /// Stores the changed chains and a new map version. On a shared engine only while
+    /// this server leads and the stored version is the one it read: otherwise nothing is
+    /// written, the chains are read again at the next use, and it follows.
     fn persist(&self, m: &mut Members, changed: &[u32]) -> Result<(), MetaError> {
+        let r = self.leader_write(|| self.persist_checked(m, changed));
+        if r.is_err() {
+            // What is in memory may be ahead of the store now.
+            m.loaded = false;
+        }
+        r
+    }
+
+    fn persist_checked(&self, m: &mut Members, changed: &[u32]) -> Result<(), MetaError> {
         let version = m.version + 1;
         debug_assert!(version > m.version, "map versions only grow");
         let mut rows = Vec::with_capacity(changed.len());
@@ -215,8 +257,21 @@ impl Namespace {
                 rows.push((keys::chain(ChainId(*id)), encode(c)?));
             }
         }
+        let read = m.version;
         self.mutate(|txn, _| {
-            for (k, v) in rows {
+            if txn.is_shared() {
+                super::leader::confirm(txn)?;
+                let stored: u64 = match txn.raw(&keys::map_version())? {
+                    Some(v) => decode(&v, "map version")?,
+                    None => 0,
+                };
+                if stored != read {
+                    return Err(MetaError::NotLeader(format!(
+                        "the map moved to version {stored} under another leader"
+                    )));
+                }
+            }
+            for (k, v) in rows.iter().cloned() {
                 txn.put(k, v);
             }
             txn.put(keys::map_version(), encode(&version)?);
@@ -311,11 +366,29 @@ impl Namespace {
     }
 }
 
+/// The map of `m`'s chains. A data server is up if its lease in `view` runs (`heard`:
+/// this server hears the heartbeats), else if it is not offline in every chain it is in
+/// (a follower on a shared engine, which hears none: the leader's rules keep a member
+/// offline exactly while its server is down).
 fn build_map(
     m: &Members,
     nodes: &[(NodeId, super::records::NodeRecord)],
     view: &View<'_>,
+    heard: bool,
 ) -> ClusterMap {
+    let up = |n: u32| {
+        if heard {
+            return view.alive(n);
+        }
+        let mut states = m
+            .chains
+            .values()
+            .flat_map(|c| c.members.iter())
+            .filter(|x| x.node == n)
+            .map(|x| x.state)
+            .peekable();
+        states.peek().is_none() || states.any(|s| s != membership::OFFLINE)
+    };
     ClusterMap {
         version: m.version,
         nodes: nodes
@@ -323,7 +396,7 @@ fn build_map(
             .map(|(n, rec)| NodeInfo {
                 node: *n,
                 addr: rec.addr.clone(),
-                state: if view.alive(n.0) {
+                state: if up(n.0) {
                     NodeState::Up
                 } else {
                     NodeState::Down

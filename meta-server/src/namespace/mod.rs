@@ -20,6 +20,7 @@ mod faults;
 mod files;
 mod gauges;
 mod keys;
+mod leader;
 mod locks;
 mod membership;
 mod names;
@@ -226,6 +227,8 @@ pub struct Namespace {
     /// (see `sweep`), and what it remembers of the other servers'.
     live: Option<crate::kv::LiveKey>,
     sweeper: Mutex<sweep::Sweeper>,
+    /// On a shared engine: whether this server leads (see `leader`).
+    leading: std::sync::atomic::AtomicBool,
 }
 
 /// The server's clock, for every time stamp the server sets.
@@ -339,12 +342,16 @@ impl Namespace {
             ops: once::Ops::default(),
             live: live.map(|(_, key)| key),
             sweeper: Mutex::new(sweep::Sweeper::default()),
+            leading: std::sync::atomic::AtomicBool::new(false),
         };
         // On a shared engine another server may hold an orphan open (its `P` key says
         // so): none is purged at start there; the sessions of dead servers end
         // through `sweep`, which frees their orphans.
         if ns.checked.is_none() {
             ns.purge_orphans()?;
+        }
+        if ns.checked.is_some() {
+            ns.campaign()?;
         }
         ns.reconcile()?;
         ns.wait_pending()?;

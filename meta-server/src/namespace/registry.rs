@@ -96,6 +96,7 @@ impl Namespace {
         capacity_bytes: u64,
         used_bytes: u64,
     ) -> Result<NodeId, MetaError> {
+        self.must_lead("a data server's registration")?;
         if addr.is_empty() || addr.len() > MAX_ADDR_BYTES {
             return Err(MetaError::InvalidArgument(format!(
                 "data server address of {} bytes (1 to {MAX_ADDR_BYTES})",
@@ -107,13 +108,17 @@ impl Namespace {
             capacity_bytes,
             used_bytes,
         };
-        let (node, moved) = self.mutate(|txn, _| {
-            let (node, moved) = match node {
-                Some(node) => (node, load_node(txn, node)?.addr != addr),
-                None => (new_node_id(txn)?, false),
-            };
-            txn.put(keys::node(node), encode(&rec)?);
-            Ok((node, moved))
+        let (node, moved) = self.leader_write(|| {
+            self.mutate(|txn, _| {
+                // A leader deposed since the check above registers nobody.
+                super::leader::confirm(txn)?;
+                let (node, moved) = match node {
+                    Some(node) => (node, load_node(txn, node)?.addr != addr),
+                    None => (new_node_id(txn)?, false),
+                };
+                txn.put(keys::node(node), encode(&rec)?);
+                Ok((node, moved))
+            })
         })?;
         self.liveness.lock().heard(node, self.clock.now());
         tracing::info!(%node, addr, "data server registered");
@@ -142,6 +147,7 @@ impl Namespace {
         map_version: u64,
         resync: ResyncReport,
     ) -> Result<(Vec<GcTask>, Option<ClusterMap>), MetaError> {
+        self.must_lead("a data server's heartbeat")?;
         // Alive from the beat's arrival until its reply: a slow commit below (the disk
         // busy with chunk writes, an etcd without a quorum) must not count against the
         // server's lease.

@@ -15,6 +15,7 @@ mod rename;
 mod resume;
 mod sessions;
 mod shared;
+mod shared_leader;
 mod shared_locks;
 mod shared_races;
 mod shared_sweep;

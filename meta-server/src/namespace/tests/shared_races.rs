@@ -114,7 +114,7 @@ impl TxnStore for Hooked {
 }
 
 /// Server A (hooked) and server B on `h`'s store, which must be stopped.
-fn two_on(h: &H) -> (Arc<Hooked>, Arc<Namespace>, Arc<Namespace>) {
+pub(super) fn two_on(h: &H) -> (Arc<Hooked>, Arc<Namespace>, Arc<Namespace>) {
     let engine = h.open_store();
     let hooked = Arc::new(Hooked {
         inner: engine.clone(),
@@ -148,7 +148,12 @@ fn when_read(hooked: &Hooked, key: Vec<u8>, f: impl FnOnce() + Send + 'static) {
 }
 
 /// [`when_read`] after `skip` reads of `key` have passed.
-fn when_read_again(hooked: &Hooked, key: Vec<u8>, skip: usize, f: impl FnOnce() + Send + 'static) {
+pub(super) fn when_read_again(
+    hooked: &Hooked,
+    key: Vec<u8>,
+    skip: usize,
+    f: impl FnOnce() + Send + 'static,
+) {
     let other = move || std::thread::spawn(f).join().expect("server B's change");
     *hooked.hook.lock() = Some((key, skip, Box::new(other)));
 }
