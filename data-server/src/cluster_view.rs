@@ -158,9 +158,16 @@ impl ClusterView {
         let conn = self.meta.get(&self.ep).await?;
         let limit = self.ep.config().max_msg_bytes;
         let r = transport::rpc::call(&conn, &Request::new(req), limit).await;
-        if let Err(DataError::Transport(e)) = &r {
+        match &r {
             // A metadata server that stopped answering: the next call tries its standby.
-            self.meta.call_failed(&conn, e);
+            Err(DataError::Transport(e)) => self.meta.call_failed(&conn, e),
+            // One that cannot take the call now (on a shared engine, one that does not
+            // lead; or one cut off from its store): the next call asks another.
+            Err(DataError::Remote(w)) if w.code == proto::ErrorCode::Unavailable => {
+                tracing::info!(error = %w, "the metadata server sent this data server elsewhere");
+                self.meta.ask_elsewhere(&conn);
+            }
+            _ => {}
         }
         r
     }

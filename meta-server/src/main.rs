@@ -60,6 +60,10 @@ struct Args {
     /// long); `etcd.owner_wait_ms`.
     #[arg(long)]
     etcd_owner_wait_ms: Option<u64>,
+    /// Serve the etcd prefix beside other metadata servers, all at once (each started
+    /// with this flag); `etcd.shared`.
+    #[arg(long)]
+    etcd_shared: bool,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -172,6 +176,7 @@ fn load(args: &Args) -> anyhow::Result<MetaConfig> {
     if let Some(v) = args.etcd_owner_wait_ms {
         c.etcd.owner_wait_ms = v;
     }
+    c.etcd.shared |= args.etcd_shared;
     // Resolve `auto` and check `rdma` now, so a host without RDMA gets one clear
     // sentence before anything starts.
     c.transport = c.transport.resolve_for_process(&c.transport_limits)?;
@@ -198,8 +203,9 @@ async fn run(config: MetaConfig) -> anyhow::Result<()> {
         _ = term.recv() => {}
         _ = server.owner_lost() => {
             server.shutdown();
-            anyhow::bail!("lost the namespace's owner key on etcd: another metadata \
-                           server may serve it now, so this one stops");
+            anyhow::bail!("lost the namespace's owner key (or, shared, this server's live \
+                           key) on etcd: other metadata servers may have taken over what \
+                           it held, so this one stops");
         }
     }
     tracing::info!("stopping");

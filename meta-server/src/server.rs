@@ -264,13 +264,21 @@ impl MetaServer {
                 source,
             })?;
             // Before the namespace is opened: opening writes (the purge of orphans).
+            // Shared: no owner; each server holds its live key instead (`open_shared`).
             let owner = match kind {
-                StoreKind::Etcd => Some(Owner::acquire(&etcd, &who).map_err(StartError::Owner)?),
+                StoreKind::Etcd if !etcd.shared => {
+                    Some(Owner::acquire(&etcd, &who).map_err(StartError::Owner)?)
+                }
                 _ => None,
             };
             let fence = owner.as_ref().map(Owner::fence);
             let open = || -> Result<Namespace, MetaError> {
-                Namespace::open(open_engine_fenced(kind, &dir, &etcd, fence)?, ns_config)
+                let engine = open_engine_fenced(kind, &dir, &etcd, fence)?;
+                if kind == StoreKind::Etcd && etcd.shared {
+                    let clock = Arc::new(crate::clock::SystemClock);
+                    return Namespace::open_shared(engine, ns_config, clock);
+                }
+                Namespace::open(engine, ns_config)
             };
             match open() {
                 // The disk guard keeps room on the store's disk, which etcd's is not.
@@ -330,10 +338,16 @@ impl MetaServer {
 
     /// Returns once this server lost the namespace's owner key on etcd (its lease
     /// expired): another server may serve the namespace now, so this one must stop.
+    /// Shared, once it lost its live key: others may be ending its sessions and locks.
     /// Never returns on an embedded store.
     pub async fn owner_lost(&self) {
         match &self.owner {
             Some(o) => o.lost().await,
+            None if self.ns.is_shared() => {
+                while !self.ns.live_key_lost() {
+                    tokio::time::sleep(crate::kv::etcd::owner::OWNER_POLL).await;
+                }
+            }
             None => std::future::pending().await,
         }
     }

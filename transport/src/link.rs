@@ -163,8 +163,26 @@ impl Link {
         if !e.is_call_timeout() {
             return;
         }
-        // Only the first caller to report this connection moves the address on: the slot
-        // is emptied here, so a second timeout of the same moment finds it gone.
+        // Given up, not closed: the server keeps this client's open files and locks for
+        // its grace, as after a broken network, for the next connection to take back.
+        self.leave(conn, Connection::abandon, "a call timed out");
+    }
+
+    /// Tells the link that the server on `conn` answered that another server of the
+    /// list is the one to ask (a metadata server that does not lead, for a data
+    /// server's heartbeat): the connection is closed and the next caller connects to
+    /// the next address first. Nothing with one address.
+    pub fn ask_elsewhere(&self, conn: &Connection) {
+        if self.addrs.lock().list.len() > 1 {
+            self.leave(conn, Connection::close, "the server sent us elsewhere");
+        }
+    }
+
+    /// Ends `conn` with `end` and, if it is still the link's connection, points the
+    /// link at the next address. Only the first caller to report a connection moves
+    /// the address on: the slot is emptied here, so a second report of the same moment
+    /// finds it gone.
+    fn leave(&self, conn: &Connection, end: fn(&Connection), why: &str) {
         let ours = {
             let mut slot = self.conn.lock();
             let ours = slot.as_ref().is_some_and(|(c, _)| c.same_as(conn));
@@ -173,9 +191,7 @@ impl Link {
             }
             ours
         };
-        // Given up, not closed: the server keeps this client's open files and locks for
-        // its grace, as after a broken network, for the next connection to take back.
-        conn.abandon();
+        end(conn);
         if !ours {
             return;
         }
@@ -183,7 +199,7 @@ impl Link {
         if a.list.len() > 1 {
             let from = a.current;
             a.current = (from + 1) % a.list.len();
-            info!(addr = %a.list[from], next = %a.list[a.current], "a call timed out: connecting again, to the next address first");
+            info!(addr = %a.list[from], next = %a.list[a.current], why, "connecting again, to the next address first");
         }
     }
 

@@ -231,6 +231,9 @@ pub struct ProcessCluster {
     /// A metadata server stopped with SIGSTOP and replaced by the standby
     /// ([`ProcessCluster::pause_and_fail_over_meta`]); stopped on drop.
     paused_meta: Option<Child>,
+    /// A second metadata server serving beside the first at the standby address
+    /// ([`ProcessCluster::start_peer_meta`], a shared etcd prefix); stopped on drop.
+    peer_meta: Option<Child>,
 }
 
 impl ProcessCluster {
@@ -277,6 +280,7 @@ impl ProcessCluster {
             meta_addrs: String::new(),
             standby: None,
             paused_meta: None,
+            peer_meta: None,
         };
         let addr_file = cluster.dir.path().join("meta.addr");
         let log = cluster.dir.path().join("meta.log");
@@ -334,6 +338,10 @@ impl ProcessCluster {
     }
 
     fn spawn_data(&self, i: usize) -> Child {
+        self.spawn_data_at(i, &self.meta_addrs)
+    }
+
+    fn spawn_data_at(&self, i: usize, meta: &str) -> Child {
         let d = self.dir.path();
         let addr_file = d.join(format!("data-{i}.addr"));
         let _ = fs::remove_file(&addr_file);
@@ -348,7 +356,7 @@ impl ProcessCluster {
             "--listen".into(),
             format!("{host}:0"),
             "--meta".into(),
-            self.meta_addrs.clone(),
+            meta.to_string(),
             "--data-dir".into(),
             d.join(format!("data-{i}")).to_string_lossy().into(),
             "--addr-file".into(),
@@ -406,6 +414,14 @@ impl ProcessCluster {
     pub fn restart_data(&mut self, i: usize) {
         stop(&mut self.data[i]);
         self.data[i] = self.spawn_data(i);
+        self.wait_data(i);
+    }
+
+    /// Starts data server `i` again on its directory with `meta` (an address, or a list
+    /// tried in its order) as its `--meta`; returns once it listens.
+    pub fn restart_data_at(&mut self, i: usize, meta: &str) {
+        stop(&mut self.data[i]);
+        self.data[i] = self.spawn_data_at(i, meta);
         self.wait_data(i);
     }
 
@@ -517,6 +533,30 @@ impl ProcessCluster {
         self.fail_over_meta();
     }
 
+    /// Starts a second metadata server at the standby address
+    /// ([`ClusterOptions::standby_meta`]) with a data directory of its own (`meta-b`)
+    /// beside the first, which keeps running: for a prefix both serve at once
+    /// (`etcd.shared` in `meta_toml`). Returns once it listens.
+    pub fn start_peer_meta(&mut self) {
+        let standby = self.standby.clone().expect("a cluster with standby_meta");
+        let d = self.dir.path().to_path_buf();
+        // Kept before the wait: a peer that never listens is still stopped on drop.
+        let b = self.peer_meta.insert(Self::spawn_meta(
+            &self.bin, &d, "meta-b", &standby, &self.opts,
+        ));
+        let addr_file = d.join("meta-b.addr");
+        wait_for("tessera-meta", b, &d.join("meta-b.log"), || {
+            read_addr(&addr_file).is_some()
+        });
+    }
+
+    /// The second metadata server's address ([`ProcessCluster::start_peer_meta`]).
+    pub fn peer_meta_addr(&self) -> &str {
+        self.standby
+            .as_deref()
+            .expect("a cluster with standby_meta")
+    }
+
     /// Kills the metadata server with SIGKILL and starts another at the standby address
     /// ([`ClusterOptions::standby_meta`]) with a data directory of its own (`meta-b`),
     /// as a standby machine would; returns once it listens. Its address is then
@@ -626,24 +666,28 @@ impl ProcessCluster {
         self.mount_with_config(name, "")
     }
 
+    /// Mounts like [`ProcessCluster::mount`], with `meta` (an address, or a list tried
+    /// in its order) as the mount's `--meta`.
+    pub fn mount_at(&self, name: &str, meta: &str) -> Mount {
+        self.mount_inner(name, "", meta)
+    }
+
     /// Mounts like [`ProcessCluster::mount`], with `config` (client configuration TOML,
     /// e.g. `writeback_cache = true`) as the mount's `--config` file.
     pub fn mount_with_config(&self, name: &str, config: &str) -> Mount {
+        self.mount_inner(name, config, &self.meta_addrs)
+    }
+
+    fn mount_inner(&self, name: &str, config: &str, meta: &str) -> Mount {
         require_fuse();
         let path = self.dir.path().join(name);
         fs::create_dir_all(&path).expect("mount point");
         let log = self.dir.path().join(format!("{name}.log"));
         let conf = self.dir.path().join(format!("{name}.toml"));
         fs::write(&conf, config).expect("mount config file");
-        let mut args = [
-            "mount",
-            "--config",
-            &conf.to_string_lossy(),
-            "--meta",
-            &self.meta_addrs,
-        ]
-        .map(String::from)
-        .to_vec();
+        let mut args = ["mount", "--config", &conf.to_string_lossy(), "--meta", meta]
+            .map(String::from)
+            .to_vec();
         if !self.opts.insecure && !config.contains("key_file") {
             args.extend(["--key-file".into(), path_text(&self.key_file(ADMIN_KEY))]);
         }
@@ -696,6 +740,9 @@ impl Drop for ProcessCluster {
             stop(c);
         }
         stop(&mut self.meta);
+        if let Some(c) = &mut self.peer_meta {
+            stop(c);
+        }
         if let Some(c) = &mut self.paused_meta {
             stop(c);
         }

@@ -111,6 +111,11 @@ pub struct EtcdConfig {
     /// How long a starting server waits for another's owner key to go before it
     /// refuses to start; a standby started beside a live server sets it long.
     pub owner_wait_ms: u64,
+    /// Several metadata servers serve this prefix at once (issue 24): no owner key;
+    /// each server holds a live key under a lease of `owner_lease_ms`, every change is
+    /// a checked transaction, and one elected leader runs membership (see
+    /// `namespace::leader`). Every server of a prefix must say the same.
+    pub shared: bool,
 }
 
 impl Default for EtcdConfig {
@@ -126,6 +131,7 @@ impl Default for EtcdConfig {
             owner_lease_ms: 5_000,
             // Past one lease: a server started right after another died waits it out.
             owner_wait_ms: 15_000,
+            shared: false,
         }
     }
 }

@@ -1,0 +1,209 @@
+//! Two metadata servers serving one etcd prefix at once (`etcd.shared`), each with a
+//! mount of its own: what one mount writes and closes the other reads, names change
+//! through either; then the server of the first mount (the leader, which the data
+//! servers heartbeat to) is killed with SIGKILL: the first mount goes on through the
+//! other server (its open file keeps writing and its `fsync` succeeds, its lock is
+//! still its own), the other server leads and hears every data server. Real processes,
+//! two real FUSE mounts, a real etcd on 127.0.0.1 with its data on /dev/shm. A data
+//! server that asks the follower first is sent on to the leader.
+
+use meta_server::kv::etcd::local::LocalEtcd;
+use meta_server::kv::EtcdConfig;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use tessera_tests::{pseudo_random, sha256_hex, ClusterOptions, ProcessCluster};
+
+const MIB: usize = 1 << 20;
+/// The servers' live-key lease: the survivor leads this long (and some) after the kill.
+const LEASE_MS: u64 = 2000;
+/// How long any one file operation may take across the failover.
+const OP_LIMIT: Duration = Duration::from_secs(60);
+/// How long the surviving server may take to lead.
+const TAKE_OVER_LIMIT: Duration = Duration::from_secs(30);
+
+/// Runs `f` on a thread of its own and waits at most [`OP_LIMIT`] for it.
+fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    let start = Instant::now();
+    let out = rx
+        .recv_timeout(OP_LIMIT)
+        .unwrap_or_else(|_| panic!("{what}: no answer within {OP_LIMIT:?}"));
+    eprintln!("{what}: {:?}", start.elapsed());
+    out
+}
+
+/// The data servers whose state is `Up` in `tessera status --json` through `meta`.
+fn up_nodes(cluster: &ProcessCluster, meta: &str) -> Option<usize> {
+    let (code, out) = cluster.tessera_at(meta, &["status", "--json"]);
+    if code != 0 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+    let nodes = v["map"]["nodes"].as_array()?;
+    Some(nodes.iter().filter(|n| n["state"] == "Up").count())
+}
+
+/// Tries an exclusive `flock` without waiting: whether it was taken.
+fn try_flock(f: &fs::File) -> bool {
+    // SAFETY: a plain syscall on an open descriptor.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+#[test]
+fn two_metadata_servers_serve_one_namespace_and_one_survives_the_others_kill() {
+    if !LocalEtcd::present_for_tests() {
+        return;
+    }
+    let etcd = LocalEtcd::start(1).expect("etcd");
+    let etcd_config = EtcdConfig {
+        owner_lease_ms: LEASE_MS,
+        shared: true,
+        ..etcd.config()
+    };
+    let mut cluster = ProcessCluster::start_with(ClusterOptions {
+        data_servers: 3,
+        meta_toml: tessera_tests::etcd_meta_toml(&etcd_config),
+        // A short node lease and grace: the survivor sees the data servers' beats
+        // soon, and ends what the dead server held soon.
+        namespace_toml: "node_lease_ms = 1000\nsession_grace_ms = 5000".into(),
+        heartbeat_ms: 200,
+        standby_meta: true,
+        ..ClusterOptions::default()
+    });
+    cluster.start_peer_meta();
+    let (a, b) = (
+        cluster.meta_addr().to_string(),
+        cluster.peer_meta_addr().to_string(),
+    );
+    // A data server that asks the follower first is sent on to the leader.
+    cluster.restart_data_at(2, &format!("{b},{a}"));
+    let deadline = Instant::now() + TAKE_OVER_LIMIT;
+    while !fs::read_to_string(cluster.dir().join("data-2.log"))
+        .unwrap_or_default()
+        .contains("sent this data server elsewhere")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the follower did not send data server 2 on"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    cluster.wait_healthy(Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        up_nodes(&cluster, &a),
+        Some(3),
+        "the leader does not hear data server 2"
+    );
+    let m1 = cluster.mount_at("m1", &format!("{a},{b}"));
+    let m2 = cluster.mount_at("m2", &format!("{b},{a}"));
+
+    // Close-to-open, both ways, and names changed through either server.
+    let one = pseudo_random(3 * MIB + 5, 1);
+    fs::write(m1.path.join("one"), &one).expect("write through A");
+    assert_eq!(fs::read(m2.path.join("one")).expect("read through B"), one);
+    let two = pseudo_random(MIB + 17, 2);
+    fs::write(m2.path.join("two"), &two).expect("write through B");
+    assert_eq!(fs::read(m1.path.join("two")).expect("read through A"), two);
+    fs::create_dir(m2.path.join("d")).expect("mkdir through B");
+    fs::rename(m1.path.join("one"), m1.path.join("d/one")).expect("rename through A");
+    // B's mount may hold the old name for its kernel's entry lifetime (`entry_ttl_ms`,
+    // 1 s), as a second mount of one server does.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while m2.path.join("one").exists() {
+        assert!(Instant::now() < deadline, "B still sees the old name");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(fs::read(m2.path.join("d/one")).expect("read renamed"), one);
+    // Only one of two exclusive creates of one name wins.
+    let excl = |p: std::path::PathBuf| fs::OpenOptions::new().write(true).create_new(true).open(p);
+    let first = excl(m1.path.join("x"));
+    let second = excl(m2.path.join("x"));
+    assert!(first.is_ok(), "{first:?}");
+    assert_eq!(
+        second.unwrap_err().kind(),
+        std::io::ErrorKind::AlreadyExists
+    );
+
+    // A file open for writing through A, locked, across A's death.
+    let before = pseudo_random(4 * MIB, 3);
+    let after = pseudo_random(2 * MIB + 9, 4);
+    let mut open = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(m1.path.join("open.bin"))
+        .expect("create open.bin");
+    assert!(try_flock(&open), "lock through A");
+    let other = fs::File::open(m2.path.join("open.bin")).expect("open through B");
+    assert!(!try_flock(&other), "B's client took a lock A's holds");
+    open.write_all(&before).expect("write before");
+    open.sync_all().expect("fsync before");
+
+    let t = Instant::now();
+    cluster.kill_meta();
+    eprintln!("killed the metadata server at {a} (the leader)");
+    let written = after.clone();
+    let mut open = bounded("write and fsync after the kill", move || {
+        open.write_all(&written).expect("write after");
+        open.sync_all().expect("fsync after");
+        open
+    });
+    let p = m1.path.join("new-after");
+    bounded("create through A's mount after the kill", move || {
+        fs::write(p, b"made after").expect("create after")
+    });
+    // The lock is still its owner's: B's client cannot take it; it can once released.
+    assert!(!try_flock(&other), "the lock was lost with its server");
+    // SAFETY: a plain syscall on an open descriptor.
+    assert_eq!(unsafe { libc::flock(open.as_raw_fd(), libc::LOCK_UN) }, 0);
+    assert!(try_flock(&other), "the released lock is not free");
+    drop(other);
+
+    // Everything answered before and after is there, read through either mount.
+    open.seek(SeekFrom::Start(0)).expect("seek");
+    let mut back = Vec::new();
+    open.read_to_end(&mut back).expect("read back");
+    drop(open);
+    let whole: Vec<u8> = [before, after].concat();
+    assert_eq!(sha256_hex(&back), sha256_hex(&whole));
+    let through_b = fs::read(m2.path.join("open.bin")).expect("read through B");
+    assert_eq!(sha256_hex(&through_b), sha256_hex(&whole));
+    assert_eq!(
+        fs::read(m2.path.join("new-after")).expect("read"),
+        b"made after"
+    );
+    assert_eq!(fs::read(m1.path.join("d/one")).expect("read"), one);
+
+    // B leads once A's live key is gone (a lease after the kill), and from then on
+    // hears the data servers: a leader that did not would take them for dead one node
+    // lease (1 s) after it began to lead.
+    let log = cluster.dir().join("meta-b.log");
+    let deadline = Instant::now() + TAKE_OVER_LIMIT;
+    while !fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("this metadata server leads")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the survivor does not lead {TAKE_OVER_LIMIT:?} after the kill"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("{b} leads {:?} after the kill", t.elapsed());
+    std::thread::sleep(Duration::from_millis(3000));
+    assert_eq!(
+        up_nodes(&cluster, &b),
+        Some(3),
+        "the leader does not hear the data servers"
+    );
+    let (code, out) = cluster.tessera_at(&b, &["fsck"]);
+    assert_eq!(code, 0, "fsck: {out}");
+    drop((m1, m2));
+}
