@@ -7,6 +7,8 @@
 #   BIN_DIR=target/release scripts/pjdfstest.sh
 #   STORE=etcd scripts/pjdfstest.sh   the namespace on etcd: the script starts one etcd
 #                                     member on 127.0.0.1 (data on /dev/shm) and stops it
+#   STORE=etcd-shared scripts/pjdfstest.sh   the same, both metadata servers serving at
+#                                     once (`tessera up --etcd-shared`)
 #   STORE=sled scripts/pjdfstest.sh   (or redb, the default) the embedded engines
 # Exits non-zero on any failure that is not listed as known.
 set -euo pipefail
@@ -44,8 +46,8 @@ mkdir -p "$work/secondary"
 store_args=()
 case "${STORE:-}" in
   ""|redb|sled) [ -z "${STORE:-}" ] || store_args=(--store "$STORE") ;;
-  etcd)
-    command -v etcd >/dev/null || { echo "STORE=etcd needs etcd (Debian's etcd-server)" >&2; exit 1; }
+  etcd|etcd-shared)
+    command -v etcd >/dev/null || { echo "STORE=$STORE needs etcd (Debian's etcd-server)" >&2; exit 1; }
     # Two ports free now, below the ephemeral range (which the mount's own outgoing
     # connections draw from) as transport::ports picks them.
     ports=$(python3 -c 'import random, socket
@@ -80,8 +82,12 @@ print("\n".join(map(str, got)))')
       sleep 0.1
     done
     store_args=(--store etcd --etcd "http://127.0.0.1:$client_port")
-    echo "== the namespace on etcd at http://127.0.0.1:$client_port (pid $etcd_pid)" ;;
-  *) echo "STORE must be redb, sled or etcd" >&2; exit 1 ;;
+    # Both metadata servers serving at once: every change a checked transaction, open
+    # files and locks in etcd, one leader for membership.
+    mode=""
+    [ "$STORE" = etcd ] || { store_args+=(--etcd-shared); mode=", two metadata servers at once"; }
+    echo "== the namespace on etcd at http://127.0.0.1:$client_port (pid $etcd_pid)$mode" ;;
+  *) echo "STORE must be redb, sled, etcd or etcd-shared" >&2; exit 1 ;;
 esac
 "$BIN_DIR/tessera" up "$mnt" --state-dir "$state" "${store_args[@]}" >/dev/null
 mkdir "$mnt/pjd"

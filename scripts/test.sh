@@ -81,6 +81,8 @@ step "pjdfstest (public POSIX suite) on a fresh mount"
 scripts/pjdfstest.sh
 step "pjdfstest on a mount whose namespace is on etcd"
 STORE=etcd scripts/pjdfstest.sh
+step "pjdfstest on a mount whose namespace two metadata servers serve at once on etcd"
+STORE=etcd-shared scripts/pjdfstest.sh
 step "Debian package: built, installed into a fresh Debian 12 root, a mount from it"
 scripts/package-test.sh
 step "all checks passed"

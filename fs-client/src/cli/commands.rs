@@ -90,6 +90,10 @@ pub enum Cmd {
         /// (default: /dev/shm, a tmpfs; `tessera down` removes it either way).
         #[arg(long, conflicts_with = "etcd")]
         etcd_dir: Option<PathBuf>,
+        /// With --store etcd: both metadata servers serve the namespace at once
+        /// (`tessera-meta --etcd-shared`) instead of one serving and one standing by.
+        #[arg(long)]
+        etcd_shared: bool,
         /// Copies of each chunk (1 to 8, capped by the data servers; default 3).
         #[arg(long)]
         replicas: Option<u8>,
@@ -422,14 +426,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             store,
             etcd,
             etcd_dir,
+            etcd_shared,
             replicas,
             nonempty,
         } => {
             if !(1..=MAX_UP_DATA_SERVERS).contains(&data_servers) {
                 bail!("--data-servers must be between 1 and {MAX_UP_DATA_SERVERS}");
             }
-            if (etcd.is_some() || etcd_dir.is_some()) && store.as_deref() != Some("etcd") {
-                bail!("--etcd and --etcd-dir go with --store etcd (--engine etcd)");
+            let etcd_only = etcd.is_some() || etcd_dir.is_some() || etcd_shared;
+            if etcd_only && store.as_deref() != Some("etcd") {
+                bail!("--etcd, --etcd-dir and --etcd-shared go with --store etcd (--engine etcd)");
             }
             let opts = UpOptions {
                 mountpoint,
@@ -438,6 +444,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 store,
                 etcd,
                 etcd_dir,
+                etcd_shared,
                 bin_dir: None,
                 replicas,
                 nonempty,

@@ -20,11 +20,15 @@ use std::time::Duration;
 
 /// etcd members `up` starts: the smallest cluster that survives the loss of one.
 pub const LOCAL_ETCD_MEMBERS: usize = 3;
-/// Metadata servers `up` starts on etcd: one serves, one waits as a standby.
+/// Metadata servers `up` starts on etcd: one serves, one waits as a standby (both
+/// serve with `--etcd-shared`).
 pub const META_SERVERS: usize = 2;
 /// How long a metadata server waits for the owner key to go: a standby waits as long as
 /// the server allows (a day, `etcd.owner_wait_ms`'s maximum).
 pub const STANDBY_WAIT_MS: u64 = 86_400_000;
+/// The flag of a metadata server that serves the prefix beside the others
+/// (`tessera up --etcd-shared`), as its recorded command line holds it.
+pub const SHARED_FLAG: &str = "--etcd-shared";
 /// What a metadata server logs once it found the owner key held and waits (owner.rs):
 /// the sign that a standby reached etcd and is in place.
 pub const STANDBY_LOG: &str = "owner key held: waiting for it to go";
@@ -260,7 +264,13 @@ pub(super) fn start_metas(
     for (i, addr) in addrs.iter().enumerate() {
         let role = meta_role(i);
         let argv = super::meta_argv(opts, state, (&role, addr), Some(&urls))?;
-        launch_meta(state, &role, &argv, pids, (i > 0, false))?;
+        launch_meta(
+            state,
+            &role,
+            &argv,
+            pids,
+            (i > 0 && !opts.etcd_shared, false),
+        )?;
     }
     Ok(addrs.join(","))
 }

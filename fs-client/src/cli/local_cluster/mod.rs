@@ -39,6 +39,9 @@ pub struct UpOptions {
     pub etcd: Option<String>,
     /// Where the local etcd cluster keeps its data; `None`: tmpfs (`/dev/shm`).
     pub etcd_dir: Option<PathBuf>,
+    /// With `store` "etcd": both metadata servers serve at once (`--etcd-shared`), not
+    /// one and a standby.
+    pub etcd_shared: bool,
     /// Directory holding `tessera-meta` and `tessera-data`; `None`: next to this program.
     pub bin_dir: Option<PathBuf>,
     /// Copies of each chunk; `None`: the metadata server's default (3).
@@ -562,7 +565,8 @@ fn path_arg(p: &Path) -> String {
 }
 
 /// The command line of metadata server `role` listening on `listen`; on etcd at
-/// `etcd` (client URLs), with the standby's long wait for the owner key.
+/// `etcd` (client URLs), with the standby's long wait for the owner key, or serving
+/// beside the other (`etcd_shared`).
 fn meta_argv(
     opts: &UpOptions,
     state: &Path,
@@ -586,12 +590,13 @@ fn meta_argv(
         argv.extend(["--store".into(), s.clone()]);
     }
     if let Some(e) = etcd {
-        argv.extend([
-            "--etcd".into(),
-            e.to_string(),
-            "--etcd-owner-wait-ms".into(),
-            etcd::STANDBY_WAIT_MS.to_string(),
-        ]);
+        argv.extend(["--etcd".into(), e.to_string()]);
+        if opts.etcd_shared {
+            argv.push(etcd::SHARED_FLAG.into());
+        } else {
+            let wait = etcd::STANDBY_WAIT_MS.to_string();
+            argv.extend(["--etcd-owner-wait-ms".into(), wait]);
+        }
     }
     if let Some(r) = opts.replicas {
         argv.extend(["--replicas".into(), r.to_string()]);
@@ -710,10 +715,12 @@ fn bring_back(
             continue;
         }
         if etcd::is_meta_role(role) && etcd::meta_addrs(state).is_some() {
-            // On etcd: on its fixed address; a standby while another serves.
+            // On etcd: on its fixed address; a standby while another serves (unless
+            // they serve at once).
             let another = |r: &str| etcd::is_meta_role(r) && r != role.as_str();
-            let standby = running.iter().any(|m| another(&m.role))
-                || restarted.iter().any(|(r, _)| another(r));
+            let standby = !argv.iter().any(|a| a == etcd::SHARED_FLAG)
+                && (running.iter().any(|m| another(&m.role))
+                    || restarted.iter().any(|(r, _)| another(r)));
             etcd::launch_meta(state, role, &argv, &mut pids, (standby, true))?;
             let addr = state::option_value(&argv, "--listen").unwrap_or_default();
             restarted.push((role.to_string(), addr.to_string()));
