@@ -202,3 +202,60 @@ fn up_on_etcd_keeps_the_mount_through_a_kill_of_the_serving_metadata_server() {
     );
     assert!(!state.join("data-0").exists() && !state.join("meta").exists());
 }
+
+/// `tessera up --engine etcd --etcd-shared`: both metadata servers serve at once; the
+/// mount goes on through the second when the first is killed, and `up` brings the
+/// killed one back serving, not as a standby.
+#[test]
+fn up_on_etcd_shared_serves_through_both_servers_and_brings_a_killed_one_back_serving() {
+    if !LocalEtcd::present_for_tests() {
+        return;
+    }
+    tessera_tests::process::require_fuse();
+    let dir = tempfile::tempdir().unwrap();
+    let (mnt, state) = (dir.path().join("mnt"), dir.path().join("state"));
+    let _down = UpGuard {
+        mnt: mnt.clone(),
+        state: state.clone(),
+    };
+    let (m, s) = (mnt.to_string_lossy(), state.to_string_lossy());
+    let out = run(&["up", &m, "--state-dir", &s, "--etcd-shared"]);
+    assert!(!out.status.success(), "--etcd-shared without --engine etcd");
+    let out = tessera(&["up", &m, "--state-dir", &s, "--engine", "etcd", "--etcd-shared"]);
+    assert!(out.contains("mounted"), "{out}");
+    let status = tessera(&["status", &m, "--state-dir", &s]);
+    assert!(meta_line(&status, "meta").ends_with("serves"), "{status}");
+    assert!(meta_line(&status, "meta-1").ends_with("serves"), "{status}");
+
+    let mut open = fs::OpenOptions::new()
+        .create_new(true)
+        .read(true)
+        .write(true)
+        .open(mnt.join("open"))
+        .unwrap();
+    open.write_all(b"before the kill\n").unwrap();
+    open.sync_all().unwrap();
+    let first = pids(&state).into_iter().find(|(r, _)| r == "meta").unwrap().1;
+    // SAFETY: kill(2) on the PID `up` recorded for the metadata server it started.
+    assert_eq!(unsafe { libc::kill(first, libc::SIGKILL) }, 0);
+    let killed = Instant::now();
+    open.write_all(b"after the kill\n").unwrap();
+    open.sync_all().unwrap();
+    eprintln!("write + fsync after the kill took {:?}", killed.elapsed());
+    let mut back = String::new();
+    open.rewind().unwrap();
+    open.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "before the kill\nafter the kill\n");
+    drop(open);
+
+    let out = tessera(&["up", &m, "--state-dir", &s]);
+    assert!(out.contains("brought back meta "), "{out}");
+    let status = tessera(&["status", &m, "--state-dir", &s]);
+    assert!(meta_line(&status, "meta").ends_with("serves"), "{status}");
+    assert!(meta_line(&status, "meta-1").ends_with("serves"), "{status}");
+    fs::write(mnt.join("after"), b"after the bring-back").unwrap();
+    assert_eq!(fs::read(mnt.join("after")).unwrap(), b"after the bring-back");
+    let out = tessera(&["down", &m, "--state-dir", &s]);
+    assert!(out.contains("meta-1"), "{out}");
+    assert!(!fs_client::cli::local_cluster::is_mounted(&mnt));
+}
