@@ -92,6 +92,8 @@ impl MetaConfig {
         }
         if self.store == StoreKind::Etcd {
             self.etcd.validate()?;
+        } else if self.etcd.shared {
+            return Err("etcd.shared (--etcd-shared) needs store = \"etcd\"".into());
         }
         if self.key_file.as_os_str().is_empty() && !self.admin_key_file.as_os_str().is_empty() {
             return Err("admin_key_file needs key_file (the cluster key)".into());
@@ -131,6 +133,11 @@ pub struct MetaServer {
 impl Drop for MetaServer {
     fn drop(&mut self) {
         self.expiry.abort();
+        if self.ns.is_shared() {
+            // The connections closed now are not clients that ended: their sessions
+            // and locks stay for the clients to take back on another server.
+            self.shutdown();
+        }
         if let Some(owner) = self.owner.take() {
             // Serving stops first, so nothing is staged after the sync; and changes
             // staged lazily (closes, purges) must land while the key is still ours:

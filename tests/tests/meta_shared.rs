@@ -19,6 +19,9 @@ use tessera_tests::{pseudo_random, sha256_hex, ClusterOptions, ProcessCluster};
 const MIB: usize = 1 << 20;
 /// The servers' live-key lease: the survivor leads this long (and some) after the kill.
 const LEASE_MS: u64 = 2000;
+/// The servers' session grace: what a dead server held and no client took back
+/// elsewhere ends this long after its live key went.
+const GRACE_MS: u64 = 5000;
 /// How long any one file operation may take across the failover.
 const OP_LIMIT: Duration = Duration::from_secs(60);
 /// How long the surviving server may take to lead.
@@ -36,6 +39,15 @@ fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static
         .unwrap_or_else(|_| panic!("{what}: no answer within {OP_LIMIT:?}"));
     eprintln!("{what}: {:?}", start.elapsed());
     out
+}
+
+/// Waits up to 5 s (several entry lifetimes) for `cond`.
+fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within 5 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// The data servers whose state is `Up` in `tessera status --json` through `meta`.
@@ -71,7 +83,7 @@ fn two_metadata_servers_serve_one_namespace_and_one_survives_the_others_kill() {
         meta_toml: tessera_tests::etcd_meta_toml(&etcd_config),
         // A short node lease and grace: the survivor sees the data servers' beats
         // soon, and ends what the dead server held soon.
-        namespace_toml: "node_lease_ms = 1000\nsession_grace_ms = 5000".into(),
+        namespace_toml: format!("node_lease_ms = 1000\nsession_grace_ms = {GRACE_MS}"),
         heartbeat_ms: 200,
         standby_meta: true,
         ..ClusterOptions::default()
@@ -113,13 +125,11 @@ fn two_metadata_servers_serve_one_namespace_and_one_survives_the_others_kill() {
     assert_eq!(fs::read(m1.path.join("two")).expect("read through A"), two);
     fs::create_dir(m2.path.join("d")).expect("mkdir through B");
     fs::rename(m1.path.join("one"), m1.path.join("d/one")).expect("rename through A");
-    // B's mount may hold the old name for its kernel's entry lifetime (`entry_ttl_ms`,
-    // 1 s), as a second mount of one server does.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while m2.path.join("one").exists() {
-        assert!(Instant::now() < deadline, "B still sees the old name");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    // B's mount may answer from what it knew for the entry lifetime (`entry_ttl_ms`,
+    // 1 s: the kernel's names, and its own list of `d`, which it made empty), as a
+    // second mount of one server does.
+    eventually("B sees the old name gone", || !m2.path.join("one").exists());
+    eventually("B sees the new name", || m2.path.join("d/one").exists());
     assert_eq!(fs::read(m2.path.join("d/one")).expect("read renamed"), one);
     // Only one of two exclusive creates of one name wins.
     let excl = |p: std::path::PathBuf| fs::OpenOptions::new().write(true).create_new(true).open(p);
@@ -159,7 +169,27 @@ fn two_metadata_servers_serve_one_namespace_and_one_survives_the_others_kill() {
     bounded("create through A's mount after the kill", move || {
         fs::write(p, b"made after").expect("create after")
     });
-    // The lock is still its owner's: B's client cannot take it; it can once released.
+    // B leads once A's live key is gone (a lease after the kill), and from then on
+    // hears the data servers: a leader that did not would take them for dead one node
+    // lease (1 s) after it began to lead.
+    let log = cluster.dir().join("meta-b.log");
+    let deadline = Instant::now() + TAKE_OVER_LIMIT;
+    while !fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("this metadata server leads")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the survivor does not lead {TAKE_OVER_LIMIT:?} after the kill"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("{b} leads {:?} after the kill", t.elapsed());
+    let led = Instant::now();
+    // The lock is still its owner's past the time B ends what A held and no client
+    // took back (A's lease, then the session grace): the mount took it back on B.
+    let ended = Duration::from_millis(LEASE_MS + GRACE_MS + 1500);
+    std::thread::sleep(ended.saturating_sub(t.elapsed()));
     assert!(!try_flock(&other), "the lock was lost with its server");
     // SAFETY: a plain syscall on an open descriptor.
     assert_eq!(unsafe { libc::flock(open.as_raw_fd(), libc::LOCK_UN) }, 0);
@@ -181,23 +211,7 @@ fn two_metadata_servers_serve_one_namespace_and_one_survives_the_others_kill() {
     );
     assert_eq!(fs::read(m1.path.join("d/one")).expect("read"), one);
 
-    // B leads once A's live key is gone (a lease after the kill), and from then on
-    // hears the data servers: a leader that did not would take them for dead one node
-    // lease (1 s) after it began to lead.
-    let log = cluster.dir().join("meta-b.log");
-    let deadline = Instant::now() + TAKE_OVER_LIMIT;
-    while !fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("this metadata server leads")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the survivor does not lead {TAKE_OVER_LIMIT:?} after the kill"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    eprintln!("{b} leads {:?} after the kill", t.elapsed());
-    std::thread::sleep(Duration::from_millis(3000));
+    std::thread::sleep(Duration::from_millis(3000).saturating_sub(led.elapsed()));
     assert_eq!(
         up_nodes(&cluster, &b),
         Some(3),

@@ -221,7 +221,15 @@ fn up_on_etcd_shared_serves_through_both_servers_and_brings_a_killed_one_back_se
     let (m, s) = (mnt.to_string_lossy(), state.to_string_lossy());
     let out = run(&["up", &m, "--state-dir", &s, "--etcd-shared"]);
     assert!(!out.status.success(), "--etcd-shared without --engine etcd");
-    let out = tessera(&["up", &m, "--state-dir", &s, "--engine", "etcd", "--etcd-shared"]);
+    let out = tessera(&[
+        "up",
+        &m,
+        "--state-dir",
+        &s,
+        "--engine",
+        "etcd",
+        "--etcd-shared",
+    ]);
     assert!(out.contains("mounted"), "{out}");
     let status = tessera(&["status", &m, "--state-dir", &s]);
     assert!(meta_line(&status, "meta").ends_with("serves"), "{status}");
@@ -235,7 +243,11 @@ fn up_on_etcd_shared_serves_through_both_servers_and_brings_a_killed_one_back_se
         .unwrap();
     open.write_all(b"before the kill\n").unwrap();
     open.sync_all().unwrap();
-    let first = pids(&state).into_iter().find(|(r, _)| r == "meta").unwrap().1;
+    let first = pids(&state)
+        .into_iter()
+        .find(|(r, _)| r == "meta")
+        .unwrap()
+        .1;
     // SAFETY: kill(2) on the PID `up` recorded for the metadata server it started.
     assert_eq!(unsafe { libc::kill(first, libc::SIGKILL) }, 0);
     let killed = Instant::now();
@@ -254,7 +266,10 @@ fn up_on_etcd_shared_serves_through_both_servers_and_brings_a_killed_one_back_se
     assert!(meta_line(&status, "meta").ends_with("serves"), "{status}");
     assert!(meta_line(&status, "meta-1").ends_with("serves"), "{status}");
     fs::write(mnt.join("after"), b"after the bring-back").unwrap();
-    assert_eq!(fs::read(mnt.join("after")).unwrap(), b"after the bring-back");
+    assert_eq!(
+        fs::read(mnt.join("after")).unwrap(),
+        b"after the bring-back"
+    );
     let out = tessera(&["down", &m, "--state-dir", &s]);
     assert!(out.contains("meta-1"), "{out}");
     assert!(!fs_client::cli::local_cluster::is_mounted(&mnt));

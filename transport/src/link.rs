@@ -170,11 +170,12 @@ impl Link {
 
     /// Tells the link that the server on `conn` answered that another server of the
     /// list is the one to ask (a metadata server that does not lead, for a data
-    /// server's heartbeat): the connection is closed and the next caller connects to
-    /// the next address first. Nothing with one address.
+    /// server's heartbeat): the next caller connects to the next address first. The
+    /// connection is left to the calls still on it, and closes once the last of them
+    /// lets it go. Nothing with one address.
     pub fn ask_elsewhere(&self, conn: &Connection) {
         if self.addrs.lock().list.len() > 1 {
-            self.leave(conn, Connection::close, "the server sent us elsewhere");
+            self.leave(conn, |_| {}, "the server sent us elsewhere");
         }
     }
 

@@ -63,7 +63,7 @@ impl Namespace {
     /// On a shared engine, looks at the `E` key and takes it if it is free or names a
     /// server whose live key is gone; returns whether this server leads now. Off a
     /// shared engine: always leads. Becoming the leader reloads the chains and starts
-    /// every data server's lease afresh.
+    /// the lease of every data server not offline in all its chains afresh.
     pub fn campaign(&self) -> Result<bool, MetaError> {
         let Some(me) = self.state.lock().shared.me else {
             return Ok(true);
@@ -85,14 +85,20 @@ impl Namespace {
             Self::commit_txn(&mut st, txn)?;
             Ok(true)
         })?;
-        let was = self.leading.swap(leads, Ordering::AcqRel);
+        let was = self.leading.load(Ordering::Acquire);
         if leads && !was {
+            // Leads only once the chains are read again and the leases set from them:
+            // a heartbeat let in before would run the rules on what this server heard
+            // while it followed (nothing), and take every data server for dead. Failed,
+            // it is tried again at the next look.
+            self.take_over_membership()?;
+            self.leading.store(true, Ordering::Release);
             tracing::info!(
                 server = me.id,
                 "this metadata server leads: it runs membership now"
             );
-            self.take_over_membership()?;
         } else if was && !leads {
+            self.leading.store(false, Ordering::Release);
             tracing::warn!(server = me.id, "this metadata server no longer leads");
         }
         Ok(leads)

@@ -166,21 +166,31 @@ impl Namespace {
         }
     }
 
-    /// Becoming the leader on a shared engine: the chains are read again, and every
-    /// data server gets a lease from now (this server heard none of them before).
+    /// Becoming the leader on a shared engine: the chains are read again; a data server
+    /// up in them (not offline in every chain it is in) gets a lease from now, as after
+    /// a restart (this server heard none of them before); one the last leader took for
+    /// dead stays so, silent just past its lease (so it is replaced `replace_after_ms`
+    /// from now at the latest, unless it beats again).
     pub(super) fn take_over_membership(&self) -> Result<(), MetaError> {
         let mut m = self.members.lock();
         m.loaded = false;
         m.resync.clear();
+        self.load_members(&mut m)?;
         let nodes = self.nodes()?;
-        {
-            let now = self.clock.now();
-            let mut live = self.liveness.lock();
-            for (node, _) in &nodes {
-                live.heard(*node, now);
-            }
+        let now = self.clock.now();
+        let lease = Duration::from_millis(self.config.node_lease_ms);
+        let dead_since = now
+            .checked_sub(lease + Duration::from_millis(1))
+            .unwrap_or(now);
+        let mut live = self.liveness.lock();
+        for (node, _) in &nodes {
+            let at = match up_in_chains(&m, node.0) {
+                true => now,
+                false => dead_since,
+            };
+            live.heard(*node, at);
         }
-        self.load_members(&mut m)
+        Ok(())
     }
 
     /// Applies the membership rules (see [`membership::reconcile`]) to the chains and
@@ -229,7 +239,27 @@ impl Namespace {
         self.members.lock().version
     }
 
-    /// A new map version with no chain changed: a server's address changed.
+    /// Runs `f` (a registration's transaction, which writes a new map version with
+    /// [`next_map_version`] when it says so) under the membership lock, and notes the
+    /// version it wrote.
+    pub(crate) fn with_map_version<T>(
+        &self,
+        f: impl FnOnce(u64) -> Result<(T, bool), MetaError>,
+    ) -> Result<T, MetaError> {
+        let mut m = self.members.lock();
+        self.load_members(&mut m)?;
+        let (out, bumped) = self
+            .leader_write(|| f(m.version))
+            .inspect_err(|_| m.loaded = false)?;
+        if bumped {
+            m.version += 1;
+            tracing::info!(version = m.version, "cluster map changed: a server moved");
+        }
+        Ok(out)
+    }
+
+    /// A new map version with no chain changed (tests: a deposed leader's write).
+    #[cfg(test)]
     pub(crate) fn bump_map_version(&self) -> Result<(), MetaError> {
         let mut m = self.members.lock();
         self.load_members(&mut m)?;
@@ -259,23 +289,10 @@ impl Namespace {
         }
         let read = m.version;
         self.mutate(|txn, _| {
-            if txn.is_shared() {
-                super::leader::confirm(txn)?;
-                let stored: u64 = match txn.raw(&keys::map_version())? {
-                    Some(v) => decode(&v, "map version")?,
-                    None => 0,
-                };
-                if stored != read {
-                    return Err(MetaError::NotLeader(format!(
-                        "the map moved to version {stored} under another leader"
-                    )));
-                }
-            }
             for (k, v) in rows.iter().cloned() {
                 txn.put(k, v);
             }
-            txn.put(keys::map_version(), encode(&version)?);
-            Ok(())
+            next_map_version(txn, read)
         })?;
         m.version = version;
         tracing::info!(version, chains = ?changed, "cluster map changed");
@@ -308,6 +325,10 @@ impl Namespace {
     /// takes it out of its chains (its lease plus `replace_after_ms` after its last
     /// heartbeat).
     pub(crate) fn replaced_in(&self, map: &ClusterMap) -> Vec<(NodeId, u64)> {
+        // A follower hears no heartbeat: only the leader knows how long one was silent.
+        if !self.leads() {
+            return Vec::new();
+        }
         let gone_after = Duration::from_millis(self.config.node_lease_ms)
             .saturating_add(Duration::from_millis(self.config.replace_after_ms));
         let now = self.clock.now();
@@ -366,28 +387,48 @@ impl Namespace {
     }
 }
 
+/// Writes map version `read + 1` into `txn`; on a shared engine only while this server
+/// leads (`leader::confirm`) and the stored version is still `read`.
+pub(super) fn next_map_version(txn: &mut super::txn::Txn<'_>, read: u64) -> Result<(), MetaError> {
+    if txn.is_shared() {
+        super::leader::confirm(txn)?;
+        let stored: u64 = match txn.raw(&keys::map_version())? {
+            Some(v) => decode(&v, "map version")?,
+            None => 0,
+        };
+        if stored != read {
+            return Err(MetaError::NotLeader(format!(
+                "the map moved to version {stored} under another leader"
+            )));
+        }
+    }
+    txn.put(keys::map_version(), encode(&(read + 1))?);
+    Ok(())
+}
+
+/// Whether data server `node` is up as `m`'s chains say: a member of some chain, and
+/// not offline in all of them (the rules keep a member offline exactly while its server
+/// is down, and a live server always heads a chain; one in none was taken out of its
+/// chains for being dead too long).
+fn up_in_chains(m: &Members, node: u32) -> bool {
+    m.chains
+        .values()
+        .flat_map(|c| c.members.iter())
+        .any(|x| x.node == node && x.state != membership::OFFLINE)
+}
+
 /// The map of `m`'s chains. A data server is up if its lease in `view` runs (`heard`:
-/// this server hears the heartbeats), else if it is not offline in every chain it is in
-/// (a follower on a shared engine, which hears none: the leader's rules keep a member
-/// offline exactly while its server is down).
+/// this server hears the heartbeats), else as the chains say ([`up_in_chains`]: a
+/// follower on a shared engine, which hears none).
 fn build_map(
     m: &Members,
     nodes: &[(NodeId, super::records::NodeRecord)],
     view: &View<'_>,
     heard: bool,
 ) -> ClusterMap {
-    let up = |n: u32| {
-        if heard {
-            return view.alive(n);
-        }
-        let mut states = m
-            .chains
-            .values()
-            .flat_map(|c| c.members.iter())
-            .filter(|x| x.node == n)
-            .map(|x| x.state)
-            .peekable();
-        states.peek().is_none() || states.any(|s| s != membership::OFFLINE)
+    let up = |n: u32| match heard {
+        true => view.alive(n),
+        false => up_in_chains(m, n),
     };
     ClusterMap {
         version: m.version,

@@ -108,7 +108,11 @@ impl Namespace {
             capacity_bytes,
             used_bytes,
         };
-        let (node, moved) = self.leader_write(|| {
+        // The record and, if the server moved, a new map version in one transaction:
+        // peers compare map versions only, so a server back on a new port (a restart
+        // with port 0) must be a new version, or those holding the old map keep
+        // forwarding chain writes to its old address.
+        let node = self.with_map_version(|version| {
             self.mutate(|txn, _| {
                 // A leader deposed since the check above registers nobody.
                 super::leader::confirm(txn)?;
@@ -117,17 +121,14 @@ impl Namespace {
                     None => (new_node_id(txn)?, false),
                 };
                 txn.put(keys::node(node), encode(&rec)?);
+                if moved {
+                    super::membership::next_map_version(txn, version)?;
+                }
                 Ok((node, moved))
             })
         })?;
         self.liveness.lock().heard(node, self.clock.now());
         tracing::info!(%node, addr, "data server registered");
-        if moved {
-            // Peers compare map versions only: a server back on a new port (a restart
-            // with port 0) must be a new version, or those holding the old map keep
-            // forwarding chain writes to its old address.
-            self.bump_map_version()?;
-        }
         self.reconcile()?;
         Ok(node)
     }
@@ -156,24 +157,29 @@ impl Namespace {
         let last = chunks.pop().unwrap_or_default();
         for chunk in chunks {
             self.mutate(|txn, _| {
+                super::leader::confirm(txn)?;
                 for GcTask::DeleteFile(ino) in chunk {
                     txn.delete(keys::gc(node, *ino));
                 }
                 Ok(())
             })?;
         }
-        self.mutate(|txn, _| {
-            let mut rec = load_node(txn, node)?;
-            for GcTask::DeleteFile(ino) in last {
-                txn.delete(keys::gc(node, *ino));
-            }
-            // Usage rarely changes between beats; skip the durable write when it did not.
-            if (rec.capacity_bytes, rec.used_bytes) != (capacity_bytes, used_bytes) {
-                rec.capacity_bytes = capacity_bytes;
-                rec.used_bytes = used_bytes;
-                txn.put(keys::node(node), encode(&rec)?);
-            }
-            Ok(())
+        self.leader_write(|| {
+            self.mutate(|txn, _| {
+                // A leader deposed since the check above writes nothing of the beat.
+                super::leader::confirm(txn)?;
+                let mut rec = load_node(txn, node)?;
+                for GcTask::DeleteFile(ino) in last {
+                    txn.delete(keys::gc(node, *ino));
+                }
+                // Usage rarely changes between beats; skip the durable write when it did not.
+                if (rec.capacity_bytes, rec.used_bytes) != (capacity_bytes, used_bytes) {
+                    rec.capacity_bytes = capacity_bytes;
+                    rec.used_bytes = used_bytes;
+                    txn.put(keys::node(node), encode(&rec)?);
+                }
+                Ok(())
+            })
         })?;
         self.resync_report(node, resync)?;
         let map = self.reconcile()?;

@@ -101,7 +101,12 @@ fn leadership_passes_when_the_leaders_live_key_goes() {
         r.is_err(),
         "a deposed leader registered a data server: {r:?}"
     );
-    assert_eq!(b.cluster_map().unwrap().version, version, "the map moved");
+    let map = b.cluster_map().unwrap();
+    assert_eq!(map.version, version, "the map moved");
+    assert_ne!(
+        map.nodes[0].addr, "10.0.0.1:7001",
+        "the moved address was stored"
+    );
     assert!(!a.campaign().unwrap());
     not_leader(beat(&a, 1));
 }
@@ -213,5 +218,59 @@ fn a_new_leader_gives_every_data_server_a_lease_from_its_start() {
     assert!(
         map.nodes.iter().all(|n| n.state == NodeState::Down),
         "{map:?}"
+    );
+}
+
+/// Guards against a new leader bringing back data servers the last one took for dead
+/// (a fresh lease for all: a dead server back in its chains' write path for a lease,
+/// its replacement clock restarted), and against a follower showing up a server taken
+/// out of every chain.
+#[test]
+fn a_data_server_taken_for_dead_stays_down_across_a_change_of_leader() {
+    let mut h = H::with_nodes(crate::kv::StoreKind::Redb, 3);
+    h.stop();
+    let (engine, clock) = (h.open_store(), Arc::new(crate::ManualClock::new()));
+    let open = || {
+        let c: Arc<dyn crate::clock::Clock> = clock.clone();
+        Namespace::open_shared(engine.clone(), NamespaceConfig::default(), c).unwrap()
+    };
+    let (a, b) = (open(), open());
+    let config = NamespaceConfig::default();
+    let (lease, replace) = (config.node_lease_ms, config.replace_after_ms);
+    let states = |m: &proto::meta::ClusterMap| -> Vec<NodeState> {
+        m.nodes.iter().map(|n| n.state).collect()
+    };
+    let (up, down) = (NodeState::Up, NodeState::Down);
+    // Node 3 falls silent; 1 and 2 beat on.
+    clock.advance(std::time::Duration::from_millis(lease + 1));
+    beat(&a, 1).unwrap();
+    beat(&a, 2).unwrap();
+    assert_eq!(states(&a.cluster_map().unwrap()), [up, up, down]);
+    assert_eq!(states(&b.cluster_map().unwrap()), [up, up, down]);
+    // Past its replacement: out of every chain.
+    clock.advance(std::time::Duration::from_millis(replace));
+    beat(&a, 1).unwrap();
+    beat(&a, 2).unwrap();
+    let led = a.cluster_map().unwrap();
+    assert!(
+        !led.chains
+            .iter()
+            .any(|c| c.members.iter().any(|m| m.node == NodeId(3))),
+        "{led:?}"
+    );
+    assert_eq!(
+        states(&b.cluster_map().unwrap()),
+        [up, up, down],
+        "the follower"
+    );
+    // A goes; B leads and keeps node 3 down, 1 and 2 up.
+    let mut gone = WriteBatch::new();
+    gone.delete(keys::server(a.server_id().unwrap()));
+    engine.commit(gone).unwrap();
+    assert!(b.campaign().unwrap());
+    assert_eq!(
+        states(&b.cluster_map().unwrap()),
+        [up, up, down],
+        "the new leader"
     );
 }
