@@ -43,6 +43,26 @@ pub fn wait_until_blocking(what: &str, within: Duration, mut cond: impl FnMut() 
     }
 }
 
+/// Runs `f` on a thread of its own and waits at most `limit` for it: a call stuck on
+/// a mount fails the test (whose guards then unmount and stop everything) instead of
+/// hanging it. Prints how long it took.
+pub fn bounded<T: Send + 'static>(
+    what: &str,
+    limit: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    let start = Instant::now();
+    let out = rx
+        .recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("{what}: no answer within {limit:?}"));
+    eprintln!("{what}: {:?}", start.elapsed());
+    out
+}
+
 /// Hex sha256 of `data`.
 pub fn sha256_hex(data: &[u8]) -> String {
     Sha256::digest(data)

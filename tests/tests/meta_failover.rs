@@ -11,7 +11,6 @@ use meta_server::server::{MetaConfig, MetaServer};
 use std::fs;
 use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tessera_tests::{pseudo_random, sha256_hex, ClusterOptions, ProcessCluster};
 
@@ -24,21 +23,6 @@ const MIB: usize = 1 << 20;
 const OP_LIMIT: Duration = Duration::from_secs(60);
 /// How long B may take to see all three data servers' heartbeats.
 const REGISTER_LIMIT: Duration = Duration::from_secs(30);
-
-/// Runs `f` on a thread of its own and waits at most [`OP_LIMIT`] for it: a call stuck
-/// on the mount fails the test (whose guards then unmount and stop everything).
-fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    let start = Instant::now();
-    let out = rx
-        .recv_timeout(OP_LIMIT)
-        .unwrap_or_else(|_| panic!("{what}: no answer within {OP_LIMIT:?}"));
-    eprintln!("{what}: {:?}", start.elapsed());
-    out
-}
 
 /// The owner lease of the test's metadata servers: B, started right after A's kill,
 /// waits it out.
@@ -64,17 +48,6 @@ fn second_server_refused(etcd: EtcdConfig) -> String {
         Ok(_) => panic!("a second metadata server started on a served prefix"),
         Err(e) => format!("{:?}", anyhow::Error::from(e)),
     }
-}
-
-/// The data servers whose state is `Up` in `tessera status --json` through `meta`.
-fn up_nodes(cluster: &ProcessCluster, meta: &str) -> Option<usize> {
-    let (code, out) = cluster.tessera_at(meta, &["status", "--json"]);
-    if code != 0 {
-        return None;
-    }
-    let v: serde_json::Value = serde_json::from_str(&out).ok()?;
-    let nodes = v["map"]["nodes"].as_array()?;
-    Some(nodes.iter().filter(|n| n["state"] == "Up").count())
 }
 
 /// A cluster whose metadata server and its standby share a one-member etcd started for
@@ -152,7 +125,7 @@ fn a_standby_metadata_server_on_the_same_etcd_takes_over() {
 
     // The open file writes on and its fsync succeeds, through B.
     let second_copy = second.clone();
-    let open = bounded("write and fsync of the open file", move || {
+    let open = tessera_tests::bounded("write and fsync of the open file", OP_LIMIT, move || {
         open.seek(SeekFrom::End(0)).expect("seek");
         open.write_all(&second_copy)
             .expect("write after the failover");
@@ -163,7 +136,7 @@ fn a_standby_metadata_server_on_the_same_etcd_takes_over() {
     let made: Vec<Vec<u8>> = (0..4u64).map(|i| pseudo_random(300_000, 200 + i)).collect();
     let root = m.path.clone();
     let copies = made.clone();
-    bounded("creates after the failover", move || {
+    tessera_tests::bounded("creates after the failover", OP_LIMIT, move || {
         for (i, data) in copies.iter().enumerate() {
             fs::write(root.join(format!("g{i}")), data).expect("create after the failover");
         }
@@ -195,7 +168,7 @@ fn a_standby_metadata_server_on_the_same_etcd_takes_over() {
     std::thread::sleep(past_grace.saturating_duration_since(Instant::now()));
     let deadline = Instant::now() + REGISTER_LIMIT;
     loop {
-        let up = up_nodes(&cluster, &b);
+        let up = cluster.up_nodes(&b);
         if up == Some(3) {
             break;
         }
@@ -251,19 +224,23 @@ fn a_metadata_server_that_hangs_is_passed_over_for_its_standby() {
     let root = m.path.clone();
     let copy = after.clone();
     let took = Instant::now();
-    let tries = bounded("create, write and fsync with A stopped", move || {
-        for attempt in 1..=3 {
-            let made = fs::File::create(root.join("after")).and_then(|mut f| {
-                f.write_all(&copy)?;
-                f.sync_all()
-            });
-            match made {
-                Ok(()) => return attempt,
-                Err(e) => eprintln!("attempt {attempt}: {e}"),
+    let tries = tessera_tests::bounded(
+        "create, write and fsync with A stopped",
+        OP_LIMIT,
+        move || {
+            for attempt in 1..=3 {
+                let made = fs::File::create(root.join("after")).and_then(|mut f| {
+                    f.write_all(&copy)?;
+                    f.sync_all()
+                });
+                match made {
+                    Ok(()) => return attempt,
+                    Err(e) => eprintln!("attempt {attempt}: {e}"),
+                }
             }
-        }
-        panic!("no create went through B in three attempts");
-    });
+            panic!("no create went through B in three attempts");
+        },
+    );
     eprintln!("made through B after {:?}, attempt {tries}", took.elapsed());
     assert_eq!(tries, 1, "a change that timed out on A failed");
     assert_eq!(fs::read(m.path.join("after")).expect("read"), after);
@@ -273,7 +250,7 @@ fn a_metadata_server_that_hangs_is_passed_over_for_its_standby() {
 
     // The data servers moved on too: all three up on B by their own heartbeats.
     let deadline = Instant::now() + REGISTER_LIMIT;
-    while up_nodes(&cluster, &b) != Some(3) {
+    while cluster.up_nodes(&b) != Some(3) {
         assert!(Instant::now() < deadline, "data servers not all up on B");
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -409,7 +386,7 @@ fn changes_in_flight_when_their_server_dies_are_applied_once() {
         .spawn()
         .expect("python3");
     let stdout = child.stdout.take().expect("stdout");
-    let go = bounded("the loop's first changes", move || {
+    let go = tessera_tests::bounded("the loop's first changes", OP_LIMIT, move || {
         let mut line = String::new();
         let _ = std::io::BufReader::new(stdout).read_line(&mut line);
         line

@@ -12,7 +12,6 @@ use meta_server::kv::EtcdConfig;
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use tessera_tests::{pseudo_random, sha256_hex, ClusterOptions, ProcessCluster};
 
@@ -26,40 +25,6 @@ const GRACE_MS: u64 = 5000;
 const OP_LIMIT: Duration = Duration::from_secs(60);
 /// How long the surviving server may take to lead.
 const TAKE_OVER_LIMIT: Duration = Duration::from_secs(30);
-
-/// Runs `f` on a thread of its own and waits at most [`OP_LIMIT`] for it.
-fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    let start = Instant::now();
-    let out = rx
-        .recv_timeout(OP_LIMIT)
-        .unwrap_or_else(|_| panic!("{what}: no answer within {OP_LIMIT:?}"));
-    eprintln!("{what}: {:?}", start.elapsed());
-    out
-}
-
-/// Waits up to 5 s (several entry lifetimes) for `cond`.
-fn eventually(what: &str, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !cond() {
-        assert!(Instant::now() < deadline, "{what}: not within 5 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// The data servers whose state is `Up` in `tessera status --json` through `meta`.
-fn up_nodes(cluster: &ProcessCluster, meta: &str) -> Option<usize> {
-    let (code, out) = cluster.tessera_at(meta, &["status", "--json"]);
-    if code != 0 {
-        return None;
-    }
-    let v: serde_json::Value = serde_json::from_str(&out).ok()?;
-    let nodes = v["map"]["nodes"].as_array()?;
-    Some(nodes.iter().filter(|n| n["state"] == "Up").count())
-}
 
 /// Tries an exclusive `flock` without waiting: whether it was taken.
 fn try_flock(f: &fs::File) -> bool {
@@ -109,7 +74,7 @@ fn two_metadata_servers_serve_one_namespace_and_one_survives_the_others_kill() {
     cluster.wait_healthy(Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(
-        up_nodes(&cluster, &a),
+        cluster.up_nodes(&a),
         Some(3),
         "the leader does not hear data server 2"
     );
@@ -128,8 +93,11 @@ fn two_metadata_servers_serve_one_namespace_and_one_survives_the_others_kill() {
     // B's mount may answer from what it knew for the entry lifetime (`entry_ttl_ms`,
     // 1 s: the kernel's names, and its own list of `d`, which it made empty), as a
     // second mount of one server does.
-    eventually("B sees the old name gone", || !m2.path.join("one").exists());
-    eventually("B sees the new name", || m2.path.join("d/one").exists());
+    let lifetimes = Duration::from_secs(5);
+    let gone = || !m2.path.join("one").exists();
+    tessera_tests::wait_until_blocking("B to see the old name gone", lifetimes, gone);
+    let there = || m2.path.join("d/one").exists();
+    tessera_tests::wait_until_blocking("B to see the new name", lifetimes, there);
     assert_eq!(fs::read(m2.path.join("d/one")).expect("read renamed"), one);
     // Only one of two exclusive creates of one name wins.
     let excl = |p: std::path::PathBuf| fs::OpenOptions::new().write(true).create_new(true).open(p);
@@ -160,15 +128,17 @@ fn two_metadata_servers_serve_one_namespace_and_one_survives_the_others_kill() {
     cluster.kill_meta();
     eprintln!("killed the metadata server at {a} (the leader)");
     let written = after.clone();
-    let mut open = bounded("write and fsync after the kill", move || {
+    let mut open = tessera_tests::bounded("write and fsync after the kill", OP_LIMIT, move || {
         open.write_all(&written).expect("write after");
         open.sync_all().expect("fsync after");
         open
     });
     let p = m1.path.join("new-after");
-    bounded("create through A's mount after the kill", move || {
-        fs::write(p, b"made after").expect("create after")
-    });
+    tessera_tests::bounded(
+        "create through A's mount after the kill",
+        OP_LIMIT,
+        move || fs::write(p, b"made after").expect("create after"),
+    );
     // B leads once A's live key is gone (a lease after the kill), and from then on
     // hears the data servers: a leader that did not would take them for dead one node
     // lease (1 s) after it began to lead.
@@ -213,7 +183,7 @@ fn two_metadata_servers_serve_one_namespace_and_one_survives_the_others_kill() {
 
     std::thread::sleep(Duration::from_millis(3000).saturating_sub(led.elapsed()));
     assert_eq!(
-        up_nodes(&cluster, &b),
+        cluster.up_nodes(&b),
         Some(3),
         "the leader does not hear the data servers"
     );

@@ -600,6 +600,18 @@ impl ProcessCluster {
         (out.status.code().unwrap_or(-1), text)
     }
 
+    /// The data servers whose state is `Up` in `tessera status --json` through `meta`
+    /// (`None` if the command fails).
+    pub fn up_nodes(&self, meta: &str) -> Option<usize> {
+        let (code, out) = self.tessera_at(meta, &["status", "--json"]);
+        if code != 0 {
+            return None;
+        }
+        let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+        let nodes = v["map"]["nodes"].as_array()?;
+        Some(nodes.iter().filter(|n| n["state"] == "Up").count())
+    }
+
     /// The address of the metadata server running now.
     pub fn meta_addr(&self) -> &str {
         &self.meta_addr

@@ -58,30 +58,9 @@ impl Owner {
     /// the log of a server that finds it held), waiting up to `config.owner_wait_ms`
     /// for a holder's lease to go. Blocking.
     pub fn acquire(config: &EtcdConfig, who: &str) -> Result<Owner, KvError> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("etcd-owner")
-            .enable_all()
-            .build()
-            .map_err(|e| KvError::from_io(ENGINE, &e))?;
-        let (client, lease) = runtime.block_on(take(config, who))?;
-        let (tx, lost) = watch::channel(false);
-        let period = Duration::from_millis(config.owner_lease_ms) / KEEPALIVES_PER_LEASE;
-        let lifetime = Duration::from_millis(config.owner_lease_ms);
-        runtime.spawn(keep_alive(
-            client.clone(),
-            lease,
-            period,
-            lifetime,
-            tx,
-            "owner lease",
-        ));
-        Ok(Owner {
-            runtime: Some(runtime),
-            client,
-            lease,
-            key: owner_key(&config.prefix).into_bytes(),
-            lost,
+        let key = owner_key(&config.prefix).into_bytes();
+        Owner::hold(config, "etcd-owner", "owner lease", key, |key| async move {
+            take(config, who).await.map(|held| (held, key))
         })
     }
 
@@ -90,33 +69,44 @@ impl Owner {
     /// exists. What a metadata server on a shared prefix says it is alive with
     /// (`TxnStore::hold_live`). Blocking.
     pub fn register(config: &EtcdConfig, key: Vec<u8>, value: &[u8]) -> Result<Owner, KvError> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("etcd-live")
-            .enable_all()
-            .build()
-            .map_err(|e| KvError::from_io(ENGINE, &e))?;
-        let (client, lease) = runtime.block_on(async {
+        Owner::hold(config, "etcd-live", "server lease", key, |key| async move {
             let mut client = connect(config).await?;
             match put_if_absent(&mut client, &key, value, config).await? {
-                Ok(lease) => Ok((client, lease)),
+                Ok(lease) => Ok(((client, lease), key)),
                 Err(_) => Err(KvError::Engine {
                     engine: ENGINE,
                     message: format!("live key {} exists already", crate::kv::Escaped(&key)),
                 }),
             }
-        })?;
+        })
+    }
+
+    /// Runs `put` (which takes `key` under a new lease) on a runtime of the holder's
+    /// own (its threads named `thread`), then keeps the lease alive there; `what` names
+    /// the lease in the log.
+    fn hold<F, Fut>(
+        config: &EtcdConfig,
+        thread: &str,
+        what: &'static str,
+        key: Vec<u8>,
+        put: F,
+    ) -> Result<Owner, KvError>
+    where
+        F: FnOnce(Vec<u8>) -> Fut,
+        Fut: std::future::Future<Output = Result<((Client, i64), Vec<u8>), KvError>>,
+    {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(thread)
+            .enable_all()
+            .build()
+            .map_err(|e| KvError::from_io(ENGINE, &e))?;
+        let ((client, lease), key) = runtime.block_on(put(key))?;
         let (tx, lost) = watch::channel(false);
-        let period = Duration::from_millis(config.owner_lease_ms) / KEEPALIVES_PER_LEASE;
         let lifetime = Duration::from_millis(config.owner_lease_ms);
-        runtime.spawn(keep_alive(
-            client.clone(),
-            lease,
-            period,
-            lifetime,
-            tx,
-            "server lease",
-        ));
+        let period = lifetime / KEEPALIVES_PER_LEASE;
+        let renew = keep_alive(client.clone(), lease, period, lifetime, tx, what);
+        runtime.spawn(renew);
         Ok(Owner {
             runtime: Some(runtime),
             client,

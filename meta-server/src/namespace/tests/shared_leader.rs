@@ -2,7 +2,7 @@
 //! the data servers' registrations and heartbeats and changes the chains; the others
 //! serve the chains as stored, and one of them leads once the leader's live key went.
 
-use super::shared_races::{two, two_on, when_read_again, Hooked};
+use super::shared_races::{lose_live_key, two, two_on, when_read_again};
 use super::H;
 use crate::clock::SystemClock;
 use crate::config::NamespaceConfig;
@@ -12,12 +12,6 @@ use crate::namespace::{keys, Namespace};
 use proto::meta::{NodeState, ResyncReport};
 use proto::{ErrorCode, NodeId};
 use std::sync::Arc;
-
-fn lose_live_key(hooked: &Hooked, ns: &Namespace) {
-    let mut b = WriteBatch::new();
-    b.delete(keys::server(ns.server_id().unwrap()));
-    hooked.inner.commit(b).unwrap();
-}
 
 fn beat(ns: &Namespace, node: u32) -> Result<(), MetaError> {
     let version = ns.map_version();
@@ -193,14 +187,7 @@ fn a_data_server_the_leader_takes_for_dead_is_down_in_a_followers_map() {
 /// the moment it leads.
 #[test]
 fn a_new_leader_gives_every_data_server_a_lease_from_its_start() {
-    let mut h = H::with_nodes(crate::kv::StoreKind::Redb, 3);
-    h.stop();
-    let (engine, clock) = (h.open_store(), Arc::new(crate::ManualClock::new()));
-    let open = || {
-        let c: Arc<dyn crate::clock::Clock> = clock.clone();
-        Namespace::open_shared(engine.clone(), NamespaceConfig::default(), c).unwrap()
-    };
-    let (a, b) = (open(), open());
+    let (_h, engine, clock, a, b) = two_on_a_manual_clock();
     assert!(a.leads() && !b.leads());
     let lease = NamespaceConfig::default().node_lease_ms;
     clock.advance(std::time::Duration::from_millis(2 * lease));
@@ -227,14 +214,7 @@ fn a_new_leader_gives_every_data_server_a_lease_from_its_start() {
 /// out of every chain.
 #[test]
 fn a_data_server_taken_for_dead_stays_down_across_a_change_of_leader() {
-    let mut h = H::with_nodes(crate::kv::StoreKind::Redb, 3);
-    h.stop();
-    let (engine, clock) = (h.open_store(), Arc::new(crate::ManualClock::new()));
-    let open = || {
-        let c: Arc<dyn crate::clock::Clock> = clock.clone();
-        Namespace::open_shared(engine.clone(), NamespaceConfig::default(), c).unwrap()
-    };
-    let (a, b) = (open(), open());
+    let (_h, engine, clock, a, b) = two_on_a_manual_clock();
     let config = NamespaceConfig::default();
     let (lease, replace) = (config.node_lease_ms, config.replace_after_ms);
     let states = |m: &proto::meta::ClusterMap| -> Vec<NodeState> {
@@ -273,4 +253,24 @@ fn a_data_server_taken_for_dead_stays_down_across_a_change_of_leader() {
         [up, up, down],
         "the new leader"
     );
+}
+
+/// Servers A (leading) and B on a store with three data servers, both reading the time
+/// from one manual clock; the store is returned to be written behind their backs.
+fn two_on_a_manual_clock() -> (
+    H,
+    Arc<dyn crate::kv::TxnStore>,
+    Arc<crate::ManualClock>,
+    Namespace,
+    Namespace,
+) {
+    let mut h = H::with_nodes(crate::kv::StoreKind::Redb, 3);
+    h.stop();
+    let (engine, clock) = (h.open_store(), Arc::new(crate::ManualClock::new()));
+    let open = || {
+        let c: Arc<dyn crate::clock::Clock> = clock.clone();
+        Namespace::open_shared(engine.clone(), NamespaceConfig::default(), c).unwrap()
+    };
+    let (a, b) = (open(), open());
+    (h, engine, clock, a, b)
 }

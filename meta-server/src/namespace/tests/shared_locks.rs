@@ -2,10 +2,8 @@
 //! server dies, dropped by the others a grace after it did unless its client took
 //! them back.
 
-use super::shared_races::{two, Hooked};
+use super::shared_races::{grace, lose_live_key, two};
 use super::{owner, touch, ROOT};
-use crate::config::NamespaceConfig;
-use crate::kv::WriteBatch;
 use crate::namespace::{keys, ConnId, Namespace, SessionOwner};
 use proto::meta::{fs, LockKind, LockSpec};
 use proto::{ClientId, ErrorCode, InodeId};
@@ -57,16 +55,6 @@ fn open(ns: &Namespace, conn: u64, client: u64, ino: InodeId) -> proto::SessionI
         ..owner(conn)
     };
     ns.open_inode(ino, false, who).unwrap().session
-}
-
-fn lose_live_key(hooked: &Hooked, ns: &Namespace) {
-    let mut b = WriteBatch::new();
-    b.delete(keys::server(ns.server_id().unwrap()));
-    hooked.inner.commit(b).unwrap();
-}
-
-fn grace() -> Duration {
-    Duration::from_millis(NamespaceConfig::default().session_grace_ms)
 }
 
 /// A lock taken through A holds against a client of B, which sees it with `GetLock`,

@@ -453,11 +453,26 @@ fn a_session_ended_on_one_server_is_lost_on_the_other() {
 }
 
 /// What a client names when it takes `session` (of `ino`, read-only) back.
-fn taken_back(session: proto::SessionId, ino: proto::InodeId) -> proto::meta::fs::OpenSession {
+pub(super) fn taken_back(
+    session: proto::SessionId,
+    ino: proto::InodeId,
+) -> proto::meta::fs::OpenSession {
     proto::meta::fs::OpenSession {
         session,
         ino,
         writes: false,
         grant: None,
     }
+}
+
+/// Takes `ns`'s live key out of the engine, as its lease running out does on etcd.
+pub(super) fn lose_live_key(hooked: &Hooked, ns: &Namespace) {
+    let mut b = WriteBatch::new();
+    b.delete(keys::server(ns.server_id().unwrap()));
+    hooked.inner.commit(b).unwrap();
+}
+
+/// The session grace of the default configuration.
+pub(super) fn grace() -> Duration {
+    Duration::from_millis(NamespaceConfig::default().session_grace_ms)
 }

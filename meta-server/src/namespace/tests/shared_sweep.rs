@@ -3,35 +3,24 @@
 //! (see `sweep`); a server whose own key went gives no session. And sessions taken back
 //! from one server on another, in either order of their starts, and back again.
 
-use super::shared_races::{two, unlink, Hooked};
+use super::shared_races::{grace, lose_live_key, taken_back, two, unlink};
 use super::{caller, owner, touch, ROOT};
 use crate::clock::SystemClock;
 use crate::config::NamespaceConfig;
 use crate::error::MetaError;
 use crate::kv::etcd::local::LocalEtcd;
-use crate::kv::{open_engine, EtcdConfig, KvError, KvStore, StoreKind, WriteBatch};
+use crate::kv::{open_engine, EtcdConfig, KvError, KvStore, StoreKind};
 use crate::namespace::{keys, ConnId, Namespace, SessionOwner};
 use proto::meta::OpenAccess;
 use proto::{ClientId, ErrorCode};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Takes `ns`'s live key out of the engine, as its lease running out does on etcd.
-fn lose_live_key(hooked: &Hooked, ns: &Namespace) {
-    let mut b = WriteBatch::new();
-    b.delete(keys::server(ns.server_id().unwrap()));
-    hooked.inner.commit(b).unwrap();
-}
-
 fn reader(conn: u64) -> SessionOwner {
     SessionOwner {
         access: OpenAccess::Read,
         ..owner(conn)
     }
-}
-
-fn grace() -> Duration {
-    Duration::from_millis(NamespaceConfig::default().session_grace_ms)
 }
 
 /// Server A dies with a file open for writing and one open for reading that B then
@@ -133,12 +122,7 @@ fn on_etcd_a_servers_live_key_lasts_while_it_runs_and_its_sessions_end_after() {
     if !LocalEtcd::present_for_tests() {
         return;
     }
-    let etcd = LocalEtcd::shared().expect("starting etcd");
-    let config = EtcdConfig {
-        prefix: format!("sweep-{}/", std::process::id()),
-        owner_lease_ms: 1000,
-        ..etcd.config()
-    };
+    let (_etcd, config) = short_lease_etcd("sweep");
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = etcd_pair(&config, dir.path());
     let ino = touch(&b, ROOT, "f").ino;
@@ -153,15 +137,6 @@ fn on_etcd_a_servers_live_key_lasts_while_it_runs_and_its_sessions_end_after() {
     assert_eq!(b.sweep_dead_servers(b.now()).unwrap(), 1);
     assert_eq!(b.getattr(ino).unwrap_err().code(), ErrorCode::NotFound);
     assert_eq!(b.check_namespace().unwrap(), Vec::<String>::new());
-}
-
-fn taken_back(session: proto::SessionId, ino: proto::InodeId) -> proto::meta::fs::OpenSession {
-    proto::meta::fs::OpenSession {
-        session,
-        ino,
-        writes: false,
-        grant: None,
-    }
 }
 
 /// Guards against a take-back working only from an older server to a younger one:
@@ -303,12 +278,7 @@ fn on_etcd_a_killed_servers_sessions_end_once_its_lease_ran_out() {
     if !LocalEtcd::present_for_tests() {
         return;
     }
-    let etcd = LocalEtcd::shared().expect("starting etcd");
-    let config = EtcdConfig {
-        prefix: format!("sweep-kill-{}/", std::process::id()),
-        owner_lease_ms: 1000,
-        ..etcd.config()
-    };
+    let (_etcd, config) = short_lease_etcd("sweep-kill");
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = etcd_pair(&config, dir.path());
     let ino = touch(&b, ROOT, "f").ino;
@@ -386,4 +356,16 @@ fn a_take_back_on_a_server_whose_live_key_went_fails_rather_than_lose_the_sessio
         )
         .unwrap();
     assert!(r.lost.is_empty(), "{:?}", r.lost);
+}
+
+/// The test etcd (kept by the caller) and a prefix `name-PID/` on it with a lease of
+/// 1 s asked (etcd grants at least 2 s).
+fn short_lease_etcd(name: &str) -> (Arc<LocalEtcd>, EtcdConfig) {
+    let etcd = LocalEtcd::shared().expect("starting etcd");
+    let config = EtcdConfig {
+        prefix: format!("{name}-{}/", std::process::id()),
+        owner_lease_ms: 1000,
+        ..etcd.config()
+    };
+    (etcd, config)
 }
