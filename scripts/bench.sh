@@ -8,7 +8,10 @@
 #   tessera-base: Tessera built from git revision REV (--base), for an A/B in one run;
 #   tessera-etcd, tessera-etcd-disk: Tessera with its metadata on a local 3-member etcd
 #   (`tessera up --engine etcd`: a serving metadata server and a standby), etcd's data on
-#   tmpfs or on this disk (asked for only; issue 24: what HA costs, best with -w e)
+#   tmpfs or on this disk (asked for only; issue 24: what HA costs, best with -w e);
+#   tessera-etcd-shared: the same on tmpfs with both metadata servers serving
+#   (`--etcd-shared`); its (e) adds the own-folder rows with half the processes on a
+#   second mount that talks to the other server
 #   (a) data-set read: DATASET_FILES files of DATASET_MIN..MAX bytes, READERS readers
 #   (b) sequential read of a SEQ_MIB file in 1 MiB blocks (its 1-writer write is shown too)
 #   (c) checkpoint write: CKPT_JOBS writers x CKPT_MIB in 1 MiB blocks, fsync at the end;
@@ -61,7 +64,7 @@ APPEND_BYTES=100
 STEP_TIMEOUT_S=1800           # bound on any one step (fio, a Python phase)
 BENCH_DIR=${BENCH_DIR:-/var/tmp/tessera-bench}   # scratch data, mounts, peer state, venv
 ALL_SYSTEMS="local bindfs tessera moosefs glusterfs juicefs"
-KNOWN_SYSTEMS="tessera-base tessera-etcd tessera-etcd-disk $ALL_SYSTEMS"
+KNOWN_SYSTEMS="tessera-base tessera-etcd tessera-etcd-disk tessera-etcd-shared $ALL_SYSTEMS"
 ALL_WORKLOADS="a b c d e g"
 
 quick_settings() {            # --quick: a smoke run of every path in a few minutes
@@ -243,12 +246,16 @@ start_tessera() {
   "$ROOT/target/release/tessera" up "$MNT" --state-dir "$TESSERA_STATE" \
     --data-servers "$TESSERA_DATA_SERVERS" --replicas "$COPIES"
 }
-# (g)'s second mount of the cluster, in the foreground of a process of the benchmark's.
+# A second mount of the cluster, in the foreground of a process of the benchmark's: for
+# (g), and for tessera-etcd-shared's (e), where it lists the other metadata server first
+# (`start_tessera_mount2 STATE META`; default: the plain cluster's).
 TESSERA_MOUNT2_PID=""
 start_tessera_mount2() {
+  local state=${1:-$TESSERA_STATE} meta=${2:-}
+  [ -n "$meta" ] || meta=$(cat "$TESSERA_STATE/meta.addr")
   MNT2=$BENCH_DIR/mnt/tessera-2; mkdir -p "$MNT2" || return 1
-  "$ROOT/target/release/tessera" mount --meta "$(cat "$TESSERA_STATE/meta.addr")" \
-    --key-file "$TESSERA_STATE/keys/admin.key" "$MNT2" > "$RUN/tessera-mount2.log" 2>&1 &
+  "$ROOT/target/release/tessera" mount --meta "$meta" \
+    --key-file "$state/keys/admin.key" "$MNT2" > "$RUN/tessera-mount2.log" 2>&1 &
   TESSERA_MOUNT2_PID=$!
   wait_mounted "$MNT2" || { echo "the second tessera mount did not mount" >&2; return 1; }
 }
@@ -293,6 +300,8 @@ start_tessera-etcd-disk() {
   start_tessera_on_etcd --etcd-dir "$BENCH_DIR/etcd-data"
 }
 stop_tessera-etcd-disk() { stop_tessera_on_etcd; }
+start_tessera-etcd-shared() { start_tessera_on_etcd --etcd-shared; }
+stop_tessera-etcd-shared() { stop_tessera_mount2; stop_tessera_on_etcd; }
 
 # tessera-base: the same cluster shape, from the base revision's binaries.
 TESSERA_BASE_STATE=$BENCH_DIR/tessera-base-state
@@ -461,6 +470,22 @@ workload_e() {
     record "$sys" "${phase}s_dirs_s" "$v"
   done
   rmdir "$d"
+  if [ "$sys" = tessera-etcd-shared ]; then
+    # The same folders, every other process through a mount on the other server.
+    local addrs other
+    addrs=$(cat "$TESSERA_ETCD_STATE/meta.addrs") || return 1
+    other="${addrs#*,},${addrs%%,*}"
+    start_tessera_mount2 "$TESSERA_ETCD_STATE" "$other" || return 1
+    for phase in create stat remove; do
+      drop_caches
+      py_step "$sys" "e-$phase-dirs2" meta "$d" "$META_FILES" "$META_DIR_PROCS" "$phase" dirs \
+        "$MNT2/tessera-bench/meta" || return 1
+      v=$(jval "$RUN/$sys-e-$phase-dirs2.json" ops_s) || return 1
+      record "$sys" "${phase}s_dirs2_s" "$v"
+    done
+    stop_tessera_mount2
+    rmdir "$d"
+  fi
   drop_caches
   py_step "$sys" e-small small-files "$2/small" "$SMALL_FILES" "$SMALL_BYTES" || return 1
   v=$(jval "$RUN/$sys-e-small.json" files_s) || return 1

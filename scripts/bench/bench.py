@@ -134,10 +134,12 @@ def _meta_part(args):
     return time.monotonic()
 
 
-def meta(d, files, procs, phase, own_dirs=False):
+def meta(d, files, procs, phase, own_dirs=False, second=None):
+    # `second`: the same folder through another mount; every other process works there.
     os.makedirs(d, exist_ok=True)
     per = files // procs
-    where = [os.path.join(d, f"p{p}") if own_dirs else d for p in range(procs)]
+    base = [second if second and p % 2 else d for p in range(procs)]
+    where = [os.path.join(base[p], f"p{p}") if own_dirs else base[p] for p in range(procs)]
     with mp.Manager() as m:
         barrier = m.Barrier(procs + 1)
         with mp.Pool(procs) as pool:
@@ -282,6 +284,13 @@ METRICS = [
      "(e) creates, own folders", "ops/s"),
     ("stats_dirs_s", "(e) stat, a folder each", "(e) stats, own folders", "ops/s"),
     ("removes_dirs_s", "(e) remove, a folder each", "(e) removes, own folders", "ops/s"),
+    ("creates_dirs2_s", "(e) create, {META_DIR_PROCS} processes a folder each, half through a "
+     "second mount on the other metadata server (tessera-etcd-shared only)",
+     "(e) creates, own folders, 2 servers", "ops/s"),
+    ("stats_dirs2_s", "(e) stat, the same over 2 servers", "(e) stats, own folders, 2 servers",
+     "ops/s"),
+    ("removes_dirs2_s", "(e) remove, the same over 2 servers",
+     "(e) removes, own folders, 2 servers", "ops/s"),
     ("small_files_s", "(e) small files written whole (create, write {SMALL}, close), 1 process",
      "(e) small files written whole", "files/s"),
     ("plain_writes_s", "(g) small writes to one file, {APPENDS}, + close", "(g) small writes",
@@ -535,7 +544,7 @@ def main(argv):
     elif cmd == "meta":
         if len(a) > 4 and a[4] != "dirs":
             raise SystemExit(__doc__)
-        meta(a[0], int(a[1]), int(a[2]), a[3], len(a) > 4)
+        meta(a[0], int(a[1]), int(a[2]), a[3], len(a) > 4, a[5] if len(a) > 5 else None)
     elif cmd == "small-files":
         small_files(a[0], int(a[1]), int(a[2]))
     elif cmd == "appends":
