@@ -4,6 +4,7 @@
 //! when dropped, also when a test fails.
 
 pub mod agent;
+pub mod change_loop;
 pub mod chunk_tree;
 pub mod client_io;
 pub mod cluster_check;

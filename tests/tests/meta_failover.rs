@@ -326,39 +326,6 @@ const CHANGE_LOOPS: usize = 400;
 /// Iterations done before the server is killed.
 const LOOPS_BEFORE_KILL: usize = 40;
 
-/// The loop of [`changes_in_flight_when_their_server_dies_are_applied_once`], in a
-/// process of its own: this test process starts the standby, and a process that
-/// starts another must not hold files of the mount (the child's copies of their
-/// descriptors are closed at its `exec`, a FUSE flush, which waits for the metadata
-/// server the child is about to become). Prints `go` after `LOOPS_BEFORE_KILL` loops.
-const CHANGE_LOOP: &str = r#"
-import os, sys
-root, loops, before = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-# A folder this mount made: it knows every name there, so the kernel's lookups of
-# new names are answered without a call and nearly every call is a change.
-root = os.path.join(root, "w")
-os.mkdir(root)
-log = os.open(os.path.join(root, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-for i in range(loops):
-    f, r = os.path.join(root, f"f{i}"), os.path.join(root, f"r{i}")
-    def step(what, fn):
-        try:
-            fn()
-        except OSError as e:
-            sys.exit(f"loop {i}: {what}: {e}")
-    step("exclusive create", lambda: os.close(os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)))
-    step("rename", lambda: os.rename(f, r))
-    if i % 3 == 0:
-        step("unlink", lambda: os.unlink(r))
-    if i % 5 == 0:
-        step("mkdir", lambda: os.mkdir(os.path.join(root, f"d{i}")))
-    step("append", lambda: os.write(log, f"line {i}\n".encode()))
-    if i == before:
-        print("go", flush=True)
-step("fsync", lambda: os.fsync(log))
-os.close(log)
-"#;
-
 /// Guards against a change that was under way when its metadata server died failing
 /// with EIO (the mount could not tell whether it was applied, so it did not send it
 /// again) or, sent again, being applied twice. Every change now carries an id, and the
@@ -370,71 +337,19 @@ os.close(log)
 /// namespace is what the loop made, once.
 #[test]
 fn changes_in_flight_when_their_server_dies_are_applied_once() {
-    use std::io::BufRead;
-    use std::process::{Command, Stdio};
+    use tessera_tests::change_loop::ChangeLoop;
     let Some((_etcd, _, mut cluster)) = etcd_cluster(1, "replicas = 1".into(), String::new())
     else {
         return;
     };
     let m = cluster.mount("m");
-    let mut child = Command::new("python3")
-        .args(["-c", CHANGE_LOOP])
-        .arg(&m.path)
-        .args([CHANGE_LOOPS.to_string(), LOOPS_BEFORE_KILL.to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let stdout = child.stdout.take().expect("stdout");
-    let go = tessera_tests::bounded("the loop's first changes", OP_LIMIT, move || {
-        let mut line = String::new();
-        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
-        line
-    });
-    assert_eq!(go.trim(), "go", "the loop stopped before the kill");
+    let run = ChangeLoop::start(&m.path, CHANGE_LOOPS, LOOPS_BEFORE_KILL, OP_LIMIT);
     let t = Instant::now();
     // The loop's next call reaches A and waits; then A dies under it.
     cluster.freeze_then_fail_over_meta(Duration::from_millis(300));
     eprintln!("A killed, B listening after {:?}", t.elapsed());
-    let deadline = Instant::now() + 2 * OP_LIMIT;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the loop did not end within {:?}", 2 * OP_LIMIT);
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let mut err = String::new();
-    let _ = std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut err);
-    assert!(status.success(), "the loop failed ({status}): {err}");
+    run.finish(2 * OP_LIMIT);
     eprintln!("loop done {:?} after the kill", t.elapsed());
-
-    let mut want: Vec<String> = vec!["log".into()];
-    for i in 0..CHANGE_LOOPS {
-        if i % 3 != 0 {
-            want.push(format!("r{i}"));
-        }
-        if i % 5 == 0 {
-            want.push(format!("d{i}"));
-        }
-    }
-    want.sort();
-    let mut got: Vec<String> = fs::read_dir(m.path.join("w"))
-        .expect("list")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .collect();
-    got.sort();
-    assert_eq!(got, want);
-    let lines: String = (0..CHANGE_LOOPS).map(|i| format!("line {i}\n")).collect();
-    let log = fs::read_to_string(m.path.join("w/log")).expect("read the log");
-    assert!(
-        log == lines,
-        "the log differs from the lines written once each:\n{log}"
-    );
     let waited = m
         .log_text()
         .lines()

@@ -525,12 +525,8 @@ impl ProcessCluster {
     /// at the standby address, as [`ProcessCluster::fail_over_meta`] does: the call
     /// that was under way breaks with its connection.
     pub fn freeze_then_fail_over_meta(&mut self, frozen: Duration) {
-        // SAFETY: signalling our own child by its PID.
-        unsafe {
-            libc::kill(self.meta.id() as i32, libc::SIGSTOP);
-        }
-        std::thread::sleep(frozen);
-        self.fail_over_meta();
+        self.freeze_then_kill_meta(frozen);
+        self.start_standby(false);
     }
 
     /// Starts a second metadata server at the standby address
@@ -555,6 +551,18 @@ impl ProcessCluster {
         self.standby
             .as_deref()
             .expect("a cluster with standby_meta")
+    }
+
+    /// Stops the metadata server with SIGSTOP, waits `frozen` (a client's next call
+    /// reaches it and stays unanswered), then kills it with SIGKILL and reaps it: the
+    /// call under way breaks with its connection.
+    pub fn freeze_then_kill_meta(&mut self, frozen: Duration) {
+        // SAFETY: signalling our own child by its PID.
+        unsafe {
+            libc::kill(self.meta.id() as i32, libc::SIGSTOP);
+        }
+        std::thread::sleep(frozen);
+        self.kill_meta();
     }
 
     /// Kills the metadata server with SIGKILL and starts another at the standby address
