@@ -180,7 +180,8 @@ setup() {
     python3 -m venv "$VENV" 2>/dev/null || { install_debs python3-venv; python3 -m venv "$VENV"; }
     "$VENV/bin/pip" install -q matplotlib
   fi
-  if [[ " $SYSTEMS " == *" tessera "* ]]; then
+  # Every Tessera system but tessera-base runs this tree's release build.
+  if [[ " $SYSTEMS " =~ \ tessera(-etcd[a-z-]*)?\  ]]; then
     log "cargo build --release --bins"
     (cd "$ROOT" && CARGO_TARGET_DIR="$ROOT/target" cargo build --release --bins)
   fi
