@@ -434,6 +434,18 @@ mod tests {
         parsed.validate().expect("defaults are valid");
     }
 
+    /// Guards against `--etcd-shared` on an embedded store passing unnoticed (it would
+    /// serve one server's store as if others shared it).
+    #[test]
+    fn a_shared_prefix_needs_etcd() {
+        let mut c = MetaConfig::default();
+        c.etcd.shared = true;
+        let e = c.validate().unwrap_err();
+        assert!(e.contains("etcd.shared"), "{e}");
+        c.store = StoreKind::Etcd;
+        c.validate().unwrap();
+    }
+
     /// Guards against an etcd configuration that cannot work being found at a call.
     #[test]
     fn an_etcd_store_needs_endpoints_and_a_prefix() {
