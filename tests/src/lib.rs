@@ -12,6 +12,7 @@ mod inprocess;
 pub mod mem_faults;
 pub mod posix;
 pub mod process;
+pub mod serial;
 pub mod wire;
 
 pub use agent::Agent;

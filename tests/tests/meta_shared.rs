@@ -244,3 +244,160 @@ fn changes_under_way_through_both_servers_when_one_dies_are_applied_once() {
     assert_eq!(code, 0, "fsck: {out}");
     drop((m1, m2));
 }
+
+/// Calls of each mount's loop in
+/// [`concurrent_creates_renames_and_unlinks_through_two_servers_equal_one_serial_order`].
+const RACE_CALLS: usize = 1500;
+/// The names both loops race on: few, so that most calls meet the other's.
+const RACE_NAMES: [&str; 8] = [
+    "d0/n0", "d0/n1", "d0/n2", "d0/n3", "d1/n0", "d1/n1", "d1/n2", "d1/n3",
+];
+
+/// One mount's loop: seeded exclusive creates (each writing a token of its own),
+/// renames (over the target when there is one, within and across two folders) and
+/// unlinks of [`RACE_NAMES`], each timed from `origin`. Any answer but success, EEXIST
+/// or ENOENT fails the test.
+fn race(
+    root: std::path::PathBuf,
+    client: u64,
+    seed: u64,
+    origin: Instant,
+) -> Vec<tessera_tests::serial::Call> {
+    use std::io::ErrorKind;
+    use tessera_tests::serial::{Answer, Call, Change};
+    let mut rng = tessera_tests::Rng::new(seed);
+    let mut calls = Vec::with_capacity(RACE_CALLS);
+    let at = |name: &str| root.join(name);
+    for i in 0..RACE_CALLS {
+        let one = rng.index(RACE_NAMES.len());
+        let name = RACE_NAMES[one].to_string();
+        let change = match rng.below(100) {
+            0..=39 => Change::Create {
+                name,
+                token: client << 32 | i as u64,
+            },
+            40..=74 => {
+                let mut other = rng.index(RACE_NAMES.len());
+                while other == one {
+                    other = rng.index(RACE_NAMES.len());
+                }
+                // Client 0 renames to a later name of the list, client 1 to an earlier
+                // one (see the test).
+                let (from, to) = match (one < other) == (client == 0) {
+                    true => (one, other),
+                    false => (other, one),
+                };
+                Change::Rename {
+                    from: RACE_NAMES[from].to_string(),
+                    to: RACE_NAMES[to].to_string(),
+                }
+            }
+            _ => Change::Unlink { name },
+        };
+        let start = origin.elapsed().as_nanos() as u64;
+        let result = match &change {
+            Change::Create { name, token } => fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(at(name))
+                .and_then(|mut f| f.write_all(token.to_string().as_bytes())),
+            Change::Rename { from, to } => fs::rename(at(from), at(to)),
+            Change::Unlink { name } => fs::remove_file(at(name)),
+        };
+        let end = origin.elapsed().as_nanos() as u64;
+        let answer = match result {
+            Ok(()) => Answer::Done,
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => Answer::Exists,
+            Err(e) if e.kind() == ErrorKind::NotFound => Answer::Missing,
+            Err(e) => panic!("client {client} call {i} {change:?}: {e}"),
+        };
+        calls.push(Call {
+            change,
+            answer,
+            start,
+            end,
+        });
+    }
+    calls
+}
+
+/// The names under `root` (of [`RACE_NAMES`]'s two folders) and the token each holds.
+fn race_names(root: &std::path::Path) -> tessera_tests::serial::Names {
+    let mut names = tessera_tests::serial::Names::new();
+    for dir in ["d0", "d1"] {
+        for e in fs::read_dir(root.join(dir)).expect("list") {
+            let name = format!("{dir}/{}", e.expect("entry").file_name().to_string_lossy());
+            let text = fs::read_to_string(root.join(&name)).expect("read");
+            let token = text
+                .parse()
+                .unwrap_or_else(|_| panic!("{name} holds {text:?}"));
+            names.insert(name, token);
+        }
+    }
+    names
+}
+
+/// Two mounts, one per server, race seeded exclusive creates, renames and unlinks of
+/// the same eight names ([`RACE_CALLS`] calls each; `TESSERA_SHARED_SEED` replays a
+/// run): the names at the end, and every answer, are those of one serial order of the
+/// calls that keeps real time (no two creates of one name both won, no rename lost or
+/// doubled a file); both mounts list the same names; `tessera fsck` is clean. The
+/// mounts keep no names or attributes (lifetimes 0), so each call is the servers'.
+///
+/// One answer is the kernel's own: a rename whose two names it looked up (one after
+/// the other) as one file succeeds without asking the file system (`vfs_rename`: the
+/// same inode at both ends), which no serial order explains when the other mount moved
+/// the file from the first name to the second between the two lookups; any file system
+/// shared by two kernels answers so. So the first mount renames only to a name later
+/// in [`RACE_NAMES`], the second only to an earlier one: neither can move a file from
+/// one of the other's rename's names to its other name, however many renames it makes.
+#[test]
+fn concurrent_creates_renames_and_unlinks_through_two_servers_equal_one_serial_order() {
+    let Some((_etcd, cluster, a, b)) = shared_cluster() else {
+        return;
+    };
+    let fresh = "entry_ttl_ms = 0\nattr_ttl_ms = 0\n";
+    let m1 = cluster.mount_with("m1", fresh, &a);
+    let m2 = cluster.mount_with("m2", fresh, &b);
+    fs::create_dir(m1.path.join("d0")).expect("mkdir");
+    fs::create_dir(m2.path.join("d1")).expect("mkdir");
+    let seed = tessera_tests::client_io::seed_from_env("TESSERA_SHARED_SEED");
+    let origin = Instant::now();
+    let running: Vec<_> = [&m1, &m2]
+        .iter()
+        .enumerate()
+        .map(|(c, m)| {
+            let root = m.path.clone();
+            let seed = seed.wrapping_add(c as u64);
+            std::thread::spawn(move || race(root, c as u64, seed, origin))
+        })
+        .collect();
+    let loops: Vec<_> = tessera_tests::bounded("the racing loops", 4 * OP_LIMIT, move || {
+        running
+            .into_iter()
+            .map(|l| l.join().expect("a racing loop"))
+            .collect()
+    });
+    eprintln!("{} calls in {:?}", 2 * RACE_CALLS, origin.elapsed());
+    let end = race_names(&m1.path);
+    assert_eq!(race_names(&m2.path), end, "the mounts list different names");
+    let answered = loops
+        .iter()
+        .flatten()
+        .filter(|c| c.answer == tessera_tests::serial::Answer::Done)
+        .count();
+    assert!(answered > RACE_CALLS / 2, "too few calls changed anything");
+    let t = Instant::now();
+    let order = tessera_tests::serial::serial_order(&loops, &Default::default(), &end);
+    if let Err(why) = &order {
+        panic!("seed {seed}: {why}");
+    }
+    eprintln!(
+        "{answered} changes, {} names at the end, one serial order found in {:?}",
+        end.len(),
+        t.elapsed()
+    );
+    let (code, out) = cluster.tessera_at(&a, &["fsck"]);
+    assert_eq!(code, 0, "fsck: {out}");
+    drop((m1, m2));
+}

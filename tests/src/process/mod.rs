@@ -689,16 +689,18 @@ impl ProcessCluster {
     /// Mounts like [`ProcessCluster::mount`], with `meta` (an address, or a list tried
     /// in its order) as the mount's `--meta`.
     pub fn mount_at(&self, name: &str, meta: &str) -> Mount {
-        self.mount_inner(name, "", meta)
+        self.mount_with(name, "", meta)
     }
 
     /// Mounts like [`ProcessCluster::mount`], with `config` (client configuration TOML,
     /// e.g. `writeback_cache = true`) as the mount's `--config` file.
     pub fn mount_with_config(&self, name: &str, config: &str) -> Mount {
-        self.mount_inner(name, config, &self.meta_addrs)
+        self.mount_with(name, config, &self.meta_addrs)
     }
 
-    fn mount_inner(&self, name: &str, config: &str, meta: &str) -> Mount {
+    /// Mounts with both: `config` as the mount's `--config` file and `meta` as its
+    /// `--meta`.
+    pub fn mount_with(&self, name: &str, config: &str, meta: &str) -> Mount {
         require_fuse();
         let path = self.dir.path().join(name);
         fs::create_dir_all(&path).expect("mount point");
