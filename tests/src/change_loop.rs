@@ -18,18 +18,22 @@ use std::time::{Duration, Instant};
 /// folder it makes: the mount knows every name there, so the kernel's lookups of new
 /// names are answered without a call and nearly every call is a change.
 const CHANGE_LOOP: &str = r#"
-import os, sys
+import os, sys, time
 root, loops, before = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+longest = (0.0, "")
 root = os.path.join(root, "w")
 os.mkdir(root)
 log = os.open(os.path.join(root, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 for i in range(loops):
     f, r = os.path.join(root, f"f{i}"), os.path.join(root, f"r{i}")
     def step(what, fn):
+        global longest
+        t = time.monotonic()
         try:
             fn()
         except OSError as e:
             sys.exit(f"loop {i}: {what}: {e}")
+        longest = max(longest, (time.monotonic() - t, f"loop {i}: {what}"))
     step("exclusive create", lambda: os.close(os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)))
     step("rename", lambda: os.rename(f, r))
     if i % 3 == 0:
@@ -41,6 +45,7 @@ for i in range(loops):
         print("go", flush=True)
 step("fsync", lambda: os.fsync(log))
 os.close(log)
+print(f"longest {longest[0]:.6f} {longest[1]}", flush=True)
 "#;
 
 /// A running loop (killed if dropped before it ended).
@@ -48,6 +53,8 @@ pub struct ChangeLoop {
     child: Child,
     root: PathBuf,
     loops: usize,
+    /// The rest of the loop's output, read when it ends.
+    stdout: Option<std::thread::JoinHandle<String>>,
 }
 
 impl ChangeLoop {
@@ -67,11 +74,21 @@ impl ChangeLoop {
             child,
             root: root.to_path_buf(),
             loops,
+            stdout: None,
         };
-        let go = crate::bounded("the loop's first changes", limit, move || {
+        let (tx, rx) = std::sync::mpsc::channel();
+        // One reader for the whole output: `go`, then the longest call at the end.
+        run.stdout = Some(std::thread::spawn(move || {
+            let mut out = std::io::BufReader::new(stdout);
             let mut line = String::new();
-            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
-            line
+            let _ = out.read_line(&mut line);
+            let _ = tx.send(line);
+            let mut rest = String::new();
+            let _ = std::io::Read::read_to_string(&mut out, &mut rest);
+            rest
+        }));
+        let go = crate::bounded("the loop's first changes", limit, move || {
+            rx.recv().unwrap_or_default()
         });
         if go.trim() != "go" {
             panic!(
@@ -91,8 +108,9 @@ impl ChangeLoop {
     }
 
     /// Waits at most `limit` for the loop to end, and checks that every call succeeded
-    /// and that its folder holds what it made, once.
-    pub fn finish(mut self, limit: Duration) {
+    /// and that its folder holds what it made, once; returns how long its longest call
+    /// took, and which it was.
+    pub fn finish(mut self, limit: Duration) -> (Duration, String) {
         let deadline = Instant::now() + limit;
         let status = loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
@@ -106,6 +124,13 @@ impl ChangeLoop {
         };
         let err = self.stderr();
         assert!(status.success(), "the loop failed ({status}): {err}");
+        let out = self.stdout.take().map(|r| r.join().unwrap_or_default());
+        let longest = out
+            .as_deref()
+            .and_then(|o| o.trim().strip_prefix("longest "))
+            .and_then(|l| l.split_once(' '))
+            .and_then(|(secs, what)| Some((secs.parse::<f64>().ok()?, what.to_string())))
+            .unwrap_or_else(|| panic!("no longest call in the loop's output: {out:?}"));
         let mut want: Vec<String> = vec!["log".into()];
         for i in 0..self.loops {
             if i % 3 != 0 {
@@ -129,6 +154,7 @@ impl ChangeLoop {
             log == lines,
             "the log differs from the lines written once each:\n{log}"
         );
+        (Duration::from_secs_f64(longest.0), longest.1)
     }
 }
 

@@ -2,7 +2,8 @@
 //! real mount: `kill -9` of etcd's leader is a pause (no error, nothing lost, held locks
 //! still held, the same metadata server serving); with two of three members stopped a
 //! call waits and then fails with a clear error within the configured retry time, and
-//! the file system goes on once a member returns. Real processes, a real FUSE mount, a
+//! the file system goes on once a member returns; the leader's kill is a pause too for
+//! two metadata servers serving one prefix at once. Real processes, real FUSE mounts, a
 //! 3-member etcd on 127.0.0.1 with its data on /dev/shm.
 
 use meta_server::kv::etcd::local::LocalEtcd;
@@ -31,7 +32,8 @@ const APPEND: usize = 64 * 1024;
 const HEAL_LIMIT: Duration = Duration::from_secs(60);
 
 /// A 3-member etcd and a cluster (3 data servers) whose metadata server uses it with
-/// `tune` applied to its etcd settings; `None`, after saying so, where no etcd binary is
+/// `tune` applied to its etcd settings (where `tune` sets `shared`, a second metadata
+/// server serves the prefix beside the first); `None`, after saying so, where no etcd binary is
 /// installed (never under CI).
 fn cluster_on_three_members(
     tune: impl FnOnce(&mut EtcdConfig),
@@ -45,13 +47,17 @@ fn cluster_on_three_members(
     wait_for_leader(&etcd);
     let mut config = etcd.config();
     tune(&mut config);
-    let cluster = ProcessCluster::start_with(ClusterOptions {
+    let mut cluster = ProcessCluster::start_with(ClusterOptions {
         data_servers: 3,
         meta_toml: tessera_tests::etcd_meta_toml(&config),
         namespace_toml: namespace_toml.to_owned(),
         heartbeat_ms: 200,
+        standby_meta: config.shared,
         ..ClusterOptions::default()
     });
+    if config.shared {
+        cluster.start_peer_meta();
+    }
     // Chains start with their members syncing; a heartbeat stuck on the store would
     // hold back the report that makes them serve.
     cluster.wait_healthy(HEAL_LIMIT);
@@ -232,6 +238,80 @@ fn a_killed_etcd_leader_is_a_pause_for_the_file_system() {
     cluster.wait_healthy(HEAL_LIMIT);
     let (code, out) = cluster.tessera(&["fsck"]);
     assert_eq!(code, 0, "fsck: {out}");
+}
+
+/// Iterations of each mount's loop in
+/// [`a_killed_etcd_leader_is_a_pause_for_two_servers_serving_one_prefix`].
+const SHARED_LOOPS: usize = 150;
+
+/// Guards against an error, a lost or doubled change, or a metadata server that stops,
+/// when etcd's leader dies under two metadata servers serving one prefix at once
+/// (`etcd.shared`): a loop of exclusive creates, renames, unlinks, mkdirs and appends
+/// through each of two mounts, one per server, with the leader killed a third of the
+/// way in. Both loops must succeed with each change there once, both servers still
+/// run (their live keys outlast the election), both mounts read the same, and after the
+/// member's restart a new file is made and `fsck` is clean.
+#[test]
+fn a_killed_etcd_leader_is_a_pause_for_two_servers_serving_one_prefix() {
+    use tessera_tests::change_loop::ChangeLoop;
+    let Some((mut etcd, mut cluster)) = cluster_on_three_members(
+        |c| {
+            c.request_timeout_ms = 2_000;
+            c.retry_for_ms = 20_000;
+            // The servers' live keys: an election slowed by a loaded machine must not
+            // cost a server its key.
+            c.owner_lease_ms = 15_000;
+            c.shared = true;
+        },
+        "",
+    ) else {
+        return;
+    };
+    let (a, b) = (
+        cluster.meta_addr().to_string(),
+        cluster.peer_meta_addr().to_string(),
+    );
+    let m1 = cluster.mount_at("m1", &format!("{a},{b}"));
+    let m2 = cluster.mount_at("m2", &format!("{b},{a}"));
+    fs::create_dir(m1.path.join("one")).expect("mkdir through A");
+    fs::create_dir(m2.path.join("two")).expect("mkdir through B");
+    let third = SHARED_LOOPS / 3;
+    let first = ChangeLoop::start(&m1.path.join("one"), SHARED_LOOPS, third, WORKLOAD_LIMIT);
+    let second = ChangeLoop::start(&m2.path.join("two"), SHARED_LOOPS, third, WORKLOAD_LIMIT);
+    let leader = etcd.leader().expect("a leader");
+    let t = Instant::now();
+    etcd.kill(leader);
+    eprintln!("etcd member {leader} (the leader) killed");
+    for (m, run) in [("first", first), ("second", second)] {
+        let (longest, what) = run.finish(WORKLOAD_LIMIT);
+        eprintln!("the {m} mount's longest call: {what}, {longest:?}");
+        assert!(longest < PAUSE_LIMIT, "{what} took {longest:?}");
+    }
+    eprintln!("both loops done {:?} after the kill", t.elapsed());
+    assert!(cluster.meta_running(), "metadata server A exited");
+    assert!(cluster.peer_meta_running(), "metadata server B exited");
+    let names = |p: PathBuf| -> Vec<String> {
+        let mut n: Vec<String> = fs::read_dir(p)
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names(m2.path.join("one/w")), names(m1.path.join("one/w")));
+    assert_eq!(names(m1.path.join("two/w")), names(m2.path.join("two/w")));
+
+    etcd.restart(leader).expect("restart the member");
+    etcd.wait_ready().expect("etcd ready");
+    fs::write(m2.path.join("after"), b"after the restart").expect("write after");
+    assert_eq!(
+        fs::read(m1.path.join("after")).expect("read"),
+        b"after the restart"
+    );
+    cluster.wait_healthy(HEAL_LIMIT);
+    let (code, out) = cluster.tessera_at(&b, &["fsck"]);
+    assert_eq!(code, 0, "fsck: {out}");
+    drop((m1, m2));
 }
 
 /// The metadata server's etcd call settings in

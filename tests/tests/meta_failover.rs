@@ -348,7 +348,8 @@ fn changes_in_flight_when_their_server_dies_are_applied_once() {
     // The loop's next call reaches A and waits; then A dies under it.
     cluster.freeze_then_fail_over_meta(Duration::from_millis(300));
     eprintln!("A killed, B listening after {:?}", t.elapsed());
-    run.finish(2 * OP_LIMIT);
+    let (longest, what) = run.finish(2 * OP_LIMIT);
+    eprintln!("the longest call: {what}, {longest:?}");
     eprintln!("loop done {:?} after the kill", t.elapsed());
     let waited = m
         .log_text()

@@ -546,6 +546,13 @@ impl ProcessCluster {
         });
     }
 
+    /// Whether the second metadata server ([`ProcessCluster::start_peer_meta`]) still
+    /// runs.
+    pub fn peer_meta_running(&mut self) -> bool {
+        let peer = self.peer_meta.as_mut().expect("a second metadata server");
+        matches!(peer.try_wait(), Ok(None))
+    }
+
     /// The second metadata server's address ([`ProcessCluster::start_peer_meta`]).
     pub fn peer_meta_addr(&self) -> &str {
         self.standby
