@@ -28,6 +28,7 @@
 //! batches of a group into as few transactions as fit, cutting only between batches.
 
 pub mod local;
+mod members;
 pub mod owner;
 mod retry;
 
@@ -57,15 +58,17 @@ pub(crate) mod test_hooks {
     }
 }
 
+use self::members::Members;
 use self::retry::{retrying, Retry, Silence, Timing};
 use super::{
     BatchOp, KvError, KvPair, KvStore, LiveKey, ReadCheck, Revision, TxnLimits, TxnStore,
     Versioned, WriteBatch,
 };
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) const ENGINE: &str = "etcd";
@@ -190,7 +193,7 @@ pub struct EtcdStore {
     /// `None` only while dropping.
     runtime: Option<tokio::runtime::Runtime>,
     handle: tokio::runtime::Handle,
-    kv: KvClient,
+    members: Arc<Members>,
     prefix: Vec<u8>,
     config: EtcdConfig,
     /// The owner key and the lease this server holds it under (see `owner.rs`): every
@@ -259,21 +262,18 @@ impl EtcdStore {
             .with_timeout(Duration::from_millis(config.request_timeout_ms));
         let endpoints = config.endpoints.clone();
         let connect = async move {
-            Client::connect(endpoints, Some(options))
+            Members::connect(&endpoints, &options, MAX_REPLY_BYTES)
                 .await
                 .map_err(|e| KvError::Unavailable {
                     engine: ENGINE,
                     message: format!("connecting: {e}"),
                 })
         };
-        let client = wait_for(&handle, config.timing().backstop(), connect)?;
-        let kv = client
-            .kv_client()
-            .max_decoding_message_size(MAX_REPLY_BYTES);
+        let members = wait_for(&handle, config.timing().backstop(), connect)?;
         Ok(EtcdStore {
             runtime: Some(runtime),
             handle,
-            kv,
+            members: Arc::new(members),
             prefix: config.prefix.as_bytes().to_vec(),
             config: config.clone(),
             fence: None,
@@ -350,13 +350,13 @@ impl EtcdStore {
         if ops.is_empty() {
             return Ok(());
         }
-        let (kv, timing, silence) = (self.kv.clone(), self.config.timing(), self.silence.clone());
+        let (members, timing) = (self.members.clone(), self.config.timing());
+        let silence = self.silence.clone();
         let fence = self.fence_compare();
         let resp = self.run(async move {
             retrying(timing, &silence, Retry::Always, "commit", || {
-                let mut kv = kv.clone();
                 let txn = Txn::new().when(fence.clone()).and_then(txn_ops(&ops));
-                async move { kv.txn(txn).await }
+                members.call(|mut kv| async move { kv.txn(txn).await })
             })
             .await
         })?;
@@ -426,7 +426,8 @@ impl KvStore for EtcdStore {
         if start >= end || limit == 0 {
             return Ok(Vec::new());
         }
-        let (kv, timing, silence) = (self.kv.clone(), self.read_timing(), self.silence.clone());
+        let (members, timing) = (self.members.clone(), self.read_timing());
+        let silence = self.silence.clone();
         let (mut from, to, skip) = (self.key(start), self.key(end), self.prefix.len());
         self.run(async move {
             let mut out: Vec<KvPair> = Vec::new();
@@ -440,8 +441,8 @@ impl KvStore for EtcdStore {
                     opts = opts.with_revision(at_revision);
                 }
                 let resp = retrying(timing, &silence, Retry::Always, "scan", || {
-                    let (mut kv, from, opts) = (kv.clone(), from.clone(), opts.clone());
-                    async move { kv.get(from, Some(opts)).await }
+                    let (from, opts) = (from.clone(), opts.clone());
+                    members.call(|mut kv| async move { kv.get(from, Some(opts)).await })
                 })
                 .await?;
                 if at_revision == 0 {
@@ -536,12 +537,12 @@ impl TxnStore for EtcdStore {
     }
 
     fn get_versioned(&self, key: &[u8]) -> Result<Option<Versioned>, KvError> {
-        let (kv, timing, key) = (self.kv.clone(), self.read_timing(), self.key(key));
+        let (members, timing, key) = (self.members.clone(), self.read_timing(), self.key(key));
         let silence = self.silence.clone();
         self.run(async move {
             let resp = retrying(timing, &silence, Retry::Always, "get", || {
-                let (mut kv, key) = (kv.clone(), key.clone());
-                async move { kv.get(key, None).await }
+                let key = key.clone();
+                members.call(|mut kv| async move { kv.get(key, None).await })
             })
             .await?;
             Ok(resp.kvs().first().map(|kv| Versioned {
@@ -572,7 +573,8 @@ impl TxnStore for EtcdStore {
         if let Some((key, _)) = &self.fence {
             reads.push(TxnOp::get(key.clone(), None));
         }
-        let (kv, timing, writes) = (self.kv.clone(), self.config.timing(), txn_ops(&ops));
+        let (members, timing) = (self.members.clone(), self.config.timing());
+        let writes = txn_ops(&ops);
         let silence = self.silence.clone();
         let resp = self.run(async move {
             retrying(
@@ -581,12 +583,11 @@ impl TxnStore for EtcdStore {
                 Retry::IfNotSent,
                 "conditional commit",
                 || {
-                    let mut kv = kv.clone();
                     let txn = Txn::new()
                         .when(compares.clone())
                         .and_then(writes.clone())
                         .or_else(reads.clone());
-                    async move { kv.txn(txn).await }
+                    members.call(|mut kv| async move { kv.txn(txn).await })
                 },
             )
             .await

@@ -224,6 +224,13 @@ fn classify(e: &etcd_client::Error) -> Failure {
     }
 }
 
+/// Whether `e` is etcd's own answer to the request (it refused it as it is), rather
+/// than a failure on the way (a connection refused or broken, a member without a
+/// leader or out of time): after those another member may do better.
+pub(super) fn answered_by_etcd(e: &etcd_client::Error) -> bool {
+    matches!(classify(e), Failure::TooLarge(_) | Failure::Refused(_))
+}
+
 /// Whether a gRPC `Unavailable` says the connection was never made.
 fn is_connect_failure(message: &str) -> bool {
     let m = message.to_ascii_lowercase();
