@@ -142,12 +142,7 @@ impl ChangeLoop {
         }
         want.sort();
         let w = self.root.join("w");
-        let mut got: Vec<String> = fs::read_dir(&w)
-            .expect("list")
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .collect();
-        got.sort();
-        assert_eq!(got, want);
+        assert_eq!(names(&w), want);
         let lines: String = (0..self.loops).map(|i| format!("line {i}\n")).collect();
         let log = fs::read_to_string(w.join("log")).expect("read the log");
         assert!(
@@ -155,6 +150,24 @@ impl ChangeLoop {
             "the log differs from the lines written once each:\n{log}"
         );
         (Duration::from_secs_f64(longest.0), longest.1)
+    }
+}
+
+/// The names in folder `dir`, sorted.
+pub fn names(dir: &Path) -> Vec<String> {
+    let mut n: Vec<String> = fs::read_dir(dir)
+        .expect("list")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    n.sort();
+    n
+}
+
+/// Checks that each of `folders` lists the same names under mount `a` as under mount
+/// `b` (two mounts of one namespace, after loops through each).
+pub fn listed_alike(a: &Path, b: &Path, folders: &[&str]) {
+    for f in folders {
+        assert_eq!(names(&a.join(f)), names(&b.join(f)), "{f} differs");
     }
 }
 

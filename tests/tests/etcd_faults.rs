@@ -290,16 +290,7 @@ fn a_killed_etcd_leader_is_a_pause_for_two_servers_serving_one_prefix() {
     eprintln!("both loops done {:?} after the kill", t.elapsed());
     assert!(cluster.meta_running(), "metadata server A exited");
     assert!(cluster.peer_meta_running(), "metadata server B exited");
-    let names = |p: PathBuf| -> Vec<String> {
-        let mut n: Vec<String> = fs::read_dir(p)
-            .expect("list")
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .collect();
-        n.sort();
-        n
-    };
-    assert_eq!(names(m2.path.join("one/w")), names(m1.path.join("one/w")));
-    assert_eq!(names(m1.path.join("two/w")), names(m2.path.join("two/w")));
+    tessera_tests::change_loop::listed_alike(&m1.path, &m2.path, &["one/w", "two/w"]);
 
     etcd.restart(leader).expect("restart the member");
     etcd.wait_ready().expect("etcd ready");

@@ -232,16 +232,7 @@ fn changes_under_way_through_both_servers_when_one_dies_are_applied_once() {
         eprintln!("the {m} mount's longest call: {what}, {longest:?}");
     }
     eprintln!("both loops done {:?} after the kill", t.elapsed());
-    let names = |p: std::path::PathBuf| -> Vec<String> {
-        let mut n: Vec<String> = fs::read_dir(p)
-            .expect("list")
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .collect();
-        n.sort();
-        n
-    };
-    assert_eq!(names(m2.path.join("one/w")), names(m1.path.join("one/w")));
-    assert_eq!(names(m1.path.join("two/w")), names(m2.path.join("two/w")));
+    tessera_tests::change_loop::listed_alike(&m1.path, &m2.path, &["one/w", "two/w"]);
     let (code, out) = cluster.tessera_at(&b, &["fsck"]);
     assert_eq!(code, 0, "fsck: {out}");
     drop((m1, m2));
