@@ -228,7 +228,13 @@ fn changes_under_way_through_both_servers_when_one_dies_are_applied_once() {
     let t = Instant::now();
     cluster.freeze_then_kill_meta(Duration::from_millis(300));
     for (m, run) in [("first", first), ("second", second)] {
-        let (longest, what) = run.finish(2 * OP_LIMIT);
+        let ended =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.finish(2 * OP_LIMIT)));
+        let (longest, what) = ended.unwrap_or_else(|e| {
+            eprintln!("the {m} mount's loop failed");
+            cluster.print_log_tails(80);
+            std::panic::resume_unwind(e)
+        });
         eprintln!("the {m} mount's longest call: {what}, {longest:?}");
     }
     eprintln!("both loops done {:?} after the kill", t.elapsed());
