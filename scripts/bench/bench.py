@@ -252,6 +252,7 @@ SYSTEMS = [
     ("tessera", "Tessera"),
     ("tessera-etcd", "Tessera on etcd (tmpfs)"),
     ("tessera-etcd-disk", "Tessera on etcd (disk)"),
+    ("tessera-etcd-shared", "Tessera on etcd, both servers serving (tmpfs)"),
     ("moosefs", "MooseFS"),
     ("glusterfs", "GlusterFS"),
     ("juicefs", "JuiceFS"),
@@ -478,7 +479,7 @@ def report(run, out_base):
                   "| workload | ratio |", "| --- | --- |"] + ab
     ha = []
     for key in ("creates_s", "stats_s", "removes_s"):
-        for s in ("tessera-etcd", "tessera-etcd-disk"):
+        for s in ("tessera-etcd", "tessera-etcd-disk", "tessera-etcd-shared"):
             r = ratio(res, key, s, "tessera")
             if r is not None:
                 ha.append(f"| {key.removesuffix('_s')} | {dict(SYSTEMS)[s]} | {r:.2f}x |")
@@ -499,7 +500,7 @@ def chart(res, systems, info, path):
     metrics = [m for m in METRICS if m[0] not in ("dataset_files_s", "dataset_write_files_s")]
     colors = {"local": "#9e9e9e", "bindfs": "#616161", "tessera": "#d84315",
               "tessera-base": "#ff8a65", "tessera-etcd": "#ffb74d",
-              "tessera-etcd-disk": "#a1887f",
+              "tessera-etcd-disk": "#a1887f", "tessera-etcd-shared": "#fdd835",
               "moosefs": "#1565c0", "glusterfs": "#2e7d32", "juicefs": "#6a1b9a"}
     rows = (len(metrics) + 2) // 3
     fig, axes = plt.subplots(rows, 3, figsize=(16, 4.25 * rows))
