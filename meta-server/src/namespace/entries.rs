@@ -11,17 +11,30 @@ use crate::error::{show, MetaError};
 use proto::meta::{Caller, DirChange};
 use proto::{Attr, FileKind, InodeId, NodeId, Timestamp};
 
+/// Reads of a name and its inode a lookup makes at most, when the inode the name
+/// gave is gone by the second read (see [`Namespace::lookup`]).
+const LOOKUP_TRIES: usize = 8;
+
 impl Namespace {
     /// Finds `name` in directory `parent` and returns its attributes.
     pub fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr, MetaError> {
         check_name(name)?;
         let r = StoreReads(&*self.store);
         r.dir(parent)?;
-        let ino = InodeId(r.entry(parent, name)?.ino);
-        // The inode may vanish between the two reads (an unlink that does not wait for
-        // us): that is a plain NotFound, as if the lookup had come a moment later.
-        let rec = r.inode(ino)?;
-        r.attr_of(ino, &rec)
+        // The name and its inode are two reads, and on a shared engine another server's
+        // change may land between them: a rename over the name frees the inode read
+        // first while the name stays (with another inode). NotFound then fits no moment,
+        // so the name is read again. An unlink removes both at once: the name is gone.
+        for _ in 0..LOOKUP_TRIES {
+            let ino = InodeId(r.entry(parent, name)?.ino);
+            if let Some(rec) = r.try_inode(ino)? {
+                return r.attr_of(ino, &rec);
+            }
+        }
+        Err(MetaError::NotFound(format!(
+            "{} in {parent}: its inode is gone at each of {LOOKUP_TRIES} reads",
+            show(name)
+        )))
     }
 
     /// The attributes of directory `dir`'s parent (the root's is the root).
