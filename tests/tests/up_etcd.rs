@@ -38,6 +38,38 @@ fn tessera(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Makes file `path`, writes and fsyncs a line, kills (SIGKILL) the metadata server
+/// `up` recorded as `meta` under `state`, writes and fsyncs a second line through the
+/// same descriptor, and checks both read back; returns how long the write and fsync
+/// after the kill took.
+fn write_across_the_kill_of_meta(state: &Path, path: &Path) -> Duration {
+    let mut open = fs::OpenOptions::new()
+        .create_new(true)
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    open.write_all(b"before the kill\n").unwrap();
+    open.sync_all().unwrap();
+    let meta = pids(state)
+        .into_iter()
+        .find(|(r, _)| r == "meta")
+        .unwrap()
+        .1;
+    // SAFETY: kill(2) on the PID `up` recorded for the metadata server it started.
+    assert_eq!(unsafe { libc::kill(meta, libc::SIGKILL) }, 0);
+    let killed = Instant::now();
+    open.write_all(b"after the kill\n").unwrap();
+    open.sync_all().unwrap();
+    let took = killed.elapsed();
+    eprintln!("write + fsync after the kill took {took:?}");
+    let mut back = String::new();
+    open.rewind().unwrap();
+    open.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "before the kill\nafter the kill\n");
+    took
+}
+
 /// `(role, pid)` of every process `up` recorded.
 fn pids(state: &Path) -> Vec<(String, i32)> {
     fs::read_to_string(state.join("pids"))
@@ -125,32 +157,8 @@ fn up_on_etcd_keeps_the_mount_through_a_kill_of_the_serving_metadata_server() {
     fs::create_dir(mnt.join("dir")).unwrap();
     let big = tessera_tests::pseudo_random(9 << 20, 24);
     fs::write(mnt.join("dir/big"), &big).unwrap();
-    let mut open = fs::OpenOptions::new()
-        .create_new(true)
-        .read(true)
-        .write(true)
-        .open(mnt.join("dir/open"))
-        .unwrap();
-    open.write_all(b"before the kill\n").unwrap();
-    open.sync_all().unwrap();
-
-    let serving = pids(&state)
-        .into_iter()
-        .find(|(r, _)| r == "meta")
-        .unwrap()
-        .1;
-    // SAFETY: kill(2) on the PID `up` recorded for the metadata server it started.
-    assert_eq!(unsafe { libc::kill(serving, libc::SIGKILL) }, 0);
-    let killed = Instant::now();
-    open.write_all(b"after the kill\n").unwrap();
-    open.sync_all().unwrap();
-    eprintln!("write + fsync after the kill took {:?}", killed.elapsed());
-    assert!(killed.elapsed() < TAKEOVER, "{:?}", killed.elapsed());
-    let mut back = String::new();
-    open.rewind().unwrap();
-    open.read_to_string(&mut back).unwrap();
-    assert_eq!(back, "before the kill\nafter the kill\n");
-    drop(open);
+    let took = write_across_the_kill_of_meta(&state, &mnt.join("dir/open"));
+    assert!(took < TAKEOVER, "{took:?}");
     fs::write(mnt.join("dir/new"), b"made on the standby").unwrap();
     assert_eq!(
         fs::read(mnt.join("dir/new")).unwrap(),
@@ -235,30 +243,7 @@ fn up_on_etcd_shared_serves_through_both_servers_and_brings_a_killed_one_back_se
     assert!(meta_line(&status, "meta").ends_with("serves"), "{status}");
     assert!(meta_line(&status, "meta-1").ends_with("serves"), "{status}");
 
-    let mut open = fs::OpenOptions::new()
-        .create_new(true)
-        .read(true)
-        .write(true)
-        .open(mnt.join("open"))
-        .unwrap();
-    open.write_all(b"before the kill\n").unwrap();
-    open.sync_all().unwrap();
-    let first = pids(&state)
-        .into_iter()
-        .find(|(r, _)| r == "meta")
-        .unwrap()
-        .1;
-    // SAFETY: kill(2) on the PID `up` recorded for the metadata server it started.
-    assert_eq!(unsafe { libc::kill(first, libc::SIGKILL) }, 0);
-    let killed = Instant::now();
-    open.write_all(b"after the kill\n").unwrap();
-    open.sync_all().unwrap();
-    eprintln!("write + fsync after the kill took {:?}", killed.elapsed());
-    let mut back = String::new();
-    open.rewind().unwrap();
-    open.read_to_string(&mut back).unwrap();
-    assert_eq!(back, "before the kill\nafter the kill\n");
-    drop(open);
+    write_across_the_kill_of_meta(&state, &mnt.join("open"));
 
     let out = tessera(&["up", &m, "--state-dir", &s]);
     assert!(out.contains("brought back meta "), "{out}");
