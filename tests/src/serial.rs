@@ -186,6 +186,10 @@ mod tests {
         }
     }
 
+    fn unlink(name: &str) -> Change {
+        Change::Unlink { name: name.into() }
+    }
+
     fn call(change: Change, answer: Answer, start: u64, end: u64) -> Call {
         Call {
             change,
@@ -212,9 +216,8 @@ mod tests {
         assert_eq!(apply(&mut n, &over), Answer::Done);
         assert_eq!(n, names(&[("b", 1)]));
         assert_eq!(apply(&mut n, &over), Answer::Missing);
-        let unlink = Change::Unlink { name: "b".into() };
-        assert_eq!(apply(&mut n, &unlink), Answer::Done);
-        assert_eq!(apply(&mut n, &unlink), Answer::Missing);
+        assert_eq!(apply(&mut n, &unlink("b")), Answer::Done);
+        assert_eq!(apply(&mut n, &unlink("b")), Answer::Missing);
         assert!(n.is_empty());
     }
 
@@ -236,12 +239,7 @@ mod tests {
         // Client 1's unlink, though it began first, took effect after client 0's create.
         let clients = vec![
             vec![call(create("x", 1), Answer::Done, 5, 10)],
-            vec![call(
-                Change::Unlink { name: "x".into() },
-                Answer::Done,
-                0,
-                20,
-            )],
+            vec![call(unlink("x"), Answer::Done, 0, 20)],
         ];
         assert_eq!(
             serial_order(&clients, &Names::new(), &Names::new()),
@@ -254,12 +252,7 @@ mod tests {
         // The unlink was answered before the create began: it cannot have seen it.
         let clients = vec![
             vec![call(create("x", 1), Answer::Done, 30, 40)],
-            vec![call(
-                Change::Unlink { name: "x".into() },
-                Answer::Done,
-                0,
-                20,
-            )],
+            vec![call(unlink("x"), Answer::Done, 0, 20)],
         ];
         assert!(serial_order(&clients, &Names::new(), &Names::new()).is_err());
     }
@@ -300,7 +293,7 @@ mod tests {
                     from: "x".into(),
                     to: "y".into(),
                 },
-                _ => Change::Unlink { name: "y".into() },
+                _ => unlink("y"),
             };
             let answer = apply(&mut model, &change);
             clients[c].push(call(change, answer, i * 10, i * 10 + 5));
