@@ -256,6 +256,41 @@ fn group_commit_packs_many_batches(kind: StoreKind) {
     assert_eq!(s.scan(b"g", b"h", usize::MAX).unwrap().len(), 800);
 }
 
+fn reads_at_a_revision_see_one_moment(kind: StoreKind) {
+    let Some((_p, s)) = fresh(kind) else { return };
+    let mut b = put(b"a", b"1");
+    b.put(b"b".to_vec(), b"1".to_vec());
+    s.commit(b).unwrap();
+    let (a, at) = s.get_at(b"a", None).unwrap();
+    assert_eq!(a.map(|v| v.value), Some(b"1".to_vec()));
+    let mut later = put(b"a", b"2");
+    later.delete(b"b".to_vec());
+    later.put(b"c".to_vec(), b"3".to_vec());
+    s.commit(later).unwrap();
+    let value = |key: &[u8], at| s.get_at(key, at).unwrap().0.map(|v| v.value);
+    let names = |at| -> Vec<Vec<u8>> {
+        let (rows, _) = s.scan_at(b"a", b"z", 10, at).unwrap();
+        rows.into_iter().map(|(k, _)| k).collect()
+    };
+    let Some(at) = at else {
+        // An engine without store-wide revisions reads now.
+        assert_eq!(value(b"a", None), Some(b"2".to_vec()));
+        assert_eq!(names(None), [b"a".to_vec(), b"c".to_vec()]);
+        return;
+    };
+    assert_eq!(value(b"a", Some(at)), Some(b"1".to_vec()));
+    assert_eq!(value(b"b", Some(at)), Some(b"1".to_vec()));
+    assert_eq!(value(b"c", Some(at)), None);
+    assert_eq!(names(Some(at)), [b"a".to_vec(), b"b".to_vec()]);
+    let (now, newer) = s.get_at(b"a", None).unwrap();
+    assert_eq!(now.map(|v| v.value), Some(b"2".to_vec()));
+    assert!(newer > Some(at), "{newer:?} after {at:?}");
+    assert_eq!(names(None), [b"a".to_vec(), b"c".to_vec()]);
+    // A scan answers the revision it read at, as a get does (other tests share the
+    // cluster: it may have moved on since).
+    assert!(s.scan_at(b"a", b"z", 10, None).unwrap().1 >= newer);
+}
+
 macro_rules! txn_suite {
     ($($test:ident),* $(,)?) => {
         mod sled {
@@ -289,6 +324,7 @@ txn_suite!(
     increments_under_contention_lose_nothing,
     limits_are_refused_with_a_clear_error,
     group_commit_packs_many_batches,
+    reads_at_a_revision_see_one_moment,
 );
 
 /// Commits of the loop below; bounded in count and in time.
@@ -436,4 +472,34 @@ fn etcd_cluster_without_quorum_fails_in_time_then_recovers() {
     let store = open_engine(StoreKind::Etcd, std::path::Path::new("."), &config).unwrap();
     store.commit(put(b"after", b"1")).unwrap();
     assert_eq!(store.get(b"before").unwrap(), Some(b"1".to_vec()));
+}
+
+/// A read at a revision etcd compacted away is a conflict on the key read (the
+/// namespace then runs its request again, reading from now), not an engine failure.
+#[test]
+fn etcd_a_read_at_a_compacted_revision_is_a_conflict() {
+    if shared_etcd().is_none() {
+        return;
+    }
+    // A cluster of its own: compacting the shared one would fail other tests' reads.
+    let cluster = LocalEtcd::start(1).expect("starting an etcd member");
+    let config = cluster.config();
+    let store = open_engine(StoreKind::Etcd, std::path::Path::new("."), &config).unwrap();
+    store.commit(put(b"k", b"1")).unwrap();
+    let (_, at) = store.get_at(b"k", None).unwrap();
+    store.commit(put(b"k", b"2")).unwrap();
+    let (_, now) = store.get_at(b"k", None).unwrap();
+    let endpoints = config.endpoints.clone();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async move {
+        let mut client = etcd_client::Client::connect(endpoints, None).await.unwrap();
+        let r = now.unwrap().0 as i64;
+        client.compact(r, None).await.unwrap();
+    });
+    let e = store.get_at(b"k", at).unwrap_err();
+    assert!(is_conflict_on(Err(e), b"k"));
+    let e = store.scan_at(b"a", b"z", 10, at).unwrap_err();
+    assert!(matches!(e, KvError::Conflict { .. }), "{e}");
+    let (read, _) = store.get_at(b"k", None).unwrap();
+    assert_eq!(read.map(|v| v.value), Some(b"2".to_vec()));
 }

@@ -321,6 +321,31 @@ pub trait TxnStore: KvStore {
     /// This engine's limits on one transaction.
     fn limits(&self) -> TxnLimits;
 
+    /// [`TxnStore::get_versioned`] as the store was at its store-wide revision `at`
+    /// (`None`: now), and the revision read at: reads that pass on the first one's
+    /// revision see one moment of the store, whatever commits land between them. An
+    /// engine without such revisions (an embedded one, which one server uses) reads now
+    /// and answers `None`. A revision the engine no longer keeps (etcd compacted it) is a
+    /// [`KvError::Conflict`] on `key`: the caller reads again from now.
+    fn get_at(
+        &self,
+        key: &[u8],
+        _at: Option<Revision>,
+    ) -> Result<(Option<Versioned>, Option<Revision>), KvError> {
+        Ok((self.get_versioned(key)?, None))
+    }
+
+    /// [`KvStore::scan`] as the store was at `at`, as [`TxnStore::get_at`] reads.
+    fn scan_at(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        _at: Option<Revision>,
+    ) -> Result<(Vec<KvPair>, Option<Revision>), KvError> {
+        Ok((self.scan(start, end, limit)?, None))
+    }
+
     /// Puts `key` (absent until now) for as long as the returned handle lives and
     /// renews it: how a metadata server on a shared engine says it is alive (see
     /// `namespace::sweep`). On etcd the key goes with a lease (`etcd.owner_lease_ms`)

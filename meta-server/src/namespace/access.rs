@@ -9,7 +9,7 @@
 use super::names::check_name;
 use super::perm::{self, Held, Mode, XattrAccess, R, W, X};
 use super::records::InodeRecord;
-use super::txn::{Reads, StoreReads};
+use super::txn::Reads;
 use super::{ConnId, Namespace};
 use crate::error::MetaError;
 use proto::meta::{Caller, OpenAccess, RenameMode};
@@ -54,18 +54,18 @@ fn check_open(
 
 impl Namespace {
     fn mode_of(&self, ino: InodeId) -> Result<Mode, MetaError> {
-        Ok(StoreReads(&*self.store).inode(ino)?.mode())
+        Ok(self.reads().inode(ino)?.mode())
     }
 
     /// Search permission on directory `dir` (a lookup in it).
     pub(super) fn may_search(&self, c: &Caller, dir: InodeId) -> Result<(), MetaError> {
-        let m = StoreReads(&*self.store).dir(dir)?.mode();
+        let m = self.reads().dir(dir)?.mode();
         perm::check(c, &m, X, "search the directory")
     }
 
     /// Read permission on directory `dir` (a listing).
     pub(super) fn may_list(&self, c: &Caller, dir: InodeId) -> Result<(), MetaError> {
-        let m = StoreReads(&*self.store).dir(dir)?.mode();
+        let m = self.reads().dir(dir)?.mode();
         perm::check(c, &m, R, "list the directory")
     }
 
@@ -73,14 +73,14 @@ impl Namespace {
     /// first, as a local path walk refuses it before any permission check.
     pub(super) fn may_add(&self, c: &Caller, dir: InodeId, name: &[u8]) -> Result<(), MetaError> {
         check_name(name)?;
-        let m = StoreReads(&*self.store).dir(dir)?.mode();
+        let m = self.reads().dir(dir)?.mode();
         perm::may_create(c, &m)
     }
 
     /// An unnamed file in `dir` (`O_TMPFILE`): as a create of a new name, write and
     /// search on the directory.
     pub(super) fn may_make_tmpfile(&self, c: &Caller, dir: InodeId) -> Result<(), MetaError> {
-        let m = StoreReads(&*self.store).dir(dir)?.mode();
+        let m = self.reads().dir(dir)?.mode();
         perm::may_create(c, &m)
     }
 
@@ -92,7 +92,7 @@ impl Namespace {
         dir: InodeId,
         name: &[u8],
     ) -> Result<(), MetaError> {
-        let r = StoreReads(&*self.store);
+        let r = self.reads();
         let d = r.dir(dir)?.mode();
         perm::check(c, &d, X, "search the directory")?;
         let Some(entry) = r.dirent(dir, name)? else {
@@ -126,7 +126,7 @@ impl Namespace {
         mode: RenameMode,
     ) -> Result<(), MetaError> {
         self.may_remove(c, dir, name)?;
-        let r = StoreReads(&*self.store);
+        let r = self.reads();
         let target = r.dirent(new_dir, new_name)?;
         match target {
             Some(_) => self.may_remove(c, new_dir, new_name)?,
@@ -161,7 +161,7 @@ impl Namespace {
         access: OpenAccess,
     ) -> Result<(), MetaError> {
         check_name(name)?;
-        let r = StoreReads(&*self.store);
+        let r = self.reads();
         let d = r.dir(dir)?.mode();
         perm::check(c, &d, X, "search the directory")?;
         match r.dirent(dir, name)?.map(|e| r.try_inode(InodeId(e.ino))) {
@@ -183,7 +183,7 @@ impl Namespace {
         access: OpenAccess,
         truncate: bool,
     ) -> Result<(), MetaError> {
-        check_open(c, &StoreReads(&*self.store).inode(ino)?, access, truncate)
+        check_open(c, &self.reads().inode(ino)?, access, truncate)
     }
 
     /// A change of `ino`'s attributes; returns `set` with the setgid bit a chmod may
@@ -267,7 +267,7 @@ impl Namespace {
             return Ok(());
         }
         // A directory removed while open has no inode left: the release skips it.
-        match StoreReads(&*self.store).try_inode(s.ino)? {
+        match self.reads().try_inode(s.ino)? {
             Some(rec) => perm::check(c, &rec.mode(), W, "commit writes to the file"),
             None => Ok(()),
         }

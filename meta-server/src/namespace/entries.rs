@@ -5,7 +5,7 @@ use super::keys;
 use super::names::{check_name, check_target};
 use super::opens;
 use super::records::{DirentRecord, InodeRecord};
-use super::txn::{Reads, StoreReads, Txn};
+use super::txn::{Reads, Txn};
 use super::{now, Made, Namespace, State, MAX_LINKS};
 use crate::error::{show, MetaError};
 use proto::meta::{Caller, DirChange};
@@ -19,13 +19,14 @@ impl Namespace {
     /// Finds `name` in directory `parent` and returns its attributes.
     pub fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr, MetaError> {
         check_name(name)?;
-        let r = StoreReads(&*self.store);
-        r.dir(parent)?;
-        // The name and its inode are two reads, and on a shared engine another server's
-        // change may land between them: a rename over the name frees the inode read
-        // first while the name stays (with another inode). NotFound then fits no moment,
-        // so the name is read again. An unlink removes both at once: the name is gone.
+        self.reads().dir(parent)?;
+        // The name and its inode are two reads, and on an embedded store a rename over
+        // the name may land between them: it frees the inode read first while the name
+        // stays (with another inode). NotFound then fits no moment, so the name is read
+        // again. An unlink removes both at once: the name is gone. (A shared engine's
+        // reads are of one moment: there a second try reads afresh too.)
         for _ in 0..LOOKUP_TRIES {
+            let r = self.reads();
             let ino = InodeId(r.entry(parent, name)?.ino);
             if let Some(rec) = r.try_inode(ino)? {
                 return r.attr_of(ino, &rec);
@@ -39,14 +40,14 @@ impl Namespace {
 
     /// The attributes of directory `dir`'s parent (the root's is the root).
     pub fn lookup_parent(&self, dir: InodeId) -> Result<Attr, MetaError> {
-        let r = StoreReads(&*self.store);
+        let r = self.reads();
         let parent = InodeId(r.dir(dir)?.parent);
         Ok(r.inode(parent)?.attr(parent))
     }
 
     /// The attributes of `ino`.
     pub fn getattr(&self, ino: InodeId) -> Result<Attr, MetaError> {
-        let r = StoreReads(&*self.store);
+        let r = self.reads();
         let rec = r.inode(ino)?;
         r.attr_of(ino, &rec)
     }
@@ -110,7 +111,7 @@ impl Namespace {
 
     /// The target of symlink `ino`.
     pub fn readlink(&self, ino: InodeId) -> Result<Vec<u8>, MetaError> {
-        let rec = StoreReads(&*self.store).inode(ino)?;
+        let rec = self.reads().inode(ino)?;
         if rec.kind != FileKind::Symlink {
             return Err(MetaError::InvalidArgument(format!(
                 "{ino} is not a symlink"

@@ -7,7 +7,7 @@ use super::names::check_name;
 use super::opens;
 use super::perm;
 use super::records::{InodeRecord, StoredLayout};
-use super::txn::{Reads, StoreReads, Txn};
+use super::txn::{Reads, Txn};
 use super::{dirlayout, keys, now, ConnId, Namespace, Opened, Session, State, ID_BLOCK};
 use crate::error::{show, MetaError};
 use proto::attr::TimeSet;
@@ -201,12 +201,10 @@ impl Namespace {
         };
         // Read after the batch is staged, which reads see; a record that does not
         // decode counts the file dense rather than fail an open that has happened.
-        let attr = StoreReads(&*self.store)
-            .attr_of(ino, rec)
-            .unwrap_or_else(|e| {
-                tracing::warn!(%ino, error = %e, "reading the held chunks failed");
-                rec.attr(ino)
-            });
+        let attr = self.reads().attr_of(ino, rec).unwrap_or_else(|e| {
+            tracing::warn!(%ino, error = %e, "reading the held chunks failed");
+            rec.attr(ino)
+        });
         Opened {
             attr,
             session,

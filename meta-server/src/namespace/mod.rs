@@ -433,7 +433,9 @@ impl Namespace {
         if self.checked.is_none() {
             return req.run(self, at);
         }
-        self.retry_conflicts(R::NAME, || req.clone().run(self, at))
+        txn::rerunnable(R::IDEMPOTENT, || {
+            self.retry_conflicts(R::NAME, || req.clone().run(self, at))
+        })
     }
 
     /// Runs `f` (a change that reads afresh each time) again while it conflicts on a
@@ -491,9 +493,12 @@ impl Namespace {
                 }
             }
             // A conflict wrote nothing: the block's numbers are still free. Any other
-            // failure may have landed unanswered (etcd's "may have been applied"): the
-            // rest of the block is given up, rather than a number handed out twice.
-            Err(e @ MetaError::Store(KvError::Conflict { .. })) => return Err(e),
+            // failure may have landed unanswered (etcd's "may have been applied"), and
+            // so may a commit settled as not landed (`txn::settle`) later: the rest of
+            // the block is given up, rather than a number handed out twice.
+            Err(e @ MetaError::Store(KvError::Conflict { .. })) if !txn::last_unanswered() => {
+                return Err(e)
+            }
             Err(e) => {
                 st.shared.inodes = 0..0;
                 // Nor is the next session id used again: an open that landed
@@ -524,6 +529,11 @@ impl Namespace {
             total += i128::from(n);
         }
         Ok(u64::try_from(total.max(0)).unwrap_or(u64::MAX))
+    }
+
+    /// Reads that change nothing: on a shared engine all at one moment.
+    pub(crate) fn reads(&self) -> txn::StoreReads<'_> {
+        txn::StoreReads::new(&*self.store, self.checked.as_deref())
     }
 
     /// A new transaction under the held state lock: checked on a shared engine.

@@ -108,6 +108,37 @@ pub(super) fn restore_mark(mark: Mark) {
     });
 }
 
+/// Where a checked commit that carried the change's mark stands when etcd did not
+/// answer it ("may have been applied"), from its slot as read afterwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Landed {
+    /// The slot holds this try's mark: the commit landed whole.
+    Yes,
+    /// The slot is as this change read it before it ran: the commit did not land, and
+    /// cannot land later over a try that reruns it (which checks the same slot).
+    No,
+    /// Another server's try of a change in the slot wrote it since.
+    Elsewhere,
+}
+
+/// [`Landed`] of a commit that carried `mark`, whose slot now reads `now`. A pure
+/// function. `None` when the mark checked no slot (off a shared engine).
+///
+/// The mark's bytes are the change's count and the second it ran: another server's try
+/// of the same change in the same second writes the same bytes, and is taken for this
+/// one (the change landed once either way; the reply this one sends may differ, on a
+/// connection the client gave up for that other try).
+pub(super) fn landed(mark: &Mark, now: Option<&crate::kv::Versioned>) -> Option<Landed> {
+    let before = mark.check.as_ref()?.revision;
+    Some(match now {
+        Some(v) if v.value == mark.value => Landed::Yes,
+        Some(v) if Some(v.revision) != before => Landed::Elsewhere,
+        // As before, or gone: a purge deletes only records hours old (checked against
+        // its own read), never the mark this try would have written.
+        _ => Landed::No,
+    })
+}
+
 /// Clears the mark when the change ends, however it ends.
 struct Marked;
 
@@ -585,4 +616,50 @@ pub(super) fn age_record(ns: &Namespace, client: ClientId, slot: u64, at: u64) {
     let mut batch = WriteBatch::new();
     batch.put(key, encode(&record).unwrap());
     ns.store.commit(batch).unwrap();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::{Revision, Versioned};
+
+    #[test]
+    fn an_unanswered_commit_is_told_from_its_slot() {
+        let mark = |before: Option<u64>| Mark {
+            key: b"slot".to_vec(),
+            value: b"mine".to_vec(),
+            check: Some(ReadCheck {
+                key: b"slot".to_vec(),
+                revision: before.map(Revision),
+            }),
+        };
+        let now = |value: &[u8], revision| Versioned {
+            value: value.to_vec(),
+            revision: Revision(revision),
+        };
+        // Was absent: absent still, or now holding this try's mark, or another's.
+        assert_eq!(landed(&mark(None), None), Some(Landed::No));
+        assert_eq!(
+            landed(&mark(None), Some(&now(b"mine", 9))),
+            Some(Landed::Yes)
+        );
+        let theirs = now(b"theirs", 9);
+        assert_eq!(landed(&mark(None), Some(&theirs)), Some(Landed::Elsewhere));
+        // Held an older change's record: unchanged, or rewritten.
+        assert_eq!(
+            landed(&mark(Some(5)), Some(&now(b"old", 5))),
+            Some(Landed::No)
+        );
+        assert_eq!(
+            landed(&mark(Some(5)), Some(&theirs)),
+            Some(Landed::Elsewhere)
+        );
+        assert_eq!(landed(&mark(Some(5)), None), Some(Landed::No), "purged");
+        // Off a shared engine a mark checks nothing, and nothing is told.
+        let unchecked = Mark {
+            check: None,
+            ..mark(None)
+        };
+        assert_eq!(landed(&unchecked, None), None);
+    }
 }

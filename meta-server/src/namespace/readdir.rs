@@ -1,7 +1,7 @@
 //! Directory listings, a page at a time, resumable after any name.
 
 use super::records::DirentRecord;
-use super::txn::{Reads, StoreReads};
+use super::txn::Reads;
 use super::{keys, DirPage, Namespace, MAX_READDIR_ENTRIES, READDIR_BUDGET_BYTES};
 use crate::error::MetaError;
 use proto::meta::DirEntry;
@@ -25,7 +25,7 @@ impl Namespace {
         max_entries: u32,
         plus: bool,
     ) -> Result<DirPage, MetaError> {
-        let r = StoreReads(&*self.store);
+        let r = self.reads();
         let ctime = r.dir(ino)?.ctime;
         // Zero would make a client that pages until `done` loop forever: return one.
         let want = max_entries.clamp(1, MAX_READDIR_ENTRIES) as usize;
@@ -35,9 +35,7 @@ impl Namespace {
             None => prefix.clone(),
         };
         // One row more than wanted tells whether anything follows the page.
-        let rows = self
-            .store
-            .scan(&start, &keys::prefix_end(&prefix), want + 1)?;
+        let rows = r.scan(&start, &keys::prefix_end(&prefix), want + 1)?;
         let mut done = rows.len() <= want;
         let mut entries = Vec::with_capacity(rows.len().min(want));
         let mut budget = READDIR_BUDGET_BYTES;

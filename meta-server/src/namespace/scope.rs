@@ -11,7 +11,7 @@
 //! and then renamed or linked out of the scope by another client stays reachable by
 //! number to this one until the server restarts.
 
-use super::txn::{Reads, StoreReads};
+use super::txn::Reads;
 use super::Namespace;
 use crate::error::MetaError;
 use proto::InodeId;
@@ -61,7 +61,7 @@ impl Namespace {
     /// The directory an absolute `path` names, walked from the root without following
     /// symlinks.
     pub fn resolve_dir(&self, path: &[u8]) -> Result<InodeId, MetaError> {
-        let r = StoreReads(&*self.store);
+        let r = self.reads();
         let mut at = InodeId::ROOT;
         for name in path.split(|&b| b == b'/').filter(|n| !n.is_empty()) {
             r.dir(at)?;
@@ -77,7 +77,7 @@ impl Namespace {
         if ino == scope.root {
             return Ok(true);
         }
-        let r = StoreReads(&*self.store);
+        let r = self.reads();
         let Some(rec) = r.try_inode(ino)? else {
             return Ok(false);
         };

@@ -7,10 +7,11 @@
 //!
 //! On a shared engine (several metadata servers on one etcd prefix, see
 //! `Namespace::open_shared`) a transaction is also checked: each key it reads is read
-//! with its revision, the superblock too (only once a change needs it), and the commit
-//! holds only if none of them moved
-//! meanwhile (`TxnStore::commit_if`); otherwise nothing is written and the request runs
-//! again (`Namespace::handle`). A scan is not checked (the engines compare single keys):
+//! with its revision, the superblock too (only once a change needs it), all as of the
+//! engine's revision at the first read ([`Snapshot`]), and the commit holds only if none
+//! of them moved meanwhile (`TxnStore::commit_if`); otherwise nothing is written and the
+//! request runs again (`Namespace::handle`). Reads that change nothing are of one
+//! revision too ([`StoreReads`]). A scan is not checked (the engines compare single keys):
 //! every change to a directory's entries or an inode's attributes also writes that
 //! directory's or inode's record (its times), so a transaction that scanned them and read
 //! that record conflicts with one that changed them.
@@ -18,7 +19,7 @@
 use super::keys;
 use super::records::{decode, encode, DirentRecord, InodeRecord, Superblock};
 use crate::error::{show, MetaError};
-use crate::kv::{KvError, KvPair, KvStore, ReadCheck, Revision, TxnStore, WriteBatch};
+use crate::kv::{KvError, KvPair, KvStore, ReadCheck, Revision, TxnStore, Versioned, WriteBatch};
 use proto::InodeId;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -27,6 +28,29 @@ thread_local! {
     /// Set once a checked transaction of the running request committed: from then on a
     /// conflict may not run the request again (its first change has landed).
     static COMMITTED: Cell<bool> = const { Cell::new(false) };
+}
+
+thread_local! {
+    /// Set while a request that may be applied twice runs (see [`rerunnable`]).
+    static RERUNNABLE: Cell<bool> = const { Cell::new(false) };
+    /// Whether this thread's last checked commit went unanswered (see [`settle`]).
+    static UNANSWERED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread's last checked commit went without the engine's answer, however
+/// it was settled: even one found not landed could still land later (and be refused
+/// then by its checks), so the inode numbers it used are not handed out again.
+pub(crate) fn last_unanswered() -> bool {
+    UNANSWERED.with(|u| u.get())
+}
+
+/// Runs `f`, a request that may (`on`) or may not be applied twice: one that may runs
+/// again after a commit etcd did not answer (see [`settle`]).
+pub(crate) fn rerunnable<T>(on: bool, f: impl FnOnce() -> T) -> T {
+    let before = RERUNNABLE.with(|r| r.replace(on));
+    let out = f();
+    RERUNNABLE.with(|r| r.set(before));
+    out
 }
 
 /// Clears the mark of a committed checked transaction, before a request runs.
@@ -50,6 +74,9 @@ pub const COUNT_SHARDS: u8 = 16;
 /// What a checked transaction read: each key's revision at its first read.
 struct Checked<'a> {
     engine: &'a dyn TxnStore,
+    /// Every read at one revision: the decisions taken on them fit one moment, and the
+    /// commit holds only if none of the keys read moved since.
+    snapshot: Snapshot<'a>,
     reads: RefCell<BTreeMap<Vec<u8>, Option<Revision>>>,
     /// The superblock's revision as this transaction read it (`None`: not read yet).
     sb_revision: Option<Revision>,
@@ -145,12 +172,75 @@ pub(crate) trait Reads {
     }
 }
 
-/// Reads straight from the store, for operations that change nothing.
-pub(crate) struct StoreReads<'a>(pub &'a dyn KvStore);
+/// Reads of a shared engine at one revision, the first read's: what they find held
+/// together at one moment, whatever another server committed between them (else a
+/// name read before another server's rename over it gives an inode freed by the time
+/// it is read).
+pub(crate) struct Snapshot<'a> {
+    engine: &'a dyn TxnStore,
+    at: Cell<Option<Revision>>,
+}
+
+impl<'a> Snapshot<'a> {
+    /// Reads of `engine`, at the revision of the first.
+    pub(crate) fn new(engine: &'a dyn TxnStore) -> Snapshot<'a> {
+        Snapshot {
+            engine,
+            at: Cell::new(None),
+        }
+    }
+
+    /// `key` and its revision, as of the snapshot.
+    fn get(&self, key: &[u8]) -> Result<Option<Versioned>, KvError> {
+        let (read, at) = self.engine.get_at(key, self.at.get())?;
+        self.at.set(self.at.get().or(at));
+        Ok(read)
+    }
+
+    /// Up to `limit` pairs of `[start, end)`, as of the snapshot.
+    fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>, KvError> {
+        let (rows, at) = self.engine.scan_at(start, end, limit, self.at.get())?;
+        self.at.set(self.at.get().or(at));
+        Ok(rows)
+    }
+}
+
+/// Reads straight from the store, for operations that change nothing: on a shared
+/// engine at one moment ([`Snapshot`]).
+pub(crate) struct StoreReads<'a> {
+    store: &'a dyn KvStore,
+    snapshot: Option<Snapshot<'a>>,
+}
+
+impl<'a> StoreReads<'a> {
+    /// Reads of `store`, or of the `shared` engine behind it at one moment.
+    pub(crate) fn new(store: &'a dyn KvStore, shared: Option<&'a dyn TxnStore>) -> Self {
+        StoreReads {
+            store,
+            snapshot: shared.map(Snapshot::new),
+        }
+    }
+
+    /// Up to `limit` pairs of `[start, end)`.
+    pub(crate) fn scan(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+    ) -> Result<Vec<KvPair>, MetaError> {
+        Ok(match &self.snapshot {
+            Some(s) => s.scan(start, end, limit)?,
+            None => self.store.scan(start, end, limit)?,
+        })
+    }
+}
 
 impl Reads for StoreReads<'_> {
     fn raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
-        Ok(self.0.get(key)?)
+        Ok(match &self.snapshot {
+            Some(s) => s.get(key)?.map(|v| v.value),
+            None => self.store.get(key)?,
+        })
     }
 }
 
@@ -191,6 +281,7 @@ impl<'a> Txn<'a> {
             store,
             checked: Some(Checked {
                 engine,
+                snapshot: Snapshot::new(engine),
                 reads: RefCell::new(BTreeMap::new()),
                 sb_revision: None,
                 inodes: counters.inodes.clone(),
@@ -209,8 +300,8 @@ impl<'a> Txn<'a> {
     pub(crate) fn sb(&mut self) -> Result<&mut Superblock, MetaError> {
         if let (None, Some(c)) = (&self.sb, &mut self.checked) {
             let read = c
-                .engine
-                .get_versioned(&keys::superblock())?
+                .snapshot
+                .get(&keys::superblock())?
                 .ok_or_else(|| MetaError::Corrupt("superblock missing".into()))?;
             let sb: Superblock = decode(&read.value, "superblock")?;
             c.sb_revision = Some(read.revision);
@@ -246,7 +337,11 @@ impl<'a> Txn<'a> {
         // Ask the store for enough keys that deletes in the overlay cannot starve the page:
         // any store key past those returned sorts after `limit` surviving ones.
         let deletes = overlay.clone().filter(|(_, v)| v.is_none()).count();
-        let base = self.store.scan(start, end, limit.saturating_add(deletes))?;
+        let want = limit.saturating_add(deletes);
+        let base = match &self.checked {
+            Some(c) => c.snapshot.scan(start, end, want)?,
+            None => self.store.scan(start, end, want)?,
+        };
         let mut merged: BTreeMap<Vec<u8>, Vec<u8>> = base.into_iter().collect();
         for (k, v) in overlay {
             match v {
@@ -352,14 +447,9 @@ impl<'a> Txn<'a> {
                 // live key: a conflict on one of those is taken for the server's own
                 // key gone (`retry_on_conflict`), which this is not.
                 Err(KvError::Unavailable { engine, .. }) => {
-                    let key = part
-                        .iter()
-                        .map(|c| &c.key)
-                        .find(|k| !keys::is_server(k))
-                        .unwrap_or(&part[0].key);
                     return Err(MetaError::Store(KvError::Conflict {
                         engine,
-                        key: key.clone(),
+                        key: rerun_key(part),
                     }));
                 }
                 Err(e) => return Err(e.into()),
@@ -405,6 +495,7 @@ impl<'a> Txn<'a> {
     /// returns the superblock as it now is (if this transaction read it); see
     /// `kv::GroupCommit` for when it is durable.
     pub(crate) fn commit(mut self) -> Result<Option<Superblock>, MetaError> {
+        UNANSWERED.with(|u| u.set(false));
         if let Some((shard, count)) = self.checked.as_ref().map(|c| (c.shard, c.count)) {
             if count != 0 {
                 // Read through the transaction: two servers adding to one shard
@@ -450,7 +541,10 @@ impl<'a> Txn<'a> {
                         });
                     }
                     checks.extend(mark.as_ref().and_then(|m| m.check.clone()));
-                    if let Err(e) = c.engine.commit_if(&checks, batch) {
+                    let done = c.engine.commit_if(&checks, batch);
+                    let unanswered = matches!(done, Err(KvError::Unavailable { .. }));
+                    UNANSWERED.with(|u| u.set(unanswered));
+                    if let Err(e) = done.or_else(|e| settle(c.engine, e, mark.as_ref(), &checks)) {
                         // Nothing landed (or, unanswered, maybe it did: the request
                         // fails then): the next try's first transaction carries the mark.
                         if let Some(mark) = mark {
@@ -475,6 +569,68 @@ impl<'a> Txn<'a> {
     }
 }
 
+/// The key a conflict that runs the request again is named by: one of `checks` that is
+/// neither a server's live key nor a change's record (a conflict on those means
+/// something else, see `retry_on_conflict`); empty if none is.
+fn rerun_key(checks: &[ReadCheck]) -> Vec<u8> {
+    checks
+        .iter()
+        .map(|c| &c.key)
+        .find(|k| !keys::is_server(k) && !super::once::is_record(k))
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// What a checked commit that failed with `e` comes to. etcd not answering it ("may
+/// have been applied") is settled where that is safe, so that an election of etcd's
+/// leader is a pause and not an error: a change's first transaction (which carries its
+/// `mark`) reads the change's slot back: landed, it holds (`Ok`); not landed, a
+/// conflict runs the request again (the slot check keeps the unanswered try from
+/// landing after that); another server's try landed, a conflict on the slot (`once`
+/// answers from its record). A request that may be applied twice ([`rerunnable`]) and
+/// has committed nothing runs again: its checks keep the unanswered try from landing
+/// after the new one changed what it read. Anything else stays the error it is.
+fn settle(
+    engine: &dyn TxnStore,
+    e: KvError,
+    mark: Option<&super::once::Mark>,
+    checks: &[ReadCheck],
+) -> Result<(), KvError> {
+    use super::once::Landed;
+    let KvError::Unavailable { engine: name, .. } = &e else {
+        return Err(e);
+    };
+    let rerun = KvError::Conflict {
+        engine: name,
+        key: rerun_key(checks),
+    };
+    if let Some(mark) = mark {
+        let Ok(now) = engine.get_versioned(&mark.key) else {
+            return Err(e);
+        };
+        return match super::once::landed(mark, now.as_ref()) {
+            Some(Landed::Yes) => {
+                tracing::info!(error = %e, "an unanswered commit landed: its change's mark is in the engine");
+                Ok(())
+            }
+            Some(Landed::No) => {
+                tracing::info!(error = %e, "an unanswered commit did not land: running the change again");
+                Err(rerun)
+            }
+            Some(Landed::Elsewhere) => Err(KvError::Conflict {
+                engine: name,
+                key: mark.key.clone(),
+            }),
+            None => Err(e),
+        };
+    }
+    if RERUNNABLE.with(|r| r.get()) && !committed() {
+        tracing::info!(error = %e, "an unanswered commit of a request that may be applied twice: running it again");
+        return Err(rerun);
+    }
+    Err(e)
+}
+
 impl Reads for Txn<'_> {
     fn raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>, MetaError> {
         if let Some(v) = self.writes.get(key) {
@@ -483,9 +639,8 @@ impl Reads for Txn<'_> {
         let Some(c) = &self.checked else {
             return Ok(self.store.get(key)?);
         };
-        let read = c.engine.get_versioned(key)?;
-        // The first read is the one the transaction's decisions rest on: a later read
-        // that saw a newer value makes the commit conflict, as it should.
+        let read = c.snapshot.get(key)?;
+        // All reads are of one moment, so a key read twice reads the same.
         c.reads
             .borrow_mut()
             .entry(key.to_vec())

@@ -2,8 +2,8 @@
 
 use super::names::{check_xattr_name, check_xattr_value};
 use super::records::{decode, encode};
+use super::txn::Reads;
 use super::txn::Txn;
-use super::txn::{Reads, StoreReads};
 use super::{keys, now, Namespace, MAX_XATTRS_PER_INODE};
 use super::{MAX_XATTR_NAMES_BYTES, MAX_XATTR_TOTAL_BYTES};
 use crate::error::{show, MetaError};
@@ -14,7 +14,7 @@ impl Namespace {
     /// The value of extended attribute `name` of `ino`.
     pub fn getxattr(&self, ino: InodeId, name: &[u8]) -> Result<Vec<u8>, MetaError> {
         check_xattr_name(name)?;
-        let r = StoreReads(&*self.store);
+        let r = self.reads();
         r.inode(ino)?;
         match r.raw(&keys::xattr(ino, name))? {
             Some(v) => decode(&v, "xattr value"),
@@ -58,13 +58,11 @@ impl Namespace {
 
     /// The names of every extended attribute of `ino`, in key (byte) order.
     pub fn listxattr(&self, ino: InodeId) -> Result<Vec<Vec<u8>>, MetaError> {
-        let r = StoreReads(&*self.store);
+        let r = self.reads();
         r.inode(ino)?;
         let prefix = keys::xattr_prefix(ino);
         let limit = MAX_XATTRS_PER_INODE as usize;
-        let rows = self
-            .store
-            .scan(&prefix, &keys::prefix_end(&prefix), limit)?;
+        let rows = r.scan(&prefix, &keys::prefix_end(&prefix), limit)?;
         Ok(rows
             .into_iter()
             .map(|(k, _)| k[prefix.len()..].to_vec())

@@ -398,6 +398,23 @@ fn op_bytes(key: &[u8], value: &Option<Vec<u8>>) -> usize {
     key.len() + value.as_ref().map_or(0, Vec::len) + OP_OVERHEAD_BYTES
 }
 
+/// The store-wide revision an answer was read at.
+fn header_revision(resp: &etcd_client::GetResponse) -> Option<Revision> {
+    let r = resp.header()?.revision();
+    u64::try_from(r).ok().filter(|&r| r > 0).map(Revision)
+}
+
+/// Names `key` in the conflict of a read at a revision etcd no longer keeps.
+fn on_key(e: KvError, key: &[u8]) -> KvError {
+    match e {
+        KvError::Conflict { engine, .. } => KvError::Conflict {
+            engine,
+            key: key.to_vec(),
+        },
+        e => e,
+    }
+}
+
 /// Spawns `fut` on `handle` and waits for its answer on a channel, for at most
 /// `backstop` (each future has its own deadline; this only bounds a lost answer).
 fn wait_for<T: Send + 'static>(
@@ -423,51 +440,7 @@ impl KvStore for EtcdStore {
     }
 
     fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>, KvError> {
-        if start >= end || limit == 0 {
-            return Ok(Vec::new());
-        }
-        let (members, timing) = (self.members.clone(), self.read_timing());
-        let silence = self.silence.clone();
-        let (mut from, to, skip) = (self.key(start), self.key(end), self.prefix.len());
-        self.run(async move {
-            let mut out: Vec<KvPair> = Vec::new();
-            let mut at_revision = 0;
-            while out.len() < limit {
-                let page = (limit - out.len()).min(SCAN_PAGE_KEYS);
-                let mut opts = GetOptions::new()
-                    .with_range(to.clone())
-                    .with_limit(page as i64);
-                if at_revision > 0 {
-                    opts = opts.with_revision(at_revision);
-                }
-                let resp = retrying(timing, &silence, Retry::Always, "scan", || {
-                    let (from, opts) = (from.clone(), opts.clone());
-                    members.call(|mut kv| async move { kv.get(from, Some(opts)).await })
-                })
-                .await?;
-                if at_revision == 0 {
-                    at_revision = resp.header().map_or(0, |h| h.revision());
-                }
-                let kvs = resp.kvs();
-                for kv in kvs {
-                    // etcd answers the range asked, all under the prefix; anything else
-                    // is a corrupt answer, not a reason to panic.
-                    let key = kv.key().get(skip..).ok_or_else(|| KvError::Corruption {
-                        engine: "etcd",
-                        message: "a key outside the prefix in a scan's answer".into(),
-                    })?;
-                    out.push((key.to_vec(), kv.value().to_vec()));
-                }
-                match kvs.last() {
-                    Some(last) if kvs.len() == page => {
-                        from = last.key().to_vec();
-                        from.push(0);
-                    }
-                    _ => break,
-                }
-            }
-            Ok(out)
-        })
+        Ok(self.scan_at(start, end, limit, None)?.0)
     }
 
     fn commit(&self, batch: WriteBatch) -> Result<(), KvError> {
@@ -537,19 +510,7 @@ impl TxnStore for EtcdStore {
     }
 
     fn get_versioned(&self, key: &[u8]) -> Result<Option<Versioned>, KvError> {
-        let (members, timing, key) = (self.members.clone(), self.read_timing(), self.key(key));
-        let silence = self.silence.clone();
-        self.run(async move {
-            let resp = retrying(timing, &silence, Retry::Always, "get", || {
-                let key = key.clone();
-                members.call(|mut kv| async move { kv.get(key, None).await })
-            })
-            .await?;
-            Ok(resp.kvs().first().map(|kv| Versioned {
-                value: kv.value().to_vec(),
-                revision: Revision(kv.mod_revision() as u64),
-            }))
-        })
+        Ok(self.get_at(key, None)?.0)
     }
 
     fn commit_if(&self, checks: &[ReadCheck], batch: WriteBatch) -> Result<(), KvError> {
@@ -625,6 +586,84 @@ impl TxnStore for EtcdStore {
             max_ops: Some(self.config.max_txn_ops),
             max_bytes: Some(self.config.max_txn_bytes),
         }
+    }
+
+    fn get_at(
+        &self,
+        key: &[u8],
+        at: Option<Revision>,
+    ) -> Result<(Option<Versioned>, Option<Revision>), KvError> {
+        let (members, timing) = (self.members.clone(), self.read_timing());
+        let (silence, asked) = (self.silence.clone(), key.to_vec());
+        let key = self.key(key);
+        let opts = at.map(|r| GetOptions::new().with_revision(r.0 as i64));
+        self.run(async move {
+            let resp = retrying(timing, &silence, Retry::Always, "get", || {
+                let (key, opts) = (key.clone(), opts.clone());
+                members.call(|mut kv| async move { kv.get(key, opts).await })
+            })
+            .await
+            .map_err(|e| on_key(e, &asked))?;
+            let read = resp.kvs().first().map(|kv| Versioned {
+                value: kv.value().to_vec(),
+                revision: Revision(kv.mod_revision() as u64),
+            });
+            Ok((read, at.or_else(|| header_revision(&resp))))
+        })
+    }
+
+    fn scan_at(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        at: Option<Revision>,
+    ) -> Result<(Vec<KvPair>, Option<Revision>), KvError> {
+        if start >= end || limit == 0 {
+            return Ok((Vec::new(), at));
+        }
+        let (members, timing) = (self.members.clone(), self.read_timing());
+        let (silence, asked) = (self.silence.clone(), start.to_vec());
+        let (mut from, to, skip) = (self.key(start), self.key(end), self.prefix.len());
+        self.run(async move {
+            let mut out: Vec<KvPair> = Vec::new();
+            // Every page at the revision of the first, so the scan is one snapshot.
+            let mut at_revision = at;
+            while out.len() < limit {
+                let page = (limit - out.len()).min(SCAN_PAGE_KEYS);
+                let mut opts = GetOptions::new()
+                    .with_range(to.clone())
+                    .with_limit(page as i64);
+                if let Some(r) = at_revision {
+                    opts = opts.with_revision(r.0 as i64);
+                }
+                let resp = retrying(timing, &silence, Retry::Always, "scan", || {
+                    let (from, opts) = (from.clone(), opts.clone());
+                    members.call(|mut kv| async move { kv.get(from, Some(opts)).await })
+                })
+                .await
+                .map_err(|e| on_key(e, &asked))?;
+                at_revision = at_revision.or_else(|| header_revision(&resp));
+                let kvs = resp.kvs();
+                for kv in kvs {
+                    // etcd answers the range asked, all under the prefix; anything else
+                    // is a corrupt answer, not a reason to panic.
+                    let key = kv.key().get(skip..).ok_or_else(|| KvError::Corruption {
+                        engine: "etcd",
+                        message: "a key outside the prefix in a scan's answer".into(),
+                    })?;
+                    out.push((key.to_vec(), kv.value().to_vec()));
+                }
+                match kvs.last() {
+                    Some(last) if kvs.len() == page => {
+                        from = last.key().to_vec();
+                        from.push(0);
+                    }
+                    _ => break,
+                }
+            }
+            Ok((out, at_revision))
+        })
     }
 }
 

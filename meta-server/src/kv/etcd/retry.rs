@@ -100,6 +100,9 @@ enum Failure {
     TooLarge(String),
     /// Anything else: the same request fails again.
     Refused(String),
+    /// A read at a revision etcd no longer keeps (compacted) or does not have yet: the
+    /// same read fails again, one from now would not.
+    NotAtRevision(String),
 }
 
 /// Runs `attempt` until it succeeds, fails for good, or [`Timing::retry_for`] is spent.
@@ -148,6 +151,14 @@ where
                     engine: ENGINE,
                     message: format!("{what}: {message}"),
                 })
+            }
+            // Named by the caller, which knows the key (`EtcdStore::get_at`).
+            Failure::NotAtRevision(message) => {
+                tracing::debug!(what, %message, "read at a revision etcd does not keep");
+                return Err(KvError::Conflict {
+                    engine: ENGINE,
+                    key: Vec::new(),
+                });
             }
             Failure::Unknown(why) if retry == Retry::IfNotSent => {
                 return Err(KvError::Unavailable {
@@ -203,6 +214,11 @@ fn classify(e: &etcd_client::Error) -> Failure {
                 // kept as the status's source: whatever its code, the request may have
                 // landed.
                 _ if std::error::Error::source(s).is_some() => Failure::Unknown(m),
+                Code::OutOfRange
+                    if m.contains("has been compacted") || m.contains("future revision") =>
+                {
+                    Failure::NotAtRevision(m)
+                }
                 // etcd's answers for a request it refuses as it is (a bad argument, a
                 // lease or revision it does not have, no permission, a corrupt member).
                 Code::InvalidArgument
@@ -228,7 +244,10 @@ fn classify(e: &etcd_client::Error) -> Failure {
 /// than a failure on the way (a connection refused or broken, a member without a
 /// leader or out of time): after those another member may do better.
 pub(super) fn answered_by_etcd(e: &etcd_client::Error) -> bool {
-    matches!(classify(e), Failure::TooLarge(_) | Failure::Refused(_))
+    matches!(
+        classify(e),
+        Failure::TooLarge(_) | Failure::Refused(_) | Failure::NotAtRevision(_)
+    )
 }
 
 /// Whether a gRPC `Unavailable` says the connection was never made.
@@ -306,12 +325,14 @@ mod tests {
         let found = etcd_client::Error::GRpcStatus(found);
         assert!(matches!(classify(&found), Failure::Unknown(_)), "{found}");
 
-        // What etcd answers for a revision it compacted is final.
+        // What etcd answers for a revision it compacted is final for that revision.
         let compacted = status(
             tonic::Code::OutOfRange,
             "etcdserver: mvcc: required revision has been compacted",
         );
-        assert!(matches!(classify(&compacted), Failure::Refused(_)));
+        assert!(matches!(classify(&compacted), Failure::NotAtRevision(_)));
+        let other = status(tonic::Code::OutOfRange, "etcdserver: something else");
+        assert!(matches!(classify(&other), Failure::Refused(_)));
     }
 
     /// Guards against a read of a request that queued behind others (the namespace lock,

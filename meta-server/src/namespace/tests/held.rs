@@ -89,7 +89,7 @@ fn files_without_a_record_count_their_whole_length(kind: StoreKind) {
     let f = touch(h.ns(), ROOT, "old");
     // As a store of the previous version leaves it: a length and no key.
     let mut batch = crate::kv::WriteBatch::default();
-    let mut rec = StoreReads(h.store()).inode(f.ino).unwrap();
+    let mut rec = StoreReads::new(h.store(), None).inode(f.ino).unwrap();
     rec.size = 10 * MIB + 1;
     batch.put(
         keys::inode(f.ino),

@@ -31,6 +31,9 @@ pub(super) struct Hooked {
     /// The next conditional commit that holds answers "unavailable, may have been
     /// applied", as etcd does when its answer is lost.
     lose_answer: AtomicBool,
+    /// The next conditional commit that writes is not applied, and answers as
+    /// `lose_answer` makes it (a request lost on its way to etcd's old leader).
+    drop_commit: AtomicBool,
     /// Conditional commits refused for a key that moved.
     conflicts: AtomicUsize,
     /// Most checks one conditional commit may carry (etcd's is 128), if set.
@@ -90,6 +93,12 @@ impl TxnStore for Hooked {
                 });
             }
         }
+        if !batch.is_empty() && self.drop_commit.swap(false, Ordering::SeqCst) {
+            return Err(KvError::Unavailable {
+                engine: "test",
+                message: "conditional commit unanswered; it may have been applied".into(),
+            });
+        }
         let r = self.inner.commit_if(checks, batch);
         if matches!(r, Err(KvError::Conflict { .. })) {
             self.conflicts.fetch_add(1, Ordering::SeqCst);
@@ -120,6 +129,7 @@ pub(super) fn two_on(h: &H) -> (Arc<Hooked>, Arc<Namespace>, Arc<Namespace>) {
         inner: engine.clone(),
         hook: Mutex::new(None),
         lose_answer: AtomicBool::new(false),
+        drop_commit: AtomicBool::new(false),
         conflicts: AtomicUsize::new(0),
         max_checks: Mutex::new(None),
     });
@@ -230,6 +240,73 @@ fn a_commit_that_landed_unanswered_does_not_hand_its_inode_number_out_again() {
     let x = b.lookup(ROOT, b"x").unwrap().ino;
     assert_ne!(x, y, "two names, one inode number");
     assert_eq!(b.check_namespace().unwrap(), Vec::<String>::new());
+}
+
+fn mkdir_x() -> fs::Mkdir {
+    fs::Mkdir {
+        parent: ROOT,
+        name: b"x".to_vec(),
+        perm: 0o755,
+    }
+}
+
+/// Guards against an error for a change whose commit etcd applied but whose answer
+/// was lost (its leader killed): the change's mark, read back, says it landed.
+#[test]
+fn an_unanswered_change_that_landed_is_answered_as_applied() {
+    let (_h, hooked, a, b) = two();
+    hooked.lose_answer.store(true, Ordering::SeqCst);
+    let made = a.handle(mkdir_x(), at(1, 1, false)).unwrap();
+    assert!(
+        !hooked.lose_answer.load(Ordering::SeqCst),
+        "an answer was lost"
+    );
+    assert_eq!(b.lookup(ROOT, b"x").unwrap().ino, made.attr.ino);
+    // Sent again to the other server: answered from the record, not applied again.
+    let again = b.handle(mkdir_x(), at(2, 1, true)).unwrap();
+    assert_eq!(again.attr.ino, made.attr.ino);
+    assert_eq!(b.check_namespace().unwrap(), Vec::<String>::new());
+}
+
+/// Guards against an error for a change whose commit never reached etcd while its
+/// answer was awaited: its slot read back is as before, so it runs again, once.
+#[test]
+fn an_unanswered_change_that_did_not_land_runs_again_once() {
+    let (_h, hooked, a, b) = two();
+    hooked.drop_commit.store(true, Ordering::SeqCst);
+    let made = a.handle(mkdir_x(), at(1, 1, false)).unwrap();
+    assert!(
+        !hooked.drop_commit.load(Ordering::SeqCst),
+        "a commit was lost"
+    );
+    assert_eq!(b.lookup(ROOT, b"x").unwrap().ino, made.attr.ino);
+    let again = b.handle(mkdir_x(), at(2, 1, true)).unwrap();
+    assert_eq!(again.attr.ino, made.attr.ino);
+    assert_eq!(b.readdir(ROOT, None, 10, false).unwrap().entries.len(), 1);
+    assert_eq!(b.check_namespace().unwrap(), Vec::<String>::new());
+}
+
+/// A change without a mark (a request that may be applied twice) runs again after an
+/// unanswered commit, landed or not; one that may not, and carries no mark (called
+/// outside a request), stays an error (see the inode-number test above).
+#[test]
+fn an_unanswered_idempotent_change_runs_again() {
+    let (_h, hooked, a, b) = two();
+    let ino = touch(&a, ROOT, "f").ino;
+    for (lost, perm) in [(&hooked.lose_answer, 0o600), (&hooked.drop_commit, 0o640)] {
+        lost.store(true, Ordering::SeqCst);
+        let set = fs::SetAttr {
+            ino,
+            set: proto::attr::SetAttr {
+                perm: Some(perm),
+                ..Default::default()
+            },
+            commit: None,
+        };
+        let attr = a.handle(set, ConnId(1)).unwrap();
+        assert!(!lost.load(Ordering::SeqCst), "a commit was lost");
+        assert_eq!((attr.perm, b.getattr(ino).unwrap().perm), (perm, perm));
+    }
 }
 
 #[test]
