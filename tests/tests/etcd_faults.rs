@@ -252,8 +252,6 @@ const SHARED_LOOPS: usize = 150;
 /// run (their live keys outlast the election), both mounts read the same, and after the
 /// member's restart a new file is made and `fsck` is clean.
 #[test]
-#[ignore = "known failure, 1 run in 4: a checked commit whose answer is lost in etcd's \
-            election fails its change with EIO (see CHANGELOG, issue 24)"]
 fn a_killed_etcd_leader_is_a_pause_for_two_servers_serving_one_prefix() {
     use tessera_tests::change_loop::ChangeLoop;
     let Some((mut etcd, mut cluster)) = cluster_on_three_members(
@@ -290,6 +288,12 @@ fn a_killed_etcd_leader_is_a_pause_for_two_servers_serving_one_prefix() {
         assert!(longest < PAUSE_LIMIT, "{what} took {longest:?}");
     }
     eprintln!("both loops done {:?} after the kill", t.elapsed());
+    // How often the election left a commit unanswered (settled by reading it back).
+    for log in ["meta.log", "meta-b.log"] {
+        let text = fs::read_to_string(cluster.dir().join(log)).unwrap_or_default();
+        let settled = text.matches("an unanswered commit").count();
+        eprintln!("{log}: {settled} unanswered commits settled");
+    }
     assert!(cluster.meta_running(), "metadata server A exited");
     assert!(cluster.peer_meta_running(), "metadata server B exited");
     tessera_tests::change_loop::listed_alike(&m1.path, &m2.path, &["one/w", "two/w"]);

@@ -351,9 +351,6 @@ fn race_names(root: &std::path::Path) -> tessera_tests::serial::Names {
 /// in [`RACE_NAMES`], the second only to an earlier one: neither can move a file from
 /// one of the other's rename's names to its other name, however many renames it makes.
 #[test]
-#[ignore = "known failures under load: a shared engine's reads of a name and its inode \
-            are not one snapshot (lookup fixed; 1 run in 3 still failed after, not yet \
-            read; see CHANGELOG, issue 24)"]
 fn concurrent_creates_renames_and_unlinks_through_two_servers_equal_one_serial_order() {
     let Some((_etcd, cluster, a, b)) = shared_cluster() else {
         return;
