@@ -326,7 +326,8 @@ pub trait TxnStore: KvStore {
     /// revision see one moment of the store, whatever commits land between them. An
     /// engine without such revisions (an embedded one, which one server uses) reads now
     /// and answers `None`. A revision the engine no longer keeps (etcd compacted it) is a
-    /// [`KvError::Conflict`] on `key`: the caller reads again from now.
+    /// [`KvError::Conflict`] naming no key (an empty one): the caller reads again from
+    /// now.
     fn get_at(
         &self,
         key: &[u8],

@@ -22,6 +22,14 @@ pub trait Handle: Rpc {
     const LAZY: bool = false;
     /// The id the request's tracing span carries (inode, node, session or a count).
     fn span_id(&self) -> u64;
+    /// Whether running it again after a commit etcd did not answer, which may have
+    /// landed, answers as one run would (`txn::settle`): a request that may be applied
+    /// twice, unless a second run answers otherwise (an exclusive setxattr's EEXIST) or
+    /// leaves something behind (an open's second session, held until its connection
+    /// closes).
+    fn runs_again_alike(&self) -> bool {
+        Self::IDEMPOTENT
+    }
     /// Runs the request that came from `at`, checking first that its caller may.
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError>;
     /// The reply a change recorded, answered again to the same change sent again from
@@ -262,6 +270,9 @@ impl Handle for fs::Open {
     fn span_id(&self) -> u64 {
         self.ino.0
     }
+    fn runs_again_alike(&self) -> bool {
+        false
+    }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
         ns.may_name_client(self.client, at.who.as_deref())?;
         ns.may_open(&at.caller, self.ino, self.access, self.truncate)?;
@@ -279,6 +290,9 @@ impl Handle for fs::Open {
 impl Handle for fs::OpenAt {
     fn span_id(&self) -> u64 {
         self.parent.0
+    }
+    fn runs_again_alike(&self) -> bool {
+        false
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
         ns.may_search(&at.caller, self.parent)?;
@@ -386,6 +400,9 @@ impl Handle for fs::SetXattr {
     const ADDS_RECORDS: bool = true;
     fn span_id(&self) -> u64 {
         self.ino.0
+    }
+    fn runs_again_alike(&self) -> bool {
+        self.mode != proto::meta::XattrMode::Create
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
         ns.may_xattr(&at.caller, self.ino, &self.name, XattrAccess::Write)?;

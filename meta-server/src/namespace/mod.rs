@@ -433,7 +433,7 @@ impl Namespace {
         if self.checked.is_none() {
             return req.run(self, at);
         }
-        txn::rerunnable(R::IDEMPOTENT, || {
+        txn::rerunnable(req.runs_again_alike(), || {
             self.retry_conflicts(R::NAME, || req.clone().run(self, at))
         })
     }

@@ -35,7 +35,7 @@ use super::keys;
 use super::records::{decode, encode};
 use super::{Handle, Namespace, Origin};
 use crate::error::MetaError;
-use crate::kv::{KvError, ReadCheck, WriteBatch};
+use crate::kv::{KvError, ReadCheck, TxnStore, WriteBatch};
 use parking_lot::{Condvar, Mutex};
 use proto::meta::OpId;
 pub use proto::meta::OP_SLOTS;
@@ -136,6 +136,62 @@ pub(super) fn landed(mark: &Mark, now: Option<&crate::kv::Versioned>) -> Option<
         // As before, or gone: a purge deletes only records hours old (checked against
         // its own read), never the mark this try would have written.
         _ => Landed::No,
+    })
+}
+
+/// Reads of the slot, and fences of it, that settling one unanswered commit makes at
+/// most: each fence that conflicts (the slot moved since it was read) reads it again.
+const SETTLE_ROUNDS: usize = 3;
+
+/// Settles a commit that carried `mark` and that etcd did not answer: reads the slot
+/// back ([`landed`]), and when the commit has not landed, fences it out for good
+/// before the change may run again. A proposal still under way in etcd may land after
+/// the read; the fence rewrites the slot as it is (an earlier change's record, or a
+/// record of no change where it was empty), checked against the revision the unanswered
+/// try checks, so that try, landing later, fails its check. The next try's mark then
+/// checks the slot's new revision. `None` when the mark checked no slot; an error when
+/// the engine fails to answer the read or the fence (the change's outcome is unknown).
+pub(super) fn settle_marked(
+    engine: &dyn TxnStore,
+    mark: &mut Mark,
+) -> Result<Option<Landed>, KvError> {
+    for _ in 0..SETTLE_ROUNDS {
+        let now = engine.get_versioned(&mark.key)?;
+        let Some(check) = mark.check.clone() else {
+            return Ok(None);
+        };
+        match landed(mark, now.as_ref()) {
+            Some(Landed::No) => {}
+            other => return Ok(other),
+        }
+        let same = match &now {
+            Some(v) => v.value.clone(),
+            None => encode(&OpRecord {
+                seq: 0,
+                at: epoch_secs(),
+                reply: None,
+            })
+            .map_err(|e| KvError::Engine {
+                engine: engine.engine(),
+                message: e.to_string(),
+            })?,
+        };
+        let mut batch = WriteBatch::new();
+        batch.put(mark.key.clone(), same);
+        match engine.commit_if(&[check], batch) {
+            Ok(()) => {
+                let fenced = engine.get_versioned(&mark.key)?;
+                mark.check = Some(ReadCheck::of(mark.key.clone(), &fenced));
+                return Ok(Some(Landed::No));
+            }
+            // The slot moved since it was read: the try landed, or another did.
+            Err(KvError::Conflict { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Err(KvError::Unavailable {
+        engine: engine.engine(),
+        message: format!("the change's slot kept moving over {SETTLE_ROUNDS} reads"),
     })
 }
 

@@ -44,8 +44,8 @@ pub(crate) fn last_unanswered() -> bool {
     UNANSWERED.with(|u| u.get())
 }
 
-/// Runs `f`, a request that may (`on`) or may not be applied twice: one that may runs
-/// again after a commit etcd did not answer (see [`settle`]).
+/// Runs `f`, a request that may (`on`) or may not run again after a commit etcd did
+/// not answer (`Handle::runs_again_alike`; see [`settle`]).
 pub(crate) fn rerunnable<T>(on: bool, f: impl FnOnce() -> T) -> T {
     let before = RERUNNABLE.with(|r| r.replace(on));
     let out = f();
@@ -544,7 +544,8 @@ impl<'a> Txn<'a> {
                     let done = c.engine.commit_if(&checks, batch);
                     let unanswered = matches!(done, Err(KvError::Unavailable { .. }));
                     UNANSWERED.with(|u| u.set(unanswered));
-                    if let Err(e) = done.or_else(|e| settle(c.engine, e, mark.as_ref(), &checks)) {
+                    let mut mark = mark;
+                    if let Err(e) = done.or_else(|e| settle(c.engine, e, mark.as_mut(), &checks)) {
                         // Nothing landed (or, unanswered, maybe it did: the request
                         // fails then): the next try's first transaction carries the mark.
                         if let Some(mark) = mark {
@@ -584,16 +585,16 @@ fn rerun_key(checks: &[ReadCheck]) -> Vec<u8> {
 /// What a checked commit that failed with `e` comes to. etcd not answering it ("may
 /// have been applied") is settled where that is safe, so that an election of etcd's
 /// leader is a pause and not an error: a change's first transaction (which carries its
-/// `mark`) reads the change's slot back: landed, it holds (`Ok`); not landed, a
-/// conflict runs the request again (the slot check keeps the unanswered try from
-/// landing after that); another server's try landed, a conflict on the slot (`once`
-/// answers from its record). A request that may be applied twice ([`rerunnable`]) and
+/// `mark`) reads the change's slot back: landed, it holds (`Ok`); not landed, the slot
+/// is fenced so that the unanswered try can never land, and a conflict runs the request
+/// again (`once::settle_marked`); another server's try landed, a conflict on the slot
+/// (`once` answers from its record). A request that may run again ([`rerunnable`]) and
 /// has committed nothing runs again: its checks keep the unanswered try from landing
 /// after the new one changed what it read. Anything else stays the error it is.
 fn settle(
     engine: &dyn TxnStore,
     e: KvError,
-    mark: Option<&super::once::Mark>,
+    mark: Option<&mut super::once::Mark>,
     checks: &[ReadCheck],
 ) -> Result<(), KvError> {
     use super::once::Landed;
@@ -605,10 +606,10 @@ fn settle(
         key: rerun_key(checks),
     };
     if let Some(mark) = mark {
-        let Ok(now) = engine.get_versioned(&mark.key) else {
+        let Ok(landed) = super::once::settle_marked(engine, mark) else {
             return Err(e);
         };
-        return match super::once::landed(mark, now.as_ref()) {
+        return match landed {
             Some(Landed::Yes) => {
                 tracing::info!(error = %e, "an unanswered commit landed: its change's mark is in the engine");
                 Ok(())

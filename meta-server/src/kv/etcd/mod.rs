@@ -404,17 +404,6 @@ fn header_revision(resp: &etcd_client::GetResponse) -> Option<Revision> {
     u64::try_from(r).ok().filter(|&r| r > 0).map(Revision)
 }
 
-/// Names `key` in the conflict of a read at a revision etcd no longer keeps.
-fn on_key(e: KvError, key: &[u8]) -> KvError {
-    match e {
-        KvError::Conflict { engine, .. } => KvError::Conflict {
-            engine,
-            key: key.to_vec(),
-        },
-        e => e,
-    }
-}
-
 /// Spawns `fut` on `handle` and waits for its answer on a channel, for at most
 /// `backstop` (each future has its own deadline; this only bounds a lost answer).
 fn wait_for<T: Send + 'static>(
@@ -594,16 +583,14 @@ impl TxnStore for EtcdStore {
         at: Option<Revision>,
     ) -> Result<(Option<Versioned>, Option<Revision>), KvError> {
         let (members, timing) = (self.members.clone(), self.read_timing());
-        let (silence, asked) = (self.silence.clone(), key.to_vec());
-        let key = self.key(key);
+        let (silence, key) = (self.silence.clone(), self.key(key));
         let opts = at.map(|r| GetOptions::new().with_revision(r.0 as i64));
         self.run(async move {
             let resp = retrying(timing, &silence, Retry::Always, "get", || {
                 let (key, opts) = (key.clone(), opts.clone());
                 members.call(|mut kv| async move { kv.get(key, opts).await })
             })
-            .await
-            .map_err(|e| on_key(e, &asked))?;
+            .await?;
             let read = resp.kvs().first().map(|kv| Versioned {
                 value: kv.value().to_vec(),
                 revision: Revision(kv.mod_revision() as u64),
@@ -623,7 +610,7 @@ impl TxnStore for EtcdStore {
             return Ok((Vec::new(), at));
         }
         let (members, timing) = (self.members.clone(), self.read_timing());
-        let (silence, asked) = (self.silence.clone(), start.to_vec());
+        let silence = self.silence.clone();
         let (mut from, to, skip) = (self.key(start), self.key(end), self.prefix.len());
         self.run(async move {
             let mut out: Vec<KvPair> = Vec::new();
@@ -641,8 +628,7 @@ impl TxnStore for EtcdStore {
                     let (from, opts) = (from.clone(), opts.clone());
                     members.call(|mut kv| async move { kv.get(from, Some(opts)).await })
                 })
-                .await
-                .map_err(|e| on_key(e, &asked))?;
+                .await?;
                 at_revision = at_revision.or_else(|| header_revision(&resp));
                 let kvs = resp.kvs();
                 for kv in kvs {

@@ -152,7 +152,8 @@ where
                     message: format!("{what}: {message}"),
                 })
             }
-            // Named by the caller, which knows the key (`EtcdStore::get_at`).
+            // Named by no key: a conflict on a server's live key or a change's record
+            // means something else to the namespace (`retry_on_conflict`).
             Failure::NotAtRevision(message) => {
                 tracing::debug!(what, %message, "read at a revision etcd does not keep");
                 return Err(KvError::Conflict {

@@ -32,8 +32,10 @@ pub(super) struct Hooked {
     /// applied", as etcd does when its answer is lost.
     lose_answer: AtomicBool,
     /// The next conditional commit that writes is not applied, and answers as
-    /// `lose_answer` makes it (a request lost on its way to etcd's old leader).
+    /// `lose_answer` makes it (a request lost on its way to etcd's old leader); it is
+    /// kept in `dropped`, for a test to apply late.
     drop_commit: AtomicBool,
+    dropped: Mutex<Option<(Vec<ReadCheck>, WriteBatch)>>,
     /// Conditional commits refused for a key that moved.
     conflicts: AtomicUsize,
     /// Most checks one conditional commit may carry (etcd's is 128), if set.
@@ -94,6 +96,7 @@ impl TxnStore for Hooked {
             }
         }
         if !batch.is_empty() && self.drop_commit.swap(false, Ordering::SeqCst) {
+            *self.dropped.lock() = Some((checks.to_vec(), batch));
             return Err(KvError::Unavailable {
                 engine: "test",
                 message: "conditional commit unanswered; it may have been applied".into(),
@@ -130,6 +133,7 @@ pub(super) fn two_on(h: &H) -> (Arc<Hooked>, Arc<Namespace>, Arc<Namespace>) {
         hook: Mutex::new(None),
         lose_answer: AtomicBool::new(false),
         drop_commit: AtomicBool::new(false),
+        dropped: Mutex::new(None),
         conflicts: AtomicUsize::new(0),
         max_checks: Mutex::new(None),
     });
@@ -282,6 +286,29 @@ fn an_unanswered_change_that_did_not_land_runs_again_once() {
     assert_eq!(b.lookup(ROOT, b"x").unwrap().ino, made.attr.ino);
     let again = b.handle(mkdir_x(), at(2, 1, true)).unwrap();
     assert_eq!(again.attr.ino, made.attr.ino);
+    assert_eq!(b.readdir(ROOT, None, 10, false).unwrap().entries.len(), 1);
+    assert_eq!(b.check_namespace().unwrap(), Vec::<String>::new());
+}
+
+/// Guards against an unanswered try that lands after it was read back as not landed
+/// (a proposal still under way in etcd), before the change's next try commits: the
+/// read-back fenced the slot, so the late try fails its check, and the next try lands.
+#[test]
+fn an_unanswered_try_that_lands_late_is_refused_by_the_fence() {
+    let (_h, hooked, a, b) = two();
+    hooked.drop_commit.store(true, Ordering::SeqCst);
+    // Reads of the slot: the change's own before it runs, the read-back, and the one
+    // after the fence; the lost try lands right after that.
+    let slot = keys::op_record(ClientId(1), 1 % OP_SLOTS);
+    let late = hooked.clone();
+    when_read_again(&hooked, slot, 2, move || {
+        let (checks, batch) = late.dropped.lock().take().expect("a dropped commit");
+        let r = late.inner.commit_if(&checks, batch);
+        assert!(matches!(r, Err(KvError::Conflict { .. })), "{r:?}");
+    });
+    let made = a.handle(mkdir_x(), at(1, 1, false)).unwrap();
+    assert!(hooked.hook.lock().is_none(), "the late try was applied");
+    assert_eq!(b.lookup(ROOT, b"x").unwrap().ino, made.attr.ino);
     assert_eq!(b.readdir(ROOT, None, 10, false).unwrap().entries.len(), 1);
     assert_eq!(b.check_namespace().unwrap(), Vec::<String>::new());
 }
