@@ -65,7 +65,7 @@ impl Namespace {
         let mut rec = InodeRecord::new(FileKind::Directory, perm, caller.uid, caller.gid, now);
         rec.nlink = 2;
         rec.parent = parent.0;
-        self.mutate(|txn, _| make_node(txn, parent, name, rec))
+        self.mutate_answering(|txn, _| make_node(txn, parent, name, rec))
     }
 
     /// Creates a FIFO, socket or device node `name` in `parent`; returns it and the
@@ -89,7 +89,7 @@ impl Namespace {
         check_name(name)?;
         let mut rec = InodeRecord::new(kind, perm, caller.uid, caller.gid, now());
         rec.rdev = rdev;
-        self.mutate(|txn, _| make_node(txn, parent, name, rec))
+        self.mutate_answering(|txn, _| make_node(txn, parent, name, rec))
     }
 
     /// Creates symlink `name` in `parent` pointing to `target`; returns it and the
@@ -106,7 +106,7 @@ impl Namespace {
         let mut rec = InodeRecord::new(FileKind::Symlink, 0o777, caller.uid, caller.gid, now());
         rec.target = target.to_vec();
         rec.size = target.len() as u64;
-        self.mutate(|txn, _| make_node(txn, parent, name, rec))
+        self.mutate_answering(|txn, _| make_node(txn, parent, name, rec))
     }
 
     /// The target of symlink `ino`.
@@ -173,7 +173,7 @@ impl Namespace {
     /// Removes non-directory entry `name` from `parent`; returns the directory's change.
     pub fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<DirChange, MetaError> {
         check_name(name)?;
-        self.mutate(|txn, st| {
+        self.mutate_answering(|txn, st| {
             let now = now();
             let before = txn.dir(parent)?.ctime;
             let d = txn.entry(parent, name)?;
@@ -189,7 +189,7 @@ impl Namespace {
     /// Removes empty directory `name` from `parent`; returns the directory's change.
     pub fn rmdir(&self, parent: InodeId, name: &[u8]) -> Result<DirChange, MetaError> {
         check_name(name)?;
-        self.mutate(|txn, st| {
+        self.mutate_answering(|txn, st| {
             let now = now();
             let before = txn.dir(parent)?.ctime;
             let d = txn.entry(parent, name)?;

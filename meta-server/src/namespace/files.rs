@@ -73,6 +73,21 @@ impl Namespace {
             before: parent_rec.ctime,
             after: parent_after.attr(parent),
         };
+        if super::once::marked() {
+            // The answer goes with the change (`once::answer_with_mark`), as
+            // `start_session` will give it; a retry answered from it gets a grant of its
+            // own (`Namespace::reopened`).
+            let opened = Opened {
+                attr: txn.attr_of(ino, &rec)?,
+                session,
+                layout: self.layout_of(&rec),
+                parent: Some(change.clone()),
+                cut_tail,
+                grant: None,
+                cut_grant: None,
+            };
+            super::once::answer_with_mark(&opened)?;
+        }
         Self::commit_txn(&mut st, txn)?;
         let opened = self.start_session(&mut st, session, ino, &rec, owner, cut_tail);
         Ok(Opened {
@@ -162,6 +177,20 @@ impl Namespace {
         Ok(self.start_session(&mut st, session, ino, &rec, owner, cut_tail))
     }
 
+    /// The layout an open of `rec` answers: its own, or the defaults for a file that
+    /// has none yet.
+    fn layout_of(&self, rec: &InodeRecord) -> Layout {
+        match &rec.layout {
+            Some(l) => Layout::from(l),
+            None => Layout {
+                chunk_size_bytes: self.config.chunk_size_bytes,
+                chains: Vec::new(),
+                first: 0,
+                replicas: self.config.replicas,
+            },
+        }
+    }
+
     /// Records a session whose batch has committed (with the cut of the file's tail,
     /// if given), and builds the reply.
     pub(super) fn start_session(
@@ -190,15 +219,7 @@ impl Namespace {
         st.sessions.insert(session, s);
         *st.open_counts.entry(ino).or_insert(0) += 1;
         tracing::debug!(%session, %ino, client = %owner.client, "session opened");
-        let layout = match &rec.layout {
-            Some(l) => Layout::from(l),
-            None => Layout {
-                chunk_size_bytes: self.config.chunk_size_bytes,
-                chains: Vec::new(),
-                first: 0,
-                replicas: self.config.replicas,
-            },
-        };
+        let layout = self.layout_of(rec);
         // Read after the batch is staged, which reads see; a record that does not
         // decode counts the file dense rather than fail an open that has happened.
         let attr = self.reads().attr_of(ino, rec).unwrap_or_else(|e| {
@@ -289,7 +310,7 @@ impl Namespace {
     /// Reserves `len` bytes at the end of regular file `ino` for an `O_APPEND` write and
     /// returns where they start; the new length is durable before the reply.
     pub fn append(&self, ino: InodeId, len: u64) -> Result<u64, MetaError> {
-        self.mutate(|txn, _| {
+        self.mutate_answering(|txn, _| {
             let mut rec = txn.inode(ino)?;
             if rec.kind != FileKind::Regular {
                 return Err(MetaError::InvalidArgument(format!(

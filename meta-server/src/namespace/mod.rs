@@ -544,6 +544,20 @@ impl Namespace {
         }
     }
 
+    /// [`Namespace::mutate`] for a change whose request answers `f`'s result as it is:
+    /// the answer goes into the change's mark (`once::answer_with_mark`), so that it
+    /// lands with the change.
+    fn mutate_answering<T: serde::Serialize>(
+        &self,
+        f: impl FnOnce(&mut Txn<'_>, &State) -> Result<T, MetaError>,
+    ) -> Result<T, MetaError> {
+        self.mutate(|txn, st| {
+            let out = f(txn, st)?;
+            once::answer_with_mark(&out)?;
+            Ok(out)
+        })
+    }
+
     /// Runs a mutation that needs no in-memory change beyond the superblock.
     fn mutate<T>(
         &self,

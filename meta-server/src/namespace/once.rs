@@ -11,7 +11,10 @@
 //!   `MARK` that [`take_mark`] hands to `Txn::commit`): the change and its mark land
 //!   together or not at all;
 //! - once the handler has its reply, the record is written again with the reply, in the
-//!   next batch of the same request (waited for before the reply is sent).
+//!   next batch of the same request (waited for before the reply is sent). A change
+//!   whose reply is known before its one transaction commits puts it in the mark
+//!   already ([`answer_with_mark`]): a server that dies between the two batches then
+//!   leaves the answer behind all the same.
 //!
 //! A change sent again (`retry`) first waits for a try of the same id still running on
 //! this server, then reads the record: the reply recorded is answered again
@@ -55,6 +58,11 @@ const PURGE_BATCH: usize = 64;
 
 /// How long a retry waits for a try of the same change still running on this server.
 const OP_WAIT: Duration = Duration::from_secs(30);
+/// How long a try waits for another server's answer to a change that server applied
+/// (it records it right after the change, a round trip later): well within a client's
+/// call timeout (30 s by default), so that the client hears a clear error, not a
+/// timeout, when that server died between the two.
+const ELSEWHERE_WAIT: Duration = Duration::from_secs(10);
 
 /// What the engine keeps of one change.
 #[derive(Debug, Serialize, Deserialize)]
@@ -106,6 +114,30 @@ pub(super) fn restore_mark(mark: Mark) {
     MARK.with(|m| {
         m.borrow_mut().get_or_insert(mark);
     });
+}
+
+/// Whether a change's mark is waiting for its first transaction (see [`take_mark`]).
+pub(super) fn marked() -> bool {
+    MARK.with(|m| m.borrow().is_some())
+}
+
+/// Records `reply` in the running change's mark, for a change whose answer is known
+/// before its one transaction commits (`Namespace::mutate_answering`): the change and
+/// its answer then land together, and a retry that reaches another server after this
+/// one died between the change and its answer's own record is answered from the mark
+/// instead of failing (`AnswerLost`). `reply` must be of the request's own reply type:
+/// a retry decodes it as that.
+pub(super) fn answer_with_mark<T: Serialize>(reply: &T) -> Result<(), MetaError> {
+    MARK.with(|m| {
+        let mut m = m.borrow_mut();
+        let Some(mark) = m.as_mut() else {
+            return Ok(());
+        };
+        let mut record: OpRecord = decode(&mark.value, "change record")?;
+        record.reply = Some(encode(reply)?);
+        mark.value = encode(&record)?;
+        Ok(())
+    })
 }
 
 /// Where a checked commit that carried the change's mark stands when etcd did not
@@ -507,7 +539,7 @@ impl Namespace {
 
     /// The answer of a try of change `op` that another server applied: its recorded
     /// reply, once that server has written it (it writes the mark first, the reply
-    /// next), waited for at most [`OP_WAIT`].
+    /// next), waited for at most [`ELSEWHERE_WAIT`].
     fn answered_elsewhere<R: Handle>(
         &self,
         op: OpId,
@@ -515,7 +547,7 @@ impl Namespace {
         req: R,
         at: &Origin,
     ) -> Result<R::Reply, MetaError> {
-        let until = Instant::now() + OP_WAIT;
+        let until = Instant::now() + ELSEWHERE_WAIT;
         loop {
             match self.recorded::<R>(op, key) {
                 Ok(Some(reply)) => {
@@ -531,7 +563,7 @@ impl Namespace {
                         engine: self.store.engine(),
                         message: format!(
                             "change {} of {} was applied by another metadata server, \
-                             which did not record its answer within {OP_WAIT:?}",
+                             which did not record its answer within {ELSEWHERE_WAIT:?}",
                             op.seq, op.client
                         ),
                     }));

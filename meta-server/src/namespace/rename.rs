@@ -55,7 +55,7 @@ impl Namespace {
             new_parent,
             new_name,
         };
-        self.mutate(|txn, st| {
+        self.mutate_answering(|txn, st| {
             txn.dir(parent)?;
             txn.dir(new_parent)?;
             let src = txn.entry(parent, name)?;

@@ -25,7 +25,7 @@ pub(super) fn at(conn: u64, seq: u64, retry: bool) -> Origin {
     }
 }
 
-fn create(name: &str) -> Create {
+pub(super) fn create(name: &str) -> Create {
     Create {
         parent: ROOT,
         name: name.into(),

@@ -36,6 +36,9 @@ pub(super) struct Hooked {
     /// kept in `dropped`, for a test to apply late.
     drop_commit: AtomicBool,
     dropped: Mutex<Option<(Vec<ReadCheck>, WriteBatch)>>,
+    /// The next plain (unchecked) commit fails unapplied: a change's answer, recorded
+    /// after the change, lost as when its server dies between the two.
+    fail_plain: AtomicBool,
     /// Conditional commits refused for a key that moved.
     conflicts: AtomicUsize,
     /// Most checks one conditional commit may carry (etcd's is 128), if set.
@@ -73,6 +76,12 @@ impl KvStore for Hooked {
         r
     }
     fn commit(&self, batch: WriteBatch) -> Result<(), KvError> {
+        if self.fail_plain.swap(false, Ordering::SeqCst) {
+            return Err(KvError::Unavailable {
+                engine: "test",
+                message: "commit not applied (the server died before it)".into(),
+            });
+        }
         self.inner.commit(batch)
     }
     fn engine(&self) -> &'static str {
@@ -134,6 +143,7 @@ pub(super) fn two_on(h: &H) -> (Arc<Hooked>, Arc<Namespace>, Arc<Namespace>) {
         lose_answer: AtomicBool::new(false),
         drop_commit: AtomicBool::new(false),
         dropped: Mutex::new(None),
+        fail_plain: AtomicBool::new(false),
         conflicts: AtomicUsize::new(0),
         max_checks: Mutex::new(None),
     });
@@ -310,6 +320,32 @@ fn an_unanswered_try_that_lands_late_is_refused_by_the_fence() {
     assert!(hooked.hook.lock().is_none(), "the late try was applied");
     assert_eq!(b.lookup(ROOT, b"x").unwrap().ino, made.attr.ino);
     assert_eq!(b.readdir(ROOT, None, 10, false).unwrap().entries.len(), 1);
+    assert_eq!(b.check_namespace().unwrap(), Vec::<String>::new());
+}
+
+/// Guards against a change that landed while its answer's own record did not (its
+/// server died between the two) failing when the client sends it again to the other
+/// server: its mark carried the answer, so the retry is answered from it.
+#[test]
+fn a_change_whose_answer_was_not_recorded_is_answered_from_its_mark() {
+    let (_h, hooked, a, b) = two();
+    let ino = touch(&a, ROOT, "log").ino;
+    hooked.fail_plain.store(true, Ordering::SeqCst);
+    let first = a.handle(fs::Append { ino, len: 10 }, at(1, 1, false));
+    assert!(first.is_err(), "the answer's record failed: {first:?}");
+    assert!(!hooked.fail_plain.load(Ordering::SeqCst));
+    let again = b.handle(fs::Append { ino, len: 10 }, at(2, 1, true));
+    assert_eq!(again.unwrap(), 0, "answered as the first try applied it");
+    assert_eq!(b.getattr(ino).unwrap().size, 10, "applied once");
+    // A create's answer (its open) goes with it too; the retry takes the open over.
+    hooked.fail_plain.store(true, Ordering::SeqCst);
+    let first = a.handle(super::once::create("new"), at(1, 2, false));
+    assert!(first.is_err(), "the answer's record failed: {first:?}");
+    let again = b
+        .handle(super::once::create("new"), at(2, 2, true))
+        .unwrap();
+    assert_eq!(b.lookup(ROOT, b"new").unwrap().ino, again.attr.ino);
+    b.release(again.session, None).unwrap();
     assert_eq!(b.check_namespace().unwrap(), Vec::<String>::new());
 }
 
