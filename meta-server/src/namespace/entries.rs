@@ -129,7 +129,7 @@ impl Namespace {
         new_name: &[u8],
     ) -> Result<Made, MetaError> {
         check_name(new_name)?;
-        let made = self.mutate(|txn, st| {
+        let made = self.mutate_answering(|txn, st| {
             let now = now();
             let before = txn.dir(new_parent)?.ctime;
             let mut rec = txn.inode(ino)?;

@@ -346,6 +346,16 @@ fn a_change_whose_answer_was_not_recorded_is_answered_from_its_mark() {
         .unwrap();
     assert_eq!(b.lookup(ROOT, b"new").unwrap().ino, again.attr.ino);
     b.release(again.session, None).unwrap();
+    // And a hard link's.
+    let link = |to: &str| fs::Link {
+        ino,
+        new_parent: ROOT,
+        new_name: to.into(),
+    };
+    hooked.fail_plain.store(true, Ordering::SeqCst);
+    assert!(a.handle(link("log2"), at(1, 3, false)).is_err());
+    let made = b.handle(link("log2"), at(2, 3, true)).unwrap();
+    assert_eq!((made.attr.ino, made.attr.nlink), (ino, 2), "linked once");
     assert_eq!(b.check_namespace().unwrap(), Vec::<String>::new());
 }
 
