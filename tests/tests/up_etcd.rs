@@ -51,13 +51,7 @@ fn write_across_the_kill_of_meta(state: &Path, path: &Path) -> Duration {
         .unwrap();
     open.write_all(b"before the kill\n").unwrap();
     open.sync_all().unwrap();
-    let meta = pids(state)
-        .into_iter()
-        .find(|(r, _)| r == "meta")
-        .unwrap()
-        .1;
-    // SAFETY: kill(2) on the PID `up` recorded for the metadata server it started.
-    assert_eq!(unsafe { libc::kill(meta, libc::SIGKILL) }, 0);
+    kill_recorded(state, "meta");
     let killed = Instant::now();
     open.write_all(b"after the kill\n").unwrap();
     open.sync_all().unwrap();
@@ -80,6 +74,16 @@ fn pids(state: &Path) -> Vec<(String, i32)> {
             Some((w.next()?.to_string(), w.next()?.parse().ok()?))
         })
         .collect()
+}
+
+/// Kills (SIGKILL) the process `up` recorded as `role` under `state`.
+fn kill_recorded(state: &Path, role: &str) {
+    let (_, pid) = pids(state)
+        .into_iter()
+        .find(|(r, _)| r == role)
+        .unwrap_or_else(|| panic!("up recorded no {role}"));
+    // SAFETY: kill(2) on a PID `up` recorded for a process it started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill {role}");
 }
 
 /// Whether `pid` runs (a zombie waiting for its parent does not).
@@ -171,13 +175,7 @@ fn up_on_etcd_keeps_the_mount_through_a_kill_of_the_serving_metadata_server() {
 
     // `up` brings back a killed etcd member on its data, and the killed metadata
     // server as a standby of the one serving now.
-    let member = pids(&state)
-        .into_iter()
-        .find(|(r, _)| r == "etcd-m1")
-        .unwrap()
-        .1;
-    // SAFETY: kill(2) on the PID `up` recorded for an etcd member it started.
-    assert_eq!(unsafe { libc::kill(member, libc::SIGKILL) }, 0);
+    kill_recorded(&state, "etcd-m1");
     let started = Instant::now();
     let out = tessera(&["up", &m, "--state-dir", &s]);
     eprintln!("up bringing back took {:?}", started.elapsed());
