@@ -752,6 +752,11 @@ pub struct UpGuard {
 
 impl Drop for UpGuard {
     fn drop(&mut self) {
+        // A failed test prints the tails of its cluster's logs: they go with its
+        // temporary directory, and a CI failure is read from them.
+        if std::thread::panicking() {
+            print_log_tails(&self.state.join("logs"), 40);
+        }
         // --forget: also the record `up --state-dir` left under the default state root.
         let _ = Command::new(bin_dir().join("tessera"))
             .arg("down")
@@ -760,6 +765,23 @@ impl Drop for UpGuard {
             .arg("--state-dir")
             .arg(&self.state)
             .output();
+    }
+}
+
+/// Prints the last `n` lines of every log file under `dir` to stderr.
+fn print_log_tails(dir: &Path, n: usize) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    let mut logs: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    logs.sort();
+    for log in logs {
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        eprintln!("--- the last {n} lines of {}:", log.display());
+        for line in &lines[lines.len().saturating_sub(n)..] {
+            eprintln!("{line}");
+        }
     }
 }
 

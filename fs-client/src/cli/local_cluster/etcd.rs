@@ -315,12 +315,15 @@ pub(super) fn launch_meta(
     }
     let addr_file = state::addr_file(state, role);
     let _ = fs::remove_file(&addr_file);
-    let (mut child, log) = super::launch(state, role, argv, pids, append_log)?;
+    // Measured before the start: a server quick to say it waits (or a parent slow to
+    // look, on a loaded machine) wrote its line before a length taken after it.
+    let log = super::log_file(state, role);
     let skip = if append_log {
         fs::metadata(&log).map_or(0, |m| m.len() as usize)
     } else {
         0
     };
+    let (mut child, log) = super::launch(state, role, argv, pids, append_log)?;
     let waiting = || {
         let text = fs::read(&log).unwrap_or_default();
         let new = String::from_utf8_lossy(text.get(skip..).unwrap_or_default()).into_owned();

@@ -350,9 +350,10 @@ fn wait_ready(
         std::thread::sleep(POLL);
     }
     Err(ClusterError::Other(format!(
-        "{what} was not ready after {}s; see {}",
+        "{what} was not ready after {}s; its log {} ends with:\n{}",
         READY_TIMEOUT.as_secs(),
-        log.display()
+        log.display(),
+        log_tail(log)
     )))
 }
 
@@ -506,6 +507,11 @@ pub fn up(opts: &UpOptions) -> Result<UpReport, ClusterError> {
     Ok(report)
 }
 
+/// The log of `role` under `state`.
+fn log_file(state: &Path, role: &str) -> PathBuf {
+    state.join("logs").join(format!("{role}.log"))
+}
+
 /// Starts `role` with the command line `argv` (program first), records it and its PID.
 fn launch(
     state: &Path,
@@ -520,7 +526,7 @@ fn launch(
     state::save_cmd(state, role, argv)?;
     let mut cmd = Command::new(program);
     cmd.args(args);
-    let log = state.join("logs").join(format!("{role}.log"));
+    let log = log_file(state, role);
     let child = spawn(cmd, &log, append_log)?;
     let pid = child.id() as i32;
     pids.set(role, pid, procs::start_time(pid))?;
