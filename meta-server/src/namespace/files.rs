@@ -73,27 +73,40 @@ impl Namespace {
             before: parent_rec.ctime,
             after: parent_after.attr(parent),
         };
-        if super::once::marked() {
-            // The answer goes with the change (`once::answer_with_mark`), as
-            // `start_session` will give it; a retry answered from it gets a grant of its
-            // own (`Namespace::reopened`).
-            let opened = Opened {
-                attr: txn.attr_of(ino, &rec)?,
-                session,
-                layout: self.layout_of(&rec),
-                parent: Some(change.clone()),
-                cut_tail,
-                grant: None,
-                cut_grant: None,
-            };
-            super::once::answer_with_mark(&opened)?;
-        }
+        self.answer_open_with_mark(&txn, (ino, &rec), session, Some(&change), cut_tail)?;
         Self::commit_txn(&mut st, txn)?;
         let opened = self.start_session(&mut st, session, ino, &rec, owner, cut_tail);
         Ok(Opened {
             parent: Some(change),
             ..opened
         })
+    }
+
+    /// Puts the answer of an open that makes a file (`create`, `tmpfile`) in the change's
+    /// mark (`once::answer_with_mark`), as `start_session` will give it, if the request
+    /// carries one; a retry answered from it gets a grant of its own
+    /// (`Namespace::reopened`).
+    pub(super) fn answer_open_with_mark(
+        &self,
+        txn: &Txn<'_>,
+        (ino, rec): (InodeId, &InodeRecord),
+        session: SessionId,
+        parent: Option<&DirChange>,
+        cut_tail: bool,
+    ) -> Result<(), MetaError> {
+        if !super::once::marked() {
+            return Ok(());
+        }
+        let opened = Opened {
+            attr: txn.attr_of(ino, rec)?,
+            session,
+            layout: self.layout_of(rec),
+            parent: parent.cloned(),
+            cut_tail,
+            grant: None,
+            cut_grant: None,
+        };
+        super::once::answer_with_mark(&opened)
     }
 
     /// Writes a new regular file with its layout; the caller commits. Returns the file
@@ -277,6 +290,8 @@ impl Namespace {
         if opens::closing(&mut txn, &st, s.ino, &[session])?.unopened {
             purge_if_orphan(&mut txn, s.ino)?;
         }
+        // One transaction: its answer goes with it (see `Namespace::mutate_answering`).
+        super::once::answer_with_mark(&())?;
         Self::commit_txn(&mut st, txn)?;
         end_session(&mut st, session);
         Ok(())

@@ -34,6 +34,7 @@ impl Namespace {
         txn.put_inode(ino, &rec)?;
         txn.put(keys::orphan(ino), super::records::encode(&())?);
         let session = reserve_session(st, &mut txn, ino, owner.access.writes())?;
+        self.answer_open_with_mark(&txn, (ino, &rec), session, None, false)?;
         Self::commit_txn(st, txn)?;
         let opened = self.start_session(st, session, ino, &rec, owner, false);
         if linkable {

@@ -72,7 +72,7 @@ impl Namespace {
     /// Removes extended attribute `name` of `ino`.
     pub fn removexattr(&self, ino: InodeId, name: &[u8]) -> Result<(), MetaError> {
         check_xattr_name(name)?;
-        self.mutate(|txn, _| {
+        self.mutate_answering(|txn, _| {
             let mut rec = txn.inode(ino)?;
             let key = keys::xattr(ino, name);
             if txn.raw(&key)?.is_none() {

@@ -15,7 +15,7 @@ use crate::kv::{
 use crate::namespace::{keys, ClientRecord, ConnId, Namespace, OP_SLOTS};
 use parking_lot::Mutex;
 use proto::auth::{Caps, KeyId};
-use proto::meta::{fs, RenameMode};
+use proto::meta::{fs, RenameMode, XattrMode};
 use proto::{ClientId, ErrorCode};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -356,6 +356,53 @@ fn a_change_whose_answer_was_not_recorded_is_answered_from_its_mark() {
     assert!(a.handle(link("log2"), at(1, 3, false)).is_err());
     let made = b.handle(link("log2"), at(2, 3, true)).unwrap();
     assert_eq!((made.attr.ino, made.attr.nlink), (ino, 2), "linked once");
+    assert_eq!(b.check_namespace().unwrap(), Vec::<String>::new());
+}
+
+/// As above, for a close with its length commit, a removexattr and an unnamed file
+/// (`O_TMPFILE`): each applied once, and answered from its mark by the other server.
+#[test]
+fn a_close_a_removexattr_and_an_unnamed_file_are_answered_from_their_marks() {
+    let (_h, hooked, a, b) = two();
+    let ino = touch(&a, ROOT, "f").ino;
+    let session = a.open_inode(ino, true, owner(1)).unwrap().session;
+    let close = || fs::Release {
+        session,
+        commit: Some(proto::meta::Commit::length(7, proto::Timestamp::now())),
+    };
+    hooked.fail_plain.store(true, Ordering::SeqCst);
+    assert!(a.handle(close(), at(1, 1, false)).is_err());
+    assert!(!hooked.fail_plain.load(Ordering::SeqCst));
+    b.handle(close(), at(2, 1, true)).unwrap();
+    assert_eq!(b.getattr(ino).unwrap().size, 7, "its length committed");
+
+    a.setxattr(ino, b"user.k", b"v", XattrMode::Upsert).unwrap();
+    let remove = || fs::RemoveXattr {
+        ino,
+        name: b"user.k".to_vec(),
+    };
+    hooked.fail_plain.store(true, Ordering::SeqCst);
+    assert!(a.handle(remove(), at(1, 2, false)).is_err());
+    b.handle(remove(), at(2, 2, true)).unwrap();
+    assert!(b.listxattr(ino).unwrap().is_empty(), "removed");
+
+    let unnamed = || fs::TmpFile {
+        parent: ROOT,
+        perm: 0o600,
+        linkable: false,
+        access: proto::meta::OpenAccess::ReadWrite,
+        client: proto::ClientId(1),
+    };
+    hooked.fail_plain.store(true, Ordering::SeqCst);
+    assert!(a.handle(unnamed(), at(1, 3, false)).is_err());
+    let made = b.handle(unnamed(), at(2, 3, true)).unwrap();
+    assert_eq!(b.getattr(made.attr.ino).unwrap().nlink, 0);
+    b.release(made.session, None).unwrap();
+    assert_eq!(
+        b.getattr(made.attr.ino).unwrap_err().code(),
+        ErrorCode::NotFound,
+        "freed at its only close"
+    );
     assert_eq!(b.check_namespace().unwrap(), Vec::<String>::new());
 }
 
