@@ -663,22 +663,7 @@ impl ProcessCluster {
     /// Prints the last `lines` lines of every log in [`ProcessCluster::dir`] (servers'
     /// and mounts'), for a test that failed: the directory goes with the cluster.
     pub fn print_log_tails(&self, lines: usize) {
-        let mut logs: Vec<_> = fs::read_dir(self.dir())
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|x| x == "log"))
-            .collect();
-        logs.sort();
-        for p in logs {
-            let text = fs::read_to_string(&p).unwrap_or_default();
-            let all: Vec<&str> = text.lines().collect();
-            println!("--- {} (last {lines} lines)", p.display());
-            for l in &all[all.len().saturating_sub(lines)..] {
-                println!("{l}");
-            }
-        }
+        print_log_tails(self.dir(), lines);
     }
 
     /// The address of the metrics endpoint of `name` (`meta`, `data-0`, ..., or a mount
@@ -768,19 +753,22 @@ impl Drop for UpGuard {
     }
 }
 
-/// Prints the last `n` lines of every log file under `dir` to stderr.
-fn print_log_tails(dir: &Path, n: usize) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
-    };
-    let mut logs: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+/// Prints the last `lines` lines of every `*.log` file in `dir`.
+fn print_log_tails(dir: &Path, lines: usize) {
+    let mut logs: Vec<_> = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
     logs.sort();
-    for log in logs {
-        let text = fs::read_to_string(&log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        eprintln!("--- the last {n} lines of {}:", log.display());
-        for line in &lines[lines.len().saturating_sub(n)..] {
-            eprintln!("{line}");
+    for p in logs {
+        let text = fs::read_to_string(&p).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        println!("--- {} (last {lines} lines)", p.display());
+        for l in &all[all.len().saturating_sub(lines)..] {
+            println!("{l}");
         }
     }
 }
