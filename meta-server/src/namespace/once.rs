@@ -13,8 +13,9 @@
 //! - once the handler has its reply, the record is written again with the reply, in the
 //!   next batch of the same request (waited for before the reply is sent). A change
 //!   whose reply is known before its one transaction commits puts it in the mark
-//!   already ([`answer_with_mark`]): a server that dies between the two batches then
-//!   leaves the answer behind all the same.
+//!   already ([`answer_with_mark`]) and writes no second record: its answer lands with
+//!   it, and on a shared engine its reply waits for one commit, not two. Every change
+//!   of a file or directory does so.
 //!
 //! A change sent again (`retry`) first waits for a try of the same id still running on
 //! this server, then reads the record: the reply recorded is answered again
@@ -44,7 +45,7 @@ use proto::meta::OpId;
 pub use proto::meta::OP_SLOTS;
 use proto::ClientId;
 use serde::{Deserialize, Serialize};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
@@ -89,12 +90,23 @@ pub(super) struct Mark {
     /// since (the retry of a change, sent to another server while its first try was
     /// still running, would otherwise apply it twice).
     pub check: Option<ReadCheck>,
+    /// `value` holds the change's reply ([`answer_with_mark`]).
+    pub answered: bool,
 }
 
 thread_local! {
     /// The record that the running change's first transaction writes (see the module
     /// docs); taken by `Txn::commit`.
     static MARK: RefCell<Option<Mark>> = const { RefCell::new(None) };
+    /// The running change's mark was written with its reply in it ([`mark_written`]).
+    static ANSWER_WRITTEN: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Says that `mark` was committed (durable on a shared engine, staged otherwise: the
+/// request waits for it before its reply): if it carries the reply, the change records
+/// no answer of its own after it (`Namespace::once`).
+pub(super) fn mark_written(mark: &Mark) {
+    ANSWER_WRITTEN.with(|w| w.set(mark.answered));
 }
 
 /// The "applied" record of the change running on this thread, once: its first
@@ -136,6 +148,7 @@ pub(super) fn answer_with_mark<T: Serialize>(reply: &T) -> Result<(), MetaError>
         let mut record: OpRecord = decode(&mark.value, "change record")?;
         record.reply = Some(encode(reply)?);
         mark.value = encode(&record)?;
+        mark.answered = true;
         Ok(())
     })
 }
@@ -415,8 +428,10 @@ impl Namespace {
                 key: key.clone(),
                 value: mark,
                 check,
+                answered: false,
             })
         });
+        ANSWER_WRITTEN.with(|w| w.set(false));
         let marked = Marked;
         // Kept for an answer from another server's record: only a shared engine's
         // commit can conflict on the slot.
@@ -431,7 +446,10 @@ impl Namespace {
             drop(entered);
             return self.answered_elsewhere(op, &key, req, at);
         }
+        // A reply that went with the change in its mark is recorded already: on a
+        // shared engine a second record would cost a second commit the reply waits for.
         let recorded = match &result {
+            Ok(_) if ANSWER_WRITTEN.with(Cell::get) => Ok(()),
             Ok(reply) => self.record_answer(op, key, reply),
             Err(_) => Ok(()),
         };
@@ -720,6 +738,7 @@ mod tests {
                 key: b"slot".to_vec(),
                 revision: before.map(Revision),
             }),
+            answered: false,
         };
         let now = |value: &[u8], revision| Versioned {
             value: value.to_vec(),

@@ -554,11 +554,17 @@ impl<'a> Txn<'a> {
                         return Err(e.into());
                     }
                     COMMITTED.with(|m| m.set(true));
+                    if let Some(m) = &mark {
+                        super::once::mark_written(m);
+                    }
                 }
                 // Staged, not yet durable: `Namespace::handle` waits for it before
                 // replying, after the namespace lock is released (group commit).
                 None => {
                     self.store.stage(batch)?;
+                    if let Some(m) = &mark {
+                        super::once::mark_written(m);
+                    }
                 }
             }
         } else {
