@@ -60,7 +60,8 @@ const PURGE_BATCH: usize = 64;
 /// How long a retry waits for a try of the same change still running on this server.
 const OP_WAIT: Duration = Duration::from_secs(30);
 /// How long a try waits for another server's answer to a change that server applied
-/// (it records it right after the change, a round trip later): well within a client's
+/// and whose mark carried no answer (it records it right after the change, a round
+/// trip later; every change of a file or directory carries it): well within a client's
 /// call timeout (30 s by default), so that the client hears a clear error, not a
 /// timeout, when that server died between the two.
 const ELSEWHERE_WAIT: Duration = Duration::from_secs(10);

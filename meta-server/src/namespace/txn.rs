@@ -530,7 +530,7 @@ impl<'a> Txn<'a> {
             if let Some(m) = &mark {
                 batch.put(m.key.clone(), m.value.clone());
             }
-            match &self.checked {
+            let written = match &self.checked {
                 // Durable when it returns, or not written at all (`Conflict`).
                 Some(c) => {
                     let mut checks = c.take_checks();
@@ -554,18 +554,17 @@ impl<'a> Txn<'a> {
                         return Err(e.into());
                     }
                     COMMITTED.with(|m| m.set(true));
-                    if let Some(m) = &mark {
-                        super::once::mark_written(m);
-                    }
+                    mark
                 }
                 // Staged, not yet durable: `Namespace::handle` waits for it before
                 // replying, after the namespace lock is released (group commit).
                 None => {
                     self.store.stage(batch)?;
-                    if let Some(m) = &mark {
-                        super::once::mark_written(m);
-                    }
+                    mark
                 }
+            };
+            if let Some(m) = &written {
+                super::once::mark_written(m);
             }
         } else {
             // A change that writes nothing still answered from what it read (a rename
