@@ -348,3 +348,40 @@ fn an_ro_mount_moves_no_atime_and_a_stale_journal_stream_is_not_kept() {
         "a read through an ro mount moved the access time"
     );
 }
+
+/// Guards against `mount -o remount,...` of a Tessera mount failing (the helper took
+/// `remount` for an unknown setting), starting a second mount process, or not changing
+/// the kernel's flags: read-only refuses a create with EROFS and keeps reads, read-write
+/// again takes writes, and `dev` asked for takes `nodev` away.
+#[test]
+fn a_remount_changes_the_mounts_flags_in_place() {
+    let f = Fixture::start();
+    let ([dir], _cleanup) = f.mount_points(["m"]);
+    let source = format!("{}:/", f.cluster.meta_addr());
+    let out = mount_t(&source, &dir, &format!("key_file={}", f.key().display()));
+    assert!(out.status.success(), "mount: {}", text(&out));
+    fs::write(dir.join("kept"), b"before the remount").unwrap();
+    let opts_of = |dir: &Path| mount_entry(dir).expect("still mounted").2;
+    let remount = |opts: &str| {
+        let out = run(Command::new("mount").args(["-o", opts]).arg(&dir));
+        assert!(out.status.success(), "mount -o {opts}: {}", text(&out));
+    };
+
+    remount("remount,ro");
+    let opts = opts_of(&dir);
+    assert!(opts.contains(&"ro".to_string()), "{opts:?}");
+    assert!(opts.contains(&"nodev".to_string()), "kept: {opts:?}");
+    let e = fs::write(dir.join("new"), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    assert_eq!(fs::read(dir.join("kept")).unwrap(), b"before the remount");
+
+    remount("remount,rw,dev");
+    let opts = opts_of(&dir);
+    assert!(opts.contains(&"rw".to_string()), "{opts:?}");
+    assert!(!opts.contains(&"nodev".to_string()), "{opts:?}");
+    assert!(opts.contains(&"nosuid".to_string()), "kept: {opts:?}");
+    fs::write(dir.join("new"), b"after").unwrap();
+    assert_eq!(fs::read(dir.join("new")).unwrap(), b"after");
+    // The one mount process served it all: umount_and_wait checks there is one.
+    umount_and_wait(&dir);
+}

@@ -10,6 +10,7 @@ pub mod keys;
 mod leftovers;
 pub mod local_cluster;
 pub mod mount_helper;
+mod remount;
 pub mod top;
 
 /// Logs to standard error, filtered by `TESSERA_LOG` (default `info`): plain text to a

@@ -10,7 +10,8 @@
 //! ...), the helper's own (`config=FILE`, `log_file=FILE`, `foreground`, `nonempty`),
 //! options only `mount(8)` reads (`_netdev`, `noauto`, `nofail`, `x-systemd.*`, ...),
 //! and any client setting by its configuration name (`key_file=/etc/tessera/a.key`,
-//! `readahead_max_bytes=67108864`, `transport_limits.max_msg_bytes=...`).
+//! `readahead_max_bytes=67108864`, `transport_limits.max_msg_bytes=...`). With
+//! `remount` among them only the kernel's flags of the mount change (`remount.rs`).
 
 use super::daemon::{self, LogTo};
 use crate::ClientConfig;
@@ -328,6 +329,13 @@ fn run_checked(mut args: HelperArgs) -> anyhow::Result<()> {
     // The mount process works from `/` once it is in the background.
     args.mountpoint = std::path::absolute(&args.mountpoint)
         .with_context(|| format!("mount point {}", args.mountpoint.display()))?;
+    if super::remount::is_remount(&args.options) {
+        // The mount and its process are there already: only the kernel's flags change.
+        if args.fake {
+            return Ok(());
+        }
+        return super::remount::remount(&args.mountpoint, &args.options);
+    }
     let (mut config, opts) = plan(&args)?;
     super::local_cluster::check_mountpoint(&args.mountpoint, opts.nonempty)?;
     config.transport = config
