@@ -204,22 +204,41 @@ pub fn new_file_mode(c: &Caller, gid: u32, perm: u32) -> u32 {
 pub enum XattrAccess {
     /// `getxattr`.
     Read,
-    /// `setxattr`, `removexattr`.
+    /// `setxattr`.
     Write,
+    /// `removexattr`.
+    Remove,
 }
+
+/// The attribute that holds a file's capabilities.
+const CAPABILITY_XATTR: &[u8] = b"security.capability";
 
 /// Checks an access to extended attribute `name` of `m` by `c` (`xattr_permission`,
 /// and the capability check of `security.*` writes): `trusted.*` is root's only
 /// (EPERM to write, ENODATA to read, as if absent); `security.*` is written by root
-/// only and read by anyone; `user.*` lives on regular files and directories only,
-/// needs read or write permission, and in a sticky directory is written by its owner.
+/// only and read by anyone, except that whoever may write a file may remove its
+/// `security.capability`; `user.*` lives on regular files and directories only, needs
+/// read or write permission, and in a sticky directory is written by its owner.
+///
+/// The exception is the kernel's: a write, truncation or fallocate of a file with
+/// capabilities removes them first (`file_remove_privs`), as the writer, with no check
+/// of its own; on a mount that removal arrives here as the writer's `removexattr`. An
+/// explicit `removexattr` of it needs `CAP_SETFCAP`, which the caller's kernel checks
+/// before it sends one.
 pub fn check_xattr(
     c: &Caller,
     m: &Mode,
     name: &[u8],
     access: XattrAccess,
 ) -> Result<(), MetaError> {
-    let write = access == XattrAccess::Write;
+    if access == XattrAccess::Remove
+        && name == CAPABILITY_XATTR
+        && m.kind == FileKind::Regular
+        && (owns(c, m) || may(c, m, W))
+    {
+        return Ok(());
+    }
+    let write = access != XattrAccess::Read;
     let not_permitted = || {
         Err(MetaError::NotPermitted(format!(
             "uid {} may not change this attribute",
