@@ -529,8 +529,15 @@ impl Client {
         self.meta(fs::Readlink { ino }).await
     }
 
-    /// Adds a hard link.
-    pub async fn link(&self, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> Result<Attr> {
+    /// Adds a hard link; `kernel_checked`: the caller's kernel applied its hard-link
+    /// rule (`fs.protected_hardlinks`) already (see `fs::Link`).
+    pub async fn link(
+        &self,
+        ino: InodeId,
+        new_parent: InodeId,
+        new_name: &[u8],
+        kernel_checked: bool,
+    ) -> Result<Attr> {
         let new_name = new_name.to_vec();
         let attr = self
             .entry(
@@ -538,6 +545,7 @@ impl Client {
                     ino,
                     new_parent,
                     new_name,
+                    kernel_checked,
                 },
                 caller::current(),
             )

@@ -41,8 +41,8 @@ pub use rpc::{Request, Rpc, RpcResult};
 /// and the chunks a `Commit` wrote and punched. 20: `SetLock::reclaim` (a client takes
 /// back its locks from a restarted or standby server). 21: `OpenAt` (a lookup and an
 /// open, and the first read's access time, in one call). 22: `data::ReadInline` (a small
-/// read's bytes in the reply). 23: `FsCall::op` (a change's id, applied once).
-pub const PROTOCOL_VERSION: u16 = 23;
+/// read's bytes in the reply). 23: `FsCall::op` (a change's id, applied once). 24: `Link::kernel_checked`.
+pub const PROTOCOL_VERSION: u16 = 24;
 
 /// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
 pub const MAX_NAME_BYTES: usize = 255;

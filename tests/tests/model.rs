@@ -224,7 +224,7 @@ async fn step(c: &fs_client::Client, m: &mut Model, rng: &mut Rng) -> (String, b
         3 => {
             let src = resolve(c, &existing).await;
             let got = match &src {
-                Ok(a) => outcome(c.link(a.ino, pino, name.as_bytes()).await),
+                Ok(a) => outcome(c.link(a.ino, pino, name.as_bytes(), false).await),
                 Err(e) => Err(*e),
             };
             let want = match m.nodes.get(&existing).cloned() {

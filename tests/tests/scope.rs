@@ -229,6 +229,7 @@ async fn a_scoped_client_sees_its_directory_as_root_and_nothing_outside() {
         ino: t.b,
         new_parent: InodeId::ROOT,
         new_name: b"b".to_vec(),
+        kernel_checked: false,
     };
     assert_eq!(
         scoped.call(&root, into).await.unwrap_err().code,

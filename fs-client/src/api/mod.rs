@@ -494,7 +494,7 @@ impl Tessera {
             let attr = sh.paths.resolve(&sh.client, path, false).await?;
             let (parent, name) = sh.parent(link, ErrorCode::AlreadyExists).await?;
             sh.client
-                .link(attr.ino, parent, name.as_bytes())
+                .link(attr.ino, parent, name.as_bytes(), false)
                 .await
                 .map(drop)
         })

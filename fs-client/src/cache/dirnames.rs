@@ -464,6 +464,7 @@ mod tests {
             ino: InodeId(9),
             new_parent,
             new_name,
+            kernel_checked: true,
         });
         call(&n, &link, Some(&made(5, 11, 12, dir(9, 3))));
         assert!(!n.absent(InodeId(5), b"h"));

@@ -292,7 +292,7 @@ impl fuser::Filesystem for TesseraFs {
     ) {
         let (inner, name) = (self.inner.clone(), newname.as_bytes().to_vec());
         self.spawn(req, async move {
-            let r = inner.client.link(ino(i), ino(newparent), &name).await;
+            let r = inner.client.link(ino(i), ino(newparent), &name, true).await;
             inner.entry(reply, r)
         });
     }

@@ -206,7 +206,8 @@ impl Handle for fs::Link {
         self.ino.0
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
-        ns.may_link(&at.caller, self.ino, (self.new_parent, &self.new_name))?;
+        let to = (self.new_parent, &self.new_name[..]);
+        ns.may_link(&at.caller, self.ino, to, self.kernel_checked)?;
         ns.link(self.ino, self.new_parent, &self.new_name)
     }
 }
@@ -426,7 +427,7 @@ impl Handle for fs::RemoveXattr {
         self.ino.0
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
-        ns.may_xattr(&at.caller, self.ino, &self.name, XattrAccess::Write)?;
+        ns.may_xattr(&at.caller, self.ino, &self.name, XattrAccess::Remove)?;
         ns.removexattr(self.ino, &self.name)
     }
 }

@@ -175,6 +175,7 @@ pub fn one_of_each(dir: InodeId, file: InodeId, client: ClientId) -> Vec<FsReque
             ino: file,
             new_parent: dir,
             new_name: name("l"),
+            kernel_checked: false,
         }),
         FsRequest::Unlink(Unlink {
             parent: dir,

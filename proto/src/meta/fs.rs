@@ -176,6 +176,11 @@ pub struct Link {
     pub new_parent: InodeId,
     /// The new name.
     pub new_name: Vec<u8>,
+    /// The caller's kernel applied its own hard-link rule already (a mount: the
+    /// `fs.protected_hardlinks` setting of its machine, which may be off), so the
+    /// server applies only the directory's permissions; a client without a kernel in
+    /// between (the library) leaves it false and the server applies the rule.
+    pub kernel_checked: bool,
 }
 
 /// Removes a non-directory name.

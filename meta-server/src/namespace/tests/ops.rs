@@ -137,6 +137,7 @@ fn hostile_requests_get_errors_not_panics(kind: StoreKind) {
                     ino: f.ino,
                     new_parent: ROOT,
                     new_name: name.clone(),
+                    kernel_checked: false,
                 },
                 fs::Symlink {
                     parent: ROOT,

@@ -236,6 +236,34 @@ fn removal_and_rename_follow_the_sticky_rule(kind: StoreKind) {
     assert_eq!(as_user(ns, ALICE, unlink("a")), None);
 }
 
+/// Guards against a hard link to another user's unreadable file being refused where the
+/// caller's kernel allowed it (`fs.protected_hardlinks = 0`, xfstests generic/597), and
+/// against the library's links (no kernel in between) losing the rule: the server
+/// applies it only when the kernel did not.
+fn hard_links_to_others_files_follow_the_kernels_rule_or_the_servers(kind: StoreKind) {
+    let h = H::with_nodes(kind, 1);
+    let ns = h.ns();
+    let tmp = mkdir(ns, 0, ROOT, "tmp", 0o1777);
+    let theirs = file(ns, ALICE, tmp, "theirs", 0o600);
+    let link = |name: &str, kernel_checked| fs::Link {
+        ino: theirs,
+        new_parent: tmp,
+        new_name: name.into(),
+        kernel_checked,
+    };
+    assert_eq!(as_user(ns, BOB, link("by-library", false)), EPERM);
+    assert_eq!(as_user(ns, BOB, link("by-mount", true)), None);
+    // The directory's own permissions hold either way.
+    let closed = mkdir(ns, 0, ROOT, "closed", 0o755);
+    let into_closed = fs::Link {
+        ino: theirs,
+        new_parent: closed,
+        new_name: b"x".to_vec(),
+        kernel_checked: true,
+    };
+    assert_eq!(as_user(ns, BOB, into_closed), EACCES);
+}
+
 fn attributes_and_xattrs_follow_their_owners(kind: StoreKind) {
     let h = H::with_nodes(kind, 1);
     let ns = h.ns();
@@ -455,6 +483,7 @@ engine_tests!(
     opens_are_checked_against_the_mode,
     truncation_and_commits_go_through_a_write_session,
     removal_and_rename_follow_the_sticky_rule,
+    hard_links_to_others_files_follow_the_kernels_rule_or_the_servers,
     attributes_and_xattrs_follow_their_owners,
     a_new_file_in_a_setgid_directory_of_a_foreign_group_loses_setgid,
 );

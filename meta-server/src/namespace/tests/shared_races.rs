@@ -356,6 +356,7 @@ fn a_change_commits_once_with_its_answer_and_its_retry_is_answered_from_it() {
         ino,
         new_parent: ROOT,
         new_name: to.into(),
+        kernel_checked: false,
     };
     a.handle(link("log2"), at(1, 3, false)).unwrap();
     let made = b.handle(link("log2"), at(2, 3, true)).unwrap();
