@@ -280,6 +280,56 @@ fn a_write_drops_file_capabilities_set_after_earlier_writes() {
     assert_eq!(err("set on another mount, then written", e), libc::ENODATA);
 }
 
+const WRITER_SCRIPT: &str = r##"
+p = sys.argv[1]
+def write(path):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, b"#")
+    finally:
+        os.close(fd)
+def fallocate(path):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.posix_fallocate(fd, 0, 65536)
+    finally:
+        os.close(fd)
+t("write", write, p + "/written")
+t("fallocate", fallocate, p + "/allocated")
+t("remove", os.removexattr, p + "/kept", "security.capability")
+"##;
+
+/// Guards against a write by another user than the owner failing where ext4 takes it
+/// (xfstests generic/688): the kernel removes a file's capabilities before it writes,
+/// as the writer, and the server refused that removal to anyone but root. A writer may
+/// remove them so, and only so: an explicit removal by a user is refused (the kernel's
+/// own check, `CAP_SETFCAP`).
+#[test]
+fn another_users_write_drops_file_capabilities() {
+    let cluster = ProcessCluster::start(1);
+    open_to_all(cluster.dir());
+    let m = cluster.mount("mnt");
+    let p = m.path.as_path();
+    let cap = capability_blob();
+    for f in ["written", "allocated", "kept"] {
+        file_owned(&p.join(f), b"#!/bin/sh\n", 0o666, 0, 0);
+        setxattr(&p.join(f), "security.capability", &cap, 0).unwrap();
+    }
+    User::plain(ALICE_UID).py(WRITER_SCRIPT, &[p]).expect(&[
+        ("write", "OK"),
+        ("fallocate", "OK"),
+        ("remove", "EPERM"),
+    ]);
+    for f in ["written", "allocated"] {
+        let e = getxattr(&p.join(f), "security.capability");
+        assert_eq!(err(f, e), libc::ENODATA);
+    }
+    assert_eq!(
+        getxattr(&p.join("kept"), "security.capability").unwrap(),
+        cap
+    );
+}
+
 /// `getfattr -R -d -m -` of `dir` from inside it, with base64 values: the same text
 /// for two trees with the same xattrs on the same relative paths.
 fn xattr_dump(dir: &Path) -> String {
