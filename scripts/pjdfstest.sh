@@ -132,3 +132,25 @@ if [ -n "$unexpected" ]; then
   grep -A3 -E "^($(paste -sd'|' <<<"$unexpected")) " "$log" >&2 || true
   exit 1
 fi
+
+# The EROFS cases remount the mount read-only and back (`mount -o remount,ro`), which
+# the kernel refuses with EBUSY while a file on it is open for writing: in the whole
+# run, earlier cases leave one open (on an ext4 loop mount the same six of them fail
+# so), so they run in a pass of their own, on a fresh directory, and must all pass.
+sed 's/^allow_remount = false$/allow_remount = true/' "$work/pjdfstest.toml" > "$work/erofs.toml"
+mkdir "$mnt/pjd-erofs"
+erofs_log=$work/pjdfstest-erofs.log
+set +e
+timeout 600 "$PJD_ROOT/bin/pjdfstest" -c "$work/erofs.toml" -p "$mnt/pjd-erofs" \
+  -s "$work/secondary" erofs > "$erofs_log" 2>&1
+set -e
+erofs=$(grep -E '^[a-z0-9_]+::[^ ]+ +(ok|FAILED|skipped)$' "$erofs_log" || true)
+erofs_passed=$(grep -cE ' ok$' <<<"$erofs" || true)
+erofs_other=$(grep -vE ' ok$' <<<"$erofs" | sed '/^$/d' || true)
+echo "pjdfstest $PJD_VERSION, the EROFS cases with remounts: $erofs_passed passed"
+if [ "$erofs_passed" -eq 0 ] || [ -n "$erofs_other" ]; then
+  echo "EROFS cases that did not pass (or none ran):" >&2
+  sed 's/^/  /' <<<"$erofs_other" >&2
+  tail -20 "$erofs_log" >&2
+  exit 1
+fi
