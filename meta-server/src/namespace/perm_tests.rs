@@ -208,6 +208,8 @@ fn hard_links_of_files_of_others_need_read_and_write() {
 #[test]
 fn xattr_namespaces_follow_linux() {
     use XattrAccess::{Read, Remove, Write};
+    const CAPS: &[u8] = b"security.capability";
+    let cap_file = |perm| file(perm, ALICE, ALICE);
     let f = file(0o644, ALICE, ALICE);
     let fifo = Mode {
         kind: FileKind::Fifo,
@@ -236,48 +238,12 @@ fn xattr_namespaces_follow_linux() {
         (user(ALICE), dir(0o1777, ALICE), b"user.x", Write, None),
         // Whoever may write a file may remove its capabilities (the kernel's
         // `file_remove_privs` before a write); nothing else of `security.*`.
-        (
-            user(BOB),
-            file(0o666, ALICE, ALICE),
-            b"security.capability",
-            Remove,
-            None,
-        ),
-        (
-            user(BOB),
-            file(0o644, ALICE, ALICE),
-            b"security.capability",
-            Remove,
-            EPERM,
-        ),
-        (
-            user(ALICE),
-            file(0o444, ALICE, ALICE),
-            b"security.capability",
-            Remove,
-            None,
-        ),
-        (
-            user(BOB),
-            file(0o666, ALICE, ALICE),
-            b"security.capability",
-            Write,
-            EPERM,
-        ),
-        (
-            user(BOB),
-            file(0o666, ALICE, ALICE),
-            b"security.x",
-            Remove,
-            EPERM,
-        ),
-        (
-            user(BOB),
-            dir(0o777, ALICE),
-            b"security.capability",
-            Remove,
-            EPERM,
-        ),
+        (user(BOB), cap_file(0o666), CAPS, Remove, None),
+        (user(BOB), cap_file(0o644), CAPS, Remove, EPERM),
+        (user(ALICE), cap_file(0o444), CAPS, Remove, None),
+        (user(BOB), cap_file(0o666), CAPS, Write, EPERM),
+        (user(BOB), cap_file(0o666), b"security.x", Remove, EPERM),
+        (user(BOB), dir(0o777, ALICE), CAPS, Remove, EPERM),
     ];
     for (i, (c, m, name, access, want)) in cases.into_iter().enumerate() {
         assert_eq!(code(check_xattr(&c, &m, name, access)), want, "case {i}");
