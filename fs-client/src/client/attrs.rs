@@ -3,10 +3,11 @@
 //! unprivileged write clears.
 
 use super::{caller, Client};
+use crate::cache::noxattrs::CAPABILITY;
 use crate::config::AtimeMode;
 use crate::error::Result;
 use proto::meta::fs;
-use proto::{Attr, InodeId, Request, SetAttr};
+use proto::{Attr, ErrorCode, InodeId, Request, SetAttr};
 use std::time::Duration;
 
 impl Client {
@@ -89,6 +90,29 @@ impl Client {
     /// the kernel's own getattr-then-setattr on the page cache path.
     pub async fn kill_suid(&self, ino: InodeId) -> Result<()> {
         self.kill_privs(ino, None).await
+    }
+
+    /// Whether `ino` is known, within the attribute TTL, to have no file capabilities
+    /// (`security.capability`): a write then has none to remove.
+    pub(crate) fn capability_known_absent(&self, ino: InodeId) -> bool {
+        self.xattr_known_absent(ino, CAPABILITY)
+    }
+
+    /// Removes `ino`'s file capabilities before a write the kernel sends past its page
+    /// cache (`O_DIRECT`, and this mount's `O_APPEND`): before a write through the page
+    /// cache the kernel removes them itself (`file_remove_privs`, for any writer, root
+    /// too), before a direct one it leaves it to the file system. A read (none when
+    /// known absent), and a removal when there are some.
+    pub async fn drop_capability(&self, ino: InodeId) -> Result<()> {
+        let absent = |e: &crate::ClientError| e.code() == ErrorCode::NoData;
+        match self.getxattr(ino, CAPABILITY).await {
+            Ok(_) => match self.removexattr(ino, CAPABILITY).await {
+                Err(e) if absent(&e) => Ok(()),
+                r => r,
+            },
+            Err(e) if absent(&e) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// [`Client::kill_suid`] for a writer whose groups are known (`groups`: its file

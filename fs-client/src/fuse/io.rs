@@ -69,10 +69,18 @@ impl TesseraFs {
         // but leaves it to us for direct I/O (O_DIRECT and, here, O_APPEND files) by an
         // unprivileged writer.
         let kill_suid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        if !kill_suid && !direct {
+        // File capabilities likewise, for any writer: past the page cache they are ours
+        // to remove (`Client::drop_capability`), unless known absent.
+        let past_cache = append || direct || self.inner.direct_io(fh.0);
+        let file = self.inner.file(fh.0);
+        let drop_caps = past_cache
+            && file
+                .as_ref()
+                .is_ok_and(|f| !self.inner.client.capability_known_absent(f.ino()));
+        if !kill_suid && !direct && !drop_caps {
             // Most writes fit the buffers (or the append queue) at once: answer here,
             // sparing a copy and a task.
-            if let Ok(file) = self.inner.file(fh.0) {
+            if let Ok(file) = file {
                 let client = &self.inner.client;
                 let now = if append {
                     client.try_append_now(&file, data)
@@ -88,6 +96,13 @@ impl TesseraFs {
         self.spawn(req, async move {
             let file = match inner.file(fh.0) {
                 Ok(file) if kill_suid => match inner.client.kill_suid(file.ino()).await {
+                    Ok(()) => Ok(file),
+                    Err(e) => Err(e),
+                },
+                r => r,
+            };
+            let file = match file {
+                Ok(file) if drop_caps => match inner.client.drop_capability(file.ino()).await {
                     Ok(()) => Ok(file),
                     Err(e) => Err(e),
                 },
