@@ -41,7 +41,8 @@ pub use rpc::{Request, Rpc, RpcResult};
 /// and the chunks a `Commit` wrote and punched. 20: `SetLock::reclaim` (a client takes
 /// back its locks from a restarted or standby server). 21: `OpenAt` (a lookup and an
 /// open, and the first read's access time, in one call). 22: `data::ReadInline` (a small
-/// read's bytes in the reply). 23: `FsCall::op` (a change's id, applied once). 24: `Link::kernel_checked`.
+/// read's bytes in the reply). 23: `FsCall::op` (a change's id, applied once). 24:
+/// `Link::kernel_checked` (the mount's kernel applied its hard-link rule).
 pub const PROTOCOL_VERSION: u16 = 24;
 
 /// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
@@ -68,6 +69,11 @@ pub enum XattrNameFault {
     /// A namespace and nothing after it.
     NoName,
 }
+
+/// The attribute that holds a file's capabilities: a write of the file removes it (the
+/// kernel before a write through its page cache, a mount before one past it), and a
+/// writer may remove it on the metadata server for that.
+pub const CAPABILITY_XATTR: &[u8] = b"security.capability";
 
 /// The rule for an extended attribute name, kept by the metadata server and known to
 /// clients that answer for names the server would store: a known namespace prefix and a

@@ -17,7 +17,7 @@ use proto::{Attr, InodeId};
 use std::time::Duration;
 
 /// The attribute the kernel asks for before writes.
-pub(crate) const CAPABILITY: &[u8] = b"security.capability";
+pub(crate) use proto::CAPABILITY_XATTR as CAPABILITY;
 
 /// Files remembered at most: a listing of this many entries followed by `ls -l`'s reads
 /// is answered here (about 40 bytes each).

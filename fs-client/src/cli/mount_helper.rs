@@ -151,14 +151,18 @@ fn for_others(name: &str) -> bool {
     NAMES.contains(&name) || name.starts_with("x-")
 }
 
-/// Sorts the comma-separated lists `lists`.
-pub fn sort_options(lists: &[String]) -> SortedOptions {
-    let mut s = SortedOptions::default();
-    for o in lists
+/// Each option of the comma-separated lists `lists`, in order.
+pub(super) fn each_option(lists: &[String]) -> impl Iterator<Item = &str> {
+    lists
         .iter()
         .flat_map(|l| l.split(','))
         .filter(|o| !o.is_empty())
-    {
+}
+
+/// Sorts the comma-separated lists `lists`.
+pub fn sort_options(lists: &[String]) -> SortedOptions {
+    let mut s = SortedOptions::default();
+    for o in each_option(lists) {
         let (name, value) = match o.split_once('=') {
             Some((n, v)) => (n, Some(v)),
             None => (o, None),

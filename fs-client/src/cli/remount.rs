@@ -8,6 +8,7 @@
 //! mode) are fixed for its life, so only the kernel's flags are read from the list; the
 //! last of `ro`/`rw` (and of each other pair) wins, as with any mount.
 
+use super::mount_helper::each_option;
 use anyhow::Context;
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -23,14 +24,7 @@ const PAIRS: &[(&str, &str, libc::c_ulong)] = &[
 
 /// Whether the option lists ask for a remount.
 pub fn is_remount(lists: &[String]) -> bool {
-    options(lists).any(|o| o == "remount")
-}
-
-fn options(lists: &[String]) -> impl Iterator<Item = &str> {
-    lists
-        .iter()
-        .flat_map(|l| l.split(','))
-        .filter(|o| !o.is_empty())
+    each_option(lists).any(|o| o == "remount")
 }
 
 /// The flags for `mount(2)`, from `lists` alone: `mount(8)` passes the mount's whole
@@ -40,7 +34,7 @@ fn options(lists: &[String]) -> impl Iterator<Item = &str> {
 /// was made with: the mount process keeps access times itself.
 pub fn remount_flags(lists: &[String]) -> libc::c_ulong {
     let mut flags = 0;
-    for o in options(lists) {
+    for o in each_option(lists) {
         for &(set, clear, bit) in PAIRS {
             if o == set {
                 flags |= bit;

@@ -94,20 +94,17 @@ impl TesseraFs {
         }
         let (inner, data) = (self.inner.clone(), data.to_vec());
         self.spawn(req, async move {
-            let file = match inner.file(fh.0) {
-                Ok(file) if kill_suid => match inner.client.kill_suid(file.ino()).await {
-                    Ok(()) => Ok(file),
-                    Err(e) => Err(e),
-                },
-                r => r,
-            };
-            let file = match file {
-                Ok(file) if drop_caps => match inner.client.drop_capability(file.ino()).await {
-                    Ok(()) => Ok(file),
-                    Err(e) => Err(e),
-                },
-                r => r,
-            };
+            let file = async {
+                let file = inner.file(fh.0)?;
+                if kill_suid {
+                    inner.client.kill_suid(file.ino()).await?;
+                }
+                if drop_caps {
+                    inner.client.drop_capability(file.ino()).await?;
+                }
+                Ok(file)
+            }
+            .await;
             let r = match file {
                 Ok(file) => {
                     // The range whose cached pages are stale (length 0: to the end).

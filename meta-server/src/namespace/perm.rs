@@ -210,9 +210,6 @@ pub enum XattrAccess {
     Remove,
 }
 
-/// The attribute that holds a file's capabilities.
-const CAPABILITY_XATTR: &[u8] = b"security.capability";
-
 /// Checks an access to extended attribute `name` of `m` by `c` (`xattr_permission`,
 /// and the capability check of `security.*` writes): `trusted.*` is root's only
 /// (EPERM to write, ENODATA to read, as if absent); `security.*` is written by root
@@ -232,7 +229,7 @@ pub fn check_xattr(
     access: XattrAccess,
 ) -> Result<(), MetaError> {
     if access == XattrAccess::Remove
-        && name == CAPABILITY_XATTR
+        && name == proto::CAPABILITY_XATTR
         && m.kind == FileKind::Regular
         && (owns(c, m) || may(c, m, W))
     {
