@@ -6,7 +6,8 @@ use super::{call_peer, DataService, Pools};
 use crate::cluster_view::ClusterView;
 use crate::store::{ChunkStore, ReplicaFields};
 use proto::data::{
-    Moved, Placement, ReadChunk, ReadInline, ReplicaData, Replicate, MAX_INLINE_WRITE_BYTES,
+    InlineRange, Moved, Placement, ReadChunk, ReadInline, ReplicaData, Replicate,
+    MAX_INLINE_WRITE_BYTES, MAX_WRITE_RANGES,
 };
 use proto::meta::{ChainInfo, ClusterMap, Member, MemberState, NodeInfo, NodeState};
 use proto::{ChainId, ChunkId, ErrorCode, InodeId, NodeId, PROTOCOL_VERSION};
@@ -293,4 +294,90 @@ async fn an_inline_read_answers_its_bytes_within_its_limits() {
         matches!(&outside, Err(e) if e.code() == ErrorCode::InvalidArgument),
         "{outside:?}"
     );
+}
+
+/// A replicated write of several ranges stores each of them and moves the version once;
+/// ranges that are empty, overlap, run backwards, pass the chunk's end or are too many
+/// are refused, and the copy stays as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_of_ranges_stores_each_once_and_refuses_bad_ranges() {
+    let s = served().await;
+    let range = |offset: u32, len: usize, b: u8| InlineRange {
+        offset,
+        data: vec![b; len],
+    };
+    let replicate = |version: u64, ranges: Vec<InlineRange>| Replicate {
+        chunk: CHUNK,
+        place: PLACE,
+        chunk_size_bytes: CHUNK_SIZE,
+        offset: ranges.first().map_or(0, |r| r.offset),
+        version,
+        base_version: version - 1,
+        data: ReplicaData::Ranges(ranges),
+    };
+    let call = |req: Replicate| {
+        let conn = s.client.clone();
+        async move {
+            tokio::time::timeout(CALL_TIMEOUT, call_peer(&conn, req))
+                .await
+                .expect("the write hung")
+        }
+    };
+    // Two ranges in the first block (touching), one in the set-up bytes' last block,
+    // one past them.
+    let good = vec![
+        range(10, 20, 1),
+        range(30, 5, 2),
+        range(LEN as u32 - 8, 4, 3),
+        range(2 * LEN as u32, 100, 4),
+    ];
+    let moved = call(replicate(2, good))
+        .await
+        .expect("a good write of ranges");
+    assert_eq!(moved.len, 129);
+    let mut want = vec![0xaa; LEN];
+    want[10..30].fill(1);
+    want[30..35].fill(2);
+    want[LEN - 8..LEN - 4].fill(3);
+    want.resize(2 * LEN, 0);
+    want.extend_from_slice(&[4; 100]);
+    let read = || {
+        let mut got = vec![0u8; want.len()];
+        s.store.read(CHUNK, CHUNK_SIZE, 0, &mut got).unwrap();
+        got
+    };
+    assert!(read() == want, "each range stored, the bytes between kept");
+    let meta = s.store.chunk_meta(CHUNK).unwrap().unwrap();
+    assert!(meta.version == 2 && !meta.stale, "{meta:?}");
+
+    let too_many = (0..=MAX_WRITE_RANGES as u32)
+        .map(|i| range(i * 2, 1, 5))
+        .collect();
+    let bad: Vec<(&str, Vec<InlineRange>)> = vec![
+        ("none", vec![]),
+        ("an empty one", vec![range(0, 1, 5), range(10, 0, 5)]),
+        ("overlapping", vec![range(0, 10, 5), range(5, 10, 5)]),
+        ("backwards", vec![range(100, 10, 5), range(0, 10, 5)]),
+        ("past the end", vec![range(CHUNK_SIZE - 4, 5, 5)]),
+        ("too many", too_many),
+    ];
+    for (what, ranges) in bad {
+        let r = call(replicate(3, ranges)).await;
+        assert!(
+            matches!(&r, Err(e) if e.code() == ErrorCode::InvalidArgument),
+            "{what}: {r:?}"
+        );
+    }
+    let too_big = vec![
+        range(0, MAX_INLINE_WRITE_BYTES, 5),
+        range(MAX_INLINE_WRITE_BYTES as u32, 1, 5),
+    ];
+    let r = call(replicate(3, too_big)).await;
+    assert!(
+        matches!(&r, Err(e) if e.code() == ErrorCode::TooBig),
+        "{r:?}"
+    );
+    assert!(read() == want, "refused writes changed nothing");
+    let meta = s.store.chunk_meta(CHUNK).unwrap().unwrap();
+    assert!(meta.version == 2 && !meta.stale, "{meta:?}");
 }
