@@ -91,6 +91,9 @@ pub struct Client {
     resume_lock: tokio::sync::Mutex<()>,
     /// The counts of changes sent with an id, kept within a window (see `client::ops`).
     ops: ops::OpWindow,
+    /// The free bytes the last `statfs` answered, and when: what `fallocate` checks
+    /// small allocations against (`file::space_seen_suffices`).
+    pub(crate) free_seen: Mutex<Option<(std::time::Instant, u64)>>,
 }
 
 /// With a `key_file`, every connection (metadata and data servers) authenticates.
@@ -189,6 +192,7 @@ impl Client {
             held_locks: Mutex::new(HashMap::new()),
             resumed: std::sync::atomic::AtomicU64::new(hello_conn),
             ops: ops::OpWindow::default(),
+            free_seen: Mutex::new(None),
             resume_lock: tokio::sync::Mutex::new(()),
         });
         client.data.refresh_map().await?;
@@ -627,6 +631,7 @@ impl Client {
     /// File system totals.
     pub async fn statfs(&self) -> Result<FsStats> {
         let s = self.meta(fs::StatFs).await?;
+        *self.free_seen.lock() = Some((std::time::Instant::now(), s.free_bytes));
         Ok(FsStats {
             total_bytes: s.total_bytes,
             free_bytes: s.free_bytes,
