@@ -23,7 +23,9 @@
 #       in one folder, then from META_DIR_PROCS processes in a folder each; then
 #       SMALL_FILES files of SMALL_BYTES written whole (create, write, close) by 1 process
 #   (g) small writes: APPEND_RECORDS records of APPEND_BYTES, one write(2) each, to one
-#       file: plain writes; O_APPEND writes from one process; from two mounts at once
+#       file: plain writes; the same with a gap as long as each write after it (pwrite(2),
+#       every write a separate range); O_APPEND writes from one process; from two mounts
+#       at once
 #       (Tessera: a second mount of the cluster; the others: two processes on one mount)
 #   (f) asked for only: the Python package against the mount and the disk, with torch
 #       (scripts/bench-python.sh --torch, its own cluster and report; issue 29)
@@ -504,7 +506,7 @@ workload_g() {
     start_tessera_mount2 || return 1
     d2=$MNT2/tessera-bench/appends
   fi
-  for mode in plain append append2; do
+  for mode in plain strided append append2; do
     drop_caches
     py_step "$sys" "g-$mode" appends "$d" "$d2" "$APPEND_RECORDS" "$APPEND_BYTES" "$mode" ||
       return 1

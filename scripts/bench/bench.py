@@ -16,7 +16,7 @@ matplotlib for the chart).
   bench.py small-files DIR FILES BYTES
       One process writes FILES files of BYTES whole: open (O_CREAT|O_EXCL), one write,
       close, as a data set's samples or `tar x` are written. Prints JSON.
-  bench.py appends DIR DIR2 RECORDS BYTES MODE   MODE: plain | append | append2
+  bench.py appends DIR DIR2 RECORDS BYTES MODE   MODE: plain | strided | append | append2
       RECORDS records of BYTES, one os.write each, to DIR/MODE.log, then close: plain
       writes, O_APPEND writes, or O_APPEND writes from two processes at once, the second
       through DIR2 (the same folder through another mount, or DIR), RECORDS / 2 each.
@@ -177,12 +177,16 @@ def small_files(d, files, nbytes):
 # ---------------------------------------------------------------- small writes (g)
 
 def _append_part(args):
-    path, count, nbytes, flags, barrier = args
+    path, count, nbytes, flags, stride, barrier = args
     rec = (b"r" * (nbytes - 1)) + b"\n"
     barrier.wait()
     fd = os.open(path, flags, 0o644)
-    for _ in range(count):
-        os.write(fd, rec)
+    if stride:
+        for i in range(count):
+            os.pwrite(fd, rec, i * stride)
+    else:
+        for _ in range(count):
+            os.write(fd, rec)
     os.close(fd)
     return time.monotonic()
 
@@ -191,14 +195,20 @@ def appends(d, d2, records, nbytes, mode):
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, f"{mode}.log")
     os.close(os.open(path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644))
+    want = records * nbytes
     if mode == "plain":
-        parts = [(path, records, nbytes, os.O_WRONLY)]
+        parts = [(path, records, nbytes, os.O_WRONLY, 0)]
+    elif mode == "strided":
+        # Each write leaves a gap as long as itself: every write a separate range.
+        parts = [(path, records, nbytes, os.O_WRONLY, 2 * nbytes)]
+        want = (2 * records - 1) * nbytes
     elif mode == "append":
-        parts = [(path, records, nbytes, os.O_WRONLY | os.O_APPEND)]
+        parts = [(path, records, nbytes, os.O_WRONLY | os.O_APPEND, 0)]
     else:
         half = records // 2
         flags = os.O_WRONLY | os.O_APPEND
-        parts = [(path, half, nbytes, flags), (os.path.join(d2, f"{mode}.log"), half, nbytes, flags)]
+        parts = [(path, half, nbytes, flags, 0),
+                 (os.path.join(d2, f"{mode}.log"), half, nbytes, flags, 0)]
     with mp.Manager() as m:
         barrier = m.Barrier(len(parts) + 1)
         with mp.Pool(len(parts)) as pool:
@@ -212,11 +222,11 @@ def appends(d, d2, records, nbytes, mode):
     # attributes expire (a second at most).
     for _ in range(50):
         size = os.stat(path).st_size
-        if size == total * nbytes:
+        if size == want:
             break
         time.sleep(0.1)
-    if size != total * nbytes:
-        raise SystemExit(f"{path}: {size} bytes, {total * nbytes} written")
+    if size != want:
+        raise SystemExit(f"{path}: {size} bytes, {want} expected")
     print(json.dumps({"mode": mode, "writes": total, "seconds": secs, "ops_s": total / secs}))
 
 
@@ -296,6 +306,8 @@ METRICS = [
      "(e) small files written whole", "files/s"),
     ("plain_writes_s", "(g) small writes to one file, {APPENDS}, + close", "(g) small writes",
      "writes/s"),
+    ("strided_writes_s", "(g) the same with a gap as long as each write after it (separate ranges)",
+     "(g) small writes, separate", "writes/s"),
     ("append_writes_s", "(g) the same with O_APPEND, 1 process", "(g) O_APPEND, 1 writer",
      "writes/s"),
     ("append2_writes_s", "(g) O_APPEND from 2 mounts at once (peers: 2 processes)",
