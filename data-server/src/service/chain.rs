@@ -19,7 +19,9 @@ use crate::error::DataError;
 use crate::metrics::OneSided;
 use crate::store::{ChunkStore, Fill, ReplicaFields, Stamp};
 use bytes::Bytes;
-use proto::data::{fits_inline, InlineRange, MAX_INLINE_WRITE_BYTES, MAX_WRITE_RANGES};
+use proto::data::{
+    fits_inline, fits_ranges, InlineRange, MAX_INLINE_WRITE_BYTES, MAX_WRITE_RANGES,
+};
 use proto::data::{ChunkMeta, Placement, ReplicaData, Replicate};
 use proto::meta::{ClusterMap, MemberState};
 use proto::{ChainId, ChunkId, NodeId, RemoteBuf};
@@ -215,7 +217,7 @@ impl Inner {
         pool: &BufferPool,
     ) -> Result<bool, DataError> {
         if let Source::Ranges(ranges) = &s.w.src {
-            return self.apply_ranges(s, ranges, stamp).await;
+            return self.apply_ranges(s, ranges, stamp, pool).await;
         }
         let Step {
             map,
@@ -315,6 +317,7 @@ impl Inner {
         s: Step<'_>,
         ranges: &[(u32, Bytes)],
         stamp: Stamp,
+        pool: &BufferPool,
     ) -> Result<bool, DataError> {
         let w = s.w;
         let next = match s.order.get(s.pos + 1) {
@@ -331,6 +334,11 @@ impl Inner {
             let Some((node, next)) = &next else {
                 return Ok(());
             };
+            let bytes = ranges.iter().map(|(_, b)| b.len()).sum();
+            if !fits_ranges(ranges.len(), bytes, next.max_request_bytes()) {
+                let each = forward_each(next, w, ranges, stamp, pool);
+                return self.unless_down(*node, each).await;
+            }
             let data = ranges
                 .iter()
                 .map(|(at, b)| InlineRange {
@@ -497,6 +505,32 @@ pub(super) fn check_ranges(
         out.push((r.offset, Bytes::from(r.data)));
     }
     Ok(out)
+}
+
+/// Passes the ranges of a write to a successor that takes smaller requests than they
+/// need together, one range at a time (each inline or READ from a buffer, as
+/// [`forward`] decides), all with the write's stamp: the first moves the successor's
+/// version, the others find it moved, as retries of it would.
+async fn forward_each(
+    next: &Connection,
+    w: &ChainWrite,
+    ranges: &[(u32, Bytes)],
+    stamp: Stamp,
+    pool: &BufferPool,
+) -> Result<(), DataError> {
+    let buf = pool.take().await;
+    let mr: MemoryRegion = buf.mr().clone();
+    for (at, bytes) in ranges {
+        let n = bytes.len();
+        mr.lock()
+            .get_mut(..n)
+            .ok_or_else(|| {
+                DataError::TooBig(format!("a range of {n} bytes: larger than a buffer"))
+            })?
+            .copy_from_slice(bytes);
+        forward(next, w, *at, stamp, Some(&mr), n as u32).await?;
+    }
+    Ok(())
 }
 
 /// Passes one step to the successor: with the bytes inline when they are few, else it

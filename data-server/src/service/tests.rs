@@ -381,3 +381,86 @@ async fn a_write_of_ranges_stores_each_once_and_refuses_bad_ranges() {
     let meta = s.store.chunk_meta(CHUNK).unwrap().unwrap();
     assert!(meta.version == 2 && !meta.stale, "{meta:?}");
 }
+
+/// A data service for a two-member chain test: `me` in a chain of `HEAD` then `ME`,
+/// listening with `config`.
+async fn chain_member(
+    me: NodeId,
+    config: TransportConfig,
+) -> (DataService, Arc<ChunkStore>, Listener, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(ChunkStore::open(dir.path(), 1 << 30).unwrap());
+    let ep = Endpoint::new(Backend::Tcp, config, PROTOCOL_VERSION).unwrap();
+    let pool = || BufferPool::new(&ep, 2, 64 << 10).unwrap();
+    let pools = Pools {
+        io: pool(),
+        relay: pool(),
+        tail: pool(),
+    };
+    let view = Arc::new(ClusterView::new(ep.clone(), "127.0.0.1:1".into()));
+    view.set_me(me);
+    let max_msg_bytes = ep.config().max_msg_bytes;
+    let service = DataService::new(store.clone(), pools, max_msg_bytes, view, None);
+    let listener = ep
+        .listen("127.0.0.1:0", Arc::new(service.clone()))
+        .await
+        .unwrap();
+    (service, store, listener, dir)
+}
+
+/// Guards against a batch of ranges that the head stored but could not pass to a
+/// successor taking smaller requests (its `max_msg_bytes`): the head passes the ranges
+/// one at a time, and the tail ends with every byte and the write's version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_passes_ranges_one_by_one_to_a_successor_taking_small_requests() {
+    let small = TransportConfig {
+        max_msg_bytes: 8192,
+        ..TransportConfig::default()
+    };
+    let (head, head_store, head_l, _d1) = chain_member(HEAD, TransportConfig::default()).await;
+    let (tail, tail_store, tail_l, _d2) = chain_member(ME, small).await;
+    let mut m = map();
+    m.nodes[0].addr = head_l.local_addr().to_string();
+    m.nodes[1].addr = tail_l.local_addr().to_string();
+    head.inner.view.offer(m.clone());
+    tail.inner.view.offer(m);
+    let client_ep =
+        Endpoint::new(Backend::Tcp, TransportConfig::default(), PROTOCOL_VERSION).unwrap();
+    let conn = client_ep
+        .connect(&head_l.local_addr().to_string())
+        .await
+        .unwrap();
+    // 3 x 5,000 bytes: too much for one 8 KiB request, each fits one.
+    let ranges: Vec<InlineRange> = (0..3u32)
+        .map(|i| InlineRange {
+            offset: i * 10_000 + 7,
+            data: vec![i as u8 + 1; 5_000],
+        })
+        .collect();
+    let req = proto::data::WriteRanges {
+        chunk: CHUNK,
+        place: PLACE,
+        chunk_size_bytes: CHUNK_SIZE,
+        ranges: ranges.clone(),
+        grant: None,
+    };
+    let moved = tokio::time::timeout(CALL_TIMEOUT, call_peer(&conn, req))
+        .await
+        .expect("the write hung")
+        .expect("a write of ranges through a chain with a small successor");
+    assert_eq!(moved.len, 15_000);
+    for store in [&head_store, &tail_store] {
+        let mut got = vec![0xEEu8; 30_000];
+        store.read(CHUNK, CHUNK_SIZE, 0, &mut got).unwrap();
+        for r in &ranges {
+            let at = r.offset as usize;
+            assert!(got[at..at + r.data.len()] == r.data[..], "range at {at}");
+        }
+        assert!(
+            got[..7].iter().all(|&b| b == 0),
+            "bytes before the first range"
+        );
+        let meta = store.chunk_meta(CHUNK).unwrap().unwrap();
+        assert!(meta.version == 1 && !meta.stale, "{meta:?}");
+    }
+}

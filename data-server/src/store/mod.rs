@@ -5,17 +5,20 @@
 //!
 //! # Updates and crashes
 //!
-//! A write changes the blocks it touches in three steps, each finished before the next
-//! starts:
+//! A write (one range, or several separate ranges of the chunk stored as one write)
+//! changes the blocks it touches in three steps, each finished before the next starts:
 //!
-//! 1. *intent*: one `pwrite` of their entries. A block that holds data gets *pending*,
-//!    with the crc of the version it holds (a partially covered block is read and
-//!    verified first; writing into a corrupt block is refused) and the crc of its new
-//!    version. A block without data gets *pending first*.
-//! 2. the data, with `pwrite`. A partially covered block that holds data is merged and
-//!    only the new bytes are written; one without data is written whole up to the chunk's
-//!    end, over any stray bytes a crash left there.
-//! 3. *done*: one `pwrite` of their entries, now *stable* with the new crc.
+//! 1. *intent*: one `pwrite` of the entries from its first block to its last. A block
+//!    that holds data gets *pending*, with the crc of the version it holds (a partially
+//!    covered block is read and verified first; writing into a corrupt block is refused)
+//!    and the crc of its new version. A block without data gets *pending first*. The
+//!    entries of blocks between separate ranges are written as they were read, under
+//!    the chunk's lock: the same bytes, so a crash leaves them as they were.
+//! 2. the data, with `pwrite`. A partially covered block that holds data is merged (once,
+//!    however many ranges share it) and written from the first new byte to the last,
+//!    the unchanged bytes between them as they were; one without data is written whole
+//!    up to the chunk's end, over any stray bytes a crash left there.
+//! 3. *done*: one `pwrite` of the same entries, now *stable* with the new crc.
 //!
 //! A truncation that cuts the file goes the same way: (1) the block holding the new end
 //! becomes pending (its old crc, and the crc of its bytes cut at the new end) and the

@@ -5,7 +5,7 @@ use std::ops::Range;
 /// Ranges a segment may hold before it is sent, so scattered small writes go out in
 /// batches rather than piling up without bound. Small ranges of one chunk travel
 /// together, up to `proto::data::MAX_WRITE_RANGES` (as many as this) and 64 KiB in one
-/// chain write, so a full list of 512-byte writes is eight chain writes.
+/// chain write, so a full list of 512-byte writes into one chunk is eight chain writes.
 pub(crate) const MAX_EXTENTS_PER_SEGMENT: usize = 1024;
 
 /// Written ranges of one segment, as offsets within it: sorted, disjoint, and with

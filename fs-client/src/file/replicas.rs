@@ -295,10 +295,11 @@ impl DataPath {
         let conn = self.data_conn(head).await?;
         let bytes: u32 = ps.iter().map(|p| p.len).sum();
         if !fits_ranges(ps.len(), bytes as usize, conn.max_request_bytes()) {
-            for p in ps {
+            let each = ps.iter().map(|p| {
                 let g = file_grant.clone();
-                self.write_to(head, map, layout, *p, Some(mr), g).await?;
-            }
+                self.write_to(head, map, layout, *p, Some(mr), g)
+            });
+            futures::future::try_join_all(each).await?;
             return Ok(());
         }
         let ranges = {
