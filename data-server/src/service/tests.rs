@@ -66,8 +66,7 @@ fn map() -> ClusterMap {
 
 /// Starts the service with `CHUNK` holding `LEN` bytes of `0xaa` at version 1.
 async fn served() -> Served {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(ChunkStore::open(dir.path(), 1 << 30).unwrap());
+    let (service, store, listener, dir) = chain_member(ME, TransportConfig::default()).await;
     store.write(CHUNK, CHUNK_SIZE, 0, &[0xaa; LEN]).unwrap();
     let fields = ReplicaFields {
         chain: CHAIN,
@@ -75,24 +74,9 @@ async fn served() -> Served {
         stale: false,
     };
     store.set_replica(CHUNK, fields).unwrap();
-    let ep = Endpoint::new(Backend::Tcp, TransportConfig::default(), PROTOCOL_VERSION).unwrap();
-    let pool = || BufferPool::new(&ep, 2, 64 << 10).unwrap();
-    let pools = Pools {
-        io: pool(),
-        relay: pool(),
-        tail: pool(),
-    };
     // Every request names the map the view holds: the view never calls the metadata
     // server (nobody listens at its address).
-    let view = Arc::new(ClusterView::new(ep.clone(), "127.0.0.1:1".into()));
-    view.set_me(ME);
-    view.offer(map());
-    let max_msg_bytes = ep.config().max_msg_bytes;
-    let service = DataService::new(store.clone(), pools, max_msg_bytes, view, None);
-    let listener = ep
-        .listen("127.0.0.1:0", Arc::new(service.clone()))
-        .await
-        .unwrap();
+    service.inner.view.offer(map());
     let client_ep =
         Endpoint::new(Backend::Tcp, TransportConfig::default(), PROTOCOL_VERSION).unwrap();
     let client = client_ep
@@ -382,8 +366,8 @@ async fn a_write_of_ranges_stores_each_once_and_refuses_bad_ranges() {
     assert!(meta.version == 2 && !meta.stale, "{meta:?}");
 }
 
-/// A data service for a two-member chain test: `me` in a chain of `HEAD` then `ME`,
-/// listening with `config`.
+/// A data service on 127.0.0.1 as `me` (of `HEAD` and `ME`), listening with `config`;
+/// its view holds no map until one is offered.
 async fn chain_member(
     me: NodeId,
     config: TransportConfig,
