@@ -451,3 +451,46 @@ fn cp_a_and_rsync_x_keep_xattrs_both_ways() {
         );
     }
 }
+
+/// Guards against a write through the library (the Python package's path, with no
+/// kernel to call `file_remove_privs`) leaving the file's capabilities in place, as a
+/// write through a mount never does: a plain write and an append each remove them.
+#[test]
+fn library_writes_drop_file_capabilities() {
+    use fs_client::api::{OpenOptions, Options, Tessera};
+    let cluster = ProcessCluster::start(1);
+    let m = cluster.mount("mnt");
+    let cap = capability_blob();
+    for name in ["written", "appended"] {
+        let f = m.path.join(name);
+        fs::write(&f, vec![b'#'; 4096]).unwrap();
+        setxattr(&f, "security.capability", &cap, 0).unwrap();
+    }
+    let options = Options {
+        config: cluster.client_config(),
+        ..Options::new()
+    };
+    let lib = Tessera::connect(&[cluster.meta_addr()], options).unwrap();
+    let how = OpenOptions {
+        write: true,
+        ..OpenOptions::new()
+    };
+    let f = lib.open("/written", &how).unwrap();
+    f.write_at(b"lib", 10).unwrap();
+    f.close().unwrap();
+    let how = OpenOptions {
+        write: true,
+        append: true,
+        ..OpenOptions::new()
+    };
+    let f = lib.open("/appended", &how).unwrap();
+    f.append(b"more\n").unwrap();
+    f.close().unwrap();
+    drop(lib);
+    // A fresh mount: the first one's kernel and client may keep the attribute cached.
+    let other = cluster.mount("other");
+    for name in ["written", "appended"] {
+        let e = getxattr(&other.path.join(name), "security.capability");
+        assert_eq!(err(name, e), libc::ENODATA, "{name} through the library");
+    }
+}

@@ -10,6 +10,7 @@ use futures::stream::{self, StreamExt};
 use parking_lot::RwLock;
 use proto::meta::OpenAccess;
 use proto::{FileKind, SetAttr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
 /// How to open a file, as `open(2)`'s flags say it.
@@ -114,6 +115,8 @@ pub struct File {
     fh: RwLock<Option<FileHandle>>,
     access: OpenAccess,
     append: bool,
+    /// This handle's first write removed what a local write removes (`drop_privs`).
+    privs_dropped: AtomicBool,
 }
 
 impl std::fmt::Debug for File {
@@ -230,6 +233,7 @@ pub(super) async fn open_for(
         fh: RwLock::new(Some(fh)),
         access,
         append: how.append,
+        privs_dropped: AtomicBool::new(false),
     })
 }
 
@@ -357,8 +361,37 @@ impl File {
                 // As pwrite(2) of nothing: no change, not even of the length.
                 return Ok(0);
             }
+            self.drop_privs(fh)?;
             sh.block_on(sh.client.write(fh, offset, buf))
         })
+    }
+
+    /// Before this handle's first write, what a local write does to the file
+    /// (`file_remove_privs`), which no kernel does for the library: removes its file
+    /// capabilities (whoever writes), and its setuid bit, and setgid with group-exec (or
+    /// for a writer outside its group), for a writer other than root. Once per handle:
+    /// a bit set again while the handle is open stays. No call for a file this client
+    /// knows to be plain (made by it, or asked within the attribute TTL).
+    fn drop_privs(&self, fh: &FileHandle) -> Result<()> {
+        if self.privs_dropped.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let sh = &self.shared;
+        let (ino, attr) = (fh.ino(), fh.state.known_attr());
+        let me = super::caller();
+        if !me.is_root() && attr.perm & 0o6000 != 0 {
+            let groups: &[u32] = if me.in_group(attr.gid) {
+                &[attr.gid]
+            } else {
+                &[]
+            };
+            sh.block_on(sh.client.kill_privs(ino, Some(groups)))?;
+        }
+        if !sh.client.capability_known_absent(ino) {
+            sh.block_on(sh.client.drop_capability(ino))?;
+        }
+        self.privs_dropped.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Writes `buf` at the end of the file as the metadata server sees it (appends
@@ -369,6 +402,7 @@ impl File {
             if buf.is_empty() {
                 return Ok(fh.state.size());
             }
+            self.drop_privs(fh)?;
             sh.block_on(sh.client.append(fh, buf))
         })
     }
