@@ -376,20 +376,24 @@ impl File {
         if self.privs_dropped.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let sh = &self.shared;
-        let (ino, attr) = (fh.ino(), fh.state.known_attr());
+        let (sh, ino, attr) = (&self.shared, fh.ino(), fh.state.known_attr());
         let me = super::caller();
-        if !me.is_root() && attr.perm & 0o6000 != 0 {
-            let groups: &[u32] = if me.in_group(attr.gid) {
-                &[attr.gid]
-            } else {
-                &[]
-            };
-            sh.block_on(sh.client.kill_privs(ino, Some(groups)))?;
-        }
-        if !sh.client.capability_known_absent(ino) {
-            sh.block_on(sh.client.drop_capability(ino))?;
-        }
+        // `kill_privs` decides from fresh attributes; the known ones spare its getattr
+        // for the files that have neither bit. The writer's groups as it wants them:
+        // the file's group if the writer is in it.
+        let in_group = me.in_group(attr.gid).then_some(attr.gid);
+        let kill_suid = !me.is_root() && attr.perm & 0o6000 != 0;
+        let drop_caps = !sh.client.capability_known_absent(ino);
+        sh.block_on(async {
+            if kill_suid {
+                let groups: &[u32] = in_group.as_slice();
+                sh.client.kill_privs(ino, Some(groups)).await?;
+            }
+            if drop_caps {
+                sh.client.drop_capability(ino).await?;
+            }
+            Ok(())
+        })?;
         self.privs_dropped.store(true, Ordering::Relaxed);
         Ok(())
     }
