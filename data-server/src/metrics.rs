@@ -4,7 +4,7 @@
 
 use crate::error::StartError;
 use crate::store::{ChunkStore, StoreIo};
-use proto::data::{DataRequest, ReplicaData};
+use proto::data::{DataRequest, InlineRange, ReplicaData};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use telemetry::{Histogram, IntCounter, Metrics, RequestFamilies, RequestMetrics};
@@ -141,14 +141,21 @@ impl Payload {
             D::ReadInline(r) => Some((Read, u64::from(r.len))),
             D::WriteChunk(r) => Some((Written, r.src.len)),
             D::WriteInline(r) => Some((Written, r.data.len() as u64)),
+            D::WriteRanges(r) => Some((Written, ranges_len(&r.ranges))),
             D::Replicate(r) => match &r.data {
                 ReplicaData::Bytes(b) => Some((Replicated, b.len)),
                 ReplicaData::Inline(d) => Some((Replicated, d.len() as u64)),
+                ReplicaData::Ranges(r) => Some((Replicated, ranges_len(r))),
                 ReplicaData::Zeros(_) => None,
             },
             _ => None,
         })
     }
+}
+
+/// Bytes of a write's ranges.
+fn ranges_len(ranges: &[InlineRange]) -> u64 {
+    ranges.iter().map(|r| r.data.len() as u64).sum()
 }
 
 fn on_scrape(

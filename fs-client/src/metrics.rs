@@ -141,6 +141,10 @@ impl ClientMetrics {
             DataRequest::ReadInline(r) => self.read_bytes.inc_by(u64::from(r.len)),
             DataRequest::WriteChunk(r) => self.written_bytes.inc_by(r.src.len),
             DataRequest::WriteInline(r) => self.written_bytes.inc_by(r.data.len() as u64),
+            DataRequest::WriteRanges(r) => {
+                let bytes = r.ranges.iter().map(|x| x.data.len() as u64).sum();
+                self.written_bytes.inc_by(bytes)
+            }
             _ => {}
         }
     }

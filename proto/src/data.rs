@@ -17,6 +17,13 @@ use serde::{Deserialize, Serialize};
 /// read whose bytes travel inside the reply ([`ReadInline`]).
 pub const MAX_INLINE_WRITE_BYTES: usize = 64 * 1024;
 
+/// Most ranges one [`WriteRanges`] (or [`ReplicaData::Ranges`]) carries.
+pub const MAX_WRITE_RANGES: usize = 1024;
+
+/// Room each range of a [`WriteRanges`] takes in a request beside its bytes (its offset
+/// and its bytes' length, encoded: at most ten bytes, rounded up).
+const RANGE_HEADROOM_BYTES: usize = 16;
+
 /// Room left in a request for everything but an inline write's bytes (ids, placement,
 /// offsets: under a hundred bytes encoded).
 const INLINE_HEADROOM_BYTES: usize = 1024;
@@ -26,6 +33,14 @@ const INLINE_HEADROOM_BYTES: usize = 1024;
 /// at most that).
 pub fn fits_inline(len: usize, max_request_bytes: usize) -> bool {
     len <= MAX_INLINE_WRITE_BYTES && len + INLINE_HEADROOM_BYTES <= max_request_bytes
+}
+
+/// Whether `count` ranges holding `bytes` in all may travel in one [`WriteRanges`] on a
+/// connection whose peer takes requests of at most `max_request_bytes`.
+pub fn fits_ranges(count: usize, bytes: usize, max_request_bytes: usize) -> bool {
+    count <= MAX_WRITE_RANGES
+        && fits_inline(bytes, max_request_bytes)
+        && bytes + count * RANGE_HEADROOM_BYTES + INLINE_HEADROOM_BYTES <= max_request_bytes
 }
 
 crate::rpc_requests! {
@@ -46,6 +61,7 @@ crate::rpc_requests! {
         Usage => DiskUsage, "usage", idempotent: true;
         // Last, so that the others keep their wire tags.
         ReadInline => InlineBytes, "read_inline", idempotent: true;
+        WriteRanges => Moved, "write_ranges", idempotent: true;
     }
 }
 
@@ -127,6 +143,35 @@ pub struct WriteInline {
     /// The metadata server's grant for the chunk's file (`None` only where the cluster
     /// runs without keys).
     pub grant: Option<Grant>,
+}
+
+/// Writes several separate small ranges of one chunk, their bytes carried in the request
+/// (at most [`MAX_WRITE_RANGES`], [`MAX_INLINE_WRITE_BYTES`] in all), as one chain write:
+/// one version step and one pass down the chain for all of them, where a write of each
+/// would take a pass of its own. Sent to the head, like `WriteChunk`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteRanges {
+    /// The chunk.
+    pub chunk: ChunkId,
+    /// Where the chunk lives and how many copies the file asks for.
+    pub place: Placement,
+    /// The file's chunk size.
+    pub chunk_size_bytes: u32,
+    /// The ranges: in ascending order, not overlapping, none empty, each inside the chunk.
+    pub ranges: Vec<InlineRange>,
+    /// The metadata server's grant for the chunk's file (`None` only where the cluster
+    /// runs without keys).
+    pub grant: Option<Grant>,
+}
+
+/// One range of a [`WriteRanges`]: bytes and where they go in the chunk.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InlineRange {
+    /// Offset within the chunk.
+    pub offset: u32,
+    /// The bytes.
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
 }
 
 /// Writes `len` zero bytes at `offset` of a chunk (a punched hole), without moving
@@ -267,6 +312,9 @@ pub enum ReplicaData {
     Zeros(u32),
     /// The bytes themselves (at most [`MAX_INLINE_WRITE_BYTES`]).
     Inline(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// Separate ranges with their bytes, as a [`WriteRanges`] carries them (the
+    /// request's `offset` is the first one's).
+    Ranges(Vec<InlineRange>),
 }
 
 /// What a data server knows of one of its chunks.

@@ -42,8 +42,10 @@ pub use rpc::{Request, Rpc, RpcResult};
 /// back its locks from a restarted or standby server). 21: `OpenAt` (a lookup and an
 /// open, and the first read's access time, in one call). 22: `data::ReadInline` (a small
 /// read's bytes in the reply). 23: `FsCall::op` (a change's id, applied once). 24:
-/// `Link::kernel_checked` (the mount's kernel applied its hard-link rule).
-pub const PROTOCOL_VERSION: u16 = 24;
+/// `Link::kernel_checked` (the mount's kernel applied its hard-link rule). 25:
+/// `data::WriteRanges` and `ReplicaData::Ranges` (separate small ranges of a chunk in one
+/// chain write).
+pub const PROTOCOL_VERSION: u16 = 25;
 
 /// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
 pub const MAX_NAME_BYTES: usize = 255;

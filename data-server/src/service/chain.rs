@@ -19,10 +19,13 @@ use crate::error::DataError;
 use crate::metrics::OneSided;
 use crate::store::{ChunkStore, Fill, ReplicaFields, Stamp};
 use bytes::Bytes;
-use proto::data::fits_inline;
+use proto::data::{
+    fits_inline, fits_ranges, InlineRange, MAX_INLINE_WRITE_BYTES, MAX_WRITE_RANGES,
+};
 use proto::data::{ChunkMeta, Placement, ReplicaData, Replicate};
 use proto::meta::{ClusterMap, MemberState};
 use proto::{ChainId, ChunkId, NodeId, RemoteBuf};
+use std::future::Future;
 use transport::{Access, BufferPool, Connection, MemoryRegion};
 
 /// Where a write's bytes come from at one member.
@@ -34,6 +37,9 @@ pub(super) enum Source {
     Zeros(u32),
     /// Carried in the request (a small write).
     Inline(Bytes),
+    /// Separate ranges of the chunk, `(offset, bytes)`, carried in the request (small
+    /// scattered writes): checked by [`check_ranges`], stored and passed on in one step.
+    Ranges(Vec<(u32, Bytes)>),
 }
 
 impl Source {
@@ -42,6 +48,7 @@ impl Source {
             Source::Remote(b) => b.len,
             Source::Zeros(n) => u64::from(*n),
             Source::Inline(b) => b.len() as u64,
+            Source::Ranges(r) => r.iter().map(|(_, b)| b.len() as u64).sum(),
         }
     }
 }
@@ -209,6 +216,9 @@ impl Inner {
         stamp: Stamp,
         pool: &BufferPool,
     ) -> Result<bool, DataError> {
+        if let Source::Ranges(ranges) = &s.w.src {
+            return self.apply_ranges(s, ranges, stamp, pool).await;
+        }
         let Step {
             map,
             order,
@@ -246,6 +256,11 @@ impl Inner {
                     Some(mr.clone())
                 }
                 Source::Zeros(_) => None,
+                // Never here: `apply` hands such writes to `apply_ranges` first.
+                Source::Ranges(_) => {
+                    result = Err(DataError::Task("ranges are stored by apply_ranges".into()));
+                    break;
+                }
                 // Copied into a registered buffer like a READ would: the store and a
                 // successor too large for inline bytes then take it the same way.
                 Source::Inline(bytes) => {
@@ -263,12 +278,8 @@ impl Inner {
                 let Some((node, next)) = &next else {
                     return Ok(());
                 };
-                tokio::select! {
-                    biased;
-                    r = forward(next, w, at, stamp, data.as_ref(), n) => r,
-                    () = self.view.until_down(*node) => Err(DataError::Unavailable(format!("successor {node} stopped answering and its lease ran out"),
-                    )),
-                }
+                self.unless_down(*node, forward(next, w, at, stamp, data.as_ref(), n))
+                    .await
             };
             let (l, f) = tokio::join!(local, forward);
             let (stored, rec) = l;
@@ -291,10 +302,79 @@ impl Inner {
                 // version moves, so a later comparison sees this copy differ from one
                 // that missed the write.
                 let store = self.store.clone();
-                let (chunk, cs, at) = (w.chunk, w.chunk_size, w.offset);
-                let v = blocking(move || store.write_versioned(chunk, cs, at, None, stamp)).await?;
+                let (chunk, cs) = (w.chunk, w.chunk_size);
+                let v = blocking(move || store.write_versioned(chunk, cs, &[], stamp)).await?;
                 result.map(|()| v.stale)
             }
+        }
+    }
+
+    /// [`Inner::apply`] for a write of separate ranges ([`Source::Ranges`]): their bytes
+    /// came in the request, so all of them are stored and recorded in one call to the
+    /// blocking pool and passed on in one request, while no buffer is taken.
+    async fn apply_ranges(
+        &self,
+        s: Step<'_>,
+        ranges: &[(u32, Bytes)],
+        stamp: Stamp,
+        pool: &BufferPool,
+    ) -> Result<bool, DataError> {
+        let w = s.w;
+        let next = match s.order.get(s.pos + 1) {
+            Some(&n) => Some((n, self.view.peer(s.map, n).await?)),
+            None => None,
+        };
+        let (store, owned) = (self.store.clone(), ranges.to_vec());
+        let (chunk, cs) = (w.chunk, w.chunk_size);
+        let local = blocking(move || {
+            let fills: Vec<_> = owned.iter().map(|(at, b)| (*at, Fill::Bytes(b))).collect();
+            store.write_versioned(chunk, cs, &fills, stamp)
+        });
+        let forward = async {
+            let Some((node, next)) = &next else {
+                return Ok(());
+            };
+            let bytes = ranges.iter().map(|(_, b)| b.len()).sum();
+            if !fits_ranges(ranges.len(), bytes, next.max_request_bytes()) {
+                let each = forward_each(next, w, ranges, stamp, pool);
+                return self.unless_down(*node, each).await;
+            }
+            let data = ranges
+                .iter()
+                .map(|(at, b)| InlineRange {
+                    offset: *at,
+                    data: b.to_vec(),
+                })
+                .collect();
+            let req = Replicate {
+                chunk,
+                place: w.place,
+                chunk_size_bytes: cs,
+                offset: w.offset,
+                version: stamp.version,
+                base_version: stamp.base,
+                data: ReplicaData::Ranges(data),
+            };
+            self.unless_down(*node, async { call_peer(next, req).await.map(drop) })
+                .await
+        };
+        let (local, forwarded) = tokio::join!(local, forward);
+        let v = local?;
+        v.stored.and(forwarded).map(|()| v.stale)
+    }
+
+    /// `f`, a call to the successor `node`, unless `node`'s lease runs out first.
+    async fn unless_down(
+        &self,
+        node: NodeId,
+        f: impl Future<Output = Result<(), DataError>>,
+    ) -> Result<(), DataError> {
+        tokio::select! {
+            biased;
+            r = f => r,
+            () = self.view.until_down(node) => Err(DataError::Unavailable(format!(
+                "successor {node} stopped answering and its lease ran out"
+            ))),
         }
     }
 
@@ -320,7 +400,7 @@ impl Inner {
             };
             match record {
                 Some(stamp) => {
-                    let v = store.write_versioned(chunk, cs, at, Some(fill), stamp)?;
+                    let v = store.write_versioned(chunk, cs, &[(at, fill)], stamp)?;
                     Ok((v.stored, Some(v.stale)))
                 }
                 None => Ok((store.write_fill(chunk, cs, at, fill), None)),
@@ -381,6 +461,76 @@ fn check_len(w: &ChainWrite) -> Result<u32, DataError> {
         .ok()
         .filter(|l| u64::from(w.offset) + u64::from(*l) <= u64::from(w.chunk_size))
         .ok_or_else(|| range_error(w.offset, w.src.len().min(u64::from(u32::MAX)) as u32))
+}
+
+/// Checks the ranges of a [`proto::data::WriteRanges`] (or of the replicated write it
+/// became) for a chunk of `chunk_size` bytes: at least one and at most
+/// [`MAX_WRITE_RANGES`], none empty, in ascending order without overlaps, inside the
+/// chunk, and [`MAX_INLINE_WRITE_BYTES`] at most in all.
+pub(super) fn check_ranges(
+    ranges: Vec<InlineRange>,
+    chunk_size: u32,
+) -> Result<Vec<(u32, Bytes)>, DataError> {
+    let bad = |what: String| {
+        Err(DataError::InvalidArgument(format!(
+            "write of ranges: {what}"
+        )))
+    };
+    if ranges.is_empty() || ranges.len() > MAX_WRITE_RANGES {
+        return bad(format!(
+            "{} ranges, 1 to {MAX_WRITE_RANGES} allowed",
+            ranges.len()
+        ));
+    }
+    let total: usize = ranges.iter().map(|r| r.data.len()).sum();
+    if total > MAX_INLINE_WRITE_BYTES {
+        return Err(DataError::TooBig(format!(
+            "write of ranges: {total} bytes, limit {MAX_INLINE_WRITE_BYTES}"
+        )));
+    }
+    let mut next_free = 0u64;
+    let mut out = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        let (start, end) = (
+            u64::from(r.offset),
+            u64::from(r.offset) + r.data.len() as u64,
+        );
+        if r.data.is_empty() || start < next_free || end > u64::from(chunk_size) {
+            return bad(format!(
+                "range {start}..{end} is empty, overlaps or precedes the one before, or \
+                 passes the chunk's {chunk_size} bytes"
+            ));
+        }
+        next_free = end;
+        out.push((r.offset, Bytes::from(r.data)));
+    }
+    Ok(out)
+}
+
+/// Passes the ranges of a write to a successor that takes smaller requests than they
+/// need together, one range at a time (each inline or READ from a buffer, as
+/// [`forward`] decides), all with the write's stamp: the first moves the successor's
+/// version, the others find it moved, as retries of it would.
+async fn forward_each(
+    next: &Connection,
+    w: &ChainWrite,
+    ranges: &[(u32, Bytes)],
+    stamp: Stamp,
+    pool: &BufferPool,
+) -> Result<(), DataError> {
+    let buf = pool.take().await;
+    let mr: MemoryRegion = buf.mr().clone();
+    for (at, bytes) in ranges {
+        let n = bytes.len();
+        mr.lock()
+            .get_mut(..n)
+            .ok_or_else(|| {
+                DataError::TooBig(format!("a range of {n} bytes: larger than a buffer"))
+            })?
+            .copy_from_slice(bytes);
+        forward(next, w, *at, stamp, Some(&mr), n as u32).await?;
+    }
+    Ok(())
 }
 
 /// Passes one step to the successor: with the bytes inline when they are few, else it

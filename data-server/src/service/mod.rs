@@ -28,7 +28,7 @@ use pause::PausePoint;
 use proto::data::{
     fits_inline, ChunkInfo, ChunkMeta, DataRequest, DeleteFile, DiskUsage, Fsync, InlineBytes,
     ListChunks, Moved, Placement, ReadChunk, ReadInline, Repair, ReplicaData, Replicate,
-    TruncateFile, Usage, WriteChunk, WriteInline, WriteZeros, MAX_INLINE_WRITE_BYTES,
+    TruncateFile, Usage, WriteChunk, WriteInline, WriteRanges, WriteZeros, MAX_INLINE_WRITE_BYTES,
 };
 use proto::grant::GrantMode;
 use proto::{codec, rpc, ChunkId, ProtoError, RemoteBuf, Request, Rpc, WireError};
@@ -263,6 +263,7 @@ impl Inner {
             D::ReadChunk(r) => answer(self.read_chunk(conn, r).await, limit),
             D::WriteChunk(r) => answer(self.write_chunk(conn, r).await, limit),
             D::WriteInline(r) => answer(self.write_inline(conn, r).await, limit),
+            D::WriteRanges(r) => answer(self.write_ranges(conn, r).await, limit),
             D::ReadInline(r) => answer(self.read_inline(conn, r).await, limit),
             D::WriteZeros(r) => answer(self.write_zeros(conn, r).await, limit),
             D::Replicate(r) => answer(self.replicate_in(conn, r).await, limit),
@@ -290,6 +291,7 @@ impl Inner {
             D::ReadChunk(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, Read),
             D::WriteChunk(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, ReadWrite),
             D::WriteInline(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, ReadWrite),
+            D::WriteRanges(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, ReadWrite),
             D::ReadInline(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, Read),
             D::WriteZeros(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, ReadWrite),
             // A cut grant allows a truncation to its own length.
@@ -412,6 +414,17 @@ impl Inner {
         Ok(Moved { len })
     }
 
+    async fn write_ranges(&self, conn: &Connection, r: WriteRanges) -> Reply<WriteRanges> {
+        let (chunk, count) = (r.chunk, r.ranges.len());
+        let ranges = chain::check_ranges(r.ranges, r.chunk_size_bytes)?;
+        let offset = ranges.first().map_or(0, |(at, _)| *at);
+        let src = Source::Ranges(ranges);
+        let w = ChainWrite::new(chunk, r.place, r.chunk_size_bytes, offset, src);
+        let len = self.head_write(conn, w).await?;
+        debug!(%chunk, count, len, "written in ranges");
+        Ok(Moved { len })
+    }
+
     async fn write_zeros(&self, conn: &Connection, r: WriteZeros) -> Reply<WriteZeros> {
         let src = Source::Zeros(r.len);
         let w = ChainWrite::new(r.chunk, r.place, r.chunk_size_bytes, r.offset, src);
@@ -424,6 +437,7 @@ impl Inner {
             ReplicaData::Bytes(b) => Source::Remote(b),
             ReplicaData::Zeros(n) => Source::Zeros(n),
             ReplicaData::Inline(v) => Source::Inline(check_inline(v)?),
+            ReplicaData::Ranges(v) => Source::Ranges(chain::check_ranges(v, r.chunk_size_bytes)?),
         };
         let w = ChainWrite::new(r.chunk, r.place, r.chunk_size_bytes, r.offset, src);
         let len = self.replicate(conn, w, r.version, r.base_version).await?;

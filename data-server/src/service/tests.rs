@@ -6,7 +6,8 @@ use super::{call_peer, DataService, Pools};
 use crate::cluster_view::ClusterView;
 use crate::store::{ChunkStore, ReplicaFields};
 use proto::data::{
-    Moved, Placement, ReadChunk, ReadInline, ReplicaData, Replicate, MAX_INLINE_WRITE_BYTES,
+    InlineRange, Moved, Placement, ReadChunk, ReadInline, ReplicaData, Replicate,
+    MAX_INLINE_WRITE_BYTES, MAX_WRITE_RANGES,
 };
 use proto::meta::{ChainInfo, ClusterMap, Member, MemberState, NodeInfo, NodeState};
 use proto::{ChainId, ChunkId, ErrorCode, InodeId, NodeId, PROTOCOL_VERSION};
@@ -65,8 +66,7 @@ fn map() -> ClusterMap {
 
 /// Starts the service with `CHUNK` holding `LEN` bytes of `0xaa` at version 1.
 async fn served() -> Served {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(ChunkStore::open(dir.path(), 1 << 30).unwrap());
+    let (service, store, listener, dir) = chain_member(ME, TransportConfig::default()).await;
     store.write(CHUNK, CHUNK_SIZE, 0, &[0xaa; LEN]).unwrap();
     let fields = ReplicaFields {
         chain: CHAIN,
@@ -74,24 +74,9 @@ async fn served() -> Served {
         stale: false,
     };
     store.set_replica(CHUNK, fields).unwrap();
-    let ep = Endpoint::new(Backend::Tcp, TransportConfig::default(), PROTOCOL_VERSION).unwrap();
-    let pool = || BufferPool::new(&ep, 2, 64 << 10).unwrap();
-    let pools = Pools {
-        io: pool(),
-        relay: pool(),
-        tail: pool(),
-    };
     // Every request names the map the view holds: the view never calls the metadata
     // server (nobody listens at its address).
-    let view = Arc::new(ClusterView::new(ep.clone(), "127.0.0.1:1".into()));
-    view.set_me(ME);
-    view.offer(map());
-    let max_msg_bytes = ep.config().max_msg_bytes;
-    let service = DataService::new(store.clone(), pools, max_msg_bytes, view, None);
-    let listener = ep
-        .listen("127.0.0.1:0", Arc::new(service.clone()))
-        .await
-        .unwrap();
+    service.inner.view.offer(map());
     let client_ep =
         Endpoint::new(Backend::Tcp, TransportConfig::default(), PROTOCOL_VERSION).unwrap();
     let client = client_ep
@@ -293,4 +278,173 @@ async fn an_inline_read_answers_its_bytes_within_its_limits() {
         matches!(&outside, Err(e) if e.code() == ErrorCode::InvalidArgument),
         "{outside:?}"
     );
+}
+
+/// A replicated write of several ranges stores each of them and moves the version once;
+/// ranges that are empty, overlap, run backwards, pass the chunk's end or are too many
+/// are refused, and the copy stays as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_of_ranges_stores_each_once_and_refuses_bad_ranges() {
+    let s = served().await;
+    let range = |offset: u32, len: usize, b: u8| InlineRange {
+        offset,
+        data: vec![b; len],
+    };
+    let replicate = |version: u64, ranges: Vec<InlineRange>| Replicate {
+        chunk: CHUNK,
+        place: PLACE,
+        chunk_size_bytes: CHUNK_SIZE,
+        offset: ranges.first().map_or(0, |r| r.offset),
+        version,
+        base_version: version - 1,
+        data: ReplicaData::Ranges(ranges),
+    };
+    let call = |req: Replicate| {
+        let conn = s.client.clone();
+        async move {
+            tokio::time::timeout(CALL_TIMEOUT, call_peer(&conn, req))
+                .await
+                .expect("the write hung")
+        }
+    };
+    // Two ranges in the first block (touching), one in the set-up bytes' last block,
+    // one past them.
+    let good = vec![
+        range(10, 20, 1),
+        range(30, 5, 2),
+        range(LEN as u32 - 8, 4, 3),
+        range(2 * LEN as u32, 100, 4),
+    ];
+    let moved = call(replicate(2, good))
+        .await
+        .expect("a good write of ranges");
+    assert_eq!(moved.len, 129);
+    let mut want = vec![0xaa; LEN];
+    want[10..30].fill(1);
+    want[30..35].fill(2);
+    want[LEN - 8..LEN - 4].fill(3);
+    want.resize(2 * LEN, 0);
+    want.extend_from_slice(&[4; 100]);
+    let read = || {
+        let mut got = vec![0u8; want.len()];
+        s.store.read(CHUNK, CHUNK_SIZE, 0, &mut got).unwrap();
+        got
+    };
+    assert!(read() == want, "each range stored, the bytes between kept");
+    let meta = s.store.chunk_meta(CHUNK).unwrap().unwrap();
+    assert!(meta.version == 2 && !meta.stale, "{meta:?}");
+
+    let too_many = (0..=MAX_WRITE_RANGES as u32)
+        .map(|i| range(i * 2, 1, 5))
+        .collect();
+    let bad: Vec<(&str, Vec<InlineRange>)> = vec![
+        ("none", vec![]),
+        ("an empty one", vec![range(0, 1, 5), range(10, 0, 5)]),
+        ("overlapping", vec![range(0, 10, 5), range(5, 10, 5)]),
+        ("backwards", vec![range(100, 10, 5), range(0, 10, 5)]),
+        ("past the end", vec![range(CHUNK_SIZE - 4, 5, 5)]),
+        ("too many", too_many),
+    ];
+    for (what, ranges) in bad {
+        let r = call(replicate(3, ranges)).await;
+        assert!(
+            matches!(&r, Err(e) if e.code() == ErrorCode::InvalidArgument),
+            "{what}: {r:?}"
+        );
+    }
+    let too_big = vec![
+        range(0, MAX_INLINE_WRITE_BYTES, 5),
+        range(MAX_INLINE_WRITE_BYTES as u32, 1, 5),
+    ];
+    let r = call(replicate(3, too_big)).await;
+    assert!(
+        matches!(&r, Err(e) if e.code() == ErrorCode::TooBig),
+        "{r:?}"
+    );
+    assert!(read() == want, "refused writes changed nothing");
+    let meta = s.store.chunk_meta(CHUNK).unwrap().unwrap();
+    assert!(meta.version == 2 && !meta.stale, "{meta:?}");
+}
+
+/// A data service on 127.0.0.1 as `me` (of `HEAD` and `ME`), listening with `config`;
+/// its view holds no map until one is offered.
+async fn chain_member(
+    me: NodeId,
+    config: TransportConfig,
+) -> (DataService, Arc<ChunkStore>, Listener, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(ChunkStore::open(dir.path(), 1 << 30).unwrap());
+    let ep = Endpoint::new(Backend::Tcp, config, PROTOCOL_VERSION).unwrap();
+    let pool = || BufferPool::new(&ep, 2, 64 << 10).unwrap();
+    let pools = Pools {
+        io: pool(),
+        relay: pool(),
+        tail: pool(),
+    };
+    let view = Arc::new(ClusterView::new(ep.clone(), "127.0.0.1:1".into()));
+    view.set_me(me);
+    let max_msg_bytes = ep.config().max_msg_bytes;
+    let service = DataService::new(store.clone(), pools, max_msg_bytes, view, None);
+    let listener = ep
+        .listen("127.0.0.1:0", Arc::new(service.clone()))
+        .await
+        .unwrap();
+    (service, store, listener, dir)
+}
+
+/// Guards against a batch of ranges that the head stored but could not pass to a
+/// successor taking smaller requests (its `max_msg_bytes`): the head passes the ranges
+/// one at a time, and the tail ends with every byte and the write's version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_passes_ranges_one_by_one_to_a_successor_taking_small_requests() {
+    let small = TransportConfig {
+        max_msg_bytes: 8192,
+        ..TransportConfig::default()
+    };
+    let (head, head_store, head_l, _d1) = chain_member(HEAD, TransportConfig::default()).await;
+    let (tail, tail_store, tail_l, _d2) = chain_member(ME, small).await;
+    let mut m = map();
+    m.nodes[0].addr = head_l.local_addr().to_string();
+    m.nodes[1].addr = tail_l.local_addr().to_string();
+    head.inner.view.offer(m.clone());
+    tail.inner.view.offer(m);
+    let client_ep =
+        Endpoint::new(Backend::Tcp, TransportConfig::default(), PROTOCOL_VERSION).unwrap();
+    let conn = client_ep
+        .connect(&head_l.local_addr().to_string())
+        .await
+        .unwrap();
+    // 3 x 5,000 bytes: too much for one 8 KiB request, each fits one.
+    let ranges: Vec<InlineRange> = (0..3u32)
+        .map(|i| InlineRange {
+            offset: i * 10_000 + 7,
+            data: vec![i as u8 + 1; 5_000],
+        })
+        .collect();
+    let req = proto::data::WriteRanges {
+        chunk: CHUNK,
+        place: PLACE,
+        chunk_size_bytes: CHUNK_SIZE,
+        ranges: ranges.clone(),
+        grant: None,
+    };
+    let moved = tokio::time::timeout(CALL_TIMEOUT, call_peer(&conn, req))
+        .await
+        .expect("the write hung")
+        .expect("a write of ranges through a chain with a small successor");
+    assert_eq!(moved.len, 15_000);
+    for store in [&head_store, &tail_store] {
+        let mut got = vec![0xEEu8; 30_000];
+        store.read(CHUNK, CHUNK_SIZE, 0, &mut got).unwrap();
+        for r in &ranges {
+            let at = r.offset as usize;
+            assert!(got[at..at + r.data.len()] == r.data[..], "range at {at}");
+        }
+        assert!(
+            got[..7].iter().all(|&b| b == 0),
+            "bytes before the first range"
+        );
+        let meta = store.chunk_meta(CHUNK).unwrap().unwrap();
+        assert!(meta.version == 1 && !meta.stale, "{meta:?}");
+    }
 }

@@ -5,9 +5,9 @@
 
 use super::cache::Fds;
 use super::format::{
-    self, accounted_bytes, accounted_raw, decode_entries, decode_header, encode_entries,
-    encode_header, read_entries, read_full_at, read_table_bytes, Content, Entry, Geometry,
-    ENTRY_BYTES, HEADER_USED_BYTES,
+    self, accounted_bytes, accounted_raw, decode_header, encode_entries, encode_header,
+    read_entries, read_full_at, read_table_bytes, Content, Entry, Geometry, ENTRY_BYTES,
+    HEADER_USED_BYTES,
 };
 use crate::error::{DataError, IoContext};
 use proto::ChunkId;
@@ -126,15 +126,16 @@ pub(crate) struct WritePlan {
     /// Bytes charged to the chunk before and after the write.
     pub accounted_before: u64,
     pub accounted_after: u64,
-    /// Entries of blocks `first_block..`: `intent` is stored before the data and lets each
-    /// block be read as its old or its new version, `done` after it.
+    /// The table's bytes for blocks `first_block..`: `intent` is stored before the data
+    /// and lets each block written be read as its old or its new version, `done` after
+    /// it. Blocks between the ranges written keep their entries' stored bytes.
     first_block: u32,
-    intent: Vec<Entry>,
-    done: Vec<Entry>,
-    /// Partially covered blocks, merged, to store instead of `data`.
+    intent: Vec<u8>,
+    done: Vec<u8>,
+    /// Partially covered blocks, merged, to store instead of the data.
     edges: Vec<Edge>,
-    /// The part of `data` made of whole blocks: (chunk offset, range in `data`).
-    middle: Option<(u64, Range<usize>)>,
+    /// Runs of whole blocks: (chunk offset, index of the range, range in its data).
+    middle: Vec<(u64, usize, Range<usize>)>,
     pub new_len: u64,
 }
 
@@ -249,8 +250,13 @@ impl ChunkFile {
 
     /// Stores entries `first..first + entries.len()` with one `pwrite`.
     fn store_entries(&self, first: u32, entries: &[Entry]) -> Result<(), DataError> {
+        self.store_entry_bytes(first, &encode_entries(entries))
+    }
+
+    /// Writes encoded table entries from block `first` on.
+    fn store_entry_bytes(&self, first: u32, bytes: &[u8]) -> Result<(), DataError> {
         self.file
-            .write_all_at(&encode_entries(entries), self.geo.entry_pos(first))
+            .write_all_at(bytes, self.geo.entry_pos(first))
             .ctx(|| format!("write checksum table of {}", self.path.display()))
     }
 
@@ -464,21 +470,30 @@ impl ChunkFile {
         (aligned && chunk_len > DIRECT_MIN_CHUNK_BYTES).then_some(direct)
     }
 
-    /// Plans a write of `data` at `offset` into this chunk, or into a chunk that does not
-    /// exist yet (`cf == None`). Partially covered blocks that hold data are read and
-    /// verified here: writing into a corrupt block is refused rather than laundering
-    /// its bad bytes under a fresh checksum.
+    /// Plans a write of `ranges` (`(offset, bytes)`: in ascending order, not
+    /// overlapping, none empty) into this chunk, or into a chunk that does not exist yet
+    /// (`cf == None`). Partially covered blocks that hold data are read (once, however
+    /// many ranges share them) and verified here: writing into a corrupt block is
+    /// refused rather than laundering its bad bytes under a fresh checksum.
     pub fn plan_write(
         cf: Option<&ChunkFile>,
         new_geo: Geometry,
-        offset: u64,
-        data: &[u8],
+        ranges: &[(u64, &[u8])],
     ) -> Result<WritePlan, DataError> {
         // An existing file keeps the geometry (the format version) it was made with.
         let geo = cf.map_or(new_geo, |cf| cf.geo);
         let bs = u64::from(geo.block_size);
-        let end = offset + data.len() as u64;
-        let (first, last) = (geo.block_of(offset), geo.block_of(end - 1));
+        let span = |r: &(u64, &[u8])| r.0..r.0 + r.1.len() as u64;
+        debug_assert!(
+            ranges.iter().all(|r| !r.1.is_empty())
+                && ranges.windows(2).all(|w| span(&w[0]).end <= w[1].0),
+            "ranges are sorted, disjoint and not empty"
+        );
+        let (Some(head), Some(tail)) = (ranges.first(), ranges.last()) else {
+            return Err(DataError::InvalidArgument("a write of no bytes".into()));
+        };
+        let end = span(tail).end;
+        let (first, last) = (geo.block_of(head.0), geo.block_of(end - 1));
         // The table as stored: only the entries of the blocks written are decoded; the
         // charge before and after is counted from the bytes (`accounted_raw`).
         let (mut raw, old_len) = match cf {
@@ -486,66 +501,86 @@ impl ChunkFile {
             None => (vec![0u8; geo.blocks as usize * ENTRY_BYTES], 0),
         };
         let at = |block: u32| block as usize * ENTRY_BYTES;
-        let table = decode_entries(&raw[at(first)..at(last + 1)]);
+        let stored = raw[at(first)..at(last + 1)].to_vec();
         let mut plan = WritePlan {
             accounted_before: cf.map_or(0, |_| accounted_raw(geo, &raw, old_len)),
             accounted_after: 0,
             first_block: first,
-            intent: Vec::new(),
-            done: Vec::new(),
+            intent: stored.clone(),
+            done: stored,
             edges: Vec::new(),
-            middle: None,
+            middle: Vec::new(),
             new_len: old_len.max(end),
         };
-        for block in first..=last {
-            let (lo, hi) = (
-                geo.block_start(block).max(offset),
-                (geo.block_start(block) + bs).min(end),
-            );
-            let src = (lo - offset) as usize..(hi - offset) as usize;
-            let old = table[(block - first) as usize];
-            let (intent, crc) = if hi - lo == bs {
-                let crc = geo.block_crc(&data[src.clone()]);
-                // Only the first and last blocks can be partial: whole ones are contiguous.
-                plan.middle = Some(match plan.middle.take() {
-                    Some((pos, range)) => (pos, range.start..src.end),
-                    None => (lo, src),
-                });
-                (whole_block_intent(cf, geo, block, old, crc)?, crc)
-            } else {
-                let (edge, intent, crc) = plan_edge(cf, geo, old, lo..hi, &data[src], old_len)?;
-                plan.edges.push(edge);
-                (intent, crc)
-            };
-            plan.intent.push(intent);
-            plan.done.push(Entry::Stable(crc));
-            raw[at(block)..at(block + 1)].copy_from_slice(&Entry::Stable(crc).encode());
+        // Records a block's entries in the plan and in `raw` (for the charge after).
+        let set = |plan: &mut WritePlan, raw: &mut [u8], block: u32, intent: Entry, crc: u32| {
+            let (i, done) = (at(block - first), Entry::Stable(crc).encode());
+            plan.intent[i..i + ENTRY_BYTES].copy_from_slice(&intent.encode());
+            plan.done[i..i + ENTRY_BYTES].copy_from_slice(&done);
+            raw[at(block)..at(block + 1)].copy_from_slice(&done);
+        };
+        // The partly covered block being gathered, and its pieces.
+        let mut partial: Option<(u32, Vec<EdgePiece>)> = None;
+        for (k, r) in ranges.iter().enumerate() {
+            let (offset, data) = (r.0, r.1);
+            let end = span(r).end;
+            for block in geo.block_of(offset)..=geo.block_of(end - 1) {
+                let (lo, hi) = (
+                    geo.block_start(block).max(offset),
+                    (geo.block_start(block) + bs).min(end),
+                );
+                let src = (lo - offset) as usize..(hi - offset) as usize;
+                if hi - lo == bs {
+                    let crc = geo.block_crc(&data[src.clone()]);
+                    match plan.middle.last_mut() {
+                        Some((pos, j, run)) if *j == k && *pos + run.len() as u64 == lo => {
+                            run.end = src.end;
+                        }
+                        _ => plan.middle.push((lo, k, src)),
+                    }
+                    let old = Entry::decode(&entry_of(&raw, block));
+                    let intent = whole_block_intent(cf, geo, block, old, crc)?;
+                    set(&mut plan, &mut raw, block, intent, crc);
+                    continue;
+                }
+                if let Some((b, pieces)) = partial.take_if(|(b, _)| *b != block) {
+                    let old = Entry::decode(&entry_of(&raw, b));
+                    let (edge, intent, crc) = plan_edge(cf, geo, old, &pieces, old_len)?;
+                    plan.edges.push(edge);
+                    set(&mut plan, &mut raw, b, intent, crc);
+                }
+                let piece = (lo..hi, &data[src]);
+                match &mut partial {
+                    Some((_, pieces)) => pieces.push(piece),
+                    None => partial = Some((block, vec![piece])),
+                }
+            }
         }
-        debug_assert_eq!(plan.intent.len(), (last - first + 1) as usize);
-        debug_assert_eq!(plan.intent.len(), plan.done.len());
-        debug_assert!(
-            plan.edges.len() <= 2,
-            "only the first and last blocks are partial"
-        );
+        if let Some((b, pieces)) = partial {
+            let old = Entry::decode(&entry_of(&raw, b));
+            let (edge, intent, crc) = plan_edge(cf, geo, old, &pieces, old_len)?;
+            plan.edges.push(edge);
+            set(&mut plan, &mut raw, b, intent, crc);
+        }
         plan.accounted_after = accounted_raw(geo, &raw, plan.new_len);
         Ok(plan)
     }
 
-    /// Stores a planned write: the intent entries, the data, then the final entries. Each
-    /// step is complete before the next starts, so a crash leaves every block readable as
-    /// its old or its new version (see [`super`]).
-    pub fn apply_write(&mut self, plan: &WritePlan, data: &[u8]) -> Result<(), DataError> {
-        debug_assert_eq!(
-            plan.intent.len(),
-            plan.done.len(),
-            "both cover the same blocks"
-        );
-        self.store_entries(plan.first_block, &plan.intent)?;
+    /// Stores a planned write of `ranges` (those it was planned with): the intent
+    /// entries, the data, then the final entries. Each step is complete before the next
+    /// starts, so a crash leaves every block readable as its old or its new version (see
+    /// [`super`]).
+    pub fn apply_write(
+        &mut self,
+        plan: &WritePlan,
+        ranges: &[(u64, &[u8])],
+    ) -> Result<(), DataError> {
+        self.store_entry_bytes(plan.first_block, &plan.intent)?;
         crash_point(CrashPoint::WriteIntent);
         let what = || format!("write {}", self.path.display());
         let base = self.geo.data_offset;
-        if let Some((pos, range)) = &plan.middle {
-            self.write_run(&data[range.clone()], base + pos, plan.new_len)
+        for (pos, k, range) in &plan.middle {
+            self.write_run(&ranges[*k].1[range.clone()], base + pos, plan.new_len)
                 .ctx(what)?;
         }
         for edge in &plan.edges {
@@ -554,7 +589,7 @@ impl ChunkFile {
                 .ctx(what)?;
         }
         crash_point(CrashPoint::WriteData);
-        self.store_entries(plan.first_block, &plan.done)?;
+        self.store_entry_bytes(plan.first_block, &plan.done)?;
         self.data_len = plan.new_len;
         Ok(())
     }
@@ -654,18 +689,24 @@ fn whole_block_intent(
     Ok(Entry::intent(current, new))
 }
 
-/// Plans the write of `piece` at chunk bytes `range`, part of one block: merges it with
-/// what the block holds (verified) and returns the bytes to store, the block's intent
-/// entry and its new crc.
+/// Bytes to write at a range of chunk bytes inside one block.
+type EdgePiece<'a> = (Range<u64>, &'a [u8]);
+
+/// Plans the write of `pieces` (chunk byte ranges of one block, in order, with their
+/// bytes): merges them with what the block holds (read once, verified) and returns the
+/// bytes to store, the block's intent entry and its new crc.
 fn plan_edge(
     cf: Option<&ChunkFile>,
     geo: Geometry,
     old: Entry,
-    range: Range<u64>,
-    piece: &[u8],
+    pieces: &[EdgePiece],
     old_len: u64,
 ) -> Result<(Edge, Entry, u32), DataError> {
-    let block = geo.block_of(range.start);
+    let (Some((head, _)), Some((tail, _))) = (pieces.first(), pieces.last()) else {
+        return Err(DataError::InvalidArgument("an edge of no bytes".into()));
+    };
+    let (lo, hi) = (head.start, tail.end);
+    let block = geo.block_of(lo);
     let start = geo.block_start(block);
     let stop = start + u64::from(geo.block_size);
     let mut merged = vec![0u8; geo.block_size as usize];
@@ -673,13 +714,15 @@ fn plan_edge(
         (Entry::Unwritten, _) | (_, None) => Content::Zeros,
         (_, Some(cf)) => cf.load_block(block, old, &mut merged)?,
     };
-    merged[(range.start - start) as usize..(range.end - start) as usize].copy_from_slice(piece);
+    for (range, piece) in pieces {
+        merged[(range.start - start) as usize..(range.end - start) as usize].copy_from_slice(piece);
+    }
     let crc = geo.block_crc(&merged);
     // A block without data may still hold stray bytes on disk (a write cut short by a
     // crash), so store it whole up to the chunk's end; the disk then matches the new crc.
     let (from, to) = match current {
-        Content::Stored(_) => (range.start, range.end),
-        _ => (start, stop.min(range.end.max(old_len))),
+        Content::Stored(_) => (lo, hi),
+        _ => (start, stop.min(hi.max(old_len))),
     };
     merged.truncate((to - start) as usize);
     merged.drain(..(from - start) as usize);
@@ -690,7 +733,14 @@ fn plan_edge(
     Ok((edge, Entry::intent(current, crc), crc))
 }
 
-/// The smallest range of indexes where `a` and `b` differ, if they do.
+/// The stored bytes of `block`'s entry in a table's bytes.
+fn entry_of(raw: &[u8], block: u32) -> [u8; ENTRY_BYTES] {
+    let i = block as usize * ENTRY_BYTES;
+    let mut e = [0u8; ENTRY_BYTES];
+    e.copy_from_slice(&raw[i..i + ENTRY_BYTES]);
+    e
+}
+
 fn changed(a: &[Entry], b: &[Entry]) -> Option<Range<usize>> {
     let first = a.iter().zip(b).position(|(x, y)| x != y)?;
     let last = a.iter().zip(b).rposition(|(x, y)| x != y)?;

@@ -413,9 +413,13 @@ pub(crate) fn accounted_bytes(geo: Geometry, table: &[Entry], data_len: u64) -> 
 /// charges its chunk from the whole table, up to 1024 entries: decoding each (a crc per
 /// entry) cost a 4 KiB write into a full 4 MiB chunk half its time.
 pub(crate) fn accounted_raw(geo: Geometry, table: &[u8], data_len: u64) -> u64 {
-    let written = table
-        .chunks_exact(ENTRY_BYTES)
-        .map(|e| e.iter().any(|&b| b != 0));
+    const _: () = assert!(ENTRY_BYTES == 16, "an entry is one u128");
+    // One 128-bit compare per entry: the byte-wise test was a fifth of a data server's
+    // time under scattered small writes, each of which counts the whole table twice.
+    let written = table.chunks_exact(ENTRY_BYTES).map(|e| {
+        let word: [u8; 16] = e.try_into().unwrap_or([1; 16]);
+        u128::from_ne_bytes(word) != 0
+    });
     accounted(geo, written, data_len)
 }
 

@@ -5,17 +5,20 @@
 //!
 //! # Updates and crashes
 //!
-//! A write changes the blocks it touches in three steps, each finished before the next
-//! starts:
+//! A write (one range, or several separate ranges of the chunk stored as one write)
+//! changes the blocks it touches in three steps, each finished before the next starts:
 //!
-//! 1. *intent*: one `pwrite` of their entries. A block that holds data gets *pending*,
-//!    with the crc of the version it holds (a partially covered block is read and
-//!    verified first; writing into a corrupt block is refused) and the crc of its new
-//!    version. A block without data gets *pending first*.
-//! 2. the data, with `pwrite`. A partially covered block that holds data is merged and
-//!    only the new bytes are written; one without data is written whole up to the chunk's
-//!    end, over any stray bytes a crash left there.
-//! 3. *done*: one `pwrite` of their entries, now *stable* with the new crc.
+//! 1. *intent*: one `pwrite` of the entries from its first block to its last. A block
+//!    that holds data gets *pending*, with the crc of the version it holds (a partially
+//!    covered block is read and verified first; writing into a corrupt block is refused)
+//!    and the crc of its new version. A block without data gets *pending first*. The
+//!    entries of blocks between separate ranges are written as they were read, under
+//!    the chunk's lock: the same bytes, so a crash leaves them as they were.
+//! 2. the data, with `pwrite`. A partially covered block that holds data is merged (once,
+//!    however many ranges share it) and written from the first new byte to the last,
+//!    the unchanged bytes between them as they were; one without data is written whole
+//!    up to the chunk's end, over any stray bytes a crash left there.
+//! 3. *done*: one `pwrite` of the same entries, now *stable* with the new crc.
 //!
 //! A truncation that cuts the file goes the same way: (1) the block holding the new end
 //! becomes pending (its old crc, and the crc of its bytes cut at the new end) and the
@@ -301,20 +304,22 @@ impl ChunkStore {
         data: &[u8],
     ) -> Result<(), DataError> {
         let _excl = self.write_lock(chunk);
-        self.write_locked(chunk, chunk_size, offset, data)
+        self.write_locked(chunk, chunk_size, &[(offset, data)])
     }
 
-    /// [`ChunkStore::write`], with the chunk's stripe held exclusively by the caller.
+    /// Stores `ranges` (`(offset, bytes)`, in ascending order, not overlapping) as one
+    /// write, as [`ChunkStore::write`] stores one: the table is read and written once
+    /// and a block that several ranges share is read and written once. The chunk's
+    /// stripe is held exclusively by the caller.
     fn write_locked(
         &self,
         chunk: ChunkId,
         chunk_size: u32,
-        offset: u32,
-        data: &[u8],
+        ranges: &[(u32, &[u8])],
     ) -> Result<(), DataError> {
-        let n = data.len() as u64;
+        let n = ranges.iter().map(|r| r.1.len() as u64).sum();
         let r = self.counted(IoOp::Write, n, || {
-            self.store_locked(chunk, chunk_size, offset, data)
+            self.store_locked(chunk, chunk_size, ranges)
         });
         self.noted(Found::Write, r)
     }
@@ -324,12 +329,25 @@ impl ChunkStore {
         &self,
         chunk: ChunkId,
         chunk_size: u32,
-        offset: u32,
-        data: &[u8],
+        ranges: &[(u32, &[u8])],
     ) -> Result<(), DataError> {
         let geo = Geometry::new(chunk_size)?;
-        geo.check_range(chunk, offset, data.len())?;
-        if data.is_empty() {
+        let mut next_free = 0u64;
+        for &(offset, data) in ranges {
+            geo.check_range(chunk, offset, data.len())?;
+            if u64::from(offset) < next_free {
+                return Err(DataError::InvalidArgument(format!(
+                    "{chunk}: write ranges overlap or are out of order at {offset}"
+                )));
+            }
+            next_free = u64::from(offset) + data.len() as u64;
+        }
+        let ranges: Vec<(u64, &[u8])> = ranges
+            .iter()
+            .filter(|r| !r.1.is_empty())
+            .map(|&(at, data)| (u64::from(at), data))
+            .collect();
+        if ranges.is_empty() {
             return Ok(());
         }
         self.check_open()?;
@@ -342,15 +360,15 @@ impl ChunkStore {
                 (Some(cf), None)
             }
         };
-        let plan = ChunkFile::plan_write(existing.as_ref(), geo, u64::from(offset), data)?;
+        let plan = ChunkFile::plan_write(existing.as_ref(), geo, &ranges)?;
         self.reserve(
             chunk,
             plan.accounted_after.saturating_sub(plan.accounted_before),
         )?;
         let created = existing.is_none() && empty.is_none();
         let stored = match existing {
-            Some(mut cf) => cf.apply_write(&plan, data),
-            None => self.create_and_write(chunk, geo, empty, &plan, data),
+            Some(mut cf) => cf.apply_write(&plan, &ranges),
+            None => self.create_and_write(chunk, geo, empty, &plan, &ranges),
         };
         match stored {
             Ok(()) if created => {
@@ -372,7 +390,7 @@ impl ChunkStore {
         geo: Geometry,
         empty: Option<File>,
         plan: &WritePlan,
-        data: &[u8],
+        ranges: &[(u64, &[u8])],
     ) -> Result<(), DataError> {
         let path = chunk_path(&self.root, chunk);
         let file = match empty {
@@ -383,7 +401,7 @@ impl ChunkStore {
         self.dirty.mark(DirKey::holding(chunk))?;
         let mut cf = ChunkFile::init(file, &path, chunk, geo)?;
         self.attach_direct(&mut cf, plan.new_len);
-        cf.apply_write(plan, data)?;
+        cf.apply_write(plan, ranges)?;
         self.files.insert(chunk, cf.fds(), geo);
         Ok(())
     }

@@ -133,16 +133,16 @@ pub struct Versioned {
 const ZERO_PIECE_BYTES: u32 = 1 << 20;
 
 impl ChunkStore {
-    /// Stores one piece of a chain write (none with `fill` `None`: a write whose bytes
-    /// never arrived still moves the version) and records `stamp`, deciding and writing
-    /// under one lock (see the module docs for the order). Fails only if the fields
-    /// cannot be read or recorded; a failure to store the bytes is in `stored`.
+    /// Stores the pieces of a chain write given as `(offset, fill)`, in order, stopping
+    /// at the first that fails (none: a write whose bytes never arrived still moves the
+    /// version), and records `stamp`, deciding and writing under one lock (see the
+    /// module docs for the order). Fails only if the fields cannot be read or recorded;
+    /// a failure to store the bytes is in `stored`.
     pub fn write_versioned(
         &self,
         chunk: ChunkId,
         chunk_size: u32,
-        at: u32,
-        fill: Option<Fill<'_>>,
+        fills: &[(u32, Fill<'_>)],
         stamp: Stamp,
     ) -> Result<Versioned, DataError> {
         let _excl = self.write_lock(chunk);
@@ -151,9 +151,19 @@ impl ChunkStore {
             Some(s) => s,
             None => stamp.judge(chunk, self.fields_locked(chunk)?),
         };
-        let stored = match fill {
-            Some(f) => self.fill_locked(chunk, chunk_size, at, f),
-            None => Ok(()),
+        // Bytes go in one store write (one pass over the table), zeros each on their own.
+        let bytes: Option<Vec<(u32, &[u8])>> = fills
+            .iter()
+            .map(|&(at, f)| match f {
+                Fill::Bytes(b) => Some((at, b)),
+                Fill::Zeros(_) => None,
+            })
+            .collect();
+        let stored = match bytes {
+            Some(ranges) if ranges.len() > 1 => self.write_locked(chunk, chunk_size, &ranges),
+            _ => fills
+                .iter()
+                .try_for_each(|&(at, f)| self.fill_locked(chunk, chunk_size, at, f)),
         };
         let fields = ReplicaFields {
             chain: stamp.chain,
@@ -185,7 +195,7 @@ impl ChunkStore {
         fill: Fill<'_>,
     ) -> Result<(), DataError> {
         let len = match fill {
-            Fill::Bytes(data) => return self.write_locked(chunk, chunk_size, at, data),
+            Fill::Bytes(data) => return self.write_locked(chunk, chunk_size, &[(at, data)]),
             Fill::Zeros(n) => n,
         };
         let stored = match self.open_chunk(chunk)? {
@@ -200,7 +210,7 @@ impl ChunkStore {
             let piece_at = at.checked_add(done).ok_or_else(|| {
                 DataError::InvalidArgument(format!("zero range at {at} overflows"))
             })?;
-            self.write_locked(chunk, chunk_size, piece_at, &zeros[..n as usize])?;
+            self.write_locked(chunk, chunk_size, &[(piece_at, &zeros[..n as usize])])?;
             done += n;
         }
         Ok(())
@@ -452,30 +462,30 @@ mod tests {
             (m.version, m.stale, m.len)
         };
         let v = store
-            .write_versioned(C, cs, 0, Some(Fill::Bytes(b"abcdef")), stamp(1, 0))
+            .write_versioned(C, cs, &[(0, Fill::Bytes(b"abcdef"))], stamp(1, 0))
             .unwrap();
         assert!(v.stored.is_ok() && !v.stale, "{v:?}");
         assert_eq!(meta(&store), (1, false, 6));
         let again = store
-            .write_versioned(C, cs, 0, Some(Fill::Bytes(b"abcdef")), stamp(1, 0))
+            .write_versioned(C, cs, &[(0, Fill::Bytes(b"abcdef"))], stamp(1, 0))
             .unwrap();
         assert!(!again.stale, "a retried write finds its own version");
         let v = store
-            .write_versioned(C, cs, 2, Some(Fill::Zeros(2)), stamp(2, 1))
+            .write_versioned(C, cs, &[(2, Fill::Zeros(2))], stamp(2, 1))
             .unwrap();
         assert!(!v.stale);
         let mut buf = [9u8; 6];
         store.read(C, cs, 0, &mut buf).unwrap();
         assert_eq!(&buf, b"ab\0\0ef");
         let missed = store
-            .write_versioned(C, cs, 0, Some(Fill::Bytes(b"x")), stamp(9, 8))
+            .write_versioned(C, cs, &[(0, Fill::Bytes(b"x"))], stamp(9, 8))
             .unwrap();
         assert!(
             missed.stale,
             "version 2 is neither base 8 nor 9: a write was missed"
         );
         assert_eq!(meta(&store), (9, true, 6));
-        let v = store.write_versioned(C, cs, 0, None, stamp(10, 9)).unwrap();
+        let v = store.write_versioned(C, cs, &[], stamp(10, 9)).unwrap();
         assert!(v.stale, "stale stays stale until copied whole");
         assert_eq!(meta(&store), (10, true, 6));
         store

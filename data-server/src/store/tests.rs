@@ -112,6 +112,36 @@ fn random_range(rng: &mut Rng, cs: u32) -> (u32, usize) {
     (off as u32, len as usize)
 }
 
+/// Two to eight ranges with their bytes, in order, not overlapping (some touching), often
+/// several in one block and some across block boundaries.
+fn random_ranges(rng: &mut Rng, cs: u32) -> Vec<(u32, Vec<u8>)> {
+    let bs = u64::from(format::Geometry::new(cs).unwrap().block_size);
+    let mut at = rng.below(u64::from(cs));
+    let mut out = Vec::new();
+    for _ in 0..2 + rng.below(7) {
+        let room = u64::from(cs) - at;
+        if room == 0 {
+            break;
+        }
+        let len = match rng.below(3) {
+            0 => rng.below(room.min(600)) + 1,
+            1 => rng.below(room.min(2 * bs)) + 1,
+            _ => rng.below(room.min(8 * bs)) + 1,
+        };
+        out.push((at as u32, rng.bytes(len as usize)));
+        at += len;
+        at += match rng.below(3) {
+            0 => 0,
+            1 => rng.below(bs / 2),
+            _ => rng.below(3 * bs),
+        };
+        if at >= u64::from(cs) {
+            break;
+        }
+    }
+    out
+}
+
 #[test]
 fn random_writes_reads_and_truncates_match_a_model() {
     model_run(4 * KIB64, 0x7E55_E7A5);
@@ -166,13 +196,26 @@ fn model_run_v2(cs: u32, seed: u64, v2_steps: usize) {
         let c = chunk(1 + rng.below(3), rng.below(4));
         match rng.below(10) {
             0..=4 => {
-                let (off, len) = random_range(&mut rng, cs);
-                let data = rng.bytes(len);
-                write_aligned(&store, c, cs, off, &data);
+                let pieces = if rng.below(3) == 0 {
+                    random_ranges(&mut rng, cs)
+                } else {
+                    let (off, len) = random_range(&mut rng, cs);
+                    vec![(off, rng.bytes(len))]
+                };
+                if let [(off, data)] = pieces.as_slice() {
+                    write_aligned(&store, c, cs, *off, data);
+                } else {
+                    // Several ranges as one write (a chain write of ranges stores so).
+                    let ranges: Vec<(u32, &[u8])> =
+                        pieces.iter().map(|(o, d)| (*o, d.as_slice())).collect();
+                    store.write_locked(c, cs, &ranges).unwrap();
+                }
                 if !model.chunks.contains(&c) {
                     made_as.insert(c, if step < v2_steps { 2 } else { 3 });
                 }
-                model.write(c, off, &data);
+                for (off, data) in &pieces {
+                    model.write(c, *off, data);
+                }
             }
             5..=7 => {
                 let (off, len) = random_range(&mut rng, cs);

@@ -395,3 +395,38 @@ fn a_repair_that_crashes_leaves_a_stale_copy_never_a_missing_one() {
         restart_keeps(tmp.path(), s, c, &new);
     }
 }
+
+#[test]
+fn a_write_of_several_ranges_reads_all_old_or_all_new_after_a_crash() {
+    for (cs, bs) in SIZES {
+        for at in [WriteIntent, WriteData] {
+            let tmp = tempfile::tempdir().unwrap();
+            let c = chunk(9, 0);
+            let b = bs as usize;
+            let old = Rng(20).bytes(3 * b);
+            let s = synced_store_of(tmp.path(), (c, cs), &old);
+            // Two ranges in block 0, one across blocks 1 and 2, one past the stored bytes.
+            let pieces = [
+                (100u32, Rng(21).bytes(200)),
+                (400, Rng(22).bytes(300)),
+                (bs + bs / 2, Rng(23).bytes(b)),
+                (3 * bs + 10, Rng(24).bytes(50)),
+            ];
+            let ranges: Vec<(u32, &[u8])> =
+                pieces.iter().map(|(o, d)| (*o, d.as_slice())).collect();
+            kill_at(s, at, |s| drop(s.write_locked(c, cs, &ranges)));
+            let s = restart(tmp.path());
+            let mut new = old.clone();
+            new.resize(3 * b + 60, 0);
+            for (o, d) in &pieces {
+                new[*o as usize..][..d.len()].copy_from_slice(d);
+            }
+            let mut before = old.clone();
+            before.resize(new.len(), 0);
+            let want = if at == WriteData { &new } else { &before };
+            assert!(read_vec(&s, c, cs, 0, new.len()) == *want, "{cs} {at:?}");
+            s.write_locked(c, cs, &ranges).unwrap();
+            restart_keeps_of(tmp.path(), s, (c, cs), &new);
+        }
+    }
+}

@@ -2,10 +2,11 @@
 
 use std::ops::Range;
 
-/// Ranges a segment may hold before it is sent: every range is one transfer per chunk it
-/// touches when the segment goes out, so scattered small writes are sent in batches of at
-/// most this many rather than piling up without bound.
-pub(crate) const MAX_EXTENTS_PER_SEGMENT: usize = 64;
+/// Ranges a segment may hold before it is sent, so scattered small writes go out in
+/// batches rather than piling up without bound. Small ranges of one chunk travel
+/// together, up to `proto::data::MAX_WRITE_RANGES` (as many as this) and 64 KiB in one
+/// chain write, so a full list of 512-byte writes into one chunk is eight chain writes.
+pub(crate) const MAX_EXTENTS_PER_SEGMENT: usize = 1024;
 
 /// Written ranges of one segment, as offsets within it: sorted, disjoint, and with
 /// overlapping or touching ranges merged, so a segment filled by sequential writes is one
@@ -146,6 +147,6 @@ mod tests {
         assert_eq!(e.len(), MAX_EXTENTS_PER_SEGMENT);
         assert!(!e.would_overflow(&(3..8)), "overlaps a range");
         assert!(!e.would_overflow(&(5..10)), "touches two ranges");
-        assert!(e.would_overflow(&(10_000..10_001)));
+        assert!(e.would_overflow(&(u32::MAX - 1..u32::MAX)));
     }
 }

@@ -14,6 +14,7 @@ pub(crate) mod datapath;
 mod extents;
 pub(crate) mod grants;
 mod members;
+mod pieces;
 mod read;
 mod read_plan;
 mod readahead;
@@ -28,6 +29,7 @@ use crate::config::AtimeMode;
 use crate::error::{ClientError, Result};
 use datapath::DataPath;
 use parking_lot::Mutex;
+use pieces::{batches, pieces, Piece};
 use proto::meta::{fs, Commit};
 use proto::runs::{self, ChunkRuns, MAX_COMMIT_RUNS};
 use proto::{Attr, ChainId, ChunkId, InodeId, Layout, SessionId, Timestamp, WireError};
@@ -500,48 +502,6 @@ impl FileHandle {
     }
 }
 
-/// One piece of a transfer: a range inside one chunk, and where it sits in the buffer.
-#[derive(Clone, Copy, Debug)]
-struct Piece {
-    chunk: ChunkId,
-    chain: ChainId,
-    offset_in_chunk: u32,
-    len: u32,
-    buf_offset: usize,
-}
-
-/// Cuts `len` file bytes at `offset` at chunk boundaries; the bytes sit in a buffer
-/// from `buf_base` on.
-fn pieces(
-    layout: &Layout,
-    ino: InodeId,
-    offset: u64,
-    len: usize,
-    buf_base: usize,
-) -> Result<Vec<Piece>> {
-    let cs = u64::from(layout.chunk_size_bytes);
-    let mut out = Vec::new();
-    let mut pos = offset;
-    let end = offset + len as u64;
-    while pos < end {
-        let index = pos / cs;
-        let in_chunk = pos % cs;
-        let n = (cs - in_chunk).min(end - pos);
-        let chain = layout
-            .chain_for(index)
-            .ok_or_else(|| ClientError::NoDataServers("file has no data servers".into()))?;
-        out.push(Piece {
-            chunk: ChunkId { inode: ino, index },
-            chain,
-            offset_in_chunk: in_chunk as u32,
-            len: n as u32,
-            buf_offset: buf_base + (pos - offset) as usize,
-        });
-        pos += n;
-    }
-    Ok(out)
-}
-
 /// How long a `statfs` answer may stand in for a new one in `fallocate`'s space check.
 const FREE_SEEN_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -581,6 +541,32 @@ impl DataPath {
         } else {
             self.chain_read(layout, p, mr).await
         }
+    }
+
+    /// Writes the written `ranges` of a segment buffer (offsets in `mr`, which holds the
+    /// file's bytes from `base` on) to the data servers, all at once; returns the chunks
+    /// touched. Small ranges of one chunk go together, as one chain write
+    /// ([`batches`]), so scattered small writes cost a round of the chain per batch and
+    /// not per write.
+    pub(super) async fn write_ranges(
+        &self,
+        state: &FileState,
+        base: u64,
+        ranges: &[std::ops::Range<u32>],
+        mr: &MemoryRegion,
+    ) -> Result<Vec<(ChainId, ChunkId)>> {
+        let layout = &state.layout;
+        let mut ps = Vec::new();
+        for r in ranges {
+            let (at, len) = (base + u64::from(r.start), (r.end - r.start) as usize);
+            ps.extend(pieces(layout, state.ino, at, len, r.start as usize)?);
+        }
+        let sends = batches(&ps).into_iter().map(|b| {
+            let batch = &ps[b];
+            self.chain_write_ranges(layout, batch, mr)
+        });
+        futures::future::try_join_all(sends).await?;
+        Ok(ps.iter().map(|p| (p.chain, p.chunk)).collect())
     }
 
     /// Moves `len` file bytes at `offset` between `mr` (from `buf_base` on) and the data

@@ -13,13 +13,13 @@ use super::grants::renewable;
 use super::members::{
     classify, read_order, sync_targets, truncate_targets, unavailable, write_head, Next,
 };
-use super::Piece;
+use super::pieces::Piece;
 use crate::error::{ClientError, Result};
 use crate::metrics::FailoverOp;
 use crate::rpc;
 use proto::data::{
-    fits_inline, Fsync, Moved, Placement, ReadChunk, ReadInline, TruncateFile, WriteChunk,
-    WriteInline, WriteZeros,
+    fits_inline, fits_ranges, Fsync, InlineRange, Moved, Placement, ReadChunk, ReadInline,
+    TruncateFile, WriteChunk, WriteInline, WriteRanges, WriteZeros,
 };
 use proto::meta::{ClusterMap, WATCH_AFTER, WATCH_EVERY};
 use proto::{ChainId, ChunkId, InodeId, Layout, NodeId};
@@ -159,14 +159,52 @@ impl DataPath {
         p: Piece,
         mr: Option<&MemoryRegion>,
     ) -> Result<()> {
+        self.chain_write_each(layout, std::slice::from_ref(&p), mr)
+            .await
+    }
+
+    /// Writes `ps`, pieces of one chunk in the order of their offsets, from `mr` through
+    /// the chunk's chain: one piece as [`DataPath::chain_write`], several small ones in
+    /// one request ([`WriteRanges`]).
+    pub(super) async fn chain_write_ranges(
+        &self,
+        layout: &Layout,
+        ps: &[Piece],
+        mr: &MemoryRegion,
+    ) -> Result<()> {
+        self.chain_write_each(layout, ps, Some(mr)).await
+    }
+
+    async fn chain_write_each(
+        &self,
+        layout: &Layout,
+        ps: &[Piece],
+        mr: Option<&MemoryRegion>,
+    ) -> Result<()> {
+        let Some(&first) = ps.first() else {
+            return Ok(());
+        };
+        debug_assert!(
+            ps.len() == 1 || mr.is_some(),
+            "zeros are written one piece at a time"
+        );
         let tried = Tried::default();
         let tried = &tried;
-        self.with_failover("write", p.chunk.inode, |map, file_grant| async move {
-            let head = write_head(&map, layout.replicas, p.chain)?;
+        self.with_failover("write", first.chunk.inode, |map, file_grant| async move {
+            let head = write_head(&map, layout.replicas, first.chain)?;
             if tried.moves_to(head) {
                 self.ep.metrics().failover(FailoverOp::Write);
             }
-            let r = self.write_to(head, &map, layout, p, mr, file_grant).await;
+            let r = match mr {
+                Some(mr) if ps.len() > 1 => {
+                    self.write_ranges_to(head, &map, layout, ps, mr, file_grant)
+                        .await
+                }
+                _ => {
+                    self.write_to(head, &map, layout, first, mr, file_grant)
+                        .await
+                }
+            };
             if r.is_err() {
                 tried.failed(head);
             }
@@ -241,6 +279,49 @@ impl DataPath {
         };
         drop(grant);
         moved_all(written, p.len, "write")
+    }
+
+    /// Writes `ps`, small pieces of one chunk, through `head` in one [`WriteRanges`]; on a
+    /// connection whose peer takes smaller requests than they need, one by one.
+    async fn write_ranges_to(
+        &self,
+        head: NodeId,
+        map: &ClusterMap,
+        layout: &Layout,
+        ps: &[Piece],
+        mr: &MemoryRegion,
+        file_grant: Option<proto::grant::Grant>,
+    ) -> Result<()> {
+        let conn = self.data_conn(head).await?;
+        let bytes: u32 = ps.iter().map(|p| p.len).sum();
+        if !fits_ranges(ps.len(), bytes as usize, conn.max_request_bytes()) {
+            let each = ps.iter().map(|p| {
+                let g = file_grant.clone();
+                self.write_to(head, map, layout, *p, Some(mr), g)
+            });
+            futures::future::try_join_all(each).await?;
+            return Ok(());
+        }
+        let ranges = {
+            let b = mr.lock();
+            ps.iter()
+                .map(|p| InlineRange {
+                    offset: p.offset_in_chunk,
+                    data: b[p.buf_offset..p.buf_offset + p.len as usize].to_vec(),
+                })
+                .collect()
+        };
+        let req = WriteRanges {
+            chunk: ps[0].chunk,
+            place: Self::placement(map, layout, ps[0].chain),
+            chunk_size_bytes: layout.chunk_size_bytes,
+            ranges,
+            grant: file_grant,
+        };
+        let written = self
+            .unless_down(head, rpc::data_call(&self.ep, &conn, req))
+            .await?;
+        moved_all(written, bytes, "write of ranges")
     }
 
     /// Reads one piece into `mr` from a serving member of its chain, trying the others

@@ -327,15 +327,11 @@ impl Client {
         let (client, st, seg) = (self.arc(), st.clone(), seg.clone());
         self.rt.spawn(async move {
             let base = seg.index * client.data.write_pool.seg_bytes() as u64;
-            let sends = extents.ranges().iter().map(|r| {
-                let (at, len) = (base + u64::from(r.start), (r.end - r.start) as usize);
-                client
-                    .data
-                    .transfer_range(&st, at, len, seg.buf.mr(), r.start as usize, true)
-            });
-            let r = futures::future::try_join_all(sends).await;
+            let r = (client.data)
+                .write_ranges(&st, base, extents.ranges(), seg.buf.mr())
+                .await;
             match r {
-                Ok(chunks) => st.stored(&chunks.concat()),
+                Ok(chunks) => st.stored(&chunks),
                 Err(e) => {
                     tracing::warn!(ino = %st.ino, error = %e, "a buffered write failed");
                     st.write_failed(WireError::new(e.code(), e.to_string()));
