@@ -66,7 +66,9 @@ impl Inner {
     }
 
     /// Replaces the local copy of `chunk` by the one at `from`. A source without the
-    /// chunk makes the local copy go too. Returns whether anything changed.
+    /// chunk makes the local copy go too. Returns whether anything changed. A copy newer
+    /// than the source's is fetched again; found older twice at the same version, the
+    /// source's replaces it and the call fails (see below).
     pub(super) async fn repair_from(
         &self,
         from: &str,
@@ -74,6 +76,8 @@ impl Inner {
         chain: ChainId,
     ) -> Result<bool, DataError> {
         let conn = self.view.peer_at(from).await?;
+        // The source's version when it was found older than this copy.
+        let mut behind = None;
         for _ in 0..REPAIR_ATTEMPTS {
             let Some(info) = info(&conn, chunk).await? else {
                 let _lock = self.locks.write(chunk).await;
@@ -110,8 +114,10 @@ impl Inner {
             drop(grant);
             let _lock = self.locks.write(chunk).await;
             let have = self.local_fields(chunk).await?;
-            if !have.stale && have.version > got.version && have.chain == chain {
+            let ahead = !have.stale && have.version > got.version && have.chain == chain;
+            if ahead && behind != Some(got.version) {
                 // A newer write arrived here meanwhile: fetch again.
+                behind = Some(got.version);
                 continue;
             }
             let fields = ReplicaFields {
@@ -123,6 +129,20 @@ impl Inner {
             let cs = got.chunk_size_bytes;
             let len = got.len as usize;
             blocking(move || store.install(chunk, cs, &mr.lock()[..len], fields)).await?;
+            if ahead {
+                // The source answered the same older version twice: it never had this
+                // copy's newest writes (it was brought back to serve after missing
+                // them, README "Not yet"), and what it holds is what the chain serves.
+                // Copying it lets the chain heal instead of retrying forever; the pass
+                // still fails, so that the next one checks the copy again, in case a
+                // write was only slow to be stored there.
+                warn!(%chunk, ours = have.version, theirs = got.version, %from,
+                    "a copy newer than the serving member's was replaced by it");
+                return Err(DataError::Unavailable(format!(
+                    "{chunk}: replaced version {} here by {}'s older {}",
+                    have.version, from, got.version
+                )));
+            }
             return Ok(true);
         }
         Err(DataError::Unavailable(format!(

@@ -448,3 +448,41 @@ async fn a_head_passes_ranges_one_by_one_to_a_successor_taking_small_requests() 
         assert!(meta.version == 1 && !meta.stale, "{meta:?}");
     }
 }
+
+/// Guards against a syncing member copying forever from a serving member that was
+/// brought back after missing writes (its version stays below the member's): the first
+/// fetch is tried again, the same older version twice is copied over the newer one with
+/// the call failing (the pass checks again), and the next repair finds them equal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_newer_than_a_serving_source_that_stays_older_is_replaced() {
+    let (_source, source_store, source_l, _d1) =
+        chain_member(HEAD, TransportConfig::default()).await;
+    let (member, member_store, _member_l, _d2) = chain_member(ME, TransportConfig::default()).await;
+    let put = |store: &ChunkStore, byte: u8, version: u64| {
+        store.write(CHUNK, CHUNK_SIZE, 0, &[byte; LEN]).unwrap();
+        let fields = ReplicaFields {
+            chain: CHAIN,
+            version,
+            stale: false,
+        };
+        store.set_replica(CHUNK, fields).unwrap();
+    };
+    put(&source_store, 0x11, 3);
+    put(&member_store, 0x22, 5);
+    let from = source_l.local_addr().to_string();
+    let repair = || member.inner.repair_from(&from, CHUNK, CHAIN);
+    let err = tokio::time::timeout(CALL_TIMEOUT, repair())
+        .await
+        .expect("the repair hung")
+        .expect_err("a newer copy replaced fails the call");
+    assert!(err.to_string().contains("replaced version 5"), "{err}");
+    let meta = member_store.chunk_meta(CHUNK).unwrap().unwrap();
+    assert!(meta.version == 3 && !meta.stale, "{meta:?}");
+    let mut got = vec![0u8; LEN];
+    member_store.read(CHUNK, CHUNK_SIZE, 0, &mut got).unwrap();
+    assert!(got.iter().all(|&b| b == 0x11), "the source's bytes");
+    let again = tokio::time::timeout(CALL_TIMEOUT, repair())
+        .await
+        .expect("the repair hung");
+    assert!(again.is_ok(), "{again:?}");
+}
