@@ -151,6 +151,14 @@ impl Inner {
         if have.stale {
             // A head whose copy missed a write would hand out versions the others hold
             // with other bytes: refuse until the sweep (woken now) has copied it whole.
+            // With no other serving member there is nothing to copy from, and waiting
+            // would not end it: unavailable until the map changes.
+            if super::resync::source(&map, w.place.chain, order[pos]).is_none() {
+                return Err(DataError::Unavailable(format!(
+                    "{}: the head's copy missed writes and no other member serves it",
+                    w.chunk
+                )));
+            }
             self.stale_found.notify_one();
             return Err(DataError::Busy(format!(
                 "{}: the head's copy is being repaired",

@@ -384,7 +384,7 @@ fn chains_where(map: &ClusterMap, me: NodeId, state: MemberState) -> Vec<ChainId
 }
 
 /// A serving member of `chain` other than `me`.
-fn source(map: &ClusterMap, chain: ChainId, me: NodeId) -> Option<NodeId> {
+pub(super) fn source(map: &ClusterMap, chain: ChainId, me: NodeId) -> Option<NodeId> {
     map.chain(chain)?
         .members
         .iter()

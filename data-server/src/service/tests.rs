@@ -486,3 +486,48 @@ async fn a_copy_newer_than_a_serving_source_that_stays_older_is_replaced() {
         .expect("the repair hung");
     assert!(again.is_ok(), "{again:?}");
 }
+
+/// Guards against a head whose copy missed writes answering in a way that does not say
+/// whether waiting helps: `Busy` (retried until the client's deadline) while another
+/// member serves the chain to repair it from, `Unavailable` (retried once the map
+/// changes) when none does; nothing is stored either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_head_refuses_writes_busy_only_while_another_member_can_repair_it() {
+    for other in [MemberState::Serving, MemberState::Syncing] {
+        let (head, store, listener, _dir) = chain_member(HEAD, TransportConfig::default()).await;
+        store.write(CHUNK, CHUNK_SIZE, 0, &[0xaa; LEN]).unwrap();
+        let fields = ReplicaFields {
+            chain: CHAIN,
+            version: 4,
+            stale: true,
+        };
+        store.set_replica(CHUNK, fields).unwrap();
+        let mut m = map();
+        m.chains[0].members[1].state = other;
+        head.inner.view.offer(m);
+        let ep = Endpoint::new(Backend::Tcp, TransportConfig::default(), PROTOCOL_VERSION).unwrap();
+        let conn = ep
+            .connect(&listener.local_addr().to_string())
+            .await
+            .unwrap();
+        let req = proto::data::WriteInline {
+            chunk: CHUNK,
+            place: PLACE,
+            chunk_size_bytes: CHUNK_SIZE,
+            offset: 0,
+            data: vec![0xbb; 16],
+            grant: None,
+        };
+        let err = tokio::time::timeout(CALL_TIMEOUT, call_peer(&conn, req))
+            .await
+            .expect("the write hung")
+            .expect_err("a stale head refuses the write");
+        let want = match other {
+            MemberState::Serving => ErrorCode::Busy,
+            _ => ErrorCode::Unavailable,
+        };
+        assert_eq!(err.code(), want, "other member {other:?}: {err}");
+        let meta = store.chunk_meta(CHUNK).unwrap().unwrap();
+        assert!(meta.version == 4 && meta.stale, "{meta:?}");
+    }
+}

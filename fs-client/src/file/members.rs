@@ -40,6 +40,15 @@ pub(super) fn classify(e: &ClientError) -> Next {
     }
 }
 
+impl Next {
+    /// Whether a failure calling for this counts against a request's tries: a busy
+    /// chunk (a copy being repaired while another member serves, a server at its limit
+    /// of calls) clears by itself, so only the failover deadline bounds its pauses.
+    pub(super) fn counts_as_try(self) -> bool {
+        !matches!(self, Next::Pause)
+    }
+}
+
 /// Not in the map (errno as `Unavailable`): retried once the map changes.
 pub(super) fn unavailable(msg: String) -> ClientError {
     ClientError::NotInMap(msg)
@@ -237,5 +246,8 @@ mod tests {
         assert_eq!(classify(&remote(ErrorCode::Corrupt)), Next::Fail);
         assert_eq!(classify(&unavailable("x".into())), Next::Wait);
         assert_eq!(classify(&ClientError::Protocol("x".into())), Next::Fail);
+        // A busy chunk is waited for until the deadline; the rest use up tries.
+        assert!(!Next::Pause.counts_as_try());
+        assert!(Next::Wait.counts_as_try() && Next::Refresh.counts_as_try());
     }
 }

@@ -30,7 +30,8 @@ use std::time::{Duration, Instant};
 use tracing::debug;
 use transport::{Access, MemoryRegion};
 
-/// Tries of one request across map changes.
+/// Tries of one request across map changes (a busy chunk's pauses are bounded by the
+/// failover deadline alone: `Next::counts_as_try`).
 const MAX_ATTEMPTS: u32 = 8;
 /// How often a client waiting for a map change asks the metadata server: as often as
 /// a call watching a server looks (the watches share these reads).
@@ -126,11 +127,13 @@ impl DataPath {
                     }
                 }
             }
-            attempt += 1;
+            let next = classify(&err);
+            if next.counts_as_try() {
+                attempt += 1;
+            }
             if attempt >= MAX_ATTEMPTS || Instant::now() >= deadline {
                 return Err(err);
             }
-            let next = classify(&err);
             if !matches!(next, Next::Fail) {
                 self.ep.count_retry();
             }
