@@ -66,15 +66,15 @@ impl Inner {
     }
 
     /// Replaces the local copy of `chunk` by the one at `from`. A source without the
-    /// chunk makes the local copy go too. Returns whether anything changed. A copy newer
-    /// than the source's is fetched again; found older twice at the same version, the
-    /// source's replaces it and the call fails (see below).
+    /// chunk makes the local copy go too. A copy newer than the source's is fetched
+    /// again; found newer twice against the same source version, the source's replaces
+    /// it if the source still serves the chain ([`Repaired::ReplacedNewer`], see below).
     pub(super) async fn repair_from(
         &self,
         from: &str,
         chunk: ChunkId,
         chain: ChainId,
-    ) -> Result<bool, DataError> {
+    ) -> Result<Repaired, DataError> {
         let conn = self.view.peer_at(from).await?;
         // The source's version when it was found older than this copy.
         let mut behind = None;
@@ -82,7 +82,12 @@ impl Inner {
             let Some(info) = info(&conn, chunk).await? else {
                 let _lock = self.locks.write(chunk).await;
                 let store = self.store.clone();
-                return blocking(move || store.delete_chunk(chunk)).await;
+                let gone = blocking(move || store.delete_chunk(chunk)).await?;
+                return Ok(if gone {
+                    Repaired::Copied
+                } else {
+                    Repaired::Unchanged
+                });
             };
             if info.stale {
                 return Err(DataError::Stale(format!(
@@ -120,6 +125,19 @@ impl Inner {
                 behind = Some(got.version);
                 continue;
             }
+            // The source answered the same older version twice: it never had this
+            // copy's newest writes (it was brought back to serve after missing them,
+            // README "Not yet"), and what it holds is what the chain serves, if it
+            // still serves it (the map may have moved on since the pass began, and a
+            // member that left may answer with what it had). Copying it lets the chain
+            // heal instead of retrying forever; the caller's pass still fails, so the
+            // next one checks the copy again, in case a change was only slow to land at
+            // the source (a truncation reaches the members one by one).
+            if ahead && !serves(&self.view.current(), chain, from) {
+                return Err(DataError::Stale(format!(
+                    "{chunk}: {from} no longer serves {chain}"
+                )));
+            }
             let fields = ReplicaFields {
                 chain,
                 version: got.version,
@@ -130,20 +148,11 @@ impl Inner {
             let len = got.len as usize;
             blocking(move || store.install(chunk, cs, &mr.lock()[..len], fields)).await?;
             if ahead {
-                // The source answered the same older version twice: it never had this
-                // copy's newest writes (it was brought back to serve after missing
-                // them, README "Not yet"), and what it holds is what the chain serves.
-                // Copying it lets the chain heal instead of retrying forever; the pass
-                // still fails, so that the next one checks the copy again, in case a
-                // write was only slow to be stored there.
                 warn!(%chunk, ours = have.version, theirs = got.version, %from,
                     "a copy newer than the serving member's was replaced by it");
-                return Err(DataError::Unavailable(format!(
-                    "{chunk}: replaced version {} here by {}'s older {}",
-                    have.version, from, got.version
-                )));
+                return Ok(Repaired::ReplacedNewer);
             }
-            return Ok(true);
+            return Ok(Repaired::Copied);
         }
         Err(DataError::Unavailable(format!(
             "{chunk}: kept changing while copied from {from}"
@@ -259,6 +268,7 @@ impl Resync {
         let mut theirs = HashSet::new();
         let mut after = None;
         let mut clean = true;
+        let mut replaced = 0u64;
         loop {
             let req = ListChunks {
                 chain,
@@ -280,7 +290,9 @@ impl Resync {
                 if have.version == m.version && !have.stale && have.chain == chain {
                     continue;
                 }
-                self.inner.repair_from(&addr, m.chunk, chain).await?;
+                if self.inner.repair_from(&addr, m.chunk, chain).await? == Repaired::ReplacedNewer {
+                    replaced += 1;
+                }
                 self.report.lock().copied += 1;
             }
             after = Some(last);
@@ -291,13 +303,18 @@ impl Resync {
                 self.inner.repair_from(&addr, c.chunk, chain).await?;
             }
         }
-        if clean {
-            Ok(())
-        } else {
-            Err(DataError::Stale(format!(
+        if !clean {
+            return Err(DataError::Stale(format!(
                 "{chain}: the source has stale copies"
-            )))
+            )));
         }
+        if replaced > 0 {
+            return Err(DataError::Unavailable(format!(
+                "{chain}: {replaced} copies here newer than the source's replaced by its; \
+                 checking again"
+            )));
+        }
+        Ok(())
     }
 
     /// Repairs stale copies of chains this server serves, removes chunks of chains it
@@ -381,6 +398,27 @@ fn chains_where(map: &ClusterMap, me: NodeId, state: MemberState) -> Vec<ChainId
         .filter(|c| c.members.iter().any(|m| m.node == me && m.state == state))
         .map(|c| c.chain)
         .collect()
+}
+
+/// What [`Inner::repair_from`] did to the local copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Repaired {
+    /// Nothing to do: neither side has the chunk.
+    Unchanged,
+    /// Copied from the source, or deleted as the source lacks it.
+    Copied,
+    /// A copy newer than the serving source's, which the source never had, replaced by
+    /// the source's.
+    ReplacedNewer,
+}
+
+/// Whether the member at `addr` serves `chain` in `map`.
+fn serves(map: &ClusterMap, chain: ChainId, addr: &str) -> bool {
+    map.chain(chain).is_some_and(|c| {
+        c.members
+            .iter()
+            .any(|m| m.state == MemberState::Serving && map.addr(m.node) == Some(addr))
+    })
 }
 
 /// A serving member of `chain` other than `me`.

@@ -2,6 +2,7 @@
 //! and held at the service's pause points.
 
 use super::pause::PausePoint;
+use super::resync::Repaired;
 use super::{call_peer, DataService, Pools};
 use crate::cluster_view::ClusterView;
 use crate::store::{ChunkStore, ReplicaFields};
@@ -451,8 +452,9 @@ async fn a_head_passes_ranges_one_by_one_to_a_successor_taking_small_requests() 
 
 /// Guards against a syncing member copying forever from a serving member that was
 /// brought back after missing writes (its version stays below the member's): the first
-/// fetch is tried again, the same older version twice is copied over the newer one with
-/// the call failing (the pass checks again), and the next repair finds them equal.
+/// fetch is tried again, the same older version twice is copied over the newer one
+/// (reported as such, so the pass checks again), and the next repair finds them equal;
+/// but not from a source that no longer serves the chain in the member's map.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_newer_than_a_serving_source_that_stays_older_is_replaced() {
     let (_source, source_store, source_l, _d1) =
@@ -470,21 +472,42 @@ async fn a_copy_newer_than_a_serving_source_that_stays_older_is_replaced() {
     put(&source_store, 0x11, 3);
     put(&member_store, 0x22, 5);
     let from = source_l.local_addr().to_string();
-    let repair = || member.inner.repair_from(&from, CHUNK, CHAIN);
-    let err = tokio::time::timeout(CALL_TIMEOUT, repair())
+    let repair = || async {
+        tokio::time::timeout(CALL_TIMEOUT, member.inner.repair_from(&from, CHUNK, CHAIN))
+            .await
+            .expect("the repair hung")
+    };
+    let bytes = |store: &ChunkStore| {
+        let mut got = vec![0u8; LEN];
+        store.read(CHUNK, CHUNK_SIZE, 0, &mut got).unwrap();
+        got
+    };
+    // The source has left the chain in the member's map: nothing is replaced.
+    let mut m = map();
+    m.nodes[0].addr = from.clone();
+    m.chains[0].members[0].state = MemberState::Syncing;
+    member.inner.view.offer(m.clone());
+    let err = repair()
         .await
-        .expect("the repair hung")
-        .expect_err("a newer copy replaced fails the call");
-    assert!(err.to_string().contains("replaced version 5"), "{err}");
+        .expect_err("a source that left is not copied");
+    assert_eq!(err.code(), ErrorCode::Stale, "{err}");
+    assert!(bytes(&member_store).iter().all(|&b| b == 0x22), "ours stay");
+    // Serving: its copy replaces ours.
+    m.version += 1;
+    m.chains[0].members[0].state = MemberState::Serving;
+    member.inner.view.offer(m);
+    assert_eq!(repair().await.unwrap(), Repaired::ReplacedNewer);
     let meta = member_store.chunk_meta(CHUNK).unwrap().unwrap();
     assert!(meta.version == 3 && !meta.stale, "{meta:?}");
-    let mut got = vec![0u8; LEN];
-    member_store.read(CHUNK, CHUNK_SIZE, 0, &mut got).unwrap();
-    assert!(got.iter().all(|&b| b == 0x11), "the source's bytes");
-    let again = tokio::time::timeout(CALL_TIMEOUT, repair())
-        .await
-        .expect("the repair hung");
-    assert!(again.is_ok(), "{again:?}");
+    assert!(
+        bytes(&member_store).iter().all(|&b| b == 0x11),
+        "the source's bytes"
+    );
+    assert_eq!(
+        repair().await.unwrap(),
+        Repaired::Copied,
+        "equal: copied again"
+    );
 }
 
 /// Guards against a head whose copy missed writes answering in a way that does not say

@@ -14,8 +14,11 @@ pub(super) enum Next {
     Refresh,
     /// A server is unreachable: wait for the map to change, then retry.
     Wait,
-    /// The server is busy with this chunk (its copy is being repaired): retry shortly.
+    /// The server is at its limit of calls: retry shortly.
     Pause,
+    /// The head's copy of this chunk is being repaired from another member: retry,
+    /// waiting longer each time, until the failover deadline.
+    Repairing,
     /// Nothing to retry.
     Fail,
 }
@@ -26,7 +29,8 @@ pub(super) fn classify(e: &ClientError) -> Next {
         ClientError::Remote(w) => match w.code {
             ErrorCode::Stale => Next::Refresh,
             ErrorCode::Unavailable | ErrorCode::TimedOut => Next::Wait,
-            ErrorCode::Busy | ErrorCode::Overloaded => Next::Pause,
+            ErrorCode::Busy => Next::Repairing,
+            ErrorCode::Overloaded => Next::Pause,
             _ => Next::Fail,
         },
         ClientError::Transport(
@@ -41,11 +45,11 @@ pub(super) fn classify(e: &ClientError) -> Next {
 }
 
 impl Next {
-    /// Whether a failure calling for this counts against a request's tries: a busy
-    /// chunk (a copy being repaired while another member serves, a server at its limit
-    /// of calls) clears by itself, so only the failover deadline bounds its pauses.
+    /// Whether a failure calling for this counts against a request's tries: a repair
+    /// under way (the head answers `Busy` only while another member serves the chain to
+    /// copy from) ends by itself, so only the failover deadline bounds its pauses.
     pub(super) fn counts_as_try(self) -> bool {
-        !matches!(self, Next::Pause)
+        !matches!(self, Next::Repairing)
     }
 }
 
@@ -241,13 +245,13 @@ mod tests {
         assert_eq!(classify(&remote(ErrorCode::Stale)), Next::Refresh);
         assert_eq!(classify(&remote(ErrorCode::Unavailable)), Next::Wait);
         assert_eq!(classify(&remote(ErrorCode::TimedOut)), Next::Wait);
-        assert_eq!(classify(&remote(ErrorCode::Busy)), Next::Pause);
+        assert_eq!(classify(&remote(ErrorCode::Busy)), Next::Repairing);
         assert_eq!(classify(&remote(ErrorCode::Overloaded)), Next::Pause);
         assert_eq!(classify(&remote(ErrorCode::Corrupt)), Next::Fail);
         assert_eq!(classify(&unavailable("x".into())), Next::Wait);
         assert_eq!(classify(&ClientError::Protocol("x".into())), Next::Fail);
         // A busy chunk is waited for until the deadline; the rest use up tries.
-        assert!(!Next::Pause.counts_as_try());
-        assert!(Next::Wait.counts_as_try() && Next::Refresh.counts_as_try());
+        assert!(!Next::Repairing.counts_as_try());
+        assert!(Next::Pause.counts_as_try() && Next::Wait.counts_as_try());
     }
 }

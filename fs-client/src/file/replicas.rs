@@ -30,9 +30,12 @@ use std::time::{Duration, Instant};
 use tracing::debug;
 use transport::{Access, MemoryRegion};
 
-/// Tries of one request across map changes (a busy chunk's pauses are bounded by the
-/// failover deadline alone: `Next::counts_as_try`).
+/// Tries of one request across map changes (the pauses while a chunk's copy is being
+/// repaired are bounded by the failover deadline alone: `Next::counts_as_try`).
 const MAX_ATTEMPTS: u32 = 8;
+/// Longest pause before trying a chunk whose copy is being repaired again: the pauses
+/// start at [`MAP_POLL`] and double.
+const MAX_REPAIR_PAUSE: Duration = Duration::from_secs(2);
 /// How often a client waiting for a map change asks the metadata server: as often as
 /// a call watching a server looks (the watches share these reads).
 const MAP_POLL: Duration = WATCH_EVERY;
@@ -110,6 +113,7 @@ impl DataPath {
     {
         let deadline = Instant::now() + self.failover_timeout;
         let mut attempt = 0;
+        let mut repair_pause = MAP_POLL;
         let mut renewed = false;
         loop {
             let map = self.map();
@@ -146,6 +150,12 @@ impl DataPath {
                 Next::Pause => {
                     debug!(error = %err, what, "server busy, retrying");
                     tokio::time::sleep(MAP_POLL).await;
+                }
+                Next::Repairing => {
+                    debug!(error = %err, what, "chunk being repaired, retrying");
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    tokio::time::sleep(repair_pause.min(left)).await;
+                    repair_pause = (repair_pause * 2).min(MAX_REPAIR_PAUSE);
                 }
                 Next::Wait => {
                     debug!(error = %err, what, "server unreachable, waiting for the map to change");
