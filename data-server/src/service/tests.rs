@@ -65,16 +65,21 @@ fn map() -> ClusterMap {
     }
 }
 
+/// Stores `CHUNK` as `LEN` bytes of `byte` in `CHAIN` at `version`, marked `stale` or not.
+fn put_chunk(store: &ChunkStore, byte: u8, version: u64, stale: bool) {
+    store.write(CHUNK, CHUNK_SIZE, 0, &[byte; LEN]).unwrap();
+    let fields = ReplicaFields {
+        chain: CHAIN,
+        version,
+        stale,
+    };
+    store.set_replica(CHUNK, fields).unwrap();
+}
+
 /// Starts the service with `CHUNK` holding `LEN` bytes of `0xaa` at version 1.
 async fn served() -> Served {
     let (service, store, listener, dir) = chain_member(ME, TransportConfig::default()).await;
-    store.write(CHUNK, CHUNK_SIZE, 0, &[0xaa; LEN]).unwrap();
-    let fields = ReplicaFields {
-        chain: CHAIN,
-        version: 1,
-        stale: false,
-    };
-    store.set_replica(CHUNK, fields).unwrap();
+    put_chunk(&store, 0xaa, 1, false);
     // Every request names the map the view holds: the view never calls the metadata
     // server (nobody listens at its address).
     service.inner.view.offer(map());
@@ -460,17 +465,8 @@ async fn a_copy_newer_than_a_serving_source_that_stays_older_is_replaced() {
     let (_source, source_store, source_l, _d1) =
         chain_member(HEAD, TransportConfig::default()).await;
     let (member, member_store, _member_l, _d2) = chain_member(ME, TransportConfig::default()).await;
-    let put = |store: &ChunkStore, byte: u8, version: u64| {
-        store.write(CHUNK, CHUNK_SIZE, 0, &[byte; LEN]).unwrap();
-        let fields = ReplicaFields {
-            chain: CHAIN,
-            version,
-            stale: false,
-        };
-        store.set_replica(CHUNK, fields).unwrap();
-    };
-    put(&source_store, 0x11, 3);
-    put(&member_store, 0x22, 5);
+    put_chunk(&source_store, 0x11, 3, false);
+    put_chunk(&member_store, 0x22, 5, false);
     let from = source_l.local_addr().to_string();
     let repair = || async {
         tokio::time::timeout(CALL_TIMEOUT, member.inner.repair_from(&from, CHUNK, CHAIN))
@@ -518,13 +514,7 @@ async fn a_copy_newer_than_a_serving_source_that_stays_older_is_replaced() {
 async fn a_stale_head_refuses_writes_busy_only_while_another_member_can_repair_it() {
     for other in [MemberState::Serving, MemberState::Syncing] {
         let (head, store, listener, _dir) = chain_member(HEAD, TransportConfig::default()).await;
-        store.write(CHUNK, CHUNK_SIZE, 0, &[0xaa; LEN]).unwrap();
-        let fields = ReplicaFields {
-            chain: CHAIN,
-            version: 4,
-            stale: true,
-        };
-        store.set_replica(CHUNK, fields).unwrap();
+        put_chunk(&store, 0xaa, 4, true);
         let mut m = map();
         m.chains[0].members[1].state = other;
         head.inner.view.offer(m);
