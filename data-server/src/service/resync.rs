@@ -82,12 +82,8 @@ impl Inner {
             let Some(info) = info(&conn, chunk).await? else {
                 let _lock = self.locks.write(chunk).await;
                 let store = self.store.clone();
-                let gone = blocking(move || store.delete_chunk(chunk)).await?;
-                return Ok(if gone {
-                    Repaired::Copied
-                } else {
-                    Repaired::Unchanged
-                });
+                blocking(move || store.delete_chunk(chunk)).await?;
+                return Ok(Repaired::Copied);
             };
             if info.stale {
                 return Err(DataError::Stale(format!(
@@ -403,9 +399,7 @@ fn chains_where(map: &ClusterMap, me: NodeId, state: MemberState) -> Vec<ChainId
 /// What [`Inner::repair_from`] did to the local copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Repaired {
-    /// Nothing to do: neither side has the chunk.
-    Unchanged,
-    /// Copied from the source, or deleted as the source lacks it.
+    /// Made like the source's: copied, or gone as the source lacks it.
     Copied,
     /// A copy newer than the serving source's, which the source never had, replaced by
     /// the source's.
