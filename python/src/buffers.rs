@@ -139,7 +139,7 @@ pub struct FreshBytes {
     ptr: *mut u8,
     len: usize,
     /// Whether the bytes were set: none may be read, nor lent, before.
-    zeroed: bool,
+    zeroed: std::cell::Cell<bool>,
 }
 
 // SAFETY: the object is referenced by this value only until `into_bytes` hands it to
@@ -173,17 +173,19 @@ impl FreshBytes {
             obj: obj.unbind(),
             ptr,
             len,
-            zeroed: false,
+            zeroed: std::cell::Cell::new(false),
         })
     }
 
-    /// Sets every byte to zero, once.
-    fn zero(&mut self) {
-        if !self.zeroed {
+    /// Sets every byte to zero, once, before any slice of them is made.
+    fn zero(&self) {
+        if !self.zeroed.get() {
             // SAFETY: `ptr` points at `len` writable bytes of an object only this value
-            // references (see the `Send` impl); a raw write reads none of them.
+            // references (see the `Send` impl); a raw write reads none of them, and no
+            // slice of them exists yet (every slice is made after this, see `as_ref`,
+            // and `zeroed` is not shared between threads: `Cell` is not `Sync`).
             unsafe { std::ptr::write_bytes(self.ptr, 0, self.len) };
-            self.zeroed = true;
+            self.zeroed.set(true);
         }
     }
 
@@ -198,6 +200,23 @@ impl FreshBytes {
         PyBytes::new(py, prefix)
     }
 }
+
+impl AsRef<[u8]> for FreshBytes {
+    fn as_ref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        self.zero();
+        // SAFETY: `len` bytes, set above, of an object only this value references (see
+        // the `Send` impl), borrowed shared through `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+// SAFETY: a `bytes` object's bytes are part of the object and never move while it
+// lives; this value holds a reference to it until `into_bytes`, and `as_ref`/`as_mut`
+// always give those same bytes.
+unsafe impl fs_client::api::StableBytes for FreshBytes {}
 
 impl AsMut<[u8]> for FreshBytes {
     fn as_mut(&mut self) -> &mut [u8] {

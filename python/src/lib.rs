@@ -258,7 +258,10 @@ impl Client {
                 None => Ok(()),
             }
         };
-        let read = self.read_windows(py, &paths, make, check)?;
+        // Caller memory is not lent: its export ends with this call, while a transfer
+        // that outlived its read could still hold a lent region.
+        let read = |fs: &api::Tessera, jobs| fs.read_whole_into(jobs);
+        let read = self.read_windows(py, &paths, make, check, read)?;
         Ok(read.into_iter().map(|(_, (obj, _), n)| (obj, n)).collect())
     }
 
@@ -280,7 +283,9 @@ impl Client {
         paths: Vec<String>,
     ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
         let make = |_: &str, len: usize| Ok((FreshBytes::new(py, len)?, ()));
-        let read = self.read_windows(py, &paths, make, |_, _| Ok(()))?;
+        // Lent to the transport: the file's bytes land in the object itself.
+        let read = |fs: &api::Tessera, jobs| fs.read_whole_lent(jobs);
+        let read = self.read_windows(py, &paths, make, |_, _| Ok(()), read)?;
         Ok(read
             .into_iter()
             .map(|(fresh, (), n)| fresh.into_bytes(py, n))
@@ -293,16 +298,17 @@ impl Client {
     /// passed to `check`, filled with it released again. An error is raised for the
     /// first path of a window that failed to open or to get its buffer, else for the
     /// first that failed to read. Returns each buffer, what was kept with it, and the
-    /// bytes read.
+    /// bytes read. `read` reads a window's files into their buffers.
     fn read_windows<B, K>(
         &self,
         py: Python<'_>,
         paths: &[String],
         mut make: impl FnMut(&str, usize) -> PyResult<(B, K)>,
         check: impl Fn(&[String], &[&B]) -> PyResult<()>,
+        read: impl Fn(&api::Tessera, Vec<(api::File, B)>) -> Vec<fs_client::Result<(B, usize)>> + Sync,
     ) -> PyResult<Vec<(B, K, usize)>>
     where
-        B: AsMut<[u8]> + Send + 'static,
+        B: Send + 'static,
     {
         let mut out = Vec::with_capacity(paths.len());
         for window in paths.chunks(api::OPEN_WINDOW) {
@@ -317,7 +323,7 @@ impl Client {
                 kept.push(keep);
             }
             check(window, &jobs.iter().map(|(_, b)| b).collect::<Vec<_>>())?;
-            let read = py.detach(|| self.inner.read_whole_into(jobs));
+            let read = py.detach(|| read(&self.inner, jobs));
             for ((p, r), keep) in window.iter().zip(read).zip(kept) {
                 let (buf, n) = r.map_err(|e| os_error(&e, p, None))?;
                 out.push((buf, keep, n));

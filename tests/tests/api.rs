@@ -166,6 +166,60 @@ async fn files_written_read_and_listed_by_path() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_files_read_into_lent_buffers_see_this_clients_unsent_writes() {
+    let cluster = InProcessCluster::start(3).await;
+    with_api(&cluster, |fs| {
+        // Across chunks (4 MiB) and I/O buffers, an empty file, one byte.
+        let sizes = [9 << 20, 0, 1, 70_000, (4 << 20) + 1];
+        let names: Vec<String> = (0..sizes.len()).map(|i| format!("/lent-{i}")).collect();
+        for (i, n) in names.iter().enumerate() {
+            fs.write(n, &pseudo_random(sizes[i], i as u64)).unwrap();
+        }
+        let jobs: Vec<_> = fs
+            .open_many(&names)
+            .into_iter()
+            .map(|r| {
+                let f = r.unwrap();
+                let n = f.len() as usize;
+                (f, vec![0xa5u8; n + 3])
+            })
+            .collect();
+        for (i, r) in fs.read_whole_lent(jobs).into_iter().enumerate() {
+            let (buf, n) = r.unwrap();
+            assert_eq!(n, sizes[i], "file {i}");
+            assert!(
+                buf[..n] == pseudo_random(sizes[i], i as u64)[..],
+                "file {i}"
+            );
+            assert_eq!(&buf[n..], &[0xa5; 3], "file {i}: past its end untouched");
+        }
+        // Writes this client has buffered and not sent are read too (through the I/O
+        // buffers, which send them first), by `read_many` and `read_whole_lent` alike.
+        let rw = OpenOptions {
+            write: true,
+            ..OpenOptions::new()
+        };
+        let w = fs.open(&names[3], &rw).unwrap();
+        w.write_at(b"unsent", 100).unwrap();
+        w.write_at(b"grown", 70_000).unwrap();
+        let mut want = pseudo_random(sizes[3], 3);
+        want[100..106].copy_from_slice(b"unsent");
+        want.extend_from_slice(b"grown");
+        assert!(fs.read_many(&[&names[3]])[0].as_ref().unwrap() == &want);
+        let f = fs.open(&names[3], &OpenOptions::new()).unwrap();
+        let len = f.len() as usize;
+        let (buf, n) = fs
+            .read_whole_lent(vec![(f, vec![0u8; len])])
+            .remove(0)
+            .unwrap();
+        assert!(buf[..n] == want[..], "read after the unsent writes");
+        w.close().unwrap();
+        assert!(fs.read(&names[3]).unwrap() == want);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handles_write_append_truncate_sync_and_close() {
     let cluster = InProcessCluster::start(3).await;
     with_api(&cluster, |fs| {

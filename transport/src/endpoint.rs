@@ -5,7 +5,7 @@ use crate::backend::Backend;
 use crate::config::TransportConfig;
 use crate::conn::{since_start_ms, Closed, ConnCore, ConnId, Connection, Handler};
 use crate::error::TransportError;
-use crate::mr::MemoryRegion;
+use crate::mr::{AlignedBuf, MemoryRegion, StableBytes};
 use parking_lot::Mutex;
 use proto::auth::KeyId;
 use std::collections::HashMap;
@@ -156,6 +156,37 @@ impl Endpoint {
             return dev.register(len);
         }
         Ok(MemoryRegion::new(len))
+    }
+
+    /// Registers memory the caller owns, as [`Endpoint::register`] registers memory of
+    /// its own: a peer granted a slice of it writes straight into `memory`, with no copy
+    /// out of a buffer of the transport's. [`MemoryRegion::reclaim`] gives it back.
+    /// Refused with `memory` given back (too large; a device that cannot pin it).
+    pub fn lend<T: StableBytes>(&self, memory: T) -> Result<MemoryRegion, (TransportError, T)> {
+        let buf = AlignedBuf::lent(memory);
+        let given_back = |e, buf: AlignedBuf| match buf.into_lent() {
+            Ok(memory) => (e, memory),
+            Err(_) => unreachable!("the buffer was made of a `T` above"),
+        };
+        if buf.len() > MAX_REGION_BYTES {
+            let e = TransportError::TooBig {
+                what: "memory registration",
+                size: buf.len(),
+                limit: MAX_REGION_BYTES,
+            };
+            return Err(given_back(e, buf));
+        }
+        #[cfg(feature = "rdma")]
+        if let Some(dev) = &self.rdma {
+            return dev
+                .register_over(buf)
+                .map_err(|(e, buf)| given_back(e, buf));
+        }
+        let r = MemoryRegion::over(buf, |_| Ok::<_, std::convert::Infallible>(None));
+        match r {
+            Ok(mr) => Ok(mr),
+            Err((never, _)) => match never {},
+        }
     }
 
     /// Connects to a listening peer at `addr` (`host:port`).

@@ -44,7 +44,7 @@ pub use endpoint::{Endpoint, Listener, PeerCounts, MAX_REGION_BYTES};
 pub use error::TransportError;
 pub use host::{disk_space, raise_open_file_limit};
 pub use link::{next_addr, split_addrs, Link};
-pub use mr::{AlignedBuf, MemoryRegion, REGION_ALIGN_BYTES};
+pub use mr::{AlignedBuf, MemoryRegion, StableBytes, REGION_ALIGN_BYTES};
 pub use pool::{BufferPool, PooledBuf};
 pub use proto::{MrKey, RemoteBuf};
 pub use window::{Access, Grant};

@@ -50,8 +50,19 @@ impl MemoryRegion {
         len: usize,
         register: impl FnOnce(&mut [u8]) -> Result<Option<HwMr>, E>,
     ) -> Result<MemoryRegion, E> {
-        let mut buf = AlignedBuf::zeroed(len);
-        let hw = register(&mut buf)?;
+        Self::over(AlignedBuf::zeroed(len), register).map_err(|(e, _)| e)
+    }
+
+    /// A region over `buf`'s bytes, registered with `register` first; refused with the
+    /// bytes given back.
+    pub(crate) fn over<E>(
+        mut buf: AlignedBuf,
+        register: impl FnOnce(&mut [u8]) -> Result<Option<HwMr>, E>,
+    ) -> Result<MemoryRegion, (E, AlignedBuf)> {
+        let hw = match register(&mut buf) {
+            Ok(hw) => hw,
+            Err(e) => return Err((e, buf)),
+        };
         let addr = buf.as_ptr() as u64;
         let len = buf.len();
         let lkey = match &hw {
@@ -67,6 +78,23 @@ impl MemoryRegion {
                 lkey,
             }),
         })
+    }
+
+    /// Gives back the memory lent by [`crate::Endpoint::lend`], deregistered: refused
+    /// (the region back) while another clone of the region lives (a transfer into it
+    /// still under way), or when the region holds memory of another type or its own.
+    pub fn reclaim<T: StableBytes>(self) -> Result<T, MemoryRegion> {
+        if !self.inner.buf.lock().lends::<T>() {
+            return Err(self);
+        }
+        let inner = Arc::try_unwrap(self.inner).map_err(|inner| MemoryRegion { inner })?;
+        let MrInner { hw, buf, .. } = inner;
+        // The device's access ends before the memory goes back to its owner.
+        drop(hw);
+        match buf.into_inner().into_lent() {
+            Ok(t) => Ok(t),
+            Err(_) => unreachable!("checked by `lends` above"),
+        }
     }
 
     /// Length in bytes.
@@ -96,17 +124,65 @@ impl MemoryRegion {
     }
 }
 
-/// Where a region's bytes start: a page boundary, so that a data server can read a file
-/// with `O_DIRECT` straight into a region (the disk's DMA fills it; no copy by the CPU).
+/// Where a registered region's bytes start: a page boundary, so that a data server can
+/// read a file with `O_DIRECT` straight into a region (the disk's DMA fills it; no copy
+/// by the CPU). A lent region starts where its lender's memory does.
 pub const REGION_ALIGN_BYTES: usize = 4096;
 
-/// Zeroed bytes starting at a multiple of [`REGION_ALIGN_BYTES`]; derefs to exactly the
-/// requested length. Over-allocates by less than one page instead of using a custom
-/// allocation layout, so that no unsafe code is needed.
+/// Memory that can be lent to a region ([`crate::Endpoint::lend`]): a peer may write
+/// into it through a grant, and [`MemoryRegion::reclaim`] gives it back.
+///
+/// # Safety
+/// `as_mut` and `as_ref` return the same bytes, at the same address, every time, for as
+/// long as the value lives and is only used through them (a device is given that
+/// address once, when the memory is registered, and writes to it afterwards).
+pub unsafe trait StableBytes: AsRef<[u8]> + AsMut<[u8]> + Send + 'static {}
+
+// SAFETY: a vector's buffer moves only when it grows or shrinks, which `as_ref` and
+// `as_mut` never do.
+unsafe impl StableBytes for Vec<u8> {}
+// SAFETY: a boxed slice's bytes never move.
+unsafe impl StableBytes for Box<[u8]> {}
+
+/// What a lent region holds, seen without its type.
+trait LentBytes: Send {
+    fn bytes(&self) -> &[u8];
+    fn bytes_mut(&mut self) -> &mut [u8];
+    fn is_a(&self) -> std::any::TypeId;
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any>;
+}
+
+impl<T: StableBytes> LentBytes for T {
+    fn bytes(&self) -> &[u8] {
+        self.as_ref()
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self.as_mut()
+    }
+    fn is_a(&self) -> std::any::TypeId {
+        std::any::TypeId::of::<T>()
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
+    }
+}
+
+/// A region's bytes: zeroed bytes starting at a multiple of [`REGION_ALIGN_BYTES`]
+/// (what [`crate::Endpoint::register`] allocates), or memory a caller lent
+/// ([`crate::Endpoint::lend`]), which starts wherever that memory does. Derefs to
+/// exactly the region's length. Over-allocates by less than one page instead of using
+/// a custom allocation layout, so that no unsafe code is needed.
 pub struct AlignedBuf {
-    raw: Box<[u8]>,
-    start: usize,
-    len: usize,
+    storage: Storage,
+}
+
+enum Storage {
+    Own {
+        raw: Box<[u8]>,
+        start: usize,
+        len: usize,
+    },
+    Lent(Box<dyn LentBytes>),
 }
 
 impl AlignedBuf {
@@ -116,20 +192,57 @@ impl AlignedBuf {
         let raw = vec![0u8; len + REGION_ALIGN_BYTES - 1].into_boxed_slice();
         let start =
             (raw.as_ptr() as usize).next_multiple_of(REGION_ALIGN_BYTES) - raw.as_ptr() as usize;
-        AlignedBuf { raw, start, len }
+        AlignedBuf {
+            storage: Storage::Own { raw, start, len },
+        }
+    }
+
+    /// `memory`'s bytes, where they are.
+    pub(crate) fn lent<T: StableBytes>(memory: T) -> AlignedBuf {
+        AlignedBuf {
+            storage: Storage::Lent(Box::new(memory)),
+        }
+    }
+
+    /// The lent memory, if it is a `T`; the bytes back otherwise.
+    pub(crate) fn into_lent<T: StableBytes>(self) -> Result<T, AlignedBuf> {
+        if !self.lends::<T>() {
+            return Err(self);
+        }
+        match self.storage {
+            Storage::Lent(lent) => match lent.into_any().downcast::<T>() {
+                Ok(t) => Ok(*t),
+                Err(_) => unreachable!("checked by `lends` above"),
+            },
+            Storage::Own { .. } => unreachable!("checked by `lends` above"),
+        }
+    }
+
+    /// Whether these are lent bytes of type `T`.
+    fn lends<T: StableBytes>(&self) -> bool {
+        match &self.storage {
+            Storage::Lent(lent) => lent.is_a() == std::any::TypeId::of::<T>(),
+            Storage::Own { .. } => false,
+        }
     }
 }
 
 impl std::ops::Deref for AlignedBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.raw[self.start..self.start + self.len]
+        match &self.storage {
+            Storage::Own { raw, start, len } => &raw[*start..*start + *len],
+            Storage::Lent(lent) => lent.bytes(),
+        }
     }
 }
 
 impl std::ops::DerefMut for AlignedBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
-        &mut self.raw[self.start..self.start + self.len]
+        match &mut self.storage {
+            Storage::Own { raw, start, len } => &mut raw[*start..*start + *len],
+            Storage::Lent(lent) => lent.bytes_mut(),
+        }
     }
 }
 

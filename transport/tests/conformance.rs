@@ -41,6 +41,7 @@ fn main() {
         another_application_version_is_refused,
         a_connection_given_up_is_broken_for_the_peer,
         a_refused_key_is_told_to_the_client,
+        lent_memory_is_written_in_place_and_given_back,
     ];
     let mut trials = Vec::new();
     for backend in [Backend::Tcp, Backend::Mem, Backend::Rdma] {
@@ -283,6 +284,35 @@ async fn deregistered_memory_and_revoked_grants_are_unreachable(b: Backend) {
     assert!(refused(b, &reply), "{reply:?}");
     let reply = conn.call(encode_remote(op::READ, g2.remote(), 1)).await;
     assert!(refused(b, &reply), "{reply:?}");
+}
+
+async fn lent_memory_is_written_in_place_and_given_back(b: Backend) {
+    let s = server(b, cfg()).await;
+    let ep = endpoint(b, cfg());
+    let conn = ep.connect(&s.addr).await.unwrap();
+    let (len, off) = (65_537, 3);
+    let memory = vec![0xAAu8; off + len + 5];
+    let at = memory.as_ptr() as u64;
+    let mr = ep.lend(memory).unwrap();
+    assert_eq!(mr.addr(), at, "the region is the lent memory itself");
+    let g = conn.grant(&mr, off, len, Access::RemoteWrite).unwrap();
+    let reply = conn.call(encode_remote(op::WRITE, g.remote(), 9)).await;
+    assert_eq!(&reply.unwrap()[..], b"ok");
+    drop(g);
+    // Refused while another clone lives, or for another type; the region comes back.
+    let clone = mr.clone();
+    let mr = mr.reclaim::<Vec<u8>>().unwrap_err();
+    drop(clone);
+    let mr = mr.reclaim::<Box<[u8]>>().unwrap_err();
+    let memory: Vec<u8> = mr.reclaim().unwrap();
+    assert_eq!(memory.as_ptr() as u64, at);
+    assert_eq!(&memory[off..off + len], &pattern(len, 9)[..]);
+    assert!(memory[..off]
+        .iter()
+        .chain(&memory[off + len..])
+        .all(|&x| x == 0xAA));
+    // Memory the transport allocated is not lent: it cannot be taken.
+    assert!(ep.register(4096).unwrap().reclaim::<Vec<u8>>().is_err());
 }
 
 async fn many_concurrent_operations_complete(b: Backend) {

@@ -12,6 +12,7 @@ use proto::meta::OpenAccess;
 use proto::{FileKind, SetAttr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
+use transport::{MemoryRegion, StableBytes};
 
 /// How to open a file, as `open(2)`'s flags say it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -487,7 +488,7 @@ pub(super) async fn read_whole(sh: Arc<Shared>, path: String) -> Result<Vec<u8>>
     let file = open_for(sh.clone(), &path, &OpenOptions::new(), true).await?;
     let size = usize::try_from(file.len())
         .map_err(|_| ClientError::TooLarge(format!("{path:?} does not fit in memory")))?;
-    let (mut out, n) = read_one_into(sh, file, vec![0; size]).await?;
+    let (mut out, n) = read_one_lent(sh, file, vec![0; size]).await?;
     out.truncate(n);
     Ok(out)
 }
@@ -557,6 +558,29 @@ where
         .await
 }
 
+/// [`read_whole_into`] with each buffer lent to the transport for its file's read
+/// ([`read_one_lent`]): the data servers write into it, with no copy on the way.
+pub(super) async fn read_whole_lent<B>(
+    sh: Arc<Shared>,
+    files: Vec<(File, B)>,
+) -> Vec<Result<(B, usize)>>
+where
+    B: StableBytes,
+{
+    let parallel = sh.parallel;
+    stream::iter(files)
+        .map(|(file, buf)| {
+            let sh = sh.clone();
+            spawned(async move {
+                let buf = prepared(&file, buf).await?;
+                read_one_lent(sh, file, buf).await
+            })
+        })
+        .buffered(parallel)
+        .collect()
+        .await
+}
+
 /// `buf`, borrowed once (a fresh Python `bytes` is zeroed then) on a blocking thread
 /// for a file of [`PREPARE_APART_BYTES`] or more.
 async fn prepared<B: AsMut<[u8]> + Send + 'static>(file: &File, mut buf: B) -> Result<B> {
@@ -580,7 +604,73 @@ async fn read_one_into<B: AsMut<[u8]>>(
     file: File,
     mut buf: B,
 ) -> Result<(B, usize)> {
-    if !Arc::ptr_eq(&sh, &file.shared) {
+    let fh = take_to_read(&sh, &file)?;
+    let read = sh.client.read_into(&fh, buf.as_mut(), 0).await;
+    let closed = sh.client.release(&fh).await;
+    let n = read?;
+    closed?;
+    Ok((buf, n))
+}
+
+/// [`read_one_into`] with `buf` lent to the transport for the read: the data servers
+/// write into it, with no I/O buffer between. Read through the I/O buffers, with one
+/// copy, where it cannot be lent (a device that cannot pin it) or while this client
+/// holds writes to the file it has not sent.
+async fn read_one_lent<B: StableBytes>(sh: Arc<Shared>, file: File, buf: B) -> Result<(B, usize)> {
+    let fh = take_to_read(&sh, &file)?;
+    let (read, buf) = match sh.client.ep.lend(buf) {
+        Ok(mr) => {
+            let read = sh.client.read_into_region(&fh, &mr, 0).await;
+            (read, reclaimed(mr).await)
+        }
+        Err((e, buf)) => {
+            tracing::debug!(error = %e, "a read's buffer could not be lent; reading through the I/O buffers");
+            (Ok(None), Ok(buf))
+        }
+    };
+    let read = match (read, buf) {
+        (Ok(Some(n)), Ok(buf)) => Ok((buf, n)),
+        (Ok(None), Ok(mut buf)) => {
+            let n = sh.client.read_into(&fh, buf.as_mut(), 0).await;
+            n.map(|n| (buf, n))
+        }
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    };
+    let closed = sh.client.release(&fh).await;
+    let read = read?;
+    closed?;
+    Ok(read)
+}
+
+/// How long [`reclaimed`] waits for the transport to let go of lent memory: a transfer
+/// into it that outlived its read (a read that timed out while a data server still
+/// wrote) ends within the one-sided operations' timeout.
+const RECLAIM_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The memory lent to `mr`, once no transfer holds the region any more.
+async fn reclaimed<B: StableBytes>(mut mr: MemoryRegion) -> Result<B> {
+    let started = tokio::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        match mr.reclaim() {
+            Ok(buf) => return Ok(buf),
+            Err(back) => mr = back,
+        }
+        if started.elapsed() >= RECLAIM_WAIT {
+            return Err(refused(
+                proto::ErrorCode::Io,
+                format!("a transfer into a read's buffer still ran after {RECLAIM_WAIT:?}"),
+            ));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_millis(100));
+    }
+}
+
+/// `file`'s open, taken to be read whole and closed. Refused for a file of another
+/// `Tessera` (its open is that client's) or one not open for reading.
+fn take_to_read(sh: &Arc<Shared>, file: &File) -> Result<FileHandle> {
+    if !Arc::ptr_eq(sh, &file.shared) {
         return Err(ClientError::BadHandle(
             "the file was opened by another connection".into(),
         ));
@@ -591,14 +681,8 @@ async fn read_one_into<B: AsMut<[u8]>>(
             file.access
         )));
     }
-    let fh = file
-        .fh
+    file.fh
         .write()
         .take()
-        .ok_or_else(|| ClientError::BadHandle("the file is closed".into()))?;
-    let read = sh.client.read_into(&fh, buf.as_mut(), 0).await;
-    let closed = sh.client.release(&fh).await;
-    let n = read?;
-    closed?;
-    Ok((buf, n))
+        .ok_or_else(|| ClientError::BadHandle("the file is closed".into()))
 }

@@ -41,6 +41,7 @@ mod types;
 
 pub use file::{File, OpenOptions};
 pub use path::MAX_PATH_BYTES;
+pub use transport::StableBytes;
 use types::timestamp;
 pub use types::{DirEntry, FileType, Metadata};
 
@@ -634,6 +635,23 @@ impl Tessera {
         let all = self
             .sh()
             .block_on(async { Ok(file::read_whole_into(sh, files).await) });
+        all.unwrap_or_else(|e: ClientError| fail_each(n, &e))
+    }
+
+    /// [`Tessera::read_whole_into`] with no copy: each buffer is lent to the transport
+    /// ([`transport::Endpoint::lend`]) while its file is read, and the data servers
+    /// write the file's bytes straight into it (over `tcp` the socket's bytes land in
+    /// it; over `rdma` the NIC writes it). A file this client has written and not yet
+    /// sent is read with one copy, as `read_whole_into` reads it.
+    pub fn read_whole_lent<B: StableBytes>(
+        &self,
+        files: Vec<(File, B)>,
+    ) -> Vec<Result<(B, usize)>> {
+        let sh = self.shared.clone();
+        let n = files.len();
+        let all = self
+            .sh()
+            .block_on(async { Ok(file::read_whole_lent(sh, files).await) });
         all.unwrap_or_else(|e: ClientError| fail_each(n, &e))
     }
 

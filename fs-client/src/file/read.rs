@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::watch;
-use transport::PooledBuf;
+use transport::{MemoryRegion, PooledBuf};
 
 /// Buffer-sized windows of one large `Client::read_into` kept in flight at once.
 const WINDOWS_IN_FLIGHT: usize = 8;
@@ -459,6 +459,44 @@ impl Client {
                 return Ok(total);
             }
         }
+    }
+
+    /// Reads into `mr` (memory the caller lent, [`transport::Endpoint::lend`]) from
+    /// `offset` until it is full or the file ends: the data servers write the bytes
+    /// straight into it, with no I/O buffer and no copy between, `WINDOWS_IN_FLIGHT`
+    /// buffer-sized windows at once. `None`, nothing read, while this client holds
+    /// writes to the file it has not sent: the caller reads through [`Client::read_into`]
+    /// then, which sends the ones it covers first. The cache is neither used nor filled.
+    pub async fn read_into_region(
+        &self,
+        fh: &FileHandle,
+        mr: &MemoryRegion,
+        offset: u64,
+    ) -> Result<Option<usize>> {
+        self.place_appends(&fh.state).await;
+        if !fh.state.io.lock().dirty.is_empty() {
+            return Ok(None);
+        }
+        let size = fh.state.size();
+        let len =
+            usize::try_from(size.saturating_sub(offset)).map_or(mr.len(), |n| n.min(mr.len()));
+        let step = self.data.pool.buffer_bytes();
+        let windows = (0..len).step_by(step).map(|at| {
+            let n = step.min(len - at);
+            self.data
+                .transfer_range(&fh.state, offset + at as u64, n, mr, at, false)
+        });
+        let reads = async {
+            let mut reads = futures::stream::iter(windows).buffered(WINDOWS_IN_FLIGHT);
+            while let Some(done) = reads.next().await {
+                done?;
+            }
+            Ok(Some(len))
+        };
+        if len > 0 && fh.atime_due.swap(false, Ordering::Relaxed) {
+            return tokio::join!(self.accessed(fh.ino()), reads).1;
+        }
+        reads.await
     }
 
     /// One buffer's read into `window`: the bytes read, and how many were asked.

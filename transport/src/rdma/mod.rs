@@ -29,7 +29,7 @@ use crate::config::{RdmaConfig, TransportConfig};
 use crate::conn::{Closed, ConnCore, Connection, Handler, Wire};
 use crate::endpoint::{ConnSet, Endpoint, Listener};
 use crate::error::TransportError;
-use crate::mr::{HwMr, MemoryRegion, MrInner};
+use crate::mr::{AlignedBuf, HwMr, MemoryRegion, MrInner};
 use crate::rdma_common::conn_data::{ConnData, LinkLayer, Mtu, Refusal, CONN_DATA_LEN};
 use crate::rdma_common::qp::LocalPort;
 use crate::rdma_common::sysfs;
@@ -154,8 +154,18 @@ impl Device {
 
     /// Allocates `len` bytes and registers them for local access and window binding.
     pub(crate) fn register(self: &Arc<Self>, len: usize) -> Result<MemoryRegion, TransportError> {
+        self.register_over(AlignedBuf::zeroed(len))
+            .map_err(|(e, _)| e)
+    }
+
+    /// Registers `buf`'s bytes (allocated here, or lent by the caller) likewise; refused
+    /// with the bytes given back.
+    pub(crate) fn register_over(
+        self: &Arc<Self>,
+        buf: AlignedBuf,
+    ) -> Result<MemoryRegion, (TransportError, AlignedBuf)> {
         let dev = self.clone();
-        MemoryRegion::with_hw(len, move |buf| {
+        MemoryRegion::over(buf, move |buf| {
             if buf.is_empty() {
                 return Ok(None); // verbs refuses empty registrations; nothing to reach
             }
