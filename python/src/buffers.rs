@@ -102,6 +102,15 @@ impl RawSlice {
 }
 
 impl RawSliceMut {
+    /// The bytes as a slice.
+    pub fn as_slice(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: as `as_mut_slice`, shared.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
     /// The first `len` bytes only (all of them if there are fewer).
     pub fn prefix(self, len: usize) -> RawSliceMut {
         RawSliceMut {
@@ -235,3 +244,53 @@ impl AsMut<[u8]> for RawSliceMut {
         self.as_mut_slice()
     }
 }
+
+/// A caller's buffer lent to the transport for a whole file's read
+/// (`Tessera::read_whole_lent`): the object and its export travel with the memory, so
+/// the memory stays pinned, and alive, for as long as the transport holds it (past a
+/// read that gave up, if a transfer into it outlived the read), and the file's bytes
+/// land in the caller's object with no copy. Its bytes are the caller's, already set:
+/// nothing is zeroed.
+pub struct LentExport {
+    /// Keeps the object alive while the transport holds its memory (a `Py`, dropped
+    /// without the GIL, is let go of later by pyo3).
+    _obj: Py<PyAny>,
+    /// The export pins the memory; released when this value is dropped (pyo3 takes the
+    /// GIL for it).
+    _export: WritableBuffer,
+    raw: RawSliceMut,
+}
+
+impl LentExport {
+    /// The first `len` bytes of `obj`'s export.
+    pub fn new(obj: Py<PyAny>, mut export: WritableBuffer, len: usize) -> LentExport {
+        let raw = export.slice_mut().prefix(len);
+        LentExport {
+            _obj: obj,
+            _export: export,
+            raw,
+        }
+    }
+
+    /// Where the bytes are: their start address and length.
+    pub fn span(&self) -> (usize, usize) {
+        self.raw.span()
+    }
+}
+
+impl AsRef<[u8]> for LentExport {
+    fn as_ref(&self) -> &[u8] {
+        self.raw.as_slice()
+    }
+}
+
+impl AsMut<[u8]> for LentExport {
+    fn as_mut(&mut self) -> &mut [u8] {
+        self.raw.as_mut_slice()
+    }
+}
+
+// SAFETY: the bytes belong to a buffer export this value holds (with its object), which
+// keeps them where they are until this value is dropped; `as_ref` and `as_mut` always
+// give those same bytes.
+unsafe impl fs_client::api::StableBytes for LentExport {}

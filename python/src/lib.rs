@@ -9,7 +9,7 @@ mod buffers;
 mod errors;
 mod file;
 
-use buffers::{FreshBytes, RawSliceMut, ReadableBuffer, WritableBuffer};
+use buffers::{FreshBytes, LentExport, ReadableBuffer, WritableBuffer};
 use errors::{at, os_error};
 use fs_client::api::{self, DirEntry, FileType, Metadata, OpenOptions};
 use pyo3::exceptions::PyValueError;
@@ -238,17 +238,16 @@ impl Client {
     ) -> PyResult<Vec<(Bound<'py, PyAny>, usize)>> {
         let make = |p: &str, len: usize| {
             let obj = alloc.call1((len,))?;
-            let mut export = WritableBuffer::get(&obj)?;
+            let export = WritableBuffer::get(&obj)?;
             if export.len() < len {
                 return Err(PyValueError::new_err(format!(
                     "alloc({len}) for {p:?} returned a buffer of {} bytes",
                     export.len()
                 )));
             }
-            // The export, kept until the read is done, pins the object's memory.
-            Ok((export.slice_mut().prefix(len), (obj, export)))
+            Ok((LentExport::new(obj.clone().unbind(), export, len), obj))
         };
-        let check = |window: &[String], bufs: &[&RawSliceMut]| {
+        let check = |window: &[String], bufs: &[&LentExport]| {
             let spans: Vec<(usize, usize)> = bufs.iter().map(|b| b.span()).collect();
             match overlapping(&spans) {
                 Some((a, b)) => Err(PyValueError::new_err(format!(
@@ -258,11 +257,10 @@ impl Client {
                 None => Ok(()),
             }
         };
-        // Caller memory is not lent: its export ends with this call, while a transfer
-        // that outlived its read could still hold a lent region.
-        let read = |fs: &api::Tessera, jobs| fs.read_whole_into(jobs);
+        // Lent to the transport: the file's bytes land in the caller's object itself.
+        let read = |fs: &api::Tessera, jobs| fs.read_whole_lent(jobs);
         let read = self.read_windows(py, &paths, make, check, read)?;
-        Ok(read.into_iter().map(|(_, (obj, _), n)| (obj, n)).collect())
+        Ok(read.into_iter().map(|(_, obj, n)| (obj, n)).collect())
     }
 
     /// Creates or truncates `path` and writes `data` (any bytes-like object) into it.
