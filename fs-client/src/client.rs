@@ -243,6 +243,12 @@ impl Client {
         self.ep.counts()
     }
 
+    /// The endpoint this client's transfers go through: memory lent to it
+    /// ([`transport::Endpoint::lend`]) is what [`Client::read_into_region`] reads into.
+    pub fn endpoint(&self) -> &transport::Endpoint {
+        &self.ep
+    }
+
     /// This client's metrics (a mount serves them on `[metrics] listen`).
     pub fn metrics(&self) -> &ClientMetrics {
         self.ep.metrics()

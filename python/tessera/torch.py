@@ -190,9 +190,13 @@ class _Tensors:
                 self.used = 0
             t = self.segment[self.used:self.used + length]
             self.used += length
-        # The view does not keep the tensor alive: `made` does, until the read is done.
         self.made.append(t)
-        return memoryview((ctypes.c_ubyte * length).from_address(t.data_ptr())).cast("B")
+        # The native client holds the view's export for as long as a transfer may
+        # write into it, which can outlast the call if a transfer outlived its read:
+        # the array keeps the tensor (and so its memory) alive as long.
+        view = (ctypes.c_ubyte * length).from_address(t.data_ptr())
+        view._owner = t
+        return memoryview(view).cast("B")
 
 
 def _read_files(fs: Tessera, paths: list, as_tensor: bool) -> list:

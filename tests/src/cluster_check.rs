@@ -115,6 +115,19 @@ async fn check(cluster: &mut ProcessCluster, opts: &CheckOptions) -> Result<Repo
         "the read returned other bytes than written"
     );
 
+    // The same into memory lent to the transport (the library's whole-file reads): over
+    // rdma the NIC writes into a `Vec` the client pinned for the read.
+    let (lent, took) = read_file_lent(&c, opts.size_bytes).await?;
+    println!(
+        "read {} into lent memory: sha256 {lent} ({:.1} MiB/s, the read alone)",
+        size(opts),
+        rate(opts.size_bytes, took)
+    );
+    ensure!(
+        lent == written,
+        "the read into lent memory returned other bytes than written"
+    );
+
     let before = c.rpc_counts().retries;
     let t = Instant::now();
     let again = read_killing(cluster, &c, opts).await?;
@@ -237,6 +250,32 @@ async fn read_file(c: &Client, size_bytes: u64, progress: &watch::Sender<u64>) -
     c.release(&fh).await.context("close")?;
     read.context("the read did not finish in time")??;
     Ok(hex(h))
+}
+
+/// Reads the whole file into a buffer lent to the client's endpoint
+/// (`Client::read_into_region`) and takes the buffer back; returns the bytes' sha256 and
+/// how long the read took (not the buffer's first touch: its pages are set before).
+async fn read_file_lent(c: &Client, size_bytes: u64) -> Result<(String, Duration)> {
+    let attr = c.lookup(InodeId::ROOT, NAME).await.context("lookup")?;
+    let (_, fh) = c.open(attr.ino, false).await.context("open")?;
+    let len = usize::try_from(size_bytes)?;
+    let mr = match c.endpoint().lend(vec![0xa5u8; len]) {
+        Ok(mr) => mr,
+        Err((e, _)) => bail!("lending {len} bytes: {e}"),
+    };
+    let t = Instant::now();
+    let read = tokio::time::timeout(PASS_LIMIT, c.read_into_region(&fh, &mr, 0)).await;
+    let took = t.elapsed();
+    c.release(&fh).await.context("close")?;
+    let n = read.context("the read did not finish in time")??;
+    ensure!(
+        n == Some(len),
+        "the read into lent memory gave {n:?} of {len} bytes"
+    );
+    let Ok(back) = mr.reclaim::<Vec<u8>>() else {
+        bail!("the transport still held the lent memory after the read");
+    };
+    Ok((hex(Sha256::new_with_prefix(&back)), took))
 }
 
 /// Reads the whole file again and kills the victim once a quarter of it is read, while
