@@ -243,7 +243,9 @@ class Tessera:
         """Like `read_many`, but each file goes straight into the object `alloc(length)`
         returns for it (a bytearray, a numpy array, a memoryview of one: anything
         writable with the buffer protocol, C-contiguous, of at least `length` bytes, that
-        owns its memory or keeps its owner alive), with no copy on the Python side.
+        owns its memory or keeps its owner alive), with no copy: the data servers write
+        into it. The object may be held past the call if a transfer into it outlived
+        its read, which is why it must keep its memory alive by itself.
         Returns `(object, bytes read)` per path, the count less than the length only if
         the file shrank meanwhile. A buffer that is too small raises ValueError, one that
         is read-only TypeError, and buffers whose filled parts overlap ValueError (the
