@@ -2,7 +2,7 @@
 //! into and from caller buffers. The Python class `tessera.TesseraFile` (an
 //! `io.RawIOBase`) keeps the position and the mode on top of it.
 
-use crate::buffers::{ReadableBuffer, WritableBuffer};
+use crate::buffers::{LentExport, ReadableBuffer, WritableBuffer};
 use crate::errors::at;
 use crate::stat_tuple;
 use crate::StatTuple;
@@ -55,6 +55,13 @@ impl NativeFile {
     /// read, 0 at the end of the file.
     fn read_at(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>, offset: u64) -> PyResult<usize> {
         let mut buf = WritableBuffer::get(buffer)?;
+        if buf.len() >= crate::LEND_MIN_BYTES {
+            let lent = LentExport::new(buffer.clone().unbind(), buf, usize::MAX);
+            let (lent, n) = self.with(py, move |f| f.read_lent_at(lent, offset))?;
+            // The export is released here, with the GIL held.
+            drop(lent);
+            return Ok(n);
+        }
         let mut raw = buf.slice_mut();
         self.with(py, move |f| f.read_at(raw.as_mut_slice(), offset))
     }

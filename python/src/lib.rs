@@ -207,6 +207,15 @@ impl Client {
         buffer: &Bound<'_, PyAny>,
     ) -> PyResult<usize> {
         let mut buf = WritableBuffer::get(buffer)?;
+        if buf.len() >= LEND_MIN_BYTES {
+            let lent = LentExport::new(buffer.clone().unbind(), buf, usize::MAX);
+            let (lent, n) = py
+                .detach(move || self.inner.read_lent(path, offset, lent))
+                .map_err(at(path))?;
+            // The export is released here, with the GIL held.
+            drop(lent);
+            return Ok(n);
+        }
         let mut raw = buf.slice_mut();
         py.detach(move || self.inner.read_into(path, offset, raw.as_mut_slice()))
             .map_err(at(path))
@@ -330,6 +339,11 @@ impl Client {
         Ok(out)
     }
 }
+
+/// Buffers at least this long are lent to the transport by `read_into` and a file's
+/// `read_at` (the data servers write into them, no copy); shorter reads take the file's
+/// readahead and cache, which serve a run of small reads better than one read at a time.
+pub(crate) const LEND_MIN_BYTES: usize = 4 << 20;
 
 /// Connects to the cluster whose metadata server listens on one of `addrs`, with client
 /// settings by name (`ClientConfig`'s fields, plus `threads` and `parallel`).

@@ -115,3 +115,32 @@ def test_file_readinto_numpy_and_write_memoryview(fs, base):
             n += got
         assert f.readinto(bytearray(1)) == 0
     assert np.array_equal(src, dst)
+
+
+def test_large_reads_land_in_the_callers_buffer(fs, base):
+    # Reads of 4 MiB and more are lent to the transport (the data servers write into the
+    # caller's buffer): across chunks (4 MiB), short at the end, into a view of part of
+    # an array, and after writes of this client it has not sent yet.
+    data = np.random.default_rng(2).integers(0, 255, 9 << 20, dtype=np.uint8)
+    fs.write_bytes(f"{base}/big", data)
+    arr = np.zeros(5 << 20, dtype=np.uint8)
+    assert fs.read_into(f"{base}/big", (3 << 20) + 7, arr) == 5 << 20
+    assert np.array_equal(arr, data[(3 << 20) + 7:(8 << 20) + 7])
+    whole = bytearray(8 << 20)
+    assert fs.read_into(f"{base}/big", 5 << 20, memoryview(whole)[1:]) == 4 << 20
+    assert whole[1:(4 << 20) + 1] == data[5 << 20:].tobytes()
+    assert whole[0] == 0 and not any(whole[(4 << 20) + 1:])
+    with fs.open(f"{base}/big", "r+b", buffering=0) as f:
+        f.seek(6 << 20)
+        f.write(b"not yet sent")
+        f.seek(6 << 20)
+        got = np.zeros(6 << 20, dtype=np.uint8)
+        assert f.readinto(got) == 3 << 20
+        assert got[:12].tobytes() == b"not yet sent"
+        assert np.array_equal(got[12:3 << 20], data[(6 << 20) + 12:])
+        assert fs.read_into(f"{base}/big", 6 << 20, got) == 3 << 20
+        assert got[:12].tobytes() == b"not yet sent"
+    with pytest.raises(TypeError):
+        fs.read_into(f"{base}/big", 0, bytes(4 << 20))  # read-only
+    with pytest.raises(BufferError):
+        fs.read_into(f"{base}/big", 0, np.zeros((4 << 20, 2), dtype=np.uint8)[:, 1])

@@ -348,6 +348,16 @@ impl File {
         })
     }
 
+    /// [`File::read_at`] into memory lent to the transport for the read (see
+    /// [`super::Tessera::read_whole_lent`]): the data servers write into `buf` itself,
+    /// with no copy, from `offset` until it is full or the file ends. Gives `buf` back
+    /// with the bytes read. No readahead: for large reads (several I/O buffers), where
+    /// the windows read at once stand in for it.
+    pub fn read_lent_at<B: StableBytes>(&self, buf: B, offset: u64) -> Result<(B, usize)> {
+        let sh = &self.shared;
+        self.with(Need::Read, |fh| sh.block_on(read_lent(sh, fh, buf, offset)))
+    }
+
     /// Writes `buf` at `offset`, or at the end if the file was opened to append (as
     /// `pwrite(2)` does on Linux). The bytes are buffered: a failure to store them is
     /// returned by a later write, [`File::flush`], [`File::sync_all`] or
@@ -618,9 +628,25 @@ async fn read_one_into<B: AsMut<[u8]>>(
 /// holds writes to the file it has not sent.
 async fn read_one_lent<B: StableBytes>(sh: Arc<Shared>, file: File, buf: B) -> Result<(B, usize)> {
     let fh = take_to_read(&sh, &file)?;
+    let read = read_lent(&sh, &fh, buf, 0).await;
+    let closed = sh.client.release(&fh).await;
+    let read = read?;
+    closed?;
+    Ok(read)
+}
+
+/// Reads `fh` from `offset` into `buf`, lent to the transport for the read; through the
+/// I/O buffers, with one copy, where it cannot be lent (a device that cannot pin it) or
+/// while this client holds writes to the file it has not sent.
+async fn read_lent<B: StableBytes>(
+    sh: &Shared,
+    fh: &FileHandle,
+    buf: B,
+    offset: u64,
+) -> Result<(B, usize)> {
     let (read, buf) = match sh.client.ep.lend(buf) {
         Ok(mr) => {
-            let read = sh.client.read_into_region(&fh, &mr, 0).await;
+            let read = sh.client.read_into_region(fh, &mr, offset).await;
             (read, reclaimed(mr).await)
         }
         Err((e, buf)) => {
@@ -628,18 +654,14 @@ async fn read_one_lent<B: StableBytes>(sh: Arc<Shared>, file: File, buf: B) -> R
             (Ok(None), Ok(buf))
         }
     };
-    let read = match (read, buf) {
+    match (read, buf) {
         (Ok(Some(n)), Ok(buf)) => Ok((buf, n)),
         (Ok(None), Ok(mut buf)) => {
-            let n = sh.client.read_into(&fh, buf.as_mut(), 0).await;
+            let n = sh.client.read_into(fh, buf.as_mut(), offset).await;
             n.map(|n| (buf, n))
         }
         (Err(e), _) | (_, Err(e)) => Err(e),
-    };
-    let closed = sh.client.release(&fh).await;
-    let read = read?;
-    closed?;
-    Ok(read)
+    }
 }
 
 /// How long [`reclaimed`] waits for the transport to let go of lent memory: a transfer
