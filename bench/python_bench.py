@@ -5,8 +5,14 @@ starts the cluster, drops the caches and calls this).
 Phases, each timed alone, caches dropped before every read:
   dataset-write   the data set written through the package (the setup; timed for the table)
   dataset-local   the same files read cold from the local disk by WORKERS processes: the limit
+  dataset-loopback the same files read cold from the local disk by a server process per
+                  reader and sent to it over loopback TCP (`loopback_part`): the limit of
+                  this machine for any reader fed by a TCP server that reads the bytes
+                  (three copies, twice the processes)
+  dataset-package-plain read cold through the package by WORKERS processes (read_many
+                  batches of 64), as dataset-local reads: no DataLoader
   dataset-mount   read cold through the mount by WORKERS processes, whole files
-  dataset-package read cold through the package by WORKERS processes (read_many batches)
+  dataset-package the same as dataset-package-plain (without torch; with torch: below)
   ckpt-local      a CKPT_MIB checkpoint written to the local disk, fsync: local rate / copies
                   is what the disk allows with the copies written
   ckpt-mount      the checkpoint saved through the mount (write, fsync, rename)
@@ -22,6 +28,8 @@ With torch importable, the data set is read by a torch DataLoader with WORKERS w
 (TesseraDataset through the package, a plain file Dataset through the mount) and the
 checkpoint is a state dict saved with torch.save / tessera.torch.save; without it, the
 same bytes move through multiprocessing workers and numpy.save, and the table says so.
+With torch, dataset-local-loader is the same DataLoader over the local disk's files (the
+DataLoader's own cost on this machine, beside the mount's and the package's).
 With torch the data set is also read as uint8 tensors (what a data loader hands on):
   dataset-mount-tensor    each file read with readinto straight into a tensor in shared
                           memory (the best a mount's reader can do: no pipe copy)
@@ -110,6 +118,62 @@ def read_package_part(args):
     return n
 
 
+def loopback_part(args):
+    """The files of `part` read by a server process of this worker's own (a child:
+    read each file whole, send its length and bytes) and received over a loopback TCP
+    connection into a fresh buffer each: the three copies every TCP file server makes
+    that checks its bytes in user space (page cache to the server, into the socket,
+    out of it), and the two processes per reader. Bytes received."""
+    import socket
+    import struct
+
+    root, part = args
+    lst = socket.create_server(("127.0.0.1", 0))
+    port = lst.getsockname()[1]
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            lst.close()
+            with socket.create_connection(("127.0.0.1", port)) as c:
+                for name in part:
+                    with open(os.path.join(root, name), "rb") as f:
+                        data = f.read()
+                    c.sendall(struct.pack("<Q", len(data)))
+                    c.sendall(data)
+            code = 0
+        finally:
+            os._exit(code)
+    n = 0
+    try:
+        conn, _ = lst.accept()
+        with conn:
+            head = bytearray(8)
+            for _ in part:
+                got = 0
+                while got < 8:
+                    k = conn.recv_into(memoryview(head)[got:])
+                    if not k:
+                        raise SystemExit("the loopback server closed early")
+                    got += k
+                (size,) = struct.unpack("<Q", head)
+                buf = bytearray(size)
+                view = memoryview(buf)
+                got = 0
+                while got < size:
+                    k = conn.recv_into(view[got:])
+                    if not k:
+                        raise SystemExit("the loopback server closed early")
+                    got += k
+                n += size
+    finally:
+        lst.close()
+        _, status = os.waitpid(pid, 0)
+    if status != 0:
+        raise SystemExit(f"the loopback server exited with status {status}")
+    return n
+
+
 def split(items, k):
     return [items[i::k] for i in range(k)]
 
@@ -136,16 +200,27 @@ def dataset_reads(addr, mnt, local_dir, files, workers, use_torch):
     out = {}
     drop_caches()
     out["dataset-local"] = timed_pool(read_local_part, [(local_dir, p) for p in split(all_names, workers)])
+    # This machine's limit for a reader fed by a TCP server (see `loopback_part`), and
+    # the package read the same way as the local disk (plain processes, no DataLoader).
+    drop_caches()
+    out["dataset-loopback"] = timed_pool(loopback_part, [(local_dir, p) for p in split(all_names, workers)])
+    drop_caches()
+    out["dataset-package-plain"] = timed_pool(
+        read_package_part, [(addr, p, 64) for p in split(all_names, workers)]
+    )
     if use_torch:
         import torch.utils.data as tud
         import tessera.torch as tt
 
         class Plain(tud.Dataset):
+            def __init__(self, root):
+                self.root = root
+
             def __len__(self):
                 return len(all_names)
 
             def __getitem__(self, i):
-                with open(os.path.join(mnt, "ds", all_names[i]), "rb") as f:
+                with open(os.path.join(self.root, all_names[i]), "rb") as f:
                     return f.read()
 
         class PlainTensor(tud.Dataset):
@@ -170,7 +245,9 @@ def dataset_reads(addr, mnt, local_dir, files, workers, use_torch):
                     return t[:got]
 
         drop_caches()
-        out["dataset-mount"] = torch_loader(Plain(), workers)
+        out["dataset-local-loader"] = torch_loader(Plain(local_dir), workers)
+        drop_caches()
+        out["dataset-mount"] = torch_loader(Plain(os.path.join(mnt, "ds")), workers)
         drop_caches()
         ds = tt.TesseraDataset(["/ds/" + n for n in all_names], fs=connect(addr))
         out["dataset-package"] = torch_loader(ds, workers)
@@ -183,8 +260,7 @@ def dataset_reads(addr, mnt, local_dir, files, workers, use_torch):
         drop_caches()
         mount_parts = [(os.path.join(mnt, "ds"), p) for p in split(all_names, workers)]
         out["dataset-mount"] = timed_pool(read_local_part, mount_parts)
-        drop_caches()
-        out["dataset-package"] = timed_pool(read_package_part, [(addr, p, 64) for p in split(all_names, workers)])
+        out["dataset-package"] = out["dataset-package-plain"]
     return out
 
 

@@ -104,15 +104,20 @@ mib = lambda k: r[k][0] / r[k][1] / 2**20
 print(f"# Python package benchmark ({rev}, {'torch' if r['torch'] else 'numpy, no torch'})\n")
 print(f"{r['files']} files, {r['workers']} workers, checkpoint {r['ckpt_mib']} MiB, {copies} copies; caches dropped before each phase.\n")
 print("| phase | MiB/s |\n| --- | --- |")
-for k in ["dataset-write", "dataset-local", "dataset-mount", "dataset-package",
+for k in ["dataset-write", "dataset-local", "dataset-loopback", "dataset-package-plain",
+          "dataset-local-loader", "dataset-mount", "dataset-package",
           "dataset-mount-tensor", "dataset-package-tensor", "ckpt-local",
           "ckpt-mount", "ckpt-package", "load-local", "load-mount", "load-package"]:
-    if k.endswith("-tensor") and not r["torch"]:
-        continue  # the tensor phases run with torch only
+    if k not in r:
+        continue  # the loader and tensor phases run with torch only
     print(f"| {k} | {mib(k):,.0f} |")
 print("\n| target (issue 29) | ratio |\n| --- | --- |")
 print(f"| data set: package / mount (>= 2) | {mib('dataset-package') / mib('dataset-mount'):.2f} |")
-print(f"| data set: package / local cold read (>= 0.8) | {mib('dataset-package') / mib('dataset-local'):.2f} |")
+print(f"| data set: package / local cold read (>= 0.8), plain processes both | {mib('dataset-package-plain') / mib('dataset-local'):.2f} |")
+print(f"| data set: the limit of a TCP-fed reader here (dataset-loopback) / local cold read | {mib('dataset-loopback') / mib('dataset-local'):.2f} |")
+print(f"| data set: package / that limit | {mib('dataset-package-plain') / mib('dataset-loopback'):.2f} |")
+if "dataset-local-loader" in r:
+    print(f"| data set through a DataLoader: package / local | {mib('dataset-package') / mib('dataset-local-loader'):.2f} |")
 if r["torch"]:
     print(f"| data set as tensors: package / mount | {mib('dataset-package-tensor') / mib('dataset-mount-tensor'):.2f} |")
     print(f"| data set as tensors: package / local cold read | {mib('dataset-package-tensor') / mib('dataset-local'):.2f} |")
