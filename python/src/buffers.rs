@@ -2,7 +2,10 @@
 //!
 //! A buffer export pins the object's memory: a `bytearray` cannot be resized and a numpy
 //! array cannot be reallocated while it is exported, so the pointer stays valid until the
-//! `PyUntypedBuffer` is released, which happens after the GIL is taken back.
+//! `PyUntypedBuffer` is released. A borrowed export is released after the GIL is taken
+//! back; one lent to the transport (`LentExport`) travels with the memory and is
+//! released when the transport lets go of it, on whatever thread that is (pyo3 takes the
+//! GIL for it).
 
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyBufferError, PyTypeError};
@@ -82,9 +85,10 @@ pub struct RawSliceMut {
     len: usize,
 }
 
-// SAFETY: the memory belongs to a buffer export that outlives the detached call (the
-// `WritableBuffer`/`ReadableBuffer` it came from is only dropped after the GIL is taken
-// back), and nothing in this module keeps the pointer past that call.
+// SAFETY: the memory belongs to a buffer export that outlives every use of the pointer:
+// a borrowed one (`WritableBuffer`/`ReadableBuffer` dropped after the GIL is taken back)
+// outlives the detached call, and the pointer is not kept past it; a `LentExport` keeps
+// the pointer only together with the export it came from, dropped with it.
 unsafe impl Send for RawSlice {}
 // SAFETY: as for `RawSlice`.
 unsafe impl Send for RawSliceMut {}
@@ -245,8 +249,8 @@ impl AsMut<[u8]> for RawSliceMut {
     }
 }
 
-/// A caller's buffer lent to the transport for a whole file's read
-/// (`Tessera::read_whole_lent`): the object and its export travel with the memory, so
+/// A caller's buffer lent to the transport for a read (`Tessera::read_whole_lent`,
+/// `File::read_lent_at`): the object and its export travel with the memory, so
 /// the memory stays pinned, and alive, for as long as the transport holds it (past a
 /// read that gave up, if a transfer into it outlived the read), and the file's bytes
 /// land in the caller's object with no copy. Its bytes are the caller's, already set:

@@ -52,15 +52,20 @@ impl NativeFile {
 #[pymethods]
 impl NativeFile {
     /// Reads at `offset` into `buffer` (any writable buffer), in place; returns the bytes
-    /// read, 0 at the end of the file.
+    /// read, 0 at the end of the file. A read of `LEND_MIN_BYTES` or more lends the
+    /// buffer to the transport, which may hold it past this call if a transfer into it
+    /// outlived the read: the object must keep its memory alive by itself.
     fn read_at(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>, offset: u64) -> PyResult<usize> {
         let mut buf = WritableBuffer::get(buffer)?;
         if buf.len() >= crate::LEND_MIN_BYTES {
-            let lent = LentExport::new(buffer.clone().unbind(), buf, usize::MAX);
-            let (lent, n) = self.with(py, move |f| f.read_lent_at(lent, offset))?;
-            // The export is released here, with the GIL held.
-            drop(lent);
-            return Ok(n);
+            let size = self.with(py, |f| Ok(f.len()))?;
+            if let Some(want) = crate::lendable(buf.len(), size, offset) {
+                let lent = LentExport::new(buffer.clone().unbind(), buf, want);
+                let (lent, n) = self.with(py, move |f| f.read_lent_at(lent, offset))?;
+                // The export is released here, with the GIL held.
+                drop(lent);
+                return Ok(n);
+            }
         }
         let mut raw = buf.slice_mut();
         self.with(py, move |f| f.read_at(raw.as_mut_slice(), offset))

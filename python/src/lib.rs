@@ -198,7 +198,9 @@ impl Client {
     }
 
     /// Reads `path` from `offset` into `buffer` (any writable buffer: bytearray,
-    /// memoryview, numpy array), in place; returns the bytes read (fewer at the end).
+    /// memoryview, numpy array), in place; returns the bytes read (fewer at the end). A
+    /// read of `LEND_MIN_BYTES` or more lends the buffer to the transport (see
+    /// `NativeFile::read_at`).
     fn read_into(
         &self,
         py: Python<'_>,
@@ -207,18 +209,31 @@ impl Client {
         buffer: &Bound<'_, PyAny>,
     ) -> PyResult<usize> {
         let mut buf = WritableBuffer::get(buffer)?;
-        if buf.len() >= LEND_MIN_BYTES {
-            let lent = LentExport::new(buffer.clone().unbind(), buf, usize::MAX);
-            let (lent, n) = py
-                .detach(move || self.inner.read_lent(path, offset, lent))
-                .map_err(at(path))?;
-            // The export is released here, with the GIL held.
-            drop(lent);
-            return Ok(n);
+        if buf.len() < LEND_MIN_BYTES {
+            let mut raw = buf.slice_mut();
+            return py
+                .detach(move || self.inner.read_into(path, offset, raw.as_mut_slice()))
+                .map_err(at(path));
         }
-        let mut raw = buf.slice_mut();
-        py.detach(move || self.inner.read_into(path, offset, raw.as_mut_slice()))
-            .map_err(at(path))
+        let file = py
+            .detach(|| self.inner.open(path, &OpenOptions::new()))
+            .map_err(at(path))?;
+        let read = match lendable(buf.len(), file.len(), offset) {
+            Some(want) => {
+                let lent = LentExport::new(buffer.clone().unbind(), buf, want);
+                let read = py.detach(|| file.read_lent_at(lent, offset));
+                // The export is released here, with the GIL held.
+                read.map(|(_lent, n)| n)
+            }
+            None => {
+                let mut raw = buf.slice_mut();
+                py.detach(|| file.read_at(raw.as_mut_slice(), offset))
+            }
+        };
+        let closed = py.detach(|| file.close());
+        let n = read.map_err(at(path))?;
+        closed.map_err(at(path))?;
+        Ok(n)
     }
 
     /// The whole of each file of `paths`, fetched in parallel; the first failure (in
@@ -344,6 +359,14 @@ impl Client {
 /// `read_at` (the data servers write into them, no copy); shorter reads take the file's
 /// readahead and cache, which serve a run of small reads better than one read at a time.
 pub(crate) const LEND_MIN_BYTES: usize = 4 << 20;
+
+/// The bytes of a read of a `len`-byte buffer at `offset` of a file of `size` bytes to
+/// lend to the transport: what the file can fill, if that is `LEND_MIN_BYTES` or more
+/// (only that part is pinned, and a buffer far larger than the file is not lent).
+pub(crate) fn lendable(len: usize, size: u64, offset: u64) -> Option<usize> {
+    let fill = usize::try_from(size.saturating_sub(offset)).map_or(len, |n| n.min(len));
+    (fill >= LEND_MIN_BYTES).then_some(fill)
+}
 
 /// Connects to the cluster whose metadata server listens on one of `addrs`, with client
 /// settings by name (`ClientConfig`'s fields, plus `threads` and `parallel`).

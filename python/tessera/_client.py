@@ -230,7 +230,11 @@ class Tessera:
     def read_into(self, path, offset: int, buffer) -> int:
         """Reads `path` from `offset` straight into `buffer` (a bytearray, memoryview,
         numpy array: anything writable with the buffer protocol, C-contiguous), with no
-        copy on the Python side; returns the bytes read (fewer at the end of the file)."""
+        copy on the Python side; returns the bytes read (fewer at the end of the file).
+        A read of 4 MiB or more is lent to the transport (the data servers write into
+        the buffer itself): the object may then be held past the call if a transfer
+        into it outlived its read, so it must keep its memory alive by itself (a view
+        made with `ctypes.from_address` must hold its owner)."""
         return self._native().read_into(_fspath(path), int(offset), buffer)
 
     def read_many(self, paths: Iterable) -> list[bytes]:

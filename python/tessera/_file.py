@@ -103,6 +103,8 @@ class TesseraFile(io.RawIOBase):
     # Reads.
 
     def readinto(self, b) -> int:
+        """Reads into `b` from the position; a read of 4 MiB or more is lent to the
+        transport, as `Tessera.read_into` says (`b` must keep its memory alive)."""
         self._checkClosed()
         if not self._readable:
             raise io.UnsupportedOperation("File not open for reading")

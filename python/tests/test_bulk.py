@@ -140,6 +140,13 @@ def test_large_reads_land_in_the_callers_buffer(fs, base):
         assert np.array_equal(got[12:3 << 20], data[(6 << 20) + 12:])
         assert fs.read_into(f"{base}/big", 6 << 20, got) == 3 << 20
         assert got[:12].tobytes() == b"not yet sent"
+    # A buffer far larger than what the file holds: only what the file fills is lent.
+    data[6 << 20:(6 << 20) + 12] = np.frombuffer(b"not yet sent", dtype=np.uint8)  # sent now
+    huge = np.full(64 << 20, 7, dtype=np.uint8)
+    assert fs.read_into(f"{base}/big", 1 << 20, huge) == 8 << 20
+    assert np.array_equal(huge[:8 << 20], data[1 << 20:]) and not (huge[8 << 20:] - 7).any()
+    assert fs.read_into(f"{base}/big", (9 << 20) - 5, huge) == 5  # too little to lend
+    assert huge[:5].tobytes() == data[-5:].tobytes()
     with pytest.raises(TypeError):
         fs.read_into(f"{base}/big", 0, bytes(4 << 20))  # read-only
     with pytest.raises(BufferError):

@@ -215,6 +215,18 @@ async fn whole_files_read_into_lent_buffers_see_this_clients_unsent_writes() {
         assert!(buf[..n] == want[..], "read after the unsent writes");
         w.close().unwrap();
         assert!(fs.read(&names[3]).unwrap() == want);
+
+        // One read at an offset: from the middle of a chunk to past the end (short),
+        // at the end (nothing), and past the largest offset a file has (refused).
+        let f = fs.open(&names[0], &OpenOptions::new()).unwrap();
+        let at = (5 << 20) + 3;
+        let (buf, n) = f.read_lent_at(vec![0u8; 6 << 20], at).unwrap();
+        assert_eq!(n, sizes[0] - at as usize);
+        assert!(buf[..n] == pseudo_random(sizes[0], 0)[at as usize..]);
+        assert_eq!(f.read_lent_at(vec![0u8; 16], sizes[0] as u64).unwrap().1, 0);
+        let e = f.read_lent_at(vec![0u8; 16], i64::MAX as u64).unwrap_err();
+        assert!(matches!(e, ClientError::TooLarge(_)), "{e}");
+        f.close().unwrap();
     })
     .await;
 }

@@ -1,6 +1,6 @@
 //! Registered memory.
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 use proto::MrKey;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -119,8 +119,10 @@ impl MemoryRegion {
 
     /// Locks the bytes for the application. A one-sided operation on the region waits
     /// while the lock is held, so hold it briefly and never across an `.await`.
-    pub fn lock(&self) -> MutexGuard<'_, AlignedBuf> {
-        self.inner.buf.lock()
+    pub fn lock(&self) -> MappedMutexGuard<'_, [u8]> {
+        // The bytes only: the buffer itself (lent memory among it) stays the region's,
+        // for as long as a device or a grant may reach it.
+        MutexGuard::map(self.inner.buf.lock(), |b| &mut **b)
     }
 }
 

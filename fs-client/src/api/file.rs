@@ -664,9 +664,11 @@ async fn read_lent<B: StableBytes>(
     }
 }
 
-/// How long [`reclaimed`] waits for the transport to let go of lent memory: a transfer
-/// into it that outlived its read (a read that timed out while a data server still
-/// wrote) ends within the one-sided operations' timeout.
+/// How long [`reclaimed`] waits for the transport to let go of lent memory. A transfer
+/// into it outlives its read only when the read gave up first (its call timed out)
+/// while a data server still wrote: over `tcp` the client's own receive of that frame
+/// holds the region until the frame ends or the connection closes. Past the wait the
+/// read fails, and the memory stays with the region, alive, until it is let go.
 const RECLAIM_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The memory lent to `mr`, once no transfer holds the region any more.

@@ -575,19 +575,6 @@ impl Tessera {
         Ok(n)
     }
 
-    /// [`Tessera::read_into`] into memory lent to the transport ([`File::read_lent_at`]):
-    /// no copy, and `buf` given back with the bytes read.
-    pub fn read_lent<B: StableBytes>(&self, path: &str, offset: u64, buf: B) -> Result<(B, usize)> {
-        let sh = self.shared.clone();
-        let how = OpenOptions::new();
-        let file = self.sh().block_on(file::open_for(sh, path, &how, true))?;
-        let read = file.read_lent_at(buf, offset);
-        let closed = file.close();
-        let read = read?;
-        closed?;
-        Ok(read)
-    }
-
     /// Reads many whole files at once, at most `Options::parallel` at a time, each on
     /// the runtime's threads: the results are in the order of `paths`, and all of them
     /// are held until the last is read (pass batches to bound the memory).

@@ -128,6 +128,20 @@ impl ReadBuf<'_> {
     }
 }
 
+/// Refuses a read of `len` bytes at `offset` that would end past the largest offset a
+/// file has (`i64::MAX`).
+fn fits_file(offset: u64, len: usize) -> Result<()> {
+    let fits = offset
+        .checked_add(len as u64)
+        .is_some_and(|end| end <= i64::MAX as u64);
+    if !fits {
+        return Err(ClientError::TooLarge(format!(
+            "{len} bytes at offset {offset}"
+        )));
+    }
+    Ok(())
+}
+
 /// A read of `len` bytes from a buffer at its start, nothing around it.
 fn plain(held: Held<'_>, len: usize) -> ReadBuf<'_> {
     ReadBuf {
@@ -429,13 +443,7 @@ impl Client {
     /// per read with `WINDOWS_IN_FLIGHT` of them at once (a large read is fetched from
     /// several data servers together), each copied straight into its part of `buf`.
     pub async fn read_into(&self, fh: &FileHandle, buf: &mut [u8], offset: u64) -> Result<usize> {
-        let fits = offset
-            .checked_add(buf.len() as u64)
-            .is_some_and(|end| end <= i64::MAX as u64);
-        if !fits {
-            let msg = format!("{} bytes at offset {offset}", buf.len());
-            return Err(ClientError::TooLarge(msg));
-        }
+        fits_file(offset, buf.len())?;
         let step = self.data.pool.buffer_bytes();
         // Reads are made as earlier ones finish: a large buffer does not start them all.
         let mut windows = buf.chunks_mut(step).enumerate();
@@ -473,6 +481,7 @@ impl Client {
         mr: &MemoryRegion,
         offset: u64,
     ) -> Result<Option<usize>> {
+        fits_file(offset, mr.len())?;
         self.place_appends(&fh.state).await;
         if !fh.state.io.lock().dirty.is_empty() {
             return Ok(None);
@@ -481,10 +490,14 @@ impl Client {
         let len =
             usize::try_from(size.saturating_sub(offset)).map_or(mr.len(), |n| n.min(mr.len()));
         let step = self.data.pool.buffer_bytes();
-        let windows = (0..len).step_by(step).map(|at| {
+        let windows = (0..len).step_by(step).map(|at| async move {
+            // A buffer of the I/O pool is held, unused, for each window: the pool's
+            // size bounds this client's reads in flight, lent or not.
+            let _turn = self.data.pool.take().await;
             let n = step.min(len - at);
             self.data
                 .transfer_range(&fh.state, offset + at as u64, n, mr, at, false)
+                .await
         });
         let reads = async {
             let mut reads = futures::stream::iter(windows).buffered(WINDOWS_IN_FLIGHT);
@@ -493,7 +506,8 @@ impl Client {
             }
             Ok(Some(len))
         };
-        if len > 0 && fh.atime_due.swap(false, Ordering::Relaxed) {
+        // As `read_buf_with`: any read moves the access time, one at the end too.
+        if fh.atime_due.swap(false, Ordering::Relaxed) {
             return tokio::join!(self.accessed(fh.ino()), reads).1;
         }
         reads.await
