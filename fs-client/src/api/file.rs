@@ -554,28 +554,29 @@ pub(super) async fn read_whole_into<B>(
 where
     B: AsMut<[u8]> + Send + 'static,
 {
-    let parallel = sh.parallel;
-    stream::iter(files)
-        .map(|(file, buf)| {
-            let sh = sh.clone();
-            spawned(async move {
-                let buf = prepared(&file, buf).await?;
-                read_one_into(sh, file, buf).await
-            })
-        })
-        .buffered(parallel)
-        .collect()
-        .await
+    each_whole(sh, files, read_one_into).await
 }
 
 /// [`read_whole_into`] with each buffer lent to the transport for its file's read
 /// ([`read_one_lent`]): the data servers write into it, with no copy on the way.
-pub(super) async fn read_whole_lent<B>(
+pub(super) async fn read_whole_lent<B: StableBytes>(
     sh: Arc<Shared>,
     files: Vec<(File, B)>,
+) -> Vec<Result<(B, usize)>> {
+    each_whole(sh, files, read_one_lent).await
+}
+
+/// Each file read from its start into its buffer by `read_one` (which closes it), at
+/// most `sh.parallel` at once, each in a task of its own; in the order given.
+async fn each_whole<B, F, Fut>(
+    sh: Arc<Shared>,
+    files: Vec<(File, B)>,
+    read_one: F,
 ) -> Vec<Result<(B, usize)>>
 where
-    B: StableBytes,
+    B: AsMut<[u8]> + Send + 'static,
+    F: Fn(Arc<Shared>, File, B) -> Fut + Copy + Send + 'static,
+    Fut: std::future::Future<Output = Result<(B, usize)>> + Send + 'static,
 {
     let parallel = sh.parallel;
     stream::iter(files)
@@ -583,7 +584,7 @@ where
             let sh = sh.clone();
             spawned(async move {
                 let buf = prepared(&file, buf).await?;
-                read_one_lent(sh, file, buf).await
+                read_one(sh, file, buf).await
             })
         })
         .buffered(parallel)
