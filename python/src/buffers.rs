@@ -280,6 +280,14 @@ impl LentExport {
     pub fn span(&self) -> (usize, usize) {
         self.raw.span()
     }
+
+    /// The same, holding only its first `len` bytes (all if there are fewer).
+    pub fn prefix(self, len: usize) -> LentExport {
+        LentExport {
+            raw: self.raw.prefix(len),
+            ..self
+        }
+    }
 }
 
 impl AsRef<[u8]> for LentExport {

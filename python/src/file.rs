@@ -58,14 +58,10 @@ impl NativeFile {
     fn read_at(&self, py: Python<'_>, buffer: &Bound<'_, PyAny>, offset: u64) -> PyResult<usize> {
         let mut buf = WritableBuffer::get(buffer)?;
         if buf.len() >= crate::LEND_MIN_BYTES {
-            let size = self.with(py, |f| Ok(f.len()))?;
-            if let Some(want) = crate::lendable(buf.len(), size, offset) {
-                let lent = LentExport::new(buffer.clone().unbind(), buf, want);
-                let (lent, n) = self.with(py, move |f| f.read_lent_at(lent, offset))?;
-                // The export is released here, with the GIL held.
-                drop(lent);
-                return Ok(n);
-            }
+            let lent = LentExport::new(buffer.clone().unbind(), buf, usize::MAX);
+            // The export is released here, with the GIL held.
+            let (_lent, n) = self.with(py, move |f| crate::read_lending(f, lent, offset))?;
+            return Ok(n);
         }
         let mut raw = buf.slice_mut();
         self.with(py, move |f| f.read_at(raw.as_mut_slice(), offset))

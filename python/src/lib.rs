@@ -215,24 +215,16 @@ impl Client {
                 .detach(move || self.inner.read_into(path, offset, raw.as_mut_slice()))
                 .map_err(at(path));
         }
-        let file = py
-            .detach(|| self.inner.open(path, &OpenOptions::new()))
-            .map_err(at(path))?;
-        let read = match lendable(buf.len(), file.len(), offset) {
-            Some(want) => {
-                let lent = LentExport::new(buffer.clone().unbind(), buf, want);
-                let read = py.detach(|| file.read_lent_at(lent, offset));
-                // The export is released here, with the GIL held.
-                read.map(|(_lent, n)| n)
-            }
-            None => {
-                let mut raw = buf.slice_mut();
-                py.detach(|| file.read_at(raw.as_mut_slice(), offset))
-            }
-        };
-        let closed = py.detach(|| file.close());
-        let n = read.map_err(at(path))?;
-        closed.map_err(at(path))?;
+        let lent = LentExport::new(buffer.clone().unbind(), buf, usize::MAX);
+        let read = py.detach(|| {
+            let file = self.inner.open(path, &OpenOptions::new())?;
+            let read = read_lending(&file, lent, offset);
+            let closed = file.close();
+            let read = read?;
+            closed.map(|()| read)
+        });
+        // The export is released here, with the GIL held.
+        let (_lent, n) = read.map_err(at(path))?;
         Ok(n)
     }
 
@@ -360,12 +352,23 @@ impl Client {
 /// readahead and cache, which serve a run of small reads better than one read at a time.
 pub(crate) const LEND_MIN_BYTES: usize = 4 << 20;
 
-/// The bytes of a read of a `len`-byte buffer at `offset` of a file of `size` bytes to
-/// lend to the transport: what the file can fill, if that is `LEND_MIN_BYTES` or more
-/// (only that part is pinned, and a buffer far larger than the file is not lent).
-pub(crate) fn lendable(len: usize, size: u64, offset: u64) -> Option<usize> {
-    let fill = usize::try_from(size.saturating_sub(offset)).map_or(len, |n| n.min(len));
-    (fill >= LEND_MIN_BYTES).then_some(fill)
+/// Reads `file` at `offset` into `buf` (a buffer of `LEND_MIN_BYTES` or more), with the
+/// GIL released: the part the file can fill is lent to the transport when that is
+/// `LEND_MIN_BYTES` or more (only that part is pinned, and a buffer far larger than the
+/// file is not lent), and read through the file's readahead and cache otherwise.
+/// Returns the buffer, to be dropped with the GIL held, and the bytes read.
+pub(crate) fn read_lending(
+    file: &api::File,
+    mut buf: LentExport,
+    offset: u64,
+) -> fs_client::Result<(LentExport, usize)> {
+    let len = buf.span().1;
+    let fill = usize::try_from(file.len().saturating_sub(offset)).map_or(len, |n| n.min(len));
+    if fill >= LEND_MIN_BYTES {
+        return file.read_lent_at(buf.prefix(fill), offset);
+    }
+    let n = file.read_at(buf.as_mut(), offset)?;
+    Ok((buf, n))
 }
 
 /// Connects to the cluster whose metadata server listens on one of `addrs`, with client

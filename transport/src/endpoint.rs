@@ -182,11 +182,7 @@ impl Endpoint {
                 .register_over(buf)
                 .map_err(|(e, buf)| given_back(e, buf));
         }
-        let r = MemoryRegion::over(buf, |_| Ok::<_, std::convert::Infallible>(None));
-        match r {
-            Ok(mr) => Ok(mr),
-            Err((never, _)) => match never {},
-        }
+        Ok(MemoryRegion::plain(buf))
     }
 
     /// Connects to a listening peer at `addr` (`host:port`).

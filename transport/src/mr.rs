@@ -35,22 +35,17 @@ pub(crate) struct HwMr {
 }
 
 impl MemoryRegion {
-    /// Allocates and registers `len` zeroed bytes.
+    /// Allocates `len` zeroed bytes, with no device to register them with.
     pub(crate) fn new(len: usize) -> MemoryRegion {
-        let r = Self::with_hw(len, |_| Ok::<_, std::convert::Infallible>(None));
-        match r {
-            Ok(mr) => mr,
-            Err(never) => match never {},
-        }
+        Self::plain(AlignedBuf::zeroed(len))
     }
 
-    /// Allocates `len` zeroed bytes, registering them with `register` first (with a
-    /// device, if any).
-    pub(crate) fn with_hw<E>(
-        len: usize,
-        register: impl FnOnce(&mut [u8]) -> Result<Option<HwMr>, E>,
-    ) -> Result<MemoryRegion, E> {
-        Self::over(AlignedBuf::zeroed(len), register).map_err(|(e, _)| e)
+    /// A region over `buf`'s bytes, with no device to register them with.
+    pub(crate) fn plain(buf: AlignedBuf) -> MemoryRegion {
+        match Self::over(buf, |_| Ok::<_, std::convert::Infallible>(None)) {
+            Ok(mr) => mr,
+            Err((never, _)) => match never {},
+        }
     }
 
     /// A region over `buf`'s bytes, registered with `register` first; refused with the
@@ -208,15 +203,14 @@ impl AlignedBuf {
 
     /// The lent memory, if it is a `T`; the bytes back otherwise.
     pub(crate) fn into_lent<T: StableBytes>(self) -> Result<T, AlignedBuf> {
-        if !self.lends::<T>() {
-            return Err(self);
-        }
         match self.storage {
-            Storage::Lent(lent) => match lent.into_any().downcast::<T>() {
-                Ok(t) => Ok(*t),
-                Err(_) => unreachable!("checked by `lends` above"),
-            },
-            Storage::Own { .. } => unreachable!("checked by `lends` above"),
+            Storage::Lent(lent) if lent.is_a() == std::any::TypeId::of::<T>() => {
+                match lent.into_any().downcast::<T>() {
+                    Ok(t) => Ok(*t),
+                    Err(_) => unreachable!("its type was checked just before"),
+                }
+            }
+            storage => Err(AlignedBuf { storage }),
         }
     }
 
