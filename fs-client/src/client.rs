@@ -3,6 +3,7 @@
 use crate::cache::dirattrs::DirAttrs;
 use crate::cache::dirnames::DirNames;
 use crate::cache::noxattrs::{NoXattrs, CAPABILITY};
+use crate::cache::scans::Scans;
 use crate::config::ClientConfig;
 use crate::error::{ClientError, Result};
 use crate::file::datapath::{DataPath, GrantFetch, MapFetch, MapSource, Pools};
@@ -15,6 +16,7 @@ mod attrs;
 mod away;
 mod caller;
 mod locks;
+mod lookups;
 mod opening;
 mod ops;
 pub use opening::OpenedByName;
@@ -77,6 +79,8 @@ pub struct Client {
     /// Directories whose every name is known: a lookup of a missing name there is
     /// answered without a call (the lookup before each create).
     dir_names: DirNames,
+    /// Directories walked in name order: lookups answered from a listing page.
+    scans: Scans,
     /// Sessions whose close carries no commit, waiting to be ended in one call.
     releases: Mutex<Vec<SessionId>>,
     /// Sessions with a live handle, their files, open modes and openers: what a new
@@ -187,6 +191,7 @@ impl Client {
             dir_attrs: DirAttrs::new(dir_ttl),
             no_xattrs: NoXattrs::new(dir_ttl),
             dir_names: DirNames::new(entry_ttl),
+            scans: Scans::new(entry_ttl),
             releases: Mutex::new(Vec::new()),
             sessions: Mutex::new(HashMap::new()),
             held_locks: Mutex::new(HashMap::new()),
@@ -296,6 +301,7 @@ impl Client {
         };
         let token = fs_req.map(|r| {
             self.dir_attrs.before(r);
+            self.scans.before(r);
             self.dir_names.before(r)
         });
         let since = self.attr_epoch();
@@ -400,33 +406,6 @@ impl Client {
 
     pub(crate) fn live_file(&self, ino: InodeId) -> Option<Arc<FileState>> {
         self.files.lock().get(&ino).and_then(Weak::upgrade)
-    }
-
-    /// Finds `name` in `parent`.
-    pub async fn lookup(&self, parent: InodeId, name: &[u8]) -> Result<Attr> {
-        // The kernel turns a file handle into an inode with a lookup of "." in the
-        // inode it names, and finds a directory's parent with one of ".." (export
-        // operations: `open_by_handle_at`, NFS); no name lookup asks either.
-        match name {
-            b"." => return self.getattr(parent).await,
-            b".." => {
-                let attr = self.meta(fs::LookupParent { dir: parent }).await?;
-                return Ok(self.overlay(attr));
-            }
-            _ => {}
-        }
-        if self.name_known_absent(parent, name) {
-            return Err(ClientError::KnownAbsent(format!(
-                "no {} in {parent}",
-                String::from_utf8_lossy(name)
-            )));
-        }
-        let req = fs::Lookup {
-            parent,
-            name: name.to_vec(),
-        };
-        let attr = self.meta(req).await?;
-        self.fresh_overlay(attr).await
     }
 
     /// [`Client::overlay`] for attributes a lookup or listing brought: while appends to

@@ -20,7 +20,7 @@ use proto::{ErrorCode, FileKind, InodeId, SetAttr};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 use tracing::debug;
 
 impl fuser::Filesystem for TesseraFs {
@@ -83,7 +83,9 @@ impl fuser::Filesystem for TesseraFs {
         }
         let (inner, name) = (self.inner.clone(), name.as_bytes().to_vec());
         self.spawn(req, async move {
-            let mut r = inner.client.lookup(ino(parent), &name).await;
+            let r = inner.client.lookup_aged(ino(parent), &name).await;
+            let age = r.as_ref().map_or(Duration::ZERO, |(_, age)| *age);
+            let mut r = r.map(|(a, _)| a);
             if let Ok(a) = &mut r {
                 // `..` of a top-level directory of a subdirectory mount (the kernel's
                 // export operations ask it): the kernel knows that directory as the root.
@@ -92,7 +94,7 @@ impl fuser::Filesystem for TesseraFs {
                 }
                 inner.revalidate(a).await;
             }
-            inner.entry(reply, r)
+            inner.aged_entry(reply, r, age)
         });
     }
 

@@ -12,6 +12,7 @@ use fuser::{
 };
 use proto::meta::{LockKind, LockSpec, OpenAccess};
 use proto::{Attr, FileKind, InodeId, TimeSet, Timestamp};
+use std::time::Duration;
 use tracing::debug;
 
 /// Reply types that can carry an errno.
@@ -107,7 +108,18 @@ pub(super) fn time_set(t: TimeOrNow) -> TimeSet {
 
 impl Inner {
     pub(super) fn entry(&self, reply: ReplyEntry, r: Result<Attr, ClientError>) {
-        let (ttl, blk) = (self.entry_ttl, self.blksize);
+        self.aged_entry(reply, r, Duration::ZERO)
+    }
+
+    /// [`Inner::entry`] for an answer the server gave `age` ago: the kernel trusts it
+    /// for the rest of the entry TTL only.
+    pub(super) fn aged_entry(
+        &self,
+        reply: ReplyEntry,
+        r: Result<Attr, ClientError>,
+        age: Duration,
+    ) {
+        let (ttl, blk) = (self.entry_ttl.saturating_sub(age), self.blksize);
         if let Ok(a) = &r {
             self.note_dir(a);
         }
