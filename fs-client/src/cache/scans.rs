@@ -119,8 +119,12 @@ struct State {
 }
 
 impl State {
+    /// Drops every page, and refuses those on their way. What each directory's
+    /// lookups looked like stays: it says nothing of what is in the directory.
     fn drop_all(&mut self) {
-        self.dirs.clear();
+        for d in self.dirs.values_mut() {
+            d.pages.clear();
+        }
         self.changed.clear();
         self.dropped = self.epoch;
     }
@@ -262,6 +266,7 @@ impl Scans {
         let mut state = self.state.lock();
         if state.dirs.len() >= MAX_DIRS && !state.dirs.contains_key(&dir) {
             state.drop_all();
+            state.dirs.clear();
         }
         state.dirs.entry(dir).or_default().seed = Some(name.to_vec());
     }
@@ -299,6 +304,7 @@ impl Scans {
         };
         if state.dirs.len() >= MAX_DIRS && !state.dirs.contains_key(&dir) {
             state.drop_all();
+            state.dirs.clear();
         }
         let d = state.dirs.entry(dir).or_default();
         if found == Found::Absent {
@@ -354,9 +360,13 @@ impl Scans {
         if keeps {
             return;
         }
-        // Changes of one inode's attributes; any other change may move a name (or, as
-        // an unlink, an inode the request does not name).
-        let one = match req {
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        state.epoch += 1;
+        let epoch = state.epoch;
+        let mut changed = Vec::with_capacity(2);
+        let known = match req {
+            // Changes of one inode's attributes.
             R::Append(fs::Append { ino, .. })
             | R::Open(fs::Open { ino, .. })
             | R::Commit(fs::Commit { ino, .. })
@@ -364,17 +374,53 @@ impl Scans {
             | R::SetAttr(fs::SetAttr { ino, .. })
             | R::SetXattr(fs::SetXattr { ino, .. })
             | R::RemoveXattr(fs::RemoveXattr { ino, .. })
-            | R::Accessed(fs::Accessed { ino, .. }) => Some(*ino),
-            _ => None,
-        };
-        let mut state = self.state.lock();
-        state.epoch += 1;
-        let epoch = state.epoch;
-        match one {
-            Some(ino) if state.changed.len() < MAX_CHANGED => {
-                state.changed.insert(ino, epoch);
+            | R::Accessed(fs::Accessed { ino, .. }) => {
+                changed.push(*ino);
+                true
             }
-            _ => state.drop_all(),
+            // A new name changes its directory's times; a page never says a name is
+            // missing, so none is wrong about the new one.
+            R::Create(fs::Create { parent, .. })
+            | R::Mkdir(fs::Mkdir { parent, .. })
+            | R::MkNod(fs::MkNod { parent, .. })
+            | R::Symlink(fs::Symlink { parent, .. }) => {
+                changed.push(*parent);
+                true
+            }
+            R::Link(fs::Link {
+                ino, new_parent, ..
+            }) => {
+                changed.extend([*ino, *new_parent]);
+                true
+            }
+            // A name removed: its entry goes, and its inode (another name of it may be
+            // in a page: its link count moved) counts as changed, if a page of the
+            // directory says which inode it was (`rm -r` and the like look it up
+            // first); if none does, every page goes.
+            R::Unlink(fs::Unlink { parent, name }) | R::Rmdir(fs::Rmdir { parent, name }) => {
+                changed.push(*parent);
+                let gone = state.dirs.get_mut(parent).and_then(|d| {
+                    d.pages.iter_mut().find_map(|p| {
+                        let i = p.entries.binary_search_by(|e| e.name.cmp(name)).ok()?;
+                        // Kept without attributes (looked up again if asked for): the
+                        // page's end still tells where a walk goes on.
+                        p.entries[i].attr = None;
+                        Some(p.entries[i].ino)
+                    })
+                });
+                changed.extend(gone);
+                gone.is_some()
+            }
+            // A rename, and whatever else may move a name or change an inode the
+            // request does not name.
+            _ => false,
+        };
+        if !known || state.changed.len() + changed.len() > MAX_CHANGED {
+            state.drop_all();
+            return;
+        }
+        for ino in changed {
+            state.changed.insert(ino, epoch);
         }
     }
 }

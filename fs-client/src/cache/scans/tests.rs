@@ -172,13 +172,39 @@ fn this_clients_changes_go_first() {
     // Reads change nothing.
     s.before(&FsRequest::GetAttr(fs::GetAttr { ino: InodeId(105) }));
     assert_eq!(hit_ino(s.plan(DIR, &name(5))), Some(105));
-    // A new name (or any change of names) drops every page.
+    // A new name changes its directory only (which a page of its parent may hold).
+    s.before(&FsRequest::Create(fs::Create {
+        parent: DIR,
+        name: b"new".to_vec(),
+        perm: 0o644,
+        exclusive: true,
+        access: proto::meta::OpenAccess::Write,
+        client: proto::ClientId(1),
+    }));
+    assert_eq!(hit_ino(s.plan(DIR, &name(5))), Some(105));
+    // A name removed that a page holds: that entry goes (and its inode counts as
+    // changed, for its other names), the rest answer.
     s.before(&FsRequest::Unlink(fs::Unlink {
         parent: DIR,
         name: name(6),
     }));
     assert_eq!(s.plan(DIR, &name(6)), Plan::Lookup);
-    assert_eq!(s.plan(DIR, &name(7)), Plan::Lookup);
+    assert_eq!(hit_ino(s.plan(DIR, &name(7))), Some(107));
+    // A link changes the inode linked.
+    s.before(&FsRequest::Link(fs::Link {
+        ino: InodeId(108),
+        new_parent: DIR,
+        new_name: b"again".to_vec(),
+        kernel_checked: false,
+    }));
+    assert_eq!(s.plan(DIR, &name(8)), Plan::Lookup);
+    assert_eq!(hit_ino(s.plan(DIR, &name(2))), Some(102));
+    // One no page holds (its inode is unknown): every page goes.
+    s.before(&FsRequest::Unlink(fs::Unlink {
+        parent: DIR,
+        name: name(70),
+    }));
+    assert_eq!(hit_ino(s.plan(DIR, &name(2))), None);
     // A page asked for before such a change and answered after it is not kept.
     s.found(DIR, &name(10));
     let f = fetch_of(s.plan(DIR, &name(11)));
@@ -191,7 +217,7 @@ fn this_clients_changes_go_first() {
     }));
     let got = s.fetched(DIR, &name(11), f, page(11, 20, false), Instant::now());
     assert_eq!(got, Found::Unknown);
-    assert_eq!(s.plan(DIR, &name(12)), Plan::Lookup);
+    assert_eq!(hit_ino(s.plan(DIR, &name(12))), None, "the page was not kept");
     // One whose entry's inode changed meanwhile: that entry asks again.
     s.found(DIR, &name(30));
     let f = fetch_of(s.plan(DIR, &name(31)));
