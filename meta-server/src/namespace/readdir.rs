@@ -41,20 +41,30 @@ impl Namespace {
         let mut budget = READDIR_BUDGET_BYTES;
         for (k, v) in rows.into_iter().take(want) {
             let d: DirentRecord = super::records::decode(&v, "directory entry")?;
-            let child = InodeId(d.ino);
+            let name = &k[prefix.len()..];
+            let (mut child, mut kind) = (InodeId(d.ino), d.kind);
             let attr = if plus {
-                // An inode gone since the scan was unlinked meanwhile: leave it out.
                 match r.try_inode(child)? {
                     Some(rec) => Some(r.attr_of(child, &rec)?),
-                    None => continue,
+                    // Gone since the scan: unlinked meanwhile, or a rename put another
+                    // inode under the name (on an embedded store the scan and the inode
+                    // are two reads), which must not make the name look missing.
+                    None => match self.lookup(ino, name) {
+                        Ok(a) => {
+                            (child, kind) = (a.ino, a.kind);
+                            Some(a)
+                        }
+                        Err(MetaError::NotFound(_)) => continue,
+                        Err(e) => return Err(e),
+                    },
                 }
             } else {
                 None
             };
             let entry = DirEntry {
-                name: k[prefix.len()..].to_vec(),
+                name: name.to_vec(),
                 ino: child,
-                kind: d.kind,
+                kind,
                 attr,
             };
             let size = proto::codec::encode(&entry, usize::MAX)

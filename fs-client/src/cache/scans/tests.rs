@@ -217,7 +217,11 @@ fn this_clients_changes_go_first() {
     }));
     let got = s.fetched(DIR, &name(11), f, page(11, 20, false), Instant::now());
     assert_eq!(got, Found::Unknown);
-    assert_eq!(hit_ino(s.plan(DIR, &name(12))), None, "the page was not kept");
+    assert_eq!(
+        hit_ino(s.plan(DIR, &name(12))),
+        None,
+        "the page was not kept"
+    );
     // One whose entry's inode changed meanwhile: that entry asks again.
     s.found(DIR, &name(30));
     let f = fetch_of(s.plan(DIR, &name(31)));
