@@ -198,6 +198,19 @@ impl Scans {
 
     /// How to look `name` up in `dir` now.
     pub(crate) fn plan(&self, dir: InodeId, name: &[u8]) -> Plan {
+        self.decide(dir, name, true)
+    }
+
+    /// `name`'s entry in a page of `dir`, if one holds it: [`Scans::plan`] without
+    /// the pages to ask for (which it leaves for the call that follows a miss).
+    pub(crate) fn hit(&self, dir: InodeId, name: &[u8]) -> Option<Hit> {
+        match self.decide(dir, name, false) {
+            Plan::Hit(hit) => Some(hit),
+            _ => None,
+        }
+    }
+
+    fn decide(&self, dir: InodeId, name: &[u8], may_ask: bool) -> Plan {
         if self.ttl.is_zero() {
             return Plan::Lookup;
         }
@@ -225,6 +238,9 @@ impl Scans {
                 Some(attr) => Plan::Hit(Hit { attr, age }),
                 None => Plan::Lookup,
             };
+        }
+        if !may_ask {
+            return Plan::Lookup;
         }
         // The page whose end a walk reached, if this name comes after it.
         let walked = d

@@ -16,6 +16,23 @@ impl Client {
         self.lookup_aged(parent, name).await.map(|(attr, _)| attr)
     }
 
+    /// `name`'s attributes in `parent` if a page of a walk holds them and they need no
+    /// call (no appends of this client's wait to be placed), with their age: what the
+    /// mount answers on its own thread. `None` leaves it to [`Client::lookup_aged`].
+    pub(crate) fn lookup_kept(&self, parent: InodeId, name: &[u8]) -> Option<(Attr, Duration)> {
+        if matches!(name, b"." | b"..") {
+            return None;
+        }
+        let hit = self.scans.hit(parent, name)?;
+        if self
+            .live_file(hit.attr.ino)
+            .is_some_and(|st| !st.appends_idle())
+        {
+            return None;
+        }
+        Some((self.overlay(hit.attr), hit.age))
+    }
+
     /// [`Client::lookup`], with the age of what answered it: how long ago the server
     /// was asked (zero for a call made now), so that the kernel trusts it only for the
     /// rest of the entry TTL.

@@ -249,9 +249,13 @@ impl Inner {
     /// (writers on two mounts at once get no coherence, as on NFS). This mount's own
     /// changes go through [`Inner::note_own`] instead.
     async fn revalidate(self: &Arc<Self>, attr: &proto::Attr) {
-        if self.note_seen(attr, false) != Freshness::Changed {
-            return;
+        if self.note_seen(attr, false) == Freshness::Changed {
+            self.changed(attr).await;
         }
+    }
+
+    /// What [`Inner::revalidate`] does for a file whose mtime or length moved.
+    async fn changed(self: &Arc<Self>, attr: &proto::Attr) {
         let state = self.client.open_file(attr.ino);
         if state.as_ref().is_some_and(|s| s.gate.has_writers()) {
             return;
