@@ -264,6 +264,7 @@ async fn route(
             C::GetMap(r) => serve(ns, r, server, limit).await,
             C::ListFiles(r) => serve(ns, r, server, limit).await,
             C::InodesExist(r) => serve(ns, r, server, limit).await,
+            C::InodeCopies(r) => serve(ns, r, server, limit).await,
             // Answered by `MetaService::handle`, which knows who asks.
             C::Revocations(_) => not_here(limit),
         },

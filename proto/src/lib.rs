@@ -44,8 +44,8 @@ pub use rpc::{Request, Rpc, RpcResult};
 /// read's bytes in the reply). 23: `FsCall::op` (a change's id, applied once). 24:
 /// `Link::kernel_checked` (the mount's kernel applied its hard-link rule). 25:
 /// `data::WriteRanges` and `ReplicaData::Ranges` (separate small ranges of a chunk in one
-/// chain write).
-pub const PROTOCOL_VERSION: u16 = 25;
+/// chain write). 26: `cluster::InodeCopies` (a resync asks how many copies a file has).
+pub const PROTOCOL_VERSION: u16 = 26;
 
 /// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
 pub const MAX_NAME_BYTES: usize = 255;

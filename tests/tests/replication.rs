@@ -392,6 +392,84 @@ async fn a_directory_asking_for_one_copy_gets_one_copy_of_each_chunk() {
     assert!(reader.read(&fh, 0, data.len()).await.unwrap() == data);
 }
 
+/// Copies of `ino`'s first `chunks` chunks on each data server.
+fn held(cluster: &InProcessCluster, ino: InodeId, chunks: u64) -> Vec<u64> {
+    cluster
+        .data
+        .iter()
+        .map(|s| {
+            (0..chunks)
+                .filter(|&index| {
+                    let c = proto::ChunkId { inode: ino, index };
+                    s.store().chunk_meta(c).unwrap().is_some()
+                })
+                .count() as u64
+        })
+        .collect()
+}
+
+/// A file with fewer copies than its chains have members lives on the first members
+/// only: a server holding its one copy that restarts resyncs its chains from a member
+/// that never had it, and must keep the copy, not take the source's lack of it for a
+/// deletion it missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_with_the_only_copy_keeps_it_through_a_restart() {
+    let mut cluster = InProcessCluster::start(3).await;
+    let client = cluster.client().await;
+    let d = client
+        .mkdir(InodeId::ROOT, b"scratch", 0o755, ROOT_CALLER)
+        .await
+        .unwrap();
+    let mode = proto::meta::XattrMode::Upsert;
+    client
+        .setxattr(d.ino, b"user.tessera.replicas", b"1", mode)
+        .await
+        .unwrap();
+    let (attr, fh) = client
+        .create(d.ino, b"one.bin", 0o644, ROOT_CALLER, true, false)
+        .await
+        .unwrap();
+    let data = pseudo_random(24 * MIB, 5);
+    client.write(&fh, 0, &data).await.unwrap();
+    client.fsync(&fh).await.unwrap();
+    client.release(&fh).await.unwrap();
+    let before = held(&cluster, attr.ino, 6);
+    assert_eq!(before.iter().sum::<u64>(), 6, "one copy of each chunk");
+    let victim = (0..3).find(|&i| before[i] > 0).unwrap();
+    let node = cluster.data[victim].node_id().unwrap();
+    cluster.stop_data(victim);
+    // Away long enough to leave its chains (offline), so that it resyncs on return.
+    await_map(&cluster, "the server is offline", |m| {
+        m.chains.iter().any(|c| {
+            c.members
+                .iter()
+                .any(|x| x.node == node && x.state == proto::meta::MemberState::Offline)
+        })
+    })
+    .await;
+    cluster.restart_data(victim).await;
+    // Back, synced (serving again in each of its chains).
+    await_map(&cluster, "the server serves again", |m| {
+        m.chains
+            .iter()
+            .filter(|c| c.members.iter().any(|x| x.node == node))
+            .all(|c| c.readers(3).contains(&node))
+    })
+    .await;
+    cluster.wait_healthy().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        held(&cluster, attr.ino, 6),
+        before,
+        "the copies are where they were"
+    );
+    let reader = cluster.client().await;
+    let attr = reader.lookup(d.ino, b"one.bin").await.unwrap();
+    let (_, fh) = reader.open(attr.ino, false).await.unwrap();
+    let back = reader.read(&fh, 0, data.len()).await.unwrap();
+    assert!(back == data, "the file reads back whole");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_copy_that_missed_a_write_is_marked_stale_and_copied_whole() {
     let cluster = InProcessCluster::start(3).await;

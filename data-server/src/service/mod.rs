@@ -477,7 +477,9 @@ impl Inner {
     }
 
     async fn repair(&self, r: Repair) -> Reply<Repair> {
-        self.repair_from(&r.from, r.chunk, r.chain).await.map(drop)
+        self.repair_from(&r.from, r.chunk, r.chain, true)
+            .await
+            .map(drop)
     }
 
     async fn truncate_file(&self, r: TruncateFile) -> Reply<TruncateFile> {

@@ -8,7 +8,7 @@ use crate::metrics::OneSided;
 use crate::store::ReplicaFields;
 use parking_lot::Mutex;
 use proto::data::{ChunkInfo, ChunkMeta, FetchChunk, ListChunks};
-use proto::meta::cluster::InodesExist;
+use proto::meta::cluster::{InodeCopies, InodesExist, MAX_COPIES_QUERY};
 use proto::meta::{ClusterMap, MemberState, ResyncReport};
 use proto::{ChainId, ChunkId, ErrorCode, NodeId, RemoteBuf};
 use std::collections::HashSet;
@@ -69,17 +69,26 @@ impl Inner {
     /// chunk makes the local copy go too. A copy newer than the source's is fetched
     /// again; found newer twice against the same source version, the source's replaces
     /// it if the source still serves the chain ([`Repaired::ReplacedNewer`], see below).
+    ///
+    /// With `may_drop` false, a source without the chunk leaves the local copy alone
+    /// (an error says so): a member that may never have held it (see [`Holders`]).
     pub(super) async fn repair_from(
         &self,
         from: &str,
         chunk: ChunkId,
         chain: ChainId,
+        may_drop: bool,
     ) -> Result<Repaired, DataError> {
         let conn = self.view.peer_at(from).await?;
         // The source's version when it was found older than this copy.
         let mut behind = None;
         for _ in 0..REPAIR_ATTEMPTS {
             let Some(info) = info(&conn, chunk).await? else {
+                if !may_drop {
+                    return Err(DataError::Stale(format!(
+                        "{chunk}: {from} has no copy, and may never have held one"
+                    )));
+                }
                 let _lock = self.locks.write(chunk).await;
                 let store = self.store.clone();
                 blocking(move || store.delete_chunk(chunk)).await?;
@@ -249,18 +258,18 @@ impl Resync {
     }
 
     /// Copies every chunk of `chain` whose version here differs from `src`'s, and drops
-    /// chunks `src` does not have.
+    /// chunks `src` does not have, each as [`Holders::decide`] says for its file.
     async fn sync_chain(
         &self,
         map: &ClusterMap,
         chain: ChainId,
-        src: NodeId,
+        src: Source,
     ) -> Result<(), DataError> {
         let addr = map
-            .addr(src)
-            .ok_or_else(|| DataError::Stale(format!("{src} has no address")))?
+            .addr(src.node)
+            .ok_or_else(|| DataError::Stale(format!("{} has no address", src.node)))?
             .to_string();
-        let conn = self.inner.view.peer(map, src).await?;
+        let conn = self.inner.view.peer(map, src.node).await?;
         let mut theirs = HashSet::new();
         let mut after = None;
         let mut clean = true;
@@ -275,6 +284,7 @@ impl Resync {
             let Some(last) = page.last().map(|m| m.chunk) else {
                 break;
             };
+            let mut differ = Vec::new();
             for m in page {
                 theirs.insert(m.chunk);
                 self.report.lock().checked += 1;
@@ -286,17 +296,42 @@ impl Resync {
                 if have.version == m.version && !have.stale && have.chain == chain {
                     continue;
                 }
-                if self.inner.repair_from(&addr, m.chunk, chain).await? == Repaired::ReplacedNewer {
-                    replaced += 1;
+                differ.push(m.chunk);
+            }
+            let copies = self.copies(&differ).await?;
+            for (chunk, n) in differ.into_iter().zip(copies) {
+                match src.holders.decide(n, true) {
+                    Action::Copy => {
+                        let r = self.inner.repair_from(&addr, chunk, chain, true).await?;
+                        if r == Repaired::ReplacedNewer {
+                            replaced += 1;
+                        }
+                        self.report.lock().copied += 1;
+                    }
+                    Action::Drop => self.drop_chunk(chunk).await?,
+                    Action::Keep => {}
                 }
-                self.report.lock().copied += 1;
             }
             after = Some(last);
         }
-        // Ours that the source lacks were deleted or cut away while this server was out.
-        for c in self.own_chunks(Some(chain)).await? {
-            if !theirs.contains(&c.chunk) {
-                self.inner.repair_from(&addr, c.chunk, chain).await?;
+        // Ours that the source lacks: deleted or cut away while this server was out, if
+        // the source holds the file's chunks; else this server's own (or not its to
+        // hold).
+        let lacking: Vec<ChunkId> = self
+            .own_chunks(Some(chain))
+            .await?
+            .into_iter()
+            .map(|c| c.chunk)
+            .filter(|c| !theirs.contains(c))
+            .collect();
+        let copies = self.copies(&lacking).await?;
+        for (chunk, n) in lacking.into_iter().zip(copies) {
+            match src.holders.decide(n, false) {
+                Action::Copy => {
+                    self.inner.repair_from(&addr, chunk, chain, true).await?;
+                }
+                Action::Drop => self.drop_chunk(chunk).await?,
+                Action::Keep => {}
             }
         }
         if !clean {
@@ -309,6 +344,34 @@ impl Resync {
                 "{chain}: {replaced} copies here newer than the source's replaced by its; \
                  checking again"
             )));
+        }
+        Ok(())
+    }
+
+    /// How many copies each chunk's file asks for (`None`: the file is gone), from the
+    /// metadata server.
+    async fn copies(&self, chunks: &[ChunkId]) -> Result<Vec<Option<u8>>, DataError> {
+        let mut out = Vec::with_capacity(chunks.len());
+        for batch in chunks.chunks(MAX_COPIES_QUERY) {
+            let req = InodeCopies {
+                inodes: batch.iter().map(|c| c.inode).collect(),
+            };
+            let got = self.inner.view.meta_call(req).await?;
+            if got.len() != batch.len() {
+                let why = format!("{} answers to InodeCopies of {}", got.len(), batch.len());
+                return Err(DataError::Codec(proto::ProtoError::Malformed(why)));
+            }
+            out.extend(got);
+        }
+        Ok(out)
+    }
+
+    /// Deletes the local copy of `chunk` (one this server does not hold a place for).
+    async fn drop_chunk(&self, chunk: ChunkId) -> Result<(), DataError> {
+        let _lock = self.inner.locks.write(chunk).await;
+        let store = self.inner.store.clone();
+        if blocking(move || store.delete_chunk(chunk)).await? {
+            info!(%chunk, "dropped a copy this member holds no place for (or of a file gone)");
         }
         Ok(())
     }
@@ -344,8 +407,11 @@ impl Resync {
                 }
                 Some(m) if m.state == MemberState::Serving && c.stale => {
                     if let Some(src) = source(map, c.chain, me) {
-                        let addr = map.addr(src).unwrap_or_default().to_string();
-                        if let Err(e) = self.inner.repair_from(&addr, c.chunk, c.chain).await {
+                        let addr = map.addr(src.node).unwrap_or_default().to_string();
+                        // A source without it may never have held it: the copy stays
+                        // (a deleted file's chunks go by the orphan sweep).
+                        let repair = self.inner.repair_from(&addr, c.chunk, c.chain, false);
+                        if let Err(e) = repair.await {
                             warn!(chunk = %c.chunk, error = %e, "repair of a stale copy failed");
                         }
                     }
@@ -415,11 +481,141 @@ fn serves(map: &ClusterMap, chain: ChainId, addr: &str) -> bool {
     })
 }
 
-/// A serving member of `chain` other than `me`.
-pub(super) fn source(map: &ClusterMap, chain: ChainId, me: NodeId) -> Option<NodeId> {
-    map.chain(chain)?
-        .members
+/// The member a chain is resynced or repaired from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Source {
+    pub node: NodeId,
+    pub holders: Holders,
+}
+
+/// The serving member of `chain` other than `me` nearest its head, whose server is up.
+/// A file asking for `n` copies lives on the chain's first `n` members: the one nearest
+/// the head holds every file that any later member holds.
+pub(super) fn source(map: &ClusterMap, chain: ChainId, me: NodeId) -> Option<Source> {
+    let members = &map.chain(chain)?.members;
+    let up = |n: NodeId| map.nodes.iter().any(|i| i.node == n && i.alive());
+    let at = |n: NodeId| members.iter().position(|m| m.node == n);
+    let src = members
         .iter()
-        .find(|m| m.node != me && m.state == MemberState::Serving)
-        .map(|m| m.node)
+        .find(|m| m.node != me && m.state == MemberState::Serving && up(m.node))?;
+    Some(Source {
+        node: src.node,
+        holders: Holders {
+            me: at(me)?,
+            source: at(src.node)?,
+        },
+    })
+}
+
+/// The positions in a chain of the member being brought up to date and of its source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Holders {
+    pub me: usize,
+    pub source: usize,
+}
+
+/// What a resync does with one chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Action {
+    /// Make the local copy like the source's (copy it, or drop it as the source lacks
+    /// it).
+    Copy,
+    /// Drop the local copy: this position holds no copy of the file.
+    Drop,
+    /// Leave it.
+    Keep,
+}
+
+impl Holders {
+    /// What to do with a chunk of a file asking for `copies` copies (`None`: the file is
+    /// gone) that the source lists with another version (`listed`), or that only this
+    /// server has (`!listed`).
+    pub(super) fn decide(&self, copies: Option<u8>, listed: bool) -> Action {
+        let Some(n) = copies else {
+            // Gone: its chunks go (the source's by its own sweep).
+            return if listed { Action::Keep } else { Action::Drop };
+        };
+        let holds = |at: usize| at < usize::from(n.max(1));
+        match (listed, holds(self.me), holds(self.source)) {
+            // Not this position's to hold: a copy made here before (by a resync that
+            // did not ask) goes, none is made.
+            (_, false, _) => Action::Drop,
+            (true, true, _) => Action::Copy,
+            // The source holds the file's chunks and lacks this one: deleted or cut
+            // while this server was away.
+            (false, true, true) => Action::Copy,
+            // The source never held it: this may be the only copy.
+            (false, true, false) => Action::Keep,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_that_never_held_a_file_does_not_make_its_copy_go() {
+        // This server heads the chain; its source is the second member.
+        let head = Holders { me: 0, source: 1 };
+        assert_eq!(head.decide(Some(1), false), Action::Keep, "the only copy");
+        assert_eq!(head.decide(Some(2), false), Action::Copy, "cut while away");
+        assert_eq!(head.decide(Some(3), true), Action::Copy);
+        assert_eq!(head.decide(None, false), Action::Drop, "the file is gone");
+        assert_eq!(head.decide(None, true), Action::Keep);
+        // The third member, synced from the head.
+        let tail = Holders { me: 2, source: 0 };
+        assert_eq!(tail.decide(Some(1), true), Action::Drop, "not its to hold");
+        assert_eq!(tail.decide(Some(2), false), Action::Drop);
+        assert_eq!(tail.decide(Some(3), true), Action::Copy);
+        assert_eq!(tail.decide(Some(3), false), Action::Copy);
+        // More copies than members: every member holds the file.
+        assert_eq!(tail.decide(Some(8), false), Action::Copy);
+    }
+
+    fn map(states: &[(u32, MemberState, bool)]) -> ClusterMap {
+        use proto::meta::{ChainInfo, Member, NodeInfo, NodeState};
+        ClusterMap {
+            version: 1,
+            nodes: states
+                .iter()
+                .map(|&(n, _, up)| NodeInfo {
+                    node: NodeId(n),
+                    addr: format!("127.0.0.1:{}", 9000 + n),
+                    state: if up { NodeState::Up } else { NodeState::Down },
+                })
+                .collect(),
+            chains: vec![ChainInfo {
+                chain: ChainId(1),
+                members: states
+                    .iter()
+                    .map(|&(n, state, _)| Member {
+                        node: NodeId(n),
+                        state,
+                    })
+                    .collect(),
+            }],
+        }
+    }
+
+    #[test]
+    fn the_source_is_the_serving_member_nearest_the_head_whose_server_is_up() {
+        use MemberState::{Serving, Syncing};
+        let m = map(&[(1, Syncing, true), (2, Serving, true), (3, Serving, true)]);
+        let s = source(&m, ChainId(1), NodeId(1)).unwrap();
+        assert_eq!(
+            (s.node, s.holders),
+            (NodeId(2), Holders { me: 0, source: 1 })
+        );
+        let m = map(&[(1, Serving, true), (2, Serving, true), (3, Syncing, true)]);
+        let s = source(&m, ChainId(1), NodeId(3)).unwrap();
+        assert_eq!(
+            (s.node, s.holders),
+            (NodeId(1), Holders { me: 2, source: 0 })
+        );
+        let m = map(&[(1, Serving, false), (2, Serving, true), (3, Syncing, true)]);
+        assert_eq!(source(&m, ChainId(1), NodeId(3)).unwrap().node, NodeId(2));
+        let m = map(&[(1, Syncing, true), (2, Serving, false)]);
+        assert_eq!(source(&m, ChainId(1), NodeId(1)), None);
+    }
 }

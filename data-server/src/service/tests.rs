@@ -469,9 +469,12 @@ async fn a_copy_newer_than_a_serving_source_that_stays_older_is_replaced() {
     put_chunk(&member_store, 0x22, 5, false);
     let from = source_l.local_addr().to_string();
     let repair = || async {
-        tokio::time::timeout(CALL_TIMEOUT, member.inner.repair_from(&from, CHUNK, CHAIN))
-            .await
-            .expect("the repair hung")
+        tokio::time::timeout(
+            CALL_TIMEOUT,
+            member.inner.repair_from(&from, CHUNK, CHAIN, true),
+        )
+        .await
+        .expect("the repair hung")
     };
     let bytes = |store: &ChunkStore| {
         let mut got = vec![0u8; LEN];

@@ -160,6 +160,28 @@ impl Namespace {
             .collect()
     }
 
+    /// How many copies each inode's file asks for; `None` for an inode that does not
+    /// exist or is not a regular file.
+    pub fn inode_copies(&self, inodes: &[InodeId]) -> Result<Vec<Option<u8>>, MetaError> {
+        if inodes.len() > proto::meta::cluster::MAX_COPIES_QUERY {
+            return Err(MetaError::InvalidArgument(format!(
+                "{} inodes asked about, at most {}",
+                inodes.len(),
+                proto::meta::cluster::MAX_COPIES_QUERY
+            )));
+        }
+        inodes
+            .iter()
+            .map(|&i| match self.store.get(&keys::inode(i))? {
+                Some(v) => {
+                    let rec: InodeRecord = decode(&v, "inode record")?;
+                    Ok(rec.layout.map(|l| l.replicas))
+                }
+                None => Ok(None),
+            })
+            .collect()
+    }
+
     /// Checks entries against inodes under the namespace lock (no change runs meanwhile):
     /// every entry names an inode of its kind, link counts match the entries, every
     /// directory's parent holds it, every inode is reachable or an open orphan, counts

@@ -561,6 +561,15 @@ impl Handle for cluster::InodesExist {
     }
 }
 
+impl Handle for cluster::InodeCopies {
+    fn span_id(&self) -> u64 {
+        self.inodes.len() as u64
+    }
+    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.inode_copies(&self.inodes)
+    }
+}
+
 impl Handle for admin::Status {
     fn span_id(&self) -> u64 {
         0

@@ -14,6 +14,7 @@ crate::rpc_requests! {
         GetMap => ClusterMap, "cluster_map", idempotent: true;
         ListFiles => FilesPage, "list_files", idempotent: true;
         InodesExist => Vec<bool>, "inodes_exist", idempotent: true;
+        InodeCopies => Vec<Option<u8>>, "inode_copies", idempotent: true;
         Revocations => RevocationPage, "revocations", idempotent: true;
     }
 }
@@ -112,6 +113,21 @@ pub struct InodesExist {
     /// The inodes to check.
     pub inodes: Vec<InodeId>,
 }
+
+/// How many copies each of these inodes' files asks for: `None` for an inode that is
+/// not a regular file, or no longer exists. A file asking for `n` copies lives on the
+/// first `n` members of each of its chains ([`super::ChainInfo::used`]): a data server
+/// resyncing a chain asks this before it copies a chunk, or drops one its source
+/// lacks, so that a member that never held a file's chunks is not taken for one that
+/// lost them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InodeCopies {
+    /// The inodes, at most [`MAX_COPIES_QUERY`].
+    pub inodes: Vec<InodeId>,
+}
+
+/// Most inodes one [`InodeCopies`] asks about.
+pub const MAX_COPIES_QUERY: usize = 1024;
 
 /// The answer to a [`Heartbeat`]: deletions to carry out, and the cluster map when the
 /// server's version is not the current one.
