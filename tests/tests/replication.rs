@@ -349,10 +349,9 @@ async fn fsck_finds_a_damaged_and_a_missing_copy_and_repairs_them() {
     assert!(back == data);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_directory_asking_for_one_copy_gets_one_copy_of_each_chunk() {
-    let cluster = InProcessCluster::start(3).await;
-    let client = cluster.client().await;
+/// Writes a 24 MiB file (6 chunks) into a new directory asking for one copy; returns
+/// the directory, the file and its bytes.
+async fn one_copy_file(client: &Client, seed: u64) -> (InodeId, InodeId, Vec<u8>) {
     let d = client
         .mkdir(InodeId::ROOT, b"scratch", 0o755, ROOT_CALLER)
         .await
@@ -363,33 +362,32 @@ async fn a_directory_asking_for_one_copy_gets_one_copy_of_each_chunk() {
         .await
         .unwrap();
     let (attr, fh) = client
-        .create(d.ino, b"tmp.bin", 0o644, ROOT_CALLER, true, false)
+        .create(d.ino, b"one.bin", 0o644, ROOT_CALLER, true, false)
         .await
         .unwrap();
-    let data = pseudo_random(24 * MIB, 3);
+    let data = pseudo_random(24 * MIB, seed);
     client.write(&fh, 0, &data).await.unwrap();
     client.fsync(&fh).await.unwrap();
     client.release(&fh).await.unwrap();
-    let copies: u64 = cluster
-        .data
-        .iter()
-        .map(|s| {
-            (0..6)
-                .filter(|&index| {
-                    let c = proto::ChunkId {
-                        inode: attr.ino,
-                        index,
-                    };
-                    s.store().chunk_meta(c).unwrap().is_some()
-                })
-                .count() as u64
-        })
-        .sum();
-    assert_eq!(copies, 6, "six chunks, one copy each");
+    (d.ino, attr.ino, data)
+}
+
+/// Reads `one.bin` in `dir` whole through a new client.
+async fn read_back(cluster: &InProcessCluster, dir: InodeId, len: usize) -> Vec<u8> {
     let reader = cluster.client().await;
-    let attr = reader.lookup(d.ino, b"tmp.bin").await.unwrap();
+    let attr = reader.lookup(dir, b"one.bin").await.unwrap();
     let (_, fh) = reader.open(attr.ino, false).await.unwrap();
-    assert!(reader.read(&fh, 0, data.len()).await.unwrap() == data);
+    reader.read(&fh, 0, len).await.unwrap().to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_directory_asking_for_one_copy_gets_one_copy_of_each_chunk() {
+    let cluster = InProcessCluster::start(3).await;
+    let client = cluster.client().await;
+    let (dir, ino, data) = one_copy_file(&client, 3).await;
+    let copies: u64 = held(&cluster, ino, 6).iter().sum();
+    assert_eq!(copies, 6, "six chunks, one copy each");
+    assert!(read_back(&cluster, dir, data.len()).await == data);
 }
 
 /// Copies of `ino`'s first `chunks` chunks on each data server.
@@ -416,24 +414,8 @@ fn held(cluster: &InProcessCluster, ino: InodeId, chunks: u64) -> Vec<u64> {
 async fn a_server_with_the_only_copy_keeps_it_through_a_restart() {
     let mut cluster = InProcessCluster::start(3).await;
     let client = cluster.client().await;
-    let d = client
-        .mkdir(InodeId::ROOT, b"scratch", 0o755, ROOT_CALLER)
-        .await
-        .unwrap();
-    let mode = proto::meta::XattrMode::Upsert;
-    client
-        .setxattr(d.ino, b"user.tessera.replicas", b"1", mode)
-        .await
-        .unwrap();
-    let (attr, fh) = client
-        .create(d.ino, b"one.bin", 0o644, ROOT_CALLER, true, false)
-        .await
-        .unwrap();
-    let data = pseudo_random(24 * MIB, 5);
-    client.write(&fh, 0, &data).await.unwrap();
-    client.fsync(&fh).await.unwrap();
-    client.release(&fh).await.unwrap();
-    let before = held(&cluster, attr.ino, 6);
+    let (dir, ino, data) = one_copy_file(&client, 5).await;
+    let before = held(&cluster, ino, 6);
     assert_eq!(before.iter().sum::<u64>(), 6, "one copy of each chunk");
     let victim = (0..3).find(|&i| before[i] > 0).unwrap();
     let node = cluster.data[victim].node_id().unwrap();
@@ -459,14 +441,11 @@ async fn a_server_with_the_only_copy_keeps_it_through_a_restart() {
     cluster.wait_healthy().await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        held(&cluster, attr.ino, 6),
+        held(&cluster, ino, 6),
         before,
         "the copies are where they were"
     );
-    let reader = cluster.client().await;
-    let attr = reader.lookup(d.ino, b"one.bin").await.unwrap();
-    let (_, fh) = reader.open(attr.ino, false).await.unwrap();
-    let back = reader.read(&fh, 0, data.len()).await.unwrap();
+    let back = read_back(&cluster, dir, data.len()).await;
     assert!(back == data, "the file reads back whole");
 }
 

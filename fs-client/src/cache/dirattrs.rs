@@ -71,33 +71,12 @@ impl DirAttrs {
     /// administration calls change no attributes: they are not shown here.
     pub(crate) fn before(&self, req: &FsRequest) {
         use FsRequest as R;
-        let keeps = matches!(
-            req,
-            R::Hello(fs::Hello { .. })
-                | R::Lookup(fs::Lookup { .. })
-                | R::LookupParent(fs::LookupParent { .. })
-                // With `accessed`, the access time of an inode the request does not
-                // name may move: every copy is forgotten (below).
-                | R::OpenAt(fs::OpenAt { accessed: None, .. })
-                | R::GetAttr(fs::GetAttr { .. })
-                | R::Readlink(fs::Readlink { .. })
-                | R::ReadDir(fs::ReadDir { .. })
-                | R::StatFs(fs::StatFs)
-                | R::Open(fs::Open {
-                    truncate: false,
-                    ..
-                })
-                | R::Commit(fs::Commit { .. })
-                | R::Release(fs::Release { commit: None, .. })
-                | R::ReleaseMany(fs::ReleaseMany { .. })
-                | R::TailCut(fs::TailCut { .. })
-                | R::GetXattr(fs::GetXattr { .. })
-                | R::ListXattr(fs::ListXattr { .. })
-                | R::SetLock(fs::SetLock { .. })
-                | R::GetLock(fs::GetLock { .. })
-                | R::ReleaseLocks(fs::ReleaseLocks { .. })
-                | R::MyCaps(fs::MyCaps)
-        );
+        // A commit's reply replaces the file's copy (its caller keeps the new one).
+        let keeps = super::changes_nothing(req)
+            || matches!(
+                req,
+                R::Commit(fs::Commit { .. }) | R::TailCut(fs::TailCut { .. })
+            );
         let forget = match req {
             // A create (or mkdir, mknod, symlink) changes its directory and a new inode
             // nothing was kept of; the caller keeps the directory's new copy. An

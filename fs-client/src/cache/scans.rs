@@ -350,29 +350,7 @@ impl Scans {
     /// Forgets what `req`, about to be sent, may change.
     pub(crate) fn before(&self, req: &FsRequest) {
         use FsRequest as R;
-        let keeps = matches!(
-            req,
-            R::Hello(fs::Hello { .. })
-                | R::Lookup(fs::Lookup { .. })
-                | R::LookupParent(fs::LookupParent { .. })
-                | R::OpenAt(fs::OpenAt { accessed: None, .. })
-                | R::GetAttr(fs::GetAttr { .. })
-                | R::Readlink(fs::Readlink { .. })
-                | R::ReadDir(fs::ReadDir { .. })
-                | R::StatFs(fs::StatFs)
-                | R::Open(fs::Open {
-                    truncate: false,
-                    ..
-                })
-                | R::Release(fs::Release { commit: None, .. })
-                | R::ReleaseMany(fs::ReleaseMany { .. })
-                | R::GetXattr(fs::GetXattr { .. })
-                | R::ListXattr(fs::ListXattr { .. })
-                | R::SetLock(fs::SetLock { .. })
-                | R::GetLock(fs::GetLock { .. })
-                | R::ReleaseLocks(fs::ReleaseLocks { .. })
-                | R::MyCaps(fs::MyCaps)
-        );
+        let keeps = super::changes_nothing(req);
         if keeps {
             return;
         }
