@@ -13,8 +13,8 @@
 //! `chown` makes the kernel ask for the file's attributes first (to recompute the
 //! setuid bits from a fresh mode): the reply to the `utime` before it has them.
 //!
-//! A copy is used at most once and only within the attribute TTL, the time the kernel
-//! itself would have trusted it. A change of one inode's attributes (setattr, xattrs,
+//! A copy is used only within the attribute TTL, the time the kernel itself would have
+//! trusted it, and a file's at most once. A change of one inode's attributes (setattr, xattrs,
 //! atime) drops that inode's copy, and a new name in a directory that directory's;
 //! any other request that may change a directory (rename, link, unlink, rmdir, ...)
 //! empties the whole cache, so this client never answers with attributes older than
@@ -59,10 +59,18 @@ impl DirAttrs {
         self.map.put_since(attr.ino, attr, epoch);
     }
 
-    /// The remembered attributes of `ino`, if still within the TTL; each copy is
-    /// handed out once.
+    /// The remembered attributes of `ino`, if still within the TTL. A file's copy is
+    /// handed out once; a directory's as often as the kernel asks within the TTL: it
+    /// asks after every change in the directory from any process of this mount (two
+    /// processes removing in one directory ask twice per reply that brings a copy),
+    /// and every change of this mount there forgets the copy before it is sent and
+    /// keeps the one its reply brings.
     pub(crate) fn take(&self, ino: InodeId) -> Option<Attr> {
-        self.map.take(ino)
+        let a = self.map.get(ino)?;
+        match a.kind {
+            proto::FileKind::Directory => Some(a),
+            _ => self.map.take(ino),
+        }
     }
 
     /// Forgets everything if `req` may change a directory's attributes (or a file's
@@ -125,11 +133,16 @@ mod tests {
     }
 
     #[test]
-    fn a_copy_is_used_once_and_changes_forget_it() {
+    fn a_files_copy_is_used_once_and_changes_forget_copies() {
         let c = DirAttrs::new(Duration::from_secs(60));
         c.put(dir(5, 0o755));
         assert_eq!(c.take(InodeId(5)).map(|a| a.perm), Some(0o755));
-        assert_eq!(c.take(InodeId(5)), None, "used once");
+        assert!(c.take(InodeId(5)).is_some(), "a directory's, while fresh");
+        let mut file = dir(8, 0o644);
+        file.kind = FileKind::Regular;
+        c.put(file);
+        assert!(c.take(InodeId(8)).is_some());
+        assert_eq!(c.take(InodeId(8)), None, "a file's, once");
         c.put(dir(5, 0o755));
         c.before(&FsRequest::GetAttr(fs::GetAttr { ino: InodeId(9) }));
         assert!(c.take(InodeId(5)).is_some(), "a read keeps it");
