@@ -119,6 +119,15 @@ struct State {
 }
 
 impl State {
+    /// `dir`'s state, made if new; past [`MAX_DIRS`] directories, every one goes first.
+    fn dir(&mut self, dir: InodeId) -> &mut Dir {
+        if self.dirs.len() >= MAX_DIRS && !self.dirs.contains_key(&dir) {
+            self.drop_all();
+            self.dirs.clear();
+        }
+        self.dirs.entry(dir).or_default()
+    }
+
     /// Drops every page, and refuses those on their way. What each directory's
     /// lookups looked like stays: it says nothing of what is in the directory.
     fn drop_all(&mut self) {
@@ -279,12 +288,7 @@ impl Scans {
         if self.ttl.is_zero() {
             return;
         }
-        let mut state = self.state.lock();
-        if state.dirs.len() >= MAX_DIRS && !state.dirs.contains_key(&dir) {
-            state.drop_all();
-            state.dirs.clear();
-        }
-        state.dirs.entry(dir).or_default().seed = Some(name.to_vec());
+        self.state.lock().dir(dir).seed = Some(name.to_vec());
     }
 
     /// Notes that the server refused a page of `dir`.
@@ -318,11 +322,7 @@ impl Scans {
             Err(i) if i < page.entries.len() || page.done => Found::Absent,
             Err(_) => Found::Unknown,
         };
-        if state.dirs.len() >= MAX_DIRS && !state.dirs.contains_key(&dir) {
-            state.drop_all();
-            state.dirs.clear();
-        }
-        let d = state.dirs.entry(dir).or_default();
+        let d = state.dir(dir);
         if found == Found::Absent {
             // Not a walk through names that exist (files being made one by one).
             d.seed = None;
