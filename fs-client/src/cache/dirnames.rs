@@ -14,6 +14,13 @@
 //! a change drops the list: another ctime in any reply, a name found that the list
 //! lacks, a failed call, or a rename (which reports neither directory's change).
 //!
+//! Replies cross: another process's lookup of the directory itself may show the ctime
+//! of a create of this client's whose own reply is still on its way, or one that left
+//! before a change show the ctime the list had before it. A ctime the list went through
+//! is taken as old news; an unknown one seen while a change of this client's is in
+//! flight there is held until those changes are answered, and drops the list unless one
+//! of them led to it. The list answers nothing while it holds one.
+//!
 //! Another client's new name is not seen while a list is trusted: like the kernel's own
 //! cache of names, a list answers only within the entry TTL since the server last
 //! confirmed it. An expired list is kept, and a reply showing the directory's ctime
@@ -35,6 +42,11 @@ use std::time::{Duration, Instant};
 const MAX_NAMES: usize = 262_144;
 /// Directories with a list; past it, the expired lists go, then all.
 const MAX_DIRS: usize = 4096;
+/// Earlier ctimes a list remembers, to know a late reply's ctime for old news.
+const MAX_PAST: usize = 4;
+/// Unknown ctimes a list holds while this client's changes are in flight; one more
+/// drops it.
+const MAX_UNSURE: usize = 4;
 
 /// Every name of one directory, as of the directory's ctime `ctime`.
 struct Known {
@@ -42,6 +54,25 @@ struct Known {
     names: HashSet<Vec<u8>>,
     /// When the server last showed the directory at `ctime`.
     confirmed: Instant,
+    /// The ctimes the list was at before `ctime`, latest last.
+    past: Vec<Timestamp>,
+    /// This client's calls that make or remove a name here, sent and not yet answered.
+    in_flight: u32,
+    /// Ctimes shown while `in_flight` that none of those calls has reached yet.
+    unsure: Vec<Timestamp>,
+}
+
+impl Known {
+    fn new(ctime: Timestamp, names: HashSet<Vec<u8>>) -> Known {
+        Known {
+            ctime,
+            names,
+            confirmed: Instant::now(),
+            past: Vec::new(),
+            in_flight: 0,
+            unsure: Vec::new(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -79,10 +110,9 @@ impl DirNames {
     /// Whether `name` is known to be missing from `dir` now.
     pub(crate) fn absent(&self, dir: InodeId, name: &[u8]) -> bool {
         let lists = self.lists.lock();
-        lists
-            .dirs
-            .get(&dir)
-            .is_some_and(|k| k.confirmed.elapsed() < self.ttl && !k.names.contains(name))
+        lists.dirs.get(&dir).is_some_and(|k| {
+            k.unsure.is_empty() && k.confirmed.elapsed() < self.ttl && !k.names.contains(name)
+        })
     }
 
     /// Called before `req` is sent; returns the token to hand to [`DirNames::after`].
@@ -98,8 +128,11 @@ impl DirNames {
             lists.moves += 1;
             lists.drop_dir(*parent);
             lists.drop_dir(*new_parent);
-        } else if name_change(req).is_some() {
+        } else if let Some((dir, _, _)) = name_change(req) {
             lists.moves += 1;
+            if let Some(k) = lists.dirs.get_mut(&dir) {
+                k.in_flight += 1;
+            }
         }
         lists.moves
     }
@@ -111,6 +144,9 @@ impl DirNames {
         use Seen as P;
         let mut lists = self.lists.lock();
         if let Some((dir, name, present)) = name_change(req) {
+            if let Some(k) = lists.dirs.get_mut(&dir) {
+                k.in_flight = k.in_flight.saturating_sub(1);
+            }
             match reply {
                 Some(
                     P::Opened(Opened {
@@ -121,6 +157,14 @@ impl DirNames {
                 ) => self.follow(&mut lists, dir, c, name, present),
                 // Whether it happened is unknown, or the list was wrong (`O_EXCL`).
                 _ => lists.drop_dir(dir),
+            }
+            // A ctime shown meanwhile that none of this client's changes led to.
+            if lists
+                .dirs
+                .get(&dir)
+                .is_some_and(|k| k.in_flight == 0 && !k.unsure.is_empty())
+            {
+                lists.drop_dir(dir);
             }
         }
         match (req, reply) {
@@ -197,12 +241,7 @@ impl DirNames {
             lists.names = lists.dirs.values().map(|k| k.names.len()).sum();
         }
         lists.names += names.len();
-        let known = Known {
-            ctime,
-            names,
-            confirmed: Instant::now(),
-        };
-        lists.dirs.insert(dir, known);
+        lists.dirs.insert(dir, Known::new(ctime, names));
     }
 
     /// Attributes from any reply: the same ctime confirms a list, another drops it.
@@ -210,10 +249,17 @@ impl DirNames {
         if attr.kind != FileKind::Directory {
             return;
         }
-        match lists.dirs.get_mut(&attr.ino) {
-            Some(k) if k.ctime == attr.ctime => k.confirmed = Instant::now(),
-            Some(_) => lists.drop_dir(attr.ino),
-            None => {}
+        let Some(k) = lists.dirs.get_mut(&attr.ino) else {
+            return;
+        };
+        if k.ctime == attr.ctime {
+            k.confirmed = Instant::now();
+        } else if k.past.contains(&attr.ctime) || k.unsure.contains(&attr.ctime) {
+            // Old news, or already held.
+        } else if k.in_flight > 0 && k.unsure.len() < MAX_UNSURE {
+            k.unsure.push(attr.ctime);
+        } else {
+            lists.drop_dir(attr.ino);
         }
     }
 
@@ -246,8 +292,15 @@ impl DirNames {
         } else {
             k.names.remove(name)
         };
+        if k.ctime != change.after.ctime {
+            if k.past.len() == MAX_PAST {
+                k.past.remove(0);
+            }
+            k.past.push(k.ctime);
+        }
         k.ctime = change.after.ctime;
         k.confirmed = Instant::now();
+        k.unsure.retain(|c| *c != k.ctime);
         match (moved, present) {
             (true, true) => lists.names += 1,
             (true, false) => lists.names -= 1,
@@ -440,6 +493,45 @@ mod tests {
         // A failed create: it may have happened, or the list was wrong.
         let n = with_empty_dir();
         call(&n, &create(5, "a"), None);
+        assert!(!n.absent(InodeId(5), b"b"));
+    }
+
+    #[test]
+    fn a_reply_crossing_an_own_change_keeps_the_list() {
+        let getattr = FsRequest::GetAttr(fs::GetAttr { ino: InodeId(5) });
+        let shows = |n: &DirNames, ctime: u32| call(n, &getattr, Some(&Reply::Attr(dir(5, ctime))));
+        // Another process's lookup of the directory shows the create's ctime before the
+        // create's own reply is in: held, and the reply resolves it.
+        let n = with_empty_dir();
+        let req = create(5, "a");
+        let token = n.before(&req);
+        shows(&n, 11);
+        assert!(!n.absent(InodeId(5), b"b"), "nothing answered while unsure");
+        n.after(&req, Some(created(5, 10, 11).seen()), token);
+        assert!(n.absent(InodeId(5), b"b") && !n.absent(InodeId(5), b"a"));
+        // A reply that left before the create shows its old ctime: old news.
+        shows(&n, 10);
+        assert!(n.absent(InodeId(5), b"b"));
+        // A ctime that no change of this client's led to drops the list once they are
+        // answered.
+        let n = with_empty_dir();
+        let token = n.before(&req);
+        shows(&n, 12);
+        n.after(&req, Some(created(5, 10, 11).seen()), token);
+        assert!(!n.absent(InodeId(5), b"b"));
+        // As does one more unknown ctime than a list holds.
+        let n = with_empty_dir();
+        let token = n.before(&req);
+        for c in 0..=MAX_UNSURE as u32 {
+            shows(&n, 20 + c);
+        }
+        assert!(!n.lists.lock().dirs.contains_key(&InodeId(5)));
+        n.after(&req, Some(created(5, 10, 20).seen()), token);
+        assert!(!n.absent(InodeId(5), b"b"));
+        // With nothing of this client's in flight, an unknown ctime drops it at once.
+        let n = with_empty_dir();
+        call(&n, &req, Some(&created(5, 10, 11)));
+        shows(&n, 9);
         assert!(!n.absent(InodeId(5), b"b"));
     }
 
