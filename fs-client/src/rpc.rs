@@ -31,6 +31,8 @@ pub struct RpcCounts {
     /// together (a read-only close waits a few milliseconds for others), so a path's
     /// close costs a share of one rather than a call of its own.
     pub release_batches: u64,
+    /// Of `meta_calls`, the `Lookup` calls: a name the mount's caches could not answer.
+    pub lookups: u64,
 }
 
 impl std::ops::Sub for RpcCounts {
@@ -43,6 +45,7 @@ impl std::ops::Sub for RpcCounts {
             data_calls: self.data_calls - earlier.data_calls,
             retries: self.retries - earlier.retries,
             release_batches: self.release_batches - earlier.release_batches,
+            lookups: self.lookups - earlier.lookups,
         }
     }
 }
@@ -87,6 +90,7 @@ impl RpcEndpoint {
             release_batches: self
                 .metrics
                 .meta_calls_of(proto::meta::fs::ReleaseMany::NAME),
+            lookups: self.metrics.meta_calls_of(proto::meta::fs::Lookup::NAME),
         }
     }
 

@@ -424,6 +424,7 @@ fn mount_counts(root: &std::path::Path) -> RpcCounts {
         data_calls: field("data_calls"),
         retries: field("retries"),
         release_batches: field("release_batches"),
+        lookups: field("lookups"),
     }
 }
 

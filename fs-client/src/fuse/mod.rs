@@ -429,8 +429,8 @@ impl Inner {
     fn stats_text(&self) -> Vec<u8> {
         let c = self.client.rpc_counts();
         format!(
-            "meta_calls {}\ndata_calls {}\nretries {}\nrelease_batches {}\n",
-            c.meta_calls, c.data_calls, c.retries, c.release_batches
+            "meta_calls {}\ndata_calls {}\nretries {}\nrelease_batches {}\nlookups {}\n",
+            c.meta_calls, c.data_calls, c.retries, c.release_batches, c.lookups
         )
         .into_bytes()
     }
