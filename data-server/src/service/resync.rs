@@ -11,7 +11,7 @@ use proto::data::{ChunkInfo, ChunkMeta, FetchChunk, ListChunks};
 use proto::meta::cluster::{InodeCopies, InodesExist, MAX_COPIES_QUERY};
 use proto::meta::{ClusterMap, MemberState, ResyncReport};
 use proto::{ChainId, ChunkId, ErrorCode, NodeId, RemoteBuf};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
@@ -349,21 +349,24 @@ impl Resync {
     }
 
     /// How many copies each chunk's file asks for (`None`: the file is gone), from the
-    /// metadata server.
+    /// metadata server, which is asked once per file (a 24 MiB file has 6 chunks).
     async fn copies(&self, chunks: &[ChunkId]) -> Result<Vec<Option<u8>>, DataError> {
-        let mut out = Vec::with_capacity(chunks.len());
-        for batch in chunks.chunks(MAX_COPIES_QUERY) {
+        let mut inodes: Vec<_> = chunks.iter().map(|c| c.inode).collect();
+        inodes.sort_unstable();
+        inodes.dedup();
+        let mut asked = HashMap::with_capacity(inodes.len());
+        for batch in inodes.chunks(MAX_COPIES_QUERY) {
             let req = InodeCopies {
-                inodes: batch.iter().map(|c| c.inode).collect(),
+                inodes: batch.to_vec(),
             };
             let got = self.inner.view.meta_call(req).await?;
             if got.len() != batch.len() {
                 let why = format!("{} answers to InodeCopies of {}", got.len(), batch.len());
                 return Err(DataError::Codec(proto::ProtoError::Malformed(why)));
             }
-            out.extend(got);
+            asked.extend(batch.iter().copied().zip(got));
         }
-        Ok(out)
+        Ok(chunks.iter().map(|c| asked[&c.inode]).collect())
     }
 
     /// Deletes the local copy of `chunk` (one this server does not hold a place for).
