@@ -227,21 +227,6 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
-/// Runs short store work (a small read) on this worker thread, while the runtime hands
-/// the worker's other tasks to another thread (`block_in_place`): the request is
-/// spared the blocking pool's two thread hand-offs, which took about a fifth of a 4 KiB
-/// read's time on the server. On a current-thread runtime (`#[tokio::test]`'s
-/// default), the blocking pool.
-async fn small_blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, DataError> + Send + 'static,
-) -> Result<T, DataError> {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
-        return tokio::task::block_in_place(f);
-    }
-    blocking(f).await
-}
-
 impl Inner {
     /// Runs one one-sided `transfer` of `bytes` bytes, timed for the metrics: this
     /// server issues it, so its time here is the transfer's (on tcp, the emulated
@@ -370,8 +355,8 @@ impl Inner {
     }
 
     /// A small read answered with its bytes: the lock and checks of a read
-    /// ([`Self::lock_for_read`]), then the copy's check and its read in one blocking
-    /// call on this thread ([`small_blocking`]), into a buffer of the
+    /// ([`Self::lock_for_read`]), then the copy's check and its read in one call to the
+    /// blocking pool, into a buffer of the
     /// pool that bounds the reads and writes in flight (page-aligned, so a large chunk's
     /// whole blocks come with `O_DIRECT`), copied into the reply.
     async fn read_inline(&self, conn: &Connection, r: ReadInline) -> Reply<ReadInline> {
@@ -395,7 +380,7 @@ impl Inner {
         let buf = self.pool.take().await;
         let mr: MemoryRegion = buf.mr().clone();
         let store = self.store.clone();
-        let data = small_blocking(move || {
+        let data = blocking(move || {
             chain::readable_copy(&store, chunk)?;
             let mut fill = mr.lock();
             // A buffer is at least 64 KiB (`io_buffer_bytes`), the inline limit.
