@@ -642,9 +642,11 @@ async fn read_one_lent<B: StableBytes>(sh: Arc<Shared>, file: File, buf: B) -> R
 async fn read_lent<B: StableBytes>(
     sh: &Shared,
     fh: &FileHandle,
-    buf: B,
+    mut buf: B,
     offset: u64,
 ) -> Result<(B, usize)> {
+    let span = buf.as_mut();
+    let populating = populate_beside(span.as_mut_ptr() as usize, span.len());
     let (read, buf) = match sh.client.ep.lend(buf) {
         Ok(mr) => {
             let read = sh.client.read_into_region(fh, &mr, offset).await;
@@ -655,6 +657,8 @@ async fn read_lent<B: StableBytes>(
             (Ok(None), Ok(buf))
         }
     };
+    // Done before the memory goes back to the caller (it changes no byte either way).
+    let _ = populating.await;
     match (read, buf) {
         (Ok(Some(n)), Ok(buf)) => Ok((buf, n)),
         (Ok(None), Ok(mut buf)) => {
@@ -663,6 +667,39 @@ async fn read_lent<B: StableBytes>(
         }
         (Err(e), _) | (_, Err(e)) => Err(e),
     }
+}
+
+/// Maps in the pages of `len` bytes at `addr`, memory about to receive a read, on a
+/// thread of the blocking pool while the read runs. Memory just allocated (the tensor
+/// `torch.load` reads a storage into) otherwise takes a page fault per page inside
+/// the transport's receive, one after the other with it: 64 MiB reads into fresh memory
+/// ran at about half the rate of reads into memory used before. Ahead of the receive,
+/// the faults overlap it. `MADV_POPULATE_WRITE` changes no byte, so a page the read
+/// has already written keeps its bytes. Best effort: before Linux 5.14, or for memory
+/// that cannot be populated so, the pages fault in during the read as before.
+fn populate_beside(addr: usize, len: usize) -> tokio::task::JoinHandle<()> {
+    tokio::task::spawn_blocking(move || {
+        if len == 0 {
+            return;
+        }
+        // SAFETY: sysconf reads a constant of the system.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let first = addr - addr % page;
+        // SAFETY: the range is the caller's buffer (its start rounded down to the page,
+        // which is mapped with it), held until this returns; MADV_POPULATE_WRITE maps
+        // pages in without writing, and a failure leaves everything as it was.
+        let rc = unsafe {
+            libc::madvise(
+                first as *mut libc::c_void,
+                len + (addr - first),
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            tracing::trace!(error = %e, "a read's memory was not populated ahead");
+        }
+    })
 }
 
 /// How long [`reclaimed`] waits for the transport to let go of lent memory. A transfer
