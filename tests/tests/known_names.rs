@@ -108,15 +108,6 @@ const CREATED: usize = 300;
 /// `stat`s of the directory at most, back to back while the creates run.
 const STATS: usize = 5000;
 
-/// The `Lookup` calls a mount has sent so far (its `tessera.stats`).
-fn lookups(root: &std::path::Path) -> u64 {
-    let out = tessera_tests::posix::getxattr(root, "tessera.stats").expect("tessera.stats");
-    let text = String::from_utf8(out).expect("text");
-    text.lines()
-        .find_map(|l| l.strip_prefix("lookups ")?.parse().ok())
-        .unwrap_or_else(|| panic!("no lookups in {text:?}"))
-}
-
 /// Two threads create files in one directory while a third `stat`s it: a `getattr`
 /// answered while a create is on its way back shows the create's ctime before the
 /// create's own reply does. The mount keeps its list of names through that, so the
@@ -131,7 +122,7 @@ fn creates_beside_stats_of_their_directory_send_no_lookups() {
     let a = cluster.mount_with_config("a", "attr_ttl_ms = 0\nentry_ttl_ms = 60000\n");
     let dir = a.path.join("many");
     fs::create_dir(&dir).unwrap();
-    let before = lookups(&a.path);
+    let before = a.counts().lookups;
     let done = AtomicBool::new(false);
     let stats = std::thread::scope(|s| {
         let creators: Vec<_> = (0..2)
@@ -160,7 +151,7 @@ fn creates_beside_stats_of_their_directory_send_no_lookups() {
         done.store(true, Ordering::Relaxed);
         stat.join().unwrap()
     });
-    let sent = lookups(&a.path) - before;
+    let sent = a.counts().lookups - before;
     assert!(stats > 10, "the stats ran beside the creates ({stats})");
     assert!(
         sent <= 2,

@@ -409,25 +409,6 @@ async fn the_attributes_after_a_close_come_with_its_commit() {
     client.release(&fh).await.unwrap();
 }
 
-/// The counters a mount reports in its root's `tessera.stats` attribute, as
-/// [`RpcCounts`].
-fn mount_counts(root: &std::path::Path) -> RpcCounts {
-    let out = tessera_tests::posix::getxattr(root, "tessera.stats").expect("tessera.stats");
-    let text = String::from_utf8(out).expect("text");
-    let field = |name: &str| -> u64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in {text:?}"))
-    };
-    RpcCounts {
-        meta_calls: field("meta_calls"),
-        data_calls: field("data_calls"),
-        retries: field("retries"),
-        release_batches: field("release_batches"),
-        lookups: field("lookups"),
-    }
-}
-
 /// Runs `measure` (run number in, the calls it counted out) until a run needs no retry,
 /// at most [`RUNS`] times, as [`measure_without_retries`] does for in-process clients.
 fn measure_mount_without_retries(
@@ -475,7 +456,7 @@ fn a_listing_then_a_stat_of_each_entry_is_paged() {
     let ttls = "attr_ttl_ms = 60000\nentry_ttl_ms = 60000\n";
     let used = measure_mount_without_retries("list and stat", |run| {
         let b = cluster.mount_with_config(&format!("b{run}"), ttls);
-        let before = mount_counts(&b.path);
+        let before = b.counts();
         // The whole listing first, then the stats, as `fts` (du, rm, cp) and `ls` do:
         // the kernel's own choice saw no lookup between its listing calls and left out
         // the attributes after the first.
@@ -499,7 +480,7 @@ fn a_listing_then_a_stat_of_each_entry_is_paged() {
                 Vec::<String>::new()
             );
         }
-        let used = mount_counts(&b.path) - before;
+        let used = b.counts() - before;
         // The counters are the mount's own: not stored, not settable.
         let set = tessera_tests::posix::setxattr(&b.path, "tessera.stats", b"0", 0);
         assert_eq!(set.map_err(|e| e.raw_os_error()), Err(Some(libc::EPERM)));
@@ -543,7 +524,7 @@ fn a_walk_in_name_order_is_paged() {
     let ttls = "attr_ttl_ms = 60000\nentry_ttl_ms = 60000\n";
     let used = measure_mount_without_retries("walk", |run| {
         let b = cluster.mount_with_config(&format!("b{run}"), ttls);
-        let before = mount_counts(&b.path);
+        let before = b.counts();
         for i in 0..WALKED {
             let meta = std::fs::symlink_metadata(b.path.join("walk").join(name(i))).unwrap();
             assert!(
@@ -552,7 +533,7 @@ fn a_walk_in_name_order_is_paged() {
                 name(i)
             );
         }
-        mount_counts(&b.path) - before
+        b.counts() - before
     });
     assert_within(
         &format!("lstat of {WALKED} names in name order"),
@@ -621,11 +602,11 @@ fn a_removal_in_name_order_looks_names_up_a_page_at_a_time() {
             std::fs::File::create(a.path.join(name(run, i))).unwrap();
         }
         let b = cluster.mount_with_config(&format!("b{run}"), ttls);
-        let before = mount_counts(&b.path);
+        let before = b.counts();
         for i in 0..WALKED {
             std::fs::remove_file(b.path.join(name(run, i))).unwrap();
         }
-        let used = mount_counts(&b.path) - before;
+        let used = b.counts() - before;
         let left = std::fs::read_dir(a.path.join(format!("r{run}"))).unwrap();
         assert_eq!(left.count(), 0, "every file removed");
         used
@@ -661,7 +642,7 @@ fn extracting_files_takes_few_calls() {
     let used = measure_mount_without_retries("extract", |run| {
         let dir = m.path.join(format!("x{run}"));
         std::fs::create_dir(&dir).unwrap();
-        let before = mount_counts(&m.path);
+        let before = m.counts();
         for i in 0..EXTRACTED {
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
@@ -674,7 +655,7 @@ fn extracting_files_takes_few_calls() {
             f.set_permissions(std::fs::Permissions::from_mode(0o640))
                 .unwrap();
         }
-        let used = mount_counts(&m.path) - before;
+        let used = m.counts() - before;
         for i in 0..EXTRACTED {
             let p = dir.join(format!("f{i}"));
             let st = std::fs::metadata(&p).unwrap();
@@ -721,7 +702,7 @@ fn creating_files_in_new_directories_asks_no_lookups() {
     let used = measure_mount_without_retries("creates", |run| {
         let dir = m.path.join(format!("c{run}"));
         std::fs::create_dir(&dir).unwrap();
-        let before = mount_counts(&m.path);
+        let before = m.counts();
         let sub = dir.join("sub");
         let open: Vec<_> = (0..CREATED)
             .map(|i| {
@@ -736,7 +717,7 @@ fn creating_files_in_new_directories_asks_no_lookups() {
                 create_new(&at.join(format!("f{i}")))
             })
             .collect();
-        let used = mount_counts(&m.path) - before;
+        let used = m.counts() - before;
         drop(open);
         let count = |d: &std::path::Path| std::fs::read_dir(d).unwrap().count() as u64;
         assert_eq!(count(&dir) - 1 + count(&sub), CREATED);
@@ -771,12 +752,12 @@ fn creating_files_in_a_listed_directory_asks_no_lookups() {
             std::fs::write(other.path.join(&name).join(format!("old{i}")), b"").unwrap();
         }
         let dir = m.path.join(&name);
-        let before = mount_counts(&m.path);
+        let before = m.counts();
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 10);
         let open: Vec<_> = (0..CREATED)
             .map(|i| create_new(&dir.join(format!("f{i}"))))
             .collect();
-        let used = mount_counts(&m.path) - before;
+        let used = m.counts() - before;
         drop(open);
         assert_eq!(
             std::fs::read_dir(&dir).unwrap().count() as u64,
@@ -815,7 +796,7 @@ fn small_appends_are_placed_in_batches() {
     let used = measure_mount_without_retries("appends", |run| {
         let path = m.path.join(format!("log{run}"));
         std::fs::write(&path, b"head\n").unwrap();
-        let before = mount_counts(&m.path);
+        let before = m.counts();
         let mut f = std::fs::OpenOptions::new()
             .append(true)
             .open(&path)
@@ -824,7 +805,7 @@ fn small_appends_are_placed_in_batches() {
             f.write_all(record(i).as_bytes()).unwrap();
         }
         drop(f);
-        let used = mount_counts(&m.path) - before;
+        let used = m.counts() - before;
         let want: String = std::iter::once("head\n".to_string())
             .chain((0..APPENDS).map(record))
             .collect();

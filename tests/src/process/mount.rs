@@ -19,6 +19,24 @@ pub struct Mount {
 }
 
 impl Mount {
+    /// The calls the mount has sent so far, from its root's `tessera.stats` attribute.
+    pub fn counts(&self) -> fs_client::RpcCounts {
+        let out = crate::posix::getxattr(&self.path, "tessera.stats").expect("tessera.stats");
+        let text = String::from_utf8(out).expect("text");
+        let field = |name: &str| -> u64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in {text:?}"))
+        };
+        fs_client::RpcCounts {
+            meta_calls: field("meta_calls"),
+            data_calls: field("data_calls"),
+            retries: field("retries"),
+            release_batches: field("release_batches"),
+            lookups: field("lookups"),
+        }
+    }
+
     /// What the mount process has logged so far, without terminal colour codes.
     pub fn log_text(&self) -> String {
         let raw = fs::read_to_string(&self.log).unwrap_or_default();
