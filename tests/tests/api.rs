@@ -227,6 +227,24 @@ async fn whole_files_read_into_lent_buffers_see_this_clients_unsent_writes() {
         let e = f.read_lent_at(vec![0u8; 16], i64::MAX as u64).unwrap_err();
         assert!(matches!(e, ClientError::TooLarge(_)), "{e}");
         f.close().unwrap();
+
+        // A read a little past a boundary (as `torch.load` reads each storage, 64 bytes
+        // into the zip's record) is cut at the I/O buffers' boundaries in the file, so no
+        // window straddles a chunk: 8 MiB from offset 64 in 1 MiB windows is 9 calls
+        // (windows cut from the offset would be 8, two of which also need 64 bytes
+        // from the next chunk: 10).
+        let f = fs.open(&names[0], &OpenOptions::new()).unwrap();
+        let before = fs.client().rpc_counts();
+        let (buf, n) = f.read_lent_at(vec![0u8; 8 << 20], 64).unwrap();
+        let calls = fs.client().rpc_counts() - before;
+        assert_eq!(n, 8 << 20);
+        assert!(buf[..] == pseudo_random(sizes[0], 0)[64..n + 64]);
+        assert_eq!(calls.retries, 0, "{calls:?}");
+        assert!(calls.data_calls <= 9, "{calls:?}");
+        let mut plain = vec![0u8; (8 << 20) + 5];
+        assert_eq!(f.read_at(&mut plain, 64).unwrap(), (8 << 20) + 5);
+        assert!(plain[..] == pseudo_random(sizes[0], 0)[64..(8 << 20) + 69]);
+        f.close().unwrap();
     })
     .await;
 }

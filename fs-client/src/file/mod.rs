@@ -29,7 +29,7 @@ use crate::config::AtimeMode;
 use crate::error::{ClientError, Result};
 use datapath::DataPath;
 use parking_lot::Mutex;
-use pieces::{batches, pieces, Piece};
+use pieces::{batches, pieces, windows, Piece};
 use proto::meta::{fs, Commit};
 use proto::runs::{self, ChunkRuns, MAX_COMMIT_RUNS};
 use proto::{Attr, ChainId, ChunkId, InodeId, Layout, SessionId, Timestamp, WireError};

@@ -48,6 +48,33 @@ pub(super) fn pieces(
     Ok(out)
 }
 
+/// Cuts a read of `len` bytes at file `offset` into windows of at most `step` bytes
+/// (a power of two) whose ends fall on multiples of `step` in
+/// the file: `(where in the read it starts, bytes)`. Windows cut from `offset` instead
+/// would, at any offset not on a boundary, each straddle a chunk boundary now and then,
+/// and that window costs a second call for its few bytes in the next chunk (a
+/// `torch.load` storage lies 64 bytes past a boundary: 1 MiB windows then sent 17 calls
+/// per 4 MiB chunk instead of 4).
+pub(super) fn windows(
+    offset: u64,
+    len: usize,
+    step: usize,
+) -> impl Iterator<Item = (usize, usize)> {
+    let step64 = step as u64;
+    let mut at = 0usize;
+    std::iter::from_fn(move || {
+        if at >= len {
+            return None;
+        }
+        let pos = offset + at as u64;
+        let to_boundary = (step64 - pos % step64) as usize;
+        let n = to_boundary.min(len - at);
+        let w = (at, n);
+        at += n;
+        Some(w)
+    })
+}
+
 /// Groups `ps` (pieces in file order) into batches to send, as index ranges of `ps`: a
 /// run of pieces of one chunk, each small enough to travel in a request, at most
 /// [`MAX_WRITE_RANGES`] of them and [`MAX_INLINE_WRITE_BYTES`] in all, is one batch; any
@@ -82,6 +109,33 @@ pub(super) fn batches(ps: &[Piece]) -> Vec<Range<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn windows_end_on_boundaries_of_the_file() {
+        let w: Vec<_> = windows(64, 3 << 20, 1 << 20).collect();
+        assert_eq!(
+            w,
+            vec![
+                (0, (1 << 20) - 64),
+                ((1 << 20) - 64, 1 << 20),
+                ((2 << 20) - 64, 1 << 20),
+                ((3 << 20) - 64, 64)
+            ]
+        );
+        let aligned: Vec<_> = windows(4 << 20, 2 << 20, 1 << 20).collect();
+        assert_eq!(aligned, vec![(0, 1 << 20), (1 << 20, 1 << 20)]);
+        assert_eq!(windows(100, 10, 1 << 20).collect::<Vec<_>>(), vec![(0, 10)]);
+        assert_eq!(windows(5, 0, 4096).count(), 0);
+        // Together they cover the read once, in order.
+        let mut next = 0;
+        for (at, n) in windows(12_345, 9_999_999, 65_536) {
+            assert_eq!(at, next);
+            assert!(n > 0 && n <= 65_536);
+            next = at + n;
+            assert!((12_345 + next as u64).is_multiple_of(65_536) || next == 9_999_999);
+        }
+        assert_eq!(next, 9_999_999);
+    }
 
     fn piece(index: u64, offset_in_chunk: u32, len: u32) -> Piece {
         Piece {

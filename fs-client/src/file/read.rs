@@ -446,16 +446,18 @@ impl Client {
         fits_file(offset, buf.len())?;
         let step = self.data.pool.buffer_bytes();
         // Reads are made as earlier ones finish: a large buffer does not start them all.
-        let mut windows = buf.chunks_mut(step).enumerate();
+        let mut cuts = super::windows(offset, buf.len(), step);
+        let mut rest = buf;
         let mut in_flight = FuturesOrdered::new();
         let mut total = 0;
         loop {
             while in_flight.len() < WINDOWS_IN_FLIGHT {
-                let Some((i, window)) = windows.next() else {
+                let Some((at, n)) = cuts.next() else {
                     break;
                 };
-                let at = offset + (i * step) as u64;
-                in_flight.push_back(self.read_window(fh, at, window));
+                let (window, after) = std::mem::take(&mut rest).split_at_mut(n);
+                rest = after;
+                in_flight.push_back(self.read_window(fh, offset + at as u64, window));
             }
             let Some(done) = in_flight.next().await else {
                 return Ok(total);
@@ -490,11 +492,10 @@ impl Client {
         let len =
             usize::try_from(size.saturating_sub(offset)).map_or(mr.len(), |n| n.min(mr.len()));
         let step = self.data.pool.buffer_bytes();
-        let windows = (0..len).step_by(step).map(|at| async move {
+        let windows = super::windows(offset, len, step).map(|(at, n)| async move {
             // A buffer of the I/O pool is held, unused, for each window: the pool's
             // size bounds this client's reads in flight, lent or not.
             let _turn = self.data.pool.take().await;
-            let n = step.min(len - at);
             self.data
                 .transfer_range(&fh.state, offset + at as u64, n, mr, at, false)
                 .await
