@@ -33,8 +33,12 @@ DEFAULT_BATCH_FILES = 32
 #: The buffer of the writer `save` gives `torch.save`: tensors go out in writes this
 #: large, which the native client sends as whole-segment writes to every chain at once.
 SAVE_BUFFER_BYTES = 64 << 20
-#: The buffer of the reader `load` gives `torch.load`.
-LOAD_BUFFER_BYTES = 16 << 20
+#: The buffer of the reader `load` gives `torch.load`: small records (the zip's headers,
+#: small tensors) come many to a native call, while a large storage is read straight
+#: into its tensor. `io.BufferedReader` reads the tail of a large read that is not a
+#: whole number of buffers by filling its buffer and copying, so a large buffer costs a
+#: copy of up to its size per storage, and the next storage's head comes from it too.
+LOAD_BUFFER_BYTES = 256 << 10
 #: The largest safetensors header read: the format's own reference implementation
 #: refuses headers over 100 MB, so a larger length is a damaged or hostile file.
 MAX_SAFETENSORS_HEADER_BYTES = 100_000_000
