@@ -29,7 +29,10 @@ With torch importable, the data set is read by a torch DataLoader with WORKERS w
 checkpoint is a state dict saved with torch.save / tessera.torch.save; without it, the
 same bytes move through multiprocessing workers and numpy.save, and the table says so.
 With torch, dataset-local-loader is the same DataLoader over the local disk's files (the
-DataLoader's own cost on this machine, beside the mount's and the package's).
+DataLoader's own cost on this machine, beside the mount's and the package's), and
+dataset-warm-loader the same again at once, the files still in the page cache: the rate
+the DataLoader itself carries here when no read waits for a disk, the ceiling of any
+reader behind it.
 With torch the data set is also read as uint8 tensors (what a data loader hands on):
   dataset-mount-tensor    each file read with readinto straight into a tensor in shared
                           memory (the best a mount's reader can do: no pipe copy)
@@ -246,6 +249,9 @@ def dataset_reads(addr, mnt, local_dir, files, workers, use_torch):
 
         drop_caches()
         out["dataset-local-loader"] = torch_loader(Plain(local_dir), workers)
+        # Again with the files still in the page cache (as far as memory holds them):
+        # no reader waits for a disk, so this is what the DataLoader itself carries here.
+        out["dataset-warm-loader"] = torch_loader(Plain(local_dir), workers)
         drop_caches()
         out["dataset-mount"] = torch_loader(Plain(os.path.join(mnt, "ds")), workers)
         drop_caches()
