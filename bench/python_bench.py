@@ -399,6 +399,28 @@ def latency_package(addr):
         return latencies(read_at, fs.stat("/ckpt-package.bin").st_size)
 
 
+#: How long the checkpoints wait for the removed data set's room.
+ROOM_WAIT_S = 600
+
+
+def wait_for_room(path, need):
+    """Waits until the disk holding `path` has `need` bytes free: the data servers delete
+    the chunks of removed files in the background, so the data set's room on the
+    cluster comes back some time after its removal returned. Exits with a clear message
+    if it does not within ROOM_WAIT_S, rather than let a checkpoint fail half-written."""
+    t0 = time.monotonic()
+    while True:
+        free = shutil.disk_usage(path).free
+        if free >= need:
+            return
+        if time.monotonic() - t0 > ROOM_WAIT_S:
+            raise SystemExit(
+                f"the checkpoints need {need // MIB:,} MiB free under {path}; "
+                f"{free // MIB:,} MiB are, {ROOM_WAIT_S} s after the data set was removed"
+            )
+        time.sleep(1)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--addr", required=True)
@@ -409,6 +431,7 @@ def main():
     p.add_argument("--max-bytes", type=int, default=MIB)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--ckpt-mib", type=int, default=4096)
+    p.add_argument("--copies", type=int, default=3)
     p.add_argument("--out", required=True)
     a = p.parse_args()
     try:
@@ -425,6 +448,9 @@ def main():
     for d in sorted({n.split("/")[0] for n in names(a.files)}):
         shutil.rmtree(os.path.join(a.local, d))
     shutil.rmtree(os.path.join(a.mount, "ds"))
+    # Three checkpoints at once at the most (the package's is written beside the
+    # mount's and the local one), each with its copies on the cluster.
+    wait_for_room(a.local, a.ckpt_mib * MIB * (2 * a.copies + 1) * 21 // 20)
     obj = state(a.ckpt_mib, use_torch)
     drop_caches()
     res["ckpt-local"] = ckpt_local_or_mount(a.local, obj, use_torch)

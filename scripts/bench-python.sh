@@ -46,7 +46,8 @@ LOCAL=$BENCH_DIR/local-py
 RAW=$BENCH_DIR/python-bench.json
 # The data set on the local disk and its copies on the cluster, removed before the
 # checkpoints: one on the local disk, one through the mount and one through the
-# package, the copies of each on the cluster.
+# package, the copies of each on the cluster. The data servers delete a removed file's
+# chunks in the background: the checkpoints wait for the room (`wait_for_room`).
 dataset=$(( FILES * (MIN_BYTES + MAX_BYTES) / 2 * (COPIES + 1) / 1048576 ))
 ckpts=$(( CKPT_MIB * (2 * COPIES + 1) ))
 need=$(( (dataset > ckpts ? dataset : ckpts) * 11 / 10 ))
@@ -94,7 +95,7 @@ log "phases (files $FILES, workers $WORKERS, checkpoint $CKPT_MIB MiB)"
 TESSERA_KEY_FILE="$STATE/keys/admin.key" timeout 7200 "$VENV/bin/python" \
   "$ROOT/bench/python_bench.py" --addr "$addr" --mount "$MNT" --local "$LOCAL" \
   --files "$FILES" --min-bytes "$MIN_BYTES" --max-bytes "$MAX_BYTES" --workers "$WORKERS" \
-  --ckpt-mib "$CKPT_MIB" --out "$RAW"
+  --ckpt-mib "$CKPT_MIB" --copies "$COPIES" --out "$RAW"
 
 out="$ROOT/bench/results/$(date +%Y-%m-%d-%H%M)-python.md"
 python3 - "$RAW" "$COPIES" "$(git -C "$ROOT" rev-parse --short HEAD)" > "$out" <<'EOF'
