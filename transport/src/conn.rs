@@ -544,8 +544,11 @@ impl ConnCore {
     pub(crate) fn complete(&self, id: u64, result: Result<Completion, TransportError>) {
         let waiter = self.state.lock().pending.remove(&id);
         match waiter {
-            Some(p) => {
-                let _ = p.tx.send(result);
+            Some(Pending { tx, dest }) => {
+                // The region goes before the waiter wakes: a pooled buffer dropped right
+                // after its operation must find no clone here (`BufferPool`).
+                drop(dest);
+                let _ = tx.send(result);
             }
             None => {
                 debug!(peer = %self.peer, id, "completion for an operation no longer waited on")

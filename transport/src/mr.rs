@@ -92,6 +92,13 @@ impl MemoryRegion {
         }
     }
 
+    /// Whether another clone of the region lives: the transport's, while an operation on
+    /// it is under way (a response being received into it, a write queued from it), or
+    /// the application's own.
+    pub fn is_shared(&self) -> bool {
+        Arc::strong_count(&self.inner) > 1
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.inner.len

@@ -1,14 +1,29 @@
 //! A pool of registered I/O buffers, reused rather than allocated per request.
+//!
+//! A buffer goes back to the pool only once the transport no longer holds it: an
+//! operation that timed out may still be under way (over `tcp` the connection's reader
+//! keeps writing a late response into the region until its frame ends, and a queued
+//! write reads the region when the socket takes it). Handed out again meanwhile, the
+//! buffer would take another request's bytes, or send them, so it waits aside, with its
+//! permit, until the transport lets go.
 
 use crate::{Endpoint, MemoryRegion, TransportError};
 use parking_lot::Mutex;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// How often a taker waiting for a buffer, while some wait aside, looks whether the
+/// transport has let go of one: such a buffer comes back with no wake-up of its own.
+const HELD_RECHECK: Duration = Duration::from_millis(20);
 
 /// Fixed-size registered buffers; taking one waits while all are in use, which bounds
 /// the bytes a client has in flight.
 pub struct BufferPool {
     free: Mutex<Vec<MemoryRegion>>,
+    /// Buffers given back while the transport still held them; their permits are kept
+    /// out of the semaphore until they rejoin `free`.
+    held: Mutex<Vec<MemoryRegion>>,
     permits: Arc<Semaphore>,
     buffer_bytes: usize,
 }
@@ -17,7 +32,7 @@ pub struct BufferPool {
 pub struct PooledBuf<'a> {
     mr: Option<MemoryRegion>,
     pool: &'a BufferPool,
-    _permit: OwnedSemaphorePermit,
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl BufferPool {
@@ -28,6 +43,7 @@ impl BufferPool {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(BufferPool {
             free: Mutex::new(free),
+            held: Mutex::new(Vec::new()),
             permits: Arc::new(Semaphore::new(count)),
             buffer_bytes,
         })
@@ -40,18 +56,46 @@ impl BufferPool {
 
     /// Takes a buffer, waiting for one to come back if all are in use.
     pub async fn take(&self) -> PooledBuf<'_> {
-        let permit = self
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the pool's semaphore is never closed");
+        let permit = loop {
+            self.recover_held();
+            let waiting = self.permits.clone().acquire_owned();
+            let got = if self.held.lock().is_empty() {
+                Ok(waiting.await)
+            } else {
+                tokio::time::timeout(HELD_RECHECK, waiting).await
+            };
+            if let Ok(permit) = got {
+                break permit.expect("the pool's semaphore is never closed");
+            }
+        };
         let mr = self.free.lock().pop();
         PooledBuf {
             mr,
             pool: self,
-            _permit: permit,
+            permit: Some(permit),
         }
+    }
+
+    /// Moves the buffers the transport has let go of from `held` back to `free`, with
+    /// their permits.
+    fn recover_held(&self) {
+        let mut held = self.held.lock();
+        if held.is_empty() {
+            return;
+        }
+        let (back, still): (Vec<_>, Vec<_>) = held.drain(..).partition(|mr| !mr.is_shared());
+        *held = still;
+        drop(held);
+        if !back.is_empty() {
+            let n = back.len();
+            self.free.lock().extend(back);
+            self.permits.add_permits(n);
+        }
+    }
+
+    /// Buffers waiting aside for the transport to let go of them.
+    pub fn held(&self) -> usize {
+        self.held.lock().len()
     }
 }
 
@@ -66,7 +110,16 @@ impl PooledBuf<'_> {
 
 impl Drop for PooledBuf<'_> {
     fn drop(&mut self) {
-        if let Some(mr) = self.mr.take() {
+        let Some(mr) = self.mr.take() else {
+            return;
+        };
+        if mr.is_shared() {
+            // Its permit stays out until `recover_held` gives the buffer back.
+            if let Some(p) = self.permit.take() {
+                p.forget();
+            }
+            self.pool.held.lock().push(mr);
+        } else {
             self.pool.free.lock().push(mr);
         }
     }

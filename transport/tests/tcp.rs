@@ -196,3 +196,84 @@ async fn a_connection_closed_before_the_handshake_answer_was_never_made() {
     assert!(!e.never_connected(), "{e:?}");
     drop(server.await.unwrap());
 }
+
+/// A pooled buffer whose one-sided read timed out while the response was still arriving
+/// is not handed out again until the response's last byte has landed in it: a late
+/// peer's bytes never reach a buffer another request took meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_read_keeps_its_pooled_buffer_until_the_late_bytes_land() {
+    use std::sync::Arc;
+    use transport::{BufferPool, Connection, Handler, HandlerFuture};
+
+    struct OneBuffer(Arc<BufferPool>);
+    impl Handler for OneBuffer {
+        fn handle(&self, conn: Connection, _req: Bytes) -> HandlerFuture {
+            let pool = Arc::clone(&self.0);
+            Box::pin(async move {
+                let buf = pool.take().await;
+                buf.mr().lock().fill(0x11);
+                let remote = proto::RemoteBuf {
+                    addr: 0x1000,
+                    len: 64,
+                    key: proto::MrKey(5),
+                };
+                let read = conn.read(remote, buf.mr(), 0).await;
+                assert!(
+                    matches!(read, Err(TransportError::TimedOut { .. })),
+                    "{read:?}"
+                );
+                drop(buf);
+                // The only buffer still receives the late response: nobody gets it.
+                let early = tokio::time::timeout(Duration::from_millis(300), pool.take()).await;
+                let held = u8::from(early.is_err() && pool.held() == 1);
+                // Once the response ends, it comes back, holding the response whole.
+                let back = tokio::time::timeout(Duration::from_secs(10), pool.take()).await;
+                let mut reply = vec![held, u8::from(back.is_ok())];
+                if let Ok(b) = back {
+                    reply.extend_from_slice(&b.mr().lock()[..64]);
+                }
+                Bytes::from(reply)
+            })
+        }
+    }
+
+    let cfg = TransportConfig {
+        one_sided_timeout_ms: 300,
+        ..TransportConfig::default()
+    };
+    let ep = Endpoint::new(Backend::Tcp, cfg, APP).unwrap();
+    let pool = Arc::new(BufferPool::new(&ep, 1, 64 * 1024).unwrap());
+    let l = ep
+        .listen("127.0.0.1:0", Arc::new(OneBuffer(pool)))
+        .await
+        .unwrap();
+    let addr = l.local_addr().to_string();
+    let (mut s, _) = raw_handshake(&addr, APP).await;
+    let mut call = Header::new(Kind::Call, 1);
+    call.len = 1;
+    s.write_all(&call.encode()).await.unwrap();
+    s.write_all(&[0]).await.unwrap();
+    let (read, _) = read_frame(&mut s).await;
+    assert_eq!(read.kind, Kind::Read as u8);
+    // The response's header and 8 of its 64 bytes, the rest well past the timeout and
+    // the handler's first look.
+    let mut resp = Header::new(Kind::ReadResp, read.id);
+    resp.len = 64;
+    s.write_all(&resp.encode()).await.unwrap();
+    s.write_all(&[0xbb; 8]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    s.write_all(&[0xbb; 56]).await.unwrap();
+    let (reply, body) = read_frame(&mut s).await;
+    assert_eq!(
+        reply.kind,
+        Kind::Reply as u8,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    assert_eq!(
+        body[0], 1,
+        "the buffer was handed out while the late response ran"
+    );
+    assert_eq!(body[1], 1, "the buffer never came back");
+    assert_eq!(&body[2..], &[0xbb; 64][..]);
+}

@@ -93,6 +93,11 @@ pub(crate) struct RdmaWire {
     /// Data receive buffers posted for the peer.
     window: u32,
     free_send: Mutex<Vec<u32>>,
+    /// The local regions of one-sided requests posted and not yet completed by the NIC,
+    /// by operation id: held until the work completion arrives, also when the caller
+    /// gave up first (timed out), so that a pooled buffer the NIC may still read or
+    /// write is not handed out again meanwhile (`BufferPool`).
+    one_sided_regions: Mutex<std::collections::HashMap<u64, Arc<MrInner>>>,
     credits: Mutex<Credits>,
     credit_wait: Notify,
     sq: Arc<Semaphore>,
@@ -149,6 +154,7 @@ impl RdmaWire {
             slot_bytes,
             window,
             free_send: Mutex::new((0..slots).collect()),
+            one_sided_regions: Mutex::new(std::collections::HashMap::new()),
             credits: Mutex::new(Credits::new(window, UPDATE_SLOTS)),
             credit_wait: Notify::new(),
             sq: Arc::new(Semaphore::new(sq_depth as usize)),
@@ -403,7 +409,14 @@ impl RdmaWire {
         let lkey = self.own_mr(&local.mr)?.raw.lkey();
         let ticket = core.begin(None)?;
         self.permit(core).await?;
-        self.post_one_sided(ticket.id, op, remote, &local, lkey)?;
+        self.one_sided_regions
+            .lock()
+            .insert(ticket.id, Arc::clone(&local.mr));
+        if let Err(e) = self.post_one_sided(ticket.id, op, remote, &local, lkey) {
+            self.one_sided_regions.lock().remove(&ticket.id);
+            return Err(e);
+        }
+        drop(local);
         match ticket.wait().await? {
             Completion::Done => Ok(()),
             Completion::Reply(_) => Err(core.protocol_error("a one-sided operation got a reply")),
@@ -621,6 +634,11 @@ impl RdmaWire {
         }
         if tag == TAG_SEND {
             self.free_send.lock().push(val as u32);
+        }
+        if tag == TAG_ONE_SIDED {
+            // The NIC is done with the region: let go of it before the waiter wakes.
+            let region = self.one_sided_regions.lock().remove(&val);
+            drop(region);
         }
         if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
             let status = verbs::wc_status(wc.status);

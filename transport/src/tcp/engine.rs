@@ -334,6 +334,8 @@ async fn read_response(core: &Arc<ConnCore>, r: &mut Reader, h: &Header) -> Resu
     match core.dest_of(h.id) {
         Some(d) if d.len == h.len as usize => {
             read_into(r, &d).await?;
+            // Let go of the region before the waiter wakes (see `BufferPool`).
+            drop(d);
             core.complete(h.id, Ok(Completion::Done));
         }
         Some(d) => {

@@ -241,6 +241,8 @@ impl TcpWire {
                     } else {
                         self.flush(&mut batch, &payload).await?;
                     }
+                    // A region's clone goes once its bytes are taken (see `BufferPool`).
+                    drop(payload);
                     self.done(response);
                     if batch.len() + HEADER_LEN + INLINE_PAYLOAD_BYTES > BATCH_BYTES {
                         self.flush(&mut batch, &empty).await?;
