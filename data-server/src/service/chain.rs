@@ -165,9 +165,17 @@ impl Inner {
                 w.chunk
             )));
         }
+        // A version at the top of its range (only a broken or hostile peer's
+        // `Replicate` could leave one) cannot move up: refused, never wrapped to 0.
+        let next = have.version.checked_add(1).ok_or_else(|| {
+            DataError::InvalidArgument(format!(
+                "{}: its version cannot move past {}",
+                w.chunk, have.version
+            ))
+        })?;
         let stamp = Stamp {
             chain: w.place.chain,
-            version: have.version + 1,
+            version: next,
             base: have.version,
             stale: Some(false),
         };
@@ -250,8 +258,15 @@ impl Inner {
             let mr: MemoryRegion = buf.mr().clone();
             let data = match &w.src {
                 Source::Remote(src) => {
+                    let Some(addr) = src.addr.checked_add(u64::from(done)) else {
+                        result = Err(DataError::InvalidArgument(format!(
+                            "a source buffer at {:#x} ends past the address space",
+                            src.addr
+                        )));
+                        break;
+                    };
                     let part = RemoteBuf {
-                        addr: src.addr + u64::from(done),
+                        addr,
                         len: u64::from(n),
                         key: src.key,
                     };

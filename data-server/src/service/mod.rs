@@ -537,6 +537,7 @@ impl Inner {
                 dest.len
             )));
         }
+        check_span(&dest)?;
         for (at, n) in self.steps(len) {
             let buf = self.pool.take().await;
             let mr: MemoryRegion = buf.mr().clone();
@@ -582,9 +583,15 @@ impl Inner {
             store.truncate_file(inode, size, cs)?;
             if let Some(c) = boundary {
                 if let Some(m) = store.chunk_meta(c)? {
+                    let version = m.version.checked_add(1).ok_or_else(|| {
+                        DataError::InvalidArgument(format!(
+                            "{c}: its version cannot move past {}",
+                            m.version
+                        ))
+                    })?;
                     let f = ReplicaFields {
                         chain: m.chain,
-                        version: m.version + 1,
+                        version,
                         stale: m.stale,
                     };
                     store.set_replica(c, f)?;
@@ -593,6 +600,18 @@ impl Inner {
             Ok(())
         })
         .await
+    }
+}
+
+/// Refuses a peer's buffer whose end lies past the end of the address space, so that
+/// the address of every step inside it is computed without overflow.
+pub(super) fn check_span(r: &RemoteBuf) -> Result<(), DataError> {
+    match r.addr.checked_add(r.len) {
+        Some(_) => Ok(()),
+        None => Err(DataError::InvalidArgument(format!(
+            "a buffer of {} bytes at {:#x} ends past the address space",
+            r.len, r.addr
+        ))),
     }
 }
 

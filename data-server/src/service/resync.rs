@@ -46,6 +46,7 @@ impl Inner {
                 meta.len, dest.len
             )));
         }
+        super::check_span(&dest)?;
         let step = self.pool.buffer_bytes();
         for (i, part) in bytes.chunks(step).enumerate() {
             let buf = self.pool.take().await;
@@ -99,9 +100,13 @@ impl Inner {
                     "{chunk}: the copy at {from} is stale too"
                 )));
             }
-            // Room for some growth while the copy is under way.
-            let room = (info.len + (1 << 20))
+            // Room for some growth while the copy is under way; never more than a chunk
+            // can hold, whatever the source says.
+            let room = info
+                .len
+                .saturating_add(1 << 20)
                 .min(u64::from(info.chunk_size_bytes))
+                .min(u64::from(crate::store::format::MAX_CHUNK_SIZE_BYTES))
                 .max(1);
             let mr = self
                 .view
@@ -150,7 +155,17 @@ impl Inner {
             };
             let store = self.store.clone();
             let cs = got.chunk_size_bytes;
-            let len = got.len as usize;
+            // The source wrote at most the room it was granted: a longer length is a
+            // broken or hostile source, refused rather than read past the region.
+            let len = usize::try_from(got.len)
+                .ok()
+                .filter(|&n| n as u64 <= room)
+                .ok_or_else(|| {
+                    DataError::InvalidArgument(format!(
+                        "{chunk}: {from} claims {} bytes in a room of {room}",
+                        got.len
+                    ))
+                })?;
             blocking(move || store.install(chunk, cs, &mr.lock()[..len], fields)).await?;
             if ahead {
                 warn!(%chunk, ours = have.version, theirs = got.version, %from,

@@ -547,3 +547,33 @@ async fn a_stale_head_refuses_writes_busy_only_while_another_member_can_repair_i
         assert!(meta.version == 4 && meta.stale, "{meta:?}");
     }
 }
+
+/// A client's buffer that ends past the address space (a hostile or broken peer) gets a
+/// clear error, not a panic in the handler or an address that wraps around, and the
+/// server goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buffer_past_the_address_space_is_refused() {
+    let s = served().await;
+    let req = ReadChunk {
+        chunk: CHUNK,
+        place: PLACE,
+        chunk_size_bytes: CHUNK_SIZE,
+        offset: 0,
+        len: LEN as u32,
+        dest: proto::RemoteBuf {
+            addr: u64::MAX - 10,
+            len: LEN as u64,
+            key: proto::MrKey(1),
+        },
+        grant: None,
+    };
+    let e = tokio::time::timeout(CALL_TIMEOUT, call_peer(&s.client, req))
+        .await
+        .expect("the read hung")
+        .unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("past the address space"), "{e}");
+    let (got, bytes) = s.spawn_read(Via::OneSided).await.unwrap();
+    assert_eq!(got.unwrap(), LEN as u32);
+    assert!(bytes.iter().all(|&b| b == 0xaa));
+}

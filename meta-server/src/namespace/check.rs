@@ -84,13 +84,15 @@ impl Namespace {
                 } else {
                     0
                 };
-                chunks += count;
-                *per_chain.entry(*chain).or_default() += count;
+                // Saturating: a file's length is a client's to set, up to 2^64 - 1.
+                chunks = chunks.saturating_add(count);
+                let on_chain = per_chain.entry(*chain).or_default();
+                *on_chain = on_chain.saturating_add(count);
                 let good = chains
                     .get(chain)
                     .map_or(0, |c| c.readers(layout.replicas).len());
                 if good < want {
-                    under += count;
+                    under = under.saturating_add(count);
                 }
             }
             Ok(())

@@ -367,7 +367,7 @@ impl Namespace {
         let due = strict
             || rec.atime <= rec.mtime
             || rec.atime <= rec.ctime
-            || rec.atime.secs + DAY_SECS <= now.secs;
+            || rec.atime.secs.saturating_add(DAY_SECS) <= now.secs;
         if !due {
             return Ok(rec);
         }
@@ -483,7 +483,7 @@ impl Namespace {
             if let Some(size) = set.size {
                 match rec.kind {
                     FileKind::Regular => {
-                        rec.size = size;
+                        rec.size = checked_size(size, ino)?;
                         rec.mtime = now;
                     }
                     FileKind::Directory => {
@@ -543,6 +543,17 @@ impl Namespace {
     }
 }
 
+/// `size` as a regular file's length: at most `i64::MAX`, the largest `off_t`, as an
+/// append's end is (EFBIG beyond, as Linux answers a length past what a file can hold).
+fn checked_size(size: u64, ino: InodeId) -> Result<u64, MetaError> {
+    if size > i64::MAX as u64 {
+        return Err(MetaError::TooBig(format!(
+            "a length of {size} bytes for {ino}"
+        )));
+    }
+    Ok(size)
+}
+
 /// Applies a writer's commit to regular file `ino`: length grows to `commit.size`.
 /// Returns its attributes after it.
 fn apply_commit(txn: &mut Txn<'_>, ino: InodeId, c: &Commit) -> Result<Attr, MetaError> {
@@ -553,7 +564,7 @@ fn apply_commit(txn: &mut Txn<'_>, ino: InodeId, c: &Commit) -> Result<Attr, Met
         kind => return Err(MetaError::InvalidArgument(format!("commit to a {kind:?}"))),
     }
     let old_size = rec.size;
-    rec.size = rec.size.max(c.size);
+    rec.size = rec.size.max(checked_size(c.size, ino)?);
     rec.mtime = c.mtime;
     rec.changed_at(now());
     txn.put_inode(ino, &rec)?;

@@ -105,20 +105,36 @@ impl Liveness {
 pub(crate) struct BeatInFlight<'a> {
     ns: &'a Namespace,
     node: NodeId,
+    /// The beat named no registered server: it leaves nothing behind.
+    unknown: bool,
 }
 
 impl<'a> BeatInFlight<'a> {
     /// Marks a beat of `node` arrived now.
     pub(crate) fn begin(ns: &'a Namespace, node: NodeId) -> BeatInFlight<'a> {
         ns.liveness.lock().begin_beat(node, ns.clock.now());
-        BeatInFlight { ns, node }
+        BeatInFlight {
+            ns,
+            node,
+            unknown: false,
+        }
+    }
+
+    /// The beat's server turned out not to be registered: its lease goes with the beat,
+    /// so that beats with made-up ids do not grow the table of leases.
+    pub(crate) fn unknown(&mut self) {
+        self.unknown = true;
     }
 }
 
 impl Drop for BeatInFlight<'_> {
     fn drop(&mut self) {
         let now = self.ns.clock.now();
-        self.ns.liveness.lock().end_beat(self.node, now);
+        let mut live = self.ns.liveness.lock();
+        live.end_beat(self.node, now);
+        if self.unknown && !live.in_flight.contains_key(&self.node) {
+            live.last.remove(&self.node);
+        }
     }
 }
 
@@ -256,6 +272,12 @@ impl Namespace {
             tracing::info!(version = m.version, "cluster map changed: a server moved");
         }
         Ok(out)
+    }
+
+    /// How many servers hold a lease (tests: beats of unknown servers leave none).
+    #[cfg(test)]
+    pub(crate) fn leases(&self) -> usize {
+        self.liveness.lock().last.len()
     }
 
     /// A new map version with no chain changed (tests: a deposed leader's write).

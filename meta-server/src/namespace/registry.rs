@@ -152,7 +152,7 @@ impl Namespace {
         // Alive from the beat's arrival until its reply: a slow commit below (the disk
         // busy with chunk writes, an etcd without a quorum) must not count against the
         // server's lease.
-        let _beat = BeatInFlight::begin(self, node);
+        let mut beat = BeatInFlight::begin(self, node);
         let mut chunks: Vec<&[GcTask]> = done.chunks(GC_DONE_PER_COMMIT).collect();
         let last = chunks.pop().unwrap_or_default();
         for chunk in chunks {
@@ -164,7 +164,7 @@ impl Namespace {
                 Ok(())
             })?;
         }
-        self.leader_write(|| {
+        let wrote = self.leader_write(|| {
             self.mutate(|txn, _| {
                 // A leader deposed since the check above writes nothing of the beat.
                 super::leader::confirm(txn)?;
@@ -180,7 +180,11 @@ impl Namespace {
                 }
                 Ok(())
             })
-        })?;
+        });
+        if let Err(MetaError::NotFound(_)) = &wrote {
+            beat.unknown();
+        }
+        wrote?;
         self.resync_report(node, resync)?;
         let map = self.reconcile()?;
         let prefix = keys::gc_prefix(node);

@@ -135,13 +135,18 @@ fn register_assigns_and_updates(kind: StoreKind) {
 
 fn heartbeat_of_unknown_node_is_not_found(kind: StoreKind) {
     let h = H::new(kind);
-    assert_eq!(
-        code(
-            h.ns()
-                .heartbeat(NodeId(1), 1, 1, &[], 0, ResyncReport::default())
-        ),
-        ErrorCode::NotFound
-    );
+    let leases = h.ns().leases();
+    for id in 1..=50 {
+        assert_eq!(
+            code(
+                h.ns()
+                    .heartbeat(NodeId(id), 1, 1, &[], 0, ResyncReport::default())
+            ),
+            ErrorCode::NotFound
+        );
+    }
+    // Made-up ids leave no lease behind (the table would grow with each).
+    assert_eq!(h.ns().leases(), leases);
     let reply = h.ns().handle(
         Heartbeat {
             node: NodeId(0),

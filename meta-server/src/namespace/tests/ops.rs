@@ -556,6 +556,19 @@ fn commit_keeps_the_largest_size(kind: StoreKind) {
     assert_eq!((a.size, a.mtime), (100, t));
     let b = ns.commit(f.ino, Commit::length(50, t)).unwrap();
     assert_eq!(b.size, 100, "a late, shorter commit never shrinks the file");
+    // A length past the largest `off_t` is EFBIG, by commit or by setattr, and the
+    // file keeps its length (a status sums lengths; nothing may wrap).
+    let huge = i64::MAX as u64 + 1;
+    assert_eq!(
+        code(ns.commit(f.ino, Commit::length(huge, t))),
+        ErrorCode::TooBig
+    );
+    let set = SetAttr {
+        size: Some(u64::MAX),
+        ..SetAttr::default()
+    };
+    assert_eq!(code(ns.setattr(f.ino, &set)), ErrorCode::TooBig);
+    assert_eq!(ns.getattr(f.ino).unwrap().size, 100);
     assert_eq!(
         code(ns.commit(ROOT, Commit::length(1, t))),
         ErrorCode::IsADirectory
