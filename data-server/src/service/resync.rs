@@ -299,6 +299,16 @@ impl Resync {
             let Some(last) = page.last().map(|m| m.chunk) else {
                 break;
             };
+            // Each page ends past the one before (in the store's order: bucket, inode,
+            // index): a source whose page ends where the last one did (broken, or
+            // hostile) would keep this pass going forever.
+            if after == Some(last) {
+                return Err(DataError::InvalidArgument(format!(
+                    "{}: a page of {chain}'s chunks did not move past {}",
+                    src.node,
+                    after.map_or_else(String::new, |a| a.to_string())
+                )));
+            }
             let mut differ = Vec::new();
             for m in page {
                 theirs.insert(m.chunk);
