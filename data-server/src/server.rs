@@ -7,7 +7,7 @@ use crate::error::{DataError, StartError};
 use crate::keys::DataVerifier;
 use crate::metrics::DataMetrics;
 use crate::service::{DataService, GrantCheck, Pools, Resync};
-use crate::store::ChunkStore;
+use crate::store::{open_files_for, ChunkStore};
 use parking_lot::Mutex;
 use proto::meta::cluster::{self, Beat, RegisterData};
 use proto::meta::GcTask;
@@ -75,8 +75,11 @@ impl DataServer {
     /// may not be up yet: registration is retried until it answers).
     pub async fn start(config: DataConfig) -> Result<DataServer, StartError> {
         config.validate().map_err(StartError::Config)?;
-        // Two descriptors per cached chunk file (512 files) come on top of connections.
-        transport::raise_open_file_limit();
+        // Two descriptors per chunk file kept open come on top of connections.
+        // A limit that cannot be read is taken as the usual soft limit.
+        let nofile = transport::raise_open_file_limit().unwrap_or(1024);
+        let open_files = open_files_for(nofile, config.transport_limits.max_connections);
+        tracing::debug!(nofile, open_files, "chunk files kept open at most");
         let dir = config.data_dir.clone();
         let capacity = match config.capacity_bytes {
             0 => fs_size(&dir)?,
@@ -87,6 +90,7 @@ impl DataServer {
         let io = metrics.store_io().map_err(StartError::Metrics)?;
         let store = tokio::task::spawn_blocking(move || match ChunkStore::open(&dir, capacity) {
             Ok(s) => Ok(s
+                .keep_open(open_files)
                 .direct_io(direct_io)
                 .disk_reserve(disk_reserve)
                 .count_io(io)),

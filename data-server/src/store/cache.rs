@@ -7,17 +7,45 @@
 //! the one at the chunk's path, so the store drops it, under the chunk's exclusive lock,
 //! before removing the file: a later write then creates and caches a new file instead of
 //! writing into the removed one.
+//!
+//! An open file also keeps its inode in the kernel's memory when the page cache is
+//! dropped or reclaimed: a cold read of a cached chunk is one disk read of its bytes,
+//! where one of an uncached chunk first reads its directory, its inode and its header,
+//! each waiting for the one before. So a server keeps as many open as its descriptor
+//! limit allows, up to [`MAX_OPEN_CHUNK_FILES`] ([`open_files_for`]).
 
 use super::format::Geometry;
+use lru::LruCache;
 use parking_lot::Mutex;
 use proto::ChunkId;
-use std::collections::HashMap;
 use std::fs::File;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 
-/// Chunk files the store keeps open at most (two descriptors each: buffered and
-/// `O_DIRECT`), well under the usual limit of 1024 descriptors per process.
-pub(crate) const MAX_OPEN_CHUNK_FILES: usize = 256;
+/// Chunk files a store keeps open unless told otherwise ([`super::ChunkStore::keep_open`]):
+/// two descriptors each (buffered and `O_DIRECT`), well under the usual soft limit of
+/// 1024 descriptors per process.
+pub(crate) const DEFAULT_OPEN_CHUNK_FILES: usize = 256;
+
+/// The most chunk files a server keeps open, whatever its descriptor limit: 16,384
+/// descriptors, a few tens of megabytes of kernel memory, the chunks of 32 GiB of data
+/// at 4 MiB each.
+pub const MAX_OPEN_CHUNK_FILES: usize = 8192;
+
+/// Descriptors a data server holds besides its connections and its chunk files (the
+/// store's lock, directories being synced, logs, the runtime's own, metrics).
+const OTHER_DESCRIPTORS: u64 = 256;
+
+/// How many chunk files a server whose process may hold `nofile` descriptors, and that
+/// accepts up to `connections` connections, keeps open: what is left after those, two
+/// descriptors per file, from [`DEFAULT_OPEN_CHUNK_FILES`] (kept even under a low limit,
+/// as before) to [`MAX_OPEN_CHUNK_FILES`].
+pub fn open_files_for(nofile: u64, connections: usize) -> usize {
+    let left = nofile.saturating_sub((connections as u64).saturating_add(OTHER_DESCRIPTORS)) / 2;
+    usize::try_from(left)
+        .unwrap_or(usize::MAX)
+        .clamp(DEFAULT_OPEN_CHUNK_FILES, MAX_OPEN_CHUNK_FILES)
+}
 
 /// A chunk file's descriptors: the read-write one, and the `O_DIRECT` one if any.
 pub(crate) type Fds = (Arc<File>, Option<Arc<File>>);
@@ -25,63 +53,38 @@ pub(crate) type Fds = (Arc<File>, Option<Arc<File>>);
 /// The cache. Every operation takes one short lock; opening a file, the slow part of a
 /// miss, happens outside it.
 pub(crate) struct OpenFiles {
-    limit: usize,
-    inner: Mutex<Inner>,
-}
-
-struct Inner {
-    /// Counts uses; an entry's `used` is the count at its last use.
-    clock: u64,
-    map: HashMap<ChunkId, Cached>,
+    /// `None` when the cache is off (a limit of 0).
+    inner: Mutex<Option<LruCache<ChunkId, Cached>>>,
 }
 
 struct Cached {
     fds: Fds,
     geo: Geometry,
-    used: u64,
 }
 
 impl OpenFiles {
     /// An empty cache holding at most `limit` files (0 disables it).
     pub fn new(limit: usize) -> OpenFiles {
         OpenFiles {
-            limit,
-            inner: Mutex::new(Inner {
-                clock: 0,
-                map: HashMap::with_capacity(limit),
-            }),
+            inner: Mutex::new(NonZeroUsize::new(limit).map(LruCache::new)),
         }
     }
 
     /// The open file of `chunk` and its geometry, if cached.
     pub fn get(&self, chunk: ChunkId) -> Option<(Fds, Geometry)> {
         let mut inner = self.inner.lock();
-        inner.clock += 1;
-        let now = inner.clock;
-        let cached = inner.map.get_mut(&chunk)?;
-        cached.used = now;
+        let cached = inner.as_mut()?.get(&chunk)?;
         Some((cached.fds.clone(), cached.geo))
     }
 
     /// Caches the open file of `chunk`, evicting the least recently used one when full.
     pub fn insert(&self, chunk: ChunkId, fds: Fds, geo: Geometry) {
-        if self.limit == 0 {
-            return;
-        }
         let mut inner = self.inner.lock();
-        inner.clock += 1;
-        let used = inner.clock;
-        let mut evicted = None;
-        if inner.map.len() >= self.limit && !inner.map.contains_key(&chunk) {
-            // A scan of at most `limit` entries, only on a miss, which costs an open anyway.
-            let oldest = inner
-                .map
-                .iter()
-                .min_by_key(|(_, c)| c.used)
-                .map(|(&k, _)| k);
-            evicted = oldest.and_then(|k| inner.map.remove(&k));
-        }
-        inner.map.insert(chunk, Cached { fds, geo, used });
+        let Some(cache) = inner.as_mut() else {
+            return;
+        };
+        // The entry pushed out: the least recently used, or this chunk's earlier one.
+        let evicted = cache.push(chunk, Cached { fds, geo });
         drop(inner);
         // Closed outside the lock: a close can be slow on some file systems.
         drop(evicted);
@@ -89,14 +92,14 @@ impl OpenFiles {
 
     /// Forgets `chunk`'s file; call before removing the file.
     pub fn remove(&self, chunk: ChunkId) {
-        let removed = self.inner.lock().map.remove(&chunk);
+        let removed = self.inner.lock().as_mut().and_then(|c| c.pop(&chunk));
         drop(removed);
     }
 
     /// Number of cached files.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.inner.lock().map.len()
+        self.inner.lock().as_ref().map_or(0, LruCache::len)
     }
 }
 
@@ -110,6 +113,22 @@ mod tests {
             inode: InodeId(1),
             index,
         }
+    }
+
+    #[test]
+    fn the_files_kept_open_follow_the_descriptor_limit() {
+        // The usual soft limit, not raised: as many as before.
+        assert_eq!(open_files_for(1024, 1024), DEFAULT_OPEN_CHUNK_FILES);
+        assert_eq!(open_files_for(0, 1024), DEFAULT_OPEN_CHUNK_FILES);
+        // What is left after connections and the rest, two descriptors a file.
+        assert_eq!(open_files_for(10_000, 1024), (10_000 - 1024 - 256) / 2);
+        // systemd's LimitNOFILE of the packaged units, and no limit at all.
+        assert_eq!(open_files_for(1 << 20, 1024), MAX_OPEN_CHUNK_FILES);
+        assert_eq!(
+            open_files_for(u64::MAX, usize::MAX),
+            DEFAULT_OPEN_CHUNK_FILES
+        );
+        assert_eq!(open_files_for(u64::MAX, 0), MAX_OPEN_CHUNK_FILES);
     }
 
     #[test]

@@ -71,8 +71,10 @@
 //! the files at [`ChunkStore::open`], unless [`ChunkStore::close`] saved it at a clean
 //! shutdown.
 //!
-//! Up to 256 chunk files (`MAX_OPEN_CHUNK_FILES`) stay open between requests (see
-//! `cache.rs`); a chunk's file is dropped from that cache before it is removed.
+//! Chunk files stay open between requests, the least recently used closed first: 256
+//! in a bare store, as many as a server's descriptor limit leaves room for up to 8,192
+//! ([`ChunkStore::keep_open`], `cache.rs`); a chunk's file is dropped from that cache
+//! before it is removed.
 
 mod cache;
 mod chunk;
@@ -86,7 +88,8 @@ mod removed;
 mod saved_usage;
 
 use crate::error::{DataError, IoContext};
-use cache::{OpenFiles, MAX_OPEN_CHUNK_FILES};
+pub use cache::{open_files_for, MAX_OPEN_CHUNK_FILES};
+use cache::{OpenFiles, DEFAULT_OPEN_CHUNK_FILES};
 use chunk::{measure, ChunkFile, Opened, WritePlan, DIRECT_MIN_CHUNK_BYTES};
 use dirs::{DirKey, DirtyDirs, MAX_DIRTY_DIRS};
 use format::{bucket_of, chunk_path, chunks_root, inode_dir, Geometry};
@@ -201,7 +204,7 @@ impl ChunkStore {
             used_bytes: AtomicU64::new(used_bytes),
             chunks: AtomicU64::new(chunks),
             stripes: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
-            files: OpenFiles::new(MAX_OPEN_CHUNK_FILES),
+            files: OpenFiles::new(DEFAULT_OPEN_CHUNK_FILES),
             direct_io: AtomicBool::new(true),
             keep_read_pages: AtomicBool::new(false),
             disk_reserve: 0,
@@ -217,6 +220,13 @@ impl ChunkStore {
     /// [`DataError::NoSpace`] (0, the default of a bare store: no check).
     pub fn disk_reserve(mut self, bytes: u64) -> ChunkStore {
         self.disk_reserve = bytes;
+        self
+    }
+
+    /// Keeps up to `limit` chunk files open between requests (0: none), in place of the
+    /// bare store's 256; call before any request.
+    pub fn keep_open(mut self, limit: usize) -> ChunkStore {
+        self.files = OpenFiles::new(limit);
         self
     }
 

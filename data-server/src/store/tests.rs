@@ -642,15 +642,15 @@ fn a_removed_chunk_file_is_not_written_through_the_cache() {
 fn open_files_are_bounded() {
     let tmp = tempfile::tempdir().unwrap();
     let s = ChunkStore::open(tmp.path(), BIG).unwrap();
-    let n = cache::MAX_OPEN_CHUNK_FILES as u64 + 20;
+    let n = cache::DEFAULT_OPEN_CHUNK_FILES as u64 + 20;
     for i in 0..n {
         s.write(chunk(60, i), KIB64, 0, &i.to_le_bytes()).unwrap();
     }
-    assert_eq!(s.open_files(), cache::MAX_OPEN_CHUNK_FILES);
+    assert_eq!(s.open_files(), cache::DEFAULT_OPEN_CHUNK_FILES);
     for i in (0..n).rev() {
         assert_eq!(read_vec(&s, chunk(60, i), KIB64, 0, 8), i.to_le_bytes());
     }
-    assert_eq!(s.open_files(), cache::MAX_OPEN_CHUNK_FILES);
+    assert_eq!(s.open_files(), cache::DEFAULT_OPEN_CHUNK_FILES);
 }
 
 #[test]
