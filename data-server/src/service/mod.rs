@@ -381,13 +381,19 @@ impl Inner {
         let mr: MemoryRegion = buf.mr().clone();
         let store = self.store.clone();
         let data = blocking(move || {
-            chain::readable_copy(&store, chunk)?;
             let mut fill = mr.lock();
             // A buffer is at least 64 KiB (`io_buffer_bytes`), the inline limit.
             let dst = fill.get_mut(..len as usize).ok_or_else(|| {
                 DataError::TooBig(format!("inline read of {len} bytes: larger than a buffer"))
             })?;
-            store.read(chunk, chunk_size_bytes, offset, dst)?;
+            // The copy's state is checked after its bytes are read, its page fetched
+            // meanwhile (`prefetch_fields`); nothing read leaves before the check, and
+            // the chunk's lock keeps both in one state.
+            store.prefetch_fields(chunk);
+            let read = store.read(chunk, chunk_size_bytes, offset, dst);
+            // A stale copy answers so, whatever its read gave.
+            chain::readable_copy(&store, chunk)?;
+            read?;
             Ok(dst.to_vec())
         })
         .await?;
@@ -547,10 +553,15 @@ impl Inner {
                 .checked_add(at)
                 .ok_or_else(|| range_error(offset, len))?;
             blocking(move || {
+                // As an inline read: the state checked after the bytes, before they go.
+                if at == 0 {
+                    store.prefetch_fields(chunk);
+                }
+                let read = store.read(chunk, chunk_size, off, &mut fill.lock()[..n as usize]);
                 if at == 0 {
                     chain::readable_copy(&store, chunk)?;
                 }
-                store.read(chunk, chunk_size, off, &mut fill.lock()[..n as usize])
+                read
             })
             .await?;
             let target = RemoteBuf {

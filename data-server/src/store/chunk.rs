@@ -395,6 +395,12 @@ impl ChunkFile {
         self.advise(pos, len, libc::POSIX_FADV_DONTNEED);
     }
 
+    /// Starts reading the file's bytes `[pos, pos + len)` into the page cache without
+    /// waiting for them (advice only).
+    pub fn will_need(&self, pos: u64, len: usize) {
+        self.advise(pos, len, libc::POSIX_FADV_WILLNEED);
+    }
+
     /// `posix_fadvise` of the file's bytes `[pos, pos + len)`: advice only, its failure
     /// changes nothing read.
     fn advise(&self, pos: u64, len: usize, advice: libc::c_int) {

@@ -234,6 +234,18 @@ impl ChunkStore {
         self.noted(Found::Header, self.meta_locked(chunk))
     }
 
+    /// Asks the kernel to start reading the page that holds `chunk`'s replica fields,
+    /// without waiting. A chunk file kept open (`cache.rs`) has no page of it in memory
+    /// after the page cache was dropped or reclaimed; a read that checks the fields after
+    /// its bytes then waits for one disk read, the two in flight together, instead of two
+    /// one after the other. Advice only: nothing changes if it fails.
+    pub fn prefetch_fields(&self, chunk: ChunkId) {
+        let _shared = self.read_lock(chunk);
+        if let Ok(Opened::Chunk(cf)) = self.open_chunk(chunk) {
+            cf.will_need(AT, LEN);
+        }
+    }
+
     fn meta_locked(&self, chunk: ChunkId) -> Result<Option<ChunkMeta>, DataError> {
         let Opened::Chunk(cf) = self.open_chunk(chunk)? else {
             return Ok(None);
