@@ -578,8 +578,10 @@ impl ConnCore {
             st.closed = Some(why.clone());
             std::mem::take(&mut st.pending)
         };
-        for (_, p) in pending {
-            let _ = p.tx.send(Err(TransportError::Disconnected {
+        for (_, Pending { tx, dest }) in pending {
+            // As in `complete`: the region goes before the waiter wakes.
+            drop(dest);
+            let _ = tx.send(Err(TransportError::Disconnected {
                 peer: self.peer.clone(),
                 why: why.clone(),
             }));

@@ -24,6 +24,9 @@ pub struct BufferPool {
     /// Buffers given back while the transport still held them; their permits are kept
     /// out of the semaphore until they rejoin `free`.
     held: Mutex<Vec<MemoryRegion>>,
+    /// Told when a buffer goes to `held`: a taker already waiting on the semaphore then
+    /// starts looking for it coming back.
+    set_aside: tokio::sync::Notify,
     permits: Arc<Semaphore>,
     buffer_bytes: usize,
 }
@@ -44,6 +47,7 @@ impl BufferPool {
         Ok(BufferPool {
             free: Mutex::new(free),
             held: Mutex::new(Vec::new()),
+            set_aside: tokio::sync::Notify::new(),
             permits: Arc::new(Semaphore::new(count)),
             buffer_bytes,
         })
@@ -59,12 +63,21 @@ impl BufferPool {
         let permit = loop {
             self.recover_held();
             let waiting = self.permits.clone().acquire_owned();
+            tokio::pin!(waiting);
+            let aside = self.set_aside.notified();
+            tokio::pin!(aside);
+            // Registered before `held` is looked at: a buffer set aside after the look
+            // still wakes this taker.
+            aside.as_mut().enable();
             let got = if self.held.lock().is_empty() {
-                Ok(waiting.await)
+                tokio::select! {
+                    p = &mut waiting => Some(p),
+                    () = &mut aside => None,
+                }
             } else {
-                tokio::time::timeout(HELD_RECHECK, waiting).await
+                tokio::time::timeout(HELD_RECHECK, &mut waiting).await.ok()
             };
-            if let Ok(permit) = got {
+            if let Some(permit) = got {
                 break permit.expect("the pool's semaphore is never closed");
             }
         };
@@ -119,8 +132,42 @@ impl Drop for PooledBuf<'_> {
                 p.forget();
             }
             self.pool.held.lock().push(mr);
+            self.pool.set_aside.notify_waiters();
         } else {
             self.pool.free.lock().push(mr);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Backend, TransportConfig};
+
+    /// A taker already waiting when the only buffer is set aside (the transport still
+    /// holds it) gets it once the transport lets go, with no other take to look.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiting_taker_gets_a_buffer_the_transport_lets_go_of() {
+        let ep = Endpoint::new(Backend::Tcp, TransportConfig::default(), 1).unwrap();
+        let pool = Arc::new(BufferPool::new(&ep, 1, 4096).unwrap());
+        let buf = pool.take().await;
+        let transport = buf.mr().clone();
+        let waiting = {
+            let pool = Arc::clone(&pool);
+            tokio::spawn(async move { pool.take().await.mr().addr() })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let addr = buf.mr().addr();
+        drop(buf);
+        assert_eq!(pool.held(), 1, "set aside while the transport holds it");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!waiting.is_finished(), "not handed out while held");
+        drop(transport);
+        let got = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the waiting taker was never woken")
+            .unwrap();
+        assert_eq!(got, addr);
+        assert_eq!(pool.held(), 0);
     }
 }

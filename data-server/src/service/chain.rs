@@ -271,7 +271,10 @@ impl Inner {
                         key: src.key,
                     };
                     let read = conn.read(part, &mr, 0);
-                    if let Err(e) = self.one_sided(OneSided::Read, u64::from(n), read).await {
+                    if let Err(e) = self
+                        .one_sided(conn, OneSided::Read, u64::from(n), read)
+                        .await
+                    {
                         // Earlier steps may have been stored: the version still moves.
                         result = Err(DataError::from(e));
                         break;

@@ -233,6 +233,7 @@ impl Inner {
     /// operation's round trip; on rdma, the NIC's until its completion).
     async fn one_sided(
         &self,
+        conn: &Connection,
         op: OneSided,
         bytes: u64,
         transfer: impl std::future::Future<Output = Result<(), TransportError>>,
@@ -241,6 +242,13 @@ impl Inner {
         let r = transfer.await;
         if let (Ok(()), Some(m)) = (&r, self.metrics.get()) {
             m.one_sided(op, bytes, started.elapsed());
+        }
+        if let Err(TransportError::TimedOut { .. }) = &r {
+            // The peer let a transfer run past its timeout: it may be receiving or
+            // sending it still, holding this server's buffer on the wire until it ends
+            // (`BufferPool` keeps such a buffer aside). Giving the connection up ends
+            // its reader and writer, and the buffer comes back; the peer connects again.
+            conn.abandon();
         }
         r
     }
@@ -570,7 +578,7 @@ impl Inner {
                 key: dest.key,
             };
             let write = conn.write(target, &mr, 0);
-            self.one_sided(OneSided::Write, u64::from(n), write)
+            self.one_sided(conn, OneSided::Write, u64::from(n), write)
                 .await
                 .map_err(DataError::from)?;
         }
@@ -591,6 +599,17 @@ impl Inner {
         };
         let store = self.store.clone();
         blocking(move || {
+            // A version that cannot move is refused before anything is cut.
+            if let Some(c) = boundary {
+                if let Some(m) = store.chunk_meta(c)? {
+                    if m.version == u64::MAX {
+                        return Err(DataError::InvalidArgument(format!(
+                            "{c}: its version cannot move past {}",
+                            m.version
+                        )));
+                    }
+                }
+            }
             store.truncate_file(inode, size, cs)?;
             if let Some(c) = boundary {
                 if let Some(m) = store.chunk_meta(c)? {

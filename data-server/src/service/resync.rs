@@ -5,6 +5,7 @@
 use super::{blocking, call_peer, Inner, MAX_LIST_CHUNKS};
 use crate::error::DataError;
 use crate::metrics::OneSided;
+use crate::store::list_order;
 use crate::store::ReplicaFields;
 use parking_lot::Mutex;
 use proto::data::{ChunkInfo, ChunkMeta, FetchChunk, ListChunks};
@@ -59,7 +60,7 @@ impl Inner {
                 key: dest.key,
             };
             let write = conn.write(target, &mr, 0);
-            self.one_sided(OneSided::Write, part.len() as u64, write)
+            self.one_sided(conn, OneSided::Write, part.len() as u64, write)
                 .await
                 .map_err(DataError::from)?;
         }
@@ -300,9 +301,9 @@ impl Resync {
                 break;
             };
             // Each page ends past the one before (in the store's order: bucket, inode,
-            // index): a source whose page ends where the last one did (broken, or
-            // hostile) would keep this pass going forever.
-            if after == Some(last) {
+            // index): a source whose pages do not move on (broken, or hostile) would
+            // keep this pass going forever.
+            if after.is_some_and(|a| list_order(last) <= list_order(a)) {
                 return Err(DataError::InvalidArgument(format!(
                     "{}: a page of {chain}'s chunks did not move past {}",
                     src.node,

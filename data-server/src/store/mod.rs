@@ -98,6 +98,7 @@ use io::{Found, IoOp};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use proto::{ChunkId, InodeId, NodeId};
 use removed::Removed;
+pub use replica::list_order;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -36,7 +36,7 @@ use super::io::{Found, IoOp};
 use super::{scan, ChunkStore};
 use crate::error::{DataError, IoContext};
 use proto::data::ChunkMeta;
-use proto::{ChainId, ChunkId};
+use proto::{ChainId, ChunkId, InodeId};
 use std::os::unix::fs::FileExt;
 
 pub(super) const AT: u64 = 24;
@@ -375,7 +375,7 @@ impl ChunkStore {
         after: Option<ChunkId>,
         limit: usize,
     ) -> Result<Vec<ChunkId>, DataError> {
-        let key = |c: ChunkId| (bucket_of(c.inode), c.inode, c.index);
+        let key = list_order;
         let start = after.map_or(0, |c| bucket_of(c.inode));
         let mut out = Vec::new();
         for b in start..=255u8 {
@@ -429,6 +429,12 @@ impl ChunkStore {
         }
         Ok(out)
     }
+}
+
+/// Where `chunk` comes in the order [`ChunkStore::list_after`] lists chunks: by bucket,
+/// then inode, then index.
+pub fn list_order(chunk: ChunkId) -> (u8, InodeId, u64) {
+    (bucket_of(chunk.inode), chunk.inode, chunk.index)
 }
 
 #[cfg(test)]
