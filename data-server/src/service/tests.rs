@@ -117,15 +117,7 @@ impl Served {
             Via::OneSided => {
                 let mr = self.client_ep.register(LEN).unwrap();
                 let grant = self.client.grant(&mr, 0, LEN, Access::RemoteWrite).unwrap();
-                let req = ReadChunk {
-                    chunk: CHUNK,
-                    place: PLACE,
-                    chunk_size_bytes: CHUNK_SIZE,
-                    offset: 0,
-                    len: LEN as u32,
-                    dest: grant.remote(),
-                    grant: None,
-                };
+                let req = one_sided(grant.remote());
                 tokio::spawn(async move {
                     let reply = tokio::time::timeout(CALL_TIMEOUT, call_peer(&conn, req))
                         .await
@@ -145,6 +137,19 @@ impl Served {
                 }
             }),
         }
+    }
+}
+
+/// A one-sided read of `LEN` bytes at the start of `CHUNK` into `dest`.
+fn one_sided(dest: proto::RemoteBuf) -> ReadChunk {
+    ReadChunk {
+        chunk: CHUNK,
+        place: PLACE,
+        chunk_size_bytes: CHUNK_SIZE,
+        offset: 0,
+        len: LEN as u32,
+        dest,
+        grant: None,
     }
 }
 
@@ -554,19 +559,11 @@ async fn a_stale_head_refuses_writes_busy_only_while_another_member_can_repair_i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_buffer_past_the_address_space_is_refused() {
     let s = served().await;
-    let req = ReadChunk {
-        chunk: CHUNK,
-        place: PLACE,
-        chunk_size_bytes: CHUNK_SIZE,
-        offset: 0,
-        len: LEN as u32,
-        dest: proto::RemoteBuf {
-            addr: u64::MAX - 10,
-            len: LEN as u64,
-            key: proto::MrKey(1),
-        },
-        grant: None,
-    };
+    let req = one_sided(proto::RemoteBuf {
+        addr: u64::MAX - 10,
+        len: LEN as u64,
+        key: proto::MrKey(1),
+    });
     let e = tokio::time::timeout(CALL_TIMEOUT, call_peer(&s.client, req))
         .await
         .expect("the read hung")
