@@ -25,7 +25,7 @@ use std::sync::Arc;
 /// Chunk files a store keeps open unless told otherwise ([`super::ChunkStore::keep_open`]):
 /// two descriptors each (buffered and `O_DIRECT`), well under the usual soft limit of
 /// 1024 descriptors per process.
-pub(crate) const DEFAULT_OPEN_CHUNK_FILES: usize = 256;
+pub const DEFAULT_OPEN_CHUNK_FILES: usize = 256;
 
 /// The most chunk files a server keeps open, whatever its descriptor limit: 16,384
 /// descriptors, a few tens of megabytes of kernel memory, the chunks of 32 GiB of data
