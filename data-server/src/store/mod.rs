@@ -88,8 +88,8 @@ mod removed;
 mod saved_usage;
 
 use crate::error::{DataError, IoContext};
-pub use cache::{open_files_for, DEFAULT_OPEN_CHUNK_FILES, MAX_OPEN_CHUNK_FILES};
 use cache::OpenFiles;
+pub use cache::{open_files_for, DEFAULT_OPEN_CHUNK_FILES, MAX_OPEN_CHUNK_FILES};
 use chunk::{measure, ChunkFile, Opened, WritePlan, DIRECT_MIN_CHUNK_BYTES};
 use dirs::{DirKey, DirtyDirs, MAX_DIRTY_DIRS};
 use format::{bucket_of, chunk_path, chunks_root, inode_dir, Geometry};
