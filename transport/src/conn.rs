@@ -610,21 +610,50 @@ impl ConnCore {
             core: self.clone(),
             _owner: None,
         };
-        let mut reply = handler.handle(conn, payload);
         // Poll once here: a handler that needs no waiting (an echo, a cached answer) is
         // answered without a hand-off to another task, which is a good part of a small
-        // call's round trip. A spawned task polls it again with a real waker.
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        if let std::task::Poll::Ready(r) = reply.as_mut().poll(&mut cx) {
-            drop(permit);
-            return self.finish_call(id, r);
-        }
+        // call's round trip. A spawned task polls it again with a real waker. A handler
+        // that panics, here or there, answers its call with an error: unwinding through
+        // the connection's reader would leave the connection open and deaf, its calls
+        // and the sessions the peer holds on it never ended.
+        let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut reply = handler.handle(conn, payload);
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            match reply.as_mut().poll(&mut cx) {
+                std::task::Poll::Ready(r) => Ok(r),
+                std::task::Poll::Pending => Err(reply),
+            }
+        }));
+        let mut reply = match first {
+            Ok(Ok(r)) => {
+                drop(permit);
+                return self.finish_call(id, r);
+            }
+            Ok(Err(reply)) => reply,
+            Err(_) => {
+                drop(permit);
+                return self.handler_panicked(id);
+            }
+        };
         let core = self.clone();
         tokio::spawn(async move {
-            let r = reply.await;
+            use futures::FutureExt;
+            let r = std::panic::AssertUnwindSafe(reply.as_mut())
+                .catch_unwind()
+                .await;
             drop(permit);
-            core.finish_call(id, r);
+            match r {
+                Ok(r) => core.finish_call(id, r),
+                Err(_) => core.handler_panicked(id),
+            }
         });
+    }
+
+    /// Answers call `id`, whose handler panicked (the panic was printed as it happened).
+    fn handler_panicked(self: &Arc<Self>, id: u64) {
+        warn!(peer = %self.peer, id, "a request's handler panicked: answered with an error");
+        let msg = "the server failed on this request (see its log)".to_string();
+        self.respond(id, Err((ErrorCode::Io, msg)));
     }
 
     fn finish_call(self: &Arc<Self>, id: u64, reply: Bytes) {

@@ -279,3 +279,40 @@ async fn a_timed_out_read_keeps_its_pooled_buffer_until_the_late_bytes_land() {
     assert_eq!(body[1], 1, "the buffer never came back");
     assert_eq!(&body[2..], &[0xbb; 64][..]);
 }
+
+/// A handler that panics, at once or after waiting, answers its call with an error; the
+/// connection goes on serving the next call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_panics_answers_with_an_error_and_the_connection_serves_on() {
+    use std::sync::Arc;
+    use transport::{Connection, Handler, HandlerFuture};
+
+    struct Panicky;
+    impl Handler for Panicky {
+        fn handle(&self, _conn: Connection, req: Bytes) -> HandlerFuture {
+            Box::pin(async move {
+                match req.first() {
+                    Some(1) => panic!("a handler's bug, at once"),
+                    Some(2) => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        panic!("a handler's bug, after waiting")
+                    }
+                    _ => req,
+                }
+            })
+        }
+    }
+
+    let ep = Endpoint::new(Backend::Tcp, TransportConfig::default(), APP).unwrap();
+    let l = ep.listen("127.0.0.1:0", Arc::new(Panicky)).await.unwrap();
+    let client = endpoint(Backend::Tcp, TransportConfig::default())
+        .connect(&l.local_addr().to_string())
+        .await
+        .unwrap();
+    for bad in [1u8, 2] {
+        let e = client.call(Bytes::from(vec![bad])).await.unwrap_err();
+        assert_eq!(e.code(), proto::ErrorCode::Io, "{e}");
+        let echo = client.call(Bytes::from_static(&[0, 7])).await.unwrap();
+        assert_eq!(&echo[..], &[0, 7]);
+    }
+}
