@@ -165,14 +165,7 @@ impl Inner {
                 w.chunk
             )));
         }
-        // A version at the top of its range (only a broken or hostile peer's
-        // `Replicate` could leave one) cannot move up: refused, never wrapped to 0.
-        let next = have.version.checked_add(1).ok_or_else(|| {
-            DataError::InvalidArgument(format!(
-                "{}: its version cannot move past {}",
-                w.chunk, have.version
-            ))
-        })?;
+        let next = next_version(w.chunk, have.version)?;
         let stamp = Stamp {
             chain: w.place.chain,
             version: next,
@@ -466,6 +459,15 @@ pub(super) fn readable_copy(store: &ChunkStore, chunk: ChunkId) -> Result<(), Da
         return Err(being_synced(chunk));
     }
     Ok(())
+}
+
+/// The version after `version` of `chunk`'s copy. A version at the top of its range
+/// (only a broken or hostile peer's `Replicate` could leave one) cannot move up: refused,
+/// never wrapped to 0.
+pub(super) fn next_version(chunk: ChunkId, version: u64) -> Result<u64, DataError> {
+    version.checked_add(1).ok_or_else(|| {
+        DataError::InvalidArgument(format!("{chunk}: its version cannot move past {version}"))
+    })
 }
 
 fn being_synced(chunk: ChunkId) -> DataError {

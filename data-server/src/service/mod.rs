@@ -599,33 +599,25 @@ impl Inner {
         };
         let store = self.store.clone();
         blocking(move || {
-            // A version that cannot move is refused before anything is cut.
-            if let Some(c) = boundary {
-                if let Some(m) = store.chunk_meta(c)? {
-                    if m.version == u64::MAX {
-                        return Err(DataError::InvalidArgument(format!(
-                            "{c}: its version cannot move past {}",
-                            m.version
-                        )));
-                    }
-                }
-            }
+            // The boundary chunk's state, read once: the cut changes its bytes, not it,
+            // and a version that cannot move is refused before anything is cut.
+            let moved = match boundary {
+                Some(c) => match store.chunk_meta(c)? {
+                    Some(m) => Some((
+                        c,
+                        ReplicaFields {
+                            chain: m.chain,
+                            version: chain::next_version(c, m.version)?,
+                            stale: m.stale,
+                        },
+                    )),
+                    None => None,
+                },
+                None => None,
+            };
             store.truncate_file(inode, size, cs)?;
-            if let Some(c) = boundary {
-                if let Some(m) = store.chunk_meta(c)? {
-                    let version = m.version.checked_add(1).ok_or_else(|| {
-                        DataError::InvalidArgument(format!(
-                            "{c}: its version cannot move past {}",
-                            m.version
-                        ))
-                    })?;
-                    let f = ReplicaFields {
-                        chain: m.chain,
-                        version,
-                        stale: m.stale,
-                    };
-                    store.set_replica(c, f)?;
-                }
+            if let Some((c, f)) = moved {
+                store.set_replica(c, f)?;
             }
             Ok(())
         })

@@ -156,6 +156,20 @@ fn data_len(chunk: ChunkId, geo: Geometry, len: u64) -> Result<u64, DataError> {
     Ok(data_len)
 }
 
+/// `posix_fadvise` of `file`'s bytes `[pos, pos + len)`: advice only, its failure changes
+/// nothing read.
+pub(super) fn advise(file: &File, pos: u64, len: usize, advice: libc::c_int) {
+    // SAFETY: plain system call on a descriptor the caller holds open.
+    unsafe {
+        libc::posix_fadvise(
+            file.as_raw_fd(),
+            pos as libc::off_t,
+            len as libc::off_t,
+            advice,
+        );
+    }
+}
+
 impl ChunkFile {
     /// Opens the chunk's file at `path` if there is one; `writable` opens it read-write.
     pub fn open(path: &Path, chunk: ChunkId, writable: bool) -> Result<Opened, DataError> {
@@ -395,24 +409,10 @@ impl ChunkFile {
         self.advise(pos, len, libc::POSIX_FADV_DONTNEED);
     }
 
-    /// Starts reading the file's bytes `[pos, pos + len)` into the page cache without
-    /// waiting for them (advice only).
-    pub fn will_need(&self, pos: u64, len: usize) {
-        self.advise(pos, len, libc::POSIX_FADV_WILLNEED);
-    }
-
     /// `posix_fadvise` of the file's bytes `[pos, pos + len)`: advice only, its failure
     /// changes nothing read.
     fn advise(&self, pos: u64, len: usize, advice: libc::c_int) {
-        // SAFETY: plain system call on a descriptor this file owns.
-        unsafe {
-            libc::posix_fadvise(
-                self.file.as_raw_fd(),
-                pos as libc::off_t,
-                len as libc::off_t,
-                advice,
-            );
-        }
+        advise(&self.file, pos, len, advice);
     }
 
     /// Opens the file's `O_DIRECT` descriptor (read-write). False if the file system

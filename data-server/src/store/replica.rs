@@ -238,11 +238,11 @@ impl ChunkStore {
     /// without waiting. A chunk file kept open (`cache.rs`) has no page of it in memory
     /// after the page cache was dropped or reclaimed; a read that checks the fields after
     /// its bytes then waits for one disk read, the two in flight together, instead of two
-    /// one after the other. Advice only: nothing changes if it fails.
+    /// one after the other. A file not kept open needs none: opening it reads that page
+    /// with its header. Advice only: nothing changes if it fails.
     pub fn prefetch_fields(&self, chunk: ChunkId) {
-        let _shared = self.read_lock(chunk);
-        if let Ok(Opened::Chunk(cf)) = self.open_chunk(chunk) {
-            cf.will_need(AT, LEN);
+        if let Some(((file, _), _)) = self.files.get(chunk) {
+            super::chunk::advise(&file, AT, LEN, libc::POSIX_FADV_WILLNEED);
         }
     }
 
