@@ -616,44 +616,33 @@ impl ConnCore {
         // that panics, here or there, answers its call with an error: unwinding through
         // the connection's reader would leave the connection open and deaf, its calls
         // and the sessions the peer holds on it never ended.
-        let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let mut reply = handler.handle(conn, payload);
-            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            match reply.as_mut().poll(&mut cx) {
-                std::task::Poll::Ready(r) => Ok(r),
-                std::task::Poll::Pending => Err(reply),
-            }
-        }));
-        let mut reply = match first {
-            Ok(Ok(r)) => {
-                drop(permit);
-                return self.finish_call(id, r);
-            }
-            Ok(Err(reply)) => reply,
-            Err(_) => {
-                drop(permit);
-                return self.handler_panicked(id);
-            }
-        };
+        use futures::FutureExt;
+        let mut reply = Box::pin(
+            std::panic::AssertUnwindSafe(async move { handler.handle(conn, payload).await })
+                .catch_unwind(),
+        );
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if let std::task::Poll::Ready(r) = reply.as_mut().poll(&mut cx) {
+            drop(permit);
+            return self.answer_call(id, r);
+        }
         let core = self.clone();
         tokio::spawn(async move {
-            use futures::FutureExt;
-            let r = std::panic::AssertUnwindSafe(reply.as_mut())
-                .catch_unwind()
-                .await;
+            let r = reply.await;
             drop(permit);
-            match r {
-                Ok(r) => core.finish_call(id, r),
-                Err(_) => core.handler_panicked(id),
-            }
+            core.answer_call(id, r);
         });
     }
 
-    /// Answers call `id`, whose handler panicked (the panic was printed as it happened).
-    fn handler_panicked(self: &Arc<Self>, id: u64) {
-        warn!(peer = %self.peer, id, "a request's handler panicked: answered with an error");
-        let msg = "the server failed on this request (see its log)".to_string();
-        self.respond(id, Err((ErrorCode::Io, msg)));
+    /// Answers call `id` with its handler's reply, or with an error if the handler
+    /// panicked (the panic was printed as it happened).
+    fn answer_call(self: &Arc<Self>, id: u64, reply: std::thread::Result<Bytes>) {
+        let Ok(reply) = reply else {
+            warn!(peer = %self.peer, id, "a request's handler panicked: answered with an error");
+            let msg = "the server failed on this request (see its log)".to_string();
+            return self.respond(id, Err((ErrorCode::Io, msg)));
+        };
+        self.finish_call(id, reply);
     }
 
     fn finish_call(self: &Arc<Self>, id: u64, reply: Bytes) {
