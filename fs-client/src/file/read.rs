@@ -26,8 +26,12 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use transport::{MemoryRegion, PooledBuf};
 
-/// Buffer-sized windows of one large `Client::read_into` kept in flight at once.
-const WINDOWS_IN_FLIGHT: usize = 8;
+/// Buffer-sized windows of one large `Client::read_into` kept in flight at once (each
+/// holds one buffer of the I/O pool while it runs, so the pool bounds it too). A cold
+/// large read is then spread over several chunk files on each data server at once: a
+/// disk given one chunk's reads at a time waits at every chunk boundary, where the
+/// kernel's readahead of the last file ends and the next file's has not begun.
+const WINDOWS_IN_FLIGHT: usize = 32;
 
 /// One aligned segment of a file, fetched (or being fetched) into a registered buffer.
 pub(crate) struct CacheSeg {
