@@ -40,6 +40,10 @@ With torch the data set is also read as uint8 tensors (what a data loader hands 
                           client
 A worker's `bytes` cross to the main process through a pipe (pickled, two copies); a
 tensor in shared memory crosses as a handle.
+
+Before every timed phase the machine is let settle as scripts/bench.sh does (`settle`):
+the data servers delete a removed data set's chunks in the background, and a phase run
+meanwhile (the local checkpoint first) would share the disk with that deletion.
 """
 
 import argparse
@@ -48,12 +52,64 @@ import multiprocessing as mp
 import os
 import random
 import shutil
+import sys
 import time
 
 MIB = 1 << 20
 
 
+# `settle`: at most this long, until SETTLE_QUIET_S seconds in a row each had under
+# 4 MiB written to the bench disk, the disk busy under 10% of the time and under half a
+# core busy (scripts/bench.sh's rule).
+SETTLE_MAX_S = 60
+SETTLE_QUIET_S = 2
+# The bench disk's (major, minor), set by `main` from --local; None: no settling.
+BENCH_DISK = None
+# Seconds each settle waited, in phase order, for the results.
+SETTLED = []
+
+
+def disk_counts():
+    """(sectors written, ms busy) of the bench disk, from /proc/diskstats."""
+    with open("/proc/diskstats") as f:
+        for line in f:
+            v = line.split()
+            if (int(v[0]), int(v[1])) == BENCH_DISK:
+                return int(v[9]), int(v[12])
+    return 0, 0
+
+
+def cpu_busy_ticks():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return v[0] + v[1] + v[2] + v[5] + v[6]
+
+
+def settle():
+    """Waits until the machine is quiet (see SETTLE_MAX_S); returns the seconds waited."""
+    if BENCH_DISK is None:
+        return 0
+    hz = os.sysconf("SC_CLK_TCK")
+    quiet = waited = 0
+    w0, b0 = disk_counts()
+    c0 = cpu_busy_ticks()
+    while quiet < SETTLE_QUIET_S and waited < SETTLE_MAX_S:
+        time.sleep(1)
+        waited += 1
+        w1, b1 = disk_counts()
+        c1 = cpu_busy_ticks()
+        calm = (w1 - w0) * 512 < 4 * MIB and b1 - b0 < 100 and c1 - c0 < hz // 2
+        quiet = quiet + 1 if calm else 0
+        w0, b0, c0 = w1, b1, c1
+    if quiet < SETTLE_QUIET_S:
+        print(f"the machine did not settle within {SETTLE_MAX_S} s; measuring anyway",
+              file=sys.stderr, flush=True)
+    SETTLED.append(waited)
+    return waited
+
+
 def drop_caches():
+    settle()
     os.sync()
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3\n")
@@ -434,6 +490,9 @@ def main():
     p.add_argument("--copies", type=int, default=3)
     p.add_argument("--out", required=True)
     a = p.parse_args()
+    global BENCH_DISK
+    dev = os.stat(a.local).st_dev
+    BENCH_DISK = (os.major(dev), os.minor(dev))
     try:
         import torch  # noqa: F401
 
@@ -473,6 +532,7 @@ def main():
     ):
         drop_caches()
         res[name] = fn()
+    res["settled-s"] = SETTLED
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
 

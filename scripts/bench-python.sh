@@ -103,7 +103,9 @@ import json, sys
 r = json.load(open(sys.argv[1])); copies = int(sys.argv[2]); rev = sys.argv[3]
 mib = lambda k: r[k][0] / r[k][1] / 2**20
 print(f"# Python package benchmark ({rev}, {'torch' if r['torch'] else 'numpy, no torch'})\n")
-print(f"{r['files']} files, {r['workers']} workers, checkpoint {r['ckpt_mib']} MiB, {copies} copies; caches dropped before each phase.\n")
+settled = r.get("settled-s", [])
+calm = f" after the machine settled (disk and CPUs quiet for 2 s; waits {sum(settled)} s in all, at most {max(settled, default=0)})" if settled else ""
+print(f"{r['files']} files, {r['workers']} workers, checkpoint {r['ckpt_mib']} MiB, {copies} copies; caches dropped before each phase{calm}.\n")
 print("| phase | MiB/s |\n| --- | --- |")
 for k in ["dataset-write", "dataset-local", "dataset-loopback", "dataset-package-plain",
           "dataset-local-loader", "dataset-warm-loader", "dataset-mount", "dataset-package",
