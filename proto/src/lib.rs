@@ -53,6 +53,16 @@ pub const MAX_NAME_BYTES: usize = 255;
 /// Longest symlink target, in bytes (`PATH_MAX`).
 pub const MAX_SYMLINK_BYTES: usize = 4096;
 
+/// The largest length a file may have, and so the furthest a byte of it may end: the
+/// largest `off_t` (`i64::MAX`). Past it Linux answers `EFBIG`, and so do the client and
+/// the metadata server.
+pub const MAX_FILE_BYTES: u64 = i64::MAX as u64;
+
+/// The end of `len` bytes at `offset`, if it is within [`MAX_FILE_BYTES`].
+pub fn file_end(offset: u64, len: u64) -> Option<u64> {
+    offset.checked_add(len).filter(|&e| e <= MAX_FILE_BYTES)
+}
+
 /// Namespaces an extended attribute name may start with. `system.` is left out: its
 /// names (POSIX ACLs above all) are enforced by the kernel only for file systems that
 /// ask for it, so storing them would pretend to a protection nobody applies; refusing
@@ -109,4 +119,18 @@ pub struct RemoteBuf {
     pub len: u64,
     /// Remote key granted by the owner for this slice.
     pub key: MrKey,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_ends_at_the_largest_off_t() {
+        assert_eq!(file_end(MAX_FILE_BYTES - 1, 1), Some(MAX_FILE_BYTES));
+        assert_eq!(file_end(MAX_FILE_BYTES, 0), Some(MAX_FILE_BYTES));
+        assert_eq!(file_end(MAX_FILE_BYTES, 1), None);
+        assert_eq!(file_end(u64::MAX, 1), None);
+        assert_eq!(file_end(4096, 4096), Some(8192));
+    }
 }

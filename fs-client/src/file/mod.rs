@@ -521,10 +521,7 @@ fn space_seen_suffices(
 
 /// Refuses ranges whose end does not fit a file offset.
 fn check_range(offset: u64, len: u64) -> Result<u64> {
-    offset
-        .checked_add(len)
-        .filter(|&e| e <= i64::MAX as u64)
-        .ok_or_else(|| ClientError::TooLarge("offset too large".into()))
+    proto::file_end(offset, len).ok_or_else(|| ClientError::TooLarge("offset too large".into()))
 }
 
 impl DataPath {
@@ -696,9 +693,7 @@ impl Client {
     pub async fn fallocate(&self, fh: &FileHandle, offset: u64, len: u64, mode: i32) -> Result<()> {
         // The length it checks and grows must include this mount's appends.
         self.place_appends(&fh.state).await;
-        let end = offset
-            .checked_add(len)
-            .filter(|&e| e <= i64::MAX as u64)
+        let end = proto::file_end(offset, len)
             .ok_or_else(|| ClientError::TooLarge("range too large".into()))?;
         let keep = libc::FALLOC_FL_KEEP_SIZE;
         let (punch, zero) = (libc::FALLOC_FL_PUNCH_HOLE, libc::FALLOC_FL_ZERO_RANGE);

@@ -133,12 +133,9 @@ impl ReadBuf<'_> {
 }
 
 /// Refuses a read of `len` bytes at `offset` that would end past the largest offset a
-/// file has (`i64::MAX`).
+/// file has ([`proto::MAX_FILE_BYTES`]).
 fn fits_file(offset: u64, len: usize) -> Result<()> {
-    let fits = offset
-        .checked_add(len as u64)
-        .is_some_and(|end| end <= i64::MAX as u64);
-    if !fits {
+    if proto::file_end(offset, len as u64).is_none() {
         return Err(ClientError::TooLarge(format!(
             "{len} bytes at offset {offset}"
         )));

@@ -334,9 +334,7 @@ impl Namespace {
                 )));
             }
             let offset = rec.size;
-            rec.size = offset
-                .checked_add(len)
-                .filter(|&e| e <= i64::MAX as u64)
+            rec.size = proto::file_end(offset, len)
                 .ok_or_else(|| MetaError::TooBig(format!("append of {len} bytes to {ino}")))?;
             let now = now();
             rec.mtime = now;
@@ -543,10 +541,10 @@ impl Namespace {
     }
 }
 
-/// `size` as a regular file's length: at most `i64::MAX`, the largest `off_t`, as an
-/// append's end is (EFBIG beyond, as Linux answers a length past what a file can hold).
+/// `size` as a regular file's length: at most [`proto::MAX_FILE_BYTES`], as an append's
+/// end is (EFBIG beyond, as Linux answers a length past what a file can hold).
 fn checked_size(size: u64, ino: InodeId) -> Result<u64, MetaError> {
-    if size > i64::MAX as u64 {
+    if size > proto::MAX_FILE_BYTES {
         return Err(MetaError::TooBig(format!(
             "a length of {size} bytes for {ino}"
         )));

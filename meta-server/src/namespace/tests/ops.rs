@@ -558,7 +558,7 @@ fn commit_keeps_the_largest_size(kind: StoreKind) {
     assert_eq!(b.size, 100, "a late, shorter commit never shrinks the file");
     // A length past the largest `off_t` is EFBIG, by commit or by setattr, and the
     // file keeps its length (a status sums lengths; nothing may wrap).
-    let huge = i64::MAX as u64 + 1;
+    let huge = proto::MAX_FILE_BYTES + 1;
     assert_eq!(
         code(ns.commit(f.ino, Commit::length(huge, t))),
         ErrorCode::TooBig
