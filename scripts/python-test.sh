@@ -42,6 +42,7 @@ run_pytest() {
     TESSERA_TEST_META=$(cat "$state/meta.addr") \
     TESSERA_TEST_KEY="$state/keys/admin.key" \
     TESSERA_TEST_MOUNT="$mnt" \
+    TESSERA_TEST_BIN="$target/debug/tessera" \
       "$py" -m pytest -q -rs -p no:cacheprovider "$@")
 }
 install_package "$venv"

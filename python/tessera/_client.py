@@ -47,9 +47,15 @@ def _register(holder: object) -> None:
 
 
 def _fspath(path) -> str:
+    """`path` as text, refused as `os` refuses it: a NUL byte is a ValueError, the empty
+    path names nothing (FileNotFoundError)."""
     p = os.fspath(path)
     if isinstance(p, bytes):
         p = os.fsdecode(p)
+    if "\0" in p:
+        raise ValueError("embedded null byte")
+    if not p:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), p)
     return p
 
 
@@ -275,24 +281,24 @@ class Tessera:
         return self.stat(path, follow_symlinks=False)
 
     def exists(self, path) -> bool:
-        """As `os.path.exists`: False for a name that cannot be reached too (a file
-        taken for a directory, a dangling link)."""
+        """As `os.path.exists`: False for a name that cannot be reached (a file taken for
+        a directory, a dangling link, a directory that may not be searched, a NUL)."""
         try:
             self.stat(path)
-        except (FileNotFoundError, NotADirectoryError):
+        except (OSError, ValueError):
             return False
         return True
 
     def isdir(self, path) -> bool:
         try:
             return statmod.S_ISDIR(self.stat(path).st_mode)
-        except (FileNotFoundError, NotADirectoryError):
+        except (OSError, ValueError):
             return False
 
     def isfile(self, path) -> bool:
         try:
             return statmod.S_ISREG(self.stat(path).st_mode)
-        except (FileNotFoundError, NotADirectoryError):
+        except (OSError, ValueError):
             return False
 
     def listdir(self, path="/") -> list[str]:
@@ -313,17 +319,48 @@ class Tessera:
             entries.append(e)
         return _ScandirIterator(entries)
 
-    def walk(self, top="/") -> Iterator[tuple[str, list[str], list[str]]]:
-        """`os.walk` of `top`, top-down."""
+    def walk(self, top="/", topdown=True, onerror=None,
+             followlinks=False) -> Iterator[tuple[str, list[str], list[str]]]:
+        """`os.walk` of `top`: (directory, its subdirectories, its other names) for each
+        directory under it. As `os.walk`: a link to a directory is listed with the
+        directories and entered only with `followlinks`; a directory that cannot be
+        listed (`top` too) is passed to `onerror` if given and skipped; top-down, the
+        caller may prune the subdirectories' list in place."""
         stack = [_fspath(top)]
         while stack:
             d = stack.pop()
-            dirs, files = [], []
-            for e in self.scandir(d):
-                (dirs if e.is_dir(follow_symlinks=False) else files).append(e.name)
-            yield d, dirs, files
+            if isinstance(d, tuple):  # bottom-up: its subdirectories are done
+                yield d
+                continue
+            dirs, files, into = [], [], []
+            try:
+                entries = list(self.scandir(d))
+            except OSError as e:
+                if onerror is not None:
+                    onerror(e)
+                continue
+            for e in entries:
+                try:
+                    is_dir = e.is_dir()
+                except OSError:
+                    is_dir = False
+                (dirs if is_dir else files).append(e.name)
+                if is_dir and not topdown and (followlinks or not e.is_symlink()):
+                    into.append(e.path)
             base = d.rstrip("/")
-            stack.extend(f"{base}/{n}" for n in reversed(dirs))
+            if topdown:
+                yield d, dirs, files
+                for name in reversed(dirs):
+                    p = f"{base}/{name}"
+                    try:
+                        enter = followlinks or not statmod.S_ISLNK(self.lstat(p).st_mode)
+                    except OSError:
+                        enter = False
+                    if enter:
+                        stack.append(p)
+            else:
+                stack.append((d, dirs, files))
+                stack.extend(reversed(into))
 
     def mkdir(self, path, mode: int = 0o777) -> None:
         """Makes directory `path` (FileExistsError if it exists)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import io
+import operator
 import os
 import threading
 
@@ -19,6 +20,9 @@ from . import _client
 #: takes the GIL and may wait on the network, carry very little; 1 MiB amortizes that
 #: while staying small next to the native client's own segment buffers.
 DEFAULT_BUFFER_SIZE = 1 << 20
+
+#: The largest position a file has (`off_t`'s largest value, as for a local file).
+MAX_OFFSET = (1 << 63) - 1
 
 
 def parse_mode(mode: str) -> dict:
@@ -134,7 +138,15 @@ class TesseraFile(io.RawIOBase):
     def read(self, size: int = -1) -> bytes:
         if size is None or size < 0:
             return self.readall()
-        buf = bytearray(size)
+        self._checkClosed()
+        if not self._readable:
+            raise io.UnsupportedOperation("File not open for reading")
+        # No more memory than the file has past the position (a large `size` on a small
+        # file would otherwise allocate and zero all of it); a file another client grew
+        # meanwhile gives its new bytes at the next read.
+        with self._lock:
+            left = max(self._file().len() - self._pos, 0)
+        buf = bytearray(min(size, left))
         n = self.readinto(buf)
         del buf[n:]
         return bytes(buf)
@@ -171,6 +183,8 @@ class TesseraFile(io.RawIOBase):
     # The position.
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        # As FileIO: an integer (TypeError otherwise, nothing moved).
+        offset = operator.index(offset)
         self._checkClosed()
         with self._lock:
             if whence == io.SEEK_SET:
@@ -184,6 +198,9 @@ class TesseraFile(io.RawIOBase):
             pos = base + offset
             if pos < 0:
                 raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), self.name)
+            if pos > MAX_OFFSET:
+                # As FileIO, whose `off_t` cannot hold it; the position stays.
+                raise OverflowError(f"seek to {pos}: past the largest file offset")
             self._pos = pos
             return pos
 
@@ -196,7 +213,8 @@ class TesseraFile(io.RawIOBase):
     def flush(self) -> None:
         """Sends buffered writes and commits the length: other clients and mounts see
         the bytes written so far after this."""
-        if self.closed or self._native is None or self._native.closed:
+        self._checkClosed()
+        if self._native is None or self._native.closed:
             return
         if self._writable:
             self._native.flush()

@@ -9,11 +9,18 @@ top of fsspec (pandas, Hugging Face `datasets`, Ray, ...) reach the cluster dire
 from __future__ import annotations
 
 import errno
+import os
+import posixpath
 import stat as statmod
 
 from fsspec.spec import AbstractFileSystem
 
 from ._client import Tessera, _split_url
+
+
+def _has_magic(path) -> bool:
+    """Whether `path` is a glob pattern (as fsspec's `expand_path` reads it)."""
+    return isinstance(path, str) and any(c in path for c in "*?[")
 
 
 class TesseraFileSystem(AbstractFileSystem):
@@ -93,7 +100,7 @@ class TesseraFileSystem(AbstractFileSystem):
             return lst
         try:
             return self.client.stat(path)
-        except FileNotFoundError:
+        except OSError:  # dangling, a loop (ELOOP), through a file (ENOTDIR), ...
             return lst
 
     def info(self, path, **kwargs):
@@ -145,7 +152,15 @@ class TesseraFileSystem(AbstractFileSystem):
         if self.auto_mkdir and "r" not in mode:
             self.client.makedirs(self._parent(p), exist_ok=True)
         buffering = -1 if block_size in (None, "default") else block_size
-        return self.client.open(p, mode, buffering=buffering)
+        f = self.client.open(p, mode, buffering=buffering)
+        if "r" in mode and "+" not in mode:
+            # fsspec's file objects carry their length (`read_block` and dask read it).
+            try:
+                f.size = self.client.stat(p).st_size
+            except BaseException:
+                f.close()
+                raise
+        return f
 
     def cat_file(self, path, start=None, end=None, **kwargs):
         p = self._strip_protocol(path)
@@ -185,6 +200,9 @@ class TesseraFileSystem(AbstractFileSystem):
     def mkdir(self, path, create_parents=True, **kwargs):
         p = self._strip_protocol(path)
         if create_parents:
+            # As fsspec's local and memory file systems: an existing name is an error.
+            if self.client.exists(p):
+                raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), p)
             self.client.makedirs(p, exist_ok=True)
         else:
             self.client.mkdir(p)
@@ -232,8 +250,24 @@ class TesseraFileSystem(AbstractFileSystem):
                 self._rm(p)
 
     def mv(self, path1, path2, recursive=False, maxdepth=None, **kwargs):
-        """An atomic rename (of a file or a whole directory), not a copy and delete."""
-        self.client.rename(self._strip_protocol(path1), self._strip_protocol(path2))
+        """Atomic renames (each of a file or a whole directory), not a copy and delete.
+        As fsspec's other file systems move: into `path2` when it is an existing
+        directory or when several sources are named (a list or a glob; `path2` is made
+        then), the missing parents made first with `auto_mkdir`."""
+        dest = self._strip_protocol(path2)
+        several = isinstance(path1, (list, tuple)) or _has_magic(path1)
+        if several:
+            sources = [self._strip_protocol(p) for p in self.expand_path(path1)]
+            if self.auto_mkdir:
+                self.client.makedirs(dest, exist_ok=True)
+        else:
+            sources = [self._strip_protocol(path1)]
+        into = several or self.client.isdir(dest)
+        for src in sources:
+            target = posixpath.join(dest, posixpath.basename(src.rstrip("/"))) if into else dest
+            if self.auto_mkdir and not into:
+                self.client.makedirs(self._parent(target), exist_ok=True)
+            self.client.rename(src, target)
 
     def cp_file(self, path1, path2, **kwargs):
         p1, p2 = self._strip_protocol(path1), self._strip_protocol(path2)

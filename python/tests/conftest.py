@@ -55,6 +55,12 @@ def mount() -> str:
 
 
 @pytest.fixture(scope="session")
+def tessera_bin() -> str:
+    """The `tessera` binary of the test cluster (for `tessera key` and the like)."""
+    return _env("TESSERA_TEST_BIN")
+
+
+@pytest.fixture(scope="session")
 def fs(meta_addr, key_file) -> tessera.Tessera:
     return tessera.connect(meta_addr, key_file=key_file)
 

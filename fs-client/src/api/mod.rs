@@ -383,15 +383,30 @@ impl Tessera {
     }
 
     /// Creates a directory and every missing one above it; a directory that exists
-    /// already is fine, anything else under one of the names fails.
+    /// already is fine, anything else under one of the names fails (`ENOTDIR` above the
+    /// last, `EEXIST` for the last), as `mkdir -p` does. Only missing directories are
+    /// made, so existing ones need no write permission in their parents.
     pub fn create_dir_all(&self, path: &str, mode: u32) -> Result<()> {
         let names = path::components(path)?;
         for end in 1..=names.len() {
             let at = path::canonical(&names[..end]);
+            match self.metadata(&at) {
+                Ok(m) if m.is_dir() => continue,
+                Ok(_) if end < names.len() => return Err(not_a_directory(&at)),
+                Ok(_) => {
+                    return Err(refused(
+                        ErrorCode::AlreadyExists,
+                        format!("{at:?} exists and is not a directory"),
+                    ))
+                }
+                Err(e) if e.errno() == libc::ENOENT => {}
+                Err(e) => return Err(e),
+            }
             match self.create_dir(&at, mode) {
                 Ok(()) => {}
+                // Made meanwhile by another client, or a dangling link (EEXIST).
                 Err(e) if e.errno() == libc::EEXIST => {
-                    if !self.metadata(&at)?.is_dir() {
+                    if !self.metadata(&at).is_ok_and(|m| m.is_dir()) {
                         return Err(e);
                     }
                 }
@@ -448,6 +463,13 @@ impl Tessera {
         sh.block_on(async {
             let (p1, n1) = sh.parent(from, ErrorCode::Busy).await?;
             let (p2, n2) = sh.parent(to, ErrorCode::Busy).await?;
+            if path::wants_dir(from) || path::wants_dir(to) {
+                // "f/" names a directory: rename(2) of anything else so is ENOTDIR.
+                let attr = sh.client.lookup(p1, n1.as_bytes()).await?;
+                if attr.kind != FileKind::Directory {
+                    return Err(not_a_directory(from));
+                }
+            }
             let (k1, k2) = (canonical_of(from)?, canonical_of(to)?);
             let forget = || {
                 sh.paths.forget_under(&k1);

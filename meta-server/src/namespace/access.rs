@@ -69,11 +69,19 @@ impl Namespace {
         perm::check(c, &m, R, "list the directory")
     }
 
-    /// Adding `name` to `dir` (mkdir, mknod, symlink). A malformed name is refused
-    /// first, as a local path walk refuses it before any permission check.
+    /// Adding `name` to `dir` (mkdir, mknod, symlink, link). A malformed name is refused
+    /// first, as a local path walk refuses it before any permission check; then, as
+    /// Linux's `filename_create` and `may_create` order them: search (EACCES), a name
+    /// that exists (the method's `AlreadyExists`, EEXIST, even where the caller could not
+    /// write: `mkdir -p` of an existing directory relies on it), then write.
     pub(super) fn may_add(&self, c: &Caller, dir: InodeId, name: &[u8]) -> Result<(), MetaError> {
         check_name(name)?;
-        let m = self.reads().dir(dir)?.mode();
+        let r = self.reads();
+        let m = r.dir(dir)?.mode();
+        perm::check(c, &m, X, "search the directory")?;
+        if r.dirent(dir, name)?.is_some() {
+            return Ok(());
+        }
         perm::may_create(c, &m)
     }
 

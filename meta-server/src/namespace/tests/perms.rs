@@ -98,7 +98,24 @@ fn names_need_search_and_write_on_the_directory(kind: StoreKind) {
         perm: 0o755,
     };
     assert_eq!(as_user(ns, ALICE, bad), Some(ErrorCode::InvalidArgument));
-    assert_eq!(as_user(ns, 0, sub), None);
+    assert_eq!(as_user(ns, 0, sub.clone()), None);
+    // An existing name is EEXIST before the write check (Linux's order; `mkdir -p` of
+    // an existing directory relies on it), but not before the search check.
+    let exists = Some(ErrorCode::AlreadyExists);
+    assert_eq!(as_user(ns, ALICE, sub), exists);
+    let again = fs::Symlink {
+        parent: open,
+        name: b"d".to_vec(),
+        target: b"t".to_vec(),
+    };
+    assert_eq!(as_user(ns, ALICE, again), exists);
+    mkdir(ns, 0, private, "inner", 0o755);
+    let hidden = fs::Mkdir {
+        parent: private,
+        name: b"inner".to_vec(),
+        perm: 0o755,
+    };
+    assert_eq!(as_user(ns, ALICE, hidden), EACCES);
 }
 
 fn opens_are_checked_against_the_mode(kind: StoreKind) {
