@@ -4,6 +4,7 @@ call by call (found by an audit that ran each against a local file or LocalFileS
 `mv` into directories, `walk`'s arguments, the errors of odd paths, and the raw file
 object's `seek`, `read` and `flush`."""
 
+import errno
 import os
 import subprocess
 import tracemalloc
@@ -245,3 +246,8 @@ def test_raw_read_does_not_commit_the_size_asked_for(fs, base):
         finally:
             tracemalloc.stop()
     assert peak < 1 << 20  # FileIO.read(256 MiB) of 5 bytes allocates no such buffer
+
+def test_stat_of_a_name_longer_than_255_bytes_is_enametoolong(fs, base):
+    with pytest.raises(OSError) as e:  # Linux: lookup of a 300-byte name
+        fs.stat(f"{base}/" + "a" * 300)
+    assert e.value.errno == errno.ENAMETOOLONG

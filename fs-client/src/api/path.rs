@@ -27,6 +27,16 @@ pub fn components(path: &str) -> Result<Vec<&str>> {
             ".." => {
                 names.pop();
             }
+            // As a path walk: a name longer than a directory entry holds is
+            // ENAMETOOLONG wherever it stands, not a name that is missing.
+            n if n.len() > proto::MAX_NAME_BYTES => {
+                let msg = format!(
+                    "a name of {} bytes is longer than {}",
+                    n.len(),
+                    proto::MAX_NAME_BYTES
+                );
+                return Err(refused(ErrorCode::NameTooLong, msg));
+            }
             n => names.push(n),
         }
     }
@@ -102,6 +112,10 @@ mod tests {
         assert!(components("a\0b").is_err());
         let long = components(&"x".repeat(MAX_PATH_BYTES + 1)).unwrap_err();
         assert_eq!(long.errno(), libc::ENAMETOOLONG);
+        let name = "n".repeat(proto::MAX_NAME_BYTES);
+        assert_eq!(components(&format!("/a/{name}")).unwrap(), ["a", &name]);
+        let over = format!("/a/{name}n/..");
+        assert_eq!(components(&over).unwrap_err().errno(), libc::ENAMETOOLONG);
     }
 
     #[test]
