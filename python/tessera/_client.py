@@ -214,13 +214,14 @@ class Tessera:
     # Files
 
     def open(self, path, mode: str = "rb", buffering: int = -1, encoding=None,
-             errors=None, newline=None):
+             errors=None, newline=None, closefd: bool = True, opener=None):
         """Opens `path` like the built-in `open`: a `TesseraFile` (an `io.RawIOBase`)
         with `buffering=0`, else wrapped in `io.BufferedReader`/`Writer`/`Random`, and
         in `io.TextIOWrapper` in text mode."""
         from ._file import open_file
 
-        return open_file(self, _fspath(path), mode, buffering, encoding, errors, newline)
+        return open_file(self, _fspath(path), mode, buffering, encoding, errors, newline,
+                         closefd, opener, name=os.fspath(path))
 
     def read_bytes(self, path) -> bytes:
         """The whole of file `path`."""
@@ -301,14 +302,19 @@ class Tessera:
         except (OSError, ValueError):
             return False
 
-    def listdir(self, path="/") -> list[str]:
-        """The names in directory `path`, without "." and ".."."""
-        return [name for name, _ino, _kind in self._native().read_dir(_fspath(path))]
+    def listdir(self, path="/") -> list:
+        """The names in directory `path`, without "." and ".." (`bytes` for a `bytes`
+        path, as `os.listdir`)."""
+        names = [name for name, _ino, _kind in self._native().read_dir(_fspath(path))]
+        if isinstance(os.fspath(path), bytes):
+            return [os.fsencode(n) for n in names]
+        return names
 
     def scandir(self, path="/") -> _ScandirIterator:
         """The entries of directory `path` as `DirEntry` objects (name, path, is_dir(),
         is_file(), stat())."""
         p = _fspath(path)
+        as_bytes = isinstance(os.fspath(path), bytes)
         entries = []
         # The attributes come with the listing: stat() of an entry (not following a
         # link) costs no call, as os.scandir's d_type answers is_dir() for free.
@@ -316,6 +322,8 @@ class Tessera:
             e = DirEntry(self, p, n, i, k)
             if st is not None:
                 e._stat = _stat_result(st)
+            if as_bytes:  # as os.scandir of a bytes path: bytes names and paths
+                e.name, e.path = os.fsencode(e.name), os.fsencode(e.path)
             entries.append(e)
         return _ScandirIterator(entries)
 

@@ -12,6 +12,7 @@ import io
 import operator
 import os
 import threading
+import warnings
 
 from . import _client
 
@@ -46,7 +47,10 @@ def parse_mode(mode: str) -> dict:
         "create_new": kind == "x",
         "truncate": kind == "w",
         "binary": "b" in chars,
-        "raw_mode": {"r": "rb", "w": "wb", "x": "xb", "a": "ab"}[kind] + ("+" if plus else ""),
+        # As FileIO names its modes: a file open for reading and writing that is
+        # neither created new nor appended to is "rb+" ("w+b" included).
+        "raw_mode": ({"r": "rb", "w": "rb", "x": "xb", "a": "ab"}[kind] + "+") if plus
+        else {"r": "rb", "w": "wb", "x": "xb", "a": "ab"}[kind],
     }
 
 
@@ -263,10 +267,21 @@ class _FlushingRandom(io.BufferedRandom):
             self.raw.flush()
 
 
-def open_file(fs, path: str, mode: str, buffering: int, encoding, errors, newline):
-    """`Tessera.open`: the file object the built-in `open` would return for `mode`."""
+def open_file(fs, path: str, mode: str, buffering: int, encoding, errors, newline,
+              closefd: bool = True, opener=None, name=None):
+    """`Tessera.open`: the file object the built-in `open` would return for `mode`.
+    `name`: what the file object's `name` says (the path as given, `bytes` too)."""
     flags = parse_mode(mode)
     binary = flags["binary"]
+    if not closefd:
+        raise ValueError("Cannot use closefd=False with file name")
+    if opener is not None:
+        raise ValueError("a Tessera file has no descriptor for an opener to make")
+    if buffering < 0:
+        buffering = -1
+    if buffering == 1 and binary:
+        warnings.warn("line buffering (buffering=1) isn't supported in binary mode, the "
+                      "default buffer size will be used", RuntimeWarning, stacklevel=3)
     if binary and (encoding is not None or errors is not None or newline is not None):
         raise ValueError("binary mode doesn't take an encoding, errors or newline argument")
     if buffering == 0 and not binary:
@@ -280,7 +295,7 @@ def open_file(fs, path: str, mode: str, buffering: int, encoding, errors, newlin
         create_new=flags["create_new"],
         truncate=flags["truncate"],
     )
-    raw = TesseraFile(fs, native, path, flags)
+    raw = TesseraFile(fs, native, path if name is None else name, flags)
     if buffering == 0:
         return raw
     size = DEFAULT_BUFFER_SIZE if buffering in (-1, 1) else buffering

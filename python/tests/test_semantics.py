@@ -247,7 +247,38 @@ def test_raw_read_does_not_commit_the_size_asked_for(fs, base):
             tracemalloc.stop()
     assert peak < 1 << 20  # FileIO.read(256 MiB) of 5 bytes allocates no such buffer
 
+def test_listdir_and_scandir_of_bytes_give_bytes(fs, base):
+    fs.write_bytes(f"{base}/f", b"x")
+    assert fs.listdir(base.encode()) == [b"f"]
+    (e,) = list(fs.scandir(base.encode()))
+    assert e.name == b"f" and e.path == base.encode() + b"/f"
+    assert e.is_file() and e.stat().st_size == 1
+
+
 def test_stat_of_a_name_longer_than_255_bytes_is_enametoolong(fs, base):
     with pytest.raises(OSError) as e:  # Linux: lookup of a 300-byte name
         fs.stat(f"{base}/" + "a" * 300)
     assert e.value.errno == errno.ENAMETOOLONG
+
+
+def test_open_takes_any_negative_buffering_and_the_other_keywords(fs, base):
+    fs.write_bytes(f"{base}/f", b"hello")
+    with fs.open(f"{base}/f", "rb", buffering=-2) as f:  # built-in open: default size
+        assert f.read() == b"hello"
+    with fs.open(f"{base}/f", "rb", closefd=True, opener=None) as f:
+        assert f.read() == b"hello"
+    with pytest.raises(ValueError):  # built-in open of a name with closefd=False
+        fs.open(f"{base}/f", "rb", closefd=False)
+
+
+def test_mode_and_name_attributes(fs, base, tmp_path):
+    for mode in ("w+b", "r+b", "a+b", "wb", "ab"):
+        with open(tmp_path / "f", mode) as local, fs.open(f"{base}/f", mode) as remote:
+            assert remote.mode == local.mode, mode  # FileIO: "rb+" for "w+b"
+    with fs.open(f"{base}/f".encode(), "rb") as f:
+        assert f.name == f"{base}/f".encode()  # open(bytes).name is the bytes
+
+
+def test_binary_line_buffering_warns(fs, base):
+    with pytest.warns(RuntimeWarning):
+        fs.open(f"{base}/f", "wb", buffering=1).close()
