@@ -334,7 +334,12 @@ class Tessera:
         directories and entered only with `followlinks`; a directory that cannot be
         listed (`top` too) is passed to `onerror` if given and skipped; top-down, the
         caller may prune the subdirectories' list in place."""
-        stack = [_fspath(top)]
+        try:
+            stack = [_fspath(top)]
+        except OSError as e:  # the empty path: os.walk("") yields nothing
+            if onerror is not None:
+                onerror(e)
+            return
         while stack:
             d = stack.pop()
             if isinstance(d, tuple):  # bottom-up: its subdirectories are done
@@ -363,7 +368,9 @@ class Tessera:
                     try:
                         enter = followlinks or not statmod.S_ISLNK(self.lstat(p).st_mode)
                     except OSError:
-                        enter = False
+                        # Gone, or a name the caller added: its listing fails and goes
+                        # to `onerror`, as os.walk's does.
+                        enter = True
                     if enter:
                         stack.append(p)
             else:

@@ -154,9 +154,10 @@ class TesseraFileSystem(AbstractFileSystem):
         buffering = -1 if block_size in (None, "default") else block_size
         f = self.client.open(p, mode, buffering=buffering)
         if "r" in mode and "+" not in mode:
-            # fsspec's file objects carry their length (`read_block` and dask read it).
+            # fsspec's file objects carry their length (`read_block` and dask read it):
+            # the open file's own, whatever the name leads to meanwhile.
             try:
-                f.size = self.client.stat(p).st_size
+                f.size = getattr(f, "raw", f).stat().st_size
             except BaseException:
                 f.close()
                 raise
@@ -189,10 +190,14 @@ class TesseraFileSystem(AbstractFileSystem):
 
     def pipe_file(self, path, value, mode="overwrite", **kwargs):
         p = self._strip_protocol(path)
-        if mode == "create" and self.client.exists(p):
-            raise FileExistsError(p)
         if self.auto_mkdir:
             self.client.makedirs(self._parent(p), exist_ok=True)
+        if mode == "create":
+            # An exclusive create: an existing file is never truncated, whatever a
+            # look beforehand would have said.
+            with self.client.open(p, "xb") as f:
+                f.write(value)
+            return
         self.client.write_bytes(p, value)
 
     # Namespace changes.
@@ -250,24 +255,46 @@ class TesseraFileSystem(AbstractFileSystem):
                 self._rm(p)
 
     def mv(self, path1, path2, recursive=False, maxdepth=None, **kwargs):
-        """Atomic renames (each of a file or a whole directory), not a copy and delete.
-        As fsspec's other file systems move: into `path2` when it is an existing
-        directory or when several sources are named (a list or a glob; `path2` is made
-        then), the missing parents made first with `auto_mkdir`."""
+        """Atomic renames (each of a file or a whole directory), not a copy and delete,
+        to where fsspec's `AbstractFileSystem.mv` would put them: one source into
+        `path2` when that is an existing directory (or ends with "/"), else as
+        `path2`; a glob's matches under `path2` by their paths below what they share, a
+        list's by their last names. Missing parents are made with `auto_mkdir`; a
+        name that exists and looks like a glob (`run[1].csv`) is taken as itself."""
+        if path1 == path2:
+            return
         dest = self._strip_protocol(path2)
-        several = isinstance(path1, (list, tuple)) or _has_magic(path1)
-        if several:
-            sources = [self._strip_protocol(p) for p in self.expand_path(path1)]
-            if self.auto_mkdir:
-                self.client.makedirs(dest, exist_ok=True)
+        dest_dir = isinstance(path2, str) and path2.endswith("/")
+        if isinstance(path1, str) and (not _has_magic(path1) or self._lexists(path1)):
+            src = self._strip_protocol(path1)
+            if src == dest:
+                return
+            if dest_dir or self.client.isdir(dest):
+                dest = posixpath.join(dest, posixpath.basename(src))
+            pairs = [(src, dest)]
         else:
-            sources = [self._strip_protocol(path1)]
-        into = several or self.client.isdir(dest)
-        for src in sources:
-            target = posixpath.join(dest, posixpath.basename(src.rstrip("/"))) if into else dest
-            if self.auto_mkdir and not into:
+            from fsspec.utils import other_paths
+
+            sources = [self._strip_protocol(p) for p in self.expand_path(path1)]
+            glob = isinstance(path1, str)
+            # As AbstractFileSystem.copy: a glob with one match lands inside `path2`.
+            targets = other_paths(sources, dest, exists=glob and len(sources) == 1,
+                                  flatten=not glob)
+            if len(set(targets)) < len(targets):
+                raise ValueError(f"mv: two of {sources} would land on the same name under "
+                                 f"{dest}")
+            pairs = list(zip(sources, targets))
+        for src, target in pairs:
+            if self.auto_mkdir:
                 self.client.makedirs(self._parent(target), exist_ok=True)
             self.client.rename(src, target)
+
+    def _lexists(self, path) -> bool:
+        try:
+            self.client.lstat(self._strip_protocol(path))
+        except (OSError, ValueError):
+            return False
+        return True
 
     def cp_file(self, path1, path2, **kwargs):
         p1, p2 = self._strip_protocol(path1), self._strip_protocol(path2)

@@ -90,15 +90,23 @@ def _import_torch():
 
 
 def _list_files(fs: Tessera, source) -> list[str]:
-    """The files of `source`: a list of paths as given, or every file under a folder,
-    sorted (so every worker and rank sees the same order). In a folder, names that
+    """The files of `source`: a list of paths as given, or every file under a folder
+    (links to folders followed; a folder that cannot be listed raises), sorted (so
+    every worker and rank sees the same order). In a folder, names that
     start with '.' are left out, files and directories alike: the temporary file of a
     `save` that was killed (`.NAME.tmp-...`), editors' and tools' own files, and a
     folder's metadata directories are not samples."""
     if isinstance(source, (str, os.PathLike)):
         top = _fspath(source)
         files = []
-        for d, dirs, names in fs.walk(top):
+
+        def fail(e: OSError):
+            # A folder that cannot be listed (a typo, EIO, no permission) is an error,
+            # not a data set without its files.
+            raise e
+
+        # Links to folders are followed, as torchvision's ImageFolder walks.
+        for d, dirs, names in fs.walk(top, onerror=fail, followlinks=True):
             dirs[:] = [n for n in dirs if not n.startswith(".")]
             base = d.rstrip("/")
             files.extend(f"{base}/{n}" for n in names if not n.startswith("."))

@@ -282,3 +282,54 @@ def test_mode_and_name_attributes(fs, base, tmp_path):
 def test_binary_line_buffering_warns(fs, base):
     with pytest.warns(RuntimeWarning):
         fs.open(f"{base}/f", "wb", buffering=1).close()
+
+
+def test_fsspec_mv_of_a_glob_keeps_the_paths_below_what_the_matches_share(ffs, base):
+    ffs.pipe({f"{base}/x/a/f.txt": b"1", f"{base}/x/b/f.txt": b"2"})
+    ffs.mv(f"{base}/x/*/f.txt", f"{base}/d/")  # AbstractFileSystem.mv: no flattening
+    assert ffs.cat(f"{base}/d/a/f.txt") == b"1" and ffs.cat(f"{base}/d/b/f.txt") == b"2"
+
+
+def test_fsspec_mv_takes_an_existing_name_that_looks_like_a_glob_as_itself(ffs, base):
+    ffs.pipe_file(f"{base}/run[1].csv", b"r")
+    ffs.pipe_file(f"{base}/run1.csv", b"other")
+    ffs.mv(f"{base}/run[1].csv", f"{base}/new.csv")
+    assert ffs.cat(f"{base}/new.csv") == b"r" and ffs.cat(f"{base}/run1.csv") == b"other"
+
+
+def test_fsspec_mv_onto_itself_or_under_a_new_directory(ffs, base):
+    ffs.pipe_file(f"{base}/d/f", b"x")
+    ffs.mv(f"{base}/d", f"{base}/d")  # the same path: nothing moves
+    ffs.mv(f"{base}/d/f", f"{base}/missing/")  # a trailing "/": into it, made
+    assert ffs.cat(f"{base}/missing/f") == b"x"
+
+
+def test_fsspec_pipe_file_create_never_truncates(ffs, base):
+    ffs.pipe_file(f"{base}/f", b"kept")
+    with pytest.raises(FileExistsError):
+        ffs.pipe_file(f"{base}/f", b"new", mode="create")
+    assert ffs.cat(f"{base}/f") == b"kept"
+
+
+def test_walk_reports_what_it_cannot_list(fs, base):
+    assert list(fs.walk("")) == []  # os.walk("") yields nothing
+    fs.makedirs(f"{base}/a")
+    seen = []
+    for d, dirs, _ in fs.walk(base, onerror=seen.append):
+        if d == base:
+            dirs.append("added")  # os.walk lists it, fails, tells onerror
+    assert [type(e) for e in seen] == [FileNotFoundError]
+
+
+def test_a_data_set_folder_that_cannot_be_listed_is_an_error(fs, base):
+    from tessera.torch import _list_files  # importable without torch
+
+    with pytest.raises(FileNotFoundError):
+        _list_files(fs, f"{base}/no-such-folder")
+    fs.makedirs(f"{base}/shards/one")
+    fs.write_bytes(f"{base}/shards/one/s0", b"x")
+    fs.makedirs(f"{base}/elsewhere")
+    fs.write_bytes(f"{base}/elsewhere/s1", b"y")
+    fs.symlink(f"{base}/elsewhere", f"{base}/shards/two")  # followed, as ImageFolder does
+    assert _list_files(fs, f"{base}/shards") == [f"{base}/shards/one/s0",
+                                                 f"{base}/shards/two/s1"]

@@ -404,12 +404,14 @@ impl Tessera {
             }
             match self.create_dir(&at, mode) {
                 Ok(()) => {}
-                // Made meanwhile by another client, or a dangling link (EEXIST).
-                Err(e) if e.errno() == libc::EEXIST => {
-                    if !self.metadata(&at).is_ok_and(|m| m.is_dir()) {
-                        return Err(e);
-                    }
-                }
+                // Made meanwhile by another client (fine), or a link that leads
+                // nowhere (the EEXIST stands); any other failure to look is its own.
+                Err(e) if e.errno() == libc::EEXIST => match self.metadata(&at) {
+                    Ok(m) if m.is_dir() => {}
+                    Ok(_) => return Err(e),
+                    Err(m) if matches!(m.errno(), libc::ENOENT | libc::ELOOP) => return Err(e),
+                    Err(m) => return Err(m),
+                },
                 Err(e) => return Err(e),
             }
         }

@@ -72,15 +72,20 @@ impl Namespace {
     /// Adding `name` to `dir` (mkdir, mknod, symlink, link). A malformed name is refused
     /// first, as a local path walk refuses it before any permission check; then, as
     /// Linux's `filename_create` and `may_create` order them: search (EACCES), a name
-    /// that exists (the method's `AlreadyExists`, EEXIST, even where the caller could not
-    /// write: `mkdir -p` of an existing directory relies on it), then write.
+    /// that exists (EEXIST, even where the caller could not write: `mkdir -p` of an
+    /// existing directory relies on it, and before the device and link rules too),
+    /// then write. The name's existence is answered here, as of this read: a method that
+    /// found it gone later must not skip the write check.
     pub(super) fn may_add(&self, c: &Caller, dir: InodeId, name: &[u8]) -> Result<(), MetaError> {
         check_name(name)?;
         let r = self.reads();
         let m = r.dir(dir)?.mode();
         perm::check(c, &m, X, "search the directory")?;
         if r.dirent(dir, name)?.is_some() {
-            return Ok(());
+            return Err(MetaError::AlreadyExists(format!(
+                "{} in {dir}",
+                crate::error::show(name)
+            )));
         }
         perm::may_create(c, &m)
     }
@@ -143,7 +148,12 @@ impl Namespace {
         let target = r.dirent(new_dir, new_name)?;
         match target {
             Some(_) => self.may_remove(c, new_dir, new_name)?,
-            None => self.may_add(c, new_dir, new_name)?,
+            // Write and search on the directory whatever happens to the name meanwhile
+            // (`may_add`'s EEXIST is no answer for a rename, which replaces it).
+            None => {
+                check_name(new_name)?;
+                perm::may_create(c, &r.dir(new_dir)?.mode())?
+            }
         }
         if dir == new_dir {
             return Ok(());

@@ -109,6 +109,24 @@ fn names_need_search_and_write_on_the_directory(kind: StoreKind) {
         target: b"t".to_vec(),
     };
     assert_eq!(as_user(ns, ALICE, again), exists);
+    // Before the device rule (EPERM for a non-root device node) and the hard-link rule
+    // too, as Linux's `filename_create` comes first.
+    let device = fs::MkNod {
+        parent: open,
+        name: b"d".to_vec(),
+        kind: proto::FileKind::CharDevice,
+        perm: 0o644,
+        rdev: 0,
+    };
+    assert_eq!(as_user(ns, ALICE, device), exists);
+    let secret = file(ns, 0, ROOT, "secret", 0o600);
+    let hard = fs::Link {
+        ino: secret,
+        new_parent: open,
+        new_name: b"d".to_vec(),
+        kernel_checked: false,
+    };
+    assert_eq!(as_user(ns, ALICE, hard), exists);
     mkdir(ns, 0, private, "inner", 0o755);
     let hidden = fs::Mkdir {
         parent: private,
