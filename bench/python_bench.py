@@ -70,13 +70,14 @@ SETTLED = []
 
 
 def disk_counts():
-    """(sectors written, ms busy) of the bench disk, from /proc/diskstats."""
+    """(sectors written, ms busy) of the bench disk from /proc/diskstats; None if it has
+    no line there (a file system on no block device of its own: btrfs, overlayfs)."""
     with open("/proc/diskstats") as f:
         for line in f:
             v = line.split()
             if (int(v[0]), int(v[1])) == BENCH_DISK:
                 return int(v[9]), int(v[12])
-    return 0, 0
+    return None
 
 
 def cpu_busy_ticks():
@@ -87,7 +88,7 @@ def cpu_busy_ticks():
 
 def settle():
     """Waits until the machine is quiet (see SETTLE_MAX_S); returns the seconds waited."""
-    if BENCH_DISK is None:
+    if BENCH_DISK is None or disk_counts() is None:
         return 0
     hz = os.sysconf("SC_CLK_TCK")
     quiet = waited = 0
@@ -104,6 +105,7 @@ def settle():
     if quiet < SETTLE_QUIET_S:
         print(f"the machine did not settle within {SETTLE_MAX_S} s; measuring anyway",
               file=sys.stderr, flush=True)
+        waited = -waited  # the results say which phases never settled
     SETTLED.append(waited)
     return waited
 
@@ -491,8 +493,13 @@ def main():
     p.add_argument("--out", required=True)
     a = p.parse_args()
     global BENCH_DISK
+    os.makedirs(a.local, exist_ok=True)
     dev = os.stat(a.local).st_dev
     BENCH_DISK = (os.major(dev), os.minor(dev))
+    if disk_counts() is None:
+        print(f"{a.local} is on no disk of /proc/diskstats: phases start without settling",
+              file=sys.stderr, flush=True)
+        BENCH_DISK = None
     try:
         import torch  # noqa: F401
 

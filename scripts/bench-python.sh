@@ -104,7 +104,9 @@ r = json.load(open(sys.argv[1])); copies = int(sys.argv[2]); rev = sys.argv[3]
 mib = lambda k: r[k][0] / r[k][1] / 2**20
 print(f"# Python package benchmark ({rev}, {'torch' if r['torch'] else 'numpy, no torch'})\n")
 settled = r.get("settled-s", [])
-calm = f" after the machine settled (disk and CPUs quiet for 2 s; waits {sum(settled)} s in all, at most {max(settled, default=0)})" if settled else ""
+never = sum(1 for s in settled if s < 0)
+calm = (f" after the machine settled (disk and CPUs quiet for 2 s; waits {sum(abs(s) for s in settled)} s in all, at most {max((abs(s) for s in settled), default=0)}"
+        + (f"; {never} of them ended at 60 s unsettled" if never else "") + ")") if settled else " (the bench disk was not found in /proc/diskstats: no settling)"
 print(f"{r['files']} files, {r['workers']} workers, checkpoint {r['ckpt_mib']} MiB, {copies} copies; caches dropped before each phase{calm}.\n")
 print("| phase | MiB/s |\n| --- | --- |")
 for k in ["dataset-write", "dataset-local", "dataset-loopback", "dataset-package-plain",
