@@ -52,6 +52,31 @@ fn file(ns: &Namespace, uid: u32, parent: InodeId, name: &str, perm: u32) -> Ino
     o.attr.ino
 }
 
+fn mkdir_req(parent: InodeId, name: &str) -> fs::Mkdir {
+    fs::Mkdir {
+        parent,
+        name: name.into(),
+        perm: 0o755,
+    }
+}
+
+fn symlink_req(parent: InodeId, name: &str) -> fs::Symlink {
+    fs::Symlink {
+        parent,
+        name: name.into(),
+        target: b"t".to_vec(),
+    }
+}
+
+fn link_req(ino: InodeId, new_parent: InodeId, name: &str, kernel_checked: bool) -> fs::Link {
+    fs::Link {
+        ino,
+        new_parent,
+        new_name: name.into(),
+        kernel_checked,
+    }
+}
+
 const EACCES: Option<ErrorCode> = Some(ErrorCode::PermissionDenied);
 const EPERM: Option<ErrorCode> = Some(ErrorCode::NotPermitted);
 
@@ -77,38 +102,20 @@ fn names_need_search_and_write_on_the_directory(kind: StoreKind) {
     };
     assert_eq!(as_user(ns, ALICE, listing(private)), EACCES);
     assert_eq!(as_user(ns, ALICE, listing(open)), None);
-    let sub = fs::Mkdir {
-        parent: open,
-        name: b"d".to_vec(),
-        perm: 0o755,
-    };
+    let sub = mkdir_req(open, "d");
     assert_eq!(as_user(ns, ALICE, sub.clone()), EACCES);
     let new = create_req(open, "f", 0o644, OpenAccess::Write);
     assert_eq!(as_user(ns, ALICE, new), EACCES);
-    let link = fs::Symlink {
-        parent: open,
-        name: b"l".to_vec(),
-        target: b"t".to_vec(),
-    };
-    assert_eq!(as_user(ns, ALICE, link), EACCES);
+    assert_eq!(as_user(ns, ALICE, symlink_req(open, "l")), EACCES);
     // A malformed name is refused before any permission check, as a path walk does.
-    let bad = fs::Mkdir {
-        parent: open,
-        name: b"a/b".to_vec(),
-        perm: 0o755,
-    };
+    let bad = mkdir_req(open, "a/b");
     assert_eq!(as_user(ns, ALICE, bad), Some(ErrorCode::InvalidArgument));
     assert_eq!(as_user(ns, 0, sub.clone()), None);
     // An existing name is EEXIST before the write check (Linux's order; `mkdir -p` of
     // an existing directory relies on it), but not before the search check.
     let exists = Some(ErrorCode::AlreadyExists);
     assert_eq!(as_user(ns, ALICE, sub), exists);
-    let again = fs::Symlink {
-        parent: open,
-        name: b"d".to_vec(),
-        target: b"t".to_vec(),
-    };
-    assert_eq!(as_user(ns, ALICE, again), exists);
+    assert_eq!(as_user(ns, ALICE, symlink_req(open, "d")), exists);
     // Before the device rule (EPERM for a non-root device node) and the hard-link rule
     // too, as Linux's `filename_create` comes first.
     let device = fs::MkNod {
@@ -120,20 +127,12 @@ fn names_need_search_and_write_on_the_directory(kind: StoreKind) {
     };
     assert_eq!(as_user(ns, ALICE, device), exists);
     let secret = file(ns, 0, ROOT, "secret", 0o600);
-    let hard = fs::Link {
-        ino: secret,
-        new_parent: open,
-        new_name: b"d".to_vec(),
-        kernel_checked: false,
-    };
-    assert_eq!(as_user(ns, ALICE, hard), exists);
+    assert_eq!(
+        as_user(ns, ALICE, link_req(secret, open, "d", false)),
+        exists
+    );
     mkdir(ns, 0, private, "inner", 0o755);
-    let hidden = fs::Mkdir {
-        parent: private,
-        name: b"inner".to_vec(),
-        perm: 0o755,
-    };
-    assert_eq!(as_user(ns, ALICE, hidden), EACCES);
+    assert_eq!(as_user(ns, ALICE, mkdir_req(private, "inner")), EACCES);
 }
 
 fn opens_are_checked_against_the_mode(kind: StoreKind) {
@@ -290,13 +289,10 @@ fn hard_links_to_others_files_follow_the_kernels_rule_or_the_servers(kind: Store
     assert_eq!(as_user(ns, BOB, link("by-mount", true)), None);
     // The directory's own permissions hold either way.
     let closed = mkdir(ns, 0, ROOT, "closed", 0o755);
-    let into_closed = fs::Link {
-        ino: theirs,
-        new_parent: closed,
-        new_name: b"x".to_vec(),
-        kernel_checked: true,
-    };
-    assert_eq!(as_user(ns, BOB, into_closed), EACCES);
+    assert_eq!(
+        as_user(ns, BOB, link_req(theirs, closed, "x", true)),
+        EACCES
+    );
 }
 
 fn attributes_and_xattrs_follow_their_owners(kind: StoreKind) {
