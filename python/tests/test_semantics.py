@@ -333,3 +333,18 @@ def test_a_data_set_folder_that_cannot_be_listed_is_an_error(fs, base):
     fs.symlink(f"{base}/elsewhere", f"{base}/shards/two")  # followed, as ImageFolder does
     assert _list_files(fs, f"{base}/shards") == [f"{base}/shards/one/s0",
                                                  f"{base}/shards/two/s1"]
+
+
+def test_rename_of_a_path_ending_in_a_dot_is_ebusy(fs, base, tmp_path):
+    for mk, root, ren in ((os.makedirs, str(tmp_path), os.rename),
+                          (fs.makedirs, base, fs.rename)):
+        mk(f"{root}/a")
+        got = []
+        for src, dst in (("a/.", "b"), ("a/..", "b"), ("a", "."), ("missing/.", "b")):
+            try:
+                ren(f"{root}/{src}", f"{root}/{dst}")
+                got.append(None)
+            except OSError as e:
+                got.append(e.errno)
+        assert got == [errno.EBUSY, errno.EBUSY, errno.EBUSY, errno.ENOENT], root
+    assert fs.isdir(f"{base}/a") and not fs.exists(f"{base}/b")

@@ -461,6 +461,25 @@ impl Tessera {
     }
 
     fn rename_as(&self, from: &str, to: &str, mode: RenameMode) -> Result<()> {
+        if path::ends_in_dot(from) || path::ends_in_dot(to) {
+            // "d/." or "d/..", which must not be read as "d": rename(2) walks both
+            // paths first (ENOENT, ENOTDIR, ...), then refuses them, EBUSY (EEXIST for
+            // such a target of a no-replace rename).
+            let sh = self.sh();
+            for p in [from, to] {
+                if path::ends_in_dot(p) {
+                    self.metadata(p)?;
+                } else {
+                    sh.block_on(sh.parent(p, ErrorCode::Busy))?;
+                }
+            }
+            let code = match mode {
+                RenameMode::NoReplace if !path::ends_in_dot(from) => ErrorCode::AlreadyExists,
+                _ => ErrorCode::Busy,
+            };
+            let msg = format!("rename of {from:?} to {to:?}: a path ends in . or ..");
+            return Err(refused(code, msg));
+        }
         let sh = self.sh();
         sh.block_on(async {
             let (p1, n1) = sh.parent(from, ErrorCode::Busy).await?;

@@ -50,6 +50,15 @@ pub fn split_last(path: &str) -> Result<Option<(Vec<&str>, &str)>> {
     Ok(names.pop().map(|last| (names, last)))
 }
 
+/// Whether the last name of `path` is "." or ".." (`rename(2)` refuses such a path,
+/// once the walk reached it, with `EBUSY`).
+pub fn ends_in_dot(path: &str) -> bool {
+    matches!(
+        path.trim_end_matches('/').rsplit('/').next(),
+        Some("." | "..")
+    )
+}
+
 /// Whether `path` can only name a directory: it ends in "/", "/." or "/.." (so
 /// `remove_file("f/")` fails with `ENOTDIR`, as `unlink(2)` does).
 pub fn wants_dir(path: &str) -> bool {
@@ -133,6 +142,16 @@ mod tests {
         }
         for p in ["/a", "a", "/a/.b", ""] {
             assert!(!wants_dir(p), "{p}");
+        }
+    }
+
+    #[test]
+    fn a_last_name_of_dot_or_dot_dot_is_seen_past_slashes() {
+        for p in ["a/.", "/a/..", "a/./", ".", "..//"] {
+            assert!(ends_in_dot(p), "{p}");
+        }
+        for p in ["/a", "a/", "/", "", "a/.b", "..a"] {
+            assert!(!ends_in_dot(p), "{p}");
         }
     }
 
