@@ -4,7 +4,10 @@
 //! A check reads the records, then the request's method reads them again under the
 //! mutation lock, so a `chmod` or `rename` landing between the two is not seen by the
 //! check (a local file system holds the directory's lock across both). `create`
-//! checks under the lock, with the records it changes.
+//! checks under the lock, with the records it changes (`Namespace::create_as`). A
+//! check that finds the name it is about missing (a remove) or present (an add)
+//! answers so itself, as of its read: a method that then found otherwise must not
+//! act without the check that applies to what it found.
 
 use super::names::check_name;
 use super::perm::{self, Held, Mode, XattrAccess, R, W, X};
@@ -28,7 +31,7 @@ impl InodeRecord {
 }
 
 /// Checks an open of `rec` for `access` (and `truncate`, which needs write).
-fn check_open(
+pub(super) fn check_open(
     c: &Caller,
     rec: &InodeRecord,
     access: OpenAccess,
@@ -97,19 +100,25 @@ impl Namespace {
         perm::may_create(c, &m)
     }
 
-    /// Removing `name` from `dir` (unlink, rmdir): search first (EACCES), then a
-    /// missing name is the method's `NotFound`, then write and the sticky rule.
+    /// Removing `name` from `dir` (unlink, rmdir): a malformed name (EINVAL), search
+    /// (EACCES), a missing name (`NotFound`, answered here as of this read: a name that
+    /// appeared before the method ran is not removed without the checks below), then
+    /// write and the sticky rule.
     pub(super) fn may_remove(
         &self,
         c: &Caller,
         dir: InodeId,
         name: &[u8],
     ) -> Result<(), MetaError> {
+        check_name(name)?;
         let r = self.reads();
         let d = r.dir(dir)?.mode();
         perm::check(c, &d, X, "search the directory")?;
         let Some(entry) = r.dirent(dir, name)? else {
-            return Ok(());
+            return Err(MetaError::NotFound(format!(
+                "{} in {dir}",
+                crate::error::show(name)
+            )));
         };
         let Some(victim) = r.try_inode(InodeId(entry.ino))? else {
             return Ok(());
@@ -146,14 +155,18 @@ impl Namespace {
         self.may_remove(c, dir, name)?;
         let r = self.reads();
         let target = r.dirent(new_dir, new_name)?;
+        // A target that goes meanwhile is added, not replaced: write and search on its
+        // directory (`may_add`'s EEXIST is no answer for a rename, which replaces).
+        let add = || -> Result<(), MetaError> {
+            check_name(new_name)?;
+            perm::may_create(c, &r.dir(new_dir)?.mode())
+        };
         match target {
-            Some(_) => self.may_remove(c, new_dir, new_name)?,
-            // Write and search on the directory whatever happens to the name meanwhile
-            // (`may_add`'s EEXIST is no answer for a rename, which replaces it).
-            None => {
-                check_name(new_name)?;
-                perm::may_create(c, &r.dir(new_dir)?.mode())?
-            }
+            Some(_) => match self.may_remove(c, new_dir, new_name) {
+                Err(MetaError::NotFound(_)) => add()?,
+                other => other?,
+            },
+            None => add()?,
         }
         if dir == new_dir {
             return Ok(());
@@ -171,31 +184,6 @@ impl Namespace {
             moved_dir(target)?;
         }
         Ok(())
-    }
-
-    /// A create of `name` in `dir`: search on the directory, then write on it for a
-    /// new file, or the open's access to an existing one (a new file is opened
-    /// whatever its mode, as `open(O_CREAT)` does).
-    pub(super) fn may_create_file(
-        &self,
-        c: &Caller,
-        dir: InodeId,
-        name: &[u8],
-        access: OpenAccess,
-    ) -> Result<(), MetaError> {
-        check_name(name)?;
-        let r = self.reads();
-        let d = r.dir(dir)?.mode();
-        perm::check(c, &d, X, "search the directory")?;
-        match r.dirent(dir, name)?.map(|e| r.try_inode(InodeId(e.ino))) {
-            Some(Ok(Some(rec))) if rec.kind == FileKind::Regular => {
-                check_open(c, &rec, access, false)
-            }
-            // Not a regular file, or gone meanwhile: the create answers for it.
-            Some(Ok(_)) => Ok(()),
-            Some(Err(e)) => Err(e),
-            None => perm::may_create(c, &d),
-        }
     }
 
     /// An open of `ino`.

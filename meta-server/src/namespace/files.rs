@@ -28,7 +28,8 @@ pub struct SessionOwner {
 
 impl Namespace {
     /// Creates regular file `name` in `parent` for `caller` and opens it; opens an
-    /// existing regular file of that name instead, unless `exclusive`.
+    /// existing regular file of that name instead, unless `exclusive`. No permission
+    /// check: [`Self::create_as`] is the request's.
     pub fn create(
         &self,
         parent: InodeId,
@@ -38,10 +39,32 @@ impl Namespace {
         exclusive: bool,
         owner: SessionOwner,
     ) -> Result<Opened, MetaError> {
+        self.create_as(parent, name, perm, caller, exclusive, owner, false)
+    }
+
+    /// [`Self::create`], with the caller's permissions checked (`checked`) under the
+    /// lock and on the records the create acts on, in `open(O_CREAT)`'s order: search
+    /// on the directory, then (an existing file) `O_EXCL`'s EEXIST and the open's
+    /// access to the file, or (a new file) write on the directory. A new file is
+    /// opened whatever its mode.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn create_as(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        perm: u32,
+        caller: Caller,
+        exclusive: bool,
+        owner: SessionOwner,
+        checked: bool,
+    ) -> Result<Opened, MetaError> {
         check_name(name)?;
         let mut st = self.state.lock();
         let mut txn = self.begin(&st);
         let parent_rec = txn.dir(parent)?;
+        if checked {
+            perm::check(&caller, &parent_rec.mode(), perm::X, "search the directory")?;
+        }
         let existing = txn.dirent(parent, name)?;
         let (ino, rec, parent_after) = match existing {
             Some(_) if exclusive => {
@@ -60,12 +83,19 @@ impl Namespace {
                     d.kind
                 )));
             }
-            Some(d) => (
-                InodeId(d.ino),
-                txn.inode(InodeId(d.ino))?,
-                parent_rec.clone(),
-            ),
-            None => self.new_file(&mut txn, parent, &parent_rec, name, perm, caller)?,
+            Some(d) => {
+                let rec = txn.inode(InodeId(d.ino))?;
+                if checked {
+                    super::access::check_open(&caller, &rec, owner.access, false)?;
+                }
+                (InodeId(d.ino), rec, parent_rec.clone())
+            }
+            None => {
+                if checked {
+                    perm::may_create(&caller, &parent_rec.mode())?;
+                }
+                self.new_file(&mut txn, parent, &parent_rec, name, perm, caller)?
+            }
         };
         let cut_tail = tail_duty(&st, &txn, ino, &rec)?;
         let session = reserve_session(&st, &mut txn, ino, owner.access.writes())?;

@@ -106,14 +106,14 @@ impl Handle for fs::Create {
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
         ns.may_name_client(self.client, at.who.as_deref())?;
-        ns.may_create_file(&at.caller, self.parent, &self.name, self.access)?;
         let owner = SessionOwner {
             client: self.client,
             conn: at.conn,
             access: self.access,
         };
         let (parent, perm, caller) = (self.parent, self.perm, at.caller.clone());
-        let mut opened = ns.create(parent, &self.name, perm, caller, self.exclusive, owner)?;
+        let name = &self.name;
+        let mut opened = ns.create_as(parent, name, perm, caller, self.exclusive, owner, true)?;
         ns.attach_grant(at, &mut opened, self.access.writes());
         Ok(opened)
     }
