@@ -227,10 +227,12 @@ async fn step(c: &fs_client::Client, m: &mut Model, rng: &mut Rng) -> (String, b
                 Ok(a) => outcome(c.link(a.ino, pino, name.as_bytes(), false).await),
                 Err(e) => Err(*e),
             };
+            // As link(2): an existing new name (EEXIST, `filename_create`) before the
+            // rule that a directory has no hard links (EPERM, `vfs_link`).
             let want = match m.nodes.get(&existing).cloned() {
                 None => Err(ErrorCode::NotFound),
-                Some(Node::Dir { .. }) => Err(ErrorCode::NotPermitted),
                 Some(_) if m.nodes.contains_key(&path) => Err(ErrorCode::AlreadyExists),
+                Some(Node::Dir { .. }) => Err(ErrorCode::NotPermitted),
                 Some(n) => {
                     m.nodes.insert(path.clone(), n);
                     Ok(())
