@@ -29,7 +29,7 @@ pub struct SessionOwner {
 impl Namespace {
     /// Creates regular file `name` in `parent` for `caller` and opens it; opens an
     /// existing regular file of that name instead, unless `exclusive`. No permission
-    /// check: [`Self::create_as`] is the request's.
+    /// check: `create_as` is the request's.
     pub fn create(
         &self,
         parent: InodeId,
