@@ -26,6 +26,16 @@ pub struct SessionOwner {
     pub access: OpenAccess,
 }
 
+/// What a create names: the file `name` in `parent`, its permission bits if it is new,
+/// and whether an existing one is an error (`O_EXCL`).
+#[derive(Clone, Copy)]
+pub(super) struct NewFile<'a> {
+    pub(super) parent: InodeId,
+    pub(super) name: &'a [u8],
+    pub(super) perm: u32,
+    pub(super) exclusive: bool,
+}
+
 impl Namespace {
     /// Creates regular file `name` in `parent` for `caller` and opens it; opens an
     /// existing regular file of that name instead, unless `exclusive`. No permission
@@ -39,7 +49,13 @@ impl Namespace {
         exclusive: bool,
         owner: SessionOwner,
     ) -> Result<Opened, MetaError> {
-        self.create_as(parent, name, perm, caller, exclusive, owner, false)
+        let file = NewFile {
+            parent,
+            name,
+            perm,
+            exclusive,
+        };
+        self.create_as(&file, caller, owner, false)
     }
 
     /// [`Self::create`], with the caller's permissions checked (`checked`) under the
@@ -47,17 +63,19 @@ impl Namespace {
     /// on the directory, then (an existing file) `O_EXCL`'s EEXIST and the open's
     /// access to the file, or (a new file) write on the directory. A new file is
     /// opened whatever its mode.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn create_as(
         &self,
-        parent: InodeId,
-        name: &[u8],
-        perm: u32,
+        file: &NewFile<'_>,
         caller: Caller,
-        exclusive: bool,
         owner: SessionOwner,
         checked: bool,
     ) -> Result<Opened, MetaError> {
+        let NewFile {
+            parent,
+            name,
+            perm,
+            exclusive,
+        } = *file;
         check_name(name)?;
         let mut st = self.state.lock();
         let mut txn = self.begin(&st);

@@ -111,9 +111,13 @@ impl Handle for fs::Create {
             conn: at.conn,
             access: self.access,
         };
-        let (parent, perm, caller) = (self.parent, self.perm, at.caller.clone());
-        let name = &self.name;
-        let mut opened = ns.create_as(parent, name, perm, caller, self.exclusive, owner, true)?;
+        let file = super::files::NewFile {
+            parent: self.parent,
+            name: &self.name,
+            perm: self.perm,
+            exclusive: self.exclusive,
+        };
+        let mut opened = ns.create_as(&file, at.caller.clone(), owner, true)?;
         ns.attach_grant(at, &mut opened, self.access.writes());
         Ok(opened)
     }
