@@ -84,12 +84,7 @@ impl Namespace {
         let r = self.reads();
         let m = r.dir(dir)?.mode();
         perm::check(c, &m, X, "search the directory")?;
-        if r.dirent(dir, name)?.is_some() {
-            return Err(MetaError::AlreadyExists(format!(
-                "{} in {dir}",
-                crate::error::show(name)
-            )));
-        }
+        super::entries::ensure_absent(&r, dir, name)?;
         perm::may_create(c, &m)
     }
 
@@ -114,12 +109,7 @@ impl Namespace {
         let r = self.reads();
         let d = r.dir(dir)?.mode();
         perm::check(c, &d, X, "search the directory")?;
-        let Some(entry) = r.dirent(dir, name)? else {
-            return Err(MetaError::NotFound(format!(
-                "{} in {dir}",
-                crate::error::show(name)
-            )));
-        };
+        let entry = r.entry(dir, name)?;
         let Some(victim) = r.try_inode(InodeId(entry.ino))? else {
             return Ok(());
         };

@@ -257,8 +257,8 @@ pub(super) fn inherit_setgid(parent: &InodeRecord, rec: &mut InodeRecord) {
 }
 
 /// `AlreadyExists` if `parent` has an entry `name`.
-pub(super) fn ensure_absent(txn: &Txn<'_>, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
-    match txn.dirent(parent, name)? {
+pub(super) fn ensure_absent(r: &impl Reads, parent: InodeId, name: &[u8]) -> Result<(), MetaError> {
+    match r.dirent(parent, name)? {
         Some(_) => Err(MetaError::AlreadyExists(format!(
             "{} in {parent}",
             show(name)
