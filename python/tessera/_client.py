@@ -281,26 +281,30 @@ class Tessera:
         """`os.lstat` of `path`."""
         return self.stat(path, follow_symlinks=False)
 
-    def exists(self, path) -> bool:
-        """As `os.path.exists`: False for a name that cannot be reached (a file taken for
-        a directory, a dangling link, a directory that may not be searched, a NUL)."""
+    def _stat_or_none(self, path, follow_symlinks: bool = True):
+        """The attributes of `path`, or None where `os.path`'s tests answer False (a name
+        that cannot be reached: missing, a file taken for a directory, a dangling link, a
+        directory that may not be searched, a NUL)."""
         try:
-            self.stat(path)
+            return self.stat(path, follow_symlinks=follow_symlinks)
         except (OSError, ValueError):
-            return False
-        return True
+            return None
+
+    def exists(self, path) -> bool:
+        """As `os.path.exists`."""
+        return self._stat_or_none(path) is not None
+
+    def lexists(self, path) -> bool:
+        """As `os.path.lexists`: a dangling link exists."""
+        return self._stat_or_none(path, follow_symlinks=False) is not None
 
     def isdir(self, path) -> bool:
-        try:
-            return statmod.S_ISDIR(self.stat(path).st_mode)
-        except (OSError, ValueError):
-            return False
+        st = self._stat_or_none(path)
+        return st is not None and statmod.S_ISDIR(st.st_mode)
 
     def isfile(self, path) -> bool:
-        try:
-            return statmod.S_ISREG(self.stat(path).st_mode)
-        except (OSError, ValueError):
-            return False
+        st = self._stat_or_none(path)
+        return st is not None and statmod.S_ISREG(st.st_mode)
 
     def listdir(self, path="/") -> list:
         """The names in directory `path`, without "." and ".." (`bytes` for a `bytes`
@@ -365,13 +369,10 @@ class Tessera:
                 yield d, dirs, files
                 for name in reversed(dirs):
                     p = f"{base}/{name}"
-                    try:
-                        enter = followlinks or not statmod.S_ISLNK(self.lstat(p).st_mode)
-                    except OSError:
-                        # Gone, or a name the caller added: its listing fails and goes
-                        # to `onerror`, as os.walk's does.
-                        enter = True
-                    if enter:
+                    # Gone, or a name the caller added (no attributes): entered, its
+                    # listing fails and goes to `onerror`, as os.walk's does.
+                    st = self._stat_or_none(p, follow_symlinks=False)
+                    if followlinks or st is None or not statmod.S_ISLNK(st.st_mode):
                         stack.append(p)
             else:
                 stack.append((d, dirs, files))

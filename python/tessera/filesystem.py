@@ -9,6 +9,7 @@ top of fsspec (pandas, Hugging Face `datasets`, Ray, ...) reach the cluster dire
 from __future__ import annotations
 
 import errno
+import glob
 import os
 import posixpath
 import stat as statmod
@@ -16,11 +17,6 @@ import stat as statmod
 from fsspec.spec import AbstractFileSystem
 
 from ._client import Tessera, _split_url
-
-
-def _has_magic(path) -> bool:
-    """Whether `path` is a glob pattern (as fsspec's `expand_path` reads it)."""
-    return isinstance(path, str) and any(c in path for c in "*?[")
 
 
 class TesseraFileSystem(AbstractFileSystem):
@@ -265,7 +261,10 @@ class TesseraFileSystem(AbstractFileSystem):
             return
         dest = self._strip_protocol(path2)
         dest_dir = isinstance(path2, str) and path2.endswith("/")
-        if isinstance(path1, str) and (not _has_magic(path1) or self._lexists(path1)):
+        # `glob.has_magic`: what fsspec's own `copy` and `expand_path` take for a glob.
+        literal = isinstance(path1, str) and (
+            not glob.has_magic(path1) or self.client.lexists(self._strip_protocol(path1)))
+        if literal:
             src = self._strip_protocol(path1)
             if src == dest:
                 return
@@ -276,10 +275,10 @@ class TesseraFileSystem(AbstractFileSystem):
             from fsspec.utils import other_paths
 
             sources = [self._strip_protocol(p) for p in self.expand_path(path1)]
-            glob = isinstance(path1, str)
+            pattern = isinstance(path1, str)
             # As AbstractFileSystem.copy: a glob with one match lands inside `path2`.
-            targets = other_paths(sources, dest, exists=glob and len(sources) == 1,
-                                  flatten=not glob)
+            targets = other_paths(sources, dest, exists=pattern and len(sources) == 1,
+                                  flatten=not pattern)
             if len(set(targets)) < len(targets):
                 raise ValueError(f"mv: two of {sources} would land on the same name under "
                                  f"{dest}")
@@ -288,13 +287,6 @@ class TesseraFileSystem(AbstractFileSystem):
             if self.auto_mkdir:
                 self.client.makedirs(self._parent(target), exist_ok=True)
             self.client.rename(src, target)
-
-    def _lexists(self, path) -> bool:
-        try:
-            self.client.lstat(self._strip_protocol(path))
-        except (OSError, ValueError):
-            return False
-        return True
 
     def cp_file(self, path1, path2, **kwargs):
         p1, p2 = self._strip_protocol(path1), self._strip_protocol(path2)
