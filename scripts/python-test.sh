@@ -17,7 +17,8 @@ repo=$PWD
 target=$(realpath -m "${CARGO_TARGET_DIR:-$repo/target}")
 venv="$target/py-venv"
 # The versions this was last run with; numpy 2.4 is the last line for Python 3.11.
-pins=(maturin==1.16.0 pytest==9.2.0 numpy==2.4.6 safetensors==0.8.0 fsspec==2026.9.0)
+pins=(maturin==1.16.0 pytest==9.2.0 numpy==2.4.6 safetensors==0.8.0 fsspec==2026.9.0
+  pandas==3.1.1 pyarrow==26.0.1 datasets==5.2.0)
 
 echo "== python: virtual environment $venv"
 [ -x "$venv/bin/python" ] || "${PYTHON:-python3}" -m venv "$venv"

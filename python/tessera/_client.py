@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat as statmod
 import threading
 import weakref
@@ -59,11 +60,29 @@ def _fspath(path) -> str:
     return p
 
 
+#: One metadata server's address in a URL: a name or [IPv6] and a port.
+_ADDRESS = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^/:\[\]]+):[0-9]+$")
+
+
+def _is_address(netloc: str) -> bool:
+    """Whether a URL's netloc is "HOST:PORT" (or a comma-separated list of them)."""
+    parts = [p.strip() for p in netloc.split(",")]
+    return all(_ADDRESS.match(p) for p in parts)
+
+
 def _split_url(url: str) -> tuple[str | None, str]:
-    """(the "HOST:PORT" of a `tessera://HOST:PORT/path` URL or None, the path)."""
+    """(the "HOST:PORT" of a `tessera://HOST:PORT/path` URL or None, the path).
+
+    A netloc that names no address (no port) is the path's first name, with the
+    cluster given otherwise (`addrs=`, fsspec's `FSSPEC_TESSERA_ADDRS`): tools built for
+    object stores rebuild a URL as protocol + "://" + path and lose the address, and
+    some then also drop the path's leading slash (Hugging Face `datasets` streaming
+    turns `/pd/t.parquet` into `tessera://pd/t.parquet`)."""
     if url.startswith("tessera://"):
         rest = url[len("tessera://"):]
-        netloc, slash, path = rest.partition("/")
+        netloc, _slash, path = rest.partition("/")
+        if netloc and not _is_address(netloc):
+            return None, "/" + rest
         return (netloc or None), "/" + path
     if url.startswith("tessera::"):
         return None, url[len("tessera::"):]

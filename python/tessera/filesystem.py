@@ -19,6 +19,16 @@ from fsspec.spec import AbstractFileSystem
 from ._client import Tessera, _split_url
 
 
+def _other_layers(name: str, value) -> bool:
+    """Whether a keyword argument is the options of another protocol: fsspec passes
+    storage options nested by protocol name (`{"hf": {...}}`) on to the outermost file
+    system of a URL, and Hugging Face `datasets` adds its own for every URL. A client
+    setting is never a dict."""
+    from fsspec.registry import available_protocols
+
+    return isinstance(value, dict) and name in available_protocols()
+
+
 class TesseraFileSystem(AbstractFileSystem):
     """fsspec's view of one Tessera cluster.
 
@@ -42,9 +52,11 @@ class TesseraFileSystem(AbstractFileSystem):
         if addrs is None and host is not None:
             addrs = f"{host}:{port}" if port is not None else host
         if addrs is None:
-            raise ValueError("TesseraFileSystem needs addrs='HOST:PORT' "
-                             "(or a tessera://HOST:PORT/ URL)")
-        settings = {k: v for k, v in options.items() if k not in self._FSSPEC_ARGS}
+            raise ValueError("TesseraFileSystem needs addrs='HOST:PORT' (in storage_options, "
+                             "FSSPEC_TESSERA_ADDRS in the environment, or a "
+                             "tessera://HOST:PORT/ URL)")
+        settings = {k: v for k, v in options.items()
+                    if k not in self._FSSPEC_ARGS and not _other_layers(k, v)}
         self.client = Tessera(addrs, settings)
 
     @classmethod
