@@ -351,12 +351,19 @@ class Tessera:
         return _ScandirIterator(entries)
 
     def walk(self, top="/", topdown=True, onerror=None,
-             followlinks=False) -> Iterator[tuple[str, list[str], list[str]]]:
+             followlinks=False) -> Iterator[tuple]:
         """`os.walk` of `top`: (directory, its subdirectories, its other names) for each
         directory under it. As `os.walk`: a link to a directory is listed with the
         directories and entered only with `followlinks`; a directory that cannot be
         listed (`top` too) is passed to `onerror` if given and skipped; top-down, the
-        caller may prune the subdirectories' list in place."""
+        caller may prune the subdirectories' list in place. A `bytes` top yields
+        `bytes`, as `os.walk`."""
+        if isinstance(top, bytes):
+            for d, dirs, files in self.walk(os.fsdecode(top), topdown, onerror, followlinks):
+                bdirs = [os.fsencode(n) for n in dirs]
+                yield os.fsencode(d), bdirs, [os.fsencode(n) for n in files]
+                dirs[:] = [os.fsdecode(n) for n in bdirs]  # the caller's pruning
+            return
         try:
             stack = [_fspath(top)]
         except OSError as e:  # the empty path: os.walk("") yields nothing

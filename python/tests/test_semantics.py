@@ -175,6 +175,24 @@ def test_walk_takes_os_walks_arguments(fs, base):
                                                                 base]
 
 
+def test_walk_of_a_bytes_path_answers_bytes_and_prunes(fs, base, tmp_path):
+    for mk, root in ((os.makedirs, str(tmp_path)), (fs.makedirs, base)):
+        for d in ("a/x", "b/y", "c"):
+            mk(f"{root}/{d}")
+
+    def walk(w, root):
+        out = []
+        for p, dirs, files in w(os.fsencode(root)):
+            assert all(isinstance(n, bytes) for n in [p, *dirs, *files])
+            out.append((p[len(os.fsencode(root)):], sorted(dirs)))
+            dirs[:] = [n for n in dirs if n != b"b"]  # pruned: b/y is not entered
+        return sorted(out)
+
+    want = walk(os.walk, str(tmp_path))
+    assert want == [(b"", [b"a", b"b", b"c"]), (b"/a", [b"x"]), (b"/a/x", []), (b"/c", [])]
+    assert walk(fs.walk, base) == want
+
+
 def test_makedirs_errors(fs, base):
     fs.write_bytes(f"{base}/f", b"x")
     with pytest.raises(NotADirectoryError):  # os.makedirs: mkdir("f/x") is ENOTDIR
