@@ -15,7 +15,7 @@ use fs_client::api::{self, DirEntry, FileType, Metadata, OpenOptions};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A connection to one Tessera cluster (`fs_client::api::Tessera`).
 #[pyclass(frozen, module = "tessera._native")]
@@ -55,6 +55,19 @@ fn nanos(t: SystemTime) -> i64 {
         Ok(d) => i64::try_from(d.as_nanos()).unwrap_or(i64::MAX),
         Err(e) => i64::try_from(e.duration().as_nanos()).map_or(i64::MIN, |n| -n),
     }
+}
+
+/// The time `ns` nanoseconds from the epoch (before it when negative); beyond about 584
+/// years either way, or past what `SystemTime` holds, the farthest it takes.
+fn system_time(ns: i128) -> SystemTime {
+    let d = Duration::from_nanos(u64::try_from(ns.unsigned_abs()).unwrap_or(u64::MAX));
+    let t = if ns < 0 {
+        UNIX_EPOCH.checked_sub(d)
+    } else {
+        UNIX_EPOCH.checked_add(d)
+    };
+    // SystemTime on Linux holds i64 seconds: 584 years of nanoseconds always fit.
+    t.unwrap_or(UNIX_EPOCH)
 }
 
 pub(crate) fn stat_tuple(m: &Metadata) -> StatTuple {
@@ -186,6 +199,56 @@ impl Client {
     /// The target of symlink `path`.
     fn read_link(&self, py: Python<'_>, path: &str) -> PyResult<String> {
         py.detach(|| self.inner.read_link(path)).map_err(at(path))
+    }
+
+    /// Sets the permission bits of `path` (links followed), as `os.chmod`.
+    fn chmod(&self, py: Python<'_>, path: &str, mode: u32) -> PyResult<()> {
+        py.detach(|| self.inner.set_permissions(path, mode))
+            .map_err(at(path))
+    }
+
+    /// Sets the owner and group of `path` (`None` keeps one), as `os.chown`.
+    #[pyo3(signature = (path, uid=None, gid=None))]
+    fn chown(
+        &self,
+        py: Python<'_>,
+        path: &str,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> PyResult<()> {
+        py.detach(|| self.inner.set_owner(path, uid, gid))
+            .map_err(at(path))
+    }
+
+    /// Sets the access and modification times of `path` to these nanoseconds since the
+    /// epoch, or both to the server's clock with neither (as `os.utime`).
+    #[pyo3(signature = (path, atime_ns=None, mtime_ns=None))]
+    fn utime(
+        &self,
+        py: Python<'_>,
+        path: &str,
+        atime_ns: Option<i128>,
+        mtime_ns: Option<i128>,
+    ) -> PyResult<()> {
+        let (a, m) = (atime_ns.map(system_time), mtime_ns.map(system_time));
+        py.detach(|| match (a, m) {
+            (None, None) => self.inner.set_times_now(path),
+            (a, m) => self.inner.set_times(path, a, m),
+        })
+        .map_err(at(path))
+    }
+
+    /// Makes `dst` a hard link to `src`, as `os.link`.
+    fn link(&self, py: Python<'_>, src: &str, dst: &str) -> PyResult<()> {
+        py.detach(|| self.inner.hard_link(src, dst))
+            .map_err(|e| os_error(&e, src, Some(dst)))
+    }
+
+    /// The file system's capacity and free bytes over all data servers, and its
+    /// inodes in use: `(total, free, files)`.
+    fn statfs(&self, py: Python<'_>) -> PyResult<(u64, u64, u64)> {
+        let s = py.detach(|| self.inner.statfs()).map_err(at("/"))?;
+        Ok((s.total_bytes, s.free_bytes, s.files))
     }
 
     /// The whole of file `path`. One call with the GIL released and a copy into the

@@ -6,7 +6,10 @@ are resolved lexically by the native client.
 
 from __future__ import annotations
 
+import collections
 import errno
+import math
+import operator
 import os
 import re
 import stat as statmod
@@ -430,6 +433,72 @@ class Tessera:
     def rmdir(self, path) -> None:
         """Removes the empty directory `path`."""
         self._native().remove_dir(_fspath(path))
+
+    # Attributes, as `os` changes them (links followed).
+    def chmod(self, path, mode: int) -> None:
+        """Sets the permission bits of `path`, as `os.chmod`."""
+        self._native().chmod(_fspath(path), operator.index(mode))
+
+    def chown(self, path, uid: int, gid: int) -> None:
+        """Sets the owner and group of `path`; -1 leaves one as it is (`os.chown`)."""
+        uid, gid = operator.index(uid), operator.index(gid)
+        self._native().chown(_fspath(path), None if uid == -1 else uid,
+                             None if gid == -1 else gid)
+
+    def utime(self, path, times=None, *, ns=None) -> None:
+        """Sets the access and modification times of `path`, as `os.utime`: `times` as
+        (atime, mtime) in seconds, or `ns` in nanoseconds, or neither for now (which
+        the owner or anyone who may write the file may do; explicit times only the
+        owner)."""
+        if times is not None and ns is not None:
+            raise ValueError("utime: you may specify either 'times' or 'ns' but not both")
+        if times is not None:
+            if not isinstance(times, tuple) or len(times) != 2:
+                raise TypeError("utime: 'times' must be either a tuple of two ints or None")
+            ns = tuple(_seconds_to_ns(t) for t in times)
+        if ns is None:
+            self._native().utime(_fspath(path))
+            return
+        if not isinstance(ns, tuple) or len(ns) != 2:
+            raise TypeError("utime: 'ns' must be a tuple of two ints")
+        self._native().utime(_fspath(path), operator.index(ns[0]), operator.index(ns[1]))
+
+    def link(self, src, dst) -> None:
+        """Makes `dst` a hard link to the file `src`, as `os.link`."""
+        self._native().link(_fspath(src), _fspath(dst))
+
+    def truncate(self, path, length: int) -> None:
+        """Cuts or extends the file `path` to `length` bytes, as `os.truncate` (it needs
+        write permission, as an open for writing)."""
+        length = operator.index(length)
+        p = _fspath(path)
+        if length < 0:
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), p)
+        # Opened for writing only: os.truncate needs no read permission.
+        f = self._native().open(p, False, True, False, False, False, False)
+        try:
+            f.set_len(length)
+        finally:
+            f.close()
+
+    def disk_usage(self, path="/") -> "_DiskUsage":
+        """The cluster's (total, used, free) bytes over all data servers, as
+        `shutil.disk_usage` (one namespace: `path` only has to exist)."""
+        self.stat(path)
+        total, free, _files = self._native().statfs()
+        return _DiskUsage(total, max(0, total - free), free)
+
+
+_DiskUsage = collections.namedtuple("usage", "total used free")
+
+
+def _seconds_to_ns(t) -> int:
+    """Seconds (an int or a float) as nanoseconds, as `os.utime` takes `times`."""
+    if isinstance(t, float):
+        # As CPython: whole seconds, then the fraction, each rounded down.
+        secs = math.floor(t)
+        return secs * 1_000_000_000 + math.floor((t - secs) * 1e9)
+    return operator.index(t) * 1_000_000_000
 
 
 def connect(addrs, **options) -> Tessera:

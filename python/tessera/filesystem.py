@@ -150,6 +150,16 @@ class TesseraFileSystem(AbstractFileSystem):
 
         return datetime.datetime.fromtimestamp(self.info(path)["mtime"], datetime.timezone.utc)
 
+    def touch(self, path, truncate=True, **kwargs):
+        """An empty file at `path` (emptied, with `truncate`), or, without `truncate`,
+        an existing file's times set to now (as `touch` does; fsspec's default raises)."""
+        p = self._strip_protocol(path)
+        if truncate or not self.client.exists(p):
+            with self.open(p, "wb", **kwargs):
+                pass
+        else:
+            self.client.utime(p)
+
     # Contents.
 
     def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None,

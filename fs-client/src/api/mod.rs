@@ -34,6 +34,7 @@
 //! # }
 //! ```
 
+mod attrs;
 mod file;
 mod path;
 mod resolve;
@@ -42,7 +43,6 @@ mod types;
 pub use file::{File, OpenOptions};
 pub use path::MAX_PATH_BYTES;
 pub use transport::StableBytes;
-use types::timestamp;
 pub use types::{DirEntry, FileType, Metadata};
 
 use crate::client::{Client, FsStats};
@@ -51,10 +51,10 @@ use crate::error::{ClientError, Result};
 use file::Closer;
 use path::refused;
 use proto::meta::{Caller, RenameMode};
-use proto::{ErrorCode, FileKind, InodeId, SetAttr, TimeSet};
+use proto::{ErrorCode, FileKind, InodeId};
 use resolve::Resolver;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// Files a caller of [`Tessera::open_many`] should hold open at once at most (Python's
 /// `read_many` opens this many at a time): each is a session on the metadata server and
@@ -541,39 +541,6 @@ impl Tessera {
                 .link(attr.ino, parent, name.as_bytes(), false)
                 .await
                 .map(drop)
-        })
-    }
-
-    /// Sets the permission bits of what `path` names (links followed), as `chmod(2)`.
-    pub fn set_permissions(&self, path: &str, mode: u32) -> Result<()> {
-        let set = SetAttr {
-            perm: Some(mode & 0o7777),
-            ..SetAttr::default()
-        };
-        self.set_attr(path, set)
-    }
-
-    /// Sets the access and modification times (`None`: left as they are), as
-    /// `utimensat(2)`.
-    pub fn set_times(
-        &self,
-        path: &str,
-        atime: Option<SystemTime>,
-        mtime: Option<SystemTime>,
-    ) -> Result<()> {
-        let set = SetAttr {
-            atime: atime.map(|t| TimeSet::At(timestamp(t))),
-            mtime: mtime.map(|t| TimeSet::At(timestamp(t))),
-            ..SetAttr::default()
-        };
-        self.set_attr(path, set)
-    }
-
-    fn set_attr(&self, path: &str, set: SetAttr) -> Result<()> {
-        let sh = self.sh();
-        sh.block_on(async {
-            let attr = sh.paths.resolve(&sh.client, path, true).await?;
-            sh.client.setattr(attr.ino, set).await.map(drop)
         })
     }
 

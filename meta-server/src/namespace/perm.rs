@@ -187,6 +187,25 @@ pub fn chmod_mode(c: &Caller, gid: u32, perm: u32) -> u32 {
     }
 }
 
+/// The mode a change of owner or group (`set`, which changes no mode) leaves on `m`
+/// (`chown_common`, `setattr_should_drop_sgid`): a non-directory loses setuid, and
+/// setgid when it is group-executable or `c` is neither root nor in the file's group;
+/// `None` when that changes nothing. A mount's kernel sends that mode itself with the
+/// chown; a client without one (the library API) relies on this.
+pub fn chown_mode(c: &Caller, m: &Mode, set: &SetAttr) -> Option<u32> {
+    if (set.uid.is_none() && set.gid.is_none()) || set.perm.is_some() {
+        return None;
+    }
+    if m.kind == FileKind::Directory {
+        return None;
+    }
+    let mut kill = S_ISUID;
+    if m.perm & S_ISGID != 0 && (m.perm & 0o010 != 0 || !(c.is_root() || c.in_group(m.gid))) {
+        kill |= S_ISGID;
+    }
+    (m.perm & kill != 0).then_some(m.perm & !kill)
+}
+
 /// The mode a new non-directory of group `gid` made by `c` keeps (`mode_strip_sgid`):
 /// a group-executable setgid file in a group `c` is not in (given by a setgid
 /// directory) loses setgid, so nobody makes a program that runs with a group they

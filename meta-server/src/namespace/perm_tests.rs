@@ -267,3 +267,82 @@ fn only_root_makes_device_nodes() {
         may_mknod(&user(ALICE), kind).unwrap();
     }
 }
+
+#[test]
+fn a_chown_drops_setuid_and_setgid_as_linux_does() {
+    let chown = |uid, gid| SetAttr {
+        uid,
+        gid,
+        ..SetAttr::default()
+    };
+    let staff_owner = Caller::with_groups(ALICE, ALICE, [STAFF]);
+    let cases = [
+        // (caller, mode, change, mode left)
+        // Setuid goes with any change of owner or group, even by root.
+        (
+            Caller::ROOT,
+            file(0o4755, ALICE, STAFF),
+            chown(Some(BOB), None),
+            Some(0o755),
+        ),
+        // Setgid too when group-executable.
+        (
+            Caller::ROOT,
+            file(0o6755, ALICE, STAFF),
+            chown(None, Some(0)),
+            Some(0o755),
+        ),
+        // Not group-executable (mandatory locking's mark): kept by root or a member of
+        // the file's group, dropped for anyone else.
+        (
+            Caller::ROOT,
+            file(0o2644, ALICE, STAFF),
+            chown(Some(BOB), None),
+            None,
+        ),
+        (
+            staff_owner.clone(),
+            file(0o2644, ALICE, STAFF),
+            chown(None, Some(STAFF)),
+            None,
+        ),
+        (
+            user(ALICE),
+            file(0o2644, ALICE, STAFF),
+            chown(Some(ALICE), None),
+            Some(0o644),
+        ),
+        // Nothing to drop, a directory, a change that sets the mode itself (a
+        // mount's kernel sends the mode it computed), no owner or group change.
+        (
+            Caller::ROOT,
+            file(0o755, ALICE, STAFF),
+            chown(Some(BOB), None),
+            None,
+        ),
+        (
+            Caller::ROOT,
+            dir(0o6755, ALICE),
+            chown(Some(BOB), None),
+            None,
+        ),
+        (
+            Caller::ROOT,
+            file(0o4755, ALICE, STAFF),
+            SetAttr {
+                perm: Some(0o755),
+                ..chown(Some(BOB), None)
+            },
+            None,
+        ),
+        (
+            Caller::ROOT,
+            file(0o4755, ALICE, STAFF),
+            SetAttr::default(),
+            None,
+        ),
+    ];
+    for (c, m, set, want) in cases {
+        assert_eq!(chown_mode(&c, &m, &set), want, "{c:?} {m:?} {set:?}");
+    }
+}
