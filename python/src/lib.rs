@@ -12,7 +12,7 @@ mod file;
 use buffers::{FreshBytes, LentExport, ReadableBuffer, WritableBuffer};
 use errors::{at, os_error};
 use fs_client::api::{self, DirEntry, FileType, Metadata, OpenOptions};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyOverflowError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -57,17 +57,18 @@ fn nanos(t: SystemTime) -> i64 {
     }
 }
 
-/// The time `ns` nanoseconds from the epoch (before it when negative); beyond about 584
-/// years either way, or past what `SystemTime` holds, the farthest it takes.
-fn system_time(ns: i128) -> SystemTime {
-    let d = Duration::from_nanos(u64::try_from(ns.unsigned_abs()).unwrap_or(u64::MAX));
-    let t = if ns < 0 {
-        UNIX_EPOCH.checked_sub(d)
+/// The time `ns` nanoseconds from the epoch (before it when negative); `None` past what
+/// `SystemTime` holds.
+fn system_time(ns: i128) -> Option<SystemTime> {
+    let (secs, nanos) = (ns.div_euclid(1_000_000_000), ns.rem_euclid(1_000_000_000));
+    let whole = Duration::from_secs(u64::try_from(secs.unsigned_abs()).ok()?);
+    let at = if secs < 0 {
+        UNIX_EPOCH.checked_sub(whole)?
     } else {
-        UNIX_EPOCH.checked_add(d)
+        UNIX_EPOCH.checked_add(whole)?
     };
-    // SystemTime on Linux holds i64 seconds: 584 years of nanoseconds always fit.
-    t.unwrap_or(UNIX_EPOCH)
+    // `nanos` is in 0..1e9 whichever the sign: the fraction always counts forward.
+    at.checked_add(Duration::from_nanos(u64::try_from(nanos).ok()?))
 }
 
 pub(crate) fn stat_tuple(m: &Metadata) -> StatTuple {
@@ -230,7 +231,13 @@ impl Client {
         atime_ns: Option<i128>,
         mtime_ns: Option<i128>,
     ) -> PyResult<()> {
-        let (a, m) = (atime_ns.map(system_time), mtime_ns.map(system_time));
+        let time = |ns: Option<i128>| match ns {
+            None => Ok(None),
+            Some(ns) => system_time(ns)
+                .map(Some)
+                .ok_or_else(|| PyOverflowError::new_err("timestamp out of range for the platform")),
+        };
+        let (a, m) = (time(atime_ns)?, time(mtime_ns)?);
         py.detach(|| match (a, m) {
             (None, None) => self.inner.set_times_now(path),
             (a, m) => self.inner.set_times(path, a, m),
@@ -242,6 +249,68 @@ impl Client {
     fn link(&self, py: Python<'_>, src: &str, dst: &str) -> PyResult<()> {
         py.detach(|| self.inner.hard_link(src, dst))
             .map_err(|e| os_error(&e, src, Some(dst)))
+    }
+
+    /// The value of extended attribute `name` of `path` (the link's own unless
+    /// `follow`).
+    #[pyo3(signature = (path, name, follow=true))]
+    fn getxattr<'py>(
+        &self,
+        py: Python<'py>,
+        path: &str,
+        name: &[u8],
+        follow: bool,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let v = py
+            .detach(|| self.inner.get_xattr(path, name, follow))
+            .map_err(at(path))?;
+        Ok(PyBytes::new(py, &v))
+    }
+
+    /// Sets extended attribute `name` of `path`; `flags` as `os.setxattr`'s (0,
+    /// `XATTR_CREATE`, `XATTR_REPLACE`).
+    #[pyo3(signature = (path, name, value, flags=0, follow=true))]
+    fn setxattr(
+        &self,
+        py: Python<'_>,
+        path: &str,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+        follow: bool,
+    ) -> PyResult<()> {
+        let mode = match flags {
+            0 => api::XattrMode::Upsert,
+            libc::XATTR_CREATE => api::XattrMode::Create,
+            libc::XATTR_REPLACE => api::XattrMode::Replace,
+            _ => {
+                let e = fs_client::ClientError::Invalid(format!("setxattr flags {flags}"));
+                return Err(os_error(&e, path, None));
+            }
+        };
+        py.detach(|| self.inner.set_xattr(path, name, value, mode, follow))
+            .map_err(at(path))
+    }
+
+    /// The names of `path`'s extended attributes.
+    #[pyo3(signature = (path, follow=true))]
+    fn listxattr<'py>(
+        &self,
+        py: Python<'py>,
+        path: &str,
+        follow: bool,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let names = py
+            .detach(|| self.inner.list_xattr(path, follow))
+            .map_err(at(path))?;
+        Ok(names.iter().map(|n| PyBytes::new(py, n)).collect())
+    }
+
+    /// Removes extended attribute `name` of `path`.
+    #[pyo3(signature = (path, name, follow=true))]
+    fn removexattr(&self, py: Python<'_>, path: &str, name: &[u8], follow: bool) -> PyResult<()> {
+        py.detach(|| self.inner.remove_xattr(path, name, follow))
+            .map_err(at(path))
     }
 
     /// The file system's capacity and free bytes over all data servers, and its

@@ -63,14 +63,17 @@ def _fspath(path) -> str:
     return p
 
 
-#: One metadata server's address in a URL: a name or [IPv6] and a port.
-_ADDRESS = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^/:\[\]]+):[0-9]+$")
+#: One metadata server's address in a URL: a host name, IPv4 address or [IPv6 address
+#: with an optional %scope], and a port of at most five digits.
+_ADDRESS = re.compile(r"(\[[0-9A-Fa-f:.]+(%[0-9A-Za-z_.-]+)?\]|[A-Za-z0-9_.-]+):[0-9]{1,5}")
 
 
 def _is_address(netloc: str) -> bool:
-    """Whether a URL's netloc is "HOST:PORT" (or a comma-separated list of them)."""
-    parts = [p.strip() for p in netloc.split(",")]
-    return all(_ADDRESS.match(p) for p in parts)
+    """Whether a URL's netloc is "HOST:PORT" (or a comma-separated list of them, empty
+    parts left out as `connect` leaves them out)."""
+    parts = [p.strip() for p in netloc.split(",") if p.strip()]
+    return bool(parts) and all(_ADDRESS.fullmatch(p) and 0 < int(p.rsplit(":", 1)[1]) < 65536
+                               for p in parts)
 
 
 def _split_url(url: str) -> tuple[str | None, str]:
@@ -80,7 +83,9 @@ def _split_url(url: str) -> tuple[str | None, str]:
     cluster given otherwise (`addrs=`, fsspec's `FSSPEC_TESSERA_ADDRS`): tools built for
     object stores rebuild a URL as protocol + "://" + path and lose the address, and
     some then also drop the path's leading slash (Hugging Face `datasets` streaming
-    turns `/pd/t.parquet` into `tessera://pd/t.parquet`)."""
+    turns `/pd/t.parquet` into `tessera://pd/t.parquet`). A first name that looks like
+    HOST:PORT (`/ckpt:5/x`) is an address there: such a path needs `tessera:///` or the
+    address in the URL."""
     if url.startswith("tessera://"):
         rest = url[len("tessera://"):]
         netloc, _slash, path = rest.partition("/")
@@ -188,6 +193,10 @@ class _ScandirIterator:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+#: `utime`'s `ns` not given (an explicit None is a TypeError, as for `os.utime`).
+_NO_NS = object()
 
 
 class Tessera:
@@ -361,8 +370,20 @@ class Tessera:
         listed (`top` too) is passed to `onerror` if given and skipped; top-down, the
         caller may prune the subdirectories' list in place. A `bytes` top yields
         `bytes`, as `os.walk`."""
-        if isinstance(top, bytes):
-            for d, dirs, files in self.walk(os.fsdecode(top), topdown, onerror, followlinks):
+        try:
+            as_bytes = isinstance(os.fspath(top), bytes)
+        except TypeError:
+            as_bytes = False  # _fspath below raises it as os.walk would
+        if as_bytes:
+            def bytes_error(e: OSError):
+                # os.walk of bytes hands onerror errors naming bytes paths.
+                if isinstance(e.filename, str):
+                    e.filename = os.fsencode(e.filename)
+                onerror(e)
+
+            top_str = os.fsdecode(os.fspath(top))
+            errors = None if onerror is None else bytes_error
+            for d, dirs, files in self.walk(top_str, topdown, errors, followlinks):
                 bdirs = [os.fsencode(n) for n in dirs]
                 yield os.fsencode(d), bdirs, [os.fsencode(n) for n in files]
                 dirs[:] = [os.fsdecode(n) for n in bdirs]  # the caller's pruning
@@ -440,28 +461,34 @@ class Tessera:
         self._native().chmod(_fspath(path), operator.index(mode))
 
     def chown(self, path, uid: int, gid: int) -> None:
-        """Sets the owner and group of `path`; -1 leaves one as it is (`os.chown`)."""
-        uid, gid = operator.index(uid), operator.index(gid)
-        self._native().chown(_fspath(path), None if uid == -1 else uid,
-                             None if gid == -1 else gid)
+        """Sets the owner and group of `path`; -1 (or its unsigned 2**32 - 1) leaves one
+        as it is (`os.chown`). A file's setuid bit goes, and its setgid bit when it is
+        group-executable (or the caller is outside its group), as on Linux; but unlike
+        Linux, `chown(path, -1, -1)` changes nothing."""
+        def keep(i):
+            i = operator.index(i)
+            return None if i in (-1, 0xFFFF_FFFF) else i
 
-    def utime(self, path, times=None, *, ns=None) -> None:
+        self._native().chown(_fspath(path), keep(uid), keep(gid))
+
+    def utime(self, path, times=None, *, ns=_NO_NS) -> None:
         """Sets the access and modification times of `path`, as `os.utime`: `times` as
         (atime, mtime) in seconds, or `ns` in nanoseconds, or neither for now (which
         the owner or anyone who may write the file may do; explicit times only the
         owner)."""
-        if times is not None and ns is not None:
+        if times is not None and ns is not _NO_NS:
             raise ValueError("utime: you may specify either 'times' or 'ns' but not both")
         if times is not None:
-            if not isinstance(times, tuple) or len(times) != 2:
+            if type(times) is not tuple or len(times) != 2:
                 raise TypeError("utime: 'times' must be either a tuple of two ints or None")
             ns = tuple(_seconds_to_ns(t) for t in times)
-        if ns is None:
+        if ns is _NO_NS:
             self._native().utime(_fspath(path))
             return
-        if not isinstance(ns, tuple) or len(ns) != 2:
+        if type(ns) is not tuple or len(ns) != 2:
             raise TypeError("utime: 'ns' must be a tuple of two ints")
-        self._native().utime(_fspath(path), operator.index(ns[0]), operator.index(ns[1]))
+        atime, mtime = operator.index(ns[0]), operator.index(ns[1])
+        self._native().utime(_fspath(path), atime, mtime)
 
     def link(self, src, dst) -> None:
         """Makes `dst` a hard link to the file `src`, as `os.link`."""
@@ -481,6 +508,30 @@ class Tessera:
         finally:
             f.close()
 
+    # Extended attributes, as `os` reaches them (`follow_symlinks=False`: the link's own).
+    def getxattr(self, path, attribute, *, follow_symlinks=True) -> bytes:
+        """The value of extended attribute `attribute` of `path` (OSError ENODATA when
+        it has none), as `os.getxattr`."""
+        return self._native().getxattr(_fspath(path), os.fsencode(attribute),
+                                       follow_symlinks)
+
+    def setxattr(self, path, attribute, value, flags=0, *, follow_symlinks=True) -> None:
+        """Sets extended attribute `attribute` of `path` to the bytes-like `value`;
+        `flags` 0, `os.XATTR_CREATE` or `os.XATTR_REPLACE`, as `os.setxattr`. Names are
+        namespaced as on Linux (`user.` for users); `user.tessera.replicas` is the
+        number of copies a file keeps (on a directory: its new files)."""
+        self._native().setxattr(_fspath(path), os.fsencode(attribute), bytes(value),
+                                operator.index(flags), follow_symlinks)
+
+    def listxattr(self, path="/", *, follow_symlinks=True) -> list[str]:
+        """The names of `path`'s extended attributes, as `os.listxattr`."""
+        return [os.fsdecode(n) for n in
+                self._native().listxattr(_fspath(path), follow_symlinks)]
+
+    def removexattr(self, path, attribute, *, follow_symlinks=True) -> None:
+        """Removes extended attribute `attribute` of `path`, as `os.removexattr`."""
+        self._native().removexattr(_fspath(path), os.fsencode(attribute), follow_symlinks)
+
     def disk_usage(self, path="/") -> "_DiskUsage":
         """The cluster's (total, used, free) bytes over all data servers, as
         `shutil.disk_usage` (one namespace: `path` only has to exist)."""
@@ -493,11 +544,19 @@ _DiskUsage = collections.namedtuple("usage", "total used free")
 
 
 def _seconds_to_ns(t) -> int:
-    """Seconds (an int or a float) as nanoseconds, as `os.utime` takes `times`."""
+    """Seconds (an int or a float) as nanoseconds, as `os.utime` takes `times`
+    (CPython's `_PyTime_DoubleToDenominator`: the fraction split off with `modf`,
+    rounded down, and carried into the seconds when negative)."""
     if isinstance(t, float):
-        # As CPython: whole seconds, then the fraction, each rounded down.
-        secs = math.floor(t)
-        return secs * 1_000_000_000 + math.floor((t - secs) * 1e9)
+        if math.isnan(t):
+            raise ValueError("Invalid value NaN (not a number)")
+        frac, whole = math.modf(t)
+        frac = math.floor(frac * 1e9)
+        if frac < 0:
+            frac, whole = frac + 1_000_000_000, whole - 1
+        elif frac >= 1_000_000_000:
+            frac, whole = frac - 1_000_000_000, whole + 1
+        return int(whole) * 1_000_000_000 + int(frac)
     return operator.index(t) * 1_000_000_000
 
 

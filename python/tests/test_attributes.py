@@ -1,5 +1,6 @@
-"""chmod, chown, utime, link, truncate and disk_usage of the client, each put beside the
-same call of `os` (or `shutil`) on a local file; fsspec's `touch(truncate=False)`."""
+"""chmod, chown, utime, link, truncate, extended attributes and disk_usage of the client,
+each put beside the same call of `os` (or `shutil`) on a local file; fsspec's
+`touch(truncate=False)`."""
 
 import errno
 import os
@@ -20,22 +21,46 @@ def both(fs, base, tmp_path, data=b"0123456789"):
     return [(os, local), (fs, f"{base}/f")]
 
 
-def test_chmod_and_chown(fs, base, tmp_path):
+def test_chmod(fs, base, tmp_path):
     for m, p in both(fs, base, tmp_path):
         m.chmod(p, 0o640)
         assert m.stat(p).st_mode & 0o7777 == 0o640
         m.chmod(p, 0o4755)
         assert m.stat(p).st_mode & 0o7777 == 0o4755
-        if os.geteuid() == 0:
-            m.chown(p, 1234, -1)  # as root, as this suite runs: a new owner
-            st = m.stat(p)
-            assert (st.st_uid, st.st_gid) == (1234, 0)
-            # A chown clears the setuid bit, as on a local file system.
-            assert st.st_mode & 0o7777 == 0o755
-            m.chown(p, -1, 4321)
-            assert (m.stat(p).st_uid, m.stat(p).st_gid) == (1234, 4321)
         with pytest.raises(FileNotFoundError):
             m.chmod(p + "-missing", 0o600)
+
+
+# A file capability (vfs_cap_data revision 2: CAP_NET_BIND_SERVICE permitted), as
+# `setcap cap_net_bind_service=p` writes it.
+CAPABILITY = (0x02000000).to_bytes(4, "little") + (1 << 10).to_bytes(4, "little") + bytes(12)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a new owner needs root")
+def test_chown_drops_setuid_and_capabilities(fs, base, tmp_path):
+    for m, p in both(fs, base, tmp_path):
+        m.chmod(p, 0o6755)
+        m.setxattr(p, "security.capability", CAPABILITY)
+        m.chown(p, 1234, -1)
+        st = m.stat(p)
+        assert (st.st_uid, st.st_gid) == (1234, 0)
+        # Setuid, group-executable setgid and the capabilities go, even for root.
+        assert st.st_mode & 0o7777 == 0o755
+        with pytest.raises(OSError) as e:
+            m.getxattr(p, "security.capability")
+        assert e.value.errno == errno.ENODATA
+        m.chown(p, -1, 4321)
+        assert (m.stat(p).st_uid, m.stat(p).st_gid) == (1234, 4321)
+        m.chown(p, 0xFFFF_FFFF, 0xFFFF_FFFF)  # (uid_t)-1 keeps, as -1
+        assert (m.stat(p).st_uid, m.stat(p).st_gid) == (1234, 4321)
+        m.chmod(p, 0o2644)  # setgid without group-exec: root keeps it
+        m.chown(p, 0, 0)
+        assert m.stat(p).st_mode & 0o7777 == 0o2644
+        d = os.path.dirname(p) + "/d"
+        m.mkdir(d)
+        m.chmod(d, 0o6755)  # a directory keeps both
+        m.chown(d, 1234, 1234)
+        assert m.stat(d).st_mode & 0o7777 == 0o6755
 
 
 def test_utime(fs, base, tmp_path):
@@ -53,8 +78,23 @@ def test_utime(fs, base, tmp_path):
         assert m.stat(p).st_mtime_ns >= before
         with pytest.raises(ValueError):
             m.utime(p, (1, 2), ns=(1, 2))
+        with pytest.raises(TypeError):
+            m.utime(p, ns=None)
+        with pytest.raises(TypeError):
+            m.utime(p, [1, 2])
         with pytest.raises(FileNotFoundError):
             m.utime(p + "-missing")
+    # Floats rounded as CPython rounds them, beside the epoch too.
+    got = []
+    for m, p in both(fs, base, tmp_path):
+        row = []
+        for t in (-1e-17, -0.5, -1.25, 0.1, 1.9999999999, 1_700_000_000.123456789):
+            m.utime(p, (t, t))
+            row.append(m.stat(p).st_mtime_ns)
+        got.append(row)
+    assert got[0] == got[1]
+    with pytest.raises(OverflowError):
+        fs.utime(f"{base}/f", ns=(10**40, 0))
 
 
 def test_link(fs, base, tmp_path):
@@ -107,3 +147,48 @@ def test_fsspec_touch_without_truncate_sets_the_times(meta_addr, key_file, base,
     assert fs.read_bytes(f"{base}/new") == b""
     tfs.touch(f"{base}/t")
     assert fs.read_bytes(f"{base}/t") == b""
+
+
+def test_extended_attributes(fs, base, tmp_path):
+    for m, p in both(fs, base, tmp_path):
+        m.setxattr(p, "user.a", b"alpha")
+        m.setxattr(p, b"user.b", bytearray(b"beta"))
+        assert m.getxattr(p, "user.a") == b"alpha"
+        assert sorted(m.listxattr(p)) == ["user.a", "user.b"]
+        with pytest.raises(FileExistsError):
+            m.setxattr(p, "user.a", b"again", os.XATTR_CREATE)
+        with pytest.raises(OSError) as e:
+            m.setxattr(p, "user.c", b"x", os.XATTR_REPLACE)
+        assert e.value.errno == errno.ENODATA
+        m.setxattr(p, "user.a", b"", os.XATTR_REPLACE)
+        assert m.getxattr(p, "user.a") == b""
+        m.removexattr(p, "user.a")
+        with pytest.raises(OSError) as e:
+            m.getxattr(p, "user.a")
+        assert e.value.errno == errno.ENODATA
+        with pytest.raises(OSError) as e:
+            m.removexattr(p, "user.a")
+        assert e.value.errno == errno.ENODATA
+        with pytest.raises(OSError) as e:  # no such namespace
+            m.setxattr(p, "nonsense.a", b"x")
+        assert e.value.errno == errno.EOPNOTSUPP
+        with pytest.raises(FileNotFoundError):
+            m.getxattr(p + "-missing", "user.a")
+        # A link's own: Linux keeps user.* off symlinks (EPERM), and reads through it.
+        m.symlink(p, p + "-link")
+        assert m.getxattr(p + "-link", "user.b") == b"beta"
+        with pytest.raises(PermissionError):
+            m.setxattr(p + "-link", "user.x", b"x", follow_symlinks=False)
+        assert m.listxattr(p + "-link", follow_symlinks=False) == []
+
+
+def test_replicas_by_extended_attribute(fs, base):
+    # A folder's layout settings, as `setfattr` sets them on a mount.
+    fs.mkdir(f"{base}/scratch")
+    fs.setxattr(f"{base}/scratch", "user.tessera.replicas", b"1")
+    assert "user.tessera.replicas" in fs.listxattr(f"{base}/scratch")
+    fs.mkdir(f"{base}/scratch/sub")  # a new subdirectory copies it
+    assert fs.getxattr(f"{base}/scratch/sub", "user.tessera.replicas") == b"1"
+    with pytest.raises(OSError) as e:
+        fs.setxattr(f"{base}/scratch", "user.tessera.replicas", b"9")
+    assert e.value.errno == errno.EINVAL

@@ -3,6 +3,8 @@ Parquet through pyarrow, a partitioned data set) and Hugging Face `datasets` (lo
 Parquet and CSV, streamed and not, `save_to_disk`/`load_from_disk`). Skipped where they
 are not installed (scripts/python-test.sh pins them)."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -51,6 +53,13 @@ def test_url_without_the_address_takes_it_from_the_options(meta_addr, key_file, 
     assert TesseraFileSystem._get_kwargs_from_urls(url) == {"addrs": meta_addr}
     two = f"{meta_addr},[::1]:7600"
     assert TesseraFileSystem._get_kwargs_from_urls(f"tessera://{two}/x") == {"addrs": two}
+    # Addresses as `connect` takes them; anything else is the path's first name.
+    for netloc, is_address in (("h:1", True), ("[fe80::1%2]:7600", True),
+                               ("10.0.0.1:7600,", True), ("h:0", False),
+                               ("h:65536", False), ("h:1x", False), ("data", False),
+                               ("a b:1", False), (",", False)):
+        kw = TesseraFileSystem._get_kwargs_from_urls(f"tessera://{netloc}/x")
+        assert bool(kw) == is_address, netloc
     # Another protocol's options, as fsspec hands them on, are not client settings.
     TesseraFileSystem(addrs=meta_addr, key_file=key_file, hf={"token": None},
                       skip_instance_cache=True)
@@ -84,3 +93,20 @@ def test_hugging_face_datasets(meta_addr, key_file, base, frame, tmp_path):
     small.save_to_disk(f"{url}/saved", storage_options=so)
     again = datasets.load_from_disk(f"{url}/saved", storage_options=so)
     assert again.num_rows == 1000 and again[999]["i"] == 999
+
+
+def test_address_from_fsspecs_environment(meta_addr, key_file, base, fs, tmp_path):
+    # fsspec reads FSSPEC_<PROTOCOL>_<ARGUMENT> at import: a child process with them.
+    import subprocess
+    import sys
+
+    fs.write_bytes(f"{base}/env.txt", b"from the environment")
+    env = dict(os.environ, FSSPEC_TESSERA_ADDRS=meta_addr, FSSPEC_TESSERA_KEY_FILE=key_file)
+    code = ("import fsspec, sys; f = fsspec.filesystem('tessera'); "
+            "sys.stdout.buffer.write(f.cat(sys.argv[1])); "
+            "sys.stdout.buffer.write(fsspec.open(sys.argv[2]).open().read())")
+    out = subprocess.run([sys.executable, "-c", code, f"{base}/env.txt",
+                          f"tessera://{base.lstrip('/')}/env.txt"],
+                         env=env, capture_output=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr.decode()
+    assert out.stdout == b"from the environment" * 2

@@ -191,6 +191,11 @@ def test_walk_of_a_bytes_path_answers_bytes_and_prunes(fs, base, tmp_path):
     want = walk(os.walk, str(tmp_path))
     assert want == [(b"", [b"a", b"b", b"c"]), (b"/a", [b"x"]), (b"/a/x", []), (b"/c", [])]
     assert walk(fs.walk, base) == want
+    # Errors name bytes paths too.
+    for w, root in ((os.walk, str(tmp_path)), (fs.walk, base)):
+        errors = []
+        assert list(w(os.fsencode(f"{root}/missing"), onerror=errors.append)) == []
+        assert [e.filename for e in errors] == [os.fsencode(f"{root}/missing")]
 
 
 def test_makedirs_errors(fs, base):

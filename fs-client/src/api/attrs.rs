@@ -1,10 +1,12 @@
-//! Changes of a path's attributes: `chmod`, `chown` and `utimensat` by path (links
-//! followed), each one `setattr` on the metadata server, which applies the rules of a
-//! local file system to the caller ([`crate::api`]'s caller).
+//! A path's attributes: `chmod`, `chown` and `utimensat` (links followed), each one
+//! `setattr` on the metadata server, and extended attributes (`getxattr`, `setxattr`,
+//! `listxattr`, `removexattr`). The metadata server applies the rules of a local file
+//! system to the caller, as for a mount's requests.
 
 use super::types::timestamp;
 use super::{Result, Tessera};
-use proto::{SetAttr, TimeSet};
+pub use proto::meta::XattrMode;
+use proto::{InodeId, SetAttr, TimeSet};
 use std::time::SystemTime;
 
 impl Tessera {
@@ -54,6 +56,58 @@ impl Tessera {
             ..SetAttr::default()
         };
         self.set_attr(path, set)
+    }
+
+    /// The value of extended attribute `name` of `path` (its link's own with
+    /// `follow` false, as `lgetxattr(2)`); `NoData` (ENODATA) when it has none.
+    pub fn get_xattr(&self, path: &str, name: &[u8], follow: bool) -> Result<Vec<u8>> {
+        let sh = self.sh();
+        sh.block_on(async {
+            let ino = self.inode_of(path, follow).await?;
+            sh.client.getxattr(ino, name).await
+        })
+    }
+
+    /// Sets extended attribute `name` of `path` to `value`, as `setxattr(2)` with the
+    /// flags `mode` stands for. Names are namespaced as on Linux (`user.`,
+    /// `trusted.`, `security.`); `user.tessera.replicas` sets how many copies a file
+    /// (or a directory's new files) keeps.
+    pub fn set_xattr(
+        &self,
+        path: &str,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+        follow: bool,
+    ) -> Result<()> {
+        let sh = self.sh();
+        sh.block_on(async {
+            let ino = self.inode_of(path, follow).await?;
+            sh.client.setxattr(ino, name, value, mode).await
+        })
+    }
+
+    /// The names of `path`'s extended attributes that the caller may see.
+    pub fn list_xattr(&self, path: &str, follow: bool) -> Result<Vec<Vec<u8>>> {
+        let sh = self.sh();
+        sh.block_on(async {
+            let ino = self.inode_of(path, follow).await?;
+            sh.client.listxattr(ino).await
+        })
+    }
+
+    /// Removes extended attribute `name` of `path`; `NoData` when it has none.
+    pub fn remove_xattr(&self, path: &str, name: &[u8], follow: bool) -> Result<()> {
+        let sh = self.sh();
+        sh.block_on(async {
+            let ino = self.inode_of(path, follow).await?;
+            sh.client.removexattr(ino, name).await
+        })
+    }
+
+    async fn inode_of(&self, path: &str, follow: bool) -> Result<InodeId> {
+        let sh = self.sh();
+        Ok(sh.paths.resolve(&sh.client, path, follow).await?.ino)
     }
 
     fn set_attr(&self, path: &str, set: SetAttr) -> Result<()> {

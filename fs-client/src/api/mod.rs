@@ -40,6 +40,7 @@ mod path;
 mod resolve;
 mod types;
 
+pub use attrs::XattrMode;
 pub use file::{File, OpenOptions};
 pub use path::MAX_PATH_BYTES;
 pub use transport::StableBytes;

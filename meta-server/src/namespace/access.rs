@@ -188,8 +188,7 @@ impl Namespace {
     }
 
     /// A change of `ino`'s attributes; returns `set` with the setgid bit a chmod may
-    /// not keep dropped ([`perm::chmod_mode`]), and with the mode a chown leaves
-    /// ([`perm::chown_mode`]).
+    /// not keep dropped ([`perm::chmod_mode`]).
     pub(super) fn may_setattr(
         &self,
         c: &Caller,
@@ -204,9 +203,6 @@ impl Namespace {
         perm::check_setattr(c, &m, &set, held)?;
         let gid = set.gid.unwrap_or(m.gid);
         set.perm = set.perm.map(|p| perm::chmod_mode(c, gid, p));
-        if let Some(p) = perm::chown_mode(c, &m, &set) {
-            set.perm = Some(p);
-        }
         Ok(set)
     }
 

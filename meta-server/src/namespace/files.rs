@@ -519,12 +519,31 @@ impl Namespace {
         commit: Option<Commit>,
         set: &SetAttr,
     ) -> Result<Attr, MetaError> {
+        self.commit_and_setattr_as(ino, commit, set, None)
+    }
+
+    /// [`Self::commit_and_setattr`] of a request by `caller` (`None`: no request's),
+    /// which a chown's own effects on the file depend on: a change of owner or group
+    /// that carries no mode (a mount's kernel sends the mode it computed; the library
+    /// has no kernel) drops setuid and setgid as Linux does ([`perm::chown_mode`])
+    /// and the file's capabilities, decided on the record read here, under the lock,
+    /// so that a chmod landing meanwhile is not undone.
+    pub(super) fn commit_and_setattr_as(
+        &self,
+        ino: InodeId,
+        commit: Option<Commit>,
+        set: &SetAttr,
+        caller: Option<&Caller>,
+    ) -> Result<Attr, MetaError> {
         self.mutate(|txn, _| {
             if let Some(c) = &commit {
                 apply_commit(txn, ino, c)?;
             }
             let now = now();
             let mut rec = txn.inode(ino)?;
+            if let Some(c) = caller {
+                super::xattr::chown_effects(txn, ino, &mut rec, c, set)?;
+            }
             let old_size = rec.size;
             if let Some(size) = set.size {
                 match rec.kind {

@@ -95,7 +95,7 @@ impl Handle for fs::SetAttr {
         if self.commit.is_some() {
             ns.may_commit(&at.caller, self.ino, at.conn)?;
         }
-        ns.commit_and_setattr(self.ino, self.commit, &set)
+        ns.commit_and_setattr_as(self.ino, self.commit, &set, Some(&at.caller))
     }
 }
 

@@ -1,14 +1,15 @@
 //! Extended attributes, one key per attribute under `X`+ino.
 
 use super::names::{check_xattr_name, check_xattr_value};
-use super::records::{decode, encode};
+use super::perm;
+use super::records::{decode, encode, InodeRecord};
 use super::txn::Reads;
 use super::txn::Txn;
 use super::{keys, now, Namespace, MAX_XATTRS_PER_INODE};
 use super::{MAX_XATTR_NAMES_BYTES, MAX_XATTR_TOTAL_BYTES};
 use crate::error::{show, MetaError};
-use proto::meta::XattrMode;
-use proto::InodeId;
+use proto::meta::{Caller, XattrMode};
+use proto::{InodeId, SetAttr};
 
 impl Namespace {
     /// The value of extended attribute `name` of `ino`.
@@ -127,4 +128,28 @@ fn stored_value_len(stored: &[u8]) -> Result<usize, MetaError> {
         }
     }
     Err(MetaError::Corrupt("xattr value: bad length".into()))
+}
+
+/// What a chown by `c` does to `rec` besides its owner and group (`chown_common`): the
+/// mode bits [`perm::chown_mode`] drops, and a non-directory's file capabilities
+/// (`ATTR_KILL_PRIV`). Nothing when `set` changes no owner or group, or sets the mode.
+pub(super) fn chown_effects(
+    txn: &mut Txn<'_>,
+    ino: InodeId,
+    rec: &mut InodeRecord,
+    c: &Caller,
+    set: &SetAttr,
+) -> Result<(), MetaError> {
+    if let Some(perm) = perm::chown_mode(c, &rec.mode(), set) {
+        rec.perm = perm;
+    }
+    let chown = (set.uid.is_some() || set.gid.is_some()) && set.perm.is_none();
+    if chown && !rec.is_dir() && rec.xattr_count > 0 {
+        let key = keys::xattr(ino, proto::CAPABILITY_XATTR);
+        if txn.raw(&key)?.is_some() {
+            txn.delete(key);
+            rec.xattr_count = rec.xattr_count.saturating_sub(1);
+        }
+    }
+    Ok(())
 }
