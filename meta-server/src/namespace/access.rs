@@ -4,7 +4,8 @@
 //! A check reads the records, then the request's method reads them again under the
 //! mutation lock, so a `chmod` or `rename` landing between the two is not seen by the
 //! check (a local file system holds the directory's lock across both). `create`
-//! checks under the lock, with the records it changes (`Namespace::create_as`). A
+//! checks under the lock, with the records it changes (`Namespace::create_as`), and
+//! so does `setattr` again after its early check (`Namespace::commit_and_setattr_as`). A
 //! check that finds the name it is about missing (a remove) or present (an add)
 //! answers so itself, as of its read: a method that then found otherwise must not
 //! act without the check that applies to what it found.
@@ -187,23 +188,23 @@ impl Namespace {
         check_open(c, &self.reads().inode(ino)?, access, truncate)
     }
 
-    /// A change of `ino`'s attributes; returns `set` with the setgid bit a chmod may
-    /// not keep dropped ([`perm::chmod_mode`]).
+    /// A change of `ino`'s attributes, checked early (before a length commit goes with
+    /// it); returns what the caller holds besides mode bits, for the method's own
+    /// check under the lock (`Namespace::commit_and_setattr_as`).
     pub(super) fn may_setattr(
         &self,
         c: &Caller,
         ino: InodeId,
-        mut set: SetAttr,
+        set: &SetAttr,
         conn: ConnId,
-    ) -> Result<SetAttr, MetaError> {
+    ) -> Result<Held, MetaError> {
         let m = self.mode_of(ino)?;
+        // Asked whatever the mode: the mode may change before the method's check.
         let held = Held {
-            write_session: set.size.is_some() && !perm::may(c, &m, W) && self.writes(ino, conn),
+            write_session: set.size.is_some() && self.writes(ino, conn),
         };
-        perm::check_setattr(c, &m, &set, held)?;
-        let gid = set.gid.unwrap_or(m.gid);
-        set.perm = set.perm.map(|p| perm::chmod_mode(c, gid, p));
-        Ok(set)
+        perm::check_setattr(c, &m, set, held)?;
+        Ok(held)
     }
 
     /// A length commit or an append to `ino`: a write session of this connection on

@@ -522,18 +522,20 @@ impl Namespace {
         self.commit_and_setattr_as(ino, commit, set, None)
     }
 
-    /// [`Self::commit_and_setattr`] of a request by `caller` (`None`: no request's),
-    /// which a chown's own effects on the file depend on: a change of owner or group
-    /// that carries no mode (a mount's kernel sends the mode it computed; the library
-    /// has no kernel) drops setuid and setgid as Linux does ([`perm::chown_mode`])
-    /// and the file's capabilities, decided on the record read here, under the lock,
-    /// so that a chmod landing meanwhile is not undone.
+    /// [`Self::commit_and_setattr`] of a request by `caller` (`None`: no request's,
+    /// unchecked), with what it holds besides mode bits. The permission rules
+    /// ([`perm::check_setattr`]) and what they change are decided on the record read
+    /// here, under the lock, so that a chmod or chown landing after the request's
+    /// early check is neither missed nor undone: a chmod's setgid bit
+    /// ([`perm::chmod_mode`]), and a chown that carries no mode (a mount's kernel sends
+    /// the mode it computed; the library has no kernel) dropping setuid, setgid and the
+    /// file's capabilities as Linux does ([`perm::chown_mode`]).
     pub(super) fn commit_and_setattr_as(
         &self,
         ino: InodeId,
         commit: Option<Commit>,
         set: &SetAttr,
-        caller: Option<&Caller>,
+        caller: Option<(&Caller, perm::Held)>,
     ) -> Result<Attr, MetaError> {
         self.mutate(|txn, _| {
             if let Some(c) = &commit {
@@ -541,8 +543,12 @@ impl Namespace {
             }
             let now = now();
             let mut rec = txn.inode(ino)?;
-            if let Some(c) = caller {
-                super::xattr::chown_effects(txn, ino, &mut rec, c, set)?;
+            let mut set = set.clone();
+            if let Some((c, held)) = caller {
+                perm::check_setattr(c, &rec.mode(), &set, held)?;
+                let gid = set.gid.unwrap_or(rec.gid);
+                set.perm = set.perm.map(|p| perm::chmod_mode(c, gid, p));
+                super::xattr::chown_effects(txn, ino, &mut rec, c, &set)?;
             }
             let old_size = rec.size;
             if let Some(size) = set.size {

@@ -353,6 +353,41 @@ fn attributes_and_xattrs_follow_their_owners(kind: StoreKind) {
     assert_eq!(list(0).len(), 2);
 }
 
+/// A setattr is checked again on the record it changes, under the lock: a chown landing
+/// between the request's early check and its change (here: the early check's verdict
+/// for ALICE, then the file given to BOB) is not missed, and a chown's mode and
+/// capability drops are decided on that record too.
+fn a_setattr_is_checked_on_the_record_it_changes(kind: StoreKind) {
+    let h = H::with_nodes(kind, 1);
+    let ns = h.ns();
+    let d = mkdir(ns, 0, ROOT, "d", 0o777);
+    let f = file(ns, ALICE, d, "f", 0o6755);
+    let alice = Caller::new(ALICE, ALICE);
+    let chmod = SetAttr {
+        perm: Some(0o777),
+        ..SetAttr::default()
+    };
+    let held = ns.may_setattr(&alice, f, &chmod, ConnId(1)).unwrap();
+    let to_bob = SetAttr {
+        uid: Some(BOB),
+        ..SetAttr::default()
+    };
+    ns.handle(
+        fs::SetAttr {
+            ino: f,
+            set: to_bob,
+            commit: None,
+        },
+        at(0, 1),
+    )
+    .unwrap();
+    let late = ns.commit_and_setattr_as(f, None, &chmod, Some((&alice, held)));
+    assert_eq!(late.unwrap_err().code(), ErrorCode::NotPermitted);
+    let a = ns.getattr(f).unwrap();
+    // The chown (root's, with no mode) dropped setuid and the group-exec setgid.
+    assert_eq!((a.uid, a.perm), (BOB, 0o755));
+}
+
 fn a_new_file_in_a_setgid_directory_of_a_foreign_group_loses_setgid(kind: StoreKind) {
     let h = H::with_nodes(kind, 1);
     let ns = h.ns();
@@ -517,4 +552,5 @@ engine_tests!(
     hard_links_to_others_files_follow_the_kernels_rule_or_the_servers,
     attributes_and_xattrs_follow_their_owners,
     a_new_file_in_a_setgid_directory_of_a_foreign_group_loses_setgid,
+    a_setattr_is_checked_on_the_record_it_changes,
 );
