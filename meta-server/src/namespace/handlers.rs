@@ -411,7 +411,8 @@ impl Handle for fs::SetXattr {
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
         ns.may_xattr(&at.caller, self.ino, &self.name, XattrAccess::Write)?;
-        ns.setxattr(self.ino, &self.name, &self.value, self.mode)
+        let attr = (&self.name[..], &self.value[..]);
+        ns.setxattr_as(self.ino, attr, self.mode, Some(&at.caller))
     }
 }
 
@@ -432,7 +433,7 @@ impl Handle for fs::RemoveXattr {
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
         ns.may_xattr(&at.caller, self.ino, &self.name, XattrAccess::Remove)?;
-        ns.removexattr(self.ino, &self.name)
+        ns.removexattr_as(self.ino, &self.name, Some(&at.caller))
     }
 }
 

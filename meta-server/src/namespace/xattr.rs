@@ -31,11 +31,27 @@ impl Namespace {
         value: &[u8],
         mode: XattrMode,
     ) -> Result<(), MetaError> {
+        self.setxattr_as(ino, (name, value), mode, None)
+    }
+
+    /// [`Self::setxattr`] for `caller` (`None`: unchecked), whose permission is checked
+    /// again on the record it changes, under the lock (a chmod or chown landing after
+    /// the request's early check is not missed).
+    pub(super) fn setxattr_as(
+        &self,
+        ino: InodeId,
+        (name, value): (&[u8], &[u8]),
+        mode: XattrMode,
+        caller: Option<&Caller>,
+    ) -> Result<(), MetaError> {
         check_xattr_name(name)?;
         check_xattr_value(value)?;
         super::dirlayout::check(name, value)?;
         self.mutate(|txn, _| {
             let mut rec = txn.inode(ino)?;
+            if let Some(c) = caller {
+                perm::check_xattr(c, &rec.mode(), name, perm::XattrAccess::Write)?;
+            }
             let key = keys::xattr(ino, name);
             let exists = txn.raw(&key)?.is_some();
             match (mode, exists) {
@@ -72,9 +88,23 @@ impl Namespace {
 
     /// Removes extended attribute `name` of `ino`.
     pub fn removexattr(&self, ino: InodeId, name: &[u8]) -> Result<(), MetaError> {
+        self.removexattr_as(ino, name, None)
+    }
+
+    /// [`Self::removexattr`] for `caller` (`None`: unchecked), checked again under the
+    /// lock as [`Self::setxattr_as`] is.
+    pub(super) fn removexattr_as(
+        &self,
+        ino: InodeId,
+        name: &[u8],
+        caller: Option<&Caller>,
+    ) -> Result<(), MetaError> {
         check_xattr_name(name)?;
         self.mutate_answering(|txn, _| {
             let mut rec = txn.inode(ino)?;
+            if let Some(c) = caller {
+                perm::check_xattr(c, &rec.mode(), name, perm::XattrAccess::Remove)?;
+            }
             let key = keys::xattr(ino, name);
             if txn.raw(&key)?.is_none() {
                 return Err(MetaError::NoData(format!("{} on {ino}", show(name))));

@@ -3,6 +3,7 @@
 
 use super::{engine_tests, H, ROOT};
 use crate::kv::StoreKind;
+use crate::namespace::perm::XattrAccess;
 use crate::namespace::{ConnId, Namespace, Origin};
 use proto::meta::{fs, Caller, OpenAccess, RenameMode, XattrMode};
 use proto::{ClientId, ErrorCode, InodeId, SetAttr};
@@ -353,11 +354,11 @@ fn attributes_and_xattrs_follow_their_owners(kind: StoreKind) {
     assert_eq!(list(0).len(), 2);
 }
 
-/// A setattr is checked again on the record it changes, under the lock: a chown landing
-/// between the request's early check and its change (here: the early check's verdict
-/// for ALICE, then the file given to BOB) is not missed, and a chown's mode and
-/// capability drops are decided on that record too.
-fn a_setattr_is_checked_on_the_record_it_changes(kind: StoreKind) {
+/// A setattr (and an xattr change) is checked again on the record it changes, under the
+/// lock: a chown landing between the request's early check and its change (here: the
+/// early check's verdict for ALICE, then the file given to BOB) is not missed, and a
+/// chown's mode and capability drops are decided on that record too.
+fn setattr_and_xattr_changes_are_checked_on_the_record_they_change(kind: StoreKind) {
     let h = H::with_nodes(kind, 1);
     let ns = h.ns();
     let d = mkdir(ns, 0, ROOT, "d", 0o777);
@@ -386,6 +387,22 @@ fn a_setattr_is_checked_on_the_record_it_changes(kind: StoreKind) {
     let a = ns.getattr(f).unwrap();
     // The chown (root's, with no mode) dropped setuid and the group-exec setgid.
     assert_eq!((a.uid, a.perm), (BOB, 0o755));
+    // The same for extended attributes: ALICE could write the file's user.* when she
+    // asked; the file is BOB's and 0o755 when her change comes.
+    let g = file(ns, ALICE, d, "g", 0o666);
+    let bob = Caller::new(BOB, BOB);
+    ns.may_xattr(&bob, g, b"user.x", XattrAccess::Write)
+        .unwrap();
+    let private = SetAttr {
+        perm: Some(0o644),
+        ..SetAttr::default()
+    };
+    ns.commit_and_setattr(g, None, &private).unwrap();
+    let late = ns.setxattr_as(g, (b"user.x", b"v"), XattrMode::Upsert, Some(&bob));
+    assert_eq!(late.unwrap_err().code(), ErrorCode::PermissionDenied);
+    ns.setxattr(g, b"user.y", b"v", XattrMode::Upsert).unwrap();
+    let late = ns.removexattr_as(g, b"user.y", Some(&bob));
+    assert_eq!(late.unwrap_err().code(), ErrorCode::PermissionDenied);
 }
 
 fn a_new_file_in_a_setgid_directory_of_a_foreign_group_loses_setgid(kind: StoreKind) {
@@ -552,5 +569,5 @@ engine_tests!(
     hard_links_to_others_files_follow_the_kernels_rule_or_the_servers,
     attributes_and_xattrs_follow_their_owners,
     a_new_file_in_a_setgid_directory_of_a_foreign_group_loses_setgid,
-    a_setattr_is_checked_on_the_record_it_changes,
+    setattr_and_xattr_changes_are_checked_on_the_record_they_change,
 );
