@@ -201,13 +201,13 @@ fn default_of(defaults: &toml::Table, name: &str) -> Option<toml::Value> {
 /// when it looks like a number: `client_name=1234`).
 fn typed(name: &str, value: &str, default: &toml::Value) -> anyhow::Result<toml::Value> {
     use toml::Value as V;
-    let bad = |what: &str| anyhow::anyhow!("mount option {name}={value}: not {what}");
+    let bad = |what: &str| anyhow::anyhow!("setting {name}={value}: not {what}");
     Ok(match default {
         V::String(_) => V::String(value.to_string()),
         V::Integer(_) => V::Integer(value.parse().map_err(|_| bad("an integer"))?),
         V::Boolean(_) => V::Boolean(value.parse().map_err(|_| bad("true or false"))?),
         V::Float(_) => V::Float(value.parse().map_err(|_| bad("a number"))?),
-        _ => bail!("mount option {name}: a table of settings, set its fields by name"),
+        _ => bail!("setting {name}: a table of settings, set its fields by name"),
     })
 }
 
@@ -241,7 +241,7 @@ pub fn config_with(
                 .entry(part.to_string())
                 .or_insert_with(|| toml::Value::Table(toml::Table::new()));
             let Some(t) = entry.as_table_mut() else {
-                bail!("mount option {name}: {part} is not a table of settings");
+                bail!("setting {name}: {part} is not a table of settings");
             };
             at = t;
         }
