@@ -520,13 +520,16 @@ class Tessera:
         `flags` 0, `os.XATTR_CREATE` or `os.XATTR_REPLACE`, as `os.setxattr`. Names are
         namespaced as on Linux (`user.` for users); `user.tessera.replicas` is the
         number of copies a file keeps (on a directory: its new files)."""
-        self._native().setxattr(_fspath(path), os.fsencode(attribute), bytes(value),
+        # A bytes-like object, as os.setxattr takes (bytes(5) would be 5 zero bytes).
+        data = memoryview(value).tobytes()
+        self._native().setxattr(_fspath(path), os.fsencode(attribute), data,
                                 operator.index(flags), follow_symlinks)
 
     def listxattr(self, path="/", *, follow_symlinks=True) -> list[str]:
-        """The names of `path`'s extended attributes, as `os.listxattr`."""
-        return [os.fsdecode(n) for n in
-                self._native().listxattr(_fspath(path), follow_symlinks)]
+        """The names of `path`'s extended attributes, as `os.listxattr` (None: the
+        root, this client's only working directory)."""
+        p = "/" if path is None else _fspath(path)
+        return [os.fsdecode(n) for n in self._native().listxattr(p, follow_symlinks)]
 
     def removexattr(self, path, attribute, *, follow_symlinks=True) -> None:
         """Removes extended attribute `attribute` of `path`, as `os.removexattr`."""

@@ -174,6 +174,8 @@ def test_extended_attributes(fs, base, tmp_path):
         assert e.value.errno == errno.EOPNOTSUPP
         with pytest.raises(FileNotFoundError):
             m.getxattr(p + "-missing", "user.a")
+        with pytest.raises(TypeError):  # a bytes-like value only
+            m.setxattr(p, "user.n", 5)
         # A link's own: Linux keeps user.* off symlinks (EPERM), and reads through it.
         m.symlink(p, p + "-link")
         assert m.getxattr(p + "-link", "user.b") == b"beta"

@@ -246,9 +246,7 @@ pub fn config_with(
             at = t;
         }
     }
-    table
-        .try_into()
-        .context("the client settings given as mount options")
+    table.try_into().context("the client settings")
 }
 
 /// Splits SOURCE into the metadata address (if it names one) and the directory.

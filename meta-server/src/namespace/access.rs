@@ -190,22 +190,19 @@ impl Namespace {
     }
 
     /// A change of `ino`'s attributes, checked early (before a length commit goes with
-    /// it); returns what the caller holds besides mode bits, for the method's own
-    /// check under the lock (`Namespace::commit_and_setattr_as`).
+    /// it); the method checks again under the lock (`Namespace::commit_and_setattr_as`).
     pub(super) fn may_setattr(
         &self,
         c: &Caller,
         ino: InodeId,
         set: &SetAttr,
         conn: ConnId,
-    ) -> Result<Held, MetaError> {
+    ) -> Result<(), MetaError> {
         let m = self.mode_of(ino)?;
-        // Asked whatever the mode: the mode may change before the method's check.
         let held = Held {
-            write_session: set.size.is_some() && self.writes(ino, conn),
+            write_session: set.size.is_some() && !perm::may(c, &m, W) && self.writes(ino, conn),
         };
-        perm::check_setattr(c, &m, set, held)?;
-        Ok(held)
+        perm::check_setattr(c, &m, set, held)
     }
 
     /// A length commit or an append to `ino`: a write session of this connection on
@@ -242,12 +239,7 @@ impl Namespace {
 
     /// Whether connection `conn` holds a session on `ino` (a writing one if `write`).
     fn holds(&self, ino: InodeId, conn: ConnId, write: bool) -> bool {
-        let st = self.state.lock();
-        st.is_open(ino)
-            && st
-                .sessions
-                .values()
-                .any(|s| s.ino == ino && s.conn == conn && (s.write || !write))
+        self.state.lock().holds(ino, conn, write)
     }
 
     /// A session named by a release or a tail cut: only its own connection's.

@@ -522,8 +522,8 @@ impl Namespace {
         self.commit_and_setattr_as(ino, commit, set, None)
     }
 
-    /// [`Self::commit_and_setattr`] of a request by `caller` (`None`: no request's,
-    /// unchecked), with what it holds besides mode bits. The permission rules
+    /// [`Self::commit_and_setattr`] of a request by `caller` on connection `conn`
+    /// (`None`: no request's, unchecked). The permission rules
     /// ([`perm::check_setattr`]) and what they change are decided on the record read
     /// here, under the lock, so that a chmod or chown landing after the request's
     /// early check is neither missed nor undone: a chmod's setgid bit
@@ -535,17 +535,23 @@ impl Namespace {
         ino: InodeId,
         commit: Option<Commit>,
         set: &SetAttr,
-        caller: Option<(&Caller, perm::Held)>,
+        caller: Option<(&Caller, ConnId)>,
     ) -> Result<Attr, MetaError> {
-        self.mutate(|txn, _| {
+        self.mutate(|txn, st| {
             if let Some(c) = &commit {
                 apply_commit(txn, ino, c)?;
             }
             let now = now();
             let mut rec = txn.inode(ino)?;
             let mut set = set.clone();
-            if let Some((c, held)) = caller {
-                perm::check_setattr(c, &rec.mode(), &set, held)?;
+            if let Some((c, conn)) = caller {
+                let m = rec.mode();
+                let held = perm::Held {
+                    write_session: set.size.is_some()
+                        && !perm::may(c, &m, perm::W)
+                        && st.holds(ino, conn, true),
+                };
+                perm::check_setattr(c, &m, &set, held)?;
                 let gid = set.gid.unwrap_or(rec.gid);
                 set.perm = set.perm.map(|p| perm::chmod_mode(c, gid, p));
                 super::xattr::chown_effects(txn, ino, &mut rec, c, &set)?;

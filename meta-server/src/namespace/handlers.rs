@@ -91,11 +91,12 @@ impl Handle for fs::SetAttr {
         self.ino.0
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
-        let held = ns.may_setattr(&at.caller, self.ino, &self.set, at.conn)?;
+        ns.may_setattr(&at.caller, self.ino, &self.set, at.conn)?;
         if self.commit.is_some() {
             ns.may_commit(&at.caller, self.ino, at.conn)?;
         }
-        ns.commit_and_setattr_as(self.ino, self.commit, &self.set, Some((&at.caller, held)))
+        let by = Some((&at.caller, at.conn));
+        ns.commit_and_setattr_as(self.ino, self.commit, &self.set, by)
     }
 }
 

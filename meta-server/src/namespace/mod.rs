@@ -184,6 +184,15 @@ impl State {
     fn is_open(&self, ino: InodeId) -> bool {
         self.open_counts.get(&ino).is_some_and(|&n| n > 0)
     }
+
+    /// Whether connection `conn` holds a session on `ino` (a writing one if `write`).
+    fn holds(&self, ino: InodeId, conn: ConnId, write: bool) -> bool {
+        self.is_open(ino)
+            && self
+                .sessions
+                .values()
+                .any(|s| s.ino == ino && s.conn == conn && (s.write || !write))
+    }
 }
 
 /// The metadata server's namespace over a key-value store.

@@ -357,7 +357,8 @@ fn attributes_and_xattrs_follow_their_owners(kind: StoreKind) {
 /// A setattr (and an xattr change) is checked again on the record it changes, under the
 /// lock: a chown landing between the request's early check and its change (here: the
 /// early check's verdict for ALICE, then the file given to BOB) is not missed, and a
-/// chown's mode and capability drops are decided on that record too.
+/// chown's mode drops are decided on that record too; a truncation through a writable
+/// session still goes on after a chmod 000 landed in between.
 fn setattr_and_xattr_changes_are_checked_on_the_record_they_change(kind: StoreKind) {
     let h = H::with_nodes(kind, 1);
     let ns = h.ns();
@@ -368,7 +369,7 @@ fn setattr_and_xattr_changes_are_checked_on_the_record_they_change(kind: StoreKi
         perm: Some(0o777),
         ..SetAttr::default()
     };
-    let held = ns.may_setattr(&alice, f, &chmod, ConnId(1)).unwrap();
+    ns.may_setattr(&alice, f, &chmod, ConnId(1)).unwrap();
     let to_bob = SetAttr {
         uid: Some(BOB),
         ..SetAttr::default()
@@ -382,7 +383,7 @@ fn setattr_and_xattr_changes_are_checked_on_the_record_they_change(kind: StoreKi
         at(0, 1),
     )
     .unwrap();
-    let late = ns.commit_and_setattr_as(f, None, &chmod, Some((&alice, held)));
+    let late = ns.commit_and_setattr_as(f, None, &chmod, Some((&alice, ConnId(1))));
     assert_eq!(late.unwrap_err().code(), ErrorCode::NotPermitted);
     let a = ns.getattr(f).unwrap();
     // The chown (root's, with no mode) dropped setuid and the group-exec setgid.
@@ -403,6 +404,30 @@ fn setattr_and_xattr_changes_are_checked_on_the_record_they_change(kind: StoreKi
     ns.setxattr(g, b"user.y", b"v", XattrMode::Upsert).unwrap();
     let late = ns.removexattr_as(g, b"user.y", Some(&bob));
     assert_eq!(late.unwrap_err().code(), ErrorCode::PermissionDenied);
+    // ftruncate on a descriptor opened for writing needs no write bit, then or later.
+    let open = ns
+        .handle(
+            create_req(d, "w", 0o644, OpenAccess::ReadWrite),
+            at(ALICE, 1),
+        )
+        .unwrap();
+    let w = open.attr.ino;
+    let cut = SetAttr {
+        size: Some(0),
+        ..SetAttr::default()
+    };
+    ns.may_setattr(&alice, w, &cut, ConnId(1)).unwrap();
+    let none = SetAttr {
+        perm: Some(0),
+        ..SetAttr::default()
+    };
+    ns.commit_and_setattr(w, None, &none).unwrap();
+    ns.commit_and_setattr_as(w, None, &cut, Some((&alice, ConnId(1))))
+        .unwrap();
+    // Another connection of the same user holds no session: refused.
+    let other = ns.commit_and_setattr_as(w, None, &cut, Some((&alice, ConnId(2))));
+    assert_eq!(other.unwrap_err().code(), ErrorCode::PermissionDenied);
+    ns.release(open.session, None).unwrap();
 }
 
 fn a_new_file_in_a_setgid_directory_of_a_foreign_group_loses_setgid(kind: StoreKind) {
