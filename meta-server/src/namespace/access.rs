@@ -5,8 +5,8 @@
 //! mutation lock, so a `chmod` or `rename` landing between the two is not seen by the
 //! check (a local file system holds the directory's lock across both). `create`
 //! checks under the lock, with the records it changes (`Namespace::create_as`), and
-//! so do `setattr` and xattr changes again after their early check
-//! (`Namespace::commit_and_setattr_as`, `setxattr_as`, `removexattr_as`). A
+//! so do `setattr`, xattr changes and a link's rule again after their early check
+//! (`Namespace::commit_and_setattr_as`, `setxattr_as`, `removexattr_as`, `link_as`). A
 //! check that finds the name it is about missing (a remove) or present (an add)
 //! answers so itself, as of its read: a method that then found otherwise must not
 //! act without the check that applies to what it found.

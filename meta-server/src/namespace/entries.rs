@@ -128,11 +128,27 @@ impl Namespace {
         new_parent: InodeId,
         new_name: &[u8],
     ) -> Result<Made, MetaError> {
+        self.link_as(ino, (new_parent, new_name), None)
+    }
+
+    /// [`Self::link`], with the hard-link rule for `caller` (`perm::may_link`: given
+    /// when its kernel did not apply its own) checked on the file's record under the
+    /// lock, so that a chmod or chown landing after the request's early check is not
+    /// missed.
+    pub(super) fn link_as(
+        &self,
+        ino: InodeId,
+        (new_parent, new_name): (InodeId, &[u8]),
+        caller: Option<&Caller>,
+    ) -> Result<Made, MetaError> {
         check_name(new_name)?;
         let made = self.mutate_answering(|txn, st| {
             let now = now();
             let before = txn.dir(new_parent)?.ctime;
             let mut rec = txn.inode(ino)?;
+            if let Some(c) = caller {
+                super::perm::may_link(c, &rec.mode())?;
+            }
             if rec.is_dir() {
                 return Err(MetaError::NotPermitted(format!(
                     "hard link to directory {ino}"

@@ -213,7 +213,8 @@ impl Handle for fs::Link {
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
         let to = (self.new_parent, &self.new_name[..]);
         ns.may_link(&at.caller, self.ino, to, self.kernel_checked)?;
-        ns.link(self.ino, self.new_parent, &self.new_name)
+        let by = (!self.kernel_checked).then_some(&at.caller);
+        ns.link_as(self.ino, to, by)
     }
 }
 

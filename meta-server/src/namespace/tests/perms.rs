@@ -354,8 +354,8 @@ fn attributes_and_xattrs_follow_their_owners(kind: StoreKind) {
     assert_eq!(list(0).len(), 2);
 }
 
-/// A setattr (and an xattr change) is checked again on the record it changes, under the
-/// lock: a chown landing between the request's early check and its change (here: the
+/// A setattr (and an xattr change, and a hard link's rule) is checked again on the
+/// record it changes, under the lock: a chown landing between the request's early check and its change (here: the
 /// early check's verdict for ALICE, then the file given to BOB) is not missed, and a
 /// chown's mode drops are decided on that record too; a truncation through a writable
 /// session still goes on after a chmod 000 landed in between.
@@ -404,6 +404,13 @@ fn setattr_and_xattr_changes_are_checked_on_the_record_they_change(kind: StoreKi
     ns.setxattr(g, b"user.y", b"v", XattrMode::Upsert).unwrap();
     let late = ns.removexattr_as(g, b"user.y", Some(&bob));
     assert_eq!(late.unwrap_err().code(), ErrorCode::PermissionDenied);
+    // A hard link to another's file (the server's rule: read and write needed) after
+    // the file became private.
+    let l = file(ns, ALICE, d, "l", 0o666);
+    ns.may_link(&bob, l, (d, b"l2"), false).unwrap();
+    ns.commit_and_setattr(l, None, &private).unwrap();
+    let late = ns.link_as(l, (d, b"l2"), Some(&bob));
+    assert_eq!(late.unwrap_err().code(), ErrorCode::NotPermitted);
     // ftruncate on a descriptor opened for writing needs no write bit, then or later.
     let open = ns
         .handle(
