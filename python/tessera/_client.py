@@ -563,13 +563,60 @@ def _seconds_to_ns(t) -> int:
     return operator.index(t) * 1_000_000_000
 
 
-def connect(addrs, **options) -> Tessera:
+#: The client configuration file a mount reads when given none (`mount -t fuse.tessera`).
+DEFAULT_CONFIG = "/etc/tessera/client.toml"
+
+
+def _read_config(path) -> dict:
+    """The settings of a client configuration file (TOML, as a mount's), its tables
+    flattened to dotted names (`transport_limits.call_timeout_ms`) as settings are named."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{os.fsdecode(path)}: {e}") from None
+
+    def flat(t: dict, prefix: str):
+        for k, v in t.items():
+            if isinstance(v, dict):
+                yield from flat(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}", v
+
+    return dict(flat(table, ""))
+
+
+def _configured(addrs, config, options: dict) -> tuple:
+    """The addresses and settings a connection uses: a configuration file's (`config`,
+    else `$TESSERA_CONFIG`, else `DEFAULT_CONFIG` when it exists and no `addrs` are
+    given) under `addrs` and `options`, which win."""
+    path = config if config is not None else os.environ.get("TESSERA_CONFIG") or None
+    if path is None and addrs is None and os.path.exists(DEFAULT_CONFIG):
+        path = DEFAULT_CONFIG
+    settings = _read_config(path) if path is not None else {}
+    from_file = settings.pop("meta_addr", None)
+    if addrs is None:
+        addrs = from_file
+    if addrs is None:
+        raise ValueError("connect needs the metadata server's HOST:PORT: give addrs, or a "
+                         "client configuration file with meta_addr (config=FILE, "
+                         f"TESSERA_CONFIG, or {DEFAULT_CONFIG})")
+    return addrs, {**settings, **options}
+
+
+def connect(addrs=None, *, config=None, **options) -> Tessera:
     """Connects to the cluster whose metadata server listens at `addrs` ("HOST:PORT", a
     comma-separated list, or a list of them).
 
     `options` are the client's settings by name (those of the client configuration file,
     e.g. `io_buffers=64`, `readahead_max_bytes=...`), plus `threads` (the native runtime's
-    threads) and `parallel` (files `read_many` fetches at once).
+    threads) and `parallel` (files `read_many` fetches at once). A client configuration
+    file (the mount's TOML: `config`, else `$TESSERA_CONFIG`, else
+    `/etc/tessera/client.toml` when no `addrs` are given) sets the address (`meta_addr`)
+    and settings (`key_file`, ...) that `addrs` and `options` do not.
     """
+    addrs, options = _configured(addrs, config, options)
     return Tessera(addrs, options)
 

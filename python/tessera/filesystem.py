@@ -16,7 +16,7 @@ import stat as statmod
 
 from fsspec.spec import AbstractFileSystem
 
-from ._client import Tessera, _split_url
+from ._client import Tessera, _configured, _split_url
 
 
 def _other_layers(name: str, value) -> bool:
@@ -44,19 +44,26 @@ class TesseraFileSystem(AbstractFileSystem):
     _FSSPEC_ARGS = ("use_listings_cache", "listings_expiry_time", "max_paths",
                     "asynchronous", "loop")
 
-    def __init__(self, addrs=None, host=None, port=None, auto_mkdir=True, **options):
-        super().__init__(addrs=addrs, host=host, port=port, auto_mkdir=auto_mkdir, **options)
+    def __init__(self, addrs=None, host=None, port=None, auto_mkdir=True, config=None,
+                 **options):
+        super().__init__(addrs=addrs, host=host, port=port, auto_mkdir=auto_mkdir,
+                         config=config, **options)
         # Writing a file makes its missing parent directories, as object stores and
         # fsspec's memory file system behave (and LocalFileSystem(auto_mkdir=True)).
         self.auto_mkdir = auto_mkdir
         if addrs is None and host is not None:
             addrs = f"{host}:{port}" if port is not None else host
-        if addrs is None:
-            raise ValueError("TesseraFileSystem needs addrs='HOST:PORT' (in storage_options, "
-                             "FSSPEC_TESSERA_ADDRS in the environment, or a "
-                             "tessera://HOST:PORT/ URL)")
         settings = {k: v for k, v in options.items()
                     if k not in self._FSSPEC_ARGS and not _other_layers(k, v)}
+        try:
+            addrs, settings = _configured(addrs, config, settings)
+        except ValueError as e:
+            if addrs is not None:
+                raise
+            raise ValueError("TesseraFileSystem needs addrs='HOST:PORT' (in storage_options, "
+                             "FSSPEC_TESSERA_ADDRS in the environment, a "
+                             "tessera://HOST:PORT/ URL, or a client configuration file: "
+                             f"{e})") from None
         self.client = Tessera(addrs, settings)
 
     @classmethod

@@ -97,7 +97,7 @@ impl Options {
 
     /// The defaults with client settings set by name, as a mount's `-o name=value`
     /// options are (`io_buffers`, `readahead_max_bytes`, `transport_limits.
-    /// rpc_timeout_ms`, ...), each read as the type of its default. An unknown name or
+    /// call_timeout_ms`, ...), each read as the type of its default. An unknown name or
     /// a value of the wrong type fails with [`ClientError::Config`].
     pub fn with_settings<N: AsRef<str>, V: AsRef<str>>(settings: &[(N, V)]) -> Result<Options> {
         let settings: Vec<(String, String)> = settings
