@@ -569,29 +569,41 @@ DEFAULT_CONFIG = "/etc/tessera/client.toml"
 
 def _read_config(path) -> dict:
     """The settings of a client configuration file (TOML, as a mount's), its tables
-    flattened to dotted names (`transport_limits.call_timeout_ms`) as settings are named."""
+    flattened to dotted names (`transport_limits.call_timeout_ms`) as settings are named.
+    Settings are strings, numbers and booleans: anything else is refused here, naming
+    the file (the native client would read it as text)."""
     import tomllib
 
+    name = os.fsdecode(path)
     try:
         with open(path, "rb") as f:
             table = tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{os.fsdecode(path)}: {e}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{name}: {e}") from None
 
     def flat(t: dict, prefix: str):
         for k, v in t.items():
             if isinstance(v, dict):
                 yield from flat(v, f"{prefix}{k}.")
-            else:
+            elif isinstance(v, (str, int, float, bool)):
                 yield f"{prefix}{k}", v
+            else:
+                raise ValueError(f"{name}: setting {prefix}{k} = {v!r}: not a string, "
+                                 "number or boolean")
 
     return dict(flat(table, ""))
 
 
+class _NoAddress(ValueError):
+    """No metadata server address was given anywhere."""
+
+
 def _configured(addrs, config, options: dict) -> tuple:
     """The addresses and settings a connection uses: a configuration file's (`config`,
-    else `$TESSERA_CONFIG`, else `DEFAULT_CONFIG` when it exists and no `addrs` are
-    given) under `addrs` and `options`, which win."""
+    else `$TESSERA_CONFIG` if set and not empty, else `DEFAULT_CONFIG` when it exists
+    and no `addrs` are given) under `addrs` and `options`, which win. A relative
+    `key_file` is made absolute here, once, as the mount helper makes it (a forked
+    worker connects again later, maybe from another directory)."""
     path = config if config is not None else os.environ.get("TESSERA_CONFIG") or None
     if path is None and addrs is None and os.path.exists(DEFAULT_CONFIG):
         path = DEFAULT_CONFIG
@@ -600,10 +612,15 @@ def _configured(addrs, config, options: dict) -> tuple:
     if addrs is None:
         addrs = from_file
     if addrs is None:
-        raise ValueError("connect needs the metadata server's HOST:PORT: give addrs, or a "
-                         "client configuration file with meta_addr (config=FILE, "
-                         f"TESSERA_CONFIG, or {DEFAULT_CONFIG})")
-    return addrs, {**settings, **options}
+        read = f"{os.fsdecode(path)} has no meta_addr" if path is not None else \
+            f"no configuration file (config=FILE, TESSERA_CONFIG, or {DEFAULT_CONFIG})"
+        raise _NoAddress(f"connect needs the metadata server's HOST:PORT: give addrs "
+                         f"({read})")
+    settings.update(options)
+    key = settings.get("key_file")
+    if isinstance(key, (str, bytes, os.PathLike)) and os.fspath(key):
+        settings["key_file"] = os.path.abspath(os.fsdecode(key))
+    return addrs, settings
 
 
 def connect(addrs=None, *, config=None, **options) -> Tessera:

@@ -16,7 +16,7 @@ import stat as statmod
 
 from fsspec.spec import AbstractFileSystem
 
-from ._client import Tessera, _configured, _split_url
+from ._client import Tessera, _configured, _NoAddress, _split_url
 
 
 def _other_layers(name: str, value) -> bool:
@@ -33,8 +33,11 @@ class TesseraFileSystem(AbstractFileSystem):
     """fsspec's view of one Tessera cluster.
 
     `addrs`: the metadata server's "HOST:PORT" (or several, comma-separated); a URL's
-    HOST:PORT gives it too. Other keyword arguments are client settings, as for
-    `tessera.connect` (`key_file` for a cluster with keys).
+    HOST:PORT gives it too, and so does a client configuration file (`config`, as for
+    `tessera.connect`). Other keyword arguments are client settings, as for
+    `tessera.connect` (`key_file` for a cluster with keys). fsspec caches instances by
+    their arguments: one made from `$TESSERA_CONFIG` is reused after the variable
+    changes (`skip_instance_cache=True` makes a new one).
     """
 
     protocol = "tessera"
@@ -57,13 +60,12 @@ class TesseraFileSystem(AbstractFileSystem):
                     if k not in self._FSSPEC_ARGS and not _other_layers(k, v)}
         try:
             addrs, settings = _configured(addrs, config, settings)
-        except ValueError as e:
-            if addrs is not None:
-                raise
+        except _NoAddress:
             raise ValueError("TesseraFileSystem needs addrs='HOST:PORT' (in storage_options, "
                              "FSSPEC_TESSERA_ADDRS in the environment, a "
-                             "tessera://HOST:PORT/ URL, or a client configuration file: "
-                             f"{e})") from None
+                             "tessera://HOST:PORT/ URL, or meta_addr in a client "
+                             "configuration file: config=FILE, TESSERA_CONFIG, or "
+                             "/etc/tessera/client.toml)") from None
         self.client = Tessera(addrs, settings)
 
     @classmethod

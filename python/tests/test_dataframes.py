@@ -41,7 +41,13 @@ def test_pandas_csv_and_parquet(meta_addr, key_file, base, fs, frame):
     assert back["i"].tolist() == frame["i"].tolist()
 
 
-def test_url_without_the_address_takes_it_from_the_options(meta_addr, key_file, base, fs):
+def test_url_without_the_address_takes_it_from_the_options(meta_addr, key_file, base, fs,
+                                                           monkeypatch, tmp_path):
+    import tessera._client
+
+    # No configuration of this machine's gives an address.
+    monkeypatch.delenv("TESSERA_CONFIG", raising=False)
+    monkeypatch.setattr(tessera._client, "DEFAULT_CONFIG", str(tmp_path / "none.toml"))
     # What tools made for object stores pass on after rebuilding a URL from a path.
     fs.write_bytes(f"{base}/a.txt", b"alpha")
     tfs = TesseraFileSystem(addrs=meta_addr, key_file=key_file, skip_instance_cache=True)

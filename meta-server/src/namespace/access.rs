@@ -119,7 +119,9 @@ impl Namespace {
     }
 
     /// A hard link of `ino` into `dir` as `name`; the rule of hard links to others'
-    /// files only if the caller's kernel did not apply its own (`kernel_checked`).
+    /// files only if the caller's kernel did not apply its own (`kernel_checked`). In
+    /// Linux's order: a malformed name, search (EACCES), an existing name (EEXIST), the
+    /// rule (`may_linkat`, EPERM), then write on the directory (`may_create`).
     pub(super) fn may_link(
         &self,
         c: &Caller,
@@ -127,11 +129,15 @@ impl Namespace {
         (dir, name): (InodeId, &[u8]),
         kernel_checked: bool,
     ) -> Result<(), MetaError> {
-        self.may_add(c, dir, name)?;
-        if kernel_checked {
-            return Ok(());
+        check_name(name)?;
+        let r = self.reads();
+        let m = r.dir(dir)?.mode();
+        perm::check(c, &m, X, "search the directory")?;
+        super::entries::ensure_absent(&r, dir, name)?;
+        if !kernel_checked {
+            perm::may_link(c, &r.inode(ino)?.mode())?;
         }
-        perm::may_link(c, &self.mode_of(ino)?)
+        perm::may_create(c, &m)
     }
 
     /// A rename of `name` in `dir` to `new_name` in `new_dir`: the source's name is

@@ -146,6 +146,9 @@ impl Namespace {
             let now = now();
             let before = txn.dir(new_parent)?.ctime;
             let mut rec = txn.inode(ino)?;
+            // As Linux orders them: an existing name (`filename_create`), the rule
+            // (`may_linkat`), then what `vfs_link` refuses.
+            ensure_absent(txn, new_parent, new_name)?;
             if let Some(c) = caller {
                 super::perm::may_link(c, &rec.mode())?;
             }
@@ -162,7 +165,6 @@ impl Namespace {
             if rec.nlink == 0 {
                 txn.delete(keys::orphan(ino));
             }
-            ensure_absent(txn, new_parent, new_name)?;
             if rec.nlink >= MAX_LINKS {
                 return Err(MetaError::TooManyLinks(format!(
                     "{ino} has {} links",
