@@ -5,20 +5,21 @@
 //! mutation lock, so a `chmod` or `rename` landing between the two is not seen by the
 //! check (a local file system holds the directory's lock across both). `create`
 //! checks under the lock, with the records it changes (`Namespace::create_as`), and
-//! so do `setattr`, xattr changes and a link's rule again after their early check
-//! (`Namespace::commit_and_setattr_as`, `setxattr_as`, `removexattr_as`, `link_as`). A
+//! so do `setattr` and xattr changes (`Namespace::commit_and_setattr_as`,
+//! `setxattr_as`, `removexattr_as`: no check here) and a link's rule again after its
+//! early check (`link_as`). A
 //! check that finds the name it is about missing (a remove) or present (an add)
 //! answers so itself, as of its read: a method that then found otherwise must not
 //! act without the check that applies to what it found.
 
 use super::names::check_name;
-use super::perm::{self, Held, Mode, XattrAccess, R, W, X};
+use super::perm::{self, Mode, XattrAccess, R, W, X};
 use super::records::InodeRecord;
 use super::txn::Reads;
 use super::{ConnId, Namespace};
 use crate::error::MetaError;
 use proto::meta::{Caller, OpenAccess, RenameMode};
-use proto::{FileKind, InodeId, SessionId, SetAttr};
+use proto::{FileKind, InodeId, SessionId};
 
 impl InodeRecord {
     /// What the permission rules look at.
@@ -193,22 +194,6 @@ impl Namespace {
         truncate: bool,
     ) -> Result<(), MetaError> {
         check_open(c, &self.reads().inode(ino)?, access, truncate)
-    }
-
-    /// A change of `ino`'s attributes, checked early (before a length commit goes with
-    /// it); the method checks again under the lock (`Namespace::commit_and_setattr_as`).
-    pub(super) fn may_setattr(
-        &self,
-        c: &Caller,
-        ino: InodeId,
-        set: &SetAttr,
-        conn: ConnId,
-    ) -> Result<(), MetaError> {
-        let m = self.mode_of(ino)?;
-        let held = Held {
-            write_session: set.size.is_some() && !perm::may(c, &m, W) && self.writes(ino, conn),
-        };
-        perm::check_setattr(c, &m, set, held)
     }
 
     /// A length commit or an append to `ino`: a write session of this connection on

@@ -525,8 +525,9 @@ impl Namespace {
     /// [`Self::commit_and_setattr`] of a request by `caller` on connection `conn`
     /// (`None`: no request's, unchecked). The permission rules
     /// ([`perm::check_setattr`]) and what they change are decided on the record read
-    /// here, under the lock, so that a chmod or chown landing after the request's
-    /// early check is neither missed nor undone: a chmod's setgid bit
+    /// here, under the lock (a refusal drops the length commit with the rest), so
+    /// that a chmod or chown landing meanwhile is neither missed nor undone: a chmod's
+    /// setgid bit
     /// ([`perm::chmod_mode`]), and a chown that carries no mode (a mount's kernel sends
     /// the mode it computed; the library has no kernel) dropping setuid, setgid and the
     /// file's capabilities as Linux does ([`perm::chown_mode`]).

@@ -91,7 +91,7 @@ impl Handle for fs::SetAttr {
         self.ino.0
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
-        ns.may_setattr(&at.caller, self.ino, &self.set, at.conn)?;
+        // Checked once, under the lock, on the record the change is made to.
         if self.commit.is_some() {
             ns.may_commit(&at.caller, self.ino, at.conn)?;
         }
@@ -412,7 +412,6 @@ impl Handle for fs::SetXattr {
         self.mode != proto::meta::XattrMode::Create
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
-        ns.may_xattr(&at.caller, self.ino, &self.name, XattrAccess::Write)?;
         let attr = (&self.name[..], &self.value[..]);
         ns.setxattr_as(self.ino, attr, self.mode, Some(&at.caller))
     }
@@ -434,7 +433,6 @@ impl Handle for fs::RemoveXattr {
         self.ino.0
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
-        ns.may_xattr(&at.caller, self.ino, &self.name, XattrAccess::Remove)?;
         ns.removexattr_as(self.ino, &self.name, Some(&at.caller))
     }
 }

@@ -35,8 +35,8 @@ impl Namespace {
     }
 
     /// [`Self::setxattr`] for `caller` (`None`: unchecked), whose permission is checked
-    /// again on the record it changes, under the lock (a chmod or chown landing after
-    /// the request's early check is not missed).
+    /// on the record it changes, under the lock (so a chmod or chown landing while the
+    /// request waits is not missed).
     pub(super) fn setxattr_as(
         &self,
         ino: InodeId,
@@ -46,12 +46,12 @@ impl Namespace {
     ) -> Result<(), MetaError> {
         check_xattr_name(name)?;
         check_xattr_value(value)?;
-        super::dirlayout::check(name, value)?;
         self.mutate(|txn, _| {
             let mut rec = txn.inode(ino)?;
             if let Some(c) = caller {
                 perm::check_xattr(c, &rec.mode(), name, perm::XattrAccess::Write)?;
             }
+            super::dirlayout::check(name, value)?;
             let key = keys::xattr(ino, name);
             let exists = txn.raw(&key)?.is_some();
             match (mode, exists) {
@@ -91,8 +91,8 @@ impl Namespace {
         self.removexattr_as(ino, name, None)
     }
 
-    /// [`Self::removexattr`] for `caller` (`None`: unchecked), checked again under the
-    /// lock as [`Self::setxattr_as`] is.
+    /// [`Self::removexattr`] for `caller` (`None`: unchecked), checked under the lock as
+    /// [`Self::setxattr_as`] is.
     pub(super) fn removexattr_as(
         &self,
         ino: InodeId,
