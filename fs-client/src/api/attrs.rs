@@ -113,8 +113,8 @@ impl Tessera {
     fn set_attr(&self, path: &str, set: SetAttr) -> Result<()> {
         let sh = self.sh();
         sh.block_on(async {
-            let attr = sh.paths.resolve(&sh.client, path, true).await?;
-            sh.client.setattr(attr.ino, set).await.map(drop)
+            let ino = self.inode_of(path, true).await?;
+            sh.client.setattr(ino, set).await.map(drop)
         })
     }
 }

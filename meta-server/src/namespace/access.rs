@@ -15,7 +15,7 @@
 use super::names::check_name;
 use super::perm::{self, Mode, XattrAccess, R, W, X};
 use super::records::InodeRecord;
-use super::txn::Reads;
+use super::txn::{Reads, StoreReads};
 use super::{ConnId, Namespace};
 use crate::error::MetaError;
 use proto::meta::{Caller, OpenAccess, RenameMode};
@@ -83,11 +83,23 @@ impl Namespace {
     /// then write. The name's existence is answered here, as of this read: a method that
     /// found it gone later must not skip the write check.
     pub(super) fn may_add(&self, c: &Caller, dir: InodeId, name: &[u8]) -> Result<(), MetaError> {
+        self.may_add_then(c, (dir, name), |_| Ok(()))
+    }
+
+    /// [`Self::may_add`] with `rule` checked after EEXIST and before write on the
+    /// directory, where Linux checks an operation's own rule (`may_linkat`).
+    fn may_add_then(
+        &self,
+        c: &Caller,
+        (dir, name): (InodeId, &[u8]),
+        rule: impl FnOnce(&StoreReads<'_>) -> Result<(), MetaError>,
+    ) -> Result<(), MetaError> {
         check_name(name)?;
         let r = self.reads();
         let m = r.dir(dir)?.mode();
         perm::check(c, &m, X, "search the directory")?;
         super::entries::ensure_absent(&r, dir, name)?;
+        rule(&r)?;
         perm::may_create(c, &m)
     }
 
@@ -130,15 +142,12 @@ impl Namespace {
         (dir, name): (InodeId, &[u8]),
         kernel_checked: bool,
     ) -> Result<(), MetaError> {
-        check_name(name)?;
-        let r = self.reads();
-        let m = r.dir(dir)?.mode();
-        perm::check(c, &m, X, "search the directory")?;
-        super::entries::ensure_absent(&r, dir, name)?;
-        if !kernel_checked {
-            perm::may_link(c, &r.inode(ino)?.mode())?;
-        }
-        perm::may_create(c, &m)
+        self.may_add_then(c, (dir, name), |r| {
+            if kernel_checked {
+                return Ok(());
+            }
+            perm::may_link(c, &r.inode(ino)?.mode())
+        })
     }
 
     /// A rename of `name` in `dir` to `new_name` in `new_dir`: the source's name is

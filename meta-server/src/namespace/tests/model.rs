@@ -210,10 +210,9 @@ impl Model {
 
     fn link(&mut self, ino: u64, parent: u64, name: &[u8]) -> Res {
         self.dir(parent)?;
-        self.node(ino)?;
+        let n = self.node(ino)?;
         // As Linux: an existing name (`filename_create`) before what `vfs_link` refuses.
         self.check_new(parent, name)?;
-        let n = self.node(ino)?;
         if n.is_dir() {
             return Err(ErrorCode::NotPermitted);
         }
