@@ -7,8 +7,9 @@
 #   procps       ps/pgrep for scripts that look at processes
 #   iproute2     `ip netns` and veth pairs for the network partition test
 #   attr         getfattr, which the xattr tests compare `cp -a` and `rsync -X` copies with
+#   acl          setfacl and getfacl, which the POSIX ACL tests drive on a mount
 set -euo pipefail
-packages=(fuse3 python3 python3-venv git rsync procps iproute2 attr)
+packages=(fuse3 python3 python3-venv git rsync procps iproute2 attr acl)
 #   libibverbs-dev, librdmacm-dev, libclang-dev, clang, pkg-config: the `rdma` build feature
 #   (rdma-sys generates its bindings with bindgen); the default build needs none of them
 packages+=(libibverbs-dev librdmacm-dev libclang-dev clang pkg-config)

@@ -59,6 +59,13 @@ pub struct ClientConfig {
     /// this mount writes and stops taking them from the server, so a file grown by
     /// another mount can show its old length here: off unless one mount owns the files.
     pub writeback_cache: bool,
+    /// POSIX ACLs in the kernel (`FUSE_POSIX_ACL`): it checks access with each file's
+    /// ACL as the metadata server does. Off (`-o noacl`), the kernel judges by the mode
+    /// bits alone and the server by the ACLs, so a request needs both to allow it (a
+    /// user named in an ACL is refused here); new inodes still get their directory's
+    /// default ACL from the server, but applied to bits the kernel already took the
+    /// umask from (stricter than Linux, which ignores the umask there).
+    pub acl: bool,
     /// FUSE event loops (threads reading `/dev/fuse`).
     pub fuse_threads: usize,
     /// Let users other than the mounting one use the mount (`allow_other`).
@@ -142,6 +149,7 @@ impl Default for ClientConfig {
             append_linger_ms: crate::file::APPEND_LINGER_MS,
             kernel_readahead_bytes: 8 << 20,
             writeback_cache: false,
+            acl: true,
             fuse_threads: 4,
             allow_other: true,
             dev: false,

@@ -45,7 +45,9 @@ pub use rpc::{Request, Rpc, RpcResult};
 /// `Link::kernel_checked` (the mount's kernel applied its hard-link rule). 25:
 /// `data::WriteRanges` and `ReplicaData::Ranges` (separate small ranges of a chunk in one
 /// chain write). 26: `cluster::InodeCopies` (a resync asks how many copies a file has).
-pub const PROTOCOL_VERSION: u16 = 26;
+/// 27: `Caller::umask` (the server applies it, or a directory's default ACL instead),
+/// and the POSIX ACL attribute names.
+pub const PROTOCOL_VERSION: u16 = 27;
 
 /// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
 pub const MAX_NAME_BYTES: usize = 255;
@@ -63,11 +65,17 @@ pub fn file_end(offset: u64, len: u64) -> Option<u64> {
     offset.checked_add(len).filter(|&e| e <= MAX_FILE_BYTES)
 }
 
-/// Namespaces an extended attribute name may start with. `system.` is left out: its
-/// names (POSIX ACLs above all) are enforced by the kernel only for file systems that
-/// ask for it, so storing them would pretend to a protection nobody applies; refusing
-/// them makes `cp -a` and `rsync -A` report "not supported" instead.
+/// Namespaces an extended attribute name may start with. Of `system.` only the two
+/// POSIX ACL names are kept ([`ACL_ACCESS_XATTR`], [`ACL_DEFAULT_XATTR`]), which the
+/// metadata server enforces; its other names mean something to a kernel's own file
+/// system only, and are refused, so `cp -a` and `rsync -A` report "not supported".
 pub const XATTR_NAMESPACES: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
+
+/// The attribute holding a file's POSIX access ACL, in the kernel's format.
+pub const ACL_ACCESS_XATTR: &[u8] = b"system.posix_acl_access";
+
+/// The attribute holding a directory's POSIX default ACL.
+pub const ACL_DEFAULT_XATTR: &[u8] = b"system.posix_acl_default";
 
 /// Why an extended attribute name is refused ([`xattr_name_fault`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,6 +104,9 @@ pub fn xattr_name_fault(name: &[u8]) -> Option<XattrNameFault> {
     }
     if name.is_empty() || name.contains(&0) {
         return Some(XattrNameFault::Malformed);
+    }
+    if name == ACL_ACCESS_XATTR || name == ACL_DEFAULT_XATTR {
+        return None;
     }
     match XATTR_NAMESPACES.iter().find(|p| name.starts_with(p)) {
         None => Some(XattrNameFault::Namespace),

@@ -49,6 +49,10 @@ pub struct Caller {
     pub gid: u32,
     /// Its supplementary groups, at most [`MAX_GROUPS`].
     pub groups: Groups,
+    /// Its umask: the permission bits taken away from what a create, mkdir or mknod
+    /// makes, unless the directory has a default ACL, which gives the bits instead
+    /// (POSIX's rule; so the request's bits come unmasked).
+    pub umask: u32,
 }
 
 /// The uid and gid of `nobody` on Linux, what a caller that names nobody is taken for.
@@ -66,6 +70,7 @@ impl Caller {
             uid,
             gid,
             groups: Groups(Vec::new()),
+            umask: 0,
         }
     }
 
@@ -75,12 +80,19 @@ impl Caller {
             uid,
             gid,
             groups: Groups(groups.into_iter().take(MAX_GROUPS).collect()),
+            umask: 0,
         }
     }
 
     /// Whether the caller is the superuser.
     pub fn is_root(&self) -> bool {
         self.uid == 0
+    }
+
+    /// The caller with umask `umask` (its permission bits).
+    pub fn with_umask(mut self, umask: u32) -> Caller {
+        self.umask = umask & 0o777;
+        self
     }
 
     /// Whether `gid` is the caller's group or one of its supplementary groups.
@@ -96,6 +108,7 @@ impl Caller {
             uid: squash(self.uid),
             gid: squash(self.gid),
             groups: Groups(self.groups.0.into_iter().filter(|&g| g != 0).collect()),
+            umask: self.umask,
         }
     }
 }

@@ -184,6 +184,62 @@ def test_extended_attributes(fs, base, tmp_path):
         assert m.listxattr(p + "-link", follow_symlinks=False) == []
 
 
+NO_ID = 0xFFFFFFFF
+USER_OBJ, USER, GROUP_OBJ, MASK, OTHER = 0x01, 0x02, 0x04, 0x10, 0x20
+
+
+def _acl(*entries):
+    """A POSIX ACL's bytes as the kernel exchanges them: (tag, perm, id) entries."""
+    out = (2).to_bytes(4, "little")
+    for tag, perm, ident in entries:
+        out += tag.to_bytes(2, "little") + perm.to_bytes(2, "little")
+        out += ident.to_bytes(4, "little")
+    return out
+
+
+def test_posix_acls(fs, base, tmp_path):
+    named = _acl(
+        (USER_OBJ, 7, NO_ID),
+        (USER, 7, 4242),
+        (GROUP_OBJ, 5, NO_ID),
+        (MASK, 5, NO_ID),
+        (OTHER, 0, NO_ID),
+    )
+    for m, p in both(fs, base, tmp_path):
+        m.chmod(p, 0o644)
+        m.setxattr(p, "system.posix_acl_access", named)
+        assert m.stat(p).st_mode & 0o777 == 0o750, "the ACL sets the mode"
+        assert m.getxattr(p, "system.posix_acl_access") == named
+        m.chmod(p, 0o700)
+        after_chmod = _acl(
+            (USER_OBJ, 7, NO_ID),
+            (USER, 7, 4242),
+            (GROUP_OBJ, 5, NO_ID),
+            (MASK, 0, NO_ID),
+            (OTHER, 0, NO_ID),
+        )
+        assert m.getxattr(p, "system.posix_acl_access") == after_chmod
+        # One that says no more than a mode is not kept.
+        m.setxattr(p, "system.posix_acl_access", _acl((1, 6, NO_ID), (4, 4, NO_ID), (32, 0, NO_ID)))
+        assert m.stat(p).st_mode & 0o777 == 0o640
+        with pytest.raises(OSError) as e:
+            m.getxattr(p, "system.posix_acl_access")
+        assert e.value.errno == errno.ENODATA
+        with pytest.raises(OSError) as e:
+            m.setxattr(p, "system.posix_acl_access", named[:-3])
+        assert e.value.errno == errno.EINVAL
+        # A directory's default is given to what is made in it, in place of the umask.
+        d = p + "-dir"
+        m.mkdir(d)
+        m.setxattr(d, "system.posix_acl_default", named)
+        m.mkdir(d + "/sub", 0o777)
+        assert m.stat(d + "/sub").st_mode & 0o777 == 0o750
+        assert m.getxattr(d + "/sub", "system.posix_acl_default") == named
+        assert m.getxattr(d + "/sub", "system.posix_acl_access") == named
+        with pytest.raises(PermissionError):  # only a directory has a default
+            m.setxattr(p, "system.posix_acl_default", named)
+
+
 def test_replicas_by_extended_attribute(fs, base):
     # A folder's layout settings, as `setfattr` sets them on a mount.
     fs.mkdir(f"{base}/scratch")

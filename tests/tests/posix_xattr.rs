@@ -112,8 +112,9 @@ fn a_file_known_to_have_no_xattrs_shows_one_set_here_at_once_and_from_elsewhere_
 
 /// Guards against size limits and buffer errors that differ from ext4's (callers size
 /// their buffers by the size query and retry on ERANGE): values up to 64 KiB, E2BIG
-/// past it, ERANGE for small buffers and 256-byte names, and `system.*` and unknown
-/// namespaces refused as unsupported rather than stored with no meaning.
+/// past it, ERANGE for small buffers and 256-byte names, and `system.*` names other
+/// than the POSIX ACLs' and unknown namespaces refused as unsupported rather than
+/// stored with no meaning.
 #[test]
 fn xattr_sizes_buffers_and_unsupported_namespaces() {
     let cluster = ProcessCluster::start(1);
@@ -147,7 +148,7 @@ fn xattr_sizes_buffers_and_unsupported_namespaces() {
     assert_eq!(getxattr(&f, &long_name).unwrap(), b"v");
     let e = setxattr(&f, &format!("user.{}", "n".repeat(251)), b"v", 0);
     assert_eq!(err("256-byte name", e), libc::ERANGE);
-    for name in ["system.posix_acl_access", "system.foo", "other.x"] {
+    for name in ["system.nfs4_acl", "system.foo", "other.x"] {
         let e = setxattr(&f, name, b"\x02\0\0\0", 0);
         assert_eq!(err(name, e), libc::EOPNOTSUPP, "{name}");
         assert_eq!(

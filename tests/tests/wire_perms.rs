@@ -278,3 +278,148 @@ async fn access_times_need_read_and_lock_probes_need_an_open_file() {
     assert_eq!(w.call(&root, probe).await, Ok(None), "open: answered");
     w.0.close(&root, opened.session).await;
 }
+
+/// An ACL's bytes as the kernel exchanges them (`posix_acl_xattr_header` version 2,
+/// then tag, permission and id per entry), from `(tag, perm, id)` triples.
+fn acl_bytes(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut out = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        out.extend_from_slice(&tag.to_le_bytes());
+        out.extend_from_slice(&perm.to_le_bytes());
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    out
+}
+
+/// Guards against POSIX ACLs that only a mount's kernel applies: a client with no
+/// kernel (the library) naming a user is judged by the file's ACL on the metadata
+/// server, what it makes in a directory with a default ACL gets it (its umask set
+/// aside), and a malformed or misplaced ACL is refused as Linux refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acls_are_applied_to_a_client_without_a_kernel() {
+    const NONE: u32 = u32::MAX;
+    let (user_obj, user, group_obj, mask, other) = (0x01, 0x02, 0x04, 0x10, 0x20);
+    let cluster = InProcessCluster::start(1).await;
+    let w = Wire::connect(&cluster).await;
+    let (root, alice, bob) = (
+        Caller::ROOT,
+        Caller::new(ALICE_UID, ALICE_UID).with_umask(0o077),
+        Caller::new(BOB_UID, BOB_UID),
+    );
+    let set = |ino, name: &[u8], value: Vec<u8>| fs::SetXattr {
+        ino,
+        name: name.to_vec(),
+        value,
+        mode: XattrMode::Upsert,
+    };
+    // A directory of root's, 0750, where Alice is named with rwx, as a default too.
+    let dir = w.mkdir(&root, InodeId::ROOT, "proj", 0o750).await;
+    let named = acl_bytes(&[
+        (user_obj, 7, NONE),
+        (user, 7, ALICE_UID),
+        (group_obj, 5, NONE),
+        (mask, 7, NONE),
+        (other, 0, NONE),
+    ]);
+    let access = b"system.posix_acl_access";
+    let default = b"system.posix_acl_default";
+    let r = w.call(&bob, set(dir, access, named.clone())).await;
+    assert_eq!(
+        r,
+        Err(Refused(ErrorCode::NotPermitted)),
+        "only the owner sets it"
+    );
+    w.call(&root, set(dir, access, named.clone()))
+        .await
+        .unwrap();
+    w.call(&root, set(dir, default, named.clone()))
+        .await
+        .unwrap();
+    // The mask became the group bits: 0770.
+    let attr = w.call(&root, fs::GetAttr { ino: dir }).await.unwrap();
+    assert_eq!(attr.perm, 0o770);
+
+    // Alice, named in the ACL, makes a file there; Bob, one of the others, may not.
+    let f = w.create(&alice, dir, "f", 0o666).await;
+    let made = w.call(&bob, fs::GetAttr { ino: f }).await.unwrap();
+    assert_eq!(made.perm, 0o660, "the default ACL, not Alice's umask 077");
+    let got = w
+        .call(
+            &root,
+            fs::GetXattr {
+                ino: f,
+                name: access.to_vec(),
+            },
+        )
+        .await;
+    let want = acl_bytes(&[
+        (user_obj, 6, NONE),
+        (user, 7, ALICE_UID),
+        (group_obj, 5, NONE),
+        (mask, 6, NONE),
+        (other, 0, NONE),
+    ]);
+    assert_eq!(
+        got.unwrap(),
+        want,
+        "the default limited by the mode asked for"
+    );
+    let bob_creates = fs::Create {
+        parent: dir,
+        name: b"g".to_vec(),
+        perm: 0o644,
+        exclusive: true,
+        access: OpenAccess::Write,
+        client: w.0.client,
+    };
+    let r = w.call(&bob, bob_creates).await.map(drop);
+    assert_eq!(r, Err(Refused(ErrorCode::PermissionDenied)));
+    // Without a default ACL the umask applies.
+    let plain = w.mkdir(&root, InodeId::ROOT, "plain", 0o777).await;
+    let g = w.create(&alice, plain, "g", 0o666).await;
+    let attr = w.call(&root, fs::GetAttr { ino: g }).await.unwrap();
+    assert_eq!(attr.perm, 0o600, "Alice's umask 077");
+
+    // Bob named in a file's ACL may write it; a chmod's mask takes that away.
+    let secret = w.create(&root, InodeId::ROOT, "secret", 0o600).await;
+    assert_eq!(
+        w.open_for_write(&bob, secret).await,
+        Err(Refused(ErrorCode::PermissionDenied))
+    );
+    let bob_rw = acl_bytes(&[
+        (user_obj, 6, NONE),
+        (user, 6, BOB_UID),
+        (group_obj, 0, NONE),
+        (mask, 6, NONE),
+        (other, 0, NONE),
+    ]);
+    w.call(&root, set(secret, access, bob_rw)).await.unwrap();
+    w.open_for_write(&bob, secret).await.unwrap();
+    w.setattr(
+        &root,
+        secret,
+        SetAttr {
+            perm: Some(0o640),
+            ..SetAttr::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        w.open_for_write(&bob, secret).await,
+        Err(Refused(ErrorCode::PermissionDenied)),
+        "the mask is r-- now"
+    );
+
+    // Malformed (no mask with a named entry), and a default ACL on a file.
+    let no_mask = acl_bytes(&[
+        (user_obj, 6, NONE),
+        (user, 6, BOB_UID),
+        (group_obj, 0, NONE),
+        (other, 0, NONE),
+    ]);
+    let r = w.call(&root, set(secret, access, no_mask)).await;
+    assert_eq!(r, Err(Refused(ErrorCode::InvalidArgument)));
+    let r = w.call(&root, set(secret, default, named)).await;
+    assert_eq!(r, Err(Refused(ErrorCode::PermissionDenied)));
+}

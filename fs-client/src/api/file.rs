@@ -29,7 +29,8 @@ pub struct OpenOptions {
     pub create_new: bool,
     /// Empty it once open (`O_TRUNC`).
     pub truncate: bool,
-    /// Permission bits of a created file (less the umask).
+    /// Permission bits of a created file (less the umask, or as the directory's default
+    /// ACL gives).
     pub mode: u32,
 }
 
@@ -309,9 +310,9 @@ async fn create(
             }
         }
         let flags = (how.create_new, how.truncate, access);
-        let mode = sh.mode(how.mode);
+        let mode = how.mode & 0o7777;
         return client
-            .create_for(parent, name.as_bytes(), mode, super::caller(), flags)
+            .create_for(parent, name.as_bytes(), mode, sh.creator(), flags)
             .await;
     }
     Err(ClientError::SymlinkLoop(path.to_string()))

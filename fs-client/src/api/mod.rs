@@ -6,7 +6,8 @@
 //! close, and the other way round. What a mount gets from the kernel, this module does
 //! itself: it resolves paths (following symbolic links, keeping the inodes of
 //! directories it walked for `entry_ttl_ms`, as the kernel keeps its dentries), and it
-//! applies the process's umask to the modes of what it creates.
+//! sends the process's umask with what it creates (the metadata server applies it, or a
+//! directory's default ACL in its place, as a local file system does).
 //!
 //! A [`Tessera`] owns a small tokio runtime; its calls block the calling thread, and
 //! many threads may call at once. Inside async code use [`Tessera::client`], the async
@@ -191,8 +192,10 @@ impl Shared {
         Ok(())
     }
 
-    fn mode(&self, mode: u32) -> u32 {
-        mode & 0o7777 & !self.umask
+    /// Whom a call that makes an inode is made for: this process, with the umask the
+    /// server applies (unless the directory's default ACL replaces it).
+    fn creator(&self) -> Caller {
+        caller().with_umask(self.umask)
     }
 
     /// The directory holding `path`'s last name, and the name; the root has none, and
@@ -369,15 +372,15 @@ impl Tessera {
         })
     }
 
-    /// Creates a directory with `mode` (less the umask).
+    /// Creates a directory with `mode` (less the umask, or as the parent's default ACL
+    /// gives).
     pub fn create_dir(&self, path: &str, mode: u32) -> Result<()> {
         let sh = self.sh();
         sh.block_on(async {
             let (parent, name) = sh.parent(path, ErrorCode::AlreadyExists).await?;
-            let mode = sh.mode(mode);
             let made = sh
                 .client
-                .mkdir(parent, name.as_bytes(), mode, caller())
+                .mkdir(parent, name.as_bytes(), mode & 0o7777, sh.creator())
                 .await;
             made.map(drop)
         })

@@ -108,13 +108,10 @@ mod tests {
         assert!(!c.absent(InodeId(5), CAPABILITY));
         c.note(&attr(5, 0), c.epoch());
         assert!(c.absent(InodeId(5), b"security.selinux") && c.none(InodeId(5)));
+        // The kernel's look for an ACL, before its first access check of a file.
+        assert!(c.absent(InodeId(5), proto::ACL_ACCESS_XATTR));
         // Names the server refuses go to it, for its error.
-        for refused in [
-            &b"system.posix_acl_access"[..],
-            b"user.",
-            b"other.x",
-            &[b'u'; 300],
-        ] {
+        for refused in [&b"system.nfs4_acl"[..], b"user.", b"other.x", &[b'u'; 300]] {
             assert!(!c.absent(InodeId(5), refused), "{refused:?}");
         }
         c.note(&attr(5, 2), c.epoch());

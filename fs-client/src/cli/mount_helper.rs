@@ -174,6 +174,7 @@ pub fn sort_options(lists: &[String]) -> SortedOptions {
             ("log_file", Some(v)) => s.log_file = Some(PathBuf::from(v)),
             ("foreground", None) => s.foreground = true,
             ("nonempty", None) => s.nonempty = true,
+            ("noacl", None) => s.settings.push(("acl".into(), "false".into())),
             (n, v) => s
                 .settings
                 .push((n.to_string(), v.unwrap_or("true").to_string())),
@@ -402,7 +403,7 @@ mod tests {
         let s = sort_options(&strings(&[
             "_netdev,noauto,x-systemd.automount,user=alice,nodiratime,comment=x",
             "ro,noatime,config=/etc/t.toml",
-            "allow_other,readahead_max_bytes=1024,log_file=/tmp/l,foreground,nonempty",
+            "allow_other,readahead_max_bytes=1024,log_file=/tmp/l,foreground,nonempty,noacl",
         ]));
         assert_eq!(s.mount, ["ro", "noatime"]);
         assert_eq!(s.config, Some(PathBuf::from("/etc/t.toml")));
@@ -412,7 +413,8 @@ mod tests {
             s.settings,
             [
                 ("allow_other".to_string(), "true".to_string()),
-                ("readahead_max_bytes".to_string(), "1024".to_string())
+                ("readahead_max_bytes".to_string(), "1024".to_string()),
+                ("acl".to_string(), "false".to_string())
             ]
         );
     }

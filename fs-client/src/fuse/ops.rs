@@ -56,6 +56,19 @@ impl fuser::Filesystem for TesseraFs {
         for cap in caps {
             let _ = config.add_capabilities(cap);
         }
+        if self.inner.client.config().acl {
+            // The kernel checks access with each file's ACL (fetched with `getxattr`,
+            // dropped at each refresh of the file's attributes), and sends modes
+            // unmasked, with the umask beside them: the metadata server applies a
+            // directory's default ACL, or the umask where there is none. Without
+            // `FUSE_DONT_MASK` the modes come masked, and a default ACL then applies
+            // to the masked bits (stricter than Linux).
+            for cap in [F::FUSE_POSIX_ACL, F::FUSE_DONT_MASK] {
+                if config.add_capabilities(cap).is_err() {
+                    tracing::warn!(?cap, "the kernel refused a capability POSIX ACLs need");
+                }
+            }
+        }
         if self.inner.client.config().writeback_cache {
             if config.add_capabilities(F::FUSE_WRITEBACK_CACHE).is_ok() {
                 self.inner.set_writeback();
@@ -196,9 +209,11 @@ impl fuser::Filesystem for TesseraFs {
         let (inner, name, who) = (
             self.inner.clone(),
             name.as_bytes().to_vec(),
-            self.callers.of(req),
+            self.callers.of(req).with_umask(umask),
         );
-        let perm = mode & !umask & 0o7777;
+        // Unmasked (`FUSE_DONT_MASK`): the server takes the umask away, or applies the
+        // directory's default ACL instead.
+        let perm = mode & 0o7777;
         self.spawn(req, async move {
             let c = &inner.client;
             let r = match kind_of_mode(mode) {
@@ -229,9 +244,11 @@ impl fuser::Filesystem for TesseraFs {
         let (inner, name, who) = (
             self.inner.clone(),
             name.as_bytes().to_vec(),
-            self.callers.of(req),
+            self.callers.of(req).with_umask(umask),
         );
-        let perm = mode & !umask & 0o7777;
+        // Unmasked (`FUSE_DONT_MASK`): the server takes the umask away, or applies the
+        // directory's default ACL instead.
+        let perm = mode & 0o7777;
         self.spawn(req, async move {
             let r = inner.client.mkdir(ino(parent), &name, perm, who).await;
             inner.entry(reply, r)
@@ -355,9 +372,11 @@ impl fuser::Filesystem for TesseraFs {
         let (inner, name, who) = (
             self.inner.clone(),
             name.as_bytes().to_vec(),
-            self.callers.of(req),
+            self.callers.of(req).with_umask(umask),
         );
-        let perm = mode & !umask & 0o7777;
+        // Unmasked (`FUSE_DONT_MASK`): the server takes the umask away, or applies the
+        // directory's default ACL instead.
+        let perm = mode & 0o7777;
         let exclusive = flags & libc::O_EXCL != 0;
         let truncate = flags & libc::O_TRUNC != 0;
         let direct = inner.direct_open(flags);

@@ -12,35 +12,66 @@
 //! answers so itself, as of its read: a method that then found otherwise must not
 //! act without the check that applies to what it found.
 
+use super::acl::{self, Acl};
 use super::names::check_name;
 use super::perm::{self, Mode, XattrAccess, R, W, X};
-use super::records::InodeRecord;
+use super::records::{decode, InodeRecord};
 use super::txn::{Reads, StoreReads};
-use super::{ConnId, Namespace};
+use super::{keys, ConnId, Namespace};
 use crate::error::MetaError;
 use proto::meta::{Caller, OpenAccess, RenameMode};
 use proto::{FileKind, InodeId, SessionId};
+use std::sync::Arc;
 
 impl InodeRecord {
-    /// What the permission rules look at.
+    /// What the permission rules look at, but for an ACL ([`mode_of`] reads that too).
     pub(super) fn mode(&self) -> Mode {
         Mode {
             kind: self.kind,
             perm: self.perm,
             uid: self.uid,
             gid: self.gid,
+            acl: None,
         }
     }
 }
 
-/// Checks an open of `rec` for `access` (and `truncate`, which needs write).
+/// What the permission rules look at of `ino` (record `rec`), with its access ACL. Only
+/// an inode with extended attributes can have one, so most checks read nothing more.
+pub(super) fn mode_of(
+    r: &(impl Reads + ?Sized),
+    ino: InodeId,
+    rec: &InodeRecord,
+) -> Result<Mode, MetaError> {
+    let mut m = rec.mode();
+    if rec.xattr_count > 0 && rec.kind != FileKind::Symlink {
+        m.acl = stored_acl(r, ino, acl::ACCESS)?.map(Arc::new);
+    }
+    Ok(m)
+}
+
+/// The ACL stored as attribute `name` (`acl::ACCESS` or `acl::DEFAULT`) of `ino`.
+pub(super) fn stored_acl(
+    r: &(impl Reads + ?Sized),
+    ino: InodeId,
+    name: &[u8],
+) -> Result<Option<Acl>, MetaError> {
+    let Some(v) = r.raw(&keys::xattr(ino, name))? else {
+        return Ok(None);
+    };
+    let bytes: Vec<u8> = decode(&v, "ACL")?;
+    // What was stored passed the same parse, so an error here is damage.
+    Acl::parse(&bytes).map_err(|e| MetaError::Corrupt(format!("{ino}: {e}")))
+}
+
+/// Checks an open for `access` (and `truncate`, which needs write) of an inode whose
+/// rules are `m`.
 pub(super) fn check_open(
     c: &Caller,
-    rec: &InodeRecord,
+    m: &Mode,
     access: OpenAccess,
     truncate: bool,
 ) -> Result<(), MetaError> {
-    let m = rec.mode();
     let want = match access {
         OpenAccess::Read => R,
         OpenAccess::Write => W,
@@ -50,28 +81,34 @@ pub(super) fn check_open(
     let want = if truncate { want | W } else { want };
     // As Linux: a directory opens for reading only (a writable open of one would get
     // a writable grant for chunks that belong to no file).
-    if rec.is_dir() && (access.writes() || truncate) {
+    if m.kind == FileKind::Directory && (access.writes() || truncate) {
         return Err(MetaError::IsADirectory(
             "a directory opens for reading only".into(),
         ));
     }
-    perm::check(c, &m, want, "open the file so")
+    perm::check(c, m, want, "open the file so")
 }
 
 impl Namespace {
     fn mode_of(&self, ino: InodeId) -> Result<Mode, MetaError> {
-        Ok(self.reads().inode(ino)?.mode())
+        let r = self.reads();
+        mode_of(&r, ino, &r.inode(ino)?)
+    }
+
+    /// The rules of directory `dir`.
+    fn dir_mode(&self, r: &StoreReads<'_>, dir: InodeId) -> Result<Mode, MetaError> {
+        mode_of(r, dir, &r.dir(dir)?)
     }
 
     /// Search permission on directory `dir` (a lookup in it).
     pub(super) fn may_search(&self, c: &Caller, dir: InodeId) -> Result<(), MetaError> {
-        let m = self.reads().dir(dir)?.mode();
+        let m = self.dir_mode(&self.reads(), dir)?;
         perm::check(c, &m, X, "search the directory")
     }
 
     /// Read permission on directory `dir` (a listing).
     pub(super) fn may_list(&self, c: &Caller, dir: InodeId) -> Result<(), MetaError> {
-        let m = self.reads().dir(dir)?.mode();
+        let m = self.dir_mode(&self.reads(), dir)?;
         perm::check(c, &m, R, "list the directory")
     }
 
@@ -96,7 +133,7 @@ impl Namespace {
     ) -> Result<(), MetaError> {
         check_name(name)?;
         let r = self.reads();
-        let m = r.dir(dir)?.mode();
+        let m = self.dir_mode(&r, dir)?;
         perm::check(c, &m, X, "search the directory")?;
         super::entries::ensure_absent(&r, dir, name)?;
         rule(&r)?;
@@ -106,7 +143,7 @@ impl Namespace {
     /// An unnamed file in `dir` (`O_TMPFILE`): as a create of a new name, write and
     /// search on the directory.
     pub(super) fn may_make_tmpfile(&self, c: &Caller, dir: InodeId) -> Result<(), MetaError> {
-        let m = self.reads().dir(dir)?.mode();
+        let m = self.dir_mode(&self.reads(), dir)?;
         perm::may_create(c, &m)
     }
 
@@ -122,7 +159,7 @@ impl Namespace {
     ) -> Result<(), MetaError> {
         check_name(name)?;
         let r = self.reads();
-        let d = r.dir(dir)?.mode();
+        let d = self.dir_mode(&r, dir)?;
         perm::check(c, &d, X, "search the directory")?;
         let entry = r.entry(dir, name)?;
         let Some(victim) = r.try_inode(InodeId(entry.ino))? else {
@@ -146,7 +183,7 @@ impl Namespace {
             if kernel_checked {
                 return Ok(());
             }
-            perm::may_link(c, &r.inode(ino)?.mode())
+            perm::may_link(c, &mode_of(r, ino, &r.inode(ino)?)?)
         })
     }
 
@@ -167,7 +204,7 @@ impl Namespace {
         // directory (`may_add`'s EEXIST is no answer for a rename, which replaces).
         let add = || -> Result<(), MetaError> {
             check_name(new_name)?;
-            perm::may_create(c, &r.dir(new_dir)?.mode())
+            perm::may_create(c, &self.dir_mode(&r, new_dir)?)
         };
         match target {
             Some(_) => match self.may_remove(c, new_dir, new_name) {
@@ -202,7 +239,7 @@ impl Namespace {
         access: OpenAccess,
         truncate: bool,
     ) -> Result<(), MetaError> {
-        check_open(c, &self.reads().inode(ino)?, access, truncate)
+        check_open(c, &self.mode_of(ino)?, access, truncate)
     }
 
     /// A length commit or an append to `ino`: a write session of this connection on
@@ -262,8 +299,14 @@ impl Namespace {
             return Ok(());
         }
         // A directory removed while open has no inode left: the release skips it.
-        match self.reads().try_inode(s.ino)? {
-            Some(rec) => perm::check(c, &rec.mode(), W, "commit writes to the file"),
+        let r = self.reads();
+        match r.try_inode(s.ino)? {
+            Some(rec) => perm::check(
+                c,
+                &mode_of(&r, s.ino, &rec)?,
+                W,
+                "commit writes to the file",
+            ),
             None => Ok(()),
         }
     }

@@ -65,7 +65,8 @@ impl Namespace {
         let mut rec = InodeRecord::new(FileKind::Directory, perm, caller.uid, caller.gid, now);
         rec.nlink = 2;
         rec.parent = parent.0;
-        self.mutate_answering(|txn, _| make_node(txn, parent, name, rec))
+        let umask = caller.umask;
+        self.mutate_answering(|txn, _| make_node(txn, (parent, name), rec, umask))
     }
 
     /// Creates a FIFO, socket or device node `name` in `parent`; returns it and the
@@ -89,7 +90,8 @@ impl Namespace {
         check_name(name)?;
         let mut rec = InodeRecord::new(kind, perm, caller.uid, caller.gid, now());
         rec.rdev = rdev;
-        self.mutate_answering(|txn, _| make_node(txn, parent, name, rec))
+        let umask = caller.umask;
+        self.mutate_answering(|txn, _| make_node(txn, (parent, name), rec, umask))
     }
 
     /// Creates symlink `name` in `parent` pointing to `target`; returns it and the
@@ -106,7 +108,7 @@ impl Namespace {
         let mut rec = InodeRecord::new(FileKind::Symlink, 0o777, caller.uid, caller.gid, now());
         rec.target = target.to_vec();
         rec.size = target.len() as u64;
-        self.mutate_answering(|txn, _| make_node(txn, parent, name, rec))
+        self.mutate_answering(|txn, _| make_node(txn, (parent, name), rec, 0))
     }
 
     /// The target of symlink `ino`.
@@ -150,7 +152,7 @@ impl Namespace {
             // (`may_linkat`), then what `vfs_link` refuses.
             ensure_absent(txn, new_parent, new_name)?;
             if let Some(c) = caller {
-                super::perm::may_link(c, &rec.mode())?;
+                super::perm::may_link(c, &super::access::mode_of(txn, ino, &rec)?)?;
             }
             if rec.is_dir() {
                 return Err(MetaError::NotPermitted(format!(
@@ -231,9 +233,9 @@ impl Namespace {
 /// Creates inode `rec` under `name` in `parent`.
 fn make_node(
     txn: &mut Txn<'_>,
-    parent: InodeId,
-    name: &[u8],
+    (parent, name): (InodeId, &[u8]),
     mut rec: InodeRecord,
+    umask: u32,
 ) -> Result<Made, MetaError> {
     let parent_rec = txn.dir(parent)?;
     ensure_absent(txn, parent, name)?;
@@ -244,6 +246,7 @@ fn make_node(
         )));
     }
     let ino = txn.alloc_inode()?;
+    super::xattr::inherit_acls(txn, (parent, &parent_rec), (ino, &mut rec), umask)?;
     if rec.is_dir() {
         super::dirlayout::inherit(txn, parent, ino, &mut rec)?;
     }

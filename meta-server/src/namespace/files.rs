@@ -81,7 +81,8 @@ impl Namespace {
         let mut txn = self.begin(&st);
         let parent_rec = txn.dir(parent)?;
         if checked {
-            perm::check(&caller, &parent_rec.mode(), perm::X, "search the directory")?;
+            let m = super::access::mode_of(&txn, parent, &parent_rec)?;
+            perm::check(&caller, &m, perm::X, "search the directory")?;
         }
         let existing = txn.dirent(parent, name)?;
         let (ino, rec, parent_after) = match existing {
@@ -104,13 +105,15 @@ impl Namespace {
             Some(d) => {
                 let rec = txn.inode(InodeId(d.ino))?;
                 if checked {
-                    super::access::check_open(&caller, &rec, owner.access, false)?;
+                    let m = super::access::mode_of(&txn, InodeId(d.ino), &rec)?;
+                    super::access::check_open(&caller, &m, owner.access, false)?;
                 }
                 (InodeId(d.ino), rec, parent_rec.clone())
             }
             None => {
                 if checked {
-                    perm::may_create(&caller, &parent_rec.mode())?;
+                    let m = super::access::mode_of(&txn, parent, &parent_rec)?;
+                    perm::may_create(&caller, &m)?;
                 }
                 self.new_file(&mut txn, parent, &parent_rec, name, perm, caller)?
             }
@@ -193,6 +196,8 @@ impl Namespace {
         let ino = txn.alloc_inode()?;
         let mut rec = InodeRecord::new(FileKind::Regular, perm, caller.uid, caller.gid, now);
         inherit_setgid(parent_rec, &mut rec);
+        let new = (ino, &mut rec);
+        super::xattr::inherit_acls(txn, (parent, parent_rec), new, caller.umask)?;
         rec.perm = perm::new_file_mode(&caller, rec.gid, rec.perm);
         rec.layout = Some(StoredLayout {
             chunk_size_bytes,
@@ -546,7 +551,7 @@ impl Namespace {
             let mut rec = txn.inode(ino)?;
             let mut set = set.clone();
             if let Some((c, conn)) = caller {
-                let m = rec.mode();
+                let m = super::access::mode_of(txn, ino, &rec)?;
                 let held = perm::Held {
                     write_session: set.size.is_some()
                         && !perm::may(c, &m, perm::W)
@@ -574,6 +579,7 @@ impl Namespace {
             }
             if let Some(perm) = set.perm {
                 rec.perm = perm & 0o7777;
+                super::xattr::chmod_acl(txn, ino, &rec)?;
             }
             rec.uid = set.uid.unwrap_or(rec.uid);
             rec.gid = set.gid.unwrap_or(rec.gid);

@@ -7,6 +7,7 @@
 //! the mutex: each key read is consistent, and the store orders commits.
 
 mod access;
+pub mod acl;
 mod check;
 mod clients;
 pub use clients::{ClientRecord, RevocationRecord, StoredClient, MAX_CLIENT_KEYS, MAX_REVOCATIONS};

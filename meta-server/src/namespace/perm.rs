@@ -7,9 +7,11 @@
 //! Each refusal is the error Linux gives: a missing mode bit is `PermissionDenied`
 //! (EACCES), an operation reserved to the owner or root is `NotPermitted` (EPERM).
 
+use super::acl::Acl;
 use crate::error::MetaError;
 use proto::meta::Caller;
 use proto::{FileKind, SetAttr, TimeSet};
+use std::sync::Arc;
 
 /// Read permission (the `r` bit).
 pub const R: u32 = 4;
@@ -23,7 +25,7 @@ const S_ISGID: u32 = 0o2000;
 const S_ISVTX: u32 = 0o1000;
 
 /// What the rules look at of an inode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mode {
     /// The inode's kind.
     pub kind: FileKind,
@@ -33,10 +35,13 @@ pub struct Mode {
     pub uid: u32,
     /// Group.
     pub gid: u32,
+    /// Its POSIX access ACL, if it has one that says more than the mode.
+    pub acl: Option<Arc<Acl>>,
 }
 
 /// Whether `c` has every access in `want` (`R | W | X`) to `m` (`generic_permission`):
-/// the owner's bits for the owner, the group's for a member of the file's group, the
+/// the owner's bits for the owner; for anyone else the file's ACL if it has one and
+/// the mode's group bits are not all clear ([`Acl::permits`]), else the group's bits for a member of the file's group and the
 /// others' otherwise. Root has every access, but execute on a non-directory only if
 /// some execute bit is set.
 pub fn may(c: &Caller, m: &Mode, want: u32) -> bool {
@@ -44,9 +49,15 @@ pub fn may(c: &Caller, m: &Mode, want: u32) -> bool {
         let exec_of_file = want & X != 0 && m.kind != FileKind::Directory;
         return !exec_of_file || m.perm & 0o111 != 0;
     }
-    let bits = if c.uid == m.uid {
-        m.perm >> 6
-    } else if c.in_group(m.gid) {
+    if c.uid == m.uid {
+        return (m.perm >> 6) & 7 & want == want;
+    }
+    // As Linux (`acl_permission_check`): an ACL counts only while the mode's group
+    // bits (its mask) grant something; a chmod to no group bits leaves the others'.
+    if let Some(acl) = m.acl.as_ref().filter(|_| m.perm & 0o070 != 0) {
+        return acl.permits(c, m.gid, want);
+    }
+    let bits = if c.in_group(m.gid) {
         m.perm >> 3
     } else {
         m.perm
@@ -230,7 +241,8 @@ pub enum XattrAccess {
 }
 
 /// Checks an access to extended attribute `name` of `m` by `c` (`xattr_permission`,
-/// and the capability check of `security.*` writes): `trusted.*` is root's only
+/// and the capability check of `security.*` writes): a POSIX ACL is read by anyone and
+/// set by the owner or root (not on a symlink); `trusted.*` is root's only
 /// (EPERM to write, ENODATA to read, as if absent); `security.*` is written by root
 /// only and read by anyone, except that whoever may write a file may remove its
 /// `security.capability`; `user.*` lives on regular files and directories only, needs
@@ -262,6 +274,17 @@ pub fn check_xattr(
         )))
     };
     let absent = || Err(MetaError::NoData("no such attribute".into()));
+    if name == proto::ACL_ACCESS_XATTR || name == proto::ACL_DEFAULT_XATTR {
+        // Anyone may read a file's ACLs; only its owner or root set them (`vfs_set_acl`).
+        if m.kind == FileKind::Symlink {
+            return Err(MetaError::NotSupported("a symlink has no ACL".into()));
+        }
+        return if write && !owns(c, m) {
+            not_permitted()
+        } else {
+            Ok(())
+        };
+    }
     if name.starts_with(b"trusted.") {
         return match (c.is_root(), write) {
             (true, _) => Ok(()),

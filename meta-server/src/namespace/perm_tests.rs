@@ -17,6 +17,7 @@ fn file(perm: u32, uid: u32, gid: u32) -> Mode {
         perm,
         uid,
         gid,
+        acl: None,
     }
 }
 
@@ -26,6 +27,7 @@ fn dir(perm: u32, uid: u32) -> Mode {
         perm,
         uid,
         gid: uid,
+        acl: None,
     }
 }
 
@@ -70,17 +72,17 @@ fn removing_a_name_needs_write_and_search_and_the_sticky_rule() {
     let victim = file(0o644, ALICE, ALICE);
     let cases = [
         // A 755 directory of someone else: EACCES.
-        (user(BOB), dir(0o755, ALICE), victim, EACCES),
-        (user(ALICE), dir(0o755, ALICE), victim, None),
+        (user(BOB), dir(0o755, ALICE), victim.clone(), EACCES),
+        (user(ALICE), dir(0o755, ALICE), victim.clone(), None),
         // Writable but not searchable: EACCES.
-        (user(BOB), dir(0o776, ALICE), victim, EACCES),
+        (user(BOB), dir(0o776, ALICE), victim.clone(), EACCES),
         // Sticky /tmp-like: only the victim's or the directory's owner, or root: EPERM.
-        (user(BOB), dir(0o1777, 0), victim, EPERM),
-        (user(ALICE), dir(0o1777, 0), victim, None),
-        (user(BOB), dir(0o1777, BOB), victim, None),
-        (Caller::ROOT, dir(0o1777, BOB), victim, None),
+        (user(BOB), dir(0o1777, 0), victim.clone(), EPERM),
+        (user(ALICE), dir(0o1777, 0), victim.clone(), None),
+        (user(BOB), dir(0o1777, BOB), victim.clone(), None),
+        (Caller::ROOT, dir(0o1777, BOB), victim.clone(), None),
         // Not sticky: anyone with write and search.
-        (user(BOB), dir(0o777, 0), victim, None),
+        (user(BOB), dir(0o777, 0), victim.clone(), None),
     ];
     for (i, (c, d, v, want)) in cases.into_iter().enumerate() {
         assert_eq!(code(may_delete(&c, &d, &v)), want, "case {i}");
@@ -213,17 +215,17 @@ fn xattr_namespaces_follow_linux() {
     let f = file(0o644, ALICE, ALICE);
     let fifo = Mode {
         kind: FileKind::Fifo,
-        ..f
+        ..f.clone()
     };
     let cases = [
-        (user(ALICE), f, &b"trusted.x"[..], Write, EPERM),
-        (user(ALICE), f, b"trusted.x", Read, ENODATA),
-        (Caller::ROOT, f, b"trusted.x", Write, None),
-        (user(ALICE), f, b"security.x", Write, EPERM),
-        (user(BOB), f, b"security.x", Read, None),
-        (user(ALICE), f, b"user.x", Write, None),
-        (user(BOB), f, b"user.x", Write, EACCES),
-        (user(BOB), f, b"user.x", Read, None),
+        (user(ALICE), f.clone(), &b"trusted.x"[..], Write, EPERM),
+        (user(ALICE), f.clone(), b"trusted.x", Read, ENODATA),
+        (Caller::ROOT, f.clone(), b"trusted.x", Write, None),
+        (user(ALICE), f.clone(), b"security.x", Write, EPERM),
+        (user(BOB), f.clone(), b"security.x", Read, None),
+        (user(ALICE), f.clone(), b"user.x", Write, None),
+        (user(BOB), f.clone(), b"user.x", Write, EACCES),
+        (user(BOB), f.clone(), b"user.x", Read, None),
         (
             user(BOB),
             file(0o600, ALICE, ALICE),
@@ -231,8 +233,8 @@ fn xattr_namespaces_follow_linux() {
             Read,
             EACCES,
         ),
-        (user(ALICE), fifo, b"user.x", Write, EPERM),
-        (user(ALICE), fifo, b"user.x", Read, ENODATA),
+        (user(ALICE), fifo.clone(), b"user.x", Write, EPERM),
+        (user(ALICE), fifo.clone(), b"user.x", Read, ENODATA),
         // A sticky directory's user attributes are its owner's to write.
         (user(BOB), dir(0o1777, ALICE), b"user.x", Write, EPERM),
         (user(ALICE), dir(0o1777, ALICE), b"user.x", Write, None),

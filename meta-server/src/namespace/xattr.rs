@@ -1,5 +1,8 @@
-//! Extended attributes, one key per attribute under `X`+ino.
+//! Extended attributes, one key per attribute under `X`+ino; POSIX ACLs among them
+//! (`acl.rs`), whose changes also change the mode and pass on to new inodes.
 
+use super::access::stored_acl;
+use super::acl::{self, Acl};
 use super::names::{check_xattr_name, check_xattr_value};
 use super::perm;
 use super::records::{decode, encode, InodeRecord};
@@ -9,7 +12,14 @@ use super::{keys, now, Namespace, MAX_XATTRS_PER_INODE};
 use super::{MAX_XATTR_NAMES_BYTES, MAX_XATTR_TOTAL_BYTES};
 use crate::error::{show, MetaError};
 use proto::meta::{Caller, XattrMode};
-use proto::{InodeId, SetAttr};
+use proto::{FileKind, InodeId, SetAttr};
+
+/// The setgid bit, which setting an ACL takes away as a chmod would.
+const S_ISGID: u32 = 0o2000;
+
+fn is_acl(name: &[u8]) -> bool {
+    name == acl::ACCESS || name == acl::DEFAULT
+}
 
 impl Namespace {
     /// The value of extended attribute `name` of `ino`.
@@ -49,7 +59,11 @@ impl Namespace {
         self.mutate(|txn, _| {
             let mut rec = txn.inode(ino)?;
             if let Some(c) = caller {
-                perm::check_xattr(c, &rec.mode(), name, perm::XattrAccess::Write)?;
+                let m = super::access::mode_of(txn, ino, &rec)?;
+                perm::check_xattr(c, &m, name, perm::XattrAccess::Write)?;
+            }
+            if is_acl(name) {
+                return set_acl(txn, (ino, &mut rec), (name, value), caller);
             }
             super::dirlayout::check(name, value)?;
             let key = keys::xattr(ino, name);
@@ -103,10 +117,16 @@ impl Namespace {
         self.mutate_answering(|txn, _| {
             let mut rec = txn.inode(ino)?;
             if let Some(c) = caller {
-                perm::check_xattr(c, &rec.mode(), name, perm::XattrAccess::Remove)?;
+                let m = super::access::mode_of(txn, ino, &rec)?;
+                perm::check_xattr(c, &m, name, perm::XattrAccess::Remove)?;
             }
             let key = keys::xattr(ino, name);
             if txn.raw(&key)?.is_none() {
+                // Removing an ACL a file does not have succeeds, as on ext4 (`setfacl
+                // -b`, `-k`).
+                if is_acl(name) {
+                    return Ok(());
+                }
                 return Err(MetaError::NoData(format!("{} on {ino}", show(name))));
             }
             txn.delete(key);
@@ -180,6 +200,119 @@ pub(super) fn chown_effects(
             txn.delete(key);
             rec.xattr_count = rec.xattr_count.saturating_sub(1);
         }
+    }
+    Ok(())
+}
+
+/// Sets ACL attribute `name` of `ino` (`rec`, its permission checked) to `value`, as
+/// Linux's `set_posix_acl` does (which takes no create or replace flag): an empty
+/// value, or a list of no entries, removes it; an access ACL sets the mode's bits
+/// (`posix_acl_update_mode`: setgid dropped for a caller neither root nor in the
+/// file's group) and is kept only if it says more than they do; a default ACL is a
+/// directory's only (removing one from anything else does nothing).
+fn set_acl(
+    txn: &mut Txn<'_>,
+    (ino, rec): (InodeId, &mut InodeRecord),
+    (name, value): (&[u8], &[u8]),
+    caller: Option<&Caller>,
+) -> Result<(), MetaError> {
+    let mut keep = match value {
+        [] => None,
+        bytes => Acl::parse(bytes)?,
+    };
+    let removal = keep.is_none();
+    if name == acl::DEFAULT && !rec.is_dir() {
+        if removal {
+            return Ok(());
+        }
+        return Err(MetaError::PermissionDenied(format!(
+            "{ino} is a {:?}: only a directory has a default ACL",
+            rec.kind
+        )));
+    }
+    let key = keys::xattr(ino, name);
+    let exists = txn.raw(&key)?.is_some();
+    if name == acl::ACCESS {
+        if let Some(a) = &keep {
+            let (perm, extended) = a.mode(rec.perm);
+            rec.perm = perm;
+            if caller.is_some_and(|c| !(c.is_root() || c.in_group(rec.gid))) {
+                rec.perm &= !S_ISGID;
+            }
+            if !extended {
+                keep = None;
+            }
+        }
+    }
+    match keep {
+        Some(a) => {
+            let bytes = a.to_bytes();
+            check_room(txn, ino, name, &bytes)?;
+            if !exists {
+                rec.xattr_count += 1;
+            }
+            txn.put(key, encode(&bytes)?);
+        }
+        None if exists => {
+            txn.delete(key);
+            rec.xattr_count = rec.xattr_count.saturating_sub(1);
+        }
+        // Nothing there, nothing kept: no change (ext4 leaves even the ctime).
+        None if removal => return Ok(()),
+        None => {}
+    }
+    rec.changed_at(now());
+    txn.put_inode(ino, rec)
+}
+
+/// A chmod of `ino` to `rec`'s new mode changes its access ACL too
+/// (`posix_acl_chmod`): the owner's, the mask's and the others' entries.
+pub(super) fn chmod_acl(
+    txn: &mut Txn<'_>,
+    ino: InodeId,
+    rec: &InodeRecord,
+) -> Result<(), MetaError> {
+    if rec.xattr_count == 0 || rec.kind == FileKind::Symlink {
+        return Ok(());
+    }
+    if let Some(mut a) = stored_acl(txn, ino, acl::ACCESS)? {
+        a.chmod(rec.perm);
+        txn.put(keys::xattr(ino, acl::ACCESS), encode(&a.to_bytes())?);
+    }
+    Ok(())
+}
+
+/// The mode bits and ACLs a new inode `ino` (`rec`, not yet stored, with the bits the
+/// caller asked for) gets in directory `parent` (`parent_rec`) for a caller with
+/// `umask` (`posix_acl_create`): with a default ACL there, the default limited by the
+/// bits asked for, and a directory takes the default as its own too; without one, the
+/// bits less the umask. A symlink keeps its 0o777.
+pub(super) fn inherit_acls(
+    txn: &mut Txn<'_>,
+    (parent, parent_rec): (InodeId, &InodeRecord),
+    (ino, rec): (InodeId, &mut InodeRecord),
+    umask: u32,
+) -> Result<(), MetaError> {
+    if rec.kind == FileKind::Symlink {
+        return Ok(());
+    }
+    let default = match parent_rec.xattr_count {
+        0 => None,
+        _ => stored_acl(txn, parent, acl::DEFAULT)?,
+    };
+    let Some(default) = default else {
+        rec.perm &= !(umask & 0o777);
+        return Ok(());
+    };
+    let (perm, access) = default.create(rec.perm);
+    rec.perm = perm;
+    if let Some(a) = access {
+        txn.put(keys::xattr(ino, acl::ACCESS), encode(&a.to_bytes())?);
+        rec.xattr_count += 1;
+    }
+    if rec.is_dir() {
+        txn.put(keys::xattr(ino, acl::DEFAULT), encode(&default.to_bytes())?);
+        rec.xattr_count += 1;
     }
     Ok(())
 }
