@@ -347,6 +347,20 @@ impl Scans {
         found
     }
 
+    /// The metadata server no longer has `ino` (a call naming it found nothing, as
+    /// when another client removed it): what pages say of it goes, so that the lookup
+    /// the kernel sends next asks the server.
+    pub(crate) fn gone(&self, ino: InodeId) {
+        let mut state = self.state.lock();
+        state.epoch += 1;
+        let epoch = state.epoch;
+        if state.changed.len() >= MAX_CHANGED {
+            state.drop_all();
+            return;
+        }
+        state.changed.insert(ino, epoch);
+    }
+
     /// Forgets what `req`, about to be sent, may change.
     pub(crate) fn before(&self, req: &FsRequest) {
         use FsRequest as R;

@@ -162,6 +162,11 @@ impl Inner {
         n
     }
 
+    /// Whether the kernel holds a handle of `ino` from this mount (not yet released).
+    fn has_open(&self, ino: InodeId) -> bool {
+        self.files.lock().values().any(|o| o.file.ino() == ino)
+    }
+
     fn file(&self, fh: u64) -> Result<Arc<FileHandle>, ClientError> {
         self.files
             .lock()
@@ -252,6 +257,28 @@ impl Inner {
         if self.note_seen(attr, false) == Freshness::Changed {
             self.changed(attr).await;
         }
+    }
+
+    /// After a lock on `ino` is granted: what another mount wrote under its own lock and
+    /// published before releasing it must be read here (SQLite, and any program that
+    /// reads a shared file after locking it, relies on that; NFS looks at the file at
+    /// every lock for it). The file's attributes are asked for afresh; if its mtime or
+    /// length moved since this mount last saw them, its cached pages and segments go,
+    /// even while a handle here has it open for writing (which [`Inner::changed`]
+    /// spares: without a lock, writers on two mounts get no coherence). A page written
+    /// here is never dirty in the kernel without the writeback cache, and with it the
+    /// kernel writes such pages back before dropping them.
+    async fn fresh_under_lock(self: &Arc<Self>, ino: InodeId) {
+        let Ok(attr) = self.client.getattr_asked(ino).await else {
+            return;
+        };
+        if self.note_seen(&attr, false) != Freshness::Changed {
+            return;
+        }
+        if let Some(s) = self.client.open_file(ino) {
+            s.opened(&attr);
+        }
+        self.drop_pages(ino, 0, 0).await;
     }
 
     /// What [`Inner::revalidate`] does for a file whose mtime or length moved.

@@ -3,8 +3,8 @@
 
 use super::attr::{file_type, fuse_attr, kind_of_mode};
 use super::replies::{
-    dot_attr, finish, ino, lock_spec, lock_type, open_access, time_set, unprivileged_groups,
-    writable, xattr_reply,
+    dot_attr, finish, ino, lock_spec, lock_type, open_access, stale, stale_if_gone, time_set,
+    unprivileged_groups, writable, xattr_reply,
 };
 use super::{errno, is_stats_xattr, Freshness, TesseraFs};
 use crate::config::AtimeMode;
@@ -339,7 +339,23 @@ impl fuser::Filesystem for TesseraFs {
             let r = inner
                 .client
                 .open_for(ino(i), open_access(flags.0), truncate)
-                .await;
+                .await
+                .map_err(stale_if_gone);
+            let r = match r {
+                // Unlinked, and not open through this mount: the kernel came through a
+                // name it kept from before another mount removed the file (a reopen
+                // through `/proc/self/fd` has a handle here). That open would reach a
+                // file no name leads to (the other mount's session keeps it, or this
+                // mount's own batched release); ESTALE has the kernel look the name
+                // up afresh, as when the file is gone.
+                Ok((attr, fh)) if attr.nlink == 0 && !inner.has_open(attr.ino) => {
+                    if let Err(e) = inner.client.release(&fh).await {
+                        tracing::debug!(error = %e, "release of an unlinked file's open");
+                    }
+                    Err(stale(format!("{} has been unlinked", attr.ino)))
+                }
+                r => r,
+            };
             if let (Ok((_, fh)), true) = (&r, writable(flags.0)) {
                 fh.mark_writer().await;
             }
@@ -776,6 +792,9 @@ impl fuser::Filesystem for TesseraFs {
                 owners.entry(fh.0).or_default().insert(lock.owner);
             }
             let r = inner.client.setlk(ino(i), lock, sleep).await;
+            if r.is_ok() && lock.kind != LockKind::Unlock {
+                inner.fresh_under_lock(ino(i)).await;
+            }
             finish(reply, r, |reply, ()| reply.ok())
         });
     }
