@@ -558,11 +558,11 @@ impl Client {
     }
 
     /// Removes a name of a non-directory.
-    pub async fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<()> {
+    pub async fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<fs::Unlinked> {
         let name = name.to_vec();
-        let change = self.meta(fs::Unlink { parent, name }).await?;
-        self.dir_attrs.put(change.after);
-        Ok(())
+        let done = self.meta(fs::Unlink { parent, name }).await?;
+        self.dir_attrs.put(done.parent.after.clone());
+        Ok(done)
     }
 
     /// Removes an empty directory.

@@ -5,7 +5,7 @@ use crate::metrics::ClientMetrics;
 use parking_lot::Mutex;
 use proto::data::DataRequest;
 use proto::meta::cluster::FilesPage;
-use proto::meta::fs::{DirPage, FsStats, Made, Opened, OpenedAt};
+use proto::meta::fs::{DirPage, FsStats, Made, Opened, OpenedAt, Unlinked};
 use proto::meta::{ClusterMap, ClusterStatus, DirChange, LockSpec, MetaRequest, NodeInfo};
 use proto::{Attr, ClientId, NodeId, Request, Rpc, SessionId};
 use std::collections::HashMap;
@@ -282,6 +282,12 @@ impl Replied for Made {
 impl Replied for DirChange {
     fn seen(&self) -> Seen<'_> {
         Seen::Removed(self)
+    }
+}
+
+impl Replied for Unlinked {
+    fn seen(&self) -> Seen<'_> {
+        Seen::Removed(&self.parent)
     }
 }
 

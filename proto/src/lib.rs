@@ -46,8 +46,9 @@ pub use rpc::{Request, Rpc, RpcResult};
 /// `data::WriteRanges` and `ReplicaData::Ranges` (separate small ranges of a chunk in one
 /// chain write). 26: `cluster::InodeCopies` (a resync asks how many copies a file has).
 /// 27: `Caller::umask` (the server applies it, or a directory's default ACL instead),
-/// and the POSIX ACL attribute names.
-pub const PROTOCOL_VERSION: u16 = 27;
+/// and the POSIX ACL attribute names. 28: `Unlink` answers `Unlinked` (the file and its
+/// links left, beside the directory's change).
+pub const PROTOCOL_VERSION: u16 = 28;
 
 /// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
 pub const MAX_NAME_BYTES: usize = 255;

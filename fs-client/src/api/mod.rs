@@ -435,7 +435,7 @@ impl Tessera {
                     _ => not_a_directory(path),
                 });
             }
-            sh.client.unlink(parent, name.as_bytes()).await
+            sh.client.unlink(parent, name.as_bytes()).await.map(drop)
         })
     }
 

@@ -41,6 +41,12 @@ const MAX_SEEN: usize = 262_144;
 /// keeps its own copy).
 const MAX_DIRS_SEEN: usize = 65_536;
 
+/// Files whose last name this mount removed, remembered so that a reopen of one
+/// through `/proc/self/fd` is told from an open through a name another mount removed;
+/// bounded, forgotten wholesale when full (such a reopen of a file unlinked that many
+/// unlinks ago then fails with ESTALE).
+const MAX_UNLINKED: usize = 65_536;
+
 /// The mounted file system.
 pub struct TesseraFs {
     inner: Arc<Inner>,
@@ -66,6 +72,8 @@ struct Inner {
     /// Files on which this mount ever took a lock: only their closes need to tell the
     /// metadata server to drop locks (every other close skips that round trip).
     locked: Mutex<HashSet<InodeId>>,
+    /// Files whose last name this mount removed (see [`Inner::unlinked_here`]).
+    unlinked: Mutex<HashSet<InodeId>>,
     /// Per open file handle, the lock owners that took locks through it and have not
     /// flushed it since. A process's POSIX locks go at its flush (every close flushes
     /// with the process as owner); what is left at release are OFD locks
@@ -129,6 +137,7 @@ impl TesseraFs {
             seen: Mutex::new(HashMap::new()),
             notifier: OnceLock::new(),
             locked: Mutex::new(HashSet::new()),
+            unlinked: Mutex::new(HashSet::new()),
             lock_owners: Mutex::new(HashMap::new()),
             releases: Arc::default(),
             writeback: AtomicBool::new(false),
@@ -162,9 +171,19 @@ impl Inner {
         n
     }
 
-    /// Whether the kernel holds a handle of `ino` from this mount (not yet released).
-    fn has_open(&self, ino: InodeId) -> bool {
-        self.files.lock().values().any(|o| o.file.ino() == ino)
+    /// This mount removed the last name of `ino` (or made it without one, `O_TMPFILE`):
+    /// its kernel reaches it only through a descriptor from now on.
+    fn unlinked_here(&self, ino: InodeId) {
+        let mut set = self.unlinked.lock();
+        if set.len() >= MAX_UNLINKED {
+            set.clear();
+        }
+        set.insert(ino);
+    }
+
+    /// Whether [`Inner::unlinked_here`] noted `ino`.
+    fn was_unlinked_here(&self, ino: InodeId) -> bool {
+        self.unlinked.lock().contains(&ino)
     }
 
     fn file(&self, fh: u64) -> Result<Arc<FileHandle>, ClientError> {

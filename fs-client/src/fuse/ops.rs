@@ -259,7 +259,12 @@ impl fuser::Filesystem for TesseraFs {
         let (inner, name) = (self.inner.clone(), name.as_bytes().to_vec());
         self.spawn(req, async move {
             let r = inner.client.unlink(ino(parent), &name).await;
-            finish(reply, r, |reply, ()| reply.ok())
+            if let Ok(done) = &r {
+                if done.nlink == 0 {
+                    inner.unlinked_here(done.ino);
+                }
+            }
+            finish(reply, r, |reply, _| reply.ok())
         });
     }
 
@@ -342,13 +347,14 @@ impl fuser::Filesystem for TesseraFs {
                 .await
                 .map_err(stale_if_gone);
             let r = match r {
-                // Unlinked, and not open through this mount: the kernel came through a
-                // name it kept from before another mount removed the file (a reopen
-                // through `/proc/self/fd` has a handle here). That open would reach a
-                // file no name leads to (the other mount's session keeps it, or this
-                // mount's own batched release); ESTALE has the kernel look the name
-                // up afresh, as when the file is gone.
-                Ok((attr, fh)) if attr.nlink == 0 && !inner.has_open(attr.ino) => {
+                // Unlinked, by another mount: this kernel came through a name it kept
+                // from before (a file whose last name this mount removed, or an
+                // `O_TMPFILE` of its own, has no name left here, so only a descriptor
+                // leads to it: `/proc/self/fd`). That open would reach a file no name
+                // leads to (another open keeps it, or this mount's own batched
+                // release); ESTALE has the kernel look the name up afresh, as when the
+                // file is gone.
+                Ok((attr, fh)) if attr.nlink == 0 && !inner.was_unlinked_here(attr.ino) => {
                     if let Err(e) = inner.client.release(&fh).await {
                         tracing::debug!(error = %e, "release of an unlinked file's open");
                     }
@@ -401,7 +407,11 @@ impl fuser::Filesystem for TesseraFs {
             let r = if name == TMPFILE_NAME {
                 // `O_TMPFILE`, which `O_EXCL` makes never linkable.
                 let how = (!exclusive, access);
-                c.tmpfile_for(ino(parent), perm, who, how).await
+                let r = c.tmpfile_for(ino(parent), perm, who, how).await;
+                if let Ok((attr, _)) = &r {
+                    inner.unlinked_here(attr.ino);
+                }
+                r
             } else {
                 let how = (exclusive, truncate, access);
                 c.create_for(ino(parent), &name, perm, who, how).await

@@ -8,6 +8,7 @@ use super::records::{DirentRecord, InodeRecord};
 use super::txn::{Reads, Txn};
 use super::{now, Made, Namespace, State, MAX_LINKS};
 use crate::error::{show, MetaError};
+use proto::meta::fs::Unlinked;
 use proto::meta::{Caller, DirChange};
 use proto::{Attr, FileKind, InodeId, NodeId, Timestamp};
 
@@ -190,8 +191,9 @@ impl Namespace {
         Ok(made)
     }
 
-    /// Removes non-directory entry `name` from `parent`; returns the directory's change.
-    pub fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<DirChange, MetaError> {
+    /// Removes non-directory entry `name` from `parent`; returns the directory's change
+    /// and the file's links left.
+    pub fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<Unlinked, MetaError> {
         check_name(name)?;
         self.mutate_answering(|txn, st| {
             let now = now();
@@ -201,8 +203,12 @@ impl Namespace {
                 return Err(MetaError::IsADirectory(format!("unlink of {}", show(name))));
             }
             let after = remove_entry(txn, parent, name, d.kind, now)?.attr(parent);
-            drop_link(txn, st, InodeId(d.ino), now)?;
-            Ok(DirChange { before, after })
+            let nlink = drop_link(txn, st, InodeId(d.ino), now)?;
+            Ok(Unlinked {
+                parent: DirChange { before, after },
+                ino: InodeId(d.ino),
+                nlink,
+            })
         })
     }
 
@@ -342,12 +348,13 @@ pub(super) fn remove_entry(
 /// A directory (empty, as the caller checked) goes at once. Another inode loses one
 /// link; at zero it goes too, unless a session has it open: then it stays, marked as an
 /// orphan, until the last session ends (or the next start, when no session survives).
+/// Returns the links left.
 pub(super) fn drop_link(
     txn: &mut Txn<'_>,
     st: &State,
     ino: InodeId,
     now: Timestamp,
-) -> Result<(), MetaError> {
+) -> Result<u32, MetaError> {
     let mut rec = txn.inode(ino)?;
     if !rec.is_dir() {
         rec.nlink = rec.nlink.saturating_sub(1);
@@ -357,10 +364,11 @@ pub(super) fn drop_link(
             if rec.nlink == 0 {
                 txn.put(keys::orphan(ino), super::records::encode(&())?);
             }
-            return Ok(());
+            return Ok(rec.nlink);
         }
     }
-    delete_inode(txn, ino, &rec)
+    delete_inode(txn, ino, &rec)?;
+    Ok(0)
 }
 
 /// Deletes inode `ino` with its xattrs and marks, and queues the deletion of a regular

@@ -21,7 +21,7 @@ crate::rpc_requests! {
         Symlink => Made, "symlink", idempotent: false;
         Readlink => Vec<u8>, "readlink", idempotent: true;
         Link => Made, "link", idempotent: false;
-        Unlink => DirChange, "unlink", idempotent: false;
+        Unlink => Unlinked, "unlink", idempotent: false;
         Rmdir => DirChange, "rmdir", idempotent: false;
         Rename => (), "rename", idempotent: false;
         ReadDir => DirPage, "readdir", idempotent: true;
@@ -190,6 +190,19 @@ pub struct Unlink {
     pub parent: InodeId,
     /// The name.
     pub name: Vec<u8>,
+}
+
+/// What an unlink did: the directory's change, and the file whose name went, with the
+/// links it has left. A client whose kernel reaches a file with none left through a
+/// descriptor knows it removed the name itself (see the mount's `open`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unlinked {
+    /// The directory's change.
+    pub parent: DirChange,
+    /// The file whose name went.
+    pub ino: InodeId,
+    /// Its links left (0: gone, or kept only by the sessions that have it open).
+    pub nlink: u32,
 }
 
 /// Removes an empty directory.

@@ -28,7 +28,9 @@ fn each_change_moves_ctime_forward(kind: crate::kv::StoreKind) {
         known = c.after.ctime;
     }
     for i in 0..100 {
-        let c = ns.unlink(d.ino, format!("f{i}").as_bytes()).unwrap();
+        let u = ns.unlink(d.ino, format!("f{i}").as_bytes()).unwrap();
+        assert_eq!(u.nlink, 0, "its only name");
+        let c = u.parent;
         assert_eq!(c.before, known, "unlink {i} starts where the last ended");
         assert!(c.after.ctime > c.before);
         known = c.after.ctime;
