@@ -106,25 +106,26 @@ fn a_lock_brings_what_another_mount_wrote_under_its_lock() {
     reader.read_to_string(&mut seen).unwrap();
     assert_eq!(seen, "0000");
     for round in 1..=3u8 {
-        let text = format!("{round}{round}{round}{round}");
+        // Each turn a new length, and a stat of the reader's mount between: what the
+        // stat shows must not pass for what the reader's pages hold.
+        let text = round.to_string().repeat(4 + usize::from(round));
         let writer = OpenOptions::new()
             .write(true)
             .open(a.path.join("shared"))
             .unwrap();
         lock(&writer, libc::F_WRLCK);
+        writer.set_len(0).unwrap();
         writer.write_all_at(text.as_bytes(), 0).unwrap();
         lock(&writer, libc::F_UNLCK);
         drop(writer);
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        fs::metadata(b.path.join("shared")).unwrap();
         lock(&reader, libc::F_RDLCK);
-        let mut got = [0u8; 4];
+        let mut got = String::new();
         reader.seek(SeekFrom::Start(0)).unwrap();
-        reader.read_exact(&mut got).unwrap();
+        reader.read_to_string(&mut got).unwrap();
         lock(&reader, libc::F_UNLCK);
-        assert_eq!(
-            got,
-            text.as_bytes(),
-            "round {round}: the reader after its lock"
-        );
+        assert_eq!(got, text, "round {round}: the reader after its lock");
     }
 }
 

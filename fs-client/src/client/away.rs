@@ -183,18 +183,18 @@ impl Client {
         if let Some(attr) = self.take_kept_attr(ino) {
             return Ok(attr);
         }
-        self.getattr_asked(ino).await
-    }
-
-    /// The attributes of `ino` as the metadata server has them now (no copy kept from a
-    /// reply of this client's), with this client's uncommitted writes laid over them as
-    /// [`Client::getattr`] does, and its answer while the server is away.
-    pub async fn getattr_asked(&self, ino: InodeId) -> Result<Attr> {
         let req = Request::new(fs::GetAttr { ino }).with_caller(super::caller::current());
         match self.meta_or_known(&req, self.live_file(ino)).await? {
             Ok(attr) => Ok(self.overlay(attr)),
             Err(st) => Ok(st.known_attr()),
         }
+    }
+
+    /// The attributes of `ino` as the metadata server has them now: no copy kept from a
+    /// reply of this client's, and none of this client's uncommitted writes laid over
+    /// them (what another client sees).
+    pub async fn getattr_asked(&self, ino: InodeId) -> Result<Attr> {
+        self.meta(fs::GetAttr { ino }).await
     }
 
     /// Sends a `GetXattr`; see [`Client::getxattr`]. While the server is away, the

@@ -10,7 +10,7 @@
 //! (`proto::meta::fs::Opened::cut_tail`); other opens wait meanwhile (`Busy`).
 
 use super::Client;
-use crate::error::Result;
+use crate::error::{ClientError, Result};
 use crate::file::{FileHandle, FileState};
 use crate::rpc::MetaCall;
 use proto::grant::Grant;
@@ -112,6 +112,20 @@ impl Client {
         access: OpenAccess,
         truncate: bool,
     ) -> Result<(Attr, FileHandle)> {
+        self.open_named(ino, (access, truncate), true).await
+    }
+
+    /// [`Client::open_for`] for a kernel that reached `ino` through a name: unless
+    /// `unlinked_ok` (the caller knows no name of it is left to reach it by), a file with
+    /// no link left is not opened (nor emptied) but answered Stale, and the listing
+    /// pages forget it: the name was kept from before another client removed the file,
+    /// and the kernel must look it up afresh.
+    pub async fn open_named(
+        &self,
+        ino: InodeId,
+        (access, truncate): (OpenAccess, bool),
+        unlinked_ok: bool,
+    ) -> Result<(Attr, FileHandle)> {
         let req = fs::Open {
             ino,
             client: self.id,
@@ -121,6 +135,16 @@ impl Client {
         let reply = self.meta_opening(req, None).await?;
         let caller = super::caller::current();
         let (attr, fh) = self.opened(reply, access.writes(), caller).await?;
+        if attr.nlink == 0 && attr.kind != FileKind::Directory && !unlinked_ok {
+            self.scans.gone(ino);
+            if let Err(e) = self.release(&fh).await {
+                tracing::debug!(error = %e, "release of an unlinked file's open");
+            }
+            return Err(ClientError::Remote(proto::WireError::new(
+                proto::ErrorCode::Stale,
+                format!("{ino} has been unlinked"),
+            )));
+        }
         let regular = attr.kind == FileKind::Regular;
         self.emptied_if(truncate && regular, attr, fh).await
     }

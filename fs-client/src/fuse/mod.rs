@@ -171,8 +171,27 @@ impl Inner {
         n
     }
 
-    /// This mount removed the last name of `ino` (or made it without one, `O_TMPFILE`):
-    /// its kernel reaches it only through a descriptor from now on.
+    /// Whether the kernel holds a handle of `ino` from this mount (not yet released).
+    fn has_open(&self, ino: InodeId) -> bool {
+        self.files.lock().values().any(|o| o.file.ino() == ino)
+    }
+
+    /// A handle of `ino` was released, or a link gave it a name: once no handle of
+    /// this mount has it open (or it has a name again), it leaves the files whose last
+    /// name this mount removed.
+    fn linked_or_closed(&self, ino: InodeId, linked: bool) {
+        // Most files never were in it: no scan of the handles for them.
+        if !self.unlinked.lock().contains(&ino) {
+            return;
+        }
+        if linked || !self.has_open(ino) {
+            self.unlinked.lock().remove(&ino);
+        }
+    }
+
+    /// This mount removed the last name of `ino` while holding it open (or made it
+    /// without one, `O_TMPFILE`): its kernel reaches it only through a descriptor until
+    /// the last handle goes.
     fn unlinked_here(&self, ino: InodeId) {
         let mut set = self.unlinked.lock();
         if set.len() >= MAX_UNLINKED {
@@ -273,9 +292,20 @@ impl Inner {
     /// (writers on two mounts at once get no coherence, as on NFS). This mount's own
     /// changes go through [`Inner::note_own`] instead.
     async fn revalidate(self: &Arc<Self>, attr: &proto::Attr) {
-        if self.note_seen(attr, false) == Freshness::Changed {
+        if self.note_seen_unless_writing(attr) == Freshness::Changed {
             self.changed(attr).await;
         }
+    }
+
+    /// [`Inner::note_seen`], but for a file a handle of this mount writes: its pages stay
+    /// (see [`Inner::changed`]), so what it records stays what they were read under (and
+    /// this mount's own commits), for the next lock's check ([`Inner::fresh_under_lock`]).
+    fn note_seen_unless_writing(&self, attr: &proto::Attr) -> Freshness {
+        let writing = self.client.open_file(attr.ino);
+        if writing.is_some_and(|s| s.gate.has_writers()) {
+            return Freshness::Same;
+        }
+        self.note_seen(attr, false)
     }
 
     /// After a lock on `ino` is granted: what another mount wrote under its own lock and
@@ -288,6 +318,7 @@ impl Inner {
     /// here is never dirty in the kernel without the writeback cache, and with it the
     /// kernel writes such pages back before dropping them.
     async fn fresh_under_lock(self: &Arc<Self>, ino: InodeId) {
+        let since = self.client.attr_epoch();
         let Ok(attr) = self.client.getattr_asked(ino).await else {
             return;
         };
@@ -297,6 +328,10 @@ impl Inner {
         if let Some(s) = self.client.open_file(ino) {
             s.opened(&attr);
         }
+        // The kernel's next `getattr` gets these (with this mount's own unsent writes
+        // over them), not a copy kept from this mount's last commit.
+        self.client
+            .keep_attr(self.client.overlay(attr.clone()), since);
         self.drop_pages(ino, 0, 0).await;
     }
 

@@ -3,7 +3,7 @@
 
 use super::attr::{file_type, fuse_attr, kind_of_mode};
 use super::replies::{
-    dot_attr, finish, ino, lock_spec, lock_type, open_access, stale, stale_if_gone, time_set,
+    dot_attr, finish, ino, lock_spec, lock_type, open_access, stale_if_gone, time_set,
     unprivileged_groups, writable, xattr_reply,
 };
 use super::{errno, is_stats_xattr, Freshness, TesseraFs};
@@ -99,7 +99,7 @@ impl fuser::Filesystem for TesseraFs {
             if Some(a.ino) == self.inner.client.subdir_root() {
                 a.ino = InodeId::ROOT;
             }
-            if self.inner.note_seen(&a, false) != Freshness::Changed {
+            if self.inner.note_seen_unless_writing(&a) != Freshness::Changed {
                 return self.inner.aged_entry(reply, Ok(a), age);
             }
             let inner = self.inner.clone();
@@ -260,7 +260,7 @@ impl fuser::Filesystem for TesseraFs {
         self.spawn(req, async move {
             let r = inner.client.unlink(ino(parent), &name).await;
             if let Ok(done) = &r {
-                if done.nlink == 0 {
+                if done.nlink == 0 && inner.has_open(done.ino) {
                     inner.unlinked_here(done.ino);
                 }
             }
@@ -331,6 +331,9 @@ impl fuser::Filesystem for TesseraFs {
         let (inner, name) = (self.inner.clone(), newname.as_bytes().to_vec());
         self.spawn(req, async move {
             let r = inner.client.link(ino(i), ino(newparent), &name, true).await;
+            if r.is_ok() {
+                inner.linked_or_closed(ino(i), true);
+            }
             inner.entry(reply, r)
         });
     }
@@ -341,27 +344,20 @@ impl fuser::Filesystem for TesseraFs {
         let direct = inner.direct_open(flags.0);
         self.spawn(req, async move {
             let since = inner.client.attr_epoch();
+            // An unlinked file is opened only if this mount removed its last name
+            // while holding it open, or made it without one (`O_TMPFILE`): then no name
+            // leads to it in this kernel, and the open came through a descriptor
+            // (`/proc/self/fd`). Any other came through a name this kernel kept from
+            // before another mount removed the file, and would reach a file no name
+            // leads to (another open keeps it, or this mount's own batched release):
+            // ESTALE has the kernel look the name up afresh, as when it is gone.
+            let unlinked_ok = inner.was_unlinked_here(ino(i));
+            let how = (open_access(flags.0), truncate);
             let r = inner
                 .client
-                .open_for(ino(i), open_access(flags.0), truncate)
+                .open_named(ino(i), how, unlinked_ok)
                 .await
                 .map_err(stale_if_gone);
-            let r = match r {
-                // Unlinked, by another mount: this kernel came through a name it kept
-                // from before (a file whose last name this mount removed, or an
-                // `O_TMPFILE` of its own, has no name left here, so only a descriptor
-                // leads to it: `/proc/self/fd`). That open would reach a file no name
-                // leads to (another open keeps it, or this mount's own batched
-                // release); ESTALE has the kernel look the name up afresh, as when the
-                // file is gone.
-                Ok((attr, fh)) if attr.nlink == 0 && !inner.was_unlinked_here(attr.ino) => {
-                    if let Err(e) = inner.client.release(&fh).await {
-                        tracing::debug!(error = %e, "release of an unlinked file's open");
-                    }
-                    Err(stale(format!("{} has been unlinked", attr.ino)))
-                }
-                r => r,
-            };
             if let (Ok((_, fh)), true) = (&r, writable(flags.0)) {
                 fh.mark_writer().await;
             }

@@ -58,12 +58,10 @@ pub(super) fn stale_if_gone(e: ClientError) -> ClientError {
     if e.code() != proto::ErrorCode::NotFound {
         return e;
     }
-    stale(format!("the file is gone: {e}"))
-}
-
-/// ESTALE, for `why`.
-pub(super) fn stale(why: String) -> ClientError {
-    ClientError::Remote(proto::WireError::new(proto::ErrorCode::Stale, why))
+    ClientError::Remote(proto::WireError::new(
+        proto::ErrorCode::Stale,
+        format!("the file is gone: {e}"),
+    ))
 }
 
 /// Whether open flags allow writing (no read-around store while such an open lasts).
