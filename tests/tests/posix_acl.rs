@@ -188,27 +188,19 @@ fn an_acl_set_through_one_mount_reaches_another() {
             .status
             .success()
     };
-    // Bob named: the group bits are set, so b's kernel reads the ACL at Alice's try.
-    let bob = format!("u:{BOB_UID}:r");
-    check_output(
-        "setfacl",
-        &Command::new("setfacl")
-            .args(["-m", &bob])
+    let modify = |entry: String| {
+        let out = Command::new("setfacl")
+            .args(["-m", &entry])
             .arg(&f)
             .output()
-            .unwrap(),
-    );
+            .unwrap();
+        check_output("setfacl", &out);
+    };
+    // Bob named: the group bits are set, so b's kernel reads the ACL at Alice's try.
+    modify(format!("u:{BOB_UID}:r"));
     std::thread::sleep(std::time::Duration::from_millis(1500));
     assert!(!reads(), "0640 of root's, Alice not named");
-    let grant = format!("u:{ALICE_UID}:r");
-    check_output(
-        "setfacl",
-        &Command::new("setfacl")
-            .args(["-m", &grant])
-            .arg(&f)
-            .output()
-            .unwrap(),
-    );
+    modify(format!("u:{ALICE_UID}:r"));
     // Within the attribute TTL (1 s) and a margin for a loaded machine; here it was
     // at the first try.
     tessera_tests::posix::wait_until(
