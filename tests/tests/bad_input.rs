@@ -201,12 +201,13 @@ async fn an_envelope_with_a_garbage_payload_is_refused_cleanly() {
     let ep = cluster.endpoint();
     let meta = ep.connect(&cluster.meta_addr()).await.unwrap();
     // The metadata envelope: 0 file-system calls, 1 cluster calls, 2 admin calls. A
-    // file-system call starts with its caller: uid 0, gid 0, no groups (`0, 0, 0`).
+    // file-system call starts with its caller: uid 0, gid 0, no groups, umask 0
+    // (`0, 0, 0, 0`).
     let cases: [(&'static [u8], ErrorCode); 8] = [
-        (&[0, 0, 0, 0, 100], ErrorCode::UnknownMessage),
+        (&[0, 0, 0, 0, 0, 100], ErrorCode::UnknownMessage),
         (&[1, 99, 1, 2, 3], ErrorCode::UnknownMessage),
         (&[2, 77], ErrorCode::UnknownMessage),
-        (&[0, 0, 0, 0, 1, 0xff, 0xff], ErrorCode::Malformed),
+        (&[0, 0, 0, 0, 0, 1, 0xff, 0xff], ErrorCode::Malformed),
         // A caller cut short, and one naming more than `MAX_GROUPS` groups.
         (&[0, 100], ErrorCode::Malformed),
         (&[0, 0, 0, 65, 1, 2, 3], ErrorCode::Malformed),
