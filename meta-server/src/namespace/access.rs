@@ -89,26 +89,26 @@ pub(super) fn check_open(
     perm::check(c, m, want, "open the file so")
 }
 
+/// The rules of directory `dir`.
+fn dir_mode(r: &StoreReads<'_>, dir: InodeId) -> Result<Mode, MetaError> {
+    mode_of(r, dir, &r.dir(dir)?)
+}
+
 impl Namespace {
     fn mode_of(&self, ino: InodeId) -> Result<Mode, MetaError> {
         let r = self.reads();
         mode_of(&r, ino, &r.inode(ino)?)
     }
 
-    /// The rules of directory `dir`.
-    fn dir_mode(&self, r: &StoreReads<'_>, dir: InodeId) -> Result<Mode, MetaError> {
-        mode_of(r, dir, &r.dir(dir)?)
-    }
-
     /// Search permission on directory `dir` (a lookup in it).
     pub(super) fn may_search(&self, c: &Caller, dir: InodeId) -> Result<(), MetaError> {
-        let m = self.dir_mode(&self.reads(), dir)?;
+        let m = dir_mode(&self.reads(), dir)?;
         perm::check(c, &m, X, "search the directory")
     }
 
     /// Read permission on directory `dir` (a listing).
     pub(super) fn may_list(&self, c: &Caller, dir: InodeId) -> Result<(), MetaError> {
-        let m = self.dir_mode(&self.reads(), dir)?;
+        let m = dir_mode(&self.reads(), dir)?;
         perm::check(c, &m, R, "list the directory")
     }
 
@@ -133,7 +133,7 @@ impl Namespace {
     ) -> Result<(), MetaError> {
         check_name(name)?;
         let r = self.reads();
-        let m = self.dir_mode(&r, dir)?;
+        let m = dir_mode(&r, dir)?;
         perm::check(c, &m, X, "search the directory")?;
         super::entries::ensure_absent(&r, dir, name)?;
         rule(&r)?;
@@ -143,7 +143,7 @@ impl Namespace {
     /// An unnamed file in `dir` (`O_TMPFILE`): as a create of a new name, write and
     /// search on the directory.
     pub(super) fn may_make_tmpfile(&self, c: &Caller, dir: InodeId) -> Result<(), MetaError> {
-        let m = self.dir_mode(&self.reads(), dir)?;
+        let m = dir_mode(&self.reads(), dir)?;
         perm::may_create(c, &m)
     }
 
@@ -159,7 +159,7 @@ impl Namespace {
     ) -> Result<(), MetaError> {
         check_name(name)?;
         let r = self.reads();
-        let d = self.dir_mode(&r, dir)?;
+        let d = dir_mode(&r, dir)?;
         perm::check(c, &d, X, "search the directory")?;
         let entry = r.entry(dir, name)?;
         let Some(victim) = r.try_inode(InodeId(entry.ino))? else {
@@ -204,7 +204,7 @@ impl Namespace {
         // directory (`may_add`'s EEXIST is no answer for a rename, which replaces).
         let add = || -> Result<(), MetaError> {
             check_name(new_name)?;
-            perm::may_create(c, &self.dir_mode(&r, new_dir)?)
+            perm::may_create(c, &dir_mode(&r, new_dir)?)
         };
         match target {
             Some(_) => match self.may_remove(c, new_dir, new_name) {

@@ -14,9 +14,6 @@ use crate::error::{show, MetaError};
 use proto::meta::{Caller, XattrMode};
 use proto::{FileKind, InodeId, SetAttr};
 
-/// The setgid bit, which setting an ACL takes away as a chmod would.
-const S_ISGID: u32 = 0o2000;
-
 fn is_acl(name: &[u8]) -> bool {
     name == acl::ACCESS || name == acl::DEFAULT
 }
@@ -78,11 +75,8 @@ impl Namespace {
                 _ => {}
             }
             check_room(txn, ino, name, value)?;
-            if !exists {
-                rec.xattr_count += 1;
-            }
+            put_xattr(txn, (ino, &mut rec), (name, value), exists)?;
             rec.changed_at(now());
-            txn.put(key, encode(&value)?);
             txn.put_inode(ino, &rec)
         })
     }
@@ -120,8 +114,7 @@ impl Namespace {
                 let m = super::access::mode_of(txn, ino, &rec)?;
                 perm::check_xattr(c, &m, name, perm::XattrAccess::Remove)?;
             }
-            let key = keys::xattr(ino, name);
-            if txn.raw(&key)?.is_none() {
+            if txn.raw(&keys::xattr(ino, name))?.is_none() {
                 // Removing an ACL a file does not have succeeds, as on ext4 (`setfacl
                 // -b`, `-k`).
                 if is_acl(name) {
@@ -129,12 +122,32 @@ impl Namespace {
                 }
                 return Err(MetaError::NoData(format!("{} on {ino}", show(name))));
             }
-            txn.delete(key);
-            rec.xattr_count = rec.xattr_count.saturating_sub(1);
+            delete_xattr(txn, (ino, &mut rec), name);
             rec.changed_at(now());
             txn.put_inode(ino, &rec)
         })
     }
+}
+
+/// Stores `value` as attribute `name` of `ino` (record `rec`, which counts it if it
+/// did not `exist`): every place that adds an attribute keeps the count this way.
+fn put_xattr(
+    txn: &mut Txn<'_>,
+    (ino, rec): (InodeId, &mut InodeRecord),
+    (name, value): (&[u8], &[u8]),
+    exists: bool,
+) -> Result<(), MetaError> {
+    if !exists {
+        rec.xattr_count += 1;
+    }
+    txn.put(keys::xattr(ino, name), encode(&value)?);
+    Ok(())
+}
+
+/// Removes attribute `name` of `ino`, which exists, from the store and `rec`'s count.
+fn delete_xattr(txn: &mut Txn<'_>, (ino, rec): (InodeId, &mut InodeRecord), name: &[u8]) {
+    txn.delete(keys::xattr(ino, name));
+    rec.xattr_count = rec.xattr_count.saturating_sub(1);
 }
 
 /// Refuses with ENOSPC a `value` for `name` that would take `ino`'s extended attributes
@@ -194,12 +207,10 @@ pub(super) fn chown_effects(
         rec.perm = perm;
     }
     let chown = (set.uid.is_some() || set.gid.is_some()) && set.perm.is_none();
-    if chown && !rec.is_dir() && rec.xattr_count > 0 {
-        let key = keys::xattr(ino, proto::CAPABILITY_XATTR);
-        if txn.raw(&key)?.is_some() {
-            txn.delete(key);
-            rec.xattr_count = rec.xattr_count.saturating_sub(1);
-        }
+    let caps = proto::CAPABILITY_XATTR;
+    if chown && !rec.is_dir() && rec.xattr_count > 0 && txn.raw(&keys::xattr(ino, caps))?.is_some()
+    {
+        delete_xattr(txn, (ino, rec), caps);
     }
     Ok(())
 }
@@ -230,15 +241,12 @@ fn set_acl(
             rec.kind
         )));
     }
-    let key = keys::xattr(ino, name);
-    let exists = txn.raw(&key)?.is_some();
+    let exists = txn.raw(&keys::xattr(ino, name))?.is_some();
     if name == acl::ACCESS {
         if let Some(a) = &keep {
             let (perm, extended) = a.mode(rec.perm);
-            rec.perm = perm;
-            if caller.is_some_and(|c| !(c.is_root() || c.in_group(rec.gid))) {
-                rec.perm &= !S_ISGID;
-            }
+            // Setgid goes for a setter outside the group, as at a chmod.
+            rec.perm = caller.map_or(perm, |c| perm::chmod_mode(c, rec.gid, perm));
             if !extended {
                 keep = None;
             }
@@ -248,15 +256,9 @@ fn set_acl(
         Some(a) => {
             let bytes = a.to_bytes();
             check_room(txn, ino, name, &bytes)?;
-            if !exists {
-                rec.xattr_count += 1;
-            }
-            txn.put(key, encode(&bytes)?);
+            put_xattr(txn, (ino, rec), (name, &bytes), exists)?;
         }
-        None if exists => {
-            txn.delete(key);
-            rec.xattr_count = rec.xattr_count.saturating_sub(1);
-        }
+        None if exists => delete_xattr(txn, (ino, rec), name),
         // Nothing there, nothing kept: no change (ext4 leaves even the ctime).
         None if removal => return Ok(()),
         None => {}
@@ -307,12 +309,10 @@ pub(super) fn inherit_acls(
     let (perm, access) = default.create(rec.perm);
     rec.perm = perm;
     if let Some(a) = access {
-        txn.put(keys::xattr(ino, acl::ACCESS), encode(&a.to_bytes())?);
-        rec.xattr_count += 1;
+        put_xattr(txn, (ino, rec), (acl::ACCESS, &a.to_bytes()), false)?;
     }
     if rec.is_dir() {
-        txn.put(keys::xattr(ino, acl::DEFAULT), encode(&default.to_bytes())?);
-        rec.xattr_count += 1;
+        put_xattr(txn, (ino, rec), (acl::DEFAULT, &default.to_bytes()), false)?;
     }
     Ok(())
 }
