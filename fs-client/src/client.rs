@@ -292,18 +292,6 @@ impl Client {
         self.meta_waiting(&req, self.meta_wait()).await
     }
 
-    /// A call naming an inode the server no longer has (another client removed it)
-    /// took it from a name kept here: the listing pages kept stop answering with it.
-    fn forget_gone(&self, req: &fs::FsRequest, e: &ClientError) {
-        use fs::FsRequest as R;
-        if !matches!(e.code(), ErrorCode::NotFound | ErrorCode::Stale) {
-            return;
-        }
-        if let R::Open(fs::Open { ino, .. }) | R::GetAttr(fs::GetAttr { ino }) = req {
-            self.scans.gone(*ino);
-        }
-    }
-
     /// One try of [`Client::meta_keeping`], on the connection the caller resumed.
     async fn meta_once<R: MetaCall>(&self, req: &Request<R>) -> Result<(R::Reply, u64)> {
         // The caches follow the file-system calls only.
@@ -319,9 +307,6 @@ impl Client {
         let since = self.attr_epoch();
         let epoch = self.no_xattrs.epoch();
         let reply = rpc::meta_call(&self.ep, &self.meta, req).await;
-        if let (Some(r), Err(e)) = (fs_req, &reply) {
-            self.forget_gone(r, e);
-        }
         if let (Some(r), Some(token)) = (fs_req, token) {
             let seen = reply.as_ref().ok().map(Replied::seen);
             self.dir_names.after(r, seen, token);

@@ -130,6 +130,18 @@ impl State {
 
     /// Drops every page, and refuses those on their way. What each directory's
     /// lookups looked like stays: it says nothing of what is in the directory.
+    /// Notes `inos` as changed at the current epoch: what pages asked for before say of
+    /// them is not used. Past [`MAX_CHANGED`] notes every page goes instead.
+    fn mark_changed(&mut self, inos: Vec<InodeId>) {
+        if self.changed.len() + inos.len() > MAX_CHANGED {
+            self.drop_all();
+            return;
+        }
+        for ino in inos {
+            self.changed.insert(ino, self.epoch);
+        }
+    }
+
     fn drop_all(&mut self) {
         for d in self.dirs.values_mut() {
             d.pages.clear();
@@ -353,12 +365,7 @@ impl Scans {
     pub(crate) fn gone(&self, ino: InodeId) {
         let mut state = self.state.lock();
         state.epoch += 1;
-        let epoch = state.epoch;
-        if state.changed.len() >= MAX_CHANGED {
-            state.drop_all();
-            return;
-        }
-        state.changed.insert(ino, epoch);
+        state.mark_changed(vec![ino]);
     }
 
     /// Forgets what `req`, about to be sent, may change.
@@ -371,7 +378,6 @@ impl Scans {
         let mut guard = self.state.lock();
         let state = &mut *guard;
         state.epoch += 1;
-        let epoch = state.epoch;
         let mut changed = Vec::with_capacity(2);
         let known = match req {
             // Changes of one inode's attributes.
@@ -423,13 +429,11 @@ impl Scans {
             // request does not name.
             _ => false,
         };
-        if !known || state.changed.len() + changed.len() > MAX_CHANGED {
+        if !known {
             state.drop_all();
             return;
         }
-        for ino in changed {
-            state.changed.insert(ino, epoch);
-        }
+        state.mark_changed(changed);
     }
 }
 

@@ -112,19 +112,20 @@ impl Client {
         access: OpenAccess,
         truncate: bool,
     ) -> Result<(Attr, FileHandle)> {
-        self.open_named(ino, (access, truncate), true).await
+        self.open_named(ino, (access, truncate), false).await
     }
 
-    /// [`Client::open_for`] for a kernel that reached `ino` through a name: unless
-    /// `unlinked_ok` (the caller knows no name of it is left to reach it by), a file with
-    /// no link left is not opened (nor emptied) but answered Stale, and the listing
-    /// pages forget it: the name was kept from before another client removed the file,
-    /// and the kernel must look it up afresh.
+    /// [`Client::open_for`], for a kernel that reached `ino` through a name it keeps
+    /// (`by_name`; not through a descriptor of a file whose last name it removed). Then a
+    /// file that is gone, or has no link left, is not opened (nor emptied) but answered
+    /// Stale, and the listing pages forget it: the name was kept from before another
+    /// client removed the file, and on Stale the kernel looks it up afresh (as over NFS),
+    /// so `open(O_CREAT)` makes a new file, as on a local disk, where ENOENT failed it.
     pub async fn open_named(
         &self,
         ino: InodeId,
         (access, truncate): (OpenAccess, bool),
-        unlinked_ok: bool,
+        by_name: bool,
     ) -> Result<(Attr, FileHandle)> {
         let req = fs::Open {
             ino,
@@ -132,18 +133,22 @@ impl Client {
             truncate: false,
             access,
         };
-        let reply = self.meta_opening(req, None).await?;
+        let stale = |why: &str| {
+            self.scans.gone(ino);
+            let why = format!("{ino} {why}: look its name up again");
+            ClientError::Remote(proto::WireError::new(ErrorCode::Stale, why))
+        };
+        let reply = match self.meta_opening(req, None).await {
+            Err(e) if by_name && e.code() == ErrorCode::NotFound => return Err(stale("is gone")),
+            r => r?,
+        };
         let caller = super::caller::current();
         let (attr, fh) = self.opened(reply, access.writes(), caller).await?;
-        if attr.nlink == 0 && attr.kind != FileKind::Directory && !unlinked_ok {
-            self.scans.gone(ino);
+        if by_name && attr.nlink == 0 && attr.kind != FileKind::Directory {
             if let Err(e) = self.release(&fh).await {
                 tracing::debug!(error = %e, "release of an unlinked file's open");
             }
-            return Err(ClientError::Remote(proto::WireError::new(
-                proto::ErrorCode::Stale,
-                format!("{ino} has been unlinked"),
-            )));
+            return Err(stale("has been unlinked"));
         }
         let regular = attr.kind == FileKind::Regular;
         self.emptied_if(truncate && regular, attr, fh).await

@@ -181,8 +181,9 @@ impl TesseraFs {
             if let Some(file) = self.inner.file(fh.0).ok().filter(|f| f.settled()) {
                 self.inner.lock_owners.lock().remove(&fh.0);
                 self.inner.files.lock().remove(&fh.0);
-                self.inner.linked_or_closed(ino(i), false);
                 self.inner.client.release_later(file.session);
+                drop(file);
+                self.inner.linked_or_closed(ino(i), false);
                 return reply.ok();
             }
         }
@@ -202,11 +203,11 @@ impl TesseraFs {
             }
             drop(releasing);
             let file = inner.files.lock().remove(&fh.0).map(|o| o.file);
-            inner.linked_or_closed(ino(i), false);
             let r = match file {
                 Some(file) => inner.client.release(&file).await,
                 None => Ok(()),
             };
+            inner.linked_or_closed(ino(i), false);
             finish(reply, r, |reply, ()| reply.ok())
         });
     }

@@ -41,10 +41,10 @@ const MAX_SEEN: usize = 262_144;
 /// keeps its own copy).
 const MAX_DIRS_SEEN: usize = 65_536;
 
-/// Files whose last name this mount removed, remembered so that a reopen of one
-/// through `/proc/self/fd` is told from an open through a name another mount removed;
-/// bounded, forgotten wholesale when full (such a reopen of a file unlinked that many
-/// unlinks ago then fails with ESTALE).
+/// Files open here whose last name this mount removed, remembered until their last
+/// close so that a reopen of one through `/proc/self/fd` is told from an open through a
+/// name another mount removed; bounded, forgotten wholesale when full (such a reopen of
+/// a file then fails with ESTALE).
 const MAX_UNLINKED: usize = 65_536;
 
 /// The mounted file system.
@@ -171,19 +171,15 @@ impl Inner {
         n
     }
 
-    /// Whether the kernel holds a handle of `ino` from this mount (not yet released).
+    /// Whether a handle of this mount has `ino` open (not yet released).
     fn has_open(&self, ino: InodeId) -> bool {
-        self.files.lock().values().any(|o| o.file.ino() == ino)
+        self.client.open_file(ino).is_some()
     }
 
     /// A handle of `ino` was released, or a link gave it a name: once no handle of
     /// this mount has it open (or it has a name again), it leaves the files whose last
     /// name this mount removed.
     fn linked_or_closed(&self, ino: InodeId, linked: bool) {
-        // Most files never were in it: no scan of the handles for them.
-        if !self.unlinked.lock().contains(&ino) {
-            return;
-        }
         if linked || !self.has_open(ino) {
             self.unlinked.lock().remove(&ino);
         }
@@ -325,24 +321,26 @@ impl Inner {
         if self.note_seen(&attr, false) != Freshness::Changed {
             return;
         }
-        if let Some(s) = self.client.open_file(ino) {
-            s.opened(&attr);
-        }
         // The kernel's next `getattr` gets these (with this mount's own unsent writes
         // over them), not a copy kept from this mount's last commit.
         self.client
             .keep_attr(self.client.overlay(attr.clone()), since);
-        self.drop_pages(ino, 0, 0).await;
+        self.drop_changed(&attr).await;
     }
 
     /// What [`Inner::revalidate`] does for a file whose mtime or length moved.
     async fn changed(self: &Arc<Self>, attr: &proto::Attr) {
         let state = self.client.open_file(attr.ino);
-        if state.as_ref().is_some_and(|s| s.gate.has_writers()) {
+        if state.is_some_and(|s| s.gate.has_writers()) {
             return;
         }
-        if let Some(s) = state {
-            // The client's own cached segments go as at an open that finds a change.
+        self.drop_changed(attr).await;
+    }
+
+    /// Drops what this mount caches of a file another mount changed (to `attr`): the
+    /// client's segments, as at an open that finds a change, and the kernel's pages.
+    async fn drop_changed(self: &Arc<Self>, attr: &proto::Attr) {
+        if let Some(s) = self.client.open_file(attr.ino) {
             s.opened(attr);
         }
         self.drop_pages(attr.ino, 0, 0).await;

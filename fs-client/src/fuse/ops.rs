@@ -3,8 +3,8 @@
 
 use super::attr::{file_type, fuse_attr, kind_of_mode};
 use super::replies::{
-    dot_attr, finish, ino, lock_spec, lock_type, open_access, stale_if_gone, time_set,
-    unprivileged_groups, writable, xattr_reply,
+    dot_attr, finish, ino, lock_spec, lock_type, open_access, time_set, unprivileged_groups,
+    writable, xattr_reply,
 };
 use super::{errno, is_stats_xattr, Freshness, TesseraFs};
 use crate::config::AtimeMode;
@@ -344,20 +344,15 @@ impl fuser::Filesystem for TesseraFs {
         let direct = inner.direct_open(flags.0);
         self.spawn(req, async move {
             let since = inner.client.attr_epoch();
-            // An unlinked file is opened only if this mount removed its last name
-            // while holding it open, or made it without one (`O_TMPFILE`): then no name
-            // leads to it in this kernel, and the open came through a descriptor
-            // (`/proc/self/fd`). Any other came through a name this kernel kept from
-            // before another mount removed the file, and would reach a file no name
-            // leads to (another open keeps it, or this mount's own batched release):
-            // ESTALE has the kernel look the name up afresh, as when it is gone.
-            let unlinked_ok = inner.was_unlinked_here(ino(i));
+            // A file whose last name this mount removed while holding it open, or made
+            // without one (`O_TMPFILE`), has no name in this kernel: the open came
+            // through a descriptor (`/proc/self/fd`). Any other came through a name,
+            // which may be kept from before another mount removed the file, and would
+            // reach a file no name leads to (another open keeps it, or this mount's own
+            // batched release): `open_named` answers it Stale (ESTALE).
+            let by_name = !inner.was_unlinked_here(ino(i));
             let how = (open_access(flags.0), truncate);
-            let r = inner
-                .client
-                .open_named(ino(i), how, unlinked_ok)
-                .await
-                .map_err(stale_if_gone);
+            let r = inner.client.open_named(ino(i), how, by_name).await;
             if let (Ok((_, fh)), true) = (&r, writable(flags.0)) {
                 fh.mark_writer().await;
             }

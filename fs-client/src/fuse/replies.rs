@@ -49,21 +49,6 @@ pub(super) fn finish<R: Fail, T>(reply: R, r: Result<T, ClientError>, ok: impl F
     }
 }
 
-/// An open of an inode the metadata server no longer has is answered ESTALE, not
-/// ENOENT: the kernel reached it through a name it kept from before another mount
-/// removed the file, and on ESTALE it looks the name up afresh and tries once more
-/// (`LOOKUP_REVAL`), as over NFS; so `open(O_CREAT)` makes the file anew, as on a local
-/// disk, where ENOENT failed it (SQLite's journal from a second mount).
-pub(super) fn stale_if_gone(e: ClientError) -> ClientError {
-    if e.code() != proto::ErrorCode::NotFound {
-        return e;
-    }
-    ClientError::Remote(proto::WireError::new(
-        proto::ErrorCode::Stale,
-        format!("the file is gone: {e}"),
-    ))
-}
-
 /// Whether open flags allow writing (no read-around store while such an open lasts).
 pub(super) fn writable(flags: i32) -> bool {
     flags & libc::O_ACCMODE != libc::O_RDONLY
