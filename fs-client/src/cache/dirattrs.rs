@@ -113,6 +113,11 @@ impl DirAttrs {
             _ if !keeps => Some(None),
             _ => None,
         };
+        // A commit's reply replaces the file's copy, but a `getattr` while it is under
+        // way must not take the copy from before it (the length of an `O_TRUNC` open).
+        if let R::Commit(fs::Commit { ino, .. }) | R::TailCut(fs::TailCut { ino, .. }) = req {
+            self.map.remove(*ino);
+        }
         match forget {
             Some(Some(ino)) => self.map.forget(ino),
             Some(None) => self.map.forget_all(),
@@ -192,6 +197,18 @@ mod tests {
             None,
             "an append forgets the file's copy"
         );
+        assert!(c.take(InodeId(5)).is_some(), "and keeps the others");
+        // A commit drops the file's copy while it is under way (its caller keeps the
+        // reply's), and leaves the others.
+        c.put(dir(5, 0o755));
+        c.put(dir(6, 0o644));
+        let epoch = c.epoch();
+        c.before(&FsRequest::Commit(fs::Commit {
+            ino: InodeId(6),
+            commit: proto::meta::Commit::length(1, proto::Timestamp::now()),
+        }));
+        assert_eq!(c.take(InodeId(6)), None, "a commit drops the file's copy");
+        assert_eq!(c.epoch(), epoch, "and its own reply may still be kept");
         assert!(c.take(InodeId(5)).is_some(), "and keeps the others");
     }
 

@@ -44,7 +44,7 @@ impl<V: Clone> TtlMap<V> {
     }
 
     /// Remembers `v`, the answer to a request sent at `epoch`, unless a forget came
-    /// since.
+    /// since; then drops the entry of `ino` instead.
     pub(crate) fn put_since(&self, ino: InodeId, v: V, epoch: u64) {
         self.put_if(ino, v, || self.epoch() == epoch)
     }
@@ -57,6 +57,11 @@ impl<V: Clone> TtlMap<V> {
         }
         let mut map = self.map.lock();
         if !still() {
+            // The answer is newer than any copy of `ino` kept before its request went
+            // out: that copy must not outlive it (a length kept from an `O_TRUNC` open
+            // answered the `getattr` after the close's commit, whose own answer another
+            // process's request had kept out: the file read back empty).
+            map.remove(&ino);
             return;
         }
         if map.len() >= self.max {
@@ -144,6 +149,16 @@ mod tests {
         assert_eq!(m.get(InodeId(5)), Some('a'), "a plain remove does not");
         m.forget_all();
         assert_eq!(m.get(InodeId(5)), None);
+        // A refused answer drops the older copy it would have replaced.
+        m.put(InodeId(5), 'o');
+        let sent = m.epoch();
+        m.forget(InodeId(9));
+        m.put_since(InodeId(5), 'n', sent);
+        assert_eq!(
+            m.get(InodeId(5)),
+            None,
+            "neither the old copy nor the refused one"
+        );
     }
 
     #[test]
