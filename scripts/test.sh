@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every check and test, on a fresh machine: installs what is missing, then formatting,
 # clippy with -D warnings, the docs (cargo doc, no broken link), a build of every
-# binary (the FUSE and process tests run them), every test of the workspace, the Python package's tests (scripts/python-test.sh), a
+# binary (the FUSE and process tests run them), every test of the workspace, the Python package's tests (scripts/python-test.sh),
+# CPython's own file-system tests on a mount beside the local disk (scripts/stdlib-test.sh), a
 # short run of every fuzz target (scripts/fuzz.sh), the same with the `rdma` transport
 # feature (build, clippy and its device-free tests), the rdma conformance cases and a
 # whole cluster over rdma on soft-RoCE inside a QEMU guest (scripts/rdma-vm.sh), the
@@ -55,6 +56,8 @@ step "cargo test"
 cargo test --workspace -- --test-threads="${TEST_THREADS:-2}"
 step "python package: pytest against a local cluster and mount (scripts/python-test.sh)"
 scripts/python-test.sh
+step "CPython's file-system tests on a mount beside the local disk (scripts/stdlib-test.sh)"
+scripts/stdlib-test.sh
 step "fuzz targets: every decoder, a short bounded run (scripts/fuzz.sh; README: Fuzzing)"
 scripts/fuzz.sh "${FUZZ_SECONDS:-15}"
 step "rdma feature: clippy, build, device-free unit tests, conformance (skipped: no device)"

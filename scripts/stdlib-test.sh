@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# CPython's own file-system tests (`python3 -m test`, the standard library's suite) with
+# their working files on a fresh Tessera mount, beside the same tests on the local disk:
+# a module that passes on the disk must pass on the mount. Public tests written for local
+# file systems, by others, with two test processes at once on one mount (-j2): they
+# found a kept attribute that read rewritten files back empty (CHANGELOG, stop 63).
+#   scripts/stdlib-test.sh [MODULE...]   uses the debug binaries of ${CARGO_TARGET_DIR:-target}
+#   BIN_DIR=target/release scripts/stdlib-test.sh
+# Needs root (FUSE) and a python3 with its `test` package (pyenv's builds have it;
+# Debian's python3 gets it from libpython3.11-testsuite, installed here when missing).
+# Exits non-zero if a module fails on the mount and not on the local disk.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN_DIR=${BIN_DIR:-${CARGO_TARGET_DIR:-target}/debug}
+# Modules that work with files, directories, links, modes, times, locks, mmap, archives
+# and databases in the test's temporary directory. Not test_compileall: two of its cases
+# fail on a local disk too with pyenv's builds (hard-link dedup of .pyc files).
+MODULES=(test_os test_shutil test_tempfile test_pathlib test_fileio test_glob test_posix
+  test_tarfile test_zipfile test_filecmp test_stat test_genericpath test_posixpath
+  test_mmap test_fcntl test_sqlite3 test_dbm_dumb test_mailbox test_shelve test_fileinput
+  test_gzip test_zipimport test_logging)
+[ $# -eq 0 ] || MODULES=("$@")
+# Bounded: a hang on the mount fails the run instead of stalling it.
+TIMEOUT_S=${STDLIB_TIMEOUT_S:-1200}
+
+[ "$(id -u)" -eq 0 ] || { echo "needs root (a FUSE mount)" >&2; exit 1; }
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import test.support, test.test_os' 2>/dev/null; then
+  PY=/usr/bin/python3
+  if ! "$PY" -c 'import test.support, test.test_os' 2>/dev/null; then
+    ver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    echo "== installing libpython$ver-testsuite (CPython's test package for $PY)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "libpython$ver-testsuite" >/dev/null
+  fi
+fi
+echo "== $("$PY" --version) ($PY): ${#MODULES[@]} modules"
+
+work=$(mktemp -d /tmp/tessera-stdlib.XXXXXX)
+mnt=$work/mnt
+state=$work/state
+cleanup() {
+  "$BIN_DIR/tessera" down --forget "$mnt" --state-dir "$state" >/dev/null 2>&1 || true
+  # Never remove files under a mount point still mounted.
+  if ! mountpoint -q "$mnt"; then rm -rf "$work"; fi
+}
+trap cleanup EXIT
+mkdir -p "$mnt" "$work/local"
+"$BIN_DIR/tessera" up --state-dir "$state" "$mnt" >/dev/null
+
+# run WHERE LOG: the modules with their temporary files under WHERE; prints the modules
+# that failed, one per line (regrtest's progress lines: "[ 4/23/1] test_x failed ...").
+run() {
+  local rc=0
+  (cd "$1" && TMPDIR="$1" timeout "$TIMEOUT_S" "$PY" -m test -j2 "${MODULES[@]}") > "$2" 2>&1 \
+    || rc=$?
+  # 2: some test failed (listed); anything else but 0 is the run itself failing.
+  if [ "$rc" != 0 ] && [ "$rc" != 2 ]; then
+    echo "python3 -m test under $1 ended with $rc:" >&2; tail -20 "$2" >&2; exit 1
+  fi
+  grep -oE '\] test_[a-z0-9_]+ (failed|crashed)' "$2" | awk '{print $2}' | sort -u || true
+}
+echo "== on the local disk ($work/local)"
+local_failed=$(run "$work/local" "$work/local.log")
+tail -4 "$work/local.log"
+echo "== on the mount ($mnt)"
+mount_failed=$(run "$mnt" "$work/mount.log")
+tail -4 "$work/mount.log"
+new=$(comm -13 <(echo "$local_failed") <(echo "$mount_failed") | sed '/^$/d')
+if [ -n "$new" ]; then
+  echo "failed on the mount, passed on the local disk:" >&2
+  echo "$new" >&2
+  for m in $new; do
+    grep -A25 -E "\] $m (failed|crashed)" "$work/mount.log" >&2 || true
+  done
+  exit 1
+fi
+[ -z "$local_failed" ] || echo "failed on the local disk too (not counted): $local_failed"
+echo "== every module that passes on the local disk passes on the mount"
