@@ -18,7 +18,8 @@ BIN_DIR=${BIN_DIR:-${CARGO_TARGET_DIR:-target}/debug}
 MODULES=(test_os test_shutil test_tempfile test_pathlib test_fileio test_glob test_posix
   test_tarfile test_zipfile test_filecmp test_stat test_genericpath test_posixpath
   test_mmap test_fcntl test_sqlite3 test_dbm_dumb test_mailbox test_shelve test_fileinput
-  test_gzip test_zipimport test_logging)
+  test_gzip test_zipimport test_logging test_import test_importlib test_runpy test_zipapp
+  test_linecache)
 [ $# -eq 0 ] || MODULES=("$@")
 # Bounded: a hang on the mount fails the run instead of stalling it.
 TIMEOUT_S=${STDLIB_TIMEOUT_S:-1200}
