@@ -59,6 +59,11 @@ fn xattrs_in_three_namespaces_with_flags_and_removal() {
     assert_eq!(err("create existing", e), libc::EEXIST);
     let e = setxattr(&f, "user.none", b"x", REPLACE);
     assert_eq!(err("replace missing", e), libc::ENODATA);
+    // Both flags: it must exist and must not, so it fails either way (as on ext4).
+    let e = setxattr(&f, "user.a", b"x", CREATE | REPLACE);
+    assert_eq!(err("create and replace, existing", e), libc::EEXIST);
+    let e = setxattr(&f, "user.none", b"x", CREATE | REPLACE);
+    assert_eq!(err("create and replace, missing", e), libc::ENODATA);
     setxattr(&f, "user.a", b"replaced", REPLACE).unwrap();
     setxattr(&f, "user.new", b"", CREATE).unwrap();
     assert_eq!(getxattr(&f, "user.new").unwrap(), b"", "an empty value");

@@ -595,10 +595,14 @@ impl fuser::Filesystem for TesseraFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        // Both flags: the attribute must exist and must not, so the call fails either
+        // way, as on ext4: EEXIST if it exists, ENODATA if not (`None`).
+        let both = libc::XATTR_CREATE | libc::XATTR_REPLACE;
         let mode = match flags {
-            0 => XattrMode::Upsert,
-            libc::XATTR_CREATE => XattrMode::Create,
-            libc::XATTR_REPLACE => XattrMode::Replace,
+            0 => Some(XattrMode::Upsert),
+            libc::XATTR_CREATE => Some(XattrMode::Create),
+            libc::XATTR_REPLACE => Some(XattrMode::Replace),
+            f if f == both => None,
             _ => return reply.error(Errno::EINVAL),
         };
         if is_stats_xattr(ino(i), name.as_bytes()) {
@@ -606,6 +610,15 @@ impl fuser::Filesystem for TesseraFs {
         }
         let inner = self.inner.clone();
         let (name, value) = (name.as_bytes().to_vec(), value.to_vec());
+        let Some(mode) = mode else {
+            return self.spawn(req, async move {
+                reply.error(match inner.client.getxattr(ino(i), &name).await {
+                    Ok(_) => Errno::EEXIST,
+                    Err(e) if e.code() == ErrorCode::NoData => Errno::ENODATA,
+                    Err(e) => errno(e.code()),
+                });
+            });
+        };
         self.spawn(req, async move {
             let r = inner.client.setxattr(ino(i), &name, &value, mode).await;
             finish(reply, r, |reply, ()| reply.ok())
