@@ -3,11 +3,13 @@
 # their working files on a fresh Tessera mount, beside the same tests on the local disk:
 # a module that passes on the disk must pass on the mount. Public tests written for local
 # file systems, by others, with two test processes at once on one mount (-j2): they
-# found a kept attribute that read rewritten files back empty (CHANGELOG, stop 63).
+# found a kept attribute that read rewritten files back empty (CHANGELOG: "a file
+# rewritten and read back read empty").
 #   scripts/stdlib-test.sh [MODULE...]   uses the debug binaries of ${CARGO_TARGET_DIR:-target}
 #   BIN_DIR=target/release scripts/stdlib-test.sh
-# Needs root (FUSE) and a python3 with its `test` package (pyenv's builds have it;
-# Debian's python3 gets it from libpython3.11-testsuite, installed here when missing).
+# Needs root (FUSE) and a python3 with its `test` package: $PYTHON, else python3 (pyenv's
+# builds have it), else Debian's /usr/bin/python3, given libpython3.X-testsuite here when
+# it lacks it too.
 # Exits non-zero if a module fails on the mount and not on the local disk.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,13 +27,20 @@ MODULES=(test_os test_shutil test_tempfile test_pathlib test_fileio test_glob te
 TIMEOUT_S=${STDLIB_TIMEOUT_S:-1200}
 
 [ "$(id -u)" -eq 0 ] || { echo "needs root (a FUSE mount)" >&2; exit 1; }
+has_tests() { "$1" -c 'import test.support, test.test_os' 2>/dev/null; }
 PY=${PYTHON:-python3}
-if ! "$PY" -c 'import test.support, test.test_os' 2>/dev/null; then
+if ! has_tests "$PY"; then
+  [ -z "${PYTHON:-}" ] || { echo "$PYTHON has no test package (CPython's test suite)" >&2; exit 1; }
   PY=/usr/bin/python3
-  if ! "$PY" -c 'import test.support, test.test_os' 2>/dev/null; then
-    ver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-    echo "== installing libpython$ver-testsuite (CPython's test package for $PY)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "libpython$ver-testsuite" >/dev/null
+  [ -x "$PY" ] || { echo "no python3 with its test package, and no $PY" >&2; exit 1; }
+  if ! has_tests "$PY"; then
+    command -v apt-get >/dev/null \
+      || { echo "$PY has no test package and apt-get is missing to install it" >&2; exit 1; }
+    pkg=$("$PY" -c 'import sys; print("libpython%d.%d-testsuite" % sys.version_info[:2])')
+    echo "== installing $pkg (CPython's test package for $PY)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$pkg" >/dev/null \
+      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$pkg" >/dev/null; }
+    has_tests "$PY" || { echo "$PY still has no test package after installing $pkg" >&2; exit 1; }
   fi
 fi
 echo "== $("$PY" --version) ($PY): ${#MODULES[@]} modules"
@@ -49,16 +58,23 @@ mkdir -p "$mnt" "$work/local"
 "$BIN_DIR/tessera" up --state-dir "$state" "$mnt" >/dev/null
 
 # run WHERE LOG: the modules with their temporary files under WHERE; prints the modules
-# that failed, one per line (regrtest's progress lines: "[ 4/23/1] test_x failed ...").
+# that failed, one per line, from regrtest's progress lines ("[ 4/23/1] test_x failed",
+# "... crashed", "... worker non-zero exit code", "... timed out"; not "failed (env
+# changed)", which regrtest itself does not count as a failure without
+# --fail-env-changed). SIGINT at the timeout: regrtest then stops its workers (they run
+# in sessions of their own, which a TERM to the main process would leave behind).
 run() {
-  local rc=0
-  (cd "$1" && TMPDIR="$1" timeout "$TIMEOUT_S" "$PY" -m test -j2 "${MODULES[@]}") > "$2" 2>&1 \
-    || rc=$?
-  # 2: some test failed (listed); anything else but 0 is the run itself failing.
-  if [ "$rc" != 0 ] && [ "$rc" != 2 ]; then
+  local rc=0 failed
+  (cd "$1" && TMPDIR="$1" timeout -s INT -k 60 "$TIMEOUT_S" "$PY" -m test -j2 --timeout 600 \
+    "${MODULES[@]}") > "$2" 2>&1 || rc=$?
+  failed=$(grep -E '\] test_[a-z0-9_]+ (failed|crashed|worker|timed out|interrupted)' "$2" \
+    | grep -v 'env changed' | grep -oE 'test_[a-z0-9_]+ ' | sort -u || true)
+  # 2: some test failed; it must then be named above. Anything else but 0 is the run
+  # itself failing (a timeout: 124).
+  if { [ "$rc" != 0 ] && [ "$rc" != 2 ]; } || { [ "$rc" = 2 ] && [ -z "$failed" ]; }; then
     echo "python3 -m test under $1 ended with $rc:" >&2; tail -20 "$2" >&2; exit 1
   fi
-  grep -oE '\] test_[a-z0-9_]+ (failed|crashed)' "$2" | awk '{print $2}' | sort -u || true
+  echo "$failed"
 }
 echo "== on the local disk ($work/local)"
 local_failed=$(run "$work/local" "$work/local.log")

@@ -451,15 +451,16 @@ fn cached_pages_follow_writes_that_bypass_them_and_changes_on_another_mount() {
     assert_eq!(sha256_hex(&seen), sha256_hex(&want), "the other mount");
 }
 
-/// Close-to-open within one mount while other processes work beside it: a file
+/// Close-to-open within one mount while another thread works beside it: a file
 /// rewritten through `O_TRUNC`, closed and opened again reads what was written. A copy
 /// of the attributes kept from the truncating open (length 0) outlived the close's
-/// commit whenever another process's request came between the commit and its reply
+/// commit whenever another thread's or process's request came between the commit and
+/// its reply
 /// (the reply was then not kept, and the old copy answered the kernel's next
 /// `getattr`): Python's `test_fileio`, `test_pathlib` and `test_zipfile` read empty
 /// files on a mount shared by two test processes.
 #[test]
-fn a_rewritten_file_reads_back_while_other_processes_work_beside_it() {
+fn a_rewritten_file_reads_back_while_another_thread_works_beside_it() {
     let cluster = ProcessCluster::start(3);
     let m = cluster.mount("a");
     let rewrite = |dir: std::path::PathBuf| {

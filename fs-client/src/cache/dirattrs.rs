@@ -54,7 +54,8 @@ impl DirAttrs {
     }
 
     /// Remembers `attr`, received in reply to a request sent at `epoch`, unless a
-    /// request that forgets copies went out since.
+    /// request that forgets copies went out since: then the copy of that inode kept
+    /// before goes too (the reply is newer than it).
     pub(crate) fn put_since(&self, attr: Attr, epoch: u64) {
         self.map.put_since(attr.ino, attr, epoch);
     }
@@ -74,17 +75,13 @@ impl DirAttrs {
     }
 
     /// Forgets everything if `req` may change a directory's attributes (or a file's
-    /// after its commit: a release carrying a later commit). Create, unlink and commit
-    /// are left to their callers, which replace the copy with the new one. Cluster and
+    /// after its commit: a release carrying a later commit), else the copies of the
+    /// inodes it changes; the callers of create, mkdir, unlink, setattr and commit keep
+    /// the copy their reply brings. Cluster and
     /// administration calls change no attributes: they are not shown here.
     pub(crate) fn before(&self, req: &FsRequest) {
         use FsRequest as R;
-        // A commit's reply replaces the file's copy (its caller keeps the new one).
-        let keeps = super::changes_nothing(req)
-            || matches!(
-                req,
-                R::Commit(fs::Commit { .. }) | R::TailCut(fs::TailCut { .. })
-            );
+        let keeps = super::changes_nothing(req);
         let forget = match req {
             // A create (or mkdir, mknod, symlink) changes its directory and a new inode
             // nothing was kept of; the caller keeps the directory's new copy. An
@@ -109,15 +106,15 @@ impl DirAttrs {
             | R::SetAttr(fs::SetAttr { ino, .. })
             | R::SetXattr(fs::SetXattr { ino, .. })
             | R::RemoveXattr(fs::RemoveXattr { ino, .. })
-            | R::Accessed(fs::Accessed { ino, .. }) => Some(Some(*ino)),
+            | R::Accessed(fs::Accessed { ino, .. })
+            // A length commit too (its caller keeps the reply's copy): a reply to a
+            // request sent before it (a `setattr`, a `getattr` under a lock) must not
+            // be kept after it with the old length.
+            | R::Commit(fs::Commit { ino, .. })
+            | R::TailCut(fs::TailCut { ino, .. }) => Some(Some(*ino)),
             _ if !keeps => Some(None),
             _ => None,
         };
-        // A commit's reply replaces the file's copy, but a `getattr` while it is under
-        // way must not take the copy from before it (the length of an `O_TRUNC` open).
-        if let R::Commit(fs::Commit { ino, .. }) | R::TailCut(fs::TailCut { ino, .. }) = req {
-            self.map.remove(*ino);
-        }
         match forget {
             Some(Some(ino)) => self.map.forget(ino),
             Some(None) => self.map.forget_all(),
@@ -198,18 +195,20 @@ mod tests {
             "an append forgets the file's copy"
         );
         assert!(c.take(InodeId(5)).is_some(), "and keeps the others");
-        // A commit drops the file's copy while it is under way (its caller keeps the
-        // reply's), and leaves the others.
+        // A commit forgets the file's copy while it is under way (its caller keeps the
+        // reply's), and leaves the others; a reply to a request sent before it is not
+        // kept after it.
         c.put(dir(5, 0o755));
         c.put(dir(6, 0o644));
-        let epoch = c.epoch();
+        let before_commit = c.epoch();
         c.before(&FsRequest::Commit(fs::Commit {
             ino: InodeId(6),
             commit: proto::meta::Commit::length(1, proto::Timestamp::now()),
         }));
-        assert_eq!(c.take(InodeId(6)), None, "a commit drops the file's copy");
-        assert_eq!(c.epoch(), epoch, "and its own reply may still be kept");
+        assert_eq!(c.take(InodeId(6)), None, "a commit forgets the file's copy");
         assert!(c.take(InodeId(5)).is_some(), "and keeps the others");
+        c.put_since(dir(6, 0o600), before_commit);
+        assert_eq!(c.take(InodeId(6)), None, "an answer sent before the commit");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! An answer may be older than a change this client sent while it was on its way (a
 //! commit's reply crossing an append, a listing's crossing a setxattr): each forget
 //! moves an epoch, and [`TtlMap::put_since`] refuses an answer to a request sent
-//! before the epoch last moved.
+//! before the epoch last moved, and drops the entry put before it.
 
 use parking_lot::Mutex;
 use proto::InodeId;
@@ -57,10 +57,11 @@ impl<V: Clone> TtlMap<V> {
         }
         let mut map = self.map.lock();
         if !still() {
-            // The answer is newer than any copy of `ino` kept before its request went
-            // out: that copy must not outlive it (a length kept from an `O_TRUNC` open
-            // answered the `getattr` after the close's commit, whose own answer another
-            // process's request had kept out: the file read back empty).
+            // The answer is newer than any entry of `ino` put before its request went
+            // out: that entry must not outlive it (in `DirAttrs`, a length kept from an
+            // `O_TRUNC` open answered the `getattr` after the close's commit, whose own
+            // answer another process's request had kept out: the file read back
+            // empty).
             map.remove(&ino);
             return;
         }

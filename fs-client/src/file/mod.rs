@@ -632,8 +632,8 @@ impl Client {
             ino: state.ino,
             commit,
         };
-        let since = self.attr_epoch();
-        let attr = self.meta(req).await?;
+        // The epoch as of after the commit forgot the file's copy (`DirAttrs::before`).
+        let (attr, since) = self.meta_keeping(req).await?;
         state.committed_with(generation, &attr);
         // After a close the kernel asks for the attributes again before the next
         // `utime`, `chmod` or `chown` (`tar x`, `cp -a`): this reply has them.

@@ -434,11 +434,14 @@ impl Inner {
     /// have left attributes in the kernel from before another mount changed the file.
     /// The kernel's next `getattr` then takes these from the kept copy, without a round
     /// trip, and no copy kept from an earlier commit of this mount is handed out.
-    /// `since`: `Client::attr_epoch` before the open was sent.
-    fn freshness(&self, attr: &proto::Attr, since: u64) -> Freshness {
+    /// `since`: `Client::attr_epoch` before the open was sent; `None` when the open's
+    /// own truncation kept the copy already (its `setattr` moved the epoch since).
+    fn freshness(&self, attr: &proto::Attr, since: Option<u64>) -> Freshness {
         let f = self.note_seen(attr, true);
         if f != Freshness::Same {
-            self.client.keep_attr(attr.clone(), since);
+            if let Some(since) = since {
+                self.client.keep_attr(attr.clone(), since);
+            }
             if let Some(n) = self.notifier.get() {
                 // Offset -1: attributes only; the pages go because KEEP_CACHE is unset.
                 if let Err(e) = n.inval_inode(fuser::INodeNo(attr.ino.0), -1, 0) {

@@ -361,6 +361,7 @@ impl fuser::Filesystem for TesseraFs {
                 // With `strictatime` the kernel's cached pages go at every open, so that
                 // the open's first read reaches the mount and moves the access time.
                 let strict = inner.client.config().atime == AtimeMode::StrictAtime;
+                let since = (!truncate).then_some(since);
                 if inner.freshness(&attr, since) == Freshness::Same && !strict {
                     fopen |= FopenFlags::FOPEN_KEEP_CACHE;
                 }
@@ -602,6 +603,8 @@ impl fuser::Filesystem for TesseraFs {
             0 => Some(XattrMode::Upsert),
             libc::XATTR_CREATE => Some(XattrMode::Create),
             libc::XATTR_REPLACE => Some(XattrMode::Replace),
+            // An ACL's flags are ignored (as ext4's handler does): the server sets it.
+            f if f == both && is_acl_name(name.as_bytes()) => Some(XattrMode::Upsert),
             f if f == both => None,
             _ => return reply.error(Errno::EINVAL),
         };
@@ -837,4 +840,9 @@ fn rename_mode(flags: RenameFlags) -> Option<RenameMode> {
         f if f == NOREPLACE | WHITEOUT => RenameMode::WhiteoutNoReplace,
         _ => return None,
     })
+}
+
+/// Whether `name` is one of the POSIX ACL attributes.
+fn is_acl_name(name: &[u8]) -> bool {
+    name == proto::ACL_ACCESS_XATTR || name == proto::ACL_DEFAULT_XATTR
 }
