@@ -87,9 +87,20 @@ if [ -n "$new" ]; then
   echo "failed on the mount, passed on the local disk:" >&2
   echo "$new" >&2
   for m in $new; do
-    grep -A25 -E "\] $m (failed|crashed)" "$work/mount.log" >&2 || true
+    grep -A25 -E "\] $m (failed|crashed|worker|timed out)" "$work/mount.log" >&2 || true
   done
   exit 1
 fi
+# A case that skips itself on the mount and runs on the disk passes unseen above: the
+# mount may skip no more cases than the disk ("Total tests: run=N skipped=M").
+skipped() { grep -oE 'Total tests: run=[0-9,]+( [a-z]+=[0-9,]+)*' "$1" | tail -1 \
+  | grep -oE 'skipped=[0-9,]+' | tr -dc '0-9'; }
+local_skipped=$(skipped "$work/local.log")
+mount_skipped=$(skipped "$work/mount.log")
+if [ "${mount_skipped:-0}" -gt "${local_skipped:-0}" ]; then
+  echo "the mount skipped $mount_skipped cases, the local disk $local_skipped" >&2
+  exit 1
+fi
 [ -z "$local_failed" ] || echo "failed on the local disk too (not counted): $local_failed"
-echo "== every module that passes on the local disk passes on the mount"
+echo "== every module that passes on the local disk passes on the mount" \
+  "(cases skipped: $mount_skipped there, $local_skipped on the disk)"
