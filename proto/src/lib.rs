@@ -47,8 +47,9 @@ pub use rpc::{Request, Rpc, RpcResult};
 /// chain write). 26: `cluster::InodeCopies` (a resync asks how many copies a file has).
 /// 27: `Caller::umask` (the server applies it, or a directory's default ACL instead),
 /// and the POSIX ACL attribute names. 28: `Unlink` answers `Unlinked` (the file and its
-/// links left, beside the directory's change).
-pub const PROTOCOL_VERSION: u16 = 28;
+/// links left, beside the directory's change). 29: `XattrMode::Neither` (both
+/// `setxattr` flags).
+pub const PROTOCOL_VERSION: u16 = 29;
 
 /// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
 pub const MAX_NAME_BYTES: usize = 255;

@@ -205,6 +205,24 @@ pub enum XattrMode {
     Create,
     /// Fail with `NoData` if it does not exist (`XATTR_REPLACE`).
     Replace,
+    /// Both flags (`XATTR_CREATE | XATTR_REPLACE`): it must exist and must not, so it
+    /// fails either way, as on ext4 (`AlreadyExists` or `NoData`), after the permission
+    /// checks; an ACL, whose flags are ignored, is set.
+    Neither,
+}
+
+impl XattrMode {
+    /// The mode `setxattr(2)`'s `flags` ask for (`XATTR_CREATE` is 1, `XATTR_REPLACE`
+    /// 2, as in Linux); `None` for any other bit, which is EINVAL.
+    pub fn from_flags(flags: i32) -> Option<XattrMode> {
+        Some(match flags {
+            0 => XattrMode::Upsert,
+            1 => XattrMode::Create,
+            2 => XattrMode::Replace,
+            3 => XattrMode::Neither,
+            _ => return None,
+        })
+    }
 }
 
 /// The length and modification time a writer reports at close and fsync, and which

@@ -279,14 +279,9 @@ impl Client {
         flags: i32,
         follow: bool,
     ) -> PyResult<()> {
-        let mode = match flags {
-            0 => api::XattrMode::Upsert,
-            libc::XATTR_CREATE => api::XattrMode::Create,
-            libc::XATTR_REPLACE => api::XattrMode::Replace,
-            _ => {
-                let e = fs_client::ClientError::Invalid(format!("setxattr flags {flags}"));
-                return Err(os_error(&e, path, None));
-            }
+        let Some(mode) = api::XattrMode::from_flags(flags) else {
+            let e = fs_client::ClientError::Invalid(format!("setxattr flags {flags}"));
+            return Err(os_error(&e, path, None));
         };
         py.detach(|| self.inner.set_xattr(path, name, value, mode, follow))
             .map_err(at(path))

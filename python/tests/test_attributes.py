@@ -160,6 +160,12 @@ def test_extended_attributes(fs, base, tmp_path):
         with pytest.raises(OSError) as e:
             m.setxattr(p, "user.c", b"x", os.XATTR_REPLACE)
         assert e.value.errno == errno.ENODATA
+        both_flags = os.XATTR_CREATE | os.XATTR_REPLACE
+        with pytest.raises(FileExistsError):
+            m.setxattr(p, "user.a", b"x", both_flags)
+        with pytest.raises(OSError) as e:
+            m.setxattr(p, "user.c", b"x", both_flags)
+        assert e.value.errno == errno.ENODATA
         m.setxattr(p, "user.a", b"", os.XATTR_REPLACE)
         assert m.getxattr(p, "user.a") == b""
         m.removexattr(p, "user.a")

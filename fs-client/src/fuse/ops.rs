@@ -596,32 +596,14 @@ impl fuser::Filesystem for TesseraFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        // Both flags: the attribute must exist and must not, so the call fails either
-        // way, as on ext4: EEXIST if it exists, ENODATA if not (`None`).
-        let both = libc::XATTR_CREATE | libc::XATTR_REPLACE;
-        let mode = match flags {
-            0 => Some(XattrMode::Upsert),
-            libc::XATTR_CREATE => Some(XattrMode::Create),
-            libc::XATTR_REPLACE => Some(XattrMode::Replace),
-            // An ACL's flags are ignored (as ext4's handler does): the server sets it.
-            f if f == both && is_acl_name(name.as_bytes()) => Some(XattrMode::Upsert),
-            f if f == both => None,
-            _ => return reply.error(Errno::EINVAL),
+        let Some(mode) = XattrMode::from_flags(flags) else {
+            return reply.error(Errno::EINVAL);
         };
         if is_stats_xattr(ino(i), name.as_bytes()) {
             return reply.error(Errno::EPERM);
         }
         let inner = self.inner.clone();
         let (name, value) = (name.as_bytes().to_vec(), value.to_vec());
-        let Some(mode) = mode else {
-            return self.spawn(req, async move {
-                reply.error(match inner.client.getxattr(ino(i), &name).await {
-                    Ok(_) => Errno::EEXIST,
-                    Err(e) if e.code() == ErrorCode::NoData => Errno::ENODATA,
-                    Err(e) => errno(e.code()),
-                });
-            });
-        };
         self.spawn(req, async move {
             let r = inner.client.setxattr(ino(i), &name, &value, mode).await;
             finish(reply, r, |reply, ()| reply.ok())
@@ -840,9 +822,4 @@ fn rename_mode(flags: RenameFlags) -> Option<RenameMode> {
         f if f == NOREPLACE | WHITEOUT => RenameMode::WhiteoutNoReplace,
         _ => return None,
     })
-}
-
-/// Whether `name` is one of the POSIX ACL attributes.
-fn is_acl_name(name: &[u8]) -> bool {
-    name == proto::ACL_ACCESS_XATTR || name == proto::ACL_DEFAULT_XATTR
 }

@@ -66,10 +66,10 @@ impl Namespace {
             let key = keys::xattr(ino, name);
             let exists = txn.raw(&key)?.is_some();
             match (mode, exists) {
-                (XattrMode::Create, true) => {
+                (XattrMode::Create | XattrMode::Neither, true) => {
                     return Err(MetaError::AlreadyExists(format!("{} on {ino}", show(name))));
                 }
-                (XattrMode::Replace, false) => {
+                (XattrMode::Replace | XattrMode::Neither, false) => {
                     return Err(MetaError::NoData(format!("{} on {ino}", show(name))));
                 }
                 _ => {}

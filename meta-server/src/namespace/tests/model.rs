@@ -306,8 +306,8 @@ impl Model {
     fn setxattr(&mut self, ino: u64, name: &[u8], value: &[u8], mode: XattrMode) -> Res {
         let exists = self.node(ino)?.xattrs.contains_key(name);
         match (mode, exists) {
-            (XattrMode::Create, true) => Err(ErrorCode::AlreadyExists),
-            (XattrMode::Replace, false) => Err(ErrorCode::NoData),
+            (XattrMode::Create | XattrMode::Neither, true) => Err(ErrorCode::AlreadyExists),
+            (XattrMode::Replace | XattrMode::Neither, false) => Err(ErrorCode::NoData),
             _ => {
                 self.nodes_mut(ino)
                     .xattrs

@@ -642,6 +642,17 @@ fn xattrs_follow_linux_rules(kind: StoreKind) {
         code(ns.setxattr(f.ino, b"user.c", b"", XattrMode::Replace)),
         ErrorCode::NoData
     );
+    // Both flags fail either way, as on ext4.
+    assert_eq!(
+        code(ns.setxattr(f.ino, b"user.b", b"", XattrMode::Neither)),
+        ErrorCode::AlreadyExists
+    );
+    assert_eq!(
+        code(ns.setxattr(f.ino, b"user.c", b"", XattrMode::Neither)),
+        ErrorCode::NoData
+    );
+    assert_eq!(XattrMode::from_flags(3), Some(XattrMode::Neither));
+    assert_eq!(XattrMode::from_flags(4), None);
     assert_eq!(
         code(ns.setxattr(f.ino, b"os2.x", b"", XattrMode::Upsert)),
         ErrorCode::NotSupported
