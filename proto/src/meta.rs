@@ -500,35 +500,69 @@ pub struct LockSpec {
 /// sticking out stay, and `want` itself is added unless it is an unlock; other owners'
 /// locks are kept as they are. `spec` reaches an item's range. The metadata server's
 /// lock table and a client's record of its own locks both use it.
-pub fn set_lock_range<T: Clone>(
+///
+/// The order is Linux's, which `F_GETLK` answers show (the first conflicting lock in
+/// it is the one reported): each owner's locks stay together, by start, where the
+/// owner's first lock was (a new owner's at the end), and a lock that touches or
+/// overlaps one of the same owner and kind becomes one lock with it.
+pub fn set_lock_range<T: Copy + PartialEq>(
     held: Vec<T>,
     want: &LockSpec,
     mine: impl Fn(&T) -> bool,
     spec: impl Fn(&mut T) -> &mut LockSpec,
     new: impl FnOnce() -> T,
 ) -> Vec<T> {
+    let range = |mut h: T| *spec(&mut h);
     let overlaps = |a: &LockSpec| a.start <= want.end && want.start <= a.end;
     let mut kept = Vec::with_capacity(held.len() + 2);
-    for mut h in held {
-        let s = *spec(&mut h);
-        if !mine(&h) || !overlaps(&s) {
+    let mut own = Vec::new();
+    let mut at = None;
+    for h in held {
+        if !mine(&h) {
             kept.push(h);
             continue;
         }
+        at.get_or_insert(kept.len());
+        let s = range(h);
+        if !overlaps(&s) {
+            own.push(h);
+            continue;
+        }
         if s.start < want.start {
-            let mut left = h.clone();
+            let mut left = h;
             spec(&mut left).end = want.start - 1;
-            kept.push(left);
+            own.push(left);
         }
         if s.end > want.end {
             let mut right = h;
             spec(&mut right).start = want.end + 1;
-            kept.push(right);
+            own.push(right);
         }
     }
     if want.kind != LockKind::Unlock {
-        kept.push(new());
+        own.push(new());
     }
+    own.sort_by_key(|h| range(*h).start);
+    let mut merged: Vec<T> = Vec::with_capacity(own.len());
+    for h in own {
+        if let Some(last) = merged.last_mut() {
+            let (l, s) = (range(*last), range(h));
+            // The same lock but for its range (kind, pid, holder), reaching `h`'s start.
+            let mut moved = *last;
+            *spec(&mut moved) = LockSpec {
+                start: s.start,
+                end: s.end,
+                ..l
+            };
+            if moved == h && l.end.checked_add(1).is_some_and(|next| next >= s.start) {
+                spec(last).end = l.end.max(s.end);
+                continue;
+            }
+        }
+        merged.push(h);
+    }
+    let at = at.unwrap_or(kept.len());
+    kept.splice(at..at, merged);
     kept
 }
 
@@ -657,6 +691,74 @@ impl DirChange {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn lk(owner: u64, kind: LockKind, start: u64, end: u64) -> LockSpec {
+        LockSpec {
+            owner,
+            pid: owner as u32,
+            start,
+            end,
+            kind,
+        }
+    }
+
+    /// Guards against lock tables whose order or pieces differ from Linux's (F_GETLK
+    /// reports the first conflicting lock of that order): one owner's locks together by
+    /// start where its first lock was, touching or overlapping locks of one kind merged,
+    /// a new owner's at the end, unlocks splitting.
+    #[test]
+    fn lock_ranges_keep_linux_order_and_merge_touching_locks() {
+        use LockKind::{Read, Unlock, Write};
+        let set = |held: Vec<LockSpec>, want: LockSpec| {
+            set_lock_range(held, &want, |l| l.owner == want.owner, |l| l, || want)
+        };
+        let mut t = set(vec![], lk(1, Write, 10, 14));
+        t = set(t, lk(1, Read, 1, 5));
+        assert_eq!(t, vec![lk(1, Read, 1, 5), lk(1, Write, 10, 14)]);
+        t = set(t, lk(2, Read, 100, 100));
+        t = set(t, lk(1, Read, 6, 9));
+        t = set(t, lk(1, Write, 15, 19));
+        assert_eq!(
+            t,
+            vec![
+                lk(1, Read, 1, 9),
+                lk(1, Write, 10, 19),
+                lk(2, Read, 100, 100)
+            ]
+        );
+        // Overlapping locks of one kind join; another kind inside splits.
+        t = set(t, lk(1, Read, 3, 12));
+        assert_eq!(
+            t,
+            vec![
+                lk(1, Read, 1, 12),
+                lk(1, Write, 13, 19),
+                lk(2, Read, 100, 100)
+            ]
+        );
+        t = set(t, lk(1, Unlock, 5, 5));
+        assert_eq!(
+            t,
+            vec![
+                lk(1, Read, 1, 4),
+                lk(1, Read, 6, 12),
+                lk(1, Write, 13, 19),
+                lk(2, Read, 100, 100)
+            ]
+        );
+        // Another pid of the same owner is not merged into (the answer names the pid).
+        let mut other_pid = lk(1, Read, 13, 13);
+        other_pid.pid = 7;
+        t = set(t, other_pid);
+        assert_eq!(t[1], lk(1, Read, 6, 12));
+        assert_eq!(t[2], other_pid);
+        // A lock to the end of the file does not overflow when merged.
+        t = set(t, lk(2, Read, 101, u64::MAX));
+        assert_eq!(t.last(), Some(&lk(2, Read, 100, u64::MAX)));
+        assert!(set(t, lk(1, Unlock, 0, u64::MAX))
+            .iter()
+            .all(|l| l.owner == 2));
+    }
 
     /// Guards against a wire client naming an unbounded list of groups.
     #[test]

@@ -162,6 +162,37 @@ fn fcntl_ranges_conflict_only_where_they_overlap() {
     hb.expect("lock f ex 200 50", "ok");
 }
 
+/// Guards against F_GETLK answers that differ from a local file system's where one
+/// owner holds several locks (LTP's fcntl11): Linux reports the conflicting lock of
+/// lowest start of the first owner, and one owner's touching locks of one kind are one
+/// lock.
+#[test]
+fn f_getlk_names_the_first_lock_by_start_and_touching_locks_as_one() {
+    let (_cluster, a, b) = setup(&["f"]);
+    let mut ha = holder(User::root(), "a-holder", &a, "f");
+    let bf = b.path.join("f");
+    let ra = ha.pid() as i32;
+    ha.expect("lock f ex 10 5", "ok");
+    ha.expect("lock f sh 1 5", "ok");
+    assert_eq!(getlk(&bf, libc::F_WRLCK, 0, 0), (libc::F_RDLCK, 1, 5, ra));
+    assert_eq!(getlk(&bf, libc::F_WRLCK, 6, 0), (libc::F_WRLCK, 10, 5, ra));
+    // A read lock just before the write lock, touching the first: one read lock 1..=9.
+    ha.expect("lock f sh 6 4", "ok");
+    assert_eq!(getlk(&bf, libc::F_WRLCK, 0, 0), (libc::F_RDLCK, 1, 9, ra));
+    // A write lock touching the first write lock's end: one write lock 10..=19.
+    ha.expect("lock f ex 15 5", "ok");
+    assert_eq!(
+        getlk(&bf, libc::F_WRLCK, 12, 1),
+        (libc::F_WRLCK, 10, 10, ra)
+    );
+    // A read lock inside the write lock splits it in three, each reported as it is.
+    ha.expect("lock f sh 13 2", "ok");
+    assert_eq!(getlk(&bf, libc::F_WRLCK, 11, 0), (libc::F_WRLCK, 10, 3, ra));
+    assert_eq!(getlk(&bf, libc::F_WRLCK, 13, 0), (libc::F_RDLCK, 13, 2, ra));
+    assert_eq!(getlk(&bf, libc::F_WRLCK, 15, 0), (libc::F_WRLCK, 15, 5, ra));
+    assert_eq!(getlk(&bf, libc::F_WRLCK, 20, 0).0, libc::F_UNLCK);
+}
+
 /// Guards against OFD locks (`F_OFD_SETLK`, used by QEMU and others) that outlive the
 /// last close of their open file: the kernel never asks a FUSE server to drop them, so
 /// the client must. Also checks what sets them apart from process locks: two opens in

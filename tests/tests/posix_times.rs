@@ -6,7 +6,7 @@
 
 use std::fs;
 use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::time::Duration;
 use tessera_tests::posix::{
@@ -255,7 +255,7 @@ fn statfs_reports_capacity_free_space_and_inodes() {
 /// Guards against the mount's atime option being ignored (every mount behaved as
 /// `relatime`): with `noatime` neither reads nor listings move atime, with `relatime`
 /// only the first after a change does, with `strictatime` every open that reads and
-/// every listing does.
+/// every listing does; an `O_NOATIME` open's reads never do.
 #[test]
 fn reads_and_listings_move_atime_as_the_mount_option_says() {
     let cluster = ProcessCluster::start(1);
@@ -274,7 +274,20 @@ fn reads_and_listings_move_atime_as_the_mount_option_says() {
             "relatime" => ("a", ""),
             _ => ("a", "a"),
         };
+        // O_NOATIME (the owner's, as here): this open's reads move nothing whatever
+        // the option (LTP's open12).
+        let tn = times(&f);
+        let mut v = Vec::new();
+        fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOATIME)
+            .open(&f)
+            .unwrap()
+            .read_to_end(&mut v)
+            .unwrap();
+        assert_eq!(v, b"some bytes");
         let t0 = times(&f);
+        moved(&format!("{mode}: O_NOATIME read"), tn, t0, "");
         assert_eq!(read_all(&f), b"some bytes");
         let t1 = times(&f);
         moved(&format!("{mode}: first read"), t0, t1, first);

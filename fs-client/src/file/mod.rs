@@ -438,6 +438,17 @@ impl FileHandle {
         self.atime_due.store(false, Ordering::Relaxed);
     }
 
+    /// This open's first read is to move the access time.
+    pub fn reads_move_atime(&self) -> bool {
+        self.atime_due.load(Ordering::Relaxed)
+    }
+
+    /// The open asked that its reads leave the access time (`O_NOATIME`, which the
+    /// kernel allows only to the file's owner or a holder of `CAP_FOWNER`).
+    pub fn keep_atime(&self) {
+        self.atime_due.store(false, Ordering::Relaxed);
+    }
+
     /// Nothing to send, commit or report: no buffered write, no uncommitted length, no
     /// failed background write this handle has yet to report. A flush or close of such
     /// a file needs no round trip.

@@ -3,11 +3,10 @@
 
 use super::attr::{file_type, fuse_attr, kind_of_mode};
 use super::replies::{
-    dot_attr, finish, ino, lock_spec, lock_type, open_access, time_set, unprivileged_groups,
-    writable, xattr_reply,
+    dot_attr, finish, ino, lock_spec, lock_type, open_access, opened_with, time_set,
+    unprivileged_groups, xattr_reply,
 };
 use super::{errno, is_stats_xattr, Freshness, TesseraFs};
-use crate::config::AtimeMode;
 use crate::error::ClientError;
 use fuser::{
     AccessFlags, Errno, FileHandle as Fh, FopenFlags, Generation, INodeNo, IoctlFlags,
@@ -353,16 +352,19 @@ impl fuser::Filesystem for TesseraFs {
             let by_name = !inner.was_unlinked_here(ino(i));
             let how = (open_access(flags.0), truncate);
             let r = inner.client.open_named(ino(i), how, by_name).await;
-            if let (Ok((_, fh)), true) = (&r, writable(flags.0)) {
-                fh.mark_writer().await;
+            if let Ok((_, fh)) = &r {
+                opened_with(fh, flags.0).await;
             }
             finish(reply, r, |reply, (attr, fh)| {
                 let mut fopen = FopenFlags::empty();
-                // With `strictatime` the kernel's cached pages go at every open, so that
-                // the open's first read reaches the mount and moves the access time.
-                let strict = inner.client.config().atime == AtimeMode::StrictAtime;
+                // When this open's first read is to move the access time (always with
+                // `strictatime`; with `relatime` after a change, or after an
+                // `O_NOATIME` open read the file into the cache), the kernel's cached
+                // pages go, so that the read reaches the mount.
                 let since = (!truncate).then_some(since);
-                if inner.freshness(&attr, since) == Freshness::Same && !strict {
+                let reads = flags.0 & libc::O_ACCMODE != libc::O_WRONLY;
+                let moves = reads && fh.reads_move_atime();
+                if inner.freshness(&attr, since) == Freshness::Same && !moves {
                     fopen |= FopenFlags::FOPEN_KEEP_CACHE;
                 }
                 if direct {
@@ -408,8 +410,8 @@ impl fuser::Filesystem for TesseraFs {
                 let how = (exclusive, truncate, access);
                 c.create_for(ino(parent), &name, perm, who, how).await
             };
-            if let (Ok((_, fh)), true) = (&r, writable(flags)) {
-                fh.mark_writer().await;
+            if let Ok((_, fh)) = &r {
+                opened_with(fh, flags).await;
             }
             finish(reply, r, |reply, (attr, fh)| {
                 inner.note_created(&attr);

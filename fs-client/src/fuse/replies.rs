@@ -5,6 +5,7 @@ use super::attr::fuse_attr;
 use super::dir::Listed;
 use super::{errno, Inner};
 use crate::error::ClientError;
+use crate::file::FileHandle;
 use fuser::{
     Errno, FileHandle as Fh, Generation, INodeNo, LockOwner, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs,
@@ -52,6 +53,17 @@ pub(super) fn finish<R: Fail, T>(reply: R, r: Result<T, ClientError>, ok: impl F
 /// Whether open flags allow writing (no read-around store while such an open lasts).
 pub(super) fn writable(flags: i32) -> bool {
     flags & libc::O_ACCMODE != libc::O_RDONLY
+}
+
+/// What an open's `flags` say of its handle beyond the access checked: it writes (so
+/// counts as a writer), or it leaves the access time (`O_NOATIME`).
+pub(super) async fn opened_with(fh: &FileHandle, flags: i32) {
+    if flags & libc::O_NOATIME != 0 {
+        fh.keep_atime();
+    }
+    if writable(flags) {
+        fh.mark_writer().await;
+    }
 }
 
 /// The kernel's `__FMODE_EXEC`, set in the flags of an open made by `execve`.

@@ -199,8 +199,10 @@ mod tests {
             t.set(F, A, ConnId(1), spec(1, 2 * i, 2 * i, LockKind::Write))
                 .unwrap();
         }
+        // A read lock between two write locks: one more lock (a write lock there would
+        // join its neighbours into one).
         let e = t
-            .set(F, A, ConnId(1), spec(1, 1, 1, LockKind::Write))
+            .set(F, A, ConnId(1), spec(1, 1, 1, LockKind::Read))
             .unwrap_err();
         assert!(matches!(e, MetaError::NoSpace(_)), "{e}");
         assert_eq!(t.held(), MAX_LOCKS_PER_FILE);
