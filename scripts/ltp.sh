@@ -91,7 +91,7 @@ cases=$work/cases
 : > "$cases"
 if [ "$SET" = all ] || [ "$SET" = syscalls ]; then
   awk '!/^#/ && NF >= 2' "$SRC/runtest/syscalls" | while read -r name cmd rest; do
-    [ -x "$bins/$cmd" ] && echo "$name $cmd $rest"
+    if [ -x "$bins/$cmd" ]; then echo "$name $cmd $rest"; fi
   done >> "$cases"
 fi
 if [ "$SET" = all ] || [ "$SET" = fs ]; then
@@ -100,7 +100,7 @@ fi
 if [ $# -gt 0 ]; then
   want=" $* "
   while read -r name rest; do
-    [[ "$want" == *" $name "* ]] && echo "$name $rest"
+    if [[ "$want" == *" $name "* ]]; then echo "$name $rest"; fi
   done < "$cases" > "$cases.some"
   mv "$cases.some" "$cases"
 fi

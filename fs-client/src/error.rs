@@ -131,6 +131,7 @@ pub fn errno(code: ErrorCode) -> i32 {
         ErrorCode::AccessViolation => libc::EIO,
         ErrorCode::Overloaded => libc::EAGAIN,
         ErrorCode::WouldBlock => libc::EAGAIN,
+        ErrorCode::Deadlock => libc::EDEADLK,
         ErrorCode::Interrupted => libc::EINTR,
         ErrorCode::ReadOnly => libc::EROFS,
         // A data server refused the grant even after the client renewed it: the

@@ -84,6 +84,9 @@ pub enum MetaError {
     /// A lock is held by another owner.
     #[error("would block: {0}")]
     WouldBlock(String),
+    /// Waiting for a lock would close a cycle of waits.
+    #[error("deadlock: {0}")]
+    Deadlock(String),
     /// A stored record could not be decoded, or records contradict each other.
     #[error("corrupt metadata: {0}")]
     Corrupt(String),
@@ -134,6 +137,7 @@ impl MetaError {
             MetaError::TooManyLinks(_) => ErrorCode::TooManyLinks,
             MetaError::Busy(_) => ErrorCode::Busy,
             MetaError::WouldBlock(_) => ErrorCode::WouldBlock,
+            MetaError::Deadlock(_) => ErrorCode::Deadlock,
             MetaError::Corrupt(_) => ErrorCode::Corrupt,
             MetaError::FormatVersion { .. } => ErrorCode::NotSupported,
             MetaError::AnswerLost(_) => ErrorCode::Io,

@@ -69,6 +69,9 @@ pub enum ErrorCode {
     Interrupted = 28,
     /// The client's key is read-only: every change is refused (EROFS).
     ReadOnly = 29,
+    /// Waiting for the lock would never end: its holder waits, directly or through
+    /// others, for a lock the caller holds (EDEADLK).
+    Deadlock = 30,
     /// A chunk request carried no grant for its file (EACCES).
     GrantMissing = 40,
     /// A chunk request's grant is not sealed by the cluster key (EACCES).
@@ -86,7 +89,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    const ALL: [ErrorCode; 35] = [
+    const ALL: [ErrorCode; 36] = [
         ErrorCode::NotFound,
         ErrorCode::AlreadyExists,
         ErrorCode::NotADirectory,
@@ -116,6 +119,7 @@ impl ErrorCode {
         ErrorCode::WouldBlock,
         ErrorCode::Interrupted,
         ErrorCode::ReadOnly,
+        ErrorCode::Deadlock,
         ErrorCode::GrantMissing,
         ErrorCode::GrantForged,
         ErrorCode::GrantExpired,

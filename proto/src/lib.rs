@@ -48,8 +48,9 @@ pub use rpc::{Request, Rpc, RpcResult};
 /// 27: `Caller::umask` (the server applies it, or a directory's default ACL instead),
 /// and the POSIX ACL attribute names. 28: `Unlink` answers `Unlinked` (the file and its
 /// links left, beside the directory's change). 29: `XattrMode::Neither` (both
-/// `setxattr` flags).
-pub const PROTOCOL_VERSION: u16 = 29;
+/// `setxattr` flags). 30: `SetLock::waits` and `ErrorCode::Deadlock` (`F_SETLKW`
+/// deadlock detection).
+pub const PROTOCOL_VERSION: u16 = 30;
 
 /// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
 pub const MAX_NAME_BYTES: usize = 255;

@@ -193,6 +193,58 @@ fn f_getlk_names_the_first_lock_by_start_and_touching_locks_as_one() {
     assert_eq!(getlk(&bf, libc::F_WRLCK, 20, 0).0, libc::F_UNLCK);
 }
 
+/// Guards against F_SETLKW waits that can never end (LTP's fcntl17): a process whose
+/// lock's holder waits for a lock of its own is refused with EDEADLK, as on Linux (where
+/// Python names it EDEADLOCK), also across mounts; flock(2) waits are never refused so,
+/// as on Linux.
+#[test]
+fn a_setlkw_that_would_deadlock_is_refused_and_a_flock_is_not() {
+    let (_cluster, a, b) = setup(&["f", "g", "h"]);
+    let mut ha = holder(User::root(), "a-holder", &a, "f");
+    let mut hb = holder(User::plain(ALICE_UID), "b-holder", &b, "f");
+    ha.expect("lock f ex 0 10", "ok");
+    hb.expect("lock f ex 10 10", "ok");
+    ha.send("lock f ex 10 10 wait");
+    assert_blocked(&mut ha, "F_SETLKW on b's range");
+    hb.expect("lock f ex 0 10 wait", "err EDEADLOCK");
+    // Not a wait: EAGAIN as ever.
+    hb.expect("lock f ex 0 10", "err EAGAIN");
+    hb.expect("lock f un 10 10", "ok");
+    assert_eq!(
+        ha.reply(ANSWER).as_deref(),
+        Some("ok"),
+        "granted after the unlock"
+    );
+    // A wait that is no cycle waits: b for a's 0-9, while a waits for nothing.
+    hb.send("lock f ex 0 10 wait");
+    assert_blocked(&mut hb, "F_SETLKW on a's range");
+    ha.expect("lock f un 0 20", "ok");
+    assert_eq!(
+        hb.reply(ANSWER).as_deref(),
+        Some("ok"),
+        "granted after a's unlock"
+    );
+    // flock: each holds one file and waits for the other's; both wait (as on Linux)
+    // until one of them goes.
+    for (ag, m) in [(&mut ha, &a), (&mut hb, &b)] {
+        for n in ["g", "h"] {
+            ag.expect(&format!("open {n} {} rw", m.path.join(n).display()), "ok");
+        }
+    }
+    ha.expect("flock g ex nb", "ok");
+    hb.expect("flock h ex nb", "ok");
+    ha.send("flock h ex");
+    assert_blocked(&mut ha, "flock on b's file");
+    hb.send("flock g ex");
+    assert_blocked(&mut hb, "flock on a's file, a cycle");
+    ha.kill();
+    assert_eq!(
+        hb.reply(ANSWER).as_deref(),
+        Some("ok"),
+        "granted once a is gone"
+    );
+}
+
 /// Guards against OFD locks (`F_OFD_SETLK`, used by QEMU and others) that outlive the
 /// last close of their open file: the kernel never asks a FUSE server to drop them, so
 /// the client must. Also checks what sets them apart from process locks: two opens in

@@ -13,10 +13,22 @@ use proto::{InodeId, Request};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+/// What a lock request does when another owner's lock conflicts with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockWait {
+    /// Fails at once, `WouldBlock` (EAGAIN): `F_SETLK`, `LOCK_NB`.
+    No,
+    /// Waits it out: `flock(2)`, which Linux never finds deadlocked.
+    Flock,
+    /// Waits it out, unless the holder waits, directly or through others, for a lock
+    /// of the caller: then `Deadlock` (EDEADLK), as Linux answers `F_SETLKW`.
+    Posix,
+}
+
 impl Client {
-    /// Takes or releases a lock. With `wait`, a conflicting lock is waited out (polling
-    /// with backoff) for as long as process `pid` lives; without, it is `WouldBlock`.
-    pub async fn setlk(&self, ino: InodeId, lock: LockSpec, wait: bool) -> Result<()> {
+    /// Takes or releases a lock. With `wait` other than `No`, a conflicting lock is
+    /// waited out (polling with backoff) for as long as process `pid` lives.
+    pub async fn setlk(&self, ino: InodeId, lock: LockSpec, wait: LockWait) -> Result<()> {
         const FIRST_WAIT: Duration = Duration::from_millis(5);
         const LONGEST_WAIT: Duration = Duration::from_millis(200);
         if lock.kind == LockKind::Unlock {
@@ -29,6 +41,7 @@ impl Client {
                 client: self.id,
                 lock,
                 reclaim: false,
+                waits: wait == LockWait::Posix,
             };
             let sent_on = self.meta.made();
             match self.meta(req).await {
@@ -47,7 +60,7 @@ impl Client {
                     }
                     return Ok(());
                 }
-                Err(e) if wait && e.code() == proto::ErrorCode::WouldBlock => {
+                Err(e) if wait != LockWait::No && e.code() == proto::ErrorCode::WouldBlock => {
                     // fuser does not pass FUSE_INTERRUPT on: look for a signal ourselves,
                     // or a waiter that was killed would hang in the kernel for good.
                     if signal_pending(lock.pid) {
@@ -160,6 +173,7 @@ impl Client {
             client: self.id,
             lock,
             reclaim: true,
+            waits: false,
         })
         .with_caller(caller::current());
         match rpc::meta_call(&self.ep, &self.meta, &req).await {

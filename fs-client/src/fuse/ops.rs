@@ -7,6 +7,7 @@ use super::replies::{
     unprivileged_groups, xattr_reply,
 };
 use super::{errno, is_stats_xattr, Freshness, TesseraFs};
+use crate::client::LockWait;
 use crate::error::ClientError;
 use fuser::{
     AccessFlags, Errno, FileHandle as Fh, FopenFlags, Generation, INodeNo, IoctlFlags,
@@ -779,8 +780,14 @@ impl fuser::Filesystem for TesseraFs {
         typ: i32,
         pid: u32,
         sleep: bool,
+        flock: bool,
         reply: ReplyEmpty,
     ) {
+        let wait = match (sleep, flock) {
+            (false, _) => LockWait::No,
+            (true, true) => LockWait::Flock,
+            (true, false) => LockWait::Posix,
+        };
         let Some(lock) = lock_spec(owner, start, end, typ, pid) else {
             return reply.error(Errno::EINVAL);
         };
@@ -792,7 +799,7 @@ impl fuser::Filesystem for TesseraFs {
                 let mut owners = inner.lock_owners.lock();
                 owners.entry(fh.0).or_default().insert(lock.owner);
             }
-            let r = inner.client.setlk(ino(i), lock, sleep).await;
+            let r = inner.client.setlk(ino(i), lock, wait).await;
             if r.is_ok() && lock.kind != LockKind::Unlock {
                 inner.fresh_under_lock(ino(i)).await;
             }

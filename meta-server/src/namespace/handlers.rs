@@ -471,7 +471,15 @@ impl Handle for fs::SetLock {
                 ns.check_lock_grace()?;
             }
         }
-        ns.set_lock(self.ino, self.client, at.conn, self.lock)
+        match ns.set_lock(self.ino, self.client, at.conn, self.lock) {
+            Err(e @ MetaError::WouldBlock(_)) if self.waits => {
+                Err(ns.lock_refused(self.ino, self.client, at.conn, self.lock, e))
+            }
+            r => {
+                ns.lock_wait_over(self.client, self.lock.owner);
+                r
+            }
+        }
     }
 }
 

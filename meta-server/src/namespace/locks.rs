@@ -10,6 +10,7 @@
 //! in the engine instead, with the same rules (`shared_locks`): the table here then
 //! only knows which files this server's connections hold locks on.
 
+use super::deadlock::Waits;
 use super::ConnId;
 use crate::error::MetaError;
 use proto::meta::{LockKind, LockSpec};
@@ -39,9 +40,17 @@ impl Held {
 
 /// The first lock of `held` of another owner that conflicts with `want`.
 pub(super) fn conflict_in(held: &[Held], client: ClientId, want: &LockSpec) -> Option<LockSpec> {
+    conflicting(held, client, want).map(|h| h.spec)
+}
+
+/// [`conflict_in`], with its holder.
+pub(super) fn conflicting<'a>(
+    held: &'a [Held],
+    client: ClientId,
+    want: &LockSpec,
+) -> Option<&'a Held> {
     held.iter()
         .find(|h| !h.same_owner(client, want.owner) && conflicts(&h.spec, want))
-        .map(|h| h.spec)
 }
 
 /// The locks of a file (`held`) after `taker` takes, converts or releases (`Unlock`) a
@@ -93,6 +102,8 @@ pub struct LockTable {
     /// On a shared engine: the files each of this server's connections took a lock on
     /// (the locks themselves are in the engine).
     pub(super) by_conn: HashMap<ConnId, BTreeSet<InodeId>>,
+    /// The owners waiting for a lock (`F_SETLKW`), for deadlock detection.
+    pub(super) waits: Waits,
 }
 
 impl LockTable {
@@ -106,6 +117,11 @@ impl LockTable {
     /// The first lock of another owner that conflicts with `want`, if any.
     pub fn conflict(&self, ino: InodeId, client: ClientId, want: &LockSpec) -> Option<LockSpec> {
         conflict_in(self.files.get(&ino)?, client, want)
+    }
+
+    /// The locks held on `ino`.
+    pub(super) fn of(&self, ino: InodeId) -> Vec<Held> {
+        self.files.get(&ino).cloned().unwrap_or_default()
     }
 
     /// Takes, converts or releases (`Unlock`) a range for one owner, POSIX style: the

@@ -10,6 +10,7 @@ mod access;
 pub mod acl;
 mod check;
 mod clients;
+mod deadlock;
 pub use clients::{ClientRecord, RevocationRecord, StoredClient, MAX_CLIENT_KEYS, MAX_REVOCATIONS};
 mod dirlayout;
 mod entries;

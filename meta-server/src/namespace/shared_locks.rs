@@ -154,6 +154,17 @@ impl Namespace {
         Ok(conflict_in(&locks, client, want))
     }
 
+    /// The locks held on `ino` (on a shared engine, through every server).
+    pub(super) fn file_locks(&self, ino: InodeId) -> Result<Vec<Held>, MetaError> {
+        if self.checked.is_none() {
+            return Ok(self.locks.lock().of(ino));
+        }
+        match self.store.get(&keys::locks(ino))? {
+            None => Ok(Vec::new()),
+            Some(v) => Ok(decode::<FileLocks>(&v, "locks")?.locks),
+        }
+    }
+
     /// Drops every lock of one owner on one file (`ReleaseLocks`: its last descriptor
     /// closed), through whichever server it was taken.
     pub(super) fn release_lock_owner(
@@ -162,6 +173,7 @@ impl Namespace {
         client: ClientId,
         owner: u64,
     ) -> Result<(), MetaError> {
+        self.lock_wait_over(client, owner);
         if self.checked.is_none() {
             self.locks.lock().release_owner(ino, client, owner);
             return Ok(());
@@ -171,6 +183,7 @@ impl Namespace {
 
     /// Drops every lock taken over `conn` (it closed, or its grace ran out).
     pub(super) fn release_conn_locks(&self, conn: ConnId) {
+        self.locks.lock().waits.release_conn(conn);
         if self.checked.is_none() {
             return self.locks.lock().release_conn(conn);
         }

@@ -245,6 +245,7 @@ pub fn one_of_each(dir: InodeId, file: InodeId, client: ClientId) -> Vec<FsReque
             client,
             lock,
             reclaim: false,
+            waits: true,
         }),
         FsRequest::GetLock(GetLock {
             ino: file,

@@ -368,6 +368,10 @@ pub struct SetLock {
     /// A lock the client held before its metadata server restarted (or a standby took
     /// over) and takes back: a server in its lock grace refuses every other lock.
     pub reclaim: bool,
+    /// The caller waits for the lock (`F_SETLKW`, asked again while refused): the
+    /// server notes the wait, and refuses with `Deadlock` a wait that would close a
+    /// cycle of waits. Not for `flock(2)` locks, which Linux never finds deadlocked.
+    pub waits: bool,
 }
 
 /// Finds a lock of another owner that conflicts with `lock` (`F_GETLK`).

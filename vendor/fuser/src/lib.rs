@@ -882,6 +882,7 @@ pub trait Filesystem: Send + Sync + 'static {
     /// used to fill in this field in `getlk()`. Note: if the locking methods are not
     /// implemented, the kernel will still allow file locking to work locally.
     /// Hence these are only interesting for network filesystems and similar.
+    /// Tessera: `flock` tells a `flock(2)` lock (`FUSE_LK_FLOCK`) from an `fcntl` one.
     fn setlk(
         &self,
         _req: &Request,
@@ -893,11 +894,12 @@ pub trait Filesystem: Send + Sync + 'static {
         typ: i32,
         pid: u32,
         sleep: bool,
+        flock: bool,
         reply: ReplyEmpty,
     ) {
         warn!(
             "[Not Implemented] setlk(ino: {ino:#x?}, fh: {fh}, lock_owner: {lock_owner}, \
-            start: {start}, end: {end}, typ: {typ}, pid: {pid}, sleep: {sleep})"
+            start: {start}, end: {end}, typ: {typ}, pid: {pid}, sleep: {sleep}, flock: {flock})"
         );
         reply.error(Errno::ENOSYS);
     }

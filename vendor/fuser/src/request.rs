@@ -409,6 +409,8 @@ impl<'a> RequestWithSender<'a> {
                     x.lock().typ,
                     x.lock().pid,
                     x.sleep(),
+                    // Tessera: whether it is a flock(2) lock.
+                    x.flock(),
                     self.reply(),
                 );
             }

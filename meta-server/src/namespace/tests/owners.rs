@@ -59,6 +59,7 @@ fn set_lock(ino: InodeId, client: ClientId, kind: LockKind) -> SetLock {
         client,
         lock: lock(9, kind),
         reclaim: false,
+        waits: false,
     }
 }
 

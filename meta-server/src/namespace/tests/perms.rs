@@ -482,6 +482,7 @@ fn sessions_and_locks_belong_to_their_connection(kind: StoreKind) {
             kind,
         },
         reclaim: false,
+        waits: false,
     };
     use proto::meta::LockKind;
     assert_eq!(

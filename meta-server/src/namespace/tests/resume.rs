@@ -77,6 +77,7 @@ fn a_resumed_client_keeps_its_opens_and_locks(kind: StoreKind) {
         client: ClientId(3),
         lock: exclusive(9),
         reclaim: false,
+        waits: false,
     };
     ns.handle(lock, ConnId(7)).unwrap();
     ns.unlink(ROOT, b"gone").unwrap();
@@ -132,6 +133,7 @@ fn after_the_grace_the_sessions_end_and_are_lost(kind: StoreKind) {
         client: ClientId(3),
         lock: exclusive(9),
         reclaim: false,
+        waits: false,
     };
     ns.handle(lock, ConnId(7)).unwrap();
     ns.connection_broken(ConnId(7));
@@ -283,6 +285,7 @@ fn a_restarted_server_keeps_new_locks_out_while_old_ones_are_taken_back(kind: St
             ..exclusive(owner)
         },
         reclaim,
+        waits: false,
     };
     // A new namespace: no grace.
     let held = h.ns().open_inode(f.ino, false, of(3, 7)).unwrap();

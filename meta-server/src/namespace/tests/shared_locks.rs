@@ -34,6 +34,7 @@ fn lock_as(
         client: ClientId(client),
         lock: spec(kind),
         reclaim,
+        waits: false,
     };
     ns.handle(req, ConnId(conn)).map_err(|e| e.code)
 }

@@ -1205,6 +1205,10 @@ mod op {
         pub(crate) fn sleep(&self) -> bool {
             self.wait
         }
+        /// Tessera: the lock is a `flock(2)` lock (`FUSE_LK_FLOCK`), not an `fcntl` one.
+        pub(crate) fn flock(&self) -> bool {
+            self.arg.lk_flags & super::abi::consts::FUSE_LK_FLOCK != 0
+        }
     }
 
     /// Check file access permissions.
