@@ -17,6 +17,8 @@
 # It builds a release, starts `tessera up` in its own state directory, and on exit (also
 # on failure) stops it by its state directory and unmounts it.
 set -euo pipefail
+# `sort` and `join` below must agree on the order of names (fcntl11 before fcntl11_64).
+export LC_ALL=C
 [ "$(id -u)" = 0 ] || { echo "needs root (a FUSE mount; many cases need root)" >&2; exit 1; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BENCH_DIR=${BENCH_DIR:-/var/tmp/tessera-bench}
@@ -45,9 +47,13 @@ SYSCALL_DIRS="access chdir chmod chown close close_range copy_file_range creat d
 FS_CASES='^(gf[0-9]+|rwtest[0-9]+|iogen01|fs_inod01|linker01|openfile01|inode0[0-9]|stream0[0-9]|ftest0[0-9]|lftest01|writetest01|fs_di|fs_racer)[[:space:]]'
 
 work=$(mktemp -d /tmp/tessera-ltp.XXXXXX)
+# Cases that switch to an unprivileged user reach their files by absolute paths.
+chmod 755 "$work"
 mnt=$work/mnt
 state=$work/state
 cleanup() {
+  # The cluster's logs outlive the run, for a case that failed on the mount.
+  [ -d "$state/logs" ] && mkdir -p "$OUT" && cp -r "$state/logs" "$OUT/" 2>/dev/null || true
   "$BIN" down --forget "$mnt" --state-dir "$state" >/dev/null 2>&1 || true
   # Never remove files under a mount point still mounted.
   if ! mountpoint -q "$mnt"; then rm -rf "$work"; fi
@@ -55,11 +61,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-if [ ! -x "$SRC/lib/libltp.a" ] && [ ! -f "$SRC/lib/libltp.a" ]; then
+if [ ! -f "$SRC/lib/libltp.a" ]; then
   echo "== packages LTP builds with"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq autoconf automake libtool m4 make \
     gcc git pkg-config libaio-dev libacl1-dev libattr1-dev libcap-dev acl attr >/dev/null
   if [ ! -f "$SRC/configure.ac" ]; then
+    # Never remove a directory the caller named: only the clone this script makes.
+    [ -z "${LTP_SRC:-}" ] || { echo "LTP_SRC=$LTP_SRC is no LTP source tree" >&2; exit 1; }
     echo "== LTP $LTP_REF from $LTP_REPO"
     rm -rf "$SRC"
     git clone -q --depth 1 --branch "$LTP_REF" "$LTP_REPO" "$SRC"
@@ -118,14 +126,21 @@ run() {
   mkdir -p "$res.d"
   : > "$res"
   while read -r name cmd; do
-    mkdir -p "$where/$name"
     s=$(date +%s)
     rc=0
-    (cd "$where/$name" && TMPDIR="$where/$name" LTPROOT="$SRC" \
-      PATH="$bins:$PATH" timeout -k 10 "$CASE_TIMEOUT_S" sh -c "$cmd") \
-      > "$res.d/$name.log" 2>&1 < /dev/null || rc=$?
+    if mkdir -p "$where/$name"; then
+      (cd "$where/$name" && TMPDIR="$where/$name" LTPROOT="$SRC" \
+        PATH="$bins:$PATH" timeout -k 10 "$CASE_TIMEOUT_S" sh -c "$cmd") \
+        > "$res.d/$name.log" 2>&1 < /dev/null || rc=$?
+    else
+      rc=125
+    fi
     echo "$name $rc $(( $(date +%s) - s ))" >> "$res"
-    rm -rf "${where:?}/$name"
+    rm -rf "${where:?}/$name" 2>/dev/null || echo "$name left files it could not remove" >&2
+    if [ "$where" = "$mnt" ] && ! mountpoint -q "$mnt"; then
+      echo "the mount went away during $name (logs: $OUT/logs)" >&2
+      exit 1
+    fi
   done < "$cases"
 }
 mkdir -p "$OUT"

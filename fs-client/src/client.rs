@@ -19,7 +19,7 @@ mod locks;
 mod lookups;
 mod opening;
 mod ops;
-pub use locks::LockWait;
+pub use locks::LockHow;
 pub use opening::OpenedByName;
 
 pub use caller::acting_as;

@@ -13,7 +13,7 @@ pub mod metrics;
 mod rpc;
 mod segpool;
 
-pub use client::{Client, FsStats, LockWait, OpenedByName};
+pub use client::{Client, FsStats, LockHow, OpenedByName};
 pub use config::ClientConfig;
 pub use error::{ClientError, Result};
 pub use file::{FileHandle, ReadBuf};

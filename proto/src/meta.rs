@@ -504,7 +504,10 @@ pub struct LockSpec {
 /// The order is Linux's, which `F_GETLK` answers show (the first conflicting lock in
 /// it is the one reported): each owner's locks stay together, by start, where the
 /// owner's first lock was (a new owner's at the end), and a lock that touches or
-/// overlaps one of the same owner and kind becomes one lock with it.
+/// overlaps one of the same owner and kind becomes one lock with it when all else of
+/// the two is equal too (the pid; on the server the connection and server taken
+/// through): Linux merges without looking at the pid, which differs within one owner
+/// only for processes that share their file table.
 pub fn set_lock_range<T: Copy + PartialEq>(
     held: Vec<T>,
     want: &LockSpec,

@@ -193,13 +193,14 @@ fn f_getlk_names_the_first_lock_by_start_and_touching_locks_as_one() {
     assert_eq!(getlk(&bf, libc::F_WRLCK, 20, 0).0, libc::F_UNLCK);
 }
 
-/// Guards against F_SETLKW waits that can never end (LTP's fcntl17): a process whose
-/// lock's holder waits for a lock of its own is refused with EDEADLK, as on Linux (where
-/// Python names it EDEADLOCK), also across mounts; flock(2) waits are never refused so,
-/// as on Linux.
+/// Guards against lock waits that can never end: an F_SETLKW whose lock's holder waits
+/// for a lock of its own (LTP's fcntl17) is refused with EDEADLK, as on Linux (Python
+/// names it EDEADLOCK), also across mounts; two flock(2) holders of a shared lock that
+/// both ask for exclusive are not left waiting for each other (the conversion drops the
+/// shared lock first, as on Linux).
 #[test]
-fn a_setlkw_that_would_deadlock_is_refused_and_a_flock_is_not() {
-    let (_cluster, a, b) = setup(&["f", "g", "h"]);
+fn a_setlkw_that_would_deadlock_is_refused_and_flock_conversions_do_not_deadlock() {
+    let (_cluster, a, b) = setup(&["f", "g"]);
     let mut ha = holder(User::root(), "a-holder", &a, "f");
     let mut hb = holder(User::plain(ALICE_UID), "b-holder", &b, "f");
     ha.expect("lock f ex 0 10", "ok");
@@ -224,25 +225,27 @@ fn a_setlkw_that_would_deadlock_is_refused_and_a_flock_is_not() {
         Some("ok"),
         "granted after a's unlock"
     );
-    // flock: each holds one file and waits for the other's; both wait (as on Linux)
-    // until one of them goes.
+    // flock: a conversion that conflicts drops the converter's lock first, as on Linux:
+    // two shared holders that both ask for exclusive do not wait for each other.
     for (ag, m) in [(&mut ha, &a), (&mut hb, &b)] {
-        for n in ["g", "h"] {
-            ag.expect(&format!("open {n} {} rw", m.path.join(n).display()), "ok");
-        }
+        ag.expect(&format!("open g {} rw", m.path.join("g").display()), "ok");
     }
-    ha.expect("flock g ex nb", "ok");
-    hb.expect("flock h ex nb", "ok");
-    ha.send("flock h ex");
-    assert_blocked(&mut ha, "flock on b's file");
-    hb.send("flock g ex");
-    assert_blocked(&mut hb, "flock on a's file, a cycle");
-    ha.kill();
+    ha.expect("flock g sh nb", "ok");
+    hb.expect("flock g sh nb", "ok");
+    ha.send("flock g ex");
+    assert_blocked(&mut ha, "flock ex while b holds sh");
+    hb.expect("flock g ex", "ok");
+    hb.expect("flock g un", "ok");
     assert_eq!(
-        hb.reply(ANSWER).as_deref(),
+        ha.reply(ANSWER).as_deref(),
         Some("ok"),
-        "granted once a is gone"
+        "granted after b's unlock"
     );
+    // Without waiting, the conversion fails and the shared lock is lost (flock(2)).
+    ha.expect("flock g sh", "ok");
+    hb.expect("flock g sh nb", "ok");
+    ha.expect("flock g ex nb", "err EAGAIN");
+    hb.expect("flock g ex nb", "ok");
 }
 
 /// Guards against OFD locks (`F_OFD_SETLK`, used by QEMU and others) that outlive the

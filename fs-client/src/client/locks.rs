@@ -13,35 +13,40 @@ use proto::{InodeId, Request};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-/// What a lock request does when another owner's lock conflicts with it.
+/// How a lock call was made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LockWait {
-    /// Fails at once, `WouldBlock` (EAGAIN): `F_SETLK`, `LOCK_NB`.
-    No,
-    /// Waits it out: `flock(2)`, which Linux never finds deadlocked.
-    Flock,
-    /// Waits it out, unless the holder waits, directly or through others, for a lock
-    /// of the caller: then `Deadlock` (EDEADLK), as Linux answers `F_SETLKW`.
-    Posix,
+pub struct LockHow {
+    /// Waits out another owner's conflicting lock (`F_SETLKW`, `flock` without
+    /// `LOCK_NB`); else fails at once, `WouldBlock` (EAGAIN). An `fcntl` wait whose
+    /// lock's holder waits, directly or through others, for a lock of the caller fails
+    /// with `Deadlock` (EDEADLK), as on Linux.
+    pub wait: bool,
+    /// A `flock(2)` lock: never refused as a deadlock (Linux finds none), and a
+    /// conversion (shared to exclusive or back) that conflicts drops the owner's lock
+    /// before it waits or fails, as on Linux (where two shared holders that both ask for
+    /// exclusive do not wait for each other for good).
+    pub flock: bool,
 }
 
 impl Client {
-    /// Takes or releases a lock. With `wait` other than `No`, a conflicting lock is
-    /// waited out (polling with backoff) for as long as process `pid` lives.
-    pub async fn setlk(&self, ino: InodeId, lock: LockSpec, wait: LockWait) -> Result<()> {
+    /// Takes or releases a lock, as `how` says; a wait lasts for as long as process
+    /// `pid` lives and has no signal pending.
+    pub async fn setlk(&self, ino: InodeId, lock: LockSpec, how: LockHow) -> Result<()> {
         const FIRST_WAIT: Duration = Duration::from_millis(5);
         const LONGEST_WAIT: Duration = Duration::from_millis(200);
         if lock.kind == LockKind::Unlock {
             self.publish_before_unlock(ino).await;
         }
         let mut pause = FIRST_WAIT;
+        let mut waits = how.wait && !how.flock;
+        let mut dropped = false;
         loop {
             let req = fs::SetLock {
                 ino,
                 client: self.id,
                 lock,
                 reclaim: false,
-                waits: wait == LockWait::Posix,
+                waits,
             };
             let sent_on = self.meta.made();
             match self.meta(req).await {
@@ -60,14 +65,31 @@ impl Client {
                     }
                     return Ok(());
                 }
-                Err(e) if wait != LockWait::No && e.code() == proto::ErrorCode::WouldBlock => {
+                Err(e) if e.code() == proto::ErrorCode::WouldBlock => {
+                    if how.flock && !dropped && lock.kind != LockKind::Unlock {
+                        dropped = true;
+                        self.drop_converted_flock(ino, lock).await?;
+                    }
+                    if !how.wait {
+                        return Err(e);
+                    }
+                    if waits != (how.wait && !how.flock) {
+                        // The last ask after a signal was refused: it told the server
+                        // that this owner waits no more.
+                        return Err(interrupted(lock.pid));
+                    }
                     // fuser does not pass FUSE_INTERRUPT on: look for a signal ourselves,
                     // or a waiter that was killed would hang in the kernel for good.
                     if signal_pending(lock.pid) {
-                        return Err(ClientError::Interrupted(format!(
-                            "pid {} got a signal while waiting for a lock",
-                            lock.pid
-                        )));
+                        if !waits {
+                            return Err(interrupted(lock.pid));
+                        }
+                        // One last ask, not waiting: the server forgets the wait (or the
+                        // lock is free by now, and taken, as if granted before the
+                        // signal), so that no later wait of another owner is refused as a
+                        // deadlock through this one.
+                        waits = false;
+                        continue;
                     }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(LONGEST_WAIT);
@@ -75,6 +97,37 @@ impl Client {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Before a conflicting `flock` conversion waits or fails: the owner's lock on `ino`
+    /// goes, if it holds one.
+    async fn drop_converted_flock(&self, ino: InodeId, lock: LockSpec) -> Result<()> {
+        let holds = self
+            .held_locks
+            .lock()
+            .get(&ino)
+            .is_some_and(|l| l.iter().any(|h| h.owner == lock.owner));
+        if !holds {
+            return Ok(());
+        }
+        self.publish_before_unlock(ino).await;
+        let unlock = LockSpec {
+            kind: LockKind::Unlock,
+            start: 0,
+            end: u64::MAX,
+            ..lock
+        };
+        let req = fs::SetLock {
+            ino,
+            client: self.id,
+            lock: unlock,
+            reclaim: false,
+            waits: false,
+        };
+        self.meta(req).await?;
+        let _no_resume = self.resume_lock.lock().await;
+        self.note_lock(ino, &unlock);
+        Ok(())
     }
 
     /// The lock of another owner that would conflict with `lock`, if any (`F_GETLK`).
@@ -190,6 +243,12 @@ impl Client {
         }
     }
 }
+
+/// A lock wait of process `pid` ended by a signal (EINTR).
+fn interrupted(pid: u32) -> ClientError {
+    ClientError::Interrupted(format!("pid {pid} got a signal while waiting for a lock"))
+}
+
 /// Whether process `pid` has a signal pending that it neither blocks nor ignores (or is
 /// gone): a lock wait must then end with EINTR, as `F_SETLKW` does on a local file.
 pub(super) fn signal_pending(pid: u32) -> bool {

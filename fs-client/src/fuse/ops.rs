@@ -7,7 +7,8 @@ use super::replies::{
     unprivileged_groups, xattr_reply,
 };
 use super::{errno, is_stats_xattr, Freshness, TesseraFs};
-use crate::client::LockWait;
+use crate::client::LockHow;
+use crate::config::AtimeMode;
 use crate::error::ClientError;
 use fuser::{
     AccessFlags, Errno, FileHandle as Fh, FopenFlags, Generation, INodeNo, IoctlFlags,
@@ -353,19 +354,23 @@ impl fuser::Filesystem for TesseraFs {
             let by_name = !inner.was_unlinked_here(ino(i));
             let how = (open_access(flags.0), truncate);
             let r = inner.client.open_named(ino(i), how, by_name).await;
+            let mut skipped = false;
             if let Ok((_, fh)) = &r {
-                opened_with(fh, flags.0).await;
+                skipped = opened_with(fh, flags.0).await;
             }
+            // An `O_NOATIME` open of a file whose access time is due reads past the page
+            // cache: pages it left there would answer the next open's first read, which
+            // must move the access time, without reaching the mount.
+            let reads = flags.0 & libc::O_ACCMODE != libc::O_WRONLY;
+            let moves = inner.client.atime_strictness().is_some();
+            let direct = direct || (skipped && reads && moves && !inner.writeback_on());
             finish(reply, r, |reply, (attr, fh)| {
                 let mut fopen = FopenFlags::empty();
-                // When this open's first read is to move the access time (always with
-                // `strictatime`; with `relatime` after a change, or after an
-                // `O_NOATIME` open read the file into the cache), the kernel's cached
-                // pages go, so that the read reaches the mount.
+                // With `strictatime` the kernel's cached pages go at every open, so that
+                // the open's first read reaches the mount and moves the access time.
+                let strict = inner.client.config().atime == AtimeMode::StrictAtime;
                 let since = (!truncate).then_some(since);
-                let reads = flags.0 & libc::O_ACCMODE != libc::O_WRONLY;
-                let moves = reads && fh.reads_move_atime();
-                if inner.freshness(&attr, since) == Freshness::Same && !moves {
+                if inner.freshness(&attr, since) == Freshness::Same && !strict {
                     fopen |= FopenFlags::FOPEN_KEEP_CACHE;
                 }
                 if direct {
@@ -783,11 +788,7 @@ impl fuser::Filesystem for TesseraFs {
         flock: bool,
         reply: ReplyEmpty,
     ) {
-        let wait = match (sleep, flock) {
-            (false, _) => LockWait::No,
-            (true, true) => LockWait::Flock,
-            (true, false) => LockWait::Posix,
-        };
+        let how = LockHow { wait: sleep, flock };
         let Some(lock) = lock_spec(owner, start, end, typ, pid) else {
             return reply.error(Errno::EINVAL);
         };
@@ -799,7 +800,7 @@ impl fuser::Filesystem for TesseraFs {
                 let mut owners = inner.lock_owners.lock();
                 owners.entry(fh.0).or_default().insert(lock.owner);
             }
-            let r = inner.client.setlk(ino(i), lock, wait).await;
+            let r = inner.client.setlk(ino(i), lock, how).await;
             if r.is_ok() && lock.kind != LockKind::Unlock {
                 inner.fresh_under_lock(ino(i)).await;
             }

@@ -56,14 +56,17 @@ pub(super) fn writable(flags: i32) -> bool {
 }
 
 /// What an open's `flags` say of its handle beyond the access checked: it writes (so
-/// counts as a writer), or it leaves the access time (`O_NOATIME`).
-pub(super) async fn opened_with(fh: &FileHandle, flags: i32) {
-    if flags & libc::O_NOATIME != 0 {
+/// counts as a writer), or it leaves the access time (`O_NOATIME`). True when its first
+/// read would have moved the access time but for `O_NOATIME`.
+pub(super) async fn opened_with(fh: &FileHandle, flags: i32) -> bool {
+    let skipped = flags & libc::O_NOATIME != 0 && fh.reads_move_atime();
+    if skipped {
         fh.keep_atime();
     }
     if writable(flags) {
         fh.mark_writer().await;
     }
+    skipped
 }
 
 /// The kernel's `__FMODE_EXEC`, set in the flags of an open made by `execve`.

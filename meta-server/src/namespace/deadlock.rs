@@ -5,8 +5,9 @@
 //! A client waits out a refused lock by asking again (with backoff, every 200 ms at
 //! most), so a wait here is a note that a lock owner asked for a range and was refused,
 //! kept while it keeps asking: [`WAIT_FRESH`] after its last refusal it is forgotten (the
-//! waiter got a signal and went, or its client died). A grant, an unlock, the owner's
-//! release and the end of its connection forget it at once. Off a shared engine every
+//! waiter's client died). A grant, an unlock, the owner's release, the end of its
+//! connection and any lock call of the owner that does not wait (the last ask a client
+//! makes when the waiter got a signal) forget it at once. Off a shared engine every
 //! wait and lock is seen; on a shared engine the waits are this server's clients' only
 //! (a cycle through another server's waiter is not found, and waits as before).
 
