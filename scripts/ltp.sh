@@ -44,7 +44,7 @@ SYSCALL_DIRS="access chdir chmod chown close close_range copy_file_range creat d
   sync sync_file_range syncfs tee truncate umask unlink unlinkat utime utimensat utimes
   write writev"
 # runtest/fs cases that work in $TMPDIR (not the ones that mount, fill or read /proc).
-FS_CASES='^(gf[0-9]+|rwtest[0-9]+|iogen01|fs_inod01|linker01|openfile01|inode0[0-9]|stream0[0-9]|ftest0[0-9]|lftest01|writetest01|fs_di|fs_racer)[[:space:]]'
+FS_CASES='^(gf[0-9]+|rwtest[0-9]+|iogen01|fs_inod01|linker01|openfile01|inode0[0-9]|stream0[0-9]|ftest0[0-9]|lftest01|fs_di|fs_racer)[[:space:]]'
 
 work=$(mktemp -d /tmp/tessera-ltp.XXXXXX)
 # Cases that switch to an unprivileged user reach their files by absolute paths.
@@ -59,7 +59,9 @@ cleanup() {
   if ! mountpoint -q "$mnt"; then rm -rf "$work"; fi
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+# The running case's `timeout` is in a process group of its own: it is stopped first.
+case_pid=
+trap '[ -z "$case_pid" ] || kill -TERM "$case_pid" 2>/dev/null; exit 130' INT TERM
 
 if [ ! -f "$SRC/lib/libltp.a" ]; then
   echo "== packages LTP builds with"
@@ -81,7 +83,7 @@ if [ ! -d "$bins" ]; then
   echo "== building LTP's file-system cases (log: $SRC/build.log)"
   dirs=()
   for d in $SYSCALL_DIRS; do dirs+=("testcases/kernel/syscalls/$d"); done
-  dirs+=(testcases/kernel/fs testcases/lib)
+  dirs+=(testcases/kernel/fs testcases/lib tools/apicmds)
   for d in "${dirs[@]}"; do
     make -C "$SRC/$d" -j"$(nproc)" >>"$SRC/build.log" 2>&1 \
       || { tail -20 "$SRC/build.log" >&2; exit 1; }
@@ -90,9 +92,12 @@ if [ ! -d "$bins" ]; then
   for d in "${dirs[@]}"; do
     find "$SRC/$d" -type f -executable ! -name '*.o' -exec cp {} "$bins.tmp/" \;
   done
-  cp "$SRC/testcases/kernel/fs/doio/rwtest" "$bins.tmp/"
+  # rwtest is a script the build leaves unexecutable.
+  install -m 755 "$SRC/testcases/kernel/fs/doio/rwtest" "$bins.tmp/"
   mv "$bins.tmp" "$bins"
 fi
+# rwtest runs $LTPROOT/testcases/bin/{iogen,doio}, where an installed LTP has them.
+[ -e "$SRC/testcases/bin" ] || ln -s "$bins" "$SRC/testcases/bin"
 
 # The cases: "name command..." lines of LTP's runtest files whose program was built.
 cases=$work/cases
@@ -129,9 +134,13 @@ run() {
     s=$(date +%s)
     rc=0
     if mkdir -p "$where/$name"; then
+      # In the background, waited for: a signal to the script is handled at once.
       (cd "$where/$name" && TMPDIR="$where/$name" LTPROOT="$SRC" \
-        PATH="$bins:$PATH" timeout -k 10 "$CASE_TIMEOUT_S" sh -c "$cmd") \
-        > "$res.d/$name.log" 2>&1 < /dev/null || rc=$?
+        PATH="$bins:$SRC/testcases/lib:$PATH" exec timeout -k 10 "$CASE_TIMEOUT_S" \
+        sh -c "$cmd") > "$res.d/$name.log" 2>&1 < /dev/null &
+      case_pid=$!
+      wait "$case_pid" || rc=$?
+      case_pid=
     else
       rc=125
     fi
