@@ -121,7 +121,13 @@ impl InProcessCluster {
 
     /// Waits until every chain has `min(3, servers up)` members, all serving.
     pub async fn wait_healthy(&self) {
-        let deadline = tokio::time::Instant::now() + READY;
+        self.wait_healthy_within(READY).await;
+    }
+
+    /// [`Self::wait_healthy`], for at most `limit`: a resync after a fault may take
+    /// longer than a start does on a loaded machine.
+    pub async fn wait_healthy_within(&self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
         loop {
             let map = self.meta().namespace().cluster_map().expect("cluster map");
             if crate::healthy(&map) {

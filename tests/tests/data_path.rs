@@ -191,9 +191,7 @@ async fn a_background_write_failure_is_reported_once_per_handle_and_the_handle_g
     for i in 0..3 {
         cluster.restart_data(i).await;
     }
-    tokio::time::timeout(DEADLINE, cluster.wait_healthy())
-        .await
-        .expect("the cluster heals");
+    cluster.wait_healthy_within(DEADLINE).await;
     // The writer was told: it writes the lost range again, and this time it holds.
     let redo = async {
         client.write(&fh, 0, &data).await?;

@@ -227,9 +227,7 @@ async fn a_server_that_comes_back_resyncs_before_it_serves_alone() {
     client.unlink(InodeId::ROOT, b"gone.bin").await.unwrap();
 
     cluster.restart_data(victim).await;
-    tokio::time::timeout(DEADLINE, cluster.wait_healthy())
-        .await
-        .expect("the cluster heals");
+    cluster.wait_healthy_within(DEADLINE).await;
     // Now the others go: the returned server alone serves every read.
     serve_alone(&cluster, victim).await;
     let reader = cluster.client().await;
@@ -720,9 +718,7 @@ async fn on_mem_a_data_server_cut_off_during_a_write_loses_nothing_and_resyncs_o
     // Healed, the victim comes back syncing, copies what it missed, and then serves
     // every read alone.
     drop(partition);
-    tokio::time::timeout(DEADLINE, cluster.wait_healthy())
-        .await
-        .expect("the cluster heals");
+    cluster.wait_healthy_within(DEADLINE).await;
     serve_alone(&cluster, victim).await;
     let back = read_all(&reader, b"ckpt.bin", data.len(), |_| {}).await;
     assert_eq!(sha256_hex(&back), sha256_hex(&data), "the victim resynced");
@@ -778,9 +774,7 @@ async fn on_mem_dropped_messages_between_a_data_server_and_the_metadata_server_l
     eprintln!("{lost} messages dropped");
 
     drop(drops);
-    tokio::time::timeout(DEADLINE, cluster.wait_healthy())
-        .await
-        .expect("the cluster heals");
+    cluster.wait_healthy_within(DEADLINE).await;
     serve_alone(&cluster, victim).await;
     let back = read_all(&client, b"flap.bin", data.len(), |_| {}).await;
     assert_eq!(
