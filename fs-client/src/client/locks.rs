@@ -39,6 +39,8 @@ impl Client {
         }
         let mut pause = FIRST_WAIT;
         let mut waits = how.wait && !how.flock;
+        // The last ask after a signal is under way (see below).
+        let mut last_ask = false;
         let mut dropped = false;
         loop {
             let req = fs::SetLock {
@@ -73,7 +75,7 @@ impl Client {
                     if !how.wait {
                         return Err(e);
                     }
-                    if waits != (how.wait && !how.flock) {
+                    if last_ask {
                         // The last ask after a signal was refused: it told the server
                         // that this owner waits no more.
                         return Err(interrupted(lock.pid));
@@ -89,6 +91,7 @@ impl Client {
                         // signal), so that no later wait of another owner is refused as a
                         // deadlock through this one.
                         waits = false;
+                        last_ask = true;
                         continue;
                     }
                     tokio::time::sleep(pause).await;

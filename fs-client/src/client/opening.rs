@@ -182,7 +182,7 @@ impl Client {
                 let caller = super::caller::current();
                 let (attr, fh) = self.opened(*reply, access.writes(), caller).await?;
                 if accessed.is_some() {
-                    fh.atime_moved();
+                    fh.atime_settled();
                 }
                 Ok(OpenedByName::File(attr, fh))
             }

@@ -433,20 +433,16 @@ impl FileHandle {
         }
     }
 
-    /// The open moved the access time its first read would have moved (`OpenAt`).
-    pub(crate) fn atime_moved(&self) {
+    /// This open's reads move the access time no more: the open moved it already
+    /// (`OpenAt`), or asked that they leave it (`O_NOATIME`, which the kernel allows
+    /// only to the file's owner or a holder of `CAP_FOWNER`).
+    pub(crate) fn atime_settled(&self) {
         self.atime_due.store(false, Ordering::Relaxed);
     }
 
     /// This open's first read is to move the access time.
     pub fn reads_move_atime(&self) -> bool {
         self.atime_due.load(Ordering::Relaxed)
-    }
-
-    /// The open asked that its reads leave the access time (`O_NOATIME`, which the
-    /// kernel allows only to the file's owner or a holder of `CAP_FOWNER`).
-    pub fn keep_atime(&self) {
-        self.atime_due.store(false, Ordering::Relaxed);
     }
 
     /// Nothing to send, commit or report: no buffered write, no uncommitted length, no

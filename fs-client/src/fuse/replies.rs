@@ -61,7 +61,7 @@ pub(super) fn writable(flags: i32) -> bool {
 pub(super) async fn opened_with(fh: &FileHandle, flags: i32) -> bool {
     let skipped = flags & libc::O_NOATIME != 0 && fh.reads_move_atime();
     if skipped {
-        fh.keep_atime();
+        fh.atime_settled();
     }
     if writable(flags) {
         fh.mark_writer().await;
