@@ -147,7 +147,9 @@ fn up_down_up_keeps_every_file() {
         fs::write(&path, &bytes).unwrap_or_else(|e| panic!("writing {path:?}: {e}"));
         assert_eq!(fs::read(&path).unwrap(), bytes);
     }
-    tessera(&["down", m, "--state-dir", s]);
+    // The state directory names its mount point: `down` needs nothing else.
+    let out = tessera(&["down", "--state-dir", s]);
+    assert!(out.contains("unmounted"), "{out}");
     assert!(!fs_client::cli::local_cluster::is_mounted(mnt));
     assert!(record.exists(), "a plain down keeps the record");
     // Forgotten on request, also with nothing left running (as a script's cleanup), but
@@ -162,6 +164,13 @@ fn up_down_up_keeps_every_file() {
     ]);
     assert!(!out.status.success(), "nothing was running");
     assert!(record.exists(), "the record names another state directory");
+    // A state directory no `up` used names no mount point: `down` says so.
+    let out = run(&["down", "--state-dir", &elsewhere.to_string_lossy()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("records no mount point"),
+        "{said}"
+    );
     let out = run(&["down", "--forget", m, "--state-dir", s]);
     assert!(!out.status.success(), "nothing was running");
     assert!(!record.exists() && !record.parent().unwrap().exists());

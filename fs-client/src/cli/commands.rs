@@ -6,7 +6,7 @@ use super::top::MIN_INTERVAL_MS;
 use crate::{Client, ClientConfig};
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use telemetry::MetricsServer;
 
 /// Data servers `tessera up` starts at most.
@@ -156,8 +156,10 @@ pub enum Cmd {
     },
     /// Unmount and stop everything `tessera up` started for a mount point.
     Down {
-        /// The mount point given to `up`.
-        mountpoint: PathBuf,
+        /// The mount point given to `up`; with --state-dir it may be left out (the
+        /// state directory records it).
+        #[arg(required_unless_present = "state_dir")]
+        mountpoint: Option<PathBuf>,
         /// State directory, if `up` was given one.
         #[arg(long)]
         state_dir: Option<PathBuf>,
@@ -521,6 +523,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             state_dir,
             forget,
         } => {
+            // Clap asks for one of the two; the state directory names the mount point.
+            let mountpoint = match mountpoint {
+                Some(m) => m,
+                None => {
+                    let s = state_dir.as_deref().unwrap_or(Path::new("."));
+                    local_cluster::state::recorded_mountpoint(s).ok_or_else(|| {
+                        local_cluster::ClusterError::Other(format!(
+                            "{} records no mount point (no `tessera up` ran with it): \
+                             name the mount point",
+                            s.display()
+                        ))
+                    })?
+                }
+            };
             let down = local_cluster::down(&mountpoint, state_dir.as_deref());
             // Not while something may still run (a member that did not stop, a failed
             // unmount): the record is how a later `down` finds it.

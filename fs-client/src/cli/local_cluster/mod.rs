@@ -467,6 +467,7 @@ pub fn up(opts: &UpOptions) -> Result<UpReport, ClusterError> {
         fs::write(d.join(RECORD), state.to_string_lossy().as_bytes())
             .map_err(io_err("recording the state directory"))?;
     }
+    state::save_mountpoint(&state, &mnt)?;
     let running = procs::members(&state, &mnt);
     let mut report = UpReport {
         mountpoint: mnt.clone(),

@@ -1,9 +1,12 @@
 //! What a local cluster's state directory records: the processes `up` started (role,
 //! PID, start time), each member's command line, and the addresses the servers listen
-//! on. `down`, `up` (bringing members back), `status` and `fsck` read it.
+//! on, and the mount point. `down`, `up` (bringing members back), `status` and `fsck`
+//! read it.
 
 use super::{io_err, ClusterError};
+use std::ffi::OsString;
 use std::fs;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
 /// Role of the metadata server in the pids file and the state directory.
@@ -146,6 +149,35 @@ pub fn save_cmd(state: &Path, role: &str, args: &[String]) -> Result<(), Cluster
     let mut text = args.join("\n");
     text.push('\n');
     fs::write(&file, text).map_err(io_err(format!("writing {}", file.display())))
+}
+
+/// The file that names the mount point of the cluster a state directory holds.
+fn mountpoint_file(state: &Path) -> PathBuf {
+    state.join("mountpoint")
+}
+
+/// Records the mount point `up` mounted, so that `down --state-dir DIR` needs no other
+/// argument.
+pub fn save_mountpoint(state: &Path, mnt: &Path) -> Result<(), ClusterError> {
+    let mut text = mnt.as_os_str().as_bytes().to_vec();
+    if text.contains(&b'\n') {
+        return Err(ClusterError::Other(format!(
+            "cannot record the mount point {}: its name contains a newline",
+            mnt.display()
+        )));
+    }
+    text.push(b'\n');
+    let file = mountpoint_file(state);
+    fs::write(&file, text).map_err(io_err(format!("writing {}", file.display())))
+}
+
+/// The mount point of the cluster in `state`: the one recorded by `up`, or for a state
+/// directory from before that record, the last argument of the mount's command line.
+pub fn recorded_mountpoint(state: &Path) -> Option<PathBuf> {
+    let from_record = fs::read(mountpoint_file(state)).ok().and_then(|mut b| {
+        (b.pop() == Some(b'\n') && !b.is_empty()).then(|| PathBuf::from(OsString::from_vec(b)))
+    });
+    from_record.or_else(|| load_cmd(state, MOUNT)?.pop().map(PathBuf::from))
 }
 
 /// The command line `role` was last started with, if recorded.
