@@ -60,6 +60,10 @@ pub enum ClientError {
     /// (the library API's path walk: a name that is not a directory, say).
     #[error("{0}")]
     Refused(WireError),
+    /// `SEEK_DATA` or `SEEK_HOLE` from the file's end or past it, or `SEEK_DATA` with
+    /// nothing but holes after the offset.
+    #[error("no data or hole there: {0}")]
+    PastEnd(String),
     /// A handle that is closed, not open for the call (a write through a read-only
     /// open), or a connection used in a process forked from the one that made it.
     #[error("bad handle: {0}")]
@@ -84,7 +88,9 @@ impl ClientError {
             ClientError::Interrupted(_) => ErrorCode::Interrupted,
             // Only the library API meets these (the kernel resolves a mount's paths and
             // checks its handles itself): `errno` tells them apart.
-            ClientError::SymlinkLoop(_) | ClientError::BadHandle(_) => ErrorCode::InvalidArgument,
+            ClientError::SymlinkLoop(_) | ClientError::BadHandle(_) | ClientError::PastEnd(_) => {
+                ErrorCode::InvalidArgument
+            }
             ClientError::Refused(e) => e.code,
         }
     }
@@ -94,6 +100,7 @@ impl ClientError {
         match self {
             ClientError::SymlinkLoop(_) => libc::ELOOP,
             ClientError::BadHandle(_) => libc::EBADF,
+            ClientError::PastEnd(_) => libc::ENXIO,
             e => errno(e.code()),
         }
     }

@@ -16,5 +16,5 @@ mod segpool;
 pub use client::{Client, FsStats, LockHow, OpenedByName};
 pub use config::ClientConfig;
 pub use error::{ClientError, Result};
-pub use file::{FileHandle, ReadBuf};
+pub use file::{FileHandle, ReadBuf, Seek};
 pub use rpc::RpcCounts;

@@ -62,6 +62,69 @@ crate::rpc_requests! {
         // Last, so that the others keep their wire tags.
         ReadInline => InlineBytes, "read_inline", idempotent: true;
         WriteRanges => Moved, "write_ranges", idempotent: true;
+        ChunkData => Option<DataBlocks>, "chunk_data", idempotent: true;
+    }
+}
+
+/// Which blocks of a chunk hold data (`SEEK_DATA`, `SEEK_HOLE`); `None` when this member
+/// has no copy of the chunk (all of it a hole). A block never written is a hole, and so
+/// is a written block whose bytes are all zeros (a hole punched inside a block's range,
+/// zeros written), as a hole reads: a file copied by its data ranges reads the same.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkData {
+    /// The chunk.
+    pub chunk: ChunkId,
+    /// Where the chunk lives: a member that is not serving it refuses with `Stale`.
+    pub place: Placement,
+    /// The file's chunk size.
+    pub chunk_size_bytes: u32,
+    /// The metadata server's grant for the chunk's file (`None` only where the cluster
+    /// runs without keys).
+    pub grant: Option<Grant>,
+}
+
+/// Most data runs a [`DataBlocks`] holds: a chunk has at most 1,024 blocks, so at most
+/// 512 runs; a reply with more is refused.
+pub const MAX_DATA_RUNS: usize = 512;
+
+/// The answer to [`ChunkData`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataBlocks {
+    /// Bytes per block of this copy (its format's checksum block).
+    pub block_bytes: u32,
+    /// Runs `[first, end)` of block indexes that hold data, sorted and disjoint; every
+    /// other block is a hole.
+    pub runs: Vec<(u32, u32)>,
+}
+
+impl DataBlocks {
+    /// The chunk offsets `[start, end)` of the data runs. A data block counts whole,
+    /// as a local file system's does: the zeros after the last byte written in it are
+    /// data too.
+    fn ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let bs = u64::from(self.block_bytes);
+        let at = move |b: u32| u64::from(b).saturating_mul(bs);
+        self.runs.iter().map(move |&(a, b)| (at(a), at(b)))
+    }
+
+    /// The first byte at or after chunk offset `from` that holds data, if any.
+    pub fn data_from(&self, from: u64) -> Option<u64> {
+        self.ranges()
+            .find(|&(_, end)| end > from)
+            .map(|(start, _)| start.max(from))
+    }
+
+    /// The first byte at or after chunk offset `from` of a hole (the chunk's end, or
+    /// past it, when none is before).
+    pub fn hole_from(&self, from: u64) -> u64 {
+        let mut at = from;
+        for (start, end) in self.ranges() {
+            if start > at {
+                break;
+            }
+            at = at.max(end);
+        }
+        at
     }
 }
 
@@ -369,6 +432,28 @@ pub struct DiskUsage {
 mod tests {
     use super::*;
     use crate::codec;
+
+    #[test]
+    fn data_and_holes_of_a_chunk_follow_its_block_runs() {
+        let b = DataBlocks {
+            block_bytes: 4096,
+            runs: vec![(1, 3), (3, 4), (10, 11)],
+        };
+        assert_eq!(b.data_from(0), Some(4096));
+        assert_eq!(b.data_from(5000), Some(5000));
+        assert_eq!(b.data_from(4 * 4096), Some(10 * 4096));
+        assert_eq!(b.data_from(11 * 4096), None);
+        assert_eq!(b.hole_from(0), 0);
+        assert_eq!(b.hole_from(4096), 4 * 4096, "touching runs are one");
+        assert_eq!(b.hole_from(10 * 4096 + 1), 11 * 4096);
+        assert_eq!(b.hole_from(20 * 4096), 20 * 4096);
+        // Block numbers past any chunk do not overflow.
+        let far = DataBlocks {
+            block_bytes: u32::MAX,
+            runs: vec![(u32::MAX - 1, u32::MAX)],
+        };
+        assert!(far.data_from(0).is_some() && far.hole_from(u64::MAX) == u64::MAX);
+    }
 
     #[test]
     fn an_inline_write_round_trips_and_fits_its_limit() {

@@ -49,8 +49,8 @@ pub use rpc::{Request, Rpc, RpcResult};
 /// and the POSIX ACL attribute names. 28: `Unlink` answers `Unlinked` (the file and its
 /// links left, beside the directory's change). 29: `XattrMode::Neither` (both
 /// `setxattr` flags). 30: `SetLock::waits` and `ErrorCode::Deadlock` (`F_SETLKW`
-/// deadlock detection).
-pub const PROTOCOL_VERSION: u16 = 30;
+/// deadlock detection). 31: `ChunkData` (`SEEK_DATA`, `SEEK_HOLE`).
+pub const PROTOCOL_VERSION: u16 = 31;
 
 /// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
 pub const MAX_NAME_BYTES: usize = 255;

@@ -10,7 +10,7 @@
 use bytes::Bytes;
 use proto::auth::Caps;
 use proto::data::{
-    InlineBytes, ListChunks, Placement, ReadChunk, ReadInline, ReplicaData, Replicate,
+    ChunkData, InlineBytes, ListChunks, Placement, ReadChunk, ReadInline, ReplicaData, Replicate,
     TruncateFile, WriteInline,
 };
 use proto::grant::{seal, unix_ms, Grant, GrantMode};
@@ -204,6 +204,18 @@ async fn bad_grants_are_refused(transport: Backend, ino: InodeId) {
         Ok(4096),
         "a read grant reads inline"
     );
+    // Which blocks hold data (`SEEK_DATA`) is a read too.
+    let blocks = |grant: Option<Grant>| ChunkData {
+        chunk,
+        place,
+        chunk_size_bytes: 4 << 20,
+        grant,
+    };
+    assert_eq!(
+        call(&data, blocks(None)).await,
+        Some(ErrorCode::GrantMissing)
+    );
+    assert_eq!(call(&data, blocks(read_only.clone())).await, None);
     // The same grants that are right pass: a read-only one reads, a writable one writes.
     assert_eq!(call(&data, read(read_only)).await, None);
     assert_eq!(
@@ -212,7 +224,7 @@ async fn bad_grants_are_refused(transport: Backend, ino: InodeId) {
     );
 
     for (reason, want) in [
-        ("missing", 4),
+        ("missing", 5),
         ("wrong_file", 3),
         ("forged", 6),
         ("expired", 3),

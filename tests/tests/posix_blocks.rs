@@ -136,8 +136,7 @@ fn dense_small_cut_and_punched_files_count_what_they_hold() {
 
 /// Guards against `cp --sparse=always` onto the mount filling the holes it skips.
 /// cp finds the source's holes with `SEEK_HOLE`/`SEEK_DATA` and also skips runs of
-/// zeros it reads (the mount answers `SEEK_DATA` as the kernel's default: all data), so
-/// a copy from the mount stays sparse too, at the cost of reading its holes.
+/// zeros it reads, so a copy from the mount stays sparse too.
 #[test]
 fn cp_sparse_always_onto_the_mount_stays_sparse() {
     let cluster = ProcessCluster::start(1);

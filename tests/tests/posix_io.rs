@@ -9,7 +9,7 @@ use std::alloc::{self, Layout};
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
-use tessera_tests::posix::{errno_of, lseek, times, with_shared_map};
+use tessera_tests::posix::{errno_of, fallocate, lseek, times, with_shared_map};
 use tessera_tests::{pseudo_random, sha256_hex, ProcessCluster};
 
 const MIB: usize = 1 << 20;
@@ -266,6 +266,86 @@ fn seek_data_and_seek_hole_answers_are_valid() {
     let e = lseek(&empty, 0, libc::SEEK_DATA);
     assert_eq!(errno_of("SEEK_DATA in an empty file", e), libc::ENXIO);
     assert_eq!(lseek(&f, 0, libc::SEEK_END).unwrap(), size);
+    // The holes themselves, as a local file system finds them (written bytes count
+    // by 4 KiB blocks; the chunks in between hold nothing), before and after a close,
+    // and from another mount.
+    let g = cluster.mount("other");
+    let other = File::open(g.path.join("sparse")).unwrap();
+    for f in [&f, &other] {
+        let at = |off: u64, whence| lseek(f, off as i64, whence).unwrap();
+        assert_eq!(at(0, libc::SEEK_HOLE), m1);
+        assert_eq!(at(m1, libc::SEEK_DATA), 9 * m1);
+        assert_eq!(at(5 * m1 + 7, libc::SEEK_DATA), 9 * m1);
+        assert_eq!(at(9 * m1, libc::SEEK_HOLE), size);
+    }
+}
+
+/// Guards against holes reported where bytes are, and data where a local file system
+/// finds holes (the answers fstests' `seek_sanity_test` checks once a hole is found):
+/// writes still buffered in the mount count as data; a hole punched into data, blocks
+/// written with zeros and a range reserved by `fallocate` are holes; a copy of the file
+/// by its data ranges (`cp`, which seeks when `st_blocks` shows the file sparse: here
+/// whole chunks hold nothing) reads the same and stays sparse on the local disk.
+#[test]
+fn seek_data_and_seek_hole_find_holes_a_local_file_system_finds() {
+    const K4: u64 = 4096;
+    let cluster = ProcessCluster::start(3);
+    let m = cluster.mount("mnt");
+    let p = m.path.join("holes");
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&p)
+        .unwrap();
+    let m1 = MIB as u64;
+    // [0, 1 MiB) data with [256 KiB, 512 KiB) punched out; [1 MiB, 1 MiB + 64 KiB)
+    // written as zeros; fallocated [2 MiB, 6 MiB) with one block of data at 5 MiB;
+    // 64 MiB long. Nothing closed or flushed before the seeks.
+    f.write_all_at(&pseudo_random(MIB, 3), 0).unwrap();
+    fallocate(
+        &f,
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        m1 / 4,
+        m1 / 4,
+    )
+    .unwrap();
+    f.write_all_at(&vec![0; 64 << 10], m1).unwrap();
+    fallocate(&f, 0, 2 * m1, 4 * m1).unwrap();
+    f.write_all_at(b"five", 5 * m1).unwrap();
+    f.set_len(64 * m1).unwrap();
+    let at = |off: u64, whence| lseek(&f, off as i64, whence).unwrap();
+    for (off, data, hole) in [
+        (0, 0, m1 / 4),
+        (m1 / 4 - 1, m1 / 4 - 1, m1 / 4),
+        (m1 / 4, m1 / 2, m1 / 4),
+        (m1 / 2, m1 / 2, m1),
+        (m1, 5 * m1, m1),
+        (3 * m1, 5 * m1, 3 * m1),
+        (5 * m1 + 1, 5 * m1 + 1, 5 * m1 + K4),
+    ] {
+        assert_eq!(at(off, libc::SEEK_DATA), data, "SEEK_DATA({off})");
+        assert_eq!(at(off, libc::SEEK_HOLE), hole, "SEEK_HOLE({off})");
+    }
+    let e = lseek(&f, (5 * m1 + K4) as i64, libc::SEEK_DATA);
+    assert_eq!(errno_of("SEEK_DATA after the last data", e), libc::ENXIO);
+    drop(f);
+    let local = cluster.dir().join("holes-copy");
+    let out = std::process::Command::new("cp")
+        .arg(&p)
+        .arg(&local)
+        .output()
+        .unwrap();
+    tessera_tests::posix::check_output("cp", &out);
+    assert_eq!(
+        sha256_hex(&fs::read(&local).unwrap()),
+        sha256_hex(&fs::read(&p).unwrap())
+    );
+    let stored = std::os::unix::fs::MetadataExt::blocks(&fs::metadata(&local).unwrap()) * 512;
+    assert!(
+        stored < 2 * m1,
+        "the local copy stores {stored} bytes of a 64 MiB file"
+    );
 }
 
 /// File ioctls (here `FS_IOC_GETFLAGS`, as `lsattr` sends it) fail with ENOTTY, and

@@ -26,9 +26,10 @@ use chain::{ChainWrite, Source};
 use locks::ChunkLocks;
 use pause::PausePoint;
 use proto::data::{
-    fits_inline, ChunkInfo, ChunkMeta, DataRequest, DeleteFile, DiskUsage, Fsync, InlineBytes,
-    ListChunks, Moved, Placement, ReadChunk, ReadInline, Repair, ReplicaData, Replicate,
-    TruncateFile, Usage, WriteChunk, WriteInline, WriteRanges, WriteZeros, MAX_INLINE_WRITE_BYTES,
+    fits_inline, ChunkData, ChunkInfo, ChunkMeta, DataRequest, DeleteFile, DiskUsage, Fsync,
+    InlineBytes, ListChunks, Moved, Placement, ReadChunk, ReadInline, Repair, ReplicaData,
+    Replicate, TruncateFile, Usage, WriteChunk, WriteInline, WriteRanges, WriteZeros,
+    MAX_INLINE_WRITE_BYTES,
 };
 use proto::grant::GrantMode;
 use proto::{codec, rpc, ChunkId, ProtoError, RemoteBuf, Request, Rpc, WireError};
@@ -273,6 +274,7 @@ impl Inner {
             D::WriteInline(r) => answer(self.write_inline(conn, r).await, limit),
             D::WriteRanges(r) => answer(self.write_ranges(conn, r).await, limit),
             D::ReadInline(r) => answer(self.read_inline(conn, r).await, limit),
+            D::ChunkData(r) => answer(self.chunk_data(r).await, limit),
             D::WriteZeros(r) => answer(self.write_zeros(conn, r).await, limit),
             D::Replicate(r) => answer(self.replicate_in(conn, r).await, limit),
             D::ChunkInfo(r) => answer(self.chunk_info(r).await, limit),
@@ -301,6 +303,7 @@ impl Inner {
             D::WriteInline(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, ReadWrite),
             D::WriteRanges(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, ReadWrite),
             D::ReadInline(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, Read),
+            D::ChunkData(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, Read),
             D::WriteZeros(r) => g.chunk_access(conn, r.grant.as_ref(), r.chunk.inode, ReadWrite),
             // A cut grant allows a truncation to its own length.
             D::TruncateFile(r) => g.chunk_access(
@@ -437,6 +440,24 @@ impl Inner {
         let len = self.head_write(conn, w).await?;
         debug!(%chunk, count, len, "written in ranges");
         Ok(Moved { len })
+    }
+
+    /// Which blocks of a chunk hold data: read as a read is (a stale copy refuses).
+    async fn chunk_data(&self, r: ChunkData) -> Reply<ChunkData> {
+        let ChunkData {
+            chunk,
+            place,
+            chunk_size_bytes,
+            grant: _,
+        } = r;
+        let _lock = self.lock_for_read(chunk, place).await?;
+        let store = self.store.clone();
+        blocking(move || {
+            let found = store.data_blocks(chunk, chunk_size_bytes);
+            chain::readable_copy(&store, chunk)?;
+            found
+        })
+        .await
     }
 
     async fn write_zeros(&self, conn: &Connection, r: WriteZeros) -> Reply<WriteZeros> {

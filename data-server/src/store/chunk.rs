@@ -256,6 +256,41 @@ impl ChunkFile {
         read_entries(&self.file, self.geo, (0, self.geo.blocks - 1), &self.path)
     }
 
+    /// Runs `[first, end)` of the blocks below the data's end that hold data. A block
+    /// never written is a hole, and so is a written block whose bytes are all zeros: its
+    /// entry names the zero block's crc, and its bytes are read to be sure (a block of
+    /// data whose crc matched would otherwise be called a hole, and a copy by data
+    /// ranges would lose it). Any other entry counts as data, pending and damaged ones
+    /// too (a read tells which).
+    pub fn data_blocks(&self) -> Result<Vec<(u32, u32)>, DataError> {
+        if self.data_len == 0 {
+            return Ok(Vec::new());
+        }
+        let geo = self.geo;
+        let last = geo.block_of(self.data_len - 1);
+        let entries = read_entries(&self.file, geo, (0, last), &self.path)?;
+        let zero_crc = geo.block_crc(&[]);
+        let mut block = Vec::new();
+        let mut runs: Vec<(u32, u32)> = Vec::new();
+        for (b, &entry) in (0u32..).zip(&entries) {
+            let data = match entry {
+                Entry::Unwritten => false,
+                Entry::Stable(crc) if crc == zero_crc => {
+                    block.resize(geo.block_size as usize, 0);
+                    self.load_block(b, entry, &mut block)?;
+                    block.iter().any(|&x| x != 0)
+                }
+                _ => true,
+            };
+            match runs.last_mut() {
+                Some(run) if data && run.1 == b => run.1 = b + 1,
+                _ if data => runs.push((b, b + 1)),
+                _ => {}
+            }
+        }
+        Ok(runs)
+    }
+
     /// Bytes this chunk is charged against the store's capacity.
     pub fn accounted(&self) -> Result<u64, DataError> {
         let raw = read_table_bytes(&self.file, self.geo, &self.path)?;

@@ -356,6 +356,36 @@ fn holes_and_missing_chunks_read_as_zeros() {
     assert_eq!(s.usage().unwrap().chunks, 1);
 }
 
+/// Guards `SEEK_DATA`/`SEEK_HOLE` against holes where bytes are: blocks never written
+/// and blocks written with zeros are holes, a block with one byte of data is data, and
+/// a missing chunk has no blocks at all.
+#[test]
+fn data_blocks_name_the_blocks_with_bytes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = ChunkStore::open(tmp.path(), BIG).unwrap();
+    let c = chunk(8, 0);
+    assert_eq!(s.data_blocks(c, MIB).unwrap(), None);
+    s.write(c, MIB, 0, &[1; 8192]).unwrap();
+    s.write(c, MIB, 8192, &[0; 8192]).unwrap();
+    s.write(c, MIB, 5 * 4096 + 4095, &[2]).unwrap();
+    s.write(c, MIB, 40_000, &[3; 10]).unwrap();
+    let got = s.data_blocks(c, MIB).unwrap().unwrap();
+    assert_eq!(got.block_bytes, 4096);
+    assert_eq!(got.runs, [(0, 2), (5, 6), (9, 10)]);
+    // Data zeroed again is a hole; an empty chunk holds none.
+    s.write(c, MIB, 0, &[0; 8192]).unwrap();
+    assert_eq!(
+        s.data_blocks(c, MIB).unwrap().unwrap().runs,
+        [(5, 6), (9, 10)]
+    );
+    s.write(chunk(9, 0), MIB, 10, &[]).unwrap();
+    let empty = s.data_blocks(chunk(9, 0), MIB).unwrap();
+    assert!(
+        empty.as_ref().is_none_or(|b| b.runs.is_empty()),
+        "{empty:?}"
+    );
+}
+
 #[test]
 fn partial_block_writes_merge_with_what_is_stored() {
     let tmp = tempfile::tempdir().unwrap();

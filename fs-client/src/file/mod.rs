@@ -19,10 +19,12 @@ mod read;
 mod read_plan;
 mod readahead;
 mod replicas;
+mod seek;
 mod write;
 
 pub(crate) use append::{APPEND_LINGER_MS, MAX_APPEND_LINGER_MS};
 pub use read::ReadBuf;
+pub use seek::Seek;
 
 use crate::client::Client;
 use crate::config::AtimeMode;

@@ -18,8 +18,9 @@ use crate::error::{ClientError, Result};
 use crate::metrics::FailoverOp;
 use crate::rpc;
 use proto::data::{
-    fits_inline, fits_ranges, Fsync, InlineRange, Moved, Placement, ReadChunk, ReadInline,
-    TruncateFile, WriteChunk, WriteInline, WriteRanges, WriteZeros,
+    fits_inline, fits_ranges, ChunkData, DataBlocks, Fsync, InlineRange, Moved, Placement,
+    ReadChunk, ReadInline, TruncateFile, WriteChunk, WriteInline, WriteRanges, WriteZeros,
+    MAX_DATA_RUNS,
 };
 use proto::meta::{ClusterMap, WATCH_AFTER, WATCH_EVERY};
 use proto::{ChainId, ChunkId, InodeId, Layout, NodeId};
@@ -362,6 +363,51 @@ impl DataPath {
                     Err(e) => {
                         debug!(error = %e, %node, chunk = %p.chunk, "read failed, trying another member");
                         tried.failed(node);
+                        last = Some(e);
+                    }
+                }
+            }
+            Err(last.unwrap_or_else(|| unavailable("no member answered".into())))
+        })
+        .await
+    }
+
+    /// Which blocks of chunk `index` of file `ino` hold data (`None`: no copy, all a
+    /// hole), from a serving member of its chain, trying the others when one fails.
+    pub(super) async fn chunk_data(
+        &self,
+        layout: &Layout,
+        ino: InodeId,
+        index: u64,
+    ) -> Result<Option<DataBlocks>> {
+        let chain = layout
+            .chain_for(index)
+            .ok_or_else(|| ClientError::NoDataServers("file has no data servers".into()))?;
+        let chunk = ChunkId { inode: ino, index };
+        self.with_failover("seek", ino, |map, grant| async move {
+            let mut last = None;
+            for node in read_order(&map, layout.replicas, chain)? {
+                let req = ChunkData {
+                    chunk,
+                    place: Self::placement(&map, layout, chain),
+                    chunk_size_bytes: layout.chunk_size_bytes,
+                    grant: grant.clone(),
+                };
+                let call = async {
+                    let conn = self.data_conn(node).await?;
+                    self.unless_down(node, rpc::data_call(&self.ep, &conn, req))
+                        .await
+                };
+                match call.await {
+                    Ok(Some(b)) if b.runs.len() > MAX_DATA_RUNS => {
+                        return Err(ClientError::Protocol(format!(
+                            "{node} named {} data runs in {chunk}, more than {MAX_DATA_RUNS}",
+                            b.runs.len()
+                        )))
+                    }
+                    Ok(blocks) => return Ok(blocks),
+                    Err(e) => {
+                        debug!(error = %e, %node, %chunk, "chunk data failed, trying another member");
                         last = Some(e);
                     }
                 }

@@ -10,11 +10,12 @@ use super::{errno, is_stats_xattr, Freshness, TesseraFs};
 use crate::client::LockHow;
 use crate::config::AtimeMode;
 use crate::error::ClientError;
+use crate::file::Seek;
 use fuser::{
     AccessFlags, Errno, FileHandle as Fh, FopenFlags, Generation, INodeNo, IoctlFlags,
     KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use proto::meta::{LockKind, RenameMode, XattrMode};
 use proto::{ErrorCode, FileKind, InodeId, SetAttr};
@@ -745,6 +746,35 @@ impl fuser::Filesystem for TesseraFs {
                 Err(e) => Err(e),
             };
             finish(reply, r, |reply, ()| reply.ok())
+        });
+    }
+
+    /// The kernel asks only for `SEEK_DATA` and `SEEK_HOLE`; it answers the other
+    /// whences itself.
+    fn lseek(
+        &self,
+        req: &Request,
+        _i: INodeNo,
+        fh: Fh,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let what = match whence {
+            libc::SEEK_DATA => Seek::Data,
+            libc::SEEK_HOLE => Seek::Hole,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let Ok(offset) = u64::try_from(offset) else {
+            return reply.error(Errno::ENXIO);
+        };
+        let inner = self.inner.clone();
+        self.spawn(req, async move {
+            let r = match inner.file(fh.0) {
+                Ok(file) => inner.client.seek(&file, offset, what).await,
+                Err(e) => Err(e),
+            };
+            finish(reply, r, |reply, at| reply.offset(at as i64))
         });
     }
 

@@ -3,13 +3,13 @@
 
 use super::attr::fuse_attr;
 use super::dir::Listed;
-use super::{errno, Inner};
+use super::Inner;
 use crate::error::ClientError;
 use crate::file::FileHandle;
 use fuser::{
     Errno, FileHandle as Fh, Generation, INodeNo, LockOwner, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 use proto::meta::{LockKind, LockSpec, OpenAccess};
 use proto::{Attr, FileKind, InodeId, TimeSet, Timestamp};
@@ -33,6 +33,7 @@ impl_fail!(
     ReplyEmpty,
     ReplyEntry,
     ReplyLock,
+    ReplyLseek,
     ReplyOpen,
     ReplyStatfs,
     ReplyWrite,
@@ -45,7 +46,7 @@ pub(super) fn finish<R: Fail, T>(reply: R, r: Result<T, ClientError>, ok: impl F
         Ok(v) => ok(reply, v),
         Err(e) => {
             debug!(error = %e, "request failed");
-            reply.fail(errno(e.code()))
+            reply.fail(Errno::from_i32(e.errno()))
         }
     }
 }
