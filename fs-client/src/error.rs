@@ -86,8 +86,10 @@ impl ClientError {
             ClientError::NoXattr(_) => ErrorCode::NoData,
             ClientError::OpenLost(_) => ErrorCode::Io,
             ClientError::Interrupted(_) => ErrorCode::Interrupted,
-            // Only the library API meets these (the kernel resolves a mount's paths and
-            // checks its handles itself): `errno` tells them apart.
+            // No code of the wire's fits these (ELOOP, EBADF, ENXIO): `errno` tells them
+            // apart, and the mount and the Python package answer with it. The first two
+            // only the library API meets (the kernel resolves a mount's paths and checks
+            // its handles itself), the third a mount's `SEEK_DATA`/`SEEK_HOLE`.
             ClientError::SymlinkLoop(_) | ClientError::BadHandle(_) | ClientError::PastEnd(_) => {
                 ErrorCode::InvalidArgument
             }

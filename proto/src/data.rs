@@ -98,6 +98,33 @@ pub struct DataBlocks {
 }
 
 impl DataBlocks {
+    /// Checks the answer against a chunk of `chunk_size` bytes, as its reader must
+    /// before trusting it: a block size that is a power of two of at least 512 bytes and
+    /// divides the chunk, at most [`MAX_DATA_RUNS`] runs, each non-empty, in order,
+    /// apart from the one before and inside the chunk. A run past the chunk would move
+    /// a seek's answer into a later chunk, over its data.
+    pub fn check(&self, chunk_size: u32) -> Result<(), String> {
+        let bs = self.block_bytes;
+        if !bs.is_power_of_two() || bs < 512 || !chunk_size.is_multiple_of(bs) {
+            return Err(format!("block size {bs} for a chunk of {chunk_size} bytes"));
+        }
+        if self.runs.len() > MAX_DATA_RUNS {
+            return Err(format!(
+                "{} runs, more than {MAX_DATA_RUNS}",
+                self.runs.len()
+            ));
+        }
+        let blocks = chunk_size / bs;
+        let mut prev_end = 0;
+        for (i, &(a, b)) in self.runs.iter().enumerate() {
+            if a >= b || b > blocks || (i > 0 && a < prev_end) {
+                return Err(format!("run {a}..{b} after {prev_end} in {blocks} blocks"));
+            }
+            prev_end = b;
+        }
+        Ok(())
+    }
+
     /// The chunk offsets `[start, end)` of the data runs. A data block counts whole,
     /// as a local file system's does: the zeros after the last byte written in it are
     /// data too.
@@ -447,12 +474,21 @@ mod tests {
         assert_eq!(b.hole_from(4096), 4 * 4096, "touching runs are one");
         assert_eq!(b.hole_from(10 * 4096 + 1), 11 * 4096);
         assert_eq!(b.hole_from(20 * 4096), 20 * 4096);
-        // Block numbers past any chunk do not overflow.
-        let far = DataBlocks {
-            block_bytes: u32::MAX,
-            runs: vec![(u32::MAX - 1, u32::MAX)],
-        };
-        assert!(far.data_from(0).is_some() && far.hole_from(u64::MAX) == u64::MAX);
+        assert_eq!(b.check(1 << 20), Ok(()));
+        // What a client must not trust: runs past the chunk, out of order, overlapping
+        // or empty, and block sizes that do not divide it.
+        for (block_bytes, runs) in [
+            (4096, vec![(255, 257)]),
+            (4096, vec![(5, 6), (1, 2)]),
+            (4096, vec![(1, 4), (3, 5)]),
+            (4096, vec![(2, 2)]),
+            (0, vec![]),
+            (3000, vec![]),
+            (1 << 21, vec![]),
+        ] {
+            let bad = DataBlocks { block_bytes, runs };
+            assert!(bad.check(1 << 20).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

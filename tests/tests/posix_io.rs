@@ -267,8 +267,8 @@ fn seek_data_and_seek_hole_answers_are_valid() {
     assert_eq!(errno_of("SEEK_DATA in an empty file", e), libc::ENXIO);
     assert_eq!(lseek(&f, 0, libc::SEEK_END).unwrap(), size);
     // The holes themselves, as a local file system finds them (written bytes count
-    // by 4 KiB blocks; the chunks in between hold nothing), before and after a close,
-    // and from another mount.
+    // by 4 KiB blocks; the chunks in between hold nothing), through the writer's
+    // descriptor and from another mount.
     let g = cluster.mount("other");
     let other = File::open(g.path.join("sparse")).unwrap();
     for f in [&f, &other] {
@@ -278,6 +278,63 @@ fn seek_data_and_seek_hole_answers_are_valid() {
         assert_eq!(at(5 * m1 + 7, libc::SEEK_DATA), 9 * m1);
         assert_eq!(at(9 * m1, libc::SEEK_HOLE), size);
     }
+}
+
+/// Guards against a seek that holds the file (the kernel's inode lock) for as long as
+/// its holes are long: over a hole of 20 GiB in a 1 TiB file each `SEEK_DATA` asks
+/// about a bounded number of chunks and answers where it stopped, and `cp`'s loop of
+/// seeks from each answer reaches the data.
+#[test]
+fn a_seek_across_a_huge_hole_answers_in_bounded_steps() {
+    const GIB: u64 = 1 << 30;
+    let cluster = ProcessCluster::start(1);
+    let m = cluster.mount("mnt");
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(m.path.join("huge"))
+        .unwrap();
+    f.set_len(1 << 40).unwrap();
+    f.write_all_at(b"needle", 20 * GIB).unwrap();
+    let (mut pos, mut seeks) = (0, 0);
+    while pos < 20 * GIB {
+        let data = lseek(&f, pos as i64, libc::SEEK_DATA).unwrap();
+        assert!(data > pos || data == 20 * GIB, "SEEK_DATA({pos}) = {data}");
+        assert!(data <= 20 * GIB, "SEEK_DATA({pos}) = {data} past the data");
+        pos = data;
+        seeks += 1;
+        assert!(seeks <= 20, "{seeks} seeks and still at {pos}");
+    }
+    assert!(seeks > 1, "one seek crossed 20 GiB of chunks");
+    assert_eq!(lseek(&f, (20 * GIB) as i64, libc::SEEK_HOLE).unwrap(), 20 * GIB + 4096);
+    let mut got = [0u8; 6];
+    f.read_exact_at(&mut got, 20 * GIB).unwrap();
+    assert_eq!(&got, b"needle");
+}
+
+/// Guards against seeks that skip writes the kernel holds: with the writeback cache the
+/// kernel asks `SEEK_DATA`/`SEEK_HOLE` of the mount without writing its dirty pages
+/// back, so the mount leaves both to the kernel (all data, the hole at the end).
+#[test]
+fn with_the_writeback_cache_seeks_see_every_write() {
+    let cluster = ProcessCluster::start(1);
+    let m = cluster.mount_with_config("wb", "writeback_cache = true\n");
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(m.path.join("cached"))
+        .unwrap();
+    let m1 = MIB as u64;
+    f.write_all_at(&[7; 4096], 0).unwrap();
+    f.write_all_at(&[8; 4096], 9 * m1).unwrap();
+    let size = 9 * m1 + 4096;
+    assert_eq!(lseek(&f, 4096, libc::SEEK_DATA).unwrap(), 4096);
+    assert_eq!(lseek(&f, 9 * m1 as i64, libc::SEEK_DATA).unwrap(), 9 * m1);
+    assert_eq!(lseek(&f, 0, libc::SEEK_HOLE).unwrap(), size);
+    let e = lseek(&f, size as i64, libc::SEEK_DATA);
+    assert_eq!(errno_of("SEEK_DATA at the end", e), libc::ENXIO);
 }
 
 /// Guards against holes reported where bytes are, and data where a local file system

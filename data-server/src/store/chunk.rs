@@ -256,41 +256,6 @@ impl ChunkFile {
         read_entries(&self.file, self.geo, (0, self.geo.blocks - 1), &self.path)
     }
 
-    /// Runs `[first, end)` of the blocks below the data's end that hold data. A block
-    /// never written is a hole, and so is a written block whose bytes are all zeros: its
-    /// entry names the zero block's crc, and its bytes are read to be sure (a block of
-    /// data whose crc matched would otherwise be called a hole, and a copy by data
-    /// ranges would lose it). Any other entry counts as data, pending and damaged ones
-    /// too (a read tells which).
-    pub fn data_blocks(&self) -> Result<Vec<(u32, u32)>, DataError> {
-        if self.data_len == 0 {
-            return Ok(Vec::new());
-        }
-        let geo = self.geo;
-        let last = geo.block_of(self.data_len - 1);
-        let entries = read_entries(&self.file, geo, (0, last), &self.path)?;
-        let zero_crc = geo.block_crc(&[]);
-        let mut block = Vec::new();
-        let mut runs: Vec<(u32, u32)> = Vec::new();
-        for (b, &entry) in (0u32..).zip(&entries) {
-            let data = match entry {
-                Entry::Unwritten => false,
-                Entry::Stable(crc) if crc == zero_crc => {
-                    block.resize(geo.block_size as usize, 0);
-                    self.load_block(b, entry, &mut block)?;
-                    block.iter().any(|&x| x != 0)
-                }
-                _ => true,
-            };
-            match runs.last_mut() {
-                Some(run) if data && run.1 == b => run.1 = b + 1,
-                _ if data => runs.push((b, b + 1)),
-                _ => {}
-            }
-        }
-        Ok(runs)
-    }
-
     /// Bytes this chunk is charged against the store's capacity.
     pub fn accounted(&self) -> Result<u64, DataError> {
         let raw = read_table_bytes(&self.file, self.geo, &self.path)?;
@@ -473,7 +438,7 @@ impl ChunkFile {
     /// Reads whole blocks at file position `pos` (block-aligned): with `O_DIRECT` when the
     /// buffer is page-aligned, else (or if the file system refuses it) through the page
     /// cache. Zeros past the end of the file, as [`read_full_at`].
-    fn read_run(&self, dst: &mut [u8], pos: u64) -> std::io::Result<()> {
+    pub(super) fn read_run(&self, dst: &mut [u8], pos: u64) -> std::io::Result<()> {
         if let Some(direct) = self.direct_for(self.data_len, dst) {
             match read_direct_at(direct, dst, pos) {
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}

@@ -82,6 +82,7 @@ pub(crate) mod dirs;
 pub mod format;
 #[doc(hidden)]
 pub mod fuzzing;
+mod holes;
 mod io;
 mod node_id;
 mod removed;

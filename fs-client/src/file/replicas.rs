@@ -20,7 +20,6 @@ use crate::rpc;
 use proto::data::{
     fits_inline, fits_ranges, ChunkData, DataBlocks, Fsync, InlineRange, Moved, Placement,
     ReadChunk, ReadInline, TruncateFile, WriteChunk, WriteInline, WriteRanges, WriteZeros,
-    MAX_DATA_RUNS,
 };
 use proto::meta::{ClusterMap, WATCH_AFTER, WATCH_EVERY};
 use proto::{ChainId, ChunkId, InodeId, Layout, NodeId};
@@ -395,16 +394,18 @@ impl DataPath {
                 };
                 let call = async {
                     let conn = self.data_conn(node).await?;
-                    self.unless_down(node, rpc::data_call(&self.ep, &conn, req))
-                        .await
+                    let blocks = self
+                        .unless_down(node, rpc::data_call(&self.ep, &conn, req))
+                        .await?;
+                    // Checked before it is trusted: a wrong answer would skip data.
+                    if let Some(b) = &blocks {
+                        b.check(layout.chunk_size_bytes).map_err(|e| {
+                            ClientError::Protocol(format!("{node}'s data blocks of {chunk}: {e}"))
+                        })?;
+                    }
+                    Ok(blocks)
                 };
                 match call.await {
-                    Ok(Some(b)) if b.runs.len() > MAX_DATA_RUNS => {
-                        return Err(ClientError::Protocol(format!(
-                            "{node} named {} data runs in {chunk}, more than {MAX_DATA_RUNS}",
-                            b.runs.len()
-                        )))
-                    }
                     Ok(blocks) => return Ok(blocks),
                     Err(e) => {
                         debug!(error = %e, %node, %chunk, "chunk data failed, trying another member");

@@ -12,9 +12,17 @@ use super::FileHandle;
 use crate::error::{ClientError, Result};
 use crate::Client;
 
-/// Chunks asked about at once while a seek crosses holes: a run of chunks without data
-/// costs one round of this many calls to the data servers.
-const CHUNKS_IN_FLIGHT: u64 = 16;
+/// Chunks asked about at once while a seek crosses holes, reached by doubling from one:
+/// a seek answered by its first chunk (most of `cp`'s) costs one call, a run of chunks
+/// without data one round of this many calls.
+const MAX_CHUNKS_IN_FLIGHT: u64 = 16;
+
+/// Most chunks one seek asks about (16 GiB of 4 MiB chunks, a few hundred ms): the
+/// kernel holds the file's inode lock meanwhile, and a file may be exabytes long. A
+/// `SEEK_DATA` that runs out answers with the first chunk it did not ask about (the
+/// bytes before it are holes; a caller's next seek from there goes on), a `SEEK_HOLE`
+/// with the end of the file (always a hole).
+const MAX_CHUNKS_PER_SEEK: u64 = 4096;
 
 /// What a seek looks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,15 +38,14 @@ impl Client {
     /// Where the next data (or hole) at or after `offset` starts. Fails with
     /// [`ClientError::PastEnd`] (ENXIO) for an offset at or past the end, and for data
     /// asked after the last data. Writes buffered by this client count as data: they
-    /// are sent first. Pages another process changed through a shared `mmap` that the
-    /// kernel has not written back yet do not.
+    /// are sent first (one that failed is reported here, as by a write). Pages changed
+    /// through a shared `mmap` that the kernel has not written back yet do not count.
     pub async fn seek(&self, fh: &FileHandle, offset: u64, what: Seek) -> Result<u64> {
         let state = &fh.state;
         self.place_appends(state).await;
         self.flush_writes(state).await;
-        let mut attr = self.getattr_asked(state.ino).await?;
-        state.overlay(&mut attr);
-        let size = attr.size;
+        fh.check_write_error()?;
+        let size = self.getattr(state.ino).await?.size;
         if offset >= size {
             return Err(ClientError::PastEnd(format!(
                 "offset {offset} of a file of {size} bytes"
@@ -46,32 +53,41 @@ impl Client {
         }
         let cs = u64::from(state.layout.chunk_size_bytes);
         let last = (size - 1) / cs;
-        let mut first = offset / cs;
+        let (mut first, mut width) = (offset / cs, 1);
+        let budget_end = first.saturating_add(MAX_CHUNKS_PER_SEEK);
         while first <= last {
-            let batch: Vec<u64> = (first..=last.min(first + CHUNKS_IN_FLIGHT - 1)).collect();
+            if first >= budget_end {
+                return match what {
+                    Seek::Data => answer(what, first * cs, size, offset),
+                    Seek::Hole => answer(what, size, size, offset),
+                };
+            }
+            let batch: Vec<u64> =
+                (first..=last.min(first + width - 1).min(budget_end - 1)).collect();
             let asked = batch
                 .iter()
                 .map(|&i| self.data.chunk_data(&state.layout, state.ino, i));
-            let answers = futures::future::try_join_all(asked).await?;
-            for (&index, blocks) in batch.iter().zip(&answers) {
+            // In order: an answer in an earlier chunk stands whatever a later one did.
+            for (&index, blocks) in batch.iter().zip(futures::future::join_all(asked).await) {
                 let base = index * cs;
                 let from = offset.saturating_sub(base);
-                let found = match (what, blocks) {
+                let found = match (what, blocks?) {
                     (Seek::Data, None) => None,
                     (Seek::Data, Some(b)) => b.data_from(from),
                     (Seek::Hole, None) => Some(from),
-                    (Seek::Hole, Some(b)) => Some(b.hole_from(from)).filter(|&h| h < cs),
+                    (Seek::Hole, Some(b)) => Some(b.hole_from(from)),
                 };
-                if let Some(at) = found.map(|x| base + x) {
-                    return answer(what, at, size, offset);
+                // Past this chunk is the next chunk's to say (a hole ending here, say).
+                if let Some(at) = found.filter(|&x| x < cs) {
+                    return answer(what, base + at, size, offset);
                 }
             }
             first += batch.len() as u64;
+            width = (width * 2).min(MAX_CHUNKS_IN_FLIGHT);
         }
         answer(what, size, size, offset)
     }
 }
-
 /// The seek's answer for a first match at `at` in a file of `size` bytes: data at or past
 /// the end is none, a hole there is the end.
 fn answer(what: Seek, at: u64, size: u64, offset: u64) -> Result<u64> {

@@ -39,6 +39,10 @@ mod tests {
         ];
         for (e, want) in cases {
             assert_eq!(errno(e.code()), want, "{e}");
+            assert_eq!(Errno::from_i32(e.errno()), want, "{e}");
         }
+        // Errors no wire code names keep their own errno.
+        assert_eq!(E::PastEnd(String::new()).errno(), libc::ENXIO);
+        assert_eq!(E::BadHandle(String::new()).errno(), libc::EBADF);
     }
 }

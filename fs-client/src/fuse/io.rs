@@ -1,13 +1,14 @@
-//! The data callbacks of [`TesseraFs`] (read, write, flush, release): the
+//! The data callbacks of [`TesseraFs`] (read, write, lseek, flush, release): the
 //! `fuser::Filesystem` impl in `ops.rs` hands them here, where each answers at once
 //! when it can (a write that fits the buffers, a close with nothing to send) and
 //! spawns its work otherwise.
 
 use super::replies::{finish, ino};
-use super::{errno, TesseraFs};
+use super::TesseraFs;
+use crate::file::Seek;
 use fuser::{
-    FileHandle as Fh, INodeNo, LockOwner, OpenFlags, ReplyData, ReplyEmpty, ReplyWrite, Request,
-    WriteFlags,
+    Errno, FileHandle as Fh, INodeNo, LockOwner, OpenFlags, ReplyData, ReplyEmpty, ReplyLseek,
+    ReplyWrite, Request, WriteFlags,
 };
 use tracing::debug;
 
@@ -29,7 +30,7 @@ impl TesseraFs {
         self.spawn(req, async move {
             let file = match inner.file(fh.0) {
                 Ok(f) => f,
-                Err(e) => return reply.error(errno(e.code())),
+                Err(e) => return reply.error(Errno::from_i32(e.errno())),
             };
             let r = inner
                 .client
@@ -133,6 +134,42 @@ impl TesseraFs {
         });
     }
 
+    /// The kernel asks only for `SEEK_DATA` and `SEEK_HOLE` (it answers the other
+    /// whences itself), without writing its dirty pages back first. With the writeback
+    /// cache those pages hold writes the mount has not seen, so the answer would skip
+    /// them: ENOSYS then makes the kernel answer every later one itself (all data, a
+    /// hole at its own end of the file), which is always right.
+    pub(super) fn lseek_op(
+        &self,
+        req: &Request,
+        fh: Fh,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        if self.inner.writeback_on() {
+            return reply.error(Errno::ENOSYS);
+        }
+        let what = match whence {
+            libc::SEEK_DATA => Seek::Data,
+            libc::SEEK_HOLE => Seek::Hole,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let Ok(offset) = u64::try_from(offset) else {
+            return reply.error(Errno::ENXIO);
+        };
+        let inner = self.inner.clone();
+        self.spawn(req, async move {
+            let r = match inner.file(fh.0) {
+                Ok(file) => inner.client.seek(&file, offset, what).await,
+                Err(e) => Err(e),
+            };
+            finish(reply, r, |reply, at| {
+                reply.offset(i64::try_from(at).unwrap_or(i64::MAX))
+            })
+        });
+    }
+
     pub(super) fn flush_op(
         &self,
         req: &Request,
@@ -156,7 +193,7 @@ impl TesseraFs {
             // Closing any descriptor drops the process's POSIX locks on the file.
             inner.forget_lock_owner(fh.0, owner.0);
             if let Err(e) = inner.unlock_owner(ino(i), owner.0).await {
-                return reply.error(errno(e.code()));
+                return reply.error(Errno::from_i32(e.errno()));
             }
             let r = match inner.file(fh.0) {
                 Ok(file) => inner.flushed(&file, inner.client.flush(&file).await),

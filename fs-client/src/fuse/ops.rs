@@ -10,7 +10,6 @@ use super::{errno, is_stats_xattr, Freshness, TesseraFs};
 use crate::client::LockHow;
 use crate::config::AtimeMode;
 use crate::error::ClientError;
-use crate::file::Seek;
 use fuser::{
     AccessFlags, Errno, FileHandle as Fh, FopenFlags, Generation, INodeNo, IoctlFlags,
     KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
@@ -749,8 +748,6 @@ impl fuser::Filesystem for TesseraFs {
         });
     }
 
-    /// The kernel asks only for `SEEK_DATA` and `SEEK_HOLE`; it answers the other
-    /// whences itself.
     fn lseek(
         &self,
         req: &Request,
@@ -760,22 +757,7 @@ impl fuser::Filesystem for TesseraFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        let what = match whence {
-            libc::SEEK_DATA => Seek::Data,
-            libc::SEEK_HOLE => Seek::Hole,
-            _ => return reply.error(Errno::EINVAL),
-        };
-        let Ok(offset) = u64::try_from(offset) else {
-            return reply.error(Errno::ENXIO);
-        };
-        let inner = self.inner.clone();
-        self.spawn(req, async move {
-            let r = match inner.file(fh.0) {
-                Ok(file) => inner.client.seek(&file, offset, what).await,
-                Err(e) => Err(e),
-            };
-            finish(reply, r, |reply, at| reply.offset(at as i64))
-        });
+        self.lseek_op(req, fh, offset, whence, reply)
     }
 
     fn getlk(
