@@ -307,7 +307,10 @@ fn a_seek_across_a_huge_hole_answers_in_bounded_steps() {
         assert!(seeks <= 20, "{seeks} seeks and still at {pos}");
     }
     assert!(seeks > 1, "one seek crossed 20 GiB of chunks");
-    assert_eq!(lseek(&f, (20 * GIB) as i64, libc::SEEK_HOLE).unwrap(), 20 * GIB + 4096);
+    assert_eq!(
+        lseek(&f, (20 * GIB) as i64, libc::SEEK_HOLE).unwrap(),
+        20 * GIB + 4096
+    );
     let mut got = [0u8; 6];
     f.read_exact_at(&mut got, 20 * GIB).unwrap();
     assert_eq!(&got, b"needle");

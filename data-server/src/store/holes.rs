@@ -8,12 +8,38 @@
 //! blocks are read and looked at. Every other entry counts as data, pending and damaged
 //! ones too (a read tells which).
 
-use super::chunk::ChunkFile;
-use super::format::{read_entries, Entry};
+use super::chunk::{ChunkFile, Opened};
+use super::format::{read_entries, Entry, Geometry};
+use super::ChunkStore;
 use crate::error::{DataError, IoContext};
+use proto::ChunkId;
 
 /// Most blocks of zeros read in one `pread` while checking them: 64 blocks of 4 KiB.
 const ZERO_CHECK_BLOCKS: usize = 64;
+
+impl ChunkStore {
+    /// Which blocks of the chunk hold data (see [`proto::data::ChunkData`]); `None` for a
+    /// missing chunk.
+    pub fn data_blocks(
+        &self,
+        chunk: ChunkId,
+        chunk_size: u32,
+    ) -> Result<Option<proto::data::DataBlocks>, DataError> {
+        Geometry::new(chunk_size)?;
+        let _shared = self.read_lock(chunk);
+        match self.open_chunk(chunk)? {
+            Opened::Missing | Opened::Empty(_) => Ok(None),
+            Opened::Chunk(cf) => {
+                cf.check_chunk_size(chunk_size)?;
+                let runs = cf.data_blocks()?;
+                Ok(Some(proto::data::DataBlocks {
+                    block_bytes: cf.geo.block_size,
+                    runs,
+                }))
+            }
+        }
+    }
+}
 
 impl ChunkFile {
     /// Runs `[first, end)` of the blocks below the data's end that hold data.

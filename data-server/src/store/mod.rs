@@ -296,28 +296,6 @@ impl ChunkStore {
         }
     }
 
-    /// Which blocks of the chunk hold data (see [`proto::data::ChunkData`]); `None` for a
-    /// missing chunk.
-    pub fn data_blocks(
-        &self,
-        chunk: ChunkId,
-        chunk_size: u32,
-    ) -> Result<Option<proto::data::DataBlocks>, DataError> {
-        Geometry::new(chunk_size)?;
-        let _shared = self.read_lock(chunk);
-        match self.open_chunk(chunk)? {
-            Opened::Missing | Opened::Empty(_) => Ok(None),
-            Opened::Chunk(cf) => {
-                cf.check_chunk_size(chunk_size)?;
-                let runs = cf.data_blocks()?;
-                Ok(Some(proto::data::DataBlocks {
-                    block_bytes: cf.geo.block_size,
-                    runs,
-                }))
-            }
-        }
-    }
-
     /// Bytes stored in the chunk (0 for a missing chunk); bytes past it read as zeros.
     pub fn chunk_len(&self, chunk: ChunkId) -> Result<u64, DataError> {
         let _shared = self.read_lock(chunk);
