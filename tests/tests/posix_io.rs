@@ -281,9 +281,10 @@ fn seek_data_and_seek_hole_answers_are_valid() {
 }
 
 /// Guards against a seek that holds the file (the kernel's inode lock) for as long as
-/// its holes are long: over a hole of 20 GiB in a 1 TiB file each `SEEK_DATA` asks
+/// its holes are long: over a hole of 300 GiB in a 1 TiB file each `SEEK_DATA` asks
 /// about a bounded number of chunks and answers where it stopped, and `cp`'s loop of
-/// seeks from each answer reaches the data.
+/// seeks from each answer reaches the data; a hole of 32 GiB (fstests' longest) is
+/// crossed in one seek.
 #[test]
 fn a_seek_across_a_huge_hole_answers_in_bounded_steps() {
     const GIB: u64 = 1 << 30;
@@ -295,24 +296,27 @@ fn a_seek_across_a_huge_hole_answers_in_bounded_steps() {
         .create_new(true)
         .open(m.path.join("huge"))
         .unwrap();
+    let needle = 300 * GIB;
     f.set_len(1 << 40).unwrap();
-    f.write_all_at(b"needle", 20 * GIB).unwrap();
-    let (mut pos, mut seeks) = (0, 0);
-    while pos < 20 * GIB {
+    f.write_all_at(b"near", 32 * GIB).unwrap();
+    f.write_all_at(b"needle", needle).unwrap();
+    assert_eq!(lseek(&f, 0, libc::SEEK_DATA).unwrap(), 32 * GIB);
+    let (mut pos, mut seeks) = (32 * GIB + 4096, 0);
+    while pos < needle {
         let data = lseek(&f, pos as i64, libc::SEEK_DATA).unwrap();
-        assert!(data > pos || data == 20 * GIB, "SEEK_DATA({pos}) = {data}");
-        assert!(data <= 20 * GIB, "SEEK_DATA({pos}) = {data} past the data");
+        assert!(data > pos || data == needle, "SEEK_DATA({pos}) = {data}");
+        assert!(data <= needle, "SEEK_DATA({pos}) = {data} past the data");
         pos = data;
         seeks += 1;
         assert!(seeks <= 20, "{seeks} seeks and still at {pos}");
     }
-    assert!(seeks > 1, "one seek crossed 20 GiB of chunks");
+    assert!(seeks > 1, "one seek crossed 268 GiB of chunks");
     assert_eq!(
-        lseek(&f, (20 * GIB) as i64, libc::SEEK_HOLE).unwrap(),
-        20 * GIB + 4096
+        lseek(&f, needle as i64, libc::SEEK_HOLE).unwrap(),
+        needle + 4096
     );
     let mut got = [0u8; 6];
-    f.read_exact_at(&mut got, 20 * GIB).unwrap();
+    f.read_exact_at(&mut got, needle).unwrap();
     assert_eq!(&got, b"needle");
 }
 
