@@ -99,13 +99,16 @@ pub struct DataBlocks {
 
 impl DataBlocks {
     /// Checks the answer against a chunk of `chunk_size` bytes, as its reader must
-    /// before trusting it: a block size that is a power of two of at least 512 bytes and
-    /// divides the chunk, at most [`MAX_DATA_RUNS`] runs, each non-empty, in order,
-    /// apart from the one before and inside the chunk. A run past the chunk would move
-    /// a seek's answer into a later chunk, over its data.
+    /// before trusting it: a block size one of the chunk formats uses for such a chunk
+    /// (version 3: a 1,024th of the chunk, at least 4 KiB; version 2: 64 KiB), at most
+    /// [`MAX_DATA_RUNS`] runs, each non-empty, in order, not overlapping the one before
+    /// and inside the chunk. A run past the chunk would move a seek's answer into a
+    /// later chunk, over its data; a block size smaller than the copy's, over the rest
+    /// of each block.
     pub fn check(&self, chunk_size: u32) -> Result<(), String> {
         let bs = self.block_bytes;
-        if !bs.is_power_of_two() || bs < 512 || !chunk_size.is_multiple_of(bs) {
+        let v3 = (chunk_size / 1024).max(4096);
+        if !(bs == v3 || bs == 64 << 10) || !chunk_size.is_multiple_of(bs) {
             return Err(format!("block size {bs} for a chunk of {chunk_size} bytes"));
         }
         if self.runs.len() > MAX_DATA_RUNS {
@@ -477,18 +480,41 @@ mod tests {
         assert_eq!(b.check(1 << 20), Ok(()));
         // What a client must not trust: runs past the chunk, out of order, overlapping
         // or empty, and block sizes that do not divide it.
+        let many: Vec<(u32, u32)> = (0..=MAX_DATA_RUNS as u32)
+            .map(|i| (2 * i, 2 * i + 1))
+            .collect();
         for (block_bytes, runs) in [
             (4096, vec![(255, 257)]),
             (4096, vec![(5, 6), (1, 2)]),
             (4096, vec![(1, 4), (3, 5)]),
             (4096, vec![(2, 2)]),
+            (4096, many.clone()),
             (0, vec![]),
+            (512, vec![]),
             (3000, vec![]),
+            (8192, vec![]),
             (1 << 21, vec![]),
         ] {
             let bad = DataBlocks { block_bytes, runs };
             assert!(bad.check(1 << 20).is_err(), "{bad:?}");
         }
+        // The largest answers the formats give pass: 512 runs in 1,024 blocks, and a
+        // version 2 copy's 64 KiB blocks.
+        let full = DataBlocks {
+            block_bytes: 4096,
+            runs: many[..MAX_DATA_RUNS].to_vec(),
+        };
+        assert_eq!(full.check(4 << 20), Ok(()));
+        let v2 = DataBlocks {
+            block_bytes: 64 << 10,
+            runs: vec![(0, 16)],
+        };
+        assert_eq!(v2.check(1 << 20), Ok(()));
+        let touching = DataBlocks {
+            block_bytes: 4096,
+            runs: (0..=MAX_DATA_RUNS as u32).map(|i| (i, i + 1)).collect(),
+        };
+        assert!(touching.check(4 << 20).unwrap_err().contains("runs"));
     }
 
     #[test]

@@ -14,7 +14,8 @@ use super::ChunkStore;
 use crate::error::{DataError, IoContext};
 use proto::ChunkId;
 
-/// Most blocks of zeros read in one `pread` while checking them: 64 blocks of 4 KiB.
+/// Most blocks of zeros read in one `pread` while checking them: 256 KiB of 4 KiB
+/// blocks, 4 MiB of a version 2 file's 64 KiB ones.
 const ZERO_CHECK_BLOCKS: usize = 64;
 
 impl ChunkStore {

@@ -2,8 +2,9 @@
 //! its chunks' copies hold (`proto::data::ChunkData`, asked of a serving member of each
 //! chunk's chain, as a read is).
 //!
-//! Every chunk below the length is asked in turn, a few at once, and the metadata
-//! server's record of the chunks a file holds is not used: it may count a chunk free
+//! The chunks from the offset's on are asked in turn, a few at once (up to
+//! [`MAX_CHUNKS_PER_SEEK`]), and the metadata server's record of the chunks a file holds
+//! is not used: it may count a chunk free
 //! that holds data (README, `st_blocks`), and a copy by data ranges (`cp`, `tar -S`)
 //! would then lose that chunk's bytes. A hole is a block never written or a written
 //! block of zeros, so a copy by data ranges reads the same as the file.
@@ -22,8 +23,10 @@ const MAX_CHUNKS_IN_FLIGHT: u64 = 16;
 /// `SEEK_DATA` that runs out answers with the first chunk it did not ask about (the
 /// bytes before it are holes; a caller's next seek from there goes on), a `SEEK_HOLE`
 /// with the end of the file (always a hole). Both are answers POSIX allows, but not
-/// the exact ones a local file system gives: fstests' `seek_sanity_test` looks for data
-/// past a hole of 32 GiB and takes only its offset, so the bound stays well above that.
+/// the exact ones a local file system gives (the `SEEK_DATA` answer is a hole to a
+/// `SEEK_HOLE` from there): fstests' `seek_sanity_test` looks for data past a hole of
+/// 32 GiB and takes only its offset, so the bound stays above that for chunks of
+/// 512 KiB and more (4 MiB by default).
 const MAX_CHUNKS_PER_SEEK: u64 = 65_536;
 
 /// What a seek looks for.

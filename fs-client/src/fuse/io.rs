@@ -164,8 +164,10 @@ impl TesseraFs {
                 Ok(file) => inner.client.seek(&file, offset, what).await,
                 Err(e) => Err(e),
             };
-            finish(reply, r, |reply, at| {
-                reply.offset(i64::try_from(at).unwrap_or(i64::MAX))
+            finish(reply, r, |reply, at| match i64::try_from(at) {
+                Ok(at) => reply.offset(at),
+                // A length past what `lseek` can return (only a server's error).
+                Err(_) => reply.error(Errno::EOVERFLOW),
             })
         });
     }
