@@ -345,10 +345,31 @@ impl DataPath {
         p: Piece,
         mr: &MemoryRegion,
     ) -> Result<()> {
+        self.ask_readers("read", layout, p.chunk, p.chain, |map, node, grant| async move {
+            self.read_from(&map, layout, p, mr, node, &grant).await
+        })
+        .await
+    }
+
+    /// Runs `op` against the members that serve reads of `chain`, in read order, until
+    /// one answers; each failure moves to the next member, and across map changes and
+    /// a renewed grant (`with_failover`). Reads and seeks take this one path.
+    async fn ask_readers<T, F, Fut>(
+        &self,
+        what: &str,
+        layout: &Layout,
+        chunk: ChunkId,
+        chain: ChainId,
+        op: F,
+    ) -> Result<T>
+    where
+        F: Fn(Arc<ClusterMap>, NodeId, Option<proto::grant::Grant>) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
         let tried = Tried::default();
-        let tried = &tried;
-        self.with_failover("read", p.chunk.inode, |map, grant| async move {
-            let readers = read_order(&map, layout.replicas, p.chain)?;
+        let (tried, op) = (&tried, &op);
+        self.with_failover(what, chunk.inode, |map, grant| async move {
+            let readers = read_order(&map, layout.replicas, chain)?;
             let mut last = None;
             for &node in &readers {
                 if last.is_some() {
@@ -357,10 +378,10 @@ impl DataPath {
                 if tried.moves_to(node) {
                     self.ep.metrics().failover(FailoverOp::Read);
                 }
-                match self.read_from(&map, layout, p, mr, node, &grant).await {
-                    Ok(()) => return Ok(()),
+                match op(map.clone(), node, grant.clone()).await {
+                    Ok(v) => return Ok(v),
                     Err(e) => {
-                        debug!(error = %e, %node, chunk = %p.chunk, "read failed, trying another member");
+                        debug!(error = %e, %node, %chunk, what, "call failed, trying another member");
                         tried.failed(node);
                         last = Some(e);
                     }
@@ -372,7 +393,7 @@ impl DataPath {
     }
 
     /// Which blocks of chunk `index` of file `ino` hold data (`None`: no copy, all a
-    /// hole), from a serving member of its chain, trying the others when one fails.
+    /// hole), from a serving member of its chain, as a read is.
     pub(super) async fn chunk_data(
         &self,
         layout: &Layout,
@@ -383,38 +404,31 @@ impl DataPath {
             .chain_for(index)
             .ok_or_else(|| ClientError::NoDataServers("file has no data servers".into()))?;
         let chunk = ChunkId { inode: ino, index };
-        self.with_failover("seek", ino, |map, grant| async move {
-            let mut last = None;
-            for node in read_order(&map, layout.replicas, chain)? {
+        self.ask_readers(
+            "seek",
+            layout,
+            chunk,
+            chain,
+            |map, node, grant| async move {
                 let req = ChunkData {
                     chunk,
                     place: Self::placement(&map, layout, chain),
                     chunk_size_bytes: layout.chunk_size_bytes,
-                    grant: grant.clone(),
+                    grant,
                 };
-                let call = async {
-                    let conn = self.data_conn(node).await?;
-                    let blocks = self
-                        .unless_down(node, rpc::data_call(&self.ep, &conn, req))
-                        .await?;
-                    // Checked before it is trusted: a wrong answer would skip data.
-                    if let Some(b) = &blocks {
-                        b.check(layout.chunk_size_bytes).map_err(|e| {
-                            ClientError::Protocol(format!("{node}'s data blocks of {chunk}: {e}"))
-                        })?;
-                    }
-                    Ok(blocks)
-                };
-                match call.await {
-                    Ok(blocks) => return Ok(blocks),
-                    Err(e) => {
-                        debug!(error = %e, %node, %chunk, "chunk data failed, trying another member");
-                        last = Some(e);
-                    }
+                let conn = self.data_conn(node).await?;
+                let blocks = self
+                    .unless_down(node, rpc::data_call(&self.ep, &conn, req))
+                    .await?;
+                // Checked before it is trusted: a wrong answer would skip data.
+                if let Some(b) = &blocks {
+                    b.check(layout.chunk_size_bytes).map_err(|e| {
+                        ClientError::Protocol(format!("{node}'s data blocks of {chunk}: {e}"))
+                    })?;
                 }
-            }
-            Err(last.unwrap_or_else(|| unavailable("no member answered".into())))
-        })
+                Ok(blocks)
+            },
+        )
         .await
     }
 

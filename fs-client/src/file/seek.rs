@@ -4,9 +4,8 @@
 //!
 //! The chunks from the offset's on are asked in turn, a few at once (up to
 //! [`MAX_CHUNKS_PER_SEEK`]), and the metadata server's record of the chunks a file holds
-//! is not used: it may count a chunk free
-//! that holds data (README, `st_blocks`), and a copy by data ranges (`cp`, `tar -S`)
-//! would then lose that chunk's bytes. A hole is a block never written or a written
+//! is not used: it may count a chunk free that holds data (README, `st_blocks`), and a
+//! copy by data ranges (`cp`, `tar -S`) would then lose that chunk's bytes. A hole is a block never written or a written
 //! block of zeros, so a copy by data ranges reads the same as the file.
 
 use super::FileHandle;
@@ -93,6 +92,7 @@ impl Client {
         answer(what, size, size, offset)
     }
 }
+
 /// The seek's answer for a first match at `at` in a file of `size` bytes: data at or past
 /// the end is none, a hole there is the end.
 fn answer(what: Seek, at: u64, size: u64, offset: u64) -> Result<u64> {

@@ -8,6 +8,12 @@ pub fn errno(code: ErrorCode) -> Errno {
     Errno::from_i32(crate::error::errno(code))
 }
 
+/// The errno a failed call answers with: its code's, or the one of a client error no
+/// wire code names (`ClientError::errno`).
+pub fn errno_of(e: &crate::error::ClientError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -39,7 +45,7 @@ mod tests {
         ];
         for (e, want) in cases {
             assert_eq!(errno(e.code()), want, "{e}");
-            assert_eq!(Errno::from_i32(e.errno()), want, "{e}");
+            assert_eq!(errno_of(&e), want, "{e}");
         }
         // Errors no wire code names keep their own errno.
         assert_eq!(E::PastEnd(String::new()).errno(), libc::ENXIO);

@@ -4,7 +4,7 @@
 //! spawns its work otherwise.
 
 use super::replies::{finish, ino};
-use super::TesseraFs;
+use super::{errno_of, TesseraFs};
 use crate::file::Seek;
 use fuser::{
     Errno, FileHandle as Fh, INodeNo, LockOwner, OpenFlags, ReplyData, ReplyEmpty, ReplyLseek,
@@ -30,7 +30,7 @@ impl TesseraFs {
         self.spawn(req, async move {
             let file = match inner.file(fh.0) {
                 Ok(f) => f,
-                Err(e) => return reply.error(Errno::from_i32(e.errno())),
+                Err(e) => return reply.error(errno_of(&e)),
             };
             let r = inner
                 .client
@@ -195,7 +195,7 @@ impl TesseraFs {
             // Closing any descriptor drops the process's POSIX locks on the file.
             inner.forget_lock_owner(fh.0, owner.0);
             if let Err(e) = inner.unlock_owner(ino(i), owner.0).await {
-                return reply.error(Errno::from_i32(e.errno()));
+                return reply.error(errno_of(&e));
             }
             let r = match inner.file(fh.0) {
                 Ok(file) => inner.flushed(&file, inner.client.flush(&file).await),

@@ -16,7 +16,7 @@ mod replies;
 #[cfg(test)]
 pub(crate) use replies::dot_attr;
 
-pub use errno::errno;
+pub use errno::{errno, errno_of};
 
 use crate::client::Client;
 use crate::error::ClientError;

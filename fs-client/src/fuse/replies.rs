@@ -3,7 +3,7 @@
 
 use super::attr::fuse_attr;
 use super::dir::Listed;
-use super::Inner;
+use super::{errno_of, Inner};
 use crate::error::ClientError;
 use crate::file::FileHandle;
 use fuser::{
@@ -46,7 +46,7 @@ pub(super) fn finish<R: Fail, T>(reply: R, r: Result<T, ClientError>, ok: impl F
         Ok(v) => ok(reply, v),
         Err(e) => {
             debug!(error = %e, "request failed");
-            reply.fail(Errno::from_i32(e.errno()))
+            reply.fail(errno_of(&e))
         }
     }
 }
