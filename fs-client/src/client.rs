@@ -32,7 +32,8 @@ use proto::meta::{
     fs, Caller, ClusterMap, DirEntry, LockSpec, MetaRequest, RenameMode, XattrMode, MAX_RELEASES,
 };
 use proto::{
-    Attr, ClientId, ErrorCode, FileKind, InodeId, NodeId, Request, SessionId, PROTOCOL_VERSION,
+    Attr, ClientId, ErrorCode, FileKind, InodeFlags, InodeId, NodeId, Request, SessionId,
+    WireError, PROTOCOL_VERSION,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -681,6 +682,37 @@ impl Client {
             name: name.to_vec(),
         };
         self.meta(req).await.map(drop)
+    }
+
+    /// The attribute flags of `ino` (`lsattr`).
+    pub async fn getflags(&self, ino: InodeId) -> Result<InodeFlags> {
+        self.meta(fs::GetFlags { ino }).await
+    }
+
+    /// Sets the attribute flags of `ino` (`chattr`); answers its attributes.
+    pub async fn setflags(&self, ino: InodeId, flags: InodeFlags) -> Result<Attr> {
+        // The server keeps them as an attribute: "no attributes" is no longer known.
+        self.no_xattrs.changing(ino);
+        self.meta(fs::SetFlags { ino, flags }).await
+    }
+
+    /// Refuses with EPERM a change of `ino`'s bytes in place (a truncation, a punched
+    /// or zeroed range) that its flags forbid, before the data servers cut anything:
+    /// the metadata server refuses only the length, after the cut. Free for a file
+    /// known to have no extended attributes (where the flags are kept), one call
+    /// otherwise.
+    pub(crate) async fn check_cuttable(&self, ino: InodeId) -> Result<()> {
+        if self.no_xattrs.none(ino) {
+            return Ok(());
+        }
+        let flags = self.getflags(ino).await?;
+        if flags.immutable || flags.append {
+            return Err(ClientError::Remote(WireError::new(
+                ErrorCode::NotPermitted,
+                format!("{ino} is immutable or append only: its bytes are not cut"),
+            )));
+        }
+        Ok(())
     }
 }
 

@@ -307,6 +307,7 @@ macro_rules! replied_with_nothing {
 replied_with_nothing!(
     (),
     u64,
+    proto::InodeFlags,
     String,
     Vec<proto::meta::admin::KeyInfo>,
     Vec<u8>,

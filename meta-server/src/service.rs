@@ -248,6 +248,8 @@ async fn route(
                 F::SetXattr(r) => serve(ns, r, at, limit).await,
                 F::ListXattr(r) => serve(ns, r, at, limit).await,
                 F::RemoveXattr(r) => serve(ns, r, at, limit).await,
+                F::GetFlags(r) => serve(ns, r, at, limit).await,
+                F::SetFlags(r) => serve(ns, r, at, limit).await,
                 F::Append(r) => serve(ns, r, at, limit).await,
                 F::Accessed(r) => serve(ns, r, at, limit).await,
                 F::SetLock(r) => serve(ns, r, at, limit).await,

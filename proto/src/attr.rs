@@ -148,6 +148,73 @@ pub struct SetAttr {
     pub mtime: Option<TimeSet>,
 }
 
+/// An inode's attribute flags (`chattr`, `lsattr`; `FS_IOC_GETFLAGS`): the two Linux
+/// enforces for every file system, `i` (immutable: no change of data, attributes,
+/// names or extended attributes, by anyone) and `a` (append only: data is only added
+/// at the end; no truncation, rename, unlink, link, chmod, chown or extended attribute
+/// change). Only regular files and directories carry them; a new inode has none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct InodeFlags {
+    /// `FS_IMMUTABLE_FL`.
+    pub immutable: bool,
+    /// `FS_APPEND_FL`.
+    pub append: bool,
+}
+
+impl InodeFlags {
+    /// `FS_IMMUTABLE_FL` of `FS_IOC_GETFLAGS`.
+    pub const FS_IMMUTABLE_FL: u32 = 0x10;
+    /// `FS_APPEND_FL` of `FS_IOC_GETFLAGS`.
+    pub const FS_APPEND_FL: u32 = 0x20;
+    /// `FS_XFLAG_IMMUTABLE` of `FS_IOC_FSGETXATTR`.
+    pub const FS_XFLAG_IMMUTABLE: u32 = 0x8;
+    /// `FS_XFLAG_APPEND` of `FS_IOC_FSGETXATTR`.
+    pub const FS_XFLAG_APPEND: u32 = 0x10;
+
+    /// Whether no flag is set.
+    pub fn is_empty(self) -> bool {
+        self == InodeFlags::default()
+    }
+
+    /// The flags of an `FS_IOC_SETFLAGS` word, or the bits of it this file system does
+    /// not keep (`chattr` of another attribute: EOPNOTSUPP, as ext4 answers for one it
+    /// lacks).
+    pub fn from_fs_flags(word: u32) -> Result<InodeFlags, u32> {
+        Self::from_word(word, Self::FS_IMMUTABLE_FL, Self::FS_APPEND_FL)
+    }
+
+    /// The `FS_IOC_GETFLAGS` word.
+    pub fn fs_flags(self) -> u32 {
+        self.word(Self::FS_IMMUTABLE_FL, Self::FS_APPEND_FL)
+    }
+
+    /// The flags of an `FS_IOC_FSSETXATTR` `fsx_xflags`, or the bits not kept.
+    pub fn from_xflags(word: u32) -> Result<InodeFlags, u32> {
+        Self::from_word(word, Self::FS_XFLAG_IMMUTABLE, Self::FS_XFLAG_APPEND)
+    }
+
+    /// The `fsx_xflags` of `FS_IOC_FSGETXATTR`.
+    pub fn xflags(self) -> u32 {
+        self.word(Self::FS_XFLAG_IMMUTABLE, Self::FS_XFLAG_APPEND)
+    }
+
+    fn from_word(word: u32, immutable: u32, append: u32) -> Result<InodeFlags, u32> {
+        let other = word & !(immutable | append);
+        if other != 0 {
+            return Err(other);
+        }
+        Ok(InodeFlags {
+            immutable: word & immutable != 0,
+            append: word & append != 0,
+        })
+    }
+
+    fn word(self, immutable: u32, append: u32) -> u32 {
+        let bit = |on: bool, b: u32| if on { b } else { 0 };
+        bit(self.immutable, immutable) | bit(self.append, append)
+    }
+}
+
 /// Where a regular file's chunks live.
 ///
 /// Chunk `i` belongs to replication chain `chains[(first + i) % chains.len()]`:
@@ -206,6 +273,26 @@ mod tests {
         ] {
             assert_eq!(Timestamp::from(SystemTime::from(t)), t);
         }
+    }
+
+    #[test]
+    fn inode_flags_take_the_two_kept_bits_and_refuse_others() {
+        let both = InodeFlags {
+            immutable: true,
+            append: true,
+        };
+        assert_eq!(InodeFlags::from_fs_flags(0x30), Ok(both));
+        assert_eq!(both.fs_flags(), 0x30);
+        assert_eq!(InodeFlags::from_xflags(0x18), Ok(both));
+        assert_eq!(both.xflags(), 0x18);
+        let append = InodeFlags::from_fs_flags(0x20).unwrap();
+        assert!(append.append && !append.immutable);
+        assert_eq!(append.xflags(), InodeFlags::FS_XFLAG_APPEND);
+        assert!(InodeFlags::from_fs_flags(0).unwrap().is_empty());
+        // chattr +A (noatime, 0x80) and ext4's extents bit (0x80000) are not kept.
+        assert_eq!(InodeFlags::from_fs_flags(0x80 | 0x10), Err(0x80));
+        assert_eq!(InodeFlags::from_fs_flags(0x80000), Err(0x80000));
+        assert_eq!(InodeFlags::from_xflags(0x20), Err(0x20));
     }
 
     #[test]

@@ -19,7 +19,7 @@ pub mod meta;
 pub mod rpc;
 pub mod runs;
 
-pub use attr::{Attr, FileKind, Layout, SetAttr, TimeSet, Timestamp};
+pub use attr::{Attr, FileKind, InodeFlags, Layout, SetAttr, TimeSet, Timestamp};
 pub use error::{ErrorCode, ProtoError, WireError};
 pub use ids::{ChainId, ChunkId, ClientId, InodeId, MrKey, NodeId, SessionId, Version};
 pub use rpc::{Request, Rpc, RpcResult};
@@ -49,8 +49,10 @@ pub use rpc::{Request, Rpc, RpcResult};
 /// and the POSIX ACL attribute names. 28: `Unlink` answers `Unlinked` (the file and its
 /// links left, beside the directory's change). 29: `XattrMode::Neither` (both
 /// `setxattr` flags). 30: `SetLock::waits` and `ErrorCode::Deadlock` (`F_SETLKW`
-/// deadlock detection). 31: `ChunkData` (`SEEK_DATA`, `SEEK_HOLE`).
-pub const PROTOCOL_VERSION: u16 = 31;
+/// deadlock detection). 31: `ChunkData` (`SEEK_DATA`, `SEEK_HOLE`). 32: `GetFlags`,
+/// `SetFlags` (`chattr +i`, `+a`) and the `append` (`O_APPEND`) of `Open`, `Create`
+/// and `OpenAt`.
+pub const PROTOCOL_VERSION: u16 = 32;
 
 /// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
 pub const MAX_NAME_BYTES: usize = 255;

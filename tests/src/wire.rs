@@ -78,6 +78,7 @@ impl WireClient {
             exclusive: true,
             client: self.client,
             access: OpenAccess::ReadWrite,
+            append: false,
         };
         let opened = self.call(who, req).await.expect("create");
         self.close(who, opened.session).await;

@@ -338,6 +338,7 @@ async fn read_only_opens_get_read_grants_and_renewals_need_the_session() {
         perm: 0o666,
         exclusive: true,
         access: OpenAccess::ReadWrite,
+        append: false,
         client: admin_id,
     };
     let made = rpc(&admin_meta, create).await.unwrap();
@@ -352,6 +353,7 @@ async fn read_only_opens_get_read_grants_and_renewals_need_the_session() {
         client: admin_id,
         truncate: false,
         access: OpenAccess::Read,
+        append: false,
     };
     let g = rpc(&admin_meta, admin_read).await.unwrap().grant.unwrap();
     assert_eq!(g.mode, GrantMode::Read);
@@ -361,6 +363,7 @@ async fn read_only_opens_get_read_grants_and_renewals_need_the_session() {
         client: reader_id,
         truncate: false,
         access: OpenAccess::Read,
+        append: false,
     };
     let opened = rpc(&reader_meta, open).await.unwrap();
     let g = opened.grant.unwrap();
@@ -497,6 +500,7 @@ async fn a_reader_that_must_cut_a_vanished_writers_tail_gets_no_write_grant() {
         perm: 0o644,
         exclusive: true,
         access: OpenAccess::ReadWrite,
+        append: false,
         client: writer_id,
     };
     let made = rpc(&writer, create).await.unwrap();
@@ -509,6 +513,7 @@ async fn a_reader_that_must_cut_a_vanished_writers_tail_gets_no_write_grant() {
         client: reader_id,
         truncate: false,
         access: OpenAccess::Read,
+        append: false,
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let opened = loop {

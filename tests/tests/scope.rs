@@ -92,7 +92,9 @@ impl Wire {
             MyCaps,
             Regrant,
             LookupParent,
-            OpenAt
+            OpenAt,
+            GetFlags,
+            SetFlags
         )
         .map_err(|e| e.code)
     }
@@ -248,6 +250,7 @@ async fn a_scoped_client_sees_its_directory_as_root_and_nothing_outside() {
         client: scoped.client,
         truncate: false,
         access: OpenAccess::Read,
+        append: false,
     };
     assert!(scoped.call(&root, open).await.is_ok());
     // A file found by an open by name is its to name by number next (the gate noted
@@ -258,6 +261,7 @@ async fn a_scoped_client_sees_its_directory_as_root_and_nothing_outside() {
         name: b"fresh".to_vec(),
         client: scoped.client,
         access: OpenAccess::Read,
+        append: false,
         accessed: Some(false),
     };
     let opened = scoped
@@ -338,7 +342,7 @@ async fn a_read_only_client_gets_erofs_for_every_change() {
         }
     }
     // A tail cut is no change: it takes away only bytes past the committed length.
-    assert_eq!(changes, 18, "every changing kind was sent");
+    assert_eq!(changes, 19, "every changing kind was sent");
     assert_eq!(
         admin.names(t.team_a).await,
         ["a", "sub"],
@@ -349,6 +353,7 @@ async fn a_read_only_client_gets_erofs_for_every_change() {
         client: reader.client,
         truncate: false,
         access: OpenAccess::Read,
+        append: false,
     };
     assert!(
         reader.call(&root, open).await.is_ok(),
@@ -359,6 +364,7 @@ async fn a_read_only_client_gets_erofs_for_every_change() {
         name: b"a".to_vec(),
         client: reader.client,
         access: OpenAccess::Read,
+        append: false,
         accessed: None,
     };
     let got = reader
@@ -411,6 +417,7 @@ async fn root_squash_maps_uid_gid_and_group_zero_to_nobody() {
         client,
         truncate: false,
         access: OpenAccess::Read,
+        append: false,
     };
     let read = |ino| read_as(squashed.client, ino);
     let e = squashed

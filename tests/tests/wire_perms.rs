@@ -66,6 +66,7 @@ impl Wire {
             client: self.0.client,
             truncate: false,
             access: OpenAccess::Write,
+            append: false,
         };
         let opened = self.call(who, req).await?;
         self.0.close(&Caller::ROOT, opened.session).await;
@@ -273,6 +274,7 @@ async fn access_times_need_read_and_lock_probes_need_an_open_file() {
         client: w.0.client,
         truncate: false,
         access: OpenAccess::Read,
+        append: false,
     };
     let opened = w.call(&root, open).await.expect("open");
     assert_eq!(w.call(&root, probe).await, Ok(None), "open: answered");
@@ -370,6 +372,7 @@ async fn acls_are_applied_to_a_client_without_a_kernel() {
         perm: 0o644,
         exclusive: true,
         access: OpenAccess::Write,
+        append: false,
         client: w.0.client,
     };
     let r = w.call(&bob, bob_creates).await.map(drop);

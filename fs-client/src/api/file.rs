@@ -212,7 +212,7 @@ pub(super) async fn open_for(
     let (attr, fh) = if how.create || how.create_new {
         create(&sh, path, how, access).await?
     } else {
-        match open_by_name(&sh, path, access, how.truncate, reading).await? {
+        match open_by_name(&sh, path, (access, how.append), how.truncate, reading).await? {
             Some(opened) => opened,
             None => {
                 let attr = sh.paths.resolve(client, path, true).await?;
@@ -222,7 +222,8 @@ pub(super) async fn open_for(
                 if super::path::wants_dir(path) {
                     return Err(super::not_a_directory(path));
                 }
-                client.open_for(attr.ino, access, how.truncate).await?
+                let open = (access, how.truncate, how.append);
+                client.open_named(attr.ino, open, false).await?
             }
         }
     };
@@ -248,7 +249,7 @@ pub(super) async fn open_for(
 async fn open_by_name(
     sh: &Shared,
     path: &str,
-    access: OpenAccess,
+    (access, append): (OpenAccess, bool),
     truncate: bool,
     reading: bool,
 ) -> Result<Option<(proto::Attr, FileHandle)>> {
@@ -259,7 +260,7 @@ async fn open_by_name(
     let (parent, name) = sh.parent(&at, proto::ErrorCode::IsADirectory).await?;
     let client = &sh.client;
     match client
-        .open_at(parent, name.as_bytes(), access, reading)
+        .open_at(parent, name.as_bytes(), (access, append), reading)
         .await
     {
         Ok(OpenedByName::File(attr, fh)) => Ok(Some((attr, fh))),
@@ -309,7 +310,7 @@ async fn create(
                 _ => {}
             }
         }
-        let flags = (how.create_new, how.truncate, access);
+        let flags = (how.create_new, how.truncate, access, how.append);
         let mode = how.mode & 0o7777;
         return client
             .create_for(parent, name.as_bytes(), mode, sh.creator(), flags)

@@ -361,6 +361,7 @@ mod tests {
             exclusive: false,
             client: proto::ClientId(1),
             access: proto::meta::OpenAccess::ReadWrite,
+            append: false,
         })
     }
 

@@ -30,6 +30,7 @@ impl Client {
             None => None,
         };
         if let Some(size) = set.size {
+            self.check_cuttable(ino).await?;
             if let Some(layout) = self.layout_of(ino).await? {
                 self.data.truncate_data(ino, &layout, size, None).await?;
             }

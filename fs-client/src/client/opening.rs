@@ -49,19 +49,20 @@ impl Client {
         exclusive: bool,
         truncate: bool,
     ) -> Result<(Attr, FileHandle)> {
-        let how = (exclusive, truncate, OpenAccess::ReadWrite);
+        let how = (exclusive, truncate, OpenAccess::ReadWrite, false);
         self.create_for(parent, name, perm, caller, how).await
     }
 
     /// [`Client::create`] with the open's access (`O_ACCMODE`), which an existing
-    /// file's mode must allow: `how` is `(exclusive, truncate, access)`.
+    /// file's mode must allow: `how` is `(exclusive, truncate, access, append)`
+    /// (`append`: `O_APPEND`, without which an append-only file opens for reading only).
     pub async fn create_for(
         &self,
         parent: InodeId,
         name: &[u8],
         perm: u32,
         caller: Caller,
-        (exclusive, truncate, access): (bool, bool, OpenAccess),
+        (exclusive, truncate, access, append): (bool, bool, OpenAccess, bool),
     ) -> Result<(Attr, FileHandle)> {
         let req = fs::Create {
             parent,
@@ -70,6 +71,7 @@ impl Client {
             exclusive,
             client: self.id,
             access,
+            append,
         };
         let reply = self.meta_opening(req, Some(caller.clone())).await?;
         let existed = matches!(&reply.parent, Some(c) if !c.changed());
@@ -112,7 +114,7 @@ impl Client {
         access: OpenAccess,
         truncate: bool,
     ) -> Result<(Attr, FileHandle)> {
-        self.open_named(ino, (access, truncate), false).await
+        self.open_named(ino, (access, truncate, false), false).await
     }
 
     /// [`Client::open_for`], for a kernel that reached `ino` through a name it keeps
@@ -121,10 +123,11 @@ impl Client {
     /// Stale, and the listing pages forget it: the name was kept from before another
     /// client removed the file, and on Stale the kernel looks it up afresh (as over NFS),
     /// so `open(O_CREAT)` makes a new file, as on a local disk, where ENOENT failed it.
+    /// `append`: `O_APPEND` (see [`Client::create_for`]).
     pub async fn open_named(
         &self,
         ino: InodeId,
-        (access, truncate): (OpenAccess, bool),
+        (access, truncate, append): (OpenAccess, bool, bool),
         by_name: bool,
     ) -> Result<(Attr, FileHandle)> {
         let req = fs::Open {
@@ -132,6 +135,7 @@ impl Client {
             client: self.id,
             truncate: false,
             access,
+            append,
         };
         let stale = |why: &str| {
             self.scans.gone(ino);
@@ -157,11 +161,12 @@ impl Client {
     /// Opens `name` in `parent` for `access` if it names a regular file: the lookup and
     /// the open in one call. `reading`: the caller reads the file at once (a whole-file
     /// read), so the access time the first read would move moves in the same call.
+    /// `append`: `O_APPEND` (see [`Client::create_for`]).
     pub async fn open_at(
         &self,
         parent: InodeId,
         name: &[u8],
-        access: OpenAccess,
+        (access, append): (OpenAccess, bool),
         reading: bool,
     ) -> Result<OpenedByName> {
         let accessed = if reading && access != OpenAccess::Write {
@@ -175,6 +180,7 @@ impl Client {
             client: self.id,
             access,
             accessed,
+            append,
         };
         match self.meta_opening(req, None).await? {
             OpenedAt::Found(attr) => Ok(OpenedByName::Other(attr)),
@@ -343,12 +349,14 @@ impl Client {
         {
             return Ok(Some(st.layout.clone()));
         }
-        // Asked before a truncation, which needs write permission anyway.
+        // Asked before a truncation, which needs write permission anyway (and which an
+        // append-only file refuses, as this open without `O_APPEND` is).
         let req = fs::Open {
             ino,
             client: self.id,
             truncate: false,
             access: OpenAccess::Write,
+            append: false,
         };
         let Opened {
             attr,

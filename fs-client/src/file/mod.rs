@@ -706,6 +706,11 @@ impl Client {
             .ok_or_else(|| ClientError::TooLarge("range too large".into()))?;
         let keep = libc::FALLOC_FL_KEEP_SIZE;
         let (punch, zero) = (libc::FALLOC_FL_PUNCH_HOLE, libc::FALLOC_FL_ZERO_RANGE);
+        if mode & (punch | zero) != 0 {
+            // Through a descriptor opened before the file became immutable, or with
+            // `O_APPEND` on an append-only one: refused as `vfs_fallocate` does.
+            self.check_cuttable(fh.ino()).await?;
+        }
         if mode & punch == 0 {
             self.check_space(fh, offset, end).await?;
         }

@@ -8,6 +8,7 @@ mod attr;
 mod callers;
 mod dir;
 mod errno;
+mod flags;
 mod io;
 mod ops;
 mod releases;

@@ -22,7 +22,6 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
-use tracing::debug;
 
 impl fuser::Filesystem for TesseraFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
@@ -352,7 +351,8 @@ impl fuser::Filesystem for TesseraFs {
             // reach a file no name leads to (another open keeps it, or this mount's own
             // batched release): `open_named` answers it Stale (ESTALE).
             let by_name = !inner.was_unlinked_here(ino(i));
-            let how = (open_access(flags.0), truncate);
+            let append = flags.0 & libc::O_APPEND != 0;
+            let how = (open_access(flags.0), truncate, append);
             let r = inner.client.open_named(ino(i), how, by_name).await;
             let mut skipped = false;
             if let Ok((_, fh)) = &r {
@@ -413,7 +413,7 @@ impl fuser::Filesystem for TesseraFs {
                 }
                 r
             } else {
-                let how = (exclusive, truncate, access);
+                let how = (exclusive, truncate, access, flags & libc::O_APPEND != 0);
                 c.create_for(ino(parent), &name, perm, who, how).await
             };
             if let Ok((_, fh)) = &r {
@@ -667,20 +667,16 @@ impl fuser::Filesystem for TesseraFs {
     #[allow(clippy::too_many_arguments)]
     fn ioctl(
         &self,
-        _req: &Request,
+        req: &Request,
         i: INodeNo,
         _fh: Fh,
         _flags: IoctlFlags,
         cmd: u32,
-        _in_data: &[u8],
+        in_data: &[u8],
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        // No file ioctls (attribute flags, reflink...): ENOTTY, what a file that does
-        // not know the request answers. Not fuser's default, which logs a warning per
-        // call: `lsattr`, `cp` and stress tools send them by the thousand.
-        debug!(ino = i.0, cmd, "ioctl not supported");
-        reply.error(Errno::ENOTTY);
+        self.ioctl_op(req, i, cmd, in_data, reply)
     }
 
     fn poll(

@@ -8,8 +8,8 @@ use crate::error::ClientError;
 use crate::file::FileHandle;
 use fuser::{
     Errno, FileHandle as Fh, Generation, INodeNo, LockOwner, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 use proto::meta::{LockKind, LockSpec, OpenAccess};
 use proto::{Attr, FileKind, InodeId, TimeSet, Timestamp};
@@ -32,6 +32,7 @@ impl_fail!(
     ReplyDirectoryPlus,
     ReplyEmpty,
     ReplyEntry,
+    ReplyIoctl,
     ReplyLock,
     ReplyLseek,
     ReplyOpen,

@@ -24,7 +24,8 @@ use proto::{FileKind, InodeId, SessionId};
 use std::sync::Arc;
 
 impl InodeRecord {
-    /// What the permission rules look at, but for an ACL ([`mode_of`] reads that too).
+    /// What the permission rules look at, but for an ACL and the flags ([`mode_of`]
+    /// reads those too).
     pub(super) fn mode(&self) -> Mode {
         Mode {
             kind: self.kind,
@@ -32,12 +33,14 @@ impl InodeRecord {
             uid: self.uid,
             gid: self.gid,
             acl: None,
+            flags: proto::InodeFlags::default(),
         }
     }
 }
 
-/// What the permission rules look at of `ino` (record `rec`), with its access ACL. Only
-/// an inode with extended attributes can have one, so most checks read nothing more.
+/// What the permission rules look at of `ino` (record `rec`), with its access ACL and
+/// its flags. Only an inode with extended attributes can have either, so most checks
+/// read nothing more.
 pub(super) fn mode_of(
     r: &(impl Reads + ?Sized),
     ino: InodeId,
@@ -46,6 +49,7 @@ pub(super) fn mode_of(
     let mut m = rec.mode();
     if rec.xattr_count > 0 && rec.kind != FileKind::Symlink {
         m.acl = stored_acl(r, ino, acl::ACCESS)?.map(Arc::new);
+        m.flags = super::flags::stored_flags(r, ino, rec)?;
     }
     Ok(m)
 }
@@ -64,14 +68,34 @@ pub(super) fn stored_acl(
     Acl::parse(&bytes).map_err(|e| MetaError::Corrupt(format!("{ino}: {e}")))
 }
 
-/// Checks an open for `access` (and `truncate`, which needs write) of an inode whose
-/// rules are `m`.
-pub(super) fn check_open(
-    c: &Caller,
-    m: &Mode,
-    access: OpenAccess,
-    truncate: bool,
-) -> Result<(), MetaError> {
+/// What an open asks: its access, `O_TRUNC` and `O_APPEND`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct OpenHow {
+    pub(super) access: OpenAccess,
+    pub(super) truncate: bool,
+    pub(super) append: bool,
+}
+
+impl OpenHow {
+    /// A plain open for reading.
+    pub(super) fn read() -> OpenHow {
+        OpenHow {
+            access: OpenAccess::Read,
+            truncate: false,
+            append: false,
+        }
+    }
+}
+
+/// Checks an open `how` (`truncate` needs write) of an inode whose rules are `m`; an
+/// append-only file opens for writing only with `O_APPEND` and never truncating
+/// (`may_open`).
+pub(super) fn check_open(c: &Caller, m: &Mode, how: OpenHow) -> Result<(), MetaError> {
+    let OpenHow {
+        access,
+        truncate,
+        append,
+    } = how;
     let want = match access {
         OpenAccess::Read => R,
         OpenAccess::Write => W,
@@ -86,7 +110,13 @@ pub(super) fn check_open(
             "a directory opens for reading only".into(),
         ));
     }
-    perm::check(c, m, want, "open the file so")
+    perm::check(c, m, want, "open the file so")?;
+    if m.flags.append && (truncate || (access.writes() && !append)) {
+        return Err(MetaError::NotPermitted(
+            "an append-only file opens for writing only with O_APPEND, never truncating".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The rules of directory `dir`.
@@ -162,10 +192,11 @@ impl Namespace {
         let d = dir_mode(&r, dir)?;
         perm::check(c, &d, X, "search the directory")?;
         let entry = r.entry(dir, name)?;
-        let Some(victim) = r.try_inode(InodeId(entry.ino))? else {
+        let victim_ino = InodeId(entry.ino);
+        let Some(victim) = r.try_inode(victim_ino)? else {
             return Ok(());
         };
-        perm::may_delete(c, &d, &victim.mode())
+        perm::may_delete(c, &d, &mode_of(&r, victim_ino, &victim)?)
     }
 
     /// A hard link of `ino` into `dir` as `name`; the rule of hard links to others'
@@ -180,10 +211,13 @@ impl Namespace {
         kernel_checked: bool,
     ) -> Result<(), MetaError> {
         self.may_add_then(c, (dir, name), |r| {
+            let m = mode_of(r, ino, &r.inode(ino)?)?;
+            // The kernel applied its hard-link rule, but it does not know the flags.
+            perm::check_linkable(&m)?;
             if kernel_checked {
                 return Ok(());
             }
-            perm::may_link(c, &mode_of(r, ino, &r.inode(ino)?)?)
+            perm::may_link(c, &m)
         })
     }
 
@@ -232,14 +266,8 @@ impl Namespace {
     }
 
     /// An open of `ino`.
-    pub(super) fn may_open(
-        &self,
-        c: &Caller,
-        ino: InodeId,
-        access: OpenAccess,
-        truncate: bool,
-    ) -> Result<(), MetaError> {
-        check_open(c, &self.mode_of(ino)?, access, truncate)
+    pub(super) fn may_open(&self, c: &Caller, ino: InodeId, how: OpenHow) -> Result<(), MetaError> {
+        check_open(c, &self.mode_of(ino)?, how)
     }
 
     /// A length commit or an append to `ino`: a write session of this connection on
@@ -251,11 +279,12 @@ impl Namespace {
         ino: InodeId,
         conn: ConnId,
     ) -> Result<(), MetaError> {
-        let m = self.mode_of(ino)?;
-        if perm::may(c, &m, W) || self.writes(ino, conn) {
+        // A session opened for writing before the file became immutable still commits
+        // what it wrote (see `flags`).
+        if self.writes(ino, conn) {
             return Ok(());
         }
-        perm::check(c, &m, W, "commit writes to the file")
+        perm::check(c, &self.mode_of(ino)?, W, "commit writes to the file")
     }
 
     /// An extended attribute access.

@@ -152,9 +152,12 @@ impl Namespace {
             // As Linux orders them: an existing name (`filename_create`), the rule
             // (`may_linkat`), then what `vfs_link` refuses.
             ensure_absent(txn, new_parent, new_name)?;
+            let m = super::access::mode_of(txn, ino, &rec)?;
             if let Some(c) = caller {
-                super::perm::may_link(c, &super::access::mode_of(txn, ino, &rec)?)?;
+                super::perm::may_link(c, &m)?;
             }
+            // The caller's kernel does not know the flags: checked whoever asks.
+            super::perm::check_linkable(&m)?;
             if rec.is_dir() {
                 return Err(MetaError::NotPermitted(format!(
                     "hard link to directory {ino}"

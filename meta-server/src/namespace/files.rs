@@ -24,6 +24,8 @@ pub struct SessionOwner {
     pub conn: ConnId,
     /// What the open asked to do with the file.
     pub access: OpenAccess,
+    /// Whether it asked for `O_APPEND` (an append-only file opens for writing only so).
+    pub append: bool,
 }
 
 /// What a create names: the file `name` in `parent`, its permission bits if it is new,
@@ -106,7 +108,12 @@ impl Namespace {
                 let rec = txn.inode(InodeId(d.ino))?;
                 if checked {
                     let m = super::access::mode_of(&txn, InodeId(d.ino), &rec)?;
-                    super::access::check_open(&caller, &m, owner.access, false)?;
+                    let how = super::access::OpenHow {
+                        access: owner.access,
+                        truncate: false,
+                        append: owner.append,
+                    };
+                    super::access::check_open(&caller, &m, how)?;
                 }
                 (InodeId(d.ino), rec, parent_rec.clone())
             }

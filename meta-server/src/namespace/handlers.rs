@@ -111,6 +111,7 @@ impl Handle for fs::Create {
             client: self.client,
             conn: at.conn,
             access: self.access,
+            append: self.append,
         };
         let file = super::files::NewFile {
             parent: self.parent,
@@ -144,6 +145,7 @@ impl Handle for fs::TmpFile {
             client: self.client,
             conn: at.conn,
             access: self.access,
+            append: false,
         };
         let caller = at.caller.clone();
         let mut opened = ns.tmpfile(self.parent, self.perm, caller, self.linkable, owner)?;
@@ -282,11 +284,17 @@ impl Handle for fs::Open {
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
         ns.may_name_client(self.client, at.who.as_deref())?;
-        ns.may_open(&at.caller, self.ino, self.access, self.truncate)?;
+        let how = super::access::OpenHow {
+            access: self.access,
+            truncate: self.truncate,
+            append: self.append,
+        };
+        ns.may_open(&at.caller, self.ino, how)?;
         let owner = SessionOwner {
             client: self.client,
             conn: at.conn,
             access: self.access,
+            append: self.append,
         };
         let mut opened = ns.open_inode(self.ino, self.truncate, owner)?;
         ns.attach_grant(at, &mut opened, self.access.writes());
@@ -314,6 +322,7 @@ impl Handle for fs::OpenAt {
             client: self.client,
             truncate: false,
             access: self.access,
+            append: self.append,
         };
         let mut opened = open.run(ns, at)?;
         // An open that may read was allowed to, which is what `Accessed` checks. The
@@ -437,6 +446,28 @@ impl Handle for fs::RemoveXattr {
     }
 }
 
+impl Handle for fs::GetFlags {
+    const POINT_READ: bool = true;
+    fn span_id(&self) -> u64 {
+        self.ino.0
+    }
+    fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
+        // Anyone may read an inode's flags (`lsattr` needs no permission but the
+        // lookup's search, which the caller's path walk did).
+        ns.getflags(self.ino)
+    }
+}
+
+impl Handle for fs::SetFlags {
+    const ADDS_RECORDS: bool = true;
+    fn span_id(&self) -> u64 {
+        self.ino.0
+    }
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.setflags_as(self.ino, self.flags, Some(&at.caller))
+    }
+}
+
 impl Handle for fs::Append {
     fn span_id(&self) -> u64 {
         self.ino.0
@@ -454,7 +485,7 @@ impl Handle for fs::Accessed {
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
         // An access time is moved by a read: only a caller who may read the file.
-        ns.may_open(&at.caller, self.ino, proto::meta::OpenAccess::Read, false)?;
+        ns.may_open(&at.caller, self.ino, super::access::OpenHow::read())?;
         ns.accessed(self.ino, self.strict)
     }
 }

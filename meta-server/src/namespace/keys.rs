@@ -5,7 +5,7 @@
 //! | `S`                  | superblock                             |
 //! | `I` ino              | inode record                           |
 //! | `D` parent name      | directory entry                        |
-//! | `X` ino name         | extended attribute value               |
+//! | `X` ino name         | extended attribute value (and the inode's flags, under a name no client can send: `flags.rs`) |
 //! | `N` node             | data server record                     |
 //! | `G` node ino         | pending "delete all chunks of ino"     |
 //! | `O` ino              | orphan: unlinked while open            |

@@ -20,6 +20,7 @@ mod registry;
 pub use handlers::Handle;
 mod faults;
 mod files;
+mod flags;
 mod gauges;
 mod keys;
 mod leader;

@@ -5,12 +5,13 @@
 //! that user would get on a local disk.
 //!
 //! Each refusal is the error Linux gives: a missing mode bit is `PermissionDenied`
-//! (EACCES), an operation reserved to the owner or root is `NotPermitted` (EPERM).
+//! (EACCES), an operation reserved to the owner or root is `NotPermitted` (EPERM), and
+//! so is whatever an inode's flags forbid (`chattr +i`, `+a`: root included).
 
 use super::acl::Acl;
 use crate::error::MetaError;
 use proto::meta::Caller;
-use proto::{FileKind, SetAttr, TimeSet};
+use proto::{FileKind, InodeFlags, SetAttr, TimeSet};
 use std::sync::Arc;
 
 /// Read permission (the `r` bit).
@@ -37,6 +38,8 @@ pub struct Mode {
     pub gid: u32,
     /// Its POSIX access ACL, if it has one that says more than the mode.
     pub acl: Option<Arc<Acl>>,
+    /// Its attribute flags (immutable, append only).
+    pub flags: InodeFlags,
 }
 
 /// Whether `c` has every access in `want` (`R | W | X`) to `m` (`generic_permission`):
@@ -65,8 +68,12 @@ pub fn may(c: &Caller, m: &Mode, want: u32) -> bool {
     bits & 7 & want == want
 }
 
-/// `PermissionDenied` unless [`may`]; `what` names the access for the message.
+/// `PermissionDenied` unless [`may`]; `what` names the access for the message. Write
+/// access to an immutable inode is `NotPermitted` for everyone (`inode_permission`).
 pub fn check(c: &Caller, m: &Mode, want: u32, what: &str) -> Result<(), MetaError> {
+    if want & W != 0 && m.flags.immutable {
+        return Err(flagged(&format!("{what}: it is immutable")));
+    }
     if may(c, m, want) {
         return Ok(());
     }
@@ -101,17 +108,43 @@ pub fn may_mknod(c: &Caller, kind: FileKind) -> Result<(), MetaError> {
 }
 
 /// May `c` remove (or rename away) the name of `victim` from `dir` (`may_delete`):
-/// write and search on the directory (EACCES), then, in a sticky directory, only
-/// the owner of the directory or of the victim, or root (EPERM).
+/// write and search on the directory (EACCES), not from an append-only directory, then,
+/// in a sticky directory, only the owner of the directory or of the victim, or root,
+/// and never an immutable or append-only victim (EPERM).
 pub fn may_delete(c: &Caller, dir: &Mode, victim: &Mode) -> Result<(), MetaError> {
     check(c, dir, W | X, "remove a name from the directory")?;
+    if dir.flags.append {
+        return Err(flagged("remove a name from an append-only directory"));
+    }
     if dir.perm & S_ISVTX != 0 && !owns(c, dir) && !owns(c, victim) {
         return Err(MetaError::NotPermitted(format!(
             "uid {} may not remove a name of uid {} from a sticky directory of uid {}",
             c.uid, victim.uid, dir.uid
         )));
     }
-    Ok(())
+    kept(victim, "remove or replace its name")
+}
+
+/// `NotPermitted` for a change an inode's flags forbid.
+fn flagged(what: &str) -> MetaError {
+    MetaError::NotPermitted(format!("may not {what}"))
+}
+
+/// `NotPermitted` if `m` is immutable or append only: what neither may undergo (its
+/// name removed, a hard link to it, an extended attribute changed).
+fn kept(m: &Mode, what: &str) -> Result<(), MetaError> {
+    match (m.flags.immutable, m.flags.append) {
+        (true, _) => Err(flagged(&format!("{what}: it is immutable"))),
+        (_, true) => Err(flagged(&format!("{what}: it is append only"))),
+        _ => Ok(()),
+    }
+}
+
+/// May `m` get another hard link (`vfs_link`): not if immutable or append only, a rule
+/// of the inode that the caller's kernel cannot apply itself (it does not know the
+/// flags).
+pub fn check_linkable(m: &Mode) -> Result<(), MetaError> {
+    kept(m, "link the file")
 }
 
 /// May `c` make a hard link to `m` (`may_linkat` with `fs.protected_hardlinks`, the
@@ -144,6 +177,22 @@ pub struct Held {
 /// the owner, times set to now the owner or write permission. See [`chmod_mode`]
 /// for the setgid bit a chmod may not keep.
 pub fn check_setattr(c: &Caller, m: &Mode, set: &SetAttr, held: Held) -> Result<(), MetaError> {
+    let explicit = |t: Option<TimeSet>| matches!(t, Some(TimeSet::At(_)));
+    // Flags first (`ext4_setattr`, `notify_change`, `do_truncate`): an immutable inode
+    // takes no change at all; an append-only one no truncation, chmod, chown or
+    // explicit times, only times set to now.
+    let changes = *set != SetAttr::default();
+    if changes && m.flags.immutable {
+        return Err(flagged("change the attributes: it is immutable"));
+    }
+    let owner_or_times = set.perm.is_some() || set.uid.is_some() || set.gid.is_some();
+    let forbidden =
+        set.size.is_some() || owner_or_times || explicit(set.atime) || explicit(set.mtime);
+    if m.flags.append && forbidden {
+        return Err(flagged(
+            "truncate, chmod, chown or set the times: it is append only",
+        ));
+    }
     let denied = |what: &str| {
         Err(MetaError::NotPermitted(format!(
             "uid {} may not {what} of a file of uid {}",
@@ -176,7 +225,6 @@ pub fn check_setattr(c: &Caller, m: &Mode, set: &SetAttr, held: Held) -> Result<
             return denied("change the mode");
         }
     }
-    let explicit = |t: Option<TimeSet>| matches!(t, Some(TimeSet::At(_)));
     if explicit(set.atime) || explicit(set.mtime) {
         if !owns(c, m) {
             return denied("set the times");
@@ -259,6 +307,10 @@ pub fn check_xattr(
     name: &[u8],
     access: XattrAccess,
 ) -> Result<(), MetaError> {
+    if access != XattrAccess::Read {
+        // `xattr_permission`: before any other rule.
+        kept(m, "change its extended attributes")?;
+    }
     if access == XattrAccess::Remove
         && name == proto::CAPABILITY_XATTR
         && m.kind == FileKind::Regular
@@ -311,6 +363,30 @@ pub fn check_xattr(
         (R, "read attributes")
     };
     check(c, m, want, what)
+}
+
+/// May `c` set `m`'s flags to `flags` (`vfs_fileattr_set`, `ext4_ioctl_setflags`): the
+/// owner or root; setting or clearing `immutable` or `append` only root
+/// (`CAP_LINUX_IMMUTABLE`); and while the inode stays immutable nothing else changes.
+pub fn check_setflags(c: &Caller, m: &Mode, flags: InodeFlags) -> Result<(), MetaError> {
+    if !owns(c, m) {
+        return Err(MetaError::NotPermitted(format!(
+            "uid {} may not set the flags of a file of uid {}",
+            c.uid, m.uid
+        )));
+    }
+    if flags != m.flags && !c.is_root() {
+        return Err(MetaError::NotPermitted(format!(
+            "uid {} may not set or clear the immutable or append-only flag (only root may)",
+            c.uid
+        )));
+    }
+    if m.flags.immutable && flags.immutable && flags != m.flags {
+        return Err(flagged(
+            "change the flags of an immutable file but immutable",
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `c` sees attribute `name` in a listing: `trusted.*` is hidden from all but

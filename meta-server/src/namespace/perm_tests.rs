@@ -18,6 +18,7 @@ fn file(perm: u32, uid: u32, gid: u32) -> Mode {
         uid,
         gid,
         acl: None,
+        flags: InodeFlags::default(),
     }
 }
 
@@ -28,6 +29,7 @@ fn dir(perm: u32, uid: u32) -> Mode {
         uid,
         gid: uid,
         acl: None,
+        flags: InodeFlags::default(),
     }
 }
 

@@ -257,9 +257,20 @@ impl Namespace {
         {
             return Ok(None);
         }
-        let may = |access| match self.may_open(caller, o.ino, access, false) {
+        // `append`: the session's own open was checked for `O_APPEND` when it was made.
+        let how = |access| super::access::OpenHow {
+            access,
+            truncate: false,
+            append: true,
+        };
+        let may = |access| match self.may_open(caller, o.ino, how(access)) {
             Ok(()) => Ok(true),
-            Err(MetaError::PermissionDenied(_) | MetaError::NotFound(_)) => Ok(false),
+            // Refused now (a mode, or an immutable flag set since): not so.
+            Err(
+                MetaError::PermissionDenied(_)
+                | MetaError::NotPermitted(_)
+                | MetaError::NotFound(_),
+            ) => Ok(false),
             Err(e) => Err(e),
         };
         if o.writes && may(OpenAccess::Write)? {

@@ -91,6 +91,8 @@ impl Namespace {
         Ok(rows
             .into_iter()
             .map(|(k, _)| k[prefix.len()..].to_vec())
+            // The flags are kept as an attribute, but are none (`flags`).
+            .filter(|name| name != super::flags::FLAGS_NAME)
             .collect())
     }
 

@@ -26,6 +26,7 @@ impl FsRequest {
             | F::SetAttr(_)
             | F::SetXattr(_)
             | F::RemoveXattr(_)
+            | F::SetFlags(_)
             | F::Append(_)
             | F::Commit(_)
             // An access time is a change too; a read-only mount sends none (`ro`
@@ -44,6 +45,7 @@ impl FsRequest {
             | F::ReleaseMany(_)
             | F::GetXattr(_)
             | F::ListXattr(_)
+            | F::GetFlags(_)
             // Locks change no file (a write lock needs a descriptor open for writing,
             // which a read-only client cannot get).
             | F::SetLock(_)
@@ -94,6 +96,8 @@ impl FsRequest {
             F::SetXattr(r) => vec![&mut r.ino],
             F::ListXattr(r) => vec![&mut r.ino],
             F::RemoveXattr(r) => vec![&mut r.ino],
+            F::GetFlags(r) => vec![&mut r.ino],
+            F::SetFlags(r) => vec![&mut r.ino],
             F::Append(r) => vec![&mut r.ino],
             F::Accessed(r) => vec![&mut r.ino],
             F::SetLock(r) => vec![&mut r.ino],
@@ -144,6 +148,7 @@ pub fn one_of_each(dir: InodeId, file: InodeId, client: ClientId) -> Vec<FsReque
             perm: 0o644,
             exclusive: true,
             access,
+            append: false,
             client,
         }),
         FsRequest::TmpFile(TmpFile {
@@ -204,6 +209,7 @@ pub fn one_of_each(dir: InodeId, file: InodeId, client: ClientId) -> Vec<FsReque
             client,
             truncate: false,
             access,
+            append: false,
         }),
         FsRequest::Commit(Commit {
             ino: file,
@@ -269,6 +275,12 @@ pub fn one_of_each(dir: InodeId, file: InodeId, client: ClientId) -> Vec<FsReque
             client,
             access,
             accessed: Some(false),
+            append: false,
+        }),
+        FsRequest::GetFlags(GetFlags { ino: file }),
+        FsRequest::SetFlags(SetFlags {
+            ino: file,
+            flags: crate::attr::InodeFlags::default(),
         }),
     ]
 }
@@ -313,6 +325,7 @@ mod tests {
             "release",
             "setxattr",
             "removexattr",
+            "setflags",
             "append",
             "accessed",
             "open_at",
@@ -323,6 +336,7 @@ mod tests {
             client: ClientId(1),
             truncate: false,
             access: super::super::OpenAccess::Read,
+            append: false,
         });
         assert!(!read.changes(), "an open for reading changes nothing");
         let read_at = FsRequest::OpenAt(super::super::fs::OpenAt {
@@ -331,6 +345,7 @@ mod tests {
             client: ClientId(1),
             access: super::super::OpenAccess::Read,
             accessed: None,
+            append: false,
         });
         assert!(
             !read_at.changes(),

@@ -2,7 +2,7 @@
 //! with its reply type.
 
 use super::{DirChange, DirEntry, LockSpec, MetaRequest, OpenAccess, RenameMode, XattrMode};
-use crate::attr::{Attr, FileKind, Layout, Timestamp};
+use crate::attr::{Attr, FileKind, InodeFlags, Layout, Timestamp};
 use crate::grant::Grant;
 use crate::ids::{ClientId, InodeId, SessionId};
 use serde::{Deserialize, Serialize};
@@ -47,6 +47,8 @@ crate::rpc_requests! {
         Regrant => Option<Grant>, "regrant", idempotent: true;
         LookupParent => Attr, "lookup_parent", idempotent: true;
         OpenAt => OpenedAt, "open_at", idempotent: true;
+        GetFlags => InodeFlags, "getflags", idempotent: true;
+        SetFlags => Attr, "setflags", idempotent: true;
     }
 }
 
@@ -102,6 +104,8 @@ pub struct Create {
     /// What the open asks to do (checked against an existing file's mode; a new file
     /// is opened whatever its mode, as `open(O_CREAT)` does).
     pub access: OpenAccess,
+    /// `O_APPEND`: an append-only file opens for writing only so.
+    pub append: bool,
     /// The session's client.
     pub client: ClientId,
 }
@@ -257,6 +261,8 @@ pub struct Open {
     pub truncate: bool,
     /// What the open asks to do, checked against the file's mode.
     pub access: OpenAccess,
+    /// `O_APPEND`: an append-only file opens for writing only so.
+    pub append: bool,
 }
 
 /// Records a writer's length and mtime (at close and fsync); durable before the reply.
@@ -512,6 +518,8 @@ pub struct OpenAt {
     /// [`Accessed`] with this `strict` would move it, in the same call. `None` for an
     /// open that may never read (an open for writing only, a `noatime` client).
     pub accessed: Option<bool>,
+    /// `O_APPEND`: an append-only file opens for writing only so.
+    pub append: bool,
 }
 
 /// The reply to [`OpenAt`].
@@ -565,4 +573,22 @@ pub struct FsStats {
     pub free_bytes: u64,
     /// Inodes in use.
     pub files: u64,
+}
+
+/// Reads an inode's attribute flags (`lsattr`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GetFlags {
+    /// The inode.
+    pub ino: InodeId,
+}
+
+/// Sets an inode's attribute flags (`chattr`): the owner or root, and only root sets
+/// or clears `immutable` and `append` (`CAP_LINUX_IMMUTABLE`). Answers the attributes
+/// (the change time moved).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetFlags {
+    /// The inode: a regular file or a directory.
+    pub ino: InodeId,
+    /// The flags it is to have.
+    pub flags: InodeFlags,
 }

@@ -179,6 +179,7 @@ fn this_clients_changes_go_first() {
         perm: 0o644,
         exclusive: true,
         access: proto::meta::OpenAccess::Write,
+        append: false,
         client: proto::ClientId(1),
     }));
     assert_eq!(hit_ino(s.plan(DIR, &name(5))), Some(105));

@@ -147,6 +147,7 @@ fn a_vanished_writer_leaves_the_file_counted_dense(kind: StoreKind) {
         client: proto::ClientId(3),
         conn: crate::namespace::ConnId(7),
         access: proto::meta::OpenAccess::ReadWrite,
+        append: false,
     };
     ns.open_inode(f.ino, false, owner).unwrap();
     // Its writes of chunk 100 reached the data servers; its commit never came.

@@ -4,6 +4,7 @@
 mod changes;
 mod client_keys;
 mod cluster;
+mod flags;
 mod held;
 mod model;
 mod once;
@@ -200,6 +201,7 @@ pub(super) fn owner(conn: u64) -> SessionOwner {
         client: ClientId(1),
         conn: ConnId(conn),
         access: OpenAccess::ReadWrite,
+        append: false,
     }
 }
 

@@ -515,6 +515,7 @@ impl Run {
             client: ClientId(1),
             conn,
             access: proto::meta::OpenAccess::ReadWrite,
+            append: false,
         };
         // As root: the model keeps no groups, and a setgid file made by someone
         // outside its (inherited) group loses setgid (`perm::new_file_mode`).
@@ -623,6 +624,7 @@ impl Run {
                     client: ClientId(2),
                     conn,
                     access: proto::meta::OpenAccess::ReadWrite,
+                    append: false,
                 };
                 let real = self.ns().open_inode(InodeId(ino), false, owner);
                 let want = self.m.node(ino).map(|_| ());

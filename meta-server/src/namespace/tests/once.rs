@@ -32,6 +32,7 @@ pub(super) fn create(name: &str) -> Create {
         perm: 0o644,
         exclusive: true,
         access: OpenAccess::ReadWrite,
+        append: false,
         client: CLIENT,
     }
 }

@@ -188,6 +188,7 @@ fn unknown_inodes_are_not_found(kind: StoreKind) {
                 client: proto::ClientId(1),
                 truncate: true,
                 access: proto::meta::OpenAccess::ReadWrite,
+                append: false,
             },
             fs::ListXattr { ino: ghost },
             fs::Commit {

@@ -70,6 +70,7 @@ fn locked_for(h: &H, ino: InodeId, client: ClientId, name: &str, conn: u64) -> b
         client,
         conn: ConnId(conn),
         access: OpenAccess::Read,
+        append: false,
     };
     let probe = h.ns().open_inode(ino, false, owner).unwrap();
     let req = GetLock {
@@ -91,6 +92,7 @@ fn alice_holds_f(h: &H) -> (proto::Attr, ClientId, proto::meta::fs::Opened) {
         client: a,
         conn: ConnId(1),
         access: OpenAccess::ReadWrite,
+        append: false,
     };
     let o = h.ns().open_inode(f.ino, false, opened).unwrap();
     h.ns()

@@ -42,6 +42,7 @@ fn create_req(parent: InodeId, name: &str, perm: u32, access: OpenAccess) -> fs:
         exclusive: false,
         client: ClientId(1),
         access,
+        append: false,
     }
 }
 
@@ -147,6 +148,7 @@ fn opens_are_checked_against_the_mode(kind: StoreKind) {
         client: ClientId(1),
         truncate: false,
         access,
+        append: false,
     };
     assert_eq!(as_user(ns, ALICE, open(ro, OpenAccess::Read)), None);
     assert_eq!(as_user(ns, ALICE, open(ro, OpenAccess::Write)), EACCES);
@@ -203,6 +205,7 @@ fn truncation_and_commits_go_through_a_write_session(kind: StoreKind) {
         client: ClientId(1),
         truncate: false,
         access: OpenAccess::Write,
+        append: false,
     };
     ns.handle(req, at(ALICE, 2)).unwrap();
     let chmod = fs::SetAttr {
@@ -458,6 +461,7 @@ fn sessions_and_locks_belong_to_their_connection(kind: StoreKind) {
         client: ClientId(1),
         truncate: false,
         access: OpenAccess::Read,
+        append: false,
     };
     let s = ns.handle(open, at(ALICE, 2)).unwrap().session;
     let release = fs::Release {
@@ -533,6 +537,7 @@ fn an_open_by_name_checks_the_lookup_and_the_open(kind: StoreKind) {
         name: name.into(),
         client: ClientId(1),
         access,
+        append: false,
         accessed,
     };
     let read = OpenAccess::Read;

@@ -17,6 +17,7 @@ fn of(client: u64, conn: u64) -> SessionOwner {
         client: ClientId(client),
         conn: ConnId(conn),
         access: proto::meta::OpenAccess::ReadWrite,
+        append: false,
     }
 }
 

@@ -90,6 +90,7 @@ fn run(
                 perm: 0o644,
                 exclusive: true,
                 access: OpenAccess::ReadWrite,
+                append: false,
                 client: ClientId(1),
             };
             let opened = ask(ns, create)?;
