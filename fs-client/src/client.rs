@@ -696,20 +696,25 @@ impl Client {
         self.meta(fs::SetFlags { ino, flags }).await
     }
 
-    /// Refuses with EPERM a change of `ino`'s bytes in place (a truncation, a punched
-    /// or zeroed range) that its flags forbid, before the data servers cut anything:
-    /// the metadata server refuses only the length, after the cut. Free for a file
-    /// known to have no extended attributes (where the flags are kept), one call
-    /// otherwise.
-    pub(crate) async fn check_cuttable(&self, ino: InodeId) -> Result<()> {
+    /// Refuses with EPERM a change of `ino`'s bytes that its flags forbid (`refuses`
+    /// says which; `what` names the change), before the data servers cut or grow
+    /// anything: the metadata server judges only the length, after them. It matters
+    /// for a descriptor opened for writing before the flag was set (an open after it is
+    /// refused already). Free for a file this mount knows, within the attribute TTL,
+    /// to have no extended attributes (where the flags are kept); one call otherwise.
+    pub(crate) async fn refuse_if_flagged(
+        &self,
+        ino: InodeId,
+        what: &str,
+        refuses: impl FnOnce(InodeFlags) -> bool,
+    ) -> Result<()> {
         if self.no_xattrs.none(ino) {
             return Ok(());
         }
-        let flags = self.getflags(ino).await?;
-        if flags.immutable || flags.append {
-            return Err(ClientError::Remote(WireError::new(
+        if refuses(self.getflags(ino).await?) {
+            return Err(ClientError::Refused(WireError::new(
                 ErrorCode::NotPermitted,
-                format!("{ino} is immutable or append only: its bytes are not cut"),
+                format!("{ino} is immutable or append only: no {what}"),
             )));
         }
         Ok(())

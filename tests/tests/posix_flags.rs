@@ -26,6 +26,14 @@ A() {{ setpriv --reuid={a} --regid={a} --clear-groups -- "$@"; }}
 r() {{ label=$1; shift; if out=$("$@" 2>&1); then echo "$label ok $out"; else echo "$label fail $out"; fi; }}
 fl() {{ lsattr -d "$1" | cut -d' ' -f1 | tr -cd 'ia'; }}
 ftrunc() {{ python3 -c 'import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND); os.ftruncate(fd, 0)' "$1"; }}
+punch() {{ python3 -c '
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)
+# FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE over the first byte.
+if libc.fallocate(fd, 3, ctypes.c_long(0), ctypes.c_long(1)) != 0:
+    sys.exit(os.strerror(ctypes.get_errno()))
+' "$1"; }}
 umask 022
 echo data > f
 r set-i chattr +i f
@@ -55,6 +63,7 @@ r append-a sh -c 'echo b >> ap'
 r overwrite-a sh -c 'echo c > ap'
 r truncate-a truncate -s 0 ap
 r ftruncate-a ftrunc ap
+r punch-a punch ap
 r rm-a rm ap
 r mv-a mv ap aq
 r ln-a ln ap aq

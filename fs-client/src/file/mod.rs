@@ -34,7 +34,7 @@ use parking_lot::Mutex;
 use pieces::{batches, pieces, windows, Piece};
 use proto::meta::{fs, Commit};
 use proto::runs::{self, ChunkRuns, MAX_COMMIT_RUNS};
-use proto::{Attr, ChainId, ChunkId, InodeId, Layout, SessionId, Timestamp, WireError};
+use proto::{Attr, ChainId, ChunkId, InodeFlags, InodeId, Layout, SessionId, Timestamp, WireError};
 use read::CacheSeg;
 use readahead::Readahead;
 use std::collections::{BTreeMap, BTreeSet};
@@ -706,11 +706,11 @@ impl Client {
             .ok_or_else(|| ClientError::TooLarge("range too large".into()))?;
         let keep = libc::FALLOC_FL_KEEP_SIZE;
         let (punch, zero) = (libc::FALLOC_FL_PUNCH_HOLE, libc::FALLOC_FL_ZERO_RANGE);
-        if mode & (punch | zero) != 0 {
-            // Through a descriptor opened before the file became immutable, or with
-            // `O_APPEND` on an append-only one: refused as `vfs_fallocate` does.
-            self.check_cuttable(fh.ino()).await?;
-        }
+        // As `vfs_fallocate`: nothing on an immutable file, and only an allocation (no
+        // punched or zeroed range) on an append-only one.
+        let refuses = |f: InodeFlags| f.immutable || (f.append && mode & !keep != 0);
+        self.refuse_if_flagged(fh.ino(), "fallocate", refuses)
+            .await?;
         if mode & punch == 0 {
             self.check_space(fh, offset, end).await?;
         }

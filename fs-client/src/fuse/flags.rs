@@ -6,7 +6,8 @@
 //! `lsattr`, `cp` and stress tools send them by the thousand).
 
 use super::replies::finish;
-use super::TesseraFs;
+use super::{errno_of, TesseraFs};
+use crate::error::ClientError;
 use fuser::{Errno, INodeNo, ReplyIoctl, Request};
 use proto::InodeFlags;
 use tracing::debug;
@@ -36,22 +37,17 @@ enum FlagsIoctl {
 }
 
 /// Decodes ioctl `cmd` with input `data`: `Ok(None)` for an ioctl that is not about
-/// flags (ENOTTY), an errno for flags this file system does not keep (EOPNOTSUPP, as
+/// flags (ENOTTY), an error for flags this file system does not keep (EOPNOTSUPP, as
 /// ext4 answers for one it lacks) or a short input (EINVAL).
-fn decode(cmd: u32, data: &[u8]) -> Result<Option<FlagsIoctl>, Errno> {
-    let word = |data: &[u8]| -> Result<u32, Errno> {
-        let bytes = data.get(..4).ok_or(Errno::EINVAL)?;
-        Ok(u32::from_ne_bytes(
-            bytes.try_into().map_err(|_| Errno::EINVAL)?,
-        ))
+fn decode(cmd: u32, data: &[u8]) -> Result<Option<FlagsIoctl>, ClientError> {
+    let word = |data: &[u8]| -> Result<u32, ClientError> {
+        let bytes: [u8; 4] = data
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| ClientError::Invalid(format!("ioctl {cmd:#x}: {} bytes", data.len())))?;
+        Ok(u32::from_ne_bytes(bytes))
     };
-    let unsupported = |bits: u32| {
-        debug!(
-            bits = format!("{bits:#x}"),
-            "flags this file system does not keep"
-        );
-        Errno::EOPNOTSUPP
-    };
+    let unsupported = |bits: u32| ClientError::NotSupported(format!("flags {bits:#x}"));
     Ok(Some(match cmd {
         GETFLAGS | GETFLAGS32 => FlagsIoctl::Get { fsxattr: false },
         FSGETXATTR => FlagsIoctl::Get { fsxattr: true },
@@ -59,12 +55,15 @@ fn decode(cmd: u32, data: &[u8]) -> Result<Option<FlagsIoctl>, Errno> {
             FlagsIoctl::Set(InodeFlags::from_fs_flags(word(data)?).map_err(unsupported)?)
         }
         FSSETXATTR => {
-            if data.len() < FSXATTR_BYTES {
-                return Err(Errno::EINVAL);
-            }
+            let Some(hints) = data.get(4..20).filter(|_| data.len() >= FSXATTR_BYTES) else {
+                return Err(ClientError::Invalid(format!(
+                    "fsxattr of {} bytes",
+                    data.len()
+                )));
+            };
             // An extent size hint, a project or a copy-on-write hint: not kept.
-            if data[4..20].iter().any(|&b| b != 0) {
-                return Err(Errno::EOPNOTSUPP);
+            if hints.iter().any(|&b| b != 0) {
+                return Err(ClientError::NotSupported("fsxattr hints or project".into()));
             }
             FlagsIoctl::Set(InodeFlags::from_xflags(word(data)?).map_err(unsupported)?)
         }
@@ -97,7 +96,10 @@ impl TesseraFs {
                 debug!(ino = i.0, cmd, "ioctl not supported");
                 return reply.error(Errno::ENOTTY);
             }
-            Err(e) => return reply.error(e),
+            Err(e) => {
+                debug!(ino = i.0, cmd, error = %e, "flags ioctl refused");
+                return reply.error(errno_of(&e));
+            }
         };
         let inner = self.inner.clone();
         let ino = super::replies::ino(i);
@@ -124,6 +126,7 @@ mod tests {
     #[test]
     fn flag_ioctls_decode_and_others_are_not_ours() {
         let set = |f: InodeFlags| Ok(Some(FlagsIoctl::Set(f)));
+        let decode = |cmd, data: &[u8]| decode(cmd, data).map_err(|e| errno_of(&e));
         let immutable = InodeFlags {
             immutable: true,
             append: false,

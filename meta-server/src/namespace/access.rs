@@ -77,6 +77,16 @@ pub(super) struct OpenHow {
 }
 
 impl OpenHow {
+    /// What the open of `owner` asks, not truncating (a create's truncation of an
+    /// existing file is the client's setattr, checked as one).
+    pub(super) fn of(owner: &super::SessionOwner) -> OpenHow {
+        OpenHow {
+            access: owner.access,
+            truncate: false,
+            append: owner.append,
+        }
+    }
+
     /// A plain open for reading.
     pub(super) fn read() -> OpenHow {
         OpenHow {
@@ -211,14 +221,14 @@ impl Namespace {
         kernel_checked: bool,
     ) -> Result<(), MetaError> {
         self.may_add_then(c, (dir, name), |r| {
-            let m = mode_of(r, ino, &r.inode(ino)?)?;
-            // The kernel applied its hard-link rule, but it does not know the flags.
-            perm::check_linkable(&m)?;
             if kernel_checked {
                 return Ok(());
             }
-            perm::may_link(c, &m)
-        })
+            perm::may_link(c, &mode_of(r, ino, &r.inode(ino)?)?)
+        })?;
+        // After write on the directory, as `vfs_link` checks them; the kernel applied
+        // its hard-link rule, but it does not know the flags.
+        perm::check_linkable(&self.mode_of(ino)?)
     }
 
     /// A rename of `name` in `dir` to `new_name` in `new_dir`: the source's name is
@@ -231,9 +241,17 @@ impl Namespace {
         (new_dir, new_name): (InodeId, &[u8]),
         mode: RenameMode,
     ) -> Result<(), MetaError> {
-        self.may_remove(c, dir, name)?;
         let r = self.reads();
         let target = r.dirent(new_dir, new_name)?;
+        // Two names of one inode: the rename does nothing, and is allowed before any
+        // rule as `vfs_rename` allows it (a flagged file's links included).
+        let source = r.dirent(dir, name)?;
+        if let (Some(s), Some(t)) = (&source, &target) {
+            if s.ino == t.ino && mode == RenameMode::Replace {
+                return Ok(());
+            }
+        }
+        self.may_remove(c, dir, name)?;
         // A target that goes meanwhile is added, not replaced: write and search on its
         // directory (`may_add`'s EEXIST is no answer for a rename, which replaces).
         let add = || -> Result<(), MetaError> {
@@ -279,12 +297,12 @@ impl Namespace {
         ino: InodeId,
         conn: ConnId,
     ) -> Result<(), MetaError> {
-        // A session opened for writing before the file became immutable still commits
-        // what it wrote (see `flags`).
+        // A session opened for writing before the file was flagged still commits what
+        // it wrote (README, "Not yet").
         if self.writes(ino, conn) {
             return Ok(());
         }
-        perm::check(c, &self.mode_of(ino)?, W, "commit writes to the file")
+        perm::check_commit(c, &self.mode_of(ino)?)
     }
 
     /// An extended attribute access.
@@ -330,12 +348,7 @@ impl Namespace {
         // A directory removed while open has no inode left: the release skips it.
         let r = self.reads();
         match r.try_inode(s.ino)? {
-            Some(rec) => perm::check(
-                c,
-                &mode_of(&r, s.ino, &rec)?,
-                W,
-                "commit writes to the file",
-            ),
+            Some(rec) => perm::check_commit(c, &mode_of(&r, s.ino, &rec)?),
             None => Ok(()),
         }
     }

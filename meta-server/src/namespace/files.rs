@@ -108,11 +108,7 @@ impl Namespace {
                 let rec = txn.inode(InodeId(d.ino))?;
                 if checked {
                     let m = super::access::mode_of(&txn, InodeId(d.ino), &rec)?;
-                    let how = super::access::OpenHow {
-                        access: owner.access,
-                        truncate: false,
-                        append: owner.append,
-                    };
+                    let how = super::access::OpenHow::of(&owner);
                     super::access::check_open(&caller, &m, how)?;
                 }
                 (InodeId(d.ino), rec, parent_rec.clone())

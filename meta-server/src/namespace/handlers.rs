@@ -452,14 +452,15 @@ impl Handle for fs::GetFlags {
         self.ino.0
     }
     fn run(self, ns: &Namespace, _: &Origin) -> Result<Self::Reply, MetaError> {
-        // Anyone may read an inode's flags (`lsattr` needs no permission but the
-        // lookup's search, which the caller's path walk did).
+        // Whoever reached the inode may read its flags, as its attributes (`lsattr`
+        // opens the file first: the kernel checks that open).
         ns.getflags(self.ino)
     }
 }
 
 impl Handle for fs::SetFlags {
-    const ADDS_RECORDS: bool = true;
+    // Not refused while the store is short of room: a flagged file cannot be removed
+    // until its flags are cleared (and setting them adds one attribute of a few bytes).
     fn span_id(&self) -> u64 {
         self.ino.0
     }

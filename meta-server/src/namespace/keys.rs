@@ -5,7 +5,7 @@
 //! | `S`                  | superblock                             |
 //! | `I` ino              | inode record                           |
 //! | `D` parent name      | directory entry                        |
-//! | `X` ino name         | extended attribute value (and the inode's flags, under a name no client can send: `flags.rs`) |
+//! | `X` ino name         | extended attribute value; the flags under a name with a NUL |
 //! | `N` node             | data server record                     |
 //! | `G` node ino         | pending "delete all chunks of ino"     |
 //! | `O` ino              | orphan: unlinked while open            |

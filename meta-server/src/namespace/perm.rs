@@ -178,30 +178,16 @@ pub struct Held {
 /// for the setgid bit a chmod may not keep.
 pub fn check_setattr(c: &Caller, m: &Mode, set: &SetAttr, held: Held) -> Result<(), MetaError> {
     let explicit = |t: Option<TimeSet>| matches!(t, Some(TimeSet::At(_)));
-    // Flags first (`ext4_setattr`, `notify_change`, `do_truncate`): an immutable inode
-    // takes no change at all; an append-only one no truncation, chmod, chown or
-    // explicit times, only times set to now.
-    let changes = *set != SetAttr::default();
-    if changes && m.flags.immutable {
-        return Err(flagged("change the attributes: it is immutable"));
+    if set.size.is_some() && !held.write_session {
+        check(c, m, W, "truncate the file")?;
     }
-    let owner_or_times = set.perm.is_some() || set.uid.is_some() || set.gid.is_some();
-    let forbidden =
-        set.size.is_some() || owner_or_times || explicit(set.atime) || explicit(set.mtime);
-    if m.flags.append && forbidden {
-        return Err(flagged(
-            "truncate, chmod, chown or set the times: it is append only",
-        ));
-    }
+    check_setattr_flags(m, set)?;
     let denied = |what: &str| {
         Err(MetaError::NotPermitted(format!(
             "uid {} may not {what} of a file of uid {}",
             c.uid, m.uid
         )))
     };
-    if set.size.is_some() && !held.write_session {
-        check(c, m, W, "truncate the file")?;
-    }
     if let Some(uid) = set.uid {
         let keeps_own = c.uid == m.uid && uid == m.uid;
         if !(c.is_root() || keeps_own) {
@@ -218,9 +204,7 @@ pub fn check_setattr(c: &Caller, m: &Mode, set: &SetAttr, held: Held) -> Result<
         // The kernel drops setuid and setgid itself before a write by someone else
         // (`file_remove_privs`, no ownership needed): a change that only clears them
         // is allowed to whoever may write the file.
-        let (perm, kills) = (perm & 0o7777, S_ISUID | S_ISGID);
-        let only_kills = perm & !m.perm == 0 && (m.perm & !perm) & !kills == 0;
-        let writer_kills = only_kills && may(c, m, W);
+        let writer_kills = only_kills(m.perm, perm) && may(c, m, W);
         if !(owns(c, m) || writer_kills) {
             return denied("change the mode");
         }
@@ -233,6 +217,48 @@ pub fn check_setattr(c: &Caller, m: &Mode, set: &SetAttr, held: Held) -> Result<
         check(c, m, W, "set the times to now")?;
     }
     Ok(())
+}
+
+/// What an inode's flags refuse of a setattr (`ext4_setattr`, `notify_change`,
+/// `do_truncate`): an immutable inode takes no change at all; an append-only one no
+/// truncation, chmod, chown or explicit times, only times set to now, and a mode change
+/// that only clears setuid and setgid (what the kernel sends before a write, as
+/// `file_remove_privs`, which `notify_change` lets through).
+fn check_setattr_flags(m: &Mode, set: &SetAttr) -> Result<(), MetaError> {
+    if m.flags.immutable && *set != SetAttr::default() {
+        return Err(flagged("change the attributes: it is immutable"));
+    }
+    if !m.flags.append {
+        return Ok(());
+    }
+    let explicit = |t: Option<TimeSet>| matches!(t, Some(TimeSet::At(_)));
+    let kills_only = set.perm.is_none_or(|p| only_kills(m.perm, p));
+    let forbidden = set.size.is_some()
+        || !kills_only
+        || set.uid.is_some()
+        || set.gid.is_some()
+        || explicit(set.atime)
+        || explicit(set.mtime);
+    if forbidden {
+        return Err(flagged(
+            "truncate, chmod, chown or set the times: it is append only",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a chmod from `old` to `new` only clears setuid and setgid.
+fn only_kills(old: u32, new: u32) -> bool {
+    let (new, kills) = (new & 0o7777, S_ISUID | S_ISGID);
+    new & !old == 0 && (old & !new) & !kills == 0
+}
+
+/// May `c` commit writes to `m` without a session opened for writing (a length and
+/// mtime, as `Commit` and a release's commit carry): write permission, and not to a
+/// flagged inode (only an open for writing made before the flag may still commit).
+pub fn check_commit(c: &Caller, m: &Mode) -> Result<(), MetaError> {
+    kept(m, "commit writes without an open for writing")?;
+    check(c, m, W, "commit writes to the file")
 }
 
 /// The mode a chmod to `perm` by `c` stores: setgid dropped when `c` is neither root
@@ -307,16 +333,19 @@ pub fn check_xattr(
     name: &[u8],
     access: XattrAccess,
 ) -> Result<(), MetaError> {
-    if access != XattrAccess::Read {
-        // `xattr_permission`: before any other rule.
-        kept(m, "change its extended attributes")?;
-    }
+    // An append-only file's writer too (`file_remove_privs` removes it without
+    // `xattr_permission`'s flag rule); an immutable file takes no write.
     if access == XattrAccess::Remove
         && name == proto::CAPABILITY_XATTR
         && m.kind == FileKind::Regular
+        && !m.flags.immutable
         && (owns(c, m) || may(c, m, W))
     {
         return Ok(());
+    }
+    if access != XattrAccess::Read {
+        // `xattr_permission`: before any other rule.
+        kept(m, "change its extended attributes")?;
     }
     let write = access != XattrAccess::Read;
     let not_permitted = || {

@@ -97,6 +97,8 @@ fn xattr(ino: InodeId) -> fs::SetXattr {
     }
 }
 
+/// Guards against an immutable inode changed through any request, by root as by its
+/// owner (the kernel does not know the flags: the server is the only check).
 fn an_immutable_file_takes_no_change_from_anyone(kind: StoreKind) {
     let h = H::with_nodes(kind, 1);
     let ns = h.ns();
@@ -175,6 +177,8 @@ fn an_immutable_file_takes_no_change_from_anyone(kind: StoreKind) {
     assert_eq!(as_user(ns, ALICE, unlink(d, "in")), None);
 }
 
+/// Guards against an append-only file or directory losing what it holds: writes only
+/// with `O_APPEND`, no truncation, chmod, explicit times or removal; new names only.
 fn an_append_only_file_grows_only_at_its_end(kind: StoreKind) {
     let h = H::with_nodes(kind, 1);
     let ns = h.ns();
@@ -215,6 +219,8 @@ fn an_append_only_file_grows_only_at_its_end(kind: StoreKind) {
     assert_eq!(as_user(ns, 0, unlink(d, "added")), EPERM);
 }
 
+/// Guards against a user setting or clearing a flag (`CAP_LINUX_IMMUTABLE` is root's)
+/// and against flags on what the kernel never asks about.
 fn only_root_sets_and_clears_them(kind: StoreKind) {
     let h = H::with_nodes(kind, 1);
     let ns = h.ns();
@@ -251,6 +257,8 @@ fn only_root_sets_and_clears_them(kind: StoreKind) {
     );
 }
 
+/// Guards against the flags' attribute showing in listings, upsetting the count `fsck`
+/// checks, or staying behind its inode.
 fn flags_are_a_hidden_attribute_that_goes_with_its_inode(kind: StoreKind) {
     let h = H::with_nodes(kind, 1);
     let ns = h.ns();
@@ -271,14 +279,89 @@ fn flags_are_a_hidden_attribute_that_goes_with_its_inode(kind: StoreKind) {
     ns.handle(set(f, InodeFlags::default()), at(0)).unwrap();
     assert_eq!(ns.getattr(f).unwrap().xattr_count, 1);
     assert_eq!(ns.getflags(f).unwrap(), InodeFlags::default());
-    // A file removed with flags set never had them cleared: nothing stays behind.
-    let g = file(ns, ALICE, top, "g");
-    ns.handle(set(g, APPEND), at(0)).unwrap();
-    ns.handle(set(g, InodeFlags::default()), at(0)).unwrap();
-    ns.handle(set(g, IMMUTABLE), at(0)).unwrap();
-    ns.handle(set(g, InodeFlags::default()), at(0)).unwrap();
-    ns.handle(unlink(top, "g"), at(ALICE)).unwrap();
+    // An unnamed file (`O_TMPFILE`) flagged while open goes at its last close with the
+    // flags' attribute: nothing stays behind.
+    let tmp = fs::TmpFile {
+        parent: top,
+        perm: 0o600,
+        linkable: false,
+        access: OpenAccess::ReadWrite,
+        client: ClientId(1),
+    };
+    let o = ns.handle(tmp, at(0)).unwrap();
+    ns.handle(set(o.attr.ino, IMMUTABLE), at(0)).unwrap();
+    ns.release(o.session, None).unwrap();
+    assert_eq!(
+        ns.getattr(o.attr.ino).err().map(|e| e.code()),
+        Some(ErrorCode::NotFound)
+    );
     assert!(ns.check_namespace().unwrap().is_empty());
+}
+
+/// Guards against a flagged file's length or times moved around the setattr rules: a
+/// commit needs a session opened for writing (made before the flag), and two names of
+/// one flagged inode rename onto each other as Linux lets them (nothing happens).
+fn commits_need_an_earlier_write_session_and_same_inode_renames_pass(kind: StoreKind) {
+    let h = H::with_nodes(kind, 1);
+    let ns = h.ns();
+    let top = mkdir(ns, ROOT, "top");
+    let f = file(ns, ALICE, top, "f");
+    let writer = ns
+        .handle(open(f, OpenAccess::Write, true), at(ALICE))
+        .unwrap();
+    assert_eq!(as_user(ns, 0, set(f, APPEND)), None);
+    let commit = |len| fs::Commit {
+        ino: f,
+        commit: proto::meta::Commit::length(len, proto::Timestamp { secs: 1, nanos: 0 }),
+    };
+    // Through the session opened before the flag (connection 1): still committed.
+    assert_eq!(as_user(ns, ALICE, commit(10)), None);
+    // Without one, as a writer with permission: refused.
+    let other = Origin {
+        conn: ConnId(2),
+        ..at(ALICE)
+    };
+    let refused = ns.handle(commit(20), other).err().map(|e| e.code);
+    assert_eq!(refused, EPERM);
+    ns.release(writer.session, None).unwrap();
+    assert_eq!(ns.getattr(f).unwrap().size, 10);
+    // A writer clearing setuid before its write (the kernel's `file_remove_privs`).
+    ns.handle(set(f, InodeFlags::default()), at(0)).unwrap();
+    let suid = SetAttr {
+        perm: Some(0o4755),
+        ..SetAttr::default()
+    };
+    ns.handle(setattr(f, suid), at(ALICE)).unwrap();
+    ns.handle(set(f, APPEND), at(0)).unwrap();
+    let kill = SetAttr {
+        perm: Some(0o755),
+        ..SetAttr::default()
+    };
+    assert_eq!(as_user(ns, ALICE, setattr(f, kill)), None);
+    let more = SetAttr {
+        perm: Some(0o777),
+        ..SetAttr::default()
+    };
+    assert_eq!(as_user(ns, ALICE, setattr(f, more)), EPERM);
+    // Two links made before the flag.
+    ns.handle(set(f, InodeFlags::default()), at(0)).unwrap();
+    let link = fs::Link {
+        ino: f,
+        new_parent: top,
+        new_name: b"g".to_vec(),
+        kernel_checked: false,
+    };
+    ns.handle(link, at(ALICE)).unwrap();
+    ns.handle(set(f, IMMUTABLE), at(0)).unwrap();
+    let rename = fs::Rename {
+        parent: top,
+        name: b"f".to_vec(),
+        new_parent: top,
+        new_name: b"g".to_vec(),
+        mode: RenameMode::Replace,
+    };
+    assert_eq!(as_user(ns, ALICE, rename), None);
+    assert_eq!(ns.getattr(f).unwrap().nlink, 2, "nothing happened");
 }
 
 engine_tests!(
@@ -286,4 +369,5 @@ engine_tests!(
     an_append_only_file_grows_only_at_its_end,
     only_root_sets_and_clears_them,
     flags_are_a_hidden_attribute_that_goes_with_its_inode,
+    commits_need_an_earlier_write_session_and_same_inode_renames_pass,
 );
