@@ -686,14 +686,25 @@ impl Client {
 
     /// The attribute flags of `ino` (`lsattr`).
     pub async fn getflags(&self, ino: InodeId) -> Result<InodeFlags> {
-        self.meta(fs::GetFlags { ino }).await
+        let flags = self.meta(fs::GetFlags { ino }).await?;
+        self.flags_known(ino, flags);
+        Ok(flags)
     }
 
     /// Sets the attribute flags of `ino` (`chattr`); answers its attributes.
     pub async fn setflags(&self, ino: InodeId, flags: InodeFlags) -> Result<Attr> {
         // The server keeps them as an attribute: "no attributes" is no longer known.
         self.no_xattrs.changing(ino);
-        self.meta(fs::SetFlags { ino, flags }).await
+        let attr = self.meta(fs::SetFlags { ino, flags }).await?;
+        self.flags_known(ino, flags);
+        Ok(attr)
+    }
+
+    /// Tells this mount's open handles of `ino` whether it is immutable now.
+    fn flags_known(&self, ino: InodeId, flags: InodeFlags) {
+        if let Some(st) = self.live_file(ino) {
+            st.set_immutable(flags.immutable);
+        }
     }
 
     /// Refuses with EPERM a change of `ino`'s bytes that its flags forbid (`refuses`

@@ -26,6 +26,17 @@ A() {{ setpriv --reuid={a} --regid={a} --clear-groups -- "$@"; }}
 r() {{ label=$1; shift; if out=$("$@" 2>&1); then echo "$label ok $out"; else echo "$label fail $out"; fi; }}
 fl() {{ lsattr -d "$1" | cut -d' ' -f1 | tr -cd 'ia'; }}
 ftrunc() {{ python3 -c 'import os, sys; fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND); os.ftruncate(fd, 0)' "$1"; }}
+early() {{ python3 -c '
+import os, subprocess, sys
+fd = os.open(sys.argv[1], os.O_WRONLY)
+subprocess.run(["chattr", "+i", sys.argv[1]], check=True)
+try:
+    os.write(fd, b"late")
+except OSError as e:
+    sys.exit(e.strerror)
+finally:
+    subprocess.run(["chattr", "-i", sys.argv[1]], check=True)
+' "$1"; }}
 punch() {{ python3 -c '
 import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
@@ -56,6 +67,8 @@ r clear-i chattr -i f
 r flags-none fl f
 r write-after sh -c 'echo after >> f'
 r read-after cat f
+r write-open-before early f
+r read-open-before cat f
 echo a > ap
 r set-a chattr +a ap
 r flags-a fl ap

@@ -59,6 +59,8 @@ pub struct FileState {
     pub(crate) gate: around::StoreGate,
     /// This client's open was ended by the server while it was cut off.
     lost: AtomicBool,
+    /// The file is known immutable (`write.rs`, `FileState::check_mutable`).
+    immutable: AtomicBool,
     /// `O_APPEND` writes not yet placed (`append.rs`). Taken briefly, never across a
     /// network call, nor while `io` or `inner` is held.
     appends: Mutex<append::AppendQueue>,
@@ -158,6 +160,7 @@ impl FileState {
             sent: Notify::new(),
             gate: around::StoreGate::default(),
             lost: AtomicBool::new(false),
+            immutable: AtomicBool::new(false),
             appends: Mutex::new(append::AppendQueue::default()),
             placing: tokio::sync::Mutex::new(()),
         }

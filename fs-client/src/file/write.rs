@@ -17,10 +17,11 @@
 use super::extents::Extents;
 use super::{check_range, FileHandle, FileState};
 use crate::client::Client;
-use crate::error::Result;
+use crate::error::{ClientError, Result};
 use crate::segpool::SegBuf;
 use parking_lot::Mutex;
 use proto::WireError;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -138,6 +139,7 @@ impl Client {
     /// this client's buffers when it returns, on their way to the data servers; a
     /// failure to store them is returned by a later write, flush, fsync or close.
     pub async fn write(&self, fh: &FileHandle, offset: u64, data: &[u8]) -> Result<usize> {
+        fh.state.check_mutable()?;
         let end = check_range(offset, data.len() as u64)?;
         fh.check_write_error()?;
         // Appends made before this write land before it (and one that failed fails it).
@@ -166,7 +168,11 @@ impl Client {
         data: &[u8],
     ) -> Option<Result<usize>> {
         // A failure to report goes the slow way, through `Client::write`.
-        if !self.buffers_writes() || data.is_empty() || fh.has_unreported_error() {
+        if !self.buffers_writes()
+            || data.is_empty()
+            || fh.has_unreported_error()
+            || fh.state.is_immutable()
+        {
             return None;
         }
         // Appends made before this write must be placed first (see `append.rs`).
@@ -390,6 +396,32 @@ fn new_segment(index: u64, buf: SegBuf) -> Arc<WriteSeg> {
         }),
         done: watch::channel(false).0,
     })
+}
+
+impl FileState {
+    /// Records whether the file is immutable, as this mount set or read its flags:
+    /// its handles opened for writing before write no more (Linux refuses writes to an
+    /// immutable file whatever the descriptor). Another mount's change is not seen
+    /// here (README, "Not yet").
+    pub(crate) fn set_immutable(&self, on: bool) {
+        self.immutable.store(on, Ordering::SeqCst);
+    }
+
+    /// Whether [`FileState::set_immutable`] said so.
+    pub(crate) fn is_immutable(&self) -> bool {
+        self.immutable.load(Ordering::SeqCst)
+    }
+
+    /// EPERM for a write to a file known immutable.
+    pub(crate) fn check_mutable(&self) -> Result<()> {
+        if !self.is_immutable() {
+            return Ok(());
+        }
+        Err(ClientError::Refused(WireError::new(
+            proto::ErrorCode::NotPermitted,
+            format!("{} is immutable", self.ino),
+        )))
+    }
 }
 
 #[cfg(test)]
