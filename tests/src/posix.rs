@@ -125,6 +125,41 @@ pub fn check_output(what: &str, out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The lines a bash `script` prints when run with `$1` = `dir` (made first), as root;
+/// panics if it fails. For scripts run on the local disk and on a mount alike.
+pub fn script_lines(what: &str, script: &str, dir: &Path) -> Vec<String> {
+    std::fs::create_dir_all(dir).expect("the script's directory");
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .arg(what)
+        .arg(dir)
+        .output()
+        .expect("bash runs");
+    check_output(what, &out)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Panics, showing both sides and where they differ, unless the mount's lines `got`
+/// equal the local disk's `want` one for one.
+pub fn assert_same_lines(want: &[String], got: &[String]) {
+    let diff: Vec<String> = want
+        .iter()
+        .zip(got)
+        .filter(|(w, g)| w != g)
+        .map(|(w, g)| format!("local: {w}\nmount: {g}"))
+        .collect();
+    assert!(
+        diff.is_empty() && want.len() == got.len(),
+        "{}\nlocal:\n{}\nmount:\n{}",
+        diff.join("\n"),
+        want.join("\n"),
+        got.join("\n")
+    );
+}
+
 /// Python helpers for [`User::py`]: `t(label, f, *args)` runs one operation and prints
 /// `label OK [result]` or `label ERRNO_NAME`, so a test sees each outcome by label.
 pub const PY_PRELUDE: &str = r#"

@@ -9,7 +9,9 @@
 use std::fs;
 use std::path::Path;
 use std::process::Command;
-use tessera_tests::posix::{check_output, ALICE_UID, BOB_UID, SHARED_GID};
+use tessera_tests::posix::{
+    assert_same_lines, check_output, script_lines, ALICE_UID, BOB_UID, SHARED_GID,
+};
 use tessera_tests::ProcessCluster;
 
 /// A user in [`SHARED_GID`] only through its supplementary groups.
@@ -111,18 +113,7 @@ r link-get getfattr -h -n system.posix_acl_access proj/ln
 }
 
 fn run(dir: &Path) -> Vec<String> {
-    fs::create_dir_all(dir).unwrap();
-    let out = Command::new("bash")
-        .arg("-c")
-        .arg(script())
-        .arg("acl")
-        .arg(dir)
-        .output()
-        .unwrap();
-    check_output("the ACL script", &out)
-        .lines()
-        .map(str::to_string)
-        .collect()
+    script_lines("the ACL script", &script(), dir)
 }
 
 /// Guards against ACLs that a mount stores but does not apply, applies otherwise than
@@ -145,19 +136,7 @@ fn acls_behave_as_on_the_local_disk() {
             .any(|l| l.starts_with("a-acl ok user::rw- user:4242:rwx")),
         "the local side has no ACLs: {want:#?}"
     );
-    let diff: Vec<String> = want
-        .iter()
-        .zip(&got)
-        .filter(|(w, g)| w != g)
-        .map(|(w, g)| format!("local: {w}\nmount: {g}"))
-        .collect();
-    assert!(
-        diff.is_empty() && want.len() == got.len(),
-        "{}\nlocal:\n{}\nmount:\n{}",
-        diff.join("\n"),
-        want.join("\n"),
-        got.join("\n")
-    );
+    assert_same_lines(&want, &got);
 }
 
 /// Guards against another mount's kernel judging by an ACL it read before a change

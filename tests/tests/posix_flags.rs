@@ -9,7 +9,7 @@
 use std::fs;
 use std::path::Path;
 use std::process::Command;
-use tessera_tests::posix::{check_output, errno_of, ALICE_UID};
+use tessera_tests::posix::{assert_same_lines, check_output, errno_of, script_lines, ALICE_UID};
 use tessera_tests::ProcessCluster;
 
 /// The script: `$1` is the directory to work in. `r LABEL CMD...` prints the label, `ok`
@@ -121,18 +121,7 @@ chattr -R -ia . 2>/dev/null
 }
 
 fn run(dir: &Path) -> Vec<String> {
-    fs::create_dir_all(dir).unwrap();
-    let out = Command::new("bash")
-        .arg("-c")
-        .arg(script())
-        .arg("flags")
-        .arg(dir)
-        .output()
-        .unwrap();
-    check_output("the flags script", &out)
-        .lines()
-        .map(str::to_string)
-        .collect()
+    script_lines("the flags script", &script(), dir)
 }
 
 /// Guards against flags that a mount keeps but does not apply, applies otherwise than
@@ -157,19 +146,7 @@ fn flags_behave_as_on_the_local_disk() {
                 .any(|l| l == "rm fail rm: cannot remove 'f': Operation not permitted"),
         "the local side keeps no flags: {want:#?}"
     );
-    let diff: Vec<String> = want
-        .iter()
-        .zip(&got)
-        .filter(|(w, g)| w != g)
-        .map(|(w, g)| format!("local: {w}\nmount: {g}"))
-        .collect();
-    assert!(
-        diff.is_empty() && want.len() == got.len(),
-        "{}\nlocal:\n{}\nmount:\n{}",
-        diff.join("\n"),
-        want.join("\n"),
-        got.join("\n")
-    );
+    assert_same_lines(&want, &got);
 }
 
 /// Guards against flags kept by the mount that set them rather than by the metadata

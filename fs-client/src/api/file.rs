@@ -374,6 +374,7 @@ impl File {
                 // As pwrite(2) of nothing: no change, not even of the length.
                 return Ok(0);
             }
+            fh.state.check_mutable()?;
             self.drop_privs(fh)?;
             sh.block_on(sh.client.write(fh, offset, buf))
         })
@@ -419,6 +420,7 @@ impl File {
             if buf.is_empty() {
                 return Ok(fh.state.size());
             }
+            fh.state.check_mutable()?;
             self.drop_privs(fh)?;
             sh.block_on(sh.client.append(fh, buf))
         })

@@ -269,6 +269,11 @@ impl Client {
             files.retain(|_, w| w.strong_count() > 0);
         }
         drop(files);
+        if writes {
+            // The server let a write open through: not immutable now (another mount
+            // may have cleared what this one knew).
+            state.set_immutable(false);
+        }
         let mut attr = attr;
         state.overlay(&mut attr);
         let fh = FileHandle::new(state, session, &attr, self.config().atime);

@@ -113,7 +113,6 @@ impl Client {
     /// this client knew when the write started a new batch, or where a write placed
     /// alone went.
     pub(crate) async fn append_queued(&self, fh: &FileHandle, data: &[u8]) -> Result<Option<u64>> {
-        fh.state.check_mutable()?;
         fh.check_write_error()?;
         if data.is_empty() {
             return Ok(None);
@@ -141,11 +140,7 @@ impl Client {
     /// plain write is ([`Client::try_write_now`]). `None`: use
     /// `Client::append_queued`.
     pub fn try_append_now(&self, fh: &FileHandle, data: &[u8]) -> Option<Result<usize>> {
-        if !self.queues_appends()
-            || data.is_empty()
-            || fh.has_unreported_error()
-            || fh.state.is_immutable()
-        {
+        if !self.queues_appends() || data.is_empty() || fh.has_unreported_error() {
             return None;
         }
         match self.push(&fh.state, data, &mut None) {
@@ -244,7 +239,6 @@ impl Client {
     /// offset (the library API). A failure of this append is returned; one of the
     /// queue's is recorded, and fails this append too.
     pub async fn append(&self, fh: &FileHandle, data: &[u8]) -> Result<u64> {
-        fh.state.check_mutable()?;
         fh.check_write_error()?;
         let _placing = fh.state.placing.lock().await;
         self.place_queue(&fh.state).await;

@@ -139,7 +139,6 @@ impl Client {
     /// this client's buffers when it returns, on their way to the data servers; a
     /// failure to store them is returned by a later write, flush, fsync or close.
     pub async fn write(&self, fh: &FileHandle, offset: u64, data: &[u8]) -> Result<usize> {
-        fh.state.check_mutable()?;
         let end = check_range(offset, data.len() as u64)?;
         fh.check_write_error()?;
         // Appends made before this write land before it (and one that failed fails it).
@@ -168,11 +167,7 @@ impl Client {
         data: &[u8],
     ) -> Option<Result<usize>> {
         // A failure to report goes the slow way, through `Client::write`.
-        if !self.buffers_writes()
-            || data.is_empty()
-            || fh.has_unreported_error()
-            || fh.state.is_immutable()
-        {
+        if !self.buffers_writes() || data.is_empty() || fh.has_unreported_error() {
             return None;
         }
         // Appends made before this write must be placed first (see `append.rs`).
@@ -399,10 +394,12 @@ fn new_segment(index: u64, buf: SegBuf) -> Arc<WriteSeg> {
 }
 
 impl FileState {
-    /// Records whether the file is immutable, as this mount set or read its flags:
-    /// its handles opened for writing before write no more (Linux refuses writes to an
-    /// immutable file whatever the descriptor). Another mount's change is not seen
-    /// here (README, "Not yet").
+    /// Records whether the file is immutable, as this mount set or read its flags (or
+    /// an open for writing showed it is not): its handles opened for writing before
+    /// write no more, as Linux refuses writes to an immutable file whatever the
+    /// descriptor. The FUSE write path and the library check it; a write-back of pages
+    /// dirtied before is let through (ext4 writes them back before it sets the flag).
+    /// Another mount's change is not seen here (README, "Not yet").
     pub(crate) fn set_immutable(&self, on: bool) {
         self.immutable.store(on, Ordering::SeqCst);
     }

@@ -74,6 +74,12 @@ impl TesseraFs {
         // to remove (`Client::drop_capability`), unless known absent.
         let past_cache = append || direct || self.inner.direct_io(fh.0);
         let file = self.inner.file(fh.0);
+        // A write-back of pages dirtied before the file became immutable goes through.
+        if !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+            if let Err(e) = file.as_ref().map_or(Ok(()), |f| f.state.check_mutable()) {
+                return finish(reply, Err(e), |reply, n: usize| reply.written(n as u32));
+            }
+        }
         let drop_caps = past_cache
             && file
                 .as_ref()

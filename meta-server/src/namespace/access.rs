@@ -241,17 +241,9 @@ impl Namespace {
         (new_dir, new_name): (InodeId, &[u8]),
         mode: RenameMode,
     ) -> Result<(), MetaError> {
+        self.may_remove(c, dir, name)?;
         let r = self.reads();
         let target = r.dirent(new_dir, new_name)?;
-        // Two names of one inode: the rename does nothing, and is allowed before any
-        // rule as `vfs_rename` allows it (a flagged file's links included).
-        let source = r.dirent(dir, name)?;
-        if let (Some(s), Some(t)) = (&source, &target) {
-            if s.ino == t.ino && mode == RenameMode::Replace {
-                return Ok(());
-            }
-        }
-        self.may_remove(c, dir, name)?;
         // A target that goes meanwhile is added, not replaced: write and search on its
         // directory (`may_add`'s EEXIST is no answer for a rename, which replaces).
         let add = || -> Result<(), MetaError> {
@@ -342,7 +334,9 @@ impl Namespace {
             Some(s) => *s,
             None => return Ok(()),
         };
-        if !commit || s.write {
+        // The commit is the file's, shared by this client's handles: a write session
+        // of the same connection on the file may send it with any handle's release.
+        if !commit || s.write || self.writes(s.ino, conn) {
             return Ok(());
         }
         // A directory removed while open has no inode left: the release skips it.

@@ -232,7 +232,10 @@ fn check_setattr_flags(m: &Mode, set: &SetAttr) -> Result<(), MetaError> {
         return Ok(());
     }
     let explicit = |t: Option<TimeSet>| matches!(t, Some(TimeSet::At(_)));
-    let kills_only = set.perm.is_none_or(|p| only_kills(m.perm, p));
+    // Clearing a bit that is set: the kernel sends nothing else before a write.
+    let kills_only = set
+        .perm
+        .is_none_or(|p| only_kills(m.perm, p) && m.perm & !p & (S_ISUID | S_ISGID) != 0);
     let forbidden = set.size.is_some()
         || !kills_only
         || set.uid.is_some()
