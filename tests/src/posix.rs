@@ -142,6 +142,26 @@ pub fn script_lines(what: &str, script: &str, dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The lines of `script` (see [`script_lines`]) run in directory `name` of the local
+/// disk beside `cluster`'s state, then in `name` on mount `m`: `(local, mount)`. Both
+/// sides, and the cluster's directory (0700) above the local one, are opened to every
+/// user first, for scripts that act as other users.
+pub fn on_disk_and_mount(
+    cluster: &crate::ProcessCluster,
+    m: &crate::Mount,
+    (what, script): (&str, &str),
+    name: &str,
+) -> (Vec<String>, Vec<String>) {
+    let local = cluster.dir().join("local");
+    std::fs::create_dir_all(&local).expect("the local side");
+    for p in [cluster.dir(), local.as_path(), m.path.as_path()] {
+        open_to_all(p);
+    }
+    let want = script_lines(what, script, &local.join(name));
+    let got = script_lines(what, script, &m.path.join(name));
+    (want, got)
+}
+
 /// Panics, showing both sides and where they differ, unless the mount's lines `got`
 /// equal the local disk's `want` one for one.
 pub fn assert_same_lines(want: &[String], got: &[String]) {

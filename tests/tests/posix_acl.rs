@@ -7,10 +7,9 @@
 #![allow(clippy::unwrap_used)]
 
 use std::fs;
-use std::path::Path;
 use std::process::Command;
 use tessera_tests::posix::{
-    assert_same_lines, check_output, script_lines, ALICE_UID, BOB_UID, SHARED_GID,
+    assert_same_lines, check_output, on_disk_and_mount, ALICE_UID, BOB_UID, SHARED_GID,
 };
 use tessera_tests::ProcessCluster;
 
@@ -112,24 +111,14 @@ r link-get getfattr -h -n system.posix_acl_access proj/ln
     )
 }
 
-fn run(dir: &Path) -> Vec<String> {
-    script_lines("the ACL script", &script(), dir)
-}
-
 /// Guards against ACLs that a mount stores but does not apply, applies otherwise than
 /// Linux, or loses: every step's outcome and every listing equal the local disk's.
 #[test]
 fn acls_behave_as_on_the_local_disk() {
     let cluster = ProcessCluster::start(1);
     let m = cluster.mount("m");
-    // The cluster's directory is 0700; the users reach the mount's and the local side.
-    let local = cluster.dir().join("local");
-    fs::create_dir_all(&local).unwrap();
-    for p in [cluster.dir(), local.as_path(), m.path.as_path()] {
-        tessera_tests::posix::open_to_all(p);
-    }
-    let want = run(&local.join("acl"));
-    let got = run(&m.path.join("acl"));
+    let script = ("the ACL script", script());
+    let (want, got) = on_disk_and_mount(&cluster, &m, (script.0, &script.1), "acl");
     // The local file system must be one that keeps ACLs, or the comparison says nothing.
     assert!(
         want.iter()

@@ -9,7 +9,9 @@
 use std::fs;
 use std::path::Path;
 use std::process::Command;
-use tessera_tests::posix::{assert_same_lines, check_output, errno_of, script_lines, ALICE_UID};
+use tessera_tests::posix::{
+    assert_same_lines, check_output, errno_of, on_disk_and_mount, ALICE_UID,
+};
 use tessera_tests::ProcessCluster;
 
 /// The script: `$1` is the directory to work in. `r LABEL CMD...` prints the label, `ok`
@@ -120,10 +122,6 @@ chattr -R -ia . 2>/dev/null
     )
 }
 
-fn run(dir: &Path) -> Vec<String> {
-    script_lines("the flags script", &script(), dir)
-}
-
 /// Guards against flags that a mount keeps but does not apply, applies otherwise than
 /// Linux (the refusals, their order, who may set them), or loses; and against a refused
 /// truncation that cut bytes first: every line equals the local disk's.
@@ -131,13 +129,8 @@ fn run(dir: &Path) -> Vec<String> {
 fn flags_behave_as_on_the_local_disk() {
     let cluster = ProcessCluster::start(1);
     let m = cluster.mount("m");
-    let local = cluster.dir().join("local");
-    fs::create_dir_all(&local).unwrap();
-    for p in [cluster.dir(), local.as_path(), m.path.as_path()] {
-        tessera_tests::posix::open_to_all(p);
-    }
-    let want = run(&local.join("flags"));
-    let got = run(&m.path.join("flags"));
+    let script = ("the flags script", script());
+    let (want, got) = on_disk_and_mount(&cluster, &m, (script.0, &script.1), "flags");
     // The local file system must keep the flags, or the comparison says nothing.
     assert!(
         want.iter().any(|l| l == "flags-i ok i")
