@@ -707,22 +707,18 @@ impl Client {
         }
     }
 
-    /// Refuses with EPERM a change of `ino`'s bytes that its flags forbid (`refuses`
-    /// says which; `what` names the change), before the data servers cut or grow
+    /// Refuses with EPERM a cut of `ino`'s bytes (`what`: a truncation, a punched or
+    /// zeroed range) if it is immutable or append only, before the data servers cut
     /// anything: the metadata server judges only the length, after them. It matters
     /// for a descriptor opened for writing before the flag was set (an open after it is
     /// refused already). Free for a file this mount knows, within the attribute TTL,
     /// to have no extended attributes (where the flags are kept); one call otherwise.
-    pub(crate) async fn refuse_if_flagged(
-        &self,
-        ino: InodeId,
-        what: &str,
-        refuses: impl FnOnce(InodeFlags) -> bool,
-    ) -> Result<()> {
+    pub(crate) async fn refuse_if_flagged(&self, ino: InodeId, what: &str) -> Result<()> {
         if self.no_xattrs.none(ino) {
             return Ok(());
         }
-        if refuses(self.getflags(ino).await?) {
+        let flags = self.getflags(ino).await?;
+        if flags.immutable || flags.append {
             return Err(ClientError::Refused(WireError::new(
                 ErrorCode::NotPermitted,
                 format!("{ino} is immutable or append only: no {what}"),

@@ -7,7 +7,7 @@ use crate::cache::noxattrs::CAPABILITY;
 use crate::config::AtimeMode;
 use crate::error::Result;
 use proto::meta::fs;
-use proto::{Attr, ErrorCode, InodeFlags, InodeId, Request, SetAttr};
+use proto::{Attr, ErrorCode, InodeId, Request, SetAttr};
 use std::time::Duration;
 
 impl Client {
@@ -30,8 +30,7 @@ impl Client {
             None => None,
         };
         if let Some(size) = set.size {
-            let flagged = |f: InodeFlags| f.immutable || f.append;
-            self.refuse_if_flagged(ino, "truncation", flagged).await?;
+            self.refuse_if_flagged(ino, "truncation").await?;
             if let Some(layout) = self.layout_of(ino).await? {
                 self.data.truncate_data(ino, &layout, size, None).await?;
             }

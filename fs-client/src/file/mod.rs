@@ -34,7 +34,7 @@ use parking_lot::Mutex;
 use pieces::{batches, pieces, windows, Piece};
 use proto::meta::{fs, Commit};
 use proto::runs::{self, ChunkRuns, MAX_COMMIT_RUNS};
-use proto::{Attr, ChainId, ChunkId, InodeFlags, InodeId, Layout, SessionId, Timestamp, WireError};
+use proto::{Attr, ChainId, ChunkId, InodeId, Layout, SessionId, Timestamp, WireError};
 use read::CacheSeg;
 use readahead::Readahead;
 use std::collections::{BTreeMap, BTreeSet};
@@ -714,8 +714,7 @@ impl Client {
         // cut only; an allocation, which changes no byte, is judged as a write is, by
         // what this mount knows (one call per allocation cost 1.3 ms, see below).
         if mode & (punch | zero) != 0 {
-            let refuses = |f: InodeFlags| f.immutable || f.append;
-            self.refuse_if_flagged(fh.ino(), "punched or zeroed range", refuses)
+            self.refuse_if_flagged(fh.ino(), "punched or zeroed range")
                 .await?;
         } else {
             fh.state.check_mutable()?;

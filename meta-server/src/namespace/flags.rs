@@ -6,8 +6,9 @@
 //! (`perm`), which see them in [`super::perm::Mode`].
 
 use super::perm;
-use super::records::{decode, encode, InodeRecord};
+use super::records::{decode, InodeRecord};
 use super::txn::Reads;
+use super::xattr::{delete_xattr, put_xattr};
 use super::{keys, now, Namespace};
 use crate::error::MetaError;
 use proto::meta::Caller;
@@ -26,10 +27,17 @@ pub(super) fn stored_flags(
     if rec.xattr_count == 0 || !takes_flags(rec.kind) {
         return Ok(InodeFlags::default());
     }
-    match r.raw(&keys::xattr(ino, FLAGS_NAME))? {
-        Some(v) => decode(&v, "inode flags"),
-        None => Ok(InodeFlags::default()),
-    }
+    let Some(v) = r.raw(&keys::xattr(ino, FLAGS_NAME))? else {
+        return Ok(InodeFlags::default());
+    };
+    // Stored as any attribute's value (so the limits' sums read it as one): the
+    // `FS_IOC_GETFLAGS` word, little-endian.
+    let value: Vec<u8> = decode(&v, "inode flags")?;
+    let word = <[u8; 4]>::try_from(value.as_slice())
+        .map(u32::from_le_bytes)
+        .map_err(|_| MetaError::Corrupt(format!("{ino}: flags of {} bytes", value.len())))?;
+    InodeFlags::from_fs_flags(word)
+        .map_err(|bits| MetaError::Corrupt(format!("{ino}: unknown flags {bits:#x}")))
 }
 
 /// Whether an inode of `kind` carries flags: the kernel asks for them only of regular
@@ -69,18 +77,11 @@ impl Namespace {
                 perm::check_setflags(c, &m, flags)?;
             }
             let exists = txn.raw(&key)?.is_some();
+            let word = flags.fs_flags().to_le_bytes();
             match (flags.is_empty(), exists) {
-                (true, true) => {
-                    txn.delete(key);
-                    rec.xattr_count = rec.xattr_count.saturating_sub(1);
-                }
+                (true, true) => delete_xattr(txn, (ino, &mut rec), FLAGS_NAME),
                 (true, false) => {}
-                (false, _) => {
-                    if !exists {
-                        rec.xattr_count += 1;
-                    }
-                    txn.put(key, encode(&flags)?);
-                }
+                (false, _) => put_xattr(txn, (ino, &mut rec), (FLAGS_NAME, &word), exists)?,
             }
             rec.changed_at(now());
             txn.put_inode(ino, &rec)?;

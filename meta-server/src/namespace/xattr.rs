@@ -133,7 +133,7 @@ impl Namespace {
 
 /// Stores `value` as attribute `name` of `ino` (record `rec`, which counts it if it
 /// did not `exist`): every place that adds an attribute keeps the count this way.
-fn put_xattr(
+pub(super) fn put_xattr(
     txn: &mut Txn<'_>,
     (ino, rec): (InodeId, &mut InodeRecord),
     (name, value): (&[u8], &[u8]),
@@ -147,7 +147,11 @@ fn put_xattr(
 }
 
 /// Removes attribute `name` of `ino`, which exists, from the store and `rec`'s count.
-fn delete_xattr(txn: &mut Txn<'_>, (ino, rec): (InodeId, &mut InodeRecord), name: &[u8]) {
+pub(super) fn delete_xattr(
+    txn: &mut Txn<'_>,
+    (ino, rec): (InodeId, &mut InodeRecord),
+    name: &[u8],
+) {
     txn.delete(keys::xattr(ino, name));
     rec.xattr_count = rec.xattr_count.saturating_sub(1);
 }
