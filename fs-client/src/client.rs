@@ -15,6 +15,7 @@ use crate::segpool::SegPool;
 mod attrs;
 mod away;
 mod caller;
+mod held;
 mod locks;
 mod lookups;
 mod opening;
@@ -91,6 +92,8 @@ pub struct Client {
     /// The locks this client holds, by file: what a new metadata connection takes back
     /// (see `client::locks`).
     held_locks: Mutex<HashMap<InodeId, Vec<LockSpec>>>,
+    /// Changes the metadata server answered early, kept until durable (see `held`).
+    held: held::Held,
     /// The metadata connection (`Link::made` count) the sessions were last resumed on.
     resumed: std::sync::atomic::AtomicU64,
     /// One resume at a time.
@@ -197,6 +200,7 @@ impl Client {
             releases: Mutex::new(Vec::new()),
             sessions: Mutex::new(HashMap::new()),
             held_locks: Mutex::new(HashMap::new()),
+            held: held::Held::default(),
             resumed: std::sync::atomic::AtomicU64::new(hello_conn),
             ops: ops::OpWindow::default(),
             free_seen: Mutex::new(None),
@@ -286,10 +290,12 @@ impl Client {
         // Applied once however often it is sent (see `proto::meta::OpId`), under a
         // count within the window of those in flight (see `client::ops`).
         let ticket = self.ops.enter().await;
+        self.keep_window(ticket.seq).await?;
+        // Every change's reply says how far the server's log is durable, which lets
+        // go of the changes answered early before it (see `client::held`).
         let req = req.with_op(proto::meta::OpId {
-            client: self.id,
-            seq: ticket.seq,
-            retry: false,
+            early: self.config.early_replies,
+            ..proto::meta::OpId::new(self.id, ticket.seq)
         });
         self.meta_waiting(&req, self.meta_wait()).await
     }
@@ -308,7 +314,14 @@ impl Client {
         });
         let since = self.attr_epoch();
         let epoch = self.no_xattrs.epoch();
-        let reply = rpc::meta_call(&self.ep, &self.meta, req).await;
+        let (reply, tail) = rpc::meta_call_tailed(&self.ep, &self.meta, req).await;
+        if let Some(tail) = &tail {
+            let session = match reply.as_ref().ok().map(Replied::seen) {
+                Some(Seen::Opened(o)) => Some(o.session),
+                _ => None,
+            };
+            self.held.note(req.envelope(), tail, session);
+        }
         if let (Some(r), Some(token)) = (fs_req, token) {
             let seen = reply.as_ref().ok().map(Replied::seen);
             self.dir_names.after(r, seen, token);

@@ -87,6 +87,13 @@ pub struct ClientConfig {
     /// waiting (one more try at once, on a new connection). Meanwhile open files keep reading and writing, and `fstat` of an open
     /// file answers with what the client knows of it.
     pub meta_wait_ms: u64,
+    /// Take early replies: the metadata server may answer a create, mkdir, mknod,
+    /// symlink, unlink or rmdir before its log holds it, and this client keeps the
+    /// change until a later reply says it is durable, sends it again if the server
+    /// restarted before, and waits for it at `fsync` (and settles what it kept a second or
+    /// more). Off: each
+    /// such change waits for the server's log.
+    pub early_replies: bool,
     /// When reads move the access time: `relatime` (when it is older than the last
     /// change, or a day old, as ext4 by default), `noatime` (never) or `strictatime`
     /// (at every open that reads, and every listing). `tessera mount -o` sets it too.
@@ -156,6 +163,7 @@ impl Default for ClientConfig {
             suid: false,
             failover_timeout_ms: 30_000,
             meta_wait_ms: 30_000,
+            early_replies: true,
             atime: AtimeMode::RelAtime,
             key_file: PathBuf::new(),
             client_name: String::new(),

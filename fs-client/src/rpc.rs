@@ -6,7 +6,9 @@ use parking_lot::Mutex;
 use proto::data::DataRequest;
 use proto::meta::cluster::FilesPage;
 use proto::meta::fs::{DirPage, FsStats, Made, Opened, OpenedAt, Unlinked};
-use proto::meta::{ClusterMap, ClusterStatus, DirChange, LockSpec, MetaRequest, NodeInfo};
+use proto::meta::{
+    ClusterMap, ClusterStatus, DirChange, LockSpec, MetaRequest, NodeInfo, ReplyTail,
+};
 use proto::{Attr, ClientId, NodeId, Request, Rpc, SessionId};
 use std::collections::HashMap;
 use std::ops::Deref;
@@ -121,20 +123,51 @@ pub async fn meta_call<R: Rpc<Envelope = MetaRequest>>(
     link: &Link,
     req: &Request<R>,
 ) -> Result<R::Reply> {
-    let conn = link.get(ep).await?;
+    meta_call_tailed(ep, link, req).await.0
+}
+
+/// [`meta_call`], with the tail the server sent after its answer (to a change that
+/// takes early replies; see `client::held`).
+pub async fn meta_call_tailed<R: Rpc<Envelope = MetaRequest>>(
+    ep: &RpcEndpoint,
+    link: &Link,
+    req: &Request<R>,
+) -> (Result<R::Reply>, Option<ReplyTail>) {
+    let conn = match link.get(ep).await {
+        Ok(c) => c,
+        Err(e) => return (Err(e.into()), None),
+    };
     let limit = ep.config().max_msg_bytes;
     let call = ep.metrics.meta_call(R::NAME);
     // Mapped here, below the caches, so that they all see the root as the FUSE layer
     // names it, as for a client whose key is scoped to a directory.
-    let r = match ep.root.get().and_then(|&dir| req.rooted_at(dir)) {
-        Some(rooted) => transport::rpc::call(&conn, &rooted, limit).await,
-        None => transport::rpc::call(&conn, req, limit).await,
-    };
+    let rooted = ep.root.get().and_then(|&dir| req.rooted_at(dir));
+    let (r, tail) = call_tailed(&conn, rooted.as_ref().unwrap_or(req), limit).await;
     call.finish(r.is_err());
     if let Err(ClientError::Transport(e)) = &r {
         link.call_failed(&conn, e);
     }
-    r
+    (r, tail)
+}
+
+/// One call whose answer may carry a [`ReplyTail`].
+async fn call_tailed<R: Rpc>(
+    conn: &Connection,
+    req: &Request<R>,
+    limit: usize,
+) -> (Result<R::Reply>, Option<ReplyTail>) {
+    let bytes = match req.encode(limit) {
+        Ok(b) => b,
+        Err(e) => return (Err(e.into()), None),
+    };
+    let answer = match conn.call(bytes.into()).await {
+        Ok(a) => a,
+        Err(e) => return (Err(e.into()), None),
+    };
+    match req.decode_reply_with_tail(&answer) {
+        Ok((r, tail)) => (r.map_err(Into::into), tail),
+        Err(e) => (Err(e.into()), None),
+    }
 }
 
 /// Whether `e`, the failure of request `R`, says the metadata server is away (not

@@ -35,6 +35,18 @@ pub struct NamespaceConfig {
     /// about a second of the server listening. 0: no grace (locks taken before may be
     /// lost to another client).
     pub lock_grace_ms: u64,
+    /// Answer a client's creates, mkdirs, mknods, symlinks, unlinks and rmdirs before
+    /// the log holds them, when the client keeps them to send again (see `early`): a
+    /// restart loses them only with that client. Off: every change is durable before
+    /// its reply.
+    pub early_replies: bool,
+    /// How long (milliseconds) a server that started on a namespace with clients that
+    /// took early replies (after a crash; a stop in order leaves none) holds every
+    /// request while those clients send again what they kept; it serves as soon as
+    /// each has settled. A client keeping changes comes back within about a second (it
+    /// checks every second), an idle one at its next call; one that ended with the
+    /// server costs the whole wait. 0: nobody is waited for.
+    pub replay_grace_ms: u64,
 }
 
 impl Default for NamespaceConfig {
@@ -47,6 +59,8 @@ impl Default for NamespaceConfig {
             disk_reserve_bytes: 16 << 20,
             session_grace_ms: 60_000,
             lock_grace_ms: 5_000,
+            early_replies: true,
+            replay_grace_ms: 5_000,
         }
     }
 }
@@ -91,6 +105,12 @@ impl NamespaceConfig {
             return Err(MetaError::InvalidArgument(format!(
                 "lock_grace_ms {} must be at most 600000",
                 self.lock_grace_ms
+            )));
+        }
+        if self.replay_grace_ms > 600_000 {
+            return Err(MetaError::InvalidArgument(format!(
+                "replay_grace_ms {} must be at most 600000",
+                self.replay_grace_ms
             )));
         }
         if self.replace_after_ms < self.node_lease_ms {

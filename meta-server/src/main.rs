@@ -210,6 +210,12 @@ async fn run(config: MetaConfig) -> anyhow::Result<()> {
     }
     tracing::info!("stopping");
     server.shutdown();
+    // A stop in order logs everything answered before the store closes: no client
+    // needs to send anything again to the next start, which then waits for nobody.
+    let ns = server.namespace().clone();
+    if let Err(e) = tokio::task::spawn_blocking(move || ns.forget_early_marks()).await {
+        tracing::warn!(error = %e, "forgetting early-reply marks failed");
+    }
     Ok(())
 }
 

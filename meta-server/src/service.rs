@@ -5,7 +5,7 @@ use crate::gate::{self, Gate};
 use crate::keys::{self, Keys};
 use crate::metrics::MetaMetrics;
 use crate::namespace::scope::Scope;
-use crate::namespace::{ConnId, Handle, Namespace, Origin};
+use crate::namespace::{ConnId, Handle, Knock, Namespace, Origin};
 use bytes::Bytes;
 use proto::meta::{AdminRequest as A, Caller, ClusterRequest as C, FsCall, MetaRequest};
 use proto::{codec, rpc, ErrorCode, WireError};
@@ -82,6 +82,8 @@ async fn dispatch(
     if let Err(e) = allowed {
         return refuse(e, limit);
     }
+    // After a start, changes answered early before it land again first (`early`).
+    ns.admit_early(knock(&req)).await;
     match req {
         MetaRequest::Admin(A::KeyCreate(r)) => key_call(ns, keys, &conn, limit, r).await,
         MetaRequest::Admin(A::KeyList(r)) => key_call(ns, keys, &conn, limit, r).await,
@@ -108,6 +110,21 @@ async fn dispatch(
             Err(e) => refuse(e, limit),
         },
         req => Bytes::from(route(ns, req, ConnId(conn.id().0), who, limit, None).await),
+    }
+}
+
+/// Whom `req` comes from, for the gate of changes sent again after a start.
+fn knock(req: &MetaRequest) -> Knock {
+    use proto::meta::FsRequest as F;
+    match req {
+        MetaRequest::Fs(FsCall {
+            req: F::Settle(s), ..
+        }) => Knock::Replay(s.client),
+        MetaRequest::Fs(FsCall { op: Some(op), .. }) if op.retry => Knock::Replay(op.client),
+        MetaRequest::Fs(_) => Knock::Other,
+        MetaRequest::Cluster(C::RegisterData(_) | C::Heartbeat(_) | C::GetMap(_))
+        | MetaRequest::Admin(A::Status(_)) => Knock::Free,
+        MetaRequest::Cluster(_) | MetaRequest::Admin(_) => Knock::Other,
     }
 }
 
@@ -258,6 +275,7 @@ async fn route(
                 F::Resume(r) => serve(ns, r, at, limit).await,
                 F::MyCaps(r) => serve(ns, r, at, limit).await,
                 F::LookupParent(r) => lookup_parent(ns, r, at, limit, scope).await,
+                F::Settle(r) => serve(ns, r, at, limit).await,
             }
         }
         MetaRequest::Cluster(req) => match req {
@@ -299,13 +317,7 @@ async fn serve_noting<R: Handle + Reveals>(
     let Some(scope) = scope else {
         return serve(ns, req, at, limit).await;
     };
-    let result = match tokio::task::spawn_blocking(move || ns.handle(req, at)).await {
-        Ok(r) => r,
-        Err(e) => Err(WireError::new(
-            ErrorCode::Io,
-            format!("request failed: {e}"),
-        )),
-    };
+    let (result, tail) = run(ns, req, at).await;
     if let Ok(reply) = &result {
         R::reveals(reply, &mut |attr_ino, kind| {
             if kind != proto::FileKind::Directory {
@@ -313,7 +325,7 @@ async fn serve_noting<R: Handle + Reveals>(
             }
         });
     }
-    rpc::answer(&result, limit)
+    with_tail(rpc::answer(&result, limit), tail)
 }
 
 /// The inodes a reply names, each with its kind.
@@ -377,7 +389,7 @@ async fn lookup_parent(
     };
     let own = req.dir == root;
     // The scope's root too has its search permission checked, as any directory.
-    let mut result = run(ns.clone(), req, at).await;
+    let mut result = run(ns.clone(), req, at).await.0;
     if own && result.is_ok() {
         // A store read: off the async workers unless it is local (as in `run`).
         result = if ns.reads_are_local() {
@@ -401,26 +413,53 @@ async fn lookup_parent(
     rpc::answer(&result, limit)
 }
 
-/// Runs one request and encodes its answer.
+/// Runs one request and encodes its answer (with its tail, to a change of a client
+/// that takes early replies).
 async fn serve<R: Handle>(ns: Arc<Namespace>, req: R, at: Origin, limit: usize) -> Vec<u8> {
-    rpc::answer(&run(ns, req, at).await, limit)
+    let (result, tail) = run(ns, req, at).await;
+    with_tail(rpc::answer(&result, limit), tail)
 }
 
-/// Runs one request.
-async fn run<R: Handle>(ns: Arc<Namespace>, req: R, at: Origin) -> Result<R::Reply, WireError> {
-    if R::POINT_READ && ns.reads_are_local() {
+/// Whether the answer to a request from `at` carries a [`proto::meta::ReplyTail`]:
+/// only a change of a client that takes early replies reads one.
+fn takes_tail(at: &Origin) -> bool {
+    at.op.is_some_and(|op| op.early)
+}
+
+fn with_tail(answer: Vec<u8>, tail: Option<proto::meta::ReplyTail>) -> Vec<u8> {
+    match tail {
+        Some(tail) => tail.append_to(answer),
+        None => answer,
+    }
+}
+
+/// Runs one request; with the tail its answer may carry.
+async fn run<R: Handle>(
+    ns: Arc<Namespace>,
+    req: R,
+    at: Origin,
+) -> (Result<R::Reply, WireError>, Option<proto::meta::ReplyTail>) {
+    let (local, tailed) = (ns.reads_are_local(), takes_tail(&at));
+    let serve = move || {
+        let (r, answered) = ns.handle_answered(req, at, true);
+        (r, tailed.then(|| ns.reply_tail(answered)))
+    };
+    if R::POINT_READ && local {
         // A few cached reads under the namespace lock: handing them to the blocking
         // pool would cost more than they take (not so over the network, with etcd).
-        ns.handle(req, at)
+        serve()
     } else {
         // Store commits fsync and scans may be long: keep them off the async workers.
         // The namespace opens the request's span (operation and ids).
-        match tokio::task::spawn_blocking(move || ns.handle(req, at)).await {
+        match tokio::task::spawn_blocking(serve).await {
             Ok(r) => r,
-            Err(e) => Err(WireError::new(
-                ErrorCode::Io,
-                format!("request failed: {e}"),
-            )),
+            Err(e) => (
+                Err(WireError::new(
+                    ErrorCode::Io,
+                    format!("request failed: {e}"),
+                )),
+                None,
+            ),
         }
     }
 }

@@ -37,6 +37,30 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ProtoError> {
     Ok(msg)
 }
 
+/// Appends `trailer`'s encoding to an encoded message (see [`decode_with_trailer`]).
+pub fn append<U: Serialize>(message: &mut Vec<u8>, trailer: &U) {
+    if let Ok(bytes) = postcard::to_stdvec(trailer) {
+        message.extend_from_slice(&bytes);
+    }
+}
+
+/// Decodes a message that may be followed by a trailer (see [`append`]): the trailer is
+/// `None` when nothing follows the message; anything after the trailer is an error.
+pub fn decode_with_trailer<T: DeserializeOwned, U: DeserializeOwned>(
+    bytes: &[u8],
+) -> Result<(T, Option<U>), ProtoError> {
+    let (msg, rest) = postcard::take_from_bytes(bytes).map_err(|e| match e {
+        postcard::Error::DeserializeBadEnum | postcard::Error::SerdeDeCustom => {
+            ProtoError::UnknownMessage
+        }
+        e => ProtoError::Malformed(e.to_string()),
+    })?;
+    if rest.is_empty() {
+        return Ok((msg, None));
+    }
+    decode(rest).map(|trailer| (msg, Some(trailer)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,5 +92,18 @@ mod tests {
             decode::<MetaRequest>(&long),
             Err(ProtoError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn a_trailer_is_optional_and_nothing_may_follow_it() {
+        let msg: Result<u32, ()> = Ok(7);
+        let mut bytes = encode(&msg, 64).unwrap();
+        let (m, t) = decode_with_trailer::<Result<u32, ()>, (u64, bool)>(&bytes).unwrap();
+        assert_eq!((m, t), (Ok(7), None));
+        append(&mut bytes, &(9u64, true));
+        let (m, t) = decode_with_trailer::<Result<u32, ()>, (u64, bool)>(&bytes).unwrap();
+        assert_eq!((m, t), (Ok(7), Some((9, true))));
+        bytes.push(1);
+        assert!(decode_with_trailer::<Result<u32, ()>, (u64, bool)>(&bytes).is_err());
     }
 }

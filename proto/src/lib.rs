@@ -51,8 +51,9 @@ pub use rpc::{Request, Rpc, RpcResult};
 /// `setxattr` flags). 30: `SetLock::waits` and `ErrorCode::Deadlock` (`F_SETLKW`
 /// deadlock detection). 31: `ChunkData` (`SEEK_DATA`, `SEEK_HOLE`). 32: `GetFlags`,
 /// `SetFlags` (`chattr +i`, `+a`) and the `append` (`O_APPEND`) of `Open`, `Create`
-/// and `OpenAt`.
-pub const PROTOCOL_VERSION: u16 = 32;
+/// and `OpenAt`. 33: early replies (`OpId::early`, `OpId::made`, `ReplyTail` after a
+/// file-system call's answer, `Settle`).
+pub const PROTOCOL_VERSION: u16 = 33;
 
 /// Longest name of one directory entry, in bytes (as ext4 and `NAME_MAX`).
 pub const MAX_NAME_BYTES: usize = 255;

@@ -641,6 +641,60 @@ pub struct OpId {
     pub seq: u64,
     /// Sent before, with no answer: the server looks for a record of it.
     pub retry: bool,
+    /// The client takes an early reply ([`ReplyTail::pending`]): it keeps the change
+    /// until a reply says the server's log holds it, and sends it again (with
+    /// `retry`) to a server that restarted before then.
+    pub early: bool,
+    /// On a change sent again after an early reply that made an inode: that inode's
+    /// number, which the change makes again (a restarted server keeps the numbers it
+    /// may have handed out early free for this).
+    pub made: Option<InodeId>,
+}
+
+impl OpId {
+    /// A change's id, sent for the first time, taking no early reply.
+    pub fn new(client: ClientId, seq: u64) -> OpId {
+        OpId {
+            client,
+            seq,
+            retry: false,
+            early: false,
+            made: None,
+        }
+    }
+}
+
+/// Most changes a metadata server answers early to one client before their log write
+/// (see [`ReplyTail`]); a client keeps at most this many unsettled. Well below
+/// [`OP_SLOTS`], so that changes kept for a replay leave the window room.
+pub const MAX_EARLY: u64 = 16;
+
+/// What a metadata server appends to its answer to a file-system call, after the
+/// answer's own bytes: how far its log is durable, and whether this answer came before
+/// its change was (an early reply). A client that takes early replies
+/// ([`OpId::early`]) keeps each change answered early until a tail of the same `run`
+/// says `durable` reached it, and sends the ones it still keeps again to a server
+/// that restarted, before anything else; [`fs::Settle`] waits for them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplyTail {
+    /// Drawn by the server at its start: log positions of another run are not
+    /// comparable (a crash may have lost the last ones, which the next run hands out
+    /// again).
+    pub run: u64,
+    /// Every change the server staged up to this log position is durable.
+    pub durable: u64,
+    /// This answer's change was staged at this log position and is not yet durable.
+    pub pending: Option<u64>,
+    /// The inode this answer's change made (a create, mkdir, mknod or symlink).
+    pub made: Option<InodeId>,
+}
+
+impl ReplyTail {
+    /// The answer's bytes with the tail after them.
+    pub fn append_to(&self, mut answer: Vec<u8>) -> Vec<u8> {
+        crate::codec::append(&mut answer, self);
+        answer
+    }
 }
 
 /// A file-system request wrapped without naming its caller is made for
@@ -818,9 +872,8 @@ mod tests {
             panic!("{unlink:?}")
         };
         let op = OpId {
-            client: ClientId(1),
-            seq: 1,
             retry: true,
+            ..OpId::new(ClientId(1), 1)
         };
         assert_eq!(call.op, Some(op));
     }

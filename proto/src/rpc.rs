@@ -69,6 +69,15 @@ impl<R: Rpc> Request<R> {
     pub fn decode_reply(&self, bytes: &[u8]) -> Result<RpcResult<R>, ProtoError> {
         codec::decode(bytes)
     }
+
+    /// Decodes the answer to this request and the metadata server's tail after it
+    /// ([`crate::meta::ReplyTail`]), if it sent one.
+    pub fn decode_reply_with_tail(
+        &self,
+        bytes: &[u8],
+    ) -> Result<(RpcResult<R>, Option<crate::meta::ReplyTail>), ProtoError> {
+        codec::decode_with_trailer(bytes)
+    }
 }
 
 impl<R: Rpc<Envelope = crate::meta::MetaRequest>> Request<R> {

@@ -93,6 +93,89 @@ fn a_file_removed_after_a_metadata_restart_frees_its_chunks() {
     assert_eq!(chunk_files(cluster.dir(), Some(ino)), 0);
 }
 
+/// Guards against changes answered early (before the metadata log held them) being lost
+/// when the metadata server is killed while their mount lives: the mount sends them
+/// again to the restarted server, which serves nobody else first. Every file, directory
+/// and symlink is back with the inode number the mount's kernel saw, a removal stays
+/// done, and a second mount sees the same. The server holds every log write back 3 s
+/// (`TESSERA_FAULT_LOG_DELAY_MS`), so the kill comes before any of them landed; its log
+/// says it answered them from nothing it had.
+#[test]
+fn changes_answered_early_survive_a_metadata_kill() {
+    let mut cluster = ProcessCluster::start(3);
+    let m = cluster.mount("m");
+    fs::write(m.path.join("old"), b"written before").expect("write");
+    fs::create_dir(m.path.join("kept")).expect("mkdir");
+    cluster.set_meta_env(&["TESSERA_FAULT_LOG_DELAY_MS=3000"]);
+    cluster.restart_meta();
+    // A create always reaches the server: the mount reconnects (and settles) here.
+    fs::File::create(m.path.join("warm")).expect("create after the first restart");
+
+    let started = Instant::now();
+    fs::create_dir(m.path.join("d")).expect("mkdir d");
+    for i in 0..5 {
+        fs::File::create(m.path.join(format!("d/f{i}"))).expect("create");
+    }
+    std::os::unix::fs::symlink("d/f0", m.path.join("link")).expect("symlink");
+    fs::remove_file(m.path.join("old")).expect("unlink");
+    fs::remove_dir(m.path.join("kept")).expect("rmdir");
+    let names = ["warm", "d", "d/f0", "d/f1", "d/f2", "d/f3", "d/f4", "link"];
+    let inos: Vec<u64> = names
+        .iter()
+        .map(|n| fs::symlink_metadata(m.path.join(n)).expect("stat").ino())
+        .collect();
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "the changes were answered before the log held them: {:?}",
+        started.elapsed()
+    );
+    cluster.kill_meta();
+    cluster.set_meta_env(&[]);
+    cluster.restart_meta();
+
+    // The mount's next call to the server reconnects, and sends its changes first.
+    fs::File::create(m.path.join("after")).expect("create after the restart");
+    let m2 = cluster.mount("m2");
+    for (n, ino) in names.iter().zip(&inos) {
+        let got = fs::symlink_metadata(m2.path.join(n))
+            .unwrap_or_else(|e| panic!("{n} lost with the server: {e}"))
+            .ino();
+        assert_eq!(got, *ino, "{n} came back as another inode");
+    }
+    let target = fs::read_link(m2.path.join("link")).expect("readlink");
+    assert_eq!(target, std::path::Path::new("d/f0"));
+    assert!(!m2.path.join("old").exists(), "the removal stays done");
+    assert!(!m2.path.join("kept").exists(), "the rmdir stays done");
+    // What the last start logged (the log file is appended to at each start).
+    let whole = fs::read_to_string(cluster.dir().join("meta.log")).expect("meta log");
+    let last = whole.rfind("metadata server started").expect("a start");
+    let log = &whole[last..];
+    assert!(
+        log.contains("every client that took early replies before this start settled"),
+        "the restarted server waited for the mount's changes"
+    );
+    // The server lost them: of the changes sent again, at most the first group (held
+    // back 3 s from before the clock started) was answered from its record.
+    let mount_log = m.log_text();
+    let line = mount_log
+        .lines()
+        .rfind(|l| l.contains("changes answered early sent again"))
+        .expect("the mount says it sent its changes again");
+    assert!(line.contains("lost=0"), "{line}");
+    let sent: usize = line
+        .split("sent=")
+        .nth(1)
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("sent=N");
+    let from_records = log.matches("answered from its record").count();
+    assert!(sent >= 10, "{line}");
+    assert!(
+        from_records <= 2,
+        "{from_records} of {sent} were in the log"
+    );
+}
+
 /// Guards against open files failing with EIO while the metadata server is away: a
 /// read that reached the end of the file (the kernel asks for the size there), `fstat`,
 /// `fsync` and `close` failed at once, and so did every `mkdir`, `stat` and `open`.

@@ -94,7 +94,8 @@ impl Wire {
             LookupParent,
             OpenAt,
             GetFlags,
-            SetFlags
+            SetFlags,
+            Settle
         )
         .map_err(|e| e.code)
     }

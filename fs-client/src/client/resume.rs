@@ -74,6 +74,9 @@ impl Client {
         if made <= self.resumed.load(Ordering::Acquire) {
             return Ok(());
         }
+        // Changes answered early that the server may have lost land first (a resumed
+        // session may be a create's).
+        self.replay_held().await?;
         let calls = resume_calls(self.sessions.lock().values());
         let open: usize = calls.iter().map(|(_, o)| o.len()).sum();
         let mut lost = 0;
@@ -148,6 +151,11 @@ impl Client {
                 if !client.sessions.lock().is_empty() {
                     // Unreachable: the next tick, or the next call, tries again.
                     let _ = client.resume_sessions().await;
+                }
+                // Changes answered early and kept a while: settled, and sent again to
+                // a server that restarted meanwhile.
+                if let Err(e) = client.settle_old().await {
+                    tracing::debug!(error = %e, "settling kept changes failed; trying again");
                 }
             }
         });

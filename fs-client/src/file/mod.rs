@@ -669,7 +669,9 @@ impl Client {
             }
             return Err(e);
         }
-        self.flush(fh).await
+        self.flush(fh).await?;
+        // Its create (or a change of its directory) may have been answered early.
+        self.settle().await
     }
 
     /// Ends the open: sends buffered writes, commits what is uncommitted and closes the

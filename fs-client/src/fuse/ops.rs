@@ -568,9 +568,14 @@ impl fuser::Filesystem for TesseraFs {
         reply.ok();
     }
 
-    fn fsyncdir(&self, _req: &Request, _i: INodeNo, _fh: Fh, _datasync: bool, reply: ReplyEmpty) {
-        // Every metadata change is durable before its reply: nothing is left to sync.
-        reply.ok();
+    fn fsyncdir(&self, req: &Request, _i: INodeNo, _fh: Fh, _datasync: bool, reply: ReplyEmpty) {
+        // Changes answered early (see `client::held`) are durable once settled; every
+        // other change was durable before its reply.
+        let inner = self.inner.clone();
+        self.spawn(req, async move {
+            let r = inner.client.settle().await;
+            finish(reply, r, |reply, ()| reply.ok())
+        });
     }
 
     fn statfs(&self, req: &Request, _i: INodeNo, reply: ReplyStatfs) {

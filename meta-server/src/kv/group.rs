@@ -73,6 +73,31 @@ struct Shared {
     /// under way ended.
     flushed: Condvar,
     observer: std::sync::OnceLock<GroupObserver>,
+    /// Fault injection for the kill -9 tests ([`LOG_DELAY_ENV`]): every log write
+    /// waits this long first.
+    log_delay: Duration,
+}
+
+/// Environment variable that holds every log write back by this many milliseconds:
+/// fault injection for the tests that kill a metadata server while changes it
+/// answered early are not durable yet. Unset in production; a server that has it says
+/// so in its log.
+pub const LOG_DELAY_ENV: &str = "TESSERA_FAULT_LOG_DELAY_MS";
+
+/// The delay [`LOG_DELAY_ENV`] asks for.
+fn log_delay() -> Duration {
+    let ms = std::env::var(LOG_DELAY_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        .min(60_000);
+    if ms > 0 {
+        tracing::warn!(
+            delay_ms = ms,
+            "fault injection: every metadata log write waits"
+        );
+    }
+    Duration::from_millis(ms)
 }
 
 #[derive(Default)]
@@ -107,7 +132,25 @@ struct State {
     unanswered_why: String,
     /// The last commit failed so: the flusher waits [`RETRY_PAUSE`] before the next.
     retrying: bool,
+    /// Who staged each batch not yet durable that is not lazy, oldest first (see
+    /// [`GroupCommit::early`]).
+    owners: VecDeque<(u64, u64)>,
+    /// A batch was answered early: the flusher logs the queue at once.
+    urgent: bool,
     stop: bool,
+}
+
+/// Whether a staged change may be answered before it is durable
+/// ([`GroupCommit::early`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Early {
+    /// It is durable already.
+    Durable,
+    /// Not yet: the flusher logs it at once, and the reply may go now.
+    Pending,
+    /// Another owner's change not yet durable comes before it (or the owner has too
+    /// many pending): the reply waits for the log.
+    Wait,
 }
 
 thread_local! {
@@ -116,6 +159,21 @@ thread_local! {
     static PENDING: Cell<Option<u64>> = const { Cell::new(None) };
     /// Set while this thread stages batches nobody will wait for; see [`lazily`].
     static LAZY: Cell<bool> = const { Cell::new(false) };
+    /// Who this thread stages for (see [`staging_for`]); 0: the server itself.
+    static OWNER: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Runs `f`, whose staged batches are `owner`'s (a client's id; 0 stands for the
+/// server itself): see [`GroupCommit::early`].
+pub fn staging_for<T>(owner: u64, f: impl FnOnce() -> T) -> T {
+    struct Reset(u64);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            OWNER.with(|o| o.set(self.0));
+        }
+    }
+    let _reset = Reset(OWNER.with(|o| o.replace(owner)));
+    f()
 }
 
 /// Runs `f`, whose staged batches nobody waits for: they are committed with the next
@@ -157,6 +215,7 @@ impl GroupCommit {
             work: Condvar::new(),
             flushed: Condvar::new(),
             observer: std::sync::OnceLock::new(),
+            log_delay: log_delay(),
         });
         let s = shared.clone();
         let flusher = std::thread::Builder::new()
@@ -182,6 +241,7 @@ impl GroupCommit {
                 work: Condvar::new(),
                 flushed: Condvar::new(),
                 observer: std::sync::OnceLock::new(),
+                log_delay: Duration::ZERO,
             }),
             flusher: None,
             direct: true,
@@ -229,6 +289,52 @@ impl GroupCommit {
         }
     }
 
+    /// Whether `owner`'s change staged as `ticket` may be answered before it is
+    /// durable: only if every batch not yet durable up to it is `owner`'s own (or lazy),
+    /// and at most `max` of them. Then a crash loses `owner`'s changes only, the
+    /// newest first, and only changes nobody else was answered after: the owner sends
+    /// them again, in order, and they land as they did. `Pending` also tells the
+    /// flusher to log them at once.
+    pub fn early(&self, ticket: u64, owner: u64, max: u64) -> Early {
+        if self.direct {
+            return Early::Durable;
+        }
+        let mut st = self.shared.state.lock();
+        if st.durable >= ticket {
+            return Early::Durable;
+        }
+        let ahead = st.owners.iter().take_while(|(seq, _)| *seq <= ticket);
+        let mut mine = 0;
+        for (_, o) in ahead {
+            if *o != owner {
+                return Early::Wait;
+            }
+            mine += 1;
+        }
+        if owner == 0 || mine > max || st.failed.is_some() {
+            return Early::Wait;
+        }
+        st.urgent = true;
+        drop(st);
+        self.shared.work.notify_one();
+        Early::Pending
+    }
+
+    /// Every batch up to this sequence number is durable.
+    pub fn durable(&self) -> u64 {
+        self.shared.state.lock().durable
+    }
+
+    /// Waits until everything staged before this call is durable (not also applied,
+    /// as [`GroupCommit::sync`] waits).
+    pub fn settle(&self) -> Result<(), KvError> {
+        if self.direct {
+            return Ok(());
+        }
+        let last = self.shared.state.lock().staged;
+        self.wait_until(|st| st.durable >= last)
+    }
+
     fn failed(&self, why: &str) -> KvError {
         KvError::Engine {
             engine: self.shared.inner.engine(),
@@ -261,10 +367,14 @@ impl Shared {
         }
         if log_queue && !st.queue.is_empty() && st.failed.is_none() {
             st.eager = false;
+            st.urgent = false;
             st.oldest = None;
             let group = std::mem::take(&mut st.queue);
             let last = st.staged;
             drop(st);
+            if !self.log_delay.is_zero() {
+                std::thread::sleep(self.log_delay);
+            }
             let started = Instant::now();
             let result = self.inner.log_group(&group);
             if let (Some(observe), true) = (self.observer.get(), result.is_ok()) {
@@ -275,6 +385,9 @@ impl Shared {
                 Ok(apply) => {
                     st.retrying = false;
                     st.durable = last;
+                    while st.owners.front().is_some_and(|(seq, _)| *seq <= last) {
+                        st.owners.pop_front();
+                    }
                     if apply {
                         let mut merged = WriteBatch::new();
                         for b in group {
@@ -305,7 +418,7 @@ impl Shared {
         // Waiters of this group return, one of a later batch leads next, and the
         // flusher applies what was logged unless a leader does first.
         self.flushed.notify_all();
-        if !st.logged.is_empty() || st.stop {
+        if !st.logged.is_empty() || st.stop || st.urgent {
             self.work.notify_one();
         }
         st
@@ -329,6 +442,7 @@ impl Shared {
             let delay = match (st.stop, st.eager) {
                 (true, _) => Duration::ZERO,
                 (false, true) if st.retrying => RETRY_PAUSE,
+                (false, true) if st.urgent => Duration::ZERO,
                 (false, true) => ORPHAN_DELAY,
                 (false, false) => LAZY_DELAY,
             };
@@ -444,6 +558,7 @@ impl KvStore for GroupCommit {
         let lazy = LAZY.with(|l| l.get());
         if !lazy {
             st.eager = true;
+            st.owners.push_back((seq, OWNER.with(|o| o.get())));
         }
         let wake = lazy || st.flusher_idle;
         drop(st);

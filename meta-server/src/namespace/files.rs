@@ -446,6 +446,7 @@ impl Namespace {
         // Locks last: a waiter granted one may open the file next, and must find it
         // marked by then.
         self.release_conn_locks(conn);
+        self.unmark_conn(conn);
     }
 
     /// Stops treating closed connections as vanished clients: the server is stopping

@@ -20,6 +20,13 @@ pub trait Handle: Rpc {
     /// Its changes are written lazily, as a local file system writes an access time
     /// back with the inode later: the reply does not wait for the sync.
     const LAZY: bool = false;
+    /// Its change may be answered before the log holds it, to a client that keeps it
+    /// to send again (see `early`): one that makes or removes a name, whose second run
+    /// after a crash lands as the first did.
+    const EARLY: bool = false;
+    /// An early reply needs it to have made an inode (a create that opened an
+    /// existing file waits for the log: its truncation is the client's to redo).
+    const MAKES: bool = false;
     /// The id the request's tracing span carries (inode, node, session or a count).
     fn span_id(&self) -> u64;
     /// Whether running it again after a commit etcd did not answer, which may have
@@ -102,6 +109,8 @@ impl Handle for fs::SetAttr {
 
 impl Handle for fs::Create {
     const ADDS_RECORDS: bool = true;
+    const EARLY: bool = true;
+    const MAKES: bool = true;
     fn span_id(&self) -> u64 {
         self.parent.0
     }
@@ -164,6 +173,8 @@ impl Handle for fs::TmpFile {
 
 impl Handle for fs::MkNod {
     const ADDS_RECORDS: bool = true;
+    const EARLY: bool = true;
+    const MAKES: bool = true;
     fn span_id(&self) -> u64 {
         self.parent.0
     }
@@ -177,6 +188,8 @@ impl Handle for fs::MkNod {
 
 impl Handle for fs::Mkdir {
     const ADDS_RECORDS: bool = true;
+    const EARLY: bool = true;
+    const MAKES: bool = true;
     fn span_id(&self) -> u64 {
         self.parent.0
     }
@@ -188,6 +201,8 @@ impl Handle for fs::Mkdir {
 
 impl Handle for fs::Symlink {
     const ADDS_RECORDS: bool = true;
+    const EARLY: bool = true;
+    const MAKES: bool = true;
     fn span_id(&self) -> u64 {
         self.parent.0
     }
@@ -221,6 +236,7 @@ impl Handle for fs::Link {
 }
 
 impl Handle for fs::Unlink {
+    const EARLY: bool = true;
     fn span_id(&self) -> u64 {
         self.parent.0
     }
@@ -231,6 +247,7 @@ impl Handle for fs::Unlink {
 }
 
 impl Handle for fs::Rmdir {
+    const EARLY: bool = true;
     fn span_id(&self) -> u64 {
         self.parent.0
     }
@@ -359,6 +376,15 @@ impl Handle for fs::MyCaps {
     }
     fn run(self, _: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
         Ok(crate::gate::caps_of(at.who.as_deref()))
+    }
+}
+
+impl Handle for fs::Settle {
+    fn span_id(&self) -> u64 {
+        self.client.0
+    }
+    fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        ns.settle(self.client, at.conn, at.who.as_deref())
     }
 }
 

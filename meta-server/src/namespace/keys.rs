@@ -22,6 +22,7 @@
 //! | `W` ino              | on a shared engine, the file's byte-range and whole-file locks, each with its server (see `shared_locks`) |
 //! | `E`                  | on a shared engine, the metadata server that leads (runs membership; see `leader`) |
 //! | `L` server           | on a shared engine, a live metadata server, held under its engine lease (see `sweep`) |
+//! | `Z` client           | a client that takes early replies (see `early`): empty |
 
 use proto::{ChainId, InodeId, NodeId};
 
@@ -45,6 +46,17 @@ const OPENERS: u8 = b'P';
 const SERVER: u8 = b'L';
 const LOCKS: u8 = b'W';
 const LEADER: u8 = b'E';
+const EARLY_MARK: u8 = b'Z';
+
+/// The mark of a client that takes early replies (see `early`).
+pub(crate) fn early_mark(client: proto::ClientId) -> Vec<u8> {
+    with(EARLY_MARK, &[&client.0.to_be_bytes()])
+}
+
+/// Prefix of every early-reply mark.
+pub(crate) fn early_mark_prefix() -> Vec<u8> {
+    vec![EARLY_MARK]
+}
 
 /// The key of shard `shard` of the inode count on a shared engine (see `txn`).
 pub(crate) fn inode_count(shard: u8) -> Vec<u8> {

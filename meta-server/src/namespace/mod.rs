@@ -11,7 +11,9 @@ pub mod acl;
 mod check;
 mod clients;
 mod deadlock;
+mod early;
 pub use clients::{ClientRecord, RevocationRecord, StoredClient, MAX_CLIENT_KEYS, MAX_REVOCATIONS};
+pub(crate) use early::Knock;
 mod dirlayout;
 mod entries;
 mod handlers;
@@ -241,6 +243,8 @@ pub struct Namespace {
     sweeper: Mutex<sweep::Sweeper>,
     /// On a shared engine: whether this server leads (see `leader`).
     leading: std::sync::atomic::AtomicBool,
+    /// Early replies: the marked clients, and the replays after a start (see `early`).
+    early: early::EarlyState,
 }
 
 /// The server's clock, for every time stamp the server sets.
@@ -306,7 +310,30 @@ impl Namespace {
         // before a restart. Ids come from a block reserved in the superblock above every
         // block used before, so an old id is answered `Stale` instead of being taken for
         // someone else's session; one write per million ids keeps opens write-free.
-        let (sb, next_session, next_client) = reserve_id_blocks(&*store, checked.as_deref(), sb)?;
+        // Clients that took early replies may keep changes a crash lost: their inode
+        // numbers stay free for them (see `early`).
+        let marks = match checked {
+            Some(_) => Vec::new(),
+            None => early::marks_in(&*store)?,
+        };
+        let gap = if marks.is_empty() {
+            0
+        } else {
+            early::REPLAY_GAP
+        };
+        let (sb, next_session, next_client) =
+            reserve_id_blocks(&*store, checked.as_deref(), sb, gap)?;
+        let fresh = sb.next_inode - gap..sb.next_inode;
+        let grace = Duration::from_millis(config.replay_grace_ms);
+        if !marks.is_empty() && !grace.is_zero() {
+            tracing::info!(
+                clients = marks.len(),
+                grace_ms = config.replay_grace_ms,
+                "clients took early replies before this start: requests wait until they \
+                 have sent again what they kept"
+            );
+        }
+        let early = early::EarlyState::open(&*store, marks, fresh, grace)?;
         // On a shared engine the server's id is the first session id of its start:
         // unique among servers and starts, as the blocks are.
         let live = match &checked {
@@ -355,6 +382,7 @@ impl Namespace {
             live: live.map(|(_, key)| key),
             sweeper: Mutex::new(sweep::Sweeper::default()),
             leading: std::sync::atomic::AtomicBool::new(false),
+            early,
         };
         // On a shared engine another server may hold an orphan open (its `P` key says
         // so): none is purged at start there; the sessions of dead servers end
@@ -390,9 +418,21 @@ impl Namespace {
     }
 
     /// Answers one request that arrived on connection `conn`, in a tracing span that
-    /// names the operation and the id it is about.
+    /// names the operation and the id it is about. Every change is durable before
+    /// this returns.
     pub fn handle<R: Handle>(&self, req: R, at: impl Into<Origin>) -> Result<R::Reply, WireError> {
-        let at = at.into();
+        self.handle_answered(req, at.into(), false).0
+    }
+
+    /// [`Namespace::handle`]; with `early`, a change of a client that takes early
+    /// replies may return before the log holds it (see `early`), and the second value
+    /// says so.
+    pub(crate) fn handle_answered<R: Handle>(
+        &self,
+        req: R,
+        at: Origin,
+        early: bool,
+    ) -> (Result<R::Reply, WireError>, early::Answered) {
         let (conn, uid) = (at.conn, at.caller.uid);
         let span =
             tracing::debug_span!("meta", op = R::NAME, id = req.span_id(), conn = conn.0, uid);
@@ -400,12 +440,16 @@ impl Namespace {
         // Store reads count their retry window from here (see `kv::deadline`).
         let arrived = std::time::Instant::now();
         let run = |req: R| crate::kv::deadline::for_request(arrived, || self.run_checked(req, &at));
-        if R::ADDS_RECORDS {
+        // A change sent again after an early reply was answered: it is not refused
+        // for room (it may have been lost with the server's last writes).
+        let resent = at.op.is_some_and(|op| op.retry && op.early);
+        if R::ADDS_RECORDS && !resent {
             if let Err(e) = self.disk.check() {
                 tracing::debug!(error = %e, "refused: disk short of room");
-                return Err(e.into());
+                return (Err(e.into()), early::Answered::default());
             }
         }
+        let mut answered = early::Answered::default();
         // An access time is written lazily, as a local file system writes it back with
         // the inode some time later: the reply does not wait for the sync, and the batch
         // goes with the next group someone waits for, or alone after `LAZY_DELAY` (a
@@ -415,18 +459,36 @@ impl Namespace {
             let _ = take_pending();
             r
         } else {
-            // Durable before the reply: wait for the group holding this request's
-            // changes, now that the namespace lock is free for the next request to stage
-            // its own.
-            // A request that failed may have staged changes before it did (they are
-            // visible already): it waits for them too, as nobody else would.
-            let r = match at.op {
-                // A change that is not idempotent is applied once (see `once`).
-                Some(op) if !R::IDEMPOTENT => self.once(op, &at, req, run),
-                _ => run(req),
-            };
-            let durable = self.wait_pending();
-            r.and_then(|r| durable.map(|()| r))
+            match at.op {
+                // Answered before the log holds it, if the client keeps it (`early`).
+                Some(op)
+                    if R::EARLY
+                        && early
+                        && op.early
+                        && self.config.early_replies
+                        && self.checked.is_none() =>
+                {
+                    let who = at.who.as_deref();
+                    let (r, a) =
+                        self.run_early(op, conn, who, R::MAKES, || self.once(op, &at, req, run));
+                    answered = a;
+                    r
+                }
+                // Durable before the reply: wait for the group holding this request's
+                // changes, now that the namespace lock is free for the next request to
+                // stage its own. A request that failed may have staged changes before
+                // it did (they are visible already): it waits for them too, as nobody
+                // else would.
+                op => {
+                    let r = match op {
+                        // A change that is not idempotent is applied once (see `once`).
+                        Some(op) if !R::IDEMPOTENT => self.once(op, &at, req, run),
+                        _ => run(req),
+                    };
+                    let durable = self.wait_pending();
+                    r.and_then(|r| durable.map(|()| r))
+                }
+            }
         };
         match &result {
             // The operator's to see: the client gets only EIO.
@@ -434,7 +496,7 @@ impl Namespace {
             Err(e) => tracing::debug!(error = %e, "request failed"),
             Ok(_) => {}
         }
-        result.map_err(Into::into)
+        (result.map_err(Into::into), answered)
     }
 
     /// Runs `req`; on a shared engine again (reading afresh) while its change conflicts
@@ -626,6 +688,7 @@ fn reserve_id_blocks(
     store: &dyn KvStore,
     checked: Option<&dyn TxnStore>,
     sb: Superblock,
+    inode_gap: u64,
 ) -> Result<(Superblock, u64, u64), MetaError> {
     // Servers starting together race for the superblock: the loser reads it again.
     retry_on_conflict(checked.is_some(), "reserving id blocks at start", || {
@@ -637,6 +700,7 @@ fn reserve_id_blocks(
         let (next_session, next_client) = (sb.session_ceiling, sb.client_ceiling);
         sb.session_ceiling += ID_BLOCK;
         sb.client_ceiling += ID_BLOCK;
+        sb.next_inode += inode_gap;
         let sb = txn
             .commit()?
             .ok_or_else(|| MetaError::Corrupt("superblock missing".into()))?;

@@ -395,15 +395,28 @@ impl<'a> Txn<'a> {
             }
         }
         let Some(c) = &mut self.checked else {
+            // A change sent again after an early reply makes the number it gave, kept
+            // free at this start (see `early`), unless something has it.
+            let wanted = match super::early::take_wanted() {
+                Some(ino) if self.raw(&super::keys::inode(ino))?.is_none() => Some(ino),
+                _ => None,
+            };
             let sb = self.sb()?;
-            let ino = InodeId(sb.next_inode);
-            sb.next_inode += 1;
+            let ino = match wanted {
+                Some(ino) => ino,
+                None => {
+                    sb.next_inode += 1;
+                    InodeId(sb.next_inode - 1)
+                }
+            };
             sb.inode_count += 1;
+            super::early::note_made(ino);
             return Ok(ino);
         };
         let ino = InodeId(c.inodes.start);
         c.inodes.start += 1;
         c.count += 1;
+        super::early::note_made(ino);
         Ok(ino)
     }
 

@@ -56,6 +56,7 @@ impl FsRequest {
             | F::TailCut(_)
             | F::Resume(_)
             | F::MyCaps(_)
+            | F::Settle(_)
             // A renewed grant has its session's mode: a read-only key's is a read grant.
             | F::Regrant(_)
             | F::LookupParent(_) => false,
@@ -72,6 +73,7 @@ impl FsRequest {
             | F::Release(_)
             | F::ReleaseMany(_)
             | F::MyCaps(_)
+            | F::Settle(_)
             | F::Regrant(_) => Vec::new(),
             F::Lookup(r) => vec![&mut r.parent],
             F::LookupParent(r) => vec![&mut r.dir],
@@ -282,6 +284,7 @@ pub fn one_of_each(dir: InodeId, file: InodeId, client: ClientId) -> Vec<FsReque
             ino: file,
             flags: crate::attr::InodeFlags::default(),
         }),
+        FsRequest::Settle(Settle { client }),
     ]
 }
 

@@ -49,6 +49,8 @@ crate::rpc_requests! {
         OpenAt => OpenedAt, "open_at", idempotent: true;
         GetFlags => InodeFlags, "getflags", idempotent: true;
         SetFlags => Attr, "setflags", idempotent: true;
+        // Waits, and says the client sent again what it kept: twice is as once.
+        Settle => u64, "settle", idempotent: true;
     }
 }
 
@@ -446,6 +448,19 @@ pub struct Resumed {
 /// with a read-only key mounts `ro`). Answered from the connection, not the namespace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MyCaps;
+
+/// Waits until every change the server answered early to `client` (see
+/// [`super::ReplyTail`]) is durable: a client sends it for `fsync`, and for changes
+/// it has kept a second or more. To a server that restarted, the client first sends
+/// again every change it keeps, then this: the server serves other clients once each
+/// client that took early replies before the restart has settled, or after its
+/// `replay_grace_ms`. Answers the server's run ([`super::ReplyTail::run`]): what it
+/// settled are the changes answered early by that run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settle {
+    /// The client (from its `Hello`).
+    pub client: ClientId,
+}
 
 /// An open session: the reply to [`Create`] and [`Open`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -191,6 +191,8 @@ pub struct ClusterOptions {
     /// [`ProcessCluster::fail_over_meta`] starts a metadata server there. For a store
     /// both can reach (`store = "etcd"` in `meta_toml`).
     pub standby_meta: bool,
+    /// `NAME=value` pairs in the metadata server's environment (fault injection).
+    pub meta_env: Vec<String>,
 }
 
 impl Default for ClusterOptions {
@@ -208,6 +210,7 @@ impl Default for ClusterOptions {
             insecure: false,
             metrics: false,
             standby_meta: false,
+            meta_env: Vec::new(),
         }
     }
 }
@@ -329,8 +332,13 @@ impl ProcessCluster {
             args.extend(["--admin-key-file".into(), path_text(&keys.join(ADMIN_KEY))]);
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut prefix: Vec<&str> = Vec::new();
+        if !opts.meta_env.is_empty() {
+            prefix.push("env");
+            prefix.extend(opts.meta_env.iter().map(String::as_str));
+        }
         spawn(
-            &[],
+            &prefix,
             &bin.join("tessera-meta"),
             &args,
             &d.join(format!("{name}.log")),
@@ -450,6 +458,12 @@ impl ProcessCluster {
     /// not exited, for instance on a lost owner key).
     pub fn meta_running(&mut self) -> bool {
         matches!(self.meta.try_wait(), Ok(None))
+    }
+
+    /// Sets the metadata server's environment from its next start on
+    /// ([`ClusterOptions::meta_env`]).
+    pub fn set_meta_env(&mut self, env: &[&str]) {
+        self.opts.meta_env = env.iter().map(|v| v.to_string()).collect();
     }
 
     /// Starts the metadata server again on the same address and store.

@@ -4,6 +4,7 @@
 mod changes;
 mod client_keys;
 mod cluster;
+mod early;
 mod flags;
 mod held;
 mod model;

@@ -18,9 +18,8 @@ pub(super) fn at(conn: u64, seq: u64, retry: bool) -> Origin {
         caller: Caller::ROOT,
         who: None,
         op: Some(OpId {
-            client: CLIENT,
-            seq,
             retry,
+            ..OpId::new(CLIENT, seq)
         }),
     }
 }

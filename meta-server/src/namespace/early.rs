@@ -1,0 +1,399 @@
+//! Early replies: a client's create, mkdir, mknod, symlink, unlink or rmdir answered
+//! before the log holds it, as CephFS's early replies are, when the client keeps the
+//! change and sends it again to a server that restarted (`proto::meta::ReplyTail`).
+//!
+//! What makes a change answered early land as answered after a crash:
+//! - **Only one client's changes are ever at risk at once.** A change is answered early
+//!   only if every change staged before it and not yet durable is the same client's
+//!   (`GroupCommit::early`), at most [`MAX_EARLY`] of them. A crash loses the newest
+//!   changes: those answered early are then one client's, the oldest of what was
+//!   lost, and nobody was answered after them.
+//! - **The client is known after a crash.** Before its first early reply a client's
+//!   mark (`Z` client) is made durable; a server that starts on an existing namespace
+//!   with marks holds every request ([`Namespace::admit_early`]) until each marked
+//!   client has sent again what it kept and settled (`Settle`), or for at most
+//!   `replay_grace_ms`. So the changes land again in their order, before anything
+//!   that could take their names.
+//! - **Inode numbers come back.** Such a start moves the next inode number past
+//!   [`REPLAY_GAP`] numbers, which only a change sent again may take: it names the
+//!   number its early reply gave (`OpId::made`). The data servers' chunk files, named
+//!   by inode, are never mistaken for another file's.
+//! - **A change lands once.** Its record (`once`) is in the same batch as the change:
+//!   a change the log held is answered from it, one it lost runs again.
+//!
+//! Only what a reply needs is early: a change that waits for another client's, a
+//! create that opened an existing file, and every other request wait for the log.
+
+use super::{keys, ConnId, Namespace};
+use crate::error::MetaError;
+use crate::kv::{KvStore, WriteBatch};
+use parking_lot::{Mutex, RwLock};
+use proto::meta::OpId;
+use proto::{ClientId, InodeId};
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+use std::time::{Duration, Instant};
+use transport::PeerIdentity;
+
+pub use proto::meta::MAX_EARLY;
+
+/// Inode numbers a start on a namespace with marks keeps free for changes sent again:
+/// every number an early reply may have given and a crash lost lies among them.
+pub(crate) const REPLAY_GAP: u64 = 4 * MAX_EARLY;
+
+/// How often a held request looks again whether the replays ended.
+const GATE_POLL: Duration = Duration::from_millis(10);
+
+thread_local! {
+    /// The number a change sent again asks for (see [`wanting`]).
+    static WANTED: Cell<Option<InodeId>> = const { Cell::new(None) };
+    /// The inode the running request made last.
+    static MADE: Cell<Option<InodeId>> = const { Cell::new(None) };
+    /// Set while a change that may be answered early runs: its wait for the log is
+    /// [`Namespace::run_early`]'s to decide.
+    static ANSWERING_EARLY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the running change may be answered early (see `once`).
+pub(super) fn answering_early() -> bool {
+    ANSWERING_EARLY.with(Cell::get)
+}
+
+/// The number `alloc_inode` gives instead of the next one: the one a change sent
+/// again asks for, if any (taken once).
+pub(super) fn take_wanted() -> Option<InodeId> {
+    WANTED.with(|w| w.take())
+}
+
+/// Notes the inode the running request made (for its reply's tail).
+pub(super) fn note_made(ino: InodeId) {
+    MADE.with(|m| m.set(Some(ino)));
+}
+
+/// What the server keeps of early replies.
+pub(crate) struct EarlyState {
+    /// Drawn at start: the `run` of every reply tail.
+    pub(crate) run: u64,
+    /// Clients whose mark is durable, each with the connection it came on last. A
+    /// change answered early runs under a read guard: a mark is never deleted between
+    /// the check and the change's staging.
+    marked: RwLock<HashMap<ClientId, ConnId>>,
+    /// After a start with marks: the marked clients that have not settled yet, and
+    /// until when requests wait for them. `None`: nobody waits.
+    gate: Mutex<Option<(HashSet<ClientId>, Instant)>>,
+    /// The numbers kept free for changes sent again: this start's, and those of
+    /// earlier starts whose clients have not settled since (see [`REPLAY_GAP`]).
+    replay: Vec<Range<u64>>,
+}
+
+/// The numbers a start kept free for a marked client, as its mark's value holds them
+/// until the client settles (a second crash before then must keep them too).
+type Kept = Vec<(u64, u64)>;
+
+/// The marks found in `store`, each with the numbers kept for it (read at start).
+pub(crate) fn marks_in(store: &dyn KvStore) -> Result<Vec<(ClientId, Kept)>, MetaError> {
+    let prefix = keys::early_mark_prefix();
+    let end = keys::prefix_end(&prefix);
+    let found = store.scan(&prefix, &end, usize::MAX)?;
+    let mut marks = Vec::new();
+    for (k, v) in found {
+        let Some(client) = keys::u64_at(&k, 1).map(ClientId) else {
+            continue;
+        };
+        let kept: Kept = if v.is_empty() {
+            Vec::new()
+        } else {
+            super::records::decode(&v, "early-reply mark")?
+        };
+        marks.push((client, kept));
+    }
+    Ok(marks)
+}
+
+impl EarlyState {
+    /// The state of a start that found `marks` and kept `fresh` free for them; writes
+    /// the numbers kept into every mark (durably, before anything is served).
+    pub(crate) fn open(
+        store: &dyn KvStore,
+        marks: Vec<(ClientId, Kept)>,
+        fresh: Range<u64>,
+        grace: Duration,
+    ) -> Result<Self, MetaError> {
+        let mut replay: Vec<Range<u64>> = Vec::new();
+        let mut batch = WriteBatch::new();
+        for (client, kept) in &marks {
+            let mut kept = kept.clone();
+            if !fresh.is_empty() {
+                kept.push((fresh.start, fresh.end));
+            }
+            replay.extend(kept.iter().map(|&(a, b)| a..b));
+            if grace.is_zero() {
+                // Nobody is waited for: nothing will be sent again.
+                batch.delete(keys::early_mark(*client));
+            } else {
+                batch.put(keys::early_mark(*client), super::records::encode(&kept)?);
+            }
+        }
+        if !batch.is_empty() {
+            store.commit(batch)?;
+        }
+        let clients: Vec<ClientId> = if grace.is_zero() {
+            Vec::new()
+        } else {
+            marks.iter().map(|(c, _)| *c).collect()
+        };
+        let gate = (!clients.is_empty())
+            .then(|| (clients.iter().copied().collect(), Instant::now() + grace));
+        Ok(EarlyState {
+            run: rand::random::<u64>() | 1,
+            marked: RwLock::new(clients.into_iter().map(|c| (c, ConnId(0))).collect()),
+            gate: Mutex::new(gate),
+            replay,
+        })
+    }
+}
+
+/// Sets the thread's state of a change that may be answered early, and clears it
+/// however the change ends (a panic too: the blocking pool's thread serves on).
+struct Running;
+
+impl Running {
+    fn start(wanted: Option<InodeId>) -> Running {
+        WANTED.with(|w| w.set(wanted));
+        MADE.with(|m| m.set(None));
+        ANSWERING_EARLY.with(|a| a.set(true));
+        Running
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        WANTED.with(|w| w.set(None));
+        ANSWERING_EARLY.with(|a| a.set(false));
+    }
+}
+
+/// What the caller of a request may learn of its change (see `Namespace::handle`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Answered {
+    /// The change's log position, when it was answered before the log held it.
+    pub(crate) pending: Option<u64>,
+    /// The inode it made.
+    pub(crate) made: Option<InodeId>,
+}
+
+/// Whom a request comes from, for the gate (see [`Namespace::admit_early`]).
+pub(crate) enum Knock {
+    /// A change sent again, or a `Settle`, by this client.
+    Replay(ClientId),
+    /// Anything that reads or changes the namespace.
+    Other,
+    /// What never meets a change sent again (a data server's beat, the map).
+    Free,
+}
+
+impl Namespace {
+    /// Whether a request may be served now: after a start with marks, only the marked
+    /// clients' replays and settles are, until every one has settled or the grace
+    /// ended. Waits (asynchronously) until it may.
+    pub(crate) async fn admit_early(&self, knock: Knock) {
+        loop {
+            {
+                let mut gate = self.early.gate.lock();
+                let Some((waiting, until)) = gate.as_mut() else {
+                    return;
+                };
+                if Instant::now() >= *until {
+                    let gone: Vec<ClientId> = waiting.drain().collect();
+                    *gate = None;
+                    drop(gate);
+                    tracing::warn!(
+                        clients = gone.len(),
+                        "clients that took early replies before this start did not come back \
+                         within replay_grace_ms: what they kept is lost with them"
+                    );
+                    let mut m = self.early.marked.write();
+                    self.unmark(&mut m, &gone);
+                    return;
+                }
+                match knock {
+                    Knock::Free => return,
+                    Knock::Replay(c) if waiting.contains(&c) => return,
+                    _ => {}
+                }
+            }
+            tokio::time::sleep(GATE_POLL).await;
+        }
+    }
+
+    /// Runs `run`, a change of the client named by `op` (from `who`) that takes early
+    /// replies; `makes`: an early reply needs it to have made an inode. Returns what
+    /// `run` returned, and what the caller may learn of the change.
+    pub(crate) fn run_early<T>(
+        &self,
+        op: OpId,
+        conn: ConnId,
+        who: Option<&PeerIdentity>,
+        makes: bool,
+        run: impl FnOnce() -> Result<T, MetaError>,
+    ) -> (Result<T, MetaError>, Answered) {
+        let client = op.client;
+        // Another key's client id is refused before it is marked (`once` would too).
+        if let Err(e) = self.may_name_client(client, who) {
+            return (Err(e), Answered::default());
+        }
+        let mut marked = self.early.marked.read();
+        if !marked.contains_key(&client) {
+            drop(marked);
+            let mut w = self.early.marked.write();
+            if !w.contains_key(&client) {
+                // The mark is durable before the first early reply: its own sync, once.
+                if let Err(e) = self.mark(client) {
+                    drop(w);
+                    tracing::warn!(error = %e, client = client.0, "marking a client for early replies failed");
+                    return (
+                        run().and_then(|r| self.wait_pending().map(|()| r)),
+                        Answered::default(),
+                    );
+                }
+                w.insert(client, conn);
+            }
+            marked = parking_lot::RwLockWriteGuard::downgrade(w);
+        }
+        let wanted = op
+            .made
+            .filter(|ino| op.retry && self.early.replay.iter().any(|r| r.contains(&ino.0)));
+        let r = {
+            let _reset = Running::start(wanted);
+            crate::kv::staging_for(client.0, run)
+        };
+        let made = MADE.with(|m| m.take());
+        let ticket = crate::kv::take_pending();
+        let pending = match (ticket, &r) {
+            (Some(t), Ok(_)) if makes && made.is_none() => self.store.wait(t).err(),
+            (Some(t), Ok(_)) => match self.group.early(t, client.0, MAX_EARLY) {
+                crate::kv::Early::Pending => {
+                    drop(marked);
+                    return (
+                        r,
+                        Answered {
+                            pending: Some(t),
+                            made,
+                        },
+                    );
+                }
+                crate::kv::Early::Durable => None,
+                crate::kv::Early::Wait => self.store.wait(t).err(),
+            },
+            (Some(t), Err(_)) => {
+                let _ = self.store.wait(t);
+                None
+            }
+            (None, _) => None,
+        };
+        drop(marked);
+        match pending {
+            Some(e) => (Err(e.into()), Answered::default()),
+            None => (
+                r,
+                Answered {
+                    pending: None,
+                    made,
+                },
+            ),
+        }
+    }
+
+    /// Waits until every change staged so far is durable, and, after a start with
+    /// marks, notes that `client` sent again what it kept.
+    pub(crate) fn settle(
+        &self,
+        client: ClientId,
+        conn: ConnId,
+        who: Option<&PeerIdentity>,
+    ) -> Result<u64, MetaError> {
+        self.may_name_client(client, who)?;
+        self.group.settle()?;
+        if let Some(c) = self.early.marked.write().get_mut(&client) {
+            *c = conn;
+        }
+        let mut gate = self.early.gate.lock();
+        if let Some((waiting, _)) = gate.as_mut() {
+            if waiting.remove(&client) {
+                // What it sent again is durable: the numbers kept for it are free.
+                let mut batch = WriteBatch::new();
+                batch.put(keys::early_mark(client), Vec::new());
+                if let Err(e) = crate::kv::lazily_within(|| self.store.stage(batch)) {
+                    tracing::warn!(error = %e, "clearing an early-reply mark's numbers failed");
+                }
+                if waiting.is_empty() {
+                    *gate = None;
+                    tracing::info!(
+                        "every client that took early replies before this start settled"
+                    );
+                }
+            }
+        }
+        Ok(self.early.run)
+    }
+
+    /// Forgets the marks of the clients that came on `conn` (it closed: a client that
+    /// lives on marks itself again at its next change).
+    pub(crate) fn unmark_conn(&self, conn: ConnId) {
+        let mut m = self.early.marked.write();
+        let gone: Vec<ClientId> = m
+            .iter()
+            .filter(|(_, c)| **c == conn)
+            .map(|(client, _)| *client)
+            .collect();
+        self.unmark(&mut m, &gone);
+    }
+
+    /// The tail of an answer to a client that takes early replies.
+    pub(crate) fn reply_tail(&self, answered: Answered) -> proto::meta::ReplyTail {
+        proto::meta::ReplyTail {
+            run: self.early.run,
+            durable: self.group.durable(),
+            pending: answered.pending,
+            made: answered.made.filter(|_| answered.pending.is_some()),
+        }
+    }
+
+    /// Forgets every mark, as the server stops in order (its connections closed, and
+    /// everything staged logged before the store closes).
+    pub fn forget_early_marks(&self) {
+        let mut m = self.early.marked.write();
+        match marks_in(&*self.store) {
+            Ok(marks) => {
+                let clients: Vec<ClientId> = marks.into_iter().map(|(c, _)| c).collect();
+                self.unmark(&mut m, &clients);
+            }
+            Err(e) => tracing::warn!(error = %e, "reading early-reply marks at stop failed"),
+        }
+    }
+
+    /// Makes `client`'s mark durable.
+    fn mark(&self, client: ClientId) -> Result<(), MetaError> {
+        let mut batch = WriteBatch::new();
+        batch.put(keys::early_mark(client), Vec::new());
+        Ok(self.store.commit(batch)?)
+    }
+
+    /// Deletes marks, lazily (one left behind only makes a later start wait longer),
+    /// under the write guard of `marked`: no change of theirs is being answered early.
+    fn unmark(&self, marked: &mut HashMap<ClientId, ConnId>, clients: &[ClientId]) {
+        if clients.is_empty() {
+            return;
+        }
+        let mut batch = WriteBatch::new();
+        for c in clients {
+            marked.remove(c);
+            batch.delete(keys::early_mark(*c));
+        }
+        let staged = crate::kv::lazily_within(|| self.store.stage(batch));
+        if let Err(e) = staged {
+            tracing::warn!(error = %e, "forgetting early-reply marks failed");
+        }
+    }
+}

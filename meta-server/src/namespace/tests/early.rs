@@ -1,0 +1,378 @@
+//! Early replies (`namespace::early`): changes answered before the log holds them land
+//! again, with the same inode numbers, when their client sends them again to a server
+//! that started after a crash lost them; nothing else is served before.
+
+use super::once::create;
+use super::{code, engine_tests, touch, H, ROOT};
+use crate::clock::SystemClock;
+use crate::kv::{KvError, KvPair, KvStore, StoreKind, WriteBatch};
+use crate::namespace::{ConnId, Knock, Namespace, Origin};
+use parking_lot::{Condvar, Mutex};
+use proto::meta::fs::{Mkdir, Unlink};
+use proto::meta::{Caller, OpId};
+use proto::{ClientId, ErrorCode, InodeId};
+use std::sync::Arc;
+use std::time::Duration;
+
+const C: ClientId = ClientId(1);
+const OTHER: ClientId = ClientId(2);
+
+/// A store whose log can be held (its writes wait) and then lost (they fail), as a
+/// server killed while its group commit waits for the disk.
+struct Stalling {
+    inner: Arc<dyn KvStore>,
+    /// (held, lost)
+    state: Mutex<(bool, bool)>,
+    moved: Condvar,
+}
+
+impl Stalling {
+    fn new(inner: Arc<dyn KvStore>) -> Arc<Stalling> {
+        Arc::new(Stalling {
+            inner,
+            state: Mutex::new((false, false)),
+            moved: Condvar::new(),
+        })
+    }
+
+    fn hold(&self) {
+        self.state.lock().0 = true;
+    }
+
+    fn release(&self) {
+        self.state.lock().0 = false;
+        self.moved.notify_all();
+    }
+
+    fn lose(&self) {
+        self.state.lock().1 = true;
+        self.moved.notify_all();
+    }
+}
+
+impl KvStore for Stalling {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+        self.inner.get(key)
+    }
+    fn scan(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<KvPair>, KvError> {
+        self.inner.scan(start, end, limit)
+    }
+    fn commit(&self, batch: WriteBatch) -> Result<(), KvError> {
+        self.log_group(&[batch]).map(drop)
+    }
+    fn log_group(&self, batches: &[WriteBatch]) -> Result<bool, KvError> {
+        let mut st = self.state.lock();
+        while st.0 && !st.1 {
+            self.moved.wait(&mut st);
+        }
+        if st.1 {
+            return Err(KvError::Engine {
+                engine: "test",
+                message: "killed".into(),
+            });
+        }
+        drop(st);
+        self.inner.log_group(batches)
+    }
+    fn apply_logged(&self, batch: &WriteBatch) -> Result<(), KvError> {
+        self.inner.apply_logged(batch)
+    }
+    fn engine(&self) -> &'static str {
+        self.inner.engine()
+    }
+}
+
+/// Change `seq` of `client`, which takes early replies, on connection `conn`.
+fn early(client: ClientId, seq: u64) -> Origin {
+    Origin {
+        conn: ConnId(u64::from(client.0 as u32)),
+        caller: Caller::ROOT,
+        who: None,
+        op: Some(OpId {
+            early: true,
+            ..OpId::new(client, seq)
+        }),
+    }
+}
+
+/// The same change sent again to a restarted server, naming the inode it made.
+fn again(client: ClientId, seq: u64, made: Option<InodeId>) -> Origin {
+    let mut at = early(client, seq);
+    if let Some(op) = &mut at.op {
+        op.retry = true;
+        op.made = made;
+    }
+    at
+}
+
+fn mkdir(name: &str) -> Mkdir {
+    Mkdir {
+        parent: ROOT,
+        name: name.into(),
+        perm: 0o755,
+    }
+}
+
+fn unlink(name: &str) -> Unlink {
+    Unlink {
+        parent: ROOT,
+        name: name.into(),
+    }
+}
+
+/// Opens a namespace on `h`'s store behind a [`Stalling`] log, with data servers.
+fn open_stalling(h: &H) -> (Namespace, Arc<Stalling>) {
+    let store = Stalling::new(h.open_store());
+    let ns = Namespace::open_with_clock(
+        store.clone() as Arc<dyn KvStore>,
+        h.config.clone(),
+        Arc::new(SystemClock),
+    )
+    .unwrap();
+    with_nodes(&ns);
+    // Direct calls leave their changes staged (requests wait for theirs).
+    ns.sync().unwrap();
+    (ns, store)
+}
+
+fn with_nodes(ns: &Namespace) {
+    for i in 0..3 {
+        ns.register_data(None, &format!("10.0.0.{i}:7000"), 1000, 10)
+            .unwrap();
+    }
+}
+
+/// Whether `admit_early` lets `knock` through within a moment.
+fn admitted(ns: &Namespace, knock: Knock) -> bool {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_millis(100), ns.admit_early(knock))
+            .await
+            .is_ok()
+    })
+}
+
+/// Guards against changes answered early being lost by a crash while their client
+/// lives: a create, a mkdir and an unlink answered while the log was held, lost with
+/// the server, are sent again to the next one, which serves nobody else meanwhile,
+/// and land with the inode numbers the first replies gave.
+fn changes_answered_early_land_again_after_a_crash(kind: StoreKind) {
+    let mut h = H::unstarted(
+        kind,
+        crate::config::NamespaceConfig::default(),
+        Arc::new(SystemClock),
+    );
+    let (ns, log) = open_stalling(&h);
+    // The first change marks the client (durable before any early reply).
+    let (first, _) = ns.handle_answered(mkdir("kept"), early(C, 1), true);
+    first.unwrap();
+    let old = touch(&ns, ROOT, "old");
+    ns.sync().unwrap();
+
+    log.hold();
+    let (a, answered_a) = ns.handle_answered(create("a"), early(C, 2), true);
+    let a = a.unwrap();
+    assert!(
+        answered_a.pending.is_some(),
+        "answered early: {answered_a:?}"
+    );
+    assert_eq!(answered_a.made, Some(a.attr.ino));
+    let (d, answered_d) = ns.handle_answered(mkdir("d"), early(C, 3), true);
+    let d = d.unwrap();
+    assert!(answered_d.pending.is_some());
+    let (gone, answered_u) = ns.handle_answered(unlink("old"), early(C, 4), true);
+    gone.unwrap();
+    assert!(answered_u.pending.is_some());
+    // Seen by everyone while staged.
+    assert_eq!(ns.lookup(ROOT, b"a").unwrap().ino, a.attr.ino);
+
+    // The server dies with them: its log never held them.
+    log.lose();
+    drop(ns);
+    drop(log);
+    h.restart();
+    let ns = h.ns();
+    with_nodes(ns);
+    assert_eq!(code(ns.lookup(ROOT, b"a")), ErrorCode::NotFound);
+    assert_eq!(ns.lookup(ROOT, b"old").unwrap().ino, old.ino);
+    // Nobody but the client that kept them is served until it settled.
+    assert!(!admitted(ns, Knock::Other));
+    assert!(admitted(ns, Knock::Replay(C)));
+    assert!(admitted(ns, Knock::Free));
+
+    let (a2, _) = ns.handle_answered(create("a"), again(C, 2, Some(a.attr.ino)), true);
+    assert_eq!(
+        a2.unwrap().attr.ino,
+        a.attr.ino,
+        "the create made its number again"
+    );
+    let (d2, _) = ns.handle_answered(mkdir("d"), again(C, 3, Some(d.attr.ino)), true);
+    assert_eq!(d2.unwrap().attr.ino, d.attr.ino);
+    let (u2, _) = ns.handle_answered(unlink("old"), again(C, 4, None), true);
+    u2.unwrap();
+    ns.settle(C, ConnId(1), None).unwrap();
+    assert!(admitted(ns, Knock::Other));
+
+    assert_eq!(ns.lookup(ROOT, b"a").unwrap().ino, a.attr.ino);
+    assert_eq!(ns.lookup(ROOT, b"d").unwrap().ino, d.attr.ino);
+    assert_eq!(code(ns.lookup(ROOT, b"old")), ErrorCode::NotFound);
+    // A new file gets a number past those kept for the changes sent again.
+    let new = touch(ns, ROOT, "new");
+    assert!(
+        new.ino.0 >= a.attr.ino.0 + crate::namespace::early::REPLAY_GAP,
+        "{new:?} after {:?}",
+        a.attr.ino
+    );
+    // And a change sent again that the log did hold is answered from its record.
+    let (k, _) = ns.handle_answered(mkdir("kept"), again(C, 1, None), true);
+    k.unwrap();
+}
+
+/// Guards against a second crash, before the changes sent again were durable, giving
+/// them other inode numbers: the numbers kept at the first restart stay kept (in the
+/// client's mark) until the client settles.
+fn numbers_kept_for_a_client_survive_a_second_crash(kind: StoreKind) {
+    let h = H::unstarted(
+        kind,
+        crate::config::NamespaceConfig::default(),
+        Arc::new(SystemClock),
+    );
+    let (ns, log) = open_stalling(&h);
+    ns.handle_answered(mkdir("m"), early(C, 1), true).0.unwrap();
+    ns.sync().unwrap();
+    log.hold();
+    let (d, answered) = ns.handle_answered(mkdir("d"), early(C, 2), true);
+    let d = d.unwrap();
+    assert!(answered.pending.is_some());
+    log.lose();
+    drop(ns);
+    drop(log);
+    // The second start: the change sent again, then a crash before its log write.
+    let (ns, log) = open_stalling(&h);
+    log.hold();
+    let (d2, _) = ns.handle_answered(mkdir("d"), again(C, 2, Some(d.attr.ino)), true);
+    assert_eq!(d2.unwrap().attr.ino, d.attr.ino);
+    log.lose();
+    drop(ns);
+    drop(log);
+    // The third start still keeps the first one's numbers.
+    let (ns, _log) = open_stalling(&h);
+    assert_eq!(code(ns.lookup(ROOT, b"d")), ErrorCode::NotFound);
+    let (d3, _) = ns.handle_answered(mkdir("d"), again(C, 2, Some(d.attr.ino)), true);
+    assert_eq!(
+        d3.unwrap().attr.ino,
+        d.attr.ino,
+        "the number came back after two crashes"
+    );
+    ns.settle(C, ConnId(1), None).unwrap();
+    assert_eq!(ns.lookup(ROOT, b"d").unwrap().ino, d.attr.ino);
+}
+
+/// Guards against a change answered early after another client's change that the log
+/// does not hold yet (a crash would lose both, and the other client, answered later,
+/// could not send its change again in the right order): such a reply waits for the log.
+fn a_change_after_another_clients_waits_for_the_log(kind: StoreKind) {
+    let h = H::unstarted(
+        kind,
+        crate::config::NamespaceConfig::default(),
+        Arc::new(SystemClock),
+    );
+    let (ns, log) = open_stalling(&h);
+    let ns = Arc::new(ns);
+    ns.handle_answered(mkdir("c"), early(C, 1), true).0.unwrap();
+    ns.handle_answered(mkdir("o"), early(OTHER, 1), true)
+        .0
+        .unwrap();
+    ns.sync().unwrap();
+
+    log.hold();
+    let (_, mine) = ns.handle_answered(mkdir("c1"), early(C, 2), true);
+    assert!(mine.pending.is_some(), "{mine:?}");
+    let ns2 = ns.clone();
+    let other = std::thread::spawn(move || ns2.handle_answered(mkdir("o1"), early(OTHER, 2), true));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !other.is_finished(),
+        "the other client's reply waits for the log"
+    );
+    log.release();
+    let (r, theirs) = other.join().unwrap();
+    r.unwrap();
+    assert_eq!(theirs.pending, None);
+    assert!(ns.lookup(ROOT, b"o1").is_ok() && ns.lookup(ROOT, b"c1").is_ok());
+}
+
+/// Guards against a start waiting forever for a client that ended with the server: its
+/// grace ends, its mark goes, and the next start serves at once.
+fn a_client_that_does_not_come_back_is_waited_for_only_its_grace(kind: StoreKind) {
+    let config = crate::config::NamespaceConfig {
+        replay_grace_ms: 1_000,
+        ..Default::default()
+    };
+    let mut h = H::with_config(kind, config);
+    h.ns()
+        .handle_answered(mkdir("x"), early(C, 1), true)
+        .0
+        .unwrap();
+    h.restart();
+    assert!(!admitted(h.ns(), Knock::Other));
+    std::thread::sleep(Duration::from_millis(1_100));
+    assert!(admitted(h.ns(), Knock::Other));
+    h.restart();
+    assert!(admitted(h.ns(), Knock::Other), "no mark left");
+}
+
+/// Guards against early replies given to a client that did not ask for them (it does
+/// not keep its changes), or by a server configured without them.
+fn only_a_client_that_keeps_its_changes_is_answered_early(kind: StoreKind) {
+    let config = crate::config::NamespaceConfig {
+        early_replies: false,
+        ..Default::default()
+    };
+    let h = H::unstarted(kind, config, Arc::new(SystemClock));
+    let (ns, log) = open_stalling(&h);
+    log.hold();
+    let ns = Arc::new(ns);
+    let ns2 = ns.clone();
+    let t = std::thread::spawn(move || ns2.handle_answered(mkdir("a"), early(C, 1), true));
+    std::thread::sleep(Duration::from_millis(150));
+    assert!(
+        !t.is_finished(),
+        "early replies are off: the reply waits for the log"
+    );
+    log.release();
+    assert_eq!(t.join().unwrap().1.pending, None);
+
+    let h = H::unstarted(
+        kind,
+        crate::config::NamespaceConfig::default(),
+        Arc::new(SystemClock),
+    );
+    let (ns, log) = open_stalling(&h);
+    let mut plain = early(C, 1);
+    if let Some(op) = &mut plain.op {
+        op.early = false;
+    }
+    log.hold();
+    let ns = Arc::new(ns);
+    let ns2 = ns.clone();
+    let t = std::thread::spawn(move || ns2.handle_answered(mkdir("a"), plain, true));
+    std::thread::sleep(Duration::from_millis(150));
+    assert!(
+        !t.is_finished(),
+        "the client keeps nothing: the reply waits for the log"
+    );
+    log.release();
+    assert_eq!(t.join().unwrap().1.pending, None);
+}
+
+engine_tests!(
+    changes_answered_early_land_again_after_a_crash,
+    numbers_kept_for_a_client_survive_a_second_crash,
+    a_change_after_another_clients_waits_for_the_log,
+    a_client_that_does_not_come_back_is_waited_for_only_its_grace,
+    only_a_client_that_keeps_its_changes_is_answered_early,
+);
