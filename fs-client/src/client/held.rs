@@ -137,11 +137,13 @@ impl Held {
         (kept, h.kept.back().map_or(0, |k| k.id))
     }
 
-    /// Drops the changes up to id `through` that server run `run` answered (settled);
-    /// says whether changes of other runs are kept (they must be sent again).
-    fn settled(&self, through: u64, run: u64) -> bool {
+    /// Drops the changes up to id `through` (settled by server run `run`): only those
+    /// that run answered, or with `resent` all (they were sent to it again). Says
+    /// whether changes of other runs are still kept (they must be sent again).
+    fn settled(&self, through: u64, run: u64, resent: bool) -> bool {
         let mut h = self.inner.lock();
-        h.kept.retain(|k| k.id > through || k.run != run);
+        h.kept
+            .retain(|k| k.id > through || (k.run != run && !resent));
         h.kept.iter().any(|k| k.run != run)
     }
 }
@@ -172,7 +174,7 @@ impl Client {
         let through = self.held.newest();
         let req = Request::new(fs::Settle { client: self.id });
         let (run, _) = self.meta_waiting(&req, self.meta_wait()).await?;
-        if self.held.settled(through, run) {
+        if self.held.settled(through, run, false) {
             // Answered by an earlier run, noted after the resend on this connection:
             // the server may have lost them.
             self.replay_held().await?;
@@ -218,9 +220,21 @@ impl Client {
                     ReplyTail,
                 >(&answer)?;
                 if let Err(e) = err {
-                    lost += 1;
-                    tracing::error!(request = req.name(), error = %e,
-                        "a change answered early was lost with the metadata server and could not be made again");
+                    // A create the log held, whose file this client has closed since:
+                    // the server answers from its record but cannot open it again (an
+                    // I/O error naming the lost open); the create itself stands.
+                    let closed_create = matches!(&req, MetaRequest::Fs(c) if matches!(c.req, fs::FsRequest::Create(_)))
+                        && e.code == proto::ErrorCode::Io
+                        && !k
+                            .session
+                            .is_some_and(|s| self.sessions.lock().contains_key(&s));
+                    if closed_create {
+                        tracing::debug!(error = %e, "a create sent again stands; its open had ended");
+                    } else {
+                        lost += 1;
+                        tracing::error!(request = req.name(), error = %e,
+                            "a change answered early was lost with the metadata server and could not be made again");
+                    }
                 }
                 continue;
             }
@@ -268,7 +282,7 @@ impl Client {
         let answer = conn.call(settle.encode(limit)?.into()).await?;
         match settle.decode_reply(&answer)? {
             Ok(run) => {
-                self.held.settled(through, run);
+                self.held.settled(through, run, true);
             }
             Err(e) => tracing::warn!(error = %e, "settling changes sent again failed"),
         }
