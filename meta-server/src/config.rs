@@ -43,9 +43,9 @@ pub struct NamespaceConfig {
     /// How long (milliseconds) a server that started on a namespace with clients that
     /// took early replies (after a crash; a stop in order leaves none) holds every
     /// request while those clients send again what they kept; it serves as soon as
-    /// each has settled. A client keeping changes comes back within about a second (it
-    /// checks every second), an idle one at its next call; one that ended with the
-    /// server costs the whole wait. 0: nobody is waited for.
+    /// each has settled. A live client comes back within about one to two seconds (it
+    /// checks every second); one that ended with the server costs the whole wait. At
+    /// most 30000 (a client's call times out after 30 s). 0: nobody is waited for.
     pub replay_grace_ms: u64,
 }
 
@@ -107,9 +107,9 @@ impl NamespaceConfig {
                 self.lock_grace_ms
             )));
         }
-        if self.replay_grace_ms > 600_000 {
+        if self.replay_grace_ms > 30_000 {
             return Err(MetaError::InvalidArgument(format!(
-                "replay_grace_ms {} must be at most 600000",
+                "replay_grace_ms {} must be at most 30000",
                 self.replay_grace_ms
             )));
         }

@@ -665,7 +665,7 @@ impl OpId {
 }
 
 /// Most changes a metadata server answers early to one client before their log write
-/// (see [`ReplyTail`]); a client keeps at most this many unsettled. Well below
+/// (see [`ReplyTail`]); beyond, its replies wait for the log. Well below
 /// [`OP_SLOTS`], so that changes kept for a replay leave the window room.
 pub const MAX_EARLY: u64 = 16;
 

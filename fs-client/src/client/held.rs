@@ -5,7 +5,7 @@
 //! change is lost only with this client.
 
 use super::Client;
-use crate::error::Result;
+use crate::error::{ClientError, Result};
 use proto::meta::{fs, MetaRequest, ReplyTail, OP_SLOTS};
 use proto::{codec, rpc, InodeId, Request, SessionId, WireError};
 use std::collections::VecDeque;
@@ -50,6 +50,12 @@ struct Resend {
 #[derive(Default)]
 pub(crate) struct Held {
     inner: parking_lot::Mutex<Inner>,
+    /// A server answered a change early (this client has a mark to settle after a
+    /// crash: its periodic check reconnects for that).
+    took: std::sync::atomic::AtomicBool,
+    /// A change answered early could not be made again: the next `fsync` (or
+    /// `fsyncdir`) fails, once.
+    lost: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -75,6 +81,7 @@ impl Held {
         let (run, durable) = (h.run, h.durable);
         h.kept.retain(|k| k.run != run || k.pending > durable);
         if let Some(pending) = tail.pending {
+            self.took.store(true, std::sync::atomic::Ordering::Relaxed);
             let seq = match req {
                 MetaRequest::Fs(call) => call.op.map_or(0, |op| op.seq),
                 _ => 0,
@@ -92,6 +99,11 @@ impl Held {
                 at: Instant::now(),
             });
         }
+    }
+
+    /// Whether a server ever answered this client early.
+    pub(crate) fn took_early(&self) -> bool {
+        self.took.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many changes are kept.
@@ -166,20 +178,37 @@ impl Client {
         Ok(())
     }
 
-    /// Waits until every change answered early so far is durable (`fsync`).
+    /// Waits until every change answered early so far is durable (`fsync`); fails
+    /// (once) if one was lost with a server and could not be made again.
     pub async fn settle(&self) -> Result<()> {
+        let lost = || {
+            if self
+                .held
+                .lost
+                .swap(false, std::sync::atomic::Ordering::Relaxed)
+            {
+                return Err(ClientError::Remote(WireError::new(
+                    proto::ErrorCode::Io,
+                    "a change the metadata server answered early was lost with it and \
+                     could not be made again (see the mount's log)"
+                        .to_string(),
+                )));
+            }
+            Ok(())
+        };
         if self.held.len() == 0 {
-            return Ok(());
+            return lost();
         }
         let through = self.held.newest();
         let req = Request::new(fs::Settle { client: self.id });
         let (run, _) = self.meta_waiting(&req, self.meta_wait()).await?;
         if self.held.settled(through, run, false) {
             // Answered by an earlier run, noted after the resend on this connection:
-            // the server may have lost them.
+            // the server may have lost them. One resend at a time (`resume_lock`).
+            let _one = self.resume_lock.lock().await;
             self.replay_held().await?;
         }
-        Ok(())
+        lost()
     }
 
     /// Sends again, in order, every change kept, then `Settle`, all on one
@@ -291,6 +320,11 @@ impl Client {
             if let Err(e) = crate::rpc::meta_call(&self.ep, &self.meta, &release).await {
                 tracing::debug!(error = %e, "ending the sessions of creates made again failed");
             }
+        }
+        if lost > 0 {
+            self.held
+                .lost
+                .store(true, std::sync::atomic::Ordering::Relaxed);
         }
         if !kept.is_empty() {
             tracing::info!(

@@ -148,7 +148,9 @@ impl Client {
             loop {
                 tick.tick().await;
                 let Some(client) = me.upgrade() else { return };
-                if !client.sessions.lock().is_empty() {
+                // With open files, or after early replies (a restarted server waits for
+                // this client to settle before it serves others): reconnect now.
+                if !client.sessions.lock().is_empty() || client.held.took_early() {
                     // Unreachable: the next tick, or the next call, tries again.
                     let _ = client.resume_sessions().await;
                 }

@@ -147,7 +147,8 @@ impl EarlyState {
             .then(|| (clients.iter().copied().collect(), Instant::now() + grace));
         Ok(EarlyState {
             run: rand::random::<u64>() | 1,
-            marked: RwLock::new(clients.into_iter().map(|c| (c, ConnId(0))).collect()),
+            // No connection yet: none of this start's closes may unmark them.
+            marked: RwLock::new(clients.into_iter().map(|c| (c, ConnId(u64::MAX))).collect()),
             gate: Mutex::new(gate),
             replay,
         })
@@ -292,7 +293,6 @@ impl Namespace {
             }
             (None, _) => None,
         };
-        drop(marked);
         match pending {
             Some(e) => (Err(e.into()), Answered::default()),
             None => (
@@ -315,8 +315,16 @@ impl Namespace {
     ) -> Result<u64, MetaError> {
         self.may_name_client(client, who)?;
         self.group.settle()?;
-        if let Some(c) = self.early.marked.write().get_mut(&client) {
-            *c = conn;
+        let moved = self
+            .early
+            .marked
+            .read()
+            .get(&client)
+            .is_some_and(|c| *c != conn);
+        if moved {
+            if let Some(c) = self.early.marked.write().get_mut(&client) {
+                *c = conn;
+            }
         }
         let mut gate = self.early.gate.lock();
         if let Some((waiting, _)) = gate.as_mut() {
@@ -362,11 +370,20 @@ impl Namespace {
 
     /// Forgets every mark, as the server stops in order (its connections closed, and
     /// everything staged logged before the store closes).
+    /// Clients still awaited after a crash keep theirs (and the numbers kept for them).
     pub fn forget_early_marks(&self) {
+        let waiting: HashSet<ClientId> = match self.early.gate.lock().as_ref() {
+            Some((waiting, _)) => waiting.clone(),
+            None => HashSet::new(),
+        };
         let mut m = self.early.marked.write();
         match marks_in(&*self.store) {
             Ok(marks) => {
-                let clients: Vec<ClientId> = marks.into_iter().map(|(c, _)| c).collect();
+                let clients: Vec<ClientId> = marks
+                    .into_iter()
+                    .map(|(c, _)| c)
+                    .filter(|c| !waiting.contains(c))
+                    .collect();
                 self.unmark(&mut m, &clients);
             }
             Err(e) => tracing::warn!(error = %e, "reading early-reply marks at stop failed"),

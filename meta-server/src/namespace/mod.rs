@@ -321,9 +321,6 @@ impl Namespace {
         } else {
             early::REPLAY_GAP
         };
-        let (sb, next_session, next_client) =
-            reserve_id_blocks(&*store, checked.as_deref(), sb, gap)?;
-        let fresh = sb.next_inode - gap..sb.next_inode;
         let grace = Duration::from_millis(config.replay_grace_ms);
         if !marks.is_empty() && !grace.is_zero() {
             tracing::info!(
@@ -333,7 +330,12 @@ impl Namespace {
                  have sent again what they kept"
             );
         }
+        // The numbers are written into the marks before the superblock moves past
+        // them: a crash in between keeps them twice, never not at all.
+        let fresh = sb.next_inode..sb.next_inode + gap;
         let early = early::EarlyState::open(&*store, marks, fresh, grace)?;
+        let (sb, next_session, next_client) =
+            reserve_id_blocks(&*store, checked.as_deref(), sb, gap)?;
         // On a shared engine the server's id is the first session id of its start:
         // unique among servers and starts, as the blocks are.
         let live = match &checked {
@@ -442,7 +444,9 @@ impl Namespace {
         let run = |req: R| crate::kv::deadline::for_request(arrived, || self.run_checked(req, &at));
         // A change sent again after an early reply was answered: it is not refused
         // for room (it may have been lost with the server's last writes).
-        let resent = at.op.is_some_and(|op| op.retry && op.early);
+        let resent = at
+            .op
+            .is_some_and(|op| op.retry && op.early && op.made.is_some());
         if R::ADDS_RECORDS && !resent {
             if let Err(e) = self.disk.check() {
                 tracing::debug!(error = %e, "refused: disk short of room");

@@ -37,6 +37,10 @@ impl Namespace {
         if self.stopping.load(std::sync::atomic::Ordering::Acquire) {
             return;
         }
+        // Its early-reply mark goes too: the delete is logged after the client's
+        // changes, so a crash that loses it loses nothing the client must send again
+        // (a client that comes back marks itself at its next change).
+        self.unmark_conn(conn);
         let grace = Duration::from_millis(self.config.session_grace_ms);
         if grace.is_zero() {
             return self.connection_closed(conn);

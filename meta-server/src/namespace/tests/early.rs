@@ -328,16 +328,25 @@ fn a_client_that_does_not_come_back_is_waited_for_only_its_grace(kind: StoreKind
 /// Guards against early replies given to a client that did not ask for them (it does
 /// not keep its changes), or by a server configured without them.
 fn only_a_client_that_keeps_its_changes_is_answered_early(kind: StoreKind) {
-    let config = crate::config::NamespaceConfig {
-        early_replies: false,
-        ..Default::default()
-    };
-    let h = H::unstarted(kind, config, Arc::new(SystemClock));
+    // The client is marked by a server with early replies, which then restarts
+    // without them.
+    let mut h = H::unstarted(
+        kind,
+        crate::config::NamespaceConfig::default(),
+        Arc::new(SystemClock),
+    );
+    let (ns, log) = open_stalling(&h);
+    ns.handle_answered(mkdir("first"), early(C, 1), true)
+        .0
+        .unwrap();
+    drop(ns);
+    drop(log);
+    h.config.early_replies = false;
     let (ns, log) = open_stalling(&h);
     log.hold();
     let ns = Arc::new(ns);
     let ns2 = ns.clone();
-    let t = std::thread::spawn(move || ns2.handle_answered(mkdir("a"), early(C, 1), true));
+    let t = std::thread::spawn(move || ns2.handle_answered(mkdir("a"), early(C, 2), true));
     std::thread::sleep(Duration::from_millis(150));
     assert!(
         !t.is_finished(),
@@ -352,7 +361,12 @@ fn only_a_client_that_keeps_its_changes_is_answered_early(kind: StoreKind) {
         Arc::new(SystemClock),
     );
     let (ns, log) = open_stalling(&h);
-    let mut plain = early(C, 1);
+    // Marked (with the log free), so that only the request's own flag decides.
+    ns.handle_answered(mkdir("first"), early(C, 1), true)
+        .0
+        .unwrap();
+    ns.sync().unwrap();
+    let mut plain = early(C, 2);
     if let Some(op) = &mut plain.op {
         op.early = false;
     }
