@@ -120,6 +120,15 @@ fn unlink(name: &str) -> Unlink {
     }
 }
 
+/// A place for a store of `kind` with the default configuration, nothing opened yet.
+fn unstarted(kind: StoreKind) -> H {
+    H::unstarted(
+        kind,
+        crate::config::NamespaceConfig::default(),
+        Arc::new(SystemClock),
+    )
+}
+
 /// Opens a namespace on `h`'s store behind a [`Stalling`] log, with data servers.
 fn open_stalling(h: &H) -> (Namespace, Arc<Stalling>) {
     let store = Stalling::new(h.open_store());
@@ -160,11 +169,7 @@ fn admitted(ns: &Namespace, knock: Knock) -> bool {
 /// the server, are sent again to the next one, which serves nobody else meanwhile,
 /// and land with the inode numbers the first replies gave.
 fn changes_answered_early_land_again_after_a_crash(kind: StoreKind) {
-    let mut h = H::unstarted(
-        kind,
-        crate::config::NamespaceConfig::default(),
-        Arc::new(SystemClock),
-    );
+    let mut h = unstarted(kind);
     let (ns, log) = open_stalling(&h);
     // The first change marks the client (durable before any early reply).
     let (first, _) = ns.handle_answered(mkdir("kept"), early(C, 1), true);
@@ -235,11 +240,7 @@ fn changes_answered_early_land_again_after_a_crash(kind: StoreKind) {
 /// them other inode numbers: the numbers kept at the first restart stay kept (in the
 /// client's mark) until the client settles.
 fn numbers_kept_for_a_client_survive_a_second_crash(kind: StoreKind) {
-    let h = H::unstarted(
-        kind,
-        crate::config::NamespaceConfig::default(),
-        Arc::new(SystemClock),
-    );
+    let h = unstarted(kind);
     let (ns, log) = open_stalling(&h);
     ns.handle_answered(mkdir("m"), early(C, 1), true).0.unwrap();
     ns.sync().unwrap();
@@ -275,11 +276,7 @@ fn numbers_kept_for_a_client_survive_a_second_crash(kind: StoreKind) {
 /// does not hold yet (a crash would lose both, and the other client, answered later,
 /// could not send its change again in the right order): such a reply waits for the log.
 fn a_change_after_another_clients_waits_for_the_log(kind: StoreKind) {
-    let h = H::unstarted(
-        kind,
-        crate::config::NamespaceConfig::default(),
-        Arc::new(SystemClock),
-    );
+    let h = unstarted(kind);
     let (ns, log) = open_stalling(&h);
     let ns = Arc::new(ns);
     ns.handle_answered(mkdir("c"), early(C, 1), true).0.unwrap();
@@ -330,11 +327,7 @@ fn a_client_that_does_not_come_back_is_waited_for_only_its_grace(kind: StoreKind
 fn only_a_client_that_keeps_its_changes_is_answered_early(kind: StoreKind) {
     // The client is marked by a server with early replies, which then restarts
     // without them.
-    let mut h = H::unstarted(
-        kind,
-        crate::config::NamespaceConfig::default(),
-        Arc::new(SystemClock),
-    );
+    let mut h = unstarted(kind);
     let (ns, log) = open_stalling(&h);
     ns.handle_answered(mkdir("first"), early(C, 1), true)
         .0
@@ -355,11 +348,7 @@ fn only_a_client_that_keeps_its_changes_is_answered_early(kind: StoreKind) {
     log.release();
     assert_eq!(t.join().unwrap().1.pending, None);
 
-    let h = H::unstarted(
-        kind,
-        crate::config::NamespaceConfig::default(),
-        Arc::new(SystemClock),
-    );
+    let h = unstarted(kind);
     let (ns, log) = open_stalling(&h);
     // Marked (with the log free), so that only the request's own flag decides.
     ns.handle_answered(mkdir("first"), early(C, 1), true)
