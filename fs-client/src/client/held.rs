@@ -160,6 +160,16 @@ impl Held {
     }
 }
 
+/// A resent change's answer, as `T` (postcard encodes every `Err` alike, so `()`
+/// reads any refusal), its tail set aside.
+fn answer_of<T: serde::de::DeserializeOwned>(
+    answer: &[u8],
+) -> Result<std::result::Result<T, WireError>> {
+    let (r, _) =
+        codec::decode_with_trailer::<std::result::Result<T, WireError>, ReplyTail>(answer)?;
+    Ok(r)
+}
+
 impl Client {
     /// Before change `seq` starts: settles first if a kept change is nearly
     /// `OP_SLOTS` counts older (its record slot would be the new one's).
@@ -244,11 +254,7 @@ impl Client {
             let bytes = codec::encode(&req, limit)?;
             let answer = conn.call(bytes.into()).await?;
             if rpc::is_error(&answer) {
-                let (err, _) = codec::decode_with_trailer::<
-                    std::result::Result<(), WireError>,
-                    ReplyTail,
-                >(&answer)?;
-                if let Err(e) = err {
+                if let Err(e) = answer_of::<()>(&answer)? {
                     // A create the log held, whose file this client has closed since:
                     // the server answers from its record but cannot open it again (an
                     // I/O error naming the lost open); the create itself stands.
@@ -270,11 +276,7 @@ impl Client {
             let made = match &req {
                 MetaRequest::Fs(call) => match call.req {
                     fs::FsRequest::Create(_) => {
-                        let (opened, _) = codec::decode_with_trailer::<
-                            std::result::Result<fs::Opened, WireError>,
-                            ReplyTail,
-                        >(&answer)?;
-                        opened.ok().map(|o| {
+                        answer_of::<fs::Opened>(&answer)?.ok().map(|o| {
                             // A create sent again opens its session again: the one its
                             // first reply gave (answered from its record), or a new
                             // one (made again). The resume takes back the first if its
@@ -289,11 +291,7 @@ impl Client {
                     fs::FsRequest::Mkdir(_)
                     | fs::FsRequest::MkNod(_)
                     | fs::FsRequest::Symlink(_) => {
-                        let (m, _) = codec::decode_with_trailer::<
-                            std::result::Result<fs::Made, WireError>,
-                            ReplyTail,
-                        >(&answer)?;
-                        m.ok().map(|m| m.attr.ino)
+                        answer_of::<fs::Made>(&answer)?.ok().map(|m| m.attr.ino)
                     }
                     _ => None,
                 },

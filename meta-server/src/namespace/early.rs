@@ -240,13 +240,14 @@ impl Namespace {
         run: impl FnOnce() -> Result<T, MetaError>,
     ) -> (Result<T, MetaError>, Answered) {
         let client = op.client;
-        // Another key's client id is refused before it is marked (`once` would too).
-        if let Err(e) = self.may_name_client(client, who) {
-            return (Err(e), Answered::default());
-        }
         let mut marked = self.early.marked.read();
         if !marked.contains_key(&client) {
             drop(marked);
+            // Another key's client id is refused before it is marked (`once` checks
+            // every change of a marked one).
+            if let Err(e) = self.may_name_client(client, who) {
+                return (Err(e), Answered::default());
+            }
             let mut w = self.early.marked.write();
             if !w.contains_key(&client) {
                 // The mark is durable before the first early reply: its own sync, once.
