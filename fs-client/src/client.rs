@@ -283,8 +283,27 @@ impl Client {
         req: R,
         caller: Caller,
     ) -> Result<(R::Reply, u64)> {
+        self.meta_sent(req, caller, !R::IDEMPOTENT).await
+    }
+
+    /// [`Client::meta_keeping`] for a length commit: one that lands alike however
+    /// often it is sent, yet sent as a change (with an id) while early replies are on,
+    /// so that the server may answer it before its log holds it: a small file's close
+    /// then waits for no sync.
+    pub(crate) async fn meta_commit<R: MetaCall>(&self, req: R) -> Result<(R::Reply, u64)> {
+        let as_change = !R::IDEMPOTENT || self.config.early_replies;
+        self.meta_sent(req, caller::current(), as_change).await
+    }
+
+    /// Sends `req`; `as_change`: with an id (see below).
+    async fn meta_sent<R: MetaCall>(
+        &self,
+        req: R,
+        caller: Caller,
+        as_change: bool,
+    ) -> Result<(R::Reply, u64)> {
         let req = Request::new(req).with_caller(caller);
-        if R::IDEMPOTENT {
+        if !as_change {
             return self.meta_waiting(&req, self.meta_wait()).await;
         }
         // Applied once however often it is sent (see `proto::meta::OpId`), under a

@@ -96,8 +96,9 @@ fn a_file_removed_after_a_metadata_restart_frees_its_chunks() {
 /// Guards against changes answered early (before the metadata log held them) being lost
 /// when the metadata server is killed while their mount lives: the mount sends them
 /// again to the restarted server, which serves nobody else first. Every file, directory
-/// and symlink is back with the inode number the mount's kernel saw, a removal stays
-/// done, and a second mount sees the same. The server holds every log write back 3 s
+/// and symlink is back with the inode number the mount's kernel saw, a small file
+/// written whole with the length its close committed, a removal stays done, and a
+/// second mount sees the same. The server holds every log write back 3 s
 /// (`TESSERA_FAULT_LOG_DELAY_MS`), so the kill comes before any of them landed; its log
 /// says it answered them from nothing it had.
 #[test]
@@ -116,10 +117,15 @@ fn changes_answered_early_survive_a_metadata_kill() {
     for i in 0..5 {
         fs::File::create(m.path.join(format!("d/f{i}"))).expect("create");
     }
+    // A small file written whole: its close commits the length, early too.
+    let bytes = pseudo_random(4096, 9);
+    fs::write(m.path.join("d/w"), &bytes).expect("write a small file");
     std::os::unix::fs::symlink("d/f0", m.path.join("link")).expect("symlink");
     fs::remove_file(m.path.join("old")).expect("unlink");
     fs::remove_dir(m.path.join("kept")).expect("rmdir");
-    let names = ["warm", "d", "d/f0", "d/f1", "d/f2", "d/f3", "d/f4", "link"];
+    let names = [
+        "warm", "d", "d/f0", "d/f1", "d/f2", "d/f3", "d/f4", "d/w", "link",
+    ];
     let inos: Vec<u64> = names
         .iter()
         .map(|n| fs::symlink_metadata(m.path.join(n)).expect("stat").ino())
@@ -144,6 +150,9 @@ fn changes_answered_early_survive_a_metadata_kill() {
     }
     let target = fs::read_link(m2.path.join("link")).expect("readlink");
     assert_eq!(target, std::path::Path::new("d/f0"));
+    let read = fs::read(m2.path.join("d/w")).expect("read the small file");
+    assert_eq!(read.len(), bytes.len(), "the length its close committed");
+    assert!(read == bytes, "the small file's bytes");
     assert!(!m2.path.join("old").exists(), "the removal stays done");
     assert!(!m2.path.join("kept").exists(), "the rmdir stays done");
     // What the last start logged (the log file is appended to at each start).
@@ -169,7 +178,7 @@ fn changes_answered_early_survive_a_metadata_kill() {
         .and_then(|v| v.parse().ok())
         .expect("sent=N");
     let from_records = log.matches("answered from its record").count();
-    assert!(sent >= 10, "{line}");
+    assert!(sent >= 12, "{line}");
     assert!(
         from_records <= 2,
         "{from_records} of {sent} were in the log"

@@ -1,5 +1,5 @@
-//! Early replies: a client's create, mkdir, mknod, symlink, unlink or rmdir answered
-//! before the log holds it, as CephFS's early replies are, when the client keeps the
+//! Early replies: a client's create, mkdir, mknod, symlink, unlink, rmdir or length
+//! commit (a written file's close) answered before the log holds it, as CephFS's early replies are, when the client keeps the
 //! change and sends it again to a server that restarted (`proto::meta::ReplyTail`).
 //!
 //! What makes a change answered early land as answered after a crash:
@@ -21,8 +21,14 @@
 //! - **A change lands once.** Its record (`once`) is in the same batch as the change:
 //!   a change the log held is answered from it, one it lost runs again.
 //!
+//! - **A commit lands as before.** A length commit sent again comes before the
+//!   client's sessions are resumed; nothing another client did to the file can lie
+//!   between (that would have waited for the log, and so for the commit). Only one
+//!   the file's mode alone allows is early, so that it is allowed again.
+//!
 //! Only what a reply needs is early: a change that waits for another client's, a
-//! create that opened an existing file, and every other request wait for the log.
+//! create that opened an existing file, a commit with a session's right alone, and
+//! every other request wait for the log.
 
 use super::{keys, ConnId, Namespace};
 use crate::error::MetaError;
@@ -53,6 +59,14 @@ thread_local! {
     /// Set while a change that may be answered early runs: its wait for the log is
     /// [`Namespace::run_early`]'s to decide.
     static ANSWERING_EARLY: Cell<bool> = const { Cell::new(false) };
+    /// The running change asked to wait for the log (see [`wait_for_log`]).
+    static WAITS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The running change is answered only once the log holds it, even where it could be
+/// answered early (a commit that a resend could not make again).
+pub(super) fn wait_for_log() {
+    WAITS.with(|w| w.set(true));
 }
 
 /// Whether the running change may be answered early (see `once`).
@@ -163,6 +177,7 @@ impl Running {
     fn start(wanted: Option<InodeId>) -> Running {
         WANTED.with(|w| w.set(wanted));
         MADE.with(|m| m.set(None));
+        WAITS.with(|w| w.set(false));
         ANSWERING_EARLY.with(|a| a.set(true));
         Running
     }
@@ -171,6 +186,7 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         WANTED.with(|w| w.set(None));
+        WAITS.with(|w| w.set(false));
         ANSWERING_EARLY.with(|a| a.set(false));
     }
 }
@@ -266,14 +282,15 @@ impl Namespace {
         let wanted = op
             .made
             .filter(|ino| op.retry && self.early.replay.iter().any(|r| r.contains(&ino.0)));
-        let r = {
+        let (r, waits) = {
             let _reset = Running::start(wanted);
-            crate::kv::staging_for(client.0, run)
+            let r = crate::kv::staging_for(client.0, run);
+            (r, WAITS.with(Cell::get))
         };
         let made = MADE.with(|m| m.take());
         let ticket = crate::kv::take_pending();
         let pending = match (ticket, &r) {
-            (Some(t), Ok(_)) if makes && made.is_none() => self.store.wait(t).err(),
+            (Some(t), Ok(_)) if waits || (makes && made.is_none()) => self.store.wait(t).err(),
             (Some(t), Ok(_)) => match self.group.early(t, client.0, MAX_EARLY) {
                 crate::kv::Early::Pending => {
                     drop(marked);

@@ -325,7 +325,9 @@ impl Namespace {
 
     /// Records a writer's length and mtime for regular file `ino`.
     pub fn commit(&self, ino: InodeId, commit: Commit) -> Result<Attr, MetaError> {
-        self.mutate(|txn, _| apply_commit(txn, ino, &commit))
+        // The answer goes with the change (see `once`): a commit answered early is one
+        // batch, not two.
+        self.mutate_answering(|txn, _| apply_commit(txn, ino, &commit))
     }
 
     /// Ends `session`, applying a last length commit first; frees the file if it was

@@ -21,8 +21,8 @@ pub trait Handle: Rpc {
     /// back with the inode later: the reply does not wait for the sync.
     const LAZY: bool = false;
     /// Its change may be answered before the log holds it, to a client that keeps it
-    /// to send again (see `early`): one that makes or removes a name, whose second run
-    /// after a crash lands as the first did.
+    /// to send again (see `early`): one that makes or removes a name, or commits a
+    /// length, whose second run after a crash lands as the first did.
     const EARLY: bool = false;
     /// An early reply needs it to have made an inode (a create that opened an
     /// existing file waits for the log: its truncation is the client's to redo).
@@ -389,11 +389,18 @@ impl Handle for fs::Settle {
 }
 
 impl Handle for fs::Commit {
+    const EARLY: bool = true;
     fn span_id(&self) -> u64 {
         self.ino.0
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
-        ns.may_commit(&at.caller, self.ino, at.conn)?;
+        // Sent again after a crash, a commit arrives before its client's sessions are
+        // resumed: only one the file's mode alone allows may be answered early (a
+        // writer of a file it made read-only waits for the log).
+        if !(super::early::answering_early() && ns.commits_by_mode(&at.caller, self.ino)) {
+            ns.may_commit(&at.caller, self.ino, at.conn)?;
+            super::early::wait_for_log();
+        }
         ns.commit(self.ino, self.commit)
     }
 }

@@ -267,7 +267,8 @@ pub struct Open {
     pub append: bool,
 }
 
-/// Records a writer's length and mtime (at close and fsync); durable before the reply.
+/// Records a writer's length and mtime (at close and fsync); durable before the reply,
+/// unless answered early to a client that keeps it ([`super::ReplyTail`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Commit {
     /// The file.

@@ -8,9 +8,9 @@ use crate::clock::SystemClock;
 use crate::kv::{KvError, KvPair, KvStore, StoreKind, WriteBatch};
 use crate::namespace::{ConnId, Knock, Namespace, Origin};
 use parking_lot::{Condvar, Mutex};
-use proto::meta::fs::{Mkdir, Unlink};
+use proto::meta::fs::{Commit, Create, Mkdir, Unlink};
 use proto::meta::{Caller, OpId};
-use proto::{ClientId, ErrorCode, InodeId};
+use proto::{ClientId, ErrorCode, InodeId, Timestamp};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -372,7 +372,71 @@ fn only_a_client_that_keeps_its_changes_is_answered_early(kind: StoreKind) {
     assert_eq!(t.join().unwrap().1.pending, None);
 }
 
+fn commit(ino: InodeId, size: u64) -> Commit {
+    Commit {
+        ino,
+        commit: proto::meta::Commit::length(size, Timestamp { secs: 7, nanos: 0 }),
+    }
+}
+
+/// Guards against a written file's length, committed at its close and answered before
+/// the log held it, being lost by a crash while its writer lives: the commit sent
+/// again lands (before the writer's sessions are resumed), and one that only an open
+/// session allowed (the file's mode does not) waits for the log instead.
+fn a_commit_answered_early_lands_again_after_a_crash(kind: StoreKind) {
+    let mut h = unstarted(kind);
+    let (ns, log) = open_stalling(&h);
+    let (f, _) = ns.handle_answered(create("f"), early(C, 1), true);
+    let f = f.unwrap().attr.ino;
+    // A file its maker may write only through its open (`open(O_CREAT, 0444)`).
+    let mut user = early(C, 2);
+    user.caller = Caller::new(1000, 100);
+    let dir = ns
+        .mkdir(ROOT, b"pub", 0o777, Caller::ROOT)
+        .unwrap()
+        .attr
+        .ino;
+    let made = Create {
+        parent: dir,
+        perm: 0o444,
+        ..create("ro")
+    };
+    let ro = ns.handle_answered(made, user.clone(), true).0.unwrap();
+    ns.sync().unwrap();
+
+    log.hold();
+    let (a, answered) = ns.handle_answered(commit(f, 4096), early(C, 3), true);
+    assert_eq!(a.unwrap().size, 4096);
+    assert!(answered.pending.is_some(), "answered early: {answered:?}");
+    let ns = Arc::new(ns);
+    let ns2 = ns.clone();
+    let mut at = user;
+    at.op = early(C, 4).op;
+    let by_open =
+        std::thread::spawn(move || ns2.handle_answered(commit(ro.attr.ino, 10), at, true));
+    std::thread::sleep(Duration::from_millis(150));
+    assert!(
+        !by_open.is_finished(),
+        "a commit the mode alone does not allow waits for the log"
+    );
+    log.lose();
+    let _ = by_open.join().unwrap();
+    drop(ns);
+    drop(log);
+
+    h.restart();
+    let ns = h.ns();
+    with_nodes(ns);
+    assert_eq!(ns.getattr(f).unwrap().size, 0, "the crash lost the commit");
+    let (a2, _) = ns.handle_answered(commit(f, 4096), again(C, 3, None), true);
+    assert_eq!(a2.unwrap().size, 4096);
+    ns.settle(C, ConnId(1), None).unwrap();
+    assert_eq!(ns.getattr(f).unwrap().size, 4096);
+    assert_eq!(ns.getattr(f).unwrap().mtime.secs, 7);
+}
+
 engine_tests!(
+    a_commit_answered_early_lands_again_after_a_crash,
     changes_answered_early_land_again_after_a_crash,
     numbers_kept_for_a_client_survive_a_second_crash,
     a_change_after_another_clients_waits_for_the_log,
