@@ -88,7 +88,8 @@ pub struct ClientConfig {
     /// file answers with what the client knows of it.
     pub meta_wait_ms: u64,
     /// Take early replies: the metadata server may answer a create, mkdir, mknod,
-    /// symlink, unlink, rmdir or a written file's length commit before its log holds it, and this client keeps the
+    /// symlink, unlink, rmdir, a written file's length commit or an attribute change (not
+    /// a truncation) before its log holds it, and this client keeps the
     /// change until a later reply says it is durable, sends it again if the server
     /// restarted before, and waits for it at `fsync` (and settles what it kept a second or
     /// more). Off: each

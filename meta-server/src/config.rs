@@ -35,8 +35,8 @@ pub struct NamespaceConfig {
     /// about a second of the server listening. 0: no grace (locks taken before may be
     /// lost to another client).
     pub lock_grace_ms: u64,
-    /// Answer a client's creates, mkdirs, mknods, symlinks, unlinks, rmdirs and length
-    /// commits before the log holds them, when the client keeps them to send again (see `early`): a
+    /// Answer a client's creates, mkdirs, mknods, symlinks, unlinks, rmdirs, length
+    /// commits and attribute changes (not truncations) before the log holds them, when the client keeps them to send again (see `early`): a
     /// restart loses them only with that client. Off: every change is durable before
     /// its reply.
     pub early_replies: bool,

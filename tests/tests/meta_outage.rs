@@ -5,7 +5,7 @@
 //! the server instead of failing. Real processes and a real FUSE mount.
 
 use std::fs;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::{Duration, Instant};
 use tessera_tests::agent::Agent;
 use tessera_tests::posix::{chunk_files, wait_chunks, wait_until, User};
@@ -97,7 +97,8 @@ fn a_file_removed_after_a_metadata_restart_frees_its_chunks() {
 /// when the metadata server is killed while their mount lives: the mount sends them
 /// again to the restarted server, which serves nobody else first. Every file, directory
 /// and symlink is back with the inode number the mount's kernel saw, a small file
-/// written whole with the length its close committed, a removal stays done, and a
+/// written whole with the length its close committed, one with the time and mode set
+/// after its writes (as `tar x` does), a removal stays done, and a
 /// second mount sees the same. The server holds every log write back 3 s
 /// (`TESSERA_FAULT_LOG_DELAY_MS`), so the kill comes before any of them landed; its log
 /// says it answered them from nothing it had.
@@ -120,11 +121,19 @@ fn changes_answered_early_survive_a_metadata_kill() {
     // A small file written whole: its close commits the length, early too.
     let bytes = pseudo_random(4096, 9);
     fs::write(m.path.join("d/w"), &bytes).expect("write a small file");
+    // As `tar x` ends a file: its time set before the close (with the commit of what
+    // was written), then its mode.
+    let stamp = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let mut t = fs::File::create(m.path.join("d/t")).expect("create d/t");
+    std::io::Write::write_all(&mut t, &bytes[..100]).expect("write d/t");
+    t.set_modified(stamp).expect("utime before the close");
+    drop(t);
+    fs::set_permissions(m.path.join("d/t"), fs::Permissions::from_mode(0o600)).expect("chmod");
     std::os::unix::fs::symlink("d/f0", m.path.join("link")).expect("symlink");
     fs::remove_file(m.path.join("old")).expect("unlink");
     fs::remove_dir(m.path.join("kept")).expect("rmdir");
     let names = [
-        "warm", "d", "d/f0", "d/f1", "d/f2", "d/f3", "d/f4", "d/w", "link",
+        "warm", "d", "d/f0", "d/f1", "d/f2", "d/f3", "d/f4", "d/w", "d/t", "link",
     ];
     let inos: Vec<u64> = names
         .iter()
@@ -153,6 +162,12 @@ fn changes_answered_early_survive_a_metadata_kill() {
     let read = fs::read(m2.path.join("d/w")).expect("read the small file");
     assert_eq!(read.len(), bytes.len(), "the length its close committed");
     assert!(read == bytes, "the small file's bytes");
+    let t = fs::metadata(m2.path.join("d/t")).expect("stat d/t");
+    assert_eq!(
+        (t.len(), t.mtime(), t.mode() & 0o7777),
+        (100, 1_000_000, 0o600),
+        "the length, time and mode set before the kill"
+    );
     assert!(!m2.path.join("old").exists(), "the removal stays done");
     assert!(!m2.path.join("kept").exists(), "the rmdir stays done");
     // What the last start logged (the log file is appended to at each start).
@@ -178,7 +193,7 @@ fn changes_answered_early_survive_a_metadata_kill() {
         .and_then(|v| v.parse().ok())
         .expect("sent=N");
     let from_records = log.matches("answered from its record").count();
-    assert!(sent >= 12, "{line}");
+    assert!(sent >= 15, "{line}");
     assert!(
         from_records <= 2,
         "{from_records} of {sent} were in the log"

@@ -45,7 +45,13 @@ impl Client {
             set,
             commit: commit.map(|(c, _)| c),
         };
-        let (attr, since) = self.meta_keeping(req).await?;
+        // Without a cut it may be answered early (`tar x`'s `utime`, `chmod` and `chown`
+        // of each file it wrote, with its commit); a cut waits for the log.
+        let (attr, since) = if req.set.size.is_none() {
+            self.meta_early(req).await?
+        } else {
+            self.meta_keeping(req).await?
+        };
         if let (Some(st), Some(generation)) = (&live, generation) {
             st.committed_with(generation, &attr);
         }

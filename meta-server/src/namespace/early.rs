@@ -1,5 +1,5 @@
-//! Early replies: a client's create, mkdir, mknod, symlink, unlink, rmdir or length
-//! commit (a written file's close) answered before the log holds it, as CephFS's early replies are, when the client keeps the
+//! Early replies: a client's create, mkdir, mknod, symlink, unlink, rmdir, length
+//! commit (a written file's close) or attribute change (no truncation) answered before the log holds it, as CephFS's early replies are, when the client keeps the
 //! change and sends it again to a server that restarted (`proto::meta::ReplyTail`).
 //!
 //! What makes a change answered early land as answered after a crash:

@@ -325,8 +325,8 @@ impl Namespace {
 
     /// Records a writer's length and mtime for regular file `ino`.
     pub fn commit(&self, ino: InodeId, commit: Commit) -> Result<Attr, MetaError> {
-        // The answer goes with the change (see `once`): a commit answered early is one
-        // batch, not two.
+        // The answer goes with the change (see `once`): one batch, which an early reply
+        // counts as one (`MAX_EARLY`).
         self.mutate_answering(|txn, _| apply_commit(txn, ino, &commit))
     }
 
@@ -549,7 +549,9 @@ impl Namespace {
         set: &SetAttr,
         caller: Option<(&Caller, ConnId)>,
     ) -> Result<Attr, MetaError> {
-        self.mutate(|txn, st| {
+        // The answer goes with the change (see `once`): one batch, which an early
+        // reply counts as one (`MAX_EARLY`).
+        self.mutate_answering(|txn, st| {
             if let Some(c) = &commit {
                 apply_commit(txn, ino, c)?;
             }

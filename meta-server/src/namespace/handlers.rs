@@ -94,12 +94,22 @@ impl Handle for fs::GetAttr {
 }
 
 impl Handle for fs::SetAttr {
+    const EARLY: bool = true;
     fn span_id(&self) -> u64 {
         self.ino.0
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
+        // As a commit's (below): sent again, it comes before the sessions are resumed,
+        // so a change only a session allows (a cut through an open, a commit the mode
+        // does not allow) waits for the log. A cut's chunks are cut already, too.
+        let early = super::early::answering_early()
+            && self.set.size.is_none()
+            && (self.commit.is_none() || ns.commits_by_mode(&at.caller, self.ino));
+        if !early {
+            super::early::wait_for_log();
+        }
         // Checked once, under the lock, on the record the change is made to.
-        if self.commit.is_some() {
+        if self.commit.is_some() && !early {
             ns.may_commit(&at.caller, self.ino, at.conn)?;
         }
         let by = Some((&at.caller, at.conn));

@@ -8,7 +8,7 @@ use crate::clock::SystemClock;
 use crate::kv::{KvError, KvPair, KvStore, StoreKind, WriteBatch};
 use crate::namespace::{ConnId, Knock, Namespace, Origin};
 use parking_lot::{Condvar, Mutex};
-use proto::meta::fs::{Commit, Create, Mkdir, Unlink};
+use proto::meta::fs::{Commit, Create, Mkdir, SetAttr, Unlink};
 use proto::meta::{Caller, OpId};
 use proto::{ClientId, ErrorCode, InodeId, Timestamp};
 use std::sync::Arc;
@@ -379,15 +379,17 @@ fn commit(ino: InodeId, size: u64) -> Commit {
     }
 }
 
-/// Guards against a written file's length, committed at its close and answered before
-/// the log held it, being lost by a crash while its writer lives: the commit sent
-/// again lands (before the writer's sessions are resumed), and one that only an open
-/// session allowed (the file's mode does not) waits for the log instead.
-fn a_commit_answered_early_lands_again_after_a_crash(kind: StoreKind) {
+/// Guards against a written file's length, committed at its close, and an attribute
+/// change (`tar x`'s `utime` and `chmod` with the commit of what it wrote), answered
+/// before the log held them, being lost by a crash while their writer lives: sent
+/// again they land (before the writer's sessions are resumed); a commit that only an
+/// open session allowed (the file's mode does not) and a truncation wait for the log.
+fn commits_and_attribute_changes_answered_early_land_again(kind: StoreKind) {
     let mut h = unstarted(kind);
     let (ns, log) = open_stalling(&h);
     let (f, _) = ns.handle_answered(create("f"), early(C, 1), true);
     let f = f.unwrap().attr.ino;
+    let g = touch(&ns, ROOT, "g").ino;
     // A file its maker may write only through its open (`open(O_CREAT, 0444)`).
     let mut user = early(C, 2);
     user.caller = Caller::new(1000, 100);
@@ -408,7 +410,20 @@ fn a_commit_answered_early_lands_again_after_a_crash(kind: StoreKind) {
     let (a, answered) = ns.handle_answered(commit(f, 4096), early(C, 3), true);
     assert_eq!(a.unwrap().size, 4096);
     assert!(answered.pending.is_some(), "answered early: {answered:?}");
+    let (s, answered) = ns.handle_answered(utime_chmod(g), early(C, 5), true);
+    assert_eq!(s.unwrap().perm & 0o7777, 0o600);
+    assert!(answered.pending.is_some(), "answered early: {answered:?}");
     let ns = Arc::new(ns);
+    let ns3 = ns.clone();
+    let cut = SetAttr {
+        ino: g,
+        set: proto::SetAttr {
+            size: Some(0),
+            ..Default::default()
+        },
+        commit: None,
+    };
+    let truncation = std::thread::spawn(move || ns3.handle_answered(cut, early(C, 6), true));
     let ns2 = ns.clone();
     let mut at = user;
     at.op = early(C, 4).op;
@@ -419,8 +434,10 @@ fn a_commit_answered_early_lands_again_after_a_crash(kind: StoreKind) {
         !by_open.is_finished(),
         "a commit the mode alone does not allow waits for the log"
     );
+    assert!(!truncation.is_finished(), "a truncation waits for the log");
     log.lose();
     let _ = by_open.join().unwrap();
+    let _ = truncation.join().unwrap();
     drop(ns);
     drop(log);
 
@@ -428,15 +445,37 @@ fn a_commit_answered_early_lands_again_after_a_crash(kind: StoreKind) {
     let ns = h.ns();
     with_nodes(ns);
     assert_eq!(ns.getattr(f).unwrap().size, 0, "the crash lost the commit");
+    assert_eq!(ns.getattr(g).unwrap().perm & 0o7777, 0o644);
     let (a2, _) = ns.handle_answered(commit(f, 4096), again(C, 3, None), true);
     assert_eq!(a2.unwrap().size, 4096);
+    let (s2, _) = ns.handle_answered(utime_chmod(g), again(C, 5, None), true);
+    s2.unwrap();
     ns.settle(C, ConnId(1), None).unwrap();
     assert_eq!(ns.getattr(f).unwrap().size, 4096);
     assert_eq!(ns.getattr(f).unwrap().mtime.secs, 7);
+    let g = ns.getattr(g).unwrap();
+    assert_eq!((g.size, g.mtime.secs, g.perm & 0o7777), (3, 9, 0o600));
+}
+
+/// `tar x`'s attribute change of a file it wrote (3 bytes): the length committed with
+/// the time and mode set.
+fn utime_chmod(ino: InodeId) -> SetAttr {
+    SetAttr {
+        ino,
+        set: proto::SetAttr {
+            perm: Some(0o600),
+            mtime: Some(proto::TimeSet::At(Timestamp { secs: 9, nanos: 0 })),
+            ..Default::default()
+        },
+        commit: Some(proto::meta::Commit::length(
+            3,
+            Timestamp { secs: 8, nanos: 0 },
+        )),
+    }
 }
 
 engine_tests!(
-    a_commit_answered_early_lands_again_after_a_crash,
+    commits_and_attribute_changes_answered_early_land_again,
     changes_answered_early_land_again_after_a_crash,
     numbers_kept_for_a_client_survive_a_second_crash,
     a_change_after_another_clients_waits_for_the_log,
