@@ -440,6 +440,7 @@ async fn run<R: Handle>(
     at: Origin,
 ) -> (Result<R::Reply, WireError>, Option<proto::meta::ReplyTail>) {
     let (local, tailed) = (ns.reads_are_local(), takes_tail(&at));
+    let ns_answers_early = ns.answers_early();
     let serve = move || {
         let (r, answered) = ns.handle_answered(req, at, true);
         (r, tailed.then(|| ns.reply_tail(answered)))
@@ -448,6 +449,10 @@ async fn run<R: Handle>(
         // A few cached reads under the namespace lock: handing them to the blocking
         // pool would cost more than they take (not so over the network, with etcd).
         serve()
+    } else if R::EARLY && tailed && local && ns_answers_early {
+        // Answered before the log's sync: a change that takes locks and stages, like a
+        // point read; a wait in it leaves this worker's other tasks to another thread.
+        crate::namespace::on_worker(serve)
     } else {
         // Store commits fsync and scans may be long: keep them off the async workers.
         // The namespace opens the request's span (operation and ids).

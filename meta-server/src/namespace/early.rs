@@ -61,6 +61,36 @@ thread_local! {
     static ANSWERING_EARLY: Cell<bool> = const { Cell::new(false) };
     /// The running change asked to wait for the log (see [`wait_for_log`]).
     static WAITS: Cell<bool> = const { Cell::new(false) };
+    /// Set while a change runs on the async worker that received it ([`on_worker`]).
+    static ON_WORKER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f`, a change that may be answered early, on the async worker that received
+/// it: answered before the log's sync, such a change only takes locks and stages, and
+/// its hand-off to the blocking pool and back cost about as much as the change itself.
+/// A wait in it (for the log, or for a try of the same change) goes through
+/// [`blocking`]. Only on a multi-threaded runtime's worker.
+pub(crate) fn on_worker<T>(f: impl FnOnce() -> T) -> T {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            ON_WORKER.with(|w| w.set(false));
+        }
+    }
+    ON_WORKER.with(|w| w.set(true));
+    let _reset = Reset;
+    f()
+}
+
+/// Runs `wait`, which may block (a log write, another try of the same change): on an
+/// async worker ([`on_worker`]) after handing the worker's other tasks to another
+/// thread (`block_in_place`), so that they do not wait with it.
+pub(super) fn blocking<T>(wait: impl FnOnce() -> T) -> T {
+    if ON_WORKER.with(Cell::get) {
+        tokio::task::block_in_place(wait)
+    } else {
+        wait()
+    }
 }
 
 /// The running change is answered only once the log holds it, even where it could be
@@ -267,11 +297,11 @@ impl Namespace {
             let mut w = self.early.marked.write();
             if !w.contains_key(&client) {
                 // The mark is durable before the first early reply: its own sync, once.
-                if let Err(e) = self.mark(client) {
+                if let Err(e) = blocking(|| self.mark(client)) {
                     drop(w);
                     tracing::warn!(error = %e, client = client.0, "marking a client for early replies failed");
                     return (
-                        run().and_then(|r| self.wait_pending().map(|()| r)),
+                        run().and_then(|r| blocking(|| self.wait_pending()).map(|()| r)),
                         Answered::default(),
                     );
                 }
@@ -290,7 +320,9 @@ impl Namespace {
         let made = MADE.with(|m| m.take());
         let ticket = crate::kv::take_pending();
         let pending = match (ticket, &r) {
-            (Some(t), Ok(_)) if waits || (makes && made.is_none()) => self.store.wait(t).err(),
+            (Some(t), Ok(_)) if waits || (makes && made.is_none()) => {
+                blocking(|| self.store.wait(t)).err()
+            }
             (Some(t), Ok(_)) => match self.group.early(t, client.0, MAX_EARLY) {
                 crate::kv::Early::Pending => {
                     drop(marked);
@@ -303,10 +335,10 @@ impl Namespace {
                     );
                 }
                 crate::kv::Early::Durable => None,
-                crate::kv::Early::Wait => self.store.wait(t).err(),
+                crate::kv::Early::Wait => blocking(|| self.store.wait(t)).err(),
             },
             (Some(t), Err(_)) => {
-                let _ = self.store.wait(t);
+                let _ = blocking(|| self.store.wait(t));
                 None
             }
             (None, _) => None,

@@ -13,7 +13,7 @@ mod clients;
 mod deadlock;
 mod early;
 pub use clients::{ClientRecord, RevocationRecord, StoredClient, MAX_CLIENT_KEYS, MAX_REVOCATIONS};
-pub(crate) use early::Knock;
+pub(crate) use early::{on_worker, Knock};
 mod dirlayout;
 mod entries;
 mod handlers;
@@ -465,13 +465,7 @@ impl Namespace {
         } else {
             match at.op {
                 // Answered before the log holds it, if the client keeps it (`early`).
-                Some(op)
-                    if R::EARLY
-                        && early
-                        && op.early
-                        && self.config.early_replies
-                        && self.checked.is_none() =>
-                {
+                Some(op) if R::EARLY && early && op.early && self.answers_early() => {
                     let who = at.who.as_deref();
                     let (r, a) =
                         self.run_early(op, conn, who, R::MAKES, || self.once(op, &at, req, run));
@@ -551,6 +545,12 @@ impl Namespace {
     /// the server runs point reads on its async workers only then.
     pub fn reads_are_local(&self) -> bool {
         self.store.reads_are_local()
+    }
+
+    /// Whether this server answers changes early (see `early`): configured so, and
+    /// not on a shared engine.
+    pub(crate) fn answers_early(&self) -> bool {
+        self.config.early_replies && self.checked.is_none()
     }
 
     /// Waits until what this thread staged is durable.

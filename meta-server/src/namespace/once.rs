@@ -310,13 +310,20 @@ impl Ops {
         let mut running = self.running.lock();
         // The same change, or another of the same client in the same slot (one the
         // client gave up on while it still ran here): its record would be overwritten.
-        while running.now.contains(&slot) {
-            if self.done.wait_until(&mut running, deadline).timed_out() {
-                return Err(MetaError::InFlight(format!(
-                    "change {} of {} is still running on this server",
-                    op.seq, op.client
-                )));
-            }
+        if running.now.contains(&slot) {
+            drop(running);
+            running = super::early::blocking(|| {
+                let mut running = self.running.lock();
+                while running.now.contains(&slot) {
+                    if self.done.wait_until(&mut running, deadline).timed_out() {
+                        return Err(MetaError::InFlight(format!(
+                            "change {} of {} is still running on this server",
+                            op.seq, op.client
+                        )));
+                    }
+                }
+                Ok(running)
+            })?;
         }
         let highest = running.highest.get(&op.client).copied().unwrap_or(0);
         if !op.retry && op.seq.saturating_add(OP_SLOTS) <= highest {
@@ -413,7 +420,7 @@ impl Namespace {
             if let Some(reply) = recorded {
                 // What was read may still be only staged (a group etcd did not answer
                 // goes back to the queue): answer only once it is durable.
-                self.sync()?;
+                super::early::blocking(|| self.sync())?;
                 tracing::info!(client = %op.client, seq = op.seq, "a change sent again: answered from its record");
                 return answer_again(self, op, req, reply, at);
             }
