@@ -618,8 +618,10 @@ pub struct FsCall {
     pub caller: Caller,
     /// The call.
     pub req: FsRequest,
-    /// A change's id, on every change that is not idempotent ([`crate::Rpc::IDEMPOTENT`]):
-    /// the server applies a change once however often it arrives (see [`OpId`]).
+    /// A change's id, on every change that is not idempotent ([`crate::Rpc::IDEMPOTENT`]),
+    /// and on a length commit or attribute change of a client that takes early replies
+    /// ([`OpId::early`]): the server applies a change once however often it arrives
+    /// (see [`OpId`]).
     pub op: Option<OpId>,
 }
 

@@ -83,18 +83,26 @@ impl Client {
         // A change with an id is sent again as such: the server then answers from its
         // record if the first try was applied (see `proto::meta::OpId`).
         let mut again: Option<Request<R>> = None;
+        let mut tried = false;
         loop {
             let e = match self.resume_sessions().await {
                 // Nothing of `req` was sent yet: safe to try again whatever it is.
                 Err(e) => e,
-                Ok(()) => match self.meta_once(again.as_ref().unwrap_or(req)).await {
-                    Err(e) if rpc::server_away::<R>(&e, req.envelope()) => e,
-                    r => {
-                        patience.answered();
-                        return r;
+                Ok(()) => {
+                    // A try again, once the resume told whether the open was lost.
+                    if let Some(lost) = tried.then(|| self.lost_commit(req.envelope())).flatten() {
+                        return Err(lost);
                     }
-                },
+                    match self.meta_once(again.as_ref().unwrap_or(req)).await {
+                        Err(e) if rpc::server_away::<R>(&e, req.envelope()) => e,
+                        r => {
+                            patience.answered();
+                            return r;
+                        }
+                    }
+                }
             };
+            tried = true;
             if !rpc::unreachable(&e) || !patience.again(&e).await {
                 return Err(e);
             }

@@ -637,6 +637,13 @@ impl Client {
     /// [`Client::commit_pending`] without placing appends (a placement calls it, and a
     /// truncation holding the placement lock).
     pub(crate) async fn commit_written(&self, state: &Arc<FileState>) -> Result<()> {
+        self.commit_written_as(state, true).await
+    }
+
+    /// [`Client::commit_written`]; `early`: the server may answer before its log holds
+    /// the commit (a close), else it answers once the log does (an `fsync`, which
+    /// would otherwise need a `Settle` after it).
+    async fn commit_written_as(&self, state: &Arc<FileState>, early: bool) -> Result<()> {
         let Some((commit, generation)) = self.send_written(state).await else {
             return Ok(());
         };
@@ -645,7 +652,11 @@ impl Client {
             commit,
         };
         // The epoch as of after the commit forgot the file's copy (`DirAttrs::before`).
-        let (attr, since) = self.meta_early(req).await?;
+        let (attr, since) = if early {
+            self.meta_early(req).await?
+        } else {
+            self.meta_keeping(req).await?
+        };
         state.committed_with(generation, &attr);
         // After a close the kernel asks for the attributes again before the next
         // `utime`, `chmod` or `chown` (`tar x`, `cp -a`): this reply has them.
@@ -669,7 +680,11 @@ impl Client {
             }
             return Err(e);
         }
-        self.flush(fh).await?;
+        // Committed durably before the reply: a commit answered early would need a
+        // `Settle` after it, a second round trip on every `fsync`.
+        self.place_appends(&fh.state).await;
+        self.commit_written_as(&fh.state, false).await?;
+        fh.take_write_error()?;
         // Its create (or a change of its directory) may have been answered early.
         self.settle().await
     }

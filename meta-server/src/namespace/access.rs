@@ -297,14 +297,6 @@ impl Namespace {
         perm::check_commit(c, &self.mode_of(ino)?)
     }
 
-    /// Whether the file's mode alone lets `c` commit writes to it, with no session
-    /// opened for writing: so may a commit sent again before its client's sessions are
-    /// resumed (see `early`).
-    pub(super) fn commits_by_mode(&self, c: &Caller, ino: InodeId) -> bool {
-        self.mode_of(ino)
-            .is_ok_and(|m| perm::check_commit(c, &m).is_ok())
-    }
-
     /// An extended attribute access.
     pub(super) fn may_xattr(
         &self,

@@ -21,14 +21,17 @@
 //! - **A change lands once.** Its record (`once`) is in the same batch as the change:
 //!   a change the log held is answered from it, one it lost runs again.
 //!
-//! - **A commit lands as before.** A length commit sent again comes before the
-//!   client's sessions are resumed; nothing another client did to the file can lie
-//!   between (that would have waited for the log, and so for the commit). Only one
-//!   the file's mode alone allows is early, so that it is allowed again.
+//! - **A commit lands as before.** A length commit or attribute change sent again
+//!   comes before the client's sessions are resumed; nothing another client did to
+//!   the file can lie between (that would have waited for the log, and so for the
+//!   commit). Only one the file's mode alone allows, as read under the lock with the
+//!   record it changes, is early (`files::may_commit_in`), so that it is allowed again.
 //!
 //! Only what a reply needs is early: a change that waits for another client's, a
-//! create that opened an existing file, a commit with a session's right alone, and
-//! every other request wait for the log.
+//! create that opened an existing file, a commit with a session's right alone, a
+//! truncation, a time set to "now" (a second run would set another), and every other
+//! request wait for the log. A client that comes back after this start stopped
+//! waiting for it has its lost changes refused ([`Namespace::sent_too_late`]).
 
 use super::{keys, ConnId, Namespace};
 use crate::error::MetaError;
@@ -129,7 +132,16 @@ pub(crate) struct EarlyState {
     /// The numbers kept free for changes sent again: this start's, and those of
     /// earlier starts whose clients have not settled since (see [`REPLAY_GAP`]).
     replay: Vec<Range<u64>>,
+    /// Marked clients this start stopped waiting for (their grace ended) and that have
+    /// not settled since: a change of theirs sent again that the log did not hold is
+    /// refused (see [`Namespace::sent_too_late`]), as others may have changed its
+    /// names and files since. At most [`EXPIRED_KEPT`].
+    expired: Mutex<HashSet<ClientId>>,
 }
+
+/// Most clients [`EarlyState::expired`] holds (a start after a crash rarely finds more
+/// than a few marks; past this, the oldest knowledge is dropped whole).
+const EXPIRED_KEPT: usize = 4096;
 
 /// The numbers a start kept free for a marked client, as its mark's value holds them
 /// until the client settles (a second crash before then must keep them too).
@@ -182,10 +194,10 @@ impl EarlyState {
         if !batch.is_empty() {
             store.commit(batch)?;
         }
-        let clients: Vec<ClientId> = if grace.is_zero() {
-            Vec::new()
+        let (clients, expired): (Vec<ClientId>, HashSet<ClientId>) = if grace.is_zero() {
+            (Vec::new(), marks.iter().map(|(c, _)| *c).collect())
         } else {
-            marks.iter().map(|(c, _)| *c).collect()
+            (marks.iter().map(|(c, _)| *c).collect(), HashSet::new())
         };
         let gate = (!clients.is_empty())
             .then(|| (clients.iter().copied().collect(), Instant::now() + grace));
@@ -195,6 +207,7 @@ impl EarlyState {
             marked: RwLock::new(clients.into_iter().map(|c| (c, ConnId(u64::MAX))).collect()),
             gate: Mutex::new(gate),
             replay,
+            expired: Mutex::new(expired),
         })
     }
 }
@@ -255,6 +268,13 @@ impl Namespace {
                     let gone: Vec<ClientId> = waiting.drain().collect();
                     *gate = None;
                     drop(gate);
+                    {
+                        let mut expired = self.early.expired.lock();
+                        if expired.len() + gone.len() > EXPIRED_KEPT {
+                            expired.clear();
+                        }
+                        expired.extend(gone.iter().copied());
+                    }
                     tracing::warn!(
                         clients = gone.len(),
                         "clients that took early replies before this start did not come back \
@@ -376,6 +396,7 @@ impl Namespace {
                 *c = conn;
             }
         }
+        self.early.expired.lock().remove(&client);
         let mut gate = self.early.gate.lock();
         if let Some((waiting, _)) = gate.as_mut() {
             if waiting.remove(&client) {
@@ -394,6 +415,22 @@ impl Namespace {
             }
         }
         Ok(self.early.run)
+    }
+
+    /// Refuses change `op` sent again (one answered early by a server that crashed,
+    /// which the log did not hold) when this start stopped waiting for its client
+    /// before it came back: others may have taken its names or changed its files
+    /// since, and running it now would undo what they did. Its client counts it lost.
+    pub(super) fn sent_too_late(&self, op: OpId) -> Result<(), MetaError> {
+        if op.retry && op.early && self.early.expired.lock().contains(&op.client) {
+            return Err(MetaError::Stale(format!(
+                "change {} of {} was answered early by a server that crashed, and sent \
+                 again after this one stopped waiting for its client \
+                 (namespace.replay_grace_ms): not applied over what others did since",
+                op.seq, op.client
+            )));
+        }
+        Ok(())
     }
 
     /// Forgets the marks of the clients that came on `conn` (it closed: a client that

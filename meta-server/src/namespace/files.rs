@@ -325,9 +325,25 @@ impl Namespace {
 
     /// Records a writer's length and mtime for regular file `ino`.
     pub fn commit(&self, ino: InodeId, commit: Commit) -> Result<Attr, MetaError> {
+        self.commit_as(ino, commit, None)
+    }
+
+    /// [`Namespace::commit`] by `by` (a caller on a connection), checked under the
+    /// lock on the record it changes (see [`may_commit_in`]).
+    pub(super) fn commit_as(
+        &self,
+        ino: InodeId,
+        commit: Commit,
+        by: Option<(&Caller, ConnId)>,
+    ) -> Result<Attr, MetaError> {
         // The answer goes with the change (see `once`): one batch, which an early reply
         // counts as one (`MAX_EARLY`).
-        self.mutate_answering(|txn, _| apply_commit(txn, ino, &commit))
+        self.mutate_answering(|txn, st| {
+            if let Some((c, conn)) = by {
+                may_commit_in(txn, st, ino, c, conn)?;
+            }
+            apply_commit(txn, ino, &commit)
+        })
     }
 
     /// Ends `session`, applying a last length commit first; frees the file if it was
@@ -553,6 +569,9 @@ impl Namespace {
         // reply counts as one (`MAX_EARLY`).
         self.mutate_answering(|txn, st| {
             if let Some(c) = &commit {
+                if let Some((caller, conn)) = caller {
+                    may_commit_in(txn, st, ino, caller, conn)?;
+                }
                 apply_commit(txn, ino, c)?;
             }
             let now = now();
@@ -648,6 +667,30 @@ fn checked_size(size: u64, ino: InodeId) -> Result<u64, MetaError> {
 
 /// Applies a writer's commit to regular file `ino`: length grows to `commit.size`.
 /// Returns its attributes after it.
+/// Whether `c` may commit writes to `ino` through connection `conn`: by the file's
+/// mode, or through a session of `conn` opened for writing (one opened before the file
+/// was flagged still commits what it wrote). Decided under the lock, on the record
+/// the change is made to. Only the first may be answered early: a commit sent again
+/// after a crash comes before its client's sessions are resumed, so one that only a
+/// session allowed waits for the log (`early::wait_for_log`).
+fn may_commit_in(
+    txn: &Txn<'_>,
+    st: &State,
+    ino: InodeId,
+    c: &Caller,
+    conn: ConnId,
+) -> Result<(), MetaError> {
+    let rec = txn.inode(ino)?;
+    match perm::check_commit(c, &super::access::mode_of(txn, ino, &rec)?) {
+        Ok(()) => Ok(()),
+        Err(_) if st.holds(ino, conn, true) => {
+            super::early::wait_for_log();
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn apply_commit(txn: &mut Txn<'_>, ino: InodeId, c: &Commit) -> Result<Attr, MetaError> {
     let mut rec = txn.inode(ino)?;
     match rec.kind {

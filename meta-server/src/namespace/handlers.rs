@@ -21,8 +21,9 @@ pub trait Handle: Rpc {
     /// back with the inode later: the reply does not wait for the sync.
     const LAZY: bool = false;
     /// Its change may be answered before the log holds it, to a client that keeps it
-    /// to send again (see `early`): one that makes or removes a name, or commits a
-    /// length, whose second run after a crash lands as the first did.
+    /// to send again (see `early`): one that makes or removes a name, commits a length
+    /// or changes attributes, whose second run after a crash lands as the first did
+    /// (what would not, it asks to wait for the log: `early::wait_for_log`).
     const EARLY: bool = false;
     /// An early reply needs it to have made an inode (a create that opened an
     /// existing file waits for the log: its truncation is the client's to redo).
@@ -99,19 +100,15 @@ impl Handle for fs::SetAttr {
         self.ino.0
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
-        // As a commit's (below): sent again, it comes before the sessions are resumed,
-        // so a change only a session allows (a cut through an open, a commit the mode
-        // does not allow) waits for the log. A cut's chunks are cut already, too.
-        let early = super::early::answering_early()
-            && self.set.size.is_none()
-            && (self.commit.is_none() || ns.commits_by_mode(&at.caller, self.ino));
-        if !early {
+        // What a second run after a crash would not make as the first did waits for
+        // the log: a cut (its chunks were cut on the data servers before, and an open
+        // may be what allows it) and a time set to "now" (another now then). A commit
+        // that only a session allows waits too (`may_commit_in`).
+        let now = Some(proto::TimeSet::Now);
+        if self.set.size.is_some() || self.set.atime == now || self.set.mtime == now {
             super::early::wait_for_log();
         }
-        // Checked once, under the lock, on the record the change is made to.
-        if self.commit.is_some() && !early {
-            ns.may_commit(&at.caller, self.ino, at.conn)?;
-        }
+        // Every check is made under the lock, on the record the change is made to.
         let by = Some((&at.caller, at.conn));
         ns.commit_and_setattr_as(self.ino, self.commit, &self.set, by)
     }
@@ -404,14 +401,8 @@ impl Handle for fs::Commit {
         self.ino.0
     }
     fn run(self, ns: &Namespace, at: &Origin) -> Result<Self::Reply, MetaError> {
-        // Sent again after a crash, a commit arrives before its client's sessions are
-        // resumed: only one the file's mode alone allows may be answered early (a
-        // writer of a file it made read-only waits for the log).
-        if !(super::early::answering_early() && ns.commits_by_mode(&at.caller, self.ino)) {
-            ns.may_commit(&at.caller, self.ino, at.conn)?;
-            super::early::wait_for_log();
-        }
-        ns.commit(self.ino, self.commit)
+        // Checked under the lock; one only a session allows waits for the log.
+        ns.commit_as(self.ino, self.commit, Some((&at.caller, at.conn)))
     }
 }
 

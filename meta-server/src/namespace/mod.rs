@@ -479,8 +479,11 @@ impl Namespace {
                 // else would.
                 op => {
                     let r = match op {
-                        // A change that is not idempotent is applied once (see `once`).
-                        Some(op) if !R::IDEMPOTENT => self.once(op, &at, req, run),
+                        // A change that is not idempotent is applied once (see `once`),
+                        // and so is one sent with an id to be answered early (a commit,
+                        // an attribute change): a retry after a timeout then never
+                        // lands after a later change.
+                        Some(op) if !R::IDEMPOTENT || R::EARLY => self.once(op, &at, req, run),
                         _ => run(req),
                     };
                     let durable = self.wait_pending();

@@ -5,7 +5,9 @@
 //! is idempotent; any other (a create, a rename, an append) would be applied twice, or
 //! answered as if it had failed (`EEXIST` for the file the first try made). So every
 //! change that is not idempotent carries an id ([`OpId`]: the client's id and its count
-//! of changes), and the server keeps, in the engine, what it did with it:
+//! of changes), as does a length commit or attribute change of a client that takes
+//! early replies (see `early`; a retry after a timeout then cannot land after a later
+//! change), and the server keeps, in the engine, what it did with it:
 //!
 //! - the change's first transaction also writes the id's record, "applied" (the
 //!   `MARK` that [`take_mark`] hands to `Txn::commit`): the change and its mark land
@@ -424,6 +426,7 @@ impl Namespace {
                 tracing::info!(client = %op.client, seq = op.seq, "a change sent again: answered from its record");
                 return answer_again(self, op, req, reply, at);
             }
+            self.sent_too_late(op)?;
         }
         let mark = encode(&OpRecord {
             seq: op.seq,

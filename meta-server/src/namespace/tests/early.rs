@@ -3,7 +3,7 @@
 //! that started after a crash lost them; nothing else is served before.
 
 use super::once::create;
-use super::{code, engine_tests, touch, H, ROOT};
+use super::{caller, code, engine_tests, touch, H, ROOT};
 use crate::clock::SystemClock;
 use crate::kv::{KvError, KvPair, KvStore, StoreKind, WriteBatch};
 use crate::namespace::{ConnId, Knock, Namespace, Origin};
@@ -322,6 +322,36 @@ fn a_client_that_does_not_come_back_is_waited_for_only_its_grace(kind: StoreKind
     assert!(admitted(h.ns(), Knock::Other), "no mark left");
 }
 
+/// Guards against a client that comes back after the restarted server stopped waiting
+/// for it undoing what others did since: a change it sends again that the log did not
+/// hold is refused, one the log held is answered from its record, until it settled.
+fn a_client_back_after_its_grace_has_its_lost_changes_refused(kind: StoreKind) {
+    let config = crate::config::NamespaceConfig {
+        replay_grace_ms: 300,
+        ..Default::default()
+    };
+    let mut h = H::with_config(kind, config);
+    h.ns()
+        .handle_answered(mkdir("x"), early(C, 1), true)
+        .0
+        .unwrap();
+    h.restart();
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(admitted(h.ns(), Knock::Other));
+    // Back after its grace: a change it sends again that the log did not hold is
+    // refused (others may have changed the namespace since), until it settled.
+    let (late, _) = h
+        .ns()
+        .handle_answered(mkdir("late"), again(C, 5, None), true);
+    assert_eq!(late.map(drop).unwrap_err().code, ErrorCode::Stale);
+    assert_eq!(code(h.ns().lookup(ROOT, b"late")), ErrorCode::NotFound);
+    let (kept, _) = h.ns().handle_answered(mkdir("x"), again(C, 1, None), true);
+    kept.expect("one the log held is answered from its record");
+    h.ns().settle(C, ConnId(1), None).unwrap();
+    let op = again(C, 6, None).op.unwrap();
+    assert!(h.ns().sent_too_late(op).is_ok(), "it settled");
+}
+
 /// Guards against early replies given to a client that did not ask for them (it does
 /// not keep its changes), or by a server configured without them.
 fn only_a_client_that_keeps_its_changes_is_answered_early(kind: StoreKind) {
@@ -410,20 +440,32 @@ fn commits_and_attribute_changes_answered_early_land_again(kind: StoreKind) {
     let (a, answered) = ns.handle_answered(commit(f, 4096), early(C, 3), true);
     assert_eq!(a.unwrap().size, 4096);
     assert!(answered.pending.is_some(), "answered early: {answered:?}");
-    let (s, answered) = ns.handle_answered(utime_chmod(g), early(C, 5), true);
+    // By `g`'s owner, not root: the mode alone allows it, on any connection.
+    let mut owner = early(C, 5);
+    owner.caller = caller();
+    let (s, answered) = ns.handle_answered(utime_chmod(g), owner, true);
     assert_eq!(s.unwrap().perm & 0o7777, 0o600);
     assert!(answered.pending.is_some(), "answered early: {answered:?}");
     let ns = Arc::new(ns);
-    let ns3 = ns.clone();
-    let cut = SetAttr {
-        ino: g,
-        set: proto::SetAttr {
-            size: Some(0),
-            ..Default::default()
-        },
-        commit: None,
+    let waiting = |set: proto::SetAttr, seq: u64| {
+        let ns = ns.clone();
+        let req = SetAttr {
+            ino: g,
+            set,
+            commit: None,
+        };
+        std::thread::spawn(move || ns.handle_answered(req, early(C, seq), true))
     };
-    let truncation = std::thread::spawn(move || ns3.handle_answered(cut, early(C, 6), true));
+    let cut = proto::SetAttr {
+        size: Some(0),
+        ..Default::default()
+    };
+    let truncation = waiting(cut, 6);
+    let touch_now = proto::SetAttr {
+        mtime: Some(proto::TimeSet::Now),
+        ..Default::default()
+    };
+    let now = waiting(touch_now, 7);
     let ns2 = ns.clone();
     let mut at = user;
     at.op = early(C, 4).op;
@@ -435,9 +477,11 @@ fn commits_and_attribute_changes_answered_early_land_again(kind: StoreKind) {
         "a commit the mode alone does not allow waits for the log"
     );
     assert!(!truncation.is_finished(), "a truncation waits for the log");
+    assert!(!now.is_finished(), "a time set to now waits for the log");
     log.lose();
     let _ = by_open.join().unwrap();
     let _ = truncation.join().unwrap();
+    let _ = now.join().unwrap();
     drop(ns);
     drop(log);
 
@@ -448,7 +492,11 @@ fn commits_and_attribute_changes_answered_early_land_again(kind: StoreKind) {
     assert_eq!(ns.getattr(g).unwrap().perm & 0o7777, 0o644);
     let (a2, _) = ns.handle_answered(commit(f, 4096), again(C, 3, None), true);
     assert_eq!(a2.unwrap().size, 4096);
-    let (s2, _) = ns.handle_answered(utime_chmod(g), again(C, 5, None), true);
+    // Sent again on another connection, before any session is resumed.
+    let mut owner = again(C, 5, None);
+    owner.caller = caller();
+    owner.conn = ConnId(99);
+    let (s2, _) = ns.handle_answered(utime_chmod(g), owner, true);
     s2.unwrap();
     ns.settle(C, ConnId(1), None).unwrap();
     assert_eq!(ns.getattr(f).unwrap().size, 4096);
@@ -480,5 +528,6 @@ engine_tests!(
     numbers_kept_for_a_client_survive_a_second_crash,
     a_change_after_another_clients_waits_for_the_log,
     a_client_that_does_not_come_back_is_waited_for_only_its_grace,
+    a_client_back_after_its_grace_has_its_lost_changes_refused,
     only_a_client_that_keeps_its_changes_is_answered_early,
 );
