@@ -201,6 +201,13 @@ impl Namespace {
         // Durable before the guard lets go: a commit stuck on the store is the store's
         // silence too.
         self.wait_pending()?;
+        // The scan sees staged changes: a deletion is handed out only once the removal
+        // that asked for it is durable. A crash before would bring the file back (its
+        // change lost, or answered early and sent again by a client that then ends
+        // too) without its chunks.
+        if !gc.is_empty() {
+            self.group.settle()?;
+        }
         Ok((gc, map))
     }
 

@@ -505,6 +505,57 @@ fn commits_and_attribute_changes_answered_early_land_again(kind: StoreKind) {
     assert_eq!((g.size, g.mtime.secs, g.perm & 0o7777), (3, 9, 0o600));
 }
 
+/// Guards against a data server deleting a file's chunks before the log holds the
+/// file's removal (staged changes are visible at once): a crash then would bring the
+/// file back without its bytes. A heartbeat hands out the deletion only once durable.
+fn chunks_are_deleted_only_once_their_removal_is_durable(kind: StoreKind) {
+    let h = unstarted(kind);
+    let (ns, log) = open_stalling(&h);
+    let f = touch(&ns, ROOT, "f");
+    let written = proto::meta::Commit::length(4096, Timestamp { secs: 1, nanos: 0 });
+    ns.commit(f.ino, written).unwrap();
+    ns.sync().unwrap();
+    let node = ns.cluster_map().unwrap().nodes[0].node;
+    let ns = Arc::new(ns);
+    let beat = || {
+        let ns = ns.clone();
+        std::thread::spawn(move || ns.heartbeat(node, 1000, 10, &[], 0, Default::default()))
+    };
+    let finishes = |t: &std::thread::JoinHandle<_>| {
+        let until = std::time::Instant::now() + Duration::from_millis(300);
+        while !t.is_finished() && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        t.is_finished()
+    };
+    log.hold();
+    // With nothing to delete a beat waits for no log write (else this test could not
+    // tell the wait below from the beat's own).
+    let first = beat();
+    let quiet = finishes(&first);
+    if !quiet {
+        log.release();
+    }
+    assert!(
+        quiet,
+        "a heartbeat with nothing to hand out waits for nothing"
+    );
+    assert!(first.join().unwrap().unwrap().0.is_empty());
+    ns.unlink(ROOT, b"f").unwrap();
+    let second = beat();
+    let waited = !finishes(&second);
+    log.release();
+    assert!(
+        waited,
+        "the removal is not durable yet: no deletion handed out"
+    );
+    let (tasks, _) = second.join().unwrap().unwrap();
+    assert!(
+        tasks.contains(&proto::meta::GcTask::DeleteFile(f.ino)),
+        "{tasks:?}"
+    );
+}
+
 /// `tar x`'s attribute change of a file it wrote (3 bytes): the length committed with
 /// the time and mode set.
 fn utime_chmod(ino: InodeId) -> SetAttr {
@@ -523,6 +574,7 @@ fn utime_chmod(ino: InodeId) -> SetAttr {
 }
 
 engine_tests!(
+    chunks_are_deleted_only_once_their_removal_is_durable,
     commits_and_attribute_changes_answered_early_land_again,
     changes_answered_early_land_again_after_a_crash,
     numbers_kept_for_a_client_survive_a_second_crash,
