@@ -42,6 +42,7 @@ use proto::{ClientId, InodeId};
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use transport::PeerIdentity;
 
@@ -137,6 +138,8 @@ pub(crate) struct EarlyState {
     /// refused (see [`Namespace::sent_too_late`]), as others may have changed its
     /// names and files since. At most [`EXPIRED_KEPT`].
     expired: Mutex<HashSet<ClientId>>,
+    /// Counts mark deletions: a client marked while one ran makes its mark again.
+    unmarks: AtomicU64,
 }
 
 /// Most clients [`EarlyState::expired`] holds (a start after a crash rarely finds more
@@ -208,6 +211,7 @@ impl EarlyState {
             gate: Mutex::new(gate),
             replay,
             expired: Mutex::new(expired),
+            unmarks: AtomicU64::new(0),
         })
     }
 }
@@ -306,7 +310,11 @@ impl Namespace {
         run: impl FnOnce() -> Result<T, MetaError>,
     ) -> (Result<T, MetaError>, Answered) {
         let client = op.client;
-        let mut marked = self.early.marked.read();
+        let read = || match self.early.marked.try_read() {
+            Some(g) => g,
+            None => blocking(|| self.early.marked.read()),
+        };
+        let mut marked = read();
         if !marked.contains_key(&client) {
             drop(marked);
             // Another key's client id is refused before it is marked (`once` checks
@@ -314,19 +322,28 @@ impl Namespace {
             if let Err(e) = self.may_name_client(client, who) {
                 return (Err(e), Answered::default());
             }
-            let mut w = self.early.marked.write();
-            if !w.contains_key(&client) {
-                // The mark is durable before the first early reply: its own sync, once.
-                if let Err(e) = blocking(|| self.mark(client)) {
-                    drop(w);
-                    tracing::warn!(error = %e, client = client.0, "marking a client for early replies failed");
-                    return (
-                        run().and_then(|r| blocking(|| self.wait_pending()).map(|()| r)),
-                        Answered::default(),
-                    );
-                }
-                w.insert(client, conn);
+            // The mark is durable before the first early reply: its own sync, once,
+            // made before the marks' lock so that early changes do not wait for it.
+            let unmarks = self.early.unmarks.load(Ordering::Acquire);
+            let mut made = blocking(|| self.mark(client));
+            let mut w = blocking(|| self.early.marked.write());
+            if made.is_ok()
+                && !w.contains_key(&client)
+                && self.early.unmarks.load(Ordering::Acquire) != unmarks
+            {
+                // A mark was deleted meanwhile, maybe this one's key: made again under
+                // the lock (rare).
+                made = blocking(|| self.mark(client));
             }
+            if let Err(e) = made {
+                drop(w);
+                tracing::warn!(error = %e, client = client.0, "marking a client for early replies failed");
+                return (
+                    blocking(|| run().and_then(|r| self.wait_pending().map(|()| r))),
+                    Answered::default(),
+                );
+            }
+            w.entry(client).or_insert(conn);
             marked = parking_lot::RwLockWriteGuard::downgrade(w);
         }
         let wanted = op
@@ -490,6 +507,7 @@ impl Namespace {
         if clients.is_empty() {
             return;
         }
+        self.early.unmarks.fetch_add(1, Ordering::Release);
         let mut batch = WriteBatch::new();
         for c in clients {
             marked.remove(c);

@@ -394,7 +394,12 @@ impl Namespace {
         }
         self.may_name_client(op.client, at.who.as_deref())?;
         let entered = self.ops.enter(op)?;
-        let _unpurged = self.ops.purging.read();
+        // The purge holds it across its log waits: on an async worker (`early`), a
+        // change waiting for it lets the worker's other tasks go on.
+        let _unpurged = match self.ops.purging.try_read() {
+            Some(g) => g,
+            None => super::early::blocking(|| self.ops.purging.read()),
+        };
         let key = slot_key(op);
         // On a shared engine the slot is read first, with its revision, whatever the
         // try: another server may have applied this change already (its retry, or its

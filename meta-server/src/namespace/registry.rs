@@ -204,8 +204,9 @@ impl Namespace {
         // The scan sees staged changes: a deletion is handed out only once the removal
         // that asked for it is durable. A crash before would bring the file back (its
         // change lost, or answered early and sent again by a client that then ends
-        // too) without its chunks.
-        if !gc.is_empty() {
+        // too) without its chunks. So is a new map (a start after a crash could make
+        // another under the same version).
+        if !gc.is_empty() || map.is_some() {
             self.group.settle()?;
         }
         Ok((gc, map))

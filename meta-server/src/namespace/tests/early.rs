@@ -62,8 +62,13 @@ impl KvStore for Stalling {
     }
     fn log_group(&self, batches: &[WriteBatch]) -> Result<bool, KvError> {
         let mut st = self.state.lock();
+        // Bounded: a test that fails while the log is held ends (its store fails)
+        // instead of waiting for ever in the namespace's drop.
+        let until = std::time::Instant::now() + Duration::from_secs(20);
         while st.0 && !st.1 {
-            self.moved.wait(&mut st);
+            if self.moved.wait_until(&mut st, until).timed_out() {
+                st.1 = true;
+            }
         }
         if st.1 {
             return Err(KvError::Engine {
