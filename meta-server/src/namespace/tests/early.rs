@@ -307,11 +307,11 @@ fn a_change_after_another_clients_waits_for_the_log(kind: StoreKind) {
     assert!(ns.lookup(ROOT, b"o1").is_ok() && ns.lookup(ROOT, b"c1").is_ok());
 }
 
-/// Guards against a start waiting forever for a client that ended with the server: its
-/// grace ends, its mark goes, and the next start serves at once.
-fn a_client_that_does_not_come_back_is_waited_for_only_its_grace(kind: StoreKind) {
+/// A namespace with `replay_grace_ms` of `grace_ms` where client `C` made a mkdir
+/// ("x", its change 1) answered early, restarted as after a crash (its mark stays).
+fn marked_then_restarted(kind: StoreKind, grace_ms: u64) -> H {
     let config = crate::config::NamespaceConfig {
-        replay_grace_ms: 1_000,
+        replay_grace_ms: grace_ms,
         ..Default::default()
     };
     let mut h = H::with_config(kind, config);
@@ -320,6 +320,13 @@ fn a_client_that_does_not_come_back_is_waited_for_only_its_grace(kind: StoreKind
         .0
         .unwrap();
     h.restart();
+    h
+}
+
+/// Guards against a start waiting forever for a client that ended with the server: its
+/// grace ends, its mark goes, and the next start serves at once.
+fn a_client_that_does_not_come_back_is_waited_for_only_its_grace(kind: StoreKind) {
+    let mut h = marked_then_restarted(kind, 1_000);
     assert!(!admitted(h.ns(), Knock::Other));
     std::thread::sleep(Duration::from_millis(1_100));
     assert!(admitted(h.ns(), Knock::Other));
@@ -331,16 +338,7 @@ fn a_client_that_does_not_come_back_is_waited_for_only_its_grace(kind: StoreKind
 /// for it undoing what others did since: a change it sends again that the log did not
 /// hold is refused, one the log held is answered from its record, until it settled.
 fn a_client_back_after_its_grace_has_its_lost_changes_refused(kind: StoreKind) {
-    let config = crate::config::NamespaceConfig {
-        replay_grace_ms: 300,
-        ..Default::default()
-    };
-    let mut h = H::with_config(kind, config);
-    h.ns()
-        .handle_answered(mkdir("x"), early(C, 1), true)
-        .0
-        .unwrap();
-    h.restart();
+    let h = marked_then_restarted(kind, 300);
     std::thread::sleep(Duration::from_millis(400));
     assert!(admitted(h.ns(), Knock::Other));
     // Back after its grace: a change it sends again that the log did not hold is
