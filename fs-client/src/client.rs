@@ -287,11 +287,15 @@ impl Client {
     }
 
     /// [`Client::meta_keeping`] for a change that lands alike however often it is sent
-    /// (a length commit, an attribute change), yet sent as a change (with an id) while
-    /// early replies are on, so that the server may answer it before its log holds it:
-    /// a small file's close then waits for no sync.
-    pub(crate) async fn meta_early<R: MetaCall>(&self, req: R) -> Result<(R::Reply, u64)> {
-        let as_change = !R::IDEMPOTENT || self.config.early_replies;
+    /// (a length commit, an attribute change); with `early`, sent as a change (with an
+    /// id) while early replies are on, so that the server may answer it before its log
+    /// holds it: a small file's close then waits for no sync.
+    pub(crate) async fn meta_early<R: MetaCall>(
+        &self,
+        req: R,
+        early: bool,
+    ) -> Result<(R::Reply, u64)> {
+        let as_change = !R::IDEMPOTENT || (early && self.config.early_replies);
         self.meta_sent(req, caller::current(), as_change).await
     }
 

@@ -47,11 +47,8 @@ impl Client {
         };
         // Without a cut it may be answered early (`tar x`'s `utime`, `chmod` and `chown`
         // of each file it wrote, with its commit); a cut waits for the log.
-        let (attr, since) = if req.set.size.is_none() {
-            self.meta_early(req).await?
-        } else {
-            self.meta_keeping(req).await?
-        };
+        let early = req.set.size.is_none();
+        let (attr, since) = self.meta_early(req, early).await?;
         if let (Some(st), Some(generation)) = (&live, generation) {
             st.committed_with(generation, &attr);
         }

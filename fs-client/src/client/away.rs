@@ -89,7 +89,8 @@ impl Client {
                 // Nothing of `req` was sent yet: safe to try again whatever it is.
                 Err(e) => e,
                 Ok(()) => {
-                    // A try again, once the resume told whether the open was lost.
+                    // A try again, once the resume told whether the open was lost (a
+                    // first try's commit never names a lost open: `send_written`).
                     if let Some(lost) = tried.then(|| self.lost_commit(req.envelope())).flatten() {
                         return Err(lost);
                     }
@@ -109,9 +110,6 @@ impl Client {
             self.ep.count_retry();
             if again.is_none() {
                 again = req.retried();
-            }
-            if let Some(lost) = self.lost_commit(req.envelope()) {
-                return Err(lost);
             }
         }
     }

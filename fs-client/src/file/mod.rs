@@ -652,11 +652,7 @@ impl Client {
             commit,
         };
         // The epoch as of after the commit forgot the file's copy (`DirAttrs::before`).
-        let (attr, since) = if early {
-            self.meta_early(req).await?
-        } else {
-            self.meta_keeping(req).await?
-        };
+        let (attr, since) = self.meta_early(req, early).await?;
         state.committed_with(generation, &attr);
         // After a close the kernel asks for the attributes again before the next
         // `utime`, `chmod` or `chown` (`tar x`, `cp -a`): this reply has them.

@@ -36,7 +36,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::cell::Cell;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::thread::{JoinHandle, LocalKey};
 use std::time::{Duration, Instant};
 
 /// Longest a lazily staged batch waits for company before it is committed alone; what
@@ -163,31 +163,33 @@ thread_local! {
     static OWNER: Cell<u64> = const { Cell::new(0) };
 }
 
+/// Runs `f` with the thread's `cell` set to `value`, and sets back what it held after,
+/// also when `f` panics (a blocking-pool or async worker thread serves on).
+pub fn with_local<C: Copy + 'static, T>(
+    cell: &'static LocalKey<Cell<C>>,
+    value: C,
+    f: impl FnOnce() -> T,
+) -> T {
+    struct Restore<C: Copy + 'static>(&'static LocalKey<Cell<C>>, C);
+    impl<C: Copy + 'static> Drop for Restore<C> {
+        fn drop(&mut self) {
+            self.0.with(|c| c.set(self.1));
+        }
+    }
+    let _restore = Restore(cell, cell.with(|c| c.replace(value)));
+    f()
+}
+
 /// Runs `f`, whose staged batches are `owner`'s (a client's id; 0 stands for the
 /// server itself): see [`GroupCommit::early`].
 pub fn staging_for<T>(owner: u64, f: impl FnOnce() -> T) -> T {
-    struct Reset(u64);
-    impl Drop for Reset {
-        fn drop(&mut self) {
-            OWNER.with(|o| o.set(self.0));
-        }
-    }
-    let _reset = Reset(OWNER.with(|o| o.replace(owner)));
-    f()
+    with_local(&OWNER, owner, f)
 }
 
 /// Runs `f`, whose staged batches nobody waits for: they are committed with the next
 /// group someone waits for, or after [`LAZY_DELAY`].
 pub fn lazily<T>(f: impl FnOnce() -> T) -> T {
-    struct Reset;
-    impl Drop for Reset {
-        fn drop(&mut self) {
-            LAZY.with(|l| l.set(false));
-        }
-    }
-    LAZY.with(|l| l.set(true));
-    let _reset = Reset;
-    f()
+    with_local(&LAZY, true, f)
 }
 
 /// [`lazily`] inside a request whose own changes are waited for: what `f` stages is

@@ -22,7 +22,8 @@ mod conformance_txn;
 
 pub use self::etcd::{EtcdConfig, EtcdStore};
 pub use self::group::{
-    lazily, lazily_within, staging_for, take_pending, Early, GroupCommit, GroupObserver, LAZY_DELAY,
+    lazily, lazily_within, staging_for, take_pending, with_local, Early, GroupCommit,
+    GroupObserver, LAZY_DELAY,
 };
 pub use self::redb::RedbStore;
 pub use self::sled::SledStore;

@@ -75,15 +75,7 @@ thread_local! {
 /// A wait in it (for the log, or for a try of the same change) goes through
 /// [`blocking`]. Only on a multi-threaded runtime's worker.
 pub(crate) fn on_worker<T>(f: impl FnOnce() -> T) -> T {
-    struct Reset;
-    impl Drop for Reset {
-        fn drop(&mut self) {
-            ON_WORKER.with(|w| w.set(false));
-        }
-    }
-    ON_WORKER.with(|w| w.set(true));
-    let _reset = Reset;
-    f()
+    crate::kv::with_local(&ON_WORKER, true, f)
 }
 
 /// Runs `wait`, which may block (a log write, another try of the same change): on an
@@ -94,6 +86,15 @@ pub(super) fn blocking<T>(wait: impl FnOnce() -> T) -> T {
         tokio::task::block_in_place(wait)
     } else {
         wait()
+    }
+}
+
+/// A read guard of `lock`, which its holder may keep across a log wait: taken at once
+/// if free, else waited for through [`blocking`].
+pub(super) fn read_lock<T>(lock: &RwLock<T>) -> parking_lot::RwLockReadGuard<'_, T> {
+    match lock.try_read() {
+        Some(g) => g,
+        None => blocking(|| lock.read()),
     }
 }
 
@@ -310,11 +311,7 @@ impl Namespace {
         run: impl FnOnce() -> Result<T, MetaError>,
     ) -> (Result<T, MetaError>, Answered) {
         let client = op.client;
-        let read = || match self.early.marked.try_read() {
-            Some(g) => g,
-            None => blocking(|| self.early.marked.read()),
-        };
-        let mut marked = read();
+        let mut marked = read_lock(&self.early.marked);
         if !marked.contains_key(&client) {
             drop(marked);
             // Another key's client id is refused before it is marked (`once` checks

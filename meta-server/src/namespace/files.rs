@@ -665,8 +665,6 @@ fn checked_size(size: u64, ino: InodeId) -> Result<u64, MetaError> {
     Ok(size)
 }
 
-/// Applies a writer's commit to regular file `ino`: length grows to `commit.size`.
-/// Returns its attributes after it.
 /// Whether `c` may commit writes to `ino` through connection `conn`: by the file's
 /// mode, or through a session of `conn` opened for writing (one opened before the file
 /// was flagged still commits what it wrote). Decided under the lock, on the record
@@ -691,6 +689,8 @@ fn may_commit_in(
     }
 }
 
+/// Applies a writer's commit to regular file `ino`: length grows to `commit.size`.
+/// Returns its attributes after it.
 fn apply_commit(txn: &mut Txn<'_>, ino: InodeId, c: &Commit) -> Result<Attr, MetaError> {
     let mut rec = txn.inode(ino)?;
     match rec.kind {

@@ -396,10 +396,7 @@ impl Namespace {
         let entered = self.ops.enter(op)?;
         // The purge holds it across its log waits: on an async worker (`early`), a
         // change waiting for it lets the worker's other tasks go on.
-        let _unpurged = match self.ops.purging.try_read() {
-            Some(g) => g,
-            None => super::early::blocking(|| self.ops.purging.read()),
-        };
+        let _unpurged = super::early::read_lock(&self.ops.purging);
         let key = slot_key(op);
         // On a shared engine the slot is read first, with its revision, whatever the
         // try: another server may have applied this change already (its retry, or its
