@@ -289,8 +289,8 @@ impl Inner {
                 }
             };
             // The last step (the only one of every small file) is judged, stored and
-            // recorded in one call to the blocking pool instead of three: on a busy
-            // machine each hand-off cost about as much as the store itself.
+            // recorded in one blocking call (`blocking`) instead of three: on a busy
+            // machine each one cost about as much as the store itself.
             let record = (done + n >= len).then_some(stamp);
             let local = self.store_step(w, at, n, data.clone(), record);
             let forward = async {
@@ -300,7 +300,9 @@ impl Inner {
                 self.unless_down(*node, forward(next, w, at, stamp, data.as_ref(), n))
                     .await
             };
-            let (l, f) = tokio::join!(local, forward);
+            // The successor's request goes first (written to its socket in the first
+            // poll), then the local store, which holds this task while it runs.
+            let (f, l) = tokio::join!(forward, local);
             let (stored, rec) = l;
             recorded = rec;
             result = stored.and(f);
@@ -329,8 +331,8 @@ impl Inner {
     }
 
     /// [`Inner::apply`] for a write of separate ranges ([`Source::Ranges`]): their bytes
-    /// came in the request, so all of them are stored and recorded in one call to the
-    /// blocking pool and passed on in one request, while no buffer is taken.
+    /// came in the request, so all of them are stored and recorded in one blocking call
+    /// and passed on in one request, while no buffer is taken.
     async fn apply_ranges(
         &self,
         s: Step<'_>,
@@ -377,7 +379,7 @@ impl Inner {
             self.unless_down(*node, async { call_peer(next, req).await.map(drop) })
                 .await
         };
-        let (local, forwarded) = tokio::join!(local, forward);
+        let (forwarded, local) = tokio::join!(forward, local);
         let v = local?;
         v.stored.and(forwarded).map(|()| v.stale)
     }
@@ -452,8 +454,8 @@ impl Inner {
 }
 
 /// Refuses a read of a stale copy (one that missed a write); a chunk this server lacks
-/// reads as zeros. Runs on the read's blocking thread, holding the chunk's lock: the
-/// copy's header is read there anyway, so the check costs no hand-off of its own.
+/// reads as zeros. Runs in the read's blocking call, holding the chunk's lock: the
+/// copy's header is read there anyway, so the check costs no call of its own.
 pub(super) fn readable_copy(store: &ChunkStore, chunk: ChunkId) -> Result<(), DataError> {
     if fields_of(store.chunk_meta(chunk)?).stale {
         return Err(being_synced(chunk));

@@ -218,14 +218,31 @@ fn check_inline(data: Vec<u8>) -> Result<Bytes, DataError> {
     Ok(Bytes::from(data))
 }
 
-/// Runs blocking store work on tokio's blocking pool.
+/// Runs blocking store work. On a multi-threaded runtime it runs on the async worker
+/// that holds the request, once the worker's other tasks are handed to another thread
+/// (`block_in_place`): a small file's step is a read or write of the page cache, and
+/// the hand-off to the blocking pool and back cost more than that on a busy machine.
+/// First it yields, so that it never runs inside the transport's first poll of a
+/// request (the connection's reader, which would wait for it). Elsewhere (a
+/// current-thread runtime: some tests) on the blocking pool.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, DataError> + Send + 'static,
 ) -> Result<T, DataError> {
+    if multi_thread() {
+        tokio::task::yield_now().await;
+        return tokio::task::block_in_place(f);
+    }
     match tokio::task::spawn_blocking(f).await {
         Ok(r) => r,
         Err(e) => Err(DataError::Task(format!("store task failed: {e}"))),
     }
+}
+
+/// Whether this task runs on a multi-threaded runtime, where `block_in_place` may hand
+/// the worker's other tasks to another thread.
+fn multi_thread() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 impl Inner {
@@ -366,10 +383,10 @@ impl Inner {
     }
 
     /// A small read answered with its bytes: the lock and checks of a read
-    /// ([`Self::lock_for_read`]), then the copy's check and its read in one call to the
-    /// blocking pool, into a buffer of the
-    /// pool that bounds the reads and writes in flight (page-aligned, so a large chunk's
-    /// whole blocks come with `O_DIRECT`), copied into the reply.
+    /// ([`Self::lock_for_read`]), then the copy's check and its read in one blocking
+    /// call (`blocking`), into a buffer of the pool that bounds the reads and writes in
+    /// flight (page-aligned, so a large chunk's whole blocks come with `O_DIRECT`),
+    /// copied into the reply.
     async fn read_inline(&self, conn: &Connection, r: ReadInline) -> Reply<ReadInline> {
         let ReadInline {
             chunk,
@@ -555,8 +572,7 @@ impl Inner {
 
     /// Reads `len` bytes of a local copy into the client's buffer `dest`, step by step;
     /// the first step also refuses a stale copy (`chain::readable_copy`), in the same
-    /// call to the blocking pool as its read: a hand-off cost about as much as a cached
-    /// read.
+    /// blocking call as its read: each such call cost about as much as a cached read.
     async fn read(
         &self,
         conn: &Connection,
