@@ -2,8 +2,8 @@
 //! to and from clients with one-sided transfers.
 //!
 //! [`store::ChunkStore`] is the transport-independent part: it reads, writes, truncates,
-//! deletes and syncs chunks with plain synchronous file I/O (the network layer runs it on
-//! a blocking thread pool). The on-disk format is described in [`store`].
+//! deletes and syncs chunks with plain synchronous file I/O (the network layer runs it
+//! where blocking is allowed: `block_in_place` on an async worker, or a blocking pool). The on-disk format is described in [`store`].
 //! [`service::DataService`] answers requests; [`server::DataServer`] runs it.
 
 pub mod cluster_view;

@@ -300,9 +300,10 @@ impl Inner {
                 self.unless_down(*node, forward(next, w, at, stamp, data.as_ref(), n))
                     .await
             };
-            // The successor's request goes first (written to its socket in the first
-            // poll), then the local store, which holds this task while it runs.
-            let (f, l) = tokio::join!(forward, local);
+            // The successor's request goes first (written to its socket when polled),
+            // then the local store, which holds this task while it runs: `biased`, as
+            // `join!` otherwise starts each poll with another future.
+            let (f, l) = tokio::join!(biased; forward, local);
             let (stored, rec) = l;
             recorded = rec;
             result = stored.and(f);
@@ -379,7 +380,7 @@ impl Inner {
             self.unless_down(*node, async { call_peer(next, req).await.map(drop) })
                 .await
         };
-        let (forwarded, local) = tokio::join!(forward, local);
+        let (forwarded, local) = tokio::join!(biased; forward, local);
         let v = local?;
         v.stored.and(forwarded).map(|()| v.stale)
     }

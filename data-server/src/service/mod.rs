@@ -221,20 +221,22 @@ fn check_inline(data: Vec<u8>) -> Result<Bytes, DataError> {
 /// Runs blocking store work. On a multi-threaded runtime it runs on the async worker
 /// that holds the request, once the worker's other tasks are handed to another thread
 /// (`block_in_place`): a small file's step is a read or write of the page cache, and
-/// the hand-off to the blocking pool and back cost more than that on a busy machine.
-/// First it yields, so that it never runs inside the transport's first poll of a
-/// request (the connection's reader, which would wait for it). Elsewhere (a
-/// current-thread runtime: some tests) on the blocking pool.
+/// waking a pool thread for it and then the request's task again cost more than that
+/// on a busy machine. A request's handler yields before its first such call
+/// ([`Inner::route`]), so that none runs inside the transport's first poll (the
+/// connection's reader, which would wait for it). On a current-thread runtime, the
+/// blocking pool. A panic in `f` is an error either way, as the pool made it.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, DataError> + Send + 'static,
 ) -> Result<T, DataError> {
+    let failed = |e: &dyn std::fmt::Display| DataError::Task(format!("store task failed: {e}"));
     if multi_thread() {
-        tokio::task::yield_now().await;
-        return tokio::task::block_in_place(f);
+        let run = || std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        return tokio::task::block_in_place(run).unwrap_or_else(|_| Err(failed(&"it panicked")));
     }
     match tokio::task::spawn_blocking(f).await {
         Ok(r) => r,
-        Err(e) => Err(DataError::Task(format!("store task failed: {e}"))),
+        Err(e) => Err(failed(&e)),
     }
 }
 
@@ -284,6 +286,11 @@ impl Inner {
         use DataRequest as D;
         if let Err(e) = self.permitted(conn, &req) {
             return answer::<()>(Err(e), limit);
+        }
+        // Out of the transport's first poll (the connection's reader) before any store
+        // work runs on this task (`blocking`).
+        if multi_thread() {
+            tokio::task::yield_now().await;
         }
         match req {
             D::ReadChunk(r) => answer(self.read_chunk(conn, r).await, limit),

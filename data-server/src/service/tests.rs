@@ -165,6 +165,40 @@ fn inline(len: usize) -> ReadInline {
     }
 }
 
+/// On a current-thread runtime, where `block_in_place` is not allowed, store work goes
+/// to the blocking pool (`blocking`'s other path): a replicated write and both kinds of
+/// read are answered.
+#[tokio::test(flavor = "current_thread")]
+async fn a_current_thread_runtime_serves_writes_and_reads() {
+    let s = served().await;
+    let replicate = Replicate {
+        chunk: CHUNK,
+        place: PLACE,
+        chunk_size_bytes: CHUNK_SIZE,
+        offset: 0,
+        version: 2,
+        base_version: 1,
+        data: ReplicaData::Inline(vec![0xbb; LEN]),
+    };
+    let written = tokio::time::timeout(CALL_TIMEOUT, call_peer(&s.client, replicate))
+        .await
+        .expect("the replicated write hung");
+    assert!(matches!(written, Ok(Moved { .. })), "{written:?}");
+    let meta = s.store.chunk_meta(CHUNK).unwrap().unwrap();
+    assert!(!meta.stale && meta.version == 2, "{meta:?}");
+    for via in [Via::OneSided, Via::Inline] {
+        let (reply, bytes) = s.spawn_read(via).await.unwrap();
+        assert!(
+            matches!(reply, Ok(n) if n == LEN as u32),
+            "{via:?}: {reply:?}"
+        );
+        assert!(
+            bytes.iter().all(|&b| b == 0xbb),
+            "{via:?}: the written bytes"
+        );
+    }
+}
+
 /// Guards against a read served from a copy that a replicated write marked stale after
 /// the read checked it and before the read took the chunk's lock (issue 22, item 4).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

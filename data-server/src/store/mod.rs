@@ -130,7 +130,7 @@ pub struct Usage {
 }
 
 /// The chunks of one data server, under one directory. `Send + Sync`: share it in an
-/// `Arc`; every method is synchronous file I/O, for a blocking thread pool.
+/// `Arc`; every method is synchronous file I/O, to be called where blocking is allowed.
 pub struct ChunkStore {
     dir: PathBuf,
     root: PathBuf,
