@@ -1,8 +1,10 @@
 //! The FUSE mount: kernel requests in, `Client` calls out.
 //!
-//! Each callback hands its work to the tokio runtime with the reply object and returns at
-//! once, so no event loop ever waits on the network. Several event loops read
-//! `/dev/fuse` (`fuse_threads`).
+//! Each callback hands its work, with the reply object, to the tokio runtime and returns
+//! at once, so no event loop ever waits on the network: the work is polled once on the
+//! event loop (up to its first wait: a server call is sent from there) and spawned as a
+//! task if it must wait (`TesseraFs::spawn`). Several event loops read `/dev/fuse`
+//! (`fuse_threads`).
 
 mod attr;
 mod callers;
@@ -151,7 +153,7 @@ impl TesseraFs {
         }
     }
 
-    /// Runs `f`, the work of kernel request `req`, on the runtime: every metadata
+    /// Runs `f`, the work of kernel request `req`, in the runtime: every metadata
     /// call it makes is made for `req`'s caller.
     ///
     /// It is polled once here first, on the FUSE thread that read the request (inside
@@ -162,7 +164,7 @@ impl TesseraFs {
     /// polled again with a real waker. A panic in that first poll is caught: the
     /// request's reply, dropped with the future, answers it with an I/O error.
     fn spawn(&self, req: &fuser::Request, f: impl Future<Output = ()> + Send + 'static) {
-        let who = self.callers.of(req);
+        let (who, unique) = (self.callers.of(req), req.unique().0);
         let mut work = Box::pin(crate::client::acting_as(who, f));
         let polled = {
             let _in_runtime = self.rt.enter();
@@ -172,7 +174,10 @@ impl TesseraFs {
         match polled {
             Ok(std::task::Poll::Ready(())) => {}
             Ok(std::task::Poll::Pending) => drop(self.rt.spawn(work)),
-            Err(_) => warn!("a request's first poll panicked: answered with an I/O error"),
+            Err(_) => warn!(
+                unique,
+                "a request's work panicked: answered with an I/O error if not answered yet"
+            ),
         }
     }
 }

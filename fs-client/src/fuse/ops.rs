@@ -1,5 +1,6 @@
-//! `fuser::Filesystem` for [`TesseraFs`]: every callback spawns its work and replies from
-//! the task; the data callbacks (read, write, flush, release) are in `io.rs`.
+//! `fuser::Filesystem` for [`TesseraFs`]: every callback hands its work to
+//! `TesseraFs::spawn`, which replies once it is done; the data callbacks (read, write,
+//! flush, release) are in `io.rs`.
 
 use super::attr::{file_type, fuse_attr, kind_of_mode};
 use super::replies::{
