@@ -110,6 +110,37 @@ enum Via {
 type ReadOutcome = (Result<u32, crate::DataError>, Vec<u8>);
 
 impl Served {
+    /// Sends this member a replicated write of `LEN` bytes of `byte` at `version` on
+    /// top of `base`, and checks that it was answered as stored.
+    async fn replicate(&self, version: u64, base: u64, byte: u8) {
+        let req = Replicate {
+            chunk: CHUNK,
+            place: PLACE,
+            chunk_size_bytes: CHUNK_SIZE,
+            offset: 0,
+            version,
+            base_version: base,
+            data: ReplicaData::Inline(vec![byte; LEN]),
+        };
+        let written = tokio::time::timeout(CALL_TIMEOUT, call_peer(&self.client, req))
+            .await
+            .expect("the replicated write hung");
+        assert!(matches!(written, Ok(Moved { .. })), "{written:?}");
+    }
+
+    /// Reads `LEN` bytes of `CHUNK` and checks that all are `byte`.
+    async fn reads_back(&self, via: Via, byte: u8) {
+        let (reply, bytes) = self.spawn_read(via).await.unwrap();
+        assert!(
+            matches!(reply, Ok(n) if n == LEN as u32),
+            "{via:?}: {reply:?}"
+        );
+        assert!(
+            bytes.iter().all(|&b| b == byte),
+            "{via:?}: the bytes read back"
+        );
+    }
+
     /// Reads `LEN` bytes of `CHUNK` in a task of its own.
     fn spawn_read(&self, via: Via) -> tokio::task::JoinHandle<ReadOutcome> {
         let conn = self.client.clone();
@@ -171,31 +202,11 @@ fn inline(len: usize) -> ReadInline {
 #[tokio::test(flavor = "current_thread")]
 async fn a_current_thread_runtime_serves_writes_and_reads() {
     let s = served().await;
-    let replicate = Replicate {
-        chunk: CHUNK,
-        place: PLACE,
-        chunk_size_bytes: CHUNK_SIZE,
-        offset: 0,
-        version: 2,
-        base_version: 1,
-        data: ReplicaData::Inline(vec![0xbb; LEN]),
-    };
-    let written = tokio::time::timeout(CALL_TIMEOUT, call_peer(&s.client, replicate))
-        .await
-        .expect("the replicated write hung");
-    assert!(matches!(written, Ok(Moved { .. })), "{written:?}");
+    s.replicate(2, 1, 0xbb).await;
     let meta = s.store.chunk_meta(CHUNK).unwrap().unwrap();
     assert!(!meta.stale && meta.version == 2, "{meta:?}");
     for via in [Via::OneSided, Via::Inline] {
-        let (reply, bytes) = s.spawn_read(via).await.unwrap();
-        assert!(
-            matches!(reply, Ok(n) if n == LEN as u32),
-            "{via:?}: {reply:?}"
-        );
-        assert!(
-            bytes.iter().all(|&b| b == 0xbb),
-            "{via:?}: the written bytes"
-        );
+        s.reads_back(via, 0xbb).await;
     }
 }
 
@@ -211,33 +222,14 @@ async fn a_copy_marked_stale_before_the_read_locks_is_not_read() {
 async fn stale_before_the_read_locks(via: Via) {
     let s = served().await;
     // The copy is readable as set up: a read gets its bytes.
-    let (reply, bytes) = s.spawn_read(via).await.unwrap();
-    assert!(
-        matches!(reply, Ok(n) if n == LEN as u32),
-        "{via:?}: {reply:?}"
-    );
-    assert!(
-        bytes.iter().all(|&b| b == 0xaa),
-        "the set-up bytes read back"
-    );
+    s.reads_back(via, 0xaa).await;
 
     let mut pause = s.service.inner.pauses.arm(PausePoint::ReadLock);
     let read = s.spawn_read(via);
     pause.reached().await;
-    // Version 3 on top of 2: this copy, at version 1, missed a write and goes stale.
-    let replicate = Replicate {
-        chunk: CHUNK,
-        place: PLACE,
-        chunk_size_bytes: CHUNK_SIZE,
-        offset: 0,
-        version: 3,
-        base_version: 2,
-        data: ReplicaData::Inline(vec![0xbb; LEN]),
-    };
-    let written = tokio::time::timeout(CALL_TIMEOUT, call_peer(&s.client, replicate))
-        .await
-        .expect("the replicated write hung behind the held read");
-    assert!(matches!(written, Ok(Moved { .. })), "{written:?}");
+    // Version 3 on top of 2: this copy, at version 1, missed a write and goes stale
+    // (the write does not wait behind the held read).
+    s.replicate(3, 2, 0xbb).await;
     let meta = s.store.chunk_meta(CHUNK).unwrap().unwrap();
     assert!(
         meta.stale && meta.version == 3,
