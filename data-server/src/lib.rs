@@ -3,7 +3,8 @@
 //!
 //! [`store::ChunkStore`] is the transport-independent part: it reads, writes, truncates,
 //! deletes and syncs chunks with plain synchronous file I/O (the network layer runs it
-//! where blocking is allowed: `block_in_place` on an async worker, or a blocking pool). The on-disk format is described in [`store`].
+//! where blocking is allowed: `block_in_place` on an async worker, or a blocking pool).
+//! The on-disk format is described in [`store`].
 //! [`service::DataService`] answers requests; [`server::DataServer`] runs it.
 
 pub mod cluster_view;

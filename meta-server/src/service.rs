@@ -420,13 +420,6 @@ async fn serve<R: Handle>(ns: Arc<Namespace>, req: R, at: Origin, limit: usize) 
     with_tail(rpc::answer(&result, limit), tail)
 }
 
-/// Whether this task runs on a multi-threaded runtime (where `block_in_place` may
-/// hand a worker's other tasks to another thread).
-fn multi_thread() -> bool {
-    tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
-}
-
 /// Whether the answer to a request from `at` carries a [`proto::meta::ReplyTail`]:
 /// only a change of a client that takes early replies reads one.
 fn takes_tail(at: &Origin) -> bool {
@@ -456,7 +449,7 @@ async fn run<R: Handle>(
         // A few cached reads under the namespace lock: handing them to the blocking
         // pool would cost more than they take (not so over the network, with etcd).
         serve()
-    } else if R::EARLY && tailed && local && ns_answers_early && multi_thread() {
+    } else if R::EARLY && tailed && local && ns_answers_early && transport::multi_thread_runtime() {
         // Answered before the log's sync: a change that takes locks and stages, run
         // by the task's worker; a wait in it leaves the worker's other tasks to
         // another thread (`early::blocking`). Not in the transport's first poll of the

@@ -29,13 +29,23 @@ pub type HandlerFuture = Pin<Box<dyn Future<Output = Bytes> + Send + 'static>>;
 /// The application side of a listening endpoint: turns each request into a reply.
 pub trait Handler: Send + Sync + 'static {
     /// Answers one call. `conn` is the connection it came on; one-sided operations on it
-    /// reach the caller's granted memory.
+    /// reach the caller's granted memory. The future is polled once inside the
+    /// connection's reader before it gets a task of its own: one that blocks its thread
+    /// (`block_in_place`, see [`multi_thread_runtime`]) yields first.
     fn handle(&self, conn: Connection, request: Bytes) -> HandlerFuture;
 
     /// The connection is gone; `how` tells a peer that closed it (its process ended or
     /// let go of it) from a connection that broke under a live peer, as far as this end
     /// can tell.
     fn disconnected(&self, _conn: ConnId, _how: Closed) {}
+}
+
+/// Whether the running code is on a multi-threaded tokio runtime, where a task may block
+/// its worker through `tokio::task::block_in_place` (the worker's other tasks move to
+/// another thread); on a current-thread runtime that call panics.
+pub fn multi_thread_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 /// How a connection ended, as its [`Handler`] is told.

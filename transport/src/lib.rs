@@ -39,7 +39,7 @@ mod rdma;
 pub use auth::{ClientKeyFile, Credentials, Key, KeyTable, PeerIdentity, Role, Verifier};
 pub use backend::{rdma_probe, Backend, BACKENDS};
 pub use config::{RdmaConfig, TransportConfig};
-pub use conn::{Closed, ConnId, Connection, Handler, HandlerFuture};
+pub use conn::{multi_thread_runtime, Closed, ConnId, Connection, Handler, HandlerFuture};
 pub use endpoint::{Endpoint, Listener, PeerCounts, MAX_REGION_BYTES};
 pub use error::TransportError;
 pub use host::{disk_space, raise_open_file_limit};

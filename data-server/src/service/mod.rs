@@ -37,7 +37,10 @@ use serde::Serialize;
 use std::sync::Arc;
 use tokio::sync::Notify;
 use tracing::{debug, warn, Instrument};
-use transport::{BufferPool, Connection, Handler, HandlerFuture, MemoryRegion, TransportError};
+use transport::{
+    multi_thread_runtime, BufferPool, Connection, Handler, HandlerFuture, MemoryRegion,
+    TransportError,
+};
 
 /// Chunks one `ListChunks` answer carries at most.
 pub const MAX_LIST_CHUNKS: u32 = 1024;
@@ -229,22 +232,15 @@ fn check_inline(data: Vec<u8>) -> Result<Bytes, DataError> {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, DataError> + Send + 'static,
 ) -> Result<T, DataError> {
-    let failed = |e: &dyn std::fmt::Display| DataError::Task(format!("store task failed: {e}"));
-    if multi_thread() {
+    if multi_thread_runtime() {
         let run = || std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-        return tokio::task::block_in_place(run).unwrap_or_else(|_| Err(failed(&"it panicked")));
+        return tokio::task::block_in_place(run)
+            .unwrap_or_else(|_| Err(DataError::Task("store task panicked".into())));
     }
     match tokio::task::spawn_blocking(f).await {
         Ok(r) => r,
-        Err(e) => Err(failed(&e)),
+        Err(e) => Err(DataError::Task(format!("store task failed: {e}"))),
     }
-}
-
-/// Whether this task runs on a multi-threaded runtime, where `block_in_place` may hand
-/// the worker's other tasks to another thread.
-fn multi_thread() -> bool {
-    tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 impl Inner {
@@ -289,7 +285,7 @@ impl Inner {
         }
         // Out of the transport's first poll (the connection's reader) before any store
         // work runs on this task (`blocking`).
-        if multi_thread() {
+        if multi_thread_runtime() {
             tokio::task::yield_now().await;
         }
         match req {
