@@ -92,11 +92,9 @@ async fn dispatch(
             let answer = match &keys {
                 Some(k) if keys::is_server(who.as_deref()) => {
                     let (ns, k) = (ns.clone(), k.clone());
-                    tokio::task::spawn_blocking(move || k.revocations(&ns, &r))
+                    on_pool(move || k.revocations(&ns, &r))
                         .await
-                        .unwrap_or_else(|e| {
-                            Err(WireError::new(ErrorCode::Io, format!("failed: {e}")))
-                        })
+                        .and_then(|r| r)
                 }
                 _ => Err(keys::not_permitted("the revocation list")),
             };
@@ -135,7 +133,7 @@ fn refuse(e: WireError, limit: usize) -> Bytes {
 }
 
 /// Applies the peer's capabilities to a file-system call ([`Gate::admit`]); a scoped
-/// key's check reads the store, so it runs on the blocking pool.
+/// key's check reads the store, so it runs as store work does ([`blocking`]).
 async fn admit(
     ns: &Arc<Namespace>,
     gate: &Arc<Gate>,
@@ -146,13 +144,7 @@ async fn admit(
         return gate.admit(ns, who.as_deref(), call);
     }
     let (ns, gate) = (ns.clone(), gate.clone());
-    match tokio::task::spawn_blocking(move || gate.admit(&ns, who.as_deref(), call)).await {
-        Ok(r) => r,
-        Err(e) => Err(WireError::new(
-            ErrorCode::Io,
-            format!("request failed: {e}"),
-        )),
-    }
+    blocking(move || gate.admit(&ns, who.as_deref(), call)).await?
 }
 
 /// A key management request: admin capability checked here, store writes on the
@@ -174,13 +166,7 @@ where
             "this metadata server runs without keys (no key_file)".to_string(),
         )),
         Some(_) if !keys::may_administer(who.as_deref()) => Err(keys::not_permitted(R::WHAT)),
-        Some(keys) => match tokio::task::spawn_blocking(move || req.run(&keys, &ns)).await {
-            Ok(r) => r,
-            Err(e) => Err(WireError::new(
-                ErrorCode::Io,
-                format!("request failed: {e}"),
-            )),
-        },
+        Some(keys) => on_pool(move || req.run(&keys, &ns)).await.and_then(|r| r),
     };
     Bytes::from(rpc::answer(&result, limit))
 }
@@ -396,13 +382,9 @@ async fn lookup_parent(
             ns.getattr(root).map_err(WireError::from)
         } else {
             let ns = ns.clone();
-            match tokio::task::spawn_blocking(move || ns.getattr(root)).await {
-                Ok(r) => r.map_err(WireError::from),
-                Err(e) => Err(WireError::new(
-                    ErrorCode::Io,
-                    format!("request failed: {e}"),
-                )),
-            }
+            on_pool(move || ns.getattr(root).map_err(WireError::from))
+                .await
+                .and_then(|r| r)
         };
     }
     if let Ok(a) = &mut result {
@@ -458,17 +440,43 @@ async fn run<R: Handle>(
         tokio::task::yield_now().await;
         crate::namespace::on_worker(serve)
     } else {
-        // Store commits fsync and scans may be long: keep them off the async workers.
-        // The namespace opens the request's span (operation and ids).
-        match tokio::task::spawn_blocking(serve).await {
-            Ok(r) => r,
-            Err(e) => (
-                Err(WireError::new(
-                    ErrorCode::Io,
-                    format!("request failed: {e}"),
-                )),
-                None,
-            ),
-        }
+        // Store commits fsync and scans may be long: not on a worker that others wait
+        // behind (`blocking`); over the network (etcd) many wait at once, each on a pool
+        // thread.
+        let r = if local {
+            blocking(serve).await
+        } else {
+            on_pool(serve).await
+        };
+        r.unwrap_or_else(|e| (Err(e), None))
     }
+}
+
+/// Runs `f`, which may block (store reads, a commit's wait for the log). On a
+/// multi-threaded runtime it runs on the worker that holds the request, once that
+/// worker's other tasks are handed to another thread (`block_in_place`): an open, a
+/// close or an atime then answers without two thread wakes (a pool thread's, then the
+/// request task's), which were most of its time on a busy machine. It yields first, out
+/// of the transport's first poll of the handler (the connection's reader, which would
+/// wait with it). On a current-thread runtime, the blocking pool. A panic in `f` is an
+/// error either way.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, WireError> {
+    if !transport::multi_thread_runtime() {
+        return on_pool(f).await;
+    }
+    tokio::task::yield_now().await;
+    let run = || std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    tokio::task::block_in_place(run)
+        .map_err(|_| WireError::new(ErrorCode::Io, "request failed: it panicked".to_string()))
+}
+
+/// Runs `f` on the blocking pool.
+async fn on_pool<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, WireError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| WireError::new(ErrorCode::Io, format!("request failed: {e}")))
 }
