@@ -1,6 +1,6 @@
 //! The metadata server's network side: its configuration, the request handler that runs
-//! namespace operations on the blocking pool, and [`MetaServer`], which ties them to a
-//! listener.
+//! namespace operations (`service.rs`: where each kind runs), and [`MetaServer`], which
+//! ties them to a listener.
 
 use crate::config::NamespaceConfig;
 use crate::error::StartError;

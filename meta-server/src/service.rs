@@ -9,6 +9,7 @@ use crate::namespace::{ConnId, Handle, Knock, Namespace, Origin};
 use bytes::Bytes;
 use proto::meta::{AdminRequest as A, Caller, ClusterRequest as C, FsCall, MetaRequest};
 use proto::{codec, rpc, ErrorCode, WireError};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tracing::warn;
 use transport::{Closed, Connection, Handler, HandlerFuture};
@@ -143,8 +144,12 @@ async fn admit(
     if !gate::is_scoped(who.as_deref()) {
         return gate.admit(ns, who.as_deref(), call);
     }
+    let local = ns.reads_are_local();
     let (ns, gate) = (ns.clone(), gate.clone());
-    blocking(move || gate.admit(&ns, who.as_deref(), call)).await?
+    store_work("admit", local, move || {
+        gate.admit(&ns, who.as_deref(), call)
+    })
+    .await?
 }
 
 /// A key management request: admin capability checked here, store writes on the
@@ -441,35 +446,54 @@ async fn run<R: Handle>(
         crate::namespace::on_worker(serve)
     } else {
         // Store commits fsync and scans may be long: not on a worker that others wait
-        // behind (`blocking`); over the network (etcd) many wait at once, each on a pool
-        // thread.
-        let r = if local {
-            blocking(serve).await
-        } else {
-            on_pool(serve).await
-        };
+        // behind (`store_work`).
+        let r = store_work(R::NAME, local, serve).await;
         r.unwrap_or_else(|e| (Err(e), None))
     }
 }
 
-/// Runs `f`, which may block (store reads, a commit's wait for the log). On a
-/// multi-threaded runtime it runs on the worker that holds the request, once that
-/// worker's other tasks are handed to another thread (`block_in_place`): an open, a
-/// close or an atime then answers without two thread wakes (a pool thread's, then the
-/// request task's), which were most of its time on a busy machine. It yields first, out
-/// of the transport's first poll of the handler (the connection's reader, which would
-/// wait with it). On a current-thread runtime, the blocking pool. A panic in `f` is an
-/// error either way.
-async fn blocking<T: Send + 'static>(
+/// Requests at most that run their store work in place at once ([`store_work`]); the
+/// rest go to the blocking pool. Each one in place has handed its worker's other tasks
+/// to a thread of that pool: were all of the pool's threads (tokio's 512) held by
+/// requests waiting for a stalled disk, a worker's tasks would have no thread to move
+/// to and the async side would stop with them.
+const MAX_IN_PLACE: usize = 16;
+
+/// Requests running their store work in place now.
+static IN_PLACE: AtomicUsize = AtomicUsize::new(0);
+
+/// Runs `f`, `what`'s work, which may block (store reads, a commit's wait for the log).
+/// With `local` reads on a multi-threaded runtime it runs on the worker that holds the
+/// request, once that worker's other tasks are handed to another thread
+/// (`block_in_place`): an open, a close or an access time then answers without two
+/// thread wakes (a pool thread's, then the request task's), which were most of its time
+/// on a busy machine. It yields first, out of the transport's first poll of the handler
+/// (the connection's reader, which would wait with it). Over etcd (many such calls wait
+/// at once on the network), on a current-thread runtime, or past [`MAX_IN_PLACE`]: the
+/// blocking pool. A panic in `f` is an error either way.
+async fn store_work<T: Send + 'static>(
+    what: &'static str,
+    local: bool,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, WireError> {
-    if !transport::multi_thread_runtime() {
+    if !local || !transport::multi_thread_runtime() {
         return on_pool(f).await;
     }
     tokio::task::yield_now().await;
+    if IN_PLACE.fetch_add(1, Ordering::AcqRel) >= MAX_IN_PLACE {
+        IN_PLACE.fetch_sub(1, Ordering::AcqRel);
+        return on_pool(f).await;
+    }
     let run = || std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    tokio::task::block_in_place(run)
-        .map_err(|_| WireError::new(ErrorCode::Io, "request failed: it panicked".to_string()))
+    let r = tokio::task::block_in_place(run);
+    IN_PLACE.fetch_sub(1, Ordering::AcqRel);
+    r.map_err(|_| {
+        warn!(
+            op = what,
+            "a request's work panicked: answered with an I/O error"
+        );
+        WireError::new(ErrorCode::Io, "request failed: it panicked".to_string())
+    })
 }
 
 /// Runs `f` on the blocking pool.
@@ -479,4 +503,34 @@ async fn on_pool<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| WireError::new(ErrorCode::Io, format!("request failed: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards store work on a current-thread runtime, where running it in place would
+    /// panic (`block_in_place`): it runs on a pool thread and answers.
+    #[tokio::test]
+    async fn store_work_on_a_current_thread_runtime_runs_on_the_pool() {
+        let here = std::thread::current().id();
+        let there = store_work("t", true, || std::thread::current().id()).await;
+        assert_ne!(there.unwrap(), here, "on a thread of the blocking pool");
+    }
+
+    /// Guards store work on a multi-threaded runtime: it runs on the thread of the
+    /// task that asked (after its yield), and a panic in it is an I/O error, not an
+    /// unwind through the request's task.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn store_work_runs_in_place_and_a_panic_is_an_error() {
+        let (here, there) = tokio::spawn(async {
+            let there = store_work("t", true, || std::thread::current().id()).await;
+            (std::thread::current().id(), there.unwrap())
+        })
+        .await
+        .unwrap();
+        assert_eq!(here, there, "on the worker that holds the request");
+        let failed = store_work("t", true, || -> () { panic!("a test's panic") }).await;
+        assert_eq!(failed.unwrap_err().code, ErrorCode::Io);
+    }
 }

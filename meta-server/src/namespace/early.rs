@@ -71,9 +71,10 @@ thread_local! {
 
 /// Runs `f`, a change that may be answered early, on the async worker that received
 /// it: answered before the log's sync, such a change only takes locks and stages, and
-/// its hand-off to the blocking pool and back cost about as much as the change itself.
-/// A wait in it (for the log, or for a try of the same change) goes through
-/// [`blocking`]. Only on a multi-threaded runtime's worker.
+/// even handing the worker's other tasks to another thread (as other requests do)
+/// costs about as much as the change itself. A wait in it (for the log, or for a try
+/// of the same change) goes through [`blocking`]. Only on a multi-threaded runtime's
+/// worker.
 pub(crate) fn on_worker<T>(f: impl FnOnce() -> T) -> T {
     crate::kv::with_local(&ON_WORKER, true, f)
 }
@@ -218,7 +219,7 @@ impl EarlyState {
 }
 
 /// Sets the thread's state of a change that may be answered early, and clears it
-/// however the change ends (a panic too: the blocking pool's thread serves on).
+/// however the change ends (a panic too: the thread serves on).
 struct Running;
 
 impl Running {

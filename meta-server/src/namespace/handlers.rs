@@ -13,7 +13,9 @@ use proto::Rpc;
 /// A request the namespace answers.
 pub trait Handle: Rpc {
     /// A few cached key reads that change nothing (path walks, `stat`): the server runs
-    /// them on the async worker that received them, the rest on the blocking pool.
+    /// them on the async worker that received them as they are; the rest there too, but
+    /// with the worker's other tasks handed to another thread while they run (or on the
+    /// blocking pool, over etcd: `service.rs` `run`).
     const POINT_READ: bool = false;
     /// Adds records to the store: refused while its disk is short of room (`space`).
     const ADDS_RECORDS: bool = false;

@@ -439,6 +439,9 @@ impl Namespace {
         let span =
             tracing::debug_span!("meta", op = R::NAME, id = req.span_id(), conn = conn.0, uid);
         let _entered = span.enter();
+        // A ticket a request that panicked after staging left on this thread is not
+        // this request's to wait for or report.
+        let _ = crate::kv::take_pending();
         // Store reads count their retry window from here (see `kv::deadline`).
         let arrived = std::time::Instant::now();
         let run = |req: R| crate::kv::deadline::for_request(arrived, || self.run_checked(req, &at));
