@@ -6,6 +6,7 @@ mod cache;
 pub mod cli;
 mod client;
 pub mod config;
+mod eager;
 pub mod error;
 mod file;
 pub mod fuse;

@@ -190,13 +190,22 @@ struct Fetches<'a> {
     st: &'a Arc<FileState>,
     cache: &'a mut BTreeMap<u64, Arc<CacheSeg>>,
     size: u64,
+    /// The fetches started, to be spawned once the file's lock is released.
+    started: Vec<Fetch>,
 }
+
+/// A segment's fetch, started under the file's lock and spawned after it.
+type Fetch = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 impl Fetcher for Fetches<'_> {
     type Seg = Arc<CacheSeg>;
 
     fn fetch(&mut self, k: u64) -> Result<Option<Arc<CacheSeg>>> {
-        self.client.start_fetch(self.st, self.cache, k, self.size)
+        let started = self.client.start_fetch(self.st, self.cache, k, self.size)?;
+        Ok(started.map(|(seg, fetch)| {
+            self.started.push(fetch);
+            seg
+        }))
     }
 
     fn evict(&mut self, k: u64) {
@@ -287,8 +296,9 @@ impl Client {
     }
 
     /// Decides how to serve `[offset, offset + len)` as `advice` says (a pure
-    /// decision, `read_plan::plan_read`) and starts the fetches it needs, under the
-    /// file's `io` lock.
+    /// decision, `read_plan::plan_read`) and records the fetches it needs under the
+    /// file's `io` lock; they are spawned after it ([`crate::eager`]: a cold read's
+    /// fetch leaves from this thread, before any worker wakes).
     fn plan_read(
         &self,
         st: &Arc<FileState>,
@@ -298,29 +308,40 @@ impl Client {
         size: u64,
     ) -> Result<Step<Arc<CacheSeg>, Arc<WriteSeg>>> {
         let seg = self.data.read_pool.seg_bytes() as u64;
-        let mut io = st.io.lock();
-        let plan = read_plan::plan_read(&*io, offset, len, advice, size, seg);
-        if let Some(hit) = plan.readahead_hit() {
-            self.ep.metrics().readahead(hit);
-        }
-        let mut fetches = Fetches {
-            client: self,
-            st,
-            cache: &mut io.cache,
-            size,
+        let (step, started) = {
+            let mut io = st.io.lock();
+            let plan = read_plan::plan_read(&*io, offset, len, advice, size, seg);
+            if let Some(hit) = plan.readahead_hit() {
+                self.ep.metrics().readahead(hit);
+            }
+            let mut fetches = Fetches {
+                client: self,
+                st,
+                cache: &mut io.cache,
+                size,
+                started: Vec::new(),
+            };
+            let step = read_plan::apply(plan, &mut fetches);
+            (step, fetches.started)
         };
-        read_plan::apply(plan, &mut fetches)
+        // Every fetch recorded is spawned, also when the plan failed after it: readers
+        // of its segment wait for it.
+        for fetch in started {
+            crate::eager::spawn(&self.rt, fetch);
+        }
+        step
     }
 
-    /// Starts fetching segment `k` into a buffer of the readahead pool and records it in
-    /// `cache`; `None` when the pool has no buffer free.
+    /// Records a fetch of segment `k` into a buffer of the readahead pool in `cache`,
+    /// and returns it with the work that fetches it (to be spawned); `None` when the
+    /// pool has no buffer free.
     fn start_fetch(
         &self,
         st: &Arc<FileState>,
         cache: &mut std::collections::BTreeMap<u64, Arc<CacheSeg>>,
         k: u64,
         size: u64,
-    ) -> Result<Option<Arc<CacheSeg>>> {
+    ) -> Result<Option<(Arc<CacheSeg>, Fetch)>> {
         let seg = self.data.read_pool.seg_bytes() as u64;
         let start = k * seg;
         if start >= size {
@@ -340,7 +361,7 @@ impl Client {
         });
         cache.insert(k, c.clone());
         let (client, st, fetch) = (self.arc(), st.clone(), c.clone());
-        self.rt.spawn(async move {
+        let work = Box::pin(async move {
             let r = client
                 .data
                 .transfer_range(&st, fetch.start, fetch.len, fetch.buf.mr(), 0, false)
@@ -354,7 +375,7 @@ impl Client {
                 .map_err(|e| WireError::new(e.code(), e.to_string()));
             fetch.done.send_replace(Some(outcome));
         });
-        Ok(Some(c))
+        Ok(Some((c, work)))
     }
 
     /// Waits for `segs` and returns `[offset, offset + len)` from them; a segment all

@@ -326,7 +326,8 @@ impl Client {
             s.extents.clone()
         };
         let (client, st, seg) = (self.arc(), st.clone(), seg.clone());
-        self.rt.spawn(async move {
+        // Polled here first: a small file's one write leaves before any worker wakes.
+        crate::eager::spawn(&self.rt, async move {
             let base = seg.index * client.data.write_pool.seg_bytes() as u64;
             let r = (client.data)
                 .write_ranges(&st, base, extents.ranges(), seg.buf.mr())

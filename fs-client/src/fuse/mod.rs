@@ -156,28 +156,17 @@ impl TesseraFs {
     /// Runs `f`, the work of kernel request `req`, in the runtime: every metadata
     /// call it makes is made for `req`'s caller.
     ///
-    /// It is polled once here first, on the FUSE thread that read the request (inside
-    /// the runtime's context): a call to a server is then written to its socket at once
-    /// (the transport writes a small frame from the sending task), while waking a
-    /// runtime worker for a new task would put that wake before the call. Work that
-    /// needs no wait is answered here with no task at all. What is left is spawned and
-    /// polled again with a real waker. A panic in that first poll is caught: the
+    /// It is polled once here first, on the FUSE thread that read the request
+    /// ([`crate::eager`]): its first server call leaves at once, and work that needs no
+    /// wait is answered with no task at all. A panic in that first poll is caught: the
     /// request's reply, dropped with the future, answers it with an I/O error.
     fn spawn(&self, req: &fuser::Request, f: impl Future<Output = ()> + Send + 'static) {
         let (who, unique) = (self.callers.of(req), req.unique().0);
-        let mut work = Box::pin(crate::client::acting_as(who, f));
-        let polled = {
-            let _in_runtime = self.rt.enter();
-            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work.as_mut().poll(&mut cx)))
-        };
-        match polled {
-            Ok(std::task::Poll::Ready(())) => {}
-            Ok(std::task::Poll::Pending) => drop(self.rt.spawn(work)),
-            Err(_) => warn!(
+        if !crate::eager::spawn(&self.rt, crate::client::acting_as(who, f)) {
+            warn!(
                 unique,
                 "a request's work panicked: answered with an I/O error if not answered yet"
-            ),
+            );
         }
     }
 }
