@@ -15,6 +15,7 @@ use tokio::runtime::Handle;
 /// Polls `f` once on this thread, inside `rt`'s context, and spawns it on `rt` unless
 /// that poll finished it. Returns false if the poll panicked (`f` is then dropped, as a
 /// panicking task is). The caller holds no lock `f` may take.
+#[must_use = "a panic in the first poll is reported only through the result"]
 pub(crate) fn spawn(rt: &Handle, f: impl Future<Output = ()> + Send + 'static) -> bool {
     let mut work = Box::pin(f);
     let polled = {

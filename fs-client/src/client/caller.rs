@@ -2,9 +2,11 @@
 //! gid, supplementary groups), and the metadata server checks permissions for it.
 //!
 //! The FUSE layer runs each kernel request's task inside [`acting_as`] with the
-//! caller of that request; every call the task makes names it. Calls made outside
-//! such a task (a library user, the client's own background work: write-behind
-//! commits, batched releases, atime reports) name this process's own credentials,
+//! caller of that request; every call the task makes names it (so does a data path
+//! call's `Regrant` that a fetch or a flush's send makes in its first poll, inside the
+//! request: the server judges a regrant by its session). Calls made outside such a
+//! task (a library user, the client's own background work: write-behind commits,
+//! batched releases, atime reports) name this process's own credentials,
 //! which is what a local call of the process would be judged as. The server judges
 //! commits, appends and releases by the open session, not by the caller's mode bits.
 

@@ -184,7 +184,7 @@ impl SegView for IoState {
     }
 }
 
-/// Starts fetches into one file's cache, under its `io` lock.
+/// Records fetches into one file's cache, under its `io` lock (started after it).
 struct Fetches<'a> {
     client: &'a Client,
     st: &'a Arc<FileState>,
@@ -327,7 +327,9 @@ impl Client {
         // Every fetch recorded is spawned, also when the plan failed after it: readers
         // of its segment wait for it.
         for fetch in started {
-            crate::eager::spawn(&self.rt, fetch);
+            if !crate::eager::spawn(&self.rt, fetch) {
+                tracing::warn!(ino = %st.ino, "a segment's fetch panicked");
+            }
         }
         step
     }

@@ -1,7 +1,8 @@
 //! How a read is served, decided as a pure function of the file's I/O state and the
-//! request ([`plan_read`]), and a thin applier that starts the fetches the decision
-//! asks for ([`apply`]). `read.rs` runs both under the file's `io` lock; the tests here
-//! run them on a model of that state, without buffers or servers.
+//! request ([`plan_read`]), and a thin applier that records the fetches the decision
+//! asks for ([`apply`]). `read.rs` runs both under the file's `io` lock and starts the
+//! fetches after it; the tests here run them on a model of that state, without buffers
+//! or servers.
 
 use super::readahead::Advice;
 use crate::error::Result;
@@ -164,8 +165,9 @@ pub(super) fn plan_read<V: SegView>(
 pub(super) trait Fetcher {
     /// A cached read segment.
     type Seg;
-    /// Starts fetching segment `k` and caches it; `None` when the readahead pool has
-    /// no buffer free (or `k` lies past the end of the file).
+    /// Caches segment `k` with its fetch (started once the lock is released); `None`
+    /// when the readahead pool has no buffer free (or `k` lies past the end of the
+    /// file).
     fn fetch(&mut self, k: u64) -> Result<Option<Self::Seg>>;
     /// Drops segment `k` from the cache.
     fn evict(&mut self, k: u64);
@@ -184,7 +186,7 @@ pub(super) enum Step<S, W> {
     Exact,
 }
 
-/// Starts the fetches `plan` asks for, in order. A segment of the range that finds the
+/// Records the fetches `plan` asks for, in order. A segment of the range that finds the
 /// pool out of buffers makes the read go direct (those started before it stay cached
 /// for later reads), and nothing is prefetched or evicted then; prefetching stops at
 /// the first segment that finds no buffer.

@@ -317,6 +317,14 @@ impl Client {
 
     /// Seals `seg` and sends its ranges in the background (nothing if already sent).
     fn send_segment(&self, st: &Arc<FileState>, seg: &Arc<WriteSeg>) {
+        self.send_segment_now(st, seg, false);
+    }
+
+    /// [`Client::send_segment`]; with `eager`, its first call leaves from this thread
+    /// ([`crate::eager`]): for the one segment a flush waits for (a small file's close),
+    /// not for sends in bulk, whose first polls (copies of scattered ranges into
+    /// requests) would then all run on the thread that asked, a FUSE thread's included.
+    fn send_segment_now(&self, st: &Arc<FileState>, seg: &Arc<WriteSeg>, eager: bool) {
         let extents = {
             let mut s = seg.state.lock();
             if s.sealed {
@@ -326,8 +334,7 @@ impl Client {
             s.extents.clone()
         };
         let (client, st, seg) = (self.arc(), st.clone(), seg.clone());
-        // Polled here first: a small file's one write leaves before any worker wakes.
-        crate::eager::spawn(&self.rt, async move {
+        let send = async move {
             let base = seg.index * client.data.write_pool.seg_bytes() as u64;
             let r = (client.data)
                 .write_ranges(&st, base, extents.ranges(), seg.buf.mr())
@@ -351,13 +358,18 @@ impl Client {
             }
             seg.done.send_replace(true);
             st.sent.notify_waiters();
-        });
+        };
+        if !eager {
+            drop(self.rt.spawn(send));
+        } else if !crate::eager::spawn(&self.rt, send) {
+            tracing::warn!("a segment's send panicked");
+        }
     }
 
     /// Sends `segs` and waits until each has been stored or failed.
     pub(super) async fn send_and_wait(&self, st: &Arc<FileState>, segs: &[Arc<WriteSeg>]) {
         for seg in segs {
-            self.send_segment(st, seg);
+            self.send_segment_now(st, seg, segs.len() == 1);
         }
         for seg in segs {
             seg.wait_done().await;
