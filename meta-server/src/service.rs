@@ -9,7 +9,6 @@ use crate::namespace::{ConnId, Handle, Knock, Namespace, Origin};
 use bytes::Bytes;
 use proto::meta::{AdminRequest as A, Caller, ClusterRequest as C, FsCall, MetaRequest};
 use proto::{codec, rpc, ErrorCode, WireError};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tracing::warn;
 use transport::{Closed, Connection, Handler, HandlerFuture};
@@ -452,47 +451,27 @@ async fn run<R: Handle>(
     }
 }
 
-/// Requests at most that run their store work in place at once ([`store_work`]); the
-/// rest go to the blocking pool. Each one in place has handed its worker's other tasks
-/// to a thread of that pool: were all of the pool's threads (tokio's 512) held by
-/// requests waiting for a stalled disk, a worker's tasks would have no thread to move
-/// to and the async side would stop with them.
-const MAX_IN_PLACE: usize = 16;
-
-/// Requests running their store work in place now.
-static IN_PLACE: AtomicUsize = AtomicUsize::new(0);
-
-/// Runs `f`, `what`'s work, which may block (store reads, a commit's wait for the log).
-/// With `local` reads on a multi-threaded runtime it runs on the worker that holds the
-/// request, once that worker's other tasks are handed to another thread
-/// (`block_in_place`): an open, a close or an access time then answers without two
-/// thread wakes (a pool thread's, then the request task's), which were most of its time
-/// on a busy machine. It yields first, out of the transport's first poll of the handler
-/// (the connection's reader, which would wait with it). Over etcd (many such calls wait
-/// at once on the network), on a current-thread runtime, or past [`MAX_IN_PLACE`]: the
-/// blocking pool. A panic in `f` is an error either way.
+/// Runs `f`, `what`'s work, which may block (store reads, a commit's wait for the log):
+/// with `local` reads where the request is ([`transport::blocking::in_place`]: an
+/// open, a close or an access time then answers without two thread wakes), after a
+/// yield out of the transport's first poll of the handler (the connection's reader,
+/// which would wait with it); over etcd (many such calls wait at once on the network)
+/// on the blocking pool. A panic in `f` is an error, logged with `what`.
 async fn store_work<T: Send + 'static>(
     what: &'static str,
     local: bool,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, WireError> {
-    if !local || !transport::multi_thread_runtime() {
+    if !local {
         return on_pool(f).await;
     }
     tokio::task::yield_now().await;
-    if IN_PLACE.fetch_add(1, Ordering::AcqRel) >= MAX_IN_PLACE {
-        IN_PLACE.fetch_sub(1, Ordering::AcqRel);
-        return on_pool(f).await;
-    }
-    let run = || std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    let r = tokio::task::block_in_place(run);
-    IN_PLACE.fetch_sub(1, Ordering::AcqRel);
-    r.map_err(|_| {
+    transport::blocking::in_place(f).await.map_err(|e| {
         warn!(
             op = what,
-            "a request's work panicked: answered with an I/O error"
+            "a request's work {e}: answered with an I/O error"
         );
-        WireError::new(ErrorCode::Io, "request failed: it panicked".to_string())
+        WireError::new(ErrorCode::Io, format!("request {e}"))
     })
 }
 

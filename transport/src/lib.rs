@@ -16,6 +16,7 @@
 
 pub mod auth;
 mod backend;
+pub mod blocking;
 mod config;
 mod conn;
 mod endpoint;

@@ -221,26 +221,18 @@ fn check_inline(data: Vec<u8>) -> Result<Bytes, DataError> {
     Ok(Bytes::from(data))
 }
 
-/// Runs blocking store work. On a multi-threaded runtime it runs on the async worker
-/// that holds the request, once the worker's other tasks are handed to another thread
-/// (`block_in_place`): a small file's step is a read or write of the page cache, and
-/// waking a pool thread for it and then the request's task again cost more than that
-/// on a busy machine. A request's handler yields before its first such call
-/// ([`Inner::route`]), so that none runs inside the transport's first poll (the
-/// connection's reader, which would wait for it). On a current-thread runtime, the
-/// blocking pool. A panic in `f` is an error either way, as the pool made it.
+/// Runs blocking store work where the request is ([`transport::blocking::in_place`]):
+/// a small file's step is a read or write of the page cache, and waking a pool thread
+/// for it and then the request's task again cost more than that on a busy machine. A
+/// request's handler yields before its first such call ([`Inner::route`]), so that none
+/// runs inside the transport's first poll (the connection's reader, which would wait
+/// for it). A panic in `f` is an error.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, DataError> + Send + 'static,
 ) -> Result<T, DataError> {
-    if multi_thread_runtime() {
-        let run = || std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-        return tokio::task::block_in_place(run)
-            .unwrap_or_else(|_| Err(DataError::Task("store task panicked".into())));
-    }
-    match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r,
-        Err(e) => Err(DataError::Task(format!("store task failed: {e}"))),
-    }
+    transport::blocking::in_place(f)
+        .await
+        .map_err(|e| DataError::Task(format!("store task {e}")))?
 }
 
 impl Inner {
