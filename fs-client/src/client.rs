@@ -20,6 +20,7 @@ mod locks;
 mod lookups;
 mod opening;
 mod ops;
+mod removes;
 pub use locks::LockHow;
 pub use opening::OpenedByName;
 
@@ -103,6 +104,8 @@ pub struct Client {
     /// The free bytes the last `statfs` answered, and when: what `fallocate` checks
     /// small allocations against (`file::space_seen_suffices`).
     pub(crate) free_seen: Mutex<Option<(std::time::Instant, u64)>>,
+    /// Unlinks answered before the server had them, on their way (see `client::removes`).
+    removes: Arc<removes::Removes>,
 }
 
 /// With a `key_file`, every connection (metadata and data servers) authenticates.
@@ -205,6 +208,7 @@ impl Client {
             ops: ops::OpWindow::default(),
             free_seen: Mutex::new(None),
             resume_lock: tokio::sync::Mutex::new(()),
+            removes: Arc::default(),
         });
         client.data.refresh_map().await?;
         client.watch_links()?;
@@ -283,7 +287,8 @@ impl Client {
         req: R,
         caller: Caller,
     ) -> Result<(R::Reply, u64)> {
-        self.meta_sent(req, caller, !R::IDEMPOTENT).await
+        self.meta_sent(req, caller, !R::IDEMPOTENT, self.config.early_replies)
+            .await
     }
 
     /// [`Client::meta_keeping`] for a change that lands alike however often it is sent
@@ -296,17 +301,25 @@ impl Client {
         early: bool,
     ) -> Result<(R::Reply, u64)> {
         let as_change = !R::IDEMPOTENT || (early && self.config.early_replies);
-        self.meta_sent(req, caller::current(), as_change).await
+        self.meta_sent(req, caller::current(), as_change, self.config.early_replies)
+            .await
     }
 
-    /// Sends `req`; `as_change`: with an id (see below).
+    /// Sends `req`; `as_change`: with an id (see below), and `early`: one the server may
+    /// answer before its log holds it.
     async fn meta_sent<R: MetaCall>(
         &self,
         req: R,
         caller: Caller,
         as_change: bool,
+        early: bool,
     ) -> Result<(R::Reply, u64)> {
         let req = Request::new(req).with_caller(caller);
+        // Before the window of changes: a removal this call waits for may need a place
+        // in it to be sent.
+        if let MetaRequest::Fs(call) = req.envelope() {
+            self.removes_fence(&call.req).await;
+        }
         if !as_change {
             return self.meta_waiting(&req, self.meta_wait()).await;
         }
@@ -317,7 +330,7 @@ impl Client {
         // Every change's reply says how far the server's log is durable, which lets
         // go of the changes answered early before it (see `client::held`).
         let req = req.with_op(proto::meta::OpId {
-            early: self.config.early_replies,
+            early,
             ..proto::meta::OpId::new(self.id, ticket.seq)
         });
         self.meta_waiting(&req, self.meta_wait()).await
@@ -463,6 +476,9 @@ impl Client {
         if self.live_file(ino).is_some_and(|st| !st.appends_idle()) {
             return None;
         }
+        if let Some(a) = self.removes.shown(ino) {
+            return Some(a);
+        }
         self.dir_attrs.take(ino).map(|a| self.overlay(a))
     }
 
@@ -582,10 +598,128 @@ impl Client {
 
     /// Removes a name of a non-directory.
     pub async fn unlink(&self, parent: InodeId, name: &[u8]) -> Result<fs::Unlinked> {
+        self.removes.wait(removes::Fence::Inode(parent)).await;
         let name = name.to_vec();
         let done = self.meta(fs::Unlink { parent, name }).await?;
         self.dir_attrs.put(done.parent.after.clone());
         Ok(done)
+    }
+
+    /// Whether this client may answer an unlink before the server has it (see
+    /// `client::removes`): the server could refuse it for none of the reasons this
+    /// client cannot see (a read-only key or mount, root squashed).
+    pub(crate) fn may_defer_removes(&self) -> bool {
+        self.config.defer_removes
+            && !self.caps.read_only
+            && !self.config.read_only
+            && !self.caps.root_squash
+    }
+
+    /// Sends the unlink of `name` (inode `ino`) from `parent` for `caller` and returns
+    /// without its reply; `shown`: the directory's attributes to answer its `getattr`
+    /// with until then. `false` if [`removes::MAX_DEFERRED`] are on their way already
+    /// (nothing was sent). Until the reply, calls that could see the server without it
+    /// wait for it.
+    pub(crate) fn unlink_later(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        ino: InodeId,
+        caller: Caller,
+        shown: Attr,
+    ) -> bool {
+        // Within the changes answered early and kept (`client::held`): past them each
+        // further change would wait for a `Settle` first.
+        if self.held.len() >= removes::MAX_DEFERRED {
+            return false;
+        }
+        let Some(way) = self.removes.start(parent, name, ino, shown) else {
+            return false;
+        };
+        self.metrics().deferred_remove();
+        let me = self.arc();
+        let name = name.to_vec();
+        let work = async move {
+            let req = fs::Unlink {
+                parent,
+                name: name.clone(),
+            };
+            let r = me.meta_keeping_as(req, caller).await;
+            let after = r.as_ref().ok().map(|(done, _)| done.parent.after.clone());
+            if let Some(newest) = way.end(after) {
+                me.dir_attrs.put(newest);
+            }
+            if let Err(e) = r {
+                me.removal_failed(parent, &name, e).await;
+            }
+        };
+        if !crate::eager::spawn(&self.rt, work) {
+            // Its guard ended it; whether it reached the server is unknown.
+            tracing::error!(%parent, "a deferred unlink panicked");
+            self.metrics().deferred_remove_failed();
+            let e = WireError::new(ErrorCode::Io, format!("a removal in {parent} panicked"));
+            let _ = self.removes.failed(parent, e);
+        }
+        true
+    }
+
+    /// An unlink answered before the server had it failed there with `e`: kept for the
+    /// directory's next `fsync`, unless the name is gone all the same.
+    async fn removal_failed(&self, parent: InodeId, name: &[u8], e: ClientError) {
+        if e.code() == ErrorCode::NotFound {
+            // Removed by another client meanwhile, or the directory moved out of this
+            // key's reach: only a lookup can tell.
+            match self
+                .meta(fs::Lookup {
+                    parent,
+                    name: name.to_vec(),
+                })
+                .await
+            {
+                Err(l) if l.code() == ErrorCode::NotFound => {
+                    tracing::debug!(%parent, error = %e, "a deferred unlink found no name");
+                    return;
+                }
+                _ => {}
+            }
+        }
+        tracing::warn!(
+            %parent,
+            name = %String::from_utf8_lossy(name),
+            error = %e,
+            "an unlink answered before the metadata server had it failed there: the \
+             file may still be there (the directory's next fsync fails)"
+        );
+        self.metrics().deferred_remove_failed();
+        let kept = self.removes.failed(
+            parent,
+            WireError::new(e.code(), format!("a removal in {parent}: {e}")),
+        );
+        if !kept {
+            tracing::warn!(%parent, "too many directories with a failed removal: not kept for fsync");
+        }
+    }
+
+    /// Whether `ino` is known, within the attribute TTL, to have no extended attribute
+    /// (so no flags either): forgotten when this client changes one.
+    pub(crate) fn known_without_xattrs(&self, ino: InodeId) -> bool {
+        self.no_xattrs.none(ino)
+    }
+
+    /// The refusal of an unlink answered early in `dir`, since its last `fsync`.
+    pub(crate) fn take_remove_failure(&self, dir: InodeId) -> Option<ClientError> {
+        self.removes.take_failure(dir)
+    }
+
+    /// Returns once no removal on its way that `req` could see is (see
+    /// `client::removes`).
+    pub(crate) async fn removes_fence(&self, req: &fs::FsRequest) {
+        self.removes.wait(removes::fence_of(req)).await
+    }
+
+    /// Returns once every unlink answered before the server had it is answered.
+    pub async fn removes_sent(&self) {
+        self.removes.wait(removes::Fence::All).await
     }
 
     /// Removes an empty directory.

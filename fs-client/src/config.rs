@@ -95,6 +95,12 @@ pub struct ClientConfig {
     /// more). Off: each
     /// such change waits for the server's log.
     pub early_replies: bool,
+    /// Answer an unlink the server cannot refuse before the server has it, and send it
+    /// at once (`rm -r` and two processes removing in one directory wait for no round
+    /// trip per name); calls that could see the name or its inode wait for the reply,
+    /// `fsync` of the directory too, and reports a refusal. Off: every unlink waits for
+    /// its reply. See `client::removes`.
+    pub defer_removes: bool,
     /// When reads move the access time: `relatime` (when it is older than the last
     /// change, or a day old, as ext4 by default), `noatime` (never) or `strictatime`
     /// (at every open that reads, and every listing). `tessera mount -o` sets it too.
@@ -165,6 +171,7 @@ impl Default for ClientConfig {
             failover_timeout_ms: 30_000,
             meta_wait_ms: 30_000,
             early_replies: true,
+            defer_removes: true,
             atime: AtimeMode::RelAtime,
             key_file: PathBuf::new(),
             client_name: String::new(),

@@ -29,6 +29,9 @@ pub struct ClientMetrics {
     failovers: [IntCounter; 2],
     /// Data calls answered `Corrupt`: a copy failed its checksum on the server.
     checksum_failures: IntCounter,
+    /// Unlinks answered before the metadata server had them, and those it refused.
+    deferred_removes: IntCounter,
+    deferred_remove_failures: IntCounter,
 }
 
 /// The data operations a failover is counted for (the label of
@@ -89,6 +92,15 @@ impl ClientMetrics {
             "Data calls a data server answered Corrupt: its copy failed its checksum (the \
              read goes to another member; no such bytes are ever returned).",
         )?;
+        let deferred_removes = metrics.counter(
+            "tessera_client_deferred_removes_total",
+            "Unlinks the mount answered before the metadata server had them (defer_removes).",
+        )?;
+        let deferred_remove_failures = metrics.counter(
+            "tessera_client_deferred_remove_failures_total",
+            "Of those, the ones the metadata server refused: the file is still there, and \
+             the directory's next fsync fails.",
+        )?;
         Ok(ClientMetrics {
             metrics,
             meta,
@@ -100,6 +112,8 @@ impl ClientMetrics {
             readahead_misses: readahead.with_label_values(&["miss"]),
             failovers: ["read", "write"].map(|op| failovers.with_label_values(&[op])),
             checksum_failures,
+            deferred_removes,
+            deferred_remove_failures,
         })
     }
 
@@ -160,6 +174,16 @@ impl ClientMetrics {
     /// Counts a data call of `op` sent to another member after one failed.
     pub(crate) fn failover(&self, op: FailoverOp) {
         self.failovers[op as usize].inc();
+    }
+
+    /// Counts an unlink answered before the metadata server had it.
+    pub(crate) fn deferred_remove(&self) {
+        self.deferred_removes.inc();
+    }
+
+    /// Counts such an unlink the metadata server refused.
+    pub(crate) fn deferred_remove_failed(&self) {
+        self.deferred_remove_failures.inc();
     }
 
     /// Counts a data call answered `Corrupt`.

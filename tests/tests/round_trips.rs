@@ -607,6 +607,12 @@ fn a_removal_in_name_order_looks_names_up_a_page_at_a_time() {
             std::fs::remove_file(b.path.join(name(run, i))).unwrap();
         }
         let used = b.counts() - before;
+        // Removals answered before the server had them: the directory's fsync waits
+        // for them, as another mount must to be sure to see them all.
+        std::fs::File::open(b.path.join(format!("r{run}")))
+            .unwrap()
+            .sync_all()
+            .unwrap();
         let left = std::fs::read_dir(a.path.join(format!("r{run}"))).unwrap();
         assert_eq!(left.count(), 0, "every file removed");
         used

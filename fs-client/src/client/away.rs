@@ -168,6 +168,10 @@ impl Client {
             Some(_) => Duration::ZERO,
             None => self.meta_wait(),
         };
+        // Not through `meta_sent`: the wait for removals on their way is here.
+        if let MetaRequest::Fs(call) = req.envelope() {
+            self.removes_fence(&call.req).await;
+        }
         match (self.meta_waiting(req, wait).await, open) {
             (Ok((reply, _)), _) => Ok(Ok(reply)),
             (Err(e), Some(st)) if rpc::unreachable(&e) => {

@@ -20,7 +20,8 @@ impl Client {
     /// call (no appends of this client's wait to be placed), with their age: what the
     /// mount answers on its own thread. `None` leaves it to [`Client::lookup_aged`].
     pub(crate) fn lookup_kept(&self, parent: InodeId, name: &[u8]) -> Option<(Attr, Duration)> {
-        if matches!(name, b"." | b"..") {
+        // A name whose removal is on its way: the page still shows it.
+        if matches!(name, b"." | b"..") || self.removes.is_pending(parent, name) {
             return None;
         }
         let hit = self.scans.hit(parent, name)?;
@@ -52,6 +53,10 @@ impl Client {
             }
             _ => {}
         }
+        // What this client keeps may show a name whose removal is on its way.
+        self.removes
+            .wait(super::removes::Fence::Name(parent, name))
+            .await;
         if self.name_known_absent(parent, name) {
             return Err(absent(parent, name));
         }

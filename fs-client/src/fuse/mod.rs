@@ -15,6 +15,7 @@ mod io;
 mod ops;
 mod releases;
 mod replies;
+mod shown;
 
 #[cfg(test)]
 pub(crate) use replies::dot_attr;
@@ -69,6 +70,8 @@ struct Inner {
     dirs: Mutex<HashMap<u64, OpenDir>>,
     /// See [`MAX_DIRS_SEEN`].
     dirs_seen: Mutex<HashMap<InodeId, proto::Attr>>,
+    /// The names shown to the kernel and what they led to (see `shown`).
+    shown: shown::Shown,
     next_fh: AtomicU64,
     /// (mtime, size) of each file when it was last opened or looked at.
     seen: Mutex<HashMap<InodeId, (Timestamp, u64)>>,
@@ -136,6 +139,7 @@ impl TesseraFs {
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             dirs_seen: Mutex::new(HashMap::new()),
+            shown: shown::Shown::default(),
             next_fh: AtomicU64::new(1),
             seen: Mutex::new(HashMap::new()),
             notifier: OnceLock::new(),
@@ -606,10 +610,16 @@ pub fn mount_and_serve(
             warn!(error = %e, "unmount failed");
         }
     });
-    session.run()?;
-    // The last closes may still wait to be batched: ended now, their files are not
-    // taken for ones this client left open (see `Client::send_releases`).
-    rt.block_on(inner.client.send_releases());
+    let served = session.run();
+    // Unlinks answered before the server had them go first, also when the session
+    // ended in an error: the server is not to lose one for an unmount. The last closes
+    // may still wait to be batched: ended now, their files are not taken for ones this
+    // client left open (see `Client::send_releases`).
+    rt.block_on(async {
+        inner.client.removes_sent().await;
+        inner.client.send_releases().await
+    });
+    served?;
     info!("unmounted");
     Ok(())
 }

@@ -100,6 +100,7 @@ impl fuser::Filesystem for TesseraFs {
             if Some(a.ino) == self.inner.client.subdir_root() {
                 a.ino = InodeId::ROOT;
             }
+            self.inner.shown.note(ino(parent), name.as_bytes(), &a, age);
             if self.inner.note_seen_unless_writing(&a) != Freshness::Changed {
                 return self.inner.aged_entry(reply, Ok(a), age);
             }
@@ -120,6 +121,7 @@ impl fuser::Filesystem for TesseraFs {
                 if Some(a.ino) == inner.client.subdir_root() {
                     a.ino = InodeId::ROOT;
                 }
+                inner.shown.note(ino(parent), &name, a, age);
                 inner.revalidate(a).await;
             }
             inner.aged_entry(reply, r, age)
@@ -229,6 +231,9 @@ impl fuser::Filesystem for TesseraFs {
                 }
                 _ => Err(ClientError::Invalid(format!("mknod of mode {mode:o}"))),
             };
+            if let Ok(a) = &r {
+                inner.shown.note(ino(parent), &name, a, Duration::ZERO);
+            }
             inner.entry(reply, r)
         });
     }
@@ -257,6 +262,12 @@ impl fuser::Filesystem for TesseraFs {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if self
+            .inner
+            .unlink_at_once(ino(parent), name.as_bytes(), self.callers.of(req))
+        {
+            return reply.ok();
+        }
         let (inner, name) = (self.inner.clone(), name.as_bytes().to_vec());
         self.spawn(req, async move {
             let r = inner.client.unlink(ino(parent), &name).await;
@@ -293,6 +304,9 @@ impl fuser::Filesystem for TesseraFs {
         let who = self.callers.of(req);
         self.spawn(req, async move {
             let r = inner.client.symlink(ino(parent), &name, &target, who).await;
+            if let Ok(a) = &r {
+                inner.shown.note(ino(parent), &name, a, Duration::ZERO);
+            }
             inner.entry(reply, r)
         });
     }
@@ -312,6 +326,8 @@ impl fuser::Filesystem for TesseraFs {
         };
         let inner = self.inner.clone();
         let (name, newname) = (name.as_bytes().to_vec(), newname.as_bytes().to_vec());
+        inner.shown.forget(ino(parent), &name);
+        inner.shown.forget(ino(newparent), &newname);
         self.spawn(req, async move {
             let r = inner
                 .client
@@ -332,8 +348,9 @@ impl fuser::Filesystem for TesseraFs {
         let (inner, name) = (self.inner.clone(), newname.as_bytes().to_vec());
         self.spawn(req, async move {
             let r = inner.client.link(ino(i), ino(newparent), &name, true).await;
-            if r.is_ok() {
+            if let Ok(a) = &r {
                 inner.linked_or_closed(ino(i), true);
+                inner.shown.note(ino(newparent), &name, a, Duration::ZERO);
             }
             inner.entry(reply, r)
         });
@@ -421,6 +438,9 @@ impl fuser::Filesystem for TesseraFs {
                 opened_with(fh, flags).await;
             }
             finish(reply, r, |reply, (attr, fh)| {
+                if name != TMPFILE_NAME {
+                    inner.shown.note(ino(parent), &name, &attr, Duration::ZERO);
+                }
                 inner.note_created(&attr);
                 let n = inner.add_file(fh, direct);
                 let mut fopen = FopenFlags::empty();
@@ -529,9 +549,12 @@ impl fuser::Filesystem for TesseraFs {
                 return reply.error(Errno::EBADF);
             };
             if let Ok(entries) = &r {
-                for a in entries.iter().filter_map(|e| e.attr.as_ref()) {
-                    inner.note_dir(a);
-                    inner.revalidate(a).await;
+                for e in entries {
+                    if let Some(a) = &e.attr {
+                        inner.shown.note(ino(i), &e.name, a, Duration::ZERO);
+                        inner.note_dir(a);
+                        inner.revalidate(a).await;
+                    }
                 }
             }
             let (ttl, blk) = (inner.entry_ttl, inner.blksize);
@@ -569,12 +592,19 @@ impl fuser::Filesystem for TesseraFs {
         reply.ok();
     }
 
-    fn fsyncdir(&self, req: &Request, _i: INodeNo, _fh: Fh, _datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(&self, req: &Request, i: INodeNo, _fh: Fh, _datasync: bool, reply: ReplyEmpty) {
         // Changes answered early (see `client::held`) are durable once settled; every
-        // other change was durable before its reply.
+        // other change was durable before its reply. Unlinks answered before the server
+        // had them are on their way until then; a refusal of one is reported here.
         let inner = self.inner.clone();
         self.spawn(req, async move {
-            let r = inner.client.settle().await;
+            // Not in `settle`, which a removal on its way may itself wait for (its
+            // place in the window of changes kept).
+            inner.client.removes_sent().await;
+            let r = match inner.client.settle().await {
+                Ok(()) => inner.client.take_remove_failure(ino(i)).map_or(Ok(()), Err),
+                Err(e) => Err(e),
+            };
             finish(reply, r, |reply, ()| reply.ok())
         });
     }
