@@ -375,6 +375,9 @@ impl Client {
                 self.no_xattrs.note(&m.attr, epoch);
                 self.no_xattrs.note(&m.parent.after, epoch);
             }
+            // What a removal in the directory next needs to know of it
+            // (`client::removes`): removals there may go on without a `getattr`.
+            Seen::Removed(change) => self.no_xattrs.note(&change.after, epoch),
             Seen::Dir(fs::DirPage { entries, .. }) => {
                 for a in entries.iter().filter_map(|e| e.attr.as_ref()) {
                     self.no_xattrs.note(a, epoch);
