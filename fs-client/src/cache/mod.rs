@@ -40,7 +40,5 @@ pub(crate) fn changes_nothing(req: &FsRequest) -> bool {
             | R::GetLock(fs::GetLock { .. })
             | R::ReleaseLocks(fs::ReleaseLocks { .. })
             | R::MyCaps(fs::MyCaps)
-            // Waits for the log; changes nothing.
-            | R::Settle(fs::Settle { .. })
     )
 }
