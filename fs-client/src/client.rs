@@ -649,36 +649,32 @@ impl Client {
             };
             let r = me.meta_keeping_as(req, caller).await;
             let after = r.as_ref().ok().map(|(done, _)| done.parent.after.clone());
-            if let Some(newest) = way.end(after) {
-                me.dir_attrs.put(newest);
-            }
+            way.end(after, |newest| me.dir_attrs.put(newest));
             if let Err(e) = r {
-                me.removal_failed(parent, &name, e).await;
+                me.removal_failed(parent, &name, ino, e).await;
             }
         };
         if !crate::eager::spawn(&self.rt, work) {
-            // Its guard ended it; whether it reached the server is unknown.
+            // Its guard ended it and kept the failure for the directory's fsync.
             tracing::error!(%parent, "a deferred unlink panicked");
             self.metrics().deferred_remove_failed();
-            let e = WireError::new(ErrorCode::Io, format!("a removal in {parent} panicked"));
-            let _ = self.removes.failed(parent, e);
         }
         true
     }
 
     /// An unlink answered before the server had it failed there with `e`: kept for the
     /// directory's next `fsync`, unless the name is gone all the same.
-    async fn removal_failed(&self, parent: InodeId, name: &[u8], e: ClientError) {
+    async fn removal_failed(&self, parent: InodeId, name: &[u8], ino: InodeId, e: ClientError) {
         if e.code() == ErrorCode::NotFound {
-            // Removed by another client meanwhile, or the directory moved out of this
-            // key's reach: only a lookup can tell.
-            match self
-                .meta(fs::Lookup {
-                    parent,
-                    name: name.to_vec(),
-                })
-                .await
-            {
+            // Removed by another client meanwhile (perhaps made again, as another
+            // inode), or the directory moved out of this key's reach: only a lookup
+            // can tell.
+            let req = fs::Lookup {
+                parent,
+                name: name.to_vec(),
+            };
+            match self.meta(req).await {
+                Ok(a) if a.ino != ino => return,
                 Err(l) if l.code() == ErrorCode::NotFound => {
                     tracing::debug!(%parent, error = %e, "a deferred unlink found no name");
                     return;

@@ -32,8 +32,9 @@
 //! changed the directory's permissions in between, or moved it out of a scoped key's
 //! reach) is logged, counted and reported at the next `fsync` of the directory (as a
 //! write-behind failure is at the file's); "no such name" only if a lookup then still
-//! finds the name. The file is then still there, and a lookup finds it again. `fsync` of the
-//! directory, `syncfs` and the unmount wait for every removal on its way: it is durable
+//! finds the same inode under the name. The file is then still there, and a lookup finds it again. `fsync` of the
+//! directory and the unmount wait for every removal on its way (`sync` and `syncfs`
+//! do not reach a FUSE daemon): it is durable
 //! then, as an answered change is.
 
 use crate::error::ClientError;
@@ -211,33 +212,44 @@ pub(crate) struct OnItsWay {
 }
 
 impl OnItsWay {
-    /// Ends the removal; `after`: the directory's attributes its reply brought. Returns
-    /// the newest the server sent for the directory if no removal there is left on its
-    /// way: what its next `getattr` shows.
-    pub(crate) fn end(mut self, after: Option<Attr>) -> Option<Attr> {
+    /// Ends the removal; `after`: the directory's attributes its reply brought. If no
+    /// removal there is left on its way, `keep` gets the newest the server sent for the
+    /// directory (what its next `getattr` shows), before any call waiting for this
+    /// removal goes on: one that changes the directory must come after it.
+    pub(crate) fn end(mut self, after: Option<Attr>, keep: impl FnOnce(Attr)) {
         self.ended = true;
-        let last = {
+        {
             let mut p = self.removes.pending.lock();
             if let Some(a) = after {
                 p.replied(self.dir, a);
             }
-            p.remove(self.dir, &self.name, self.ino)
-        };
+            if let Some(newest) = p.remove(self.dir, &self.name, self.ino) {
+                keep(newest);
+            }
+        }
         self.removes.count.fetch_sub(1, Ordering::AcqRel);
         self.removes.changed.notify_waiters();
-        last
     }
 }
 
 impl Drop for OnItsWay {
+    /// A removal not ended (its task panicked): whether the server has it is unknown,
+    /// so the directory's next `fsync` fails.
     fn drop(&mut self) {
         if self.ended {
             return;
         }
-        self.removes
-            .pending
-            .lock()
-            .remove(self.dir, &self.name, self.ino);
+        {
+            let mut p = self.removes.pending.lock();
+            p.remove(self.dir, &self.name, self.ino);
+            if p.failed.len() < MAX_FAILED || p.failed.contains_key(&self.dir) {
+                let e = WireError::new(
+                    proto::ErrorCode::Io,
+                    format!("a removal in {} ended without its reply", self.dir),
+                );
+                p.failed.entry(self.dir).or_insert(e);
+            }
+        }
         self.removes.count.fetch_sub(1, Ordering::AcqRel);
         self.removes.changed.notify_waiters();
     }
@@ -413,15 +425,22 @@ mod tests {
         assert_eq!(r.shown(ino(1)).unwrap().ctime.secs, 101);
         assert!(r.shown(ino(2)).is_none());
         // Replies cross: the newer first; neither is the last on its way alone.
-        assert!(two.end(Some(dir_attr(1, 99))).is_none());
+        let mut kept = Vec::new();
+        two.end(Some(dir_attr(1, 99)), |a| kept.push(a));
+        assert!(kept.is_empty());
         assert_eq!(r.shown(ino(1)).unwrap().ctime.secs, 101, "still on its way");
-        let last = one.end(Some(dir_attr(1, 98))).unwrap();
-        assert_eq!(last.ctime.secs, 99, "the newest the server sent");
+        one.end(Some(dir_attr(1, 98)), |a| kept.push(a));
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].ctime.secs, 99, "the newest the server sent");
         assert!(r.shown(ino(1)).is_none());
-        // A panicked task's guard ends it too, with nothing to show.
+        assert!(r.take_failure(ino(1)).is_none());
+        // A panicked task's guard ends it too, with nothing to show, and its
+        // directory's next fsync fails.
         let three = r.start(ino(1), b"c", ino(7), dir_attr(1, 102)).unwrap();
         drop(three);
         assert!(r.shown(ino(1)).is_none() && !r.is_pending(ino(1), b"c"));
+        assert!(r.take_failure(ino(1)).is_some());
+        assert!(r.take_failure(ino(1)).is_none(), "reported once");
     }
 
     #[tokio::test]
