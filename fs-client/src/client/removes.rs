@@ -102,7 +102,19 @@ pub(crate) fn fence_of(req: &FsRequest) -> Fence<'_> {
         | R::MkNod(fs::MkNod { parent, .. })
         | R::Mkdir(fs::Mkdir { parent, .. })
         | R::Symlink(fs::Symlink { parent, .. }) => Fence::Inode(*parent),
-        _ => Fence::All,
+        // What they change or see is not all named in them (the inode a rename moves
+        // over, a link's count, the free inodes): they wait for every removal. No `_`
+        // arm, as in `proto::meta::effects`: a new request must be decided here.
+        R::TmpFile(_)
+        | R::Link(_)
+        | R::Rmdir(_)
+        | R::Rename(_)
+        | R::StatFs(_)
+        | R::LookupParent(_)
+        | R::OpenAt(_)
+        | R::Release(fs::Release {
+            commit: Some(_), ..
+        }) => Fence::All,
     }
 }
 
