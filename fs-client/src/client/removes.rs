@@ -118,6 +118,20 @@ pub(crate) fn fence_of(req: &FsRequest) -> Fence<'_> {
     }
 }
 
+/// Takes one from `key`'s count, dropping it at zero.
+fn uncount<K, Q>(counts: &mut HashMap<K, u32>, key: &Q)
+where
+    K: std::borrow::Borrow<Q> + std::hash::Hash + Eq,
+    Q: std::hash::Hash + Eq + ?Sized,
+{
+    if let Some(n) = counts.get_mut(key) {
+        *n -= 1;
+        if *n == 0 {
+            counts.remove(key);
+        }
+    }
+}
+
 /// What is shown of a directory while removals there are on their way.
 struct Shown {
     /// Its attributes with the times of the latest removal.
@@ -161,24 +175,24 @@ impl Pending {
     fn remove(&mut self, dir: InodeId, name: &[u8], ino: InodeId) -> Option<Attr> {
         let mut last = None;
         if let Some(names) = self.dirs.get_mut(&dir) {
-            if let Some(n) = names.get_mut(name) {
-                *n -= 1;
-                if *n == 0 {
-                    names.remove(name);
-                }
-            }
+            uncount(names, name);
             if names.is_empty() {
                 self.dirs.remove(&dir);
                 last = self.shown.remove(&dir).and_then(|s| s.replied);
             }
         }
-        if let Some(n) = self.inos.get_mut(&ino) {
-            *n -= 1;
-            if *n == 0 {
-                self.inos.remove(&ino);
-            }
-        }
+        uncount(&mut self.inos, &ino);
         last
+    }
+
+    /// Keeps `e` as `dir`'s first refusal since its last `fsync`; `false` if
+    /// [`MAX_FAILED`] directories have one kept already.
+    fn keep_failure(&mut self, dir: InodeId, e: WireError) -> bool {
+        if self.failed.len() >= MAX_FAILED && !self.failed.contains_key(&dir) {
+            return false;
+        }
+        self.failed.entry(dir).or_insert(e);
+        true
     }
 
     /// Notes the server's attributes of `dir` from a reply, if newer than any before.
@@ -229,6 +243,11 @@ impl OnItsWay {
     /// directory (what its next `getattr` shows), before any call waiting for this
     /// removal goes on: one that changes the directory must come after it.
     pub(crate) fn end(mut self, after: Option<Attr>, keep: impl FnOnce(Attr)) {
+        self.close(after, keep, None);
+    }
+
+    /// The one way a removal ends: `failure` kept for the directory's `fsync`.
+    fn close(&mut self, after: Option<Attr>, keep: impl FnOnce(Attr), failure: Option<WireError>) {
         self.ended = true;
         {
             let mut p = self.removes.pending.lock();
@@ -237,6 +256,9 @@ impl OnItsWay {
             }
             if let Some(newest) = p.remove(self.dir, &self.name, self.ino) {
                 keep(newest);
+            }
+            if let Some(e) = failure {
+                p.keep_failure(self.dir, e);
             }
         }
         self.removes.count.fetch_sub(1, Ordering::AcqRel);
@@ -248,22 +270,13 @@ impl Drop for OnItsWay {
     /// A removal not ended (its task panicked): whether the server has it is unknown,
     /// so the directory's next `fsync` fails.
     fn drop(&mut self) {
-        if self.ended {
-            return;
+        if !self.ended {
+            let e = WireError::new(
+                proto::ErrorCode::Io,
+                format!("a removal in {} ended without its reply", self.dir),
+            );
+            self.close(None, |_| {}, Some(e));
         }
-        {
-            let mut p = self.removes.pending.lock();
-            p.remove(self.dir, &self.name, self.ino);
-            if p.failed.len() < MAX_FAILED || p.failed.contains_key(&self.dir) {
-                let e = WireError::new(
-                    proto::ErrorCode::Io,
-                    format!("a removal in {} ended without its reply", self.dir),
-                );
-                p.failed.entry(self.dir).or_insert(e);
-            }
-        }
-        self.removes.count.fetch_sub(1, Ordering::AcqRel);
-        self.removes.changed.notify_waiters();
     }
 }
 
@@ -339,12 +352,7 @@ impl Removes {
     /// Keeps the first refusal in `dir` for its next `fsync`; `false` if
     /// [`MAX_FAILED`] directories have one kept already.
     pub(crate) fn failed(&self, dir: InodeId, e: WireError) -> bool {
-        let mut p = self.pending.lock();
-        if p.failed.len() >= MAX_FAILED && !p.failed.contains_key(&dir) {
-            return false;
-        }
-        p.failed.entry(dir).or_insert(e);
-        true
+        self.pending.lock().keep_failure(dir, e)
     }
 
     /// The refusal kept for `dir`, once.

@@ -131,6 +131,7 @@ impl TesseraFs {
     /// A file system over `client`, running its work on `rt`.
     pub fn new(client: Arc<Client>, rt: tokio::runtime::Handle) -> TesseraFs {
         let c = client.config();
+        let defer_removes = client.may_defer_removes();
         let inner = Inner {
             attr_ttl: Duration::from_millis(c.attr_ttl_ms),
             entry_ttl: Duration::from_millis(c.entry_ttl_ms),
@@ -139,7 +140,7 @@ impl TesseraFs {
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             dirs_seen: Mutex::new(HashMap::new()),
-            shown: shown::Shown::default(),
+            shown: shown::Shown::new(defer_removes),
             next_fh: AtomicU64::new(1),
             seen: Mutex::new(HashMap::new()),
             notifier: OnceLock::new(),

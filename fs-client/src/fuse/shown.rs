@@ -26,14 +26,27 @@ struct Led {
 }
 
 /// Names shown to the kernel, by directory and name.
-#[derive(Default)]
 pub(super) struct Shown {
     names: Mutex<HashMap<(InodeId, Vec<u8>), Led>>,
+    /// Whether unlinks may be answered early at all: if not, nothing is kept (no work
+    /// on every lookup for nothing).
+    kept: bool,
 }
 
 impl Shown {
+    /// Names kept only if `kept` (see `Client::may_defer_removes`).
+    pub(super) fn new(kept: bool) -> Shown {
+        Shown {
+            names: Mutex::default(),
+            kept,
+        }
+    }
+
     /// Records that `name` in `dir` led to `attr`, as the server said `age` ago.
     pub(super) fn note(&self, dir: InodeId, name: &[u8], attr: &Attr, age: Duration) {
+        if !self.kept {
+            return;
+        }
         let now = Instant::now();
         let led = Led {
             ino: attr.ino,
@@ -79,10 +92,6 @@ impl Inner {
     /// one; what this client knows of them is forgotten when it changes any, a `chattr`
     /// included). `false`: the caller sends it and waits, as before.
     pub(super) fn unlink_at_once(&self, dir: InodeId, name: &[u8], caller: Caller) -> bool {
-        if !self.client.may_defer_removes() {
-            self.shown.forget(dir, name);
-            return false;
-        }
         let Some(led) = self.shown.take(dir, name, self.entry_ttl) else {
             return false;
         };
@@ -113,7 +122,7 @@ mod tests {
 
     #[test]
     fn a_name_is_known_for_the_entry_ttl_and_once() {
-        let shown = Shown::default();
+        let shown = Shown::new(true);
         let a = dot_attr(InodeId(7), FileKind::Regular);
         let (fresh, ttl) = (Duration::ZERO, Duration::from_secs(1));
         shown.note(InodeId(1), b"f", &a, fresh);
